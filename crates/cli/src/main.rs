@@ -1,0 +1,37 @@
+//! `flashseek`: the DeepSeek-V4 inference engine's command-line entry point.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod cmd;
+
+/// flashseek — an exact DeepSeek-V4 inference engine.
+#[derive(Parser)]
+#[command(name = "flashseek", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a checkpoint's config summary, layer schedule, weight formats and parameter counts.
+    Inspect(cmd::inspect::Args),
+    /// Write the one-shot fp32 logits of every position of a token-id sequence (tensor `logits` [T, vocab]).
+    Logits(cmd::logits::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Logits(a) => cmd::logits::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

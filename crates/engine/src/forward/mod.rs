@@ -1,0 +1,264 @@
+//! The exact CPU reference forward pass of DeepSeek-V4 (spec §4), one module per spec section:
+//! [`mhc`] (§4.2–4.3), [`attention`] (§4.5–4.7), [`compressor`] (§4.8–4.9), [`indexer`] (§4.10),
+//! [`moe`] (§4.11), [`head`] (§4.12).
+//!
+//! Numerics: f32 storage, f64 accumulation, fixed reduction order; matches transformers'
+//! `DeepseekV4ForCausalLM` in float32 (goldens in `tests/fixtures/goldens`, tolerance stated in
+//! `crates/engine/tests/golden.rs`). The official quantisation simulations (spec §10) are opt-in
+//! through [`Numerics`].
+
+pub mod attention;
+pub mod compressor;
+pub mod head;
+pub mod indexer;
+pub mod mhc;
+pub mod moe;
+
+use crate::cpu::rope::Rope;
+use crate::weights::ModelWeights;
+use flashseek_model::config::LayerKind;
+use flashseek_model::quant;
+use rayon::prelude::*;
+use std::borrow::Cow;
+
+/// DeepSeek's official numerics simulations (spec §10), each off by default (exact HF numerics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Numerics {
+    /// §10.1: FP8 e4m3 quant-dequant (block 128, ue8m0 scales) of the inputs of wq_a, wq_b, wkv,
+    /// wo_b, indexer wq_b, shared and routed w1/w3/w2.
+    pub act_quant_fp8: bool,
+    /// §10.2: FP8 round trip (block 64) of the nope dims of raw and compressed K=V rows after RoPE.
+    pub kv_fp8: bool,
+    /// §10.3: Hadamard rotation + FP4 round trip (block 32) of indexer queries and keys.
+    pub indexer_fp4: bool,
+}
+
+impl Numerics {
+    /// All official simulations on (OFF-M behaviour).
+    pub fn official() -> Self {
+        Numerics { act_quant_fp8: true, kv_fp8: true, indexer_fp4: true }
+    }
+
+    /// The input of a quantised GEMM: `x` (`[T, width]`) unchanged, or its FP8 round trip per
+    /// 128-feature block of each row (a shorter final block when `width` is not a multiple of 128).
+    pub fn act_in<'a>(&self, x: &'a [f32], width: usize) -> Cow<'a, [f32]> {
+        if !self.act_quant_fp8 {
+            return Cow::Borrowed(x);
+        }
+        let mut y = x.to_vec();
+        for row in y.chunks_mut(width) {
+            for blk in row.chunks_mut(128) {
+                let n = blk.len();
+                // Non-finite activations are left as they are (they propagate to the output).
+                let _ = quant::act_quant_fp8_roundtrip(blk, n);
+            }
+        }
+        Cow::Owned(y)
+    }
+
+    /// §10.2 on one K=V row: FP8 round trip of dims `[0, nope)` in blocks of 64.
+    pub fn kv_roundtrip(&self, row: &mut [f32], nope: usize) {
+        if self.kv_fp8 {
+            for blk in row[..nope].chunks_mut(64) {
+                let n = blk.len();
+                let _ = quant::kv_nope_fp8_roundtrip(blk, n, n);
+            }
+        }
+    }
+
+    /// §10.3 on one indexer query head or key (length a power of two, checked by the caller's config).
+    pub fn indexer_roundtrip(&self, v: &mut [f32]) {
+        if self.indexer_fp4 {
+            let block = v.len().min(32);
+            let _ = quant::indexer_hadamard_fp4_roundtrip(v, block);
+        }
+    }
+}
+
+/// Errors of the forward pass (bad inputs; the weights were validated at load).
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// No tokens were given.
+    #[error("empty input: at least one token id is required")]
+    Empty,
+    /// A token id is outside the vocabulary.
+    #[error("token id {id} at position {pos} is out of range (vocab_size {vocab})")]
+    TokenOutOfRange {
+        /// The id.
+        id: u32,
+        /// Its position in the input.
+        pos: usize,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// The official indexer simulation needs a power-of-two `index_head_dim`.
+    #[error("official indexer numerics need a power-of-two index_head_dim, found {0}")]
+    IndexerDim(usize),
+}
+
+/// Options of a one-shot forward.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ForwardOptions {
+    /// Official numerics simulations.
+    pub numerics: Numerics,
+    /// Keep every layer's output streams (for parity tests).
+    pub record_streams: bool,
+}
+
+/// Result of a one-shot forward over T tokens.
+#[derive(Debug, Clone)]
+pub struct ForwardOutput {
+    /// `[T, vocab]` f32 logits.
+    pub logits: Vec<f32>,
+    /// With `record_streams`: per layer, its output streams `[T, hc_mult, hidden]`.
+    pub layer_streams: Vec<Vec<f32>>,
+}
+
+/// The rope tables of a model.
+pub struct Ropes {
+    /// Sliding layers (main rope).
+    pub main: Rope,
+    /// CSA/HCA layers, compressors and indexer (compress rope).
+    pub compress: Rope,
+}
+
+impl Ropes {
+    /// Builds both tables from the config.
+    pub fn new(w: &ModelWeights) -> Self {
+        let c = &w.config;
+        Ropes { main: Rope::new(&c.rope_main, c.qk_rope_head_dim), compress: Rope::new(&c.rope_compress, c.qk_rope_head_dim) }
+    }
+    /// The table a layer of kind `kind` uses.
+    pub fn for_kind(&self, kind: LayerKind) -> &Rope {
+        if kind.uses_compress_rope() {
+            &self.compress
+        } else {
+            &self.main
+        }
+    }
+}
+
+/// Checks token ids against the vocabulary.
+pub fn check_ids(ids: &[u32], vocab: usize) -> Result<(), ForwardError> {
+    if ids.is_empty() {
+        return Err(ForwardError::Empty);
+    }
+    if let Some((pos, &id)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= vocab) {
+        return Err(ForwardError::TokenOutOfRange { id, pos, vocab });
+    }
+    Ok(())
+}
+
+/// One-shot forward over a whole sequence starting at position 0 (spec §4; HF stateless mode):
+/// embedding → `hc_mult` streams → per layer mHC/attention/mHC/MoE → hc head, norm, LM head.
+///
+/// Errors: empty input, a token id ≥ vocab_size, or official indexer numerics on a
+/// non-power-of-two indexer head dim.
+pub fn forward(w: &ModelWeights, ids: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput, ForwardError> {
+    let c = &w.config;
+    check_ids(ids, c.vocab_size)?;
+    if opts.numerics.indexer_fp4 && !c.index_head_dim.is_power_of_two() {
+        return Err(ForwardError::IndexerDim(c.index_head_dim));
+    }
+    let num = &opts.numerics;
+    let (d, n, t) = (c.hidden_size, c.hc_mult, ids.len());
+    let ropes = Ropes::new(w);
+
+    // §4.1: the embedding row copied into every stream.
+    let mut x = vec![0f32; t * n * d];
+    for (ti, id) in ids.iter().enumerate() {
+        for j in 0..n {
+            x[(ti * n + j) * d..(ti * n + j + 1) * d].copy_from_slice(w.embed.row(*id as usize));
+        }
+    }
+    let mut layer_streams = Vec::new();
+    for lw in &w.layers {
+        // Attention sub-block.
+        let (mut a, mixes) = pre_all(&lw.hc_attn, &x, c.hc_mult, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, d);
+        crate::cpu::ops::rms_norm(&mut a, &lw.attn_norm, c.rms_norm_eps);
+        let y = attention_one_shot(w, lw, &a, &ropes, num);
+        post_all(&mixes, &mut x, &y, n, d);
+        // MoE sub-block.
+        let (mut f, mixes) = pre_all(&lw.hc_ffn, &x, c.hc_mult, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, d);
+        crate::cpu::ops::rms_norm(&mut f, &lw.ffn_norm, c.rms_norm_eps);
+        let routes = moe::route(c, lw, &f, ids);
+        let y = moe::moe(c, lw, &f, &routes, num);
+        post_all(&mixes, &mut x, &y, n, d);
+        if opts.record_streams {
+            layer_streams.push(x.clone());
+        }
+    }
+    let h: Vec<f32> = x.par_chunks(n * d).flat_map_iter(|xt| head::collapse(w, xt)).collect();
+    Ok(ForwardOutput { logits: head::logits(w, &h), layer_streams })
+}
+
+/// mHC pre over all tokens (parallel; per-token results are independent).
+pub fn pre_all(
+    hw: &crate::weights::HcWeights,
+    x: &[f32],
+    n: usize,
+    iters: usize,
+    eps: f64,
+    hc_eps: f64,
+    d: usize,
+) -> (Vec<f32>, Vec<mhc::HcMix>) {
+    let per: Vec<(Vec<f32>, mhc::HcMix)> = x.par_chunks(n * d).map(|xt| mhc::hc_pre(hw, xt, n, iters, eps, hc_eps)).collect();
+    let mut u = Vec::with_capacity(per.len() * d);
+    let mut mixes = Vec::with_capacity(per.len());
+    for (ut, m) in per {
+        u.extend(ut);
+        mixes.push(m);
+    }
+    (u, mixes)
+}
+
+/// mHC post over all tokens.
+pub fn post_all(mixes: &[mhc::HcMix], x: &mut [f32], y: &[f32], n: usize, d: usize) {
+    x.par_chunks_mut(n * d)
+        .zip(mixes.par_iter())
+        .enumerate()
+        .for_each(|(ti, (xt, m))| mhc::hc_post(m, xt, &y[ti * d..(ti + 1) * d], n));
+}
+
+/// One layer's attention over a whole sequence from position 0 (HF stateless semantics).
+fn attention_one_shot(w: &ModelWeights, lw: &crate::weights::LayerWeights, a: &[f32], ropes: &Ropes, num: &Numerics) -> Vec<f32> {
+    let c = &w.config;
+    let (d, hd) = (c.hidden_size, c.head_dim);
+    let t = a.len() / d;
+    let rope = ropes.for_kind(lw.kind);
+    let qp = attention::project_queries(c, lw, a, 0, rope, num);
+    let kv = attention::project_kv(c, lw, a, 0, rope, num);
+    let entries: Vec<f32> = match &lw.compressor {
+        Some(cw) => {
+            let mut e = compressor::compress_all(cw, a, d, matches!(lw.kind, LayerKind::Csa { .. }), c.rms_norm_eps, &ropes.compress);
+            for row in e.chunks_mut(hd) {
+                num.kv_roundtrip(row, c.nope_head_dim());
+            }
+            e
+        }
+        None => Vec::new(),
+    };
+    let index = lw.indexer.as_ref().map(|iw| {
+        let mut keys = compressor::compress_all(&iw.compressor, a, d, true, c.rms_norm_eps, &ropes.compress);
+        indexer::simulate_keys(&mut keys, c.index_head_dim, num);
+        let iq = indexer::queries(iw, &qp.qr, a, 0, &ropes.compress, num);
+        (keys, iq)
+    });
+    let n_entries = entries.len() / hd;
+    let o: Vec<f32> = (0..t)
+        .into_par_iter()
+        .flat_map_iter(|ti| {
+            let mut keys: Vec<&[f32]> = attention::window_range(ti, c.sliding_window).map(|j| &kv[j * hd..(j + 1) * hd]).collect();
+            let visible: Vec<usize> = match (lw.kind, &index) {
+                (LayerKind::Sliding, _) => Vec::new(),
+                (LayerKind::Hca { ratio }, _) => (0..((ti + 1) / ratio).min(n_entries)).collect(),
+                (LayerKind::Csa { ratio }, Some((ikeys, iq))) => indexer::select(iq, ti, ti, ratio, ikeys, c.index_topk),
+                (LayerKind::Csa { .. }, None) => unreachable!("CSA layers always carry an indexer (checked at load)"),
+            };
+            keys.extend(visible.iter().map(|e| &entries[e * hd..(e + 1) * hd]));
+            let qt = &qp.q[ti * c.num_attention_heads * hd..(ti + 1) * c.num_attention_heads * hd];
+            attention::attend(qt, &keys, &lw.attn_sink, hd, rope, ti)
+        })
+        .collect();
+    attention::output_projection(c, lw, &o, num)
+}
