@@ -124,6 +124,7 @@ CONFIGS = {
     "tiny_flash_rates": dict(
         seed=11,
         lengths=[1, 3, 4, 5, 127, 128, 129, 300],
+        generate=(21, 150),
         config=dict(
             vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
             head_dim=32, partial_rotary_factor=0.25, q_lora_rank=32, o_groups=2, o_lora_rank=16,
@@ -147,6 +148,7 @@ CONFIGS = {
     "tiny_odd_rates": dict(
         seed=23,
         lengths=[1, 2, 3, 5, 6, 15, 16, 17, 40, 70],
+        generate=(10, 60),
         config=dict(
             vocab_size=384, hidden_size=48, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=1,
             head_dim=24, partial_rotary_factor=1.0 / 3.0, q_lora_rank=40, o_groups=3, o_lora_rank=20,
@@ -289,12 +291,27 @@ def build(name: str, spec: dict, out_root: str, work: str):
         summary.append({"length": length, "logits_absmax": float(np.abs(logits).max())})
     for h in hooks:
         h.remove()
+    # Greedy generation through transformers' own cache (prefill, then one token per step).
+    gen = spec.get("generate")
+    if gen is not None:
+        prompt_len, new_tokens = gen
+        ids = formula_ids(seed, prompt_len, cfg.vocab_size)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, prompt_len, dtype=torch.long),
+                max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, use_cache=True,
+                eos_token_id=None, pad_token_id=0,
+            )
+        record[f"generate.prompt"] = np.array(ids, dtype=np.int64)
+        record[f"generate.output"] = out[0, prompt_len:].numpy().astype(np.int64)
+        summary.append({"generate": [prompt_len, new_tokens]})
     np_save_file(record, os.path.join(out_dir, "golden.safetensors"))
     meta = {
         "name": name,
         "seed": seed,
         "lengths": spec["lengths"],
         "keep_positions": keep,
+        "generate": spec.get("generate"),
         "weights": "committed (save_pretrained)" if spec.get("commit_weights", True) else "formula (rebuild in Rust)",
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -85,23 +85,3 @@ pub fn window_slots<'a>(
     }
     slots
 }
-
-/// One-shot compression of a whole sequence starting at position 0: every complete window gives
-/// one entry; the incomplete tail is dropped (HF stateless mode). Returns `[N, width]`, N = T / ratio.
-pub fn compress_all(w: &CompressorWeights, a: &[f32], d: usize, overlap: bool, eps: f64, rope: &Rope) -> Vec<f32> {
-    let width = w.norm.len();
-    let ratio = w.ape.rows;
-    let t = a.len() / d;
-    let n = t / ratio;
-    if n == 0 {
-        return Vec::new();
-    }
-    let p = project(w, &a[..n * ratio * d], 0);
-    let rows = |t: usize| (&p.kv[t * p.out..(t + 1) * p.out], &p.logit[t * p.out..(t + 1) * p.out]);
-    let mut entries = Vec::with_capacity(n * width);
-    for e in 0..n {
-        let slots = window_slots(e, ratio, width, overlap, rows);
-        entries.extend(pool(&slots, &w.norm, eps, rope, e * ratio));
-    }
-    entries
-}

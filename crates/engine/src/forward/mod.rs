@@ -15,6 +15,7 @@ pub mod mhc;
 pub mod moe;
 
 use crate::cpu::rope::Rope;
+use crate::state::{CompressorState, LayerState, SequenceState};
 use crate::weights::ModelWeights;
 use flashseek_model::config::LayerKind;
 use flashseek_model::quant;
@@ -96,7 +97,7 @@ pub enum ForwardError {
     IndexerDim(usize),
 }
 
-/// Options of a one-shot forward.
+/// Options of a forward call.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ForwardOptions {
     /// Official numerics simulations.
@@ -105,13 +106,26 @@ pub struct ForwardOptions {
     pub record_streams: bool,
 }
 
-/// Result of a one-shot forward over T tokens.
+/// Which positions of a chunk get logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsFor {
+    /// Every position of the chunk.
+    All,
+    /// Only the chunk's last position.
+    Last,
+    /// None (prefill of a chunk that is not the last).
+    None,
+}
+
+/// Result of a forward call over T tokens.
 #[derive(Debug, Clone)]
 pub struct ForwardOutput {
-    /// `[T, vocab]` f32 logits.
+    /// `[T', vocab]` f32 logits for the positions selected by [`LogitsFor`].
     pub logits: Vec<f32>,
     /// With `record_streams`: per layer, its output streams `[T, hc_mult, hidden]`.
     pub layer_streams: Vec<Vec<f32>>,
+    /// The chunk's hidden streams after the last layer, `[T, hc_mult, hidden]` (input of the MTP head).
+    pub final_streams: Vec<f32>,
 }
 
 /// The rope tables of a model.
@@ -149,12 +163,28 @@ pub fn check_ids(ids: &[u32], vocab: usize) -> Result<(), ForwardError> {
     Ok(())
 }
 
-/// One-shot forward over a whole sequence starting at position 0 (spec §4; HF stateless mode):
-/// embedding → `hc_mult` streams → per layer mHC/attention/mHC/MoE → hc head, norm, LM head.
+/// One-shot forward over a whole sequence starting at position 0 (spec §4; HF stateless mode),
+/// logits for every position. Equal to [`forward_chunk`] on a fresh state.
 ///
-/// Errors: empty input, a token id ≥ vocab_size, or official indexer numerics on a
-/// non-power-of-two indexer head dim.
+/// Errors: see [`forward_chunk`].
 pub fn forward(w: &ModelWeights, ids: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput, ForwardError> {
+    let mut state = SequenceState::new(&w.config, Some(0));
+    forward_chunk(w, &mut state, ids, LogitsFor::All, opts)
+}
+
+/// Processes `ids` as the next tokens of the sequence in `state` (positions `state.pos..`), layer by
+/// layer over the whole chunk (spec §4): embedding → `hc_mult` streams → per layer mHC / attention /
+/// mHC / MoE → hc head, norm, LM head for the positions `logits_for` selects. Updates `state`.
+///
+/// Errors (state untouched): empty input, a token id ≥ vocab_size, or official indexer numerics on
+/// a non-power-of-two indexer head dim.
+pub fn forward_chunk(
+    w: &ModelWeights,
+    state: &mut SequenceState,
+    ids: &[u32],
+    logits_for: LogitsFor,
+    opts: &ForwardOptions,
+) -> Result<ForwardOutput, ForwardError> {
     let c = &w.config;
     check_ids(ids, c.vocab_size)?;
     if opts.numerics.indexer_fp4 && !c.index_head_dim.is_power_of_two() {
@@ -163,6 +193,7 @@ pub fn forward(w: &ModelWeights, ids: &[u32], opts: &ForwardOptions) -> Result<F
     let num = &opts.numerics;
     let (d, n, t) = (c.hidden_size, c.hc_mult, ids.len());
     let ropes = Ropes::new(w);
+    let pos0 = state.pos;
 
     // §4.1: the embedding row copied into every stream.
     let mut x = vec![0f32; t * n * d];
@@ -172,11 +203,11 @@ pub fn forward(w: &ModelWeights, ids: &[u32], opts: &ForwardOptions) -> Result<F
         }
     }
     let mut layer_streams = Vec::new();
-    for lw in &w.layers {
+    for (lw, ls) in w.layers.iter().zip(state.layers.iter_mut()) {
         // Attention sub-block.
         let (mut a, mixes) = pre_all(&lw.hc_attn, &x, c.hc_mult, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, d);
         crate::cpu::ops::rms_norm(&mut a, &lw.attn_norm, c.rms_norm_eps);
-        let y = attention_one_shot(w, lw, &a, &ropes, num);
+        let y = attention_chunk(w, lw, ls, &a, pos0, &ropes, num);
         post_all(&mixes, &mut x, &y, n, d);
         // MoE sub-block.
         let (mut f, mixes) = pre_all(&lw.hc_ffn, &x, c.hc_mult, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, d);
@@ -188,8 +219,16 @@ pub fn forward(w: &ModelWeights, ids: &[u32], opts: &ForwardOptions) -> Result<F
             layer_streams.push(x.clone());
         }
     }
-    let h: Vec<f32> = x.par_chunks(n * d).flat_map_iter(|xt| head::collapse(w, xt)).collect();
-    Ok(ForwardOutput { logits: head::logits(w, &h), layer_streams })
+    state.pos += t;
+    state.trim();
+    let rows: &[f32] = match logits_for {
+        LogitsFor::All => &x,
+        LogitsFor::Last => &x[(t - 1) * n * d..],
+        LogitsFor::None => &[],
+    };
+    let h: Vec<f32> = rows.par_chunks(n * d).flat_map_iter(|xt| head::collapse(w, xt)).collect();
+    let logits = if h.is_empty() { Vec::new() } else { head::logits(w, &h) };
+    Ok(ForwardOutput { logits, layer_streams, final_streams: x })
 }
 
 /// mHC pre over all tokens (parallel; per-token results are independent).
@@ -220,44 +259,79 @@ pub fn post_all(mixes: &[mhc::HcMix], x: &mut [f32], y: &[f32], n: usize, d: usi
         .for_each(|(ti, (xt, m))| mhc::hc_post(m, xt, &y[ti * d..(ti + 1) * d], n));
 }
 
-/// One layer's attention over a whole sequence from position 0 (HF stateless semantics).
-fn attention_one_shot(w: &ModelWeights, lw: &crate::weights::LayerWeights, a: &[f32], ropes: &Ropes, num: &Numerics) -> Vec<f32> {
+/// Appends the chunk's compressor projections to `cs` and emits every entry whose window is now
+/// complete (spec §4.8/§4.9 streaming: the incomplete window stays buffered; CSA reads the previous
+/// window's A half from the stored rows). `post` is applied to each new entry (official simulation).
+fn compress_chunk(
+    cw: &crate::weights::CompressorWeights,
+    cs: &mut CompressorState,
+    a: &[f32],
+    pos0: usize,
+    eps: f64,
+    rope: &Rope,
+    post: impl Fn(&mut [f32]),
+) {
+    let p = compressor::project(cw, a, pos0);
+    cs.kv.extend(&p.kv);
+    cs.logit.extend(&p.logit);
+    let end = pos0 + a.len() / cw.wkv.cols;
+    let complete = end / cs.ratio;
+    let kv = &cs.kv;
+    let logit = &cs.logit;
+    let rows = |t: usize| (kv.get(t), logit.get(t));
+    let mut new = Vec::new();
+    for e in cs.entries.len() / cs.width..complete {
+        let slots = compressor::window_slots(e, cs.ratio, cs.width, cs.overlap, rows);
+        let mut entry = compressor::pool(&slots, &cw.norm, eps, rope, e * cs.ratio);
+        post(&mut entry);
+        new.extend(entry);
+    }
+    cs.entries.extend(new);
+}
+
+/// One layer's attention for a chunk at positions `pos0..`, reading and extending the layer state.
+fn attention_chunk(
+    w: &ModelWeights,
+    lw: &crate::weights::LayerWeights,
+    ls: &mut LayerState,
+    a: &[f32],
+    pos0: usize,
+    ropes: &Ropes,
+    num: &Numerics,
+) -> Vec<f32> {
     let c = &w.config;
     let (d, hd) = (c.hidden_size, c.head_dim);
     let t = a.len() / d;
     let rope = ropes.for_kind(lw.kind);
-    let qp = attention::project_queries(c, lw, a, 0, rope, num);
-    let kv = attention::project_kv(c, lw, a, 0, rope, num);
-    let entries: Vec<f32> = match &lw.compressor {
-        Some(cw) => {
-            let mut e = compressor::compress_all(cw, a, d, matches!(lw.kind, LayerKind::Csa { .. }), c.rms_norm_eps, &ropes.compress);
-            for row in e.chunks_mut(hd) {
-                num.kv_roundtrip(row, c.nope_head_dim());
-            }
-            e
+    let qp = attention::project_queries(c, lw, a, pos0, rope, num);
+    ls.kv.extend(&attention::project_kv(c, lw, a, pos0, rope, num));
+    if let (Some(cw), Some(cs)) = (&lw.compressor, &mut ls.compressor) {
+        compress_chunk(cw, cs, a, pos0, c.rms_norm_eps, &ropes.compress, |e| num.kv_roundtrip(e, c.nope_head_dim()));
+    }
+    let iq = match (&lw.indexer, &mut ls.indexer) {
+        (Some(iw), Some(is)) => {
+            compress_chunk(&iw.compressor, is, a, pos0, c.rms_norm_eps, &ropes.compress, |k| num.indexer_roundtrip(k));
+            Some(indexer::queries(iw, &qp.qr, a, pos0, &ropes.compress, num))
         }
-        None => Vec::new(),
+        _ => None,
     };
-    let index = lw.indexer.as_ref().map(|iw| {
-        let mut keys = compressor::compress_all(&iw.compressor, a, d, true, c.rms_norm_eps, &ropes.compress);
-        indexer::simulate_keys(&mut keys, c.index_head_dim, num);
-        let iq = indexer::queries(iw, &qp.qr, a, 0, &ropes.compress, num);
-        (keys, iq)
-    });
+    let ls = &*ls;
+    let entries: &[f32] = ls.compressor.as_ref().map_or(&[], |cs| &cs.entries);
     let n_entries = entries.len() / hd;
     let o: Vec<f32> = (0..t)
         .into_par_iter()
         .flat_map_iter(|ti| {
-            let mut keys: Vec<&[f32]> = attention::window_range(ti, c.sliding_window).map(|j| &kv[j * hd..(j + 1) * hd]).collect();
-            let visible: Vec<usize> = match (lw.kind, &index) {
-                (LayerKind::Sliding, _) => Vec::new(),
-                (LayerKind::Hca { ratio }, _) => (0..((ti + 1) / ratio).min(n_entries)).collect(),
-                (LayerKind::Csa { ratio }, Some((ikeys, iq))) => indexer::select(iq, ti, ti, ratio, ikeys, c.index_topk),
-                (LayerKind::Csa { .. }, None) => unreachable!("CSA layers always carry an indexer (checked at load)"),
+            let pos = pos0 + ti;
+            let mut keys: Vec<&[f32]> = attention::window_range(pos, c.sliding_window).map(|j| ls.kv.get(j)).collect();
+            let visible: Vec<usize> = match (lw.kind, &iq, &ls.indexer) {
+                (LayerKind::Sliding, _, _) => Vec::new(),
+                (LayerKind::Hca { ratio }, _, _) => (0..((pos + 1) / ratio).min(n_entries)).collect(),
+                (LayerKind::Csa { ratio }, Some(iq), Some(is)) => indexer::select(iq, ti, pos, ratio, &is.entries, c.index_topk),
+                (LayerKind::Csa { .. }, _, _) => unreachable!("CSA layers always carry an indexer (checked at load)"),
             };
             keys.extend(visible.iter().map(|e| &entries[e * hd..(e + 1) * hd]));
             let qt = &qp.q[ti * c.num_attention_heads * hd..(ti + 1) * c.num_attention_heads * hd];
-            attention::attend(qt, &keys, &lw.attn_sink, hd, rope, ti)
+            attention::attend(qt, &keys, &lw.attn_sink, hd, rope, pos)
         })
         .collect();
     attention::output_projection(c, lw, &o, num)
