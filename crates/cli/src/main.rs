@@ -15,6 +15,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Chat with the model in DeepSeek-V4's chat format (one message with --message, else a REPL).
+    Chat(cmd::chat::Args),
+    /// Continue a raw-text prompt.
+    Generate(cmd::generate::Args),
     /// Print a checkpoint's config summary, layer schedule, weight formats and parameter counts.
     Inspect(cmd::inspect::Args),
     /// Write the one-shot fp32 logits of every position of a token-id sequence (tensor `logits` [T, vocab]).
@@ -24,6 +28,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Chat(a) => cmd::chat::run(a),
+        Command::Generate(a) => cmd::generate::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Logits(a) => cmd::logits::run(a),
     };

@@ -11,6 +11,8 @@
 
 #![recursion_limit = "256"]
 
+pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod quant;
+pub mod tokenizer;

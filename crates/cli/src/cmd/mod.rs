@@ -1,4 +1,7 @@
 //! One module per subcommand.
 
+pub mod chat;
+pub mod common;
+pub mod generate;
 pub mod inspect;
 pub mod logits;

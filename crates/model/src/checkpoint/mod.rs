@@ -18,6 +18,7 @@ mod dtype;
 mod error;
 mod format;
 mod naming;
+pub mod official;
 #[cfg(test)]
 mod tests;
 

@@ -209,16 +209,18 @@ fn checkpoint_hf_saved_scheme_detected_and_mapped() {
         ("model.hc_head.hc_fn".into(), "hc_head_fn".into()),
         ("model.hc_head.hc_base".into(), "hc_head_base".into()),
         ("model.hc_head.hc_scale".into(), "hc_head_scale".into()),
-        // Not in the official vocabulary, listed in spec §2 "Observed on disk": kept via prefix strip.
+        // transformers writes the attention's kv_norm as `attn.norm.weight` (spec §2 "Observed on
+        // disk"); it is the official `attn.kv_norm.weight`.
         (
             "model.layers.0.attn.norm.weight".into(),
-            "layers.0.attn.norm.weight".into(),
+            "layers.0.attn.kv_norm.weight".into(),
         ),
     ];
     for l in [0, 2] {
         owned.extend(
             OFFICIAL_LAYER_NAMES
                 .iter()
+                .filter(|r| l != 0 || **r != "attn.kv_norm.weight")
                 .map(|r| (format!("model.layers.{l}.{r}"), format!("layers.{l}.{r}"))),
         );
     }

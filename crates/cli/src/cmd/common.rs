@@ -1,0 +1,188 @@
+//! What the model-running subcommands share: choosing and loading the model, the tokenizer,
+//! sampling flags, and the end-of-run statistics line.
+
+use anyhow::Context;
+use flashseek_engine::default_model::{cache_root, ensure_default_model};
+use flashseek_engine::forward::{ForwardOptions, Numerics};
+use flashseek_engine::generate::GenerateStats;
+use flashseek_engine::sampler::SamplingParams;
+use flashseek_engine::weights::{ModelWeights, TensorSource, WeightsError};
+use flashseek_model::checkpoint::Checkpoint;
+use flashseek_model::config::Ds4Config;
+use flashseek_model::tokenizer::Ds4Tokenizer;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::cell::Cell;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Model selection flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// DeepSeek-V4 checkpoint directory (config.json + safetensors, official or transformers
+    /// layout). Without it flashseek runs its embedded random-weight default model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Simulate DeepSeek's official numerics (spec §10: FP8 activations, FP8 KV, FP4 indexer).
+    #[arg(long)]
+    pub official_numerics: bool,
+    /// Tokens per prefill chunk.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+}
+
+/// Sampling flags (see `flashseek_engine::sampler::SamplingParams`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Maximum tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 = greedy. DeepSeek recommends 1.0.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub temperature: f32,
+    /// Nucleus sampling mass (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Drop tokens below min_p × the top probability (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Repetition penalty over prompt and output tokens (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Presence penalty (OpenAI semantics).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Frequency penalty (OpenAI semantics).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Random seed (same seed, same tokens).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop string (repeatable); never printed.
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    /// The sampler parameters, with `eos` as a stop token.
+    pub fn params(&self, eos: u32) -> anyhow::Result<SamplingParams> {
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            logprobs: None,
+            stop_token_ids: vec![eos],
+            stop_strings: self.stop.clone(),
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+/// A loaded model and its tokenizer.
+pub struct Loaded {
+    /// Dequantized weights.
+    pub weights: ModelWeights,
+    /// Tokenizer (the checkpoint's `tokenizer.json` if it has one, else the embedded V4 tokenizer).
+    pub tokenizer: Ds4Tokenizer,
+    /// Forward options from the flags.
+    pub forward: ForwardOptions,
+}
+
+/// Counts bytes handed out, for the loading progress bar.
+struct Progress<'a> {
+    inner: &'a Checkpoint,
+    bar: ProgressBar,
+    start: Instant,
+    shown: Cell<bool>,
+}
+
+impl Progress<'_> {
+    fn tick(&self, bytes: u64) {
+        self.bar.inc(bytes);
+        if !self.shown.get() && self.start.elapsed() > Duration::from_secs(1) {
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+            self.shown.set(true);
+        }
+    }
+}
+
+impl TensorSource for Progress<'_> {
+    fn load_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        let v = TensorSource::load_f32(self.inner, name, shape)?;
+        self.tick(self.inner.info(name).map_or(0, |i| stored_bytes(&i)));
+        Ok(v)
+    }
+    fn load_i64(&self, name: &str, shape: &[usize]) -> Result<Vec<i64>, WeightsError> {
+        let v = TensorSource::load_i64(self.inner, name, shape)?;
+        self.tick(self.inner.info(name).map_or(0, |i| stored_bytes(&i)));
+        Ok(v)
+    }
+}
+
+fn stored_bytes(info: &flashseek_model::checkpoint::TensorInfo) -> u64 {
+    info.dtype.bytes_for(info.shape.iter().product::<usize>()).unwrap_or(0) as u64
+}
+
+/// Resolves `--model` (writing the embedded default model on first use), loads config, weights and
+/// tokenizer. Prints a one-time note when the embedded random-weight model is used.
+pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
+    let dir = match &args.model {
+        Some(d) => d.clone(),
+        None => {
+            let root = cache_root();
+            let t = Instant::now();
+            let (dir, created) = ensure_default_model(&root)?;
+            if created {
+                eprintln!("flashseek: wrote the embedded default model to {} ({:.1} s)", dir.display(), t.elapsed().as_secs_f64());
+            }
+            eprintln!(
+                "flashseek: running the embedded default model — random weights, so its text is meaningless.\n\
+                 flashseek: for real output pass --model /path/to/DeepSeek-V4-checkpoint (config.json + safetensors)."
+            );
+            dir
+        }
+    };
+    let cfg = Ds4Config::from_file(&dir).with_context(|| format!("model {}", dir.display()))?;
+    let ckpt = Checkpoint::open(&dir)?;
+    let bar = ProgressBar::with_draw_target(Some(ckpt.total_bytes()), ProgressDrawTarget::hidden());
+    bar.set_style(
+        ProgressStyle::with_template("loading {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {elapsed}")
+            .expect("static template"),
+    );
+    let src = Progress { inner: &ckpt, bar, start: Instant::now(), shown: Cell::new(false) };
+    let weights = ModelWeights::load(&cfg, &src)?;
+    src.bar.finish_and_clear();
+    let tok_file = dir.join("tokenizer.json");
+    let tokenizer = if tok_file.is_file() { Ds4Tokenizer::from_file(&tok_file)? } else { Ds4Tokenizer::embedded()? };
+    if tokenizer.vocab_size() > cfg.vocab_size {
+        anyhow::bail!(
+            "tokenizer has {} tokens but the model's vocab_size is {} ({})",
+            tokenizer.vocab_size(),
+            cfg.vocab_size,
+            dir.display()
+        );
+    }
+    let numerics = if args.official_numerics { Numerics::official() } else { Numerics::default() };
+    Ok(Loaded { weights, tokenizer, forward: ForwardOptions { numerics, record_streams: false } })
+}
+
+/// The closing statistics line.
+pub fn stats_line(s: &GenerateStats) -> String {
+    format!(
+        "[prompt {} tokens ({} reused) · prefill {:.1} tok/s · {} generated · decode {:.1} tok/s · {:?}]",
+        s.prompt_tokens,
+        s.reused_tokens,
+        s.prefill_tok_s(),
+        s.generated,
+        s.decode_tok_s(),
+        s.finish
+    )
+}

@@ -1,0 +1,99 @@
+//! End-to-end tests of the `flashseek` binary on the embedded default model and the goldens.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_flashseek"))
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn run(cache: &std::path::Path, args: &[&str]) -> Output {
+    bin().env("FLASHSEEK_CACHE", cache).args(args).output().expect("binary runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn chat_and_generate_on_the_embedded_model() {
+    let cache = tempfile::tempdir().unwrap();
+    // First run writes the default model, says it is random, answers, and prints the stats line.
+    let a = run(cache.path(), &["chat", "-m", "Hello!", "--max-tokens", "12", "--seed", "7"]);
+    let err = text(&a.stderr);
+    assert!(a.status.success(), "chat failed: {err}");
+    assert!(err.contains("wrote the embedded default model"), "{err}");
+    assert!(err.contains("meaningless") && err.contains("--model"), "{err}");
+    assert!(err.contains("prefill") && err.contains("decode") && err.contains("tok/s"), "{err}");
+    assert!(!text(&a.stdout).trim().is_empty(), "no answer printed");
+    // Second run reuses the cached model and, with the same seed, prints the same answer.
+    let b = run(cache.path(), &["chat", "-m", "Hello!", "--max-tokens", "12", "--seed", "7"]);
+    assert!(b.status.success());
+    assert!(!text(&b.stderr).contains("wrote the embedded default model"));
+    assert_eq!(text(&a.stdout), text(&b.stdout), "same seed, same tokens");
+    // The REPL takes several turns from stdin.
+    let mut child = bin()
+        .env("FLASHSEEK_CACHE", cache.path())
+        .args(["chat", "--think", "--max-tokens", "6", "--temperature", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"first\nsecond\n/exit\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(err.matches("tok/s ·").count() / 2, 2, "two answers with stats: {err}");
+    // Greedy raw-text generation is deterministic.
+    let g1 = run(cache.path(), &["generate", "--prompt", "Once upon a time", "--max-tokens", "10", "--temperature", "0"]);
+    let g2 = run(cache.path(), &["generate", "--prompt", "Once upon a time", "--max-tokens", "10", "--temperature", "0"]);
+    assert!(g1.status.success(), "{}", text(&g1.stderr));
+    assert!(text(&g1.stdout).starts_with("Once upon a time"));
+    assert_eq!(g1.stdout, g2.stdout);
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    let cache = tempfile::tempdir().unwrap();
+    let o = run(cache.path(), &["generate", "--prompt", "x", "--temperature", "-1"]);
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("temperature"), "{}", text(&o.stderr));
+    let o = run(cache.path(), &["chat", "-m", "x", "--model", "/definitely/not/here"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("/definitely/not/here"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn logits_command_matches_the_golden() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = dir.path().join("ids.json");
+    std::fs::write(&ids, "[0, 5, 17, 300, 2]").unwrap();
+    let out = dir.path().join("logits.safetensors");
+    let model = repo().join("tests/fixtures/goldens/tiny_flash_rates/model");
+    let o = bin()
+        .args(["logits", "--model"])
+        .arg(&model)
+        .arg("--ids")
+        .arg(&ids)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("logits").unwrap();
+    assert_eq!(t.shape(), &[5, 512]);
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    // A bad ids file is rejected with the file named.
+    std::fs::write(&ids, "[0, -3]").unwrap();
+    let o = bin().args(["logits", "--model"]).arg(&model).arg("--ids").arg(&ids).arg("--out").arg(&out).output().unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("ids.json"), "{}", text(&o.stderr));
+}

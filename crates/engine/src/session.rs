@@ -1,0 +1,105 @@
+//! One sequence being generated: its state plus the prefill/decode calls on top of
+//! [`forward_chunk`](crate::forward::forward_chunk), with prefix reuse.
+
+use crate::forward::{forward_chunk, ForwardError, ForwardOptions, LogitsFor};
+use crate::state::{SequenceState, StateError};
+use crate::weights::ModelWeights;
+
+/// Errors of a session.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Bad input to the forward pass.
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
+    /// A truncation the state cannot do.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The sequence would exceed the model's context.
+    #[error("sequence of {len} tokens exceeds the context limit of {limit} tokens")]
+    TooLong {
+        /// Requested length.
+        len: usize,
+        /// Limit.
+        limit: usize,
+    },
+}
+
+/// A sequence: the tokens it holds and their state.
+pub struct Session<'w> {
+    weights: &'w ModelWeights,
+    state: SequenceState,
+    tokens: Vec<u32>,
+    opts: ForwardOptions,
+    /// Tokens per prefill chunk.
+    pub prefill_chunk: usize,
+    /// Maximum sequence length.
+    pub max_len: usize,
+}
+
+impl<'w> Session<'w> {
+    /// An empty sequence. `retention` bounds how far back [`Session::truncate`] can go (None: anywhere).
+    pub fn new(weights: &'w ModelWeights, opts: ForwardOptions, retention: Option<usize>) -> Self {
+        Session {
+            weights,
+            state: SequenceState::new(&weights.config, retention),
+            tokens: Vec::new(),
+            opts,
+            prefill_chunk: 512,
+            max_len: weights.config.max_position_embeddings,
+        }
+    }
+
+    /// Tokens processed so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The state (for memory accounting).
+    pub fn state(&self) -> &SequenceState {
+        &self.state
+    }
+
+    /// Appends `ids` in chunks of `prefill_chunk`; returns the last position's logits `[vocab]`.
+    ///
+    /// Errors: empty input, out-of-vocabulary ids, or exceeding `max_len` (state unchanged then).
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
+        if self.tokens.len() + ids.len() > self.max_len {
+            return Err(SessionError::TooLong { len: self.tokens.len() + ids.len(), limit: self.max_len });
+        }
+        crate::forward::check_ids(ids, self.weights.config.vocab_size)?;
+        let mut last = Vec::new();
+        let chunks: Vec<&[u32]> = ids.chunks(self.prefill_chunk.max(1)).collect();
+        for (i, c) in chunks.iter().enumerate() {
+            let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
+            last = forward_chunk(self.weights, &mut self.state, c, lf, &self.opts)?.logits;
+            self.tokens.extend_from_slice(c);
+        }
+        Ok(last)
+    }
+
+    /// Appends one token; returns its logits `[vocab]`.
+    pub fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
+        self.prefill(&[id])
+    }
+
+    /// Rewinds to the first `len` tokens.
+    pub fn truncate(&mut self, len: usize) -> Result<(), SessionError> {
+        self.state.truncate(len)?;
+        self.tokens.truncate(len);
+        Ok(())
+    }
+
+    /// Makes the sequence equal `ids`, reusing the longest common prefix with what it holds (at
+    /// least one token is always recomputed, to produce logits). Returns the last logits and how
+    /// many tokens were reused.
+    pub fn set_prompt(&mut self, ids: &[u32]) -> Result<(Vec<f32>, usize), SessionError> {
+        let common = self.tokens.iter().zip(ids).take_while(|(a, b)| a == b).count();
+        let reuse = common.min(ids.len().saturating_sub(1));
+        if self.truncate(reuse).is_err() {
+            self.truncate(0)?;
+        }
+        let reused = self.tokens.len();
+        let logits = self.prefill(&ids[reused..])?;
+        Ok((logits, reused))
+    }
+}
