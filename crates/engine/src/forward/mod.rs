@@ -336,3 +336,103 @@ fn attention_chunk(
         .collect();
     attention::output_projection(c, lw, &o, num)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{formula_ids, FormulaSource};
+    use flashseek_model::config::Ds4Config;
+
+    /// A small config with power-of-two indexer heads and 128-multiple widths, so every official
+    /// simulation applies exactly as on Flash (full 128-blocks, 64-blocks of nope dims, 32-blocks).
+    fn tiny() -> ModelWeights {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"model_type": "deepseek_v4", "vocab_size": 300, "hidden_size": 128, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "head_dim": 128, "qk_rope_head_dim": 64, "q_lora_rank": 128,
+            "o_groups": 2, "o_lora_rank": 64, "sliding_window": 8,
+            "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+            "mlp_layer_types": ["hash_moe", "moe", "moe"],
+            "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+            "index_n_heads": 4, "index_head_dim": 128, "index_topk": 3,
+            "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+            "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536}}"#,
+        )
+        .unwrap();
+        let cfg = Ds4Config::from_json(&v).unwrap();
+        ModelWeights::load(&cfg, &FormulaSource { seed: 5, n_experts: 4 }).unwrap()
+    }
+
+    fn nmse(a: &[f32], b: &[f32]) -> f64 {
+        let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+        let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+        num / den
+    }
+
+    #[test]
+    fn act_in_is_the_fp8_roundtrip_per_128_block() {
+        // Hand case: a row of 128 with amax 1.0 → s = 2^ceil(log2(1/448)) = 2^-8; 0.3 → 0.3125
+        // (e4m3 grid at 0.3/2^-8 = 76.8 → 80 × 2^-8), 1.0 stays 1.0, and a second row is independent.
+        let mut x = vec![0f32; 256];
+        x[0] = 1.0;
+        x[1] = 0.3;
+        x[128] = 448.0;
+        x[129] = 3.0;
+        let on = Numerics { act_quant_fp8: true, ..Default::default() };
+        let y = on.act_in(&x, 256);
+        assert_eq!((y[0], y[1]), (1.0, 0.3125));
+        // Second block: amax 448 → s = 1 → 3.0 exact.
+        assert_eq!((y[128], y[129]), (448.0, 3.0));
+        let off = Numerics::default().act_in(&x, 256);
+        assert_eq!(&off[..], &x[..]);
+    }
+
+    #[test]
+    fn kv_roundtrip_touches_only_nope_dims() {
+        let on = Numerics { kv_fp8: true, ..Default::default() };
+        let mut row: Vec<f32> = (0..128).map(|i| 0.1 + i as f32 * 0.013).collect();
+        let orig = row.clone();
+        on.kv_roundtrip(&mut row, 64);
+        assert_eq!(&row[64..], &orig[64..], "rope dims untouched");
+        assert_ne!(&row[..64], &orig[..64], "nope dims quantised");
+        // Hand value: block amax 0.919 → s = 2^ceil(log2(0.919/448)) = 2^-8; 0.1/2^-8 = 25.6 → e4m3 26 → 0.1015625.
+        assert_eq!(row[0], 0.1015625);
+    }
+
+    #[test]
+    fn indexer_roundtrip_keeps_dot_products_close() {
+        let on = Numerics { indexer_fp4: true, ..Default::default() };
+        let q: Vec<f32> = (0..128).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+        let k: Vec<f32> = (0..128).map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0).collect();
+        let (mut q2, mut k2) = (q.clone(), k.clone());
+        on.indexer_roundtrip(&mut q2);
+        on.indexer_roundtrip(&mut k2);
+        let exact = crate::cpu::ops::dot(&q, &k);
+        let sim = crate::cpu::ops::dot(&q2, &k2);
+        // Hadamard is orthonormal, so the only change is FP4 noise (relative to |q||k|).
+        let scale = crate::cpu::ops::dot(&q, &q).sqrt() * crate::cpu::ops::dot(&k, &k).sqrt();
+        assert!(((sim - exact) / scale).abs() < 0.05, "exact {exact} sim {sim}");
+        assert_ne!(q2, q);
+    }
+
+    #[test]
+    fn each_switch_alone_changes_logits_by_quantisation_noise_only() {
+        let w = tiny();
+        let ids = formula_ids(3, 40, w.config.vocab_size);
+        let exact = forward(&w, &ids, &ForwardOptions::default()).unwrap().logits;
+        for (name, num) in [
+            ("act_quant_fp8", Numerics { act_quant_fp8: true, ..Default::default() }),
+            ("kv_fp8", Numerics { kv_fp8: true, ..Default::default() }),
+            ("indexer_fp4", Numerics { indexer_fp4: true, ..Default::default() }),
+            ("official", Numerics::official()),
+        ] {
+            let opts = ForwardOptions { numerics: num, record_streams: false };
+            let a = forward(&w, &ids, &opts).unwrap().logits;
+            let b = forward(&w, &ids, &opts).unwrap().logits;
+            assert_eq!(a, b, "{name}: deterministic");
+            let e = nmse(&a, &exact);
+            println!("{name}: logits NMSE vs exact {e:.3e}");
+            assert!(e > 0.0, "{name}: switch had no effect");
+            assert!(e < 0.3, "{name}: NMSE {e} too large for quantisation noise");
+        }
+    }
+}
