@@ -2,6 +2,7 @@
 //!
 //! - [`weights`]: every tensor of the model dequantized to f32 and shape-checked against the config.
 //! - [`cpu`]: exact primitives (f64 accumulation, fixed reduction order).
+//! - [`cuda`]: the CUDA backend (NVRTC-compiled kernels; first ops with parity checks).
 //! - [`default_model`]: the small random-weight model flashseek runs when no `--model` is given.
 //! - [`forward`]: the exact reference forward pass, one module per spec section, with the official
 //!   numerics switches (spec §10).
@@ -12,6 +13,7 @@
 //! - [`testing`]: the deterministic weight generator shared with `scripts/make_goldens.py`.
 
 pub mod cpu;
+pub mod cuda;
 pub mod default_model;
 pub mod forward;
 pub mod generate;

@@ -3,5 +3,6 @@
 pub mod chat;
 pub mod common;
 pub mod generate;
+pub mod gpu_check;
 pub mod inspect;
 pub mod logits;

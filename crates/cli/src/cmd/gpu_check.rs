@@ -1,0 +1,43 @@
+//! `flashseek gpu-check`: CUDA ops vs the CPU reference on fresh random inputs, plus decode-shaped
+//! timings; writes a JSON report. Exit code 1 if any op exceeds its tolerance.
+
+use flashseek_engine::cuda::{check, gpu::Gpu};
+use std::path::PathBuf;
+
+/// Arguments of `gpu-check`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Where to write the JSON report.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Timed repeats per measurement (median reported).
+    #[arg(long, default_value_t = 50)]
+    pub repeats: usize,
+    /// Random seed of the inputs (default: from the clock, so every run draws fresh inputs).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// Runs `gpu-check`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    });
+    let cache = flashseek_engine::default_model::cache_root().join("kernels");
+    let t = std::time::Instant::now();
+    let gpu = Gpu::open(args.device, &cache)?;
+    eprintln!("opened {} ({}) and loaded kernels in {:.2} s", gpu.ctx.name().unwrap_or_default(), gpu.arch, t.elapsed().as_secs_f64());
+    let (mut report, ok) = check::run(&gpu, seed, args.repeats.max(1))?;
+    report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
+    if let Some(out) = &args.out {
+        std::fs::write(out, serde_json::to_string_pretty(&report)?)?;
+        eprintln!("wrote {}", out.display());
+    }
+    if !ok {
+        anyhow::bail!("some CUDA ops exceed their tolerance (see above)");
+    }
+    Ok(())
+}

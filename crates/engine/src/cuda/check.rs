@@ -1,0 +1,192 @@
+//! `flashseek gpu-check`: every CUDA op against the CPU reference on fresh random inputs
+//! (NMSE and max-abs error, tolerance NMSE ≤ 1e-4 per op as issue 5 states), plus CUDA-event
+//! timings (median of repeats after warm-up) of decode-shaped linear layers on DeepSeek-V4-Flash
+//! shapes, as achieved GB/s.
+
+use super::gpu::{Gpu, GpuMatrix, GpuWeight};
+use super::CudaError;
+use crate::cpu::ops;
+use crate::cpu::rope::Rope;
+use crate::testing::{fnv1a64, uniform};
+use crate::weights::Matrix;
+use flashseek_model::config::{RopeParams, Yarn};
+use flashseek_model::quant;
+use serde_json::{json, Value};
+
+/// Per-op tolerance on NMSE.
+pub const NMSE_TOL: f64 = 1e-4;
+
+fn random(seed: u64, key: &str, n: usize, scale: f64) -> Vec<f32> {
+    let k = fnv1a64(&format!("{seed}:{key}"));
+    (0..n as u64).map(|i| (uniform(k, i) * scale) as f32).collect()
+}
+
+/// `(NMSE, max |a − b|, max |b|)`.
+pub fn errors(got: &[f32], reference: &[f32]) -> (f64, f64, f64) {
+    let mut num = 0f64;
+    let mut den = 0f64;
+    let mut max_abs = 0f64;
+    let mut ref_max = 0f64;
+    for (a, b) in got.iter().zip(reference) {
+        let d = *a as f64 - *b as f64;
+        num += d * d;
+        den += (*b as f64) * (*b as f64);
+        max_abs = max_abs.max(if d.is_nan() { f64::INFINITY } else { d.abs() });
+        ref_max = ref_max.max((*b as f64).abs());
+    }
+    (if got.len() == reference.len() { num / den.max(1e-300) } else { f64::INFINITY }, max_abs, ref_max)
+}
+
+fn record(ops_out: &mut Vec<Value>, op: &str, shape: Value, got: &[f32], reference: &[f32]) -> bool {
+    let (nmse, max_abs, ref_max) = errors(got, reference);
+    let pass = nmse <= NMSE_TOL && got.iter().all(|v| v.is_finite());
+    println!("{op:<28} {shape:<28} nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e})  {}", if pass { "ok" } else { "FAIL" });
+    ops_out.push(json!({"op": op, "shape": shape, "nmse": nmse, "max_abs": max_abs, "ref_max": ref_max, "tolerance_nmse": NMSE_TOL, "pass": pass}));
+    pass
+}
+
+/// Builds a weight in `format` from f32 values; returns it and the CPU-side dequantized matrix.
+fn weight(gpu: &Gpu, format: &str, vals: &[f32], rows: usize, cols: usize) -> Result<(GpuWeight, Matrix), CudaError> {
+    let q = |e: quant::QuantError| CudaError::Unsupported { what: "quantize", detail: e.to_string() };
+    let (data, deq) = match format {
+        "f32" => (GpuMatrix::F32(gpu.upload(vals)?), vals.to_vec()),
+        "bf16" => {
+            let bits: Vec<u16> = vals.iter().map(|v| quant::f32_to_bf16(*v)).collect();
+            let deq = bits.iter().map(|b| quant::bf16_to_f32(*b)).collect();
+            (GpuMatrix::Bf16(gpu.upload(&bits)?), deq)
+        }
+        "fp8" => {
+            let (w, s) = quant::quantize_fp8_blocked(vals, rows, cols, 128).map_err(q)?;
+            let deq = quant::dequant_fp8_blocked(&w, rows, cols, quant::BlockScales::Ue8m0(&s), 128).map_err(q)?;
+            (GpuMatrix::Fp8 { w: gpu.upload(&w)?, scales: gpu.upload(&s)? }, deq)
+        }
+        "fp4" => {
+            let (w, s) = quant::quantize_fp4_grouped(vals, rows, cols, 32).map_err(q)?;
+            let deq = quant::dequant_fp4_grouped(&w, rows, cols, &s, 32).map_err(q)?;
+            (GpuMatrix::Fp4 { w: gpu.upload(&w)?, scales: gpu.upload(&s)? }, deq)
+        }
+        other => return Err(CudaError::Unsupported { what: "weight format", detail: other.into() }),
+    };
+    Ok((GpuWeight { rows, cols, data }, Matrix { rows, cols, data: deq }))
+}
+
+/// Runs every check and timing; returns the JSON report and whether all checks passed.
+pub fn run(gpu: &Gpu, seed: u64, repeats: usize) -> Result<(Value, bool), CudaError> {
+    let mut out = Vec::new();
+    let mut all = true;
+
+    // RMSNorm: weighted over the hidden size, unweighted per head (spec §3.1).
+    for (rows, n, weighted) in [(64usize, 4096usize, true), (64 * 64, 512, false), (7, 1000, true)] {
+        let x = random(seed, &format!("norm.x.{n}"), rows * n, 3.0);
+        let w: Vec<f32> = random(seed, &format!("norm.w.{n}"), n, 0.5).iter().map(|v| 1.0 + v).collect();
+        let mut cpu = x.clone();
+        if weighted {
+            ops::rms_norm(&mut cpu, &w, 1e-6);
+        } else {
+            ops::rms_norm_unweighted(&mut cpu, n, 1e-6);
+        }
+        let dx = gpu.upload(&x)?;
+        let dw = gpu.upload(&w)?;
+        let mut dy = gpu.zeros::<f32>(rows * n)?;
+        gpu.rms_norm(&dx, weighted.then_some(&dw), &mut dy, rows, n, 1e-6)?;
+        all &= record(&mut out, if weighted { "rms_norm" } else { "rms_norm_unweighted" }, json!([rows, n]), &gpu.download(&dy)?, &cpu);
+    }
+
+    // RoPE with Flash's compress rope (θ 160000 + YaRN) and its inverse (spec §3.2, §4.6).
+    let yarn = Yarn { factor: 16.0, original_max_position_embeddings: 65536.0, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0, truncate: true };
+    let rope = Rope::new(&RopeParams { theta: 160000.0, yarn: Some(yarn) }, 64);
+    let (tokens, heads, hd, pos0) = (16usize, 64usize, 512usize, 100_000usize);
+    let x = random(seed, "rope.x", tokens * heads * hd, 2.0);
+    let inv = gpu.upload(rope.inv_freq())?;
+    for inverse in [false, true] {
+        let mut cpu = x.clone();
+        for (i, head) in cpu.chunks_mut(hd).enumerate() {
+            rope.apply(head, pos0 + i / heads, inverse);
+        }
+        let mut dx = gpu.upload(&x)?;
+        gpu.rope(&mut dx, &inv, &rope, tokens, heads, hd, pos0, inverse)?;
+        all &= record(&mut out, if inverse { "rope_inverse" } else { "rope" }, json!([tokens, heads, hd, pos0]), &gpu.download(&dx)?, &cpu);
+    }
+
+    // Linear layers in every stored format on Flash shapes (spec §2), several token counts.
+    let shapes: &[(&str, &str, usize, usize)] = &[
+        ("fp8", "attn.wq_a", 1024, 4096),
+        ("fp8", "attn.wq_b", 32768, 1024),
+        ("fp8", "attn.wo_b", 4096, 8192),
+        ("fp4", "expert.w1", 2048, 4096),
+        ("fp4", "expert.w2", 4096, 2048),
+        ("bf16", "compressor.wkv", 1024, 4096),
+        ("f32", "hc_attn_fn", 24, 16384),
+    ];
+    for (fmt, name, rows, cols) in shapes {
+        let vals = random(seed, &format!("lin.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
+        let (gw, cpu_w) = weight(gpu, fmt, &vals, *rows, *cols)?;
+        for t in [1usize, 5, 16] {
+            let x = random(seed, &format!("lin.x.{name}.{t}"), t * cols, 1.0);
+            let cpu = ops::linear(&x, &cpu_w);
+            let dx = gpu.upload(&x)?;
+            let mut dy = gpu.zeros::<f32>(t * rows)?;
+            gpu.linear(&dx, &gw, &mut dy, t)?;
+            all &= record(&mut out, &format!("linear_{fmt} {name}"), json!([t, rows, cols]), &gpu.download(&dy)?, &cpu);
+        }
+    }
+
+    // Timings: decode (T=1) linear layers, CUDA events, median of `repeats` after warm-up.
+    // Several copies of each weight are rotated so that repeats do not hit a warm L2 (50 MB).
+    let mut timings = Vec::new();
+    let timed: &[(&str, &str, usize, usize, usize)] = &[
+        ("fp8", "attn.wq_b (x8 copies)", 32768, 1024, 8),
+        ("fp8", "attn.wo_a", 8192, 4096, 4),
+        ("fp4", "6 experts w1 (x16)", 2048, 4096, 16),
+        ("bf16", "head (vocab 129280)", 129280, 4096, 1),
+    ];
+    for (fmt, name, rows, cols, copies) in timed {
+        let mut ws = Vec::new();
+        let mut bytes = 0usize;
+        for c in 0..*copies {
+            let vals = random(seed, &format!("time.{name}.{c}"), rows * cols, (3.0 / *cols as f64).sqrt());
+            let (gw, _) = weight(gpu, fmt, &vals, *rows, *cols)?;
+            bytes = match *fmt {
+                "fp8" => rows * cols + rows.div_ceil(128) * cols.div_ceil(128),
+                "fp4" => rows * cols / 2 + rows * cols / 32,
+                "bf16" => rows * cols * 2,
+                _ => rows * cols * 4,
+            };
+            ws.push(gw);
+        }
+        let x = gpu.upload(&random(seed, "time.x", *cols, 1.0))?;
+        let mut y = gpu.zeros::<f32>(*rows)?;
+        for w in ws.iter().cycle().take(3 * ws.len()) {
+            gpu.linear(&x, w, &mut y, 1)?;
+        }
+        gpu.sync()?;
+        let mut times = Vec::new();
+        for i in 0..repeats {
+            let w = &ws[i % ws.len()];
+            let start = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| CudaError::Driver { what: "event".into(), detail: format!("{e:?}") })?;
+            let end = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| CudaError::Driver { what: "event".into(), detail: format!("{e:?}") })?;
+            start.record(&gpu.stream).map_err(|e| CudaError::Driver { what: "record".into(), detail: format!("{e:?}") })?;
+            gpu.linear(&x, w, &mut y, 1)?;
+            end.record(&gpu.stream).map_err(|e| CudaError::Driver { what: "record".into(), detail: format!("{e:?}") })?;
+            end.synchronize().map_err(|e| CudaError::Driver { what: "sync".into(), detail: format!("{e:?}") })?;
+            times.push(start.elapsed_ms(&end).map_err(|e| CudaError::Driver { what: "elapsed".into(), detail: format!("{e:?}") })? as f64);
+        }
+        times.sort_by(|a, b| a.total_cmp(b));
+        let median_ms = times[times.len() / 2];
+        let gbps = bytes as f64 / (median_ms * 1e-3) / 1e9;
+        println!("time linear_{fmt} {name:<24} T=1 [{rows}x{cols}] median {:.1} us  {gbps:.0} GB/s  ({:.0}% of 4.2 TB/s)", median_ms * 1e3, gbps / 42.0);
+        timings.push(json!({"op": format!("linear_{fmt}"), "weight": name, "rows": rows, "cols": cols, "tokens": 1,
+            "weight_bytes": bytes, "median_us": median_ms * 1e3, "gb_per_s": gbps, "fraction_of_4_2_tb_s": gbps / 4200.0, "repeats": repeats}));
+    }
+    let name = gpu.ctx.name().unwrap_or_default();
+    let report = json!({
+        "gpu": name,
+        "arch": gpu.arch,
+        "nvrtc": super::nvrtc::version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_default(),
+        "seed": seed,
+        "all_pass": all,
+        "ops": out,
+        "timings": timings,
+    });
+    Ok((report, all))
+}

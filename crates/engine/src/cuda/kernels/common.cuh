@@ -1,0 +1,39 @@
+// common.cuh — header-free helpers shared by every flashseek kernel (prepended by the loader,
+// crates/engine/src/cuda/nvrtc.rs). Plain CUDA C++: no CUDA headers, so NVRTC needs no include
+// paths and a HIP port stays possible.
+//
+// Decoders follow spec §6: bf16 = the high half of an f32; FP8 e4m3fn (bias 7, no inf, 0x7F/0xFF
+// NaN, subnormals m·2^-9); ue8m0 scale byte e = 2^(e-127) (0xFF NaN); FP4 e2m1 nibble: low 3 bits
+// index [0, .5, 1, 1.5, 2, 3, 4, 6], bit 3 sign.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+__device__ __forceinline__ float fs_bf16(u16 b) { return __uint_as_float(((u32)b) << 16); }
+
+__device__ __forceinline__ float fs_e8m0(u8 e) {
+    if (e == 0) return __uint_as_float(0x00400000u);  // 2^-127 (subnormal)
+    if (e == 255) return __uint_as_float(0x7fc00000u);
+    return __uint_as_float(((u32)e) << 23);
+}
+
+__device__ __forceinline__ float fs_e4m3(u8 v) {
+    u32 s = v >> 7, e = (v >> 3) & 15u, m = v & 7u;
+    float r;
+    if (e == 15u && m == 7u) r = __uint_as_float(0x7fc00000u);
+    else if (e == 0u) r = (float)m * 0.001953125f;          // m · 2^-9
+    else r = __uint_as_float(((e + 120u) << 23) | (m << 20)); // (1 + m/8) · 2^(e-7)
+    return s ? -r : r;
+}
+
+__device__ __forceinline__ float fs_e2m1(u32 nib) {
+    const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+    float r = mag[nib & 7u];
+    return (nib & 8u) ? -r : r;
+}
+
+__device__ __forceinline__ float fs_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}

@@ -1,0 +1,142 @@
+//! NVRTC compilation of the kernel sources to CUBIN for one architecture, with an on-disk cache
+//! keyed by SHA-256 of (source, options, NVRTC version).
+
+use super::{guard, CudaError, COMMON};
+use cudarc::nvrtc::{result, sys};
+use sha2::{Digest, Sha256};
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+
+/// NVRTC's version `(major, minor)`.
+pub fn version() -> Result<(i32, i32), CudaError> {
+    guard("NVRTC", || {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: plain out-parameters.
+        let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
+        (r, major, minor)
+    })
+    .and_then(|(r, major, minor)| {
+        r.result().map_err(|e| CudaError::Unavailable { lib: "NVRTC", detail: format!("{e:?}") })?;
+        Ok((major, minor))
+    })
+}
+
+/// The compile options used for `arch` (e.g. `sm_90a`).
+pub fn options(arch: &str) -> Vec<String> {
+    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "--fmad=true".into(), "-default-device".into()]
+}
+
+/// The full source compiled for kernel file `file`: the common prelude, then the file.
+pub fn full_source(file: &str, src: &str) -> String {
+    format!("// flashseek kernel {file}\n{COMMON}\n#line 1 \"{file}\"\n{src}")
+}
+
+/// Compiles `src` (a file of `KERNEL_SOURCES`) to CUBIN for `arch`.
+///
+/// Errors: NVRTC missing ([`CudaError::Unavailable`]) or a compile error with the log.
+pub fn compile(file: &str, src: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
+    let code = CString::new(full_source(file, src)).map_err(|_| CudaError::Compile {
+        file: file.into(),
+        arch: arch.into(),
+        log: "source contains a NUL byte".into(),
+    })?;
+    let name = CString::new(file).unwrap_or_default();
+    let opts = options(arch);
+    guard("NVRTC", || -> Result<Vec<u8>, CudaError> {
+        let prog = result::create_program(&code, Some(&name))
+            .map_err(|e| CudaError::Unavailable { lib: "NVRTC", detail: format!("{e:?}") })?;
+        // SAFETY: prog is a live program; options are valid C strings built by cudarc.
+        let compiled = unsafe { result::compile_program(prog, &opts) };
+        let log = unsafe { result::get_program_log(prog) }
+            .map(|l| unsafe { CStr::from_ptr(l.as_ptr()) }.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let out = match compiled {
+            Err(e) => Err(CudaError::Compile { file: file.into(), arch: arch.into(), log: format!("{e:?}\n{log}") }),
+            Ok(()) => {
+                let mut size = 0usize;
+                // SAFETY: out-parameter; then a buffer of that size.
+                let r = unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) };
+                let mut buf = vec![0u8; size];
+                let r2 = unsafe { sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char) };
+                match (r.result(), r2.result()) {
+                    (Ok(()), Ok(())) if size > 0 => Ok(buf),
+                    _ => Err(CudaError::Compile {
+                        file: file.into(),
+                        arch: arch.into(),
+                        log: format!("no CUBIN produced (is {arch} a real architecture?)\n{log}"),
+                    }),
+                }
+            }
+        };
+        let _ = unsafe { result::destroy_program(prog) };
+        out
+    })?
+}
+
+/// The cache key of a compilation.
+pub fn cache_key(file: &str, src: &str, arch: &str, nvrtc: (i32, i32)) -> String {
+    let mut h = Sha256::new();
+    h.update(full_source(file, src).as_bytes());
+    h.update(options(arch).join(" ").as_bytes());
+    h.update(format!("nvrtc {}.{}", nvrtc.0, nvrtc.1).as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compiles with the on-disk cache under `dir` (`<dir>/<file>-<arch>-<key>.cubin`).
+pub fn compile_cached(dir: &Path, file: &str, src: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
+    let key = cache_key(file, src, arch, version()?);
+    let path: PathBuf = dir.join(format!("{}-{arch}-{}.cubin", file.trim_end_matches(".cu"), &key[..16]));
+    if let Ok(bytes) = std::fs::read(&path) {
+        if !bytes.is_empty() {
+            return Ok(bytes);
+        }
+    }
+    let cubin = compile(file, src, arch)?;
+    if std::fs::create_dir_all(dir).is_ok() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &cubin).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok(cubin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::KERNEL_SOURCES;
+
+    /// Compiles every kernel for sm_90a when NVRTC is present. CI sets FLASHSEEK_REQUIRE_NVRTC=1
+    /// (with the pinned `nvidia-cuda-nvrtc==13.0.88` wheel on LD_LIBRARY_PATH), so a kernel that does
+    /// not compile — or a missing NVRTC — fails there.
+    #[test]
+    fn every_kernel_compiles_for_sm90a() {
+        let required = std::env::var("FLASHSEEK_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+        let v = match version() {
+            Ok(v) => v,
+            Err(e) => {
+                assert!(!required, "NVRTC required but unavailable: {e}");
+                eprintln!("skipping: {e}");
+                return;
+            }
+        };
+        for (file, src) in KERNEL_SOURCES {
+            let cubin = compile(file, src, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
+            assert!(cubin.len() > 100, "{file}: CUBIN of {} bytes", cubin.len());
+            println!("{file}: {} bytes of sm_90a CUBIN (NVRTC {}.{})", cubin.len(), v.0, v.1);
+        }
+        // A broken kernel is reported with the compiler log, not a panic.
+        match compile("broken.cu", "extern \"C\" __global__ void k() { undefined_thing(); }", "sm_90a") {
+            Err(CudaError::Compile { log, .. }) => assert!(log.contains("undefined_thing"), "{log}"),
+            other => panic!("expected a compile error, got {:?}", other.map(|b| b.len())),
+        }
+    }
+
+    #[test]
+    fn cache_key_depends_on_source_arch_and_version() {
+        let a = cache_key("a.cu", "x", "sm_90a", (13, 0));
+        assert_ne!(a, cache_key("a.cu", "y", "sm_90a", (13, 0)));
+        assert_ne!(a, cache_key("a.cu", "x", "sm_80", (13, 0)));
+        assert_ne!(a, cache_key("a.cu", "x", "sm_90a", (13, 1)));
+    }
+}
