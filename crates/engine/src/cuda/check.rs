@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 /// Per-op tolerance on NMSE.
 pub const NMSE_TOL: f64 = 1e-4;
 
-fn random(seed: u64, key: &str, n: usize, scale: f64) -> Vec<f32> {
+/// Deterministic uniform values in [−scale, scale) for input `key` under `seed`.
+pub fn random(seed: u64, key: &str, n: usize, scale: f64) -> Vec<f32> {
     let k = fnv1a64(&format!("{seed}:{key}"));
     (0..n as u64).map(|i| (uniform(k, i) * scale) as f32).collect()
 }
@@ -37,7 +38,8 @@ pub fn errors(got: &[f32], reference: &[f32]) -> (f64, f64, f64) {
     (if got.len() == reference.len() { num / den.max(1e-300) } else { f64::INFINITY }, max_abs, ref_max)
 }
 
-fn record(ops_out: &mut Vec<Value>, op: &str, shape: Value, got: &[f32], reference: &[f32]) -> bool {
+/// Prints and appends one check record; returns whether it passed (NMSE ≤ [`NMSE_TOL`], all finite).
+pub fn record(ops_out: &mut Vec<Value>, op: &str, shape: Value, got: &[f32], reference: &[f32]) -> bool {
     let (nmse, max_abs, ref_max) = errors(got, reference);
     let pass = nmse <= NMSE_TOL && got.iter().all(|v| v.is_finite());
     println!("{op:<28} {shape:<28} nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e})  {}", if pass { "ok" } else { "FAIL" });
@@ -130,6 +132,9 @@ pub fn run(gpu: &Gpu, seed: u64, repeats: usize) -> Result<(Value, bool), CudaEr
             all &= record(&mut out, &format!("linear_{fmt} {name}"), json!([t, rows, cols]), &gpu.download(&dy)?, &cpu);
         }
     }
+
+    all &= super::check_attention::run(gpu, seed, &mut out)?;
+    all &= super::check_mhc::run(gpu, seed, &mut out)?;
 
     // Timings: decode (T=1) linear layers, CUDA events, median of `repeats` after warm-up.
     // Several copies of each weight are rotated so that repeats do not hit a warm L2 (50 MB).

@@ -59,6 +59,11 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("norm.cu", &["rms_norm_f32"]),
     ("rope.cu", &["rope_f32"]),
     ("linear.cu", &["linear_f32", "linear_bf16", "linear_fp8", "linear_fp4"]),
+    ("attention.cu", super::ops_attention::ATTENTION_ENTRY_POINTS),
+    ("compressor.cu", super::ops_attention::COMPRESSOR_ENTRY_POINTS),
+    ("indexer.cu", super::ops_attention::INDEXER_ENTRY_POINTS),
+    ("mhc.cu", super::ops_mhc::MHC_ENTRY_POINTS),
+    ("moe.cu", super::ops_mhc::MOE_ENTRY_POINTS),
 ];
 
 impl Gpu {
@@ -86,7 +91,8 @@ impl Gpu {
         Ok(Gpu { ctx, stream, arch, functions })
     }
 
-    fn f(&self, name: &str) -> &CudaFunction {
+    /// The loaded kernel `name` (an entry point listed for its source file).
+    pub fn f(&self, name: &str) -> &CudaFunction {
         &self.functions[name]
     }
 

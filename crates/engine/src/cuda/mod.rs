@@ -9,14 +9,23 @@
 //! on Hopper) and cached on disk keyed by source, options and NVRTC version.
 
 pub mod check;
+pub mod check_attention;
+pub mod check_mhc;
 pub mod gpu;
 pub mod nvrtc;
+pub mod ops_attention;
+pub mod ops_mhc;
 
 /// Every kernel source file: (file name, source). CI compiles each of these for `sm_90a`.
 pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("linear.cu", include_str!("kernels/linear.cu")),
+    ("attention.cu", include_str!("kernels/attention.cu")),
+    ("compressor.cu", include_str!("kernels/compressor.cu")),
+    ("indexer.cu", include_str!("kernels/indexer.cu")),
+    ("mhc.cu", include_str!("kernels/mhc.cu")),
+    ("moe.cu", include_str!("kernels/moe.cu")),
 ];
 
 /// The shared prelude prepended to every kernel source.

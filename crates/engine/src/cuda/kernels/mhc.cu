@@ -1,0 +1,3 @@
+// mhc.cu — being written (issue 5).
+
+extern "C" __global__ void mhc_placeholder() {}
