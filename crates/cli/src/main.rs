@@ -25,6 +25,8 @@ enum Command {
     Inspect(cmd::inspect::Args),
     /// Write the one-shot fp32 logits of every position of a token-id sequence (tensor `logits` [T, vocab]).
     Logits(cmd::logits::Args),
+    /// Serve the model over HTTP: OpenAI- and Anthropic-compatible APIs with continuous batching.
+    Serve(cmd::serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
         Command::GpuCheck(a) => cmd::gpu_check::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Logits(a) => cmd::logits::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,318 @@
-//! flashseek-server: the HTTP front end (OpenAI- and Anthropic-compatible APIs).
+//! flashseek-server: the HTTP front end — OpenAI- and Anthropic-compatible APIs over a
+//! continuous-batching scheduler.
 //!
-//! Not built yet (issue 4). The crate exists so the dependency direction
-//! `cli → server → engine → model` is fixed from the start.
+//! - [`scheduler`]: the engine thread (continuous batching, chunked prefill, admission control,
+//!   cancellation, prefix cache).
+//! - [`openai`], [`anthropic`]: the endpoints, request checking and response shapes (JSON and SSE).
+//! - [`assemble`]: generated text → reasoning / content / complete tool calls.
+//! - [`metrics`]: Prometheus text.
+//!
+//! [`serve`] runs a server until a shutdown signal; [`spawn`] runs one on a background thread
+//! (tests, embedding).
+
+pub mod anthropic;
+pub mod assemble;
+pub mod common;
+pub mod error;
+pub mod metrics;
+pub mod openai;
+pub mod scheduler;
 
 pub use flashseek_engine as engine;
+
+use crate::common::{AppState, HttpSettings};
+use crate::error::{ApiError, Flavor};
+use crate::metrics::Metrics;
+use crate::scheduler::{SchedulerConfig, SchedulerHandle};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use flashseek_engine::weights::ModelWeights;
+use flashseek_model::tokenizer::Ds4Tokenizer;
+use futures_util::FutureExt;
+use serde_json::json;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Everything `flashseek serve` can be told.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to bind.
+    pub host: String,
+    /// Port to bind (0 = any free port).
+    pub port: u16,
+    /// Names the model answers to; the first is reported.
+    pub model_names: Vec<String>,
+    /// Required API key, if any.
+    pub api_key: Option<String>,
+    /// Largest request body in bytes.
+    pub max_body_bytes: usize,
+    /// SSE keep-alive comment interval.
+    pub keepalive: Duration,
+    /// On shutdown, how long in-flight requests may run before they are cancelled.
+    pub drain_timeout: Duration,
+    /// Scheduler limits.
+    pub scheduler: SchedulerConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            model_names: vec!["flashseek-default".into()],
+            api_key: None,
+            max_body_bytes: 4 << 20,
+            keepalive: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(30),
+            scheduler: SchedulerConfig::default(),
+        }
+    }
+}
+
+fn flavor_of(path: &str) -> Flavor {
+    if path.starts_with("/v1/messages") {
+        Flavor::Anthropic
+    } else {
+        Flavor::OpenAi
+    }
+}
+
+/// API-key check for `/v1/*` (Bearer token or `x-api-key`).
+async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.http.api_key {
+        let path = req.uri().path();
+        if path.starts_with("/v1/") {
+            let h = req.headers();
+            let bearer = h
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+                .map(str::trim);
+            let x = h.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim);
+            if bearer != Some(key.as_str()) && x != Some(key.as_str()) {
+                return ApiError::status(StatusCode::UNAUTHORIZED, "Invalid or missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`).")
+                    .with_code("invalid_api_key")
+                    .response(flavor_of(path));
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// Counts responses by endpoint and status; turns a handler panic into a 500 JSON answer.
+async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let endpoint = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().trim_start_matches('/').replace(['/', '{', '}'], "_"))
+        .unwrap_or_else(|| "other".into());
+    let flavor = flavor_of(req.uri().path());
+    let resp = match AssertUnwindSafe(next.run(req)).catch_unwind().await {
+        Ok(r) => r,
+        Err(_) => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "Internal error while handling the request.").response(flavor),
+    };
+    st.metrics.request(&endpoint, resp.status().as_u16());
+    resp
+}
+
+async fn health(State(st): State<AppState>) -> Response {
+    if st.sched.is_closing() {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting_down"}))).into_response();
+    }
+    let g = st.metrics.engine_gauges();
+    Json(json!({"status": "ok", "model": st.model_name(), "running": g.running, "queued": g.queued})).into_response()
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], st.metrics.render()).into_response()
+}
+
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    ApiError::status(StatusCode::NOT_FOUND, format!("No route for {} {path}.", req.method())).response(flavor_of(&path))
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    ApiError::status(StatusCode::METHOD_NOT_ALLOWED, format!("Method {} is not allowed on {path}.", req.method()))
+        .response(flavor_of(&path))
+}
+
+/// The router over `st`.
+pub fn router(st: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{id}", get(openai::model))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(st.clone(), auth))
+        .layer(axum::middleware::from_fn_with_state(st.clone(), observe))
+        .with_state(st)
+}
+
+/// A server's pieces before it listens.
+struct Parts {
+    state: AppState,
+    sched: SchedulerHandle,
+    engine: std::thread::JoinHandle<()>,
+}
+
+fn parts(cfg: &ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4Tokenizer>) -> Parts {
+    let metrics = Arc::new(Metrics::default());
+    let (sched, engine) = scheduler::start(weights, tokenizer.clone(), cfg.scheduler.clone(), metrics.clone());
+    let mut names = cfg.model_names.clone();
+    if names.is_empty() {
+        names.push("flashseek-default".into());
+    }
+    let http = Arc::new(HttpSettings {
+        model_names: names,
+        api_key: cfg.api_key.clone().filter(|k| !k.is_empty()),
+        max_body_bytes: cfg.max_body_bytes,
+        keepalive: cfg.keepalive,
+    });
+    let state = AppState { sched: sched.clone(), tokenizer, metrics, http, created: common::unix_now() };
+    Parts { state, sched, engine }
+}
+
+/// Serves on `listener` until `shutdown` completes, then refuses new requests (503), lets
+/// in-flight ones finish for up to `drain_timeout`, cancels the rest, and stops the engine.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    cfg: ServerConfig,
+    weights: Arc<ModelWeights>,
+    tokenizer: Arc<Ds4Tokenizer>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    run_parts(listener, parts(&cfg, weights, tokenizer), cfg.drain_timeout, shutdown).await
+}
+
+async fn run_parts(
+    listener: tokio::net::TcpListener,
+    parts: Parts,
+    drain: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let Parts { state, sched, engine } = parts;
+    let app = router(state);
+    let closer = sched.clone();
+    let signal = async move {
+        shutdown.await;
+        closer.close();
+        tokio::spawn(async move {
+            tokio::time::sleep(drain).await;
+            closer.cancel_all();
+        });
+    };
+    let r = axum::serve(listener, app).with_graceful_shutdown(signal).await;
+    // Every connection is done: nothing in flight can still want its result.
+    sched.close();
+    sched.cancel_all();
+    drop(sched);
+    let _ = tokio::task::spawn_blocking(move || engine.join()).await;
+    r
+}
+
+/// Binds `cfg.host:cfg.port` and serves until SIGINT/SIGTERM.
+pub async fn serve(cfg: ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)).await?;
+    let addr = listener.local_addr()?;
+    eprintln!("flashseek: serving `{}` on http://{addr} (OpenAI: /v1/chat/completions, /v1/completions; Anthropic: /v1/messages)", cfg.model_names.first().map(String::as_str).unwrap_or("flashseek-default"));
+    serve_on(listener, cfg, weights, tokenizer, shutdown_signal()).await
+}
+
+/// [`serve`] on a new multi-threaded runtime, blocking until shutdown.
+pub fn serve_blocking(cfg: ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<()> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(cfg, weights, tokenizer))
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("flashseek: shutting down (finishing in-flight requests)");
+}
+
+/// A server running on a background thread (see [`spawn`]).
+pub struct RunningServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its metrics (for tests).
+    pub metrics: Arc<Metrics>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl RunningServer {
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Triggers a graceful shutdown and waits for it.
+    pub fn shutdown(mut self) -> std::io::Result<()> {
+        self.stop_and_join()
+    }
+
+    fn stop_and_join(&mut self) -> std::io::Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        match self.thread.take() {
+            Some(t) => t.join().unwrap_or_else(|_| Err(std::io::Error::other("server thread panicked"))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        let _ = self.stop_and_join();
+    }
+}
+
+/// Starts a server on its own thread and runtime (`cfg.port` 0 picks a free port); returns once
+/// it listens.
+pub fn spawn(cfg: ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<RunningServer> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let listener = rt.block_on(tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)))?;
+    let addr = listener.local_addr()?;
+    let parts = parts(&cfg, weights, tokenizer);
+    let metrics = parts.state.metrics.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let drain = cfg.drain_timeout;
+    let thread = std::thread::Builder::new().name("flashseek-http".into()).spawn(move || {
+        rt.block_on(run_parts(listener, parts, drain, async move {
+            let _ = rx.await;
+        }))
+    })?;
+    Ok(RunningServer { addr, metrics, stop: Some(tx), thread: Some(thread) })
+}

@@ -6,3 +6,4 @@ pub mod generate;
 pub mod gpu_check;
 pub mod inspect;
 pub mod logits;
+pub mod serve;

@@ -1,0 +1,471 @@
+//! What the OpenAI and Anthropic front ends share: reading and checking requests, rendering the
+//! prompt, sampling parameters, submission to the scheduler.
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::scheduler::{Event, GenRequest, SchedulerHandle, SubmitError};
+use axum::body::Body;
+use axum::http::{HeaderMap, StatusCode};
+use flashseek_engine::sampler::{SamplingParams, MAX_LOGPROBS};
+use flashseek_model::chat::{encode_messages, EncodeOptions, ReasoningEffort, ThinkingMode};
+use flashseek_model::tokenizer::Ds4Tokenizer;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Map, Value};
+use futures_util::StreamExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// HTTP-side settings.
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// Names the model answers to; the first is reported.
+    pub model_names: Vec<String>,
+    /// Required API key (Bearer or x-api-key), if any.
+    pub api_key: Option<String>,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// SSE keep-alive comment interval.
+    pub keepalive: Duration,
+}
+
+/// Shared by every handler.
+#[derive(Clone)]
+pub struct AppState {
+    /// The engine.
+    pub sched: SchedulerHandle,
+    /// The tokenizer.
+    pub tokenizer: Arc<Ds4Tokenizer>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Settings.
+    pub http: Arc<HttpSettings>,
+    /// Unix time the server started (model `created`).
+    pub created: u64,
+}
+
+impl AppState {
+    /// The reported model name.
+    pub fn model_name(&self) -> &str {
+        self.http.model_names.first().map(String::as_str).unwrap_or("flashseek-default")
+    }
+
+    /// Checks a requested model name (absent = the served model).
+    pub fn check_model(&self, requested: Option<&str>) -> Result<(), ApiError> {
+        match requested {
+            None => Ok(()),
+            Some(m) if self.http.model_names.iter().any(|n| n == m) => Ok(()),
+            Some(m) => Err(ApiError::status(
+                StatusCode::NOT_FOUND,
+                format!("The model `{m}` does not exist; this server serves `{}`.", self.model_name()),
+            )
+            .with_code("model_not_found")
+            .field_of("model")),
+        }
+    }
+}
+
+impl ApiError {
+    /// Sets `param`.
+    pub fn field_of(mut self, param: &str) -> Self {
+        self.param = Some(param.to_string());
+        self
+    }
+}
+
+/// Reads the body (at most `limit` bytes) and parses it as `T`, with errors naming the field.
+pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body, limit: usize) -> Result<T, ApiError> {
+    let too_large = || {
+        ApiError::status(StatusCode::PAYLOAD_TOO_LARGE, format!("Request body is larger than the limit of {limit} bytes."))
+            .with_code("request_too_large")
+    };
+    let declared = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    // An oversize body is still read (up to a bound, briefly) before answering, so the client
+    // sees the 413 rather than a connection reset while it is still sending.
+    const DRAIN_MAX: usize = 64 << 20;
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    let mut over = declared.is_some_and(|len| len > limit as u64);
+    let mut seen = 0usize;
+    let read = async {
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| ApiError::bad(None, format!("Could not read the request body: {e}")))?;
+            seen += chunk.len();
+            if !over && bytes.len() + chunk.len() > limit {
+                over = true;
+                bytes = Vec::new();
+            }
+            if over {
+                if seen > DRAIN_MAX {
+                    break;
+                }
+            } else {
+                bytes.extend_from_slice(&chunk);
+            }
+        }
+        Ok::<(), ApiError>(())
+    };
+    match tokio::time::timeout(Duration::from_secs(30), read).await {
+        Ok(r) => r?,
+        Err(_) if over => {}
+        Err(_) => return Err(ApiError::status(StatusCode::REQUEST_TIMEOUT, "Timed out reading the request body.")),
+    }
+    if over {
+        return Err(too_large());
+    }
+    parse_json(&bytes)
+}
+
+/// Parses a JSON body as `T` (errors: invalid UTF-8, malformed JSON, wrong field types).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if let Err(e) = std::str::from_utf8(bytes) {
+        return Err(ApiError::bad(None, format!("The request body is not valid UTF-8 ({e}).")));
+    }
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad(None, "The request body is empty; expected a JSON object."));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, T>(de) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if inner.is_data() && path != "." {
+                Err(ApiError::field(&path, format!("Invalid value for `{path}`: {inner}")))
+            } else if inner.is_data() {
+                Err(ApiError::bad(None, format!("Invalid request: {inner}")))
+            } else {
+                Err(ApiError::bad(None, format!("Malformed JSON in the request body: {inner}")))
+            }
+        }
+    }
+}
+
+/// A field that is a string or a list of strings (`stop`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    /// One string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    /// As a list.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// The sampling fields common to the APIs (already parsed, not yet checked).
+#[derive(Debug, Clone, Default)]
+pub struct SamplingFields {
+    /// temperature
+    pub temperature: Option<f64>,
+    /// top_p
+    pub top_p: Option<f64>,
+    /// top_k (0 or -1 = off)
+    pub top_k: Option<i64>,
+    /// min_p
+    pub min_p: Option<f64>,
+    /// seed
+    pub seed: Option<i64>,
+    /// presence_penalty
+    pub presence_penalty: Option<f64>,
+    /// frequency_penalty
+    pub frequency_penalty: Option<f64>,
+    /// repetition_penalty
+    pub repetition_penalty: Option<f64>,
+    /// stop strings
+    pub stop: Vec<String>,
+    /// top logprobs to report (None = no logprobs)
+    pub logprobs: Option<usize>,
+    /// generate past EOS
+    pub ignore_eos: bool,
+}
+
+fn finite_in(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(default as f32),
+        Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(x as f32),
+        Some(x) => Err(ApiError::field(name, format!("`{name}` must be a number in [{lo}, {hi}], got {x}."))),
+    }
+}
+
+impl SamplingFields {
+    /// Checks every field and builds the sampler parameters (EOS stops unless `ignore_eos`).
+    pub fn params(&self, eos: u32) -> Result<SamplingParams, ApiError> {
+        let temperature = finite_in("temperature", self.temperature, 0.0, 2.0, 1.0)?;
+        let top_p = finite_in("top_p", self.top_p, 0.0, 1.0, 1.0)?;
+        if top_p <= 0.0 {
+            return Err(ApiError::field("top_p", "`top_p` must be in (0, 1]."));
+        }
+        let min_p = finite_in("min_p", self.min_p, 0.0, 1.0, 0.0)?;
+        let presence_penalty = finite_in("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?;
+        let frequency_penalty = finite_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?;
+        let repetition_penalty = finite_in("repetition_penalty", self.repetition_penalty, 0.0, 100.0, 1.0)?;
+        if repetition_penalty <= 0.0 {
+            return Err(ApiError::field("repetition_penalty", "`repetition_penalty` must be > 0."));
+        }
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => return Err(ApiError::field("top_k", format!("`top_k` must be -1, 0 (off) or positive, got {k}."))),
+        };
+        if self.stop.iter().any(String::is_empty) {
+            return Err(ApiError::field("stop", "Stop strings must not be empty."));
+        }
+        if self.stop.len() > 64 {
+            return Err(ApiError::field("stop", "At most 64 stop strings are allowed."));
+        }
+        if let Some(n) = self.logprobs {
+            if n > MAX_LOGPROBS {
+                return Err(ApiError::field("top_logprobs", format!("At most {MAX_LOGPROBS} top logprobs can be returned.")));
+            }
+        }
+        let p = SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty,
+            presence_penalty,
+            frequency_penalty,
+            seed: self.seed.map(|s| s as u64),
+            logprobs: self.logprobs,
+            stop_token_ids: if self.ignore_eos { Vec::new() } else { vec![eos] },
+            stop_strings: self.stop.clone(),
+        };
+        p.validate().map_err(|e| ApiError::bad(None, e.to_string()))?;
+        Ok(p)
+    }
+}
+
+/// Checks `max_tokens` (≥ 1) and that prompt + max_tokens fits the context; `None` = the rest of
+/// the context.
+pub fn max_tokens(field: &str, requested: Option<i64>, prompt: usize, context: usize) -> Result<usize, ApiError> {
+    if prompt == 0 {
+        return Err(ApiError::bad(None, "The prompt is empty."));
+    }
+    if prompt >= context {
+        return Err(ApiError::bad(
+            None,
+            format!(
+                "This model's maximum context length is {context} tokens, but the prompt has {prompt} tokens (leaving no room to generate)."
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    match requested {
+        None => Ok(context - prompt),
+        Some(n) if n < 1 => Err(ApiError::field(field, format!("`{field}` must be at least 1, got {n}."))),
+        Some(n) if prompt as u64 + n as u64 > context as u64 => Err(ApiError::field(
+            field,
+            format!(
+                "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt} in the prompt, {n} for the completion). Reduce the prompt or `{field}`.",
+                prompt as u64 + n as u64
+            ),
+        )
+        .with_code("context_length_exceeded")),
+        Some(n) => Ok(n as usize),
+    }
+}
+
+/// Resolves thinking mode and effort from `thinking`, `chat_template_kwargs` and
+/// `reasoning_effort` (in that precedence). Default: chat mode (no reasoning).
+pub fn thinking_mode(
+    thinking: Option<&Value>,
+    kwargs: Option<&Map<String, Value>>,
+    effort: Option<&str>,
+) -> Result<(ThinkingMode, Option<ReasoningEffort>), ApiError> {
+    let effort_kw = kwargs.and_then(|k| k.get("reasoning_effort")).and_then(Value::as_str);
+    let effort = match effort.or(effort_kw) {
+        None => None,
+        Some(e) => Some(match e {
+            "none" => None,
+            "minimal" | "low" | "medium" | "high" => Some(ReasoningEffort::High),
+            "max" | "xhigh" => Some(ReasoningEffort::Max),
+            other => {
+                return Err(ApiError::field(
+                    "reasoning_effort",
+                    format!("Unknown reasoning_effort `{other}` (expected none, minimal, low, medium, high, xhigh or max)."),
+                ))
+            }
+        }),
+    };
+    let explicit = match thinking {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(Value::Object(o)) => match o.get("type").and_then(Value::as_str) {
+            Some("enabled") | Some("adaptive") => Some(true),
+            Some("disabled") => Some(false),
+            _ => return Err(ApiError::field("thinking.type", "`thinking.type` must be \"enabled\" or \"disabled\".")),
+        },
+        Some(_) => return Err(ApiError::field("thinking", "`thinking` must be an object like {\"type\": \"enabled\"}.")),
+    };
+    let kw = match kwargs.and_then(|k| k.get("enable_thinking").or_else(|| k.get("thinking"))) {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => return Err(ApiError::field("chat_template_kwargs.enable_thinking", "`enable_thinking` must be a boolean.")),
+    };
+    let on = explicit.or(kw).unwrap_or(matches!(effort, Some(Some(_))));
+    let effort = effort.flatten();
+    Ok(if on { (ThinkingMode::Thinking, effort) } else { (ThinkingMode::Chat, None) })
+}
+
+/// Renders OpenAI-style messages (tools already attached) and tokenizes the prompt.
+pub fn render(
+    tokenizer: &Ds4Tokenizer,
+    messages: &[Value],
+    mode: ThinkingMode,
+    effort: Option<ReasoningEffort>,
+) -> Result<Vec<u32>, ApiError> {
+    let opts = EncodeOptions {
+        thinking_mode: mode,
+        reasoning_effort: effort,
+        drop_thinking: true,
+        add_default_bos_token: true,
+        context: None,
+    };
+    let prompt = encode_messages(messages, &opts).map_err(|e| ApiError::field("messages", format!("Invalid messages: {e}")))?;
+    tokenizer.encode_with_special(&prompt).map_err(|e| ApiError::bad(None, format!("Could not tokenize the prompt: {e}")))
+}
+
+/// Attaches tool declarations (OpenAI shape) and a response format to the first system message,
+/// inserting an empty one first if there is none (as SGLang does).
+pub fn attach_to_system(messages: &mut Vec<Value>, tools: Option<Vec<Value>>, response_format: Option<Value>) {
+    if tools.is_none() && response_format.is_none() {
+        return;
+    }
+    let i = match messages.iter().position(|m| m.get("role").and_then(Value::as_str) == Some("system")) {
+        Some(i) => i,
+        None => {
+            messages.insert(0, json!({"role": "system", "content": ""}));
+            0
+        }
+    };
+    if let Some(Value::Object(m)) = messages.get_mut(i) {
+        if let Some(t) = tools {
+            m.insert("tools".into(), Value::Array(t));
+        }
+        if let Some(r) = response_format {
+            m.insert("response_format".into(), r);
+        }
+    }
+}
+
+/// Checks OpenAI tool declarations: `[{"type": "function", "function": {"name": ..}}]`.
+pub fn check_openai_tools(tools: &[Value]) -> Result<(), ApiError> {
+    for (i, t) in tools.iter().enumerate() {
+        let name = t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+        if t.get("type").and_then(Value::as_str).is_some_and(|ty| ty != "function") {
+            return Err(ApiError::field(&format!("tools[{i}].type"), "Only tools of type `function` are supported."));
+        }
+        if name.is_none_or(str::is_empty) {
+            return Err(ApiError::field(&format!("tools[{i}].function.name"), "Each tool needs a `function` with a non-empty `name`."));
+        }
+    }
+    Ok(())
+}
+
+/// A submitted request's event stream.
+pub struct Submitted {
+    /// Engine events.
+    pub rx: UnboundedReceiver<Event>,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+}
+
+/// Queues a generation; maps refusals to 429 / 503.
+pub fn submit(
+    st: &AppState,
+    prompt: Vec<u32>,
+    params: SamplingParams,
+    max_tokens: usize,
+    skip_special: bool,
+    arrived: Instant,
+) -> Result<Submitted, ApiError> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let prompt_tokens = prompt.len();
+    let req = GenRequest { prompt, params, max_tokens, skip_special, events: tx, arrived };
+    match st.sched.submit(req) {
+        Ok(()) => Ok(Submitted { rx, prompt_tokens }),
+        Err(SubmitError::QueueFull) => Err(ApiError::status(
+            StatusCode::TOO_MANY_REQUESTS,
+            "The server is at capacity (request queue full); retry later.",
+        )
+        .with_code("rate_limit_exceeded")
+        .retry_after(1)),
+        Err(SubmitError::ShuttingDown) => Err(shutting_down()),
+    }
+}
+
+/// The 503 of a server that is shutting down.
+pub fn shutting_down() -> ApiError {
+    ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "The server is shutting down.").with_code("shutting_down").retry_after(5)
+}
+
+/// A fresh id with `prefix`: 24 hex digits, unique in the process, unpredictable across runs.
+pub fn new_id(prefix: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+        h.finish()
+    });
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(base ^ n);
+    format!("{prefix}{:016x}{:08x}", h.finish(), n as u32)
+}
+
+/// Unix time now, in seconds.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// The text of a token id (special tokens kept; invalid UTF-8 as U+FFFD).
+pub fn token_text(tok: &Ds4Tokenizer, id: u32) -> String {
+    tok.decode(&[id], false).unwrap_or_default()
+}
+
+/// Joins the text parts of an OpenAI/Anthropic content value (a string, null, or a list of
+/// `{"type": "text", "text": ...}` parts); other part types are rejected.
+pub fn content_text(v: Option<&Value>, at: &str) -> Result<Option<String>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(parts)) => {
+            let mut out = Vec::new();
+            for (i, p) in parts.iter().enumerate() {
+                match p.get("type").and_then(Value::as_str) {
+                    Some("text") | Some("input_text") | Some("output_text") => match p.get("text") {
+                        Some(Value::String(t)) => out.push(t.as_str()),
+                        _ => return Err(ApiError::field(&format!("{at}[{i}].text"), "A text part needs a string `text`.")),
+                    },
+                    Some(other) => {
+                        return Err(ApiError::field(
+                            &format!("{at}[{i}].type"),
+                            format!("Content parts of type `{other}` are not supported (text only)."),
+                        ))
+                    }
+                    None => return Err(ApiError::field(&format!("{at}[{i}]"), "A content part needs a `type`.")),
+                }
+            }
+            Ok(Some(out.join("\n")))
+        }
+        Some(_) => Err(ApiError::field(at, "`content` must be a string, null or a list of content parts.")),
+    }
+}
+
+/// Milliseconds, rounded to 0.001.
+pub fn ms(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}

@@ -1,0 +1,580 @@
+//! The HTTP API end to end on loopback, on a tiny random model: shapes, streaming, usage, tool
+//! conversations, every error case, API keys, admission (429), cancellation, determinism under
+//! batching, keep-alive, graceful shutdown.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn chat(base: &str) -> String {
+    format!("{base}/v1/chat/completions")
+}
+
+/// One server for the tests that need no special settings.
+fn shared() -> &'static flashseek_server::RunningServer {
+    static S: std::sync::OnceLock<flashseek_server::RunningServer> = std::sync::OnceLock::new();
+    S.get_or_init(|| start(config()))
+}
+
+#[test]
+fn models_health_metrics() {
+    let s = shared();
+    rt().block_on(async {
+        let c = client();
+        let m = get(&c, &format!("{}/v1/models", s.url())).await;
+        assert_eq!(m.status, 200);
+        assert_eq!(m.json()["data"][0]["id"], "flashseek-default");
+        assert_eq!(m.json()["data"][0]["max_model_len"], 4096);
+        assert_eq!(get(&c, &format!("{}/v1/models/flashseek-default", s.url())).await.status, 200);
+        assert_eq!(get(&c, &format!("{}/v1/models/gpt-4", s.url())).await.status, 404);
+        let h = get(&c, &format!("{}/health", s.url())).await;
+        assert_eq!(h.status, 200);
+        assert_eq!(h.json()["status"], "ok");
+        let mt = get(&c, &format!("{}/metrics", s.url())).await;
+        assert_eq!(mt.status, 200);
+        for name in [
+            "flashseek_requests_total",
+            "flashseek_prompt_tokens_total",
+            "flashseek_generation_tokens_total",
+            "flashseek_running_sequences",
+            "flashseek_queued_requests",
+            "flashseek_state_memory_bytes",
+            "flashseek_prefill_tokens_per_second",
+            "flashseek_decode_tokens_per_second",
+            "flashseek_time_to_first_token_seconds_bucket",
+            "flashseek_inter_token_latency_seconds_bucket",
+        ] {
+            assert!(mt.body.contains(name), "{name} missing from /metrics");
+        }
+    });
+}
+
+#[test]
+fn chat_plain_usage_and_prefix_cache() {
+    let s = shared();
+    rt().block_on(async {
+        let c = client();
+        let body = json!({"model": "flashseek-default", "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Name a prime number bigger than ten, please."}],
+            "max_tokens": 6, "seed": 11, "ignore_eos": true});
+        let r = post(&c, &chat(&s.url()), &body).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["object"], "chat.completion");
+        assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+        assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+        assert!(v["choices"][0]["message"]["content"].is_string());
+        assert!(v["choices"][0]["message"].get("reasoning_content").is_none());
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        let u = &v["usage"];
+        assert_eq!(u["completion_tokens"], 6);
+        let prompt = u["prompt_tokens"].as_u64().unwrap();
+        assert!(prompt > 10);
+        assert_eq!(u["total_tokens"].as_u64().unwrap(), prompt + 6);
+        assert!(u["timings"]["prefill_ms"].as_f64().unwrap() > 0.0);
+        assert!(u["timings"]["decode_ms"].as_f64().unwrap() > 0.0);
+        // The same prompt again reuses the cached prefix, and the seed gives the same answer.
+        let r2 = post(&c, &chat(&s.url()), &body).await.json();
+        assert_eq!(r2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), prompt - 1);
+        assert_eq!(r2["choices"][0]["message"]["content"], v["choices"][0]["message"]["content"]);
+        // Thinking mode reports reasoning_content.
+        let mut t = body.clone();
+        t["thinking"] = json!({"type": "enabled"});
+        let r3 = post(&c, &chat(&s.url()), &t).await.json();
+        assert!(r3["choices"][0]["message"]["reasoning_content"].is_string(), "{r3}");
+        let mut t = body.clone();
+        t["chat_template_kwargs"] = json!({"enable_thinking": true});
+        let r4 = post(&c, &chat(&s.url()), &t).await.json();
+        assert_eq!(r4["choices"][0]["message"]["reasoning_content"], r3["choices"][0]["message"]["reasoning_content"]);
+        let mut t = body.clone();
+        t["reasoning_effort"] = json!("high");
+        let r5 = post(&c, &chat(&s.url()), &t).await.json();
+        assert_eq!(r5["usage"]["prompt_tokens"], r3["usage"]["prompt_tokens"]);
+        assert!(r5["choices"][0]["message"]["reasoning_content"].is_string());
+    });
+}
+
+/// Collects the text of an OpenAI chat stream; returns (content, reasoning, finish, usage, n_chunks).
+fn chat_stream_text(events: &[Sse]) -> (String, String, Option<String>, Option<Value>) {
+    let mut content = String::new();
+    let mut reasoning = String::new();
+    let mut finish = None;
+    let mut usage = None;
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    for (_, d) in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        assert_eq!(v["object"], "chat.completion.chunk");
+        if let Some(ch) = v["choices"].as_array().and_then(|a| a.first()) {
+            if let Some(t) = ch["delta"]["content"].as_str() {
+                content.push_str(t);
+            }
+            if let Some(t) = ch["delta"]["reasoning_content"].as_str() {
+                reasoning.push_str(t);
+            }
+            if let Some(f) = ch["finish_reason"].as_str() {
+                finish = Some(f.to_string());
+            }
+        }
+        if !v["usage"].is_null() {
+            usage = Some(v["usage"].clone());
+        }
+    }
+    (content, reasoning, finish, usage)
+}
+
+#[test]
+fn chat_stream_equals_plain() {
+    let s = shared();
+    rt().block_on(async {
+        let c = client();
+        let body = json!({"messages": [{"role": "user", "content": "Stream me something."}],
+            "max_tokens": 12, "seed": 5, "temperature": 0.8, "top_p": 0.9, "top_k": 50, "ignore_eos": true});
+        let plain = post(&c, &chat(&s.url()), &body).await.json();
+        let mut sb = body.clone();
+        sb["stream"] = json!(true);
+        sb["stream_options"] = json!({"include_usage": true});
+        let r = post(&c, &chat(&s.url()), &sb).await;
+        assert_eq!(r.status, 200);
+        assert!(r.headers["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+        let ev = parse_sse(&r.body);
+        let first: Value = serde_json::from_str(&ev[0].1).unwrap();
+        assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+        let (content, _, finish, usage) = chat_stream_text(&ev);
+        assert_eq!(content, plain["choices"][0]["message"]["content"].as_str().unwrap());
+        assert_eq!(finish.as_deref(), Some("length"));
+        let usage = usage.expect("usage chunk");
+        assert_eq!(usage["completion_tokens"], 12);
+        // Without include_usage there is no usage chunk.
+        sb["stream_options"] = json!(null);
+        let ev = parse_sse(&post(&c, &chat(&s.url()), &sb).await.body);
+        assert!(chat_stream_text(&ev).3.is_none());
+    });
+}
+
+#[test]
+fn logprobs_and_stop_strings() {
+    let s = shared();
+    rt().block_on(async {
+        let c = client();
+        let body = json!({"messages": [{"role": "user", "content": "Give me logprobs."}],
+            "max_tokens": 5, "seed": 3, "logprobs": true, "top_logprobs": 3, "ignore_eos": true});
+        let v = post(&c, &chat(&s.url()), &body).await.json();
+        let lp = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+        assert_eq!(lp.len(), 5);
+        for e in lp {
+            assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+            assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 3);
+        }
+        // A stop string taken from the unconstrained output ends the text before it.
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let chars: Vec<char> = text.chars().collect();
+        if chars.len() >= 4 {
+            let stop: String = chars[2..4].iter().collect();
+            let mut b = body.clone();
+            b["stop"] = json!([stop.clone()]);
+            let w = post(&c, &chat(&s.url()), &b).await.json();
+            let got = w["choices"][0]["message"]["content"].as_str().unwrap();
+            assert!(text.starts_with(got) && !got.contains(&stop), "{got:?} vs {text:?} stop {stop:?}");
+            assert_eq!(w["choices"][0]["finish_reason"], "stop");
+        }
+        // Legacy completions: text, logprobs, echo, stream.
+        let url = format!("{}/v1/completions", s.url());
+        let cb = json!({"prompt": "Once upon a time", "max_tokens": 7, "seed": 9, "logprobs": 2, "ignore_eos": true});
+        let v = post(&c, &url, &cb).await.json();
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["usage"]["completion_tokens"], 7);
+        assert_eq!(v["choices"][0]["logprobs"]["tokens"].as_array().unwrap().len(), 7);
+        let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+        let mut e = cb.clone();
+        e["echo"] = json!(true);
+        let ve = post(&c, &url, &e).await.json();
+        assert_eq!(ve["choices"][0]["text"].as_str().unwrap(), format!("Once upon a time{text}"));
+        let mut st = cb.clone();
+        st["stream"] = json!(true);
+        let ev = parse_sse(&post(&c, &url, &st).await.body);
+        assert_eq!(ev.last().unwrap().1, "[DONE]");
+        let streamed: String = ev[..ev.len() - 1]
+            .iter()
+            .map(|(_, d)| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string())
+            .collect();
+        assert_eq!(streamed, text);
+        // Token-id prompts work too.
+        let ids = post(&c, &url, &json!({"prompt": [0, 19923, 14, 2058], "max_tokens": 2})).await;
+        assert_eq!(ids.status, 200, "{}", ids.body);
+    });
+}
+
+#[test]
+fn anthropic_messages() {
+    let s = shared();
+    rt().block_on(async {
+        let c = client();
+        let url = format!("{}/v1/messages", s.url());
+        let body = json!({"model": "flashseek-default", "max_tokens": 6, "system": "Be brief.",
+            "messages": [{"role": "user", "content": "Hello there"}], "ignore_eos": true, "seed": 2});
+        let v = post(&c, &url, &body).await.json();
+        assert_eq!(v["type"], "message");
+        assert_eq!(v["role"], "assistant");
+        assert_eq!(v["content"][0]["type"], "text");
+        assert_eq!(v["stop_reason"], "max_tokens");
+        assert_eq!(v["usage"]["output_tokens"], 6);
+        let count = post(&c, &format!("{url}/count_tokens"), &json!({"model": "flashseek-default", "system": "Be brief.",
+            "messages": [{"role": "user", "content": "Hello there"}]})).await.json();
+        let n = count["input_tokens"].as_u64().unwrap();
+        assert_eq!(v["usage"]["input_tokens"].as_u64().unwrap() + v["usage"]["cache_read_input_tokens"].as_u64().unwrap(), n);
+        // Streaming with thinking: message_start, a thinking block, deltas, message_delta, message_stop.
+        let mut sb = body.clone();
+        sb["stream"] = json!(true);
+        sb["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+        let r = post(&c, &url, &sb).await;
+        let ev = parse_sse(&r.body);
+        let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_deref().unwrap_or("")).collect();
+        assert_eq!(names[0], "message_start");
+        assert_eq!(*names.last().unwrap(), "message_stop");
+        assert!(names.contains(&"message_delta"));
+        let starts: Vec<Value> = ev
+            .iter()
+            .filter(|(n, _)| n.as_deref() == Some("content_block_start"))
+            .map(|(_, d)| serde_json::from_str::<Value>(d).unwrap())
+            .collect();
+        assert_eq!(starts[0]["content_block"]["type"], "thinking", "{starts:?}");
+        assert!(ev.iter().any(|(_, d)| d.contains("thinking_delta")));
+        let delta: Value = serde_json::from_str(&ev.iter().find(|(n, _)| n.as_deref() == Some("message_delta")).unwrap().1).unwrap();
+        assert_eq!(delta["usage"]["output_tokens"], 6);
+        // Stop sequences report which one matched.
+        let plain = post(&c, &url, &body).await.json();
+        let text = plain["content"][0]["text"].as_str().unwrap();
+        let chars: Vec<char> = text.chars().collect();
+        if chars.len() >= 3 {
+            let stop: String = chars[1..3].iter().collect();
+            let mut b = body.clone();
+            b["stop_sequences"] = json!(["zzzzzz-never", stop.clone()]);
+            let w = post(&c, &url, &b).await.json();
+            assert_eq!(w["stop_reason"], "stop_sequence", "{w}");
+            assert_eq!(w["stop_sequence"], json!(stop));
+        }
+    });
+}
+
+#[test]
+fn tool_conversations_render_alike_in_both_apis() {
+    let s = shared();
+    rt().block_on(async {
+        let c = client();
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+        let openai = json!({"messages": [
+            {"role": "system", "content": "You help."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18C and sunny"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": schema}}],
+            "max_tokens": 4, "seed": 1});
+        let o = post(&c, &chat(&s.url()), &openai).await;
+        assert_eq!(o.status, 200, "{}", o.body);
+        let anthropic = json!({"model": "flashseek-default", "max_tokens": 4, "system": "You help.", "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "18C and sunny"}]}],
+            "tools": [{"name": "get_weather", "description": "Weather of a city", "input_schema": schema}]});
+        let a = post(&c, &format!("{}/v1/messages/count_tokens", s.url()), &anthropic).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        // Same conversation, same prompt.
+        assert_eq!(o.json()["usage"]["prompt_tokens"], a.json()["input_tokens"]);
+        let m = post(&c, &format!("{}/v1/messages", s.url()), &anthropic).await;
+        assert_eq!(m.status, 200, "{}", m.body);
+        // tool_choice none drops the tools block: a shorter prompt.
+        let mut none = openai.clone();
+        none["tool_choice"] = json!("none");
+        let n = post(&c, &chat(&s.url()), &none).await.json();
+        assert!(n["usage"]["prompt_tokens"].as_u64() < o.json()["usage"]["prompt_tokens"].as_u64());
+    });
+}
+
+async fn expect_error(c: &HttpClient, url: &str, body: Vec<u8>, status: u16, anthropic: bool) -> Value {
+    let r = send(c, "POST", url, body.clone(), &[]).await;
+    assert_eq!(r.status, status, "body {:?} → {}", String::from_utf8_lossy(&body), r.body);
+    let v = r.json();
+    if anthropic {
+        assert_eq!(v["type"], "error", "{v}");
+        assert!(v["error"]["type"].is_string() && v["error"]["message"].is_string(), "{v}");
+    } else {
+        let e = &v["error"];
+        assert!(e["message"].is_string() && e["type"].is_string(), "{v}");
+        assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+    }
+    v
+}
+
+#[test]
+fn bad_input_gets_shaped_4xx() {
+    let mut cfg = config();
+    cfg.max_body_bytes = 64 << 10;
+    let s = start(cfg);
+    rt().block_on(async {
+        let c = client();
+        let u = chat(&s.url());
+        let ok = |extra: Value| {
+            let mut b = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            b.to_string().into_bytes()
+        };
+        // Malformed JSON, empty body, invalid UTF-8, not an object.
+        expect_error(&c, &u, b"{\"messages\": [".to_vec(), 400, false).await;
+        expect_error(&c, &u, b"".to_vec(), 400, false).await;
+        expect_error(&c, &u, b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(), 400, false).await;
+        expect_error(&c, &u, b"[1, 2]".to_vec(), 400, false).await;
+        // Wrong field types name the field.
+        let v = expect_error(&c, &u, ok(json!({"temperature": "hot"})), 400, false).await;
+        assert_eq!(v["error"]["param"], "temperature");
+        let v = expect_error(&c, &u, ok(json!({"max_tokens": 1.5})), 400, false).await;
+        assert_eq!(v["error"]["param"], "max_tokens");
+        expect_error(&c, &u, br#"{"messages": "hi"}"#.to_vec(), 400, false).await;
+        expect_error(&c, &u, br#"{"max_tokens": 3}"#.to_vec(), 400, false).await;
+        // Unknown model.
+        let v = expect_error(&c, &u, ok(json!({"model": "gpt-4o"})), 404, false).await;
+        assert_eq!(v["error"]["code"], "model_not_found");
+        // Empty messages, unknown roles, bad content.
+        expect_error(&c, &u, br#"{"messages": []}"#.to_vec(), 400, false).await;
+        let v = expect_error(&c, &u, br#"{"messages": [{"role": "wizard", "content": "x"}]}"#.to_vec(), 400, false).await;
+        assert!(v["error"]["message"].as_str().unwrap().contains("wizard"));
+        expect_error(&c, &u, br#"{"messages": [{"content": "x"}]}"#.to_vec(), 400, false).await;
+        expect_error(&c, &u, br#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}"#.to_vec(), 400, false).await;
+        expect_error(&c, &u, br#"{"messages": [{"role": "developer", "content": ""}]}"#.to_vec(), 400, false).await;
+        // max_tokens ≤ 0, n > 1, prompt + max_tokens beyond the context.
+        expect_error(&c, &u, ok(json!({"max_tokens": 0})), 400, false).await;
+        expect_error(&c, &u, ok(json!({"max_tokens": -5})), 400, false).await;
+        expect_error(&c, &u, ok(json!({"max_completion_tokens": 0})), 400, false).await;
+        let v = expect_error(&c, &u, ok(json!({"n": 2})), 400, false).await;
+        assert_eq!(v["error"]["param"], "n");
+        let v = expect_error(&c, &u, ok(json!({"max_tokens": 5000})), 400, false).await;
+        assert_eq!(v["error"]["code"], "context_length_exceeded");
+        let long = "word ".repeat(5000);
+        let v = expect_error(&c, &u, json!({"messages": [{"role": "user", "content": long}]}).to_string().into_bytes(), 400, false).await;
+        assert_eq!(v["error"]["code"], "context_length_exceeded");
+        // NaN/Inf cannot be written in JSON; huge or out-of-range numbers are refused.
+        expect_error(&c, &u, br#"{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}"#.to_vec(), 400, false).await;
+        expect_error(&c, &u, br#"{"messages": [{"role": "user", "content": "x"}], "temperature": 1e999}"#.to_vec(), 400, false).await;
+        expect_error(&c, &u, br#"{"messages": [{"role": "user", "content": "x"}], "temperature": Infinity}"#.to_vec(), 400, false).await;
+        for (k, v) in [("temperature", json!(-1)), ("temperature", json!(3)), ("top_p", json!(0)), ("top_p", json!(1.5)),
+            ("presence_penalty", json!(9)), ("frequency_penalty", json!(-3)), ("repetition_penalty", json!(0)),
+            ("min_p", json!(2)), ("top_k", json!(-7)), ("top_logprobs", json!(50)), ("stop", json!([""])),
+            ("stop", json!(5)), ("seed", json!("x")), ("reasoning_effort", json!("extreme")),
+            ("thinking", json!({"type": "maybe"})), ("tool_choice", json!(7)), ("tools", json!([{"type": "function"}])),
+            ("stream", json!("yes"))] {
+            let v = expect_error(&c, &u, ok(json!({k: v})), 400, false).await;
+            assert!(v["error"]["param"].as_str().unwrap_or("").starts_with(k) || k == "top_logprobs", "{k}: {v}");
+        }
+        // Oversize bodies → 413 (with and without Content-Length).
+        let big = format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "a".repeat(100 << 10));
+        expect_error(&c, &u, big.into_bytes(), 413, false).await;
+        // Completions.
+        let cu = format!("{}/v1/completions", s.url());
+        expect_error(&c, &cu, br#"{"prompt": 5}"#.to_vec(), 400, false).await;
+        expect_error(&c, &cu, br#"{"prompt": ["a", "b"]}"#.to_vec(), 400, false).await;
+        expect_error(&c, &cu, br#"{"prompt": [0, 999999999]}"#.to_vec(), 400, false).await;
+        expect_error(&c, &cu, br#"{"prompt": "x", "max_tokens": 0}"#.to_vec(), 400, false).await;
+        expect_error(&c, &cu, br#"{"prompt": "x", "best_of": 3}"#.to_vec(), 400, false).await;
+        // An empty prompt is just BOS: fine.
+        assert_eq!(send(&c, "POST", &cu, br#"{"prompt": "", "max_tokens": 1}"#.to_vec(), &[]).await.status, 200);
+        // Anthropic shapes.
+        let au = format!("{}/v1/messages", s.url());
+        expect_error(&c, &au, b"{oops".to_vec(), 400, true).await;
+        expect_error(&c, &au, br#"{"model": "flashseek-default", "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 400, true).await;
+        expect_error(&c, &au, br#"{"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 404, true).await;
+        expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}"#.to_vec(), 400, true).await;
+        expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 400, true).await;
+        expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "messages": []}"#.to_vec(), 400, true).await;
+        expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "temperature": 7, "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 400, true).await;
+        expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]}"#.to_vec(), 400, true).await;
+        expect_error(&c, &format!("{au}/count_tokens"), br#"{"model": "flashseek-default"}"#.to_vec(), 400, true).await;
+        // Unknown routes and methods are JSON too.
+        let r = get(&c, &format!("{}/v2/nothing", s.url())).await;
+        assert_eq!(r.status, 404);
+        assert!(r.json()["error"]["message"].is_string());
+        let r = get(&c, &u).await;
+        assert_eq!(r.status, 405);
+        assert!(r.json()["error"]["message"].is_string());
+        // None of that was a 500, and the server still answers.
+        let m = get(&c, &format!("{}/metrics", s.url())).await.body;
+        assert!(!m.contains("status=\"500\""), "{m}");
+        assert_eq!(post(&c, &u, &json!({"messages": [{"role": "user", "content": "still alive?"}], "max_tokens": 2})).await.status, 200);
+    });
+}
+
+#[test]
+fn api_key_is_required_when_set() {
+    let mut cfg = config();
+    cfg.api_key = Some("sekret".into());
+    let s = start(cfg);
+    rt().block_on(async {
+        let c = client();
+        let u = chat(&s.url());
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).to_string().into_bytes();
+        let r = send(&c, "POST", &u, body.clone(), &[]).await;
+        assert_eq!(r.status, 401);
+        assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+        assert_eq!(send(&c, "POST", &u, body.clone(), &[("authorization", "Bearer wrong")]).await.status, 401);
+        assert_eq!(send(&c, "POST", &u, body.clone(), &[("authorization", "Bearer sekret")]).await.status, 200);
+        assert_eq!(send(&c, "POST", &u, body.clone(), &[("x-api-key", "sekret")]).await.status, 200);
+        let a = send(&c, "POST", &format!("{}/v1/messages", s.url()), b"{}".to_vec(), &[]).await;
+        assert_eq!(a.status, 401);
+        assert_eq!(a.json()["error"]["type"], "authentication_error");
+        assert_eq!(get(&c, &format!("{}/health", s.url())).await.status, 200);
+    });
+}
+
+#[test]
+fn full_queue_answers_429_and_cancellation_frees_state() {
+    let mut cfg = config();
+    cfg.scheduler.max_running = 1;
+    cfg.scheduler.max_queue = 1;
+    cfg.scheduler.prefix_cache_entries = 0;
+    let s = start(cfg);
+    rt().block_on(async {
+        let c = client();
+        let u = chat(&s.url());
+        let long = json!({"messages": [{"role": "user", "content": "go on forever"}], "max_tokens": 3000, "ignore_eos": true, "stream": true});
+        let mut a = open_stream(&c, &u, &long).await;
+        assert_eq!(a.status, 200);
+        // Wait for generation to start.
+        let mut seen = 0;
+        while seen < 3 {
+            let (_, d) = a.next().await.expect("tokens");
+            if d.contains("\"content\"") {
+                seen += 1;
+            }
+        }
+        let b = open_stream(&c, &u, &long).await; // queued
+        assert_eq!(b.status, 200);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (bytes, running, queued) = gauges(&c, &s.url()).await;
+        assert_eq!((running, queued), (1.0, 1.0));
+        assert!(bytes > 0.0);
+        let r = post(&c, &u, &json!({"messages": [{"role": "user", "content": "me too"}], "max_tokens": 2})).await;
+        assert_eq!(r.status, 429, "{}", r.body);
+        assert_eq!(r.headers["retry-after"], "1");
+        assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+        let ar = post(&c, &format!("{}/v1/messages", s.url()), &json!({"model": "flashseek-default", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})).await;
+        assert_eq!(ar.status, 429);
+        assert_eq!(ar.json()["error"]["type"], "rate_limit_error");
+        // Client disconnects: both requests are cancelled and their state is freed.
+        drop(a);
+        drop(b);
+        assert_eq!(wait_idle(&c, &s.url()).await, 0.0);
+        let m = get(&c, &format!("{}/metrics", s.url())).await.body;
+        assert!(m.contains("flashseek_cancelled_requests_total 2"), "{m}");
+        // And the server takes work again.
+        assert_eq!(post(&c, &u, &json!({"messages": [{"role": "user", "content": "again"}], "max_tokens": 2})).await.status, 200);
+    });
+}
+
+#[test]
+fn seeded_tokens_are_the_same_alone_and_batched() {
+    let mut cfg = config();
+    cfg.scheduler.prefix_cache_entries = 0;
+    cfg.scheduler.prefill_chunk = 16;
+    let s = start(cfg);
+    rt().block_on(async {
+        let c = client();
+        let u = chat(&s.url());
+        let probe = |seed: Option<u64>| {
+            let mut b = json!({"messages": [{"role": "user", "content": "Tell me about determinism in batched inference."}],
+                "max_tokens": 24, "logprobs": true, "top_logprobs": 2, "ignore_eos": true});
+            match seed {
+                Some(sd) => {
+                    b["seed"] = json!(sd);
+                    b["temperature"] = json!(1.0);
+                }
+                None => b["temperature"] = json!(0),
+            }
+            b
+        };
+        for seed in [Some(1234u64), None] {
+            let alone = post(&c, &u, &probe(seed)).await.json();
+            // The same request among 8 others of different lengths, all in flight together.
+            let mut others = Vec::new();
+            for i in 0..8u64 {
+                let c2 = c.clone();
+                let u2 = u.clone();
+                let words = "lorem ipsum ".repeat(1 + 9 * i as usize);
+                others.push(tokio::spawn(async move {
+                    let b = json!({"messages": [{"role": "user", "content": words}], "max_tokens": 4 + 5 * i, "seed": i, "ignore_eos": true});
+                    post(&c2, &u2, &b).await.status
+                }));
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let batched = post(&c, &u, &probe(seed)).await.json();
+            for o in others {
+                assert_eq!(o.await.unwrap(), 200);
+            }
+            assert_eq!(alone["choices"][0]["message"]["content"], batched["choices"][0]["message"]["content"]);
+            assert_eq!(alone["choices"][0]["logprobs"], batched["choices"][0]["logprobs"], "logprobs differ (seed {seed:?})");
+        }
+    });
+}
+
+#[test]
+fn keepalive_comments_during_long_prefill() {
+    let mut cfg = config();
+    cfg.keepalive = Duration::from_millis(50);
+    cfg.scheduler.prefill_chunk = 32;
+    let s = start(cfg);
+    rt().block_on(async {
+        let c = client();
+        let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(300);
+        let mut st = open_stream(&c, &chat(&s.url()), &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 2, "stream": true})).await;
+        let mut comments = 0;
+        loop {
+            let (n, d) = st.next().await.expect("stream");
+            if n.as_deref() == Some(":") {
+                comments += 1;
+            } else if d.contains("\"content\":\"") && !d.contains("\"role\"") || d == "[DONE]" {
+                break;
+            }
+        }
+        assert!(comments >= 1, "no keep-alive comment during a long prefill");
+        while st.next().await.is_some() {}
+    });
+}
+
+#[test]
+fn graceful_shutdown_finishes_in_flight_streams() {
+    let s = start(config());
+    let url = s.url();
+    let r = rt();
+    let c = client();
+    let mut st = r.block_on(open_stream(&c, &chat(&url), &json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 40, "ignore_eos": true, "stream": true})));
+    r.block_on(async { st.next().await.unwrap() });
+    let stopper = std::thread::spawn(move || s.shutdown());
+    let events = r.block_on(async {
+        let mut ev = Vec::new();
+        while let Some(e) = tokio::time::timeout(Duration::from_secs(60), st.next()).await.expect("stream ends in time") {
+            ev.push(e);
+        }
+        ev
+    });
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let (_, _, finish, _) = chat_stream_text(&events.iter().filter(|(n, _)| n.as_deref() != Some(":")).cloned().collect::<Vec<_>>());
+    assert_eq!(finish.as_deref(), Some("length"));
+    stopper.join().unwrap().unwrap();
+    // Nothing listens any more.
+    let after = r.block_on(async { tokio::time::timeout(Duration::from_secs(10), client().request(hyper::Request::get(format!("{url}/health")).body(Default::default()).unwrap())).await });
+    assert!(matches!(after, Ok(Err(_))), "server still answering after shutdown");
+}
+
+#[test]
+fn state_estimate_matches_measured_bytes() {
+    let w = tiny_weights();
+    let mut s = flashseek_engine::session::Session::new(&w, Default::default(), None);
+    let ids: Vec<u32> = (0..640u32).map(|i| (i * 7919) % 120000 + 10).collect();
+    s.prefill(&ids).unwrap();
+    let est = flashseek_server::scheduler::state_bytes_per_token(&w.config) * ids.len();
+    let real = s.state().bytes();
+    assert!(est >= real && est - real < real / 100, "estimate {est} vs measured {real}");
+}
