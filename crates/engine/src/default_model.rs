@@ -89,6 +89,17 @@ pub fn ensure_default_model(root: &Path) -> Result<(PathBuf, bool), DefaultModel
         move |source| DefaultModelError::Io { path, source }
     };
     std::fs::create_dir_all(root).map_err(io(root))?;
+    // Temporary folders of interrupted writes older than an hour are left-overs: remove them.
+    if let Ok(entries) = std::fs::read_dir(root) {
+        for e in entries.flatten() {
+            let stale = e.file_name().to_string_lossy().starts_with(&format!("{DEFAULT_MODEL_DIR}.tmp-"))
+                && e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > std::time::Duration::from_secs(3600));
+            if stale {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
     let tmp = root.join(format!("{DEFAULT_MODEL_DIR}.tmp-{}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;

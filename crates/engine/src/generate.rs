@@ -26,6 +26,20 @@ pub enum FinishReason {
     Length,
     /// The caller's callback asked to stop (stop string, cancellation).
     Callback,
+    /// The sequence reached the model's context limit.
+    ContextFull,
+}
+
+impl FinishReason {
+    /// A short label for reports: `stop`, `length`, `stop string`, `context full`.
+    pub fn label(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Callback => "stop string",
+            FinishReason::ContextFull => "context full",
+        }
+    }
 }
 
 /// Timings and counts of one generation.
@@ -51,9 +65,9 @@ impl GenerateStats {
         (self.prompt_tokens - self.reused_tokens) as f64 / self.prefill_secs.max(1e-9)
     }
     /// Decode steps per second (the first token comes from the prompt's logits, so `generated − 1`
-    /// forward steps are timed).
-    pub fn decode_tok_s(&self) -> f64 {
-        self.generated.saturating_sub(1) as f64 / self.decode_secs.max(1e-9)
+    /// forward steps are timed); None when no decode step ran.
+    pub fn decode_tok_s(&self) -> Option<f64> {
+        (self.generated > 1).then(|| (self.generated - 1) as f64 / self.decode_secs.max(1e-9))
     }
 }
 
@@ -87,6 +101,10 @@ pub fn generate(
             break;
         }
         if generated == max_tokens {
+            break;
+        }
+        if session.tokens().len() + 1 > session.max_len {
+            finish = FinishReason::ContextFull;
             break;
         }
         logits = session.decode(s.token)?;

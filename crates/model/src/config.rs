@@ -239,6 +239,9 @@ impl Ds4Config {
             path: file.display().to_string(),
             msg: e.to_string(),
         })?;
+        if !value.is_object() {
+            return Err(ConfigError::Json { path: file.display().to_string(), msg: format!("top level is {}", kind_of(&value)) });
+        }
         Self::from_json(&value)
     }
 
@@ -383,9 +386,10 @@ impl Ds4Config {
                     .into(),
             });
         };
+        let schedule_field = if obj.get("layer_types").is_some_and(|v| !v.is_null()) { "layer_types" } else { "compress_ratios" };
         if layer_kinds.len() < num_hidden_layers {
             return Err(invalid(
-                "layer_types",
+                schedule_field,
                 &format!("at least num_hidden_layers = {num_hidden_layers} entries"),
                 format!("{} entries", layer_kinds.len()),
             ));

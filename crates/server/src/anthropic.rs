@@ -360,7 +360,14 @@ async fn whole(ctx: Ctx, mut sub: Submitted) -> Result<Response, ApiError> {
     .into_response())
 }
 
-fn ev(name: &str, data: Value) -> SseEvent {
+/// One SSE event before rendering: (event name, data).
+type Ev = (&'static str, Value);
+
+fn ev(name: &'static str, data: Value) -> Ev {
+    (name, data)
+}
+
+fn render_ev((name, data): Ev) -> SseEvent {
     SseEvent::default().event(name).data(data.to_string())
 }
 
@@ -378,14 +385,14 @@ struct Blocks {
 }
 
 impl Blocks {
-    fn close(&mut self, out: &mut Vec<SseEvent>) {
+    fn close(&mut self, out: &mut Vec<Ev>) {
         if self.open != Open::None {
             out.push(ev("content_block_stop", json!({"type": "content_block_stop", "index": self.index})));
             self.index += 1;
             self.open = Open::None;
         }
     }
-    fn delta(&mut self, d: Delta, out: &mut Vec<SseEvent>) {
+    fn delta(&mut self, d: Delta, out: &mut Vec<Ev>) {
         match d {
             Delta::Reasoning(t) => {
                 if self.open != Open::Thinking {
@@ -455,7 +462,7 @@ fn stream_response(ctx: Ctx, sub: Submitted) -> Response {
             }})));
             out.push(ev("ping", json!({"type": "ping"})));
         }
-        let error = |out: &mut Vec<SseEvent>, e: ApiError| {
+        let error = |out: &mut Vec<Ev>, e: ApiError| {
             out.push(ev("error", e.body(Flavor::Anthropic)));
         };
         match s.rx.recv().await {
@@ -497,8 +504,53 @@ fn stream_response(ctx: Ctx, sub: Submitted) -> Response {
                 s.done = true;
             }
         }
-        Some((stream::iter(out), s))
+        Some((stream::iter(out.into_iter().map(render_ev)), s))
     })
     .flatten();
     sse_response(&st, events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A DSML completion streamed token-sized through the assembler and the block builder gives
+    /// text, then one complete tool_use block per call with its input as one JSON delta.
+    #[test]
+    fn tool_calls_stream_as_tool_use_blocks() {
+        let text = "Checking.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"utc\" string=\"false\">true</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>";
+        let mut asm = Assembler::new(ThinkingMode::Chat);
+        let mut blocks = Blocks { open: Open::None, index: 0, tool_calls: false };
+        let mut out = Vec::new();
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(3) {
+            for d in asm.push(&piece.iter().collect::<String>()) {
+                blocks.delta(d, &mut out);
+            }
+        }
+        for d in asm.finish() {
+            blocks.delta(d, &mut out);
+        }
+        blocks.close(&mut out);
+        assert!(blocks.tool_calls);
+        let starts: Vec<&Value> = out.iter().filter(|(n, _)| *n == "content_block_start").map(|(_, v)| v).collect();
+        assert_eq!(starts.len(), 3);
+        assert_eq!(starts[0]["content_block"]["type"], "text");
+        assert_eq!(starts[1]["content_block"]["type"], "tool_use");
+        assert_eq!(starts[1]["content_block"]["name"], "get_weather");
+        assert_eq!(starts[2]["content_block"]["name"], "get_time");
+        assert_eq!(starts[2]["index"], 2);
+        let inputs: Vec<Value> = out
+            .iter()
+            .filter(|(_, v)| v["delta"]["type"] == "input_json_delta")
+            .map(|(_, v)| serde_json::from_str(v["delta"]["partial_json"].as_str().unwrap()).unwrap())
+            .collect();
+        assert_eq!(inputs, vec![json!({"city": "Paris"}), json!({"utc": true})]);
+        let text: String = out.iter().filter_map(|(_, v)| v["delta"]["text"].as_str()).collect();
+        assert_eq!(text, "Checking.");
+        // Every started block is stopped, in order.
+        let stops: Vec<u64> = out.iter().filter(|(n, _)| *n == "content_block_stop").map(|(_, v)| v["index"].as_u64().unwrap()).collect();
+        assert_eq!(stops, vec![0, 1, 2]);
+        assert_eq!(stop_reason(&FinishReason::Stop, blocks.tool_calls).0, "tool_use");
+    }
 }

@@ -673,3 +673,37 @@ pub async fn model(State(st): State<AppState>, axum::extract::Path(id): axum::ex
     Json(json!({"id": id, "object": "model", "created": st.created, "owned_by": "flashseek", "max_model_len": st.sched.info.context}))
         .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A DSML completion streamed token-sized through the assembler gives OpenAI deltas: content,
+    /// then each tool call whole (name and JSON arguments) with its index.
+    #[test]
+    fn tool_calls_stream_as_openai_deltas() {
+        let text = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"search\">\n<｜DSML｜parameter name=\"q\" string=\"true\">rust \"sse\"</｜DSML｜parameter>\n<｜DSML｜parameter name=\"k\" string=\"false\">5</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>";
+        let mut asm = Assembler::new(ThinkingMode::Thinking);
+        let full = format!("plan</think>{text}");
+        let mut deltas = Vec::new();
+        for piece in full.split_inclusive(['>', '"', '\n']) {
+            deltas.extend(asm.push(piece));
+        }
+        deltas.extend(asm.finish());
+        assert!(asm.has_tool_calls());
+        let js: Vec<Value> = deltas.into_iter().map(delta_json).collect();
+        let reasoning: String = js.iter().filter_map(|v| v["reasoning_content"].as_str()).collect();
+        assert_eq!(reasoning, "plan");
+        let calls: Vec<&Value> = js.iter().filter(|v| v.get("tool_calls").is_some()).collect();
+        assert_eq!(calls.len(), 1);
+        let c = &calls[0]["tool_calls"][0];
+        assert_eq!(c["index"], 0);
+        assert_eq!(c["type"], "function");
+        assert!(c["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(c["function"]["name"], "search");
+        let args: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({"q": "rust \"sse\"", "k": 5}));
+        assert!(js.iter().all(|v| v.get("content").is_none_or(|t| t.as_str().is_some_and(|t| !t.contains("DSML")))));
+        assert_eq!(finish_reason(&FinishReason::Stop, true), "tool_calls");
+    }
+}

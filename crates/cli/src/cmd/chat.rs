@@ -16,7 +16,7 @@ use std::ops::ControlFlow;
 #[derive(clap::Args)]
 pub struct Args {
     /// Send this one message, print the answer and exit (otherwise: an interactive session).
-    #[arg(long, short)]
+    #[arg(long, short, allow_hyphen_values = true)]
     pub message: Option<String>,
     /// A system prompt.
     #[arg(long)]
@@ -101,6 +101,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut raw = String::new();
         let mut out = std::io::stdout().lock();
         let mut shown_reasoning = false;
+        let broken = std::cell::Cell::new(false);
         let mut print = |events: Vec<StreamEvent>, out: &mut std::io::StdoutLock<'_>| {
             for e in events {
                 match e {
@@ -130,7 +131,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     }
                 }
             }
-            let _ = out.flush();
+            if out.flush().is_err() {
+                broken.set(true);
+            }
         };
         let mut failure = None;
         let stats = generate(&mut session, &ids, &mut sampler, args.sampling.max_tokens, |s| {
@@ -144,6 +147,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let (text, stopped) = stops.push(&piece);
             raw.push_str(&text);
             print(parser.push(&text), &mut out);
+            if broken.get() {
+                // stdout closed: stop generating.
+                return ControlFlow::Break(());
+            }
             if stopped {
                 ControlFlow::Break(())
             } else {

@@ -40,16 +40,16 @@ pub struct SamplingArgs {
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Nucleus sampling mass (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Keep only the k most likely tokens (0 = off).
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
     /// Drop tokens below min_p × the top probability (0 = off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub min_p: f32,
     /// Repetition penalty over prompt and output tokens (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub repetition_penalty: f32,
     /// Presence penalty (OpenAI semantics).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
@@ -135,11 +135,22 @@ fn stored_bytes(info: &flashseek_model::checkpoint::TensorInfo) -> u64 {
 /// tokenizer. Prints a one-time note when the embedded random-weight model is used.
 pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     let dir = match &args.model {
-        Some(d) => d.clone(),
+        Some(d) => {
+            if !d.is_dir() {
+                anyhow::bail!("--model {}: expected a checkpoint directory (config.json + safetensors)", d.display());
+            }
+            d.clone()
+        }
         None => {
             let root = cache_root();
             let t = Instant::now();
-            let (dir, created) = ensure_default_model(&root)?;
+            let (mut dir, mut created) = ensure_default_model(&root)?;
+            if Ds4Config::from_file(&dir).is_err() || Checkpoint::open(&dir).is_err() {
+                // A damaged cached copy (interrupted disk write, manual edits): write it again.
+                eprintln!("flashseek: the cached default model at {} is damaged; rewriting it", dir.display());
+                std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+                (dir, created) = ensure_default_model(&root)?;
+            }
             if created {
                 eprintln!("flashseek: wrote the embedded default model to {} ({:.1} s)", dir.display(), t.elapsed().as_secs_f64());
             }
@@ -177,12 +188,12 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
 /// The closing statistics line.
 pub fn stats_line(s: &GenerateStats) -> String {
     format!(
-        "[prompt {} tokens ({} reused) · prefill {:.1} tok/s · {} generated · decode {:.1} tok/s · {:?}]",
+        "[prompt {} tokens ({} reused) · prefill {:.1} tok/s · {} generated · decode {} · {}]",
         s.prompt_tokens,
         s.reused_tokens,
         s.prefill_tok_s(),
         s.generated,
-        s.decode_tok_s(),
-        s.finish
+        s.decode_tok_s().map_or("n/a".to_string(), |r| format!("{r:.1} tok/s")),
+        s.finish.label()
     )
 }

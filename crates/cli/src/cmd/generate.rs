@@ -12,7 +12,7 @@ use std::ops::ControlFlow;
 #[derive(clap::Args)]
 pub struct Args {
     /// The prompt, as raw text (special-token text in it is not treated as special).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub prompt: String,
     /// Do not put BOS before the prompt.
     #[arg(long)]
@@ -46,8 +46,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         };
         let (text, stopped) = stops.push(&piece);
-        let _ = write!(out, "{text}");
-        let _ = out.flush();
+        if write!(out, "{text}").and_then(|_| out.flush()).is_err() {
+            // stdout closed (e.g. piped into `head`): stop generating.
+            return ControlFlow::Break(());
+        }
         if stopped {
             ControlFlow::Break(())
         } else {

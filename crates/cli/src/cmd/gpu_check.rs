@@ -16,6 +16,12 @@ pub struct Args {
     /// Timed repeats per measurement (median reported).
     #[arg(long, default_value_t = 50)]
     pub repeats: usize,
+    /// Skip the parity checks (timings only, e.g. under a profiler).
+    #[arg(long)]
+    pub skip_checks: bool,
+    /// Only time weights whose label or format contains this text.
+    #[arg(long)]
+    pub only: Option<String>,
     /// Random seed of the inputs (default: from the clock, so every run draws fresh inputs).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -26,14 +32,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
     });
+    if let Some(out) = &args.out {
+        // Fail before the run, not after it, when the report cannot be written.
+        std::fs::write(out, b"{}").map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
+    }
     let cache = flashseek_engine::default_model::cache_root().join("kernels");
     let t = std::time::Instant::now();
     let gpu = Gpu::open(args.device, &cache)?;
     eprintln!("opened {} ({}) and loaded kernels in {:.2} s", gpu.ctx.name().unwrap_or_default(), gpu.arch, t.elapsed().as_secs_f64());
-    let (mut report, ok) = check::run(&gpu, seed, args.repeats.max(1))?;
+    let (mut report, ok) = check::run(&gpu, seed, &check::CheckOptions { repeats: args.repeats, skip_checks: args.skip_checks, only: args.only.clone() })?;
     report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
     if let Some(out) = &args.out {
-        std::fs::write(out, serde_json::to_string_pretty(&report)?)?;
+        std::fs::write(out, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
         eprintln!("wrote {}", out.display());
     }
     if !ok {

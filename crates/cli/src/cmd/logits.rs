@@ -30,7 +30,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.ids).with_context(|| format!("reading {}", args.ids.display()))?;
     let ids: Vec<u32> = serde_json::from_str(&text)
         .with_context(|| format!("{}: expected a JSON array of non-negative token ids", args.ids.display()))?;
+    if !args.model.is_dir() {
+        anyhow::bail!("--model {}: expected a checkpoint directory (config.json + safetensors)", args.model.display());
+    }
     let cfg = Ds4Config::from_file(&args.model)?;
+    if ids.len() > cfg.max_position_embeddings {
+        anyhow::bail!(
+            "{}: {} ids exceed the model's context of {} positions (max_position_embeddings)",
+            args.ids.display(),
+            ids.len(),
+            cfg.max_position_embeddings
+        );
+    }
     let ckpt = Checkpoint::open(&args.model)?;
     let weights = ModelWeights::load(&cfg, &ckpt)?;
     let numerics = if args.official_numerics { Numerics::official() } else { Numerics::default() };

@@ -58,7 +58,19 @@ pub struct Gpu {
 const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("norm.cu", &["rms_norm_f32"]),
     ("rope.cu", &["rope_f32"]),
-    ("linear.cu", &["linear_f32", "linear_bf16", "linear_fp8", "linear_fp4"]),
+    (
+        "linear.cu",
+        &[
+            "linear_f32",
+            "linear_bf16",
+            "linear_fp8",
+            "linear_fp4",
+            "linear_f32_t1",
+            "linear_bf16_t1",
+            "linear_fp8_t1",
+            "linear_fp4_t1",
+        ],
+    ),
     ("attention.cu", super::ops_attention::ATTENTION_ENTRY_POINTS),
     ("compressor.cu", super::ops_attention::COMPRESSOR_ENTRY_POINTS),
     ("indexer.cu", super::ops_attention::INDEXER_ENTRY_POINTS),
@@ -161,33 +173,35 @@ impl Gpu {
         if !w.cols.is_multiple_of(need) {
             return Err(CudaError::Unsupported { what: "linear", detail: format!("input width {} is not a multiple of {need}", w.cols) });
         }
-        let cfg = LaunchConfig { grid_dim: (w.rows.div_ceil(8) as u32, t.div_ceil(8) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let (name, r) = match &w.data {
-            GpuMatrix::F32(m) => {
-                let mut b = self.stream.launch_builder(self.f("linear_f32"));
-                b.arg(x).arg(m).arg(y).arg(&tt).arg(&n).arg(&k);
-                // SAFETY: matches linear_f32.
-                ("linear_f32", unsafe { b.launch(cfg) })
-            }
-            GpuMatrix::Bf16(m) => {
-                let mut b = self.stream.launch_builder(self.f("linear_bf16"));
-                b.arg(x).arg(m).arg(y).arg(&tt).arg(&n).arg(&k);
-                // SAFETY: matches linear_bf16.
-                ("linear_bf16", unsafe { b.launch(cfg) })
-            }
-            GpuMatrix::Fp8 { w: m, scales } => {
-                let mut b = self.stream.launch_builder(self.f("linear_fp8"));
-                b.arg(x).arg(m).arg(scales).arg(y).arg(&tt).arg(&n).arg(&k);
-                // SAFETY: matches linear_fp8.
-                ("linear_fp8", unsafe { b.launch(cfg) })
-            }
-            GpuMatrix::Fp4 { w: m, scales } => {
-                let mut b = self.stream.launch_builder(self.f("linear_fp4"));
-                b.arg(x).arg(m).arg(scales).arg(y).arg(&tt).arg(&n).arg(&k);
-                // SAFETY: matches linear_fp4.
-                ("linear_fp4", unsafe { b.launch(cfg) })
-            }
+        // Row blocks are capped (each block loops over rows) so x is staged once per block.
+        const MAX_ROW_BLOCKS: usize = 132 * 8;
+        let cfg = LaunchConfig {
+            grid_dim: (w.rows.div_ceil(8).min(MAX_ROW_BLOCKS) as u32, t.div_ceil(8) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
         };
-        drv(name, r).map(|_| ())
+        let (fmt, s): (&str, Option<&CudaSlice<u8>>) = match &w.data {
+            GpuMatrix::F32(_) => ("f32", None),
+            GpuMatrix::Bf16(_) => ("bf16", None),
+            GpuMatrix::Fp8 { scales, .. } => ("fp8", Some(scales)),
+            GpuMatrix::Fp4 { scales, .. } => ("fp4", Some(scales)),
+        };
+        let name = format!("linear_{fmt}{}", if t == 1 { "_t1" } else { "" });
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(self.f(&name));
+        b.arg(x);
+        match &w.data {
+            GpuMatrix::F32(m) => b.arg(m),
+            GpuMatrix::Bf16(m) => b.arg(m),
+            GpuMatrix::Fp8 { w: m, .. } | GpuMatrix::Fp4 { w: m, .. } => b.arg(m),
+        };
+        match s {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        b.arg(y).arg(&tt).arg(&n).arg(&k);
+        // SAFETY: matches the (x, W, S, y, T, N, K) signature of every linear entry point.
+        let r = unsafe { b.launch(cfg) };
+        drv(&name, r).map(|_| ())
     }
 }

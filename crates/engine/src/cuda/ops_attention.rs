@@ -1,8 +1,501 @@
-//! Launchers for the attention family (being written): sparse attention, compressors, indexer.
+//! Launchers for the attention family: sparse attention with sinks (spec §4.6,
+//! `kernels/attention.cu`), the KV compressors (§4.8–§4.9, `kernels/compressor.cu`) and the
+//! lightning indexer (§4.10, `kernels/indexer.cu`), plus the host helpers that build the per-query
+//! candidate lists (CSR offsets + indices).
+//!
+//! Conventions: f32 activations, row-major; positions are absolute token positions; index buffers
+//! are i32. Every launcher validates shapes on the host and returns [`CudaError::Unsupported`] on
+//! bad input. Device-side index lists (CSR contents) cannot be checked on the host: out-of-range
+//! entry indices are skipped by the kernels, and offsets must be the ones the helpers here build.
+
+use super::gpu::Gpu;
+use super::CudaError;
+use crate::cpu::rope::Rope;
+use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
 /// Entry points of `kernels/attention.cu`.
-pub const ATTENTION_ENTRY_POINTS: &[&str] = &["attention_placeholder"];
+pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32"];
 /// Entry points of `kernels/compressor.cu`.
-pub const COMPRESSOR_ENTRY_POINTS: &[&str] = &["compressor_placeholder"];
+pub const COMPRESSOR_ENTRY_POINTS: &[&str] = &["add_position_bias_f32", "compressor_pool_f32", "rope_positions_f32"];
 /// Entry points of `kernels/indexer.cu`.
-pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_placeholder"];
+pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_topk_f32"];
+
+/// Largest head dim `sparse_attention_f32` supports (`ATT_MAXC`).
+pub const ATTENTION_MAX_HEAD_DIM: usize = 1024;
+/// Largest index head dim `indexer_scores_f32` supports (`IDX_MAXHD`).
+pub const INDEXER_MAX_HEAD_DIM: usize = 128;
+/// Largest `heads · head_dim` of one index query `indexer_scores_f32` supports (`IDX_MAXQ`).
+pub const INDEXER_MAX_QUERY: usize = 8192;
+/// Largest grid y dimension (tokens of the indexer scores, entries of one pooling launch).
+const MAX_GRID_Y: usize = 65535;
+
+fn launched(what: &str, r: Result<(), DriverError>) -> Result<(), CudaError> {
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
+}
+
+fn unsupported(what: &'static str, detail: String) -> CudaError {
+    CudaError::Unsupported { what, detail }
+}
+
+/// `v` as an i32 kernel argument, or Unsupported naming `name`.
+fn int(what: &'static str, name: &str, v: usize) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| unsupported(what, format!("{name} = {v} does not fit in i32")))
+}
+
+/// Fails unless `cond`, with `detail`.
+fn ensure(what: &'static str, cond: bool, detail: impl FnOnce() -> String) -> Result<(), CudaError> {
+    if cond {
+        Ok(())
+    } else {
+        Err(unsupported(what, detail()))
+    }
+}
+
+/// Number of compressed entries visible to the query at absolute position `pos` (spec §4.6 b):
+/// entries `w < (pos+1)/ratio`, capped at the `n_entries` that exist.
+pub fn visible_entries(pos: usize, ratio: usize, n_entries: usize) -> usize {
+    ((pos + 1) / ratio.max(1)).min(n_entries)
+}
+
+/// CSR offsets (`[tokens + 1]`) of per-query lists of lengths `len(t)`.
+fn csr_offsets(what: &'static str, tokens: usize, len: impl Fn(usize) -> usize) -> Result<Vec<i32>, CudaError> {
+    let mut off = Vec::with_capacity(tokens + 1);
+    let mut acc = 0usize;
+    off.push(0);
+    for t in 0..tokens {
+        acc += len(t);
+        off.push(int(what, "total list length", acc)?);
+    }
+    Ok(off)
+}
+
+/// HCA candidate lists (spec §4.6: every visible entry) of queries at positions `pos0..pos0+tokens`
+/// over `n_entries` entries of ratio `ratio`, explicit: `(offsets [tokens+1], indices)`, query t's
+/// list being `0..visible_entries(pos0+t)`.
+pub fn hca_candidates(pos0: usize, tokens: usize, ratio: usize, n_entries: usize) -> Result<(Vec<i32>, Vec<i32>), CudaError> {
+    let off = csr_offsets("hca_candidates", tokens, |t| visible_entries(pos0 + t, ratio, n_entries))?;
+    let mut idx = Vec::with_capacity(off[tokens] as usize);
+    for t in 0..tokens {
+        idx.extend(0..visible_entries(pos0 + t, ratio, n_entries) as i32);
+    }
+    Ok((off, idx))
+}
+
+/// The offsets alone of [`hca_candidates`], for the identity-list mode of
+/// [`Gpu::sparse_attention`] (`indices: None`), which needs no index buffer.
+pub fn hca_offsets(pos0: usize, tokens: usize, ratio: usize, n_entries: usize) -> Result<Vec<i32>, CudaError> {
+    csr_offsets("hca_offsets", tokens, |t| visible_entries(pos0 + t, ratio, n_entries))
+}
+
+/// CSR offsets (`[tokens+1]`) of the indexer's top-k lists ([`Gpu::indexer_topk`]): query t gets
+/// `min(visible_entries(pos0+t), k)` entries.
+pub fn topk_offsets(pos0: usize, tokens: usize, ratio: usize, n_entries: usize, k: usize) -> Result<Vec<i32>, CudaError> {
+    csr_offsets("topk_offsets", tokens, |t| visible_entries(pos0 + t, ratio, n_entries).min(k))
+}
+
+/// Geometry of one [`Gpu::sparse_attention`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    /// Query tokens T (query t at absolute position `pos0 + t`).
+    pub tokens: usize,
+    /// Query heads H.
+    pub heads: usize,
+    /// Head dim c (= K=V row width); a multiple of 4, at most [`ATTENTION_MAX_HEAD_DIM`].
+    pub head_dim: usize,
+    /// Absolute position of the first query.
+    pub pos0: usize,
+    /// Sliding window W: query at `pos` sees raw rows `max(0, pos−W+1)..=pos`.
+    pub window: usize,
+    /// Absolute position of row 0 of the raw K=V buffer.
+    pub kv_base: usize,
+}
+
+/// The compressed candidates of a [`Gpu::sparse_attention`] call.
+pub struct CompressedKeys<'a> {
+    /// Entries `[n_entries, c]` (`n_entries = len / c`).
+    pub entries: &'a CudaSlice<f32>,
+    /// CSR offsets `[tokens + 1]` into `indices` (non-decreasing, from 0).
+    pub offsets: &'a CudaSlice<i32>,
+    /// Entry indices (each query's list ascending, as the reference orders keys), or `None` for
+    /// identity lists: element j of every list is entry j (HCA; offsets from [`hca_offsets`]).
+    pub indices: Option<&'a CudaSlice<i32>>,
+}
+
+/// Geometry of one compressor pooling call ([`Gpu::compressor_pool`], [`Gpu::compress_entries`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PoolShape {
+    /// Tokens per window m (HCA 128, CSA 4).
+    pub ratio: usize,
+    /// Entry width (512 for the KV compressors, 128 for the indexer's key compressor).
+    pub width: usize,
+    /// CSA overlap: rows are `2·width` wide (A half, B half) and entry e also pools the A halves
+    /// of window e−1.
+    pub overlap: bool,
+    /// Absolute position of the token in row 0 of the projected buffers.
+    pub row_base: usize,
+    /// First entry to pool.
+    pub e0: usize,
+    /// Entries to pool: `e0..e0 + n_entries`.
+    pub n_entries: usize,
+}
+
+impl PoolShape {
+    /// Row width of the projections: `width` (HCA) or `2·width` (CSA).
+    pub fn out(&self) -> usize {
+        if self.overlap {
+            2 * self.width
+        } else {
+            self.width
+        }
+    }
+}
+
+/// Geometry of the indexer calls ([`Gpu::indexer_scores`], [`Gpu::indexer_topk`]).
+#[derive(Debug, Clone, Copy)]
+pub struct IndexerShape {
+    /// Query tokens T (query t at absolute position `pos0 + t`).
+    pub tokens: usize,
+    /// Index heads (Flash 64).
+    pub heads: usize,
+    /// Index head dim (Flash 128); a multiple of 4, at most [`INDEXER_MAX_HEAD_DIM`].
+    pub head_dim: usize,
+    /// Index keys N that exist.
+    pub n_entries: usize,
+    /// Compression ratio of the keys (CSA: 4).
+    pub ratio: usize,
+    /// Absolute position of the first query.
+    pub pos0: usize,
+}
+
+impl Gpu {
+    /// Sparse attention with sinks (spec §4.6) followed by the inverse RoPE of the output's
+    /// trailing `rope.dim` channels at the query position (§3.2).
+    ///
+    /// `q`: `[T, H, c]` (normed, rotated queries). `kv`: raw K=V rows `[kv_rows, c]`, row r at
+    /// absolute position `kv_base + r`; it must hold every window row of the chunk,
+    /// `max(0, pos0−W+1) .. pos0+T`. `comp`: the compressed candidates, `None` on sliding layers.
+    /// `sinks`: `[H]`; `inv_freq`: `rope.inv_freq()` on the device (`[rope.dim/2]`; the rope's
+    /// attention factor must be 1, as on DeepSeek-V4). `out`: `[T, H, c]`.
+    /// Per query t and head h: candidates = window rows in position order, then the query's
+    /// compressed list; logits `q·k·c^−1/2`; `o = Σ P·k` with the sink in the denominator only.
+    ///
+    /// Launch: grid `T·H`, block 128 (see `kernels/attention.cu`).
+    ///
+    /// Errors: [`CudaError::Unsupported`] for `c` not a multiple of 4 or above
+    /// [`ATTENTION_MAX_HEAD_DIM`], an odd or too wide rope, short buffers, a window not covered by
+    /// `kv`, or sizes beyond i32; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sparse_attention(
+        &self,
+        q: &CudaSlice<f32>,
+        kv: &CudaSlice<f32>,
+        comp: Option<&CompressedKeys<'_>>,
+        sinks: &CudaSlice<f32>,
+        inv_freq: &CudaSlice<f32>,
+        rope: &Rope,
+        out: &mut CudaSlice<f32>,
+        shape: &AttentionShape,
+    ) -> Result<(), CudaError> {
+        const W: &str = "sparse_attention";
+        let AttentionShape { tokens, heads, head_dim: c, pos0, window, kv_base } = *shape;
+        if tokens == 0 {
+            return Ok(());
+        }
+        ensure(W, heads > 0 && c > 0 && c.is_multiple_of(4) && c <= ATTENTION_MAX_HEAD_DIM, || {
+            format!("heads {heads}, head_dim {c}: need heads ≥ 1 and head_dim a multiple of 4 in 4..={ATTENTION_MAX_HEAD_DIM}")
+        })?;
+        ensure(W, rope.dim.is_multiple_of(2) && rope.dim <= c, || format!("rope dim {} must be even and ≤ head_dim {c}", rope.dim))?;
+        ensure(W, inv_freq.len() >= rope.dim / 2, || format!("inv_freq holds {} values, rope needs {}", inv_freq.len(), rope.dim / 2))?;
+        ensure(W, window >= 1, || "window must be ≥ 1".into())?;
+        ensure(W, sinks.len() >= heads, || format!("sinks hold {} values for {heads} heads", sinks.len()))?;
+        let n = tokens * heads * c;
+        ensure(W, q.len() >= n && out.len() >= n, || format!("q ({}) and out ({}) must hold T·H·c = {n} values", q.len(), out.len()))?;
+        ensure(W, kv.len().is_multiple_of(c), || format!("kv length {} is not a multiple of head_dim {c}", kv.len()))?;
+        let kv_rows = kv.len() / c;
+        let first = (pos0 + 1).saturating_sub(window);
+        ensure(W, kv_base <= first && kv_base + kv_rows >= pos0 + tokens, || {
+            format!("kv rows cover positions {kv_base}..{}, the chunk's windows need {first}..{}", kv_base + kv_rows, pos0 + tokens)
+        })?;
+        let grid = tokens * heads;
+        ensure(W, grid <= i32::MAX as usize, || format!("grid T·H = {grid} too large"))?;
+        let (h_i, c_i, rd_i, p0_i, w_i, kb_i, kr_i) = (
+            int(W, "heads", heads)?,
+            int(W, "head_dim", c)?,
+            int(W, "rope dim", rope.dim)?,
+            int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?,
+            int(W, "window", window)?,
+            int(W, "kv_base", kv_base)?,
+            int(W, "kv rows", kv_rows)?,
+        );
+        let scale = (c as f64).powf(-0.5) as f32;
+        let null = 0u64;
+        let mut n_entries = 0i32;
+        if let Some(ck) = comp {
+            ensure(W, ck.entries.len().is_multiple_of(c), || format!("entries length {} is not a multiple of head_dim {c}", ck.entries.len()))?;
+            ensure(W, ck.offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", ck.offsets.len(), tokens + 1))?;
+            n_entries = int(W, "entries", ck.entries.len() / c)?;
+        }
+        let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("sparse_attention_f32"));
+        b.arg(q).arg(kv);
+        match comp {
+            Some(ck) => {
+                b.arg(ck.entries).arg(ck.offsets);
+                match ck.indices {
+                    Some(i) => b.arg(i),
+                    None => b.arg(&null),
+                };
+            }
+            None => {
+                b.arg(&null).arg(&null).arg(&null);
+            }
+        }
+        b.arg(sinks).arg(inv_freq).arg(out);
+        b.arg(&h_i).arg(&c_i).arg(&rd_i).arg(&p0_i).arg(&w_i).arg(&kb_i).arg(&kr_i).arg(&n_entries).arg(&scale);
+        // SAFETY: the argument list matches sparse_attention_f32's signature (pointers, then nine
+        // i32 and one f32); buffer sizes and the window coverage were checked above.
+        launched("sparse_attention_f32", unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// Adds the compressor position bias in place (spec §4.8 step 2 / §4.9): `logit[t, :] +=
+    /// ape[(pos0 + t) mod ratio, :]`, where `logit` is `[tokens, out]` and `ape` `[ratio, out]`
+    /// (`out = ape.len() / ratio`).
+    ///
+    /// Launch: grid `ceil(tokens·out / 256)`, block 256.
+    ///
+    /// Errors: [`CudaError::Unsupported`] for `ratio` 0, an `ape` not a multiple of `ratio`, a short
+    /// `logit`, or sizes beyond i32.
+    pub fn add_position_bias(&self, logit: &mut CudaSlice<f32>, ape: &CudaSlice<f32>, tokens: usize, ratio: usize, pos0: usize) -> Result<(), CudaError> {
+        const W: &str = "add_position_bias";
+        ensure(W, ratio >= 1 && ape.len().is_multiple_of(ratio) && !ape.is_empty(), || format!("ape of {} values is not [ratio = {ratio}, out]", ape.len()))?;
+        let out = ape.len() / ratio;
+        if tokens == 0 {
+            return Ok(());
+        }
+        let total = tokens * out;
+        ensure(W, logit.len() >= total, || format!("logit holds {} values, need tokens·out = {total}", logit.len()))?;
+        let blocks = total.div_ceil(256);
+        ensure(W, blocks <= i32::MAX as usize, || format!("{total} values is too many for one launch"))?;
+        let (t_i, o_i, r_i, p_i) = (int(W, "tokens", tokens)?, int(W, "out", out)?, int(W, "ratio", ratio)?, int(W, "pos0 + tokens", pos0 + tokens).map(|_| pos0 as i32)?);
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("add_position_bias_f32"));
+        b.arg(logit).arg(ape).arg(&t_i).arg(&o_i).arg(&r_i).arg(&p_i);
+        // SAFETY: matches add_position_bias_f32; sizes checked above.
+        launched("add_position_bias_f32", unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// Softmax pooling of compressor windows (spec §4.8 step 2, §4.9), before RMSNorm and RoPE:
+    /// `pooled[e − e0, ch] = Σ_s softmax_s(logit_s[ch])·kv_s[ch]` over the slots of entry e (HCA: the
+    /// `ratio` tokens of window e; CSA: the A halves of window e−1, absent for e = 0, then the B
+    /// halves of window e).
+    ///
+    /// `kv`, `logit`: per-token projections `[rows, out]` (`out` = [`PoolShape::out`]; logits
+    /// already biased, [`Gpu::add_position_bias`]), row r holding the token at absolute position
+    /// `row_base + r`; they must cover every slot token, `(e0 − 1)·ratio` (CSA, e0 > 0) or
+    /// `e0·ratio` up to `(e0 + n_entries)·ratio`. `pooled`: `[n_entries, width]`.
+    ///
+    /// Launch: grid `(ceil(width/128), n_entries)`, block 128.
+    ///
+    /// Errors: [`CudaError::Unsupported`] for zero ratio/width, mismatched or short buffers, slot
+    /// tokens not covered, more than 65535 entries, or sizes beyond i32.
+    pub fn compressor_pool(&self, kv: &CudaSlice<f32>, logit: &CudaSlice<f32>, pooled: &mut CudaSlice<f32>, shape: &PoolShape) -> Result<(), CudaError> {
+        const W: &str = "compressor_pool";
+        let PoolShape { ratio, width, overlap, row_base, e0, n_entries } = *shape;
+        if n_entries == 0 {
+            return Ok(());
+        }
+        ensure(W, ratio >= 1 && width >= 1, || format!("ratio {ratio} and width {width} must be ≥ 1"))?;
+        let out = shape.out();
+        ensure(W, kv.len() == logit.len() && kv.len().is_multiple_of(out), || {
+            format!("kv ({}) and logit ({}) must both be [rows, {out}]", kv.len(), logit.len())
+        })?;
+        let rows = kv.len() / out;
+        let first = if overlap && e0 > 0 { (e0 - 1) * ratio } else { e0 * ratio };
+        let end = (e0 + n_entries) * ratio;
+        ensure(W, row_base <= first && row_base + rows >= end, || {
+            format!("rows cover tokens {row_base}..{}, entries {e0}..{} need {first}..{end}", row_base + rows, e0 + n_entries)
+        })?;
+        ensure(W, pooled.len() >= n_entries * width, || format!("pooled holds {} values, need {}", pooled.len(), n_entries * width))?;
+        ensure(W, n_entries <= MAX_GRID_Y, || format!("{n_entries} entries in one launch (max {MAX_GRID_Y})"))?;
+        let (rb_i, rows_i, out_i, w_i, r_i, ov_i, e0_i) = (
+            int(W, "row_base", row_base)?,
+            int(W, "rows", rows)?,
+            int(W, "out", out)?,
+            int(W, "width", width)?,
+            int(W, "ratio", ratio)?,
+            overlap as i32,
+            int(W, "end token", end).map(|_| e0 as i32)?,
+        );
+        let cfg = LaunchConfig { grid_dim: (width.div_ceil(128) as u32, n_entries as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("compressor_pool_f32"));
+        b.arg(kv).arg(logit).arg(pooled).arg(&rb_i).arg(&rows_i).arg(&out_i).arg(&w_i).arg(&r_i).arg(&ov_i).arg(&e0_i);
+        // SAFETY: matches compressor_pool_f32; row coverage and sizes checked above.
+        launched("compressor_pool_f32", unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// Interleaved RoPE (inverse when `inverse`) of the trailing `rope.dim` channels of each head of
+    /// `x` (`[rows, heads, head_dim]`), row t at position `pos0 + t·stride` (spec §3.2; compressed
+    /// entries use `pos0 = e0·ratio`, `stride = ratio`).
+    ///
+    /// Launch: grid `rows·heads`, block `rope.dim/2`.
+    ///
+    /// Errors: [`CudaError::Unsupported`] for an odd or too wide rope, short buffers, or positions
+    /// beyond i32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_positions(
+        &self,
+        x: &mut CudaSlice<f32>,
+        inv_freq: &CudaSlice<f32>,
+        rope: &Rope,
+        rows: usize,
+        heads: usize,
+        head_dim: usize,
+        pos0: usize,
+        stride: usize,
+        inverse: bool,
+    ) -> Result<(), CudaError> {
+        const W: &str = "rope_positions";
+        if rows == 0 || heads == 0 || rope.dim == 0 {
+            return Ok(());
+        }
+        ensure(W, rope.dim.is_multiple_of(2) && rope.dim <= head_dim && rope.dim / 2 <= 1024, || format!("rope dim {} must be even and ≤ head_dim {head_dim}", rope.dim))?;
+        ensure(W, inv_freq.len() >= rope.dim / 2, || format!("inv_freq holds {} values, rope needs {}", inv_freq.len(), rope.dim / 2))?;
+        ensure(W, x.len() >= rows * heads * head_dim, || format!("x holds {} values, need {}", x.len(), rows * heads * head_dim))?;
+        ensure(W, rows * heads <= i32::MAX as usize, || format!("{rows}·{heads} rows too many"))?;
+        let last = pos0 + (rows - 1) * stride;
+        let (h_i, hd_i, rd_i, p_i, s_i) =
+            (int(W, "heads", heads)?, int(W, "head_dim", head_dim)?, int(W, "rope dim", rope.dim)?, int(W, "last position", last).map(|_| pos0 as i32)?, int(W, "stride", stride)?);
+        let sign = if inverse { -1.0f32 } else { 1.0 };
+        let cfg = LaunchConfig { grid_dim: ((rows * heads) as u32, 1, 1), block_dim: ((rope.dim / 2) as u32, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("rope_positions_f32"));
+        b.arg(x).arg(inv_freq).arg(&h_i).arg(&hd_i).arg(&rd_i).arg(&p_i).arg(&s_i).arg(&sign);
+        // SAFETY: matches rope_positions_f32; sizes checked above.
+        launched("rope_positions_f32", unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// Complete compressed entries `e0..e0+n_entries` (spec §4.8 steps 2–4, §4.9): softmax pooling
+    /// ([`Gpu::compressor_pool`]) into a scratch buffer, weighted RMSNorm with `norm` (`[width]`,
+    /// `eps`) into `out` (`[n_entries, width]`), then RoPE of the trailing `rope.dim` channels at
+    /// each entry's position `e·ratio`. The official FP8/FP4 simulations are not applied.
+    ///
+    /// Errors: as [`Gpu::compressor_pool`] and [`Gpu::rope_positions`]; a `norm` of the wrong width.
+    #[allow(clippy::too_many_arguments)]
+    pub fn compress_entries(
+        &self,
+        kv: &CudaSlice<f32>,
+        logit: &CudaSlice<f32>,
+        norm: &CudaSlice<f32>,
+        eps: f32,
+        inv_freq: &CudaSlice<f32>,
+        rope: &Rope,
+        shape: &PoolShape,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        const W: &str = "compress_entries";
+        if shape.n_entries == 0 {
+            return Ok(());
+        }
+        let n = shape.n_entries * shape.width;
+        ensure(W, norm.len() == shape.width, || format!("norm holds {} values for width {}", norm.len(), shape.width))?;
+        ensure(W, out.len() >= n, || format!("out holds {} values, need {n}", out.len()))?;
+        let mut pooled = self.zeros::<f32>(n)?;
+        self.compressor_pool(kv, logit, &mut pooled, shape)?;
+        self.rms_norm(&pooled, Some(norm), out, shape.n_entries, shape.width, eps)?;
+        self.rope_positions(out, inv_freq, rope, shape.n_entries, 1, shape.width, shape.e0 * shape.ratio, shape.ratio, false)
+    }
+
+    /// Lightning-indexer scores (spec §4.10 steps 4–5): `scores[t, j] = hd^−1/2 · Σ_h w[t,h] ·
+    /// max(q[t,h]·k[j], 0)` for `j < visible_entries(pos0+t)`, −inf for the other `j < N`.
+    ///
+    /// `q`: `[T, heads, hd]`; `keys`: `[N, hd]`; `weights`: `[T, heads]` (already scaled by
+    /// `heads^−1/2`, as the reference); `scores`: `[T, N]`.
+    ///
+    /// Launch: grid `(ceil(N/16), T)`, block 256, 42 KB static shared memory.
+    ///
+    /// Errors: [`CudaError::Unsupported`] for `hd` not a multiple of 4 or above
+    /// [`INDEXER_MAX_HEAD_DIM`], `heads·hd` above [`INDEXER_MAX_QUERY`], more than 65535 tokens,
+    /// zero ratio, short buffers, or sizes beyond i32.
+    pub fn indexer_scores(
+        &self,
+        q: &CudaSlice<f32>,
+        keys: &CudaSlice<f32>,
+        weights: &CudaSlice<f32>,
+        scores: &mut CudaSlice<f32>,
+        shape: &IndexerShape,
+    ) -> Result<(), CudaError> {
+        const W: &str = "indexer_scores";
+        let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
+        if tokens == 0 || n == 0 {
+            return Ok(());
+        }
+        ensure(W, hd > 0 && hd.is_multiple_of(4) && hd <= INDEXER_MAX_HEAD_DIM, || format!("index head dim {hd}: need a multiple of 4 in 4..={INDEXER_MAX_HEAD_DIM}"))?;
+        ensure(W, heads >= 1 && heads * hd <= INDEXER_MAX_QUERY, || format!("heads·hd = {}·{hd} exceeds {INDEXER_MAX_QUERY}", heads))?;
+        ensure(W, tokens <= MAX_GRID_Y, || format!("{tokens} tokens in one launch (max {MAX_GRID_Y})"))?;
+        ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
+        ensure(W, q.len() >= tokens * heads * hd, || format!("q holds {} values, need T·heads·hd = {}", q.len(), tokens * heads * hd))?;
+        ensure(W, keys.len() >= n * hd, || format!("keys hold {} values, need N·hd = {}", keys.len(), n * hd))?;
+        ensure(W, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
+        ensure(W, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
+        let (h_i, hd_i, n_i, r_i, p_i) = (int(W, "heads", heads)?, int(W, "hd", hd)?, int(W, "N", n)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?);
+        let scale = (hd as f64).powf(-0.5) as f32;
+        let cfg = LaunchConfig { grid_dim: (n.div_ceil(16) as u32, tokens as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("indexer_scores_f32"));
+        b.arg(q).arg(keys).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale);
+        // SAFETY: matches indexer_scores_f32; sizes checked above.
+        launched("indexer_scores_f32", unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// Top-k selection of the indexer (spec §4.10 step 6): for query t, the indices of the `k` best
+    /// `scores[t, ..visible]` (higher score first, ties to the lower index; every visible entry when
+    /// there are at most `k`), written ascending to `idx[offsets[t]..offsets[t+1]]`.
+    ///
+    /// `scores`: `[T, N]` ([`Gpu::indexer_scores`]); `offsets`: `[T+1]`, exactly
+    /// [`topk_offsets`]`(pos0, T, ratio, N, k)` on the device; `idx`: at least the total count.
+    /// Exact for any N (radix select, no size limit).
+    ///
+    /// Launch: grid `T`, block 256.
+    ///
+    /// Errors: [`CudaError::Unsupported`] for `k = 0`, zero ratio, short buffers, or sizes beyond i32.
+    pub fn indexer_topk(&self, scores: &CudaSlice<f32>, offsets: &CudaSlice<i32>, idx: &mut CudaSlice<i32>, shape: &IndexerShape, k: usize) -> Result<(), CudaError> {
+        const W: &str = "indexer_topk";
+        let IndexerShape { tokens, n_entries: n, ratio, pos0, .. } = *shape;
+        if tokens == 0 {
+            return Ok(());
+        }
+        ensure(W, k >= 1, || "k must be ≥ 1".into())?;
+        ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
+        ensure(W, tokens <= i32::MAX as usize, || format!("{tokens} tokens too many"))?;
+        ensure(W, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
+        ensure(W, offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", offsets.len(), tokens + 1))?;
+        let total: usize = (0..tokens).map(|t| visible_entries(pos0 + t, ratio, n).min(k)).sum();
+        ensure(W, idx.len() >= total, || format!("idx holds {} values, the lists need {total}", idx.len()))?;
+        let (n_i, k_i, r_i, p_i) = (int(W, "N", n)?, int(W, "k", k)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?);
+        int(W, "total list length", total)?;
+        let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("indexer_topk_f32"));
+        b.arg(scores).arg(offsets).arg(idx).arg(&n_i).arg(&k_i).arg(&r_i).arg(&p_i);
+        // SAFETY: matches indexer_topk_f32; buffer sizes checked above (offsets are the caller's
+        // topk_offsets, documented).
+        launched("indexer_topk_f32", unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidate_lists() {
+        // HCA ratio 4, 3 entries exist: positions 2..6 see (p+1)/4 capped at 3.
+        let (off, idx) = hca_candidates(2, 5, 4, 3).unwrap();
+        assert_eq!(off, vec![0, 0, 1, 2, 3, 4]);
+        assert_eq!(idx, vec![0, 0, 0, 0]);
+        let (off, idx) = hca_candidates(10, 2, 4, 3).unwrap();
+        assert_eq!(off, vec![0, 2, 5]);
+        assert_eq!(idx, vec![0, 1, 0, 1, 2]);
+        assert_eq!(hca_offsets(10, 2, 4, 3).unwrap(), off);
+        assert_eq!(topk_offsets(10, 2, 4, 3, 2).unwrap(), vec![0, 2, 4]);
+        assert_eq!(visible_entries(127, 128, 10), 1);
+        assert_eq!(visible_entries(126, 128, 10), 0);
+    }
+}

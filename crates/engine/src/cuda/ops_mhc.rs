@@ -1,6 +1,554 @@
-//! Launchers for the mHC and MoE families (being written).
+//! Launchers for the mHC family (`kernels/mhc.cu`: spec §4.2 pre with Sinkhorn, §4.3 post, §4.12 head
+//! collapse) and the MoE family (`kernels/moe.cu`: spec §4.11 router, clamped SwiGLU, row
+//! gather/scatter, slot combine), plus [`Gpu::moe_forward`], the host glue that runs a whole MoE layer
+//! for T tokens on the device (router, routed experts grouped by expert, shared expert, combine).
+//!
+//! Every launcher validates shapes and buffer lengths first ([`CudaError::Unsupported`] on bad input);
+//! activation buffers may be longer than needed (only the leading elements are used), weights must
+//! have exactly their stated size. All kernels are deterministic (fixed reduction orders, no atomics).
+
+use super::gpu::{Gpu, GpuWeight};
+use super::CudaError;
+use crate::weights::HcWeights;
+use cudarc::driver::{CudaSlice, CudaView, DriverError, LaunchConfig, PushKernelArg};
+use flashseek_model::config::{Ds4Config, ScoringFunc};
 
 /// Entry points of `kernels/mhc.cu`.
-pub const MHC_ENTRY_POINTS: &[&str] = &["mhc_placeholder"];
+pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_pre_f32", "hc_post_f32", "hc_head_f32"];
 /// Entry points of `kernels/moe.cu`.
-pub const MOE_ENTRY_POINTS: &[&str] = &["moe_placeholder"];
+pub const MOE_ENTRY_POINTS: &[&str] = &["router_scores_f32", "swiglu_f32", "gather_rows_f32", "scatter_rows_f32", "moe_combine_f32"];
+
+/// Most residual streams `n` (`hc_mult`) the mHC kernels handle (`HC_MAXN` in mhc.cu).
+pub const HC_MAX_STREAMS: usize = 4;
+/// Most routed experts the router kernel handles (`MOE_MAXE` in moe.cu).
+pub const ROUTER_MAX_EXPERTS: usize = 1024;
+/// Most experts per token the router kernel handles (`MOE_MAXK` in moe.cu).
+pub const ROUTER_MAX_TOP_K: usize = 16;
+
+/// Block size of the mHC mix kernels (`HC_THREADS` in mhc.cu, their `__launch_bounds__`).
+const HC_THREADS: u32 = 256;
+/// Splits of the mix dot products per token (`HC_SPLIT` in mhc.cu).
+const HC_SPLIT: usize = 16;
+/// Floats per (token, split) of the partial sums (`HC_PART` in mhc.cu).
+const HC_PART: usize = 32;
+/// Block size of router_scores_f32 (`MOE_THREADS` in moe.cu).
+const MOE_THREADS: u32 = 256;
+/// Block size of the elementwise and row kernels.
+const ROW_THREADS: u32 = 256;
+
+fn drv<T>(what: &str, r: Result<T, DriverError>) -> Result<T, CudaError> {
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
+}
+
+fn bad(what: &'static str, detail: impl Into<String>) -> CudaError {
+    CudaError::Unsupported { what, detail: detail.into() }
+}
+
+/// Checks that device buffer `name` holds at least `need` elements.
+fn need(what: &'static str, name: &str, len: usize, need: usize) -> Result<(), CudaError> {
+    if len < need {
+        return Err(bad(what, format!("{name} holds {len} elements, {need} needed")));
+    }
+    Ok(())
+}
+
+/// Checks that weight buffer `name` holds exactly `want` elements.
+fn exact(what: &'static str, name: &str, len: usize, want: usize) -> Result<(), CudaError> {
+    if len != want {
+        return Err(bad(what, format!("{name} holds {len} elements, expected {want}")));
+    }
+    Ok(())
+}
+
+/// `v` as a kernel `int`, or an error naming it.
+fn int(what: &'static str, name: &str, v: usize) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| bad(what, format!("{name} = {v} exceeds the kernel's 32-bit range")))
+}
+
+/// mHC parameters of one sub-block (spec §4.2) or of the final head (spec §4.12) on the device.
+pub struct GpuHcWeights {
+    /// Φ: `[(2+n)·n, n·d]` for a sub-block, `[n, n·d]` for the head; f32 row-major.
+    pub fn_: CudaSlice<f32>,
+    /// Biases b: `[(2+n)·n]` or `[n]`.
+    pub base: CudaSlice<f32>,
+    /// Scales α: `[3]` (pre, post, comb) or `[1]`.
+    pub scale: CudaSlice<f32>,
+}
+
+impl GpuHcWeights {
+    /// Uploads CPU-side mHC weights (sub-block: `fn_` [(2+n)·n, n·d], base, scale [3]).
+    pub fn upload(gpu: &Gpu, w: &HcWeights) -> Result<Self, CudaError> {
+        Ok(GpuHcWeights { fn_: gpu.upload(&w.fn_.data)?, base: gpu.upload(&w.base)?, scale: gpu.upload(&w.scale)? })
+    }
+}
+
+/// One SwiGLU expert on the device (spec §4.11): w1/w3 `[inter, d]`, w2 `[d, inter]`, any stored format.
+pub struct GpuExpert {
+    /// Gate projection.
+    pub w1: GpuWeight,
+    /// Down projection.
+    pub w2: GpuWeight,
+    /// Up projection.
+    pub w3: GpuWeight,
+}
+
+impl GpuExpert {
+    /// `(inter, d)` after checking that the three shapes agree.
+    fn dims(&self) -> Result<(usize, usize), CudaError> {
+        let (inter, d) = (self.w1.rows, self.w1.cols);
+        if self.w3.rows != inter || self.w3.cols != d || self.w2.rows != d || self.w2.cols != inter || inter == 0 || d == 0 {
+            return Err(bad(
+                "moe expert",
+                format!("w1 [{}, {}], w3 [{}, {}], w2 [{}, {}] do not form an expert", self.w1.rows, self.w1.cols, self.w3.rows, self.w3.cols, self.w2.rows, self.w2.cols),
+            ));
+        }
+        Ok((inter, d))
+    }
+}
+
+/// Expert selection of one MoE layer on the device.
+pub enum GpuRouter {
+    /// Hash layer: `tid2eid` `[vocab, top_k]` int32 expert ids.
+    Hash {
+        /// Row-major table.
+        tid2eid: CudaSlice<i32>,
+        /// Rows of the table.
+        vocab: usize,
+    },
+    /// Score layer: selection bias β `[n_routed_experts]`.
+    Score {
+        /// `gate.bias`.
+        bias: CudaSlice<f32>,
+    },
+}
+
+/// One MoE layer's weights on the device (spec §4.11).
+pub struct GpuMoeLayer {
+    /// Router `gate.weight` `[E, d]`.
+    pub gate: GpuWeight,
+    /// Hash table or score bias.
+    pub router: GpuRouter,
+    /// Shared expert (weight 1).
+    pub shared: GpuExpert,
+    /// Routed experts, `n_routed_experts` of them.
+    pub experts: Vec<GpuExpert>,
+}
+
+/// What [`Gpu::moe_forward`] returns.
+pub struct GpuMoeOutput {
+    /// MoE output `[T, d]`.
+    pub out: CudaSlice<f32>,
+    /// Selected experts `[T, k]` (host copy; the expert grouping needs it on the host).
+    pub experts: Vec<i32>,
+    /// Routing weights γ `[T, k]` (already × routed_scaling_factor).
+    pub weights: CudaSlice<f32>,
+}
+
+impl Gpu {
+    /// Split-K partial sums of the `m` mix dot products `Φ·x̄` and of `x̄²` over each token's flattened
+    /// streams (`nd` = n·d values; `fn_` is `[m, nd]`): returns `part` `[t, HC_SPLIT, HC_PART]`, which
+    /// hc_pre_f32 / hc_head_f32 sum in split order. Callers have validated the shapes (`t` ≥ 1).
+    fn hc_mix_partial(&self, x: &CudaSlice<f32>, fn_: &CudaSlice<f32>, m: usize, t: usize, nd: usize) -> Result<CudaSlice<f32>, CudaError> {
+        let mut part = self.zeros::<f32>(t * HC_SPLIT * HC_PART)?;
+        let cfg = LaunchConfig { grid_dim: (t as u32, HC_SPLIT as u32, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (m_i, nd_i) = (m as i32, nd as i32);
+        let mut b = self.stream.launch_builder(self.f("hc_mix_partial_f32"));
+        b.arg(x).arg(fn_).arg(&mut part).arg(&m_i).arg(&nd_i);
+        // SAFETY: matches hc_mix_partial_f32's signature; x holds t·nd and fn_ m·nd values (checked by
+        // the callers), part t·HC_SPLIT·HC_PART.
+        drv("hc_mix_partial_f32", unsafe { b.launch(cfg) })?;
+        Ok(part)
+    }
+
+    /// mHC pre for `t` tokens (spec §4.2): from streams `x` (`[t, n, d]`) and the sub-block's Φ
+    /// (`[(2+n)·n, n·d]`), b, α (`[3]`), writes the sub-block input `u` (`[t, d]`), `post` (`[t, n]`) and
+    /// the Sinkhorn-normalised `comb` (`[t, n, n]`, `C[j][k]` at `j·n + k`; `iters` iterations).
+    /// `eps` is `rms_norm_eps` (the RMS factor of the flattened streams), `hc_eps` the mHC eps.
+    ///
+    /// Errors: `n` outside 1..=4, `d` not a multiple of 4, or a buffer of the wrong size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn hc_pre(
+        &self,
+        w: &GpuHcWeights,
+        x: &CudaSlice<f32>,
+        u: &mut CudaSlice<f32>,
+        post: &mut CudaSlice<f32>,
+        comb: &mut CudaSlice<f32>,
+        t: usize,
+        n: usize,
+        d: usize,
+        iters: usize,
+        eps: f64,
+        hc_eps: f64,
+    ) -> Result<(), CudaError> {
+        const W: &str = "hc_pre";
+        hc_dims(W, n, d)?;
+        let mix = (2 + n) * n;
+        exact(W, "fn", w.fn_.len(), mix * n * d)?;
+        exact(W, "base", w.base.len(), mix)?;
+        exact(W, "scale", w.scale.len(), 3)?;
+        need(W, "x", x.len(), t * n * d)?;
+        need(W, "u", u.len(), t * d)?;
+        need(W, "post", post.len(), t * n)?;
+        need(W, "comb", comb.len(), t * n * n)?;
+        if t == 0 {
+            return Ok(());
+        }
+        let grid = int(W, "tokens", t)? as u32;
+        let part = self.hc_mix_partial(x, &w.fn_, mix, t, n * d)?;
+        let (n_i, d_i, it_i) = (n as i32, d as i32, int(W, "iters", iters)?);
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("hc_pre_f32"));
+        b.arg(&part).arg(x).arg(&w.base).arg(&w.scale).arg(u).arg(post).arg(comb).arg(&n_i).arg(&d_i).arg(&it_i).arg(&eps).arg(&hc_eps);
+        // SAFETY: matches hc_pre_f32's signature; every buffer was checked to hold what the grid reads/writes.
+        drv("hc_pre_f32", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// mHC post for `t` tokens, in place on the streams `x` (`[t, n, d]`), spec §4.3:
+    /// `X'[k] = post_k·y + Σ_j C[j][k]·X[j]` (the sum over C's first index), with the sub-block output
+    /// `y` (`[t, d]`) and `post` / `comb` from [`Gpu::hc_pre`].
+    ///
+    /// Errors: `n` outside 1..=4, `d` not a multiple of 4, or a buffer too short.
+    #[allow(clippy::too_many_arguments)]
+    pub fn hc_post(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, post: &CudaSlice<f32>, comb: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<(), CudaError> {
+        const W: &str = "hc_post";
+        hc_dims(W, n, d)?;
+        need(W, "x", x.len(), t * n * d)?;
+        need(W, "y", y.len(), t * d)?;
+        need(W, "post", post.len(), t * n)?;
+        need(W, "comb", comb.len(), t * n * n)?;
+        if t == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (n_i, d_i) = (n as i32, d as i32);
+        let mut b = self.stream.launch_builder(self.f("hc_post_f32"));
+        b.arg(x).arg(y).arg(post).arg(comb).arg(&n_i).arg(&d_i);
+        // SAFETY: matches hc_post_f32's signature; buffers checked above.
+        drv("hc_post_f32", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// Hyper-head collapse for `t` tokens (spec §4.12 step 1, no Sinkhorn): `h = Σ_j π_j X[j]` (`[t, d]`)
+    /// with `π = σ(α·ρ·(Φ_head x̄) + b) + hc_eps`; `w` holds Φ_head `[n, n·d]`, b `[n]`, α `[1]`. The final
+    /// RMSNorm is [`Gpu::rms_norm`].
+    ///
+    /// Errors: `n` outside 1..=4, `d` not a multiple of 4, or a buffer of the wrong size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn hc_head(&self, w: &GpuHcWeights, x: &CudaSlice<f32>, h: &mut CudaSlice<f32>, t: usize, n: usize, d: usize, eps: f64, hc_eps: f64) -> Result<(), CudaError> {
+        const W: &str = "hc_head";
+        hc_dims(W, n, d)?;
+        exact(W, "fn", w.fn_.len(), n * n * d)?;
+        exact(W, "base", w.base.len(), n)?;
+        need(W, "scale", w.scale.len(), 1)?;
+        need(W, "x", x.len(), t * n * d)?;
+        need(W, "h", h.len(), t * d)?;
+        if t == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let part = self.hc_mix_partial(x, &w.fn_, n, t, n * d)?;
+        let (n_i, d_i) = (n as i32, d as i32);
+        let mut b = self.stream.launch_builder(self.f("hc_head_f32"));
+        b.arg(&part).arg(x).arg(&w.base).arg(&w.scale).arg(h).arg(&n_i).arg(&d_i).arg(&eps).arg(&hc_eps);
+        // SAFETY: matches hc_head_f32's signature; buffers checked above.
+        drv("hc_head_f32", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// Router for `t` tokens (spec §4.11 steps 1–3) from the gate logits (`[t, e]`, e.g. from
+    /// [`Gpu::linear`] with `gate.weight`): scores `sqrt(softplus)` (or σ), then experts from
+    /// `tid2eid[ids[t]]` (hash) or the top-`k` of score + bias with ties to the lower index (score), and
+    /// weights `γ = s / (Σ s + 1e-20) · routed_scaling_factor`. Writes `experts` (`[t, k]` int32) and
+    /// `weights` (`[t, k]`). `ids` (`[t]` token ids) is read by hash routing only.
+    ///
+    /// A token id outside the table (or a table entry outside 0..e) yields experts −1 and NaN weights for
+    /// that token. Errors: `e` > 1024, `k` = 0, `k` > min(e, 16), or a buffer of the wrong size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn router(
+        &self,
+        logits: &CudaSlice<f32>,
+        router: &GpuRouter,
+        ids: &CudaSlice<i32>,
+        experts: &mut CudaSlice<i32>,
+        weights: &mut CudaSlice<f32>,
+        t: usize,
+        e: usize,
+        k: usize,
+        scoring: ScoringFunc,
+        routed_scaling_factor: f64,
+    ) -> Result<(), CudaError> {
+        const W: &str = "router";
+        if e == 0 || e > ROUTER_MAX_EXPERTS || k == 0 || k > e.min(ROUTER_MAX_TOP_K) {
+            return Err(bad(W, format!("{e} experts, top-{k} (at most {ROUTER_MAX_EXPERTS} experts, 1..=min(E, {ROUTER_MAX_TOP_K}) per token)")));
+        }
+        need(W, "logits", logits.len(), t * e)?;
+        need(W, "experts", experts.len(), t * k)?;
+        need(W, "weights", weights.len(), t * k)?;
+        let vocab = match router {
+            GpuRouter::Hash { tid2eid, vocab } => {
+                exact(W, "tid2eid", tid2eid.len(), vocab * k)?;
+                need(W, "ids", ids.len(), t)?;
+                int(W, "vocab", *vocab)?
+            }
+            GpuRouter::Score { bias } => {
+                exact(W, "bias", bias.len(), e)?;
+                0
+            }
+        };
+        if t == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, 1, 1), block_dim: (MOE_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (e_i, k_i) = (e as i32, k as i32);
+        let sig = matches!(scoring, ScoringFunc::Sigmoid) as i32;
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(self.f("router_scores_f32"));
+        b.arg(logits);
+        match router {
+            GpuRouter::Hash { tid2eid, .. } => b.arg(&null).arg(tid2eid),
+            GpuRouter::Score { bias } => b.arg(bias).arg(&null),
+        };
+        b.arg(ids).arg(experts).arg(weights).arg(&e_i).arg(&k_i).arg(&vocab).arg(&sig).arg(&routed_scaling_factor);
+        // SAFETY: matches router_scores_f32's signature (bias or tid2eid null as the router kind says);
+        // buffers checked above.
+        drv("router_scores_f32", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// Clamped SwiGLU (spec §4.11) over the first `len` elements of separate gate/up buffers:
+    /// `h = silu(min(g, limit)) · clamp(u, −limit, limit)`.
+    ///
+    /// Errors: a buffer shorter than `len`.
+    pub fn swiglu(&self, g: &CudaSlice<f32>, u: &CudaSlice<f32>, h: &mut CudaSlice<f32>, len: usize, limit: f32) -> Result<(), CudaError> {
+        const W: &str = "swiglu";
+        need(W, "g", g.len(), len)?;
+        need(W, "u", u.len(), len)?;
+        need(W, "h", h.len(), len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let blocks = len.div_ceil(ROW_THREADS as usize).min(65535 * 16) as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let len_i = len as i64;
+        let mut b = self.stream.launch_builder(self.f("swiglu_f32"));
+        b.arg(g).arg(u).arg(h).arg(&len_i).arg(&limit);
+        // SAFETY: matches swiglu_f32's signature; buffers hold at least len elements.
+        drv("swiglu_f32", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// `dst[r] = src[idx[r]]` for the `idx.len()` rows of width `d` (`src` has `src_rows` rows).
+    /// An out-of-range index yields a NaN row.
+    ///
+    /// Errors: a buffer too short.
+    pub fn gather_rows(&self, src: &CudaSlice<f32>, src_rows: usize, idx: &CudaView<'_, i32>, dst: &mut CudaSlice<f32>, d: usize) -> Result<(), CudaError> {
+        const W: &str = "gather_rows";
+        let m = idx.len();
+        need(W, "src", src.len(), src_rows * d)?;
+        need(W, "dst", dst.len(), m * d)?;
+        if m == 0 || d == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig { grid_dim: (int(W, "rows", m)? as u32, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (rows_i, d_i) = (int(W, "src rows", src_rows)?, int(W, "d", d)?);
+        let mut b = self.stream.launch_builder(self.f("gather_rows_f32"));
+        b.arg(src).arg(idx).arg(dst).arg(&rows_i).arg(&d_i);
+        // SAFETY: matches gather_rows_f32's signature; one block per index, buffers checked above.
+        drv("gather_rows_f32", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// `dst[idx[r]] = src[r]` for the `idx.len()` rows of width `d` (`dst` has `dst_rows` rows; the
+    /// indices must be distinct). An out-of-range index is skipped.
+    ///
+    /// Errors: a buffer too short.
+    pub fn scatter_rows(&self, src: &CudaSlice<f32>, idx: &CudaView<'_, i32>, dst: &mut CudaSlice<f32>, dst_rows: usize, d: usize) -> Result<(), CudaError> {
+        const W: &str = "scatter_rows";
+        let m = idx.len();
+        need(W, "src", src.len(), m * d)?;
+        need(W, "dst", dst.len(), dst_rows * d)?;
+        if m == 0 || d == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig { grid_dim: (int(W, "rows", m)? as u32, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (rows_i, d_i) = (int(W, "dst rows", dst_rows)?, int(W, "d", d)?);
+        let mut b = self.stream.launch_builder(self.f("scatter_rows_f32"));
+        b.arg(src).arg(idx).arg(dst).arg(&rows_i).arg(&d_i);
+        // SAFETY: matches scatter_rows_f32's signature; one block per index, buffers checked above.
+        drv("scatter_rows_f32", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// `out[t] = Σ_slot γ[t, slot]·slot_out[t, slot] (slot order) + shared[t]` for `t` tokens of width
+    /// `d`: `slot_out` `[t, k, d]` holds the unscaled routed outputs `W2·h`, `weights` `[t, k]` the γ
+    /// (applied here, after W2, as in exact mode), `shared` `[t, d]` the shared expert (optional).
+    ///
+    /// Errors: a buffer too short.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_combine(&self, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, shared: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>, t: usize, k: usize, d: usize) -> Result<(), CudaError> {
+        const W: &str = "moe_combine";
+        need(W, "slot_out", slot_out.len(), t * k * d)?;
+        need(W, "weights", weights.len(), t * k)?;
+        if let Some(s) = shared {
+            need(W, "shared", s.len(), t * d)?;
+        }
+        need(W, "out", out.len(), t * d)?;
+        if t == 0 || d == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (k_i, d_i) = (int(W, "k", k)?, int(W, "d", d)?);
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(self.f("moe_combine_f32"));
+        b.arg(slot_out).arg(weights);
+        match shared {
+            Some(s) => b.arg(s),
+            None => b.arg(&null),
+        };
+        b.arg(out).arg(&k_i).arg(&d_i);
+        // SAFETY: matches moe_combine_f32's signature; buffers checked above.
+        drv("moe_combine_f32", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// One SwiGLU expert on the first `m` rows of `x` (`[m, d]`): `y = W2·(silu(min(W1 x, L)) ⊙ clamp(W3 x, ±L))`,
+    /// using the scratch buffers `g`, `u`, `h` (each ≥ `m·inter`); writes `y` (`[m, d]`).
+    #[allow(clippy::too_many_arguments)]
+    fn expert_ffn(&self, ex: &GpuExpert, x: &CudaSlice<f32>, m: usize, limit: f32, g: &mut CudaSlice<f32>, u: &mut CudaSlice<f32>, h: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+        const W: &str = "moe expert";
+        let (inter, d) = ex.dims()?;
+        need(W, "x", x.len(), m * d)?;
+        need(W, "gate scratch", g.len(), m * inter)?;
+        need(W, "up scratch", u.len(), m * inter)?;
+        need(W, "hidden scratch", h.len(), m * inter)?;
+        need(W, "y", y.len(), m * d)?;
+        self.linear(x, &ex.w1, g, m)?;
+        self.linear(x, &ex.w3, u, m)?;
+        self.swiglu(g, u, h, m * inter, limit)?;
+        self.linear(h, &ex.w2, y, m)
+    }
+
+    /// Router half of [`Gpu::moe_forward`]: the gate projection of the ffn-normed inputs `f` (`[t, d]`)
+    /// and [`Gpu::router`]. Returns experts `[t, k]` and weights `[t, k]` on the device.
+    ///
+    /// Errors: shapes that disagree with `cfg`, or any launcher error.
+    pub fn moe_route(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize) -> Result<(CudaSlice<i32>, CudaSlice<f32>), CudaError> {
+        const W: &str = "moe_route";
+        let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
+        if t == 0 {
+            return Err(bad(W, "no tokens"));
+        }
+        if layer.gate.rows != e || layer.gate.cols != d {
+            return Err(bad(W, format!("gate is [{}, {}], expected [{e}, {d}]", layer.gate.rows, layer.gate.cols)));
+        }
+        need(W, "f", f.len(), t * d)?;
+        let mut logits = self.zeros::<f32>(t * e)?;
+        self.linear(f, &layer.gate, &mut logits, t)?;
+        let mut experts = self.zeros::<i32>(t * k)?;
+        let mut weights = self.zeros::<f32>(t * k)?;
+        self.router(&logits, &layer.router, ids, &mut experts, &mut weights, t, e, k, cfg.scoring_func, cfg.routed_scaling_factor)?;
+        Ok((experts, weights))
+    }
+
+    /// Expert half of [`Gpu::moe_forward`] (exact mode: γ applied after W2): given the ffn-normed
+    /// inputs `f` (`[t, d]`), the selected `experts` (`[t, k]`, host copy) and their `weights`
+    /// (`[t, k]`, device), returns `Σ_slot γ·expert(f) + shared(f)` (`[t, d]`).
+    ///
+    /// Routed experts run one at a time over their gathered tokens (members in token, then slot
+    /// order, as the CPU reference groups them): gather rows → w1, w3 → clamped SwiGLU → w2 → scatter
+    /// into `slot_out[t, slot]`. Then the shared expert over all tokens, then [`Gpu::moe_combine`].
+    ///
+    /// Errors: an expert id outside 0..E, shapes that disagree with `cfg`, or any launcher error.
+    pub fn moe_experts(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &[i32], weights: &CudaSlice<f32>) -> Result<CudaSlice<f32>, CudaError> {
+        const W: &str = "moe_experts";
+        let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
+        let limit = cfg.swiglu_limit as f32;
+        if t == 0 || k == 0 {
+            return Err(bad(W, format!("{t} tokens, top-{k}")));
+        }
+        if layer.experts.len() != e {
+            return Err(bad(W, format!("{} routed experts, config says {e}", layer.experts.len())));
+        }
+        exact(W, "experts", experts.len(), t * k)?;
+        need(W, "weights", weights.len(), t * k)?;
+        need(W, "f", f.len(), t * d)?;
+        int(W, "token slots", t * k)?;
+        // Group (token, slot) pairs by expert, in token then slot order.
+        let mut members: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+        for (i, &x) in experts.iter().enumerate() {
+            if x < 0 || x as usize >= e {
+                return Err(bad(W, format!("token {} slot {} routed to expert {x} (of {e})", i / k, i % k)));
+            }
+            members[x as usize].push((i / k, i % k));
+        }
+        let mut inter_max = 0usize;
+        for (x, ex) in layer.experts.iter().enumerate() {
+            let (inter, dd) = ex.dims()?;
+            if dd != d {
+                return Err(bad(W, format!("expert {x} has input width {dd}, expected {d}")));
+            }
+            if !members[x].is_empty() {
+                inter_max = inter_max.max(inter);
+            }
+        }
+        let (sh_inter, sh_d) = layer.shared.dims()?;
+        if sh_d != d {
+            return Err(bad(W, format!("shared expert has input width {sh_d}, expected {d}")));
+        }
+        let m_max = members.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let mut rows_idx: Vec<i32> = Vec::with_capacity(t * k);
+        let mut dst_idx: Vec<i32> = Vec::with_capacity(t * k);
+        let mut ranges: Vec<(usize, usize, usize)> = Vec::new();
+        for (x, mem) in members.iter().enumerate() {
+            if mem.is_empty() {
+                continue;
+            }
+            let a = rows_idx.len();
+            for &(ti, s) in mem {
+                rows_idx.push(ti as i32);
+                dst_idx.push((ti * k + s) as i32);
+            }
+            ranges.push((x, a, rows_idx.len()));
+        }
+        let rows_dev = self.upload(&rows_idx)?;
+        let dst_dev = self.upload(&dst_idx)?;
+        let mut xs = self.zeros::<f32>(m_max * d)?;
+        let mut g = self.zeros::<f32>(m_max * inter_max.max(1))?;
+        let mut u = self.zeros::<f32>(m_max * inter_max.max(1))?;
+        let mut h = self.zeros::<f32>(m_max * inter_max.max(1))?;
+        let mut y = self.zeros::<f32>(m_max * d)?;
+        let mut slot_out = self.zeros::<f32>(t * k * d)?;
+        for &(x, a, b) in &ranges {
+            let m = b - a;
+            self.gather_rows(f, t, &rows_dev.slice(a..b), &mut xs, d)?;
+            self.expert_ffn(&layer.experts[x], &xs, m, limit, &mut g, &mut u, &mut h, &mut y)?;
+            self.scatter_rows(&y, &dst_dev.slice(a..b), &mut slot_out, t * k, d)?;
+        }
+        let mut sg = self.zeros::<f32>(t * sh_inter)?;
+        let mut su = self.zeros::<f32>(t * sh_inter)?;
+        let mut sh = self.zeros::<f32>(t * sh_inter)?;
+        let mut shared = self.zeros::<f32>(t * d)?;
+        self.expert_ffn(&layer.shared, f, t, limit, &mut sg, &mut su, &mut sh, &mut shared)?;
+        let mut out = self.zeros::<f32>(t * d)?;
+        self.moe_combine(&slot_out, weights, Some(&shared), &mut out, t, k, d)?;
+        Ok(out)
+    }
+
+    /// A whole MoE layer (spec §4.11) for `t` tokens on the GPU, in exact mode (γ after W2, no
+    /// activation quantisation): `f` (`[t, d]`) are the ffn-normed inputs, `ids` (`[t]`) the token ids
+    /// (read by hash layers). Comparable with `forward::moe::route` + `forward::moe::moe` with
+    /// `Numerics::default()`.
+    ///
+    /// Synchronises once (the selected experts are copied to the host to group tokens by expert).
+    ///
+    /// Errors: shapes that disagree with `cfg`, an invalid token id or table entry (hash layers), or
+    /// any launcher error.
+    pub fn moe_forward(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize) -> Result<GpuMoeOutput, CudaError> {
+        let (experts_dev, weights) = self.moe_route(cfg, layer, f, ids, t)?;
+        let experts = self.download(&experts_dev)?;
+        let out = self.moe_experts(cfg, layer, f, t, &experts, &weights)?;
+        Ok(GpuMoeOutput { out, experts, weights })
+    }
+}
+
+/// Common mHC shape checks: 1 ≤ n ≤ 4, d a positive multiple of 4, n·d within 32 bits.
+fn hc_dims(what: &'static str, n: usize, d: usize) -> Result<(), CudaError> {
+    if n == 0 || n > HC_MAX_STREAMS || d == 0 || !d.is_multiple_of(4) {
+        return Err(bad(what, format!("n = {n} streams of width d = {d} (need 1 ≤ n ≤ {HC_MAX_STREAMS}, d a positive multiple of 4)")));
+    }
+    int(what, "n·d", n * d).map(|_| ())
+}

@@ -1,99 +1,164 @@
 // linear.cu — y[t, n] = Σ_k x[t, k] · W[n, k] for small token counts (decode and short chunks),
-// with the weight dequantized in-kernel (spec §6). One warp per output row n and per tile of up to
-// TT tokens; the weight row is streamed once per tile with 16-byte loads; f32 accumulation per
-// lane, then a fixed butterfly sum (deterministic).
+// with the weight dequantized in-kernel (spec §6). Implements the linear layers of spec §4.5–§4.11
+// for one small batch of tokens.
 //
 // Inputs: x [T, K] f32 row-major; y [T, N] f32. Weight layouts (row-major, rows = outputs):
-//   linear_f32:  W f32 [N, K]
-//   linear_bf16: W bf16 bits [N, K]
-//   linear_fp8:  W e4m3 [N, K] + ue8m0 scales [ceil(N/128), ceil(K/128)]   (K % 16 == 0)
-//   linear_fp4:  W packed [N, K/2] (low nibble = even k) + ue8m0 scales [N, K/32]   (K % 32 == 0)
-// Launch: grid (ceil(N / 8), ceil(T / TT)), block 256 (8 warps = 8 rows).
+//   linear_f32:  W f32 [N, K]                                                   (K % 4 == 0)
+//   linear_bf16: W bf16 bits [N, K]                                             (K % 8 == 0)
+//   linear_fp8:  W e4m3 [N, K] + ue8m0 scales [ceil(N/128), ceil(K/128)]        (K % 16 == 0)
+//   linear_fp4:  W packed [N, K/2] (low nibble = even k) + ue8m0 scales [N, K/32] (K % 32 == 0)
+// Launch: grid (min(ceil(N / 8), G), ceil(T / TT)), block 256 = 8 warps; warp w of block b handles
+// rows b·8 + w, then + gridDim.x·8, … (x is staged once per block and reused for all its rows), up
+// to TT tokens per block. `linear_*` use TT = 8; `linear_*_t1` are the decode (T = 1) variants
+// with a single accumulator (fewer registers, higher occupancy). Each lane streams 16-byte weight chunks (UNROLL of them issued before any
+// use, for memory-level parallelism); x is staged in shared memory when the tile fits.
+// Per chunk the dot product is accumulated unscaled and multiplied by the chunk's block scale once
+// (FP8: 16 values share one 128×128 block; FP4: one chunk = one 32-value group).
+// Decoders: FP8 through the hardware e4m3x2 → f16x2 conversion (sm_89+); FP4 through a 256-entry
+// byte → (lo, hi) table in shared memory. f32 accumulation per lane, then a fixed butterfly sum:
+// deterministic.
 
 #define TT 8
+#define UNROLL 4
+#define XS_FLOATS 8192  // 32 KB of staged activations
 
-template <int PER, typename Load>
-__device__ __forceinline__ void fs_linear_rows(const float* __restrict__ x, float* __restrict__ y, int T, int N,
-                                               int K, Load load) {
+__device__ __forceinline__ float2 fs_e4m3x2(u32 two_bytes) {
+    u32 h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((unsigned short)two_bytes));
+    float lo, hi;
+    asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(h2));
+    return make_float2(lo, hi);
+}
+
+// FMT: 0 f32, 1 bf16, 2 fp8, 3 fp4. PER = values per 16-byte chunk.
+template <int FMT, int PER, int TT_>
+__device__ __forceinline__ void fs_linear(const float* __restrict__ x, const void* __restrict__ Wv,
+                                          const u8* __restrict__ S, float* __restrict__ y, int T, int N, int K) {
+    __shared__ float xs[XS_FLOATS];
+    __shared__ float2 lut4[256];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = blockIdx.x * 8 + warp;
-    int t0 = blockIdx.y * TT;
-    if (n >= N) return;
-    int tn = min(TT, T - t0);
-    float acc[TT];
+    int t0 = blockIdx.y * TT_;
+    int tn = min(TT_, T - t0);
+    if (FMT == 3) {
+        int b = threadIdx.x;
+        lut4[b] = make_float2(fs_e2m1(b & 15), fs_e2m1(b >> 4));
+    }
+    bool staged = tn * K <= XS_FLOATS;
+    // Staged layout: token j's value k sits at j·K + (k % PER)·(K / PER) + k / PER, so that the 32
+    // lanes of a warp (lane ↔ chunk c = k / PER) read consecutive words for each q = k % PER:
+    // conflict-free shared-memory reads (a plain layout would put every lane in the same bank pair).
+    const int chunks = K / PER;
+    if (staged) {
+        const float4* src = reinterpret_cast<const float4*>(x + (size_t)t0 * K);
+        int n4 = tn * K / 4;
+        for (int i0 = threadIdx.x; i0 < n4; i0 += 4 * blockDim.x) {
+            float4 v[4];
 #pragma unroll
-    for (int j = 0; j < TT; j++) acc[j] = 0.f;
-    float w[PER];
-    for (int k0 = lane * PER; k0 < K; k0 += 32 * PER) {
-        load(n, k0, w);
+            for (int u = 0; u < 4; u++) {
+                int i = i0 + u * blockDim.x;
+                v[u] = i < n4 ? __ldg(src + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
 #pragma unroll
-        for (int j = 0; j < TT; j++) {
-            if (j < tn) {
-                const float* xr = x + (size_t)(t0 + j) * K + k0;
-                float s = 0.f;
+            for (int u = 0; u < 4; u++) {
+                int i = i0 + u * blockDim.x;
+                if (i < n4) {
+                    float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
-                for (int q = 0; q < PER; q++) s += w[q] * xr[q];
-                acc[j] += s;
+                    for (int r = 0; r < 4; r++) {
+                        int flat = 4 * i + r, j = flat / K, k = flat - j * K;
+                        xs[j * K + (k % PER) * chunks + k / PER] = e[r];
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads();
+    const float* xb = staged ? xs : x + (size_t)t0 * K;
+    // Bytes per weight row and per chunk.
+    const size_t row_bytes = FMT == 0 ? (size_t)K * 4 : FMT == 1 ? (size_t)K * 2 : FMT == 2 ? (size_t)K : (size_t)K / 2;
+    const int sk = (K + 127) / 128;
+    for (int n = blockIdx.x * 8 + warp; n < N; n += gridDim.x * 8) {
+    const uint4* wrow = reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(Wv) + (size_t)n * row_bytes);
+    float acc[TT_];
+#pragma unroll
+    for (int j = 0; j < TT_; j++) acc[j] = 0.f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * UNROLL) {
+        uint4 raw[UNROLL];
+        u8 sc[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int c = c0 + 32 * u;
+            raw[u] = c < chunks ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
+            if (FMT == 2) sc[u] = c < chunks ? __ldg(S + (size_t)(n >> 7) * sk + ((c * PER) >> 7)) : (u8)127;
+            if (FMT == 3) sc[u] = c < chunks ? __ldg(S + (size_t)n * (K / 32) + ((c * PER) >> 5)) : (u8)127;
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int c = c0 + 32 * u;
+            if (c >= chunks) break;
+            int k0 = c * PER;
+            float w[PER];
+            u32 p[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+            float scale = 1.f;
+            if (FMT == 0) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) w[i] = __uint_as_float(p[i]);
+            } else if (FMT == 1) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) { w[2 * i] = fs_bf16((u16)(p[i] & 0xffffu)); w[2 * i + 1] = fs_bf16((u16)(p[i] >> 16)); }
+            } else if (FMT == 2) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float2 a = fs_e4m3x2(p[i] & 0xffffu), b = fs_e4m3x2(p[i] >> 16);
+                    w[4 * i] = a.x; w[4 * i + 1] = a.y; w[4 * i + 2] = b.x; w[4 * i + 3] = b.y;
+                }
+                scale = fs_e8m0(sc[u]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    float2 v = lut4[(p[i >> 2] >> (8 * (i & 3))) & 0xffu];
+                    w[2 * i] = v.x; w[2 * i + 1] = v.y;
+                }
+                scale = fs_e8m0(sc[u]);
+            }
+#pragma unroll
+            for (int j = 0; j < TT_; j++) {
+                if (j < tn) {
+                    float s = 0.f;
+                    if (staged) {
+                        const float* xr = xb + (size_t)j * K + c;
+#pragma unroll
+                        for (int q = 0; q < PER; q++) s += w[q] * xr[q * chunks];
+                    } else {
+                        const float* xr = xb + (size_t)j * K + k0;
+#pragma unroll
+                        for (int q = 0; q < PER; q++) s += w[q] * xr[q];
+                    }
+                    acc[j] += s * scale;
+                }
             }
         }
     }
 #pragma unroll
-    for (int j = 0; j < TT; j++) {
+    for (int j = 0; j < TT_; j++) {
         float v = fs_warp_sum(acc[j]);
         if (lane == 0 && j < tn) y[(size_t)(t0 + j) * N + n] = v;
     }
+    }
 }
 
-struct LoadF32 {
-    const float* W; int K;
-    __device__ void operator()(int n, int k0, float* w) const {
-        const float4 v = *reinterpret_cast<const float4*>(W + (size_t)n * K + k0);
-        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+#define FS_LINEAR_ENTRY(NAME, WT, FMT, PER, TTV)                                                         \
+    extern "C" __global__ void NAME(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
+                                    float* __restrict__ y, int T, int N, int K) {                             \
+        fs_linear<FMT, PER, TTV>(x, W, S, y, T, N, K);                                                        \
     }
-};
-struct LoadBf16 {
-    const u16* W; int K;
-    __device__ void operator()(int n, int k0, float* w) const {
-        const uint4 v = *reinterpret_cast<const uint4*>(W + (size_t)n * K + k0);
-        u32 p[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) { w[2 * i] = fs_bf16((u16)(p[i] & 0xffffu)); w[2 * i + 1] = fs_bf16((u16)(p[i] >> 16)); }
-    }
-};
-struct LoadFp8 {
-    const u8* W; const u8* S; int K; int SK;
-    __device__ void operator()(int n, int k0, float* w) const {
-        const uint4 v = *reinterpret_cast<const uint4*>(W + (size_t)n * K + k0);
-        float sc = fs_e8m0(S[(size_t)(n >> 7) * SK + (k0 >> 7)]);
-        u32 p[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 16; i++) w[i] = fs_e4m3((u8)((p[i >> 2] >> (8 * (i & 3))) & 0xffu)) * sc;
-    }
-};
-struct LoadFp4 {
-    const u8* W; const u8* S; int K;
-    __device__ void operator()(int n, int k0, float* w) const {
-        const uint4 v = *reinterpret_cast<const uint4*>(W + (size_t)n * (K / 2) + k0 / 2);
-        float sc = fs_e8m0(S[(size_t)n * (K / 32) + (k0 >> 5)]);
-        u32 p[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 32; i++) w[i] = fs_e2m1((p[i >> 3] >> (4 * (i & 7))) & 0xfu) * sc;
-    }
-};
 
-extern "C" __global__ void linear_f32(const float* __restrict__ x, const float* __restrict__ W, float* __restrict__ y,
-                                      int T, int N, int K) {
-    fs_linear_rows<4>(x, y, T, N, K, LoadF32{W, K});
-}
-extern "C" __global__ void linear_bf16(const float* __restrict__ x, const u16* __restrict__ W, float* __restrict__ y,
-                                       int T, int N, int K) {
-    fs_linear_rows<8>(x, y, T, N, K, LoadBf16{W, K});
-}
-extern "C" __global__ void linear_fp8(const float* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S,
-                                      float* __restrict__ y, int T, int N, int K) {
-    fs_linear_rows<16>(x, y, T, N, K, LoadFp8{W, S, K, (K + 127) / 128});
-}
-extern "C" __global__ void linear_fp4(const float* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S,
-                                      float* __restrict__ y, int T, int N, int K) {
-    fs_linear_rows<32>(x, y, T, N, K, LoadFp4{W, S, K});
-}
+// Every entry point takes (x, W, S, y, T, N, K); S is ignored (pass 0) for f32 and bf16.
+FS_LINEAR_ENTRY(linear_f32, float, 0, 4, TT)
+FS_LINEAR_ENTRY(linear_bf16, u16, 1, 8, TT)
+FS_LINEAR_ENTRY(linear_fp8, u8, 2, 16, TT)
+FS_LINEAR_ENTRY(linear_fp4, u8, 3, 32, TT)
+FS_LINEAR_ENTRY(linear_f32_t1, float, 0, 4, 1)
+FS_LINEAR_ENTRY(linear_bf16_t1, u16, 1, 8, 1)
+FS_LINEAR_ENTRY(linear_fp8_t1, u8, 2, 16, 1)
+FS_LINEAR_ENTRY(linear_fp4_t1, u8, 3, 32, 1)

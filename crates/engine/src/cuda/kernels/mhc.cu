@@ -1,3 +1,288 @@
-// mhc.cu — being written (issue 5).
+// mhc.cu — manifold-constrained hyper-connections: "pre" with Sinkhorn (spec §4.2), "post" (spec
+// §4.3) and the final hyper-head collapse (spec §4.12, step 1; the RMSNorm of step 2 is rms_norm_f32).
+// CPU reference: forward/mhc.rs `hc_pre` / `hc_post`, forward/head.rs `collapse`.
+//
+// Streams: x [T, n, d] f32 row-major (token t, stream j, channel i at (t·n + j)·d + i); 1 ≤ n ≤ 4
+// (HC_MAXN), d % 4 == 0 (float4 loads; buffers from cuMemAlloc are 256-byte aligned). N = n·d.
+//
+// Pre and head run as two kernels: a split-K pass for the M mix dot products (M = (2+n)·n ≤ 24 for
+// pre, M = n for the head) and the squared norm, then a per-token finish.
+//
+// hc_mix_partial_f32: x [T, n, d], Φ fn [M, N] → part [T, HC_SPLIT, 32] f32: for split s, part[t, s, i] =
+//   Σ_c Φ[i, c]·x̄_c (i < M) and part[t, s, M] = Σ_c x̄_c² over the s-th of HC_SPLIT equal runs of the
+//   flattened x̄ = x[t] (runs of float4s). Launch: grid (T, HC_SPLIT = 16), block HC_THREADS = 256
+//   (the __launch_bounds__; any multiple of 32 up to it works); static shared 32·25·4 B = 3.2 KB.
+//   Each thread sums its float4s c = start + tid, + blockDim, … in f32 in a fixed order; fixed
+//   butterfly warp sums; one thread per value adds the warp partials in warp order. HC_SPLIT is a
+//   constant, so a token's result does not depend on T (batch invariant) and every reduction order
+//   is fixed (deterministic).
+// hc_pre_f32: part (above, M = (2+n)·n), x, base [M], scale [3] (α0 pre, α1 post, α2 comb):
+//   D_i = Σ_s part[t, s, i] (split order); ρ = (D_M/N + eps)^(-1/2); m_i = f32(ρ·D_i)
+//   (= Φ·(ρ x̄) up to rounding; the CPU also rounds m to f32).
+//   pre_j  = σ(α0·m_j + b_j) + hc_eps
+//   post_j = 2·σ(α1·m_{n+j} + b_{n+j})
+//   C[j][k] = α2·m_{2n+j·n+k} + b_{2n+j·n+k}; C = row_softmax(C) + hc_eps; column-normalise; then
+//   (iters − 1) × (row-normalise, column-normalise); every normalisation divides by (sum + hc_eps).
+//   Outputs: u [T, d] = Σ_j pre_j·x[t, j]; post [T, n]; comb [T, n, n] (C[j][k] at j·n + k).
+// hc_head_f32: part (M = n), x, base [n], scale [≥1] (α): π_j = σ(α·m_j + b_j) + hc_eps (no Sinkhorn),
+//   h [T, d] = Σ_j π_j·x[t, j].
+//   Launch (pre and head): grid (T), block HC_THREADS = 256 (any multiple of 32 from 32 up works);
+//   static shared < 200 B. The mixing coefficients (σ, softmax, Sinkhorn on n×n: tiny) are computed
+//   by thread 0 in f64, and u / h are accumulated in f64 (as the CPU reference does), then rounded
+//   to f32.
+//
+// hc_post_f32: x [T, n, d] in place, y [T, d], post [T, n], comb [T, n, n]:
+//   x'[k][i] = post_k·y[i] + Σ_j comb[j][k]·x[j][i]   (the sum runs over C's FIRST index), in f64.
+//   Launch: grid (T, ceil(d / 256)), block 256. Each thread owns channel i of one token and reads all
+//   n old streams before writing any, so the in-place update is race-free.
+//
+// Sizes are template parameters (M of the partial pass; n of the others); each entry point dispatches
+// on them with a switch that is uniform across the block, so every thread reaches each __syncthreads.
 
-extern "C" __global__ void mhc_placeholder() {}
+#define HC_MAXN 4
+#define HC_MAXM 24  // (2 + HC_MAXN) · HC_MAXN
+#define HC_SPLIT 16
+#define HC_PART 32  // floats per (token, split) in part: M ≤ 24 sums + the squared norm
+#define HC_THREADS 256
+
+__device__ __forceinline__ double hc_sigmoid(double v) { return 1.0 / (1.0 + exp(-v)); }
+
+// Split s of token t: the M dot products and the squared norm over float4 run [c0, c1) of x̄.
+template <int M>
+__device__ __forceinline__ void hc_partial_impl(const float* __restrict__ x, const float* __restrict__ fn,
+                                                float* __restrict__ part, int N, float (*red)[HC_MAXM + 1]) {
+    const int t = blockIdx.x, s = blockIdx.y;
+    const int n4 = N >> 2;
+    const int run = (n4 + HC_SPLIT - 1) / HC_SPLIT;
+    const int c0 = s * run;
+    const int c1 = min(n4, c0 + run);
+    const float4* x4 = reinterpret_cast<const float4*>(x + (size_t)t * N);
+    float acc[M + 1];
+#pragma unroll
+    for (int i = 0; i <= M; i++) acc[i] = 0.f;
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+        const float4 v = x4[c];
+        float4 w[M];
+#pragma unroll
+        for (int i = 0; i < M; i++) w[i] = reinterpret_cast<const float4*>(fn + (size_t)i * N)[c];
+        acc[M] += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+#pragma unroll
+        for (int i = 0; i < M; i++) acc[i] += (v.x * w[i].x + v.y * w[i].y) + (v.z * w[i].z + v.w * w[i].w);
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i <= M; i++) {
+        const float r = fs_warp_sum(acc[i]);
+        if (lane == 0) red[warp][i] = r;
+    }
+    __syncthreads();
+    if (threadIdx.x <= M) {
+        const int nw = blockDim.x >> 5;
+        float r = 0.f;
+        for (int w = 0; w < nw; w++) r += red[w][threadIdx.x];
+        part[((size_t)t * HC_SPLIT + s) * HC_PART + threadIdx.x] = r;
+    }
+}
+
+// tot[i] = Σ_s part[t, s, i] in split order, for i ≤ M (tot[M]: the squared norm). Every thread must
+// reach it (it synchronises); ends with tot visible to all.
+__device__ __forceinline__ void hc_totals(const float* __restrict__ part, int M, float* tot) {
+    if (threadIdx.x <= M) {
+        const float* p = part + (size_t)blockIdx.x * HC_SPLIT * HC_PART + threadIdx.x;
+        float r = 0.f;
+        for (int s = 0; s < HC_SPLIT; s++) r += p[s * HC_PART];
+        tot[threadIdx.x] = r;
+    }
+    __syncthreads();
+}
+
+// f32(ρ·D_i) as f64, ρ from the squared norm tot[M] of N values.
+__device__ __forceinline__ double hc_logit(const float* tot, int M, int i, int N, double eps) {
+    const double r = 1.0 / sqrt((double)tot[M] / (double)N + eps);
+    return (double)(float)(r * (double)tot[i]);
+}
+
+// out[i] = Σ_j coef[j]·xt[j·d + i] in f64, for all i < d (strided over the block).
+template <int NN>
+__device__ __forceinline__ void hc_combine_streams(const float* __restrict__ xt, const double* coef,
+                                                   float* __restrict__ out, int d) {
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        double s = 0.0;
+#pragma unroll
+        for (int j = 0; j < NN; j++) s += coef[j] * (double)xt[(size_t)j * d + i];
+        out[i] = (float)s;
+    }
+}
+
+// Sinkhorn steps on an n×n matrix held in registers: divide each row (column) by (its sum + hc_eps),
+// summing in index order like the CPU reference.
+template <int NN>
+__device__ __forceinline__ void hc_row_norm(double (&c)[NN][NN], double hc_eps) {
+#pragma unroll
+    for (int j = 0; j < NN; j++) {
+        double s = 0.0;
+#pragma unroll
+        for (int k = 0; k < NN; k++) s += c[j][k];
+#pragma unroll
+        for (int k = 0; k < NN; k++) c[j][k] /= s + hc_eps;
+    }
+}
+template <int NN>
+__device__ __forceinline__ void hc_col_norm(double (&c)[NN][NN], double hc_eps) {
+#pragma unroll
+    for (int k = 0; k < NN; k++) {
+        double s = 0.0;
+#pragma unroll
+        for (int j = 0; j < NN; j++) s += c[j][k];
+#pragma unroll
+        for (int j = 0; j < NN; j++) c[j][k] /= s + hc_eps;
+    }
+}
+
+template <int NN>
+__device__ void hc_pre_impl(const float* __restrict__ part, const float* __restrict__ x, const float* __restrict__ base,
+                            const float* __restrict__ scale, float* __restrict__ u, float* __restrict__ post,
+                            float* __restrict__ comb, int d, int iters, double eps, double hc_eps, float* tot,
+                            double* coef) {
+    constexpr int M = (2 + NN) * NN;
+    const int t = blockIdx.x;
+    const int N = NN * d;
+    hc_totals(part, M, tot);
+    if (threadIdx.x == 0) {
+        const double a0 = scale[0], a1 = scale[1], a2 = scale[2];
+#pragma unroll
+        for (int j = 0; j < NN; j++) {
+            coef[j] = hc_sigmoid(hc_logit(tot, M, j, N, eps) * a0 + (double)base[j]) + hc_eps;
+            post[(size_t)t * NN + j] =
+                (float)(2.0 * hc_sigmoid(hc_logit(tot, M, NN + j, N, eps) * a1 + (double)base[NN + j]));
+        }
+        double c[NN][NN];
+        // Row softmax of the comb logits (max-subtracted, as the CPU does), + hc_eps.
+#pragma unroll
+        for (int j = 0; j < NN; j++) {
+#pragma unroll
+            for (int k = 0; k < NN; k++) {
+                const int q = 2 * NN + j * NN + k;
+                c[j][k] = hc_logit(tot, M, q, N, eps) * a2 + (double)base[q];
+            }
+            double mx = c[j][0];
+#pragma unroll
+            for (int k = 1; k < NN; k++) mx = fmax(mx, c[j][k]);
+            double s = 0.0;
+#pragma unroll
+            for (int k = 0; k < NN; k++) {
+                c[j][k] = exp(c[j][k] - mx);
+                s += c[j][k];
+            }
+#pragma unroll
+            for (int k = 0; k < NN; k++) c[j][k] = c[j][k] / s + hc_eps;
+        }
+        // Column normalisation, then (iters − 1) × (rows, then columns).
+        hc_col_norm<NN>(c, hc_eps);
+        for (int it = 1; it < iters; it++) {
+            hc_row_norm<NN>(c, hc_eps);
+            hc_col_norm<NN>(c, hc_eps);
+        }
+#pragma unroll
+        for (int j = 0; j < NN; j++)
+#pragma unroll
+            for (int k = 0; k < NN; k++) comb[(size_t)t * NN * NN + j * NN + k] = (float)c[j][k];
+    }
+    __syncthreads();
+    hc_combine_streams<NN>(x + (size_t)t * N, coef, u + (size_t)t * d, d);
+}
+
+template <int NN>
+__device__ void hc_head_impl(const float* __restrict__ part, const float* __restrict__ x, const float* __restrict__ base,
+                             const float* __restrict__ scale, float* __restrict__ h, int d, double eps, double hc_eps,
+                             float* tot, double* coef) {
+    constexpr int M = NN;
+    const int t = blockIdx.x;
+    const int N = NN * d;
+    hc_totals(part, M, tot);
+    if (threadIdx.x == 0) {
+        const double a = scale[0];
+#pragma unroll
+        for (int j = 0; j < NN; j++) coef[j] = hc_sigmoid(hc_logit(tot, M, j, N, eps) * a + (double)base[j]) + hc_eps;
+    }
+    __syncthreads();
+    hc_combine_streams<NN>(x + (size_t)t * N, coef, h + (size_t)t * d, d);
+}
+
+template <int NN>
+__device__ void hc_post_impl(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ post,
+                             const float* __restrict__ comb, int d) {
+    const int t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= d) return;
+    float* xt = x + (size_t)t * NN * d;
+    double old[NN];
+#pragma unroll
+    for (int j = 0; j < NN; j++) old[j] = (double)xt[(size_t)j * d + i];
+    const double yi = (double)y[(size_t)t * d + i];
+    const float* pt = post + (size_t)t * NN;
+    const float* ct = comb + (size_t)t * NN * NN;
+#pragma unroll
+    for (int k = 0; k < NN; k++) {
+        double s = (double)pt[k] * yi;
+#pragma unroll
+        for (int j = 0; j < NN; j++) s += (double)ct[j * NN + k] * old[j];
+        xt[(size_t)k * d + i] = (float)s;
+    }
+}
+
+// M ∈ {1, 2, 3, 4} (head, n = M) or {3, 8, 15, 24} (pre, n = 1..4); N = n·d, N % 4 == 0.
+extern "C" __global__ void __launch_bounds__(HC_THREADS)
+hc_mix_partial_f32(const float* __restrict__ x, const float* __restrict__ fn, float* __restrict__ part, int M, int N) {
+    __shared__ float red[32][HC_MAXM + 1];
+    switch (M) {
+        case 1: hc_partial_impl<1>(x, fn, part, N, red); break;
+        case 2: hc_partial_impl<2>(x, fn, part, N, red); break;
+        case 3: hc_partial_impl<3>(x, fn, part, N, red); break;
+        case 4: hc_partial_impl<4>(x, fn, part, N, red); break;
+        case 8: hc_partial_impl<8>(x, fn, part, N, red); break;
+        case 15: hc_partial_impl<15>(x, fn, part, N, red); break;
+        case 24: hc_partial_impl<24>(x, fn, part, N, red); break;
+        default: break;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(HC_THREADS)
+hc_pre_f32(const float* __restrict__ part, const float* __restrict__ x, const float* __restrict__ base,
+           const float* __restrict__ scale, float* __restrict__ u, float* __restrict__ post, float* __restrict__ comb,
+           int n, int d, int iters, double eps, double hc_eps) {
+    __shared__ float tot[HC_MAXM + 1];
+    __shared__ double coef[HC_MAXN];
+    switch (n) {
+        case 1: hc_pre_impl<1>(part, x, base, scale, u, post, comb, d, iters, eps, hc_eps, tot, coef); break;
+        case 2: hc_pre_impl<2>(part, x, base, scale, u, post, comb, d, iters, eps, hc_eps, tot, coef); break;
+        case 3: hc_pre_impl<3>(part, x, base, scale, u, post, comb, d, iters, eps, hc_eps, tot, coef); break;
+        case 4: hc_pre_impl<4>(part, x, base, scale, u, post, comb, d, iters, eps, hc_eps, tot, coef); break;
+        default: break;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(HC_THREADS)
+hc_head_f32(const float* __restrict__ part, const float* __restrict__ x, const float* __restrict__ base,
+            const float* __restrict__ scale, float* __restrict__ h, int n, int d, double eps, double hc_eps) {
+    __shared__ float tot[HC_MAXM + 1];
+    __shared__ double coef[HC_MAXN];
+    switch (n) {
+        case 1: hc_head_impl<1>(part, x, base, scale, h, d, eps, hc_eps, tot, coef); break;
+        case 2: hc_head_impl<2>(part, x, base, scale, h, d, eps, hc_eps, tot, coef); break;
+        case 3: hc_head_impl<3>(part, x, base, scale, h, d, eps, hc_eps, tot, coef); break;
+        case 4: hc_head_impl<4>(part, x, base, scale, h, d, eps, hc_eps, tot, coef); break;
+        default: break;
+    }
+}
+
+extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ post,
+                                       const float* __restrict__ comb, int n, int d) {
+    switch (n) {
+        case 1: hc_post_impl<1>(x, y, post, comb, d); break;
+        case 2: hc_post_impl<2>(x, y, post, comb, d); break;
+        case 3: hc_post_impl<3>(x, y, post, comb, d); break;
+        case 4: hc_post_impl<4>(x, y, post, comb, d); break;
+        default: break;
+    }
+}

@@ -1,3 +1,149 @@
-// moe.cu — being written (issue 5).
+// moe.cu — the MoE block's own kernels (spec §4.11; sqrtsoftplus and SiLU from spec §3.3). The
+// projections (router gate, expert w1/w3/w2, shared expert) run on linear.cu; the host glue that
+// chains them for a whole layer is `Gpu::moe_forward` (ops_mhc.rs). CPU reference: forward/moe.rs
+// `route` and `moe` (exact mode: γ applied after W2).
+//
+// router_scores_f32: logits [T, E] f32 (gate·f, from linear.cu) → experts [T, k] int32, weights [T, k] f32.
+//   score_e = sqrt(softplus(logit_e)) (torch softplus: linear above 20), or σ(logit_e) when use_sigmoid,
+//   computed in f64 and rounded to f32 (as the CPU does).
+//   Hash routing (tid2eid != nullptr): experts = tid2eid[ids[t], 0..k) (tid2eid int32 [vocab, k], ids [T]).
+//   Score routing (tid2eid == nullptr): top-k of the f32 key score_e + bias_e (bias [E]), ordered like
+//     Rust's sort by f32::total_cmp descending with ties to the lower expert index (a NaN key sorts
+//     as total_cmp does). Each of the k rounds is a block-wide max of the packed 64-bit key
+//     (total-order bits << 32 | ~e): max is exact, so the result does not depend on reduction order.
+//   weights_i = score_{e_i} / (Σ_slot score + 1e-20) · route_scale, the sum in f64 in slot order.
+//   An out-of-range token id or table entry gives expert −1 and weight NaN for the whole token
+//   (the host glue turns that into an error).
+//   Launch: grid (T), block MOE_THREADS = 256 (any multiple of 32 up to 1024); E ≤ MOE_MAXE = 1024,
+//   1 ≤ k ≤ min(E, MOE_MAXK = 16); static shared 4·1024 + 8·1024 + 8·32 + 4·16 B ≈ 12.6 KB.
+//
+// swiglu_f32: g, u, h [len] f32 (separate buffers: the w1 and w3 outputs [rows, inter]):
+//   h = silu(min(g, L)) · clamp(u, −L, L), silu(v) = v·σ(v). NaN g → L (like Rust f64::min), NaN u stays
+//   NaN (like f64::clamp). Launch: grid (min(ceil(len / 256), 65535·16)), block 256, grid-stride loop.
+//
+// gather_rows_f32: dst [m, d] ← src rows: dst[r] = src[idx[r]] (idx int32 [m], src [src_rows, d]).
+// scatter_rows_f32: dst rows ← src [m, d]: dst[idx[r]] = src[r] (dst [dst_rows, d]; indices distinct).
+//   An out-of-range index writes a NaN row (gather) or is skipped (scatter).
+//   Launch (both): grid (m), block 256.
+//
+// moe_combine_f32: out[t, i] = Σ_{s<k} γ[t, s]·slot_out[t, s, i] (slot order) + shared[t, i], in f64, then f32.
+//   slot_out [T, k, d] holds the UNscaled routed outputs W2·h; γ = weights [T, k] is applied here (HF order:
+//   after W2). shared [T, d] may be nullptr (no shared expert). Launch: grid (T, ceil(d / 256)), block 256.
 
-extern "C" __global__ void moe_placeholder() {}
+#define MOE_MAXE 1024
+#define MOE_MAXK 16
+#define MOE_THREADS 256
+
+typedef unsigned long long u64;
+
+// Packed selection key: larger key = larger value under f32::total_cmp, then lower index e.
+__device__ __forceinline__ u64 moe_key(float v, int e) {
+    u32 b = __float_as_uint(v);
+    b ^= (b & 0x80000000u) ? 0x7fffffffu : 0u;  // total_cmp's i32 order (negative values flipped)
+    b ^= 0x80000000u;                            // signed → unsigned order
+    return ((u64)b << 32) | (u64)(0xffffffffu - (u32)e);
+}
+
+__device__ __forceinline__ u64 moe_max(u64 a, u64 b) { return a > b ? a : b; }
+
+extern "C" __global__ void __launch_bounds__(1024)
+router_scores_f32(const float* __restrict__ logits, const float* __restrict__ bias, const int* __restrict__ tid2eid,
+                  const int* __restrict__ ids, int* __restrict__ experts, float* __restrict__ weights, int E, int k,
+                  int vocab, int use_sigmoid, double route_scale) {
+    __shared__ float score[MOE_MAXE];
+    __shared__ u64 key[MOE_MAXE];
+    __shared__ u64 wbest[32];
+    __shared__ int sel[MOE_MAXK];
+    const int t = blockIdx.x;
+    const bool hash = tid2eid != nullptr;
+    const float* lg = logits + (size_t)t * E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const double v = (double)lg[e];
+        const double s = use_sigmoid ? 1.0 / (1.0 + exp(-v)) : sqrt(v > 20.0 ? v : log1p(exp(v)));
+        const float sf = (float)s;
+        score[e] = sf;
+        key[e] = hash ? 0ull : moe_key(sf + bias[e], e);
+    }
+    __syncthreads();
+    // Score routing: k rounds of block argmax; the winner's key is zeroed (0 is below every valid key).
+    const int rounds = hash ? 0 : k;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int r = 0; r < rounds; r++) {
+        u64 best = 0ull;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) best = moe_max(best, key[e]);
+        for (int o = 16; o > 0; o >>= 1) best = moe_max(best, __shfl_xor_sync(0xffffffffu, best, o));
+        if (lane == 0) wbest[warp] = best;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u64 b = 0ull;
+            for (int w = 0; w < nw; w++) b = moe_max(b, wbest[w]);
+            const int e = b ? (int)(0xffffffffu - (u32)(b & 0xffffffffull)) : -1;
+            sel[r] = e;
+            if (e >= 0 && e < E) key[e] = 0ull;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        bool ok = true;
+        if (hash) {
+            const int id = ids[t];
+            for (int r = 0; r < k; r++) sel[r] = (id >= 0 && id < vocab) ? tid2eid[(size_t)id * k + r] : -1;
+        }
+        for (int r = 0; r < k; r++) ok = ok && sel[r] >= 0 && sel[r] < E;
+        double sum = 0.0;
+        if (ok)
+            for (int r = 0; r < k; r++) sum += (double)score[sel[r]];
+        for (int r = 0; r < k; r++) {
+            experts[(size_t)t * k + r] = ok ? sel[r] : -1;
+            weights[(size_t)t * k + r] =
+                ok ? (float)((double)score[sel[r]] / (sum + 1e-20) * route_scale) : __int_as_float(0x7fc00000);
+        }
+    }
+}
+
+extern "C" __global__ void swiglu_f32(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ h,
+                                      long long len, float limit) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) {
+        const float gv = fminf(g[i], limit);
+        const float uv = u[i];
+        const float uc = uv != uv ? uv : fminf(fmaxf(uv, -limit), limit);
+        const float sg = 1.f / (1.f + expf(-gv));
+        h[i] = (gv * sg) * uc;
+    }
+}
+
+extern "C" __global__ void gather_rows_f32(const float* __restrict__ src, const int* __restrict__ idx,
+                                           float* __restrict__ dst, int src_rows, int d) {
+    const int r = blockIdx.x;
+    const int s = idx[r];
+    float* out = dst + (size_t)r * d;
+    if (s < 0 || s >= src_rows) {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const float* in = src + (size_t)s * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = in[i];
+}
+
+extern "C" __global__ void scatter_rows_f32(const float* __restrict__ src, const int* __restrict__ idx,
+                                            float* __restrict__ dst, int dst_rows, int d) {
+    const int r = blockIdx.x;
+    const int s = idx[r];
+    if (s < 0 || s >= dst_rows) return;
+    const float* in = src + (size_t)r * d;
+    float* out = dst + (size_t)s * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = in[i];
+}
+
+extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, const float* __restrict__ weights,
+                                           const float* __restrict__ shared, float* __restrict__ out, int k, int d) {
+    const int t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= d) return;
+    double acc = 0.0;
+    for (int s = 0; s < k; s++)
+        acc += (double)weights[(size_t)t * k + s] * (double)slot_out[((size_t)t * k + s) * d + i];
+    if (shared) acc += (double)shared[(size_t)t * d + i];
+    out[(size_t)t * d + i] = (float)acc;
+}
