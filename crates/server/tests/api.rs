@@ -469,6 +469,14 @@ fn full_queue_answers_429_and_cancellation_frees_state() {
         assert_eq!(wait_idle(&c, &s.url()).await, 0.0);
         let m = get(&c, &format!("{}/metrics", s.url())).await.body;
         assert!(m.contains("flashseek_cancelled_requests_total 2"), "{m}");
+        // A non-streamed request whose client gives up is cancelled too.
+        let mut plain = long.clone();
+        plain["stream"] = json!(false);
+        let gave_up = tokio::time::timeout(Duration::from_millis(300), post(&c, &u, &plain)).await;
+        assert!(gave_up.is_err(), "a 3000-token request finished in 300 ms?");
+        assert_eq!(wait_idle(&c, &s.url()).await, 0.0);
+        let m = get(&c, &format!("{}/metrics", s.url())).await.body;
+        assert!(m.contains("flashseek_cancelled_requests_total 3"), "{m}");
         // And the server takes work again.
         assert_eq!(post(&c, &u, &json!({"messages": [{"role": "user", "content": "again"}], "max_tokens": 2})).await.status, 200);
     });
@@ -577,4 +585,47 @@ fn state_estimate_matches_measured_bytes() {
     let est = flashseek_server::scheduler::state_bytes_per_token(&w.config) * ids.len();
     let real = s.state().bytes();
     assert!(est >= real && est - real < real / 100, "estimate {est} vs measured {real}");
+}
+
+#[test]
+fn closing_scheduler_refuses_with_503() {
+    use flashseek_server::scheduler::{start as start_engine, GenRequest, SchedulerConfig, SubmitError};
+    let metrics = std::sync::Arc::new(flashseek_server::metrics::Metrics::default());
+    let (h, engine) = start_engine(tiny_weights(), tokenizer(), SchedulerConfig::default(), metrics);
+    let req = || {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (
+            GenRequest {
+                prompt: vec![0, 100, 200],
+                params: flashseek_engine::sampler::SamplingParams::greedy(),
+                max_tokens: 2,
+                skip_special: true,
+                events: tx,
+                arrived: std::time::Instant::now(),
+            },
+            rx,
+        )
+    };
+    let (r, mut rx) = req();
+    h.submit(r).unwrap();
+    let mut n = 0;
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            flashseek_server::scheduler::Event::Token(_) => n += 1,
+            flashseek_server::scheduler::Event::Done { usage, .. } => {
+                assert_eq!(usage.completion_tokens, 2);
+                break;
+            }
+            flashseek_server::scheduler::Event::Error(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(n, 2);
+    h.close();
+    assert!(h.is_closing());
+    assert_eq!(h.submit(req().0), Err(SubmitError::ShuttingDown));
+    let e = flashseek_server::common::shutting_down();
+    assert_eq!(e.status.as_u16(), 503);
+    assert!(e.retry_after.is_some());
+    // A closed, idle engine exits.
+    engine.join().unwrap();
 }
