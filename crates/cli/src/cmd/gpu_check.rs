@@ -22,6 +22,15 @@ pub struct Args {
     /// Only time weights whose label or format contains this text.
     #[arg(long)]
     pub only: Option<String>,
+    /// Golden models folder for the end-to-end GPU vs CPU checks.
+    #[arg(long, default_value = "tests/fixtures/goldens")]
+    pub goldens: PathBuf,
+    /// Skip the end-to-end model checks.
+    #[arg(long)]
+    pub skip_models: bool,
+    /// Greedy tokens compared per golden model.
+    #[arg(long, default_value_t = 64)]
+    pub greedy_steps: usize,
     /// Random seed of the inputs (default: from the clock, so every run draws fresh inputs).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -40,7 +49,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let t = std::time::Instant::now();
     let gpu = Gpu::open(args.device, &cache)?;
     eprintln!("opened {} ({}) and loaded kernels in {:.2} s", gpu.ctx.name().unwrap_or_default(), gpu.arch, t.elapsed().as_secs_f64());
-    let (mut report, ok) = check::run(&gpu, seed, &check::CheckOptions { repeats: args.repeats, skip_checks: args.skip_checks, only: args.only.clone() })?;
+    let (mut report, ok) = check::run(&gpu, seed, &check::CheckOptions { repeats: args.repeats, skip_checks: args.skip_checks, only: args.only.clone(), goldens: (!args.skip_models && args.goldens.is_dir()).then(|| args.goldens.clone()), greedy_steps: args.greedy_steps })?;
     report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;

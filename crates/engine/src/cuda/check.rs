@@ -81,6 +81,10 @@ pub struct CheckOptions {
     pub skip_checks: bool,
     /// Only time weights whose label contains this text.
     pub only: Option<String>,
+    /// Golden models folder for the end-to-end checks (skipped when None).
+    pub goldens: Option<std::path::PathBuf>,
+    /// Greedy steps compared per golden model.
+    pub greedy_steps: usize,
 }
 
 /// Runs every check and timing; returns the JSON report and whether all checks passed.
@@ -148,6 +152,9 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
 
     all &= super::check_attention::run(gpu, seed, &mut out)?;
     all &= super::check_mhc::run(gpu, seed, &mut out)?;
+    if let Some(g) = &opts.goldens {
+        all &= super::check_model::run(gpu, g, opts.greedy_steps, &mut out)?;
+    }
     }
 
     // Timings: decode (T=1) linear layers, CUDA events, median of `repeats` after warm-up.

@@ -11,7 +11,9 @@
 pub mod check;
 pub mod check_attention;
 pub mod check_mhc;
+pub mod check_model;
 pub mod gpu;
+pub mod model;
 pub mod nvrtc;
 pub mod ops_attention;
 pub mod ops_mhc;

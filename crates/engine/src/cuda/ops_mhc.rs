@@ -31,6 +31,8 @@ const HC_THREADS: u32 = 256;
 const HC_SPLIT: usize = 16;
 /// Floats per (token, split) of the partial sums (`HC_PART` in mhc.cu).
 const HC_PART: usize = 32;
+/// Tokens per block of the partial pass (`HC_TT` in mhc.cu).
+const HC_TT: usize = 4;
 /// Block size of router_scores_f32 (`MOE_THREADS` in moe.cu).
 const MOE_THREADS: u32 = 256;
 /// Block size of the elementwise and row kernels.
@@ -149,11 +151,13 @@ impl Gpu {
     /// streams (`nd` = n·d values; `fn_` is `[m, nd]`): returns `part` `[t, HC_SPLIT, HC_PART]`, which
     /// hc_pre_f32 / hc_head_f32 sum in split order. Callers have validated the shapes (`t` ≥ 1).
     fn hc_mix_partial(&self, x: &CudaSlice<f32>, fn_: &CudaSlice<f32>, m: usize, t: usize, nd: usize) -> Result<CudaSlice<f32>, CudaError> {
-        let mut part = self.zeros::<f32>(t * HC_SPLIT * HC_PART)?;
-        let cfg = LaunchConfig { grid_dim: (t as u32, HC_SPLIT as u32, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let (m_i, nd_i) = (m as i32, nd as i32);
+        // SAFETY: uninitialised device memory; hc_mix_partial_f32 writes entries 0..=m of every
+        // (token, split), which are the only ones hc_pre_f32 / hc_head_f32 read.
+        let mut part = drv("alloc", unsafe { self.stream.alloc::<f32>(t * HC_SPLIT * HC_PART) })?;
+        let cfg = LaunchConfig { grid_dim: (t.div_ceil(HC_TT) as u32, HC_SPLIT as u32, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (t_i, m_i, nd_i) = (t as i32, m as i32, nd as i32);
         let mut b = self.stream.launch_builder(self.f("hc_mix_partial_f32"));
-        b.arg(x).arg(fn_).arg(&mut part).arg(&m_i).arg(&nd_i);
+        b.arg(x).arg(fn_).arg(&mut part).arg(&t_i).arg(&m_i).arg(&nd_i);
         // SAFETY: matches hc_mix_partial_f32's signature; x holds t·nd and fn_ m·nd values (checked by
         // the callers), part t·HC_SPLIT·HC_PART.
         drv("hc_mix_partial_f32", unsafe { b.launch(cfg) })?;

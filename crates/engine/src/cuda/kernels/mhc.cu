@@ -10,12 +10,13 @@
 //
 // hc_mix_partial_f32: x [T, n, d], Φ fn [M, N] → part [T, HC_SPLIT, 32] f32: for split s, part[t, s, i] =
 //   Σ_c Φ[i, c]·x̄_c (i < M) and part[t, s, M] = Σ_c x̄_c² over the s-th of HC_SPLIT equal runs of the
-//   flattened x̄ = x[t] (runs of float4s). Launch: grid (T, HC_SPLIT = 16), block HC_THREADS = 256
-//   (the __launch_bounds__; any multiple of 32 up to it works); static shared 32·25·4 B = 3.2 KB.
+//   flattened x̄ = x[t] (runs of float4s). Launch: grid (ceil(T / HC_TT), HC_SPLIT) = (ceil(T/4), 16),
+//   block HC_THREADS = 256 (the __launch_bounds__; any multiple of 32 up to it works); static shared
+//   32·4·25·4 B = 12.8 KB. A block serves HC_TT = 4 tokens, so each Φ load is used 4 times.
 //   Each thread sums its float4s c = start + tid, + blockDim, … in f32 in a fixed order; fixed
 //   butterfly warp sums; one thread per value adds the warp partials in warp order. HC_SPLIT is a
-//   constant, so a token's result does not depend on T (batch invariant) and every reduction order
-//   is fixed (deterministic).
+//   constant and a token's sums do not depend on its place in the tile, so a token's result does not
+//   depend on T (batch invariant) and every reduction order is fixed (deterministic).
 // hc_pre_f32: part (above, M = (2+n)·n), x, base [M], scale [3] (α0 pre, α1 post, α2 comb):
 //   D_i = Σ_s part[t, s, i] (split order); ρ = (D_M/N + eps)^(-1/2); m_i = f32(ρ·D_i)
 //   (= Φ·(ρ x̄) up to rounding; the CPU also rounds m to f32).
@@ -27,9 +28,10 @@
 // hc_head_f32: part (M = n), x, base [n], scale [≥1] (α): π_j = σ(α·m_j + b_j) + hc_eps (no Sinkhorn),
 //   h [T, d] = Σ_j π_j·x[t, j].
 //   Launch (pre and head): grid (T), block HC_THREADS = 256 (any multiple of 32 from 32 up works);
-//   static shared < 200 B. The mixing coefficients (σ, softmax, Sinkhorn on n×n: tiny) are computed
-//   by thread 0 in f64, and u / h are accumulated in f64 (as the CPU reference does), then rounded
-//   to f32.
+//   static shared < 200 B. The coefficients (σ, softmax, Sinkhorn on n×n: tiny) are computed in f64
+//   by warp 0 (pre: lane j·4 + k holds C[j][k]; row and column sums gathered by shuffles and added in
+//   index order, each entry divided by (sum + hc_eps): the CPU reference's operations, in its order),
+//   and u / h are accumulated in f64 (as the CPU does), then rounded to f32.
 //
 // hc_post_f32: x [T, n, d] in place, y [T, d], post [T, n], comb [T, n, n]:
 //   x'[k][i] = post_k·y[i] + Σ_j comb[j][k]·x[j][i]   (the sum runs over C's FIRST index), in f64.
@@ -44,43 +46,63 @@
 #define HC_SPLIT 16
 #define HC_PART 32  // floats per (token, split) in part: M ≤ 24 sums + the squared norm
 #define HC_THREADS 256
+#define HC_TT 4     // tokens per block of the partial pass
+#define HC_FULL 0xffffffffu
 
 __device__ __forceinline__ double hc_sigmoid(double v) { return 1.0 / (1.0 + exp(-v)); }
 
-// Split s of token t: the M dot products and the squared norm over float4 run [c0, c1) of x̄.
+// Split s of tokens t0 … t0+HC_TT−1: the M dot products and the squared norm over float4 run [c0, c1)
+// of each token's x̄. The Φ loads are shared by the HC_TT tokens of the tile; each token's sums run in
+// the same order whatever the tile, so the result does not depend on T.
 template <int M>
 __device__ __forceinline__ void hc_partial_impl(const float* __restrict__ x, const float* __restrict__ fn,
-                                                float* __restrict__ part, int N, float (*red)[HC_MAXM + 1]) {
-    const int t = blockIdx.x, s = blockIdx.y;
+                                                float* __restrict__ part, int T, int N,
+                                                float (*red)[HC_TT][HC_MAXM + 1]) {
+    const int t0 = blockIdx.x * HC_TT, s = blockIdx.y;
+    const int tn = min(HC_TT, T - t0);
     const int n4 = N >> 2;
     const int run = (n4 + HC_SPLIT - 1) / HC_SPLIT;
     const int c0 = s * run;
     const int c1 = min(n4, c0 + run);
-    const float4* x4 = reinterpret_cast<const float4*>(x + (size_t)t * N);
-    float acc[M + 1];
+    const float4* x4 = reinterpret_cast<const float4*>(x) + (size_t)t0 * n4;
+    const float4* f4 = reinterpret_cast<const float4*>(fn);
+    float acc[HC_TT][M + 1];
 #pragma unroll
-    for (int i = 0; i <= M; i++) acc[i] = 0.f;
+    for (int q = 0; q < HC_TT; q++)
+#pragma unroll
+        for (int i = 0; i <= M; i++) acc[q][i] = 0.f;
     for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-        const float4 v = x4[c];
-        float4 w[M];
+        float4 v[HC_TT];
 #pragma unroll
-        for (int i = 0; i < M; i++) w[i] = reinterpret_cast<const float4*>(fn + (size_t)i * N)[c];
-        acc[M] += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+        for (int q = 0; q < HC_TT; q++) {
+            v[q] = q < tn ? x4[(size_t)q * n4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+            acc[q][M] += (v[q].x * v[q].x + v[q].y * v[q].y) + (v[q].z * v[q].z + v[q].w * v[q].w);
+        }
 #pragma unroll
-        for (int i = 0; i < M; i++) acc[i] += (v.x * w[i].x + v.y * w[i].y) + (v.z * w[i].z + v.w * w[i].w);
+        for (int i = 0; i < M; i++) {
+            const float4 w = f4[(size_t)i * n4 + c];
+#pragma unroll
+            for (int q = 0; q < HC_TT; q++)
+                acc[q][i] += (v[q].x * w.x + v[q].y * w.y) + (v[q].z * w.z + v[q].w * w.w);
+        }
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int i = 0; i <= M; i++) {
-        const float r = fs_warp_sum(acc[i]);
-        if (lane == 0) red[warp][i] = r;
-    }
+    for (int q = 0; q < HC_TT; q++)
+#pragma unroll
+        for (int i = 0; i <= M; i++) {
+            const float r = fs_warp_sum(acc[q][i]);
+            if (lane == 0) red[warp][q][i] = r;
+        }
     __syncthreads();
-    if (threadIdx.x <= M) {
-        const int nw = blockDim.x >> 5;
-        float r = 0.f;
-        for (int w = 0; w < nw; w++) r += red[w][threadIdx.x];
-        part[((size_t)t * HC_SPLIT + s) * HC_PART + threadIdx.x] = r;
+    const int nw = blockDim.x >> 5;
+    for (int e = threadIdx.x; e < HC_TT * (M + 1); e += blockDim.x) {
+        const int q = e / (M + 1), i = e % (M + 1);
+        if (q < tn) {
+            float r = 0.f;
+            for (int w = 0; w < nw; w++) r += red[w][q][i];
+            part[((size_t)(t0 + q) * HC_SPLIT + s) * HC_PART + i] = r;
+        }
     }
 }
 
@@ -114,29 +136,59 @@ __device__ __forceinline__ void hc_combine_streams(const float* __restrict__ xt,
     }
 }
 
-// Sinkhorn steps on an n×n matrix held in registers: divide each row (column) by (its sum + hc_eps),
-// summing in index order like the CPU reference.
+// Σ over row j (lanes j·4 + k', k' < NN) or column k (lanes j'·4 + k, j' < NN) of the value each
+// lane of warp 0 holds, summed in index order like the CPU reference. Every lane of the warp calls it.
 template <int NN>
-__device__ __forceinline__ void hc_row_norm(double (&c)[NN][NN], double hc_eps) {
+__device__ __forceinline__ double hc_row_sum(double v, int j) {
+    double s = 0.0;
 #pragma unroll
-    for (int j = 0; j < NN; j++) {
-        double s = 0.0;
-#pragma unroll
-        for (int k = 0; k < NN; k++) s += c[j][k];
-#pragma unroll
-        for (int k = 0; k < NN; k++) c[j][k] /= s + hc_eps;
-    }
+    for (int k = 0; k < NN; k++) s += __shfl_sync(HC_FULL, v, j * HC_MAXN + k);
+    return s;
 }
 template <int NN>
-__device__ __forceinline__ void hc_col_norm(double (&c)[NN][NN], double hc_eps) {
+__device__ __forceinline__ double hc_col_sum(double v, int k) {
+    double s = 0.0;
 #pragma unroll
-    for (int k = 0; k < NN; k++) {
-        double s = 0.0;
-#pragma unroll
-        for (int j = 0; j < NN; j++) s += c[j][k];
-#pragma unroll
-        for (int j = 0; j < NN; j++) c[j][k] /= s + hc_eps;
+    for (int j = 0; j < NN; j++) s += __shfl_sync(HC_FULL, v, j * HC_MAXN + k);
+    return s;
+}
+
+// The pre/post/comb coefficients of one token from its totals, computed by the 32 lanes of warp 0
+// (every lane must call it): lanes < n give pre, lanes n … 2n−1 post, and lane j·4 + k holds C[j][k]
+// through the softmax and the Sinkhorn iterations (lanes with j or k ≥ n hold 0 and write nothing).
+template <int NN>
+__device__ __forceinline__ void hc_pre_coeffs(const float* tot, const float* __restrict__ base,
+                                              const float* __restrict__ scale, float* __restrict__ post_t,
+                                              float* __restrict__ comb_t, double* coef, int N, int iters, double eps,
+                                              double hc_eps) {
+    constexpr int M = (2 + NN) * NN;
+    const int lane = threadIdx.x & 31;
+    const int j = lane / HC_MAXN, k = lane % HC_MAXN;
+    const bool valid = j < NN && k < NN;
+    if (lane < NN) {
+        coef[lane] = hc_sigmoid(hc_logit(tot, M, lane, N, eps) * (double)scale[0] + (double)base[lane]) + hc_eps;
+    } else if (lane < 2 * NN) {
+        post_t[lane - NN] = (float)(2.0 * hc_sigmoid(hc_logit(tot, M, lane, N, eps) * (double)scale[1] + (double)base[lane]));
     }
+    const int q = 2 * NN + j * NN + k;
+    const double v = valid ? hc_logit(tot, M, q, N, eps) * (double)scale[2] + (double)base[q] : 0.0;
+    // Row softmax (max-subtracted, as the CPU does), + hc_eps.
+    double mx = __shfl_sync(HC_FULL, v, j * HC_MAXN);
+#pragma unroll
+    for (int kk = 1; kk < NN; kk++) mx = fmax(mx, __shfl_sync(HC_FULL, v, j * HC_MAXN + kk));
+    const double e = valid ? exp(v - mx) : 0.0;
+    const double se = hc_row_sum<NN>(e, j);
+    double c = valid ? e / se + hc_eps : 0.0;
+    // Column normalisation, then (iters − 1) × (rows, then columns), each dividing by (sum + hc_eps).
+    double cs = hc_col_sum<NN>(c, k);
+    c = valid ? c / (cs + hc_eps) : 0.0;
+    for (int it = 1; it < iters; it++) {
+        const double rs = hc_row_sum<NN>(c, j);
+        c = valid ? c / (rs + hc_eps) : 0.0;
+        cs = hc_col_sum<NN>(c, k);
+        c = valid ? c / (cs + hc_eps) : 0.0;
+    }
+    if (valid) comb_t[j * NN + k] = (float)c;
 }
 
 template <int NN>
@@ -148,46 +200,9 @@ __device__ void hc_pre_impl(const float* __restrict__ part, const float* __restr
     const int t = blockIdx.x;
     const int N = NN * d;
     hc_totals(part, M, tot);
-    if (threadIdx.x == 0) {
-        const double a0 = scale[0], a1 = scale[1], a2 = scale[2];
-#pragma unroll
-        for (int j = 0; j < NN; j++) {
-            coef[j] = hc_sigmoid(hc_logit(tot, M, j, N, eps) * a0 + (double)base[j]) + hc_eps;
-            post[(size_t)t * NN + j] =
-                (float)(2.0 * hc_sigmoid(hc_logit(tot, M, NN + j, N, eps) * a1 + (double)base[NN + j]));
-        }
-        double c[NN][NN];
-        // Row softmax of the comb logits (max-subtracted, as the CPU does), + hc_eps.
-#pragma unroll
-        for (int j = 0; j < NN; j++) {
-#pragma unroll
-            for (int k = 0; k < NN; k++) {
-                const int q = 2 * NN + j * NN + k;
-                c[j][k] = hc_logit(tot, M, q, N, eps) * a2 + (double)base[q];
-            }
-            double mx = c[j][0];
-#pragma unroll
-            for (int k = 1; k < NN; k++) mx = fmax(mx, c[j][k]);
-            double s = 0.0;
-#pragma unroll
-            for (int k = 0; k < NN; k++) {
-                c[j][k] = exp(c[j][k] - mx);
-                s += c[j][k];
-            }
-#pragma unroll
-            for (int k = 0; k < NN; k++) c[j][k] = c[j][k] / s + hc_eps;
-        }
-        // Column normalisation, then (iters − 1) × (rows, then columns).
-        hc_col_norm<NN>(c, hc_eps);
-        for (int it = 1; it < iters; it++) {
-            hc_row_norm<NN>(c, hc_eps);
-            hc_col_norm<NN>(c, hc_eps);
-        }
-#pragma unroll
-        for (int j = 0; j < NN; j++)
-#pragma unroll
-            for (int k = 0; k < NN; k++) comb[(size_t)t * NN * NN + j * NN + k] = (float)c[j][k];
-    }
+    if (threadIdx.x < 32)
+        hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
+                          hc_eps);
     __syncthreads();
     hc_combine_streams<NN>(x + (size_t)t * N, coef, u + (size_t)t * d, d);
 }
@@ -233,16 +248,17 @@ __device__ void hc_post_impl(float* __restrict__ x, const float* __restrict__ y,
 
 // M ∈ {1, 2, 3, 4} (head, n = M) or {3, 8, 15, 24} (pre, n = 1..4); N = n·d, N % 4 == 0.
 extern "C" __global__ void __launch_bounds__(HC_THREADS)
-hc_mix_partial_f32(const float* __restrict__ x, const float* __restrict__ fn, float* __restrict__ part, int M, int N) {
-    __shared__ float red[32][HC_MAXM + 1];
+hc_mix_partial_f32(const float* __restrict__ x, const float* __restrict__ fn, float* __restrict__ part, int T, int M,
+                   int N) {
+    __shared__ float red[32][HC_TT][HC_MAXM + 1];
     switch (M) {
-        case 1: hc_partial_impl<1>(x, fn, part, N, red); break;
-        case 2: hc_partial_impl<2>(x, fn, part, N, red); break;
-        case 3: hc_partial_impl<3>(x, fn, part, N, red); break;
-        case 4: hc_partial_impl<4>(x, fn, part, N, red); break;
-        case 8: hc_partial_impl<8>(x, fn, part, N, red); break;
-        case 15: hc_partial_impl<15>(x, fn, part, N, red); break;
-        case 24: hc_partial_impl<24>(x, fn, part, N, red); break;
+        case 1: hc_partial_impl<1>(x, fn, part, T, N, red); break;
+        case 2: hc_partial_impl<2>(x, fn, part, T, N, red); break;
+        case 3: hc_partial_impl<3>(x, fn, part, T, N, red); break;
+        case 4: hc_partial_impl<4>(x, fn, part, T, N, red); break;
+        case 8: hc_partial_impl<8>(x, fn, part, T, N, red); break;
+        case 15: hc_partial_impl<15>(x, fn, part, T, N, red); break;
+        case 24: hc_partial_impl<24>(x, fn, part, T, N, red); break;
         default: break;
     }
 }

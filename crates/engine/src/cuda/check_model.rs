@@ -1,0 +1,114 @@
+//! End-to-end GPU vs CPU parity (issue 5 item 5): on the golden models of
+//! `tests/fixtures/goldens` (weights rebuilt from their formula), compare per-layer streams and
+//! logits of the one-shot forward, chunked prefill + decode, and greedy generation.
+
+use super::check::{errors, record, NMSE_TOL};
+use super::gpu::Gpu;
+use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
+use super::CudaError;
+use crate::forward::{forward, forward_chunk, ForwardOptions, LogitsFor};
+use crate::state::SequenceState;
+use crate::testing::{formula_ids, FormulaSource};
+use crate::weights::ModelWeights;
+use flashseek_model::config::Ds4Config;
+use serde_json::{json, Value};
+use std::path::Path;
+
+fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+fn top1_agreement(a: &[f32], b: &[f32], vocab: usize) -> f64 {
+    let rows = a.len() / vocab;
+    let same = (0..rows).filter(|r| argmax(&a[r * vocab..(r + 1) * vocab]) == argmax(&b[r * vocab..(r + 1) * vocab])).count();
+    same as f64 / rows.max(1) as f64
+}
+
+fn exact_record(out: &mut Vec<Value>, op: &str, detail: Value, ok: bool) -> bool {
+    println!("{op:<28} {detail}  {}", if ok { "ok" } else { "FAIL" });
+    out.push(json!({"op": op, "detail": detail, "pass": ok}));
+    ok
+}
+
+/// Runs the model-level checks on every golden under `goldens` (each `NAME/model/config.json` and
+/// `NAME/meta.json` with its seed). `steps` greedy tokens are compared on models with a vocabulary
+/// below 100k.
+pub fn run(gpu: &Gpu, goldens: &Path, steps: usize, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let mut names: Vec<_> = std::fs::read_dir(goldens)
+        .map_err(|e| CudaError::Unsupported { what: "goldens", detail: format!("{}: {e}", goldens.display()) })?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("meta.json").is_file())
+        .collect();
+    names.sort();
+    for dir in names {
+        let name = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let bad = |e: String| CudaError::Unsupported { what: "goldens", detail: format!("{name}: {e}") };
+        let meta: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).map_err(|e| bad(e.to_string()))?).map_err(|e| bad(e.to_string()))?;
+        let seed = meta["seed"].as_u64().ok_or_else(|| bad("meta.json has no seed".into()))?;
+        let cfg = Ds4Config::from_file(&dir.join("model")).map_err(|e| bad(e.to_string()))?;
+        let w = ModelWeights::load(&cfg, &FormulaSource { seed, n_experts: cfg.n_routed_experts }).map_err(|e| bad(e.to_string()))?;
+        let gm = GpuModel::upload(gpu, &w)?;
+        let vocab = cfg.vocab_size;
+        let len = meta["lengths"].as_array().and_then(|l| l.iter().filter_map(|v| v.as_u64()).max()).unwrap_or(16) as usize;
+        let ids = formula_ids(seed, len, vocab);
+        // One-shot: per-layer streams and logits.
+        let cpu = forward(&w, &ids, &ForwardOptions { record_streams: true, ..Default::default() }).map_err(|e| bad(e.to_string()))?;
+        let mut seq = GpuSequence::new(gpu, &gm, len + steps + 1)?;
+        let g = forward_chunk_gpu(gpu, &gm, &mut seq, &ids, LogitsFor::All, true)?;
+        for (l, (a, b)) in g.layer_streams.iter().zip(&cpu.layer_streams).enumerate() {
+            all &= record(out, &format!("model {name} layer {l} streams"), json!([len]), a, b);
+        }
+        all &= record(out, &format!("model {name} logits"), json!([len, vocab]), &g.logits, &cpu.logits);
+        let agree = top1_agreement(&g.logits, &cpu.logits, vocab);
+        all &= exact_record(out, &format!("model {name} top-1"), json!({"agreement": agree, "positions": len}), agree >= 0.99);
+        // Chunked prefill (chunk 7) then decode, against the CPU one-shot logits.
+        let prefill = (len * 2 / 3).max(1);
+        let mut seq = GpuSequence::new(gpu, &gm, len + 1)?;
+        let mut got = Vec::new();
+        for chunk in ids[..prefill].chunks(7) {
+            got.extend(forward_chunk_gpu(gpu, &gm, &mut seq, chunk, LogitsFor::All, false)?.logits);
+        }
+        for id in &ids[prefill..] {
+            got.extend(forward_chunk_gpu(gpu, &gm, &mut seq, &[*id], LogitsFor::All, false)?.logits);
+        }
+        all &= record(out, &format!("model {name} chunked+decode"), json!({"len": len, "chunk": 7, "prefill": prefill}), &got, &cpu.logits);
+        // Truncate and continue equals a fresh prefix.
+        let cut = prefill / 2;
+        seq.truncate(&gm, cut)?;
+        let tail = formula_ids(seed + 7, 9, vocab);
+        let gt = forward_chunk_gpu(gpu, &gm, &mut seq, &tail, LogitsFor::All, false)?.logits;
+        let mut fresh = ids[..cut].to_vec();
+        fresh.extend(&tail);
+        let ct = forward(&w, &fresh, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
+        all &= record(out, &format!("model {name} truncate"), json!({"cut": cut, "tail": 9}), &gt, &ct[cut * vocab..]);
+        // Greedy generation: same tokens as the CPU.
+        if vocab < 100_000 && steps > 0 {
+            let prompt = formula_ids(seed + 3, 12, vocab);
+            let mut cst = SequenceState::new(&cfg, None);
+            let mut cl = forward_chunk(&w, &mut cst, &prompt, LogitsFor::Last, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
+            let mut gseq = GpuSequence::new(gpu, &gm, prompt.len() + steps + 1)?;
+            let mut gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &prompt, LogitsFor::Last, false)?.logits;
+            let (mut ct_, mut gt_) = (Vec::new(), Vec::new());
+            let mut worst = 0f64;
+            for _ in 0..steps {
+                let (a, b) = (argmax(&cl) as u32, argmax(&gl) as u32);
+                ct_.push(a);
+                gt_.push(b);
+                worst = worst.max(errors(&gl, &cl).0);
+                cl = forward_chunk(&w, &mut cst, &[a], LogitsFor::Last, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
+                gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &[a], LogitsFor::Last, false)?.logits;
+            }
+            let same = ct_ == gt_;
+            all &= exact_record(out, &format!("model {name} greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst, "tolerance_nmse": NMSE_TOL}), same && worst <= NMSE_TOL);
+        }
+    }
+    Ok(all)
+}

@@ -1,0 +1,424 @@
+//! The whole DeepSeek-V4 forward on the GPU (spec §4), assembled from the op launchers, with the
+//! per-sequence state on the device (spec §5) in the same layout as the CPU state: raw K=V rows,
+//! each compressor's per-token projections and its emitted entries, addressed by absolute position.
+//! Chunked prefill, decode and truncation work as on the CPU (`forward::forward_chunk`).
+//!
+//! This first version favours clarity: activations are f32, weights are uploaded from the CPU
+//! model's dequantized f32 matrices (`GpuModel::upload`), and there are host round trips where a
+//! step needs host-side lists (indexer offsets, expert grouping). Stored-format uploads (FP8/FP4),
+//! CUDA graphs and fused prefill kernels come next (issues 5 and 6).
+
+use super::gpu::{Gpu, GpuMatrix, GpuWeight};
+use super::ops_attention::{hca_offsets, topk_offsets, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
+use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter};
+use super::CudaError;
+use crate::cpu::rope::Rope;
+use crate::forward::LogitsFor;
+use crate::weights::{CompressorWeights, Matrix, ModelWeights, RouterWeights};
+use cudarc::driver::CudaSlice;
+use flashseek_model::config::{Ds4Config, LayerKind};
+
+fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
+}
+
+fn mat(gpu: &Gpu, m: &Matrix) -> Result<GpuWeight, CudaError> {
+    Ok(GpuWeight { rows: m.rows, cols: m.cols, data: GpuMatrix::F32(gpu.upload(&m.data)?) })
+}
+
+/// A compressor's weights on the device.
+struct GpuCompressor {
+    wkv: GpuWeight,
+    wgate: GpuWeight,
+    ape: CudaSlice<f32>,
+    norm: CudaSlice<f32>,
+    ratio: usize,
+    width: usize,
+    overlap: bool,
+}
+
+impl GpuCompressor {
+    fn upload(gpu: &Gpu, c: &CompressorWeights, overlap: bool) -> Result<Self, CudaError> {
+        Ok(GpuCompressor {
+            wkv: mat(gpu, &c.wkv)?,
+            wgate: mat(gpu, &c.wgate)?,
+            ape: gpu.upload(&c.ape.data)?,
+            norm: gpu.upload(&c.norm)?,
+            ratio: c.ape.rows,
+            width: c.norm.len(),
+            overlap,
+        })
+    }
+}
+
+struct GpuIndexer {
+    wq_b: GpuWeight,
+    /// `weights_proj` pre-multiplied by `heads^-1/2` (the CPU scales the product instead; the two
+    /// differ by f32 rounding only).
+    weights_proj: GpuWeight,
+    compressor: GpuCompressor,
+    heads: usize,
+    head_dim: usize,
+}
+
+struct GpuLayer {
+    kind: LayerKind,
+    attn_norm: CudaSlice<f32>,
+    wq_a: GpuWeight,
+    q_norm: CudaSlice<f32>,
+    wq_b: GpuWeight,
+    wkv: GpuWeight,
+    kv_norm: CudaSlice<f32>,
+    /// `wo_a` split per output group: `[o_lora_rank, H·c/g]` each.
+    wo_a: Vec<GpuWeight>,
+    wo_b: GpuWeight,
+    sinks: CudaSlice<f32>,
+    compressor: Option<GpuCompressor>,
+    indexer: Option<GpuIndexer>,
+    hc_attn: GpuHcWeights,
+    hc_ffn: GpuHcWeights,
+    ffn_norm: CudaSlice<f32>,
+    moe: GpuMoeLayer,
+}
+
+/// The model's weights on one GPU.
+pub struct GpuModel {
+    /// Config.
+    pub config: Ds4Config,
+    embed: Vec<f32>,
+    layers: Vec<GpuLayer>,
+    hc_head: GpuHcWeights,
+    norm: CudaSlice<f32>,
+    head: GpuWeight,
+    rope_main: Rope,
+    rope_compress: Rope,
+    inv_main: CudaSlice<f32>,
+    inv_compress: CudaSlice<f32>,
+}
+
+impl GpuModel {
+    /// Uploads a CPU model (f32 weights). The embedding stays on the host (rows are gathered per chunk).
+    pub fn upload(gpu: &Gpu, w: &ModelWeights) -> Result<Self, CudaError> {
+        let c = &w.config;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for lw in &w.layers {
+            let gin = lw.wo_a.cols;
+            let r = c.o_lora_rank;
+            let wo_a = (0..c.o_groups)
+                .map(|g| mat(gpu, &Matrix { rows: r, cols: gin, data: lw.wo_a.data[g * r * gin..(g + 1) * r * gin].to_vec() }))
+                .collect::<Result<_, _>>()?;
+            let indexer = match &lw.indexer {
+                Some(iw) => {
+                    let heads = iw.weights_proj.rows;
+                    let s = (heads as f64).powf(-0.5);
+                    let scaled = Matrix { rows: heads, cols: iw.weights_proj.cols, data: iw.weights_proj.data.iter().map(|v| (*v as f64 * s) as f32).collect() };
+                    Some(GpuIndexer {
+                        wq_b: mat(gpu, &iw.wq_b)?,
+                        weights_proj: mat(gpu, &scaled)?,
+                        compressor: GpuCompressor::upload(gpu, &iw.compressor, true)?,
+                        heads,
+                        head_dim: iw.wq_b.rows / heads,
+                    })
+                }
+                None => None,
+            };
+            let router = match &lw.router {
+                RouterWeights::Hash { tid2eid } => GpuRouter::Hash {
+                    tid2eid: gpu.upload(&tid2eid.iter().map(|v| *v as i32).collect::<Vec<_>>())?,
+                    vocab: c.vocab_size,
+                },
+                RouterWeights::Score { bias } => GpuRouter::Score { bias: gpu.upload(bias)? },
+            };
+            let expert = |e: &crate::weights::ExpertWeights| -> Result<GpuExpert, CudaError> {
+                Ok(GpuExpert { w1: mat(gpu, &e.w1)?, w2: mat(gpu, &e.w2)?, w3: mat(gpu, &e.w3)? })
+            };
+            layers.push(GpuLayer {
+                kind: lw.kind,
+                attn_norm: gpu.upload(&lw.attn_norm)?,
+                wq_a: mat(gpu, &lw.wq_a)?,
+                q_norm: gpu.upload(&lw.q_norm)?,
+                wq_b: mat(gpu, &lw.wq_b)?,
+                wkv: mat(gpu, &lw.wkv)?,
+                kv_norm: gpu.upload(&lw.kv_norm)?,
+                wo_a,
+                wo_b: mat(gpu, &lw.wo_b)?,
+                sinks: gpu.upload(&lw.attn_sink)?,
+                compressor: match &lw.compressor {
+                    Some(cw) => Some(GpuCompressor::upload(gpu, cw, matches!(lw.kind, LayerKind::Csa { .. }))?),
+                    None => None,
+                },
+                indexer,
+                hc_attn: GpuHcWeights::upload(gpu, &lw.hc_attn)?,
+                hc_ffn: GpuHcWeights::upload(gpu, &lw.hc_ffn)?,
+                ffn_norm: gpu.upload(&lw.ffn_norm)?,
+                moe: GpuMoeLayer {
+                    gate: mat(gpu, &lw.gate)?,
+                    router,
+                    shared: expert(&lw.shared)?,
+                    experts: lw.experts.iter().map(expert).collect::<Result<_, _>>()?,
+                },
+            });
+        }
+        let rope_main = Rope::new(&c.rope_main, c.qk_rope_head_dim);
+        let rope_compress = Rope::new(&c.rope_compress, c.qk_rope_head_dim);
+        Ok(GpuModel {
+            config: c.clone(),
+            embed: w.embed.data.clone(),
+            layers,
+            hc_head: GpuHcWeights { fn_: gpu.upload(&w.hc_head_fn.data)?, base: gpu.upload(&w.hc_head_base)?, scale: gpu.upload(&w.hc_head_scale)? },
+            norm: gpu.upload(&w.norm)?,
+            head: mat(gpu, &w.head)?,
+            inv_main: gpu.upload(rope_main.inv_freq())?,
+            inv_compress: gpu.upload(rope_compress.inv_freq())?,
+            rope_main,
+            rope_compress,
+        })
+    }
+}
+
+/// A compressor's per-sequence state on the device (capacity fixed at creation).
+struct GpuCompState {
+    kv: CudaSlice<f32>,
+    logit: CudaSlice<f32>,
+    entries: CudaSlice<f32>,
+    n_entries: usize,
+}
+
+struct GpuLayerState {
+    kv: CudaSlice<f32>,
+    comp: Option<GpuCompState>,
+    idx: Option<GpuCompState>,
+}
+
+/// One sequence's state on the device, for up to `capacity` tokens.
+pub struct GpuSequence {
+    /// Tokens processed.
+    pub pos: usize,
+    /// Maximum tokens.
+    pub capacity: usize,
+    layers: Vec<GpuLayerState>,
+}
+
+impl GpuSequence {
+    /// Allocates the state of a sequence of up to `capacity` tokens.
+    pub fn new(gpu: &Gpu, m: &GpuModel, capacity: usize) -> Result<Self, CudaError> {
+        let c = &m.config;
+        let comp = |cw: &GpuCompressor| -> Result<GpuCompState, CudaError> {
+            let out = if cw.overlap { 2 * cw.width } else { cw.width };
+            Ok(GpuCompState {
+                kv: gpu.zeros(capacity * out)?,
+                logit: gpu.zeros(capacity * out)?,
+                entries: gpu.zeros((capacity / cw.ratio).max(1) * cw.width)?,
+                n_entries: 0,
+            })
+        };
+        let layers = m
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(GpuLayerState {
+                    kv: gpu.zeros(capacity * c.head_dim)?,
+                    comp: l.compressor.as_ref().map(comp).transpose()?,
+                    idx: l.indexer.as_ref().map(|i| comp(&i.compressor)).transpose()?,
+                })
+            })
+            .collect::<Result<_, CudaError>>()?;
+        Ok(GpuSequence { pos: 0, capacity, layers })
+    }
+
+    /// Rewinds to `len` tokens (rows past it are ignored and overwritten later; entries that depend
+    /// on dropped tokens are dropped).
+    pub fn truncate(&mut self, m: &GpuModel, len: usize) -> Result<(), CudaError> {
+        if len > self.pos {
+            return Err(CudaError::Unsupported { what: "truncate", detail: format!("to {len} but the sequence has {} tokens", self.pos) });
+        }
+        for (l, s) in m.layers.iter().zip(self.layers.iter_mut()) {
+            if let (Some(cw), Some(cs)) = (&l.compressor, &mut s.comp) {
+                cs.n_entries = cs.n_entries.min(len / cw.ratio);
+            }
+            if let (Some(iw), Some(is)) = (&l.indexer, &mut s.idx) {
+                is.n_entries = is.n_entries.min(len / iw.compressor.ratio);
+            }
+        }
+        self.pos = len;
+        Ok(())
+    }
+}
+
+/// Copies `src` (`len` values) into `dst` starting at element `at`.
+fn copy_into(gpu: &Gpu, src: &CudaSlice<f32>, len: usize, dst: &mut CudaSlice<f32>, at: usize) -> Result<(), CudaError> {
+    if len == 0 {
+        return Ok(());
+    }
+    let mut view = dst.slice_mut(at..at + len);
+    drv("copy", gpu.stream.memcpy_dtod(&src.slice(0..len), &mut view))
+}
+
+/// Projects a chunk through a compressor into the state's rows and emits the completed entries.
+fn compress_chunk(gpu: &Gpu, m: &GpuModel, cw: &GpuCompressor, cs: &mut GpuCompState, a: &CudaSlice<f32>, t: usize, pos0: usize) -> Result<(), CudaError> {
+    let c = &m.config;
+    let out = cw.wkv.rows;
+    let mut kv = gpu.zeros::<f32>(t * out)?;
+    let mut lg = gpu.zeros::<f32>(t * out)?;
+    gpu.linear(a, &cw.wkv, &mut kv, t)?;
+    gpu.linear(a, &cw.wgate, &mut lg, t)?;
+    gpu.add_position_bias(&mut lg, &cw.ape, t, cw.ratio, pos0)?;
+    copy_into(gpu, &kv, t * out, &mut cs.kv, pos0 * out)?;
+    copy_into(gpu, &lg, t * out, &mut cs.logit, pos0 * out)?;
+    let complete = (pos0 + t) / cw.ratio;
+    if complete > cs.n_entries {
+        let n = complete - cs.n_entries;
+        let mut tmp = gpu.zeros::<f32>(n * cw.width)?;
+        let shape = PoolShape { ratio: cw.ratio, width: cw.width, overlap: cw.overlap, row_base: 0, e0: cs.n_entries, n_entries: n };
+        gpu.compress_entries(&cs.kv, &cs.logit, &cw.norm, c.rms_norm_eps as f32, &m.inv_compress, &m.rope_compress, &shape, &mut tmp)?;
+        copy_into(gpu, &tmp, n * cw.width, &mut cs.entries, cs.n_entries * cw.width)?;
+        cs.n_entries = complete;
+    }
+    Ok(())
+}
+
+/// Output of [`forward_chunk_gpu`].
+pub struct GpuForwardOutput {
+    /// Logits `[T', vocab]` for the selected positions (host copy).
+    pub logits: Vec<f32>,
+    /// With `record_streams`: per layer, the output streams `[T, n, d]` (host copies).
+    pub layer_streams: Vec<Vec<f32>>,
+}
+
+/// Processes `ids` as the next tokens of `seq` on the GPU (spec §4), layer-major over the chunk, as
+/// `forward::forward_chunk` does on the CPU (exact numerics: no official simulations).
+///
+/// Errors: a token id outside the vocabulary, a chunk past the sequence's capacity, or any op error.
+pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[u32], logits_for: LogitsFor, record_streams: bool) -> Result<GpuForwardOutput, CudaError> {
+    let c = &m.config;
+    crate::forward::check_ids(ids, c.vocab_size).map_err(|e| CudaError::Unsupported { what: "forward", detail: e.to_string() })?;
+    let (d, n, t, hd, h) = (c.hidden_size, c.hc_mult, ids.len(), c.head_dim, c.num_attention_heads);
+    let pos0 = seq.pos;
+    if pos0 + t > seq.capacity {
+        return Err(CudaError::Unsupported { what: "forward", detail: format!("{} tokens exceed the sequence capacity {}", pos0 + t, seq.capacity) });
+    }
+    let eps = c.rms_norm_eps as f32;
+    // §4.1: embedding rows into every stream (gathered on the host).
+    let mut host_x = vec![0f32; t * n * d];
+    for (ti, id) in ids.iter().enumerate() {
+        let row = &m.embed[*id as usize * d..(*id as usize + 1) * d];
+        for j in 0..n {
+            host_x[(ti * n + j) * d..(ti * n + j + 1) * d].copy_from_slice(row);
+        }
+    }
+    let mut x = gpu.upload(&host_x)?;
+    let ids_dev = gpu.upload(&ids.iter().map(|v| *v as i32).collect::<Vec<_>>())?;
+    let mut layer_streams = Vec::new();
+    let mut u = gpu.zeros::<f32>(t * d)?;
+    let mut post = gpu.zeros::<f32>(t * n)?;
+    let mut comb = gpu.zeros::<f32>(t * n * n)?;
+    for (l, s) in m.layers.iter().zip(seq.layers.iter_mut()) {
+        let (rope, inv) = if l.kind.uses_compress_rope() { (&m.rope_compress, &m.inv_compress) } else { (&m.rope_main, &m.inv_main) };
+        // Attention sub-block (§4.2, §4.5–§4.7).
+        gpu.hc_pre(&l.hc_attn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
+        let mut a = gpu.zeros::<f32>(t * d)?;
+        gpu.rms_norm(&u, Some(&l.attn_norm), &mut a, t, d, eps)?;
+        let mut qr0 = gpu.zeros::<f32>(t * c.q_lora_rank)?;
+        gpu.linear(&a, &l.wq_a, &mut qr0, t)?;
+        let mut qr = gpu.zeros::<f32>(t * c.q_lora_rank)?;
+        gpu.rms_norm(&qr0, Some(&l.q_norm), &mut qr, t, c.q_lora_rank, eps)?;
+        let mut q0 = gpu.zeros::<f32>(t * h * hd)?;
+        gpu.linear(&qr, &l.wq_b, &mut q0, t)?;
+        let mut q = gpu.zeros::<f32>(t * h * hd)?;
+        gpu.rms_norm(&q0, None, &mut q, t * h, hd, eps)?;
+        gpu.rope(&mut q, inv, rope, t, h, hd, pos0, false)?;
+        let mut kv0 = gpu.zeros::<f32>(t * hd)?;
+        gpu.linear(&a, &l.wkv, &mut kv0, t)?;
+        let mut kv = gpu.zeros::<f32>(t * hd)?;
+        gpu.rms_norm(&kv0, Some(&l.kv_norm), &mut kv, t, hd, eps)?;
+        gpu.rope(&mut kv, inv, rope, t, 1, hd, pos0, false)?;
+        copy_into(gpu, &kv, t * hd, &mut s.kv, pos0 * hd)?;
+        if let (Some(cw), Some(cs)) = (&l.compressor, &mut s.comp) {
+            compress_chunk(gpu, m, cw, cs, &a, t, pos0)?;
+        }
+        let mut o = gpu.zeros::<f32>(t * h * hd)?;
+        let shape = AttentionShape { tokens: t, heads: h, head_dim: hd, pos0, window: c.sliding_window, kv_base: 0 };
+        match (l.kind, &l.compressor, &s.comp) {
+            (LayerKind::Sliding, _, _) => gpu.sparse_attention(&q, &s.kv, None, &l.sinks, inv, rope, &mut o, &shape)?,
+            (LayerKind::Hca { ratio }, Some(_), Some(cs)) => {
+                let offsets = gpu.upload(&hca_offsets(pos0, t, ratio, cs.n_entries)?)?;
+                let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: None };
+                gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
+            }
+            (LayerKind::Csa { ratio }, Some(_), Some(cs)) => {
+                let (iw, is) = match (&l.indexer, &mut s.idx) {
+                    (Some(iw), Some(is)) => (iw, is),
+                    _ => return Err(CudaError::Unsupported { what: "forward", detail: "CSA layer without an indexer".into() }),
+                };
+                compress_chunk(gpu, m, &iw.compressor, is, &a, t, pos0)?;
+                let mut iq = gpu.zeros::<f32>(t * iw.heads * iw.head_dim)?;
+                gpu.linear(&qr, &iw.wq_b, &mut iq, t)?;
+                gpu.rope(&mut iq, &m.inv_compress, &m.rope_compress, t, iw.heads, iw.head_dim, pos0, false)?;
+                let mut wts = gpu.zeros::<f32>(t * iw.heads)?;
+                gpu.linear(&a, &iw.weights_proj, &mut wts, t)?;
+                let ishape = IndexerShape { tokens: t, heads: iw.heads, head_dim: iw.head_dim, n_entries: is.n_entries, ratio, pos0 };
+                let offs = topk_offsets(pos0, t, ratio, is.n_entries, c.index_topk)?;
+                let total = *offs.last().unwrap_or(&0) as usize;
+                let offsets = gpu.upload(&offs)?;
+                let mut idx = gpu.zeros::<i32>(total.max(1))?;
+                if is.n_entries > 0 {
+                    let mut scores = gpu.zeros::<f32>(t * is.n_entries)?;
+                    gpu.indexer_scores(&iq, &is.entries, &wts, &mut scores, &ishape)?;
+                    gpu.indexer_topk(&scores, &offsets, &mut idx, &ishape, c.index_topk)?;
+                }
+                let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: Some(&idx) };
+                gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
+            }
+            _ => return Err(CudaError::Unsupported { what: "forward", detail: "compressed layer without a compressor".into() }),
+        }
+        // §4.7 grouped output projection: group g takes heads g·H/G.. of every token.
+        let (groups, r) = (c.o_groups, c.o_lora_rank);
+        let gin = h * hd / groups;
+        let mut z = gpu.zeros::<f32>(t * groups * r)?;
+        for (g, wg) in l.wo_a.iter().enumerate() {
+            let rows: Vec<i32> = (0..t).map(|ti| (ti * groups + g) as i32).collect();
+            let rows = gpu.upload(&rows)?;
+            let mut xg = gpu.zeros::<f32>(t * gin)?;
+            gpu.gather_rows(&o, t * groups, &rows.slice(0..t), &mut xg, gin)?;
+            let mut zg = gpu.zeros::<f32>(t * r)?;
+            gpu.linear(&xg, wg, &mut zg, t)?;
+            gpu.scatter_rows(&zg, &rows.slice(0..t), &mut z, t * groups, r)?;
+        }
+        let mut y = gpu.zeros::<f32>(t * d)?;
+        gpu.linear(&z, &l.wo_b, &mut y, t)?;
+        gpu.hc_post(&mut x, &y, &post, &comb, t, n, d)?;
+        // MoE sub-block (§4.11).
+        gpu.hc_pre(&l.hc_ffn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
+        let mut f = gpu.zeros::<f32>(t * d)?;
+        gpu.rms_norm(&u, Some(&l.ffn_norm), &mut f, t, d, eps)?;
+        let moe = gpu.moe_forward(c, &l.moe, &f, &ids_dev, t)?;
+        gpu.hc_post(&mut x, &moe.out, &post, &comb, t, n, d)?;
+        if record_streams {
+            layer_streams.push(gpu.download(&x)?);
+        }
+    }
+    seq.pos += t;
+    // §4.12 head for the selected positions.
+    let (first, rows) = match logits_for {
+        LogitsFor::All => (0, t),
+        LogitsFor::Last => (t - 1, 1),
+        LogitsFor::None => (0, 0),
+    };
+    let logits = if rows == 0 {
+        Vec::new()
+    } else {
+        let mut xs = gpu.zeros::<f32>(rows * n * d)?;
+        {
+            let mut view = xs.slice_mut(0..rows * n * d);
+            drv("copy", gpu.stream.memcpy_dtod(&x.slice(first * n * d..(first + rows) * n * d), &mut view))?;
+        }
+        let mut hh = gpu.zeros::<f32>(rows * d)?;
+        gpu.hc_head(&m.hc_head, &xs, &mut hh, rows, n, d, c.rms_norm_eps, c.hc_eps)?;
+        let mut hn = gpu.zeros::<f32>(rows * d)?;
+        gpu.rms_norm(&hh, Some(&m.norm), &mut hn, rows, d, eps)?;
+        let mut lg = gpu.zeros::<f32>(rows * c.vocab_size)?;
+        gpu.linear(&hn, &m.head, &mut lg, rows)?;
+        gpu.download(&lg)?
+    };
+    Ok(GpuForwardOutput { logits, layer_streams })
+}
