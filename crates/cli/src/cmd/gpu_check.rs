@@ -46,10 +46,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         std::fs::write(out, b"{}").map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
     }
     let cache = flashseek_engine::default_model::cache_root().join("kernels");
+    // The embedded default model (official layout: FP8/FP4/BF16) for the stored-format check.
+    let stored_model = if args.skip_models {
+        None
+    } else {
+        Some(flashseek_engine::default_model::ensure_default_model(&flashseek_engine::default_model::cache_root())?.0)
+    };
     let t = std::time::Instant::now();
     let gpu = Gpu::open(args.device, &cache)?;
     eprintln!("opened {} ({}) and loaded kernels in {:.2} s", gpu.ctx.name().unwrap_or_default(), gpu.arch, t.elapsed().as_secs_f64());
-    let (mut report, ok) = check::run(&gpu, seed, &check::CheckOptions { repeats: args.repeats, skip_checks: args.skip_checks, only: args.only.clone(), goldens: (!args.skip_models && args.goldens.is_dir()).then(|| args.goldens.clone()), greedy_steps: args.greedy_steps })?;
+    let (mut report, ok) = check::run(&gpu, seed, &check::CheckOptions { repeats: args.repeats, skip_checks: args.skip_checks, only: args.only.clone(), goldens: (!args.skip_models && args.goldens.is_dir()).then(|| args.goldens.clone()), greedy_steps: args.greedy_steps, stored_model })?;
     report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;

@@ -85,6 +85,8 @@ pub struct CheckOptions {
     pub goldens: Option<std::path::PathBuf>,
     /// Greedy steps compared per golden model.
     pub greedy_steps: usize,
+    /// A checkpoint in stored formats (e.g. the embedded default model) to check end to end.
+    pub stored_model: Option<std::path::PathBuf>,
 }
 
 /// Runs every check and timing; returns the JSON report and whether all checks passed.
@@ -154,6 +156,9 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     all &= super::check_mhc::run(gpu, seed, &mut out)?;
     if let Some(g) = &opts.goldens {
         all &= super::check_model::run(gpu, g, opts.greedy_steps, &mut out)?;
+    }
+    if let Some(dir) = &opts.stored_model {
+        all &= super::check_model::run_stored(gpu, dir, opts.greedy_steps.min(32), &mut out)?;
     }
     }
 

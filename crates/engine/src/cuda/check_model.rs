@@ -55,7 +55,8 @@ pub fn run(gpu: &Gpu, goldens: &Path, steps: usize, out: &mut Vec<Value>) -> Res
         let seed = meta["seed"].as_u64().ok_or_else(|| bad("meta.json has no seed".into()))?;
         let cfg = Ds4Config::from_file(&dir.join("model")).map_err(|e| bad(e.to_string()))?;
         let w = ModelWeights::load(&cfg, &FormulaSource { seed, n_experts: cfg.n_routed_experts }).map_err(|e| bad(e.to_string()))?;
-        let gm = GpuModel::upload(gpu, &w)?;
+        let fsrc = FormulaSource { seed, n_experts: cfg.n_routed_experts };
+        let gm = GpuModel::upload_with(gpu, &cfg, &super::upload::F32Source(&fsrc))?;
         let vocab = cfg.vocab_size;
         let len = meta["lengths"].as_array().and_then(|l| l.iter().filter_map(|v| v.as_u64()).max()).unwrap_or(16) as usize;
         let ids = formula_ids(seed, len, vocab);
@@ -110,5 +111,48 @@ pub fn run(gpu: &Gpu, goldens: &Path, steps: usize, out: &mut Vec<Value>) -> Res
             all &= exact_record(out, &format!("model {name} greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst, "tolerance_nmse": NMSE_TOL}), same && worst <= NMSE_TOL);
         }
     }
+    Ok(all)
+}
+
+/// GPU with the checkpoint's stored formats (FP8/FP4/BF16 dequantized in the kernels) against the
+/// CPU reference on the same checkpoint (dequantized on load): per-layer streams, logits, and
+/// `steps` greedy tokens. Used on the embedded default model, which is written in DeepSeek's
+/// official layout and precision.
+pub fn run_stored(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let bad = |e: String| CudaError::Unsupported { what: "stored-format model", detail: format!("{}: {e}", dir.display()) };
+    let cfg = Ds4Config::from_file(dir).map_err(|e| bad(e.to_string()))?;
+    let ck = flashseek_model::checkpoint::Checkpoint::open(dir).map_err(|e| bad(e.to_string()))?;
+    let w = ModelWeights::load(&cfg, &ck).map_err(|e| bad(e.to_string()))?;
+    let gm = GpuModel::upload_with(gpu, &cfg, &super::upload::StoredSource(&ck))?;
+    let vocab = cfg.vocab_size;
+    let len = 200;
+    let ids = formula_ids(99, len, vocab);
+    let cpu = forward(&w, &ids, &ForwardOptions { record_streams: true, ..Default::default() }).map_err(|e| bad(e.to_string()))?;
+    let mut seq = GpuSequence::new(gpu, &gm, len + steps + 16)?;
+    let g = forward_chunk_gpu(gpu, &gm, &mut seq, &ids, LogitsFor::All, true)?;
+    let mut all = true;
+    for (l, (a, b)) in g.layer_streams.iter().zip(&cpu.layer_streams).enumerate() {
+        all &= record(out, &format!("stored-format layer {l} streams"), json!([len]), a, b);
+    }
+    all &= record(out, "stored-format logits", json!([len, vocab]), &g.logits, &cpu.logits);
+    let agree = top1_agreement(&g.logits, &cpu.logits, vocab);
+    all &= exact_record(out, "stored-format top-1", json!({"agreement": agree, "positions": len}), agree >= 0.99);
+    let prompt = formula_ids(5, 12, vocab);
+    let mut cst = SequenceState::new(&cfg, None);
+    let mut cl = forward_chunk(&w, &mut cst, &prompt, LogitsFor::Last, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
+    let mut gseq = GpuSequence::new(gpu, &gm, prompt.len() + steps + 1)?;
+    let mut gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &prompt, LogitsFor::Last, false)?.logits;
+    let (mut ct, mut gt) = (Vec::new(), Vec::new());
+    let mut worst = 0f64;
+    for _ in 0..steps {
+        let (a, b) = (argmax(&cl) as u32, argmax(&gl) as u32);
+        ct.push(a);
+        gt.push(b);
+        worst = worst.max(errors(&gl, &cl).0);
+        cl = forward_chunk(&w, &mut cst, &[a], LogitsFor::Last, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
+        gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &[a], LogitsFor::Last, false)?.logits;
+    }
+    let same = ct == gt;
+    all &= exact_record(out, &format!("stored-format greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst}), same && worst <= NMSE_TOL);
     Ok(all)
 }

@@ -17,6 +17,7 @@ pub mod model;
 pub mod nvrtc;
 pub mod ops_attention;
 pub mod ops_mhc;
+pub mod upload;
 
 /// Every kernel source file: (file name, source). CI compiles each of these for `sm_90a`.
 pub const KERNEL_SOURCES: &[(&str, &str)] = &[

@@ -3,27 +3,24 @@
 //! each compressor's per-token projections and its emitted entries, addressed by absolute position.
 //! Chunked prefill, decode and truncation work as on the CPU (`forward::forward_chunk`).
 //!
-//! This first version favours clarity: activations are f32, weights are uploaded from the CPU
-//! model's dequantized f32 matrices (`GpuModel::upload`), and there are host round trips where a
+//! This first version favours clarity: activations are f32, weights come from a
+//! [`GpuSource`](super::upload::GpuSource) (f32, or the checkpoint's stored FP8/FP4/BF16 formats
+//! dequantized in the kernels), and there are host round trips where a
 //! step needs host-side lists (indexer offsets, expert grouping). Stored-format uploads (FP8/FP4),
 //! CUDA graphs and fused prefill kernels come next (issues 5 and 6).
 
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::ops_attention::{hca_offsets, topk_offsets, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter};
+use super::upload::GpuSource;
 use super::CudaError;
 use crate::cpu::rope::Rope;
 use crate::forward::LogitsFor;
-use crate::weights::{CompressorWeights, Matrix, ModelWeights, RouterWeights};
 use cudarc::driver::CudaSlice;
 use flashseek_model::config::{Ds4Config, LayerKind};
 
 fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
     r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
-}
-
-fn mat(gpu: &Gpu, m: &Matrix) -> Result<GpuWeight, CudaError> {
-    Ok(GpuWeight { rows: m.rows, cols: m.cols, data: GpuMatrix::F32(gpu.upload(&m.data)?) })
 }
 
 /// A compressor's weights on the device.
@@ -38,14 +35,16 @@ struct GpuCompressor {
 }
 
 impl GpuCompressor {
-    fn upload(gpu: &Gpu, c: &CompressorWeights, overlap: bool) -> Result<Self, CudaError> {
+    /// Compressor `prefix` (`…attn.compressor` or `…attn.indexer.compressor`) of entry width `width`.
+    fn upload(gpu: &Gpu, src: &dyn GpuSource, prefix: &str, width: usize, ratio: usize, overlap: bool, d: usize) -> Result<Self, CudaError> {
+        let out = if overlap { 2 * width } else { width };
         Ok(GpuCompressor {
-            wkv: mat(gpu, &c.wkv)?,
-            wgate: mat(gpu, &c.wgate)?,
-            ape: gpu.upload(&c.ape.data)?,
-            norm: gpu.upload(&c.norm)?,
-            ratio: c.ape.rows,
-            width: c.norm.len(),
+            wkv: src.matrix(gpu, &format!("{prefix}.wkv.weight"), out, d)?,
+            wgate: src.matrix(gpu, &format!("{prefix}.wgate.weight"), out, d)?,
+            ape: gpu.upload(&src.host(&format!("{prefix}.ape"), &[ratio, out])?)?,
+            norm: gpu.upload(&src.host(&format!("{prefix}.norm.weight"), &[width])?)?,
+            ratio,
+            width,
             overlap,
         })
     }
@@ -69,7 +68,7 @@ struct GpuLayer {
     wq_b: GpuWeight,
     wkv: GpuWeight,
     kv_norm: CudaSlice<f32>,
-    /// `wo_a` split per output group: `[o_lora_rank, H·c/g]` each.
+    /// `wo_a` per output group: `[o_lora_rank, H·c/g]` each (rows g·r.. of the stored matrix).
     wo_a: Vec<GpuWeight>,
     wo_b: GpuWeight,
     sinks: CudaSlice<f32>,
@@ -96,66 +95,123 @@ pub struct GpuModel {
     inv_compress: CudaSlice<f32>,
 }
 
-impl GpuModel {
-    /// Uploads a CPU model (f32 weights). The embedding stays on the host (rows are gathered per chunk).
-    pub fn upload(gpu: &Gpu, w: &ModelWeights) -> Result<Self, CudaError> {
-        let c = &w.config;
-        let mut layers = Vec::with_capacity(w.layers.len());
-        for lw in &w.layers {
-            let gin = lw.wo_a.cols;
-            let r = c.o_lora_rank;
-            let wo_a = (0..c.o_groups)
-                .map(|g| mat(gpu, &Matrix { rows: r, cols: gin, data: lw.wo_a.data[g * r * gin..(g + 1) * r * gin].to_vec() }))
-                .collect::<Result<_, _>>()?;
-            let indexer = match &lw.indexer {
-                Some(iw) => {
-                    let heads = iw.weights_proj.rows;
-                    let s = (heads as f64).powf(-0.5);
-                    let scaled = Matrix { rows: heads, cols: iw.weights_proj.cols, data: iw.weights_proj.data.iter().map(|v| (*v as f64 * s) as f32).collect() };
-                    Some(GpuIndexer {
-                        wq_b: mat(gpu, &iw.wq_b)?,
-                        weights_proj: mat(gpu, &scaled)?,
-                        compressor: GpuCompressor::upload(gpu, &iw.compressor, true)?,
-                        heads,
-                        head_dim: iw.wq_b.rows / heads,
-                    })
+/// Splits a `[g·r, cols]` weight into `g` row blocks (any stored format; FP8 blocks are split on
+/// 128-row boundaries, so `r` must be a multiple of 128 for FP8).
+fn split_rows(gpu: &Gpu, w: GpuWeight, groups: usize) -> Result<Vec<GpuWeight>, CudaError> {
+    let r = w.rows / groups;
+    let cols = w.cols;
+    let part = |data: GpuMatrix| GpuWeight { rows: r, cols, data };
+    let sub = |src: &CudaSlice<u8>, a: usize, b: usize| -> Result<CudaSlice<u8>, CudaError> {
+        let mut dst = gpu.zeros::<u8>(b - a)?;
+        drv("split", gpu.stream.memcpy_dtod(&src.slice(a..b), &mut dst))?;
+        Ok(dst)
+    };
+    let mut out = Vec::with_capacity(groups);
+    for g in 0..groups {
+        let data = match &w.data {
+            GpuMatrix::F32(m) => {
+                let mut dst = gpu.zeros::<f32>(r * cols)?;
+                drv("split", gpu.stream.memcpy_dtod(&m.slice(g * r * cols..(g + 1) * r * cols), &mut dst))?;
+                GpuMatrix::F32(dst)
+            }
+            GpuMatrix::Bf16(m) => {
+                let mut dst = gpu.zeros::<u16>(r * cols)?;
+                drv("split", gpu.stream.memcpy_dtod(&m.slice(g * r * cols..(g + 1) * r * cols), &mut dst))?;
+                GpuMatrix::Bf16(dst)
+            }
+            GpuMatrix::Fp8 { w: m, scales } => {
+                if r % 128 != 0 {
+                    return Err(CudaError::Unsupported { what: "wo_a split", detail: format!("FP8 group rows {r} not a multiple of 128") });
                 }
-                None => None,
+                let sk = cols.div_ceil(128);
+                GpuMatrix::Fp8 { w: sub(m, g * r * cols, (g + 1) * r * cols)?, scales: sub(scales, g * (r / 128) * sk, (g + 1) * (r / 128) * sk)? }
+            }
+            GpuMatrix::Fp4 { w: m, scales } => {
+                let sk = cols / 32;
+                GpuMatrix::Fp4 { w: sub(m, g * r * cols / 2, (g + 1) * r * cols / 2)?, scales: sub(scales, g * r * sk, (g + 1) * r * sk)? }
+            }
+        };
+        out.push(part(data));
+    }
+    Ok(out)
+}
+
+impl GpuModel {
+    /// Uploads a model whose tensors come from `src` (canonical names, spec §2). The embedding
+    /// stays on the host (rows are gathered per chunk).
+    pub fn upload_with(gpu: &Gpu, cfg: &Ds4Config, src: &dyn GpuSource) -> Result<Self, CudaError> {
+        let c = cfg;
+        let d = c.hidden_size;
+        let n = c.hc_mult;
+        let hcd = c.num_attention_heads * c.head_dim;
+        let hc = |p: &str| -> Result<GpuHcWeights, CudaError> {
+            let mix = (2 + n) * n;
+            Ok(GpuHcWeights {
+                fn_: gpu.upload(&src.host(&format!("{p}_fn"), &[mix, n * d])?)?,
+                base: gpu.upload(&src.host(&format!("{p}_base"), &[mix])?)?,
+                scale: gpu.upload(&src.host(&format!("{p}_scale"), &[3])?)?,
+            })
+        };
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for (l, kind) in c.layer_kinds.iter().enumerate() {
+            let p = format!("layers.{l}");
+            let (compressor, indexer) = match *kind {
+                LayerKind::Sliding => (None, None),
+                LayerKind::Hca { ratio } => (Some(GpuCompressor::upload(gpu, src, &format!("{p}.attn.compressor"), c.head_dim, ratio, false, d)?), None),
+                LayerKind::Csa { ratio } => {
+                    let heads = c.index_n_heads;
+                    let s = (heads as f64).powf(-0.5);
+                    let wp: Vec<f32> = src.host(&format!("{p}.attn.indexer.weights_proj.weight"), &[heads, d])?.iter().map(|v| (*v as f64 * s) as f32).collect();
+                    (
+                        Some(GpuCompressor::upload(gpu, src, &format!("{p}.attn.compressor"), c.head_dim, ratio, true, d)?),
+                        Some(GpuIndexer {
+                            wq_b: src.matrix(gpu, &format!("{p}.attn.indexer.wq_b.weight"), heads * c.index_head_dim, c.q_lora_rank)?,
+                            weights_proj: GpuWeight { rows: heads, cols: d, data: GpuMatrix::F32(gpu.upload(&wp)?) },
+                            compressor: GpuCompressor::upload(gpu, src, &format!("{p}.attn.indexer.compressor"), c.index_head_dim, ratio, true, d)?,
+                            heads,
+                            head_dim: c.index_head_dim,
+                        }),
+                    )
+                }
             };
-            let router = match &lw.router {
-                RouterWeights::Hash { tid2eid } => GpuRouter::Hash {
-                    tid2eid: gpu.upload(&tid2eid.iter().map(|v| *v as i32).collect::<Vec<_>>())?,
+            let e = c.n_routed_experts;
+            let router = match c.router_kinds[l] {
+                flashseek_model::config::RouterKind::Hash => GpuRouter::Hash {
+                    tid2eid: gpu.upload(&src.table(&format!("{p}.ffn.gate.tid2eid"), c.vocab_size, c.num_experts_per_tok)?.iter().map(|v| *v as i32).collect::<Vec<_>>())?,
                     vocab: c.vocab_size,
                 },
-                RouterWeights::Score { bias } => GpuRouter::Score { bias: gpu.upload(bias)? },
+                flashseek_model::config::RouterKind::Score => GpuRouter::Score { bias: gpu.upload(&src.host(&format!("{p}.ffn.gate.bias"), &[e])?)? },
             };
-            let expert = |e: &crate::weights::ExpertWeights| -> Result<GpuExpert, CudaError> {
-                Ok(GpuExpert { w1: mat(gpu, &e.w1)?, w2: mat(gpu, &e.w2)?, w3: mat(gpu, &e.w3)? })
+            let inter = c.moe_intermediate_size;
+            let expert = |q: &str| -> Result<GpuExpert, CudaError> {
+                Ok(GpuExpert {
+                    w1: src.matrix(gpu, &format!("{q}.w1.weight"), inter, d)?,
+                    w2: src.matrix(gpu, &format!("{q}.w2.weight"), d, inter)?,
+                    w3: src.matrix(gpu, &format!("{q}.w3.weight"), inter, d)?,
+                })
             };
+            let wo_a = src.matrix(gpu, &format!("{p}.attn.wo_a.weight"), c.o_groups * c.o_lora_rank, hcd / c.o_groups)?;
             layers.push(GpuLayer {
-                kind: lw.kind,
-                attn_norm: gpu.upload(&lw.attn_norm)?,
-                wq_a: mat(gpu, &lw.wq_a)?,
-                q_norm: gpu.upload(&lw.q_norm)?,
-                wq_b: mat(gpu, &lw.wq_b)?,
-                wkv: mat(gpu, &lw.wkv)?,
-                kv_norm: gpu.upload(&lw.kv_norm)?,
-                wo_a,
-                wo_b: mat(gpu, &lw.wo_b)?,
-                sinks: gpu.upload(&lw.attn_sink)?,
-                compressor: match &lw.compressor {
-                    Some(cw) => Some(GpuCompressor::upload(gpu, cw, matches!(lw.kind, LayerKind::Csa { .. }))?),
-                    None => None,
-                },
+                kind: *kind,
+                attn_norm: gpu.upload(&src.host(&format!("{p}.attn_norm.weight"), &[d])?)?,
+                wq_a: src.matrix(gpu, &format!("{p}.attn.wq_a.weight"), c.q_lora_rank, d)?,
+                q_norm: gpu.upload(&src.host(&format!("{p}.attn.q_norm.weight"), &[c.q_lora_rank])?)?,
+                wq_b: src.matrix(gpu, &format!("{p}.attn.wq_b.weight"), hcd, c.q_lora_rank)?,
+                wkv: src.matrix(gpu, &format!("{p}.attn.wkv.weight"), c.head_dim, d)?,
+                kv_norm: gpu.upload(&src.host(&format!("{p}.attn.kv_norm.weight"), &[c.head_dim])?)?,
+                wo_a: split_rows(gpu, wo_a, c.o_groups)?,
+                wo_b: src.matrix(gpu, &format!("{p}.attn.wo_b.weight"), d, c.o_groups * c.o_lora_rank)?,
+                sinks: gpu.upload(&src.host(&format!("{p}.attn.attn_sink"), &[c.num_attention_heads])?)?,
+                compressor,
                 indexer,
-                hc_attn: GpuHcWeights::upload(gpu, &lw.hc_attn)?,
-                hc_ffn: GpuHcWeights::upload(gpu, &lw.hc_ffn)?,
-                ffn_norm: gpu.upload(&lw.ffn_norm)?,
+                hc_attn: hc(&format!("{p}.hc_attn"))?,
+                hc_ffn: hc(&format!("{p}.hc_ffn"))?,
+                ffn_norm: gpu.upload(&src.host(&format!("{p}.ffn_norm.weight"), &[d])?)?,
                 moe: GpuMoeLayer {
-                    gate: mat(gpu, &lw.gate)?,
+                    gate: src.matrix(gpu, &format!("{p}.ffn.gate.weight"), e, d)?,
                     router,
-                    shared: expert(&lw.shared)?,
-                    experts: lw.experts.iter().map(expert).collect::<Result<_, _>>()?,
+                    shared: expert(&format!("{p}.ffn.shared_experts"))?,
+                    experts: (0..e).map(|x| expert(&format!("{p}.ffn.experts.{x}"))).collect::<Result<_, _>>()?,
                 },
             });
         }
@@ -163,11 +219,15 @@ impl GpuModel {
         let rope_compress = Rope::new(&c.rope_compress, c.qk_rope_head_dim);
         Ok(GpuModel {
             config: c.clone(),
-            embed: w.embed.data.clone(),
+            embed: src.host("embed.weight", &[c.vocab_size, d])?,
             layers,
-            hc_head: GpuHcWeights { fn_: gpu.upload(&w.hc_head_fn.data)?, base: gpu.upload(&w.hc_head_base)?, scale: gpu.upload(&w.hc_head_scale)? },
-            norm: gpu.upload(&w.norm)?,
-            head: mat(gpu, &w.head)?,
+            hc_head: GpuHcWeights {
+                fn_: gpu.upload(&src.host("hc_head_fn", &[n, n * d])?)?,
+                base: gpu.upload(&src.host("hc_head_base", &[n])?)?,
+                scale: gpu.upload(&src.host("hc_head_scale", &[1])?)?,
+            },
+            norm: gpu.upload(&src.host("norm.weight", &[d])?)?,
+            head: src.matrix(gpu, "head.weight", c.vocab_size, d)?,
             inv_main: gpu.upload(rope_main.inv_freq())?,
             inv_compress: gpu.upload(rope_compress.inv_freq())?,
             rope_main,

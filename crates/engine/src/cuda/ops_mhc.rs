@@ -168,6 +168,8 @@ impl Gpu {
     /// (`[(2+n)·n, n·d]`), b, α (`[3]`), writes the sub-block input `u` (`[t, d]`), `post` (`[t, n]`) and
     /// the Sinkhorn-normalised `comb` (`[t, n, n]`, `C[j][k]` at `j·n + k`; `iters` iterations).
     /// `eps` is `rms_norm_eps` (the RMS factor of the flattened streams), `hc_eps` the mHC eps.
+    /// Two launches: hc_mix_partial_f32 (split-K mix dot products), then hc_pre_f32 (coefficients,
+    /// Sinkhorn, `u`). Deterministic and batch invariant (a token's result does not depend on `t`).
     ///
     /// Errors: `n` outside 1..=4, `d` not a multiple of 4, or a buffer of the wrong size.
     #[allow(clippy::too_many_arguments)]
