@@ -120,7 +120,7 @@ fn split_rows(gpu: &Gpu, w: GpuWeight, groups: usize) -> Result<Vec<GpuWeight>, 
                 GpuMatrix::Bf16(dst)
             }
             GpuMatrix::Fp8 { w: m, scales } => {
-                if r % 128 != 0 {
+                if !r.is_multiple_of(128) {
                     return Err(CudaError::Unsupported { what: "wo_a split", detail: format!("FP8 group rows {r} not a multiple of 128") });
                 }
                 let sk = cols.div_ceil(128);

@@ -61,11 +61,11 @@ impl GpuSource for StoredSource<'_> {
                 w: gpu.upload(ck.raw_bytes(name).map_err(|e| bad(name, e))?)?,
                 scales: gpu.upload(ck.raw_bytes(&format!("{base}.scale")).map_err(|e| bad(name, e))?)?,
             },
-            (StoredDtype::I8 | StoredDtype::U8, Some(StoredDtype::F8E8M0)) if info.shape == [rows, cols / 2] && cols % 32 == 0 => GpuMatrix::Fp4 {
+            (StoredDtype::I8 | StoredDtype::U8, Some(StoredDtype::F8E8M0)) if info.shape == [rows, cols / 2] && cols.is_multiple_of(32) => GpuMatrix::Fp4 {
                 w: gpu.upload(ck.raw_bytes(name).map_err(|e| bad(name, e))?)?,
                 scales: gpu.upload(ck.raw_bytes(&format!("{base}.scale")).map_err(|e| bad(name, e))?)?,
             },
-            (StoredDtype::BF16, None) if info.shape == [rows, cols] && cols % 8 == 0 => {
+            (StoredDtype::BF16, None) if info.shape == [rows, cols] && cols.is_multiple_of(8) => {
                 GpuMatrix::Bf16(gpu.upload(&u16s(ck.raw_bytes(name).map_err(|e| bad(name, e))?))?)
             }
             _ => GpuMatrix::F32(gpu.upload(&ck.load_f32(name, &[rows, cols]).map_err(|e| bad(name, e))?)?),
