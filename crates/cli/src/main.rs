@@ -19,6 +19,8 @@ enum Command {
     Chat(cmd::chat::Args),
     /// Continue a raw-text prompt.
     Generate(cmd::generate::Args),
+    /// Time prefill and decode of the GPU forward on DeepSeek-V4-Flash shapes (random weights, needs a GPU).
+    GpuBench(cmd::gpu_bench::Args),
     /// Check every CUDA op against the CPU reference and time decode-shaped layers (needs a GPU).
     GpuCheck(cmd::gpu_check::Args),
     /// Print a checkpoint's config summary, layer schedule, weight formats and parameter counts.
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Chat(a) => cmd::chat::run(a),
         Command::Generate(a) => cmd::generate::run(a),
+        Command::GpuBench(a) => cmd::gpu_bench::run(a),
         Command::GpuCheck(a) => cmd::gpu_check::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Logits(a) => cmd::logits::run(a),

@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod common;
 pub mod generate;
+pub mod gpu_bench;
 pub mod gpu_check;
 pub mod inspect;
 pub mod logits;

@@ -8,6 +8,7 @@
 //! C++ prefixed with `kernels/common.cuh`, and are compiled for the device's architecture (`sm_90a`
 //! on Hopper) and cached on disk keyed by source, options and NVRTC version.
 
+pub mod bench;
 pub mod check;
 pub mod check_attention;
 pub mod check_mhc;

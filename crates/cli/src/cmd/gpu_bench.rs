@@ -1,0 +1,52 @@
+//! `flashseek gpu-bench`: prefill and decode of the current GPU forward on DeepSeek-V4-Flash shapes
+//! (random weights in official precision), on as many Flash layers as requested.
+
+use flashseek_engine::cuda::{bench, gpu::Gpu};
+use std::path::PathBuf;
+
+/// Arguments of `gpu-bench`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Flash layers to instantiate (the first N of the 43-layer schedule).
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// Prompt lengths, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+    pub contexts: Vec<usize>,
+    /// Tokens per prefill chunk.
+    #[arg(long, default_value_t = 2048)]
+    pub chunk: usize,
+    /// Decode steps timed per context.
+    #[arg(long, default_value_t = 16)]
+    pub decode_steps: usize,
+    /// Stop before larger contexts once a prefill takes longer than this (seconds).
+    #[arg(long, default_value_t = 120.0)]
+    pub max_prefill_secs: f64,
+    /// Where to write the JSON report.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs `gpu-bench`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(out) = &args.out {
+        std::fs::write(out, b"{}").map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
+    }
+    let gpu = Gpu::open(args.device, &flashseek_engine::default_model::cache_root().join("kernels"))?;
+    let opts = bench::BenchOptions {
+        layers: args.layers,
+        contexts: args.contexts.clone(),
+        chunk: args.chunk,
+        decode_steps: args.decode_steps,
+        max_prefill_secs: args.max_prefill_secs,
+    };
+    let mut report = bench::run(&gpu, &opts)?;
+    report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
+    if let Some(out) = &args.out {
+        std::fs::write(out, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
+    }
+    Ok(())
+}
