@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-VENV=target/venv-test
+TARGET="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$TARGET"
+VENV="$TARGET/venv-test"
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
@@ -13,14 +15,14 @@ if ! "$VENV/bin/python" -c "import openai, anthropic, pytest" 2>/dev/null; then
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40" "anthropic>=0.40" "pytest>=7"
 fi
 
-BIN=target/release/flashseek
+BIN="$TARGET/release/flashseek"
 if [ ! -x "$BIN" ]; then
     cargo build --release -p flashseek
 fi
 
 PORT=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-export FLASHSEEK_CACHE="${FLASHSEEK_CACHE:-$PWD/target/test-cache}"
-LOG=target/python-serve.log
+export FLASHSEEK_CACHE="${FLASHSEEK_CACHE:-$TARGET/test-cache}"
+LOG="$TARGET/python-serve.log"
 "$BIN" serve --host 127.0.0.1 --port "$PORT" --api-key test-key --max-running 8 --max-queue 64 >"$LOG" 2>&1 &
 SERVER=$!
 cleanup() {
