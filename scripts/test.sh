@@ -20,6 +20,6 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace
 
 # The server's load-test figures (written by crates/server/tests/load.rs).
-cat target/tmp/load_test.txt 2>/dev/null || true
+cat "${CARGO_TARGET_DIR:-target}/tmp/load_test.txt" 2>/dev/null || true
 # Client tests with the official openai and anthropic Python packages against a live `flashseek serve`.
 bash tests/python/run.sh

@@ -650,6 +650,35 @@ impl Ds4Config {
     }
 }
 
+/// DeepSeek-V4-Flash's official `config.json` (legacy/official schema; values from spec §1.1, layer
+/// schedule `[0, 0] + [4, 128] × 20 + [4, 0]` from §1.2, the last entry belonging to the MTP block).
+pub fn flash_official_json() -> Value {
+    let mut ratios = vec![0u64, 0];
+    for _ in 0..20 {
+        ratios.extend([4, 128]);
+    }
+    ratios.extend([4, 0]);
+    let text = r#"{
+        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+        "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43,
+        "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
+        "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128,
+        "num_hash_layers": 3, "rope_theta": 10000, "compress_rope_theta": 160000,
+        "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1},
+        "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
+        "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 1, "moe_intermediate_size": 2048,
+        "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5, "norm_topk_prob": true, "swiglu_limit": 10.0,
+        "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-6,
+        "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576, "bos_token_id": 0, "eos_token_id": 1,
+        "tie_word_embeddings": false, "topk_method": "noaux_tc",
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+        "expert_dtype": "fp4"
+    }"#;
+    let mut v: Value = serde_json::from_str(text).expect("static JSON");
+    v["compress_ratios"] = Value::from(ratios);
+    v
+}
+
 /// Parses the main and compress rope sets from either schema.
 fn parse_rope(o: &Obj<'_>, rope_theta: f64, compress_rope_theta: f64) -> Result<(RopeParams, RopeParams)> {
     let obj = o.0;

@@ -577,22 +577,7 @@ mod tests {
     /// Full Flash (spec §1.1 / §1.2) counted from the canonical tensor list agrees with spec §11.1.
     #[test]
     fn flash_parameter_budget_matches_spec() {
-        let mut ratios = vec![0, 0];
-        for _ in 0..20 {
-            ratios.extend([4, 128]);
-        }
-        ratios.extend([4, 0]);
-        let cfg = Ds4Config::from_json(&serde_json::json!({
-            "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43,
-            "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
-            "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128,
-            "compress_ratios": ratios, "num_hash_layers": 3, "rope_theta": 10000, "compress_rope_theta": 160000,
-            "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1},
-            "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
-            "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 1, "moe_intermediate_size": 2048,
-            "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-6,
-            "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576, "bos_token_id": 0, "eos_token_id": 1
-        }))
+        let cfg = Ds4Config::from_json(&flashseek_model::config::flash_official_json())
         .unwrap();
         let tensors = canonical_tensors(&cfg);
         let c = count_params(cfg.num_experts_per_tok, tensors.iter().map(|t| (t.name.as_str(), t.shape.as_slice())));

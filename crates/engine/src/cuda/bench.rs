@@ -16,24 +16,13 @@ use std::time::Instant;
 
 /// The Flash config (spec §1.1, §1.2) cut to its first `layers` layers.
 pub fn flash_config(layers: usize) -> Ds4Config {
-    let mut ratios = vec![0, 0];
-    for _ in 0..20 {
-        ratios.extend([4, 128]);
+    let mut v = flashseek_model::config::flash_official_json();
+    let layers = layers.clamp(1, 43);
+    v["num_hidden_layers"] = layers.into();
+    v["num_nextn_predict_layers"] = 0.into();
+    if let Some(r) = v["compress_ratios"].as_array_mut() {
+        r.truncate(layers);
     }
-    ratios.push(4);
-    ratios.truncate(layers.clamp(1, 43));
-    let v = json!({
-        "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": ratios.len(),
-        "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
-        "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128,
-        "compress_ratios": ratios, "num_hash_layers": 3, "rope_theta": 10000, "compress_rope_theta": 160000,
-        "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1},
-        "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
-        "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 1, "moe_intermediate_size": 2048,
-        "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5, "swiglu_limit": 10.0,
-        "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 1048576, "bos_token_id": 0, "eos_token_id": 1
-    });
     Ds4Config::from_json(&v).expect("the Flash config is valid")
 }
 
