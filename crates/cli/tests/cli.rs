@@ -64,6 +64,16 @@ fn bad_flags_are_clear_errors() {
     let o = run(cache.path(), &["generate", "--prompt", "x", "--temperature", "-1"]);
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("temperature"), "{}", text(&o.stderr));
+    let o = run(cache.path(), &["generate", "--prompt", "x", "--device", "tpu"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("--device tpu"), "{}", text(&o.stderr));
+    // Without a GPU (CI), the CUDA backend fails with a clear error, not a panic.
+    let o = run(cache.path(), &["generate", "--prompt", "x", "--device", "cuda", "--max-tokens", "2"]);
+    if !o.status.success() {
+        assert_eq!(o.status.code(), Some(1));
+        let err = text(&o.stderr);
+        assert!(err.contains("CUDA") && !err.contains("panicked") && err.len() < 2000, "{err}");
+    }
     let o = run(cache.path(), &["chat", "-m", "x", "--model", "/definitely/not/here"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stderr).contains("/definitely/not/here"), "{}", text(&o.stderr));

@@ -2,7 +2,7 @@
 //! → sample → decode, until a stop token, the token budget, or the caller says stop.
 
 use crate::sampler::{Sampled, Sampler, SamplerError};
-use crate::session::{Session, SessionError};
+use crate::session::{Sequence, SessionError};
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -76,7 +76,7 @@ impl GenerateStats {
 ///
 /// Errors: prompt or state errors from the session; sampler errors (e.g. NaN logits).
 pub fn generate(
-    session: &mut Session<'_>,
+    session: &mut dyn Sequence,
     prompt: &[u32],
     sampler: &mut Sampler,
     max_tokens: usize,
@@ -103,7 +103,7 @@ pub fn generate(
         if generated == max_tokens {
             break;
         }
-        if session.tokens().len() + 1 > session.max_len {
+        if session.tokens().len() + 1 > session.max_len() {
             finish = FinishReason::ContextFull;
             break;
         }

@@ -22,6 +22,37 @@ pub enum SessionError {
         /// Limit.
         limit: usize,
     },
+    /// A device backend failed (CUDA driver, kernel or shape error).
+    #[error("device backend: {0}")]
+    Backend(String),
+}
+
+/// One sequence on some backend: what the generation loop needs.
+pub trait Sequence {
+    /// Tokens held.
+    fn tokens(&self) -> &[u32];
+    /// Maximum length.
+    fn max_len(&self) -> usize;
+    /// Makes the sequence equal `ids` reusing the longest common prefix; returns the last logits
+    /// and the number of reused tokens.
+    fn set_prompt(&mut self, ids: &[u32]) -> Result<(Vec<f32>, usize), SessionError>;
+    /// Appends one token; returns its logits.
+    fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError>;
+}
+
+impl Sequence for Session<'_> {
+    fn tokens(&self) -> &[u32] {
+        Session::tokens(self)
+    }
+    fn max_len(&self) -> usize {
+        self.max_len
+    }
+    fn set_prompt(&mut self, ids: &[u32]) -> Result<(Vec<f32>, usize), SessionError> {
+        Session::set_prompt(self, ids)
+    }
+    fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
+        Session::decode(self, id)
+    }
 }
 
 /// A sequence: the tokens it holds and their state.

@@ -5,7 +5,6 @@
 use super::common::{load, stats_line, ModelArgs, SamplingArgs};
 use flashseek_engine::generate::generate;
 use flashseek_engine::sampler::{Sampler, StopMatcher};
-use flashseek_engine::session::Session;
 use flashseek_model::chat::{encode_messages, EncodeOptions, ReasoningEffort, StreamEvent, StreamParser, ThinkingMode};
 use flashseek_model::tokenizer::StreamDecoder;
 use serde_json::json;
@@ -45,8 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some("max") => Some(ReasoningEffort::Max),
         _ => None,
     };
-    let mut session = Session::new(&m.weights, m.forward, None);
-    session.prefill_chunk = args.model.prefill_chunk;
+    let mut session = m.sequence()?;
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
         messages.push(json!({"role": "system", "content": s}));
@@ -136,7 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         };
         let mut failure = None;
-        let stats = generate(&mut session, &ids, &mut sampler, args.sampling.max_tokens, |s| {
+        let stats = generate(session.as_mut(), &ids, &mut sampler, args.sampling.max_tokens, |s| {
             let piece = match dec.push(s.token) {
                 Ok(p) => p,
                 Err(e) => {

@@ -6,6 +6,11 @@ use flashseek_engine::default_model::{cache_root, ensure_default_model};
 use flashseek_engine::forward::{ForwardOptions, Numerics};
 use flashseek_engine::generate::GenerateStats;
 use flashseek_engine::sampler::SamplingParams;
+use flashseek_engine::cuda::gpu::Gpu;
+use flashseek_engine::cuda::model::GpuModel;
+use flashseek_engine::cuda::session::GpuSession;
+use flashseek_engine::cuda::upload::StoredSource;
+use flashseek_engine::session::{Sequence, Session};
 use flashseek_engine::weights::{ModelWeights, TensorSource, WeightsError};
 use flashseek_model::checkpoint::Checkpoint;
 use flashseek_model::config::Ds4Config;
@@ -28,6 +33,36 @@ pub struct ModelArgs {
     /// Tokens per prefill chunk.
     #[arg(long, default_value_t = 512)]
     pub prefill_chunk: usize,
+    /// Backend: `cpu` (the exact reference) or `cuda` / `cuda:N` (GPU N; weights uploaded in their
+    /// stored formats, exact f32 activations). `serve` runs on the CPU for now.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Tokens of device state to allocate per sequence on a GPU (its context limit there).
+    #[arg(long, default_value_t = 8192)]
+    pub gpu_context: usize,
+}
+
+/// A parsed `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU reference.
+    Cpu,
+    /// CUDA device N.
+    Cuda(usize),
+}
+
+impl ModelArgs {
+    /// Parses `--device`.
+    pub fn device(&self) -> anyhow::Result<Device> {
+        match self.device.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Device::Cuda(n)),
+                _ => anyhow::bail!("--device {d}: expected cpu, cuda or cuda:N"),
+            },
+        }
+    }
 }
 
 /// Sampling flags (see `flashseek_engine::sampler::SamplingParams`).
@@ -88,8 +123,14 @@ impl SamplingArgs {
 
 /// A loaded model and its tokenizer.
 pub struct Loaded {
-    /// Dequantized weights.
-    pub weights: ModelWeights,
+    /// Dequantized weights (CPU backend).
+    pub weights: Option<ModelWeights>,
+    /// The GPU and the model on it (CUDA backend).
+    pub gpu: Option<(Gpu, GpuModel)>,
+    /// Maximum tokens per GPU sequence.
+    pub gpu_context: usize,
+    /// Tokens per prefill chunk.
+    pub prefill_chunk: usize,
     /// Tokenizer (the checkpoint's `tokenizer.json` if it has one, else the embedded V4 tokenizer).
     pub tokenizer: Ds4Tokenizer,
     /// Forward options from the flags.
@@ -163,14 +204,32 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     };
     let cfg = Ds4Config::from_file(&dir).with_context(|| format!("model {}", dir.display()))?;
     let ckpt = Checkpoint::open(&dir)?;
+    let device = args.device()?;
     let bar = ProgressBar::with_draw_target(Some(ckpt.total_bytes()), ProgressDrawTarget::hidden());
     bar.set_style(
         ProgressStyle::with_template("loading {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {elapsed}")
             .expect("static template"),
     );
-    let src = Progress { inner: &ckpt, bar, start: Instant::now(), shown: Cell::new(false) };
-    let weights = ModelWeights::load(&cfg, &src)?;
-    src.bar.finish_and_clear();
+    let (weights, gpu) = match device {
+        Device::Cpu => {
+            let src = Progress { inner: &ckpt, bar, start: Instant::now(), shown: Cell::new(false) };
+            let weights = ModelWeights::load(&cfg, &src)?;
+            src.bar.finish_and_clear();
+            (Some(weights), None)
+        }
+        Device::Cuda(n) => {
+            let t = Instant::now();
+            let gpu = Gpu::open(n, &cache_root().join("kernels"))?;
+            let model = GpuModel::upload_with(&gpu, &cfg, &StoredSource(&ckpt))?;
+            eprintln!(
+                "flashseek: loaded the model on {} ({}) in {:.1} s",
+                gpu.ctx.name().unwrap_or_default(),
+                gpu.arch,
+                t.elapsed().as_secs_f64()
+            );
+            (None, Some((gpu, model)))
+        }
+    };
     let tok_file = dir.join("tokenizer.json");
     let tokenizer = if tok_file.is_file() { Ds4Tokenizer::from_file(&tok_file)? } else { Ds4Tokenizer::embedded()? };
     if tokenizer.vocab_size() > cfg.vocab_size {
@@ -182,7 +241,37 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
         );
     }
     let numerics = if args.official_numerics { Numerics::official() } else { Numerics::default() };
-    Ok(Loaded { weights, tokenizer, forward: ForwardOptions { numerics, record_streams: false } })
+    if gpu.is_some() && args.official_numerics {
+        anyhow::bail!("--official-numerics runs on the CPU backend only (use --device cpu)");
+    }
+    Ok(Loaded {
+        weights,
+        gpu,
+        gpu_context: args.gpu_context,
+        prefill_chunk: args.prefill_chunk,
+        tokenizer,
+        forward: ForwardOptions { numerics, record_streams: false },
+    })
+}
+
+impl Loaded {
+    /// A new empty sequence on the loaded backend.
+    pub fn sequence(&self) -> anyhow::Result<Box<dyn Sequence + '_>> {
+        if let Some(w) = &self.weights {
+            let mut s = Session::new(w, self.forward, None);
+            s.prefill_chunk = self.prefill_chunk;
+            return Ok(Box::new(s));
+        }
+        let (gpu, model) = self.gpu.as_ref().ok_or_else(|| anyhow::anyhow!("no backend loaded"))?;
+        let mut s = GpuSession::new(gpu, model, self.gpu_context)?;
+        s.prefill_chunk = self.prefill_chunk;
+        Ok(Box::new(s))
+    }
+
+    /// The CPU weights, for commands that only run on the CPU backend.
+    pub fn cpu_weights(self) -> anyhow::Result<ModelWeights> {
+        self.weights.ok_or_else(|| anyhow::anyhow!("this command runs on the CPU backend only (use --device cpu)"))
+    }
 }
 
 /// The closing statistics line.

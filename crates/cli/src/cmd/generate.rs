@@ -3,7 +3,6 @@
 use super::common::{load, stats_line, ModelArgs, SamplingArgs};
 use flashseek_engine::generate::generate;
 use flashseek_engine::sampler::{Sampler, StopMatcher};
-use flashseek_engine::session::Session;
 use flashseek_model::tokenizer::StreamDecoder;
 use std::io::Write;
 use std::ops::ControlFlow;
@@ -31,13 +30,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let params = args.sampling.params(m.tokenizer.eos_id())?;
     let mut stops = StopMatcher::new(&params.stop_strings);
     let mut sampler = Sampler::new(params, &ids)?;
-    let mut session = Session::new(&m.weights, m.forward, None);
-    session.prefill_chunk = args.model.prefill_chunk;
+    let mut session = m.sequence()?;
     let mut dec = StreamDecoder::new(&m.tokenizer, true);
     let mut out = std::io::stdout().lock();
     let _ = write!(out, "{}", args.prompt);
     let mut io_err = None;
-    let stats = generate(&mut session, &ids, &mut sampler, args.sampling.max_tokens, |s| {
+    let stats = generate(session.as_mut(), &ids, &mut sampler, args.sampling.max_tokens, |s| {
         let piece = match dec.push(s.token) {
             Ok(p) => p,
             Err(e) => {

@@ -75,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             forward: m.forward,
         },
     };
-    flashseek_server::serve_blocking(cfg, Arc::new(m.weights), Arc::new(m.tokenizer))?;
+    let tokenizer = m.tokenizer.clone();
+    flashseek_server::serve_blocking(cfg, Arc::new(m.cpu_weights()?), Arc::new(tokenizer))?;
     Ok(())
 }

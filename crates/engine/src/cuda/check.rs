@@ -1,9 +1,10 @@
 //! `flashseek gpu-check`: every CUDA op against the CPU reference on fresh random inputs
 //! (NMSE and max-abs error, tolerance NMSE ≤ 1e-4 per op as issue 5 states), plus CUDA-event
 //! timings (median of repeats after warm-up) of decode-shaped linear layers on DeepSeek-V4-Flash
-//! shapes, as achieved GB/s.
+//! shapes, as achieved GB/s, and of the prefill-shaped tensor-core linear (gemm.cu) as TFLOP/s next
+//! to the f32 GEMV kernel. `--only tc` runs only the tensor-core checks and timings.
 
-use super::gpu::{Gpu, GpuMatrix, GpuWeight};
+use super::gpu::{GemmTile, Gpu, GpuMatrix, GpuWeight};
 use super::CudaError;
 use crate::cpu::ops;
 use crate::cpu::rope::Rope;
@@ -15,6 +16,9 @@ use serde_json::{json, Value};
 
 /// Per-op tolerance on NMSE.
 pub const NMSE_TOL: f64 = 1e-4;
+
+/// NMSE bound for the tensor-core linear with split activations (`Gpu::linear_tc(.., split)`).
+pub const SPLIT_NMSE_TOL: f64 = 1e-8;
 
 /// Deterministic uniform values in [−scale, scale) for input `key` under `seed`.
 pub fn random(seed: u64, key: &str, n: usize, scale: f64) -> Vec<f32> {
@@ -94,7 +98,12 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     let repeats = opts.repeats.max(1);
     let mut out = Vec::new();
     let mut all = true;
+    // `--only tc…` limits the run to the tensor-core linear (gemm.cu): its checks and timings.
+    let tc_only = opts.only.as_deref().is_some_and(|o| o.starts_with("tc"));
     if !opts.skip_checks {
+        all &= tc_checks(gpu, seed, &mut out)?;
+    }
+    if !opts.skip_checks && !tc_only {
 
     // RMSNorm: weighted over the hidden size, unweighted per head (spec §3.1).
     for (rows, n, weighted) in [(64usize, 4096usize, true), (64 * 64, 512, false), (7, 1000, true)] {
@@ -212,6 +221,9 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         timings.push(json!({"op": format!("linear_{fmt}"), "weight": name, "rows": rows, "cols": cols, "tokens": 1,
             "weight_bytes": bytes, "median_us": median_ms * 1e3, "gb_per_s": gbps, "fraction_of_4_2_tb_s": gbps / 4200.0, "repeats": repeats}));
     }
+    if opts.only.is_none() || tc_only {
+        timings.extend(tc_timings(gpu, seed, repeats)?);
+    }
     let name = gpu.ctx.name().unwrap_or_default();
     let report = json!({
         "gpu": name,
@@ -223,4 +235,189 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         "timings": timings,
     });
     Ok((report, all))
+}
+
+fn ev_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> CudaError + '_ {
+    move |e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") }
+}
+
+/// Median time in ms of `f` over `repeats` runs (after one warm-up), CUDA events around each.
+fn median_ms(gpu: &Gpu, repeats: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+    f()?;
+    gpu.sync()?;
+    let mut times = Vec::new();
+    for _ in 0..repeats.max(1) {
+        let start = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev_err("event"))?;
+        let end = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev_err("event"))?;
+        start.record(&gpu.stream).map_err(ev_err("record"))?;
+        f()?;
+        end.record(&gpu.stream).map_err(ev_err("record"))?;
+        end.synchronize().map_err(ev_err("sync"))?;
+        times.push(start.elapsed_ms(&end).map_err(ev_err("elapsed"))? as f64);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}
+
+/// Prints and appends a pass/fail record without an NMSE.
+fn flag_record(out: &mut Vec<Value>, op: &str, detail: Value, ok: bool) -> bool {
+    println!("{op:<28} {detail}  {}", if ok { "ok" } else { "FAIL" });
+    out.push(json!({"op": op, "detail": detail, "pass": ok}));
+    ok
+}
+
+/// The tensor-core linear (gemm.cu, `Gpu::linear_tc`) against the CPU reference on the dequantized
+/// weights: every format on Flash shapes and on ragged shapes (T, N not multiples of the tiles, K not
+/// a multiple of 32), T ∈ {64, 200, 1000}, every block tile, output poisoned with NaN first; the
+/// `Gpu::linear` dispatch at T = 200; bitwise repeatability; and an exact decode check of every FP8
+/// and FP4 byte under several scales (one-hot activations pick single weights).
+fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let shapes: &[(&str, &str, usize, usize)] = &[
+        ("fp8", "attn.wq_b", 32768, 1024),
+        ("fp8", "attn.wo_b", 4096, 8192),
+        ("fp4", "expert.w1", 2048, 4096),
+        ("bf16", "compressor.wkv", 1024, 4096),
+        ("f32", "ragged", 300, 1004),
+        ("fp8", "ragged", 1000, 1040),
+        ("fp4", "ragged", 1000, 2080),
+        ("bf16", "ragged", 1030, 776),
+    ];
+    const TS: [usize; 3] = [64, 200, 1000];
+    let tmax = TS[TS.len() - 1];
+    for (fmt, name, rows, cols) in shapes {
+        let vals = random(seed, &format!("tc.{fmt}.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
+        let (gw, cpu_w) = weight(gpu, fmt, &vals, *rows, *cols)?;
+        let x = random(seed, &format!("tc.x.{fmt}.{name}"), tmax * cols, 1.0);
+        // Reference for the largest T; smaller T use its leading rows.
+        let cpu = ops::linear(&x, &cpu_w);
+        let dx = gpu.upload(&x)?;
+        for t in TS {
+            let reference = &cpu[..t * rows];
+            for tile in GemmTile::ALL {
+                let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
+                gpu.linear_tc(&dx, &gw, &mut dy, t, Some(tile), false)?;
+                all &= record(out, &format!("linear_tc_{fmt} {name} {tile:?}"), json!([t, rows, cols]), &gpu.download(&dy)?, reference);
+                if *fmt != "f32" {
+                    // Split activations: near-f32 accuracy is the point, so a much tighter bound.
+                    let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
+                    gpu.linear_tc(&dx, &gw, &mut dy, t, Some(tile), true)?;
+                    let got = gpu.download(&dy)?;
+                    let (nmse, max_abs, _) = errors(&got, reference);
+                    let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
+                    all &= flag_record(out, &format!("linear_tc_{fmt}_x2 {name} {tile:?}"), json!({"shape": [t, rows, cols], "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}), ok);
+                }
+            }
+            if t == 200 {
+                let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
+                gpu.linear(&dx, &gw, &mut dy, t)?;
+                all &= record(out, &format!("linear_{fmt} {name} dispatch"), json!([t, rows, cols]), &gpu.download(&dy)?, reference);
+            }
+        }
+        if *name == "attn.wq_b" {
+            for split in [false, true] {
+                let mut a = gpu.zeros::<f32>(tmax * rows)?;
+                let mut b = gpu.zeros::<f32>(tmax * rows)?;
+                gpu.linear_tc(&dx, &gw, &mut a, tmax, None, split)?;
+                gpu.linear_tc(&dx, &gw, &mut b, tmax, None, split)?;
+                let same = gpu.download(&a)?.iter().zip(gpu.download(&b)?.iter()).all(|(p, q)| p.to_bits() == q.to_bits());
+                all &= flag_record(out, "linear_tc repeatable", json!({"format": fmt, "split": split, "shape": [tmax, rows, cols], "bitwise_equal": same}), same);
+            }
+        }
+    }
+
+    // Exact decode: x[t, k] = (k == t), so y[t, n] = W[n, t] with no rounding anywhere.
+    let (t, k) = (128usize, 128usize);
+    let mut onehot = vec![0f32; t * k];
+    for i in 0..t {
+        onehot[i * k + i] = 1.0;
+    }
+    let dx = gpu.upload(&onehot)?;
+    let q = |e: quant::QuantError| CudaError::Unsupported { what: "dequantize", detail: e.to_string() };
+    // FP8: every byte but the NaNs 0x7F/0xFF (not reproduced on this path), row blocks with scales
+    // 2^-27, 2^-8 and 2^13 (the last takes the two-multiply branch).
+    let rows = 384;
+    let w8: Vec<u8> = (0..rows * k).map(|i| ((i / k) * 7 + i % k) as u8).map(|b| if b & 0x7f == 0x7f { 0 } else { b }).collect();
+    let s8 = vec![100u8, 119, 140];
+    let d8 = quant::dequant_fp8_blocked(&w8, rows, k, quant::BlockScales::Ue8m0(&s8), 128).map_err(q)?;
+    let g8 = GpuWeight { rows, cols: k, data: GpuMatrix::Fp8 { w: gpu.upload(&w8)?, scales: gpu.upload(&s8)? } };
+    // FP4: every byte, group scales from 2^-127 (bf16 subnormal) to 2^123.
+    let rows4 = 256;
+    let w4: Vec<u8> = (0..rows4 * k / 2).map(|i| ((i / (k / 2)) + i % (k / 2)) as u8).collect();
+    let s4: Vec<u8> = (0..rows4 * k / 32).map(|i| [0u8, 1, 60, 127, 200, 250][i % 6]).collect();
+    let d4 = quant::dequant_fp4_grouped(&w4, rows4, k, &s4, 32).map_err(q)?;
+    let g4 = GpuWeight { rows: rows4, cols: k, data: GpuMatrix::Fp4 { w: gpu.upload(&w4)?, scales: gpu.upload(&s4)? } };
+    for (fmt, gw, deq, rows) in [("fp8", &g8, d8, rows), ("fp4", &g4, d4, rows4)] {
+        let cpu = ops::linear(&onehot, &Matrix { rows, cols: k, data: deq });
+        for (tile, split) in GemmTile::ALL.iter().map(|t| (*t, false)).chain([(GemmTile::Large, true)]) {
+            let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
+            gpu.linear_tc(&dx, gw, &mut dy, t, Some(tile), split)?;
+            let got = gpu.download(&dy)?;
+            let bad = got.iter().zip(&cpu).filter(|(a, b)| a.to_bits() != b.to_bits() && !(**a == 0.0 && **b == 0.0)).count();
+            let x2 = if split { "_x2" } else { "" };
+            all &= flag_record(out, &format!("linear_tc_{fmt}{x2} exact decode {tile:?}"), json!({"shape": [t, rows, k], "mismatches": bad}), bad == 0);
+        }
+    }
+    Ok(all)
+}
+
+/// Prefill-shaped timings of the tensor-core linear (each block tile and the automatic choice) next
+/// to the f32 GEMV kernel on the same shape, as TFLOP/s = 2·T·N·K / time.
+fn tc_timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaError> {
+    let timed: &[(&str, &str, usize, usize, usize)] = &[
+        ("fp8", "attn.wq_b", 32768, 1024, 2048),
+        ("fp8", "attn.wq_b", 32768, 1024, 8192),
+        ("fp8", "attn.wo_b", 4096, 8192, 2048),
+        ("fp8", "attn.wq_a", 1024, 4096, 2048),
+        ("fp4", "expert.w1", 2048, 4096, 2048),
+        ("bf16", "compressor.wkv", 1024, 4096, 2048),
+        ("f32", "f32 4096x4096", 4096, 4096, 2048),
+        ("fp8", "attn.wq_a", 1024, 4096, 64),
+        ("fp8", "attn.wq_b", 32768, 1024, 200),
+        ("fp8", "attn.wq_b", 32768, 1024, 64),
+    ];
+    let mut rows_out = Vec::new();
+    let sms = gpu.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
+    for (fmt, name, rows, cols, t) in timed {
+        let vals = random(seed, &format!("tctime.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
+        let (gw, _) = weight(gpu, fmt, &vals, *rows, *cols)?;
+        let dx = gpu.upload(&random(seed, "tctime.x", t * cols, 1.0))?;
+        let mut dy = gpu.zeros::<f32>(t * rows)?;
+        let flops = 2.0 * (*t * *rows * *cols) as f64;
+        let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
+        let mut entry = json!({"op": format!("linear_tc_{fmt}"), "weight": name, "tokens": t, "rows": rows, "cols": cols, "flop": flops});
+        let auto = GemmTile::choose(*t, *rows, sms);
+        let mut line = format!("time tc {fmt} {name:<15} T={t:<5} [{rows}x{cols}]  auto={auto:?}");
+        let mut best = f64::INFINITY;
+        for tile in GemmTile::ALL {
+            let ms = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, Some(tile), false))?;
+            best = best.min(ms);
+            line += &format!("  {tile:?} {:.3} ms {:.0} TF/s", ms, tf(ms));
+            entry[format!("{tile:?}_ms")] = json!(ms);
+            entry[format!("{tile:?}_tflops")] = json!(tf(ms));
+        }
+        if *fmt != "f32" {
+            line += "  | split";
+            for tile in GemmTile::ALL {
+                let ms = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, Some(tile), true))?;
+                line += &format!(" {tile:?} {:.3} ms {:.0} TF/s", ms, tf(ms));
+                entry[format!("split_{tile:?}_ms")] = json!(ms);
+                entry[format!("split_{tile:?}_tflops")] = json!(tf(ms));
+            }
+        }
+        // The f32 GEMV path is slow at these sizes: few repeats.
+        let gemv_ms = median_ms(gpu, repeats.min(3), || gpu.linear_gemv(&dx, &gw, &mut dy, *t))?;
+        let auto_ms = entry[format!("{auto:?}_ms")].as_f64().unwrap_or(f64::NAN);
+        line += &format!("  | gemv {:.3} ms {:.1} TF/s  (auto {:.1}x faster; best tile {:.1}x)", gemv_ms, tf(gemv_ms), gemv_ms / auto_ms, gemv_ms / best);
+        println!("{line}");
+        entry["auto"] = json!(format!("{auto:?}"));
+        entry["auto_ms"] = json!(auto_ms);
+        entry["auto_tflops"] = json!(tf(auto_ms));
+        entry["gemv_ms"] = json!(gemv_ms);
+        entry["gemv_tflops"] = json!(tf(gemv_ms));
+        entry["speedup_vs_gemv"] = json!(gemv_ms / auto_ms);
+        entry["repeats"] = json!(repeats);
+        rows_out.push(entry);
+    }
+    Ok(rows_out)
 }

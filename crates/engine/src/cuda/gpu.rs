@@ -76,7 +76,149 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("indexer.cu", super::ops_attention::INDEXER_ENTRY_POINTS),
     ("mhc.cu", super::ops_mhc::MHC_ENTRY_POINTS),
     ("moe.cu", super::ops_mhc::MOE_ENTRY_POINTS),
+    ("gemm.cu", GEMM_ENTRY_POINTS),
 ];
+
+/// The entry points of gemm.cu: the activation conversion and, per weight format, the tensor-core
+/// GEMM in each [`GemmTile`].
+const GEMM_ENTRY_POINTS: &[&str] = &[
+    "gemm_x_bf16",
+    "gemm_tc_f32",
+    "gemm_tc_bf16",
+    "gemm_tc_fp8",
+    "gemm_tc_fp4",
+    "gemm_tc_f32_m",
+    "gemm_tc_bf16_m",
+    "gemm_tc_fp8_m",
+    "gemm_tc_fp4_m",
+    "gemm_tc_f32_s",
+    "gemm_tc_bf16_s",
+    "gemm_tc_fp8_s",
+    "gemm_tc_fp4_s",
+    "gemm_tc_bf16_x2",
+    "gemm_tc_fp8_x2",
+    "gemm_tc_fp4_x2",
+    "gemm_tc_bf16_m_x2",
+    "gemm_tc_fp8_m_x2",
+    "gemm_tc_fp4_m_x2",
+    "gemm_tc_bf16_s_x2",
+    "gemm_tc_fp8_s_x2",
+    "gemm_tc_fp4_s_x2",
+];
+
+/// Token count from which [`Gpu::linear`] uses the tensor-core GEMM (gemm.cu).
+pub const TC_LINEAR_MIN_TOKENS: usize = 64;
+
+/// How [`Gpu::linear`] runs `T ≥` [`TC_LINEAR_MIN_TOKENS`] tokens (the switch
+/// `FLASHSEEK_TC_LINEAR`, read once per process by [`tc_linear_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcMode {
+    /// `FLASHSEEK_TC_LINEAR=0`: the exact f32 kernels (linear.cu) for every token count.
+    Off,
+    /// `FLASHSEEK_TC_LINEAR=bf16`: tensor cores with bf16 activations (weights dequantized exactly
+    /// to bf16, f32 weights rounded), f32 accumulation; NMSE ≈ 2e-6 per layer against the f32
+    /// reference, which flips some MoE/indexer top-k choices end to end (on H200 the golden and
+    /// stored-format prefill checks of `gpu-check` then miss NMSE 1e-4 and 99% top-1). Fastest.
+    Bf16,
+    /// `FLASHSEEK_TC_LINEAR=split` (the default): tensor cores with split activations x = hi + lo
+    /// (two bf16 products per weight, about 16 significant bits of x), f32 accumulation; NMSE ≈
+    /// 1e-11 per layer, every `gpu-check` model check passes. f32 weights stay on the exact kernels.
+    /// About 1.3–1.9× the time of [`TcMode::Bf16`].
+    Split,
+}
+
+/// The mode when `FLASHSEEK_TC_LINEAR` is unset (or `1`).
+pub const TC_LINEAR_DEFAULT: TcMode = TcMode::Split;
+
+/// [`TcMode`] from `FLASHSEEK_TC_LINEAR` (`0`/`off`, `bf16`, `split`; unset or `1`:
+/// [`TC_LINEAR_DEFAULT`]; anything else: off). Read once per process.
+pub fn tc_linear_mode() -> TcMode {
+    static MODE: std::sync::OnceLock<TcMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("FLASHSEEK_TC_LINEAR").map(|v| v.trim().to_ascii_lowercase()) {
+        Err(_) => TC_LINEAR_DEFAULT,
+        Ok(v) => match v.as_str() {
+            "" | "1" | "on" => TC_LINEAR_DEFAULT,
+            "bf16" => TcMode::Bf16,
+            "split" | "x2" => TcMode::Split,
+            _ => TcMode::Off,
+        },
+    })
+}
+
+/// Block tile of the tensor-core GEMM (gemm.cu): tokens × outputs per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmTile {
+    /// 128 × 256, 8 warps (`gemm_tc_<fmt>`).
+    Large,
+    /// 128 × 128, 8 warps (`gemm_tc_<fmt>_m`).
+    Medium,
+    /// 64 × 64, 4 warps (`gemm_tc_<fmt>_s`).
+    Small,
+}
+
+impl GemmTile {
+    /// Every tile.
+    pub const ALL: [GemmTile; 3] = [GemmTile::Large, GemmTile::Medium, GemmTile::Small];
+
+    /// (tokens, outputs, threads) per block and the entry-point suffix.
+    pub fn shape(self) -> (usize, usize, usize, &'static str) {
+        match self {
+            GemmTile::Large => (128, 256, 256, ""),
+            GemmTile::Medium => (128, 128, 256, "_m"),
+            GemmTile::Small => (64, 64, 128, "_s"),
+        }
+    }
+
+    /// The tile with the least estimated time for `t` tokens and `n` outputs on `sms`
+    /// multiprocessors: blocks per SM times the tile's work over its relative throughput (fitted to
+    /// H200 timings: Large 1, Medium 0.85; Small 0.8 with four or more blocks per SM, less with
+    /// fewer, as four warps alone leave the SM underused).
+    pub fn choose(t: usize, n: usize, sms: usize) -> GemmTile {
+        let cost = |tile: GemmTile| {
+            let (bm, bn, _, _) = tile.shape();
+            let per_sm = (t.div_ceil(bm) * n.div_ceil(bn)).div_ceil(sms.max(1));
+            let eff = match tile {
+                GemmTile::Large => 1.0,
+                GemmTile::Medium => 0.85,
+                GemmTile::Small => 0.8 * (0.45 + 0.55 * (per_sm.clamp(1, 4) - 1) as f64 / 3.0),
+            };
+            (per_sm * bm * bn) as f64 / eff
+        };
+        let mut best = GemmTile::Large;
+        for tile in [GemmTile::Medium, GemmTile::Small] {
+            if cost(tile) < cost(best) {
+                best = tile;
+            }
+        }
+        best
+    }
+}
+
+/// Dynamic shared memory of a gemm.cu block (mirrors `GmLayout` there): `stages · (activation tile,
+/// two with `split` + raw weight tile) + 2 bf16 weight tiles + the FP4 table`.
+pub fn gemm_smem_bytes(format: &str, tile: GemmTile, split: bool) -> usize {
+    let (bm, bn, _, _) = tile.shape();
+    let stages = if format == "f32" { 3 } else { 4 };
+    let raw_pitch = match format {
+        "f32" => 144,
+        "bf16" => 80,
+        "fp8" => 48,
+        _ => 16,
+    };
+    let btile = if format == "bf16" { 0 } else { bn * 80 };
+    let lut = if format == "fp4" { 256 * 32 * 4 } else { 0 };
+    stages * (bm * 80 * if split { 2 } else { 1 } + bn * raw_pitch) + 2 * btile + lut
+}
+
+/// The format name of a weight (`f32`, `bf16`, `fp8`, `fp4`) and its input-width multiple.
+fn format_of(w: &GpuWeight) -> (&'static str, usize) {
+    match w.data {
+        GpuMatrix::F32(_) => ("f32", 4),
+        GpuMatrix::Bf16(_) => ("bf16", 8),
+        GpuMatrix::Fp8 { .. } => ("fp8", 16),
+        GpuMatrix::Fp4 { .. } => ("fp4", 32),
+    }
+}
 
 impl Gpu {
     /// Opens device `ordinal`, compiles (or loads from `cache_dir`) every kernel for its
@@ -98,6 +240,20 @@ impl Gpu {
             let names = ENTRY_POINTS.iter().find(|(f, _)| f == file).map(|(_, n)| *n).unwrap_or(&[]);
             for name in names {
                 functions.insert(*name, drv(&format!("finding {name}"), module.load_function(name))?);
+            }
+        }
+        // gemm.cu blocks use more than 48 KB of dynamic shared memory.
+        for fmt in ["f32", "bf16", "fp8", "fp4"] {
+            for tile in GemmTile::ALL {
+                for split in [false, true] {
+                    if split && fmt == "f32" {
+                        continue;
+                    }
+                    let name = format!("gemm_tc_{fmt}{}{}", tile.shape().3, if split { "_x2" } else { "" });
+                    let bytes = gemm_smem_bytes(fmt, tile, split) as i32;
+                    let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                    drv(&format!("shared memory of {name}"), functions[name.as_str()].set_attribute(attr, bytes))?;
+                }
             }
         }
         Ok(Gpu { ctx, stream, arch, functions })
@@ -158,10 +314,84 @@ impl Gpu {
         drv("rope_f32", unsafe { b.launch(cfg) }).map(|_| ())
     }
 
-    /// `y[t, n] = Σ_k x[t, k]·W[n, k]` for `t` tokens, dequantizing W in the kernel.
+    /// `y[t, n] = Σ_k x[t, k]·W[n, k]` for `t` tokens, dequantizing W in the kernel: for `t ≥`
+    /// [`TC_LINEAR_MIN_TOKENS`] the tensor-core GEMM ([`Gpu::linear_tc`]) as [`tc_linear_mode`]
+    /// says (`FLASHSEEK_TC_LINEAR`), else the exact f32 kernel ([`Gpu::linear_gemv`]).
     ///
     /// Errors: `cols` not a multiple of the format's vector width (4 f32, 8 bf16, 16 FP8, 32 FP4).
     pub fn linear(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
+        if t >= TC_LINEAR_MIN_TOKENS {
+            match tc_linear_mode() {
+                TcMode::Off => {}
+                TcMode::Bf16 => return self.linear_tc(x, w, y, t, None, false),
+                TcMode::Split if !matches!(w.data, GpuMatrix::F32(_)) => return self.linear_tc(x, w, y, t, None, true),
+                TcMode::Split => {}
+            }
+        }
+        self.linear_gemv(x, w, y, t)
+    }
+
+    /// [`Gpu::linear`] on the tensor cores (gemm.cu): x rounded to bf16 into a scratch buffer
+    /// (`[T↑128, K↑32]`; with `split` also the residuals x − bf16(x) as a second plane), then the
+    /// GEMM with W dequantized exactly to bf16 (f32 W rounded), f32 accumulation, deterministic.
+    /// `tile` forces a block tile (None: [`GemmTile::choose`]).
+    ///
+    /// Errors: `cols` not a multiple of the format's vector width, buffers shorter than the shape,
+    /// `split` with f32 weights (whose bf16 rounding would dominate: use [`Gpu::linear_gemv`]).
+    pub fn linear_tc(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize, tile: Option<GemmTile>, split: bool) -> Result<(), CudaError> {
+        let (fmt, need) = format_of(w);
+        if split && fmt == "f32" {
+            return Err(CudaError::Unsupported { what: "linear", detail: "split activations with f32 weights".into() });
+        }
+        if !w.cols.is_multiple_of(need) {
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("input width {} is not a multiple of {need}", w.cols) });
+        }
+        if x.len() < t * w.cols || y.len() < t * w.rows {
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("buffers of {} and {} values for {t} tokens of [{}, {}]", x.len(), y.len(), w.rows, w.cols) });
+        }
+        if t == 0 || w.rows == 0 {
+            return Ok(());
+        }
+        let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") });
+        let (tp, kp) = (t.div_ceil(128) * 128, w.cols.div_ceil(32) * 32);
+        let (tt, n, k, tp_i) = (too_big(t)?, too_big(w.rows)?, too_big(w.cols)?, too_big(tp)?);
+        // SAFETY: every element is written by gemm_x_bf16 below before the GEMM reads it.
+        let mut xb = drv("alloc", unsafe { self.stream.alloc::<u16>(tp * kp * if split { 2 } else { 1 }) })?;
+        let quads = tp * kp / 4;
+        let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("gemm_x_bf16"));
+        let split_i = split as i32;
+        b.arg(x).arg(&mut xb).arg(&tt).arg(&k).arg(&tp_i).arg(&split_i);
+        // SAFETY: matches gemm_x_bf16(x, xb, T, K, Tp, split); x holds T·K floats, xb (1 + split)·Tp·Kp bf16.
+        drv("gemm_x_bf16", unsafe { b.launch(cfg) })?;
+        let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
+        let tile = tile.unwrap_or_else(|| GemmTile::choose(t, w.rows, sms));
+        let (bm, bn, threads, suffix) = tile.shape();
+        let blocks = t.div_ceil(bm) * w.rows.div_ceil(bn);
+        let cfg = LaunchConfig { grid_dim: (too_big(blocks)? as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: gemm_smem_bytes(fmt, tile, split) as u32 };
+        let name = format!("gemm_tc_{fmt}{suffix}{}", if split { "_x2" } else { "" });
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(self.f(&name));
+        b.arg(&xb);
+        match &w.data {
+            GpuMatrix::F32(m) => b.arg(m),
+            GpuMatrix::Bf16(m) => b.arg(m),
+            GpuMatrix::Fp8 { w: m, .. } | GpuMatrix::Fp4 { w: m, .. } => b.arg(m),
+        };
+        match &w.data {
+            GpuMatrix::Fp8 { scales, .. } | GpuMatrix::Fp4 { scales, .. } => b.arg(scales),
+            _ => b.arg(&null),
+        };
+        b.arg(y).arg(&tt).arg(&n).arg(&k);
+        // SAFETY: matches the (xb, W, S, y, T, N, K) signature of every gemm_tc entry point; the
+        // dynamic shared memory is the size its layout needs (the kernel traps on less).
+        drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// [`Gpu::linear`] on the exact f32 kernels (linear.cu), whatever the token count.
+    ///
+    /// Errors: `cols` not a multiple of the format's vector width (4 f32, 8 bf16, 16 FP8, 32 FP4).
+    pub fn linear_gemv(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
         let (n, k) = (w.rows as i32, w.cols as i32);
         let tt = t as i32;
         let need = match w.data {

@@ -18,6 +18,7 @@ pub mod model;
 pub mod nvrtc;
 pub mod ops_attention;
 pub mod ops_mhc;
+pub mod session;
 pub mod upload;
 
 /// Every kernel source file: (file name, source). CI compiles each of these for `sm_90a`.
@@ -30,6 +31,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("indexer.cu", include_str!("kernels/indexer.cu")),
     ("mhc.cu", include_str!("kernels/mhc.cu")),
     ("moe.cu", include_str!("kernels/moe.cu")),
+    ("gemm.cu", include_str!("kernels/gemm.cu")),
 ];
 
 /// The shared prelude prepended to every kernel source.
@@ -86,6 +88,11 @@ pub fn guard<T>(lib: &'static str, f: impl FnOnce() -> T) -> Result<T, CudaError
             .cloned()
             .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_else(|| "library could not be loaded".into());
+        // cudarc lists every file name it tried; keep the message short.
+        let detail = match detail.find(" - searched for library names") {
+            Some(i) => format!("{} (not found on the library path)", &detail[..i]),
+            None => detail,
+        };
         CudaError::Unavailable { lib, detail }
     })
 }

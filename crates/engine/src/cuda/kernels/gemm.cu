@@ -1,0 +1,410 @@
+// gemm.cu — tensor-core linear layers for many tokens (prefill): y[t, n] = Σ_k x[t, k] · W[n, k]
+// with bf16 activations (or split ones, x = hi + lo), W dequantized exactly to bf16 in shared
+// memory, and f32 accumulation (mma.sync m16n8k16 bf16 → f32). The exact f32 path is linear.cu;
+// `Gpu::linear` picks this one for T ≥ 64 as FLASHSEEK_TC_LINEAR says (gpu.rs `TcMode`: split by
+// default, bf16, or 0 = off).
+//
+// Two launches per linear layer:
+//   gemm_x_bf16(x, xb, T, K, Tp, split): x [T, K] f32 → xb [Tp, Kp] bf16 bits (round to nearest
+//     even), Kp = K rounded up to 32, Tp = T rounded up to 128; padding rows and columns are zero,
+//     so the GEMM reads activations with no bounds checks and 16-byte aligned rows. With split, a
+//     second plane [Tp, Kp] follows with bf16(x − hi).
+//   gemm_tc_<fmt>[_m|_s][_x2](xb, W, S, y, T, N, K): the GEMM, same (x, W, S, y, T, N, K) order as
+//     linear.cu (x here is xb); _x2 reads both planes and issues two MMAs per weight fragment (hi,
+//     then lo, into the same accumulators). Weight layouts are linear.cu's:
+//       f32:  W f32 [N, K]                                               (K % 4 == 0)
+//       bf16: W bf16 bits [N, K]                                         (K % 8 == 0)
+//       fp8:  W e4m3 [N, K] + ue8m0 scales [ceil(N/128), ceil(K/128)]    (K % 16 == 0)
+//       fp4:  W packed e2m1 [N, K/2] (low nibble = even k) + ue8m0 [N, K/32] (K % 32 == 0)
+//
+// Tiles (block BM tokens × BN outputs, K step 32; warps WM × WN, each a (BM/WM) × (BN/WN) tile):
+//   gemm_tc_<fmt>    BM 128, BN 256, 8 warps (2 × 4), warp tile 64 × 64   (large T·N)
+//   gemm_tc_<fmt>_m  BM 128, BN 128, 8 warps (2 × 4), warp tile 64 × 32
+//   gemm_tc_<fmt>_s  BM  64, BN  64, 4 warps (2 × 2), warp tile 32 × 32   (few tiles)
+// Grid: 1-D, ceil(T/BM)·ceil(N/BN) blocks, rasterised in groups of 8 token tiles per output tile
+// column (the weight tile is reused from L2 by 8 consecutive blocks). Dynamic shared memory, sized by
+// the host (crates/engine/src/cuda/gpu.rs `gemm_smem_bytes`, the same formula as GmLayout below; a
+// smaller launch traps).
+//
+// Pipeline (STAGES = 4, 3 for f32): cp.async copies the activation tile and the raw weight bytes of
+// K step kt + STAGES − 1 while step kt multiplies. Raw weights of step kt + 1 are dequantized into
+// one of two bf16 tiles (ping-pong) during step kt, so one barrier per K step orders everything:
+//   f32:  cvt.rn.bf16x2.f32 (rounds W to bf16: the only weight format that is not exact in bf16)
+//   bf16: no dequant; ldmatrix reads the staged tile directly
+//   fp8:  bit placement e4m3 → bf16 (value · 2^-120, subnormals included), times 2^(s−7) with one
+//         bf16x2 multiply (exact: e4m3 has 3 mantissa bits, the scale is a power of two)
+//   fp4:  byte → bf16x2 pair table (256 entries, one copy per lane: conflict-free), times 2^(s−127)
+// Scale bytes are loaded into registers two K steps ahead of their use.
+// Deterministic: each output is one thread's f32 accumulator over K in a fixed order; no atomics
+// (every tile gives the same bits). Not reproduced: FP8 NaN encodings (0x7F / 0xFF) decode as
+// ±480·scale here (checkpoints hold none); FP8 scale bytes 0–2 (2^-127..2^-125) can round the
+// smallest weights (bf16 subnormals stop at 2^-133). Every other value is exact (checked: all bytes).
+//
+// Measured on H200 (gpu-check, 2048 tokens): FP8 [32768, 1024] 188 TFLOP/s (split 138), FP8
+// [4096, 8192] 192 (136), FP4 [2048, 4096] 126 (105), BF16 [1024, 4096] 169 (82, Medium tile),
+// against 0.5–7 TFLOP/s for linear.cu at the same shapes. Headroom: mma.sync with one barrier per
+// 32-wide K step; wgmma (sm_90a) with warp-specialised producers is the next step.
+
+#define GM_BK 32
+#define GM_LDS 40    // bf16 per padded shared-memory row (80 bytes: ldmatrix rows hit distinct banks)
+#define GM_GROUP 8   // token tiles per raster group
+
+__device__ __forceinline__ u32 gm_smem(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void gm_cp16(u32 dst, const void* src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ void gm_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void gm_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void gm_ldsm4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ void gm_mma(float* c, const u32* a, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 → bf16x2 (lo in the low half), round to nearest even.
+__device__ __forceinline__ u32 gm_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ u32 gm_mul2(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// Bytes v0, v1 of w (sel 0x1404) or v2, v3 (sel 0x3424) as e4m3 → bf16x2 holding value · 2^-120:
+// the byte goes to the high byte of its 16-bit lane, sign stays at bit 15, exponent and mantissa
+// shift down by 4 into the bf16 exponent's low bits and mantissa top (e = 0 lands on bf16 subnormals,
+// which is again the e4m3 subnormal times 2^-120).
+__device__ __forceinline__ u32 gm_e4m3x2(u32 w, u32 sel) {
+    u32 t = __byte_perm(w, 0u, sel);
+    return (t & 0x80008000u) | ((t & 0x7f007f00u) >> 4);
+}
+
+// The bf16 bits of 2^(e-127) for a ue8m0 byte (0 → 2^-127, a bf16 subnormal; 255 → NaN).
+__device__ __forceinline__ u32 gm_e8m0_bf16(u32 e) {
+    return e == 0u ? 0x0040u : e == 255u ? 0x7fc0u : (e << 7);
+}
+
+// The bf16 bits of an e2m1 nibble (exact): 0.5 = 0x3F00, else exponent 126 + (m >> 1), mantissa m & 1.
+__device__ __forceinline__ u32 gm_e2m1_bf16(u32 nib) {
+    u32 m = nib & 7u;
+    u32 mag = m == 0u ? 0u : m == 1u ? 0x3F00u : ((126u + (m >> 1)) << 7) | ((m & 1u) << 6);
+    return mag | ((nib & 8u) << 12);
+}
+
+template <int FMT, int BM, int BN, bool SPLIT>
+struct GmLayout {
+    static constexpr int STAGES = FMT == 0 ? 3 : 4;
+    static constexpr int A_PLANE = BM * GM_LDS * 2;
+    static constexpr int A_STAGE = SPLIT ? 2 * A_PLANE : A_PLANE;
+    // Raw weight row pitch in shared memory (bytes): f32 128 + 16 pad, bf16 the padded bf16 row,
+    // fp8 32 + 16 pad, fp4 16 (pads keep the dequant reads conflict-free).
+    static constexpr int RP = FMT == 0 ? 144 : FMT == 1 ? GM_LDS * 2 : FMT == 2 ? 48 : 16;
+    static constexpr int RAW_STAGE = BN * RP;
+    static constexpr int BTILE = FMT == 1 ? 0 : BN * GM_LDS * 2;
+    static constexpr int LUT = FMT == 3 ? 256 * 32 * 4 : 0;
+    static constexpr int TOTAL = STAGES * (A_STAGE + RAW_STAGE) + 2 * BTILE + LUT;
+};
+
+template <int FMT, int BM, int BN, int WM, int WN, bool SPLIT>
+__device__ __forceinline__ void gm_gemm(const u16* __restrict__ xb, const u8* __restrict__ W, const u8* __restrict__ S,
+                                        float* __restrict__ y, int T, int N, int K) {
+    typedef GmLayout<FMT, BM, BN, SPLIT> L;
+    constexpr int NT = WM * WN * 32;
+    constexpr int ST = L::STAGES;
+    constexpr bool DIRECT = FMT == 1;
+    constexpr int RB = FMT == 0 ? 128 : FMT == 1 ? 64 : FMT == 2 ? 32 : 16;  // raw bytes per row per K step
+    constexpr int CPR = RB / 16;                                             // 16-byte copies per row
+    constexpr int DQ = FMT == 0 ? 4 : 16;                                    // values per dequant unit
+    constexpr int UPR = GM_BK / DQ;                                          // dequant units per row
+    constexpr int UNITS = DIRECT ? 1 : BN * UPR / NT;                        // dequant units per thread
+    constexpr int WTM = BM / WM, WTN = BN / WN, MT = WTM / 16, NT8 = WTN / 8;
+    static_assert(DIRECT || (BN * UPR) % NT == 0, "dequant units must divide among the threads");
+    static_assert((BM * 4) % NT == 0, "activation copies must divide among the threads");
+    static_assert(NT8 % 2 == 0, "B fragments are loaded in pairs");
+
+    extern __shared__ __align__(16) u8 gm_sh[];
+    {
+        u32 dsz;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
+        if (dsz < (u32)L::TOTAL) __trap();
+    }
+    u8* As = gm_sh;
+    u8* Rs = As + ST * L::A_STAGE;
+    u8* Bt = Rs + ST * L::RAW_STAGE;
+    u32* lut = reinterpret_cast<u32*>(Bt + 2 * L::BTILE);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WN, wn = warp % WN;
+    const int tiles_m = (T + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    const int per_group = GM_GROUP * tiles_n;
+    const int pid = blockIdx.x;
+    const int first_m = (pid / per_group) * GM_GROUP;
+    const int gsz = min(tiles_m - first_m, GM_GROUP);
+    const int pm = first_m + (pid % per_group) % gsz, pn = (pid % per_group) / gsz;
+    const int m0 = pm * BM, n0 = pn * BN;
+    const int Kp = (K + 31) & ~31, KT = Kp / GM_BK;
+    const size_t lo_plane = (size_t)((T + 127) & ~127) * Kp;  // SPLIT: the low halves follow the high ones
+    const size_t wrow = FMT == 0 ? (size_t)K * 4 : FMT == 1 ? (size_t)K * 2 : FMT == 2 ? (size_t)K : (size_t)K / 2;
+    const int sk = (K + 127) >> 7;
+
+    if (FMT == 3) {
+        for (int i = tid; i < 256 * 32; i += NT) {
+            u32 b = (u32)i >> 5;
+            lut[i] = gm_e2m1_bf16(b & 15u) | (gm_e2m1_bf16(b >> 4) << 16);
+        }
+    }
+
+    const u32 as_base = gm_smem(As), rs_base = gm_smem(Rs), bt_base = gm_smem(Bt);
+
+    // Copies of K step kt into ring slot kt % ST (always commits a group, empty past the end).
+    auto issue = [&](int kt) {
+        if (kt < KT) {
+            const int slot = kt % ST;
+            const u32 a_dst = as_base + slot * L::A_STAGE;
+#pragma unroll
+            for (int i = 0; i < BM * 4 / NT; i++) {
+                int q = tid + i * NT, r = q >> 2, c = q & 3;
+                const u16* src = xb + (size_t)(m0 + r) * Kp + kt * GM_BK + c * 8;
+                gm_cp16(a_dst + r * (GM_LDS * 2) + c * 16, src, true);
+                if (SPLIT) gm_cp16(a_dst + L::A_PLANE + r * (GM_LDS * 2) + c * 16, src + lo_plane, true);
+            }
+            const u32 r_dst = rs_base + slot * L::RAW_STAGE;
+#pragma unroll
+            for (int i = 0; i < (BN * CPR + NT - 1) / NT; i++) {
+                int q = tid + i * NT;
+                if ((BN * CPR) % NT == 0 || q < BN * CPR) {
+                    int r = q / CPR, c = q % CPR;
+                    size_t kb = (size_t)kt * RB + c * 16;
+                    bool ok = n0 + r < N && kb < wrow;
+                    const u8* src = ok ? W + (size_t)(n0 + r) * wrow + kb : W;
+                    gm_cp16(r_dst + r * L::RP + c * 16, src, ok);
+                }
+            }
+        }
+        gm_commit();
+    };
+
+    // Scale byte of dequant unit u at K step kt (127 = 1.0 outside the matrix).
+    auto scale_of = [&](int kt, int u) -> u32 {
+        int q = tid + u * NT, r = q % BN, c = q / BN;
+        int n = n0 + r, k = kt * GM_BK + c * DQ;
+        if (FMT < 2 || kt >= KT || n >= N || k >= K) return 127u;
+        if (FMT == 2) return __ldg(S + (size_t)(n >> 7) * sk + (k >> 7));
+        return __ldg(S + (size_t)n * (K >> 5) + (k >> 5));
+    };
+
+    // Raw weights of K step kt → bf16 tile kt & 1.
+    auto dequant = [&](int kt, const u32* sc) {
+        const u8* raw = Rs + (kt % ST) * L::RAW_STAGE;
+        u8* dst = Bt + (kt & 1) * L::BTILE;
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) {
+            int q = tid + u * NT, r = q % BN, c = q / BN;
+            if (FMT == 0) {
+                float4 v = *reinterpret_cast<const float4*>(raw + r * L::RP + c * 16);
+                *reinterpret_cast<uint2*>(dst + r * (GM_LDS * 2) + c * 8) = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
+            } else if (FMT == 2) {
+                uint4 v = *reinterpret_cast<const uint4*>(raw + r * L::RP + c * 16);
+                u32 s = sc[u];
+                bool two = s > 134u;  // 2^(s-7) overflows bf16: multiply by 2^120, then 2^(s-127)
+                u32 f1 = two ? (247u << 7) : ((s + 120u) << 7);
+                f1 |= f1 << 16;
+                u32 f2 = gm_e8m0_bf16(s);
+                f2 |= f2 << 16;
+                u32 w[4] = {v.x, v.y, v.z, v.w};
+                u32 o[8];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    o[2 * i] = gm_mul2(gm_e4m3x2(w[i], 0x1404u), f1);
+                    o[2 * i + 1] = gm_mul2(gm_e4m3x2(w[i], 0x3424u), f1);
+                }
+                if (two) {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) o[i] = gm_mul2(o[i], f2);
+                }
+                uint4* d = reinterpret_cast<uint4*>(dst + r * (GM_LDS * 2) + c * 32);
+                d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+                d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+            } else if (FMT == 3) {
+                uint2 v = *reinterpret_cast<const uint2*>(raw + r * L::RP + c * 8);
+                u32 f = gm_e8m0_bf16(sc[u]);
+                f |= f << 16;
+                u32 w[2] = {v.x, v.y};
+                u32 o[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) o[i] = gm_mul2(lut[((w[i >> 2] >> (8 * (i & 3))) & 0xffu) * 32 + lane], f);
+                uint4* d = reinterpret_cast<uint4*>(dst + r * (GM_LDS * 2) + c * 32);
+                d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+                d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+            }
+        }
+    };
+
+    float acc[MT][NT8][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+
+    // Scales of K steps kt+1 .. kt+ST-2 (index 0 = the step dequantized next).
+    constexpr int SR = ST - 2 > 0 ? ST - 2 : 1;
+    u32 sreg[SR][UNITS];
+
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) issue(s);
+    if (!DIRECT) {
+        u32 sc0[UNITS];
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) sc0[u] = scale_of(0, u);
+#pragma unroll
+        for (int j = 0; j < SR; j++)
+#pragma unroll
+            for (int u = 0; u < UNITS; u++) sreg[j][u] = scale_of(1 + j, u);
+        gm_wait<ST - 2>();
+        __syncthreads();
+        dequant(0, sc0);
+    }
+
+    for (int kt = 0; kt < KT; kt++) {
+        if (DIRECT) gm_wait<ST - 2>();  // step kt has landed
+        else gm_wait<ST - 3>();         // step kt + 1 has landed (kt was waited for one step ago)
+        __syncthreads();
+        issue(kt + ST - 1);
+        if (!DIRECT) {
+            if (kt + 1 < KT) dequant(kt + 1, sreg[0]);
+            if (FMT >= 2) {
+#pragma unroll
+                for (int j = 0; j + 1 < SR; j++)
+#pragma unroll
+                    for (int u = 0; u < UNITS; u++) sreg[j][u] = sreg[j + 1][u];
+#pragma unroll
+                for (int u = 0; u < UNITS; u++) sreg[SR - 1][u] = scale_of(kt + ST - 1, u);
+            }
+        }
+        const u32 a_base = as_base + (kt % ST) * L::A_STAGE;
+        const u32 b_base = DIRECT ? rs_base + (kt % ST) * L::RAW_STAGE : bt_base + (kt & 1) * L::BTILE;
+#pragma unroll
+        for (int kk = 0; kk < GM_BK; kk += 16) {
+            u32 af[MT][4], bfr[NT8][2];
+#pragma unroll
+            for (int np = 0; np < NT8 / 2; np++) {
+                int row = wn * WTN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                gm_ldsm4(b_base + (row * GM_LDS + kk + ((lane >> 3) & 1) * 8) * 2, bfr[2 * np][0], bfr[2 * np][1], bfr[2 * np + 1][0],
+                         bfr[2 * np + 1][1]);
+            }
+#pragma unroll
+            for (int p = 0; p < (SPLIT ? 2 : 1); p++) {  // high halves, then (SPLIT) low halves
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int row = wm * WTM + mt * 16 + (lane & 15);
+                    gm_ldsm4(a_base + p * L::A_PLANE + (row * GM_LDS + kk + (lane >> 4) * 8) * 2, af[mt][0], af[mt][1], af[mt][2],
+                             af[mt][3]);
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT8; nt++) gm_mma(acc[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+            }
+        }
+    }
+    gm_wait<0>();
+
+    const int g = lane >> 2, c2 = (lane & 3) * 2;
+    const bool even = (N & 1) == 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++) {
+            int col = n0 + wn * WTN + nt * 8 + c2;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = m0 + wm * WTM + mt * 16 + g + 8 * h;
+                if (row < T) {
+                    float* dst = y + (size_t)row * N + col;
+                    float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
+                    if (even && col + 1 < N) {
+                        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+                    } else {
+                        if (col < N) dst[0] = v0;
+                        if (col + 1 < N) dst[1] = v1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// split ≠ 0: also the low halves x − bf16(x), rounded to bf16, as a second plane [Tp, Kp] after the
+// first (x = hi + lo to about 16 significant bits).
+extern "C" __global__ void gemm_x_bf16(const float* __restrict__ x, u16* __restrict__ xb, int T, int K, int Tp, int split) {
+    const int Kp = (K + 31) & ~31, q4 = Kp / 4;
+    const size_t total = (size_t)Tp * q4;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(i / q4), k = (int)(i % q4) * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < T && k < K) v = __ldg(reinterpret_cast<const float4*>(x + (size_t)t * K + k));
+        u32 h0 = gm_bf16x2(v.x, v.y), h1 = gm_bf16x2(v.z, v.w);
+        *reinterpret_cast<uint2*>(xb + (size_t)t * Kp + k) = make_uint2(h0, h1);
+        if (split) {
+            float l0 = v.x - __uint_as_float(h0 << 16), l1 = v.y - __uint_as_float(h0 & 0xffff0000u);
+            float l2 = v.z - __uint_as_float(h1 << 16), l3 = v.w - __uint_as_float(h1 & 0xffff0000u);
+            *reinterpret_cast<uint2*>(xb + total * 4 + (size_t)t * Kp + k) = make_uint2(gm_bf16x2(l0, l1), gm_bf16x2(l2, l3));
+        }
+    }
+}
+
+#define GM_ENTRY(NAME, FMT, BM, BN, WM, WN, SPLIT)                                                                      \
+    extern "C" __global__ void __launch_bounds__(WM * WN * 32, 1)                                                       \
+        NAME(const u16* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S, float* __restrict__ y, int T, \
+             int N, int K) {                                                                                            \
+        gm_gemm<FMT, BM, BN, WM, WN, SPLIT>(x, W, S, y, T, N, K);                                                       \
+    }
+
+// Every GEMM entry takes (xb, W, S, y, T, N, K); S is ignored (pass 0) for f32 and bf16.
+GM_ENTRY(gemm_tc_f32, 0, 128, 256, 2, 4, false)
+GM_ENTRY(gemm_tc_bf16, 1, 128, 256, 2, 4, false)
+GM_ENTRY(gemm_tc_fp8, 2, 128, 256, 2, 4, false)
+GM_ENTRY(gemm_tc_fp4, 3, 128, 256, 2, 4, false)
+GM_ENTRY(gemm_tc_f32_m, 0, 128, 128, 2, 4, false)
+GM_ENTRY(gemm_tc_bf16_m, 1, 128, 128, 2, 4, false)
+GM_ENTRY(gemm_tc_fp8_m, 2, 128, 128, 2, 4, false)
+GM_ENTRY(gemm_tc_fp4_m, 3, 128, 128, 2, 4, false)
+GM_ENTRY(gemm_tc_f32_s, 0, 64, 64, 2, 2, false)
+GM_ENTRY(gemm_tc_bf16_s, 1, 64, 64, 2, 2, false)
+GM_ENTRY(gemm_tc_fp8_s, 2, 64, 64, 2, 2, false)
+GM_ENTRY(gemm_tc_fp4_s, 3, 64, 64, 2, 2, false)
+// Split activations (x = hi + lo, two MMAs per weight fragment; exact-weight formats only).
+GM_ENTRY(gemm_tc_bf16_x2, 1, 128, 256, 2, 4, true)
+GM_ENTRY(gemm_tc_fp8_x2, 2, 128, 256, 2, 4, true)
+GM_ENTRY(gemm_tc_fp4_x2, 3, 128, 256, 2, 4, true)
+GM_ENTRY(gemm_tc_bf16_m_x2, 1, 128, 128, 2, 4, true)
+GM_ENTRY(gemm_tc_fp8_m_x2, 2, 128, 128, 2, 4, true)
+GM_ENTRY(gemm_tc_fp4_m_x2, 3, 128, 128, 2, 4, true)
+GM_ENTRY(gemm_tc_bf16_s_x2, 1, 64, 64, 2, 2, true)
+GM_ENTRY(gemm_tc_fp8_s_x2, 2, 64, 64, 2, 2, true)
+GM_ENTRY(gemm_tc_fp4_s_x2, 3, 64, 64, 2, 2, true)
