@@ -2,14 +2,11 @@
 //! format (chat_encoding_v4.md), with thinking on or off. Reasoning is shown dimmed; each answer
 //! ends with a statistics line. Turns reuse the previous turns' state (prefix reuse).
 
-use super::common::{load, stats_line, ModelArgs, SamplingArgs};
-use flashseek_engine::generate::generate;
-use flashseek_engine::sampler::{Sampler, StopMatcher};
+use super::common::{generate_text, load, stats_line, ModelArgs, SamplingArgs};
+use flashseek_engine::sampler::Sampler;
 use flashseek_model::chat::{encode_messages, EncodeOptions, ReasoningEffort, StreamEvent, StreamParser, ThinkingMode};
-use flashseek_model::tokenizer::StreamDecoder;
 use serde_json::json;
 use std::io::{BufRead, IsTerminal, Write};
-use std::ops::ControlFlow;
 
 /// Arguments of `chat`.
 #[derive(clap::Args)]
@@ -92,9 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
         let ids = m.tokenizer.encode_with_special(&prompt)?;
         let params = args.sampling.params(m.tokenizer.eos_id())?;
-        let mut stops = StopMatcher::new(&params.stop_strings);
         let mut sampler = Sampler::new(params, &ids)?;
-        let mut dec = StreamDecoder::new(&m.tokenizer, false);
         let mut parser = StreamParser::new(mode);
         let mut raw = String::new();
         let mut out = std::io::stdout().lock();
@@ -133,37 +128,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 broken.set(true);
             }
         };
-        let mut failure = None;
-        let stats = generate(session.as_mut(), &ids, &mut sampler, args.sampling.max_tokens, |s| {
-            let piece = match dec.push(s.token) {
-                Ok(p) => p,
-                Err(e) => {
-                    failure = Some(anyhow::Error::from(e));
-                    return ControlFlow::Break(());
-                }
-            };
-            let (text, stopped) = stops.push(&piece);
-            raw.push_str(&text);
-            print(parser.push(&text), &mut out);
-            if broken.get() {
-                // stdout closed: stop generating.
-                return ControlFlow::Break(());
-            }
-            if stopped {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
+        let stats = generate_text(session.as_mut(), &m.tokenizer, &ids, &mut sampler, args.sampling.max_tokens, false, |text| {
+            raw.push_str(text);
+            print(parser.push(text), &mut out);
+            // A closed stdout stops generation.
+            !broken.get()
         })?;
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        if !stops.is_stopped() {
-            let (tail, _) = stops.push(&dec.finish());
-            let tail = tail + &stops.finish();
-            raw.push_str(&tail);
-            print(parser.push(&tail), &mut out);
-        }
         print(parser.end_of_input(), &mut out);
         let _ = writeln!(out);
         drop(out);

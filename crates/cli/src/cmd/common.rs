@@ -286,3 +286,44 @@ pub fn stats_line(s: &GenerateStats) -> String {
         s.finish.label()
     )
 }
+
+/// Runs the generation loop and hands the generated text to `on_text` piece by piece: tokens are
+/// detokenized incrementally (multi-byte characters held until complete) and stop strings are cut
+/// (never emitted). `on_text` returns false to stop (e.g. stdout closed). The text left in the
+/// decoder when generation ends is flushed through `on_text` too.
+pub fn generate_text(
+    session: &mut dyn Sequence,
+    tokenizer: &flashseek_model::tokenizer::Ds4Tokenizer,
+    ids: &[u32],
+    sampler: &mut flashseek_engine::sampler::Sampler,
+    max_tokens: usize,
+    skip_special: bool,
+    mut on_text: impl FnMut(&str) -> bool,
+) -> anyhow::Result<GenerateStats> {
+    let mut stops = flashseek_engine::sampler::StopMatcher::new(&sampler.params().stop_strings);
+    let mut dec = flashseek_model::tokenizer::StreamDecoder::new(tokenizer, skip_special);
+    let mut failure = None;
+    let stats = flashseek_engine::generate::generate(session, ids, sampler, max_tokens, |s| {
+        let piece = match dec.push(s.token) {
+            Ok(p) => p,
+            Err(e) => {
+                failure = Some(anyhow::Error::from(e));
+                return std::ops::ControlFlow::Break(());
+            }
+        };
+        let (text, stopped) = stops.push(&piece);
+        if !on_text(&text) || stopped {
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        }
+    })?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if !stops.is_stopped() {
+        let (tail, _) = stops.push(&dec.finish());
+        on_text(&(tail + &stops.finish()));
+    }
+    Ok(stats)
+}
