@@ -421,8 +421,8 @@ impl<'w, 't> Engine<'w, 't> {
         self.metrics.cancelled(gone);
         for s in &mut self.running {
             if s.req.events.is_closed() && !matches!(s.phase, Phase::Finished(_)) {
+                // Counted in `retire`, with every other way a running request ends cancelled.
                 s.phase = Phase::Finished(FinishReason::Cancelled);
-                self.metrics.cancelled(1);
             }
         }
     }
@@ -581,6 +581,11 @@ impl<'w, 't> Engine<'w, 't> {
             let Phase::Finished(reason) = std::mem::replace(&mut s.phase, Phase::Prefill { done: 0 }) else {
                 unreachable!("filtered above")
             };
+            // A running request ends cancelled when its client went away, whichever step noticed
+            // it first (the disconnect check, or a failed token send).
+            if reason == FinishReason::Cancelled && s.error.is_none() && s.req.events.is_closed() {
+                self.metrics.cancelled(1);
+            }
             let usage = Usage {
                 prompt_tokens: s.req.prompt.len(),
                 cached_tokens: s.cached,
