@@ -13,6 +13,9 @@ pub struct Args {
     /// Flash layers to instantiate (the first N of the 43-layer schedule).
     #[arg(long, default_value_t = 4)]
     pub layers: usize,
+    /// Use this config.json (any DeepSeek-V4 config) instead of the first `--layers` Flash layers.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Prompt lengths, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "512,2048")]
     pub contexts: Vec<usize>,
@@ -35,9 +38,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
         std::fs::write(out, b"{}").map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
     }
+    let config = match &args.config {
+        Some(p) => Some(flashseek_model::config::Ds4Config::from_file(p)?),
+        None => None,
+    };
     let gpu = Gpu::open(args.device, &flashseek_engine::default_model::cache_root().join("kernels"))?;
     let opts = bench::BenchOptions {
         layers: args.layers,
+        config,
         contexts: args.contexts.clone(),
         chunk: args.chunk,
         decode_steps: args.decode_steps,

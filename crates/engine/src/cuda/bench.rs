@@ -29,8 +29,10 @@ pub fn flash_config(layers: usize) -> Ds4Config {
 /// Options of [`run`].
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
-    /// Flash layers to instantiate.
+    /// Flash layers to instantiate (ignored with `config`).
     pub layers: usize,
+    /// Another model config (e.g. the one a transformers comparison uses) instead of Flash.
+    pub config: Option<Ds4Config>,
     /// Prompt lengths (cold prefill, then decode at that context).
     pub contexts: Vec<usize>,
     /// Tokens per prefill chunk.
@@ -43,7 +45,7 @@ pub struct BenchOptions {
 
 /// Runs the benchmark; returns the JSON report.
 pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
-    let cfg = flash_config(opts.layers);
+    let cfg = opts.config.clone().unwrap_or_else(|| flash_config(opts.layers));
     let t = Instant::now();
     let model = GpuModel::upload_with(gpu, &cfg, &RandomOfficialSource::new(&cfg, 7))?;
     gpu.sync()?;
@@ -77,6 +79,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             "prefill_s": prefill_s,
             "prefill_tok_s": ctx as f64 / prefill_s,
             "prefill_tok_s_43_layer_estimate": ctx as f64 / (prefill_s * 43.0 / n),
+            "prefill_chunk": opts.chunk,
             "decode_ms_per_token": decode_s * 1e3,
             "decode_tok_s": 1.0 / decode_s,
             "decode_tok_s_43_layer_estimate": 1.0 / (decode_s * 43.0 / n),
