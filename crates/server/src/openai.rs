@@ -264,6 +264,23 @@ struct ChatCtx {
     want_logprobs: bool,
 }
 
+/// Closes an OpenAI stream: the usage chunk (when `stream_options.include_usage` asked for it,
+/// with `(id, object, created, model)` as its head), then `[DONE]`.
+fn close_stream(out: &mut Vec<SseEvent>, head: (&str, &str, u64, &str), usage: Option<&Usage>) {
+    if let Some(usage) = usage {
+        let (id, object, created, model) = head;
+        let v = json!({"id": id, "object": object, "created": created, "model": model, "choices": [], "usage": usage_json(usage)});
+        out.push(SseEvent::default().data(v.to_string()));
+    }
+    out.push(SseEvent::default().data("[DONE]"));
+}
+
+/// Ends an OpenAI stream on an engine error (or a scheduler that went away): the error, then `[DONE]`.
+fn fail_stream(out: &mut Vec<SseEvent>, e: ApiError) {
+    out.push(SseEvent::default().data(e.body(Flavor::OpenAi).to_string()));
+    out.push(SseEvent::default().data("[DONE]"));
+}
+
 fn engine_gone() -> ApiError {
     ApiError::status(axum::http::StatusCode::SERVICE_UNAVAILABLE, "The engine stopped before the request finished.")
 }
@@ -396,24 +413,16 @@ fn chat_stream(ctx: ChatCtx, sub: Submitted, include_usage: bool) -> Response {
                     out.push(chunk(&s.ctx, delta_json(d), None, None));
                 }
                 out.push(chunk(&s.ctx, json!({}), Some(finish_reason(&reason, s.asm.has_tool_calls())), None));
-                if s.include_usage {
-                    let v = json!({
-                        "id": s.ctx.id, "object": "chat.completion.chunk", "created": s.ctx.created,
-                        "model": s.ctx.st.model_name(), "choices": [], "usage": usage_json(&usage),
-                    });
-                    out.push(SseEvent::default().data(v.to_string()));
-                }
-                out.push(SseEvent::default().data("[DONE]"));
+                let head = (s.ctx.id.as_str(), "chat.completion.chunk", s.ctx.created, s.ctx.st.model_name());
+                close_stream(&mut out, head, s.include_usage.then_some(&usage));
                 s.done = true;
             }
             Some(Event::Error(e)) => {
-                out.push(SseEvent::default().data(engine_error(e).body(Flavor::OpenAi).to_string()));
-                out.push(SseEvent::default().data("[DONE]"));
+                fail_stream(&mut out, engine_error(e));
                 s.done = true;
             }
             None => {
-                out.push(SseEvent::default().data(engine_gone().body(Flavor::OpenAi).to_string()));
-                out.push(SseEvent::default().data("[DONE]"));
+                fail_stream(&mut out, engine_gone());
                 s.done = true;
             }
         }
@@ -624,24 +633,16 @@ fn completion_stream(ctx: CmplCtx, sub: Submitted, include_usage: bool) -> Respo
             }
             Some(Event::Done { tail, reason, usage }) => {
                 out.push(piece(&s.ctx, &tail, Value::Null, Some(finish_reason(&reason, false))));
-                if s.include_usage {
-                    let v = json!({
-                        "id": s.ctx.id, "object": "text_completion", "created": s.ctx.created,
-                        "model": s.ctx.st.model_name(), "choices": [], "usage": usage_json(&usage),
-                    });
-                    out.push(SseEvent::default().data(v.to_string()));
-                }
-                out.push(SseEvent::default().data("[DONE]"));
+                let head = (s.ctx.id.as_str(), "text_completion", s.ctx.created, s.ctx.st.model_name());
+                close_stream(&mut out, head, s.include_usage.then_some(&usage));
                 s.done = true;
             }
             Some(Event::Error(e)) => {
-                out.push(SseEvent::default().data(engine_error(e).body(Flavor::OpenAi).to_string()));
-                out.push(SseEvent::default().data("[DONE]"));
+                fail_stream(&mut out, engine_error(e));
                 s.done = true;
             }
             None => {
-                out.push(SseEvent::default().data(engine_gone().body(Flavor::OpenAi).to_string()));
-                out.push(SseEvent::default().data("[DONE]"));
+                fail_stream(&mut out, engine_gone());
                 s.done = true;
             }
         }

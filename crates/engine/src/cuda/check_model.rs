@@ -36,6 +36,27 @@ fn exact_record(out: &mut Vec<Value>, op: &str, detail: Value, ok: bool) -> bool
     ok
 }
 
+/// Greedy generation of `steps` tokens after `prompt` on the CPU and on the GPU (both fed the CPU's
+/// tokens): whether the chosen tokens are equal, and the worst per-step logits NMSE.
+fn greedy_compare(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, prompt: &[u32], steps: usize) -> Result<(bool, f64), CudaError> {
+    let bad = |e: crate::forward::ForwardError| CudaError::Unsupported { what: "greedy check", detail: e.to_string() };
+    let opts = ForwardOptions::default();
+    let mut cst = SequenceState::new(&w.config, None);
+    let mut cl = forward_chunk(w, &mut cst, prompt, LogitsFor::Last, &opts).map_err(bad)?.logits;
+    let mut gseq = GpuSequence::new(gpu, gm, prompt.len() + steps + 1)?;
+    let mut gl = forward_chunk_gpu(gpu, gm, &mut gseq, prompt, LogitsFor::Last, false)?.logits;
+    let mut same = true;
+    let mut worst = 0f64;
+    for _ in 0..steps {
+        let a = argmax(&cl) as u32;
+        same &= argmax(&gl) as u32 == a;
+        worst = worst.max(errors(&gl, &cl).0);
+        cl = forward_chunk(w, &mut cst, &[a], LogitsFor::Last, &opts).map_err(bad)?.logits;
+        gl = forward_chunk_gpu(gpu, gm, &mut gseq, &[a], LogitsFor::Last, false)?.logits;
+    }
+    Ok((same, worst))
+}
+
 /// Runs the model-level checks on every golden under `goldens` (each `NAME/model/config.json` and
 /// `NAME/meta.json` with its seed). `steps` greedy tokens are compared on models with a vocabulary
 /// below 100k.
@@ -92,22 +113,7 @@ pub fn run(gpu: &Gpu, goldens: &Path, steps: usize, out: &mut Vec<Value>) -> Res
         all &= record(out, &format!("model {name} truncate"), json!({"cut": cut, "tail": 9}), &gt, &ct[cut * vocab..]);
         // Greedy generation: same tokens as the CPU.
         if vocab < 100_000 && steps > 0 {
-            let prompt = formula_ids(seed + 3, 12, vocab);
-            let mut cst = SequenceState::new(&cfg, None);
-            let mut cl = forward_chunk(&w, &mut cst, &prompt, LogitsFor::Last, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
-            let mut gseq = GpuSequence::new(gpu, &gm, prompt.len() + steps + 1)?;
-            let mut gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &prompt, LogitsFor::Last, false)?.logits;
-            let (mut ct_, mut gt_) = (Vec::new(), Vec::new());
-            let mut worst = 0f64;
-            for _ in 0..steps {
-                let (a, b) = (argmax(&cl) as u32, argmax(&gl) as u32);
-                ct_.push(a);
-                gt_.push(b);
-                worst = worst.max(errors(&gl, &cl).0);
-                cl = forward_chunk(&w, &mut cst, &[a], LogitsFor::Last, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
-                gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &[a], LogitsFor::Last, false)?.logits;
-            }
-            let same = ct_ == gt_;
+            let (same, worst) = greedy_compare(gpu, &gm, &w, &formula_ids(seed + 3, 12, vocab), steps)?;
             all &= exact_record(out, &format!("model {name} greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst, "tolerance_nmse": NMSE_TOL}), same && worst <= NMSE_TOL);
         }
     }
@@ -137,22 +143,7 @@ pub fn run_stored(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> 
     all &= record(out, "stored-format logits", json!([len, vocab]), &g.logits, &cpu.logits);
     let agree = top1_agreement(&g.logits, &cpu.logits, vocab);
     all &= exact_record(out, "stored-format top-1", json!({"agreement": agree, "positions": len}), agree >= 0.99);
-    let prompt = formula_ids(5, 12, vocab);
-    let mut cst = SequenceState::new(&cfg, None);
-    let mut cl = forward_chunk(&w, &mut cst, &prompt, LogitsFor::Last, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
-    let mut gseq = GpuSequence::new(gpu, &gm, prompt.len() + steps + 1)?;
-    let mut gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &prompt, LogitsFor::Last, false)?.logits;
-    let (mut ct, mut gt) = (Vec::new(), Vec::new());
-    let mut worst = 0f64;
-    for _ in 0..steps {
-        let (a, b) = (argmax(&cl) as u32, argmax(&gl) as u32);
-        ct.push(a);
-        gt.push(b);
-        worst = worst.max(errors(&gl, &cl).0);
-        cl = forward_chunk(&w, &mut cst, &[a], LogitsFor::Last, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
-        gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &[a], LogitsFor::Last, false)?.logits;
-    }
-    let same = ct == gt;
+    let (same, worst) = greedy_compare(gpu, &gm, &w, &formula_ids(5, 12, vocab), steps)?;
     all &= exact_record(out, &format!("stored-format greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst}), same && worst <= NMSE_TOL);
     Ok(all)
 }
