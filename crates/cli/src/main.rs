@@ -9,6 +9,10 @@ mod cmd;
 #[derive(Parser)]
 #[command(name = "flashseek", version, about)]
 struct Cli {
+    /// Set an optimisation switch, NAME=VALUE (repeatable; overrides FLASHSEEK_<NAME>). `flashseek
+    /// switches` lists them.
+    #[arg(long = "switch", global = true, value_name = "NAME=VALUE")]
+    switch: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -29,10 +33,16 @@ enum Command {
     Logits(cmd::logits::Args),
     /// Serve the model over HTTP: OpenAI- and Anthropic-compatible APIs with continuous batching.
     Serve(cmd::serve::Args),
+    /// List the optimisation switches: env var, flag, default, current value, what each replaces.
+    Switches(cmd::switches::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = apply_switches(&cli.switch) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Chat(a) => cmd::chat::run(a),
         Command::Generate(a) => cmd::generate::run(a),
@@ -41,6 +51,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Logits(a) => cmd::logits::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Switches(a) => cmd::switches::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -49,6 +60,15 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Checks the `FLASHSEEK_<NAME>` variables and applies the `--switch` flags, before anything reads them.
+fn apply_switches(flags: &[String]) -> Result<(), flashseek_engine::switches::SwitchError> {
+    flashseek_engine::switches::check_environment()?;
+    for f in flags {
+        flashseek_engine::switches::set_override(f)?;
+    }
+    Ok(())
 }
 
 /// The error and its causes, each printed once (a cause whose text the message already holds is

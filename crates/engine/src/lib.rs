@@ -10,6 +10,7 @@
 //! - [`generate`]: the sample/decode loop with stop handling and timings.
 //! - [`sampler`]: token sampling (greedy, temperature, top-k/p, min-p, penalties, seed, logprobs), stop strings.
 //! - [`session`]: one sequence: prefill in chunks, decode, prefix reuse.
+//! - [`switches`]: the registry of killable optimisations (`FLASHSEEK_<NAME>`, `--switch`).
 //! - [`testing`]: the deterministic weight generator shared with `scripts/make_goldens.py`.
 
 pub mod cpu;
@@ -20,5 +21,6 @@ pub mod generate;
 pub mod sampler;
 pub mod session;
 pub mod state;
+pub mod switches;
 pub mod testing;
 pub mod weights;

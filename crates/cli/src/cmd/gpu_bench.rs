@@ -25,6 +25,9 @@ pub struct Args {
     /// Decode steps timed per context.
     #[arg(long, default_value_t = 16)]
     pub decode_steps: usize,
+    /// Cold prefills per context up to 32,768 tokens (median reported; longer contexts run once).
+    #[arg(long, default_value_t = 3)]
+    pub prefill_repeats: usize,
     /// Stop before larger contexts once a prefill takes longer than this (seconds).
     #[arg(long, default_value_t = 120.0)]
     pub max_prefill_secs: f64,
@@ -49,10 +52,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         contexts: args.contexts.clone(),
         chunk: args.chunk,
         decode_steps: args.decode_steps,
+        prefill_repeats: args.prefill_repeats,
         max_prefill_secs: args.max_prefill_secs,
     };
     let mut report = bench::run(&gpu, &opts)?;
     report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
+    report["commit"] = option_env!("FLASHSEEK_COMMIT").unwrap_or("unknown (set FLASHSEEK_COMMIT when building)").into();
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
     }

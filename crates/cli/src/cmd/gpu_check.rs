@@ -19,7 +19,8 @@ pub struct Args {
     /// Skip the parity checks (timings only, e.g. under a profiler).
     #[arg(long)]
     pub skip_checks: bool,
-    /// Only time weights whose label or format contains this text.
+    /// Only time weights whose label or format contains this text (`tc…`: only the tensor-core
+    /// linear checks and timings; `moe…`: only the grouped MoE parity matrix and timings).
     #[arg(long)]
     pub only: Option<String>,
     /// Golden models folder for the end-to-end GPU vs CPU checks.
@@ -31,6 +32,9 @@ pub struct Args {
     /// Greedy tokens compared per golden model.
     #[arg(long, default_value_t = 64)]
     pub greedy_steps: usize,
+    /// Token counts of the Flash-shaped MoE layer timings (grouped vs per-expert), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "512,2048,8192")]
+    pub moe_tokens: Vec<usize>,
     /// Random seed of the inputs (default: from the clock, so every run draws fresh inputs).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -55,8 +59,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let t = std::time::Instant::now();
     let gpu = Gpu::open(args.device, &cache)?;
     eprintln!("opened {} ({}) and loaded kernels in {:.2} s", gpu.ctx.name().unwrap_or_default(), gpu.arch, t.elapsed().as_secs_f64());
-    let (mut report, ok) = check::run(&gpu, seed, &check::CheckOptions { repeats: args.repeats, skip_checks: args.skip_checks, only: args.only.clone(), goldens: (!args.skip_models && args.goldens.is_dir()).then(|| args.goldens.clone()), greedy_steps: args.greedy_steps, stored_model })?;
+    let (mut report, ok) = check::run(&gpu, seed, &check::CheckOptions { repeats: args.repeats, skip_checks: args.skip_checks, only: args.only.clone(), goldens: (!args.skip_models && args.goldens.is_dir()).then(|| args.goldens.clone()), greedy_steps: args.greedy_steps, stored_model, moe_tokens: args.moe_tokens.clone() })?;
     report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
+    report["commit"] = option_env!("FLASHSEEK_COMMIT").unwrap_or("unknown (set FLASHSEEK_COMMIT when building)").into();
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
         eprintln!("wrote {}", out.display());

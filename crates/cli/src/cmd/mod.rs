@@ -8,3 +8,4 @@ pub mod gpu_check;
 pub mod inspect;
 pub mod logits;
 pub mod serve;
+pub mod switches;

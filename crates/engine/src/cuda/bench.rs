@@ -1,11 +1,12 @@
 //! `flashseek gpu-bench`: the current GPU forward on DeepSeek-V4-Flash shapes with random weights
 //! in the official precision (FP8 attention and shared experts, FP4 routed experts, BF16
 //! embeddings/head/compressors), on the first `layers` layers of the Flash schedule. Measures cold
-//! prefill and batch-1 decode with the host clock around synchronised calls (each forward call
-//! returns logits to the host), and reports a labelled linear estimate for 43 layers.
+//! prefill and batch-1 decode with CUDA events (medians of repeats after warm-up), a per-stage
+//! breakdown against the machine's ceilings, and a labelled linear estimate for 43 layers.
 
 use super::gpu::Gpu;
-use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
+use super::gpu::StageTimes;
+use super::model::{forward_chunk_gpu, GpuModel, GpuSequence, StageCost};
 use super::upload::RandomOfficialSource;
 use super::CudaError;
 use crate::forward::LogitsFor;
@@ -39,8 +40,80 @@ pub struct BenchOptions {
     pub chunk: usize,
     /// Decode steps timed after each prefill (median reported).
     pub decode_steps: usize,
+    /// Cold prefills per context (fresh sequence each; median reported) for contexts up to 32,768
+    /// tokens; longer contexts run once.
+    pub prefill_repeats: usize,
     /// Skip larger contexts once a prefill took longer than this many seconds.
     pub max_prefill_secs: f64,
+}
+
+/// Measured device ceilings of the H200 this project benchmarks on (task statement): HBM read
+/// bandwidth, dense bf16 and FP8 tensor-core rates.
+pub const CEILING_BYTES_PER_S: f64 = 4.2e12;
+/// Dense bf16 tensor-core rate (FLOP/s).
+pub const CEILING_BF16_FLOPS: f64 = 800e12;
+/// Dense FP8 tensor-core rate (FLOP/s).
+pub const CEILING_FP8_FLOPS: f64 = 1450e12;
+
+fn event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent, CudaError> {
+    let ev = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| CudaError::Driver { what: "event".into(), detail: format!("{e:?}") })?;
+    ev.record(&gpu.stream).map_err(|e| CudaError::Driver { what: "event record".into(), detail: format!("{e:?}") })?;
+    Ok(ev)
+}
+
+fn elapsed_s(a: &cudarc::driver::CudaEvent, b: &cudarc::driver::CudaEvent) -> Result<f64, CudaError> {
+    b.synchronize().map_err(|e| CudaError::Driver { what: "event sync".into(), detail: format!("{e:?}") })?;
+    Ok(a.elapsed_ms(b).map_err(|e| CudaError::Driver { what: "event elapsed".into(), detail: format!("{e:?}") })? as f64 * 1e-3)
+}
+
+/// The per-stage table: measured ms (per call when `calls` > 1), share of the total, analytical
+/// work, achieved rates and the time as a fraction of the stage's floor
+/// `max(FLOPs / bf16 rate, bytes / bandwidth)` (and of the FP8-rate floor, the official numerics').
+fn stage_table(times: &StageTimes, costs: &[(&'static str, StageCost)], calls: usize) -> Vec<Value> {
+    let total: f64 = times.iter().map(|(_, ms, _)| ms).sum();
+    times
+        .iter()
+        .map(|(name, ms, marks)| {
+            let ms_per = ms / calls.max(1) as f64;
+            let mut row = json!({"stage": name, "ms": ms_per, "fraction_of_total": ms / total.max(1e-12), "marks": marks});
+            if let Some((_, c)) = costs.iter().find(|(n, _)| n == name) {
+                let secs = ms_per * 1e-3;
+                let floor_bf16 = (c.flops / CEILING_BF16_FLOPS).max(c.bytes / CEILING_BYTES_PER_S);
+                let floor_fp8 = (c.flops / CEILING_FP8_FLOPS).max(c.bytes / CEILING_BYTES_PER_S);
+                row["flops"] = json!(c.flops);
+                row["bytes"] = json!(c.bytes);
+                row["tflop_per_s"] = json!(c.flops / secs / 1e12);
+                row["gb_per_s"] = json!(c.bytes / secs / 1e9);
+                row["floor_ms_bf16"] = json!(floor_bf16 * 1e3);
+                row["fraction_of_floor_bf16"] = json!(floor_bf16 / secs);
+                row["fraction_of_floor_fp8"] = json!(floor_fp8 / secs);
+            }
+            row
+        })
+        .collect()
+}
+
+fn add_costs(acc: &mut Vec<(&'static str, StageCost)>, more: Vec<(&'static str, StageCost)>) {
+    for (n, c) in more {
+        match acc.iter_mut().find(|(m, _)| *m == n) {
+            Some((_, a)) => {
+                a.flops += c.flops;
+                a.bytes += c.bytes;
+            }
+            None => acc.push((n, c)),
+        }
+    }
+}
+
+fn print_stages(label: &str, rows: &[Value]) {
+    for r in rows {
+        let f = |k: &str| r.get(k).and_then(Value::as_f64);
+        print!("  {label} {:<12} {:9.2} ms {:5.1}%", r["stage"].as_str().unwrap_or(""), f("ms").unwrap_or(0.0), 100.0 * f("fraction_of_total").unwrap_or(0.0));
+        if let (Some(tf), Some(gb), Some(fl)) = (f("tflop_per_s"), f("gb_per_s"), f("fraction_of_floor_bf16")) {
+            print!("  {tf:7.1} TFLOP/s {gb:8.0} GB/s  {:5.1}% of floor", 100.0 * fl);
+        }
+        println!();
+    }
 }
 
 /// Runs the benchmark; returns the JSON report.
@@ -51,40 +124,74 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
     gpu.sync()?;
     let upload_s = t.elapsed().as_secs_f64();
     let (free, total) = gpu.ctx.mem_get_info().unwrap_or((0, 0));
-    println!("uploaded {} Flash layers in {upload_s:.1} s; device memory used {:.1} GiB of {:.1}", cfg.num_hidden_layers, (total - free) as f64 / (1u64 << 30) as f64, total as f64 / (1u64 << 30) as f64);
+    println!("uploaded {} layers in {upload_s:.1} s; device memory used {:.1} GiB of {:.1}", cfg.num_hidden_layers, (total - free) as f64 / (1u64 << 30) as f64, total as f64 / (1u64 << 30) as f64);
+    let n = cfg.num_hidden_layers as f64;
+    // Warm-up: one short prefill and two decode steps (first launches, allocator growth).
+    {
+        let w = opts.chunk.clamp(1, 2048);
+        let ids = formula_ids(1, w + 2, cfg.vocab_size);
+        let mut s = GpuSequence::new(gpu, &model, w + 3)?;
+        forward_chunk_gpu(gpu, &model, &mut s, &ids[..w], LogitsFor::Last, false)?;
+        for id in &ids[w..] {
+            forward_chunk_gpu(gpu, &model, &mut s, &[*id], LogitsFor::Last, false)?;
+        }
+        gpu.sync()?;
+    }
     let mut rows = Vec::new();
     for &ctx in &opts.contexts {
         let ids = formula_ids(ctx as u64, ctx + opts.decode_steps, cfg.vocab_size);
-        let mut seq = GpuSequence::new(gpu, &model, ctx + opts.decode_steps + 1)?;
-        let t = Instant::now();
         let chunks: Vec<&[u32]> = ids[..ctx].chunks(opts.chunk.max(1)).collect();
-        for (i, c) in chunks.iter().enumerate() {
-            let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
-            forward_chunk_gpu(gpu, &model, &mut seq, c, lf, false)?;
+        let repeats = if ctx <= 32768 { opts.prefill_repeats.max(1) } else { 1 };
+        let mut prefill_times = Vec::new();
+        let mut seq = None;
+        let mut prefill_stages = Vec::new();
+        for r in 0..repeats {
+            let mut s = GpuSequence::new(gpu, &model, ctx + opts.decode_steps + 1)?;
+            let profile = r + 1 == repeats;
+            gpu.sync()?;
+            if profile {
+                gpu.profile_start();
+            }
+            let a = event(gpu)?;
+            for (i, c) in chunks.iter().enumerate() {
+                let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
+                forward_chunk_gpu(gpu, &model, &mut s, c, lf, false)?;
+            }
+            let b = event(gpu)?;
+            prefill_times.push(elapsed_s(&a, &b)?);
+            if profile {
+                let times = gpu.profile_finish()?;
+                let mut costs = Vec::new();
+                let mut pos = 0;
+                for (i, c) in chunks.iter().enumerate() {
+                    add_costs(&mut costs, model.stage_costs(c.len(), pos, usize::from(i + 1 == chunks.len())));
+                    pos += c.len();
+                }
+                prefill_stages = stage_table(&times, &costs, 1);
+            }
+            seq = Some(s);
         }
-        gpu.sync()?;
-        let prefill_s = t.elapsed().as_secs_f64();
+        let Some(mut seq) = seq else { continue };
+        prefill_times.sort_by(|a, b| a.total_cmp(b));
+        let prefill_s = prefill_times[prefill_times.len() / 2];
         let mut steps = Vec::new();
-        for id in &ids[ctx..] {
-            let t = Instant::now();
+        for (i, id) in ids[ctx..].iter().enumerate() {
+            if i == 1 {
+                gpu.profile_start();
+            }
+            let a = event(gpu)?;
             forward_chunk_gpu(gpu, &model, &mut seq, &[*id], LogitsFor::Last, false)?;
-            steps.push(t.elapsed().as_secs_f64());
+            let b = event(gpu)?;
+            steps.push(elapsed_s(&a, &b)?);
         }
+        let decode_stages = if steps.len() > 1 {
+            let times = gpu.profile_finish()?;
+            stage_table(&times, &model.stage_costs(1, ctx, 1), steps.len() - 1)
+        } else {
+            Vec::new()
+        };
         steps.sort_by(|a, b| a.total_cmp(b));
         let decode_s = steps.get(steps.len() / 2).copied().unwrap_or(f64::NAN);
-        let n = cfg.num_hidden_layers as f64;
-        let row = json!({
-            "context": ctx,
-            "layers_measured": cfg.num_hidden_layers,
-            "prefill_s": prefill_s,
-            "prefill_tok_s": ctx as f64 / prefill_s,
-            "prefill_tok_s_43_layer_estimate": ctx as f64 / (prefill_s * 43.0 / n),
-            "prefill_chunk": opts.chunk,
-            "decode_ms_per_token": decode_s * 1e3,
-            "decode_tok_s": 1.0 / decode_s,
-            "decode_tok_s_43_layer_estimate": 1.0 / (decode_s * 43.0 / n),
-            "decode_steps": steps.len(),
-        });
         println!(
             "context {ctx:>6}: prefill {prefill_s:.2} s ({:.0} tok/s; 43-layer estimate {:.0}), decode {:.2} ms/token ({:.1} tok/s; 43-layer estimate {:.1})",
             ctx as f64 / prefill_s,
@@ -93,19 +200,39 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             1.0 / decode_s,
             1.0 / (decode_s * 43.0 / n)
         );
-        rows.push(row);
+        print_stages("prefill", &prefill_stages);
+        print_stages("decode ", &decode_stages);
+        rows.push(json!({
+            "context": ctx,
+            "layers_measured": cfg.num_hidden_layers,
+            "prefill_s": prefill_s,
+            "prefill_repeats": prefill_times.len(),
+            "prefill_tok_s": ctx as f64 / prefill_s,
+            "prefill_tok_s_43_layer_estimate": ctx as f64 / (prefill_s * 43.0 / n),
+            "prefill_chunk": opts.chunk,
+            "prefill_stages": prefill_stages,
+            "decode_ms_per_token": decode_s * 1e3,
+            "decode_tok_s": 1.0 / decode_s,
+            "decode_tok_s_43_layer_estimate": 1.0 / (decode_s * 43.0 / n),
+            "decode_steps": steps.len(),
+            "decode_stages_per_token": decode_stages,
+        }));
         if prefill_s > opts.max_prefill_secs {
             println!("stopping: prefill took {prefill_s:.1} s (> {} s)", opts.max_prefill_secs);
             break;
         }
     }
+    let switches: Vec<Value> = crate::switches::SWITCHES.iter().map(|s| json!({"name": s.name, "value": crate::switches::value(s.name)})).collect();
     Ok(json!({
         "gpu": gpu.ctx.name().unwrap_or_default(),
         "arch": gpu.arch,
-        "model": "DeepSeek-V4-Flash shapes, random weights in official precision (FP8 e4m3 + ue8m0 attention/shared, FP4 e2m1 routed experts, BF16 embed/head/compressors)",
+        "model": "DeepSeek-V4-Flash shapes, random weights in official precision (FP8 e4m3 + ue8m0 attention/shared, FP4 e2m1 routed experts, BF16 embeddings/head/compressors)",
         "layers_measured": cfg.num_hidden_layers,
         "upload_s": upload_s,
-        "timing": "host clock around synchronised forward calls (each returns logits); decode = median step",
+        "switches": switches,
+        "timing": "CUDA events around the prefill chunks (median of fresh cold prefills) and around each decode step (median); stages from CUDA events at stage boundaries (last prefill repeat; decode steps after the first)",
+        "ceilings": {"bytes_per_s": CEILING_BYTES_PER_S, "bf16_flops": CEILING_BF16_FLOPS, "fp8_flops": CEILING_FP8_FLOPS, "source": "task statement: this H200 measured ~4.2 TB/s read, ~800 TFLOP/s bf16, ~1,450 TFLOP/s fp8 dense"},
+        "floor_note": "fraction_of_floor = max(FLOPs / rate, bytes / bandwidth) / measured time; FLOPs and bytes from GpuModel::stage_costs (analytical)",
         "estimate_note": "43-layer figures scale the measured time linearly by 43/layers: an estimate, not a measurement",
         "runs": rows,
     }))

@@ -52,7 +52,7 @@ pub fn record(ops_out: &mut Vec<Value>, op: &str, shape: Value, got: &[f32], ref
 }
 
 /// Builds a weight in `format` from f32 values; returns it and the CPU-side dequantized matrix.
-fn weight(gpu: &Gpu, format: &str, vals: &[f32], rows: usize, cols: usize) -> Result<(GpuWeight, Matrix), CudaError> {
+pub(crate) fn weight(gpu: &Gpu, format: &str, vals: &[f32], rows: usize, cols: usize) -> Result<(GpuWeight, Matrix), CudaError> {
     let q = |e: quant::QuantError| CudaError::Unsupported { what: "quantize", detail: e.to_string() };
     let (data, deq) = match format {
         "f32" => (GpuMatrix::F32(gpu.upload(vals)?), vals.to_vec()),
@@ -91,6 +91,8 @@ pub struct CheckOptions {
     pub greedy_steps: usize,
     /// A checkpoint in stored formats (e.g. the embedded default model) to check end to end.
     pub stored_model: Option<std::path::PathBuf>,
+    /// Token counts of the Flash-shaped MoE layer timings.
+    pub moe_tokens: Vec<usize>,
 }
 
 /// Runs every check and timing; returns the JSON report and whether all checks passed.
@@ -100,6 +102,16 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     let mut all = true;
     // `--only tc…` limits the run to the tensor-core linear (gemm.cu): its checks and timings.
     let tc_only = opts.only.as_deref().is_some_and(|o| o.starts_with("tc"));
+    // `--only moe…` limits it to the grouped MoE (ops_moe.rs): its parity matrix and layer timings.
+    let moe_only = opts.only.as_deref().is_some_and(|o| o.starts_with("moe"));
+    if moe_only {
+        if !opts.skip_checks {
+            all &= super::check_moe::run(gpu, seed, &mut out)?;
+        }
+        let timings = super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?;
+        let report = json!({"gpu": gpu.ctx.name().unwrap_or_default(), "arch": gpu.arch, "seed": seed, "all_pass": all, "ops": out, "timings": timings});
+        return Ok((report, all));
+    }
     if !opts.skip_checks {
         all &= tc_checks(gpu, seed, &mut out)?;
     }
@@ -163,6 +175,7 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
 
     all &= super::check_attention::run(gpu, seed, &mut out)?;
     all &= super::check_mhc::run(gpu, seed, &mut out)?;
+    all &= super::check_moe::run(gpu, seed, &mut out)?;
     if let Some(g) = &opts.goldens {
         all &= super::check_model::run(gpu, g, opts.greedy_steps, &mut out)?;
     }
@@ -224,6 +237,9 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     if opts.only.is_none() || tc_only {
         timings.extend(tc_timings(gpu, seed, repeats)?);
     }
+    if opts.only.is_none() {
+        timings.extend(super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?);
+    }
     let name = gpu.ctx.name().unwrap_or_default();
     let report = json!({
         "gpu": name,
@@ -242,7 +258,7 @@ fn ev_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> CudaError + '_ 
 }
 
 /// Median time in ms of `f` over `repeats` runs (after one warm-up), CUDA events around each.
-fn median_ms(gpu: &Gpu, repeats: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+pub(crate) fn median_ms(gpu: &Gpu, repeats: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
     f()?;
     gpu.sync()?;
     let mut times = Vec::new();
@@ -260,7 +276,7 @@ fn median_ms(gpu: &Gpu, repeats: usize, mut f: impl FnMut() -> Result<(), CudaEr
 }
 
 /// Prints and appends a pass/fail record without an NMSE.
-fn flag_record(out: &mut Vec<Value>, op: &str, detail: Value, ok: bool) -> bool {
+pub(crate) fn flag_record(out: &mut Vec<Value>, op: &str, detail: Value, ok: bool) -> bool {
     println!("{op:<28} {detail}  {}", if ok { "ok" } else { "FAIL" });
     out.push(json!({"op": op, "detail": detail, "pass": ok}));
     ok

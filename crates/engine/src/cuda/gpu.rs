@@ -52,10 +52,15 @@ pub struct Gpu {
     /// Target architecture, e.g. `sm_90a`.
     pub arch: String,
     functions: HashMap<&'static str, CudaFunction>,
+    /// Stage marks while profiling ([`Gpu::profile_start`]): (stage that starts here, event).
+    profile: std::sync::Mutex<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
 }
 
+/// Time per forward stage from [`Gpu::profile_finish`]: stage name → (milliseconds, marks).
+pub type StageTimes = Vec<(&'static str, f64, usize)>;
+
 /// The kernel entry points per source file.
-const ENTRY_POINTS: &[(&str, &[&str])] = &[
+pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("norm.cu", &["rms_norm_f32"]),
     ("rope.cu", &["rope_f32"]),
     (
@@ -81,7 +86,7 @@ const ENTRY_POINTS: &[(&str, &[&str])] = &[
 
 /// The entry points of gemm.cu: the activation conversion and, per weight format, the tensor-core
 /// GEMM in each [`GemmTile`].
-const GEMM_ENTRY_POINTS: &[&str] = &[
+pub(crate) const GEMM_ENTRY_POINTS: &[&str] = &[
     "gemm_x_bf16",
     "gemm_tc_f32",
     "gemm_tc_bf16",
@@ -104,6 +109,42 @@ const GEMM_ENTRY_POINTS: &[&str] = &[
     "gemm_tc_bf16_s_x2",
     "gemm_tc_fp8_s_x2",
     "gemm_tc_fp4_s_x2",
+    "moe_gemm_bf16_128_plain",
+    "moe_gemm_bf16_128_swiglu",
+    "moe_gemm_bf16_128_scatter",
+    "moe_gemm_bf16_64_plain",
+    "moe_gemm_bf16_64_swiglu",
+    "moe_gemm_bf16_64_scatter",
+    "moe_gemm_bf16_128_x2_plain",
+    "moe_gemm_bf16_128_x2_swiglu",
+    "moe_gemm_bf16_128_x2_scatter",
+    "moe_gemm_bf16_64_x2_plain",
+    "moe_gemm_bf16_64_x2_swiglu",
+    "moe_gemm_bf16_64_x2_scatter",
+    "moe_gemm_fp8_128_plain",
+    "moe_gemm_fp8_128_swiglu",
+    "moe_gemm_fp8_128_scatter",
+    "moe_gemm_fp8_64_plain",
+    "moe_gemm_fp8_64_swiglu",
+    "moe_gemm_fp8_64_scatter",
+    "moe_gemm_fp8_128_x2_plain",
+    "moe_gemm_fp8_128_x2_swiglu",
+    "moe_gemm_fp8_128_x2_scatter",
+    "moe_gemm_fp8_64_x2_plain",
+    "moe_gemm_fp8_64_x2_swiglu",
+    "moe_gemm_fp8_64_x2_scatter",
+    "moe_gemm_fp4_128_plain",
+    "moe_gemm_fp4_128_swiglu",
+    "moe_gemm_fp4_128_scatter",
+    "moe_gemm_fp4_64_plain",
+    "moe_gemm_fp4_64_swiglu",
+    "moe_gemm_fp4_64_scatter",
+    "moe_gemm_fp4_128_x2_plain",
+    "moe_gemm_fp4_128_x2_swiglu",
+    "moe_gemm_fp4_128_x2_scatter",
+    "moe_gemm_fp4_64_x2_plain",
+    "moe_gemm_fp4_64_x2_swiglu",
+    "moe_gemm_fp4_64_x2_scatter",
 ];
 
 /// Token count from which [`Gpu::linear`] uses the tensor-core GEMM (gemm.cu).
@@ -130,19 +171,14 @@ pub enum TcMode {
 /// The mode when `FLASHSEEK_TC_LINEAR` is unset (or `1`).
 pub const TC_LINEAR_DEFAULT: TcMode = TcMode::Split;
 
-/// [`TcMode`] from `FLASHSEEK_TC_LINEAR` (`0`/`off`, `bf16`, `split`; unset or `1`:
-/// [`TC_LINEAR_DEFAULT`]; anything else: off). Read once per process.
+/// [`TcMode`] from the switch `TC_LINEAR` (`FLASHSEEK_TC_LINEAR` or `--switch TC_LINEAR=…`: `split`
+/// (default, also `1`/`on`), `bf16`, `off`/`0`); see [`crate::switches`]. Read once per process.
 pub fn tc_linear_mode() -> TcMode {
-    static MODE: std::sync::OnceLock<TcMode> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("FLASHSEEK_TC_LINEAR").map(|v| v.trim().to_ascii_lowercase()) {
-        Err(_) => TC_LINEAR_DEFAULT,
-        Ok(v) => match v.as_str() {
-            "" | "1" | "on" => TC_LINEAR_DEFAULT,
-            "bf16" => TcMode::Bf16,
-            "split" | "x2" => TcMode::Split,
-            _ => TcMode::Off,
-        },
-    })
+    match crate::switches::value("TC_LINEAR") {
+        "bf16" => TcMode::Bf16,
+        "off" => TcMode::Off,
+        _ => TcMode::Split,
+    }
 }
 
 /// Block tile of the tensor-core GEMM (gemm.cu): tokens × outputs per block.
@@ -198,6 +234,11 @@ impl GemmTile {
 /// two with `split` + raw weight tile) + 2 bf16 weight tiles + the FP4 table`.
 pub fn gemm_smem_bytes(format: &str, tile: GemmTile, split: bool) -> usize {
     let (bm, bn, _, _) = tile.shape();
+    gemm_smem_for(format, bm, bn, split)
+}
+
+/// [`gemm_smem_bytes`] for any `bm × bn` block tile (the grouped MoE GEMM's tiles too).
+pub fn gemm_smem_for(format: &str, bm: usize, bn: usize, split: bool) -> usize {
     let stages = if format == "f32" { 3 } else { 4 };
     let raw_pitch = match format {
         "f32" => 144,
@@ -256,7 +297,54 @@ impl Gpu {
                 }
             }
         }
-        Ok(Gpu { ctx, stream, arch, functions })
+        for name in super::ops_moe::moe_gemm_entry_points() {
+            let (fmt, bm, split) = super::ops_moe::moe_gemm_entry_shape(name);
+            let bytes = gemm_smem_for(fmt, bm, super::ops_moe::MOE_GEMM_BN, split) as i32;
+            let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
+        }
+        Ok(Gpu { ctx, stream, arch, functions, profile: std::sync::Mutex::new(None) })
+    }
+
+    /// Starts recording stage marks (CUDA events on the stream; no synchronisation until
+    /// [`Gpu::profile_finish`]).
+    pub fn profile_start(&self) {
+        *self.profile.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
+    }
+
+    /// Marks that the work queued from here on belongs to stage `name` (until the next mark). A
+    /// no-op unless profiling; errors recording the event are ignored (profiling is best effort).
+    pub fn stage(&self, name: &'static str) {
+        let mut g = self.profile.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(marks) = g.as_mut() {
+            if let Ok(ev) = self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)) {
+                if ev.record(&self.stream).is_ok() {
+                    marks.push((name, ev));
+                }
+            }
+        }
+    }
+
+    /// Stops profiling: synchronises, then sums the GPU time between consecutive marks per stage
+    /// (the last mark's stage ends at this call), in order of first appearance.
+    ///
+    /// Errors: a failed synchronisation or event query.
+    pub fn profile_finish(&self) -> Result<StageTimes, CudaError> {
+        self.stage("end");
+        let marks = self.profile.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
+        self.sync()?;
+        let mut out: StageTimes = Vec::new();
+        for w in marks.windows(2) {
+            let ms = drv("event elapsed", w[0].1.elapsed_ms(&w[1].1))? as f64;
+            match out.iter_mut().find(|(n, _, _)| *n == w[0].0) {
+                Some(e) => {
+                    e.1 += ms;
+                    e.2 += 1;
+                }
+                None => out.push((w[0].0, ms, 1)),
+            }
+        }
+        Ok(out)
     }
 
     /// The loaded kernel `name` (an entry point listed for its source file).

@@ -212,6 +212,7 @@ impl GpuModel {
                     router,
                     shared: expert(&format!("{p}.ffn.shared_experts"))?,
                     experts: (0..e).map(|x| expert(&format!("{p}.ffn.experts.{x}"))).collect::<Result<_, _>>()?,
+                    tables: std::sync::OnceLock::new(),
                 },
             });
         }
@@ -359,6 +360,7 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
     }
     let eps = c.rms_norm_eps as f32;
     // §4.1: embedding rows into every stream (gathered on the host).
+    gpu.stage("embed");
     let mut host_x = vec![0f32; t * n * d];
     for (ti, id) in ids.iter().enumerate() {
         let row = &m.embed[*id as usize * d..(*id as usize + 1) * d];
@@ -375,9 +377,11 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
     for (l, s) in m.layers.iter().zip(seq.layers.iter_mut()) {
         let (rope, inv) = if l.kind.uses_compress_rope() { (&m.rope_compress, &m.inv_compress) } else { (&m.rope_main, &m.inv_main) };
         // Attention sub-block (§4.2, §4.5–§4.7).
+        gpu.stage("mhc+norms");
         gpu.hc_pre(&l.hc_attn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
         let mut a = gpu.zeros::<f32>(t * d)?;
         gpu.rms_norm(&u, Some(&l.attn_norm), &mut a, t, d, eps)?;
+        gpu.stage("projections");
         let mut qr0 = gpu.zeros::<f32>(t * c.q_lora_rank)?;
         gpu.linear(&a, &l.wq_a, &mut qr0, t)?;
         let mut qr = gpu.zeros::<f32>(t * c.q_lora_rank)?;
@@ -394,8 +398,10 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
         gpu.rope(&mut kv, inv, rope, t, 1, hd, pos0, false)?;
         copy_into(gpu, &kv, t * hd, &mut s.kv, pos0 * hd)?;
         if let (Some(cw), Some(cs)) = (&l.compressor, &mut s.comp) {
+            gpu.stage("compressors");
             compress_chunk(gpu, m, cw, cs, &a, t, pos0)?;
         }
+        gpu.stage("attention");
         let mut o = gpu.zeros::<f32>(t * h * hd)?;
         let shape = AttentionShape { tokens: t, heads: h, head_dim: hd, pos0, window: c.sliding_window, kv_base: 0 };
         match (l.kind, &l.compressor, &s.comp) {
@@ -410,7 +416,9 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
                     (Some(iw), Some(is)) => (iw, is),
                     _ => return Err(CudaError::Unsupported { what: "forward", detail: "CSA layer without an indexer".into() }),
                 };
+                gpu.stage("compressors");
                 compress_chunk(gpu, m, &iw.compressor, is, &a, t, pos0)?;
+                gpu.stage("indexer");
                 let mut iq = gpu.zeros::<f32>(t * iw.heads * iw.head_dim)?;
                 gpu.linear(&qr, &iw.wq_b, &mut iq, t)?;
                 gpu.rope(&mut iq, &m.inv_compress, &m.rope_compress, t, iw.heads, iw.head_dim, pos0, false)?;
@@ -427,11 +435,13 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
                     gpu.indexer_topk(&scores, &offsets, &mut idx, &ishape, c.index_topk)?;
                 }
                 let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: Some(&idx) };
+                gpu.stage("attention");
                 gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
             }
             _ => return Err(CudaError::Unsupported { what: "forward", detail: "compressed layer without a compressor".into() }),
         }
         // §4.7 grouped output projection: group g takes heads g·H/G.. of every token.
+        gpu.stage("projections");
         let (groups, r) = (c.o_groups, c.o_lora_rank);
         let gin = h * hd / groups;
         let mut z = gpu.zeros::<f32>(t * groups * r)?;
@@ -446,12 +456,15 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
         }
         let mut y = gpu.zeros::<f32>(t * d)?;
         gpu.linear(&z, &l.wo_b, &mut y, t)?;
+        gpu.stage("mhc+norms");
         gpu.hc_post(&mut x, &y, &post, &comb, t, n, d)?;
         // MoE sub-block (§4.11).
         gpu.hc_pre(&l.hc_ffn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
         let mut f = gpu.zeros::<f32>(t * d)?;
         gpu.rms_norm(&u, Some(&l.ffn_norm), &mut f, t, d, eps)?;
+        gpu.stage("moe");
         let moe = gpu.moe_forward(c, &l.moe, &f, &ids_dev, t)?;
+        gpu.stage("mhc+norms");
         gpu.hc_post(&mut x, &moe.out, &post, &comb, t, n, d)?;
         if record_streams {
             layer_streams.push(gpu.download(&x)?);
@@ -459,6 +472,7 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
     }
     seq.pos += t;
     // §4.12 head for the selected positions.
+    gpu.stage("head");
     let (first, rows) = match logits_for {
         LogitsFor::All => (0, t),
         LogitsFor::Last => (t - 1, 1),
@@ -481,4 +495,92 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
         gpu.download(&lg)?
     };
     Ok(GpuForwardOutput { logits, layer_streams })
+}
+
+/// Work of one forward stage for a chunk, for the benchmark's floors: floating-point operations and
+/// the bytes a perfect kernel must read (weights once per chunk, plus the KV/indexer rows attention
+/// and scoring read once per token).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StageCost {
+    /// Floating-point operations (multiply + add = 2).
+    pub flops: f64,
+    /// Bytes read from device memory at least once.
+    pub bytes: f64,
+}
+
+/// Stored bytes of a weight (values + scales).
+fn weight_bytes(w: &GpuWeight) -> f64 {
+    (match &w.data {
+        GpuMatrix::F32(m) => m.len() * 4,
+        GpuMatrix::Bf16(m) => m.len() * 2,
+        GpuMatrix::Fp8 { w, scales } | GpuMatrix::Fp4 { w, scales } => w.len() + scales.len(),
+    }) as f64
+}
+
+impl GpuModel {
+    /// Analytical work per stage (`projections`, `compressors`, `indexer`, `attention`, `moe`,
+    /// `head`) of a chunk of `t` tokens starting at position `pos0` with logits for `logit_rows`
+    /// positions: FLOPs of every matrix product and the minimum bytes read (spec §4; attention
+    /// counts QK and PV over the window plus the selected or visible compressed rows of each query,
+    /// the indexer its scores over every visible entry; MoE weights: the distinct experts a chunk
+    /// can touch, min(E, t·k), plus the shared expert and the router).
+    pub fn stage_costs(&self, t: usize, pos0: usize, logit_rows: usize) -> Vec<(&'static str, StageCost)> {
+        let c = &self.config;
+        let (tf, hd, h) = (t as f64, c.head_dim as f64, c.num_attention_heads as f64);
+        let mut proj = StageCost::default();
+        let mut comp = StageCost::default();
+        let mut idx = StageCost::default();
+        let mut att = StageCost::default();
+        let mut moe = StageCost::default();
+        let lin = |s: &mut StageCost, w: &GpuWeight, rows_t: f64| {
+            s.flops += 2.0 * rows_t * (w.rows * w.cols) as f64;
+            s.bytes += weight_bytes(w);
+        };
+        let mid = pos0 as f64 + tf / 2.0; // average position of the chunk's queries
+        for l in &self.layers {
+            for w in [&l.wq_a, &l.wq_b, &l.wkv, &l.wo_b] {
+                lin(&mut proj, w, tf);
+            }
+            for w in &l.wo_a {
+                lin(&mut proj, w, tf);
+            }
+            if let Some(cw) = &l.compressor {
+                lin(&mut comp, &cw.wkv, tf);
+                lin(&mut comp, &cw.wgate, tf);
+            }
+            let window = (c.sliding_window as f64).min(mid + 1.0);
+            let compressed = match l.kind {
+                LayerKind::Sliding => 0.0,
+                LayerKind::Hca { ratio } => (mid / ratio as f64).floor(),
+                LayerKind::Csa { ratio } => (mid / ratio as f64).floor().min(c.index_topk as f64),
+            };
+            att.flops += 4.0 * tf * h * hd * (window + compressed);
+            att.bytes += tf * (window + compressed) * hd * 4.0;
+            if let Some(iw) = &l.indexer {
+                lin(&mut comp, &iw.compressor.wkv, tf);
+                lin(&mut comp, &iw.compressor.wgate, tf);
+                lin(&mut idx, &iw.wq_b, tf);
+                lin(&mut idx, &iw.weights_proj, tf);
+                let entries = (mid / iw.compressor.ratio as f64).floor();
+                idx.flops += 2.0 * tf * entries * (iw.heads * iw.head_dim) as f64;
+                idx.bytes += ((pos0 + t) / iw.compressor.ratio * iw.head_dim * 4) as f64;
+            }
+            lin(&mut moe, &l.moe.gate, tf);
+            for w in [&l.moe.shared.w1, &l.moe.shared.w2, &l.moe.shared.w3] {
+                lin(&mut moe, w, tf);
+            }
+            let k = c.num_experts_per_tok as f64;
+            if let Some(ex) = l.moe.experts.first() {
+                let per: f64 = [&ex.w1, &ex.w2, &ex.w3].iter().map(|w| weight_bytes(w)).sum();
+                let fl: f64 = [&ex.w1, &ex.w2, &ex.w3].iter().map(|w| (w.rows * w.cols) as f64).sum();
+                moe.flops += 2.0 * tf * k * fl;
+                moe.bytes += per * (l.moe.experts.len() as f64).min(tf * k);
+            }
+        }
+        let mut head = StageCost::default();
+        if logit_rows > 0 {
+            lin(&mut head, &self.head, logit_rows as f64);
+        }
+        vec![("projections", proj), ("compressors", comp), ("indexer", idx), ("attention", att), ("moe", moe), ("head", head)]
+    }
 }

@@ -123,6 +123,13 @@ mod tests {
         for (file, src) in KERNEL_SOURCES {
             let cubin = compile(file, src, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
             assert!(cubin.len() > 100, "{file}: CUBIN of {} bytes", cubin.len());
+            // Every entry point the loader looks up is a symbol of the CUBIN.
+            let names = crate::cuda::gpu::ENTRY_POINTS.iter().find(|(f, _)| f == file).map(|(_, n)| *n).unwrap_or(&[]);
+            assert!(!names.is_empty(), "{file} lists no entry points");
+            for name in names {
+                let sym: Vec<u8> = name.bytes().chain(std::iter::once(0)).collect();
+                assert!(cubin.windows(sym.len()).any(|w| w == sym.as_slice()), "{file}: entry point {name} missing from the CUBIN");
+            }
             println!("{file}: {} bytes of sm_90a CUBIN (NVRTC {}.{})", cubin.len(), v.0, v.1);
         }
         // A broken kernel is reported with the compiler log, not a panic.

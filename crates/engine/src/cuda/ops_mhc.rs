@@ -16,7 +16,17 @@ use flashseek_model::config::{Ds4Config, ScoringFunc};
 /// Entry points of `kernels/mhc.cu`.
 pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_pre_f32", "hc_post_f32", "hc_head_f32"];
 /// Entry points of `kernels/moe.cu`.
-pub const MOE_ENTRY_POINTS: &[&str] = &["router_scores_f32", "swiglu_f32", "gather_rows_f32", "scatter_rows_f32", "moe_combine_f32"];
+pub const MOE_ENTRY_POINTS: &[&str] = &[
+    "router_scores_f32",
+    "swiglu_f32",
+    "gather_rows_f32",
+    "scatter_rows_f32",
+    "moe_combine_f32",
+    "moe_group_count",
+    "moe_group_plan",
+    "moe_group_fill",
+    "moe_gather_bf16",
+];
 
 /// Most residual streams `n` (`hc_mult`) the mHC kernels handle (`HC_MAXN` in mhc.cu).
 pub const HC_MAX_STREAMS: usize = 4;
@@ -134,14 +144,17 @@ pub struct GpuMoeLayer {
     pub shared: GpuExpert,
     /// Routed experts, `n_routed_experts` of them.
     pub experts: Vec<GpuExpert>,
+    /// Per-expert device addresses for the grouped MoE, built on first use (`None` inside: the
+    /// experts cannot run grouped). Start with `OnceLock::new()`.
+    pub tables: std::sync::OnceLock<Option<super::ops_moe::GpuExpertTables>>,
 }
 
 /// What [`Gpu::moe_forward`] returns.
 pub struct GpuMoeOutput {
     /// MoE output `[T, d]`.
     pub out: CudaSlice<f32>,
-    /// Selected experts `[T, k]` (host copy; the expert grouping needs it on the host).
-    pub experts: Vec<i32>,
+    /// Selected experts `[T, k]` (device).
+    pub experts: CudaSlice<i32>,
     /// Routing weights γ `[T, k]` (already × routed_scaling_factor).
     pub weights: CudaSlice<f32>,
 }
@@ -414,7 +427,7 @@ impl Gpu {
     /// One SwiGLU expert on the first `m` rows of `x` (`[m, d]`): `y = W2·(silu(min(W1 x, L)) ⊙ clamp(W3 x, ±L))`,
     /// using the scratch buffers `g`, `u`, `h` (each ≥ `m·inter`); writes `y` (`[m, d]`).
     #[allow(clippy::too_many_arguments)]
-    fn expert_ffn(&self, ex: &GpuExpert, x: &CudaSlice<f32>, m: usize, limit: f32, g: &mut CudaSlice<f32>, u: &mut CudaSlice<f32>, h: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+    pub(crate) fn expert_ffn(&self, ex: &GpuExpert, x: &CudaSlice<f32>, m: usize, limit: f32, g: &mut CudaSlice<f32>, u: &mut CudaSlice<f32>, h: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), CudaError> {
         const W: &str = "moe expert";
         let (inter, d) = ex.dims()?;
         need(W, "x", x.len(), m * d)?;
@@ -539,14 +552,35 @@ impl Gpu {
     /// (read by hash layers). Comparable with `forward::moe::route` + `forward::moe::moe` with
     /// `Numerics::default()`.
     ///
-    /// Synchronises once (the selected experts are copied to the host to group tokens by expert).
+    /// With the `MOE_GROUPED` switch on, `TC_LINEAR` not off, at least
+    /// [`super::gpu::TC_LINEAR_MIN_TOKENS`] tokens and experts that allow it, the routed experts run
+    /// grouped on the device ([`Gpu::moe_experts_grouped`], no synchronisation); otherwise one
+    /// expert at a time ([`Gpu::moe_experts`], one synchronisation to group tokens on the host).
     ///
-    /// Errors: shapes that disagree with `cfg`, an invalid token id or table entry (hash layers), or
-    /// any launcher error.
+    /// Errors: shapes that disagree with `cfg`, an invalid token id or table entry (hash layers;
+    /// per-expert path), or any launcher error.
     pub fn moe_forward(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize) -> Result<GpuMoeOutput, CudaError> {
-        let (experts_dev, weights) = self.moe_route(cfg, layer, f, ids, t)?;
-        let experts = self.download(&experts_dev)?;
-        let out = self.moe_experts(cfg, layer, f, t, &experts, &weights)?;
+        let split = match super::gpu::tc_linear_mode() {
+            super::gpu::TcMode::Off => None,
+            super::gpu::TcMode::Bf16 => Some(false),
+            super::gpu::TcMode::Split => Some(true),
+        };
+        let opts = super::ops_moe::MoeOptions::from_switches();
+        let grouped = if opts.grouped && t >= super::gpu::TC_LINEAR_MIN_TOKENS { split } else { None };
+        self.moe_forward_with(cfg, layer, f, ids, t, grouped.map(|s| (s, opts)))
+    }
+
+    /// [`Gpu::moe_forward`] with the path chosen by the caller: `grouped` = Some((split activations,
+    /// options)) runs the grouped path when the layer's experts allow it, None the per-expert path.
+    pub fn moe_forward_with(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize, grouped: Option<(bool, super::ops_moe::MoeOptions)>) -> Result<GpuMoeOutput, CudaError> {
+        let (experts, weights) = self.moe_route(cfg, layer, f, ids, t)?;
+        let out = match grouped {
+            Some((split, opts)) if self.moe_tables(layer)?.is_some() => self.moe_experts_grouped(cfg, layer, f, t, &experts, &weights, split, opts)?,
+            _ => {
+                let host = self.download(&experts)?;
+                self.moe_experts(cfg, layer, f, t, &host, &weights)?
+            }
+        };
         Ok(GpuMoeOutput { out, experts, weights })
     }
 }

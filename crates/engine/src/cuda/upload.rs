@@ -98,16 +98,23 @@ impl RandomOfficialSource {
             n_experts: cfg.n_routed_experts,
         }
     }
-    fn bytes(&self, name: &str, n: usize, map: impl Fn(u64) -> u8) -> Vec<u8> {
-        let mut s = crate::testing::fnv1a64(&format!("{}:{name}", self.seed)) | 1;
-        (0..n)
-            .map(|_| {
+    /// `n` pseudo-random bytes for tensor `name`: xorshift64 streams of 1 MiB chunks, each seeded from
+    /// (seed, name, chunk), generated in parallel (the values do not depend on the thread count).
+    fn bytes(&self, name: &str, n: usize, map: impl Fn(u64) -> u8 + Sync) -> Vec<u8> {
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 20;
+        let base = crate::testing::fnv1a64(&format!("{}:{name}", self.seed));
+        let mut out = vec![0u8; n];
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
+            let mut s = (base ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1;
+            for v in chunk.iter_mut() {
                 s ^= s << 13;
                 s ^= s >> 7;
                 s ^= s << 17;
-                map(s >> 24)
-            })
-            .collect()
+                *v = map(s >> 24);
+            }
+        });
+        out
     }
 }
 

@@ -128,9 +128,40 @@ struct GmLayout {
     static constexpr int TOTAL = STAGES * (A_STAGE + RAW_STAGE) + 2 * BTILE + LUT;
 };
 
-template <int FMT, int BM, int BN, int WM, int WN, bool SPLIT>
-__device__ __forceinline__ void gm_gemm(const u16* __restrict__ xb, const u8* __restrict__ W, const u8* __restrict__ S,
-                                        float* __restrict__ y, int T, int N, int K) {
+// One output tile's problem. Plain linear layers (EPI 0, gemm_tc_*): rows m0.. of xb, weights W/S,
+// output y [T, N] (rows ≥ T not written). Grouped MoE tiles (moe_gemm_*) point W/S (and W3/S3) at one
+// expert and m0 at the tile's first grouped row.
+struct GmProb {
+    const u16* xb;     // activations: [rows, Kp] bf16 (+ low plane at lo_plane elements with SPLIT)
+    size_t lo_plane;
+    const u8* W;       // weight [N, K] (EPI 1: the gate W1 [N/2, K])
+    const u8* S;       // its scales
+    const u8* W3;      // EPI 1: the up projection W3 [N/2, K]
+    const u8* S3;
+    int m0, n0;        // tile origin (activation row, output column)
+    int T, N, K;       // rows bound for EPI 0 writes, outputs (EPI 1: 2·inter), inputs
+};
+
+// Epilogues: 0 = store f32 y[row, col] (row < T); 1 = fused SwiGLU: the weight tile interleaves gate
+// and up rows in blocks of 8 (fused column c: hidden unit (c >> 4)·8 + (c & 7), gate when bit 3 is 0),
+// so one thread holds g and u of the same unit and writes h = silu(min(g, L))·clamp(u, ±L) as bf16
+// (plus the low plane with SPLIT) into hb [rows, ldh]; 2 = scatter f32 rows: y[dst[row], col]
+// (dst[row] < 0: padding row, not written).
+struct GmEpi {
+    float* y;
+    u16* hb;
+    size_t h_lo;
+    int ldh;
+    float limit;
+    const int* dst;
+};
+
+template <int FMT, int BM, int BN, int WM, int WN, bool SPLIT, int EPI>
+__device__ __forceinline__ void gm_gemm(const GmProb& P, const GmEpi& E) {
+    const u16* __restrict__ xb = P.xb;
+    const u8* __restrict__ W = P.W;
+    const u8* __restrict__ S = P.S;
+    const int T = P.T, N = P.N, K = P.K;
     typedef GmLayout<FMT, BM, BN, SPLIT> L;
     constexpr int NT = WM * WN * 32;
     constexpr int ST = L::STAGES;
@@ -158,15 +189,9 @@ __device__ __forceinline__ void gm_gemm(const u16* __restrict__ xb, const u8* __
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN;
-    const int tiles_m = (T + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    const int per_group = GM_GROUP * tiles_n;
-    const int pid = blockIdx.x;
-    const int first_m = (pid / per_group) * GM_GROUP;
-    const int gsz = min(tiles_m - first_m, GM_GROUP);
-    const int pm = first_m + (pid % per_group) % gsz, pn = (pid % per_group) / gsz;
-    const int m0 = pm * BM, n0 = pn * BN;
+    const int m0 = P.m0, n0 = P.n0;
     const int Kp = (K + 31) & ~31, KT = Kp / GM_BK;
-    const size_t lo_plane = (size_t)((T + 127) & ~127) * Kp;  // SPLIT: the low halves follow the high ones
+    const size_t lo_plane = P.lo_plane;  // SPLIT: the low halves follow the high ones
     const size_t wrow = FMT == 0 ? (size_t)K * 4 : FMT == 1 ? (size_t)K * 2 : FMT == 2 ? (size_t)K : (size_t)K / 2;
     const int sk = (K + 127) >> 7;
 
@@ -178,6 +203,12 @@ __device__ __forceinline__ void gm_gemm(const u16* __restrict__ xb, const u8* __
     }
 
     const u32 as_base = gm_smem(As), rs_base = gm_smem(Rs), bt_base = gm_smem(Bt);
+
+    // Weight row n of the tile's matrix (EPI 1: gate/up interleaved in blocks of 8 rows).
+    auto gm_wrow = [&](int n) -> const u8* {
+        if (EPI == 1) return ((n >> 3) & 1 ? P.W3 : W) + (size_t)((n >> 4) * 8 + (n & 7)) * wrow;
+        return W + (size_t)n * wrow;
+    };
 
     // Copies of K step kt into ring slot kt % ST (always commits a group, empty past the end).
     auto issue = [&](int kt) {
@@ -199,7 +230,7 @@ __device__ __forceinline__ void gm_gemm(const u16* __restrict__ xb, const u8* __
                     int r = q / CPR, c = q % CPR;
                     size_t kb = (size_t)kt * RB + c * 16;
                     bool ok = n0 + r < N && kb < wrow;
-                    const u8* src = ok ? W + (size_t)(n0 + r) * wrow + kb : W;
+                    const u8* src = ok ? gm_wrow(n0 + r) + kb : W;
                     gm_cp16(r_dst + r * L::RP + c * 16, src, ok);
                 }
             }
@@ -212,8 +243,13 @@ __device__ __forceinline__ void gm_gemm(const u16* __restrict__ xb, const u8* __
         int q = tid + u * NT, r = q % BN, c = q / BN;
         int n = n0 + r, k = kt * GM_BK + c * DQ;
         if (FMT < 2 || kt >= KT || n >= N || k >= K) return 127u;
-        if (FMT == 2) return __ldg(S + (size_t)(n >> 7) * sk + (k >> 7));
-        return __ldg(S + (size_t)n * (K >> 5) + (k >> 5));
+        const u8* s = S;
+        if (EPI == 1) {
+            s = (n >> 3) & 1 ? P.S3 : S;
+            n = (n >> 4) * 8 + (n & 7);
+        }
+        if (FMT == 2) return __ldg(s + (size_t)(n >> 7) * sk + (k >> 7));
+        return __ldg(s + (size_t)n * (K >> 5) + (k >> 5));
     };
 
     // Raw weights of K step kt → bf16 tile kt & 1.
@@ -335,6 +371,40 @@ __device__ __forceinline__ void gm_gemm(const u16* __restrict__ xb, const u8* __
     gm_wait<0>();
 
     const int g = lane >> 2, c2 = (lane & 3) * 2;
+    if (EPI == 1) {
+        // acc[.][2j] = gate, acc[.][2j + 1] = up of hidden units hb0 + 8j + c2 (+1); rows of padded
+        // tiles are all written (zero inputs give h = 0), so the down GEMM reads no stale values.
+        const int hb0 = (n0 + wn * WTN) >> 1;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int j = 0; j < NT8 / 2; j++) {
+                const int col = hb0 + 8 * j + c2;
+                if (2 * col >= N) continue;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = m0 + wm * WTM + mt * 16 + g + 8 * h;
+                    float hv[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float gv = fminf(acc[mt][2 * j][2 * h + e], E.limit);
+                        const float uv = acc[mt][2 * j + 1][2 * h + e];
+                        const float uc = uv != uv ? uv : fminf(fmaxf(uv, -E.limit), E.limit);
+                        const float sg = 1.f / (1.f + expf(-gv));
+                        hv[e] = (gv * sg) * uc;
+                    }
+                    const u32 hi = gm_bf16x2(hv[0], hv[1]);
+                    u16* dst = E.hb + (size_t)row * E.ldh + col;
+                    *reinterpret_cast<u32*>(dst) = hi;
+                    if (SPLIT) {
+                        const float l0 = hv[0] - __uint_as_float(hi << 16), l1 = hv[1] - __uint_as_float(hi & 0xffff0000u);
+                        *reinterpret_cast<u32*>(dst + E.h_lo) = gm_bf16x2(l0, l1);
+                    }
+                }
+            }
+        }
+        return;
+    }
     const bool even = (N & 1) == 0;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -344,8 +414,10 @@ __device__ __forceinline__ void gm_gemm(const u16* __restrict__ xb, const u8* __
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int row = m0 + wm * WTM + mt * 16 + g + 8 * h;
-                if (row < T) {
-                    float* dst = y + (size_t)row * N + col;
+                int orow = row;
+                if (EPI == 2) orow = E.dst[row];
+                if (EPI == 0 ? row < T : orow >= 0) {
+                    float* dst = E.y + (size_t)orow * N + col;
                     float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
                     if (even && col + 1 < N) {
                         *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
@@ -378,11 +450,38 @@ extern "C" __global__ void gemm_x_bf16(const float* __restrict__ x, u16* __restr
     }
 }
 
+// The plain GEMM's tile origin: 1-D grid rasterised in groups of GM_GROUP token tiles per output
+// tile column.
+template <int BM, int BN>
+__device__ __forceinline__ GmProb gm_plain(const u16* x, const u8* W, const u8* S, int T, int N, int K) {
+    const int tiles_m = (T + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    const int per_group = GM_GROUP * tiles_n;
+    const int pid = blockIdx.x;
+    const int first_m = (pid / per_group) * GM_GROUP;
+    const int gsz = min(tiles_m - first_m, GM_GROUP);
+    const int pm = first_m + (pid % per_group) % gsz, pn = (pid % per_group) / gsz;
+    const int Kp = (K + 31) & ~31;
+    GmProb p;
+    p.xb = x;
+    p.lo_plane = (size_t)((T + 127) & ~127) * Kp;
+    p.W = W;
+    p.S = S;
+    p.W3 = nullptr;
+    p.S3 = nullptr;
+    p.m0 = pm * BM;
+    p.n0 = pn * BN;
+    p.T = T;
+    p.N = N;
+    p.K = K;
+    return p;
+}
+
 #define GM_ENTRY(NAME, FMT, BM, BN, WM, WN, SPLIT)                                                                      \
     extern "C" __global__ void __launch_bounds__(WM * WN * 32, 1)                                                       \
         NAME(const u16* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S, float* __restrict__ y, int T, \
              int N, int K) {                                                                                            \
-        gm_gemm<FMT, BM, BN, WM, WN, SPLIT>(x, W, S, y, T, N, K);                                                       \
+        GmEpi e = {y, nullptr, 0, 0, 0.f, nullptr};                                                                     \
+        gm_gemm<FMT, BM, BN, WM, WN, SPLIT, 0>(gm_plain<BM, BN>(x, W, S, T, N, K), e);                                  \
     }
 
 // Every GEMM entry takes (xb, W, S, y, T, N, K); S is ignored (pass 0) for f32 and bf16.
@@ -408,3 +507,83 @@ GM_ENTRY(gemm_tc_fp4_m_x2, 3, 128, 128, 2, 4, true)
 GM_ENTRY(gemm_tc_bf16_s_x2, 1, 64, 64, 2, 2, true)
 GM_ENTRY(gemm_tc_fp8_s_x2, 2, 64, 64, 2, 2, true)
 GM_ENTRY(gemm_tc_fp4_s_x2, 3, 64, 64, 2, 2, true)
+
+// ---------------------------------------------------------------------------------------------
+// Grouped MoE GEMM (issue 6 §5; host glue `Gpu::moe_experts_grouped`, ops_moe.rs). The routed
+// (token, slot) pairs are grouped by expert on the device (moe.cu moe_group_*): expert e owns the
+// grouped rows [off_e, off_e + count_e) padded to a multiple of the tile height BM (padding rows are
+// zero inputs with dst −1). `items` [n_items][2] = (expert, first grouped row) lists the non-empty
+// BM-row tiles (the work queue); every block walks work units w = item · tiles_n + column tile,
+// starting at blockIdx.x with stride gridDim.x — one launch covers every expert. The grid is either
+// the bound on the work (one unit per block) or a persistent grid of a few blocks per SM
+// (MOE_PERSISTENT); both give the same bits (each unit is computed by one block, in a fixed order).
+//
+//   moe_gemm_<fmt>_<bm>[_x2]_<epi>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb,
+//                                  h_lo, ldh, dst, N, K, limit)
+//     xb    grouped activations [R, Kp] bf16 (+ the low plane at lo_plane elements with _x2)
+//     wtab, stab: per-expert device addresses of W [N, K] (epi swiglu: W1 [N/2, K]) and its scales
+//     w3tab, s3tab: per-expert W3 and scales (epi swiglu only; else unused)
+//     epi plain:   y [R, N] f32 (grouped rows; the unfused gate or up projection)
+//     epi swiglu:  gate and up in one tile (N = 2·inter), h = silu(min(g, L))·clamp(u, ±L) written as
+//                  bf16 (+ low plane at h_lo) into hb [R, ldh]: the down GEMM's input, no f32 round trip
+//     epi scatter: y [T·k, N] f32, row dst[r] (the (token, slot) of grouped row r; −1 = padding)
+//   Tiles: bm 128 = 128 × 128 with 8 warps (2 × 4), bm 64 = 64 × 128 with 4 warps (2 × 2).
+//   The per-output arithmetic is gm_gemm's, so a grouped row gives the same bits as the plain GEMM
+//   of the same weights at any tile (same K steps, same MMA order).
+
+template <int FMT, int BM, int BN, int WM, int WN, bool SPLIT, int EPI>
+__device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, const unsigned long long* wtab,
+                                         const unsigned long long* stab, const unsigned long long* w3tab,
+                                         const unsigned long long* s3tab, const int* items, const int* n_items, float* y,
+                                         u16* hb, long long h_lo, int ldh, const int* dst, int N, int K, float limit) {
+    const int tiles_n = (N + BN - 1) / BN;
+    const int total = *n_items * tiles_n;
+    GmEpi e = {y, hb, (size_t)h_lo, ldh, limit, dst};
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+        const int it = w / tiles_n, pn = w % tiles_n;
+        const int ex = items[2 * it], row0 = items[2 * it + 1];
+        GmProb p;
+        p.xb = xb;
+        p.lo_plane = (size_t)lo_plane;
+        p.W = reinterpret_cast<const u8*>(wtab[ex]);
+        p.S = FMT >= 2 ? reinterpret_cast<const u8*>(stab[ex]) : nullptr;
+        p.W3 = EPI == 1 ? reinterpret_cast<const u8*>(w3tab[ex]) : nullptr;
+        p.S3 = EPI == 1 && FMT >= 2 ? reinterpret_cast<const u8*>(s3tab[ex]) : nullptr;
+        p.m0 = row0;
+        p.n0 = pn * BN;
+        p.T = 0x7fffffff;
+        p.N = N;
+        p.K = K;
+        gm_gemm<FMT, BM, BN, WM, WN, SPLIT, EPI>(p, e);
+        __syncthreads();  // the next unit refills shared memory other warps may still be reading
+    }
+}
+
+#define MOE_GEMM_ENTRY(NAME, FMT, BM, WM, WN, SPLIT, EPI)                                                                 \
+    extern "C" __global__ void __launch_bounds__(WM * WN * 32, 1)                                                         \
+        NAME(const u16* __restrict__ xb, long long lo_plane, const unsigned long long* __restrict__ wtab,                  \
+             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
+             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
+             float* __restrict__ y, u16* __restrict__ hb, long long h_lo, int ldh, const int* __restrict__ dst, int N,    \
+             int K, float limit) {                                                                                        \
+        moe_gemm<FMT, BM, 128, WM, WN, SPLIT, EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb, h_lo,   \
+                                                    ldh, dst, N, K, limit);                                               \
+    }
+
+#define MOE_GEMM_FMT(F, FMT)                                             \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_128_plain, FMT, 128, 2, 4, false, 0)   \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_128_swiglu, FMT, 128, 2, 4, false, 1)  \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_128_scatter, FMT, 128, 2, 4, false, 2) \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_64_plain, FMT, 64, 2, 2, false, 0)     \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_64_swiglu, FMT, 64, 2, 2, false, 1)    \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_64_scatter, FMT, 64, 2, 2, false, 2)   \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_128_x2_plain, FMT, 128, 2, 4, true, 0) \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_128_x2_swiglu, FMT, 128, 2, 4, true, 1) \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_128_x2_scatter, FMT, 128, 2, 4, true, 2) \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_64_x2_plain, FMT, 64, 2, 2, true, 0)   \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_64_x2_swiglu, FMT, 64, 2, 2, true, 1)  \
+    MOE_GEMM_ENTRY(moe_gemm_##F##_64_x2_scatter, FMT, 64, 2, 2, true, 2)
+
+MOE_GEMM_FMT(bf16, 1)
+MOE_GEMM_FMT(fp8, 2)
+MOE_GEMM_FMT(fp4, 3)

@@ -30,6 +30,131 @@
 //   slot_out [T, k, d] holds the UNscaled routed outputs W2·h; γ = weights [T, k] is applied here (HF order:
 //   after W2). shared [T, d] may be nullptr (no shared expert). Launch: grid (T, ceil(d / 256)), block 256.
 
+// Grouping for the grouped MoE GEMM (gemm.cu moe_gemm_*; host glue ops_moe.rs), deterministic
+// (integer counts, stable order, no atomics). Pairs i = token·k + slot of experts [T·k]:
+//   moe_group_count(experts, counts, tk): counts[e] = #{i : experts[i] = e}. Grid (E), block 256.
+//   moe_group_plan(counts, E, bm, offsets, items, n_items): offsets [E + 1] = exclusive prefix of
+//     counts rounded up to bm (offsets[E] = grouped rows R); items [·][2] = (e, offsets[e] + j·bm) for
+//     each of expert e's ceil(count_e / bm) tiles, experts in order; n_items [1]. One block of
+//     MOE_PLAN_THREADS (E ≤ that).
+//   moe_group_fill(experts, offsets, row_tok, row_dst, tk, k, bm): expert e's grouped rows in pair
+//     order (token, then slot: the CPU reference's member order): row_tok[r] = token, row_dst[r] = i;
+//     its padding rows get −1 in both. Grid (E), block 1024 (ballot-based stable compaction).
+//   moe_gather_bf16(f, row_tok, offsets, xb, d, Kp, lo_plane, split, E): xb [R, Kp] bf16 rows of
+//     f [T, d] (zero for padding rows and columns ≥ d), with split also the low halves
+//     bf16(x − hi) at lo_plane. Rows ≥ R (unused capacity) are not touched. Grid-stride over
+//     (row, 4-column group); any grid, block 256.
+
+#define MOE_PLAN_THREADS 1024
+
+extern "C" __global__ void moe_group_count(const int* __restrict__ experts, int* __restrict__ counts, int tk) {
+    __shared__ int part[32];
+    const int e = blockIdx.x;
+    int c = 0;
+    for (int i = threadIdx.x; i < tk; i += blockDim.x) c += experts[i] == e;
+    for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += part[w];
+        counts[e] = s;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
+moe_group_plan(const int* __restrict__ counts, int E, int bm, int* __restrict__ offsets, int* __restrict__ items,
+               int* __restrict__ n_items) {
+    __shared__ int rows[MOE_PLAN_THREADS], tiles[MOE_PLAN_THREADS];
+    const int e = threadIdx.x;
+    const int c = e < E ? counts[e] : 0;
+    const int nt = (c + bm - 1) / bm;
+    rows[e] = nt * bm;
+    tiles[e] = nt;
+    __syncthreads();
+    // Inclusive Hillis–Steele scans of padded rows and tiles.
+    for (int o = 1; o < MOE_PLAN_THREADS; o <<= 1) {
+        const int r = e >= o ? rows[e - o] : 0, t = e >= o ? tiles[e - o] : 0;
+        __syncthreads();
+        rows[e] += r;
+        tiles[e] += t;
+        __syncthreads();
+    }
+    if (e < E) {
+        const int row0 = rows[e] - nt * bm, item0 = tiles[e] - nt;
+        offsets[e] = row0;
+        for (int j = 0; j < nt; j++) {
+            items[2 * (item0 + j)] = e;
+            items[2 * (item0 + j) + 1] = row0 + j * bm;
+        }
+    }
+    if (e == E - 1) {
+        offsets[E] = rows[e];
+        *n_items = tiles[e];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+moe_group_fill(const int* __restrict__ experts, const int* __restrict__ offsets, int* __restrict__ row_tok,
+               int* __restrict__ row_dst, int tk, int k, int bm) {
+    __shared__ int wcount[32];
+    const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int base = offsets[e];
+    int done = 0;
+    for (int c0 = 0; c0 < tk; c0 += blockDim.x) {
+        const int i = c0 + threadIdx.x;
+        const bool hit = i < tk && experts[i] == e;
+        const u32 ballot = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) wcount[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, all = 0;
+        for (int w = 0; w < nw; w++) {
+            before += w < warp ? wcount[w] : 0;
+            all += wcount[w];
+        }
+        if (hit) {
+            const int r = base + done + before + __popc(ballot & ((1u << lane) - 1u));
+            row_tok[r] = i / k;
+            row_dst[r] = i;
+        }
+        done += all;
+        __syncthreads();
+    }
+    const int padded = (done + bm - 1) / bm * bm;
+    for (int r = done + threadIdx.x; r < padded; r += blockDim.x) {
+        row_tok[base + r] = -1;
+        row_dst[base + r] = -1;
+    }
+}
+
+extern "C" __global__ void moe_gather_bf16(const float* __restrict__ f, const int* __restrict__ row_tok,
+                                           const int* __restrict__ offsets, u16* __restrict__ xb, int d, int Kp,
+                                           long long lo_plane, int split, int E) {
+    const long long R = offsets[E];
+    const int q4 = Kp / 4;
+    const long long total = R * q4;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / q4;
+        const int c = (int)(i % q4) * 4;
+        const int tok = row_tok[r];
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        if (tok >= 0)
+            for (int j = 0; j < 4; j++)
+                if (c + j < d) v[j] = f[(size_t)tok * d + c + j];
+        u32 h[2], l[2];
+        for (int j = 0; j < 2; j++) {
+            u32 hb;
+            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hb) : "f"(v[2 * j + 1]), "f"(v[2 * j]));
+            h[j] = hb;
+            const float l0 = v[2 * j] - __uint_as_float(hb << 16), l1 = v[2 * j + 1] - __uint_as_float(hb & 0xffff0000u);
+            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(l[j]) : "f"(l1), "f"(l0));
+        }
+        u16* dst = xb + r * Kp + c;
+        *reinterpret_cast<uint2*>(dst) = make_uint2(h[0], h[1]);
+        if (split) *reinterpret_cast<uint2*>(dst + lo_plane) = make_uint2(l[0], l[1]);
+    }
+}
+
 #define MOE_MAXE 1024
 #define MOE_MAXK 16
 #define MOE_THREADS 256

@@ -1,0 +1,40 @@
+//! `flashseek switches`: the registry of killable optimisations (flashseek_engine::switches) with
+//! each one's env var, flag, default, value in this process and what it replaces.
+
+use flashseek_engine::switches::{value_of, Origin, SWITCHES};
+
+/// Arguments of `switches`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `switches`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.json {
+        let rows: Vec<_> = SWITCHES
+            .iter()
+            .map(|s| {
+                let (v, o) = value_of(s.name);
+                serde_json::json!({"name": s.name, "env": s.env_var(), "flag": format!("--switch {}=<value>", s.name), "values": s.values, "default": s.default_value(), "value": v, "origin": format!("{o:?}").to_lowercase(), "replaces": s.replaces, "parity": s.parity})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    for s in SWITCHES {
+        let (v, o) = value_of(s.name);
+        let origin = match o {
+            Origin::Default => "default",
+            Origin::Env => "from env",
+            Origin::Flag => "from --switch",
+        };
+        println!("{:<20} {} = {v} ({origin}); values {} (default {})", s.name, s.env_var(), s.values.join("|"), s.default_value());
+        println!("{:<20} replaces: {}", "", s.replaces);
+        println!("{:<20} parity:   {}", "", s.parity);
+    }
+    println!("\nSet one with the env var or the global flag `--switch NAME=VALUE` (before the subcommand or after it).");
+    Ok(())
+}

@@ -1,0 +1,231 @@
+//! gpu-check entries for the grouped MoE (issue 6 §5, [`Gpu::moe_experts_grouped`]).
+//!
+//! Parity matrix, for routed experts in bf16, FP8 and FP4 (shared expert FP8), 16 experts, top-6,
+//! d 512, inter 256, 1,000 tokens whose routing gives experts 0, 1, 2, 9, 16, 64 and 1,000 tokens
+//! (and ~545 to the other nine), slot order shuffled per token:
+//! - `moe_grouped <fmt> <act> vs cpu`: every switch variant (all on; fused SwiGLU off; 64-row and
+//!   128-row tiles; persistent off) against `forward::moe::moe` (exact numerics) on the dequantized
+//!   weights. Tolerance: NMSE ≤ 1e-8 with split activations ([`super::check::SPLIT_NMSE_TOL`]),
+//!   ≤ 5e-4 with bf16 activations (issue 6's bound; bf16 rounds x to 8 bits).
+//! - `moe_grouped … bits`: every variant gives the same bits as the all-on one (the design promises
+//!   it: each output is one block's fixed-order accumulation whatever the grid, tile or fusion).
+//! - `moe_grouped … vs per-expert`: against the per-expert GPU path ([`Gpu::moe_experts`]), NMSE.
+//! - `moe_grouped … masked`: all routing weights 0 → the output equals the shared expert's alone,
+//!   bit for bit (masked routes contribute exact zeros).
+//!
+//! Timings (`timings`): one MoE layer at Flash shapes (256 FP4 experts of [2048, 4096], FP8 shared
+//! expert, top-6, random routing) for several token counts: per-expert path vs grouped with each
+//! switch off alone, CUDA events, median after warm-up, with TFLOP/s of the routed experts.
+
+use super::check::{errors, flag_record, median_ms, random, record, weight, SPLIT_NMSE_TOL};
+use super::check_mhc::{config, moe_layer};
+use super::gpu::{Gpu, GpuMatrix, GpuWeight};
+use super::ops_mhc::{GpuExpert, GpuMoeLayer, GpuRouter};
+use super::ops_moe::MoeOptions;
+use super::CudaError;
+use crate::forward::moe::{self, Route};
+use crate::forward::Numerics;
+use crate::weights::{ExpertWeights, Matrix, RouterWeights};
+use flashseek_model::config::ScoringFunc;
+use serde_json::{json, Value};
+
+/// NMSE bound for the grouped MoE with bf16 activations (issue 6 §5).
+pub const GROUPED_BF16_NMSE_TOL: f64 = 5e-4;
+
+/// The designed routing: `t` tokens × top-`k` over `e` experts with the listed per-expert counts for
+/// experts 0.. (expert 6 takes every token), the rest spread over experts 7..; slots shuffled.
+fn designed_routes(seed: u64, t: usize, k: usize, e: usize) -> Vec<Route> {
+    // (expert, first token, count) of the special experts; expert 0 gets none.
+    let special: [(usize, usize, usize); 5] = [(1, 0, 1), (2, 1, 2), (3, 3, 9), (4, 12, 16), (5, 28, 64)];
+    let w = random(seed, "moe_grouped.gamma", t * k, 1.0);
+    (0..t)
+        .map(|ti| {
+            let mut ex = vec![6usize];
+            for &(x, a, c) in &special {
+                if ti >= a && ti < a + c {
+                    ex.push(x);
+                }
+            }
+            let mut j = 0;
+            while ex.len() < k {
+                let x = 7 + (ti + j) % (e - 7);
+                if !ex.contains(&x) {
+                    ex.push(x);
+                }
+                j += 1;
+            }
+            // Deterministic shuffle of the slot order.
+            let r = crate::testing::fnv1a64(&format!("{seed}:perm{ti}")) as usize;
+            ex.rotate_left(r % k);
+            if r & 64 != 0 {
+                ex.swap(0, k - 1);
+            }
+            let weights = (0..k).map(|s| 0.25 + w[ti * k + s].abs() as f64).collect();
+            Route { experts: ex, weights }
+        })
+        .collect()
+}
+
+fn expert_in(gpu: &Gpu, seed: u64, key: &str, fmt: &str, d: usize, inter: usize) -> Result<(GpuExpert, ExpertWeights), CudaError> {
+    let (w1, c1) = weight(gpu, fmt, &random(seed, &format!("{key}.w1"), inter * d, (3.0 / d as f64).sqrt()), inter, d)?;
+    let (w2, c2) = weight(gpu, fmt, &random(seed, &format!("{key}.w2"), d * inter, (3.0 / inter as f64).sqrt()), d, inter)?;
+    let (w3, c3) = weight(gpu, fmt, &random(seed, &format!("{key}.w3"), inter * d, (3.0 / d as f64).sqrt()), inter, d)?;
+    Ok((GpuExpert { w1, w2, w3 }, ExpertWeights { w1: c1, w2: c2, w3: c3 }))
+}
+
+/// The named variants of the parity matrix: all on, then each switch off alone, and both tiles.
+fn variants() -> Vec<(&'static str, MoeOptions)> {
+    let on = MoeOptions::ALL_ON;
+    vec![
+        ("all on", on),
+        ("fused off", MoeOptions { fused_swiglu: false, ..on }),
+        ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }),
+        ("tile 128", MoeOptions { force_tile_rows: Some(128), ..on }),
+        ("persistent off", MoeOptions { persistent: false, ..on }),
+        ("tile 64 unfused, one block per unit", MoeOptions { force_tile_rows: Some(64), fused_swiglu: false, persistent: false, ..on }),
+    ]
+}
+
+/// Runs the parity matrix; appends records to `out`, returns whether all passed.
+pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let (t, d, inter, e, k) = (1000usize, 512usize, 256usize, 16usize, 6usize);
+    let cfg = config(d, e, k, ScoringFunc::SqrtSoftplus, 1.0);
+    let f = random(seed, "moe_grouped.f", t * d, 2.0);
+    let routes = designed_routes(seed, t, k, e);
+    let ids: Vec<i32> = routes.iter().flat_map(|r| r.experts.iter().map(|x| *x as i32)).collect();
+    let gammas: Vec<f32> = routes.iter().flat_map(|r| r.weights.iter().map(|v| *v as f32)).collect();
+    let routes32: Vec<Route> = routes.iter().map(|r| Route { experts: r.experts.clone(), weights: r.weights.iter().map(|v| *v as f32 as f64).collect() }).collect();
+    let mut counts = vec![0usize; e];
+    for x in &ids {
+        counts[*x as usize] += 1;
+    }
+    println!("moe_grouped routing: tokens per expert {counts:?}");
+    let df = gpu.upload(&f)?;
+    let dids = gpu.upload(&ids)?;
+    let dw = gpu.upload(&gammas)?;
+    let dzero = gpu.zeros::<f32>(t * k)?;
+    for fmt in ["fp4", "fp8", "bf16"] {
+        let mut g_experts = Vec::new();
+        let mut c_experts = Vec::new();
+        for x in 0..e {
+            let (g, c) = expert_in(gpu, seed, &format!("moe_grouped.{fmt}.e{x}"), fmt, d, inter)?;
+            g_experts.push(g);
+            c_experts.push(c);
+        }
+        let (g_shared, c_shared) = expert_in(gpu, seed, &format!("moe_grouped.{fmt}.shared"), "fp8", d, inter)?;
+        let layer = GpuMoeLayer {
+            gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros::<f32>(1)?) },
+            router: GpuRouter::Score { bias: gpu.zeros::<f32>(e)? },
+            shared: g_shared,
+            experts: g_experts,
+            tables: std::sync::OnceLock::new(),
+        };
+        let none = Matrix { rows: 0, cols: 0, data: Vec::new() };
+        let lw = moe_layer(none, RouterWeights::Score { bias: vec![0.0; e] }, c_shared, c_experts);
+        let y_ref = moe::moe(&cfg, &lw, &f, &routes32, &Numerics::default());
+        let per_expert = gpu.download(&gpu.moe_experts(&cfg, &layer, &df, t, &ids, &dw)?)?;
+        let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k, "tokens_per_expert": counts});
+        for split in [true, false] {
+            let act = if split { "split" } else { "bf16" };
+            let tol = if split { SPLIT_NMSE_TOL } else { GROUPED_BF16_NMSE_TOL };
+            let mut first: Option<Vec<f32>> = None;
+            for (vname, opts) in variants() {
+                let got = gpu.download(&gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, opts)?)?;
+                let (nmse, max_abs, ref_max) = errors(&got, &y_ref);
+                let pass = nmse <= tol && got.iter().all(|v| v.is_finite());
+                let op = format!("moe_grouped {fmt} {act} {vname} vs cpu");
+                println!("{op:<52} nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e}, tol {tol:.0e})  {}", if pass { "ok" } else { "FAIL" });
+                out.push(json!({"op": op, "shape": shape, "nmse": nmse, "max_abs": max_abs, "ref_max": ref_max, "tolerance_nmse": tol, "pass": pass}));
+                all &= pass;
+                match &first {
+                    None => first = Some(got),
+                    Some(f0) => {
+                        let differ = f0.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                        all &= flag_record(out, &format!("moe_grouped {fmt} {act} {vname} bits"), json!({"differing_values": differ, "of": got.len(), "vs": "all on"}), differ == 0);
+                    }
+                }
+            }
+            let f0 = first.unwrap_or_default();
+            let (nmse, max_abs, _) = errors(&f0, &per_expert);
+            println!("moe_grouped {fmt} {act} vs per-expert GPU path: nmse {nmse:.3e} max_abs {max_abs:.3e}");
+            out.push(json!({"op": format!("moe_grouped {fmt} {act} vs per-expert"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "informational": true}));
+            if split {
+                all &= record(out, &format!("moe_grouped {fmt} per-expert vs cpu"), shape.clone(), &per_expert, &y_ref);
+            }
+            // Masked routes: γ = 0 everywhere → exactly the shared expert.
+            let masked = gpu.download(&gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dzero, split, MoeOptions::ALL_ON)?)?;
+            let mut g = gpu.zeros::<f32>(t * inter)?;
+            let mut u = gpu.zeros::<f32>(t * inter)?;
+            let mut h = gpu.zeros::<f32>(t * inter)?;
+            let mut y = gpu.zeros::<f32>(t * d)?;
+            gpu.expert_ffn(&layer.shared, &df, t, cfg.swiglu_limit as f32, &mut g, &mut u, &mut h, &mut y)?;
+            let shared = gpu.download(&y)?;
+            let differ = masked.iter().zip(&shared).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            all &= flag_record(out, &format!("moe_grouped {fmt} {act} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}), differ == 0);
+        }
+    }
+    Ok(all)
+}
+
+/// Times one Flash-shaped MoE layer at several token counts (see the module docs).
+pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result<Vec<Value>, CudaError> {
+    use super::upload::{GpuSource, RandomOfficialSource};
+    let cfg = super::bench::flash_config(1);
+    let (d, e, k, inter) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size);
+    let src = RandomOfficialSource::new(&cfg, seed);
+    let expert = |q: &str| -> Result<GpuExpert, CudaError> {
+        Ok(GpuExpert { w1: src.matrix(gpu, &format!("{q}.w1.weight"), inter, d)?, w2: src.matrix(gpu, &format!("{q}.w2.weight"), d, inter)?, w3: src.matrix(gpu, &format!("{q}.w3.weight"), inter, d)? })
+    };
+    let layer = GpuMoeLayer {
+        gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros::<f32>(1)?) },
+        router: GpuRouter::Score { bias: gpu.zeros::<f32>(e)? },
+        shared: expert("layers.0.ffn.shared_experts")?,
+        experts: (0..e).map(|x| expert(&format!("layers.0.ffn.experts.{x}"))).collect::<Result<_, _>>()?,
+        tables: std::sync::OnceLock::new(),
+    };
+    let repeats = repeats.clamp(1, 10);
+    let mut rows = Vec::new();
+    for &t in tokens {
+        let f = gpu.upload(&random(seed, "moe_time.f", t * d, 1.0))?;
+        // Random distinct experts per token (uniform load on average, like a trained router).
+        let mut ids = Vec::with_capacity(t * k);
+        for ti in 0..t {
+            let mut h = crate::testing::fnv1a64(&format!("{seed}:route{ti}"));
+            let mut chosen: Vec<i32> = Vec::with_capacity(k);
+            while chosen.len() < k {
+                h ^= h << 13;
+                h ^= h >> 7;
+                h ^= h << 17;
+                let x = (h % e as u64) as i32;
+                if !chosen.contains(&x) {
+                    chosen.push(x);
+                }
+            }
+            ids.extend(chosen);
+        }
+        let dids = gpu.upload(&ids)?;
+        let dw = gpu.upload(&vec![1.0f32 / k as f32; t * k])?;
+        let routed_flops = 2.0 * 3.0 * (t * k) as f64 * (inter * d) as f64;
+        let shared_flops = 2.0 * 3.0 * t as f64 * (inter * d) as f64;
+        let mut record_time = |name: &str, ms: f64| {
+            let tf = (routed_flops + shared_flops) / (ms * 1e-3) / 1e12;
+            println!("time moe layer T={t:<6} {name:<28} {ms:8.2} ms  {:8.0} tok/s  {tf:6.1} TFLOP/s (routed + shared)", t as f64 / (ms * 1e-3));
+            rows.push(json!({"op": "moe_layer", "variant": name, "tokens": t, "experts": e, "top_k": k, "d": d, "inter": inter, "median_ms": ms, "tok_per_s": t as f64 / (ms * 1e-3), "tflop_per_s": tf, "repeats": repeats}));
+        };
+        if t <= 2048 {
+            let host_ids = ids.clone();
+            let ms = median_ms(gpu, repeats.min(3), || gpu.moe_experts(&cfg, &layer, &f, t, &host_ids, &dw).map(|_| ()))?;
+            record_time("per-expert (grouped off)", ms);
+        }
+        let on = MoeOptions::ALL_ON;
+        for split in [true, false] {
+            let act = if split { "split" } else { "bf16" };
+            for (name, opts) in [("all on", on), ("fused off", MoeOptions { fused_swiglu: false, ..on }), ("adaptive off (128)", MoeOptions { adaptive_tiles: false, ..on }), ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }), ("persistent off", MoeOptions { persistent: false, ..on })] {
+                let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, split, opts).map(|_| ()))?;
+                record_time(&format!("grouped {act} {name}"), ms);
+            }
+        }
+    }
+    Ok(rows)
+}

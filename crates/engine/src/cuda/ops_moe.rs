@@ -1,0 +1,351 @@
+//! The grouped MoE for prefill (issue 6 §5; spec §4.11 exact numerics): routed (token, slot) pairs
+//! grouped by expert on the device with a deterministic count / prefix-sum / stable fill
+//! (`moe.cu` `moe_group_*`), one tensor-core launch for every expert's gate/up with the clamped
+//! SwiGLU fused in its epilogue, one for every expert's down projection scattering rows back to
+//! their (token, slot), then the shared expert and the slot combine (γ applied there in f64, in slot
+//! order, exactly as the per-expert path does). No host synchronisation: the work queue of
+//! non-empty expert tiles is built and read on the device (`gemm.cu` `moe_gemm_*`).
+//!
+//! Switches ([`crate::switches`]): `MOE_GROUPED` (this path at all), `MOE_FUSED_SWIGLU` (off: two
+//! plain grouped GEMMs for gate and up, the SwiGLU kernel and a bf16 conversion), `MOE_ADAPTIVE_TILES`
+//! (64-row tiles when experts see few tokens; off: always 128), `MOE_PERSISTENT` (a grid of a few
+//! blocks per SM walking the queue; off: one block per work unit). The activations follow
+//! `TC_LINEAR`: split (hi + lo bf16) or bf16; with `TC_LINEAR=off` the grouped path is not used.
+//!
+//! Design learned from the grouped-GEMM idea in DeepSeek's DeepGEMM and from lucebox's adaptive
+//! MoE tiles (`../shared/research/`); the code is ours.
+
+use super::gpu::{gemm_smem_for, Gpu, GpuMatrix, GpuWeight, GEMM_ENTRY_POINTS};
+use super::ops_mhc::{GpuExpert, GpuMoeLayer};
+use super::CudaError;
+use cudarc::driver::{CudaSlice, DevicePtr, DriverError, LaunchConfig, PushKernelArg};
+use flashseek_model::config::Ds4Config;
+
+/// Output columns per block of the grouped GEMM (`BN` of `MOE_GEMM_ENTRY` in gemm.cu).
+pub const MOE_GEMM_BN: usize = 128;
+/// Threads of `moe_group_plan` (`MOE_PLAN_THREADS` in moe.cu): the most experts the grouping handles.
+pub const MOE_GROUP_MAX_EXPERTS: usize = 1024;
+/// Average tokens per expert below which adaptive tiles pick 64-row tiles.
+pub const MOE_ADAPTIVE_THRESHOLD: usize = 96;
+
+fn drv<T>(what: &str, r: Result<T, DriverError>) -> Result<T, CudaError> {
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
+}
+
+fn bad(detail: impl Into<String>) -> CudaError {
+    CudaError::Unsupported { what: "grouped moe", detail: detail.into() }
+}
+
+/// The grouped GEMM entry points of gemm.cu (`moe_gemm_<fmt>_<bm>[_x2]_<epi>`).
+pub fn moe_gemm_entry_points() -> impl Iterator<Item = &'static str> {
+    GEMM_ENTRY_POINTS.iter().copied().filter(|n| n.starts_with("moe_gemm_"))
+}
+
+/// `(format, tile rows, split)` of a grouped GEMM entry point name.
+pub fn moe_gemm_entry_shape(name: &str) -> (&'static str, usize, bool) {
+    let fmt = ["bf16", "fp8", "fp4"].into_iter().find(|f| name.starts_with(&format!("moe_gemm_{f}_"))).unwrap_or("fp4");
+    let bm = if name.contains("_64_") { 64 } else { 128 };
+    (fmt, bm, name.contains("_x2_"))
+}
+
+/// How the grouped MoE runs (the `MOE_*` switches; [`MoeOptions::from_switches`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeOptions {
+    /// `MOE_GROUPED`: use the grouped path where the layer allows it.
+    pub grouped: bool,
+    /// `MOE_FUSED_SWIGLU`: gate/up and SwiGLU in one launch.
+    pub fused_swiglu: bool,
+    /// `MOE_ADAPTIVE_TILES`: tile height from tokens per expert.
+    pub adaptive_tiles: bool,
+    /// `MOE_PERSISTENT`: persistent grid over the tile queue.
+    pub persistent: bool,
+    /// Forces the tile height (64 or 128; checks use it to cover both tiles on one routing).
+    pub force_tile_rows: Option<usize>,
+}
+
+impl MoeOptions {
+    /// The options the switches give for this process.
+    pub fn from_switches() -> Self {
+        use crate::switches::on;
+        MoeOptions {
+            grouped: on("MOE_GROUPED"),
+            fused_swiglu: on("MOE_FUSED_SWIGLU"),
+            adaptive_tiles: on("MOE_ADAPTIVE_TILES"),
+            persistent: on("MOE_PERSISTENT"),
+            force_tile_rows: None,
+        }
+    }
+
+    /// Every optimisation on (the defaults).
+    pub const ALL_ON: MoeOptions = MoeOptions { grouped: true, fused_swiglu: true, adaptive_tiles: true, persistent: true, force_tile_rows: None };
+
+    /// Tile height for `tk` routed pairs over `e` experts.
+    pub fn tile_rows(&self, tk: usize, e: usize) -> usize {
+        if let Some(bm) = self.force_tile_rows {
+            return if bm <= 64 { 64 } else { 128 };
+        }
+        if self.adaptive_tiles && tk < MOE_ADAPTIVE_THRESHOLD * e.max(1) {
+            64
+        } else {
+            128
+        }
+    }
+}
+
+/// Per-expert device addresses of a layer's routed experts, for the grouped GEMM: every expert in
+/// one format (bf16, FP8 or FP4) with the same shapes.
+pub struct GpuExpertTables {
+    /// Weight format name (`bf16`, `fp8`, `fp4`).
+    pub format: &'static str,
+    /// Hidden units per expert (`moe_intermediate_size`).
+    pub inter: usize,
+    /// Model width.
+    pub d: usize,
+    w1: CudaSlice<u64>,
+    s1: CudaSlice<u64>,
+    w3: CudaSlice<u64>,
+    s3: CudaSlice<u64>,
+    w2: CudaSlice<u64>,
+    s2: CudaSlice<u64>,
+}
+
+/// Address of a weight's values and of its scales (0 for bf16).
+fn addresses(gpu: &Gpu, w: &GpuWeight) -> Option<(&'static str, u64, u64)> {
+    let s = &gpu.stream;
+    match &w.data {
+        GpuMatrix::Bf16(m) => Some(("bf16", m.device_ptr(s).0, 0)),
+        GpuMatrix::Fp8 { w, scales } => Some(("fp8", w.device_ptr(s).0, scales.device_ptr(s).0)),
+        GpuMatrix::Fp4 { w, scales } => Some(("fp4", w.device_ptr(s).0, scales.device_ptr(s).0)),
+        GpuMatrix::F32(_) => None,
+    }
+}
+
+impl GpuExpertTables {
+    /// Builds the tables, or `Ok(None)` when the experts cannot run grouped: f32 weights (the
+    /// tensor-core path would round them), mixed formats or shapes, widths not multiples of 32, or
+    /// more than [`MOE_GROUP_MAX_EXPERTS`] experts.
+    pub fn build(gpu: &Gpu, experts: &[GpuExpert]) -> Result<Option<Self>, CudaError> {
+        let Some(first) = experts.first() else { return Ok(None) };
+        let (inter, d) = (first.w1.rows, first.w1.cols);
+        if experts.len() > MOE_GROUP_MAX_EXPERTS || inter == 0 || d == 0 || !inter.is_multiple_of(32) || !d.is_multiple_of(32) {
+            return Ok(None);
+        }
+        let mut fmt = None;
+        let mut t: [Vec<u64>; 6] = Default::default();
+        for ex in experts {
+            if ex.w1.rows != inter || ex.w1.cols != d || ex.w3.rows != inter || ex.w3.cols != d || ex.w2.rows != d || ex.w2.cols != inter {
+                return Ok(None);
+            }
+            for (i, w) in [&ex.w1, &ex.w3, &ex.w2].into_iter().enumerate() {
+                let Some((f, a, s)) = addresses(gpu, w) else { return Ok(None) };
+                if *fmt.get_or_insert(f) != f {
+                    return Ok(None);
+                }
+                t[2 * i].push(a);
+                t[2 * i + 1].push(s);
+            }
+        }
+        let [w1, s1, w3, s3, w2, s2] = t;
+        Ok(Some(GpuExpertTables {
+            format: fmt.unwrap_or("bf16"),
+            inter,
+            d,
+            w1: gpu.upload(&w1)?,
+            s1: gpu.upload(&s1)?,
+            w3: gpu.upload(&w3)?,
+            s3: gpu.upload(&s3)?,
+            w2: gpu.upload(&w2)?,
+            s2: gpu.upload(&s2)?,
+        }))
+    }
+}
+
+/// The device buffers of one grouped MoE call (sized from upper bounds known on the host).
+struct Grouping {
+    bm: usize,
+    /// Rows of capacity (≥ the grouped rows R), a multiple of 128.
+    r_cap: usize,
+    max_items: usize,
+    offsets: CudaSlice<i32>,
+    items: CudaSlice<i32>,
+    n_items: CudaSlice<i32>,
+    row_tok: CudaSlice<i32>,
+    row_dst: CudaSlice<i32>,
+}
+
+impl Gpu {
+    /// The layer's expert tables, built on first use (None: the layer cannot run grouped).
+    pub fn moe_tables<'a>(&self, layer: &'a GpuMoeLayer) -> Result<Option<&'a GpuExpertTables>, CudaError> {
+        if layer.tables.get().is_none() {
+            let t = GpuExpertTables::build(self, &layer.experts)?;
+            let _ = layer.tables.set(t);
+        }
+        Ok(layer.tables.get().and_then(Option::as_ref))
+    }
+
+    /// Count, plan and fill: groups the `tk` pairs of `experts` (device, `[tk]`) by expert.
+    fn moe_group(&self, experts: &CudaSlice<i32>, tk: usize, k: usize, e: usize, bm: usize) -> Result<Grouping, CudaError> {
+        let active = e.min(tk);
+        let r_cap = (tk + active * (bm - 1)).div_ceil(128) * 128;
+        let max_items = tk.div_ceil(bm) + active;
+        let i32_of = |v: usize, what: &str| i32::try_from(v).map_err(|_| bad(format!("{what} = {v} exceeds 32 bits")));
+        i32_of(r_cap * 2, "grouped rows")?;
+        let (tk_i, k_i, e_i, bm_i) = (i32_of(tk, "pairs")?, i32_of(k, "top-k")?, i32_of(e, "experts")?, i32_of(bm, "tile")?);
+        let mut counts = self.zeros::<i32>(e)?;
+        let mut offsets = self.zeros::<i32>(e + 1)?;
+        let mut items = self.zeros::<i32>(2 * max_items)?;
+        let mut n_items = self.zeros::<i32>(1)?;
+        let mut row_tok = self.zeros::<i32>(r_cap)?;
+        let mut row_dst = self.zeros::<i32>(r_cap)?;
+        let s = &self.stream;
+        let mut b = s.launch_builder(self.f("moe_group_count"));
+        b.arg(experts).arg(&mut counts).arg(&tk_i);
+        // SAFETY: moe_group_count(experts [tk], counts [E], tk); grid E.
+        drv("moe_group_count", unsafe { b.launch(LaunchConfig { grid_dim: (e as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) })?;
+        let mut b = s.launch_builder(self.f("moe_group_plan"));
+        b.arg(&counts).arg(&e_i).arg(&bm_i).arg(&mut offsets).arg(&mut items).arg(&mut n_items);
+        // SAFETY: moe_group_plan(counts [E], E, bm, offsets [E+1], items [2·max_items], n_items [1]);
+        // Σ ceil(count/bm) ≤ max_items; one block of MOE_PLAN_THREADS ≥ E.
+        drv("moe_group_plan", unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (MOE_GROUP_MAX_EXPERTS as u32, 1, 1), shared_mem_bytes: 0 }) })?;
+        let mut b = s.launch_builder(self.f("moe_group_fill"));
+        b.arg(experts).arg(&offsets).arg(&mut row_tok).arg(&mut row_dst).arg(&tk_i).arg(&k_i).arg(&bm_i);
+        // SAFETY: moe_group_fill(experts, offsets, row_tok [r_cap], row_dst [r_cap], tk, k, bm); the
+        // padded rows Σ ceil(count/bm)·bm ≤ r_cap; grid E, block 1024.
+        drv("moe_group_fill", unsafe { b.launch(LaunchConfig { grid_dim: (e as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 }) })?;
+        Ok(Grouping { bm, r_cap, max_items, offsets, items, n_items, row_tok, row_dst })
+    }
+
+    /// Launches one grouped GEMM `moe_gemm_<fmt>_<bm>[_x2]_<epi>`.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_gemm(
+        &self,
+        g: &Grouping,
+        tables: &GpuExpertTables,
+        epi: &str,
+        split: bool,
+        persistent: bool,
+        xb: &CudaSlice<u16>,
+        lo_plane: usize,
+        w: (&CudaSlice<u64>, &CudaSlice<u64>),
+        w3: (&CudaSlice<u64>, &CudaSlice<u64>),
+        y: Option<&mut CudaSlice<f32>>,
+        hb: Option<(&mut CudaSlice<u16>, usize, usize)>,
+        n: usize,
+        k: usize,
+        limit: f32,
+    ) -> Result<(), CudaError> {
+        let name = format!("moe_gemm_{}_{}{}_{epi}", tables.format, g.bm, if split { "_x2" } else { "" });
+        let Some(&fname) = GEMM_ENTRY_POINTS.iter().find(|x| **x == name) else {
+            return Err(bad(format!("no kernel {name}")));
+        };
+        let smem = gemm_smem_for(tables.format, g.bm, MOE_GEMM_BN, split);
+        let threads = if g.bm == 128 { 256 } else { 128 };
+        let units = g.max_items * n.div_ceil(MOE_GEMM_BN);
+        let blocks = if persistent {
+            let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
+            let per_sm = self.f(fname).occupancy_max_active_blocks_per_multiprocessor(threads, smem, None).unwrap_or(1).max(1) as usize;
+            (sms * per_sm).min(units)
+        } else {
+            units
+        };
+        let cfg = LaunchConfig { grid_dim: (u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 };
+        let (lo, n_i, k_i) = (lo_plane as i64, n as i32, k as i32);
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(self.f(fname));
+        b.arg(xb).arg(&lo).arg(w.0).arg(w.1).arg(w3.0).arg(w3.1).arg(&g.items).arg(&g.n_items);
+        match y {
+            Some(y) => b.arg(y),
+            None => b.arg(&null),
+        };
+        let (h_lo, ldh);
+        match hb {
+            Some((h, lo, ld)) => {
+                h_lo = lo as i64;
+                ldh = ld as i32;
+                b.arg(h);
+            }
+            None => {
+                h_lo = 0;
+                ldh = 0;
+                b.arg(&null);
+            }
+        }
+        b.arg(&h_lo).arg(&ldh).arg(&g.row_dst).arg(&n_i).arg(&k_i).arg(&limit);
+        // SAFETY: matches moe_gemm's signature; xb holds r_cap·Kp (·2 split) bf16, items/n_items come
+        // from moe_group_plan (every item's rows lie inside r_cap), the tables hold E addresses of
+        // weights of the shapes checked by GpuExpertTables::build, y/hb are sized by the caller for
+        // r_cap (plain, swiglu) or T·k (scatter) rows; dynamic shared memory is the layout's size.
+        drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// The grouped expert half of the MoE for `t` tokens: `Σ_slot γ·expert(f) + shared(f)` (`[t, d]`)
+    /// from the ffn-normed inputs `f` (`[t, d]`), the selected `experts` and routing `weights`
+    /// (`[t, k]`, both on the device). Same result as [`Gpu::moe_experts`] to f32 rounding (exact-weight
+    /// formats; split activations reproduce the per-expert tensor-core path's bits per expert row).
+    ///
+    /// Errors: a layer that cannot run grouped (see [`GpuExpertTables::build`]), shapes that
+    /// disagree with `cfg`, or any launch error. Expert ids outside 0..E are not grouped: their
+    /// slots stay zero (the router marks such tokens with NaN weights, which reach the output).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts_grouped(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, split: bool, opts: MoeOptions) -> Result<CudaSlice<f32>, CudaError> {
+        let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
+        let tables = self.moe_tables(layer)?.ok_or_else(|| bad("the routed experts are not all bf16/FP8/FP4 of one shape with widths multiple of 32"))?;
+        if t == 0 || k == 0 || layer.experts.len() != e || tables.d != d {
+            return Err(bad(format!("{t} tokens, top-{k}, {} experts of width {} for config E = {e}, d = {d}", layer.experts.len(), tables.d)));
+        }
+        let tk = t * k;
+        if experts.len() < tk || weights.len() < tk || f.len() < t * d {
+            return Err(bad(format!("buffers of {} ids, {} weights, {} inputs for {t} tokens × top-{k}, d = {d}", experts.len(), weights.len(), f.len())));
+        }
+        let inter = tables.inter;
+        let limit = cfg.swiglu_limit as f32;
+        let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e))?;
+        let planes = if split { 2 } else { 1 };
+        // Grouped activations [r_cap, d] (bf16, + low plane).
+        // SAFETY: rows < R are written by moe_gather_bf16 below; rows ≥ R are never read (no item covers them).
+        let mut xb = drv("alloc", unsafe { self.stream.alloc::<u16>(g.r_cap * d * planes) })?;
+        {
+            let quads = g.r_cap * d / 4;
+            let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let (d_i, lo, sp, e_i) = (d as i32, (g.r_cap * d) as i64, split as i32, e as i32);
+            let mut b = self.stream.launch_builder(self.f("moe_gather_bf16"));
+            b.arg(f).arg(&g.row_tok).arg(&g.offsets).arg(&mut xb).arg(&d_i).arg(&d_i).arg(&lo).arg(&sp).arg(&e_i);
+            // SAFETY: moe_gather_bf16(f [t, d], row_tok, offsets [E+1], xb [r_cap, Kp = d] (+ plane), d, Kp, lo_plane, split, E).
+            drv("moe_gather_bf16", unsafe { b.launch(cfg) })?;
+        }
+        // h = SwiGLU(gate, up) as bf16 [r_cap, inter] (+ low plane).
+        let h_lo = g.r_cap * inter;
+        // SAFETY: rows < R are written by the gate/up stage; rows ≥ R are never read.
+        let mut hb = drv("alloc", unsafe { self.stream.alloc::<u16>(h_lo * planes) })?;
+        if opts.fused_swiglu {
+            self.moe_gemm(&g, tables, "swiglu", split, opts.persistent, &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hb, h_lo, inter)), 2 * inter, d, limit)?;
+        } else {
+            let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
+            let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
+            self.moe_gemm(&g, tables, "plain", split, opts.persistent, &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, inter, d, limit)?;
+            self.moe_gemm(&g, tables, "plain", split, opts.persistent, &xb, g.r_cap * d, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, inter, d, limit)?;
+            let mut yh = self.zeros::<f32>(g.r_cap * inter)?;
+            self.swiglu(&yg, &yu, &mut yh, g.r_cap * inter, limit)?;
+            let quads = g.r_cap * inter / 4;
+            let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let (r_i, k_i, sp) = (g.r_cap as i32, inter as i32, split as i32);
+            let mut b = self.stream.launch_builder(self.f("gemm_x_bf16"));
+            b.arg(&yh).arg(&mut hb).arg(&r_i).arg(&k_i).arg(&r_i).arg(&sp);
+            // SAFETY: gemm_x_bf16(x [r_cap, inter], xb [r_cap, inter] (+ plane at r_cap·inter), T = Tp = r_cap, K = inter, split).
+            drv("gemm_x_bf16", unsafe { b.launch(cfg) })?;
+        }
+        // Down projection, rows scattered to their (token, slot).
+        let mut slot_out = self.zeros::<f32>(tk * d)?;
+        self.moe_gemm(&g, tables, "scatter", split, opts.persistent, &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
+        // Shared expert over all tokens, then the combine.
+        let (sh_inter, _) = (layer.shared.w1.rows, layer.shared.w1.cols);
+        let mut sg = self.zeros::<f32>(t * sh_inter)?;
+        let mut su = self.zeros::<f32>(t * sh_inter)?;
+        let mut sh = self.zeros::<f32>(t * sh_inter)?;
+        let mut shared = self.zeros::<f32>(t * d)?;
+        self.expert_ffn(&layer.shared, f, t, limit, &mut sg, &mut su, &mut sh, &mut shared)?;
+        let mut out = self.zeros::<f32>(t * d)?;
+        self.moe_combine(&slot_out, weights, Some(&shared), &mut out, t, k, d)?;
+        Ok(out)
+    }
+}

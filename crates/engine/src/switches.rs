@@ -1,0 +1,247 @@
+//! The switch registry (issue 6 §7): every optimisation that changes *how* a result is computed has
+//! a name, an environment variable `FLASHSEEK_<NAME>`, a CLI flag (`--switch NAME=VALUE`, global), a
+//! default, and a parity check against the exact path. `flashseek switches` prints this table;
+//! `docs/SWITCHES.md` documents each entry with its measured parity.
+//!
+//! Values are resolved once per process (CLI overrides, then the environment, then the default) the
+//! first time any switch is read; [`set_override`] after that is an error. An invalid value in the
+//! environment is reported by [`check_environment`] (the CLI calls it first) and otherwise falls
+//! back to the default.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// One registered switch.
+#[derive(Debug, Clone, Copy)]
+pub struct Switch {
+    /// Name (`TC_LINEAR`); the env var is `FLASHSEEK_` + name.
+    pub name: &'static str,
+    /// Accepted values, the default first. Aliases are listed in [`Switch::aliases`].
+    pub values: &'static [&'static str],
+    /// Other spellings and what they mean (`("1", "on")`).
+    pub aliases: &'static [(&'static str, &'static str)],
+    /// What the optimisation replaces (the exact path it is checked against).
+    pub replaces: &'static str,
+    /// Where its parity check lives and what it compares.
+    pub parity: &'static str,
+}
+
+impl Switch {
+    /// The environment variable of this switch.
+    pub fn env_var(&self) -> String {
+        format!("FLASHSEEK_{}", self.name)
+    }
+
+    /// The default value (the first of [`Switch::values`]).
+    pub fn default_value(&self) -> &'static str {
+        self.values[0]
+    }
+
+    /// `raw` normalised to one of [`Switch::values`], or None when it is not accepted.
+    pub fn normalise(&self, raw: &str) -> Option<&'static str> {
+        let v = raw.trim().to_ascii_lowercase();
+        if let Some(x) = self.values.iter().find(|x| **x == v) {
+            return Some(x);
+        }
+        self.aliases.iter().find(|(a, _)| *a == v).map(|(_, x)| *x)
+    }
+}
+
+const ON_OFF_ALIASES: &[(&str, &str)] = &[("1", "on"), ("true", "on"), ("yes", "on"), ("0", "off"), ("false", "off"), ("no", "off")];
+
+/// Every switch, in the order `flashseek switches` lists them.
+pub const SWITCHES: &[Switch] = &[
+    Switch {
+        name: "TC_LINEAR",
+        values: &["split", "bf16", "off"],
+        aliases: &[("1", "split"), ("on", "split"), ("x2", "split"), ("0", "off")],
+        replaces: "the exact f32 linear kernel (linear.cu) for GPU linear layers with T >= 64 tokens: tensor cores with split (hi+lo) or plain bf16 activations",
+        parity: "gpu-check `tc …` records (per-shape NMSE vs the CPU) and every whole-model check",
+    },
+    Switch {
+        name: "MOE_GROUPED",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "one expert at a time (gather, three linears, scatter) with a host sync to group tokens: tokens grouped by expert on the device and one GEMM launch for all experts' gate/up and one for down",
+        parity: "gpu-check `moe_grouped …` records: parity matrix vs the CPU reference (NMSE) and vs the per-expert GPU path",
+    },
+    Switch {
+        name: "MOE_FUSED_SWIGLU",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "separate gate and up GEMMs, a SwiGLU kernel and a bf16 conversion: gate and up in one tile with the clamped SwiGLU in the epilogue (grouped MoE only)",
+        parity: "gpu-check `moe_grouped …` records with fused on and off (same bits expected)",
+    },
+    Switch {
+        name: "MOE_ADAPTIVE_TILES",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "a fixed 128-row expert tile: 64-row tiles when the average tokens per expert is below 96 (grouped MoE only)",
+        parity: "gpu-check `moe_grouped …` records with both tile heights (same bits expected)",
+    },
+    Switch {
+        name: "MOE_PERSISTENT",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "one block per (expert tile, column tile) work unit: a grid of a few blocks per SM walking the on-device queue of non-empty tiles (grouped MoE only)",
+        parity: "gpu-check `moe_grouped …` records with both grids (same bits expected)",
+    },
+];
+
+/// Errors of the registry.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SwitchError {
+    /// No switch of that name.
+    #[error("unknown switch `{0}` (known: {known})", known = SWITCHES.iter().map(|s| s.name).collect::<Vec<_>>().join(", "))]
+    Unknown(String),
+    /// A value the switch does not accept.
+    #[error("switch {name} does not accept `{value}` (from {source_}); accepted: {accepted}")]
+    BadValue {
+        /// Switch name.
+        name: &'static str,
+        /// The rejected value.
+        value: String,
+        /// Where it came from (flag or env var).
+        source_: String,
+        /// Accepted values.
+        accepted: String,
+    },
+    /// `--switch` without `=`.
+    #[error("`--switch {0}`: expected NAME=VALUE")]
+    Syntax(String),
+    /// An override after the values were resolved.
+    #[error("switch {0} set after the switches were read (set overrides before running anything)")]
+    TooLate(&'static str),
+}
+
+/// The switch named `name` (case-insensitive, `FLASHSEEK_` prefix allowed).
+pub fn find(name: &str) -> Result<&'static Switch, SwitchError> {
+    let n = name.trim().to_ascii_uppercase();
+    let n = n.strip_prefix("FLASHSEEK_").unwrap_or(&n);
+    SWITCHES.iter().find(|s| s.name == n).ok_or_else(|| SwitchError::Unknown(name.to_string()))
+}
+
+fn bad_value(s: &Switch, value: &str, source: String) -> SwitchError {
+    SwitchError::BadValue { name: s.name, value: value.to_string(), source_: source, accepted: s.values.join(", ") }
+}
+
+static OVERRIDES: Mutex<Option<HashMap<&'static str, &'static str>>> = Mutex::new(None);
+static RESOLVED: OnceLock<HashMap<&'static str, (&'static str, Origin)>> = OnceLock::new();
+
+/// Where a resolved value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The built-in default.
+    Default,
+    /// The environment variable.
+    Env,
+    /// A `--switch` flag.
+    Flag,
+}
+
+/// Sets `NAME=VALUE` (the CLI's `--switch`), overriding the environment. Must run before any
+/// switch is read.
+///
+/// Errors: syntax, unknown switch, value not accepted, or values already resolved.
+pub fn set_override(spec: &str) -> Result<(), SwitchError> {
+    let (name, value) = spec.split_once('=').ok_or_else(|| SwitchError::Syntax(spec.to_string()))?;
+    let s = find(name)?;
+    let v = s.normalise(value).ok_or_else(|| bad_value(s, value, format!("--switch {spec}")))?;
+    if RESOLVED.get().is_some() {
+        return Err(SwitchError::TooLate(s.name));
+    }
+    OVERRIDES.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(s.name, v);
+    Ok(())
+}
+
+/// Checks every `FLASHSEEK_<NAME>` variable that is set.
+///
+/// Errors: the first value a switch does not accept.
+pub fn check_environment() -> Result<(), SwitchError> {
+    for s in SWITCHES {
+        if let Ok(raw) = std::env::var(s.env_var()) {
+            if s.normalise(&raw).is_none() {
+                return Err(bad_value(s, &raw, s.env_var()));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn resolved() -> &'static HashMap<&'static str, (&'static str, Origin)> {
+    RESOLVED.get_or_init(|| {
+        let flags = OVERRIDES.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
+        SWITCHES
+            .iter()
+            .map(|s| {
+                let v = if let Some(v) = flags.get(s.name) {
+                    (*v, Origin::Flag)
+                } else {
+                    match std::env::var(s.env_var()).ok().and_then(|raw| s.normalise(&raw)) {
+                        Some(v) => (v, Origin::Env),
+                        None => (s.default_value(), Origin::Default),
+                    }
+                };
+                (s.name, v)
+            })
+            .collect()
+    })
+}
+
+/// The value of switch `name` for this process (one of its [`Switch::values`]) and its origin.
+///
+/// Panics only on a name that is not registered (a programming error caught by the tests).
+pub fn value_of(name: &str) -> (&'static str, Origin) {
+    *resolved().get(name).unwrap_or_else(|| panic!("switch {name} is not registered"))
+}
+
+/// The value of switch `name` (see [`value_of`]).
+pub fn value(name: &str) -> &'static str {
+    value_of(name).0
+}
+
+/// Whether an on/off switch is on.
+pub fn on(name: &str) -> bool {
+    value(name) == "on"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_switch_is_well_formed() {
+        let mut names = std::collections::HashSet::new();
+        for s in SWITCHES {
+            assert!(names.insert(s.name), "{} registered twice", s.name);
+            assert!(!s.values.is_empty());
+            assert_eq!(s.normalise(s.default_value()), Some(s.default_value()));
+            for (alias, target) in s.aliases {
+                assert!(s.values.contains(target), "{}: alias {alias} → {target} is not a value", s.name);
+            }
+            assert!(s.env_var().starts_with("FLASHSEEK_"));
+            assert!(!s.replaces.is_empty() && !s.parity.is_empty());
+        }
+    }
+
+    #[test]
+    fn values_normalise_and_reject() {
+        let tc = find("tc_linear").unwrap();
+        assert_eq!(tc.normalise(" BF16 "), Some("bf16"));
+        assert_eq!(tc.normalise("1"), Some("split"));
+        assert_eq!(tc.normalise("0"), Some("off"));
+        assert_eq!(tc.normalise("fast"), None);
+        let g = find("FLASHSEEK_MOE_GROUPED").unwrap();
+        assert_eq!(g.normalise("false"), Some("off"));
+        assert_eq!(g.normalise("On"), Some("on"));
+        assert!(matches!(find("NOPE"), Err(SwitchError::Unknown(_))));
+    }
+
+    #[test]
+    fn flag_errors_are_clear() {
+        assert_eq!(set_override("MOE_GROUPED"), Err(SwitchError::Syntax("MOE_GROUPED".into())));
+        let e = set_override("MOE_GROUPED=maybe").unwrap_err();
+        assert!(e.to_string().contains("accepted: on, off"), "{e}");
+        assert!(matches!(set_override("WHAT=on"), Err(SwitchError::Unknown(_))));
+    }
+}
