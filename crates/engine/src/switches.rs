@@ -59,6 +59,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `tc …` records (per-shape NMSE vs the CPU) and every whole-model check",
     },
     Switch {
+        name: "MLA_STREAM_TOPK",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "sparse_attention_f32 (one block per token and head, every K=V row read once per head, f32 CUDA cores): one block per token reading each window/selected row once for all 64 heads, split-bf16 tensor-core products (H = 64, c = 512 only)",
+        parity: "gpu-check `sparse_attention_stream …` records vs the CPU reference (NMSE, max-abs) and every whole-model check",
+    },
+    Switch {
         name: "MOE_GROUPED",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -76,7 +83,7 @@ pub const SWITCHES: &[Switch] = &[
         name: "MOE_ADAPTIVE_TILES",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "a fixed 128-row expert tile: 64-row tiles when the average tokens per expert is below 96 (grouped MoE only)",
+        replaces: "a fixed 128-row expert tile: 64-row tiles when the average tokens per expert is below 96 or activations are split (grouped MoE only)",
         parity: "gpu-check `moe_grouped …` records with both tile heights (same bits expected)",
     },
     Switch {

@@ -17,9 +17,9 @@
 //!
 //! Index-set comparisons are exact records: they pass only with zero mismatches.
 
-use super::check::{random, record};
+use super::check::{random, record, record_tol, SPLIT_NMSE_TOL};
 use super::gpu::Gpu;
-use super::ops_attention::{hca_candidates, hca_offsets, topk_offsets, visible_entries, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
+use super::ops_attention::{hca_candidates, AttentionKernel, hca_offsets, topk_offsets, visible_entries, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::CudaError;
 use crate::cpu::rope::Rope;
 use crate::forward::{attention, compressor, indexer};
@@ -55,6 +55,48 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     Ok(all)
 }
 
+/// Times both attention kernels on a Flash prefill chunk: `tokens` queries at position `pos0`, 64
+/// heads of 512, window 128 plus 512 compressed entries per query (CSA shape), CUDA events, median
+/// of `repeats` after a warm-up.
+pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize) -> Result<Vec<Value>, CudaError> {
+    const H: usize = 64;
+    const C: usize = 512;
+    const WINDOW: usize = 128;
+    const TOPK: usize = 512;
+    let rope = flash_compress_rope();
+    let inv = gpu.upload(rope.inv_freq())?;
+    let kv_base = (pos0 + 1).saturating_sub(WINDOW);
+    let kv_rows = pos0 + tokens - kv_base;
+    let n_entries = (pos0 + tokens) / 4;
+    let dq = gpu.upload(&random(seed, "attn_time.q", tokens * H * C, 1.0))?;
+    let dkv = gpu.upload(&random(seed, "attn_time.kv", kv_rows * C, 1.0))?;
+    let dentries = gpu.upload(&random(seed, "attn_time.entries", n_entries.max(1) * C, 1.0))?;
+    let dsinks = gpu.upload(&random(seed, "attn_time.sinks", H, 1.0))?;
+    let mut off = vec![0i32];
+    let mut idx = Vec::new();
+    let mut cands = 0usize;
+    for t in 0..tokens {
+        let vis = visible_entries(pos0 + t, 4, n_entries);
+        let k = vis.min(TOPK);
+        idx.extend((0..k).map(|j| (j * vis / k.max(1)) as i32));
+        off.push(idx.len() as i32);
+        cands += k + WINDOW.min(pos0 + t + 1);
+    }
+    let (doff, didx) = (gpu.upload(&off)?, gpu.upload(&idx)?);
+    let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: Some(&didx) };
+    let shape = AttentionShape { tokens, heads: H, head_dim: C, pos0, window: WINDOW, kv_base };
+    let mut dout = gpu.zeros::<f32>(tokens * H * C)?;
+    let flops = 4.0 * (H * C) as f64 * cands as f64;
+    let mut rows = Vec::new();
+    for kernel in [AttentionKernel::Exact, AttentionKernel::Stream] {
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_with(&dq, &dkv, Some(&ck), &dsinks, &inv, &rope, &mut dout, &shape, kernel))?;
+        let tf = flops / (ms * 1e-3) / 1e12;
+        println!("time sparse_attention {kernel:?} T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
+        rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
+    }
+    Ok(rows)
+}
+
 /// Candidate source of an attention check case.
 #[derive(Clone, Copy, Debug)]
 enum Keys {
@@ -76,7 +118,7 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
     let mut all = true;
     let sinks = random(seed, "attn.sinks", H, 2.0);
     let dsinks = gpu.upload(&sinks)?;
-    for (pos0, tokens) in [(198usize, 4usize), (4998, 3)] {
+    for (pos0, tokens) in [(198usize, 4usize), (4998, 3), (1000, 40)] {
         // Raw rows from a few positions before the first window (exercises the base offset).
         let kv_base = (pos0 + 1).saturating_sub(WINDOW).saturating_sub(3);
         let kv_rows = pos0 + tokens - kv_base;
@@ -123,39 +165,44 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                     attention::attend(&q[t * H * C..(t + 1) * H * C], &keys, &sinks, C, rope, pos)
                 })
                 .collect();
-            // GPU.
-            let shape = AttentionShape { tokens, heads: H, head_dim: C, pos0, window: WINDOW, kv_base };
-            let mut dout = gpu.zeros::<f32>(tokens * H * C)?;
-            let dentries = gpu.upload(&entries[..n_entries.max(1) * C])?;
-            let n_listed: usize = lists.iter().map(Vec::len).sum();
-            match keys_kind {
-                Keys::Sliding => gpu.sparse_attention(&dq, &dkv, None, &dsinks, inv, rope, &mut dout, &shape)?,
-                Keys::HcaIdentity => {
-                    let off = gpu.upload(&hca_offsets(pos0, tokens, ratio, n_entries)?)?;
-                    let ck = CompressedKeys { entries: &dentries, offsets: &off, indices: None };
-                    gpu.sparse_attention(&dq, &dkv, Some(&ck), &dsinks, inv, rope, &mut dout, &shape)?
+            for kernel in [AttentionKernel::Exact, AttentionKernel::Stream] {
+                // GPU.
+                let shape = AttentionShape { tokens, heads: H, head_dim: C, pos0, window: WINDOW, kv_base };
+                let mut dout = gpu.zeros::<f32>(tokens * H * C)?;
+                let dentries = gpu.upload(&entries[..n_entries.max(1) * C])?;
+                let n_listed: usize = lists.iter().map(Vec::len).sum();
+                match keys_kind {
+                    Keys::Sliding => gpu.sparse_attention_with(&dq, &dkv, None, &dsinks, inv, rope, &mut dout, &shape, kernel)?,
+                    Keys::HcaIdentity => {
+                        let off = gpu.upload(&hca_offsets(pos0, tokens, ratio, n_entries)?)?;
+                        let ck = CompressedKeys { entries: &dentries, offsets: &off, indices: None };
+                        gpu.sparse_attention_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, &mut dout, &shape, kernel)?
+                    }
+                    Keys::HcaExplicit | Keys::Csa => {
+                        let (off, idx) = if matches!(keys_kind, Keys::HcaExplicit) {
+                            hca_candidates(pos0, tokens, ratio, n_entries)?
+                        } else {
+                            let mut off = vec![0i32];
+                            let mut idx = Vec::new();
+                            for l in &lists {
+                                idx.extend(l.iter().map(|e| *e as i32));
+                                off.push(idx.len() as i32);
+                            }
+                            (off, idx)
+                        };
+                        let doff = gpu.upload(&off)?;
+                        let didx = gpu.upload(&idx)?;
+                        let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: Some(&didx) };
+                        gpu.sparse_attention_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, &mut dout, &shape, kernel)?
+                    }
                 }
-                Keys::HcaExplicit | Keys::Csa => {
-                    let (off, idx) = if matches!(keys_kind, Keys::HcaExplicit) {
-                        hca_candidates(pos0, tokens, ratio, n_entries)?
-                    } else {
-                        let mut off = vec![0i32];
-                        let mut idx = Vec::new();
-                        for l in &lists {
-                            idx.extend(l.iter().map(|e| *e as i32));
-                            off.push(idx.len() as i32);
-                        }
-                        (off, idx)
-                    };
-                    let doff = gpu.upload(&off)?;
-                    let didx = gpu.upload(&idx)?;
-                    let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: Some(&didx) };
-                    gpu.sparse_attention(&dq, &dkv, Some(&ck), &dsinks, inv, rope, &mut dout, &shape)?
-                }
+                let got = gpu.download(&dout)?;
+                let detail = json!({"T": tokens, "H": H, "c": C, "pos0": pos0, "ratio": ratio, "entries": n_entries, "listed": n_listed});
+                all &= match kernel {
+                    AttentionKernel::Exact => record(out, &format!("sparse_attention {keys_kind:?}"), detail, &got, &cpu),
+                    AttentionKernel::Stream => record_tol(out, &format!("sparse_attention_stream {keys_kind:?}"), detail, &got, &cpu, SPLIT_NMSE_TOL),
+                };
             }
-            let got = gpu.download(&dout)?;
-            let name = format!("sparse_attention {keys_kind:?}");
-            all &= record(out, &name, json!({"T": tokens, "H": H, "c": C, "pos0": pos0, "ratio": ratio, "entries": n_entries, "listed": n_listed}), &got, &cpu);
         }
     }
     Ok(all)

@@ -56,6 +56,10 @@ pub struct Gpu {
     profile: std::sync::Mutex<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
 }
 
+/// The stage name that marks the GPU as idle (host work between calls): left out of
+/// [`Gpu::profile_finish`]'s table.
+pub const IDLE_STAGE: &str = "idle";
+
 /// Time per forward stage from [`Gpu::profile_finish`]: stage name → (milliseconds, marks).
 pub type StageTimes = Vec<(&'static str, f64, usize)>;
 
@@ -297,6 +301,11 @@ impl Gpu {
                 }
             }
         }
+        {
+            let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            let bytes = super::ops_attention::ATTENTION_TC_SMEM as i32;
+            drv("shared memory of sparse_attention_tc", functions["sparse_attention_tc"].set_attribute(attr, bytes))?;
+        }
         for name in super::ops_moe::moe_gemm_entry_points() {
             let (fmt, bm, split) = super::ops_moe::moe_gemm_entry_shape(name);
             let bytes = gemm_smem_for(fmt, bm, super::ops_moe::MOE_GEMM_BN, split) as i32;
@@ -326,15 +335,16 @@ impl Gpu {
     }
 
     /// Stops profiling: synchronises, then sums the GPU time between consecutive marks per stage
-    /// (the last mark's stage ends at this call), in order of first appearance.
+    /// (the last mark's stage ends at this call), in order of first appearance; time after an
+    /// [`IDLE_STAGE`] mark (the host between forward calls) is left out.
     ///
     /// Errors: a failed synchronisation or event query.
     pub fn profile_finish(&self) -> Result<StageTimes, CudaError> {
-        self.stage("end");
+        self.stage(IDLE_STAGE);
         let marks = self.profile.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
         self.sync()?;
         let mut out: StageTimes = Vec::new();
-        for w in marks.windows(2) {
+        for w in marks.windows(2).filter(|w| w[0].0 != IDLE_STAGE) {
             let ms = drv("event elapsed", w[0].1.elapsed_ms(&w[1].1))? as f64;
             match out.iter_mut().find(|(n, _, _)| *n == w[0].0) {
                 Some(e) => {

@@ -84,7 +84,8 @@ struct GpuLayer {
 pub struct GpuModel {
     /// Config.
     pub config: Ds4Config,
-    embed: Vec<f32>,
+    /// Embedding table `[vocab, d]` f32 on the device.
+    embed: CudaSlice<f32>,
     layers: Vec<GpuLayer>,
     hc_head: GpuHcWeights,
     norm: CudaSlice<f32>,
@@ -137,8 +138,8 @@ fn split_rows(gpu: &Gpu, w: GpuWeight, groups: usize) -> Result<Vec<GpuWeight>, 
 }
 
 impl GpuModel {
-    /// Uploads a model whose tensors come from `src` (canonical names, spec §2). The embedding
-    /// stays on the host (rows are gathered per chunk).
+    /// Uploads a model whose tensors come from `src` (canonical names, spec §2); the embedding
+    /// table is kept in f32 on the device (rows gathered per chunk by a kernel).
     pub fn upload_with(gpu: &Gpu, cfg: &Ds4Config, src: &dyn GpuSource) -> Result<Self, CudaError> {
         let c = cfg;
         let d = c.hidden_size;
@@ -220,7 +221,7 @@ impl GpuModel {
         let rope_compress = Rope::new(&c.rope_compress, c.qk_rope_head_dim);
         Ok(GpuModel {
             config: c.clone(),
-            embed: src.host("embed.weight", &[c.vocab_size, d])?,
+            embed: gpu.upload(&src.host("embed.weight", &[c.vocab_size, d])?)?,
             layers,
             hc_head: GpuHcWeights {
                 fn_: gpu.upload(&src.host("hc_head_fn", &[n, n * d])?)?,
@@ -359,16 +360,12 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
         return Err(CudaError::Unsupported { what: "forward", detail: format!("{} tokens exceed the sequence capacity {}", pos0 + t, seq.capacity) });
     }
     let eps = c.rms_norm_eps as f32;
-    // §4.1: embedding rows into every stream (gathered on the host).
+    // §4.1: the embedding row of each token into each of its n streams (gather on the device).
     gpu.stage("embed");
-    let mut host_x = vec![0f32; t * n * d];
-    for (ti, id) in ids.iter().enumerate() {
-        let row = &m.embed[*id as usize * d..(*id as usize + 1) * d];
-        for j in 0..n {
-            host_x[(ti * n + j) * d..(ti * n + j + 1) * d].copy_from_slice(row);
-        }
-    }
-    let mut x = gpu.upload(&host_x)?;
+    let rows: Vec<i32> = ids.iter().flat_map(|id| std::iter::repeat_n(*id as i32, n)).collect();
+    let rows = gpu.upload(&rows)?;
+    let mut x = gpu.zeros::<f32>(t * n * d)?;
+    gpu.gather_rows(&m.embed, c.vocab_size, &rows.slice(0..t * n), &mut x, d)?;
     let ids_dev = gpu.upload(&ids.iter().map(|v| *v as i32).collect::<Vec<_>>())?;
     let mut layer_streams = Vec::new();
     let mut u = gpu.zeros::<f32>(t * d)?;
@@ -494,6 +491,8 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
         gpu.linear(&hn, &m.head, &mut lg, rows)?;
         gpu.download(&lg)?
     };
+    // The GPU is idle until the next call queues work (profiling leaves this out).
+    gpu.stage(super::gpu::IDLE_STAGE);
     Ok(GpuForwardOutput { logits, layer_streams })
 }
 

@@ -14,7 +14,32 @@ use crate::cpu::rope::Rope;
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
 /// Entry points of `kernels/attention.cu`.
-pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32"];
+pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32", "sparse_attention_tc"];
+
+/// Dynamic shared memory of `sparse_attention_tc` (`ATC_SMEM` in attention.cu: Q and K tiles as
+/// split bf16 with 520-element rows, partial logits, row pointers).
+pub const ATTENTION_TC_SMEM: usize = 2 * 64 * 520 * 2 + 2 * 32 * 520 * 2 + 8 * 32 * 16 * 4 + 32 * 8;
+
+/// Which attention kernel runs ([`Gpu::sparse_attention_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// `sparse_attention_f32`: one block per (token, head), f32 CUDA cores (the exact path).
+    Exact,
+    /// `sparse_attention_tc` (switch `MLA_STREAM_TOPK`): one block per token, each K=V row read once
+    /// for all heads, split-bf16 tensor-core products; H = 64 and c = 512 only (else [`AttentionKernel::Exact`]).
+    Stream,
+}
+
+impl AttentionKernel {
+    /// The kernel the `MLA_STREAM_TOPK` switch selects for `heads` × `head_dim`.
+    pub fn from_switches(heads: usize, head_dim: usize) -> Self {
+        if crate::switches::on("MLA_STREAM_TOPK") && heads == 64 && head_dim == 512 {
+            AttentionKernel::Stream
+        } else {
+            AttentionKernel::Exact
+        }
+    }
+}
 /// Entry points of `kernels/compressor.cu`.
 pub const COMPRESSOR_ENTRY_POINTS: &[&str] = &["add_position_bias_f32", "compressor_pool_f32", "rope_positions_f32"];
 /// Entry points of `kernels/indexer.cu`.
@@ -196,7 +221,29 @@ impl Gpu {
         out: &mut CudaSlice<f32>,
         shape: &AttentionShape,
     ) -> Result<(), CudaError> {
+        let kernel = AttentionKernel::from_switches(shape.heads, shape.head_dim);
+        self.sparse_attention_with(q, kv, comp, sinks, inv_freq, rope, out, shape, kernel)
+    }
+
+    /// [`Gpu::sparse_attention`] on the kernel the caller picks ([`AttentionKernel::Stream`] needs
+    /// H = 64 and c = 512: an error otherwise).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sparse_attention_with(
+        &self,
+        q: &CudaSlice<f32>,
+        kv: &CudaSlice<f32>,
+        comp: Option<&CompressedKeys<'_>>,
+        sinks: &CudaSlice<f32>,
+        inv_freq: &CudaSlice<f32>,
+        rope: &Rope,
+        out: &mut CudaSlice<f32>,
+        shape: &AttentionShape,
+        kernel: AttentionKernel,
+    ) -> Result<(), CudaError> {
         const W: &str = "sparse_attention";
+        ensure(W, kernel == AttentionKernel::Exact || (shape.heads == 64 && shape.head_dim == 512), || {
+            format!("the streaming kernel needs 64 heads of 512, got {} of {}", shape.heads, shape.head_dim)
+        })?;
         let AttentionShape { tokens, heads, head_dim: c, pos0, window, kv_base } = *shape;
         if tokens == 0 {
             return Ok(());
@@ -235,8 +282,11 @@ impl Gpu {
             ensure(W, ck.offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", ck.offsets.len(), tokens + 1))?;
             n_entries = int(W, "entries", ck.entries.len() / c)?;
         }
-        let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.stream.launch_builder(self.f("sparse_attention_f32"));
+        let (name, cfg) = match kernel {
+            AttentionKernel::Exact => ("sparse_attention_f32", LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }),
+            AttentionKernel::Stream => ("sparse_attention_tc", LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTENTION_TC_SMEM as u32 }),
+        };
+        let mut b = self.stream.launch_builder(self.f(name));
         b.arg(q).arg(kv);
         match comp {
             Some(ck) => {
@@ -252,9 +302,10 @@ impl Gpu {
         }
         b.arg(sinks).arg(inv_freq).arg(out);
         b.arg(&h_i).arg(&c_i).arg(&rd_i).arg(&p0_i).arg(&w_i).arg(&kb_i).arg(&kr_i).arg(&n_entries).arg(&scale);
-        // SAFETY: the argument list matches sparse_attention_f32's signature (pointers, then nine
-        // i32 and one f32); buffer sizes and the window coverage were checked above.
-        launched("sparse_attention_f32", unsafe { b.launch(cfg) }.map(|_| ()))
+        // SAFETY: the argument list matches the signature both attention kernels share (pointers,
+        // then nine i32 and one f32); buffer sizes and the window coverage were checked above; the
+        // streaming kernel gets its full dynamic shared memory (it traps on less).
+        launched(name, unsafe { b.launch(cfg) }.map(|_| ()))
     }
 
     /// Adds the compressor position bias in place (spec §4.8 step 2 / §4.9): `logit[t, :] +=

@@ -169,3 +169,254 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// sparse_attention_tc — the same attention (same arguments, candidates, sink and inverse RoPE as
+// sparse_attention_f32) streamed on the tensor cores for H = 64 heads of c = 512 (the Flash shape;
+// switch MLA_STREAM_TOPK, issue 6 §4). One block per query token; each candidate K=V row is read
+// from memory once per token for all 64 heads (the f32 kernel reads it once per head).
+//   Per tile of ATC_TILE = 32 candidates: the rows are converted to split bf16 (hi = bf16(x),
+//   lo = bf16(x − hi)) in shared memory; S = Q·Kᵀ [64 × 32] and O += P·K [64 × 512] run on
+//   mma.sync m16n8k16 with three products per fragment (hi·hi, hi·lo, lo·hi: about 16 significant
+//   bits per operand, so S and O carry f32-level error, NMSE ~1e-12 against the f32 path), f32
+//   accumulation. Online softmax per head row starting from m = sink, denominator 1 (the sink's
+//   term), exactly as the f32 kernel; P is split the same way for the P·K product.
+//   Warps: 8 = 4 head groups (16 heads) × 2 halves of the 512 channels. A warp computes the partial
+//   S over its 256 channels; the two halves exchange partials through shared memory and add them
+//   (a + b = b + a exactly, so both hold identical S, maxima and denominators), then each
+//   accumulates O for its 16 heads × 256 channels (128 f32 registers per thread).
+//   Epilogue: O / denominator, inverse RoPE on the trailing rope_dim channels (pairs held by one
+//   thread; same f32 angle formula as the f32 kernel), f32 stores.
+// Launch: grid (T), block ATC_THREADS = 256, dynamic shared memory ATC_SMEM bytes (Q hi/lo
+// [64][520] bf16, K hi/lo [32][520], partials 8·32·16 f32, 32 row pointers).
+// Deterministic: fixed MMA and reduction order, no atomics.
+
+#define ATC_H 64
+#define ATC_C 512
+#define ATC_TILE 32
+#define ATC_THREADS 256
+#define ATC_PITCH 520  // bf16 per shared row (1040 B: ldmatrix rows on distinct banks)
+#define ATC_QPLANE (ATC_H * ATC_PITCH)
+#define ATC_KPLANE (ATC_TILE * ATC_PITCH)
+#define ATC_SMEM (2 * ATC_QPLANE * 2 + 2 * ATC_KPLANE * 2 + 8 * 32 * 16 * 4 + ATC_TILE * 8)
+
+// f32x4 → split bf16 planes at hi[0..3], lo[0..3] (8-byte stores).
+__device__ __forceinline__ void atc_split4(float4 v, u16* hi, u16* lo) {
+    const u32 h0 = gm_bf16x2(v.x, v.y), h1 = gm_bf16x2(v.z, v.w);
+    *reinterpret_cast<uint2*>(hi) = make_uint2(h0, h1);
+    const u32 l0 = gm_bf16x2(v.x - __uint_as_float(h0 << 16), v.y - __uint_as_float(h0 & 0xffff0000u));
+    const u32 l1 = gm_bf16x2(v.z - __uint_as_float(h1 << 16), v.w - __uint_as_float(h1 & 0xffff0000u));
+    *reinterpret_cast<uint2*>(lo) = make_uint2(l0, l1);
+}
+
+extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1)
+sparse_attention_tc(const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,
+                    const int* __restrict__ comp_off, const int* __restrict__ comp_idx,
+                    const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
+                    int H, int c, int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries,
+                    float scale) {
+    extern __shared__ __align__(16) u8 atc_sh[];
+    {
+        u32 dsz;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
+        if (dsz < (u32)ATC_SMEM || H != ATC_H || c != ATC_C) __trap();
+    }
+    u16* Qs = reinterpret_cast<u16*>(atc_sh);
+    u16* Ks = Qs + 2 * ATC_QPLANE;
+    float* part = reinterpret_cast<float*>(Ks + 2 * ATC_KPLANE);
+    const float** rowp = reinterpret_cast<const float**>(part + 8 * 32 * 16);
+
+    const int t = blockIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wh = warp >> 1, wd = warp & 1;
+    const int g = lane >> 2, c2 = (lane & 3) * 2;
+    const int pos = pos0 + t;
+    const int lo = max(0, pos - window + 1);
+    const int n_win = pos - lo + 1;
+    int c_begin = 0, n_comp = 0;
+    if (comp_off != nullptr) {
+        c_begin = comp_off[t];
+        n_comp = max(0, comp_off[t + 1] - c_begin);
+    }
+    const int n_cand = n_win + n_comp;
+
+    // Q of this token → split bf16 planes.
+    {
+        const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
+        for (int i = tid; i < ATC_H * ATC_C / 4; i += ATC_THREADS) {
+            const int r = i >> 7, col = (i & 127) * 4;
+            atc_split4(q4[i], Qs + r * ATC_PITCH + col, Qs + ATC_QPLANE + r * ATC_PITCH + col);
+        }
+    }
+    const int h0 = 16 * wh + g;  // heads of rows g and g + 8
+    float m[2] = {sinks[h0], sinks[h0 + 8]};
+    float den[2] = {1.f, 1.f};
+    float o[32][4];
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.f;
+
+    const u32 qs = gm_smem(Qs), ks = gm_smem(Ks);
+    for (int base = 0; base < n_cand; base += ATC_TILE) {  // block-uniform trip count
+        const int nt = min(ATC_TILE, n_cand - base);
+        if (tid < ATC_TILE) {
+            const float* p = nullptr;
+            const int j = base + tid;
+            if (tid < nt) {
+                if (j < n_win) {
+                    int r = lo + j - kv_base;
+                    if (r >= 0 && r < kv_rows) p = kv + (size_t)r * ATC_C;
+                } else {
+                    int e = comp_idx != nullptr ? comp_idx[c_begin + (j - n_win)] : (j - n_win);
+                    if (e >= 0 && e < n_entries) p = entries + (size_t)e * ATC_C;
+                }
+            }
+            rowp[tid] = p;
+        }
+        __syncthreads();  // rowp ready; Q stored (first tile)
+        for (int i = tid; i < ATC_TILE * ATC_C / 4; i += ATC_THREADS) {
+            const int r = i >> 7, col = (i & 127) * 4;
+            const float* p = rowp[r];
+            const float4 v = p != nullptr ? __ldg(reinterpret_cast<const float4*>(p) + (i & 127)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            atc_split4(v, Ks + r * ATC_PITCH + col, Ks + ATC_KPLANE + r * ATC_PITCH + col);
+        }
+        __syncthreads();
+
+        // Partial S over channels [256·wd, 256·wd + 256).
+        float s[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] = 0.f;
+#pragma unroll 2
+        for (int kk = 0; kk < 256; kk += 16) {
+            const int k0 = 256 * wd + kk;
+            u32 ah[4], al[4];
+            const u32 qa = qs + ((16 * wh + (lane & 15)) * ATC_PITCH + k0 + (lane >> 4) * 8) * 2;
+            gm_ldsm4(qa, ah[0], ah[1], ah[2], ah[3]);
+            gm_ldsm4(qa + ATC_QPLANE * 2, al[0], al[1], al[2], al[3]);
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                const u32 kb = ks + (row * ATC_PITCH + k0 + ((lane >> 3) & 1) * 8) * 2;
+                u32 bh[4], bl[4];
+                gm_ldsm4(kb, bh[0], bh[1], bh[2], bh[3]);
+                gm_ldsm4(kb + ATC_KPLANE * 2, bl[0], bl[1], bl[2], bl[3]);
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    gm_mma(s[2 * np + x], ah, bh[2 * x], bh[2 * x + 1]);
+                    gm_mma(s[2 * np + x], ah, bl[2 * x], bl[2 * x + 1]);
+                    gm_mma(s[2 * np + x], al, bh[2 * x], bh[2 * x + 1]);
+                }
+            }
+        }
+        // Exchange partials with the other channel half (same lane ↔ same elements).
+        float* mine = part + (warp * 32 + lane) * 16;
+#pragma unroll
+        for (int i = 0; i < 16; i++) mine[i] = s[i >> 2][i & 3];
+        __syncthreads();
+        const float* other = part + ((warp ^ 1) * 32 + lane) * 16;
+#pragma unroll
+        for (int i = 0; i < 16; i++) s[i >> 2][i & 3] += other[i];
+
+        // Online softmax per row (e < 2: row g, else g + 8); columns 8j + c2 + (e & 1).
+        float tmax[2] = {ATT_NEG_INF, ATT_NEG_INF};
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = 8 * j + c2 + (e & 1);
+                const bool ok = col < nt && rowp[col] != nullptr;
+                const float l = ok ? s[j][e] * scale : ATT_NEG_INF;
+                s[j][e] = l;
+                tmax[e >> 1] = fmaxf(tmax[e >> 1], l);
+            }
+        float corr[2], psum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
+            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
+            const float m_new = fmaxf(m[r], tmax[r]);
+            corr[r] = (m_new == m[r]) ? 1.f : expf(m[r] - m_new);
+            m[r] = m_new;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float l = s[j][e];
+                const float p = l == ATT_NEG_INF ? 0.f : expf(l - m[e >> 1]);
+                s[j][e] = p;
+                psum[e >> 1] += p;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 1);
+            psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 2);
+            den[r] = den[r] * corr[r] + psum[r];
+        }
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+        // O[16 heads, 256 channels] += P · K, P as split A fragments (k = candidates 16·kc ..).
+#pragma unroll
+        for (int kc = 0; kc < 2; kc++) {
+            u32 ph[4], pl[4];
+#pragma unroll
+            for (int x = 0; x < 2; x++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const float a = s[2 * kc + x][2 * r], b = s[2 * kc + x][2 * r + 1];
+                    const u32 hh = gm_bf16x2(a, b);
+                    ph[2 * x + r] = hh;
+                    pl[2 * x + r] = gm_bf16x2(a - __uint_as_float(hh << 16), b - __uint_as_float(hh & 0xffff0000u));
+                }
+#pragma unroll
+            for (int np = 0; np < 16; np++) {
+                const int row = 16 * kc + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const u32 kb = ks + (row * ATC_PITCH + 256 * wd + 16 * np + (lane >> 4) * 8) * 2;
+                u32 bh[4], bl[4];
+                gm_ldsm4_trans(kb, bh[0], bh[1], bh[2], bh[3]);
+                gm_ldsm4_trans(kb + ATC_KPLANE * 2, bl[0], bl[1], bl[2], bl[3]);
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    gm_mma(o[2 * np + x], ph, bh[2 * x], bh[2 * x + 1]);
+                    gm_mma(o[2 * np + x], ph, bl[2 * x], bl[2 * x + 1]);
+                    gm_mma(o[2 * np + x], pl, bh[2 * x], bh[2 * x + 1]);
+                }
+            }
+        }
+        __syncthreads();  // Ks, part and rowp are rewritten by the next tile
+    }
+
+    // o / den, inverse RoPE on the trailing rope_dim channels, f32 stores.
+    const float inv[2] = {1.f / den[0], 1.f / den[1]};
+    const int r0 = ATC_C - rope_dim;
+    const float fpos = (float)pos;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        const int col = 256 * wd + 8 * j + c2;
+        float cs = 1.f, sn = 0.f;
+        const bool rot = col >= r0;
+        if (rot) {
+            const float ang = fpos * inv_freq[(col - r0) >> 1];
+            cs = cosf(ang);
+            sn = -sinf(ang);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float a = o[j][2 * r] * inv[r], b = o[j][2 * r + 1] * inv[r];
+            if (rot) {
+                const float a2 = a * cs - b * sn, b2 = b * cs + a * sn;
+                a = a2;
+                b = b2;
+            }
+            *reinterpret_cast<float2*>(out + ((size_t)t * ATC_H + h0 + 8 * r) * ATC_C + col) = make_float2(a, b);
+        }
+    }
+}

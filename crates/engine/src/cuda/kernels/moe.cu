@@ -143,11 +143,9 @@ extern "C" __global__ void moe_gather_bf16(const float* __restrict__ f, const in
                 if (c + j < d) v[j] = f[(size_t)tok * d + c + j];
         u32 h[2], l[2];
         for (int j = 0; j < 2; j++) {
-            u32 hb;
-            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hb) : "f"(v[2 * j + 1]), "f"(v[2 * j]));
+            const u32 hb = gm_bf16x2(v[2 * j], v[2 * j + 1]);
             h[j] = hb;
-            const float l0 = v[2 * j] - __uint_as_float(hb << 16), l1 = v[2 * j + 1] - __uint_as_float(hb & 0xffff0000u);
-            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(l[j]) : "f"(l1), "f"(l0));
+            l[j] = gm_bf16x2(v[2 * j] - __uint_as_float(hb << 16), v[2 * j + 1] - __uint_as_float(hb & 0xffff0000u));
         }
         u16* dst = xb + r * Kp + c;
         *reinterpret_cast<uint2*>(dst) = make_uint2(h[0], h[1]);
