@@ -31,6 +31,8 @@ enum Command {
     Inspect(cmd::inspect::Args),
     /// Write the one-shot fp32 logits of every position of a token-id sequence (tensor `logits` [T, vocab]).
     Logits(cmd::logits::Args),
+    /// Qualify the prefill stack: exact-length prompts × every switch configuration, JSON + SVG (needs a GPU).
+    Qualify(cmd::qualify::Args),
     /// Serve the model over HTTP: OpenAI- and Anthropic-compatible APIs with continuous batching.
     Serve(cmd::serve::Args),
     /// List the optimisation switches: env var, flag, default, current value, what each replaces.
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         Command::GpuCheck(a) => cmd::gpu_check::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Logits(a) => cmd::logits::run(a),
+        Command::Qualify(a) => cmd::qualify::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Switches(a) => cmd::switches::run(a),
     };

@@ -80,7 +80,17 @@ impl From<CheckpointError> for DefaultModelError {
 /// (written into a temporary sibling and renamed, so an interrupted write is never mistaken for a
 /// model). `created` is true when it was written by this call.
 pub fn ensure_default_model(root: &Path) -> Result<(PathBuf, bool), DefaultModelError> {
-    let dir = root.join(DEFAULT_MODEL_DIR);
+    ensure_formula_model(root, DEFAULT_MODEL_DIR, &default_config(), DEFAULT_MODEL_SEED)
+}
+
+/// Writes (once) a random-weight model of config `cfg` in the official layout and precision under
+/// `root/name`, weights from [`formula_values`] with `seed` (tables from [`formula_tid2eid`]);
+/// returns its folder and whether it was written now. Safe against concurrent writers (temporary
+/// folder, then rename) like [`ensure_default_model`], which is this with the default config.
+///
+/// Errors: I/O under `root`, or a config the official writer rejects.
+pub fn ensure_formula_model(root: &Path, name: &str, cfg: &Ds4Config, seed: u64) -> Result<(PathBuf, bool), DefaultModelError> {
+    let dir = root.join(name);
     if dir.join("config.json").is_file() {
         return Ok((dir, false));
     }
@@ -92,7 +102,7 @@ pub fn ensure_default_model(root: &Path) -> Result<(PathBuf, bool), DefaultModel
     // Temporary folders of interrupted writes older than an hour are left-overs: remove them.
     if let Ok(entries) = std::fs::read_dir(root) {
         for e in entries.flatten() {
-            let stale = e.file_name().to_string_lossy().starts_with(&format!("{DEFAULT_MODEL_DIR}.tmp-"))
+            let stale = e.file_name().to_string_lossy().starts_with(&format!("{name}.tmp-"))
                 && e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok())
                     .is_some_and(|age| age > std::time::Duration::from_secs(3600));
             if stale {
@@ -100,18 +110,17 @@ pub fn ensure_default_model(root: &Path) -> Result<(PathBuf, bool), DefaultModel
             }
         }
     }
-    let tmp = root.join(format!("{DEFAULT_MODEL_DIR}.tmp-{}", std::process::id()));
+    let tmp = root.join(format!("{name}.tmp-{}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
     }
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    let cfg = default_config();
     let experts = cfg.n_routed_experts;
     write_official(
         &tmp,
-        &cfg,
-        &|name, shape| formula_values(DEFAULT_MODEL_SEED, name, shape),
-        &|name, shape| formula_tid2eid(DEFAULT_MODEL_SEED, name, shape[0], shape[1], experts),
+        cfg,
+        &|name, shape| formula_values(seed, name, shape),
+        &|name, shape| formula_tid2eid(seed, name, shape[0], shape[1], experts),
         &OfficialWriteOptions { max_shard_bytes: 256 << 20 },
     )?;
     match std::fs::rename(&tmp, &dir) {

@@ -195,10 +195,43 @@ fn resolved() -> &'static HashMap<&'static str, (&'static str, Origin)> {
     })
 }
 
-/// The value of switch `name` for this process (one of its [`Switch::values`]) and its origin.
+thread_local! {
+    static SCOPED: std::cell::RefCell<Vec<(&'static str, &'static str)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with switch values overridden on this thread (`[(name, value)]`; later entries win),
+/// e.g. a parity check comparing every switch configuration in one process. Values read inside
+/// `f` report [`Origin::Flag`].
+///
+/// Errors: an unknown switch or a value it does not accept (then `f` does not run).
+pub fn scoped<R>(overrides: &[(&str, &str)], f: impl FnOnce() -> R) -> Result<R, SwitchError> {
+    let mut resolved_pairs = Vec::with_capacity(overrides.len());
+    for (name, value) in overrides {
+        let s = find(name)?;
+        let v = s.normalise(value).ok_or_else(|| bad_value(s, value, "a scoped override".into()))?;
+        resolved_pairs.push((s.name, v));
+    }
+    let saved = SCOPED.with(|c| std::mem::replace(&mut *c.borrow_mut(), resolved_pairs));
+    struct Restore(Option<Vec<(&'static str, &'static str)>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(v) = self.0.take() {
+                SCOPED.with(|c| *c.borrow_mut() = v);
+            }
+        }
+    }
+    let _restore = Restore(Some(saved));
+    Ok(f())
+}
+
+/// The value of switch `name` (one of its [`Switch::values`]) and its origin: a [`scoped`]
+/// override on this thread, else the process value.
 ///
 /// Panics only on a name that is not registered (a programming error caught by the tests).
 pub fn value_of(name: &str) -> (&'static str, Origin) {
+    if let Some(v) = SCOPED.with(|c| c.borrow().iter().rev().find(|(n, _)| *n == name).map(|(_, v)| *v)) {
+        return (v, Origin::Flag);
+    }
     *resolved().get(name).unwrap_or_else(|| panic!("switch {name} is not registered"))
 }
 
@@ -242,6 +275,20 @@ mod tests {
         assert_eq!(g.normalise("false"), Some("off"));
         assert_eq!(g.normalise("On"), Some("on"));
         assert!(matches!(find("NOPE"), Err(SwitchError::Unknown(_))));
+    }
+
+    #[test]
+    fn scoped_overrides_apply_and_restore() {
+        let before = value("MOE_PERSISTENT");
+        let inner = scoped(&[("MOE_PERSISTENT", "off"), ("tc_linear", "0")], || {
+            let nested = scoped(&[("MOE_PERSISTENT", "on")], || value("MOE_PERSISTENT")).unwrap();
+            (value("MOE_PERSISTENT"), value("TC_LINEAR"), nested)
+        })
+        .unwrap();
+        assert_eq!(inner, ("off", "off", "on"));
+        assert_eq!(value("MOE_PERSISTENT"), before);
+        assert!(scoped(&[("MOE_PERSISTENT", "sometimes")], || ()).is_err());
+        assert!(scoped(&[("NOPE", "on")], || ()).is_err());
     }
 
     #[test]

@@ -54,7 +54,8 @@ pub fn formula_values(seed: u64, name: &str, shape: &[usize]) -> Vec<f32> {
     let (off, scale) = value_rule(name, shape);
     let key = fnv1a64(&format!("{seed}:{name}"));
     let n: usize = shape.iter().product();
-    (0..n as u64).map(|i| (off + scale * uniform(key, i)) as f32).collect()
+    use rayon::prelude::*;
+    (0..n as u64).into_par_iter().map(|i| (off + scale * uniform(key, i)) as f32).collect()
 }
 
 /// A `[vocab, k]` hash-routing table: per row, k distinct experts drawn in order, repeats rejected.

@@ -35,6 +35,11 @@ pub struct Args {
     /// Token counts of the Flash-shaped MoE layer timings (grouped vs per-expert), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "512,2048,8192")]
     pub moe_tokens: Vec<usize>,
+    /// Also run the switch parity matrix on the full-width parity model (Flash widths, 4 layers, 256
+    /// experts, official precision; written once under the cache root, ~6 GB). `--only switches`
+    /// runs only the matrix.
+    #[arg(long)]
+    pub switch_matrix: bool,
     /// Random seed of the inputs (default: from the clock, so every run draws fresh inputs).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -59,7 +64,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let t = std::time::Instant::now();
     let gpu = Gpu::open(args.device, &cache)?;
     eprintln!("opened {} ({}) and loaded kernels in {:.2} s", gpu.ctx.name().unwrap_or_default(), gpu.arch, t.elapsed().as_secs_f64());
-    let (mut report, ok) = check::run(&gpu, seed, &check::CheckOptions { repeats: args.repeats, skip_checks: args.skip_checks, only: args.only.clone(), goldens: (!args.skip_models && args.goldens.is_dir()).then(|| args.goldens.clone()), greedy_steps: args.greedy_steps, stored_model, moe_tokens: args.moe_tokens.clone() })?;
+    let switch_model = if args.switch_matrix || args.only.as_deref().is_some_and(|o| o.starts_with("switch")) {
+        use flashseek_engine::cuda::check_switches::{full_width_parity_config, FULL_WIDTH_MODEL_DIR, FULL_WIDTH_MODEL_SEED};
+        let t = std::time::Instant::now();
+        let (dir, made) = flashseek_engine::default_model::ensure_formula_model(&flashseek_engine::default_model::cache_root(), FULL_WIDTH_MODEL_DIR, &full_width_parity_config(), FULL_WIDTH_MODEL_SEED)?;
+        if made {
+            println!("wrote the full-width parity model to {} in {:.1} s", dir.display(), t.elapsed().as_secs_f64());
+        }
+        Some(dir)
+    } else {
+        None
+    };
+    let (mut report, ok) = check::run(&gpu, seed, &check::CheckOptions { repeats: args.repeats, skip_checks: args.skip_checks, only: args.only.clone(), goldens: (!args.skip_models && args.goldens.is_dir()).then(|| args.goldens.clone()), greedy_steps: args.greedy_steps, stored_model, moe_tokens: args.moe_tokens.clone(), switch_model })?;
     report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
     report["commit"] = option_env!("FLASHSEEK_COMMIT").unwrap_or("unknown (set FLASHSEEK_COMMIT when building)").into();
     if let Some(out) = &args.out {

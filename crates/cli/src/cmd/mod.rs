@@ -7,5 +7,6 @@ pub mod gpu_bench;
 pub mod gpu_check;
 pub mod inspect;
 pub mod logits;
+pub mod qualify;
 pub mod serve;
 pub mod switches;

@@ -98,6 +98,9 @@ pub struct CheckOptions {
     pub stored_model: Option<std::path::PathBuf>,
     /// Token counts of the Flash-shaped MoE layer timings.
     pub moe_tokens: Vec<usize>,
+    /// Checkpoint for the switch parity matrix (`check_switches`; run with `only = "switches"` or
+    /// after the model checks when set).
+    pub switch_model: Option<std::path::PathBuf>,
 }
 
 /// Runs every check and timing; returns the JSON report and whether all checks passed.
@@ -109,6 +112,14 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     let tc_only = opts.only.as_deref().is_some_and(|o| o.starts_with("tc"));
     // `--only moe…` limits it to the grouped MoE (ops_moe.rs): its parity matrix and layer timings.
     let moe_only = opts.only.as_deref().is_some_and(|o| o.starts_with("moe"));
+    // `--only switches`: only the switch parity matrix (needs `switch_model`).
+    if opts.only.as_deref().is_some_and(|o| o.starts_with("switch")) {
+        if let Some(dir) = &opts.switch_model {
+            all &= super::check_switches::run(gpu, dir, opts.greedy_steps.min(16), &mut out)?;
+        }
+        let report = json!({"gpu": gpu.ctx.name().unwrap_or_default(), "arch": gpu.arch, "seed": seed, "all_pass": all, "ops": out});
+        return Ok((report, all));
+    }
     if moe_only {
         if !opts.skip_checks {
             all &= super::check_moe::run(gpu, seed, &mut out)?;
@@ -186,6 +197,9 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     }
     if let Some(dir) = &opts.stored_model {
         all &= super::check_model::run_stored(gpu, dir, opts.greedy_steps.min(32), &mut out)?;
+    }
+    if let Some(dir) = &opts.switch_model {
+        all &= super::check_switches::run(gpu, dir, opts.greedy_steps.min(16), &mut out)?;
     }
     }
 

@@ -14,12 +14,14 @@ pub mod check_attention;
 pub mod check_mhc;
 pub mod check_model;
 pub mod check_moe;
+pub mod check_switches;
 pub mod gpu;
 pub mod model;
 pub mod nvrtc;
 pub mod ops_attention;
 pub mod ops_mhc;
 pub mod ops_moe;
+pub mod qualify;
 pub mod session;
 pub mod upload;
 

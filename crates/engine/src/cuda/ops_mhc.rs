@@ -552,7 +552,7 @@ impl Gpu {
     /// (read by hash layers). Comparable with `forward::moe::route` + `forward::moe::moe` with
     /// `Numerics::default()`.
     ///
-    /// With the `MOE_GROUPED` switch on, `TC_LINEAR` not off, at least
+    /// With the `MOE_GROUPED` switch on (split activations unless `TC_LINEAR=bf16`), at least
     /// [`super::gpu::TC_LINEAR_MIN_TOKENS`] tokens and experts that allow it, the routed experts run
     /// grouped on the device ([`Gpu::moe_experts_grouped`], no synchronisation); otherwise one
     /// expert at a time ([`Gpu::moe_experts`], one synchronisation to group tokens on the host).
@@ -560,13 +560,10 @@ impl Gpu {
     /// Errors: shapes that disagree with `cfg`, an invalid token id or table entry (hash layers;
     /// per-expert path), or any launcher error.
     pub fn moe_forward(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize) -> Result<GpuMoeOutput, CudaError> {
-        let split = match super::gpu::tc_linear_mode() {
-            super::gpu::TcMode::Off => None,
-            super::gpu::TcMode::Bf16 => Some(false),
-            super::gpu::TcMode::Split => Some(true),
-        };
+        // Split activations unless TC_LINEAR=bf16 asks for the inexact fast mode.
+        let split = super::gpu::tc_linear_mode() != super::gpu::TcMode::Bf16;
         let opts = super::ops_moe::MoeOptions::from_switches();
-        let grouped = if opts.grouped && t >= super::gpu::TC_LINEAR_MIN_TOKENS { split } else { None };
+        let grouped = (opts.grouped && t >= super::gpu::TC_LINEAR_MIN_TOKENS).then_some(split);
         self.moe_forward_with(cfg, layer, f, ids, t, grouped.map(|s| (s, opts)))
     }
 

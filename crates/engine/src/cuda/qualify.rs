@@ -1,0 +1,288 @@
+//! `flashseek qualify` (issue 6 §8): the qualification matrix of the prefill stack. For each target
+//! prompt length (default 8,192 / 32,768 / 131,072 tokens) a prompt of exactly that many tokens is
+//! built through the real tokenizer and the DeepSeek-V4 chat encoding; then for each switch
+//! configuration (the baseline with every optimisation off, each switch alone on, all on, each
+//! alone off) a cold prefill and `decode_tokens` greedy tokens run on DeepSeek-V4-Flash shapes with
+//! random official-precision weights. Recorded per run: prefill tok/s (CUDA events), time to first
+//! token (host clock: prefill + logits to the host + argmax), decode tok/s, SHA-256 of the generated
+//! ids, and the last prompt position's logits NMSE against the baseline (the exact kernels) where
+//! the baseline ran at that length.
+//!
+//! Refusals (the run fails): a prompt whose token count differs from the target, and a
+//! configuration that promises exactness (all but `TC_LINEAR=bf16`) whose generated ids differ from
+//! the baseline's. The slow configurations (the baseline, "alone on", `MOE_GROUPED` off) run only up
+//! to `full_matrix_max` tokens; the report says which were skipped.
+
+use super::bench::flash_config;
+use super::gpu::Gpu;
+use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
+use super::upload::RandomOfficialSource;
+use super::CudaError;
+use crate::forward::LogitsFor;
+use crate::switches::scoped;
+use flashseek_model::chat::{encode_messages, EncodeOptions, ThinkingMode};
+use flashseek_model::tokenizer::Ds4Tokenizer;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::time::Instant;
+
+/// Options of [`run`].
+#[derive(Debug, Clone)]
+pub struct QualifyOptions {
+    /// Flash layers instantiated (the first N of the schedule).
+    pub layers: usize,
+    /// Target prompt lengths in tokens.
+    pub contexts: Vec<usize>,
+    /// Prefill chunk (tokens).
+    pub chunk: usize,
+    /// Greedy tokens generated after each prefill.
+    pub decode_tokens: usize,
+    /// Longest prompt on which the slow configurations run.
+    pub full_matrix_max: usize,
+}
+
+fn tok_err(e: impl std::fmt::Display) -> CudaError {
+    CudaError::Unsupported { what: "qualify prompt", detail: e.to_string() }
+}
+
+/// Token ids of a one-message chat prompt (chat mode, BOS added) that is exactly `target` tokens
+/// long: the user message is a fixed opening sentence followed by repetitions of " the" (one token
+/// each in the V4 vocabulary), their count solved from a measured prompt.
+///
+/// Errors: the tokenizer failing, or no count giving exactly `target` tokens (reported with the
+/// lengths found: the caller refuses the run).
+pub fn exact_prompt(tok: &Ds4Tokenizer, target: usize) -> Result<Vec<u32>, CudaError> {
+    let opening = "Summarise the following text in one sentence.";
+    let encode = |n: usize| -> Result<Vec<u32>, CudaError> {
+        let content = format!("{opening}{}", " the".repeat(n));
+        let opts = EncodeOptions { thinking_mode: ThinkingMode::Chat, reasoning_effort: None, drop_thinking: true, add_default_bos_token: true, context: None };
+        let text = encode_messages(&[json!({"role": "user", "content": content})], &opts).map_err(tok_err)?;
+        tok.encode_with_special(&text).map_err(tok_err)
+    };
+    let base = encode(0)?.len();
+    if target < base {
+        return Err(tok_err(format!("target {target} is shorter than the empty prompt ({base} tokens)")));
+    }
+    let mut n = target - base;
+    for _ in 0..4 {
+        let ids = encode(n)?;
+        if ids.len() == target {
+            return Ok(ids);
+        }
+        n = (n as i64 + target as i64 - ids.len() as i64).max(0) as usize;
+    }
+    Err(tok_err(format!("no filler length gives exactly {target} tokens (last try {} tokens)", encode(n)?.len())))
+}
+
+/// One configuration of the matrix: label, overrides, exactness promised, slow.
+struct Config {
+    label: String,
+    overrides: Vec<(&'static str, &'static str)>,
+    exact: bool,
+    slow: bool,
+}
+
+fn configurations() -> Vec<Config> {
+    const OFF: [(&str, &str); 3] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("MOE_GROUPED", "off")];
+    let mut v = vec![Config { label: "baseline (all off)".into(), overrides: OFF.to_vec(), exact: true, slow: true }];
+    for (n, val) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("MLA_STREAM_TOPK", "on"), ("MOE_GROUPED", "on")] {
+        let mut o = OFF.to_vec();
+        o.push((n, val));
+        v.push(Config { label: format!("{n}={val} alone"), overrides: o, exact: val != "bf16", slow: true });
+    }
+    v.push(Config { label: "all on (defaults)".into(), overrides: Vec::new(), exact: true, slow: false });
+    for n in ["TC_LINEAR", "MLA_STREAM_TOPK", "MOE_GROUPED", "MOE_FUSED_SWIGLU", "MOE_ADAPTIVE_TILES", "MOE_PERSISTENT"] {
+        v.push(Config { label: format!("{n}=off alone"), overrides: vec![(n, "off")], exact: true, slow: n == "MOE_GROUPED" });
+    }
+    v.push(Config { label: "all on, TC_LINEAR=bf16".into(), overrides: vec![("TC_LINEAR", "bf16")], exact: false, slow: false });
+    v
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Cold prefill of `ids` then `n` greedy tokens: (prefill s by CUDA events, TTFT s, decode s, last
+/// prefill logits, generated ids).
+fn one_run(gpu: &Gpu, m: &GpuModel, ids: &[u32], chunk: usize, n: usize) -> Result<(f64, f64, f64, Vec<f32>, Vec<u32>), CudaError> {
+    let mut seq = GpuSequence::new(gpu, m, ids.len() + n + 1)?;
+    gpu.sync()?;
+    let ev = |what: &str| {
+        let e = gpu.ctx.new_event(None).map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })?;
+        e.record(&gpu.stream).map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })?;
+        Ok::<_, CudaError>(e)
+    };
+    let wall = Instant::now();
+    let a = ev("event")?;
+    let chunks: Vec<&[u32]> = ids.chunks(chunk.max(1)).collect();
+    let mut logits = Vec::new();
+    for (i, c) in chunks.iter().enumerate() {
+        let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
+        logits = forward_chunk_gpu(gpu, m, &mut seq, c, lf, false)?.logits;
+    }
+    let b = ev("event")?;
+    let mut next = argmax(&logits);
+    let ttft = wall.elapsed().as_secs_f64();
+    b.synchronize().map_err(|e| CudaError::Driver { what: "event sync".into(), detail: format!("{e:?}") })?;
+    let prefill = a.elapsed_ms(&b).map_err(|e| CudaError::Driver { what: "elapsed".into(), detail: format!("{e:?}") })? as f64 * 1e-3;
+    let t = Instant::now();
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(next);
+        let l = forward_chunk_gpu(gpu, m, &mut seq, &[next], LogitsFor::Last, false)?.logits;
+        next = argmax(&l);
+    }
+    Ok((prefill, ttft, t.elapsed().as_secs_f64(), logits, out))
+}
+
+/// Runs the matrix; returns the JSON report and whether every run qualified.
+pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError> {
+    let cfg = flash_config(opts.layers);
+    let tok = Ds4Tokenizer::shared().map_err(tok_err)?;
+    let t = Instant::now();
+    let model = GpuModel::upload_with(gpu, &cfg, &RandomOfficialSource::new(&cfg, 7))?;
+    gpu.sync()?;
+    println!("qualify: {} Flash layers uploaded in {:.1} s", cfg.num_hidden_layers, t.elapsed().as_secs_f64());
+    // Warm-up (first launches, allocator growth) under every configuration.
+    let warm = exact_prompt(tok, 256)?;
+    for c in configurations() {
+        scoped(&c.overrides, || one_run(gpu, &model, &warm, opts.chunk, 2)).map_err(tok_err)??;
+    }
+    let n_layers = cfg.num_hidden_layers as f64;
+    let mut rows = Vec::new();
+    let mut ok = true;
+    for &target in &opts.contexts {
+        let ids = exact_prompt(tok, target)?;
+        if ids.len() != target {
+            return Err(tok_err(format!("prompt of {} tokens for target {target}: refused", ids.len())));
+        }
+        let mut baseline: Option<(Vec<f32>, Vec<u32>)> = None;
+        for c in configurations() {
+            if c.slow && target > opts.full_matrix_max {
+                rows.push(json!({"context": target, "config": c.label, "skipped": format!("slow configuration: runs only up to {} tokens", opts.full_matrix_max)}));
+                continue;
+            }
+            let (prefill, ttft, decode, logits, gen) = scoped(&c.overrides, || one_run(gpu, &model, &ids, opts.chunk, opts.decode_tokens)).map_err(tok_err)??;
+            let sha = Sha256::digest(gen.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+            let sha: String = sha.iter().map(|b| format!("{b:02x}")).collect();
+            let (nmse, same) = match &baseline {
+                Some((bl, bg)) => (Some(super::check::errors(&logits, bl).0), Some(*bg == gen)),
+                None => (None, None),
+            };
+            let refused = c.exact && same == Some(false);
+            ok &= !refused;
+            let prefill_tok_s = target as f64 / prefill;
+            let decode_tok_s = opts.decode_tokens as f64 / decode.max(1e-12);
+            println!(
+                "qualify {target:>6} {:<32} prefill {prefill_tok_s:>8.0} tok/s (43-layer est. {:>6.0})  TTFT {:>7.3} s  decode {decode_tok_s:>6.1} tok/s  ids {}  nmse {}{}",
+                c.label,
+                prefill_tok_s * n_layers / 43.0,
+                ttft,
+                &sha[..12],
+                nmse.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "-".into()),
+                if refused { "  REFUSED: tokens differ from the baseline" } else { "" }
+            );
+            rows.push(json!({
+                "context": target, "prompt_tokens": ids.len(), "config": c.label,
+                "overrides": c.overrides.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>(),
+                "prefill_s": prefill, "prefill_tok_s": prefill_tok_s, "prefill_tok_s_43_layer_estimate": prefill_tok_s * n_layers / 43.0,
+                "ttft_s": ttft, "decode_tokens": opts.decode_tokens, "decode_tok_s": decode_tok_s,
+                "decode_tok_s_43_layer_estimate": decode_tok_s * n_layers / 43.0,
+                "generated_ids_sha256": sha, "logits_nmse_vs_baseline": nmse, "ids_equal_baseline": same,
+                "exactness_promised": c.exact, "refused": refused,
+            }));
+            if c.label.starts_with("baseline") {
+                baseline = Some((logits, gen));
+            }
+        }
+    }
+    let switches: Vec<Value> = crate::switches::SWITCHES.iter().map(|s| json!({"name": s.name, "default": s.default_value()})).collect();
+    Ok((
+        json!({
+            "gpu": gpu.ctx.name().unwrap_or_default(), "arch": gpu.arch,
+            "model": format!("DeepSeek-V4-Flash shapes, first {} layers, random weights in official precision", cfg.num_hidden_layers),
+            "layers_measured": cfg.num_hidden_layers, "prefill_chunk": opts.chunk, "full_matrix_max": opts.full_matrix_max,
+            "prompt": "one user message through the DeepSeek-V4 chat encoding (chat mode, BOS) and the V4 tokenizer, exactly the target length",
+            "timing": "prefill: CUDA events around the chunks of a cold prefill; TTFT: host clock to the first token's argmax; decode: host clock over the greedy steps",
+            "estimate_note": "43-layer figures scale by layers/43: an estimate, not a measurement",
+            "switches": switches, "qualified": ok, "runs": rows,
+        }),
+        ok,
+    ))
+}
+
+/// An SVG bar chart of prefill tok/s (43-layer estimate) per context and configuration.
+pub fn chart_svg(report: &Value) -> String {
+    let runs: Vec<&Value> = report["runs"].as_array().map(|a| a.iter().filter(|r| r.get("prefill_tok_s").is_some()).collect()).unwrap_or_default();
+    let contexts: Vec<u64> = {
+        let mut c: Vec<u64> = runs.iter().filter_map(|r| r["context"].as_u64()).collect();
+        c.dedup();
+        c
+    };
+    let max = runs.iter().filter_map(|r| r["prefill_tok_s_43_layer_estimate"].as_f64()).fold(1.0f64, f64::max);
+    let (bar_h, gap, left, width) = (14.0, 10.0, 300.0, 520.0);
+    let mut y = 40.0;
+    let mut body = String::new();
+    for ctx in &contexts {
+        body.push_str(&format!("<text x=\"10\" y=\"{:.0}\" font-weight=\"bold\">{ctx} tokens</text>\n", y + 10.0));
+        y += 18.0;
+        for r in runs.iter().filter(|r| r["context"].as_u64() == Some(*ctx)) {
+            let v = r["prefill_tok_s_43_layer_estimate"].as_f64().unwrap_or(0.0);
+            let w = width * v / max;
+            let label = r["config"].as_str().unwrap_or("").replace('&', "&amp;").replace('<', "&lt;");
+            body.push_str(&format!(
+                "<text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"end\">{label}</text><rect x=\"{left}\" y=\"{:.0}\" width=\"{w:.1}\" height=\"{bar_h}\" fill=\"#4a7ab7\"/><text x=\"{:.0}\" y=\"{:.0}\">{v:.0}</text>\n",
+                left - 6.0,
+                y + 11.0,
+                y,
+                left + w + 4.0,
+                y + 11.0
+            ));
+            y += bar_h + 4.0;
+        }
+        y += gap;
+    }
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0}\" height=\"{:.0}\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"10\" y=\"20\" font-size=\"14\">flashseek qualify: prefill tok/s, 43-layer estimate ({}; {} layers measured)</text>\n{body}</svg>\n",
+        left + width + 80.0,
+        y + 10.0,
+        report["gpu"].as_str().unwrap_or(""),
+        report["layers_measured"]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The qualification prompts have exactly the target lengths, decode back to the chat format,
+    /// and a target below the empty prompt is refused.
+    #[test]
+    fn exact_prompts_hit_their_targets() {
+        let tok = Ds4Tokenizer::shared().unwrap();
+        for target in [64usize, 1000, 8192, 32768, 131072] {
+            let ids = exact_prompt(tok, target).unwrap();
+            assert_eq!(ids.len(), target);
+            assert_eq!(ids[0], tok.token_to_id("<｜begin▁of▁sentence｜>").unwrap());
+        }
+        let text = tok.decode(&exact_prompt(tok, 100).unwrap(), false).unwrap();
+        assert!(text.contains("<｜User｜>Summarise the following text in one sentence. the the"), "{text}");
+        assert!(exact_prompt(tok, 3).is_err());
+    }
+
+    #[test]
+    fn chart_lists_every_measured_run() {
+        let report = json!({"gpu": "X", "layers_measured": 4, "runs": [
+            {"context": 8192, "config": "all on", "prefill_tok_s": 1.0, "prefill_tok_s_43_layer_estimate": 100.0},
+            {"context": 8192, "config": "a<b", "prefill_tok_s": 1.0, "prefill_tok_s_43_layer_estimate": 50.0},
+            {"context": 32768, "config": "skipped", "skipped": "slow"}]});
+        let svg = chart_svg(&report);
+        assert!(svg.starts_with("<svg") && svg.contains("8192 tokens") && svg.contains("a&lt;b") && !svg.contains("32768 tokens"), "{svg}");
+    }
+}
