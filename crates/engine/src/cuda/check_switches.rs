@@ -53,10 +53,13 @@ fn argmax(x: &[f32]) -> usize {
     best
 }
 
+/// Switch values set for one configuration.
+type Overrides = Vec<(&'static str, &'static str)>;
+
 /// The configurations of the matrix: (label, overrides, exactness promised, same bits as "all on").
-fn configurations() -> Vec<(String, Vec<(&'static str, &'static str)>, bool, bool)> {
+fn configurations() -> Vec<(String, Overrides, bool, bool)> {
     const OFF: [(&str, &str); 3] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("MOE_GROUPED", "off")];
-    let mut v: Vec<(String, Vec<(&'static str, &'static str)>, bool, bool)> = vec![("all off (exact kernels)".into(), OFF.to_vec(), true, false)];
+    let mut v: Vec<(String, Overrides, bool, bool)> = vec![("all off (exact kernels)".into(), OFF.to_vec(), true, false)];
     // Each alone on (the others off).
     for (name, value) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("MLA_STREAM_TOPK", "on"), ("MOE_GROUPED", "on")] {
         let mut o = OFF.to_vec();

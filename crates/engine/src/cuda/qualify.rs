@@ -108,9 +108,22 @@ fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
-/// Cold prefill of `ids` then `n` greedy tokens: (prefill s by CUDA events, TTFT s, decode s, last
-/// prefill logits, generated ids).
-fn one_run(gpu: &Gpu, m: &GpuModel, ids: &[u32], chunk: usize, n: usize) -> Result<(f64, f64, f64, Vec<f32>, Vec<u32>), CudaError> {
+/// What one cold prefill + greedy decode measured.
+struct RunResult {
+    /// Prefill seconds (CUDA events).
+    prefill: f64,
+    /// Seconds to the first token (host clock).
+    ttft: f64,
+    /// Seconds of the greedy steps (host clock).
+    decode: f64,
+    /// Logits of the last prompt position.
+    logits: Vec<f32>,
+    /// Generated ids.
+    ids: Vec<u32>,
+}
+
+/// Cold prefill of `ids` then `n` greedy tokens.
+fn one_run(gpu: &Gpu, m: &GpuModel, ids: &[u32], chunk: usize, n: usize) -> Result<RunResult, CudaError> {
     let mut seq = GpuSequence::new(gpu, m, ids.len() + n + 1)?;
     gpu.sync()?;
     let ev = |what: &str| {
@@ -138,7 +151,7 @@ fn one_run(gpu: &Gpu, m: &GpuModel, ids: &[u32], chunk: usize, n: usize) -> Resu
         let l = forward_chunk_gpu(gpu, m, &mut seq, &[next], LogitsFor::Last, false)?.logits;
         next = argmax(&l);
     }
-    Ok((prefill, ttft, t.elapsed().as_secs_f64(), logits, out))
+    Ok(RunResult { prefill, ttft, decode: t.elapsed().as_secs_f64(), logits, ids: out })
 }
 
 /// Runs the matrix; returns the JSON report and whether every run qualified.
@@ -168,7 +181,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 rows.push(json!({"context": target, "config": c.label, "skipped": format!("slow configuration: runs only up to {} tokens", opts.full_matrix_max)}));
                 continue;
             }
-            let (prefill, ttft, decode, logits, gen) = scoped(&c.overrides, || one_run(gpu, &model, &ids, opts.chunk, opts.decode_tokens)).map_err(tok_err)??;
+            let RunResult { prefill, ttft, decode, logits, ids: gen } = scoped(&c.overrides, || one_run(gpu, &model, &ids, opts.chunk, opts.decode_tokens)).map_err(tok_err)??;
             let sha = Sha256::digest(gen.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
             let sha: String = sha.iter().map(|b| format!("{b:02x}")).collect();
             let (nmse, same) = match &baseline {
