@@ -37,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out).map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;
     let json_path = args.out.join("qualify.json");
     std::fs::write(&json_path, b"{}").map_err(|e| anyhow::anyhow!("{}: {e}", json_path.display()))?;
-    if args.contexts.is_empty() || args.contexts.iter().any(|c| *c == 0) {
+    if args.contexts.is_empty() || args.contexts.contains(&0) {
         anyhow::bail!("--contexts needs positive token counts");
     }
     let gpu = Gpu::open(args.device, &flashseek_engine::default_model::cache_root().join("kernels"))?;
