@@ -127,7 +127,7 @@ fn one_run(gpu: &Gpu, m: &GpuModel, ids: &[u32], chunk: usize, n: usize) -> Resu
     let mut seq = GpuSequence::new(gpu, m, ids.len() + n + 1)?;
     gpu.sync()?;
     let ev = |what: &str| {
-        let e = gpu.ctx.new_event(None).map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })?;
+        let e = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })?;
         e.record(&gpu.stream).map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })?;
         Ok::<_, CudaError>(e)
     };
