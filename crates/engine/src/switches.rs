@@ -66,6 +66,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `sparse_attention_stream …` records vs the CPU reference (NMSE, max-abs) and every whole-model check",
     },
     Switch {
+        name: "INDEXER_TC",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "indexer_scores_f32 (f32 CUDA cores, the whole query reloaded per 16 keys): indexer scores on split-bf16 tensor cores, queries held in registers across 512 keys (64 heads of 128 only)",
+        parity: "gpu-check `indexer_scores_tc …` records (NMSE vs the CPU, top-k vs the reference selection) and every whole-model check",
+    },
+    Switch {
         name: "MOE_GROUPED",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,

@@ -94,6 +94,22 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
         println!("time sparse_attention {kernel:?} T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
         rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
     }
+    // Indexer scores for the same chunk at 128K context (32,768 visible entries of 128).
+    let (ih, ihd, ipos0) = (64usize, 128usize, 131072 - tokens);
+    let n = (ipos0 + tokens) / 4;
+    let dq = gpu.upload(&random(seed, "idx_time.q", tokens * ih * ihd, 1.0))?;
+    let dk = gpu.upload(&random(seed, "idx_time.k", n * ihd, 1.0))?;
+    let dw = gpu.upload(&random(seed, "idx_time.w", tokens * ih, 0.1))?;
+    let mut dsc = gpu.zeros::<f32>(tokens * n)?;
+    let ishape = IndexerShape { tokens, heads: ih, head_dim: ihd, n_entries: n, ratio: 4, pos0: ipos0 };
+    let visible: f64 = (0..tokens).map(|t| visible_entries(ipos0 + t, 4, n) as f64).sum();
+    let flops = 2.0 * (ih * ihd) as f64 * visible;
+    for tc in [false, true] {
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_scores_with(&dq, &dk, &dw, &mut dsc, &ishape, tc))?;
+        let tf = flops / (ms * 1e-3) / 1e12;
+        println!("time indexer_scores {} T={tokens} entries={n} {ms:.2} ms  {tf:.1} TFLOP/s", if tc { "tc " } else { "f32" });
+        rows.push(json!({"op": "indexer_scores", "kernel": if tc { "tc" } else { "f32" }, "tokens": tokens, "entries": n, "median_ms": ms, "tflop_per_s": tf}));
+    }
     Ok(rows)
 }
 
@@ -306,14 +322,16 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
     let dkeys = gpu.upload(&keys)?;
     let wscale = (HEADS as f64).powf(-0.5);
     // Positions 2385..2391 see 596–597 of the 600 entries (so the mask is exercised); 60..62 see 15.
-    for (pos0, tokens) in [(2385usize, 6usize), (60, 2)] {
+    // Each case on the f32 kernel and on the tensor-core one (odd T: a block's second token missing).
+    for (pos0, tokens, tc) in [(2385usize, 6usize, false), (60, 2, false), (2385, 6, true), (60, 2, true), (1001, 5, true)] {
+        let kname = if tc { "indexer_scores_tc" } else { "indexer_scores" };
         let q = random(seed, &format!("idx.q.{pos0}"), tokens * HEADS * HD, 1.7);
         let weights: Vec<f32> = random(seed, &format!("idx.w.{pos0}"), tokens * HEADS, 1.0).iter().map(|v| (*v as f64 * wscale) as f32).collect();
         let (dq, dw) = (gpu.upload(&q)?, gpu.upload(&weights)?);
         let iq = indexer::IndexQueries { heads: HEADS, head_dim: HD, q, weights };
         let shape = IndexerShape { tokens, heads: HEADS, head_dim: HD, n_entries: N, ratio: RATIO, pos0 };
         let mut dscores = gpu.zeros::<f32>(tokens * N)?;
-        gpu.indexer_scores(&dq, &dkeys, &dw, &mut dscores, &shape)?;
+        gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, tc)?;
         let got = gpu.download(&dscores)?;
         // Visible scores vs the reference; the rest must be −inf.
         let (mut g, mut r) = (Vec::new(), Vec::new());
@@ -334,8 +352,8 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
             }
         }
         let shape_json = json!({"T": tokens, "heads": HEADS, "hd": HD, "N": N, "ratio": RATIO, "pos0": pos0});
-        all &= record(out, "indexer_scores", shape_json.clone(), &g, &r);
-        all &= record_exact(out, "indexer_scores mask", shape_json.clone(), mask_bad, tokens * N - g.len(), json!("masked entries must be -inf"));
+        all &= record(out, kname, shape_json.clone(), &g, &r);
+        all &= record_exact(out, &format!("{kname} mask"), shape_json.clone(), mask_bad, tokens * N - g.len(), json!("masked entries must be -inf"));
 
         for k in [512usize, 16] {
             let sel = gpu_topk(gpu, &dscores, &shape, k)?;
@@ -349,7 +367,7 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
                 bad += differing(st, &want).len() + usize::from(st.windows(2).any(|p| p[0] >= p[1]));
             }
             let sj = json!({"T": tokens, "N": N, "k": k, "pos0": pos0});
-            all &= record_exact(out, "indexer_topk (gpu scores)", sj.clone(), bad, compared, json!("rule applied to the GPU's f32 scores"));
+            all &= record_exact(out, &format!("indexer_topk (gpu scores of {kname})"), sj.clone(), bad, compared, json!("rule applied to the GPU's f32 scores"));
             // (2) Against indexer::select on the f64 reference scores: differences are allowed only at
             // boundary near-ties (|s − s_k| ≤ 1e-5·max|s|), which f32 rounding can swap.
             let (mut unexplained, mut near_ties) = (0usize, 0usize);
@@ -371,7 +389,7 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
                     }
                 }
             }
-            all &= record_exact(out, "indexer_topk (reference)", sj, unexplained, compared, json!({"near_tie_swaps": near_ties}));
+            all &= record_exact(out, &format!("indexer_topk (reference, {kname})"), sj, unexplained, compared, json!({"near_tie_swaps": near_ties}));
         }
     }
 

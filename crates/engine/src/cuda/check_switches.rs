@@ -58,10 +58,10 @@ type Overrides = Vec<(&'static str, &'static str)>;
 
 /// The configurations of the matrix: (label, overrides, exactness promised, same bits as "all on").
 fn configurations() -> Vec<(String, Overrides, bool, bool)> {
-    const OFF: [(&str, &str); 3] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("MOE_GROUPED", "off")];
+    const OFF: [(&str, &str); 4] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("INDEXER_TC", "off"), ("MOE_GROUPED", "off")];
     let mut v: Vec<(String, Overrides, bool, bool)> = vec![("all off (exact kernels)".into(), OFF.to_vec(), true, false)];
     // Each alone on (the others off).
-    for (name, value) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("MLA_STREAM_TOPK", "on"), ("MOE_GROUPED", "on")] {
+    for (name, value) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("MLA_STREAM_TOPK", "on"), ("INDEXER_TC", "on"), ("MOE_GROUPED", "on")] {
         let mut o = OFF.to_vec();
         o.push((name, value));
         v.push((format!("{name}={value} alone"), o, value != "bf16", false));
@@ -71,6 +71,7 @@ fn configurations() -> Vec<(String, Overrides, bool, bool)> {
     for (name, value, same_bits) in [
         ("TC_LINEAR", "off", false),
         ("MLA_STREAM_TOPK", "off", false),
+        ("INDEXER_TC", "off", false),
         ("MOE_GROUPED", "off", false),
         ("MOE_FUSED_SWIGLU", "off", true),
         ("MOE_ADAPTIVE_TILES", "off", true),

@@ -43,7 +43,7 @@ impl AttentionKernel {
 /// Entry points of `kernels/compressor.cu`.
 pub const COMPRESSOR_ENTRY_POINTS: &[&str] = &["add_position_bias_f32", "compressor_pool_f32", "rope_positions_f32"];
 /// Entry points of `kernels/indexer.cu`.
-pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_topk_f32"];
+pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32"];
 
 /// Largest head dim `sparse_attention_f32` supports (`ATT_MAXC`).
 pub const ATTENTION_MAX_HEAD_DIM: usize = 1024;
@@ -474,7 +474,23 @@ impl Gpu {
         scores: &mut CudaSlice<f32>,
         shape: &IndexerShape,
     ) -> Result<(), CudaError> {
+        let tc = crate::switches::on("INDEXER_TC") && shape.heads == 64 && shape.head_dim == 128;
+        self.indexer_scores_with(q, keys, weights, scores, shape, tc)
+    }
+
+    /// [`Gpu::indexer_scores`] on the kernel the caller picks: `tc` = `indexer_scores_tc` (split-bf16
+    /// tensor cores; 64 heads of 128 only, an error otherwise), else `indexer_scores_f32`.
+    pub fn indexer_scores_with(
+        &self,
+        q: &CudaSlice<f32>,
+        keys: &CudaSlice<f32>,
+        weights: &CudaSlice<f32>,
+        scores: &mut CudaSlice<f32>,
+        shape: &IndexerShape,
+        tc: bool,
+    ) -> Result<(), CudaError> {
         const W: &str = "indexer_scores";
+        ensure(W, !tc || (shape.heads == 64 && shape.head_dim == 128), || format!("the tensor-core scores need 64 heads of 128, got {} of {}", shape.heads, shape.head_dim))?;
         let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
         if tokens == 0 || n == 0 {
             return Ok(());
@@ -489,6 +505,14 @@ impl Gpu {
         ensure(W, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
         let (h_i, hd_i, n_i, r_i, p_i) = (int(W, "heads", heads)?, int(W, "hd", hd)?, int(W, "N", n)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?);
         let scale = (hd as f64).powf(-0.5) as f32;
+        if tc {
+            let t_i = int(W, "tokens", tokens)?;
+            let cfg = LaunchConfig { grid_dim: (n.div_ceil(512) as u32, tokens.div_ceil(2) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let mut b = self.stream.launch_builder(self.f("indexer_scores_tc"));
+            b.arg(q).arg(keys).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i);
+            // SAFETY: matches indexer_scores_tc (indexer_scores_f32's arguments plus T); sizes checked above.
+            return launched("indexer_scores_tc", unsafe { b.launch(cfg) }.map(|_| ()));
+        }
         let cfg = LaunchConfig { grid_dim: (n.div_ceil(16) as u32, tokens as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("indexer_scores_f32"));
         b.arg(q).arg(keys).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale);

@@ -83,15 +83,15 @@ struct Config {
 }
 
 fn configurations() -> Vec<Config> {
-    const OFF: [(&str, &str); 3] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("MOE_GROUPED", "off")];
+    const OFF: [(&str, &str); 4] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("INDEXER_TC", "off"), ("MOE_GROUPED", "off")];
     let mut v = vec![Config { label: "baseline (all off)".into(), overrides: OFF.to_vec(), exact: true, slow: true }];
-    for (n, val) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("MLA_STREAM_TOPK", "on"), ("MOE_GROUPED", "on")] {
+    for (n, val) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("MLA_STREAM_TOPK", "on"), ("INDEXER_TC", "on"), ("MOE_GROUPED", "on")] {
         let mut o = OFF.to_vec();
         o.push((n, val));
         v.push(Config { label: format!("{n}={val} alone"), overrides: o, exact: val != "bf16", slow: true });
     }
     v.push(Config { label: "all on (defaults)".into(), overrides: Vec::new(), exact: true, slow: false });
-    for n in ["TC_LINEAR", "MLA_STREAM_TOPK", "MOE_GROUPED", "MOE_FUSED_SWIGLU", "MOE_ADAPTIVE_TILES", "MOE_PERSISTENT"] {
+    for n in ["TC_LINEAR", "MLA_STREAM_TOPK", "INDEXER_TC", "MOE_GROUPED", "MOE_FUSED_SWIGLU", "MOE_ADAPTIVE_TILES", "MOE_PERSISTENT"] {
         v.push(Config { label: format!("{n}=off alone"), overrides: vec![(n, "off")], exact: true, slow: n == "MOE_GROUPED" });
     }
     v.push(Config { label: "all on, TC_LINEAR=bf16".into(), overrides: vec![("TC_LINEAR", "bf16")], exact: false, slow: false });

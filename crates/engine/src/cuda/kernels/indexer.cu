@@ -82,6 +82,129 @@ indexer_scores_f32(const float* __restrict__ q, const float* __restrict__ k, con
     }
 }
 
+// indexer_scores_tc: the same scores (same arguments and masking) on the tensor cores for
+//   heads = 64, hd = 128 (the Flash indexer; switch INDEXER_TC). Block (512-key range, 2 tokens),
+//   8 warps = 2 tokens × 4 groups of 16 heads. A warp keeps its 16 heads' queries as split bf16
+//   A fragments in registers (q = hi + lo, 64 registers) for the whole block; per 64-key tile the
+//   keys go to shared memory as split bf16 ([64][136] × 2 planes) and S = Q·Kᵀ [16 × 64] runs on
+//   mma.sync m16n8k16 with three products (hi·hi, hi·lo, lo·hi; f32-level error), f32 accumulation.
+//   Then w_h·max(S, 0) is summed over the warp's 16 heads (rows g and g + 8 per thread, then a
+//   fixed butterfly over the 8 row groups) and over the 4 head groups in group order through shared
+//   memory, times scale. Deterministic (fixed orders, no atomics); differs from indexer_scores_f32
+//   by f32 rounding only. Tiles past both tokens' visible ranges are skipped.
+//   Extra last argument T (tokens; the second token of the last pair may not exist).
+//   Launch: grid (ceil(N / 512), ceil(T / 2)), block 256, static shared memory
+//   2·64·136·2 + 2·4·64·4 = 36,864 bytes.
+
+#define ITC_KT 64          // keys per tile
+#define ITC_KB 512         // keys per block
+#define ITC_PITCH 136      // bf16 per shared key row (272 B: ldmatrix rows on distinct banks)
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+indexer_scores_tc(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ w,
+                  float* __restrict__ scores, int heads, int hd, int n, int ratio, int pos0, float scale, int T) {
+    __shared__ __align__(16) u16 ks[2 * ITC_KT * ITC_PITCH];
+    __shared__ float part[2][4][ITC_KT];
+    if (heads != 64 || hd != 128) __trap();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tt = warp >> 2, hg = warp & 3;
+    const int g = lane >> 2, c2 = (lane & 3) * 2;
+    const int t0 = blockIdx.y * 2;
+    const int t = t0 + tt;
+    const bool tvalid = t < T;              // warp-uniform
+    const bool second = t0 + 1 < T;         // the block's second token exists
+    const int key0 = blockIdx.x * ITC_KB;
+    // Visible ranges of the block's tokens (they grow with the position).
+    const int vis0 = min((pos0 + t0 + 1) / ratio, n);
+    const int vis1 = second ? min((pos0 + t0 + 2) / ratio, n) : vis0;
+    const int vis_max = vis1;
+    const float* wt = w + (size_t)(tvalid ? t : t0) * 64;
+    // Query fragments (split bf16), rows g and g + 8 of the warp's 16 heads, 8 k-steps of 16.
+    u32 qh[8][4], ql[8][4];
+    const float* qrow0 = q + ((size_t)(tvalid ? t : t0) * 64 + 16 * hg + g) * 128;
+    const float* qrow1 = qrow0 + 8 * 128;
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float* src = ((r & 1) ? qrow1 : qrow0) + 16 * kk + c2 + ((r & 2) ? 8 : 0);
+            const float2 v = *reinterpret_cast<const float2*>(src);
+            const u32 h = gm_bf16x2(v.x, v.y);
+            qh[kk][r] = h;
+            ql[kk][r] = gm_bf16x2(v.x - __uint_as_float(h << 16), v.y - __uint_as_float(h & 0xffff0000u));
+        }
+    }
+    const float w0 = wt[16 * hg + g], w1 = wt[16 * hg + g + 8];
+    const u32 kbase = gm_smem(ks);
+    for (int j0 = key0; j0 < min(key0 + ITC_KB, n); j0 += ITC_KT) {  // block-uniform
+        if (j0 >= vis_max) {
+            // Masked tile for both tokens.
+            for (int i = tid; i < 2 * ITC_KT; i += 256) {
+                const int tk = t0 + i / ITC_KT, key = j0 + i % ITC_KT;
+                if (key < n && (i / ITC_KT == 0 || second)) scores[(size_t)tk * n + key] = __int_as_float(0xff800000);
+            }
+            continue;
+        }
+        __syncthreads();  // previous tile's ks / part reads are done
+        for (int i = tid; i < ITC_KT * 32; i += 256) {
+            const int r = i >> 5, c4 = (i & 31) * 4;
+            const int key = j0 + r;
+            const float4 v = key < vis_max ? __ldg(reinterpret_cast<const float4*>(k + (size_t)key * 128) + (i & 31)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            u16* hi = ks + r * ITC_PITCH + c4;
+            u16* lo = hi + ITC_KT * ITC_PITCH;
+            const u32 h0 = gm_bf16x2(v.x, v.y), h1 = gm_bf16x2(v.z, v.w);
+            *reinterpret_cast<uint2*>(hi) = make_uint2(h0, h1);
+            *reinterpret_cast<uint2*>(lo) = make_uint2(gm_bf16x2(v.x - __uint_as_float(h0 << 16), v.y - __uint_as_float(h0 & 0xffff0000u)),
+                                                       gm_bf16x2(v.z - __uint_as_float(h1 << 16), v.w - __uint_as_float(h1 & 0xffff0000u)));
+        }
+        __syncthreads();
+        float acc[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                const u32 a = kbase + (row * ITC_PITCH + 16 * kk + ((lane >> 3) & 1) * 8) * 2;
+                u32 bh[4], bl[4];
+                gm_ldsm4(a, bh[0], bh[1], bh[2], bh[3]);
+                gm_ldsm4(a + ITC_KT * ITC_PITCH * 2, bl[0], bl[1], bl[2], bl[3]);
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    gm_mma(acc[2 * np + x], qh[kk], bh[2 * x], bh[2 * x + 1]);
+                    gm_mma(acc[2 * np + x], qh[kk], bl[2 * x], bl[2 * x + 1]);
+                    gm_mma(acc[2 * np + x], ql[kk], bh[2 * x], bh[2 * x + 1]);
+                }
+            }
+        }
+        // Σ over the warp's heads: rows g, g + 8 per thread, then the 8 row groups (lanes xor 4, 8, 16).
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float v = w0 * fmaxf(acc[j][e], 0.f) + w1 * fmaxf(acc[j][2 + e], 0.f);
+                v += __shfl_xor_sync(0xffffffffu, v, 4);
+                v += __shfl_xor_sync(0xffffffffu, v, 8);
+                v += __shfl_xor_sync(0xffffffffu, v, 16);
+                if (g == 0) part[tt][hg][8 * j + c2 + e] = v;
+            }
+        }
+        __syncthreads();
+        if (tid < 2 * ITC_KT) {
+            const int ti = tid / ITC_KT, kj = tid % ITC_KT;
+            const int key = j0 + kj;
+            const int vis = ti == 0 ? vis0 : vis1;
+            if (key < n && (ti == 0 || second)) {
+                const float total = ((part[ti][0][kj] + part[ti][1][kj]) + part[ti][2][kj]) + part[ti][3][kj];
+                scores[(size_t)(t0 + ti) * n + key] = key < vis ? total * scale : __int_as_float(0xff800000);
+            }
+        }
+    }
+}
+
 // Order-preserving map f32 → u32 (ascending floats → ascending keys; the same order as total_cmp:
 // −NaN < −inf < … < −0 < +0 < … < +inf < +NaN).
 __device__ __forceinline__ u32 fs_order_key(float f) {
