@@ -204,7 +204,9 @@ impl Gpu {
     /// Per query t and head h: candidates = window rows in position order, then the query's
     /// compressed list; logits `q·k·c^−1/2`; `o = Σ P·k` with the sink in the denominator only.
     ///
-    /// Launch: grid `T·H`, block 128 (see `kernels/attention.cu`).
+    /// Kernel from the `MLA_STREAM_TOPK` switch ([`AttentionKernel::from_switches`]): the streaming
+    /// tensor-core kernel for 64 heads × 512 (grid `T`, block 256), else the f32 kernel (grid `T·H`,
+    /// block 128); see `kernels/attention.cu`.
     ///
     /// Errors: [`CudaError::Unsupported`] for `c` not a multiple of 4 or above
     /// [`ATTENTION_MAX_HEAD_DIM`], an odd or too wide rope, short buffers, a window not covered by
@@ -461,7 +463,9 @@ impl Gpu {
     /// `q`: `[T, heads, hd]`; `keys`: `[N, hd]`; `weights`: `[T, heads]` (already scaled by
     /// `heads^−1/2`, as the reference); `scores`: `[T, N]`.
     ///
-    /// Launch: grid `(ceil(N/16), T)`, block 256, 42 KB static shared memory.
+    /// Kernel from the `INDEXER_TC` switch: `indexer_scores_tc` for 64 heads × 128 (grid
+    /// `(ceil(N/512), ceil(T/2))`, block 256), else `indexer_scores_f32` (grid `(ceil(N/16), T)`,
+    /// block 256, 42 KB static shared memory).
     ///
     /// Errors: [`CudaError::Unsupported`] for `hd` not a multiple of 4 or above
     /// [`INDEXER_MAX_HEAD_DIM`], `heads·hd` above [`INDEXER_MAX_QUERY`], more than 65535 tokens,
