@@ -103,6 +103,17 @@ impl TensorSource for FormulaSource {
     }
 }
 
+/// Index of the largest value (the first on ties; NaN never wins): greedy decoding in the checks.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -129,13 +129,7 @@ fn snapshot_restore_and_retention() {
 }
 
 fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
+    flashseek_engine::testing::argmax(x) as u32
 }
 
 #[test]

@@ -8,21 +8,12 @@ use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
 use super::CudaError;
 use crate::forward::{forward, forward_chunk, ForwardOptions, LogitsFor};
 use crate::state::SequenceState;
-use crate::testing::{formula_ids, FormulaSource};
+use crate::testing::{argmax, formula_ids, FormulaSource};
 use crate::weights::ModelWeights;
 use flashseek_model::config::Ds4Config;
 use serde_json::{json, Value};
 use std::path::Path;
 
-fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
-    }
-    best
-}
 
 fn top1_agreement(a: &[f32], b: &[f32], vocab: usize) -> f64 {
     let rows = a.len() / vocab;

@@ -15,7 +15,7 @@ use super::CudaError;
 use crate::forward::{forward, forward_chunk, ForwardOptions, LogitsFor};
 use crate::state::SequenceState;
 use crate::switches::scoped;
-use crate::testing::formula_ids;
+use crate::testing::{argmax, formula_ids};
 use crate::weights::ModelWeights;
 use flashseek_model::config::Ds4Config;
 use serde_json::{json, Value};
@@ -43,15 +43,6 @@ pub fn full_width_parity_config() -> Ds4Config {
     Ds4Config::from_json(&v).expect("the parity config is valid")
 }
 
-fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
-    }
-    best
-}
 
 /// Switch values set for one configuration.
 type Overrides = Vec<(&'static str, &'static str)>;

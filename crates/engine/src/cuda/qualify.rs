@@ -99,13 +99,7 @@ fn configurations() -> Vec<Config> {
 }
 
 fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
+    crate::testing::argmax(x) as u32
 }
 
 /// What one cold prefill + greedy decode measured.
