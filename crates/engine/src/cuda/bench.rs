@@ -237,3 +237,30 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
         "runs": rows,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Per-call times, shares of the total, achieved rates and floors come out of the stage table
+    /// as the formulas say; stages without a cost model carry time only.
+    #[test]
+    fn stage_table_computes_rates_and_floors() {
+        let times: StageTimes = vec![("moe", 30.0, 3), ("mhc+norms", 10.0, 3)];
+        let costs = vec![("moe", StageCost { flops: 8e11, bytes: 4.2e9 })];
+        let t = stage_table(&times, &costs, 2);
+        assert_eq!(t.len(), 2);
+        let moe = &t[0];
+        assert_eq!(moe["ms"].as_f64(), Some(15.0));
+        assert!((moe["fraction_of_total"].as_f64().unwrap() - 0.75).abs() < 1e-12);
+        // 8e11 FLOP in 15 ms = 53.3 TFLOP/s; floor max(1 ms compute at 800 TF/s, 1 ms of bytes) = 1 ms.
+        assert!((moe["tflop_per_s"].as_f64().unwrap() - 8e11 / 0.015 / 1e12).abs() < 1e-9);
+        assert!((moe["floor_ms_bf16"].as_f64().unwrap() - 1.0).abs() < 1e-9);
+        assert!((moe["fraction_of_floor_bf16"].as_f64().unwrap() - 1.0 / 15.0).abs() < 1e-12);
+        assert!(t[1].get("tflop_per_s").is_none());
+        let mut acc = Vec::new();
+        add_costs(&mut acc, costs.clone());
+        add_costs(&mut acc, costs);
+        assert_eq!(acc[0].1.flops, 1.6e12);
+    }
+}

@@ -578,3 +578,21 @@ mod tests {
         assert_eq!(visible_entries(126, 128, 10), 0);
     }
 }
+
+#[cfg(test)]
+mod smem_tests {
+    /// `ATTENTION_TC_SMEM` is the kernel's `ATC_SMEM` (recomputed from attention.cu's defines) and
+    /// fits the 227 KB a Hopper block may use.
+    #[test]
+    fn streaming_attention_shared_memory_matches_the_kernel() {
+        let src = include_str!("kernels/attention.cu");
+        let def = |name: &str| -> usize {
+            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
+            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
+        };
+        let (h, tile, pitch) = (def("ATC_H"), def("ATC_TILE"), def("ATC_PITCH"));
+        let smem = 2 * h * pitch * 2 + 2 * tile * pitch * 2 + 8 * 32 * 16 * 4 + tile * 8;
+        assert_eq!(super::ATTENTION_TC_SMEM, smem);
+        assert!(smem <= 227 * 1024);
+    }
+}

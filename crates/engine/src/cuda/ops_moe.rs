@@ -355,3 +355,37 @@ impl Gpu {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_rows_follow_the_measured_rule() {
+        let on = MoeOptions::ALL_ON;
+        // 256 experts: 2048 tokens × 6 = 48 per expert → 64 rows; 8192 × 6 = 192 per expert.
+        assert_eq!(on.tile_rows(2048 * 6, 256, false), 64);
+        assert_eq!(on.tile_rows(8192 * 6, 256, false), 128);
+        assert_eq!(on.tile_rows(8192 * 6, 256, true), 64);
+        let fixed = MoeOptions { adaptive_tiles: false, ..on };
+        assert_eq!(fixed.tile_rows(16, 256, true), 128);
+        assert_eq!(MoeOptions { force_tile_rows: Some(64), ..fixed }.tile_rows(1 << 20, 1, false), 64);
+        assert_eq!(MoeOptions { force_tile_rows: Some(100), ..on }.tile_rows(1, 256, true), 128);
+    }
+
+    /// Every grouped GEMM entry point parses to a format, tile and split, all 36 combinations exist
+    /// once, and every block's shared memory fits a Hopper SM (227 KB per block).
+    #[test]
+    fn grouped_gemm_entry_points_are_complete() {
+        let names: Vec<&str> = moe_gemm_entry_points().collect();
+        assert_eq!(names.len(), 36);
+        let mut seen = std::collections::HashSet::new();
+        for n in &names {
+            let (fmt, bm, split) = moe_gemm_entry_shape(n);
+            let epi = ["plain", "swiglu", "scatter"].into_iter().find(|e| n.ends_with(e)).expect("an epilogue suffix");
+            assert_eq!(*n, format!("moe_gemm_{fmt}_{bm}{}_{epi}", if split { "_x2" } else { "" }));
+            assert!(seen.insert((fmt, bm, split, epi)));
+            assert!(gemm_smem_for(fmt, bm, MOE_GEMM_BN, split) <= 227 * 1024, "{n}");
+        }
+    }
+}
