@@ -65,13 +65,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Checks the `FLASHSEEK_<NAME>` variables and applies the `--switch` flags, before anything reads them.
+/// Applies the `--switch` flags, then checks the `FLASHSEEK_<NAME>` variables they do not override,
+/// before anything reads them.
 fn apply_switches(flags: &[String]) -> Result<(), flashseek_engine::switches::SwitchError> {
-    flashseek_engine::switches::check_environment()?;
     for f in flags {
         flashseek_engine::switches::set_override(f)?;
     }
-    Ok(())
+    flashseek_engine::switches::check_environment()
 }
 
 /// The error and its causes, each printed once (a cause whose text the message already holds is

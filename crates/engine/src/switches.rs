@@ -4,9 +4,10 @@
 //! `docs/SWITCHES.md` documents each entry with its measured parity.
 //!
 //! Values are resolved once per process (CLI overrides, then the environment, then the default) the
-//! first time any switch is read; [`set_override`] after that is an error. An invalid value in the
-//! environment is reported by [`check_environment`] (the CLI calls it first) and otherwise falls
-//! back to the default.
+//! first time any switch is read; [`set_override`] after that is an error. An empty variable means
+//! the default. An invalid value in the environment is reported by [`check_environment`] (the CLI
+//! calls it after applying its flags, which take precedence) and otherwise falls back to the
+//! default. On/off switches also accept 1/0, true/false, yes/no.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -37,6 +38,16 @@ impl Switch {
         self.values[0]
     }
 
+    /// The accepted spellings for messages: `split, bf16, off (also 1 = split, …)`.
+    pub fn accepted(&self) -> String {
+        let mut a = self.values.join(", ");
+        if !self.aliases.is_empty() {
+            let al: Vec<String> = self.aliases.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+            a.push_str(&format!(" (also {})", al.join(", ")));
+        }
+        a
+    }
+
     /// `raw` normalised to one of [`Switch::values`], or None when it is not accepted.
     pub fn normalise(&self, raw: &str) -> Option<&'static str> {
         let v = raw.trim().to_ascii_lowercase();
@@ -54,51 +65,51 @@ pub const SWITCHES: &[Switch] = &[
     Switch {
         name: "TC_LINEAR",
         values: &["split", "bf16", "off"],
-        aliases: &[("1", "split"), ("on", "split"), ("x2", "split"), ("0", "off")],
+        aliases: &[("1", "split"), ("on", "split"), ("true", "split"), ("yes", "split"), ("x2", "split"), ("0", "off"), ("false", "off"), ("no", "off")],
         replaces: "the exact f32 linear kernel (linear.cu) for GPU linear layers with T >= 64 tokens: tensor cores with split (hi+lo) or plain bf16 activations",
-        parity: "gpu-check `tc …` records (per-shape NMSE vs the CPU) and every whole-model check",
+        parity: "gpu-check `tc …` records (per-shape NMSE vs the CPU), every whole-model check, the switch matrix (`gpu-check --only switches`)",
     },
     Switch {
         name: "MLA_STREAM_TOPK",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "sparse_attention_f32 (one block per token and head, every K=V row read once per head, f32 CUDA cores): one block per token reading each window/selected row once for all 64 heads, split-bf16 tensor-core products (H = 64, c = 512 only)",
-        parity: "gpu-check `sparse_attention_stream …` records vs the CPU reference (NMSE, max-abs) and every whole-model check",
+        parity: "gpu-check `sparse_attention_stream …` records vs the CPU reference (NMSE, max-abs), every whole-model check, the switch matrix",
     },
     Switch {
         name: "INDEXER_TC",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "indexer_scores_f32 (f32 CUDA cores, the whole query reloaded per 16 keys): indexer scores on split-bf16 tensor cores, queries held in registers across 512 keys (64 heads of 128 only)",
-        parity: "gpu-check `indexer_scores_tc …` records (NMSE vs the CPU, top-k vs the reference selection) and every whole-model check",
+        parity: "gpu-check `indexer_scores_tc …` records (NMSE vs the CPU, top-k vs the reference selection), every whole-model check, the switch matrix",
     },
     Switch {
         name: "MOE_GROUPED",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "one expert at a time (gather, three linears, scatter) with a host sync to group tokens: tokens grouped by expert on the device and one GEMM launch for all experts' gate/up and one for down",
-        parity: "gpu-check `moe_grouped …` records: parity matrix vs the CPU reference (NMSE) and vs the per-expert GPU path",
+        parity: "gpu-check `moe_grouped …` records (parity matrix vs the CPU reference and the per-expert GPU path), the switch matrix",
     },
     Switch {
         name: "MOE_FUSED_SWIGLU",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "separate gate and up GEMMs, a SwiGLU kernel and a bf16 conversion: gate and up in one tile with the clamped SwiGLU in the epilogue (grouped MoE only)",
-        parity: "gpu-check `moe_grouped …` records with fused on and off (same bits expected)",
+        parity: "gpu-check `moe_grouped …` records with fused on and off (same bits, checked), the switch matrix",
     },
     Switch {
         name: "MOE_ADAPTIVE_TILES",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "a fixed 128-row expert tile: 64-row tiles when the average tokens per expert is below 96 or activations are split (grouped MoE only)",
-        parity: "gpu-check `moe_grouped …` records with both tile heights (same bits expected)",
+        parity: "gpu-check `moe_grouped …` records with both tile heights (same bits, checked), the switch matrix",
     },
     Switch {
         name: "MOE_PERSISTENT",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "one block per (expert tile, column tile) work unit: a grid of a few blocks per SM walking the on-device queue of non-empty tiles (grouped MoE only)",
-        parity: "gpu-check `moe_grouped …` records with both grids (same bits expected)",
+        parity: "gpu-check `moe_grouped …` records with both grids (same bits, checked), the switch matrix",
     },
 ];
 
@@ -136,7 +147,7 @@ pub fn find(name: &str) -> Result<&'static Switch, SwitchError> {
 }
 
 fn bad_value(s: &Switch, value: &str, source: String) -> SwitchError {
-    SwitchError::BadValue { name: s.name, value: value.to_string(), source_: source, accepted: s.values.join(", ") }
+    SwitchError::BadValue { name: s.name, value: value.to_string(), source_: source, accepted: s.accepted() }
 }
 
 static OVERRIDES: Mutex<Option<HashMap<&'static str, &'static str>>> = Mutex::new(None);
@@ -168,12 +179,23 @@ pub fn set_override(spec: &str) -> Result<(), SwitchError> {
     Ok(())
 }
 
-/// Checks every `FLASHSEEK_<NAME>` variable that is set.
+/// The environment value of a switch: None when unset or empty (both mean "the default").
+fn env_value(s: &Switch) -> Option<String> {
+    std::env::var(s.env_var()).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Checks every `FLASHSEEK_<NAME>` variable that is set (and not empty), except those of switches a
+/// `--switch` flag already set ([`set_override`]; the flag wins, so a stale variable does not
+/// matter).
 ///
 /// Errors: the first value a switch does not accept.
 pub fn check_environment() -> Result<(), SwitchError> {
+    let flags = OVERRIDES.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
     for s in SWITCHES {
-        if let Ok(raw) = std::env::var(s.env_var()) {
+        if flags.contains_key(s.name) {
+            continue;
+        }
+        if let Some(raw) = env_value(s) {
             if s.normalise(&raw).is_none() {
                 return Err(bad_value(s, &raw, s.env_var()));
             }
@@ -191,7 +213,7 @@ fn resolved() -> &'static HashMap<&'static str, (&'static str, Origin)> {
                 let v = if let Some(v) = flags.get(s.name) {
                     (*v, Origin::Flag)
                 } else {
-                    match std::env::var(s.env_var()).ok().and_then(|raw| s.normalise(&raw)) {
+                    match env_value(s).and_then(|raw| s.normalise(&raw)) {
                         Some(v) => (v, Origin::Env),
                         None => (s.default_value(), Origin::Default),
                     }
@@ -302,7 +324,8 @@ mod tests {
     fn flag_errors_are_clear() {
         assert_eq!(set_override("MOE_GROUPED"), Err(SwitchError::Syntax("MOE_GROUPED".into())));
         let e = set_override("MOE_GROUPED=maybe").unwrap_err();
-        assert!(e.to_string().contains("accepted: on, off"), "{e}");
+        assert!(e.to_string().contains("accepted: on, off (also 1 = on"), "{e}");
+        assert_eq!(find("TC_LINEAR").unwrap().normalise("true"), Some("split"));
         assert!(matches!(set_override("WHAT=on"), Err(SwitchError::Unknown(_))));
     }
 }

@@ -327,3 +327,57 @@ pub fn generate_text(
     }
     Ok(stats)
 }
+
+/// Parses a GPU command's `--device`: `N`, `cuda` (device 0) or `cuda:N` (the same spelling as
+/// `--device` of chat/generate/serve, without `cpu`).
+pub fn parse_cuda_device(v: &str) -> Result<usize, String> {
+    let t = v.trim();
+    let n = if t == "cuda" { Some("0") } else { t.strip_prefix("cuda:").or(Some(t)) };
+    n.and_then(|n| n.parse::<usize>().ok()).ok_or_else(|| format!("`{v}`: expected a CUDA device: N, cuda or cuda:N"))
+}
+
+/// Checks, without touching an existing file, that `path` can be written: its folder exists and a
+/// probe file can be created there (and is removed). Commands call it before long runs so that a
+/// report that cannot be written fails at once, and a failed run leaves earlier results alone.
+pub fn check_writable(path: &std::path::Path) -> anyhow::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        anyhow::bail!("{}: folder {} does not exist", path.display(), dir.display());
+    }
+    if path.is_dir() {
+        anyhow::bail!("{} is a folder, a file path is needed", path.display());
+    }
+    let probe = dir.join(format!(".flashseek-write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| anyhow::anyhow!("{}: cannot write in {}: {e}", path.display(), dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+#[cfg(test)]
+mod cli_tests {
+    use super::*;
+
+    #[test]
+    fn cuda_devices_parse_like_the_backend_flag() {
+        assert_eq!(parse_cuda_device("0"), Ok(0));
+        assert_eq!(parse_cuda_device("cuda"), Ok(0));
+        assert_eq!(parse_cuda_device("cuda:3"), Ok(3));
+        assert!(parse_cuda_device("cpu").is_err());
+        assert!(parse_cuda_device("cuda:x").is_err());
+    }
+
+    #[test]
+    fn writability_check_leaves_existing_files_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("r.json");
+        std::fs::write(&f, b"{\"a\":1}").unwrap();
+        check_writable(&f).unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"{\"a\":1}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        assert!(check_writable(&dir.path().join("missing/r.json")).is_err());
+        assert!(check_writable(dir.path()).is_err());
+    }
+}

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 /// Arguments of `gpu-bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
+    /// CUDA device: N, cuda or cuda:N.
+    #[arg(long, default_value = "0", value_parser = super::common::parse_cuda_device)]
     pub device: usize,
     /// Flash layers to instantiate (the first N of the 43-layer schedule).
     #[arg(long, default_value_t = 4)]
@@ -39,7 +39,16 @@ pub struct Args {
 /// Runs `gpu-bench`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
-        std::fs::write(out, b"{}").map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
+        super::common::check_writable(out).map_err(|e| anyhow::anyhow!("--out: {e}"))?;
+    }
+    if args.contexts.is_empty() || args.contexts.contains(&0) {
+        anyhow::bail!("--contexts needs positive token counts");
+    }
+    if args.config.is_none() && !(1..=43).contains(&args.layers) {
+        anyhow::bail!("--layers {}: DeepSeek-V4-Flash has 1 to 43 layers", args.layers);
+    }
+    if args.chunk == 0 || args.prefill_repeats == 0 {
+        anyhow::bail!("--chunk and --prefill-repeats must be at least 1");
     }
     let config = match &args.config {
         Some(p) => Some(flashseek_model::config::Ds4Config::from_file(p)?),

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 /// Arguments of `gpu-check`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
+    /// CUDA device: N, cuda or cuda:N.
+    #[arg(long, default_value = "0", value_parser = super::common::parse_cuda_device)]
     pub device: usize,
     /// Where to write the JSON report.
     #[arg(long)]
@@ -19,8 +19,10 @@ pub struct Args {
     /// Skip the parity checks (timings only, e.g. under a profiler).
     #[arg(long)]
     pub skip_checks: bool,
-    /// Only time weights whose label or format contains this text (`tc…`: only the tensor-core
-    /// linear checks and timings; `moe…`: only the grouped MoE parity matrix and timings).
+    /// Limit the run: `switches` = only the switch parity matrix; `tc…` = only the tensor-core
+    /// linear checks and timings; `moe…` = only the grouped MoE parity matrix and timings; `att…` =
+    /// every check plus the attention/indexer timings; any other text = every check, and only the
+    /// decode-linear timings whose label or format contains it.
     #[arg(long)]
     pub only: Option<String>,
     /// Golden models folder for the end-to-end GPU vs CPU checks.
@@ -52,18 +54,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     if let Some(out) = &args.out {
         // Fail before the run, not after it, when the report cannot be written.
-        std::fs::write(out, b"{}").map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
+        super::common::check_writable(out).map_err(|e| anyhow::anyhow!("--out: {e}"))?;
+    }
+    if args.repeats == 0 {
+        anyhow::bail!("--repeats must be at least 1");
     }
     let cache = flashseek_engine::default_model::cache_root().join("kernels");
+    let t = std::time::Instant::now();
+    let gpu = Gpu::open(args.device, &cache)?;
+    eprintln!("opened {} ({}) and loaded kernels in {:.2} s", gpu.ctx.name().unwrap_or_default(), gpu.arch, t.elapsed().as_secs_f64());
     // The embedded default model (official layout: FP8/FP4/BF16) for the stored-format check.
     let stored_model = if args.skip_models {
         None
     } else {
         Some(flashseek_engine::default_model::ensure_default_model(&flashseek_engine::default_model::cache_root())?.0)
     };
-    let t = std::time::Instant::now();
-    let gpu = Gpu::open(args.device, &cache)?;
-    eprintln!("opened {} ({}) and loaded kernels in {:.2} s", gpu.ctx.name().unwrap_or_default(), gpu.arch, t.elapsed().as_secs_f64());
     let switch_model = if args.switch_matrix || args.only.as_deref().is_some_and(|o| o.starts_with("switch")) {
         use flashseek_engine::cuda::check_switches::{full_width_parity_config, FULL_WIDTH_MODEL_DIR, FULL_WIDTH_MODEL_SEED};
         let t = std::time::Instant::now();

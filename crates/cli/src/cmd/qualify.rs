@@ -8,8 +8,8 @@ use std::path::PathBuf;
 /// Arguments of `qualify`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
+    /// CUDA device: N, cuda or cuda:N.
+    #[arg(long, default_value = "0", value_parser = super::common::parse_cuda_device)]
     pub device: usize,
     /// Flash layers to instantiate (the first N of the 43-layer schedule).
     #[arg(long, default_value_t = 4)]
@@ -34,12 +34,18 @@ pub struct Args {
 
 /// Runs `qualify`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.out).map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;
-    let json_path = args.out.join("qualify.json");
-    std::fs::write(&json_path, b"{}").map_err(|e| anyhow::anyhow!("{}: {e}", json_path.display()))?;
     if args.contexts.is_empty() || args.contexts.contains(&0) {
         anyhow::bail!("--contexts needs positive token counts");
     }
+    if !(1..=43).contains(&args.layers) {
+        anyhow::bail!("--layers {}: DeepSeek-V4-Flash has 1 to 43 layers", args.layers);
+    }
+    if args.chunk == 0 {
+        anyhow::bail!("--chunk must be at least 1");
+    }
+    std::fs::create_dir_all(&args.out).map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;
+    let json_path = args.out.join("qualify.json");
+    super::common::check_writable(&json_path).map_err(|e| anyhow::anyhow!("--out: {e}"))?;
     let gpu = Gpu::open(args.device, &flashseek_engine::default_model::cache_root().join("kernels"))?;
     let opts = qualify::QualifyOptions { layers: args.layers, contexts: args.contexts.clone(), chunk: args.chunk, decode_tokens: args.decode_tokens, full_matrix_max: args.full_matrix_max };
     let (mut report, ok) = qualify::run(&gpu, &opts)?;

@@ -18,7 +18,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .iter()
             .map(|s| {
                 let (v, o) = value_of(s.name);
-                serde_json::json!({"name": s.name, "env": s.env_var(), "flag": format!("--switch {}=<value>", s.name), "values": s.values, "default": s.default_value(), "value": v, "origin": format!("{o:?}").to_lowercase(), "replaces": s.replaces, "parity": s.parity})
+                serde_json::json!({"name": s.name, "env": s.env_var(), "flag": format!("--switch {}=<value>", s.name), "values": s.values, "aliases": s.aliases.iter().map(|(a, v)| serde_json::json!({"alias": a, "value": v})).collect::<Vec<_>>(), "default": s.default_value(), "value": v, "origin": match o { Origin::Default => "default", Origin::Env => "env", Origin::Flag => "switch-flag" }, "replaces": s.replaces, "parity": s.parity})
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -29,9 +29,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let origin = match o {
             Origin::Default => "default",
             Origin::Env => "from env",
-            Origin::Flag => "from --switch",
+            Origin::Flag => "from a --switch flag",
         };
-        println!("{:<20} {} = {v} ({origin}); values {} (default {})", s.name, s.env_var(), s.values.join("|"), s.default_value());
+        println!("{:<20} {} = {v} ({origin}); accepted: {}; default {}", s.name, s.env_var(), s.accepted(), s.default_value());
         println!("{:<20} replaces: {}", "", s.replaces);
         println!("{:<20} parity:   {}", "", s.parity);
     }
