@@ -8,9 +8,10 @@
 //! ids, and the last prompt position's logits NMSE against the baseline (the exact kernels) where
 //! the baseline ran at that length.
 //!
-//! Refusals (the run fails): a prompt whose token count differs from the target, and a
-//! configuration that promises exactness (all but `TC_LINEAR=bf16`) whose generated ids differ from
-//! the baseline's. The slow configurations (the baseline, "alone on", `MOE_GROUPED` off) run only up
+//! Refusals (the run fails): a prompt whose token count differs from the target, a configuration
+//! that promises exactness (all but `TC_LINEAR=bf16`) whose generated ids differ from the
+//! baseline's, and a run with all switches on and a 4× larger prefill chunk whose logits differ in
+//! any bit (or whose ids differ) from the default chunk's (chunk size is a performance knob only). The slow configurations (the baseline, "alone on", `MOE_GROUPED` off) run only up
 //! to `full_matrix_max` tokens; the report says which were skipped.
 
 use super::bench::flash_config;
@@ -170,6 +171,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
             return Err(tok_err(format!("prompt of {} tokens for target {target}: refused", ids.len())));
         }
         let mut baseline: Option<(Vec<f32>, Vec<u32>)> = None;
+        let mut all_on: Option<(Vec<f32>, Vec<u32>)> = None;
         for c in configurations() {
             if c.slow && target > opts.full_matrix_max {
                 rows.push(json!({"context": target, "config": c.label, "skipped": format!("slow configuration: runs only up to {} tokens", opts.full_matrix_max)}));
@@ -205,8 +207,37 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 "exactness_promised": c.exact, "refused": refused,
             }));
             if c.label.starts_with("baseline") {
-                baseline = Some((logits, gen));
+                baseline = Some((logits.clone(), gen.clone()));
             }
+            if c.label.starts_with("all on (defaults)") {
+                all_on = Some((logits, gen));
+            }
+        }
+        // Chunk size is a pure performance knob (issue 6 §1): all on with a 4× larger chunk must
+        // give the same logits bits and the same ids.
+        let big = (4 * opts.chunk).min(target);
+        if let Some((al, ag)) = all_on.filter(|_| big != opts.chunk) {
+            let r = one_run(gpu, &model, &ids, big, opts.decode_tokens)?;
+            let differ = r.logits.iter().zip(&al).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + r.logits.len().abs_diff(al.len());
+            let same_ids = r.ids == ag;
+            let refused = differ != 0 || !same_ids;
+            ok &= !refused;
+            println!(
+                "qualify {target:>6} {:<32} prefill {:>8.0} tok/s  logits bits differing from chunk {}: {differ}  ids {}{}",
+                format!("all on, chunk {big}"),
+                target as f64 / r.prefill,
+                opts.chunk,
+                if same_ids { "equal" } else { "DIFFER" },
+                if refused { "  REFUSED: chunk size changed the result" } else { "" }
+            );
+            rows.push(json!({
+                "context": target, "config": format!("all on, chunk {big}"), "prefill_chunk": big,
+                "prefill_s": r.prefill, "prefill_tok_s": target as f64 / r.prefill,
+                "prefill_tok_s_43_layer_estimate": target as f64 / r.prefill * n_layers / 43.0, "ttft_s": r.ttft,
+                "decode_tok_s": opts.decode_tokens as f64 / r.decode.max(1e-12),
+                "logits_bits_differing_vs_default_chunk": differ, "ids_equal_default_chunk": same_ids,
+                "exactness_promised": true, "refused": refused,
+            }));
         }
     }
     let switches: Vec<Value> = crate::switches::SWITCHES.iter().map(|s| json!({"name": s.name, "default": s.default_value()})).collect();

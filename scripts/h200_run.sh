@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU runs behind bench/, for the device machine (no Rust toolchain there): build the binary
+# here with the commit recorded, carry it, run one step per call (each stays under 10 minutes).
+#
+#   FLASHSEEK_COMMIT=$(git rev-parse HEAD) cargo build --release
+#   mkdir -p .devbin && cp target/release/flashseek .devbin/ && strip .devbin/flashseek
+#   # device: bash scripts/h200_run.sh STEP   (outputs under $OUT)
+#
+# Steps (H200 wall times of 2026-11-30, first call includes ~35 s of kernel compilation):
+#   check     every parity check + timings                          ~100 s
+#   switches  the switch matrix on the full-width model             ~150 s (writes a ~3 GB model once)
+#   qualify   8K/32K/128K × every switch configuration, 4 layers    ~330 s
+#   bench     20 Flash layers at 8K/32K/128K, stage breakdown        ~145 s
+#   moe       grouped-MoE parity matrix + layer timings             ~50 s
+set -euo pipefail
+B=${FLASHSEEK_BIN:-.devbin/flashseek}
+OUT=${OUT:?set OUT to the output folder}
+export FLASHSEEK_CACHE=${FLASHSEEK_CACHE:-/tmp/fscache}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null || true
+case "${1:-}" in
+  check) timeout 300 "$B" gpu-check --repeats 10 --moe-tokens 2048,8192 --out "$OUT/gpu_check_h200.json" > "$OUT/gpu_check_h200.log" 2>&1
+         echo "failures: $(grep -c FAIL "$OUT/gpu_check_h200.log" || true)" ;;
+  switches) timeout 400 "$B" gpu-check --only switches --greedy-steps 16 --out "$OUT/switch_matrix_h200.json" > "$OUT/switch_matrix_h200.log" 2>&1
+         grep -E "^switches " "$OUT/switch_matrix_h200.log" ;;
+  qualify) timeout 560 "$B" qualify --layers 4 --contexts 8192,32768,131072 --out "$OUT/qualify" > "$OUT/qualify_h200.log" 2>&1
+         grep -E "^qualify " "$OUT/qualify_h200.log" ;;
+  bench) timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers.json" > "$OUT/gpu_bench_h200_20layers.log" 2>&1
+         grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers.log" ;;
+  moe) timeout 300 "$B" gpu-check --only moe --repeats 5 --moe-tokens 1,64,2048,8192 --out "$OUT/moe_grouped_h200.json" > "$OUT/moe_grouped_h200.log" 2>&1
+         grep -E "time moe|FAIL" "$OUT/moe_grouped_h200.log" ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe" >&2; exit 2 ;;
+esac
