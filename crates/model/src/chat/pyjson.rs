@@ -254,7 +254,7 @@ fn check_int_digits(digits: &str) -> Result<(), ChatError> {
 /// `json.dumps(value, ensure_ascii=False)` (separators `", "` and `": "`).
 pub(crate) fn to_json(v: &PyValue) -> Result<String, ChatError> {
     let mut out = String::new();
-    dump(v, &mut out, 0)?;
+    write_value(v, Style::Json, &mut out, 0)?;
     Ok(out)
 }
 
@@ -263,27 +263,37 @@ pub(crate) fn value_to_json(v: &Value) -> Result<String, ChatError> {
     to_json(&PyValue::from_json(v)?)
 }
 
-fn dump(v: &PyValue, out: &mut String, depth: usize) -> Result<(), ChatError> {
+/// How a value is written: `json.dumps` (default separators, `ensure_ascii`) or Python `repr`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Style {
+    Json,
+    Repr,
+}
+
+/// Writes `v` in `style`; the two differ only in the scalars' spellings and in string quoting.
+fn write_value(v: &PyValue, style: Style, out: &mut String, depth: usize) -> Result<(), ChatError> {
     if depth > DUMPS_MAX_DEPTH {
         return Err(too_deep());
     }
+    let json = style == Style::Json;
+    let push_str = |s: &str, out: &mut String| if json { push_json_str(s, out) } else { push_str_repr(s, out) };
     match v {
-        PyValue::None => out.push_str("null"),
-        PyValue::Bool(true) => out.push_str("true"),
-        PyValue::Bool(false) => out.push_str("false"),
+        PyValue::None => out.push_str(if json { "null" } else { "None" }),
+        PyValue::Bool(true) => out.push_str(if json { "true" } else { "True" }),
+        PyValue::Bool(false) => out.push_str(if json { "false" } else { "False" }),
         PyValue::Int(digits) => {
             check_int_digits(digits)?;
             out.push_str(digits);
         }
-        PyValue::Float(x) => out.push_str(&float_json(*x)),
-        PyValue::Str(s) => push_json_str(s, out),
+        PyValue::Float(x) => out.push_str(&if json { float_json(*x) } else { float_repr(*x) }),
+        PyValue::Str(s) => push_str(s, out),
         PyValue::List(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
-                dump(item, out, depth + 1)?;
+                write_value(item, style, out, depth + 1)?;
             }
             out.push(']');
         }
@@ -293,9 +303,9 @@ fn dump(v: &PyValue, out: &mut String, depth: usize) -> Result<(), ChatError> {
                 if i > 0 {
                     out.push_str(", ");
                 }
-                push_json_str(k, out);
+                push_str(k, out);
                 out.push_str(": ");
-                dump(item, out, depth + 1)?;
+                write_value(item, style, out, depth + 1)?;
             }
             out.push('}');
         }
@@ -352,45 +362,6 @@ pub(crate) fn push_str_repr(s: &str, out: &mut String) {
     out.push(quote);
 }
 
-fn push_repr(v: &PyValue, out: &mut String, depth: usize) -> Result<(), ChatError> {
-    if depth > DUMPS_MAX_DEPTH {
-        return Err(too_deep());
-    }
-    match v {
-        PyValue::None => out.push_str("None"),
-        PyValue::Bool(true) => out.push_str("True"),
-        PyValue::Bool(false) => out.push_str("False"),
-        PyValue::Int(digits) => {
-            check_int_digits(digits)?;
-            out.push_str(digits);
-        }
-        PyValue::Float(x) => out.push_str(&float_repr(*x)),
-        PyValue::Str(s) => push_str_repr(s, out),
-        PyValue::List(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                push_repr(item, out, depth + 1)?;
-            }
-            out.push(']');
-        }
-        PyValue::Dict(items) => {
-            out.push('{');
-            for (i, (k, item)) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                push_str_repr(k, out);
-                out.push_str(": ");
-                push_repr(item, out, depth + 1)?;
-            }
-            out.push('}');
-        }
-    }
-    Ok(())
-}
 
 /// Python `str(v)`: a `str` is itself, everything else its `repr`.
 pub(crate) fn py_str(v: &PyValue) -> Result<String, ChatError> {
@@ -398,7 +369,7 @@ pub(crate) fn py_str(v: &PyValue) -> Result<String, ChatError> {
         PyValue::Str(s) => Ok(s.clone()),
         other => {
             let mut out = String::new();
-            push_repr(other, &mut out, 0)?;
+            write_value(other, Style::Repr, &mut out, 0)?;
             Ok(out)
         }
     }
