@@ -274,6 +274,66 @@ pub fn on(name: &str) -> bool {
     value(name) == "on"
 }
 
+/// Which configurations of the switches the parity matrix (`gpu-check --only switches`) and the
+/// qualification (`flashseek qualify`) compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Every optimisation off: the exact kernels everything else is compared with.
+    Baseline,
+    /// One optimisation on, the others off.
+    AloneOn,
+    /// The defaults.
+    AllOn,
+    /// One optimisation off, the others at their defaults.
+    AloneOff,
+    /// The defaults with the inexact fast mode `TC_LINEAR=bf16`.
+    Fast,
+}
+
+/// One switch configuration of the comparison matrix.
+#[derive(Debug, Clone)]
+pub struct Configuration {
+    /// Label in reports.
+    pub label: String,
+    /// Switch values set (through [`scoped`]); the rest stay at their defaults.
+    pub overrides: Vec<(&'static str, &'static str)>,
+    /// Its place in the matrix.
+    pub role: Role,
+    /// The design promises the exact path's tokens (everything but `TC_LINEAR=bf16`).
+    pub exact: bool,
+    /// The design promises the same bits as [`Role::AllOn`] (MoE fusion, tile height, grid).
+    pub same_bits_as_all_on: bool,
+    /// Runs the per-expert MoE or f32 kernels everywhere: slow at long prompts.
+    pub slow: bool,
+}
+
+/// The comparison matrix: all off, each optimisation alone on, all on, each switch alone off, and
+/// all on with `TC_LINEAR=bf16`.
+pub fn configurations() -> Vec<Configuration> {
+    const OFF: [(&str, &str); 4] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("INDEXER_TC", "off"), ("MOE_GROUPED", "off")];
+    let c = |label: String, overrides: Vec<(&'static str, &'static str)>, role, exact, same_bits_as_all_on, slow| Configuration { label, overrides, role, exact, same_bits_as_all_on, slow };
+    let mut v = vec![c("all off (baseline: exact kernels)".into(), OFF.to_vec(), Role::Baseline, true, false, true)];
+    for (name, value) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("MLA_STREAM_TOPK", "on"), ("INDEXER_TC", "on"), ("MOE_GROUPED", "on")] {
+        let mut o = OFF.to_vec();
+        o.push((name, value));
+        v.push(c(format!("{name}={value} alone"), o, Role::AloneOn, value != "bf16", false, true));
+    }
+    v.push(c("all on (defaults)".into(), Vec::new(), Role::AllOn, true, false, false));
+    for (name, same_bits) in [
+        ("TC_LINEAR", false),
+        ("MLA_STREAM_TOPK", false),
+        ("INDEXER_TC", false),
+        ("MOE_GROUPED", false),
+        ("MOE_FUSED_SWIGLU", true),
+        ("MOE_ADAPTIVE_TILES", true),
+        ("MOE_PERSISTENT", true),
+    ] {
+        v.push(c(format!("{name}=off alone"), vec![(name, "off")], Role::AloneOff, true, same_bits, name == "MOE_GROUPED"));
+    }
+    v.push(c("all on, TC_LINEAR=bf16".into(), vec![("TC_LINEAR", "bf16")], Role::Fast, false, false, false));
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,6 +378,22 @@ mod tests {
         assert_eq!(value("MOE_PERSISTENT"), before);
         assert!(scoped(&[("MOE_PERSISTENT", "sometimes")], || ()).is_err());
         assert!(scoped(&[("NOPE", "on")], || ()).is_err());
+    }
+
+    /// Every switch is turned off alone, every override is a valid value, and exactly one
+    /// baseline and one all-on configuration exist.
+    #[test]
+    fn configurations_cover_every_switch() {
+        let cs = configurations();
+        for s in SWITCHES {
+            assert!(cs.iter().any(|c| c.role == Role::AloneOff && c.overrides == vec![(s.name, "off")]), "{} never off alone", s.name);
+        }
+        for c in &cs {
+            assert!(scoped(&c.overrides, || ()).is_ok(), "{}", c.label);
+        }
+        assert_eq!(cs.iter().filter(|c| c.role == Role::Baseline).count(), 1);
+        assert_eq!(cs.iter().filter(|c| c.role == Role::AllOn).count(), 1);
+        assert!(cs.iter().all(|c| c.exact != c.overrides.contains(&("TC_LINEAR", "bf16"))));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
 use super::CudaError;
 use crate::forward::{forward, forward_chunk, ForwardOptions, LogitsFor};
 use crate::state::SequenceState;
-use crate::switches::scoped;
+use crate::switches::{configurations, scoped, Role};
 use crate::testing::{argmax, formula_ids};
 use crate::weights::ModelWeights;
 use flashseek_model::config::Ds4Config;
@@ -41,37 +41,6 @@ pub fn full_width_parity_config() -> Ds4Config {
         r.truncate(4);
     }
     Ds4Config::from_json(&v).expect("the parity config is valid")
-}
-
-
-/// Switch values set for one configuration.
-type Overrides = Vec<(&'static str, &'static str)>;
-
-/// The configurations of the matrix: (label, overrides, exactness promised, same bits as "all on").
-fn configurations() -> Vec<(String, Overrides, bool, bool)> {
-    const OFF: [(&str, &str); 4] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("INDEXER_TC", "off"), ("MOE_GROUPED", "off")];
-    let mut v: Vec<(String, Overrides, bool, bool)> = vec![("all off (exact kernels)".into(), OFF.to_vec(), true, false)];
-    // Each alone on (the others off).
-    for (name, value) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("MLA_STREAM_TOPK", "on"), ("INDEXER_TC", "on"), ("MOE_GROUPED", "on")] {
-        let mut o = OFF.to_vec();
-        o.push((name, value));
-        v.push((format!("{name}={value} alone"), o, value != "bf16", false));
-    }
-    v.push(("all on (defaults)".into(), Vec::new(), true, false));
-    // Each alone off (the others at their defaults).
-    for (name, value, same_bits) in [
-        ("TC_LINEAR", "off", false),
-        ("MLA_STREAM_TOPK", "off", false),
-        ("INDEXER_TC", "off", false),
-        ("MOE_GROUPED", "off", false),
-        ("MOE_FUSED_SWIGLU", "off", true),
-        ("MOE_ADAPTIVE_TILES", "off", true),
-        ("MOE_PERSISTENT", "off", true),
-    ] {
-        v.push((format!("{name}={value} alone"), vec![(name, value)], true, same_bits));
-    }
-    v.push(("all on with TC_LINEAR=bf16".into(), vec![("TC_LINEAR", "bf16")], false, false));
-    v
 }
 
 /// Runs the matrix on the checkpoint in `dir` (written by [`full_width_parity_config`] or any
@@ -101,7 +70,7 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
     println!("switch matrix: model {} ({} layers, hidden {}, {} experts), CPU reference in {:.1} s", dir.display(), cfg.num_hidden_layers, cfg.hidden_size, cfg.n_routed_experts, t0.elapsed().as_secs_f64());
     let mut all = true;
     let mut all_on_logits: Option<Vec<f32>> = None;
-    for (label, overrides, exact, same_bits) in configurations() {
+    for crate::switches::Configuration { label, overrides, role, exact, same_bits_as_all_on: same_bits, .. } in configurations() {
         let run = || -> Result<(Vec<f32>, bool, f64), CudaError> {
             let mut seq = GpuSequence::new(gpu, &gm, len + 1)?;
             let logits = forward_chunk_gpu(gpu, &gm, &mut seq, &ids, LogitsFor::All, false)?.logits;
@@ -123,7 +92,7 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
         let finite = logits.iter().all(|v| v.is_finite());
         let mut pass = finite && (!exact || (nmse <= NMSE_TOL && agree >= 0.99 && same && worst <= NMSE_TOL));
         let mut bits = Value::Null;
-        if label.starts_with("all on (defaults)") {
+        if role == Role::AllOn {
             all_on_logits = Some(logits.clone());
         }
         if same_bits {

@@ -20,7 +20,7 @@ use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
 use super::upload::RandomOfficialSource;
 use super::CudaError;
 use crate::forward::LogitsFor;
-use crate::switches::scoped;
+use crate::switches::{configurations, scoped, Role};
 use flashseek_model::chat::{encode_messages, EncodeOptions, ThinkingMode};
 use flashseek_model::tokenizer::Ds4Tokenizer;
 use serde_json::{json, Value};
@@ -73,30 +73,6 @@ pub fn exact_prompt(tok: &Ds4Tokenizer, target: usize) -> Result<Vec<u32>, CudaE
         n = (n as i64 + target as i64 - ids.len() as i64).max(0) as usize;
     }
     Err(tok_err(format!("no filler length gives exactly {target} tokens (last try {} tokens)", encode(n)?.len())))
-}
-
-/// One configuration of the matrix: label, overrides, exactness promised, slow.
-struct Config {
-    label: String,
-    overrides: Vec<(&'static str, &'static str)>,
-    exact: bool,
-    slow: bool,
-}
-
-fn configurations() -> Vec<Config> {
-    const OFF: [(&str, &str); 4] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("INDEXER_TC", "off"), ("MOE_GROUPED", "off")];
-    let mut v = vec![Config { label: "baseline (all off)".into(), overrides: OFF.to_vec(), exact: true, slow: true }];
-    for (n, val) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("MLA_STREAM_TOPK", "on"), ("INDEXER_TC", "on"), ("MOE_GROUPED", "on")] {
-        let mut o = OFF.to_vec();
-        o.push((n, val));
-        v.push(Config { label: format!("{n}={val} alone"), overrides: o, exact: val != "bf16", slow: true });
-    }
-    v.push(Config { label: "all on (defaults)".into(), overrides: Vec::new(), exact: true, slow: false });
-    for n in ["TC_LINEAR", "MLA_STREAM_TOPK", "INDEXER_TC", "MOE_GROUPED", "MOE_FUSED_SWIGLU", "MOE_ADAPTIVE_TILES", "MOE_PERSISTENT"] {
-        v.push(Config { label: format!("{n}=off alone"), overrides: vec![(n, "off")], exact: true, slow: n == "MOE_GROUPED" });
-    }
-    v.push(Config { label: "all on, TC_LINEAR=bf16".into(), overrides: vec![("TC_LINEAR", "bf16")], exact: false, slow: false });
-    v
 }
 
 fn argmax(x: &[f32]) -> u32 {
@@ -206,10 +182,10 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 "generated_ids_sha256": sha, "logits_nmse_vs_baseline": nmse, "ids_equal_baseline": same,
                 "exactness_promised": c.exact, "refused": refused,
             }));
-            if c.label.starts_with("baseline") {
+            if c.role == Role::Baseline {
                 baseline = Some((logits.clone(), gen.clone()));
             }
-            if c.label.starts_with("all on (defaults)") {
+            if c.role == Role::AllOn {
                 all_on = Some((logits, gen));
             }
         }
