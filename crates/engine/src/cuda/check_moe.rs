@@ -155,12 +155,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             }
             // Masked routes: γ = 0 everywhere → exactly the shared expert.
             let masked = gpu.download(&gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dzero, split, MoeOptions::ALL_ON)?)?;
-            let mut g = gpu.zeros::<f32>(t * inter)?;
-            let mut u = gpu.zeros::<f32>(t * inter)?;
-            let mut h = gpu.zeros::<f32>(t * inter)?;
-            let mut y = gpu.zeros::<f32>(t * d)?;
-            gpu.expert_ffn(&layer.shared, &df, t, cfg.swiglu_limit as f32, &mut g, &mut u, &mut h, &mut y)?;
-            let shared = gpu.download(&y)?;
+            let shared = gpu.download(&gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32)?)?;
             let differ = masked.iter().zip(&shared).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
             all &= flag_record(out, &format!("moe_grouped {fmt} {act} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}), differ == 0);
         }

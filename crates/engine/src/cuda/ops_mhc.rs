@@ -504,7 +504,7 @@ impl Gpu {
                 inter_max = inter_max.max(inter);
             }
         }
-        let (sh_inter, sh_d) = layer.shared.dims()?;
+        let (_, sh_d) = layer.shared.dims()?;
         if sh_d != d {
             return Err(bad(W, format!("shared expert has input width {sh_d}, expected {d}")));
         }
@@ -537,13 +537,30 @@ impl Gpu {
             self.expert_ffn(&layer.experts[x], &xs, m, limit, &mut g, &mut u, &mut h, &mut y)?;
             self.scatter_rows(&y, &dst_dev.slice(a..b), &mut slot_out, t * k, d)?;
         }
+        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights)
+    }
+
+    /// The shared expert of `layer` over the first `t` rows of `f` (`[t, d]`; SwiGLU limit `limit`).
+    ///
+    /// Errors: an expert whose shapes do not agree, short buffers, or any launcher error.
+    pub(crate) fn shared_expert(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, d: usize, limit: f32) -> Result<CudaSlice<f32>, CudaError> {
+        let sh_inter = layer.shared.w1.rows;
         let mut sg = self.zeros::<f32>(t * sh_inter)?;
         let mut su = self.zeros::<f32>(t * sh_inter)?;
         let mut sh = self.zeros::<f32>(t * sh_inter)?;
         let mut shared = self.zeros::<f32>(t * d)?;
         self.expert_ffn(&layer.shared, f, t, limit, &mut sg, &mut su, &mut sh, &mut shared)?;
+        Ok(shared)
+    }
+
+    /// The end of both MoE paths: the shared expert over all `t` tokens, then
+    /// [`Gpu::moe_combine`] of the unscaled routed outputs `slot_out` (`[t·k, d]`) with γ = `weights`
+    /// (`[t, k]`). Returns the MoE output `[t, d]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>) -> Result<CudaSlice<f32>, CudaError> {
+        let shared = self.shared_expert(layer, f, t, d, limit)?;
         let mut out = self.zeros::<f32>(t * d)?;
-        self.moe_combine(&slot_out, weights, Some(&shared), &mut out, t, k, d)?;
+        self.moe_combine(slot_out, weights, Some(&shared), &mut out, t, k, d)?;
         Ok(out)
     }
 

@@ -344,15 +344,7 @@ impl Gpu {
         let mut slot_out = self.zeros::<f32>(tk * d)?;
         self.moe_gemm(&g, tables, "scatter", split, opts.persistent, &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
         // Shared expert over all tokens, then the combine.
-        let (sh_inter, _) = (layer.shared.w1.rows, layer.shared.w1.cols);
-        let mut sg = self.zeros::<f32>(t * sh_inter)?;
-        let mut su = self.zeros::<f32>(t * sh_inter)?;
-        let mut sh = self.zeros::<f32>(t * sh_inter)?;
-        let mut shared = self.zeros::<f32>(t * d)?;
-        self.expert_ffn(&layer.shared, f, t, limit, &mut sg, &mut su, &mut sh, &mut shared)?;
-        let mut out = self.zeros::<f32>(t * d)?;
-        self.moe_combine(&slot_out, weights, Some(&shared), &mut out, t, k, d)?;
-        Ok(out)
+        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights)
     }
 }
 
