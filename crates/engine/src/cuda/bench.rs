@@ -5,7 +5,7 @@
 //! breakdown against the machine's ceilings, and a labelled linear estimate for 43 layers.
 
 use super::gpu::Gpu;
-use super::gpu::StageTimes;
+use super::gpu::{elapsed_s, StageTimes};
 use super::model::{forward_chunk_gpu, GpuModel, GpuSequence, StageCost};
 use super::upload::RandomOfficialSource;
 use super::CudaError;
@@ -54,17 +54,6 @@ pub const CEILING_BYTES_PER_S: f64 = 4.2e12;
 pub const CEILING_BF16_FLOPS: f64 = 800e12;
 /// Dense FP8 tensor-core rate (FLOP/s).
 pub const CEILING_FP8_FLOPS: f64 = 1450e12;
-
-fn event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent, CudaError> {
-    let ev = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| CudaError::Driver { what: "event".into(), detail: format!("{e:?}") })?;
-    ev.record(&gpu.stream).map_err(|e| CudaError::Driver { what: "event record".into(), detail: format!("{e:?}") })?;
-    Ok(ev)
-}
-
-fn elapsed_s(a: &cudarc::driver::CudaEvent, b: &cudarc::driver::CudaEvent) -> Result<f64, CudaError> {
-    b.synchronize().map_err(|e| CudaError::Driver { what: "event sync".into(), detail: format!("{e:?}") })?;
-    Ok(a.elapsed_ms(b).map_err(|e| CudaError::Driver { what: "event elapsed".into(), detail: format!("{e:?}") })? as f64 * 1e-3)
-}
 
 /// The per-stage table: measured ms (per call when `calls` > 1), share of the total, analytical
 /// work, achieved rates and the time as a fraction of the stage's floor
@@ -152,12 +141,12 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             if profile {
                 gpu.profile_start();
             }
-            let a = event(gpu)?;
+            let a = gpu.record_event()?;
             for (i, c) in chunks.iter().enumerate() {
                 let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
                 forward_chunk_gpu(gpu, &model, &mut s, c, lf, false)?;
             }
-            let b = event(gpu)?;
+            let b = gpu.record_event()?;
             prefill_times.push(elapsed_s(&a, &b)?);
             if profile {
                 let times = gpu.profile_finish()?;
@@ -179,9 +168,9 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             if i == 1 {
                 gpu.profile_start();
             }
-            let a = event(gpu)?;
+            let a = gpu.record_event()?;
             forward_chunk_gpu(gpu, &model, &mut seq, &[*id], LogitsFor::Last, false)?;
-            let b = event(gpu)?;
+            let b = gpu.record_event()?;
             steps.push(elapsed_s(&a, &b)?);
         }
         let decode_stages = if steps.len() > 1 {

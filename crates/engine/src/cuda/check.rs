@@ -238,13 +238,10 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         let mut times = Vec::new();
         for i in 0..repeats {
             let w = &ws[i % ws.len()];
-            let start = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| CudaError::Driver { what: "event".into(), detail: format!("{e:?}") })?;
-            let end = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| CudaError::Driver { what: "event".into(), detail: format!("{e:?}") })?;
-            start.record(&gpu.stream).map_err(|e| CudaError::Driver { what: "record".into(), detail: format!("{e:?}") })?;
+            let start = gpu.record_event()?;
             gpu.linear(&x, w, &mut y, 1)?;
-            end.record(&gpu.stream).map_err(|e| CudaError::Driver { what: "record".into(), detail: format!("{e:?}") })?;
-            end.synchronize().map_err(|e| CudaError::Driver { what: "sync".into(), detail: format!("{e:?}") })?;
-            times.push(start.elapsed_ms(&end).map_err(|e| CudaError::Driver { what: "elapsed".into(), detail: format!("{e:?}") })? as f64);
+            let end = gpu.record_event()?;
+            times.push(super::gpu::elapsed_s(&start, &end)? * 1e3);
         }
         times.sort_by(|a, b| a.total_cmp(b));
         let median_ms = times[times.len() / 2];
@@ -275,23 +272,16 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     Ok((report, all))
 }
 
-fn ev_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> CudaError + '_ {
-    move |e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") }
-}
-
 /// Median time in ms of `f` over `repeats` runs (after one warm-up), CUDA events around each.
 pub(crate) fn median_ms(gpu: &Gpu, repeats: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
     f()?;
     gpu.sync()?;
     let mut times = Vec::new();
     for _ in 0..repeats.max(1) {
-        let start = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev_err("event"))?;
-        let end = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(ev_err("event"))?;
-        start.record(&gpu.stream).map_err(ev_err("record"))?;
+        let start = gpu.record_event()?;
         f()?;
-        end.record(&gpu.stream).map_err(ev_err("record"))?;
-        end.synchronize().map_err(ev_err("sync"))?;
-        times.push(start.elapsed_ms(&end).map_err(ev_err("elapsed"))? as f64);
+        let end = gpu.record_event()?;
+        times.push(super::gpu::elapsed_s(&start, &end)? * 1e3);
     }
     times.sort_by(|a, b| a.total_cmp(b));
     Ok(times[times.len() / 2])

@@ -56,6 +56,14 @@ pub struct Gpu {
     profile: std::sync::Mutex<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
 }
 
+/// Seconds from event `a` to event `b` (both recorded on one stream; waits for `b`).
+///
+/// Errors: the driver failing to wait or to measure.
+pub fn elapsed_s(a: &cudarc::driver::CudaEvent, b: &cudarc::driver::CudaEvent) -> Result<f64, CudaError> {
+    drv("waiting for an event", b.synchronize())?;
+    Ok(drv("measuring between events", a.elapsed_ms(b))? as f64 * 1e-3)
+}
+
 /// The stage name that marks the GPU as idle (host work between calls): left out of
 /// [`Gpu::profile_finish`]'s table.
 pub const IDLE_STAGE: &str = "idle";
@@ -315,6 +323,15 @@ impl Gpu {
         Ok(Gpu { ctx, stream, arch, functions, profile: std::sync::Mutex::new(None) })
     }
 
+    /// Records a timing event (`CU_EVENT_DEFAULT`) on the stream.
+    ///
+    /// Errors: the driver failing to create or record it.
+    pub fn record_event(&self) -> Result<cudarc::driver::CudaEvent, CudaError> {
+        let ev = drv("creating an event", self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)))?;
+        drv("recording an event", ev.record(&self.stream))?;
+        Ok(ev)
+    }
+
     /// Starts recording stage marks (CUDA events on the stream; no synchronisation until
     /// [`Gpu::profile_finish`]).
     pub fn profile_start(&self) {
@@ -326,10 +343,8 @@ impl Gpu {
     pub fn stage(&self, name: &'static str) {
         let mut g = self.profile.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(marks) = g.as_mut() {
-            if let Ok(ev) = self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)) {
-                if ev.record(&self.stream).is_ok() {
-                    marks.push((name, ev));
-                }
+            if let Ok(ev) = self.record_event() {
+                marks.push((name, ev));
             }
         }
     }

@@ -97,24 +97,18 @@ struct RunResult {
 fn one_run(gpu: &Gpu, m: &GpuModel, ids: &[u32], chunk: usize, n: usize) -> Result<RunResult, CudaError> {
     let mut seq = GpuSequence::new(gpu, m, ids.len() + n + 1)?;
     gpu.sync()?;
-    let ev = |what: &str| {
-        let e = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })?;
-        e.record(&gpu.stream).map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })?;
-        Ok::<_, CudaError>(e)
-    };
     let wall = Instant::now();
-    let a = ev("event")?;
+    let a = gpu.record_event()?;
     let chunks: Vec<&[u32]> = ids.chunks(chunk.max(1)).collect();
     let mut logits = Vec::new();
     for (i, c) in chunks.iter().enumerate() {
         let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
         logits = forward_chunk_gpu(gpu, m, &mut seq, c, lf, false)?.logits;
     }
-    let b = ev("event")?;
+    let b = gpu.record_event()?;
     let mut next = argmax(&logits);
     let ttft = wall.elapsed().as_secs_f64();
-    b.synchronize().map_err(|e| CudaError::Driver { what: "event sync".into(), detail: format!("{e:?}") })?;
-    let prefill = a.elapsed_ms(&b).map_err(|e| CudaError::Driver { what: "elapsed".into(), detail: format!("{e:?}") })? as f64 * 1e-3;
+    let prefill = super::gpu::elapsed_s(&a, &b)?;
     let t = Instant::now();
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
