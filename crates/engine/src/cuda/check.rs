@@ -117,16 +117,14 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         if let Some(dir) = &opts.switch_model {
             all &= super::check_switches::run(gpu, dir, opts.greedy_steps.min(16), &mut out)?;
         }
-        let report = json!({"gpu": gpu.ctx.name().unwrap_or_default(), "arch": gpu.arch, "seed": seed, "all_pass": all, "ops": out});
-        return Ok((report, all));
+        return Ok((report(gpu, seed, all, out, Vec::new()), all));
     }
     if moe_only {
         if !opts.skip_checks {
             all &= super::check_moe::run(gpu, seed, &mut out)?;
         }
         let timings = super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?;
-        let report = json!({"gpu": gpu.ctx.name().unwrap_or_default(), "arch": gpu.arch, "seed": seed, "all_pass": all, "ops": out, "timings": timings});
-        return Ok((report, all));
+        return Ok((report(gpu, seed, all, out, timings), all));
     }
     if !opts.skip_checks {
         all &= tc_checks(gpu, seed, &mut out)?;
@@ -259,17 +257,20 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     if opts.only.is_none() || opts.only.as_deref().is_some_and(|o| o.starts_with("att")) {
         timings.extend(super::check_attention::timings(gpu, seed, repeats, 2048, 8192)?);
     }
-    let name = gpu.ctx.name().unwrap_or_default();
-    let report = json!({
-        "gpu": name,
+    Ok((report(gpu, seed, all, out, timings), all))
+}
+
+/// The JSON report of a run (every `--only` variant): device, NVRTC, seed, verdict, records, timings.
+fn report(gpu: &Gpu, seed: u64, all: bool, ops: Vec<Value>, timings: Vec<Value>) -> Value {
+    json!({
+        "gpu": gpu.ctx.name().unwrap_or_default(),
         "arch": gpu.arch,
         "nvrtc": super::nvrtc::version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_default(),
         "seed": seed,
         "all_pass": all,
-        "ops": out,
+        "ops": ops,
         "timings": timings,
-    });
-    Ok((report, all))
+    })
 }
 
 /// Median time in ms of `f` over `repeats` runs (after one warm-up), CUDA events around each.
