@@ -6,7 +6,7 @@
 
 use super::gpu::Gpu;
 use super::gpu::{elapsed_s, StageTimes};
-use super::model::{forward_chunk_gpu, GpuModel, GpuSequence, StageCost};
+use super::model::{forward_chunk_gpu, prefill_gpu, GpuModel, GpuSequence, StageCost};
 use super::upload::RandomOfficialSource;
 use super::CudaError;
 use crate::forward::LogitsFor;
@@ -142,10 +142,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
                 gpu.profile_start();
             }
             let a = gpu.record_event()?;
-            for (i, c) in chunks.iter().enumerate() {
-                let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
-                forward_chunk_gpu(gpu, &model, &mut s, c, lf, false)?;
-            }
+            prefill_gpu(gpu, &model, &mut s, &ids[..ctx], opts.chunk)?;
             let b = gpu.record_event()?;
             prefill_times.push(elapsed_s(&a, &b)?);
             if profile {

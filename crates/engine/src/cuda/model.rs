@@ -496,6 +496,20 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
     Ok(GpuForwardOutput { logits, layer_streams })
 }
 
+/// Cold or continued prefill of `ids` into `seq` in chunks of `chunk` tokens (layer-major per
+/// chunk); returns the logits of the last position.
+///
+/// Errors: as [`forward_chunk_gpu`] (on an error `seq` holds the chunks before the failing one).
+pub fn prefill_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[u32], chunk: usize) -> Result<Vec<f32>, CudaError> {
+    let chunks: Vec<&[u32]> = ids.chunks(chunk.max(1)).collect();
+    let mut logits = Vec::new();
+    for (i, c) in chunks.iter().enumerate() {
+        let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
+        logits = forward_chunk_gpu(gpu, m, seq, c, lf, false)?.logits;
+    }
+    Ok(logits)
+}
+
 /// Work of one forward stage for a chunk, for the benchmark's floors: floating-point operations and
 /// the bytes a perfect kernel must read (weights once per chunk, plus the KV/indexer rows attention
 /// and scoring read once per token).

@@ -16,7 +16,7 @@
 
 use super::bench::flash_config;
 use super::gpu::Gpu;
-use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
+use super::model::{forward_chunk_gpu, prefill_gpu, GpuModel, GpuSequence};
 use super::upload::RandomOfficialSource;
 use super::CudaError;
 use crate::forward::LogitsFor;
@@ -99,12 +99,7 @@ fn one_run(gpu: &Gpu, m: &GpuModel, ids: &[u32], chunk: usize, n: usize) -> Resu
     gpu.sync()?;
     let wall = Instant::now();
     let a = gpu.record_event()?;
-    let chunks: Vec<&[u32]> = ids.chunks(chunk.max(1)).collect();
-    let mut logits = Vec::new();
-    for (i, c) in chunks.iter().enumerate() {
-        let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
-        logits = forward_chunk_gpu(gpu, m, &mut seq, c, lf, false)?.logits;
-    }
+    let logits = prefill_gpu(gpu, m, &mut seq, ids, chunk)?;
     let b = gpu.record_event()?;
     let mut next = argmax(&logits);
     let ttft = wall.elapsed().as_secs_f64();
