@@ -12,6 +12,8 @@
 #   qualify   8K/32K/128K × every switch configuration, 4 layers    ~330 s
 #   bench     20 Flash layers at 8K/32K/128K, stage breakdown        ~145 s
 #   moe       grouped-MoE parity matrix + layer timings             ~50 s
+#   q8        FP8-activation linear checks + timings (TC_LINEAR=fp8)
+#   bench-fp8 the bench step with TC_LINEAR=fp8 (official numerics)
 set -euo pipefail
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}
@@ -28,5 +30,9 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers.log" ;;
   moe) timeout 300 "$B" gpu-check --only moe --repeats 5 --moe-tokens 1,64,2048,8192 --out "$OUT/moe_grouped_h200.json" > "$OUT/moe_grouped_h200.log" 2>&1
          grep -E "time moe|FAIL" "$OUT/moe_grouped_h200.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe" >&2; exit 2 ;;
+  q8) timeout 300 "$B" gpu-check --only q8 --repeats 10 --out "$OUT/q8_h200.json" > "$OUT/q8_h200.log" 2>&1
+         grep -E "^time q8|FAIL" "$OUT/q8_h200.log" ;;
+  bench-fp8) FLASHSEEK_TC_LINEAR=fp8 timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8.json" > "$OUT/gpu_bench_h200_20layers_fp8.log" 2>&1
+         grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8.log" ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|q8|bench-fp8" >&2; exit 2 ;;
 esac

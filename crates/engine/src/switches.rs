@@ -64,9 +64,9 @@ const ON_OFF_ALIASES: &[(&str, &str)] = &[("1", "on"), ("true", "on"), ("yes", "
 pub const SWITCHES: &[Switch] = &[
     Switch {
         name: "TC_LINEAR",
-        values: &["split", "bf16", "off"],
+        values: &["split", "bf16", "fp8", "off"],
         aliases: &[("1", "split"), ("on", "split"), ("true", "split"), ("yes", "split"), ("x2", "split"), ("0", "off"), ("false", "off"), ("no", "off")],
-        replaces: "the exact f32 linear kernel (linear.cu) for GPU linear layers with T >= 64 tokens: tensor cores with split (hi+lo) or plain bf16 activations",
+        replaces: "the exact f32 linear kernel (linear.cu) for GPU linear layers with T >= 64 tokens: tensor cores with split (hi+lo) or plain bf16 activations; fp8 = DeepSeek's official numerics (spec §10.1: e4m3 activations per 128 features on FP8 tensor cores, γ before the expert down projection), compared with the CPU reference in those numerics",
         parity: "gpu-check `tc …` records (per-shape NMSE vs the CPU), every whole-model check, the switch matrix (`gpu-check --only switches`)",
     },
     Switch {
@@ -286,7 +286,7 @@ pub enum Role {
     AllOn,
     /// One optimisation off, the others at their defaults.
     AloneOff,
-    /// The defaults with the inexact fast mode `TC_LINEAR=bf16`.
+    /// The defaults with another `TC_LINEAR` mode: the inexact `bf16`, or `fp8` (official numerics).
     Fast,
 }
 
@@ -299,8 +299,12 @@ pub struct Configuration {
     pub overrides: Vec<(&'static str, &'static str)>,
     /// Its place in the matrix.
     pub role: Role,
-    /// The design promises the exact path's tokens (everything but `TC_LINEAR=bf16`).
+    /// The design promises its reference's tokens (everything but `TC_LINEAR=bf16`).
     pub exact: bool,
+    /// Its reference is DeepSeek's official numerics (`TC_LINEAR=fp8`: the CPU forward with
+    /// `Numerics { act_quant_fp8 }`), not the HF numerics of the baseline: its tokens are not
+    /// expected to equal the baseline's.
+    pub official: bool,
     /// The design promises the same bits as [`Role::AllOn`] (MoE fusion, tile height, grid).
     pub same_bits_as_all_on: bool,
     /// Runs the per-expert MoE or f32 kernels everywhere: slow at long prompts.
@@ -311,9 +315,12 @@ pub struct Configuration {
 /// all on with `TC_LINEAR=bf16`.
 pub fn configurations() -> Vec<Configuration> {
     const OFF: [(&str, &str); 4] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("INDEXER_TC", "off"), ("MOE_GROUPED", "off")];
-    let c = |label: String, overrides: Vec<(&'static str, &'static str)>, role, exact, same_bits_as_all_on, slow| Configuration { label, overrides, role, exact, same_bits_as_all_on, slow };
+    let c = |label: String, overrides: Vec<(&'static str, &'static str)>, role, exact, same_bits_as_all_on, slow| {
+        let official = overrides.contains(&("TC_LINEAR", "fp8"));
+        Configuration { label, overrides, role, exact, official, same_bits_as_all_on, slow }
+    };
     let mut v = vec![c("all off (baseline: exact kernels)".into(), OFF.to_vec(), Role::Baseline, true, false, true)];
-    for (name, value) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("MLA_STREAM_TOPK", "on"), ("INDEXER_TC", "on"), ("MOE_GROUPED", "on")] {
+    for (name, value) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("TC_LINEAR", "fp8"), ("MLA_STREAM_TOPK", "on"), ("INDEXER_TC", "on"), ("MOE_GROUPED", "on")] {
         let mut o = OFF.to_vec();
         o.push((name, value));
         v.push(c(format!("{name}={value} alone"), o, Role::AloneOn, value != "bf16", false, true));
@@ -331,6 +338,7 @@ pub fn configurations() -> Vec<Configuration> {
         v.push(c(format!("{name}=off alone"), vec![(name, "off")], Role::AloneOff, true, same_bits, name == "MOE_GROUPED"));
     }
     v.push(c("all on, TC_LINEAR=bf16".into(), vec![("TC_LINEAR", "bf16")], Role::Fast, false, false, false));
+    v.push(c("all on, TC_LINEAR=fp8 (official numerics)".into(), vec![("TC_LINEAR", "fp8")], Role::Fast, true, false, false));
     v
 }
 

@@ -20,7 +20,8 @@ pub struct Args {
     #[arg(long)]
     pub skip_checks: bool,
     /// Limit the run: `switches` = only the switch parity matrix; `tc…` = only the tensor-core
-    /// linear checks and timings; `moe…` = only the grouped MoE parity matrix and timings; `att…` =
+    /// linear checks and timings; `q8…` = only the FP8-activation (`TC_LINEAR=fp8`) linear checks and
+    /// timings; `moe…` = only the grouped MoE parity matrix and timings; `att…` =
     /// every check plus the attention/indexer timings; any other text = every check, and only the
     /// decode-linear timings whose label or format contains it.
     #[arg(long)]

@@ -74,7 +74,7 @@ pub(crate) fn weight(gpu: &Gpu, format: &str, vals: &[f32], rows: usize, cols: u
         "fp4" => {
             let (w, s) = quant::quantize_fp4_grouped(vals, rows, cols, 32).map_err(q)?;
             let deq = quant::dequant_fp4_grouped(&w, rows, cols, &s, 32).map_err(q)?;
-            (GpuMatrix::Fp4 { w: gpu.upload(&w)?, scales: gpu.upload(&s)? }, deq)
+            (GpuMatrix::Fp4 { w: gpu.upload(&w)?, scales: gpu.upload(&s)?, fold: super::ops_q8::fp4_fold_exact(&s, cols) }, deq)
         }
         other => return Err(CudaError::Unsupported { what: "weight format", detail: other.into() }),
     };
@@ -119,6 +119,14 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         }
         return Ok((report(gpu, seed, all, out, Vec::new()), all));
     }
+    // `--only q8`: the FP8-activation linear layers (official numerics, TC_LINEAR=fp8).
+    if opts.only.as_deref().is_some_and(|o| o.starts_with("q8")) {
+        if !opts.skip_checks {
+            all &= super::check_q8::run(gpu, seed, &mut out)?;
+        }
+        let timings = super::check_q8::timings(gpu, seed, repeats)?;
+        return Ok((report(gpu, seed, all, out, timings), all));
+    }
     if moe_only {
         if !opts.skip_checks {
             all &= super::check_moe::run(gpu, seed, &mut out)?;
@@ -128,6 +136,7 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     }
     if !opts.skip_checks {
         all &= tc_checks(gpu, seed, &mut out)?;
+        all &= super::check_q8::run(gpu, seed, &mut out)?;
     }
     if !opts.skip_checks && !tc_only {
 
@@ -250,6 +259,7 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     }
     if opts.only.is_none() || tc_only {
         timings.extend(tc_timings(gpu, seed, repeats)?);
+        timings.extend(super::check_q8::timings(gpu, seed, repeats)?);
     }
     if opts.only.is_none() {
         timings.extend(super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?);
@@ -375,7 +385,7 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
     let w4: Vec<u8> = (0..rows4 * k / 2).map(|i| ((i / (k / 2)) + i % (k / 2)) as u8).collect();
     let s4: Vec<u8> = (0..rows4 * k / 32).map(|i| [0u8, 1, 60, 127, 200, 250][i % 6]).collect();
     let d4 = quant::dequant_fp4_grouped(&w4, rows4, k, &s4, 32).map_err(q)?;
-    let g4 = GpuWeight { rows: rows4, cols: k, data: GpuMatrix::Fp4 { w: gpu.upload(&w4)?, scales: gpu.upload(&s4)? } };
+    let g4 = GpuWeight { rows: rows4, cols: k, data: GpuMatrix::Fp4 { w: gpu.upload(&w4)?, scales: gpu.upload(&s4)?, fold: super::ops_q8::fp4_fold_exact(&s4, k) } };
     for (fmt, gw, deq, rows) in [("fp8", &g8, d8, rows), ("fp4", &g4, d4, rows4)] {
         let cpu = ops::linear(&onehot, &Matrix { rows, cols: k, data: deq });
         for (tile, split) in GemmTile::ALL.iter().map(|t| (*t, false)).chain([(GemmTile::Large, true)]) {

@@ -230,7 +230,7 @@ fn quantized(gpu: &Gpu, fmt: &str, vals: &[f32], rows: usize, cols: usize) -> Re
     let (data, deq) = if fmt == "fp4" {
         let (w, s) = quant::quantize_fp4_grouped(vals, rows, cols, 32).map_err(q)?;
         let deq = quant::dequant_fp4_grouped(&w, rows, cols, &s, 32).map_err(q)?;
-        (GpuMatrix::Fp4 { w: gpu.upload(&w)?, scales: gpu.upload(&s)? }, deq)
+        (GpuMatrix::Fp4 { w: gpu.upload(&w)?, scales: gpu.upload(&s)?, fold: super::ops_q8::fp4_fold_exact(&s, cols) }, deq)
     } else {
         let (w, s) = quant::quantize_fp8_blocked(vals, rows, cols, 128).map_err(q)?;
         let deq = quant::dequant_fp8_blocked(&w, rows, cols, quant::BlockScales::Ue8m0(&s), 128).map_err(q)?;

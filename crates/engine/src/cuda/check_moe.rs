@@ -13,6 +13,14 @@
 //! - `moe_grouped … masked`: all routing weights 0 → the output equals the shared expert's alone,
 //!   bit for bit (masked routes contribute exact zeros).
 //!
+//! Official numerics (`TC_LINEAR=fp8`, [`Gpu::moe_experts_grouped_q8`]), FP4 and FP8 experts:
+//! - `moe_q8 <fmt> <variant> vs cpu`: against `forward::moe::moe` with `Numerics { act_quant_fp8 }`
+//!   (the same quantisation in f64 arithmetic). Tolerance NMSE ≤ [`Q8_MOE_NMSE_TOL`]: the FP8
+//!   tensor cores sum products in their own order and precision, and an activation that lands on
+//!   the other side of an e4m3 rounding boundary moves by one e4m3 step.
+//! - `moe_q8 … bits` (every variant equals all-on), `moe_q8 <fmt> per-expert vs cpu` (the per-expert
+//!   path under `TC_LINEAR=fp8`), `moe_q8 <fmt> masked` (γ = 0 → the official shared expert alone).
+//!
 //! Timings (`timings`): one MoE layer at Flash shapes (256 FP4 experts of [2048, 4096], FP8 shared
 //! expert, top-6, random routing) for several token counts: per-expert path vs grouped with each
 //! switch off alone, CUDA events, median after warm-up, with TFLOP/s of the routed experts.
@@ -31,6 +39,15 @@ use serde_json::{json, Value};
 
 /// NMSE bound for the grouped MoE with bf16 activations (issue 6 §5).
 pub const GROUPED_BF16_NMSE_TOL: f64 = 5e-4;
+
+/// NMSE bound for one FP8-activation GEMM against the CPU in the same official numerics (the
+/// tensor cores' own summation order and precision).
+pub const Q8_NMSE_TOL: f64 = 1e-5;
+
+/// NMSE bound for a chain of them (the MoE: gate/up → SwiGLU → quantize → down), where an
+/// activation that lands on the other side of an e4m3 rounding boundary moves by a whole e4m3 step
+/// (issue 5's per-op bound).
+pub const Q8_MOE_NMSE_TOL: f64 = 1e-4;
 
 /// The designed routing: `t` tokens × top-`k` over `e` experts with the listed per-expert counts for
 /// experts 0.. (expert 6 takes every token), the rest spread over experts 7..; slots shuffled.
@@ -155,10 +172,78 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             }
             // Masked routes: γ = 0 everywhere → exactly the shared expert.
             let masked = gpu.download(&gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dzero, split, MoeOptions::ALL_ON)?)?;
-            let shared = gpu.download(&gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32)?)?;
+            let shared = gpu.download(&gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, false)?)?;
             let differ = masked.iter().zip(&shared).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
             all &= flag_record(out, &format!("moe_grouped {fmt} {act} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}), differ == 0);
         }
+    }
+    all &= run_q8(gpu, seed, &cfg, &f, &routes32, &dids, &dw, &ids, out)?;
+    Ok(all)
+}
+
+/// The official-numerics (FP8 activation) half of the parity matrix; see the module docs.
+#[allow(clippy::too_many_arguments)]
+fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f32], routes: &[Route], dids: &cudarc::driver::CudaSlice<i32>, dw: &cudarc::driver::CudaSlice<f32>, ids: &[i32], out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let (t, d, e, k) = (routes.len(), cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
+    let inter = 256usize;
+    let mut all = true;
+    let df = gpu.upload(f)?;
+    let dzero = gpu.zeros::<f32>(t * k)?;
+    let official = Numerics { act_quant_fp8: true, ..Default::default() };
+    for fmt in ["fp4", "fp8"] {
+        let mut g_experts = Vec::new();
+        let mut c_experts = Vec::new();
+        for x in 0..e {
+            let (g, c) = expert_in(gpu, seed, &format!("moe_q8.{fmt}.e{x}"), fmt, d, inter)?;
+            g_experts.push(g);
+            c_experts.push(c);
+        }
+        let (g_shared, c_shared) = expert_in(gpu, seed, &format!("moe_q8.{fmt}.shared"), "fp8", d, inter)?;
+        let layer = GpuMoeLayer {
+            gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros::<f32>(1)?) },
+            router: GpuRouter::Score { bias: gpu.zeros::<f32>(e)? },
+            shared: g_shared,
+            experts: g_experts,
+            tables: std::sync::OnceLock::new(),
+        };
+        let none = Matrix { rows: 0, cols: 0, data: Vec::new() };
+        let lw = moe_layer(none, RouterWeights::Score { bias: vec![0.0; e] }, c_shared, c_experts);
+        let y_ref = moe::moe(cfg, &lw, f, routes, &official);
+        let y_hf = moe::moe(cfg, &lw, f, routes, &Numerics::default());
+        let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k});
+        let mut first: Option<Vec<f32>> = None;
+        for (vname, opts) in variants() {
+            let got = gpu.download(&gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, opts)?)?;
+            let (nmse, max_abs, ref_max) = errors(&got, &y_ref);
+            let pass = nmse <= Q8_MOE_NMSE_TOL && got.iter().all(|v| v.is_finite());
+            let op = format!("moe_q8 {fmt} {vname} vs cpu");
+            println!("{op:<52} nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e}, tol {Q8_MOE_NMSE_TOL:.0e})  {}", if pass { "ok" } else { "FAIL" });
+            out.push(json!({"op": op, "shape": shape, "nmse": nmse, "max_abs": max_abs, "ref_max": ref_max, "tolerance_nmse": Q8_MOE_NMSE_TOL, "reference": "cpu, Numerics { act_quant_fp8 }", "pass": pass}));
+            all &= pass;
+            match &first {
+                None => {
+                    let (nmse_hf, _, _) = errors(&got, &y_hf);
+                    println!("moe_q8 {fmt} all on vs cpu in HF numerics (informational): nmse {nmse_hf:.3e}");
+                    out.push(json!({"op": format!("moe_q8 {fmt} vs cpu hf numerics"), "shape": shape, "nmse": nmse_hf, "informational": true}));
+                    first = Some(got);
+                }
+                Some(f0) => {
+                    let differ = f0.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    all &= flag_record(out, &format!("moe_q8 {fmt} {vname} bits"), json!({"differing_values": differ, "of": got.len(), "vs": "all on"}), differ == 0);
+                }
+            }
+        }
+        let per_expert = crate::switches::scoped(&[("TC_LINEAR", "fp8")], || gpu.moe_experts(cfg, &layer, &df, t, ids, dw)).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
+        let per_expert = gpu.download(&per_expert)?;
+        let (nmse, max_abs, ref_max) = errors(&per_expert, &y_ref);
+        let pass = nmse <= Q8_MOE_NMSE_TOL;
+        println!("moe_q8 {fmt} per-expert vs cpu                        nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e})  {}", if pass { "ok" } else { "FAIL" });
+        out.push(json!({"op": format!("moe_q8 {fmt} per-expert vs cpu"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "pass": pass}));
+        all &= pass;
+        let masked = gpu.download(&gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, &dzero, MoeOptions::ALL_ON)?)?;
+        let shared = gpu.download(&gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, true)?)?;
+        let differ = masked.iter().zip(&shared).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        all &= flag_record(out, &format!("moe_q8 {fmt} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "official shared expert alone"}), differ == 0);
     }
     Ok(all)
 }
@@ -220,6 +305,10 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
                 let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, split, opts).map(|_| ()))?;
                 record_time(&format!("grouped {act} {name}"), ms);
             }
+        }
+        for (name, opts) in [("all on", on), ("fused off", MoeOptions { fused_swiglu: false, ..on }), ("adaptive off (128)", MoeOptions { adaptive_tiles: false, ..on }), ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }), ("persistent off", MoeOptions { persistent: false, ..on })] {
+            let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, opts).map(|_| ()))?;
+            record_time(&format!("grouped fp8 {name}"), ms);
         }
     }
     Ok(rows)

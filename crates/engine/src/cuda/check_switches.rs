@@ -21,6 +21,9 @@ use flashseek_model::config::Ds4Config;
 use serde_json::{json, Value};
 use std::path::Path;
 
+/// A greedy trajectory: each step's chosen token and the logits it was chosen from.
+type Trajectory = Vec<(u32, Vec<f32>)>;
+
 /// Folder (under the cache root) of the full-width parity model; bump when its config changes.
 pub const FULL_WIDTH_MODEL_DIR: &str = "parity-full-width-v1";
 /// Generator seed of its weights.
@@ -56,28 +59,34 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
     let (len, prompt_len) = (200usize, 100usize);
     let ids = formula_ids(99, len, vocab);
     let prompt = formula_ids(5, prompt_len, vocab);
-    // CPU reference: one-shot logits, then a greedy trajectory (tokens and per-step logits).
-    let cpu = forward(&w, &ids, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
-    let fopts = ForwardOptions::default();
-    let mut cst = SequenceState::new(&w.config, None);
-    let mut cl = forward_chunk(&w, &mut cst, &prompt, LogitsFor::Last, &fopts).map_err(|e| bad(e.to_string()))?.logits;
-    let mut trajectory = Vec::with_capacity(steps);
-    for _ in 0..steps {
-        let tok = argmax(&cl) as u32;
-        trajectory.push((tok, cl.clone()));
-        cl = forward_chunk(&w, &mut cst, &[tok], LogitsFor::Last, &fopts).map_err(|e| bad(e.to_string()))?.logits;
-    }
+    // CPU references (HF numerics, and DeepSeek's official activation quantisation for
+    // TC_LINEAR=fp8): one-shot logits, then a greedy trajectory (tokens and per-step logits).
+    let reference = |fopts: ForwardOptions| -> Result<(Vec<f32>, Trajectory), CudaError> {
+        let cpu = forward(&w, &ids, &fopts).map_err(|e| bad(e.to_string()))?.logits;
+        let mut cst = SequenceState::new(&w.config, None);
+        let mut cl = forward_chunk(&w, &mut cst, &prompt, LogitsFor::Last, &fopts).map_err(|e| bad(e.to_string()))?.logits;
+        let mut trajectory = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let tok = argmax(&cl) as u32;
+            trajectory.push((tok, cl.clone()));
+            cl = forward_chunk(&w, &mut cst, &[tok], LogitsFor::Last, &fopts).map_err(|e| bad(e.to_string()))?.logits;
+        }
+        Ok((cpu, trajectory))
+    };
+    let hf_ref = reference(ForwardOptions::default())?;
+    let official_ref = reference(ForwardOptions { numerics: crate::forward::Numerics { act_quant_fp8: true, ..Default::default() }, ..ForwardOptions::default() })?;
     println!("switch matrix: model {} ({} layers, hidden {}, {} experts), CPU reference in {:.1} s", dir.display(), cfg.num_hidden_layers, cfg.hidden_size, cfg.n_routed_experts, t0.elapsed().as_secs_f64());
     let mut all = true;
     let mut all_on_logits: Option<Vec<f32>> = None;
-    for crate::switches::Configuration { label, overrides, role, exact, same_bits_as_all_on: same_bits, .. } in configurations() {
+    for crate::switches::Configuration { label, overrides, role, exact, official, same_bits_as_all_on: same_bits, .. } in configurations() {
+        let (cpu, trajectory) = if official { (&official_ref.0, &official_ref.1) } else { (&hf_ref.0, &hf_ref.1) };
         let run = || -> Result<(Vec<f32>, bool, f64), CudaError> {
             let mut seq = GpuSequence::new(gpu, &gm, len + 1)?;
             let logits = forward_chunk_gpu(gpu, &gm, &mut seq, &ids, LogitsFor::All, false)?.logits;
             let mut gseq = GpuSequence::new(gpu, &gm, prompt_len + steps + 1)?;
             let mut gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &prompt, LogitsFor::Last, false)?.logits;
             let (mut same, mut worst) = (true, 0f64);
-            for (tok, cpu_step) in &trajectory {
+            for (tok, cpu_step) in trajectory {
                 same &= argmax(&gl) as u32 == *tok;
                 worst = worst.max(errors(&gl, cpu_step).0);
                 gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &[*tok], LogitsFor::Last, false)?.logits;
@@ -86,7 +95,7 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
         };
         let t = std::time::Instant::now();
         let (logits, same, worst) = scoped(&overrides, run).map_err(|e| bad(e.to_string()))??;
-        let (nmse, max_abs, _) = errors(&logits, &cpu);
+        let (nmse, max_abs, _) = errors(&logits, cpu);
         let rows = len;
         let agree = (0..rows).filter(|r| argmax(&logits[r * vocab..(r + 1) * vocab]) == argmax(&cpu[r * vocab..(r + 1) * vocab])).count() as f64 / rows as f64;
         let finite = logits.iter().all(|v| v.is_finite());
@@ -112,7 +121,8 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
             "op": format!("switches {label}"), "overrides": overrides.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>(),
             "prefill_tokens": len, "logits_nmse": nmse, "logits_max_abs": max_abs, "top1_agreement": agree,
             "greedy_steps": steps, "greedy_prompt": prompt_len, "greedy_tokens_equal": same, "greedy_worst_step_nmse": worst,
-            "differing_bits_vs_all_on": bits, "exactness_promised": exact, "tolerance_nmse": NMSE_TOL, "pass": if exact { pass } else { finite },
+            "differing_bits_vs_all_on": bits, "exactness_promised": exact,
+            "reference": if official { "cpu, official numerics (act_quant_fp8)" } else { "cpu, HF numerics" }, "tolerance_nmse": NMSE_TOL, "pass": if exact { pass } else { finite },
         }));
         if exact {
             all &= pass;

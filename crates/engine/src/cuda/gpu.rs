@@ -30,6 +30,11 @@ pub enum GpuMatrix {
         w: CudaSlice<u8>,
         /// Group scales.
         scales: CudaSlice<u8>,
+        /// Whether every 128-input block's four scales lie within 8 binades of their maximum
+        /// ([`super::ops_q8::fp4_fold_exact`]): then the FP8 tensor-core path (gemm_q8.cu) converts
+        /// the values to e4m3 exactly; otherwise `TC_LINEAR=fp8` falls back to the bf16 tensor cores
+        /// on quantized activations (same numerics, slower).
+        fold: bool,
     },
 }
 
@@ -94,6 +99,7 @@ pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("mhc.cu", super::ops_mhc::MHC_ENTRY_POINTS),
     ("moe.cu", super::ops_mhc::MOE_ENTRY_POINTS),
     ("gemm.cu", GEMM_ENTRY_POINTS),
+    ("gemm_q8.cu", super::ops_q8::GEMM_Q8_ENTRY_POINTS),
 ];
 
 /// The entry points of gemm.cu: the activation conversion and, per weight format, the tensor-core
@@ -178,6 +184,11 @@ pub enum TcMode {
     /// 1e-11 per layer, every `gpu-check` model check passes. f32 weights stay on the exact kernels.
     /// About 1.3–1.9× the time of [`TcMode::Bf16`].
     Split,
+    /// `FLASHSEEK_TC_LINEAR=fp8`: DeepSeek's official numerics (spec §10.1) — the inputs of the
+    /// §10.1 GEMMs quantized to e4m3 per 128 features and multiplied on FP8 tensor cores
+    /// (gemm_q8.cu, [`super::ops_q8`]); every other linear layer as [`TcMode::Split`]. Compared with
+    /// the CPU reference run with `Numerics { act_quant_fp8: true }`, not with the HF numerics.
+    Fp8,
 }
 
 /// The mode when `FLASHSEEK_TC_LINEAR` is unset (or `1`).
@@ -189,6 +200,7 @@ pub fn tc_linear_mode() -> TcMode {
     match crate::switches::value("TC_LINEAR") {
         "bf16" => TcMode::Bf16,
         "off" => TcMode::Off,
+        "fp8" => TcMode::Fp8,
         _ => TcMode::Split,
     }
 }
@@ -320,6 +332,13 @@ impl Gpu {
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }
+        for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.starts_with("gemm_q8_") || n.starts_with("moe_q8_")) {
+            let fmt = if name.contains("fp8") { "fp8" } else { "fp4" };
+            let bm = if name.contains("_64_") { 64 } else { 128 };
+            let bytes = super::ops_q8::q8_smem(fmt, bm, super::ops_q8::Q8_BN) as i32;
+            let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
+        }
         Ok(Gpu { ctx, stream, arch, functions, profile: std::sync::Mutex::new(None) })
     }
 
@@ -437,8 +456,8 @@ impl Gpu {
             match tc_linear_mode() {
                 TcMode::Off => {}
                 TcMode::Bf16 => return self.linear_tc(x, w, y, t, None, false),
-                TcMode::Split if !matches!(w.data, GpuMatrix::F32(_)) => return self.linear_tc(x, w, y, t, None, true),
-                TcMode::Split => {}
+                TcMode::Split | TcMode::Fp8 if !matches!(w.data, GpuMatrix::F32(_)) => return self.linear_tc(x, w, y, t, None, true),
+                TcMode::Split | TcMode::Fp8 => {}
             }
         }
         self.linear_gemv(x, w, y, t)

@@ -14,6 +14,7 @@ pub mod check_attention;
 pub mod check_mhc;
 pub mod check_model;
 pub mod check_moe;
+pub mod check_q8;
 pub mod check_switches;
 pub mod gpu;
 pub mod model;
@@ -21,6 +22,7 @@ pub mod nvrtc;
 pub mod ops_attention;
 pub mod ops_mhc;
 pub mod ops_moe;
+pub mod ops_q8;
 pub mod qualify;
 pub mod session;
 pub mod upload;
@@ -36,6 +38,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("mhc.cu", include_str!("kernels/mhc.cu")),
     ("moe.cu", include_str!("kernels/moe.cu")),
     ("gemm.cu", include_str!("kernels/gemm.cu")),
+    ("gemm_q8.cu", include_str!("kernels/gemm_q8.cu")),
 ];
 
 /// The shared prelude prepended to every kernel source.

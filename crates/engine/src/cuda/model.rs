@@ -127,9 +127,9 @@ fn split_rows(gpu: &Gpu, w: GpuWeight, groups: usize) -> Result<Vec<GpuWeight>, 
                 let sk = cols.div_ceil(128);
                 GpuMatrix::Fp8 { w: sub(m, g * r * cols, (g + 1) * r * cols)?, scales: sub(scales, g * (r / 128) * sk, (g + 1) * (r / 128) * sk)? }
             }
-            GpuMatrix::Fp4 { w: m, scales } => {
+            GpuMatrix::Fp4 { w: m, scales, fold } => {
                 let sk = cols / 32;
-                GpuMatrix::Fp4 { w: sub(m, g * r * cols / 2, (g + 1) * r * cols / 2)?, scales: sub(scales, g * r * sk, (g + 1) * r * sk)? }
+                GpuMatrix::Fp4 { w: sub(m, g * r * cols / 2, (g + 1) * r * cols / 2)?, scales: sub(scales, g * r * sk, (g + 1) * r * sk)?, fold: *fold }
             }
         };
         out.push(part(data));
@@ -380,16 +380,16 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
         gpu.rms_norm(&u, Some(&l.attn_norm), &mut a, t, d, eps)?;
         gpu.stage("projections");
         let mut qr0 = gpu.zeros::<f32>(t * c.q_lora_rank)?;
-        gpu.linear(&a, &l.wq_a, &mut qr0, t)?;
+        gpu.linear_q(&a, &l.wq_a, &mut qr0, t)?;
         let mut qr = gpu.zeros::<f32>(t * c.q_lora_rank)?;
         gpu.rms_norm(&qr0, Some(&l.q_norm), &mut qr, t, c.q_lora_rank, eps)?;
         let mut q0 = gpu.zeros::<f32>(t * h * hd)?;
-        gpu.linear(&qr, &l.wq_b, &mut q0, t)?;
+        gpu.linear_q(&qr, &l.wq_b, &mut q0, t)?;
         let mut q = gpu.zeros::<f32>(t * h * hd)?;
         gpu.rms_norm(&q0, None, &mut q, t * h, hd, eps)?;
         gpu.rope(&mut q, inv, rope, t, h, hd, pos0, false)?;
         let mut kv0 = gpu.zeros::<f32>(t * hd)?;
-        gpu.linear(&a, &l.wkv, &mut kv0, t)?;
+        gpu.linear_q(&a, &l.wkv, &mut kv0, t)?;
         let mut kv = gpu.zeros::<f32>(t * hd)?;
         gpu.rms_norm(&kv0, Some(&l.kv_norm), &mut kv, t, hd, eps)?;
         gpu.rope(&mut kv, inv, rope, t, 1, hd, pos0, false)?;
@@ -417,7 +417,7 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
                 compress_chunk(gpu, m, &iw.compressor, is, &a, t, pos0)?;
                 gpu.stage("indexer");
                 let mut iq = gpu.zeros::<f32>(t * iw.heads * iw.head_dim)?;
-                gpu.linear(&qr, &iw.wq_b, &mut iq, t)?;
+                gpu.linear_q(&qr, &iw.wq_b, &mut iq, t)?;
                 gpu.rope(&mut iq, &m.inv_compress, &m.rope_compress, t, iw.heads, iw.head_dim, pos0, false)?;
                 let mut wts = gpu.zeros::<f32>(t * iw.heads)?;
                 gpu.linear(&a, &iw.weights_proj, &mut wts, t)?;
@@ -452,7 +452,7 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
             gpu.scatter_rows(&zg, &rows.slice(0..t), &mut z, t * groups, r)?;
         }
         let mut y = gpu.zeros::<f32>(t * d)?;
-        gpu.linear(&z, &l.wo_b, &mut y, t)?;
+        gpu.linear_q(&z, &l.wo_b, &mut y, t)?;
         gpu.stage("mhc+norms");
         gpu.hc_post(&mut x, &y, &post, &comb, t, n, d)?;
         // MoE sub-block (§4.11).
@@ -526,7 +526,7 @@ fn weight_bytes(w: &GpuWeight) -> f64 {
     (match &w.data {
         GpuMatrix::F32(m) => m.len() * 4,
         GpuMatrix::Bf16(m) => m.len() * 2,
-        GpuMatrix::Fp8 { w, scales } | GpuMatrix::Fp4 { w, scales } => w.len() + scales.len(),
+        GpuMatrix::Fp8 { w, scales } | GpuMatrix::Fp4 { w, scales, .. } => w.len() + scales.len(),
     }) as f64
 }
 

@@ -425,9 +425,12 @@ impl Gpu {
     }
 
     /// One SwiGLU expert on the first `m` rows of `x` (`[m, d]`): `y = W2·(silu(min(W1 x, L)) ⊙ clamp(W3 x, ±L))`,
-    /// using the scratch buffers `g`, `u`, `h` (each ≥ `m·inter`); writes `y` (`[m, d]`).
+    /// using the scratch buffers `g`, `u`, `h` (each ≥ `m·inter`); writes `y` (`[m, d]`). The three
+    /// linears are §10.1 GEMMs: with `official` their inputs are FP8-quantized
+    /// ([`Gpu::linear_official`]), else [`Gpu::linear`]; with `route` = (dst, γ) the hidden rows are
+    /// scaled by `γ[dst[r]]` before W2 (the official order).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn expert_ffn(&self, ex: &GpuExpert, x: &CudaSlice<f32>, m: usize, limit: f32, g: &mut CudaSlice<f32>, u: &mut CudaSlice<f32>, h: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+    pub(crate) fn expert_ffn(&self, ex: &GpuExpert, x: &CudaSlice<f32>, m: usize, limit: f32, g: &mut CudaSlice<f32>, u: &mut CudaSlice<f32>, h: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>, official: bool, route: Option<(&cudarc::driver::CudaView<i32>, &CudaSlice<f32>)>) -> Result<(), CudaError> {
         const W: &str = "moe expert";
         let (inter, d) = ex.dims()?;
         need(W, "x", x.len(), m * d)?;
@@ -435,10 +438,14 @@ impl Gpu {
         need(W, "up scratch", u.len(), m * inter)?;
         need(W, "hidden scratch", h.len(), m * inter)?;
         need(W, "y", y.len(), m * d)?;
-        self.linear(x, &ex.w1, g, m)?;
-        self.linear(x, &ex.w3, u, m)?;
+        let lin = |x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>| if official { self.linear_official(x, w, y, m) } else { self.linear(x, w, y, m) };
+        lin(x, &ex.w1, g)?;
+        lin(x, &ex.w3, u)?;
         self.swiglu(g, u, h, m * inter, limit)?;
-        self.linear(h, &ex.w2, y, m)
+        if let Some((dst, gamma)) = route {
+            self.scale_rows_by_route(h, dst, gamma, m, inter)?;
+        }
+        lin(h, &ex.w2, y)
     }
 
     /// Router half of [`Gpu::moe_forward`]: the gate projection of the ffn-normed inputs `f` (`[t, d]`)
@@ -531,36 +538,48 @@ impl Gpu {
         let mut h = self.zeros::<f32>(m_max * inter_max.max(1))?;
         let mut y = self.zeros::<f32>(m_max * d)?;
         let mut slot_out = self.zeros::<f32>(t * k * d)?;
+        // Official numerics (TC_LINEAR=fp8): γ scales the hidden before W2's quantisation.
+        let official = super::gpu::tc_linear_mode() == super::gpu::TcMode::Fp8;
         for &(x, a, b) in &ranges {
             let m = b - a;
             self.gather_rows(f, t, &rows_dev.slice(a..b), &mut xs, d)?;
-            self.expert_ffn(&layer.experts[x], &xs, m, limit, &mut g, &mut u, &mut h, &mut y)?;
-            self.scatter_rows(&y, &dst_dev.slice(a..b), &mut slot_out, t * k, d)?;
+            let dst = dst_dev.slice(a..b);
+            self.expert_ffn(&layer.experts[x], &xs, m, limit, &mut g, &mut u, &mut h, &mut y, official, official.then_some((&dst, weights)))?;
+            self.scatter_rows(&y, &dst, &mut slot_out, t * k, d)?;
         }
-        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights)
+        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, official)
     }
 
-    /// The shared expert of `layer` over the first `t` rows of `f` (`[t, d]`; SwiGLU limit `limit`).
+    /// The shared expert of `layer` over the first `t` rows of `f` (`[t, d]`; SwiGLU limit `limit`),
+    /// in official numerics (FP8-quantized inputs) when `official`.
     ///
     /// Errors: an expert whose shapes do not agree, short buffers, or any launcher error.
-    pub(crate) fn shared_expert(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, d: usize, limit: f32) -> Result<CudaSlice<f32>, CudaError> {
+    pub(crate) fn shared_expert(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, d: usize, limit: f32, official: bool) -> Result<CudaSlice<f32>, CudaError> {
         let sh_inter = layer.shared.w1.rows;
         let mut sg = self.zeros::<f32>(t * sh_inter)?;
         let mut su = self.zeros::<f32>(t * sh_inter)?;
         let mut sh = self.zeros::<f32>(t * sh_inter)?;
         let mut shared = self.zeros::<f32>(t * d)?;
-        self.expert_ffn(&layer.shared, f, t, limit, &mut sg, &mut su, &mut sh, &mut shared)?;
+        self.expert_ffn(&layer.shared, f, t, limit, &mut sg, &mut su, &mut sh, &mut shared, official, None)?;
         Ok(shared)
     }
 
-    /// The end of both MoE paths: the shared expert over all `t` tokens, then
-    /// [`Gpu::moe_combine`] of the unscaled routed outputs `slot_out` (`[t·k, d]`) with γ = `weights`
-    /// (`[t, k]`). Returns the MoE output `[t, d]`.
+    /// The end of every MoE path: the shared expert over all `t` tokens, then [`Gpu::moe_combine`]
+    /// of the routed outputs `slot_out` (`[t·k, d]`) with γ = `weights` (`[t, k]`); with `official`
+    /// (DeepSeek's numerics, γ already applied before W2) the shared expert's inputs are
+    /// FP8-quantized and γ = 1 here. Returns the MoE output `[t, d]`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>) -> Result<CudaSlice<f32>, CudaError> {
-        let shared = self.shared_expert(layer, f, t, d, limit)?;
+    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, official: bool) -> Result<CudaSlice<f32>, CudaError> {
+        let shared = self.shared_expert(layer, f, t, d, limit, official)?;
         let mut out = self.zeros::<f32>(t * d)?;
-        self.moe_combine(slot_out, weights, Some(&shared), &mut out, t, k, d)?;
+        let ones;
+        let w = if official {
+            ones = self.upload(&vec![1f32; (t * k).max(1)])?;
+            &ones
+        } else {
+            weights
+        };
+        self.moe_combine(slot_out, w, Some(&shared), &mut out, t, k, d)?;
         Ok(out)
     }
 
@@ -578,10 +597,23 @@ impl Gpu {
     /// per-expert path), or any launcher error.
     pub fn moe_forward(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize) -> Result<GpuMoeOutput, CudaError> {
         // Split activations unless TC_LINEAR=bf16 asks for the inexact fast mode.
-        let split = super::gpu::tc_linear_mode() != super::gpu::TcMode::Bf16;
+        let mode = super::gpu::tc_linear_mode();
+        let split = mode != super::gpu::TcMode::Bf16;
         let opts = super::ops_moe::MoeOptions::from_switches();
-        let grouped = (opts.grouped && t >= super::gpu::TC_LINEAR_MIN_TOKENS).then_some(split);
-        self.moe_forward_with(cfg, layer, f, ids, t, grouped.map(|s| (s, opts)))
+        let grouped = opts.grouped && t >= super::gpu::TC_LINEAR_MIN_TOKENS;
+        if mode == super::gpu::TcMode::Fp8 {
+            // Official numerics: the FP8 grouped kernels where the experts allow them, else one expert
+            // at a time (its linears quantize their inputs the same way).
+            let (experts, weights) = self.moe_route(cfg, layer, f, ids, t)?;
+            let out = if grouped && self.moe_tables(layer)?.is_some_and(|tb| tb.q8) {
+                self.moe_experts_grouped_q8(cfg, layer, f, t, &experts, &weights, opts)?
+            } else {
+                let host = self.download(&experts)?;
+                self.moe_experts(cfg, layer, f, t, &host, &weights)?
+            };
+            return Ok(GpuMoeOutput { out, experts, weights });
+        }
+        self.moe_forward_with(cfg, layer, f, ids, t, grouped.then_some((split, opts)))
     }
 
     /// [`Gpu::moe_forward`] with the path chosen by the caller: `grouped` = Some((split activations,

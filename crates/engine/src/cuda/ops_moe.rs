@@ -107,6 +107,9 @@ pub struct GpuExpertTables {
     pub inter: usize,
     /// Model width.
     pub d: usize,
+    /// Whether the FP8-activation kernels (gemm_q8.cu) can run every expert exactly
+    /// ([`super::ops_q8::q8_capable`] for all of w1, w3, w2).
+    pub q8: bool,
     w1: CudaSlice<u64>,
     s1: CudaSlice<u64>,
     w3: CudaSlice<u64>,
@@ -121,7 +124,7 @@ fn addresses(gpu: &Gpu, w: &GpuWeight) -> Option<(&'static str, u64, u64)> {
     match &w.data {
         GpuMatrix::Bf16(m) => Some(("bf16", m.device_ptr(s).0, 0)),
         GpuMatrix::Fp8 { w, scales } => Some(("fp8", w.device_ptr(s).0, scales.device_ptr(s).0)),
-        GpuMatrix::Fp4 { w, scales } => Some(("fp4", w.device_ptr(s).0, scales.device_ptr(s).0)),
+        GpuMatrix::Fp4 { w, scales, .. } => Some(("fp4", w.device_ptr(s).0, scales.device_ptr(s).0)),
         GpuMatrix::F32(_) => None,
     }
 }
@@ -152,10 +155,12 @@ impl GpuExpertTables {
             }
         }
         let [w1, s1, w3, s3, w2, s2] = t;
+        let q8 = experts.iter().all(|ex| [&ex.w1, &ex.w3, &ex.w2].into_iter().all(super::ops_q8::q8_capable));
         Ok(Some(GpuExpertTables {
             format: fmt.unwrap_or("bf16"),
             inter,
             d,
+            q8,
             w1: gpu.upload(&w1)?,
             s1: gpu.upload(&s1)?,
             w3: gpu.upload(&w3)?,
@@ -344,7 +349,107 @@ impl Gpu {
         let mut slot_out = self.zeros::<f32>(tk * d)?;
         self.moe_gemm(&g, tables, "scatter", split, opts.persistent, &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
         // Shared expert over all tokens, then the combine.
-        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights)
+        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, false)
+    }
+
+    /// Launches one grouped FP8-activation GEMM `moe_q8_<fmt>_<bm>_<epi>` (gemm_q8.cu).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, persistent: bool, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
+        let name = format!("moe_q8_{}_{}_{epi}", tables.format, g.bm);
+        let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
+            return Err(bad(format!("no kernel {name}")));
+        };
+        let smem = super::ops_q8::q8_smem(tables.format, g.bm, super::ops_q8::Q8_BN);
+        let threads = if g.bm == 128 { 256 } else { 128 };
+        let units = g.max_items * n.div_ceil(super::ops_q8::Q8_BN);
+        let blocks = if persistent {
+            let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
+            let per_sm = self.f(fname).occupancy_max_active_blocks_per_multiprocessor(threads, smem, None).unwrap_or(1).max(1) as usize;
+            (sms * per_sm).min(units)
+        } else {
+            units
+        };
+        let cfg = LaunchConfig { grid_dim: (u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 };
+        let (n_i, k_i) = (n as i32, k as i32);
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(self.f(fname));
+        b.arg(xq).arg(xsa).arg(w.0).arg(w.1).arg(w3.0).arg(w3.1).arg(&g.items).arg(&g.n_items);
+        match y {
+            Some(y) => b.arg(y),
+            None => b.arg(&null),
+        };
+        let ldh;
+        match hf {
+            Some((h, ld)) => {
+                ldh = ld as i32;
+                b.arg(h);
+            }
+            None => {
+                ldh = 0;
+                b.arg(&null);
+            }
+        }
+        b.arg(&ldh).arg(&g.row_dst).arg(gamma).arg(&n_i).arg(&k_i).arg(&limit);
+        // SAFETY: matches moe_q8's signature; xq/xsa hold r_cap rows of Kp = k bytes / k/128 scales
+        // (moe_gather_q8 or act_quant), items come from moe_group_plan, the tables hold E addresses of
+        // weights checked by GpuExpertTables::build (q8), y/hf are sized by the caller for r_cap
+        // (plain, swiglu) or T·k (scatter) rows; gamma holds T·k weights indexed by row_dst.
+        drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// [`Gpu::moe_experts_grouped`] in DeepSeek's official numerics (`TC_LINEAR=fp8`, spec §10.1):
+    /// the inputs quantized once per token to e4m3 (per 128 features) and gathered by expert, gate/up
+    /// on FP8 tensor cores with the clamped SwiGLU and γ fused (h·γ in f32), h·γ quantized, the down
+    /// projection scattered to (token, slot), then the shared expert (same numerics) and a combine
+    /// with γ already applied. CPU reference: `forward::moe::moe` with `act_quant_fp8`.
+    ///
+    /// Errors: experts [`GpuExpertTables::q8`] rejects, shapes that disagree with `cfg`, launch
+    /// failures.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts_grouped_q8(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, opts: MoeOptions) -> Result<CudaSlice<f32>, CudaError> {
+        let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
+        let tables = self.moe_tables(layer)?.filter(|tb| tb.q8).ok_or_else(|| bad("the routed experts are not all FP8 or foldable FP4 with widths multiple of 128"))?;
+        if t == 0 || k == 0 || layer.experts.len() != e || tables.d != d {
+            return Err(bad(format!("{t} tokens, top-{k}, {} experts of width {} for config E = {e}, d = {d}", layer.experts.len(), tables.d)));
+        }
+        let tk = t * k;
+        if experts.len() < tk || weights.len() < tk || f.len() < t * d {
+            return Err(bad(format!("buffers of {} ids, {} weights, {} inputs for {t} tokens × top-{k}, d = {d}", experts.len(), weights.len(), f.len())));
+        }
+        let inter = tables.inter;
+        let limit = cfg.swiglu_limit as f32;
+        let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, false))?;
+        let qa = self.act_quant(f, t, d)?;
+        let kb = d / super::ops_q8::Q8_BLOCK;
+        // SAFETY: rows < R are written by moe_gather_q8; rows ≥ R are never read (no item covers them).
+        let mut xq = drv("alloc", unsafe { self.stream.alloc::<u8>(g.r_cap * d) })?;
+        // SAFETY: as above.
+        let mut xsa = drv("alloc", unsafe { self.stream.alloc::<f32>(g.r_cap * kb) })?;
+        {
+            let chunks = g.r_cap * d / 16;
+            let lc = LaunchConfig { grid_dim: (chunks.div_ceil(256).min(132 * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let (d_i, e_i) = (d as i32, e as i32);
+            let mut b = self.stream.launch_builder(self.f("moe_gather_q8"));
+            b.arg(&qa.q).arg(&qa.sa).arg(&g.row_tok).arg(&g.offsets).arg(&mut xq).arg(&mut xsa).arg(&d_i).arg(&e_i);
+            // SAFETY: moe_gather_q8(q [t↑128, d], sa [.., d/128], row_tok, offsets [E+1], xq [r_cap, d], xsa [r_cap, d/128], Kp = d, E).
+            drv("moe_gather_q8", unsafe { b.launch(lc) })?;
+        }
+        // h·γ as f32 [r_cap, inter] (rows past R stay zero).
+        let mut hf = self.zeros::<f32>(g.r_cap * inter)?;
+        if opts.fused_swiglu {
+            self.moe_q8(&g, tables, "swiglu", opts.persistent, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
+        } else {
+            let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
+            let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
+            self.moe_q8(&g, tables, "plain", opts.persistent, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, weights, inter, d, limit)?;
+            self.moe_q8(&g, tables, "plain", opts.persistent, &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, weights, inter, d, limit)?;
+            self.swiglu(&yg, &yu, &mut hf, g.r_cap * inter, limit)?;
+            self.scale_rows_by_route(&mut hf, &g.row_dst.slice(..), weights, g.r_cap, inter)?;
+        }
+        let hq = self.act_quant(&hf, g.r_cap, inter)?;
+        let mut slot_out = self.zeros::<f32>(tk * d)?;
+        self.moe_q8(&g, tables, "scatter", opts.persistent, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, weights, d, inter, limit)?;
+        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, true)
     }
 }
 

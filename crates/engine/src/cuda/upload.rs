@@ -61,10 +61,10 @@ impl GpuSource for StoredSource<'_> {
                 w: gpu.upload(ck.raw_bytes(name).map_err(|e| bad(name, e))?)?,
                 scales: gpu.upload(ck.raw_bytes(&format!("{base}.scale")).map_err(|e| bad(name, e))?)?,
             },
-            (StoredDtype::I8 | StoredDtype::U8, Some(StoredDtype::F8E8M0)) if info.shape == [rows, cols / 2] && cols.is_multiple_of(32) => GpuMatrix::Fp4 {
-                w: gpu.upload(ck.raw_bytes(name).map_err(|e| bad(name, e))?)?,
-                scales: gpu.upload(ck.raw_bytes(&format!("{base}.scale")).map_err(|e| bad(name, e))?)?,
-            },
+            (StoredDtype::I8 | StoredDtype::U8, Some(StoredDtype::F8E8M0)) if info.shape == [rows, cols / 2] && cols.is_multiple_of(32) => {
+                let scales = ck.raw_bytes(&format!("{base}.scale")).map_err(|e| bad(name, e))?;
+                GpuMatrix::Fp4 { w: gpu.upload(ck.raw_bytes(name).map_err(|e| bad(name, e))?)?, scales: gpu.upload(scales)?, fold: super::ops_q8::fp4_fold_exact(scales, cols) }
+            }
             (StoredDtype::BF16, None) if info.shape == [rows, cols] && cols.is_multiple_of(8) => {
                 GpuMatrix::Bf16(gpu.upload(&u16s(ck.raw_bytes(name).map_err(|e| bad(name, e))?))?)
             }
@@ -130,6 +130,7 @@ impl GpuSource for RandomOfficialSource {
             OfficialFormat::Fp4 => GpuMatrix::Fp4 {
                 w: gpu.upload(&self.bytes(name, rows * cols / 2, |r| r as u8))?,
                 scales: gpu.upload(&vec![121u8; rows * cols.div_ceil(32)])?,
+                fold: cols.is_multiple_of(128),
             },
             OfficialFormat::F32 => GpuMatrix::F32(gpu.upload(&self.host(name, &[rows, cols])?)?),
             _ => {

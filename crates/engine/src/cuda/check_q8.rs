@@ -1,0 +1,164 @@
+//! gpu-check entries for the FP8-activation linear layers (`TC_LINEAR=fp8`, [`super::ops_q8`]):
+//! DeepSeek's official numerics (spec §6, §10.1) against the CPU in the same numerics.
+//!
+//! - `act_roundtrip_fp8`: the GPU quantize-dequantize against `Numerics::act_in` (the CPU's
+//!   `act_quant_fp8_roundtrip`), bit for bit, on rows whose 128-blocks span magnitudes 2^-20…2^12,
+//!   a width with a shorter last block (200) and Flash's 4096.
+//! - `linear_q8 <fmt> <weight>`: [`Gpu::linear_q8`] against `linear(act_in(x), W)` in f64 on Flash
+//!   shapes and odd ones (outputs not a multiple of 128, tokens not a multiple of 128), FP8 and FP4
+//!   weights. Tolerance NMSE ≤ [`Q8_NMSE_TOL`] (the tensor cores' summation order and precision).
+//! - `linear_official <fmt> fallback`: the paths without the FP8 kernel (few tokens, bf16 weights,
+//!   FP4 whose scales do not fold) against the same reference.
+//! - `linear_q8 repeatable`: two runs give the same bits.
+//!
+//! Timings ([`timings`]): the FP8 GEMM (activation quantisation included) next to the bf16 and
+//! split tensor-core GEMMs at prefill shapes, TFLOP/s against the machine's ~1,450 FP8 dense.
+
+use super::check::{errors, flag_record, median_ms, random, weight};
+use super::check_moe::Q8_NMSE_TOL;
+use super::gpu::{Gpu, GpuMatrix, GpuWeight};
+use super::CudaError;
+use crate::cpu::ops;
+use crate::forward::Numerics;
+use crate::weights::Matrix;
+use flashseek_model::quant;
+use serde_json::{json, Value};
+
+const OFFICIAL: Numerics = Numerics { act_quant_fp8: true, kv_fp8: false, indexer_fp4: false };
+
+/// Activations whose 128-feature blocks have very different magnitudes (so every block gets its own
+/// scale, from 2^-20 to 2^12).
+fn spread_activations(seed: u64, key: &str, t: usize, k: usize) -> Vec<f32> {
+    let mut x = random(seed, key, t * k, 1.0);
+    for (i, v) in x.iter_mut().enumerate() {
+        let block = (i % k) / 128 + (i / k) * 3;
+        *v *= 2f32.powi((block % 33) as i32 - 20);
+    }
+    x
+}
+
+fn record_q8(out: &mut Vec<Value>, op: &str, shape: Value, got: &[f32], reference: &[f32], hf: Option<&[f32]>) -> bool {
+    let (nmse, max_abs, ref_max) = errors(got, reference);
+    let pass = nmse <= Q8_NMSE_TOL && got.iter().all(|v| v.is_finite());
+    let hf_nmse = hf.map(|h| errors(got, h).0);
+    println!(
+        "{op:<44} {shape:<22} nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e}, tol {Q8_NMSE_TOL:.0e}){}  {}",
+        hf_nmse.map(|v| format!("  vs HF numerics {v:.2e}")).unwrap_or_default(),
+        if pass { "ok" } else { "FAIL" }
+    );
+    out.push(json!({"op": op, "shape": shape, "nmse": nmse, "max_abs": max_abs, "ref_max": ref_max, "tolerance_nmse": Q8_NMSE_TOL,
+        "reference": "cpu linear(act_in(x)) in f64, Numerics { act_quant_fp8 }", "nmse_vs_hf_numerics": hf_nmse, "pass": pass}));
+    pass
+}
+
+/// Runs the checks; appends records to `out`, returns whether all passed.
+pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    // Quantize-dequantize, bit for bit.
+    for (t, k) in [(37usize, 200usize), (64, 4096), (3, 128)] {
+        let x = spread_activations(seed, &format!("q8.rt.{k}"), t, k);
+        let cpu = OFFICIAL.act_in(&x, k).into_owned();
+        let mut dx = gpu.upload(&x)?;
+        gpu.act_roundtrip(&mut dx, t, k)?;
+        let got = gpu.download(&dx)?;
+        let differ = got.iter().zip(&cpu).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        all &= flag_record(out, "act_roundtrip_fp8 vs cpu bits", json!({"shape": [t, k], "differing_values": differ, "of": cpu.len()}), differ == 0);
+    }
+    // The FP8 GEMM.
+    let shapes: &[(&str, &str, usize, usize, usize)] = &[
+        ("fp8", "attn.wq_b", 32768, 1024, 200),
+        ("fp8", "attn.wo_b", 4096, 8192, 130),
+        ("fp8", "attn.wq_a", 1024, 4096, 2048),
+        ("fp8", "odd [300, 256]", 300, 256, 77),
+        ("fp4", "expert.w1", 2048, 4096, 200),
+        ("fp4", "expert.w2", 4096, 2048, 64),
+        ("fp4", "odd [200, 384]", 200, 384, 129),
+    ];
+    for (fmt, name, rows, cols, t) in shapes {
+        let vals = random(seed, &format!("q8.w.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
+        let (gw, cpu_w) = weight(gpu, fmt, &vals, *rows, *cols)?;
+        let x = spread_activations(seed, &format!("q8.x.{name}"), *t, *cols);
+        let reference = ops::linear(&OFFICIAL.act_in(&x, *cols), &cpu_w);
+        let hf = ops::linear(&x, &cpu_w);
+        let dx = gpu.upload(&x)?;
+        let qa = gpu.act_quant(&dx, *t, *cols)?;
+        let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
+        gpu.linear_q8(&qa, &gw, &mut dy, *t)?;
+        let got = gpu.download(&dy)?;
+        all &= record_q8(out, &format!("linear_q8 {fmt} {name}"), json!([t, rows, cols]), &got, &reference, Some(&hf));
+        if *name == "attn.wq_b" {
+            let mut again = gpu.zeros::<f32>(t * rows)?;
+            gpu.linear_q8(&qa, &gw, &mut again, *t)?;
+            let same = gpu.download(&again)?.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+            all &= flag_record(out, "linear_q8 repeatable", json!({"shape": [t, rows, cols], "bitwise_equal": same}), same);
+        }
+        // Few tokens: quantize-dequantize + the exact kernels.
+        let small = 5usize;
+        let mut dy = gpu.zeros::<f32>(small * rows)?;
+        gpu.linear_official(&dx, &gw, &mut dy, small)?;
+        all &= record_q8(out, &format!("linear_official {fmt} {name} T=5"), json!([small, rows, cols]), &gpu.download(&dy)?, &reference[..small * rows], None);
+    }
+    // Fallbacks at prefill token counts: bf16 weights, and FP4 whose group scales span 9+ binades.
+    let (rows, cols, t) = (256usize, 512usize, 130usize);
+    let x = spread_activations(seed, "q8.fb.x", t, cols);
+    let xq = OFFICIAL.act_in(&x, cols).into_owned();
+    let dx = gpu.upload(&x)?;
+    {
+        let vals = random(seed, "q8.fb.bf16", rows * cols, 0.1);
+        let (gw, cpu_w) = weight(gpu, "bf16", &vals, rows, cols)?;
+        let mut dy = gpu.zeros::<f32>(t * rows)?;
+        gpu.linear_official(&dx, &gw, &mut dy, t)?;
+        all &= record_q8(out, "linear_official bf16 fallback", json!([t, rows, cols]), &gpu.download(&dy)?, &ops::linear(&xq, &cpu_w), None);
+    }
+    {
+        let w4: Vec<u8> = (0..rows * cols / 2).map(|i| (i * 7 + i / 13) as u8).collect();
+        let s4: Vec<u8> = (0..rows * cols / 32).map(|i| [110u8, 121, 127, 101][i % 4]).collect();
+        let fold = super::ops_q8::fp4_fold_exact(&s4, cols);
+        let deq = quant::dequant_fp4_grouped(&w4, rows, cols, &s4, 32).map_err(|e| CudaError::Unsupported { what: "dequantize", detail: e.to_string() })?;
+        let gw = GpuWeight { rows, cols, data: GpuMatrix::Fp4 { w: gpu.upload(&w4)?, scales: gpu.upload(&s4)?, fold } };
+        let mut dy = gpu.zeros::<f32>(t * rows)?;
+        gpu.linear_official(&dx, &gw, &mut dy, t)?;
+        all &= flag_record(out, "fp4 scales spanning 26 binades are not folded", json!({"fold": fold}), !fold);
+        all &= record_q8(out, "linear_official fp4 unfoldable fallback", json!([t, rows, cols]), &gpu.download(&dy)?, &ops::linear(&xq, &Matrix { rows, cols, data: deq }), None);
+    }
+    Ok(all)
+}
+
+/// Prefill-shaped timings: the FP8 GEMM (with its activation quantisation) next to the bf16 and
+/// split GEMMs of gemm.cu on the same weights, TFLOP/s = 2·T·N·K / time.
+pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaError> {
+    let timed: &[(&str, &str, usize, usize, usize)] = &[
+        ("fp8", "attn.wq_b", 32768, 1024, 8192),
+        ("fp8", "attn.wo_b", 4096, 8192, 8192),
+        ("fp8", "attn.wq_a", 1024, 4096, 8192),
+        ("fp8", "shared.w1", 2048, 4096, 8192),
+        ("fp4", "expert.w1", 2048, 4096, 8192),
+        ("fp8", "attn.wq_b", 32768, 1024, 2048),
+    ];
+    let mut rows_out = Vec::new();
+    for (fmt, name, rows, cols, t) in timed {
+        let vals = random(seed, &format!("q8time.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
+        let (gw, _) = weight(gpu, fmt, &vals, *rows, *cols)?;
+        let dx = gpu.upload(&random(seed, "q8time.x", t * cols, 1.0))?;
+        let mut dy = gpu.zeros::<f32>(t * rows)?;
+        let flops = 2.0 * (*t * *rows * *cols) as f64;
+        let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
+        let q8 = median_ms(gpu, repeats, || gpu.linear_official(&dx, &gw, &mut dy, *t))?;
+        let qa = gpu.act_quant(&dx, *t, *cols)?;
+        let gemm = median_ms(gpu, repeats, || gpu.linear_q8(&qa, &gw, &mut dy, *t))?;
+        let bf16 = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, false))?;
+        let split = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, true))?;
+        println!(
+            "time q8 {fmt} {name:<10} T={t:<5} [{rows}x{cols}]  fp8 {q8:.3} ms {:.0} TF/s (GEMM alone {gemm:.3} ms {:.0} TF/s, {:.0}% of 1450)  | bf16 {bf16:.3} ms {:.0} TF/s | split {split:.3} ms {:.0} TF/s",
+            tf(q8),
+            tf(gemm),
+            100.0 * tf(gemm) / 1450.0,
+            tf(bf16),
+            tf(split)
+        );
+        rows_out.push(json!({"op": format!("linear_q8_{fmt}"), "weight": name, "tokens": t, "rows": rows, "cols": cols, "flop": flops,
+            "fp8_ms": q8, "fp8_tflops": tf(q8), "fp8_gemm_only_ms": gemm, "fp8_gemm_only_tflops": tf(gemm), "fraction_of_1450_tflops": tf(gemm) / 1450.0,
+            "bf16_ms": bf16, "bf16_tflops": tf(bf16), "split_ms": split, "split_tflops": tf(split), "repeats": repeats}));
+    }
+    Ok(rows_out)
+}

@@ -1,0 +1,489 @@
+// gemm_q8.cu — linear layers with FP8 activations on FP8 tensor cores: DeepSeek's official numerics
+// (spec §6 "Official activation quantisation", §10.1; OFF-K `act_quant` + `fp8_gemm`/`fp4_gemm`).
+// The switch TC_LINEAR=fp8 (crates/engine/src/cuda/gpu.rs `TcMode::Fp8`) routes the §10.1 GEMMs
+// (wq_a, wq_b, wkv, wo_b, indexer wq_b, shared and routed w1/w3/w2) here; the CPU reference of
+// this path is `forward::Numerics { act_quant_fp8: true }`.
+//
+//   act_quant_fp8(x, q, sa, T, K, Tp, roundtrip): per row t < T and 128-column block b (the last
+//     block shorter when K is not a multiple of 128): amax = max(max|x|, 1e-4),
+//     s = 2^ceil(log2(amax/448)) (the official bit trick on the f32 quotient), q = e4m3(x/s) (round
+//     to nearest even, saturating at ±448). q [Tp, Kp] bytes (Kp = K rounded up to 128), sa [Tp, Kp/128]
+//     f32 = s; rows ≥ T and columns ≥ K get q = 0, sa = 1. roundtrip ≠ 0: x [T, K] ← e4m3(x/s)·s in
+//     place instead (q, sa untouched; T rows only). One warp per (row, block), any grid, block 256.
+//
+//   gemm_q8_<fmt>(q, sa, W, S, y, T, N, K): y[t, n] = Σ_blocks sa[t, b]·sw[n, b]·Σ_{k in b} q[t, k]·w[n, k]
+//     with mma.sync m16n8k32 e4m3 × e4m3 → f32 for the 32-wide partials, promoted into f32
+//     accumulators once per 128-column block (DeepSeek-V3's "promotion to CUDA cores", here per block
+//     because the activation scale changes there). K % 128 == 0.
+//       fp8: W e4m3 [N, K] + ue8m0 [ceil(N/128), K/128]; the tile is copied to shared memory as is.
+//       fp4: W packed e2m1 [N, K/2] + ue8m0 [N, K/32]; converted in shared memory to e4m3 relative to
+//            the largest of the row's four scales in the 128-block: nibble·2^(s_g − s_max) is an exact
+//            e4m3 value when s_g − s_max ≥ −8 (the host checks every weight before using this kernel,
+//            `GpuMatrix::Fp4::fold`), and sw = 2^(s_max − 127). Conversion: a prmt of the nibble
+//            magnitudes into a per-(s_g − s_max) table of eight e4m3 bytes, plus the sign bits.
+//   Block tile 128 × 128, 8 warps (2 × 4, warp tile 64 × 32); K step 64 (two MMA k-steps), cp.async
+//   ring of 4 stages, one barrier per step. Deterministic (fixed order, no atomics).
+//
+//   moe_q8_<fmt>_<bm>_<epi>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma,
+//                           N, K, limit): the grouped-MoE version (gemm.cu `moe_gemm` work queue;
+//     q [R, Kp] / sa [R, Kp/128] grouped rows). epi plain: y [R, N]; swiglu: gate/up interleaved as
+//     in gemm.cu, h = silu(min(g, L))·clamp(u, ±L)·γ written as f32 into hf [R, ldh] (γ =
+//     gamma[dst[row]], 0 for padding rows: the official kernel quantizes γ·h, spec §10.1 / OFF-M),
+//     then act_quant_fp8 prepares the down projection's input; scatter: y[dst[row], col].
+//     bm 128: 8 warps (2 × 4); bm 64: 4 warps (2 × 2), warp tile 32 × 64.
+//
+// Not reproduced: NaN activations (the CPU leaves a non-finite block unquantized; here NaN stays NaN
+// and ±inf saturates to ±448·s).
+
+#define GQ_LDS 80   // bytes per padded shared-memory row: 64 e4m3 + 16 pad (ldmatrix rows hit distinct banks)
+#define GQ_BK 64    // K elements per pipeline step
+#define GQ_STAGES 4
+#define GQ_GROUP 8  // token tiles per raster group
+
+__device__ __forceinline__ u32 gq_e4m3x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return (u32)r;
+}
+
+__device__ __forceinline__ void gq_mma(float* c, const u32* a, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^e as f32 for e in [-126, 127].
+__device__ __forceinline__ float gq_pow2(int e) { return __uint_as_float((u32)(e + 127) << 23); }
+
+extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__ q, float* __restrict__ sa, int T, int K, int Tp,
+                                         int roundtrip) {
+    const int Kp = (K + 127) & ~127, KB = Kp >> 7;
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    const long long total = (long long)(roundtrip ? T : Tp) * KB;
+    for (long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < total; w += warps) {
+        const int t = (int)(w / KB), b = (int)(w % KB);
+        const int c0 = b * 128 + lane * 4;
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        if (t < T) {
+            if (c0 + 3 < K && (K & 3) == 0) {
+                const float4 f = *reinterpret_cast<const float4*>(x + (size_t)t * K + c0);
+                v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+            } else {
+                for (int j = 0; j < 4; j++)
+                    if (c0 + j < K) v[j] = x[(size_t)t * K + c0 + j];
+            }
+        }
+        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        amax = fmaxf(amax, 1e-4f);
+        const u32 qb = __float_as_uint(__fdiv_rn(amax, 448.f));
+        int e = (int)((qb >> 23) & 0xffu) - 127 + ((qb & 0x7fffffu) != 0u);
+        e = min(max(e, -126), 127);
+        const float s = gq_pow2(e), inv = gq_pow2(-e);
+        const u32 lo = gq_e4m3x2(v[0] * inv, v[1] * inv), hi = gq_e4m3x2(v[2] * inv, v[3] * inv);
+        if (roundtrip) {
+            if (t < T) {
+                const u32 pk = lo | (hi << 16);
+                for (int j = 0; j < 4; j++)
+                    if (c0 + j < K) x[(size_t)t * K + c0 + j] = fs_e4m3((u8)(pk >> (8 * j))) * s;
+            }
+        } else {
+            *reinterpret_cast<u32*>(q + (size_t)t * Kp + c0) = (t < T) ? (lo | (hi << 16)) : 0u;
+            if (lane == 0) sa[(size_t)t * KB + b] = t < T ? s : 1.f;
+        }
+    }
+}
+
+template <int FMT, int BM, int BN>
+struct GqLayout {
+    static constexpr int A_STAGE = BM * GQ_LDS;
+    static constexpr int RP = FMT == 2 ? GQ_LDS : 32;  // fp8: rows copied as is; fp4: 32 packed bytes
+    static constexpr int RAW_STAGE = BN * RP;
+    static constexpr int BTILE = FMT == 2 ? 0 : BN * GQ_LDS;
+    static constexpr int LUT = FMT == 3 ? 9 * 8 : 0;
+    static constexpr int TOTAL = GQ_STAGES * (A_STAGE + RAW_STAGE) + 2 * BTILE + LUT;
+};
+
+struct GqProb {
+    const u8* q;      // activations [rows, Kp] e4m3
+    const float* sa;  // their scales [rows, Kp/128]
+    const u8* W;      // weight [N, K] (EPI 1: gate W1 [N/2, K])
+    const u8* S;
+    const u8* W3;     // EPI 1: up W3 [N/2, K]
+    const u8* S3;
+    int m0, n0, T, N, K;
+};
+
+struct GqEpi {
+    float* y;
+    float* hf;
+    int ldh;
+    float limit;
+    const int* dst;
+    const float* gamma;
+};
+
+// e4m3 magnitudes of the e2m1 grid {0, .5, 1, 1.5, 2, 3, 4, 6} times 2^d, d = −8 … 0 (all exact).
+__device__ __forceinline__ void gq_fill_lut(u32* lut, int tid, int nt) {
+    const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+    for (int i = tid; i < 18; i += nt) {
+        const int d = i / 2 - 8, h = i & 1;
+        const float f = gq_pow2(d);
+        const u32 a = gq_e4m3x2(mag[4 * h] * f, mag[4 * h + 1] * f), b = gq_e4m3x2(mag[4 * h + 2] * f, mag[4 * h + 3] * f);
+        lut[i] = a | (b << 16);
+    }
+}
+
+// Four e2m1 nibbles (the low 16 bits of v, element i in nibble i) → four e4m3 bytes via table (t0, t1).
+__device__ __forceinline__ u32 gq_fp4x4(u32 v, u32 t0, u32 t1) {
+    const u32 mag = __byte_perm(t0, t1, v & 0x7777u);
+    u32 s = v & 0x8888u;
+    s = (s | (s << 8)) & 0x00ff00ffu;
+    s = (s | (s << 4)) & 0x0f0f0f0fu;
+    return mag | ((s << 4) & 0x80808080u);
+}
+
+template <int FMT, int BM, int BN, int WM, int WN, int EPI>
+__device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
+    typedef GqLayout<FMT, BM, BN> L;
+    constexpr int NT = WM * WN * 32;
+    constexpr int ST = GQ_STAGES;
+    constexpr bool DIRECT = FMT == 2;
+    constexpr int RB = FMT == 2 ? 64 : 32;       // raw weight bytes per row per K step
+    constexpr int CPR = RB / 16;                 // 16-byte copies per row
+    constexpr int UNITS = DIRECT ? 1 : BN * 4 / NT;  // fp4: 8-byte conversion units per thread
+    constexpr int WTM = BM / WM, WTN = BN / WN, MT = WTM / 16, NT8 = WTN / 8;
+    static_assert(DIRECT || (BN * 4) % NT == 0, "conversion units must divide among the threads");
+    static_assert((BM * 4) % NT == 0, "activation copies must divide among the threads");
+    static_assert(NT8 % 2 == 0, "B fragments are loaded in pairs");
+
+    extern __shared__ __align__(16) u8 gq_sh[];
+    {
+        u32 dsz;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
+        if (dsz < (u32)L::TOTAL) __trap();
+    }
+    u8* As = gq_sh;
+    u8* Rs = As + ST * L::A_STAGE;
+    u8* Bt = Rs + ST * L::RAW_STAGE;
+    u32* lut = reinterpret_cast<u32*>(Bt + 2 * L::BTILE);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WN, wn = warp % WN;
+    const int m0 = P.m0, n0 = P.n0, N = P.N, K = P.K;
+    const int KT = K / GQ_BK, KB = K >> 7;
+    const size_t wrow = FMT == 2 ? (size_t)K : (size_t)K / 2;
+    const int sk = KB;           // fp8 scale columns
+    const int sg = K >> 5;       // fp4 scale columns
+    if (FMT == 3) gq_fill_lut(lut, tid, NT);
+    const u32 as_base = gm_smem(As), rs_base = gm_smem(Rs), bt_base = gm_smem(Bt);
+
+    auto wrow_of = [&](int n) -> const u8* {
+        if (EPI == 1) return ((n >> 3) & 1 ? P.W3 : P.W) + (size_t)((n >> 4) * 8 + (n & 7)) * wrow;
+        return P.W + (size_t)n * wrow;
+    };
+    auto srow_of = [&](int n, const u8*& s) -> int {  // scale base and logical row of output column n
+        s = P.S;
+        if (EPI == 1) {
+            s = (n >> 3) & 1 ? P.S3 : P.S;
+            n = (n >> 4) * 8 + (n & 7);
+        }
+        return n;
+    };
+
+    auto issue = [&](int kt) {
+        if (kt < KT) {
+            const int slot = kt % ST;
+            const u32 a_dst = as_base + slot * L::A_STAGE;
+#pragma unroll
+            for (int i = 0; i < BM * 4 / NT; i++) {
+                int qi = tid + i * NT, r = qi >> 2, c = qi & 3;
+                gm_cp16(a_dst + r * GQ_LDS + c * 16, P.q + (size_t)(m0 + r) * K + kt * GQ_BK + c * 16, true);
+            }
+            const u32 r_dst = rs_base + slot * L::RAW_STAGE;
+#pragma unroll
+            for (int i = 0; i < (BN * CPR + NT - 1) / NT; i++) {
+                int qi = tid + i * NT;
+                if ((BN * CPR) % NT == 0 || qi < BN * CPR) {
+                    int r = qi / CPR, c = qi % CPR;
+                    bool ok = n0 + r < N;
+                    const u8* src = ok ? wrow_of(n0 + r) + (size_t)kt * RB + c * 16 : P.W;
+                    gm_cp16(r_dst + r * L::RP + c * 16, src, ok);
+                }
+            }
+        }
+        gm_commit();
+    };
+
+    // fp4: the four scale bytes of 128-block kt/2 for conversion unit u (row r = q >> 2).
+    auto scale_word = [&](int kt, int u) -> u32 {
+        int qi = tid + u * NT, r = qi >> 2;
+        int n = n0 + r;
+        if (FMT != 3 || kt >= KT || n >= N) return 0x7f7f7f7fu;
+        const u8* s;
+        n = srow_of(n, s);
+        return __ldg(reinterpret_cast<const u32*>(s + (size_t)n * sg + (kt >> 1) * 4));
+    };
+
+    // fp4 raw bytes of K step kt → e4m3 tile kt & 1.
+    auto convert = [&](int kt, const u32* sw) {
+        const u8* raw = Rs + (kt % ST) * L::RAW_STAGE;
+        u8* dst = Bt + (kt & 1) * L::BTILE;
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) {
+            int qi = tid + u * NT, r = qi >> 2, c = qi & 3;
+            const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 32 + c * 8);
+            const u32 w = sw[u];
+            const u32 b0 = w & 0xffu, b1 = (w >> 8) & 0xffu, b2 = (w >> 16) & 0xffu, b3 = w >> 24;
+            const u32 smax = max(max(b0, b1), max(b2, b3));
+            // this unit's 32-group within the 128-block: (kt & 1)·2 + (c >> 1)
+            const u32 g = (w >> (8 * (((kt & 1) << 1) | (c >> 1)))) & 0xffu;
+            const int d = max((int)g - (int)smax, -8) + 8;
+            const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * d);
+            const uint4 o = make_uint4(gq_fp4x4(v.x, t.x, t.y), gq_fp4x4(v.x >> 16, t.x, t.y), gq_fp4x4(v.y, t.x, t.y), gq_fp4x4(v.y >> 16, t.x, t.y));
+            *reinterpret_cast<uint4*>(dst + r * GQ_LDS + c * 16) = o;
+        }
+    };
+
+    float acc[MT][NT8][4], tmp[MT][NT8][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = tmp[i][j][e] = 0.f;
+
+    const int g4 = lane >> 2, c2 = (lane & 3) * 2;
+    u32 sreg[UNITS], snext[UNITS];
+
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) issue(s);
+    if (!DIRECT) {
+        u32 s0[UNITS];
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) {
+            s0[u] = scale_word(0, u);
+            sreg[u] = scale_word(1, u);
+        }
+        gm_wait<ST - 2>();
+        __syncthreads();
+        convert(0, s0);
+    }
+
+    float ra[MT][2], wc[NT8][2];
+    for (int kt = 0; kt < KT; kt++) {
+        if (DIRECT) gm_wait<ST - 2>();
+        else gm_wait<ST - 3>();
+        __syncthreads();
+        issue(kt + ST - 1);
+        if (!DIRECT) {
+#pragma unroll
+            for (int u = 0; u < UNITS; u++) snext[u] = scale_word(kt + 2, u);
+            if (kt + 1 < KT) convert(kt + 1, sreg);
+#pragma unroll
+            for (int u = 0; u < UNITS; u++) sreg[u] = snext[u];
+        }
+        if ((kt & 1) == 0) {
+            // Promotion scales of this 128-block: activation rows, weight columns.
+            const int b = kt >> 1;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) ra[mt][h] = __ldg(P.sa + (size_t)(m0 + wm * WTM + mt * 16 + g4 + 8 * h) * KB + b);
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int n = min(n0 + wn * WTN + nt * 8 + c2 + e, N - 1);
+                    const u8* s;
+                    n = srow_of(n, s);
+                    u32 byte;
+                    if (FMT == 2) {
+                        byte = __ldg(s + (size_t)(n >> 7) * sk + b);
+                    } else {
+                        const u32 w = __ldg(reinterpret_cast<const u32*>(s + (size_t)n * sg + b * 4));
+                        byte = max(max(w & 0xffu, (w >> 8) & 0xffu), max((w >> 16) & 0xffu, w >> 24));
+                    }
+                    wc[nt][e] = fs_e8m0((u8)byte);
+                }
+        }
+        const u32 a_base = as_base + (kt % ST) * L::A_STAGE;
+        const u32 b_base = DIRECT ? rs_base + (kt % ST) * L::RAW_STAGE : bt_base + (kt & 1) * L::BTILE;
+#pragma unroll
+        for (int kk = 0; kk < GQ_BK; kk += 32) {
+            u32 af[MT][4], bfr[NT8][2];
+#pragma unroll
+            for (int np = 0; np < NT8 / 2; np++) {
+                int row = wn * WTN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                gm_ldsm4(b_base + row * GQ_LDS + kk + ((lane >> 3) & 1) * 16, bfr[2 * np][0], bfr[2 * np][1], bfr[2 * np + 1][0], bfr[2 * np + 1][1]);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int row = wm * WTM + mt * 16 + (lane & 15);
+                gm_ldsm4(a_base + row * GQ_LDS + kk + (lane >> 4) * 16, af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT8; nt++) gq_mma(tmp[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+        }
+        if (kt & 1) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        acc[mt][nt][e] = fmaf(tmp[mt][nt][e], ra[mt][e >> 1] * wc[nt][e & 1], acc[mt][nt][e]);
+                        tmp[mt][nt][e] = 0.f;
+                    }
+        }
+    }
+    gm_wait<0>();
+
+    if (EPI == 1) {
+        const int hb0 = (n0 + wn * WTN) >> 1;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < NT8 / 2; j++) {
+                const int col = hb0 + 8 * j + c2;
+                if (2 * col >= N) continue;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = m0 + wm * WTM + mt * 16 + g4 + 8 * h;
+                    const int dr = E.dst[row];
+                    const float gam = dr < 0 ? 0.f : E.gamma[dr];
+                    float hv[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float gv = fminf(acc[mt][2 * j][2 * h + e], E.limit);
+                        const float uv = acc[mt][2 * j + 1][2 * h + e];
+                        const float uc = uv != uv ? uv : fminf(fmaxf(uv, -E.limit), E.limit);
+                        const float sgm = 1.f / (1.f + expf(-gv));
+                        hv[e] = ((gv * sgm) * uc) * gam;
+                    }
+                    *reinterpret_cast<float2*>(E.hf + (size_t)row * E.ldh + col) = make_float2(hv[0], hv[1]);
+                }
+            }
+        return;
+    }
+    const bool even = (N & 1) == 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++) {
+            int col = n0 + wn * WTN + nt * 8 + c2;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = m0 + wm * WTM + mt * 16 + g4 + 8 * h;
+                int orow = EPI == 2 ? E.dst[row] : row;
+                if (EPI == 0 ? row < P.T : orow >= 0) {
+                    float* d = E.y + (size_t)orow * N + col;
+                    float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
+                    if (even && col + 1 < N) {
+                        *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
+                    } else {
+                        if (col < N) d[0] = v0;
+                        if (col + 1 < N) d[1] = v1;
+                    }
+                }
+            }
+        }
+}
+
+#define GQ_ENTRY(NAME, FMT)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                                     \
+        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const u8* __restrict__ W, const u8* __restrict__ S,    \
+             float* __restrict__ y, int T, int N, int K) {                                                                   \
+        const int tiles_m = (T + 127) / 128, tiles_n = (N + 127) / 128, per_group = GQ_GROUP * tiles_n;                      \
+        const int pid = blockIdx.x, first_m = (pid / per_group) * GQ_GROUP, gsz = min(tiles_m - first_m, GQ_GROUP);          \
+        GqProb p = {q, sa, W, S, nullptr, nullptr, (first_m + (pid % per_group) % gsz) * 128, ((pid % per_group) / gsz) * 128, \
+                    T, N, K};                                                                                                \
+        GqEpi e = {y, nullptr, 0, 0.f, nullptr, nullptr};                                                                    \
+        gq_gemm<FMT, 128, 128, 2, 4, 0>(p, e);                                                                               \
+    }
+
+GQ_ENTRY(gemm_q8_fp8, 2)
+GQ_ENTRY(gemm_q8_fp4, 3)
+
+template <int FMT, int BM, int WM, int WN, int EPI>
+__device__ __forceinline__ void moe_q8(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
+                                       const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items,
+                                       const int* n_items, float* y, float* hf, int ldh, const int* dst, const float* gamma, int N,
+                                       int K, float limit) {
+    const int tiles_n = (N + 127) / 128;
+    const int total = *n_items * tiles_n;
+    GqEpi e = {y, hf, ldh, limit, dst, gamma};
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+        const int it = w / tiles_n, pn = w % tiles_n;
+        const int ex = items[2 * it];
+        GqProb p;
+        p.q = q;
+        p.sa = sa;
+        p.W = reinterpret_cast<const u8*>(wtab[ex]);
+        p.S = reinterpret_cast<const u8*>(stab[ex]);
+        p.W3 = EPI == 1 ? reinterpret_cast<const u8*>(w3tab[ex]) : nullptr;
+        p.S3 = EPI == 1 ? reinterpret_cast<const u8*>(s3tab[ex]) : nullptr;
+        p.m0 = items[2 * it + 1];
+        p.n0 = pn * 128;
+        p.T = 0x7fffffff;
+        p.N = N;
+        p.K = K;
+        gq_gemm<FMT, BM, 128, WM, WN, EPI>(p, e);
+        __syncthreads();
+    }
+}
+
+#define MOE_Q8_ENTRY(NAME, FMT, BM, WM, WN, EPI)                                                                            \
+    extern "C" __global__ void __launch_bounds__(WM * WN * 32, 1)                                                           \
+        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,           \
+             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                     \
+             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items,   \
+             float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                           \
+             const float* __restrict__ gamma, int N, int K, float limit) {                                                  \
+        moe_q8<FMT, BM, WM, WN, EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit); \
+    }
+
+#define MOE_Q8_FMT(F, FMT)                                        \
+    MOE_Q8_ENTRY(moe_q8_##F##_128_plain, FMT, 128, 2, 4, 0)      \
+    MOE_Q8_ENTRY(moe_q8_##F##_128_swiglu, FMT, 128, 2, 4, 1)     \
+    MOE_Q8_ENTRY(moe_q8_##F##_128_scatter, FMT, 128, 2, 4, 2)    \
+    MOE_Q8_ENTRY(moe_q8_##F##_64_plain, FMT, 64, 2, 2, 0)        \
+    MOE_Q8_ENTRY(moe_q8_##F##_64_swiglu, FMT, 64, 2, 2, 1)       \
+    MOE_Q8_ENTRY(moe_q8_##F##_64_scatter, FMT, 64, 2, 2, 2)
+
+MOE_Q8_FMT(fp8, 2)
+MOE_Q8_FMT(fp4, 3)
+
+// moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E): grouped rows of per-token quantized
+// activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows), xsa [R, Kp/128] (1 for padding).
+// Grid-stride over (row, 16-byte column group); any grid, block 256.
+extern "C" __global__ void moe_gather_q8(const u8* __restrict__ q, const float* __restrict__ sa, const int* __restrict__ row_tok,
+                                         const int* __restrict__ offsets, u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int E) {
+    const long long R = offsets[E];
+    const int q16 = Kp / 16, KB = Kp >> 7;
+    const long long total = R * q16;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / q16;
+        const int c = (int)(i % q16);
+        const int tok = row_tok[r];
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (tok >= 0) v = *reinterpret_cast<const uint4*>(q + (size_t)tok * Kp + c * 16);
+        *reinterpret_cast<uint4*>(xq + r * Kp + c * 16) = v;
+        if ((c & 7) == 0) xsa[r * KB + (c >> 3)] = tok >= 0 ? sa[(size_t)tok * KB + (c >> 3)] : 1.f;
+    }
+}
+
+// scale_rows_by_route(h, dst, gamma, rows, width): h[r, :] *= gamma[dst[r]] (0 when dst[r] < 0) —
+// the official order (γ before the down projection's activation quantisation) for the unfused and
+// per-expert MoE paths. Grid-stride over elements; any grid, block 256.
+extern "C" __global__ void scale_rows_by_route(float* __restrict__ h, const int* __restrict__ dst, const float* __restrict__ gamma,
+                                               int rows, int width) {
+    const long long total = (long long)rows * width;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const int d = dst[i / width];
+        h[i] *= d < 0 ? 0.f : gamma[d];
+    }
+}

@@ -1,0 +1,296 @@
+//! FP8 activations on FP8 tensor cores — DeepSeek's official numerics for the GEMMs of spec §10.1
+//! (wq_a, wq_b, wkv, wo_b, indexer wq_b, shared and routed w1/w3/w2), the switch `TC_LINEAR=fp8`
+//! ([`super::gpu::TcMode::Fp8`]). Host glue of `kernels/gemm_q8.cu`.
+//!
+//! Numerics (spec §6 "Official activation quantisation"): each activation row is quantized per 128
+//! features to e4m3 with a power-of-two (ue8m0) scale; the GEMM sums e4m3 × e4m3 products of each
+//! 128-feature block on the tensor cores and adds the block's partial times `s_a·s_w` in f32. The
+//! CPU reference of this path is the exact forward with `Numerics { act_quant_fp8: true }` (the
+//! quantize-dequantize of the same activations, then exact products in f64): the two differ only in
+//! accumulation order and precision. In the MoE the routing weight γ multiplies the hidden before the
+//! down projection's quantisation (OFF-M order; `forward::moe::moe`).
+//!
+//! Where the FP8 kernel cannot run exactly (token counts below
+//! [`super::gpu::TC_LINEAR_MIN_TOKENS`], input widths not a multiple of 128, bf16/f32 weights, FP4
+//! weights whose scales are not foldable, see [`fp4_fold_exact`]) the activations are quantized and
+//! dequantized in place and the existing kernels run on them (a dequantized e4m3 value is exact in
+//! bf16), so every path has the same numerics.
+//!
+//! Learned from DeepSeek's DeepGEMM/`fp8_gemm` design (per-block promotion of FP8 partials into f32,
+//! DeepSeek-V3 report §3.3) and the PTX ISA (`mma.sync.m16n8k32` e4m3); the code is ours.
+
+use super::gpu::{tc_linear_mode, Gpu, GpuMatrix, GpuWeight, TcMode, TC_LINEAR_MIN_TOKENS};
+use super::CudaError;
+use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
+
+/// The entry points of gemm_q8.cu.
+pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
+    "act_quant_fp8",
+    "gemm_q8_fp8",
+    "gemm_q8_fp4",
+    "moe_q8_fp8_128_plain",
+    "moe_q8_fp8_128_swiglu",
+    "moe_q8_fp8_128_scatter",
+    "moe_q8_fp8_64_plain",
+    "moe_q8_fp8_64_swiglu",
+    "moe_q8_fp8_64_scatter",
+    "moe_q8_fp4_128_plain",
+    "moe_q8_fp4_128_swiglu",
+    "moe_q8_fp4_128_scatter",
+    "moe_q8_fp4_64_plain",
+    "moe_q8_fp4_64_swiglu",
+    "moe_q8_fp4_64_scatter",
+    "moe_gather_q8",
+    "scale_rows_by_route",
+];
+
+/// Output columns per block of every gemm_q8.cu GEMM.
+pub const Q8_BN: usize = 128;
+/// Activation quantisation block (features per scale), spec §6.
+pub const Q8_BLOCK: usize = 128;
+
+fn drv<T>(what: &str, r: Result<T, DriverError>) -> Result<T, CudaError> {
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
+}
+
+fn bad(detail: impl Into<String>) -> CudaError {
+    CudaError::Unsupported { what: "fp8 linear", detail: detail.into() }
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| bad(format!("{what} = {v} does not fit the kernel's 32-bit index")))
+}
+
+/// Dynamic shared memory of a gemm_q8.cu block of `bm` × `bn` (mirrors `GqLayout`): 4 stages of
+/// (activation tile `bm × 80` + weight tile: FP8 `bn × 80` as stored, FP4 `bn × 32` packed), plus for
+/// FP4 two converted e4m3 tiles `bn × 80` and the 72-byte conversion table.
+pub fn q8_smem(format: &str, bm: usize, bn: usize) -> usize {
+    let fp4 = format == "fp4";
+    4 * (bm * 80 + bn * if fp4 { 32 } else { 80 }) + if fp4 { 2 * bn * 80 + 72 } else { 0 }
+}
+
+/// Whether the FP8 kernel converts FP4 weights exactly: every 128-input block of a row has its four
+/// ue8m0 group scales within 8 binades of their maximum (e2m1 values times 2^−8…2^0 are all e4m3
+/// values) and no NaN scale byte (0xFF); `cols` must be a multiple of 128. `scales` is the stored
+/// `[rows, cols/32]` table. DeepSeek's converter re-expresses FP4 experts as FP8 the same way
+/// (spec §6, OFF-CV).
+pub fn fp4_fold_exact(scales: &[u8], cols: usize) -> bool {
+    cols.is_multiple_of(128)
+        && scales.len().is_multiple_of(4)
+        && scales.chunks_exact(4).all(|c| {
+            let (mx, mn) = (*c.iter().max().unwrap_or(&0), *c.iter().min().unwrap_or(&0));
+            mx != 255 && mx - mn <= 8
+        })
+}
+
+/// Whether [`Gpu::linear_q8`] can run weight `w` exactly: FP8, or foldable FP4, input width a
+/// multiple of 128.
+pub fn q8_capable(w: &GpuWeight) -> bool {
+    w.cols.is_multiple_of(Q8_BLOCK)
+        && match &w.data {
+            GpuMatrix::Fp8 { .. } => true,
+            GpuMatrix::Fp4 { fold, .. } => *fold,
+            _ => false,
+        }
+}
+
+/// Activations quantized for gemm_q8.cu: e4m3 `q` `[rows, kp]` and f32 scales `sa` `[rows, kp/128]`
+/// (rows past the valid ones are zero with scale 1).
+pub struct QuantizedActs {
+    /// e4m3 bytes `[rows, kp]`.
+    pub q: CudaSlice<u8>,
+    /// Power-of-two scale per row and 128-block.
+    pub sa: CudaSlice<f32>,
+    /// Rows allocated (a multiple of 128).
+    pub rows: usize,
+    /// Input width rounded up to 128.
+    pub kp: usize,
+}
+
+impl Gpu {
+    fn act_quant_launch(&self, x: &CudaSlice<f32>, q: Option<(&mut CudaSlice<u8>, &mut CudaSlice<f32>)>, t: usize, k: usize, tp: usize) -> Result<(), CudaError> {
+        let kb = k.div_ceil(Q8_BLOCK);
+        let warps = if q.is_some() { tp * kb } else { t * kb };
+        if warps == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig { grid_dim: (warps.div_ceil(8).min(132 * 64) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (t_i, k_i, tp_i) = (i32_of(t, "tokens")?, i32_of(k, "width")?, i32_of(tp, "rows")?);
+        i32_of(tp * kb * Q8_BLOCK, "quantized elements")?;
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(self.f("act_quant_fp8"));
+        b.arg(x);
+        let rt: i32;
+        match q {
+            Some((q, sa)) => {
+                rt = 0;
+                b.arg(q).arg(sa);
+            }
+            None => {
+                rt = 1;
+                b.arg(&null).arg(&null);
+            }
+        }
+        b.arg(&t_i).arg(&k_i).arg(&tp_i).arg(&rt);
+        // SAFETY: matches act_quant_fp8(x, q, sa, T, K, Tp, roundtrip); x holds T·K floats (checked by
+        // the callers), q Tp·Kp bytes and sa Tp·Kp/128 floats when quantizing.
+        drv("act_quant_fp8", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// Quantizes `t` rows of `x` (`[t, k]` f32) per 128 features (spec §6): returns e4m3 values and
+    /// power-of-two scales with `t` rounded up to 128 rows.
+    ///
+    /// Errors: `x` shorter than `t·k`, sizes beyond 32-bit indexing, launch failures.
+    pub fn act_quant(&self, x: &CudaSlice<f32>, t: usize, k: usize) -> Result<QuantizedActs, CudaError> {
+        if x.len() < t * k {
+            return Err(bad(format!("{} values for {t} rows of {k}", x.len())));
+        }
+        let (rows, kp) = (t.div_ceil(128).max(1) * 128, k.div_ceil(Q8_BLOCK) * Q8_BLOCK);
+        // SAFETY: every element is written by act_quant_fp8 (rows < Tp, columns < Kp).
+        let mut q = drv("alloc", unsafe { self.stream.alloc::<u8>(rows * kp) })?;
+        // SAFETY: as above, one scale per (row, block).
+        let mut sa = drv("alloc", unsafe { self.stream.alloc::<f32>(rows * kp / Q8_BLOCK) })?;
+        self.act_quant_launch(x, Some((&mut q, &mut sa)), t, k, rows)?;
+        Ok(QuantizedActs { q, sa, rows, kp })
+    }
+
+    /// FP8 quantize-dequantize of `t` rows of `x` (`[t, k]`) in place, per 128 features (spec §6,
+    /// §10.1): the CPU's `Numerics::act_in`.
+    ///
+    /// Errors: `x` shorter than `t·k`, launch failures.
+    pub fn act_roundtrip(&self, x: &mut CudaSlice<f32>, t: usize, k: usize) -> Result<(), CudaError> {
+        if x.len() < t * k {
+            return Err(bad(format!("{} values for {t} rows of {k}", x.len())));
+        }
+        let xr: &CudaSlice<f32> = x;
+        self.act_quant_launch(xr, None, t, k, t)
+    }
+
+    /// The FP8 GEMM `y[t, n] = Σ_b sa[t, b]·sw[n, b]·Σ_{k∈b} q[t, k]·w[n, k]` for `t` rows of `qa`
+    /// (gemm_q8.cu; FP8 weights or foldable FP4, width a multiple of 128, see [`q8_capable`]).
+    ///
+    /// Errors: a weight [`q8_capable`] rejects, shapes that disagree, launch failures.
+    pub fn linear_q8(&self, qa: &QuantizedActs, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
+        if !q8_capable(w) {
+            return Err(bad(format!("weight [{}, {}] is not FP8 or foldable FP4 with a width multiple of 128", w.rows, w.cols)));
+        }
+        if qa.kp != w.cols || qa.rows < t.div_ceil(128) * 128 || y.len() < t * w.rows {
+            return Err(bad(format!("activations [{}, {}] and {} outputs for {t} tokens of [{}, {}]", qa.rows, qa.kp, y.len(), w.rows, w.cols)));
+        }
+        if t == 0 || w.rows == 0 {
+            return Ok(());
+        }
+        let (fmt, wv, s) = match &w.data {
+            GpuMatrix::Fp8 { w, scales } => ("fp8", w, scales),
+            GpuMatrix::Fp4 { w, scales, .. } => ("fp4", w, scales),
+            _ => unreachable!("checked by q8_capable"),
+        };
+        let blocks = t.div_ceil(128) * w.rows.div_ceil(Q8_BN);
+        let cfg = LaunchConfig { grid_dim: (u32::try_from(blocks).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: q8_smem(fmt, 128, Q8_BN) as u32 };
+        let (t_i, n_i, k_i) = (i32_of(t, "tokens")?, i32_of(w.rows, "outputs")?, i32_of(w.cols, "inputs")?);
+        let name = format!("gemm_q8_{fmt}");
+        let mut b = self.stream.launch_builder(self.f(&name));
+        b.arg(&qa.q).arg(&qa.sa).arg(wv).arg(s).arg(y).arg(&t_i).arg(&n_i).arg(&k_i);
+        // SAFETY: matches gemm_q8_<fmt>(q, sa, W, S, y, T, N, K); q/sa cover 128-row tiles past T,
+        // W/S the stored layouts of [N, K], y holds T·N floats; shared memory is the layout's size.
+        drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// A §10.1 linear layer (its input FP8-quantized in official numerics): with `TC_LINEAR=fp8`,
+    /// [`Gpu::linear_q8`] where it applies (`t ≥` [`TC_LINEAR_MIN_TOKENS`], [`q8_capable`]), else the
+    /// input quantize-dequantized ([`Gpu::act_roundtrip`]) and then the exact kernels (bf16 tensor
+    /// cores for `t ≥ 64` — exact on dequantized e4m3 inputs — or linear.cu). Any other mode:
+    /// [`Gpu::linear`] (HF numerics).
+    ///
+    /// Errors: as [`Gpu::linear`].
+    pub fn linear_q(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
+        if tc_linear_mode() != TcMode::Fp8 {
+            return self.linear(x, w, y, t);
+        }
+        self.linear_official(x, w, y, t)
+    }
+
+    /// [`Gpu::linear_q`]'s official-numerics path whatever the switch says: FP8-quantized inputs
+    /// (spec §6), the FP8 kernel where it applies, else quantize-dequantize and the exact kernels.
+    ///
+    /// Errors: as [`Gpu::linear`].
+    pub fn linear_official(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
+        if x.len() < t * w.cols {
+            return Err(bad(format!("{} inputs for {t} tokens of width {}", x.len(), w.cols)));
+        }
+        if t >= TC_LINEAR_MIN_TOKENS && q8_capable(w) {
+            let qa = self.act_quant(x, t, w.cols)?;
+            return self.linear_q8(&qa, w, y, t);
+        }
+        // SAFETY: fully written by the copy below.
+        let mut xr = drv("alloc", unsafe { self.stream.alloc::<f32>((t * w.cols).max(1)) })?;
+        if t * w.cols > 0 {
+            drv("copy", self.stream.memcpy_dtod(&x.slice(0..t * w.cols), &mut xr))?;
+        }
+        self.act_roundtrip(&mut xr, t, w.cols)?;
+        if t >= TC_LINEAR_MIN_TOKENS && !matches!(w.data, GpuMatrix::F32(_)) {
+            self.linear_tc(&xr, w, y, t, None, false)
+        } else {
+            self.linear_gemv(&xr, w, y, t)
+        }
+    }
+
+    /// `h[r, :] *= γ[dst[r]]` for `rows` rows of width `width` (0 where `dst[r] < 0`): the official
+    /// MoE order, γ before the down projection's activation quantisation.
+    ///
+    /// Errors: short buffers, launch failures.
+    pub fn scale_rows_by_route(&self, h: &mut CudaSlice<f32>, dst: &cudarc::driver::CudaView<i32>, gamma: &CudaSlice<f32>, rows: usize, width: usize) -> Result<(), CudaError> {
+        if h.len() < rows * width || dst.len() < rows {
+            return Err(bad(format!("{} values and {} indices for {rows} rows of {width}", h.len(), dst.len())));
+        }
+        if rows * width == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig { grid_dim: ((rows * width).div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (r_i, w_i) = (i32_of(rows, "rows")?, i32_of(width, "width")?);
+        let mut b = self.stream.launch_builder(self.f("scale_rows_by_route"));
+        b.arg(h).arg(dst).arg(gamma).arg(&r_i).arg(&w_i);
+        // SAFETY: matches scale_rows_by_route(h, dst, gamma, rows, width); every dst entry indexes
+        // gamma (built by the caller from its own routing) or is negative.
+        drv("scale_rows_by_route", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fold_rule() {
+        assert!(fp4_fold_exact(&[121, 121, 121, 121, 120, 127, 119, 126], 128));
+        assert!(fp4_fold_exact(&[100, 108, 104, 101], 128));
+        assert!(!fp4_fold_exact(&[100, 109, 104, 101], 128), "a 9-binade spread underflows e4m3");
+        assert!(!fp4_fold_exact(&[255, 250, 250, 250], 128), "NaN scale");
+        assert!(!fp4_fold_exact(&[121, 121], 64), "width not a multiple of 128");
+    }
+
+    #[test]
+    fn smem_fits_hopper() {
+        for fmt in ["fp8", "fp4"] {
+            for bm in [64, 128] {
+                assert!(q8_smem(fmt, bm, Q8_BN) <= 227 * 1024);
+            }
+        }
+        assert_eq!(q8_smem("fp8", 128, 128), 4 * (128 * 80 * 2));
+    }
+
+    /// Every entry point listed here is one the kernel file defines (and the reverse for the
+    /// `extern "C"` ones), so the NVRTC test checks each of them in the CUBIN.
+    #[test]
+    fn entry_points_match_the_source() {
+        let src = include_str!("kernels/gemm_q8.cu");
+        for n in GEMM_Q8_ENTRY_POINTS {
+            let direct = src.contains(&format!("void {n}(")) || src.contains(&format!("GQ_ENTRY({n},"));
+            let moe = n.strip_prefix("moe_q8_").map(|r| {
+                let f = if r.starts_with("fp8") { "fp8" } else { "fp4" };
+                src.contains(&format!("MOE_Q8_FMT({f},")) && src.contains(&format!("moe_q8_##F##{}", &r[3..]))
+            });
+            assert!(direct || moe == Some(true), "{n} is not defined in gemm_q8.cu");
+        }
+    }
+}
