@@ -70,6 +70,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `tc …` records (per-shape NMSE vs the CPU), every whole-model check, the switch matrix (`gpu-check --only switches`)",
     },
     Switch {
+        name: "FP8_WGMMA",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the mma.sync m16n8k32 FP8 GEMMs of TC_LINEAR=fp8 (gemm_q8_*, moe_q8_*): Hopper warpgroup MMA (wgmma m64n128k32 e4m3 from 128-byte-swizzled shared memory, gemm_w8_*, moe_w8_*), same per-128 promotion",
+        parity: "gpu-check `linear_w8 …` and `moe_q8 … wgmma` records against the CPU in official numerics and against the mma.sync kernels; the switch matrix (with TC_LINEAR=fp8)",
+    },
+    Switch {
         name: "MLA_STREAM_TOPK",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -337,6 +344,8 @@ pub fn configurations() -> Vec<Configuration> {
     ] {
         v.push(c(format!("{name}=off alone"), vec![(name, "off")], Role::AloneOff, true, same_bits, name == "MOE_GROUPED"));
     }
+    // FP8_WGMMA only matters under TC_LINEAR=fp8.
+    v.push(c("FP8_WGMMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_WGMMA", "off")], Role::AloneOff, true, false, false));
     v.push(c("all on, TC_LINEAR=bf16".into(), vec![("TC_LINEAR", "bf16")], Role::Fast, false, false, false));
     v.push(c("all on, TC_LINEAR=fp8 (official numerics)".into(), vec![("TC_LINEAR", "fp8")], Role::Fast, true, false, false));
     v
@@ -394,7 +403,7 @@ mod tests {
     fn configurations_cover_every_switch() {
         let cs = configurations();
         for s in SWITCHES {
-            assert!(cs.iter().any(|c| c.role == Role::AloneOff && c.overrides == vec![(s.name, "off")]), "{} never off alone", s.name);
+            assert!(cs.iter().any(|c| c.role == Role::AloneOff && c.overrides.contains(&(s.name, "off"))), "{} never off alone", s.name);
         }
         for c in &cs {
             assert!(scoped(&c.overrides, || ()).is_ok(), "{}", c.label);

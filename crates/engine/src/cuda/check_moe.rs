@@ -233,6 +233,14 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
                 }
             }
         }
+        // The mma.sync kernels (FP8_WGMMA=off) against the same reference.
+        let sync = crate::switches::scoped(&[("FP8_WGMMA", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON)).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
+        let sync = gpu.download(&sync)?;
+        let (nmse, max_abs, ref_max) = errors(&sync, &y_ref);
+        let pass = nmse <= Q8_MOE_NMSE_TOL;
+        println!("moe_q8 {fmt} mma.sync (FP8_WGMMA=off) vs cpu              nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e})  {}", if pass { "ok" } else { "FAIL" });
+        out.push(json!({"op": format!("moe_q8 {fmt} mma.sync vs cpu"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "pass": pass}));
+        all &= pass;
         let per_expert = crate::switches::scoped(&[("TC_LINEAR", "fp8")], || gpu.moe_experts(cfg, &layer, &df, t, ids, dw)).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
         let per_expert = gpu.download(&per_expert)?;
         let (nmse, max_abs, ref_max) = errors(&per_expert, &y_ref);
@@ -308,8 +316,10 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         }
         for (name, opts) in [("all on", on), ("fused off", MoeOptions { fused_swiglu: false, ..on }), ("adaptive off (128)", MoeOptions { adaptive_tiles: false, ..on }), ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }), ("persistent off", MoeOptions { persistent: false, ..on })] {
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, opts).map(|_| ()))?;
-            record_time(&format!("grouped fp8 {name}"), ms);
+            record_time(&format!("grouped fp8 wgmma {name}"), ms);
         }
+        let ms = crate::switches::scoped(&[("FP8_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ()))).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
+        record_time("grouped fp8 mma.sync all on", ms);
     }
     Ok(rows)
 }

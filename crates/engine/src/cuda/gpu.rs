@@ -332,10 +332,8 @@ impl Gpu {
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }
-        for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.starts_with("gemm_q8_") || n.starts_with("moe_q8_")) {
-            let fmt = if name.contains("fp8") { "fp8" } else { "fp4" };
-            let bm = if name.contains("_64_") { 64 } else { 128 };
-            let bytes = super::ops_q8::q8_smem(fmt, bm, super::ops_q8::Q8_BN) as i32;
+        for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_q8_") || n.contains("_w8_")) {
+            let bytes = super::ops_q8::smem_of(name) as i32;
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }

@@ -40,9 +40,39 @@ pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
     "moe_q8_fp4_64_plain",
     "moe_q8_fp4_64_swiglu",
     "moe_q8_fp4_64_scatter",
+    "gemm_w8_fp8",
+    "gemm_w8_fp4",
+    "moe_w8_fp8_128_plain",
+    "moe_w8_fp8_128_swiglu",
+    "moe_w8_fp8_128_scatter",
+    "moe_w8_fp8_64_plain",
+    "moe_w8_fp8_64_swiglu",
+    "moe_w8_fp8_64_scatter",
+    "moe_w8_fp4_128_plain",
+    "moe_w8_fp4_128_swiglu",
+    "moe_w8_fp4_128_scatter",
+    "moe_w8_fp4_64_plain",
+    "moe_w8_fp4_64_swiglu",
+    "moe_w8_fp4_64_scatter",
     "moe_gather_q8",
     "scale_rows_by_route",
 ];
+
+/// Whether the FP8 GEMMs use Hopper's warpgroup MMA (`gemm_w8_*`, `moe_w8_*`; switch `FP8_WGMMA`,
+/// on by default) or `mma.sync` (`gemm_q8_*`, `moe_q8_*`).
+pub fn use_wgmma() -> bool {
+    crate::switches::on("FP8_WGMMA")
+}
+
+/// The kernel family prefix for the plain GEMM (`gemm_w8` / `gemm_q8`) and the grouped one
+/// (`moe_w8` / `moe_q8`) under [`use_wgmma`].
+pub fn families() -> (&'static str, &'static str) {
+    if use_wgmma() {
+        ("gemm_w8", "moe_w8")
+    } else {
+        ("gemm_q8", "moe_q8")
+    }
+}
 
 /// Output columns per block of every gemm_q8.cu GEMM.
 pub const Q8_BN: usize = 128;
@@ -67,6 +97,25 @@ fn i32_of(v: usize, what: &str) -> Result<i32, CudaError> {
 pub fn q8_smem(format: &str, bm: usize, bn: usize) -> usize {
     let fp4 = format == "fp4";
     4 * (bm * 80 + bn * if fp4 { 32 } else { 80 }) + if fp4 { 2 * bn * 80 + 72 } else { 0 }
+}
+
+/// Dynamic shared memory of a wgmma block (`GwLayout` in gemm_q8.cu) of `bm` rows × 128 columns:
+/// 1 KB of alignment slack, 4 stages of (A `bm × 128` + B: FP8 `128 × 128`, FP4 `128 × 64` packed),
+/// and for FP4 two converted `128 × 128` tiles, two rows of 128 weight scales and the table.
+pub fn w8_smem(format: &str, bm: usize) -> usize {
+    let fp4 = format == "fp4";
+    1024 + 4 * (bm * 128 + if fp4 { 128 * 64 } else { 128 * 128 }) + if fp4 { 2 * 128 * 128 + 2 * 128 * 4 + 72 } else { 0 }
+}
+
+/// Shared memory of any gemm_q8.cu GEMM entry point (by name).
+pub fn smem_of(name: &str) -> usize {
+    let fmt = if name.contains("fp8") { "fp8" } else { "fp4" };
+    let bm = if name.contains("_64_") { 64 } else { 128 };
+    if name.starts_with("gemm_w8_") || name.starts_with("moe_w8_") {
+        w8_smem(fmt, bm)
+    } else {
+        q8_smem(fmt, bm, Q8_BN)
+    }
 }
 
 /// Whether the FP8 kernel converts FP4 weights exactly: every 128-input block of a row has its four
@@ -186,9 +235,9 @@ impl Gpu {
             _ => unreachable!("checked by q8_capable"),
         };
         let blocks = t.div_ceil(128) * w.rows.div_ceil(Q8_BN);
-        let cfg = LaunchConfig { grid_dim: (u32::try_from(blocks).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: q8_smem(fmt, 128, Q8_BN) as u32 };
+        let name = format!("{}_{fmt}", families().0);
+        let cfg = LaunchConfig { grid_dim: (u32::try_from(blocks).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem_of(&name) as u32 };
         let (t_i, n_i, k_i) = (i32_of(t, "tokens")?, i32_of(w.rows, "outputs")?, i32_of(w.cols, "inputs")?);
-        let name = format!("gemm_q8_{fmt}");
         let mut b = self.stream.launch_builder(self.f(&name));
         b.arg(&qa.q).arg(&qa.sa).arg(wv).arg(s).arg(y).arg(&t_i).arg(&n_i).arg(&k_i);
         // SAFETY: matches gemm_q8_<fmt>(q, sa, W, S, y, T, N, K); q/sa cover 128-row tiles past T,
@@ -277,6 +326,10 @@ mod tests {
             }
         }
         assert_eq!(q8_smem("fp8", 128, 128), 4 * (128 * 80 * 2));
+        for name in GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_w8_") || n.contains("_q8_")) {
+            assert!(smem_of(name) <= 227 * 1024, "{name}");
+        }
+        assert_eq!(w8_smem("fp8", 128), 1024 + 4 * 32768);
     }
 
     /// Every entry point listed here is one the kernel file defines (and the reverse for the
@@ -285,10 +338,10 @@ mod tests {
     fn entry_points_match_the_source() {
         let src = include_str!("kernels/gemm_q8.cu");
         for n in GEMM_Q8_ENTRY_POINTS {
-            let direct = src.contains(&format!("void {n}(")) || src.contains(&format!("GQ_ENTRY({n},"));
-            let moe = n.strip_prefix("moe_q8_").map(|r| {
+            let direct = src.contains(&format!("void {n}(")) || src.contains(&format!("GQ_ENTRY({n},")) || src.contains(&format!("GW_ENTRY({n},"));
+            let moe = n.strip_prefix("moe_q8_").map(|r| ("Q8", "q8", r)).or_else(|| n.strip_prefix("moe_w8_").map(|r| ("W8", "w8", r))).map(|(m, l, r)| {
                 let f = if r.starts_with("fp8") { "fp8" } else { "fp4" };
-                src.contains(&format!("MOE_Q8_FMT({f},")) && src.contains(&format!("moe_q8_##F##{}", &r[3..]))
+                src.contains(&format!("MOE_{m}_FMT({f},")) && src.contains(&format!("moe_{l}_##F##{}", &r[3..]))
             });
             assert!(direct || moe == Some(true), "{n} is not defined in gemm_q8.cu");
         }

@@ -457,6 +457,333 @@ __device__ __forceinline__ void moe_q8(const u8* q, const float* sa, const unsig
 MOE_Q8_FMT(fp8, 2)
 MOE_Q8_FMT(fp4, 3)
 
+// ---------------------------------------------------------------------------------------------
+// The same GEMMs on Hopper's warpgroup MMA (switch FP8_WGMMA, on by default; sm_90a only):
+//   gemm_w8_<fmt>(q, sa, W, S, y, T, N, K)            — as gemm_q8_<fmt>
+//   moe_w8_<fmt>_<bm>_<epi>(…)                         — as moe_q8_<fmt>_<bm>_<epi>
+// Block: WG warpgroups (BM = 64·WG token rows) × 128 output columns; one K step = 128 = one
+// promotion block. Shared memory per stage: A [BM][128] e4m3 and (fp8) B [128][128] e4m3 in the
+// 128-byte-swizzled K-major layout that wgmma reads through matrix descriptors (16-byte chunk c of
+// row r stored at chunk c ^ (r & 7); 8-row atoms of 1 KB on 1 KB boundaries); fp4: the packed
+// bytes B [128][64] per stage, converted one step ahead into one of two swizzled e4m3 tiles plus the
+// per-row weight scale 2^(s_max − 127) (the same exact conversion as gq_gemm).
+// Per step and warpgroup: 4 × wgmma m64n128k32 into a fresh partial (scale-d 0 on the first), then
+// acc += partial · s_a · s_w in f32 — DeepSeek's per-128 promotion. wgmma sums its 32 products with
+// its own internal alignment (not IEEE f32), so results differ from gemm_q8 in the last bits.
+// cp.async ring of GW_STAGES stages; each writer fences the generic→async proxy before the barrier
+// that precedes the MMAs. Learned from the PTX ISA (wgmma, matrix descriptors, swizzling modes) and
+// DeepSeek's DeepGEMM design; the code is ours.
+
+#define GW_STAGES 4
+
+__device__ __forceinline__ void gw_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void gw_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void gw_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void gw_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// Matrix descriptor of a K-major 128-byte-swizzled tile at shared address a: start a >> 4, leading
+// offset 1 (unused when swizzled), stride 1024 bytes between 8-row atoms, swizzle mode 1 (128 B).
+__device__ __forceinline__ unsigned long long gw_desc(u32 a) {
+    return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+// Byte offset of 16-byte chunk c of row r in a swizzled tile of 128-byte rows.
+__device__ __forceinline__ u32 gw_swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+__device__ __forceinline__ void gw_mma(float (&d)[64], unsigned long long da, unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+template <int FMT, int WG>
+struct GwLayout {
+    static constexpr int BM = 64 * WG;
+    static constexpr int A_STAGE = BM * 128;
+    static constexpr int B_STAGE = FMT == 2 ? 128 * 128 : 128 * 64;
+    static constexpr int BCONV = FMT == 2 ? 0 : 128 * 128;
+    static constexpr int WSC = FMT == 2 ? 0 : 2 * 128 * 4;
+    static constexpr int LUT = FMT == 3 ? 9 * 8 : 0;
+    static constexpr int TOTAL = 1024 + GW_STAGES * (A_STAGE + B_STAGE) + 2 * BCONV + WSC + LUT;
+};
+
+template <int FMT, int WG, int EPI>
+__device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
+    typedef GwLayout<FMT, WG> L;
+    constexpr int NT = 128 * WG, ST = GW_STAGES, BM = L::BM;
+    constexpr bool DIRECT = FMT == 2;
+    constexpr int UNITS = DIRECT ? 1 : 128 * 8 / NT;  // fp4: 16-byte output chunks per thread per step
+    static_assert((BM * 8) % NT == 0 && (128 * 8) % NT == 0, "copies must divide among the threads");
+
+    extern __shared__ __align__(16) u8 gw_sh[];
+    {
+        u32 dsz;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
+        if (dsz < (u32)L::TOTAL) __trap();
+    }
+    const u32 raw0 = gm_smem(gw_sh);
+    const u32 base = (raw0 + 1023u) & ~1023u;
+    u8* gbase = gw_sh + (base - raw0);
+    const u32 as_base = base, bs_base = base + ST * L::A_STAGE, bc_base = bs_base + ST * L::B_STAGE;
+    const u8* bs_gen = gbase + ST * L::A_STAGE;
+    u8* bconv = gbase + ST * (L::A_STAGE + L::B_STAGE);
+    float* wsc = reinterpret_cast<float*>(bconv + 2 * L::BCONV);
+    u32* lut = reinterpret_cast<u32*>(bconv + 2 * L::BCONV + L::WSC);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wq = warp & 3;
+    const int m0 = P.m0, n0 = P.n0, N = P.N, K = P.K;
+    const int KT = K >> 7;
+    const size_t wrow = FMT == 2 ? (size_t)K : (size_t)K / 2;
+    const int sg = K >> 5;
+    if (FMT == 3) gq_fill_lut(lut, tid, NT);
+
+    auto wrow_of = [&](int n) -> const u8* {
+        if (EPI == 1) return ((n >> 3) & 1 ? P.W3 : P.W) + (size_t)((n >> 4) * 8 + (n & 7)) * wrow;
+        return P.W + (size_t)n * wrow;
+    };
+    auto srow_of = [&](int n, const u8*& s) -> int {
+        s = P.S;
+        if (EPI == 1) {
+            s = (n >> 3) & 1 ? P.S3 : P.S;
+            n = (n >> 4) * 8 + (n & 7);
+        }
+        return n;
+    };
+
+    auto issue = [&](int kt) {
+        if (kt < KT) {
+            const int slot = kt % ST;
+#pragma unroll
+            for (int i = 0; i < BM * 8 / NT; i++) {
+                int qi = tid + i * NT, r = qi >> 3, c = qi & 7;
+                gm_cp16(as_base + slot * L::A_STAGE + gw_swz(r, c), P.q + (size_t)(m0 + r) * K + kt * 128 + c * 16, true);
+            }
+            if (DIRECT) {
+#pragma unroll
+                for (int i = 0; i < 128 * 8 / NT; i++) {
+                    int qi = tid + i * NT, r = qi >> 3, c = qi & 7;
+                    bool ok = n0 + r < N;
+                    gm_cp16(bs_base + slot * L::B_STAGE + gw_swz(r, c), ok ? wrow_of(n0 + r) + (size_t)kt * 128 + c * 16 : P.W, ok);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 128 * 4 / NT; i++) {
+                    int qi = tid + i * NT, r = qi >> 2, c = qi & 3;
+                    bool ok = n0 + r < N;
+                    gm_cp16(bs_base + slot * L::B_STAGE + r * 64 + c * 16, ok ? wrow_of(n0 + r) + (size_t)kt * 64 + c * 16 : P.W, ok);
+                }
+            }
+        }
+        gm_commit();
+    };
+
+    // fp4: the four group-scale bytes of 128-block kt for the row of conversion unit u.
+    auto scale_word = [&](int kt, int u) -> u32 {
+        int qi = tid + u * NT, r = qi >> 3;
+        int n = n0 + r;
+        if (FMT != 3 || kt >= KT || n >= N) return 0x7f7f7f7fu;
+        const u8* s;
+        n = srow_of(n, s);
+        return __ldg(reinterpret_cast<const u32*>(s + (size_t)n * sg + kt * 4));
+    };
+
+    auto convert = [&](int kt, const u32* sw) {
+        const u8* raw = bs_gen + (kt % ST) * L::B_STAGE;
+        u8* dst = bconv + (kt & 1) * L::BCONV;
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) {
+            int qi = tid + u * NT, r = qi >> 3, c = qi & 7;
+            const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 64 + c * 8);
+            const u32 w = sw[u];
+            const u32 smax = max(max(w & 0xffu, (w >> 8) & 0xffu), max((w >> 16) & 0xffu, w >> 24));
+            const u32 g = (w >> (8 * (c >> 1))) & 0xffu;
+            const int d = max((int)g - (int)smax, -8) + 8;
+            const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * d);
+            *reinterpret_cast<uint4*>(dst + gw_swz(r, c)) =
+                make_uint4(gq_fp4x4(v.x, t.x, t.y), gq_fp4x4(v.x >> 16, t.x, t.y), gq_fp4x4(v.y, t.x, t.y), gq_fp4x4(v.y >> 16, t.x, t.y));
+            if (c == 0) wsc[(kt & 1) * 128 + r] = fs_e8m0((u8)smax);
+        }
+    };
+
+    float acc[64], tmp[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    const int g4 = lane >> 2, c2 = (lane & 3) * 2;
+    const int row_a = m0 + wg * 64 + wq * 16 + g4;
+    u32 sreg[UNITS], snext[UNITS];
+
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) issue(s);
+    if (!DIRECT) {
+        u32 s0[UNITS];
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) {
+            s0[u] = scale_word(0, u);
+            sreg[u] = scale_word(1, u);
+        }
+        gm_wait<ST - 2>();
+        __syncthreads();
+        convert(0, s0);
+    }
+
+    for (int kt = 0; kt < KT; kt++) {
+        if (DIRECT) gm_wait<ST - 2>();
+        else gm_wait<ST - 3>();
+        gw_fence_proxy();
+        __syncthreads();
+        issue(kt + ST - 1);
+        if (!DIRECT) {
+#pragma unroll
+            for (int u = 0; u < UNITS; u++) snext[u] = scale_word(kt + 2, u);
+            if (kt + 1 < KT) convert(kt + 1, sreg);
+#pragma unroll
+            for (int u = 0; u < UNITS; u++) sreg[u] = snext[u];
+        }
+        const float sa0 = __ldg(P.sa + (size_t)row_a * KT + kt), sa1 = __ldg(P.sa + (size_t)(row_a + 8) * KT + kt);
+        float swg = 1.f, swu = 1.f;  // fp8: block scales of the gate (or only) and up rows
+        if (DIRECT) {
+            const u8* s;
+            int n = srow_of(min(n0, N - 1), s);
+            swg = fs_e8m0(__ldg(s + (size_t)(n >> 7) * KT + kt));
+            if (EPI == 1) {
+                n = srow_of(min(n0 + 8, N - 1), s);
+                swu = fs_e8m0(__ldg(s + (size_t)(n >> 7) * KT + kt));
+            }
+        }
+        const u32 a_tile = as_base + (kt % ST) * L::A_STAGE + wg * 64 * 128;
+        const u32 b_tile = DIRECT ? bs_base + (kt % ST) * L::B_STAGE : bc_base + (kt & 1) * L::BCONV;
+        const unsigned long long da = gw_desc(a_tile), db = gw_desc(b_tile);
+        gw_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
+        gw_commit();
+        gw_wait0();
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float sw;
+                if (DIRECT) sw = (EPI == 1 && (j & 1)) ? swu : swg;
+                else sw = wsc[(kt & 1) * 128 + j * 8 + c2 + (e & 1)];
+                acc[4 * j + e] = fmaf(tmp[4 * j + e], (e >> 1 ? sa1 : sa0) * sw, acc[4 * j + e]);
+            }
+    }
+    gm_wait<0>();
+
+    if (EPI == 1) {
+        const int hb0 = n0 >> 1;
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++) {
+            const int col = hb0 + 8 * jj + c2;
+            if (2 * col >= N) continue;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = row_a + 8 * h;
+                const int dr = E.dst[row];
+                const float gam = dr < 0 ? 0.f : E.gamma[dr];
+                float hv[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float gv = fminf(acc[4 * (2 * jj) + 2 * h + e], E.limit);
+                    const float uv = acc[4 * (2 * jj + 1) + 2 * h + e];
+                    const float uc = uv != uv ? uv : fminf(fmaxf(uv, -E.limit), E.limit);
+                    const float sgm = 1.f / (1.f + expf(-gv));
+                    hv[e] = ((gv * sgm) * uc) * gam;
+                }
+                *reinterpret_cast<float2*>(E.hf + (size_t)row * E.ldh + col) = make_float2(hv[0], hv[1]);
+            }
+        }
+        return;
+    }
+    const bool even = (N & 1) == 0;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int col = n0 + j * 8 + c2;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = row_a + 8 * h;
+            const int orow = EPI == 2 ? E.dst[row] : row;
+            if (EPI == 0 ? row < P.T : orow >= 0) {
+                float* d = E.y + (size_t)orow * N + col;
+                const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                if (even && col + 1 < N) {
+                    *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
+                } else {
+                    if (col < N) d[0] = v0;
+                    if (col + 1 < N) d[1] = v1;
+                }
+            }
+        }
+    }
+}
+
+#define GW_ENTRY(NAME, FMT)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                                     \
+        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const u8* __restrict__ W, const u8* __restrict__ S,    \
+             float* __restrict__ y, int T, int N, int K) {                                                                   \
+        const int tiles_m = (T + 127) / 128, tiles_n = (N + 127) / 128, per_group = GQ_GROUP * tiles_n;                      \
+        const int pid = blockIdx.x, first_m = (pid / per_group) * GQ_GROUP, gsz = min(tiles_m - first_m, GQ_GROUP);          \
+        GqProb p = {q, sa, W, S, nullptr, nullptr, (first_m + (pid % per_group) % gsz) * 128, ((pid % per_group) / gsz) * 128, \
+                    T, N, K};                                                                                                \
+        GqEpi e = {y, nullptr, 0, 0.f, nullptr, nullptr};                                                                    \
+        gw_gemm<FMT, 2, 0>(p, e);                                                                                            \
+    }
+
+GW_ENTRY(gemm_w8_fp8, 2)
+GW_ENTRY(gemm_w8_fp4, 3)
+
+template <int FMT, int WG, int EPI>
+__device__ __forceinline__ void moe_w8(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
+                                       const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items,
+                                       const int* n_items, float* y, float* hf, int ldh, const int* dst, const float* gamma, int N,
+                                       int K, float limit) {
+    const int tiles_n = (N + 127) / 128;
+    const int total = *n_items * tiles_n;
+    GqEpi e = {y, hf, ldh, limit, dst, gamma};
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+        const int it = w / tiles_n, pn = w % tiles_n;
+        const int ex = items[2 * it];
+        GqProb p;
+        p.q = q;
+        p.sa = sa;
+        p.W = reinterpret_cast<const u8*>(wtab[ex]);
+        p.S = reinterpret_cast<const u8*>(stab[ex]);
+        p.W3 = EPI == 1 ? reinterpret_cast<const u8*>(w3tab[ex]) : nullptr;
+        p.S3 = EPI == 1 ? reinterpret_cast<const u8*>(s3tab[ex]) : nullptr;
+        p.m0 = items[2 * it + 1];
+        p.n0 = pn * 128;
+        p.T = 0x7fffffff;
+        p.N = N;
+        p.K = K;
+        gw_gemm<FMT, WG, EPI>(p, e);
+        __syncthreads();
+    }
+}
+
+#define MOE_W8_ENTRY(NAME, FMT, WG, EPI)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(WG * 128, 1)                                                              \
+        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,          \
+             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                    \
+             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items,  \
+             float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                          \
+             const float* __restrict__ gamma, int N, int K, float limit) {                                                 \
+        moe_w8<FMT, WG, EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit);        \
+    }
+
+#define MOE_W8_FMT(F, FMT)                                      \
+    MOE_W8_ENTRY(moe_w8_##F##_128_plain, FMT, 2, 0)            \
+    MOE_W8_ENTRY(moe_w8_##F##_128_swiglu, FMT, 2, 1)           \
+    MOE_W8_ENTRY(moe_w8_##F##_128_scatter, FMT, 2, 2)          \
+    MOE_W8_ENTRY(moe_w8_##F##_64_plain, FMT, 1, 0)             \
+    MOE_W8_ENTRY(moe_w8_##F##_64_swiglu, FMT, 1, 1)            \
+    MOE_W8_ENTRY(moe_w8_##F##_64_scatter, FMT, 1, 2)
+
+MOE_W8_FMT(fp8, 2)
+MOE_W8_FMT(fp4, 3)
+
 // moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E): grouped rows of per-token quantized
 // activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows), xsa [R, Kp/128] (1 for padding).
 // Grid-stride over (row, 16-byte column group); any grid, block 256.
