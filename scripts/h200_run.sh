@@ -12,8 +12,8 @@
 #   qualify   8K/32K/128K × every switch configuration, 4 layers    ~330 s
 #   bench     20 Flash layers at 8K/32K/128K, stage breakdown        ~145 s
 #   moe       grouped-MoE parity matrix + layer timings             ~50 s
-#   q8        FP8-activation linear checks + timings (TC_LINEAR=fp8)
-#   bench-fp8 the bench step with TC_LINEAR=fp8 (official numerics)
+#   q8        FP8-activation linear checks + timings (TC_LINEAR=fp8)  ~60 s
+#   bench-fp8 the bench step with TC_LINEAR=fp8 (official numerics) ~100 s
 set -euo pipefail
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}

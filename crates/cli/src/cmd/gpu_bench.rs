@@ -19,9 +19,9 @@ pub struct Args {
     /// Prompt lengths, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "512,2048")]
     pub contexts: Vec<usize>,
-    /// Tokens per prefill chunk.
-    #[arg(long, default_value_t = 2048)]
-    pub chunk: usize,
+    /// Tokens per prefill chunk (default: 8,192, or 2,048 with `--switch LONG_CONTEXT_CHUNK=off`).
+    #[arg(long)]
+    pub chunk: Option<usize>,
     /// Decode steps timed per context.
     #[arg(long, default_value_t = 16)]
     pub decode_steps: usize,
@@ -47,7 +47,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.config.is_none() && !(1..=43).contains(&args.layers) {
         anyhow::bail!("--layers {}: DeepSeek-V4-Flash has 1 to 43 layers", args.layers);
     }
-    if args.chunk == 0 || args.prefill_repeats == 0 {
+    if args.chunk == Some(0) || args.prefill_repeats == 0 {
         anyhow::bail!("--chunk and --prefill-repeats must be at least 1");
     }
     let config = match &args.config {

@@ -17,9 +17,9 @@ pub struct Args {
     /// Prompt lengths in tokens, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "8192,32768,131072")]
     pub contexts: Vec<usize>,
-    /// Prefill chunk (tokens).
-    #[arg(long, default_value_t = 2048)]
-    pub chunk: usize,
+    /// Prefill chunk (tokens; default: each configuration's LONG_CONTEXT_CHUNK, 8,192 or 2,048).
+    #[arg(long)]
+    pub chunk: Option<usize>,
     /// Greedy tokens generated after each prefill.
     #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
@@ -40,7 +40,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !(1..=43).contains(&args.layers) {
         anyhow::bail!("--layers {}: DeepSeek-V4-Flash has 1 to 43 layers", args.layers);
     }
-    if args.chunk == 0 {
+    if args.chunk == Some(0) {
         anyhow::bail!("--chunk must be at least 1");
     }
     std::fs::create_dir_all(&args.out).map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;

@@ -36,8 +36,8 @@ pub struct BenchOptions {
     pub config: Option<Ds4Config>,
     /// Prompt lengths (cold prefill, then decode at that context).
     pub contexts: Vec<usize>,
-    /// Tokens per prefill chunk.
-    pub chunk: usize,
+    /// Tokens per prefill chunk (None: [`crate::switches::prefill_chunk_tokens`]).
+    pub chunk: Option<usize>,
     /// Decode steps timed after each prefill (median reported).
     pub decode_steps: usize,
     /// Cold prefills per context (fresh sequence each; median reported) for contexts up to 32,768
@@ -108,6 +108,7 @@ fn print_stages(label: &str, rows: &[Value]) {
 /// Runs the benchmark; returns the JSON report.
 pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
     let cfg = opts.config.clone().unwrap_or_else(|| flash_config(opts.layers));
+    let chunk = opts.chunk.unwrap_or_else(crate::switches::prefill_chunk_tokens);
     let t = Instant::now();
     let model = GpuModel::upload_with(gpu, &cfg, &RandomOfficialSource::new(&cfg, 7))?;
     gpu.sync()?;
@@ -117,7 +118,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
     let n = cfg.num_hidden_layers as f64;
     // Warm-up: one short prefill and two decode steps (first launches, allocator growth).
     {
-        let w = opts.chunk.clamp(1, 2048);
+        let w = chunk.clamp(1, 2048);
         let ids = formula_ids(1, w + 2, cfg.vocab_size);
         let mut s = GpuSequence::new(gpu, &model, w + 3)?;
         forward_chunk_gpu(gpu, &model, &mut s, &ids[..w], LogitsFor::Last, false)?;
@@ -129,7 +130,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
     let mut rows = Vec::new();
     for &ctx in &opts.contexts {
         let ids = formula_ids(ctx as u64, ctx + opts.decode_steps, cfg.vocab_size);
-        let chunks: Vec<&[u32]> = ids[..ctx].chunks(opts.chunk.max(1)).collect();
+        let chunks: Vec<&[u32]> = ids[..ctx].chunks(chunk.max(1)).collect();
         let repeats = if ctx <= 32768 { opts.prefill_repeats.max(1) } else { 1 };
         let mut prefill_times = Vec::new();
         let mut seq = None;
@@ -142,7 +143,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
                 gpu.profile_start();
             }
             let a = gpu.record_event()?;
-            prefill_gpu(gpu, &model, &mut s, &ids[..ctx], opts.chunk)?;
+            prefill_gpu(gpu, &model, &mut s, &ids[..ctx], chunk)?;
             let b = gpu.record_event()?;
             prefill_times.push(elapsed_s(&a, &b)?);
             if profile {
@@ -195,7 +196,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             "prefill_repeats": prefill_times.len(),
             "prefill_tok_s": ctx as f64 / prefill_s,
             "prefill_tok_s_43_layer_estimate": ctx as f64 / (prefill_s * 43.0 / n),
-            "prefill_chunk": opts.chunk,
+            "prefill_chunk": chunk,
             "prefill_stages": prefill_stages,
             "decode_ms_per_token": decode_s * 1e3,
             "decode_tok_s": 1.0 / decode_s,

@@ -380,7 +380,8 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
         gpu.rms_norm(&u, Some(&l.attn_norm), &mut a, t, d, eps)?;
         gpu.stage("projections");
         let mut qr0 = gpu.zeros::<f32>(t * c.q_lora_rank)?;
-        gpu.linear_q(&a, &l.wq_a, &mut qr0, t)?;
+        let mut kv0 = gpu.zeros::<f32>(t * hd)?;
+        gpu.linear_q_multi(&a, t, &mut [(&l.wq_a, &mut qr0), (&l.wkv, &mut kv0)])?;
         let mut qr = gpu.zeros::<f32>(t * c.q_lora_rank)?;
         gpu.rms_norm(&qr0, Some(&l.q_norm), &mut qr, t, c.q_lora_rank, eps)?;
         let mut q0 = gpu.zeros::<f32>(t * h * hd)?;
@@ -388,8 +389,6 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
         let mut q = gpu.zeros::<f32>(t * h * hd)?;
         gpu.rms_norm(&q0, None, &mut q, t * h, hd, eps)?;
         gpu.rope(&mut q, inv, rope, t, h, hd, pos0, false)?;
-        let mut kv0 = gpu.zeros::<f32>(t * hd)?;
-        gpu.linear_q(&a, &l.wkv, &mut kv0, t)?;
         let mut kv = gpu.zeros::<f32>(t * hd)?;
         gpu.rms_norm(&kv0, Some(&l.kv_norm), &mut kv, t, hd, eps)?;
         gpu.rope(&mut kv, inv, rope, t, 1, hd, pos0, false)?;

@@ -439,8 +439,15 @@ impl Gpu {
         need(W, "hidden scratch", h.len(), m * inter)?;
         need(W, "y", y.len(), m * d)?;
         let lin = |x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>| if official { self.linear_official(x, w, y, m) } else { self.linear(x, w, y, m) };
-        lin(x, &ex.w1, g)?;
-        lin(x, &ex.w3, u)?;
+        if official && m >= super::gpu::TC_LINEAR_MIN_TOKENS && super::ops_q8::q8_capable(&ex.w1) && super::ops_q8::q8_capable(&ex.w3) {
+            // One quantisation of x for both (it is per row and block, so the same values).
+            let qa = self.act_quant(x, m, d)?;
+            self.linear_q8(&qa, &ex.w1, g, m)?;
+            self.linear_q8(&qa, &ex.w3, u, m)?;
+        } else {
+            lin(x, &ex.w1, g)?;
+            lin(x, &ex.w3, u)?;
+        }
         self.swiglu(g, u, h, m * inter, limit)?;
         if let Some((dst, gamma)) = route {
             self.scale_rows_by_route(h, dst, gamma, m, inter)?;

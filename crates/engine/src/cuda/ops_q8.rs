@@ -259,6 +259,29 @@ impl Gpu {
         self.linear_official(x, w, y, t)
     }
 
+    /// Several §10.1 linears of the same input `x` (`[t, k]`): as [`Gpu::linear_q`] on each, but with
+    /// `TC_LINEAR=fp8` the input is quantized once for all the weights the FP8 kernel takes (the
+    /// values are the same: quantisation is per row and block).
+    ///
+    /// Errors: as [`Gpu::linear`].
+    pub fn linear_q_multi(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {
+        let shared = tc_linear_mode() == TcMode::Fp8 && t >= TC_LINEAR_MIN_TOKENS && outs.len() > 1 && outs.iter().all(|(w, _)| q8_capable(w) && w.cols == outs[0].0.cols);
+        if !shared {
+            for (w, y) in outs.iter_mut() {
+                self.linear_q(x, w, y, t)?;
+            }
+            return Ok(());
+        }
+        if x.len() < t * outs[0].0.cols {
+            return Err(bad(format!("{} inputs for {t} tokens of width {}", x.len(), outs[0].0.cols)));
+        }
+        let qa = self.act_quant(x, t, outs[0].0.cols)?;
+        for (w, y) in outs.iter_mut() {
+            self.linear_q8(&qa, w, y, t)?;
+        }
+        Ok(())
+    }
+
     /// [`Gpu::linear_q`]'s official-numerics path whatever the switch says: FP8-quantized inputs
     /// (spec §6), the FP8 kernel where it applies, else quantize-dequantize and the exact kernels.
     ///

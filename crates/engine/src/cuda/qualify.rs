@@ -11,7 +11,7 @@
 //! Refusals (the run fails): a prompt whose token count differs from the target, a configuration
 //! that promises exactness (all but `TC_LINEAR=bf16`) whose generated ids differ from the
 //! baseline's, and a run with all switches on and a 4× larger prefill chunk whose logits differ in
-//! any bit (or whose ids differ) from the default chunk's (chunk size is a performance knob only). The slow configurations (the baseline, "alone on", `MOE_GROUPED` off) run only up
+//! any bit (or whose ids differ) from the default chunk's (chunk size is a performance knob only). The slow configurations (the baseline, "alone on", `MOE_GROUPED` off, `TC_LINEAR` off) run only up
 //! to `full_matrix_max` tokens; the report says which were skipped.
 
 use super::bench::flash_config;
@@ -34,8 +34,8 @@ pub struct QualifyOptions {
     pub layers: usize,
     /// Target prompt lengths in tokens.
     pub contexts: Vec<usize>,
-    /// Prefill chunk (tokens).
-    pub chunk: usize,
+    /// Prefill chunk (tokens); None = the `LONG_CONTEXT_CHUNK` switch of each configuration.
+    pub chunk: Option<usize>,
     /// Greedy tokens generated after each prefill.
     pub decode_tokens: usize,
     /// Longest prompt on which the slow configurations run.
@@ -94,7 +94,8 @@ struct RunResult {
 }
 
 /// Cold prefill of `ids` then `n` greedy tokens.
-fn one_run(gpu: &Gpu, m: &GpuModel, ids: &[u32], chunk: usize, n: usize) -> Result<RunResult, CudaError> {
+fn one_run(gpu: &Gpu, m: &GpuModel, ids: &[u32], chunk: Option<usize>, n: usize) -> Result<RunResult, CudaError> {
+    let chunk = chunk.unwrap_or_else(crate::switches::prefill_chunk_tokens);
     let mut seq = GpuSequence::new(gpu, m, ids.len() + n + 1)?;
     gpu.sync()?;
     let wall = Instant::now();
@@ -151,7 +152,12 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
             };
             // TC_LINEAR=fp8 runs DeepSeek's official numerics: its tokens are compared, not promised.
             let promised = c.exact && !c.official;
-            let refused = promised && same == Some(false);
+            // Fusion, tile height, grid and chunk size promise the all-on run's bits.
+            let bits_differ = match (&all_on, c.same_bits_as_all_on) {
+                (Some((al, _)), true) => Some(logits.iter().zip(al).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + logits.len().abs_diff(al.len())),
+                _ => None,
+            };
+            let refused = (promised && same == Some(false)) || bits_differ.is_some_and(|n| n > 0);
             ok &= !refused;
             let prefill_tok_s = target as f64 / prefill;
             let decode_tok_s = opts.decode_tokens as f64 / decode.max(1e-12);
@@ -162,7 +168,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 ttft,
                 &sha[..12],
                 nmse.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "-".into()),
-                if refused { "  REFUSED: tokens differ from the baseline" } else { "" }
+                if refused { "  REFUSED: tokens (or promised bits) differ" } else { "" }
             );
             rows.push(json!({
                 "context": target, "prompt_tokens": ids.len(), "config": c.label,
@@ -171,7 +177,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 "ttft_s": ttft, "decode_tokens": opts.decode_tokens, "decode_tok_s": decode_tok_s,
                 "decode_tok_s_43_layer_estimate": decode_tok_s * n_layers / 43.0,
                 "generated_ids_sha256": sha, "logits_nmse_vs_baseline": nmse, "ids_equal_baseline": same,
-                "exactness_promised": promised, "official_numerics": c.official, "refused": refused,
+                "exactness_promised": promised, "official_numerics": c.official, "logits_bits_differing_vs_all_on": bits_differ, "refused": refused,
             }));
             if c.role == Role::Baseline {
                 baseline = Some((logits.clone(), gen.clone()));
@@ -182,9 +188,10 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
         }
         // Chunk size is a pure performance knob (issue 6 §1): all on with a 4× larger chunk must
         // give the same logits bits and the same ids.
-        let big = (4 * opts.chunk).min(target);
-        if let Some((al, ag)) = all_on.filter(|_| big != opts.chunk) {
-            let r = one_run(gpu, &model, &ids, big, opts.decode_tokens)?;
+        let base = opts.chunk.unwrap_or_else(crate::switches::prefill_chunk_tokens);
+        let big = (4 * base).min(target);
+        if let Some((al, ag)) = all_on.filter(|_| big != base) {
+            let r = one_run(gpu, &model, &ids, Some(big), opts.decode_tokens)?;
             let differ = r.logits.iter().zip(&al).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + r.logits.len().abs_diff(al.len());
             let same_ids = r.ids == ag;
             let refused = differ != 0 || !same_ids;
@@ -193,7 +200,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 "qualify {target:>6} {:<32} prefill {:>8.0} tok/s  logits bits differing from chunk {}: {differ}  ids {}{}",
                 format!("all on, chunk {big}"),
                 target as f64 / r.prefill,
-                opts.chunk,
+                base,
                 if same_ids { "equal" } else { "DIFFER" },
                 if refused { "  REFUSED: chunk size changed the result" } else { "" }
             );

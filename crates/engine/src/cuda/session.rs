@@ -24,7 +24,7 @@ impl<'a> GpuSession<'a> {
     /// An empty sequence with room for `capacity` tokens (device state is allocated up front).
     pub fn new(gpu: &'a Gpu, model: &'a GpuModel, capacity: usize) -> Result<Self, SessionError> {
         let seq = GpuSequence::new(gpu, model, capacity).map_err(backend)?;
-        Ok(GpuSession { gpu, model, seq, tokens: Vec::new(), prefill_chunk: 512 })
+        Ok(GpuSession { gpu, model, seq, tokens: Vec::new(), prefill_chunk: crate::switches::prefill_chunk_tokens() })
     }
 
     fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
