@@ -330,7 +330,9 @@ pub struct Configuration {
     pub overrides: Vec<(&'static str, &'static str)>,
     /// Its place in the matrix.
     pub role: Role,
-    /// The design promises its reference's tokens (everything but `TC_LINEAR=bf16`).
+    /// The design promises its reference's tokens end to end (everything but `TC_LINEAR=bf16` and
+    /// `TC_LINEAR=fp8`; the latter's parity is judged per GEMM and per MoE layer, see
+    /// `forward::tests::official_numerics_amplify_last_bit_differences`).
     pub exact: bool,
     /// Its reference is DeepSeek's official numerics (`TC_LINEAR=fp8`: the CPU forward with
     /// `Numerics { act_quant_fp8 }`), not the HF numerics of the baseline: its tokens are not
@@ -354,7 +356,7 @@ pub fn configurations() -> Vec<Configuration> {
     for (name, value) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("TC_LINEAR", "fp8"), ("MLA_STREAM_TOPK", "on"), ("INDEXER_TC", "on"), ("MOE_GROUPED", "on")] {
         let mut o = OFF.to_vec();
         o.push((name, value));
-        v.push(c(format!("{name}={value} alone"), o, Role::AloneOn, value != "bf16", false, true));
+        v.push(c(format!("{name}={value} alone"), o, Role::AloneOn, value != "bf16" && value != "fp8", false, true));
     }
     v.push(c("all on (defaults)".into(), Vec::new(), Role::AllOn, true, false, false));
     for (name, same_bits) in [
@@ -370,9 +372,9 @@ pub fn configurations() -> Vec<Configuration> {
         v.push(c(format!("{name}=off alone"), vec![(name, "off")], Role::AloneOff, true, same_bits, matches!(name, "MOE_GROUPED" | "TC_LINEAR")));
     }
     // FP8_WGMMA only matters under TC_LINEAR=fp8.
-    v.push(c("FP8_WGMMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_WGMMA", "off")], Role::AloneOff, true, false, false));
+    v.push(c("FP8_WGMMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_WGMMA", "off")], Role::AloneOff, false, false, false));
     v.push(c("all on, TC_LINEAR=bf16".into(), vec![("TC_LINEAR", "bf16")], Role::Fast, false, false, false));
-    v.push(c("all on, TC_LINEAR=fp8 (official numerics)".into(), vec![("TC_LINEAR", "fp8")], Role::Fast, true, false, false));
+    v.push(c("all on, TC_LINEAR=fp8 (official numerics)".into(), vec![("TC_LINEAR", "fp8")], Role::Fast, false, false, false));
     v
 }
 
@@ -435,7 +437,8 @@ mod tests {
         }
         assert_eq!(cs.iter().filter(|c| c.role == Role::Baseline).count(), 1);
         assert_eq!(cs.iter().filter(|c| c.role == Role::AllOn).count(), 1);
-        assert!(cs.iter().all(|c| c.exact != c.overrides.contains(&("TC_LINEAR", "bf16"))));
+        assert!(cs.iter().all(|c| c.exact != (c.overrides.contains(&("TC_LINEAR", "bf16")) || c.official)));
+        assert!(cs.iter().filter(|c| c.official).count() >= 3);
     }
 
     #[test]
