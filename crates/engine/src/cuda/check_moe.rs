@@ -90,6 +90,29 @@ fn expert_in(gpu: &Gpu, seed: u64, key: &str, fmt: &str, d: usize, inter: usize)
     Ok((GpuExpert { w1, w2, w3 }, ExpertWeights { w1: c1, w2: c2, w3: c3 }))
 }
 
+/// A MoE layer of `e` random experts in `fmt` (d × inter, keys `<key>.e<x>`) and an FP8 shared
+/// expert (`<key>.shared`), on the GPU and as the CPU reference's weights (no gate: the checks route
+/// by hand).
+fn test_layer(gpu: &Gpu, seed: u64, key: &str, fmt: &str, e: usize, d: usize, inter: usize) -> Result<(GpuMoeLayer, crate::weights::LayerWeights), CudaError> {
+    let mut g_experts = Vec::new();
+    let mut c_experts = Vec::new();
+    for x in 0..e {
+        let (g, c) = expert_in(gpu, seed, &format!("{key}.e{x}"), fmt, d, inter)?;
+        g_experts.push(g);
+        c_experts.push(c);
+    }
+    let (g_shared, c_shared) = expert_in(gpu, seed, &format!("{key}.shared"), "fp8", d, inter)?;
+    let layer = GpuMoeLayer {
+        gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros::<f32>(1)?) },
+        router: GpuRouter::Score { bias: gpu.zeros::<f32>(e)? },
+        shared: g_shared,
+        experts: g_experts,
+        tables: std::sync::OnceLock::new(),
+    };
+    let none = Matrix { rows: 0, cols: 0, data: Vec::new() };
+    Ok((layer, moe_layer(none, RouterWeights::Score { bias: vec![0.0; e] }, c_shared, c_experts)))
+}
+
 /// The named variants of the parity matrix: all on, then each switch off alone, and both tiles.
 fn variants() -> Vec<(&'static str, MoeOptions)> {
     let on = MoeOptions::ALL_ON;
@@ -123,23 +146,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     let dw = gpu.upload(&gammas)?;
     let dzero = gpu.zeros::<f32>(t * k)?;
     for fmt in ["fp4", "fp8", "bf16"] {
-        let mut g_experts = Vec::new();
-        let mut c_experts = Vec::new();
-        for x in 0..e {
-            let (g, c) = expert_in(gpu, seed, &format!("moe_grouped.{fmt}.e{x}"), fmt, d, inter)?;
-            g_experts.push(g);
-            c_experts.push(c);
-        }
-        let (g_shared, c_shared) = expert_in(gpu, seed, &format!("moe_grouped.{fmt}.shared"), "fp8", d, inter)?;
-        let layer = GpuMoeLayer {
-            gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros::<f32>(1)?) },
-            router: GpuRouter::Score { bias: gpu.zeros::<f32>(e)? },
-            shared: g_shared,
-            experts: g_experts,
-            tables: std::sync::OnceLock::new(),
-        };
-        let none = Matrix { rows: 0, cols: 0, data: Vec::new() };
-        let lw = moe_layer(none, RouterWeights::Score { bias: vec![0.0; e] }, c_shared, c_experts);
+        let (layer, lw) = test_layer(gpu, seed, &format!("moe_grouped.{fmt}"), fmt, e, d, inter)?;
         let y_ref = moe::moe(&cfg, &lw, &f, &routes32, &Numerics::default());
         let per_expert = gpu.download(&gpu.moe_experts(&cfg, &layer, &df, t, &ids, &dw)?)?;
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k, "tokens_per_expert": counts});
@@ -191,23 +198,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
     let dzero = gpu.zeros::<f32>(t * k)?;
     let official = Numerics { act_quant_fp8: true, ..Default::default() };
     for fmt in ["fp4", "fp8"] {
-        let mut g_experts = Vec::new();
-        let mut c_experts = Vec::new();
-        for x in 0..e {
-            let (g, c) = expert_in(gpu, seed, &format!("moe_q8.{fmt}.e{x}"), fmt, d, inter)?;
-            g_experts.push(g);
-            c_experts.push(c);
-        }
-        let (g_shared, c_shared) = expert_in(gpu, seed, &format!("moe_q8.{fmt}.shared"), "fp8", d, inter)?;
-        let layer = GpuMoeLayer {
-            gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros::<f32>(1)?) },
-            router: GpuRouter::Score { bias: gpu.zeros::<f32>(e)? },
-            shared: g_shared,
-            experts: g_experts,
-            tables: std::sync::OnceLock::new(),
-        };
-        let none = Matrix { rows: 0, cols: 0, data: Vec::new() };
-        let lw = moe_layer(none, RouterWeights::Score { bias: vec![0.0; e] }, c_shared, c_experts);
+        let (layer, lw) = test_layer(gpu, seed, &format!("moe_q8.{fmt}"), fmt, e, d, inter)?;
         let y_ref = moe::moe(cfg, &lw, f, routes, &official);
         let y_hf = moe::moe(cfg, &lw, f, routes, &Numerics::default());
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k});

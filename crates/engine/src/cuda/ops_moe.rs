@@ -226,6 +226,22 @@ impl Gpu {
         Ok(Grouping { bm, r_cap, max_items, offsets, items, n_items, row_tok, row_dst })
     }
 
+    /// Launch geometry of a grouped GEMM over `g`'s tile queue with `n` outputs (128 per block, 8
+    /// warps for 128-row tiles, 4 for 64): one block per work unit, or with `persistent` as many
+    /// blocks as fit the SMs (they walk the queue).
+    fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, smem: usize, persistent: bool) -> Result<LaunchConfig, CudaError> {
+        let threads = if g.bm == 128 { 256 } else { 128 };
+        let units = g.max_items * n.div_ceil(MOE_GEMM_BN);
+        let blocks = if persistent {
+            let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
+            let per_sm = self.f(fname).occupancy_max_active_blocks_per_multiprocessor(threads, smem, None).unwrap_or(1).max(1) as usize;
+            (sms * per_sm).min(units)
+        } else {
+            units
+        };
+        Ok(LaunchConfig { grid_dim: (u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 })
+    }
+
     /// Launches one grouped GEMM `moe_gemm_<fmt>_<bm>[_x2]_<epi>`.
     #[allow(clippy::too_many_arguments)]
     fn moe_gemm(
@@ -249,17 +265,7 @@ impl Gpu {
         let Some(&fname) = GEMM_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
-        let smem = gemm_smem_for(tables.format, g.bm, MOE_GEMM_BN, split);
-        let threads = if g.bm == 128 { 256 } else { 128 };
-        let units = g.max_items * n.div_ceil(MOE_GEMM_BN);
-        let blocks = if persistent {
-            let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
-            let per_sm = self.f(fname).occupancy_max_active_blocks_per_multiprocessor(threads, smem, None).unwrap_or(1).max(1) as usize;
-            (sms * per_sm).min(units)
-        } else {
-            units
-        };
-        let cfg = LaunchConfig { grid_dim: (u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 };
+        let cfg = self.moe_launch_config(fname, g, n, gemm_smem_for(tables.format, g.bm, MOE_GEMM_BN, split), persistent)?;
         let (lo, n_i, k_i) = (lo_plane as i64, n as i32, k as i32);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));
@@ -359,17 +365,7 @@ impl Gpu {
         let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
-        let smem = super::ops_q8::smem_of(fname);
-        let threads = if g.bm == 128 { 256 } else { 128 };
-        let units = g.max_items * n.div_ceil(super::ops_q8::Q8_BN);
-        let blocks = if persistent {
-            let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
-            let per_sm = self.f(fname).occupancy_max_active_blocks_per_multiprocessor(threads, smem, None).unwrap_or(1).max(1) as usize;
-            (sms * per_sm).min(units)
-        } else {
-            units
-        };
-        let cfg = LaunchConfig { grid_dim: (u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 };
+        let cfg = self.moe_launch_config(fname, g, n, super::ops_q8::smem_of(fname), persistent)?;
         let (n_i, k_i) = (n as i32, k as i32);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));

@@ -361,10 +361,10 @@ mod tests {
     fn entry_points_match_the_source() {
         let src = include_str!("kernels/gemm_q8.cu");
         for n in GEMM_Q8_ENTRY_POINTS {
-            let direct = src.contains(&format!("void {n}(")) || src.contains(&format!("GQ_ENTRY({n},")) || src.contains(&format!("GW_ENTRY({n},"));
-            let moe = n.strip_prefix("moe_q8_").map(|r| ("Q8", "q8", r)).or_else(|| n.strip_prefix("moe_w8_").map(|r| ("W8", "w8", r))).map(|(m, l, r)| {
+            let direct = src.contains(&format!("void {n}(")) || src.contains(&format!("FP8_GEMM_ENTRY({n},"));
+            let moe = ["q8", "w8"].iter().find_map(|fam| n.strip_prefix(&format!("moe_{fam}_")).map(|r| (fam, r))).map(|(fam, r)| {
                 let f = if r.starts_with("fp8") { "fp8" } else { "fp4" };
-                src.contains(&format!("MOE_{m}_FMT({f},")) && src.contains(&format!("moe_{l}_##F##{}", &r[3..]))
+                src.contains(&format!("MOE_FP8_FMT({fam}, {}, {f},", *fam == "w8")) && src.contains(&format!("moe_##P##_##F##{}", &r[3..]))
             });
             assert!(direct || moe == Some(true), "{n} is not defined in gemm_q8.cu");
         }

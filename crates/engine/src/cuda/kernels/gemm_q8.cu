@@ -393,69 +393,7 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
         }
 }
 
-#define GQ_ENTRY(NAME, FMT)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 1)                                                                     \
-        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const u8* __restrict__ W, const u8* __restrict__ S,    \
-             float* __restrict__ y, int T, int N, int K) {                                                                   \
-        const int tiles_m = (T + 127) / 128, tiles_n = (N + 127) / 128, per_group = GQ_GROUP * tiles_n;                      \
-        const int pid = blockIdx.x, first_m = (pid / per_group) * GQ_GROUP, gsz = min(tiles_m - first_m, GQ_GROUP);          \
-        GqProb p = {q, sa, W, S, nullptr, nullptr, (first_m + (pid % per_group) % gsz) * 128, ((pid % per_group) / gsz) * 128, \
-                    T, N, K};                                                                                                \
-        GqEpi e = {y, nullptr, 0, 0.f, nullptr, nullptr};                                                                    \
-        gq_gemm<FMT, 128, 128, 2, 4, 0>(p, e);                                                                               \
-    }
 
-GQ_ENTRY(gemm_q8_fp8, 2)
-GQ_ENTRY(gemm_q8_fp4, 3)
-
-template <int FMT, int BM, int WM, int WN, int EPI>
-__device__ __forceinline__ void moe_q8(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
-                                       const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items,
-                                       const int* n_items, float* y, float* hf, int ldh, const int* dst, const float* gamma, int N,
-                                       int K, float limit) {
-    const int tiles_n = (N + 127) / 128;
-    const int total = *n_items * tiles_n;
-    GqEpi e = {y, hf, ldh, limit, dst, gamma};
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
-        const int it = w / tiles_n, pn = w % tiles_n;
-        const int ex = items[2 * it];
-        GqProb p;
-        p.q = q;
-        p.sa = sa;
-        p.W = reinterpret_cast<const u8*>(wtab[ex]);
-        p.S = reinterpret_cast<const u8*>(stab[ex]);
-        p.W3 = EPI == 1 ? reinterpret_cast<const u8*>(w3tab[ex]) : nullptr;
-        p.S3 = EPI == 1 ? reinterpret_cast<const u8*>(s3tab[ex]) : nullptr;
-        p.m0 = items[2 * it + 1];
-        p.n0 = pn * 128;
-        p.T = 0x7fffffff;
-        p.N = N;
-        p.K = K;
-        gq_gemm<FMT, BM, 128, WM, WN, EPI>(p, e);
-        __syncthreads();
-    }
-}
-
-#define MOE_Q8_ENTRY(NAME, FMT, BM, WM, WN, EPI)                                                                            \
-    extern "C" __global__ void __launch_bounds__(WM * WN * 32, 1)                                                           \
-        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,           \
-             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                     \
-             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items,   \
-             float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                           \
-             const float* __restrict__ gamma, int N, int K, float limit) {                                                  \
-        moe_q8<FMT, BM, WM, WN, EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit); \
-    }
-
-#define MOE_Q8_FMT(F, FMT)                                        \
-    MOE_Q8_ENTRY(moe_q8_##F##_128_plain, FMT, 128, 2, 4, 0)      \
-    MOE_Q8_ENTRY(moe_q8_##F##_128_swiglu, FMT, 128, 2, 4, 1)     \
-    MOE_Q8_ENTRY(moe_q8_##F##_128_scatter, FMT, 128, 2, 4, 2)    \
-    MOE_Q8_ENTRY(moe_q8_##F##_64_plain, FMT, 64, 2, 2, 0)        \
-    MOE_Q8_ENTRY(moe_q8_##F##_64_swiglu, FMT, 64, 2, 2, 1)       \
-    MOE_Q8_ENTRY(moe_q8_##F##_64_scatter, FMT, 64, 2, 2, 2)
-
-MOE_Q8_FMT(fp8, 2)
-MOE_Q8_FMT(fp4, 3)
 
 // ---------------------------------------------------------------------------------------------
 // The same GEMMs on Hopper's warpgroup MMA (switch FP8_WGMMA, on by default; sm_90a only):
@@ -720,26 +658,43 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     }
 }
 
-#define GW_ENTRY(NAME, FMT)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 1)                                                                     \
-        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const u8* __restrict__ W, const u8* __restrict__ S,    \
-             float* __restrict__ y, int T, int N, int K) {                                                                   \
-        const int tiles_m = (T + 127) / 128, tiles_n = (N + 127) / 128, per_group = GQ_GROUP * tiles_n;                      \
-        const int pid = blockIdx.x, first_m = (pid / per_group) * GQ_GROUP, gsz = min(tiles_m - first_m, GQ_GROUP);          \
-        GqProb p = {q, sa, W, S, nullptr, nullptr, (first_m + (pid % per_group) % gsz) * 128, ((pid % per_group) / gsz) * 128, \
-                    T, N, K};                                                                                                \
-        GqEpi e = {y, nullptr, 0, 0.f, nullptr, nullptr};                                                                    \
-        gw_gemm<FMT, 2, 0>(p, e);                                                                                            \
+// ---------------------------------------------------------------------------------------------
+// Entry points of both families (WGMMA = true: gw_gemm, else gq_gemm; same arguments and outputs).
+
+// The plain GEMM's tile: 1-D grid over 128 × 128 tiles, rasterised in groups of GQ_GROUP token tiles
+// per output tile column.
+__device__ __forceinline__ GqProb gq_plain(const u8* q, const float* sa, const u8* W, const u8* S, int T, int N, int K) {
+    const int tiles_m = (T + 127) / 128, tiles_n = (N + 127) / 128, per_group = GQ_GROUP * tiles_n;
+    const int pid = blockIdx.x, first_m = (pid / per_group) * GQ_GROUP, gsz = min(tiles_m - first_m, GQ_GROUP);
+    GqProb p = {q, sa, W, S, nullptr, nullptr, (first_m + (pid % per_group) % gsz) * 128, ((pid % per_group) / gsz) * 128, T, N, K};
+    return p;
+}
+
+template <bool WGMMA, int FMT, int BM, int EPI>
+__device__ __forceinline__ void fp8_tile(const GqProb& p, const GqEpi& e) {
+    if constexpr (WGMMA) gw_gemm<FMT, BM / 64, EPI>(p, e);
+    else gq_gemm<FMT, BM, 128, 2, BM == 128 ? 4 : 2, EPI>(p, e);
+}
+
+#define FP8_GEMM_ENTRY(NAME, WGMMA, FMT)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                                  \
+        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const u8* __restrict__ W, const u8* __restrict__ S, \
+             float* __restrict__ y, int T, int N, int K) {                                                                \
+        GqEpi e = {y, nullptr, 0, 0.f, nullptr, nullptr};                                                                 \
+        fp8_tile<WGMMA, FMT, 128, 0>(gq_plain(q, sa, W, S, T, N, K), e);                                                  \
     }
 
-GW_ENTRY(gemm_w8_fp8, 2)
-GW_ENTRY(gemm_w8_fp4, 3)
+FP8_GEMM_ENTRY(gemm_q8_fp8, false, 2)
+FP8_GEMM_ENTRY(gemm_q8_fp4, false, 3)
+FP8_GEMM_ENTRY(gemm_w8_fp8, true, 2)
+FP8_GEMM_ENTRY(gemm_w8_fp4, true, 3)
 
-template <int FMT, int WG, int EPI>
-__device__ __forceinline__ void moe_w8(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
-                                       const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items,
-                                       const int* n_items, float* y, float* hf, int ldh, const int* dst, const float* gamma, int N,
-                                       int K, float limit) {
+// The grouped MoE over the on-device queue of (expert, row tile) items (gemm.cu moe_gemm).
+template <bool WGMMA, int FMT, int BM, int EPI>
+__device__ __forceinline__ void moe_fp8(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
+                                        const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items,
+                                        const int* n_items, float* y, float* hf, int ldh, const int* dst, const float* gamma, int N,
+                                        int K, float limit) {
     const int tiles_n = (N + 127) / 128;
     const int total = *n_items * tiles_n;
     GqEpi e = {y, hf, ldh, limit, dst, gamma};
@@ -758,31 +713,34 @@ __device__ __forceinline__ void moe_w8(const u8* q, const float* sa, const unsig
         p.T = 0x7fffffff;
         p.N = N;
         p.K = K;
-        gw_gemm<FMT, WG, EPI>(p, e);
-        __syncthreads();
+        fp8_tile<WGMMA, FMT, BM, EPI>(p, e);
+        __syncthreads();  // the next unit refills shared memory other warps may still be reading
     }
 }
 
-#define MOE_W8_ENTRY(NAME, FMT, WG, EPI)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(WG * 128, 1)                                                              \
-        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,          \
-             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                    \
-             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items,  \
-             float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                          \
-             const float* __restrict__ gamma, int N, int K, float limit) {                                                 \
-        moe_w8<FMT, WG, EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit);        \
+#define MOE_FP8_ENTRY(NAME, WGMMA, FMT, BM, EPI)                                                                          \
+    extern "C" __global__ void __launch_bounds__(BM * 2, 1)                                                               \
+        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,         \
+             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
+             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
+             float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                         \
+             const float* __restrict__ gamma, int N, int K, float limit) {                                                \
+        moe_fp8<WGMMA, FMT, BM, EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit); \
     }
 
-#define MOE_W8_FMT(F, FMT)                                      \
-    MOE_W8_ENTRY(moe_w8_##F##_128_plain, FMT, 2, 0)            \
-    MOE_W8_ENTRY(moe_w8_##F##_128_swiglu, FMT, 2, 1)           \
-    MOE_W8_ENTRY(moe_w8_##F##_128_scatter, FMT, 2, 2)          \
-    MOE_W8_ENTRY(moe_w8_##F##_64_plain, FMT, 1, 0)             \
-    MOE_W8_ENTRY(moe_w8_##F##_64_swiglu, FMT, 1, 1)            \
-    MOE_W8_ENTRY(moe_w8_##F##_64_scatter, FMT, 1, 2)
+// moe_<q8|w8>_<fmt>_<bm>_<plain|swiglu|scatter>; block = 2·BM threads (8 or 4 warps).
+#define MOE_FP8_FMT(P, WGMMA, F, FMT)                                  \
+    MOE_FP8_ENTRY(moe_##P##_##F##_128_plain, WGMMA, FMT, 128, 0)     \
+    MOE_FP8_ENTRY(moe_##P##_##F##_128_swiglu, WGMMA, FMT, 128, 1)    \
+    MOE_FP8_ENTRY(moe_##P##_##F##_128_scatter, WGMMA, FMT, 128, 2)   \
+    MOE_FP8_ENTRY(moe_##P##_##F##_64_plain, WGMMA, FMT, 64, 0)       \
+    MOE_FP8_ENTRY(moe_##P##_##F##_64_swiglu, WGMMA, FMT, 64, 1)      \
+    MOE_FP8_ENTRY(moe_##P##_##F##_64_scatter, WGMMA, FMT, 64, 2)
 
-MOE_W8_FMT(fp8, 2)
-MOE_W8_FMT(fp4, 3)
+MOE_FP8_FMT(q8, false, fp8, 2)
+MOE_FP8_FMT(q8, false, fp4, 3)
+MOE_FP8_FMT(w8, true, fp8, 2)
+MOE_FP8_FMT(w8, true, fp4, 3)
 
 // moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E): grouped rows of per-token quantized
 // activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows), xsa [R, Kp/128] (1 for padding).
