@@ -67,14 +67,14 @@ pub const SWITCHES: &[Switch] = &[
         values: &["split", "bf16", "fp8", "off"],
         aliases: &[("1", "split"), ("on", "split"), ("true", "split"), ("yes", "split"), ("x2", "split"), ("0", "off"), ("false", "off"), ("no", "off")],
         replaces: "the exact f32 linear kernel (linear.cu) for GPU linear layers with T >= 64 tokens: tensor cores with split (hi+lo) or plain bf16 activations; fp8 = DeepSeek's official numerics (spec §10.1: e4m3 activations per 128 features on FP8 tensor cores, γ before the expert down projection), compared with the CPU reference in those numerics",
-        parity: "gpu-check `tc …` records (per-shape NMSE vs the CPU), every whole-model check, the switch matrix (`gpu-check --only switches`)",
+        parity: "gpu-check `tc …` records (per-shape NMSE vs the CPU), every whole-model check, the switch matrix (`gpu-check --only switches`); fp8: `linear_q8`/`linear_w8 …` (`--only q8`) and `moe_q8 …` (`--only moe`) records vs the CPU in official numerics",
     },
     Switch {
         name: "FP8_WGMMA",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "the mma.sync m16n8k32 FP8 GEMMs of TC_LINEAR=fp8 (gemm_q8_*, moe_q8_*): Hopper warpgroup MMA (wgmma m64n128k32 e4m3 from 128-byte-swizzled shared memory, gemm_w8_*, moe_w8_*), same per-128 promotion",
-        parity: "gpu-check `linear_w8 …` and `moe_q8 … wgmma` records against the CPU in official numerics and against the mma.sync kernels; the switch matrix (with TC_LINEAR=fp8)",
+        parity: "gpu-check `linear_w8 …` (`--only q8`) and `moe_q8 …` / `moe_q8 … mma.sync` (`--only moe`) records against the CPU in official numerics; the switch matrix (with TC_LINEAR=fp8, reported)",
     },
     Switch {
         name: "MLA_STREAM_TOPK",

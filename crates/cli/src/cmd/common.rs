@@ -20,6 +20,9 @@ use std::cell::Cell;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// Prefill chunk of the CPU reference when `--prefill-chunk` is not given (tokens).
+pub const CPU_PREFILL_CHUNK: usize = 512;
+
 /// Model selection flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -30,11 +33,13 @@ pub struct ModelArgs {
     /// Simulate DeepSeek's official numerics (spec §10: FP8 activations, FP8 KV, FP4 indexer).
     #[arg(long)]
     pub official_numerics: bool,
-    /// Tokens per prefill chunk.
-    #[arg(long, default_value_t = 512)]
-    pub prefill_chunk: usize,
+    /// Tokens per prefill chunk (default: 512 on the CPU; on CUDA the `LONG_CONTEXT_CHUNK` switch,
+    /// 8,192 or 2,048).
+    #[arg(long)]
+    pub prefill_chunk: Option<usize>,
     /// Backend: `cpu` (the exact reference) or `cuda` / `cuda:N` (GPU N; weights uploaded in their
-    /// stored formats, exact f32 activations). `serve` runs on the CPU for now.
+    /// stored formats; kernels as the switches say — `flashseek switches` — exact HF numerics by
+    /// default). `serve` runs on the CPU for now.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Tokens of device state to allocate per sequence on a GPU (its context limit there).
@@ -130,7 +135,7 @@ pub struct Loaded {
     /// Maximum tokens per GPU sequence.
     pub gpu_context: usize,
     /// Tokens per prefill chunk.
-    pub prefill_chunk: usize,
+    pub prefill_chunk: Option<usize>,
     /// Tokenizer (the checkpoint's `tokenizer.json` if it has one, else the embedded V4 tokenizer).
     pub tokenizer: Ds4Tokenizer,
     /// Forward options from the flags.
@@ -175,6 +180,9 @@ fn stored_bytes(info: &flashseek_model::checkpoint::TensorInfo) -> u64 {
 /// Resolves `--model` (writing the embedded default model on first use), loads config, weights and
 /// tokenizer. Prints a one-time note when the embedded random-weight model is used.
 pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
+    if args.prefill_chunk == Some(0) {
+        anyhow::bail!("--prefill-chunk must be at least 1");
+    }
     let dir = match &args.model {
         Some(d) => {
             if !d.is_dir() {
@@ -242,7 +250,17 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     }
     let numerics = if args.official_numerics { Numerics::official() } else { Numerics::default() };
     if gpu.is_some() && args.official_numerics {
-        anyhow::bail!("--official-numerics runs on the CPU backend only (use --device cpu)");
+        anyhow::bail!("--official-numerics runs on the CPU backend only (use --device cpu); on CUDA, `--switch TC_LINEAR=fp8` gives the FP8 activation part of it (spec §10.1)");
+    }
+    if gpu.is_none() {
+        let set: Vec<String> = flashseek_engine::switches::SWITCHES
+            .iter()
+            .filter(|s| flashseek_engine::switches::value_of(s.name).1 != flashseek_engine::switches::Origin::Default)
+            .map(|s| format!("{}={}", s.name, flashseek_engine::switches::value(s.name)))
+            .collect();
+        if !set.is_empty() {
+            eprintln!("flashseek: note: switches ({}) choose CUDA kernels and have no effect on the CPU reference (its official numerics: --official-numerics)", set.join(", "));
+        }
     }
     Ok(Loaded {
         weights,
@@ -259,12 +277,14 @@ impl Loaded {
     pub fn sequence(&self) -> anyhow::Result<Box<dyn Sequence + '_>> {
         if let Some(w) = &self.weights {
             let mut s = Session::new(w, self.forward, None);
-            s.prefill_chunk = self.prefill_chunk;
+            s.prefill_chunk = self.prefill_chunk.unwrap_or(CPU_PREFILL_CHUNK);
             return Ok(Box::new(s));
         }
         let (gpu, model) = self.gpu.as_ref().ok_or_else(|| anyhow::anyhow!("no backend loaded"))?;
         let mut s = GpuSession::new(gpu, model, self.gpu_context)?;
-        s.prefill_chunk = self.prefill_chunk;
+        if let Some(c) = self.prefill_chunk {
+            s.prefill_chunk = c;
+        }
         Ok(Box::new(s))
     }
 

@@ -47,8 +47,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.config.is_none() && !(1..=43).contains(&args.layers) {
         anyhow::bail!("--layers {}: DeepSeek-V4-Flash has 1 to 43 layers", args.layers);
     }
-    if args.chunk == Some(0) || args.prefill_repeats == 0 {
-        anyhow::bail!("--chunk and --prefill-repeats must be at least 1");
+    if args.chunk == Some(0) {
+        anyhow::bail!("--chunk must be at least 1");
+    }
+    if args.prefill_repeats == 0 {
+        anyhow::bail!("--prefill-repeats must be at least 1");
     }
     let config = match &args.config {
         Some(p) => Some(flashseek_model::config::Ds4Config::from_file(p)?),

@@ -57,6 +57,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.served_model_name.clone()
     };
+    if args.model.device()? != super::common::Device::Cpu {
+        anyhow::bail!("--device {}: `serve` runs on the CPU backend for now (the CUDA scheduler is not built yet); use --device cpu, or `chat`/`generate --device cuda`", args.model.device);
+    }
     let m = load(&args.model)?;
     let cfg = ServerConfig {
         host: args.host.clone(),
@@ -70,7 +73,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             max_running: args.max_running.max(1),
             state_budget_bytes: args.state_budget_mib.saturating_mul(1 << 20),
             max_queue: args.max_queue,
-            prefill_chunk: args.model.prefill_chunk.max(1),
+            prefill_chunk: args.model.prefill_chunk.unwrap_or(super::common::CPU_PREFILL_CHUNK),
             prefix_cache_entries: args.prefix_cache,
             forward: m.forward,
         },
