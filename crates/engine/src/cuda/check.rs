@@ -123,6 +123,7 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     if opts.only.as_deref().is_some_and(|o| o.starts_with("q8")) {
         if !opts.skip_checks {
             all &= super::check_q8::run(gpu, seed, &mut out)?;
+            all &= super::check_moe::run_official(gpu, seed, &mut out)?;
         }
         let timings = super::check_q8::timings(gpu, seed, repeats)?;
         return Ok((report(gpu, seed, all, out, timings), all));

@@ -130,12 +130,7 @@ fn variants() -> Vec<(&'static str, MoeOptions)> {
 pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let (t, d, inter, e, k) = (1000usize, 512usize, 256usize, 16usize, 6usize);
-    let cfg = config(d, e, k, ScoringFunc::SqrtSoftplus, 1.0);
-    let f = random(seed, "moe_grouped.f", t * d, 2.0);
-    let routes = designed_routes(seed, t, k, e);
-    let ids: Vec<i32> = routes.iter().flat_map(|r| r.experts.iter().map(|x| *x as i32)).collect();
-    let gammas: Vec<f32> = routes.iter().flat_map(|r| r.weights.iter().map(|v| *v as f32)).collect();
-    let routes32: Vec<Route> = routes.iter().map(|r| Route { experts: r.experts.clone(), weights: r.weights.iter().map(|v| *v as f32 as f64).collect() }).collect();
+    let Designed { cfg, f, routes32, ids, gammas } = designed(seed);
     let mut counts = vec![0usize; e];
     for x in &ids {
         counts[*x as usize] += 1;
@@ -186,6 +181,35 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     }
     all &= run_q8(gpu, seed, &cfg, &f, &routes32, &dids, &dw, &ids, out)?;
     Ok(all)
+}
+
+/// The parity matrix's inputs: 1,000 tokens of width 512 routed top-6 over 16 experts by
+/// [`designed_routes`] (weights rounded to f32, as the GPU holds them).
+struct Designed {
+    cfg: flashseek_model::config::Ds4Config,
+    f: Vec<f32>,
+    routes32: Vec<Route>,
+    ids: Vec<i32>,
+    gammas: Vec<f32>,
+}
+
+fn designed(seed: u64) -> Designed {
+    let (t, d, e, k) = (1000usize, 512usize, 16usize, 6usize);
+    let routes = designed_routes(seed, t, k, e);
+    Designed {
+        cfg: config(d, e, k, ScoringFunc::SqrtSoftplus, 1.0),
+        f: random(seed, "moe_grouped.f", t * d, 2.0),
+        ids: routes.iter().flat_map(|r| r.experts.iter().map(|x| *x as i32)).collect(),
+        gammas: routes.iter().flat_map(|r| r.weights.iter().map(|v| *v as f32)).collect(),
+        routes32: routes.iter().map(|r| Route { experts: r.experts.clone(), weights: r.weights.iter().map(|v| *v as f32 as f64).collect() }).collect(),
+    }
+}
+
+/// Only the official-numerics half of the matrix (`gpu-check --only q8`), on the same routing.
+pub fn run_official(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let Designed { cfg, f, routes32, ids, gammas } = designed(seed);
+    let (dids, dw) = (gpu.upload(&ids)?, gpu.upload(&gammas)?);
+    run_q8(gpu, seed, &cfg, &f, &routes32, &dids, &dw, &ids, out)
 }
 
 /// The official-numerics (FP8 activation) half of the parity matrix; see the module docs.

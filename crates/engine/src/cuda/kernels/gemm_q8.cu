@@ -144,6 +144,40 @@ __device__ __forceinline__ u32 gq_fp4x4(u32 v, u32 t0, u32 t1) {
     return mag | ((s << 4) & 0x80808080u);
 }
 
+// Epilogue 1 of both kernel families: hidden units col, col + 1 of grouped row `row` from their gate
+// (g0, g1) and up (u0, u1) sums: h = silu(min(g, L))·clamp(u, ±L)·γ (γ = gamma[dst[row]], 0 for a
+// padding row), f32 into hf. N is the fused width (2·inter): columns past it are not written.
+__device__ __forceinline__ void gq_swiglu_store(const GqEpi& E, int N, int row, int col, float g0, float g1, float u0, float u1) {
+    if (2 * col >= N) return;
+    const int dr = E.dst[row];
+    const float gam = dr < 0 ? 0.f : E.gamma[dr];
+    const float gs[2] = {g0, g1}, us[2] = {u0, u1};
+    float hv[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const float gv = fminf(gs[e], E.limit);
+        const float uv = us[e];
+        const float uc = uv != uv ? uv : fminf(fmaxf(uv, -E.limit), E.limit);
+        const float sgm = 1.f / (1.f + expf(-gv));
+        hv[e] = ((gv * sgm) * uc) * gam;
+    }
+    *reinterpret_cast<float2*>(E.hf + (size_t)row * E.ldh + col) = make_float2(hv[0], hv[1]);
+}
+
+// Epilogues 0 (y[row, col..col+1], rows < T) and 2 (y[dst[row], …], dst ≥ 0) of both families.
+template <int EPI>
+__device__ __forceinline__ void gq_store2(const GqEpi& E, int T, int N, int row, int col, float v0, float v1) {
+    const int orow = EPI == 2 ? E.dst[row] : row;
+    if (EPI == 0 ? row >= T : orow < 0) return;
+    float* d = E.y + (size_t)orow * N + col;
+    if ((N & 1) == 0 && col + 1 < N) {
+        *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
+    } else {
+        if (col < N) d[0] = v0;
+        if (col + 1 < N) d[1] = v1;
+    }
+}
+
 template <int FMT, int BM, int BN, int WM, int WN, int EPI>
 __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
     typedef GqLayout<FMT, BM, BN> L;
@@ -342,58 +376,26 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
     }
     gm_wait<0>();
 
-    if (EPI == 1) {
+    if constexpr (EPI == 1) {
         const int hb0 = (n0 + wn * WTN) >> 1;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int j = 0; j < NT8 / 2; j++) {
-                const int col = hb0 + 8 * j + c2;
-                if (2 * col >= N) continue;
+            for (int j = 0; j < NT8 / 2; j++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int row = m0 + wm * WTM + mt * 16 + g4 + 8 * h;
-                    const int dr = E.dst[row];
-                    const float gam = dr < 0 ? 0.f : E.gamma[dr];
-                    float hv[2];
+                for (int h = 0; h < 2; h++)
+                    gq_swiglu_store(E, N, m0 + wm * WTM + mt * 16 + g4 + 8 * h, hb0 + 8 * j + c2, acc[mt][2 * j][2 * h], acc[mt][2 * j][2 * h + 1],
+                                    acc[mt][2 * j + 1][2 * h], acc[mt][2 * j + 1][2 * h + 1]);
+    } else {
 #pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float gv = fminf(acc[mt][2 * j][2 * h + e], E.limit);
-                        const float uv = acc[mt][2 * j + 1][2 * h + e];
-                        const float uc = uv != uv ? uv : fminf(fmaxf(uv, -E.limit), E.limit);
-                        const float sgm = 1.f / (1.f + expf(-gv));
-                        hv[e] = ((gv * sgm) * uc) * gam;
-                    }
-                    *reinterpret_cast<float2*>(E.hf + (size_t)row * E.ldh + col) = make_float2(hv[0], hv[1]);
-                }
-            }
-        return;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    gq_store2<EPI>(E, P.T, N, m0 + wm * WTM + mt * 16 + g4 + 8 * h, n0 + wn * WTN + nt * 8 + c2, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
     }
-    const bool even = (N & 1) == 0;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT8; nt++) {
-            int col = n0 + wn * WTN + nt * 8 + c2;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int row = m0 + wm * WTM + mt * 16 + g4 + 8 * h;
-                int orow = EPI == 2 ? E.dst[row] : row;
-                if (EPI == 0 ? row < P.T : orow >= 0) {
-                    float* d = E.y + (size_t)orow * N + col;
-                    float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
-                    if (even && col + 1 < N) {
-                        *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
-                    } else {
-                        if (col < N) d[0] = v0;
-                        if (col + 1 < N) d[1] = v1;
-                    }
-                }
-            }
-        }
 }
-
-
 
 // ---------------------------------------------------------------------------------------------
 // The same GEMMs on Hopper's warpgroup MMA (switch FP8_WGMMA, on by default; sm_90a only):
@@ -611,50 +613,18 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     }
     gm_wait<0>();
 
-    if (EPI == 1) {
-        const int hb0 = n0 >> 1;
+    if constexpr (EPI == 1) {
 #pragma unroll
-        for (int jj = 0; jj < 8; jj++) {
-            const int col = hb0 + 8 * jj + c2;
-            if (2 * col >= N) continue;
+        for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int row = row_a + 8 * h;
-                const int dr = E.dst[row];
-                const float gam = dr < 0 ? 0.f : E.gamma[dr];
-                float hv[2];
+            for (int h = 0; h < 2; h++)
+                gq_swiglu_store(E, N, row_a + 8 * h, (n0 >> 1) + 8 * jj + c2, acc[4 * (2 * jj) + 2 * h], acc[4 * (2 * jj) + 2 * h + 1],
+                                acc[4 * (2 * jj + 1) + 2 * h], acc[4 * (2 * jj + 1) + 2 * h + 1]);
+    } else {
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float gv = fminf(acc[4 * (2 * jj) + 2 * h + e], E.limit);
-                    const float uv = acc[4 * (2 * jj + 1) + 2 * h + e];
-                    const float uc = uv != uv ? uv : fminf(fmaxf(uv, -E.limit), E.limit);
-                    const float sgm = 1.f / (1.f + expf(-gv));
-                    hv[e] = ((gv * sgm) * uc) * gam;
-                }
-                *reinterpret_cast<float2*>(E.hf + (size_t)row * E.ldh + col) = make_float2(hv[0], hv[1]);
-            }
-        }
-        return;
-    }
-    const bool even = (N & 1) == 0;
+        for (int j = 0; j < 16; j++)
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const int col = n0 + j * 8 + c2;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = row_a + 8 * h;
-            const int orow = EPI == 2 ? E.dst[row] : row;
-            if (EPI == 0 ? row < P.T : orow >= 0) {
-                float* d = E.y + (size_t)orow * N + col;
-                const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                if (even && col + 1 < N) {
-                    *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
-                } else {
-                    if (col < N) d[0] = v0;
-                    if (col + 1 < N) d[1] = v1;
-                }
-            }
-        }
+            for (int h = 0; h < 2; h++) gq_store2<EPI>(E, P.T, N, row_a + 8 * h, n0 + j * 8 + c2, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
 }
 
