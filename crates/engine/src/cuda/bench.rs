@@ -130,7 +130,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
     let mut rows = Vec::new();
     for &ctx in &opts.contexts {
         let ids = formula_ids(ctx as u64, ctx + opts.decode_steps, cfg.vocab_size);
-        let chunks: Vec<&[u32]> = ids[..ctx].chunks(chunk.max(1)).collect();
+        let chunks = super::model::prefill_chunks(&ids[..ctx], chunk);
         let repeats = if ctx <= 32768 { opts.prefill_repeats.max(1) } else { 1 };
         let mut prefill_times = Vec::new();
         let mut seq = None;

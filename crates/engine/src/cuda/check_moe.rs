@@ -143,7 +143,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     for fmt in ["fp4", "fp8", "bf16"] {
         let (layer, lw) = test_layer(gpu, seed, &format!("moe_grouped.{fmt}"), fmt, e, d, inter)?;
         let y_ref = moe::moe(&cfg, &lw, &f, &routes32, &Numerics::default());
-        let per_expert = gpu.download(&gpu.moe_experts(&cfg, &layer, &df, t, &ids, &dw)?)?;
+        let per_expert = gpu.download(&gpu.moe_experts(&cfg, &layer, &df, t, &ids, &dw, false)?)?;
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k, "tokens_per_expert": counts});
         for split in [true, false] {
             let act = if split { "split" } else { "bf16" };
@@ -256,7 +256,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
         println!("moe_q8 {fmt} mma.sync (FP8_WGMMA=off) vs cpu              nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e})  {}", if pass { "ok" } else { "FAIL" });
         out.push(json!({"op": format!("moe_q8 {fmt} mma.sync vs cpu"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "pass": pass}));
         all &= pass;
-        let per_expert = crate::switches::scoped(&[("TC_LINEAR", "fp8")], || gpu.moe_experts(cfg, &layer, &df, t, ids, dw)).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
+        let per_expert = gpu.moe_experts(cfg, &layer, &df, t, ids, dw, true)?;
         let per_expert = gpu.download(&per_expert)?;
         let (nmse, max_abs, ref_max) = errors(&per_expert, &y_ref);
         let pass = nmse <= Q8_MOE_NMSE_TOL;
@@ -318,7 +318,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         };
         if t <= 2048 {
             let host_ids = ids.clone();
-            let ms = median_ms(gpu, repeats.min(3), || gpu.moe_experts(&cfg, &layer, &f, t, &host_ids, &dw).map(|_| ()))?;
+            let ms = median_ms(gpu, repeats.min(3), || gpu.moe_experts(&cfg, &layer, &f, t, &host_ids, &dw, false).map(|_| ()))?;
             record_time("per-expert (grouped off)", ms);
         }
         let on = MoeOptions::ALL_ON;

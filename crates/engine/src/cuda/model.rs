@@ -500,13 +500,33 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
 ///
 /// Errors: as [`forward_chunk_gpu`] (on an error `seq` holds the chunks before the failing one).
 pub fn prefill_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[u32], chunk: usize) -> Result<Vec<f32>, CudaError> {
-    let chunks: Vec<&[u32]> = ids.chunks(chunk.max(1)).collect();
+    let chunks = prefill_chunks(ids, chunk);
     let mut logits = Vec::new();
     for (i, c) in chunks.iter().enumerate() {
         let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
         logits = forward_chunk_gpu(gpu, m, seq, c, lf, false)?.logits;
     }
     Ok(logits)
+}
+
+/// `ids` cut into prefill chunks of `chunk` tokens, except that a last piece shorter than
+/// [`super::gpu::TC_LINEAR_MIN_TOKENS`] joins the chunk before it: every chunk of a prompt of at
+/// least that many tokens then runs the same (tensor-core) kernels, whose per-token results do not
+/// depend on the chunk, so any chunk size of at least that many tokens changes no bit of the prefill
+/// (issue 6 §1).
+pub fn prefill_chunks(ids: &[u32], chunk: usize) -> Vec<&[u32]> {
+    let chunk = chunk.max(1);
+    let mut out: Vec<&[u32]> = Vec::with_capacity(ids.len().div_ceil(chunk));
+    let mut start = 0;
+    while start < ids.len() {
+        let mut end = (start + chunk).min(ids.len());
+        if ids.len() - end < super::gpu::TC_LINEAR_MIN_TOKENS {
+            end = ids.len();
+        }
+        out.push(&ids[start..end]);
+        start = end;
+    }
+    out
 }
 
 /// Work of one forward stage for a chunk, for the benchmark's floors: floating-point operations and
@@ -594,5 +614,29 @@ impl GpuModel {
             lin(&mut head, &self.head, logit_rows as f64);
         }
         vec![("projections", proj), ("compressors", comp), ("indexer", idx), ("attention", att), ("moe", moe), ("head", head)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefill_chunks;
+
+    #[test]
+    fn short_tails_join_the_previous_chunk() {
+        let ids: Vec<u32> = (0..10270).collect();
+        let lens = |c: usize| prefill_chunks(&ids, c).iter().map(|s| s.len()).collect::<Vec<_>>();
+        assert_eq!(lens(8192), vec![8192, 2078]);
+        assert_eq!(lens(2048), vec![2048, 2048, 2048, 2048, 2078]);
+        assert_eq!(lens(10240), vec![10270]);
+        assert_eq!(prefill_chunks(&ids[..40], 8192).iter().map(|s| s.len()).collect::<Vec<_>>(), vec![40]);
+        assert!(prefill_chunks(&[], 8).is_empty());
+        // Every token exactly once, in order.
+        for c in [1, 63, 64, 100, 2048, 8192, 20000] {
+            let joined: Vec<u32> = prefill_chunks(&ids, c).concat();
+            assert_eq!(joined, ids, "chunk {c}");
+            if c >= 64 {
+                assert!(prefill_chunks(&ids, c).iter().all(|s| s.len() >= 64), "chunk {c}");
+            }
+        }
     }
 }

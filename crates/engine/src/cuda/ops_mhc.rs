@@ -486,7 +486,11 @@ impl Gpu {
     /// into `slot_out[t, slot]`. Then the shared expert over all tokens, then [`Gpu::moe_combine`].
     ///
     /// Errors: an expert id outside 0..E, shapes that disagree with `cfg`, or any launcher error.
-    pub fn moe_experts(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &[i32], weights: &CudaSlice<f32>) -> Result<CudaSlice<f32>, CudaError> {
+    ///
+    /// `official`: DeepSeek's official numerics (FP8-quantized linear inputs, γ before W2; the path
+    /// `TC_LINEAR=fp8` takes) instead of the HF numerics.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &[i32], weights: &CudaSlice<f32>, official: bool) -> Result<CudaSlice<f32>, CudaError> {
         const W: &str = "moe_experts";
         let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
         let limit = cfg.swiglu_limit as f32;
@@ -545,8 +549,7 @@ impl Gpu {
         let mut h = self.zeros::<f32>(m_max * inter_max.max(1))?;
         let mut y = self.zeros::<f32>(m_max * d)?;
         let mut slot_out = self.zeros::<f32>(t * k * d)?;
-        // Official numerics (TC_LINEAR=fp8): γ scales the hidden before W2's quantisation.
-        let official = super::gpu::tc_linear_mode() == super::gpu::TcMode::Fp8;
+        // Official numerics: γ scales the hidden before W2's quantisation.
         for &(x, a, b) in &ranges {
             let m = b - a;
             self.gather_rows(f, t, &rows_dev.slice(a..b), &mut xs, d)?;
@@ -612,11 +615,18 @@ impl Gpu {
             // Official numerics: the FP8 grouped kernels where the experts allow them, else one expert
             // at a time (its linears quantize their inputs the same way).
             let (experts, weights) = self.moe_route(cfg, layer, f, ids, t)?;
-            let out = if grouped && self.moe_tables(layer)?.is_some_and(|tb| tb.q8) {
+            let tables = self.moe_tables(layer)?;
+            let out = if grouped && tables.is_some_and(|tb| tb.q8) {
                 self.moe_experts_grouped_q8(cfg, layer, f, t, &experts, &weights, opts)?
             } else {
+                if grouped && tables.is_some() {
+                    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        eprintln!("flashseek: warning: TC_LINEAR=fp8 runs a MoE layer one expert at a time: some routed expert is not FP8 or FP4 whose group scales fold into e4m3 (spread ≤ 8 binades per 128 inputs) — same numerics, slower");
+                    }
+                }
                 let host = self.download(&experts)?;
-                self.moe_experts(cfg, layer, f, t, &host, &weights)?
+                self.moe_experts(cfg, layer, f, t, &host, &weights, true)?
             };
             return Ok(GpuMoeOutput { out, experts, weights });
         }
@@ -631,7 +641,7 @@ impl Gpu {
             Some((split, opts)) if self.moe_tables(layer)?.is_some() => self.moe_experts_grouped(cfg, layer, f, t, &experts, &weights, split, opts)?,
             _ => {
                 let host = self.download(&experts)?;
-                self.moe_experts(cfg, layer, f, t, &host, &weights)?
+                self.moe_experts(cfg, layer, f, t, &host, &weights, false)?
             }
         };
         Ok(GpuMoeOutput { out, experts, weights })

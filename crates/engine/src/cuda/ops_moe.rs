@@ -361,7 +361,7 @@ impl Gpu {
     /// Launches one grouped FP8-activation GEMM `moe_q8_<fmt>_<bm>_<epi>` (gemm_q8.cu).
     #[allow(clippy::too_many_arguments)]
     fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, persistent: bool, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
-        let name = format!("{}_{}_{}_{epi}", super::ops_q8::families().1, tables.format, g.bm);
+        let name = format!("{}_{}_{}_{epi}", super::ops_q8::families_for(&self.arch).1, tables.format, g.bm);
         let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };

@@ -58,16 +58,11 @@ pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
     "scale_rows_by_route",
 ];
 
-/// Whether the FP8 GEMMs use Hopper's warpgroup MMA (`gemm_w8_*`, `moe_w8_*`; switch `FP8_WGMMA`,
-/// on by default) or `mma.sync` (`gemm_q8_*`, `moe_q8_*`).
-pub fn use_wgmma() -> bool {
-    crate::switches::on("FP8_WGMMA")
-}
-
-/// The kernel family prefix for the plain GEMM (`gemm_w8` / `gemm_q8`) and the grouped one
-/// (`moe_w8` / `moe_q8`) under [`use_wgmma`].
-pub fn families() -> (&'static str, &'static str) {
-    if use_wgmma() {
+/// The kernel family prefixes for the plain GEMM (`gemm_w8` / `gemm_q8`) and the grouped one
+/// (`moe_w8` / `moe_q8`): Hopper's warpgroup MMA when the switch `FP8_WGMMA` is on (the default)
+/// and the device is sm_90a (elsewhere the w8 kernels are traps), else `mma.sync`.
+pub fn families_for(arch: &str) -> (&'static str, &'static str) {
+    if crate::switches::on("FP8_WGMMA") && arch == "sm_90a" {
         ("gemm_w8", "moe_w8")
     } else {
         ("gemm_q8", "moe_q8")
@@ -235,7 +230,7 @@ impl Gpu {
             _ => unreachable!("checked by q8_capable"),
         };
         let blocks = t.div_ceil(128) * w.rows.div_ceil(Q8_BN);
-        let name = format!("{}_{fmt}", families().0);
+        let name = format!("{}_{fmt}", families_for(&self.arch).0);
         let cfg = LaunchConfig { grid_dim: (u32::try_from(blocks).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem_of(&name) as u32 };
         let (t_i, n_i, k_i) = (i32_of(t, "tokens")?, i32_of(w.rows, "outputs")?, i32_of(w.cols, "inputs")?);
         let mut b = self.stream.launch_builder(self.f(&name));
@@ -331,6 +326,13 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wgmma_only_on_sm90a() {
+        assert_eq!(families_for("sm_90a"), ("gemm_w8", "moe_w8"));
+        assert_eq!(families_for("sm_100"), ("gemm_q8", "moe_q8"));
+        crate::switches::scoped(&[("FP8_WGMMA", "off")], || assert_eq!(families_for("sm_90a"), ("gemm_q8", "moe_q8"))).unwrap();
+    }
 
     #[test]
     fn fold_rule() {

@@ -33,7 +33,7 @@ impl<'a> GpuSession<'a> {
         }
         crate::forward::check_ids(ids, self.model.config.vocab_size)?;
         let mut last = Vec::new();
-        let chunks: Vec<&[u32]> = ids.chunks(self.prefill_chunk.max(1)).collect();
+        let chunks = super::model::prefill_chunks(ids, self.prefill_chunk);
         for (i, c) in chunks.iter().enumerate() {
             let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
             last = forward_chunk_gpu(self.gpu, self.model, &mut self.seq, c, lf, false).map_err(backend)?.logits;

@@ -56,6 +56,18 @@ impl GpuSource for StoredSource<'_> {
         let info = ck.info(name).ok_or_else(|| bad(name, "missing from the checkpoint"))?;
         let base = name.strip_suffix(".weight").unwrap_or(name);
         let scale = ck.info(&format!("{base}.scale"));
+        // The kernels index scales by the weight's shape: a scale tensor of another shape would be
+        // read out of bounds, so it is refused here (spec §6 layouts).
+        if let Some(s) = &scale {
+            let want: Option<Vec<usize>> = match info.dtype {
+                StoredDtype::F8E4M3 => Some(vec![rows.div_ceil(128), cols.div_ceil(128)]),
+                StoredDtype::I8 | StoredDtype::U8 => Some(vec![rows, cols.div_ceil(32)]),
+                _ => None,
+            };
+            if let Some(want) = want.filter(|w| s.dtype == StoredDtype::F8E8M0 && *w != s.shape) {
+                return Err(bad(name, format!("scale tensor {base}.scale has shape {:?}, expected {want:?} for a [{rows}, {cols}] weight", s.shape)));
+            }
+        }
         let data = match (&info.dtype, scale.as_ref().map(|s| &s.dtype)) {
             (StoredDtype::F8E4M3, Some(StoredDtype::F8E8M0)) if info.shape == [rows, cols] => GpuMatrix::Fp8 {
                 w: gpu.upload(ck.raw_bytes(name).map_err(|e| bad(name, e))?)?,

@@ -32,8 +32,9 @@
 //     then act_quant_fp8 prepares the down projection's input; scatter: y[dst[row], col].
 //     bm 128: 8 warps (2 × 4); bm 64: 4 warps (2 × 2), warp tile 32 × 64.
 //
-// Not reproduced: NaN activations (the CPU leaves a non-finite block unquantized; here NaN stays NaN
-// and ±inf saturates to ±448·s).
+// Not reproduced bit for bit: non-finite activations. The CPU leaves a block holding NaN or ±inf
+// unquantized; here a NaN stays NaN (e4m3 0x7F) and a block holding ±inf gets s = 2^127, so its
+// finite values become 0 and the inf NaN. Either way the GEMM outputs of that row are not finite.
 
 #define GQ_LDS 80   // bytes per padded shared-memory row: 64 e4m3 + 16 pad (ldmatrix rows hit distinct banks)
 #define GQ_BK 64    // K elements per pipeline step
@@ -416,10 +417,18 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
 
 #define GW_STAGES 4
 
-__device__ __forceinline__ void gw_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void gw_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void gw_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void gw_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// wgmma exists only on sm_90a: elsewhere (sm_100, sm_120, …) these compile to a trap and the host
+// never picks the w8 kernels (`Gpu::fp8_families` requires sm_90a), so the file still builds there.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GW_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define GW_ASM(...) __trap()
+#endif
+
+__device__ __forceinline__ void gw_fence_proxy() { GW_ASM("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void gw_fence() { GW_ASM("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void gw_commit() { GW_ASM("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void gw_wait0() { GW_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 
 // Matrix descriptor of a K-major 128-byte-swizzled tile at shared address a: start a >> 4, leading
 // offset 1 (unused when swizzled), stride 1024 bytes between 8-row atoms, swizzle mode 1 (128 B).
@@ -431,7 +440,7 @@ __device__ __forceinline__ unsigned long long gw_desc(u32 a) {
 __device__ __forceinline__ u32 gw_swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
 
 __device__ __forceinline__ void gw_mma(float (&d)[64], unsigned long long da, unsigned long long db, int scale_d) {
-    asm volatile(
+    GW_ASM(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
