@@ -30,11 +30,13 @@ pub struct ModelArgs {
     /// layout). Without it flashseek runs its embedded random-weight default model.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Simulate DeepSeek's official numerics (spec §10: FP8 activations, FP8 KV, FP4 indexer).
+    /// Simulate DeepSeek's official numerics (spec §10: FP8 activations, FP8 KV, FP4 indexer); CPU
+    /// backend only (on CUDA, `--switch TC_LINEAR=fp8` gives the FP8-activation part).
     #[arg(long)]
     pub official_numerics: bool,
     /// Tokens per prefill chunk (default: 512 on the CPU; on CUDA the `LONG_CONTEXT_CHUNK` switch,
-    /// 8,192 or 2,048).
+    /// 8,192 or 2,048). On CUDA, chunks under 64 tokens run the exact f32 kernels instead of the
+    /// tensor cores, so only chunks of >= 64 tokens give bit-identical results to each other.
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
     /// Backend: `cpu` (the exact reference) or `cuda` / `cuda:N` (GPU N; weights uploaded in their
@@ -183,6 +185,9 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     if args.prefill_chunk == Some(0) {
         anyhow::bail!("--prefill-chunk must be at least 1");
     }
+    if args.official_numerics && args.device()? != Device::Cpu {
+        anyhow::bail!("--official-numerics runs on the CPU backend only (use --device cpu); on CUDA, `--switch TC_LINEAR=fp8` gives the FP8 activation part of it (spec §10.1)");
+    }
     let dir = match &args.model {
         Some(d) => {
             if !d.is_dir() {
@@ -249,9 +254,6 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
         );
     }
     let numerics = if args.official_numerics { Numerics::official() } else { Numerics::default() };
-    if gpu.is_some() && args.official_numerics {
-        anyhow::bail!("--official-numerics runs on the CPU backend only (use --device cpu); on CUDA, `--switch TC_LINEAR=fp8` gives the FP8 activation part of it (spec §10.1)");
-    }
     if gpu.is_none() {
         let set: Vec<String> = flashseek_engine::switches::SWITCHES
             .iter()
