@@ -226,6 +226,24 @@ impl Gpu {
         Ok(Grouping { bm, r_cap, max_items, offsets, items, n_items, row_tok, row_dst })
     }
 
+    /// The checks both grouped paths make: the layer's expert tables (with `q8`, ones the FP8
+    /// kernels take), shapes against `cfg`, buffer lengths. Returns (tables, d, E, k).
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_inputs<'a>(&self, cfg: &Ds4Config, layer: &'a GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, q8: bool) -> Result<(&'a GpuExpertTables, usize, usize, usize), CudaError> {
+        let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
+        let tables = self.moe_tables(layer)?.filter(|tb| !q8 || tb.q8).ok_or_else(|| {
+            bad(if q8 { "the routed experts are not all FP8 or foldable FP4 with widths multiple of 128" } else { "the routed experts are not all bf16/FP8/FP4 of one shape with widths multiple of 32" })
+        })?;
+        if t == 0 || k == 0 || layer.experts.len() != e || tables.d != d {
+            return Err(bad(format!("{t} tokens, top-{k}, {} experts of width {} for config E = {e}, d = {d}", layer.experts.len(), tables.d)));
+        }
+        let tk = t * k;
+        if experts.len() < tk || weights.len() < tk || f.len() < t * d {
+            return Err(bad(format!("buffers of {} ids, {} weights, {} inputs for {t} tokens × top-{k}, d = {d}", experts.len(), weights.len(), f.len())));
+        }
+        Ok((tables, d, e, k))
+    }
+
     /// Launch geometry of a grouped GEMM over `g`'s tile queue with `n` outputs (128 per block, 8
     /// warps for 128-row tiles, 4 for 64): one block per work unit, or with `persistent` as many
     /// blocks as fit the SMs (they walk the queue).
@@ -305,15 +323,8 @@ impl Gpu {
     /// slots stay zero (the router marks such tokens with NaN weights, which reach the output).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_experts_grouped(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, split: bool, opts: MoeOptions) -> Result<CudaSlice<f32>, CudaError> {
-        let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
-        let tables = self.moe_tables(layer)?.ok_or_else(|| bad("the routed experts are not all bf16/FP8/FP4 of one shape with widths multiple of 32"))?;
-        if t == 0 || k == 0 || layer.experts.len() != e || tables.d != d {
-            return Err(bad(format!("{t} tokens, top-{k}, {} experts of width {} for config E = {e}, d = {d}", layer.experts.len(), tables.d)));
-        }
+        let (tables, d, e, k) = self.grouped_inputs(cfg, layer, f, t, experts, weights, false)?;
         let tk = t * k;
-        if experts.len() < tk || weights.len() < tk || f.len() < t * d {
-            return Err(bad(format!("buffers of {} ids, {} weights, {} inputs for {t} tokens × top-{k}, d = {d}", experts.len(), weights.len(), f.len())));
-        }
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
         let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, split))?;
@@ -403,15 +414,8 @@ impl Gpu {
     /// failures.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_experts_grouped_q8(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, opts: MoeOptions) -> Result<CudaSlice<f32>, CudaError> {
-        let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
-        let tables = self.moe_tables(layer)?.filter(|tb| tb.q8).ok_or_else(|| bad("the routed experts are not all FP8 or foldable FP4 with widths multiple of 128"))?;
-        if t == 0 || k == 0 || layer.experts.len() != e || tables.d != d {
-            return Err(bad(format!("{t} tokens, top-{k}, {} experts of width {} for config E = {e}, d = {d}", layer.experts.len(), tables.d)));
-        }
+        let (tables, d, e, k) = self.grouped_inputs(cfg, layer, f, t, experts, weights, true)?;
         let tk = t * k;
-        if experts.len() < tk || weights.len() < tk || f.len() < t * d {
-            return Err(bad(format!("buffers of {} ids, {} weights, {} inputs for {t} tokens × top-{k}, d = {d}", experts.len(), weights.len(), f.len())));
-        }
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
         let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, false))?;
