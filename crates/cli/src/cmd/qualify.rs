@@ -24,7 +24,7 @@ pub struct Args {
     #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
     /// Longest prompt on which the slow configurations (baseline, switches alone on, MoE
-    /// ungrouped) run.
+    /// ungrouped, TC_LINEAR off) run.
     #[arg(long, default_value_t = 8192)]
     pub full_matrix_max: usize,
     /// Folder for qualify.json and qualify.svg.

@@ -438,21 +438,22 @@ impl Gpu {
         need(W, "up scratch", u.len(), m * inter)?;
         need(W, "hidden scratch", h.len(), m * inter)?;
         need(W, "y", y.len(), m * d)?;
-        let lin = |x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>| if official { self.linear_official(x, w, y, m) } else { self.linear(x, w, y, m) };
-        if official && m >= super::gpu::TC_LINEAR_MIN_TOKENS && super::ops_q8::q8_capable(&ex.w1) && super::ops_q8::q8_capable(&ex.w3) {
-            // One quantisation of x for both (it is per row and block, so the same values).
-            let qa = self.act_quant(x, m, d)?;
-            self.linear_q8(&qa, &ex.w1, g, m)?;
-            self.linear_q8(&qa, &ex.w3, u, m)?;
+        if official {
+            // One quantisation of x for gate and up (it is per row and block: the same values).
+            self.linear_official_multi(x, m, &mut [(&ex.w1, g), (&ex.w3, u)])?;
         } else {
-            lin(x, &ex.w1, g)?;
-            lin(x, &ex.w3, u)?;
+            self.linear(x, &ex.w1, g, m)?;
+            self.linear(x, &ex.w3, u, m)?;
         }
         self.swiglu(g, u, h, m * inter, limit)?;
         if let Some((dst, gamma)) = route {
             self.scale_rows_by_route(h, dst, gamma, m, inter)?;
         }
-        lin(h, &ex.w2, y)
+        if official {
+            self.linear_official(h, &ex.w2, y, m)
+        } else {
+            self.linear(h, &ex.w2, y, m)
+        }
     }
 
     /// Router half of [`Gpu::moe_forward`]: the gate projection of the ffn-normed inputs `f` (`[t, d]`)
@@ -593,55 +594,40 @@ impl Gpu {
         Ok(out)
     }
 
-    /// A whole MoE layer (spec §4.11) for `t` tokens on the GPU, in exact mode (γ after W2, no
-    /// activation quantisation): `f` (`[t, d]`) are the ffn-normed inputs, `ids` (`[t]`) the token ids
-    /// (read by hash layers). Comparable with `forward::moe::route` + `forward::moe::moe` with
-    /// `Numerics::default()`.
+    /// A whole MoE layer (spec §4.11) for `t` tokens on the GPU: `f` (`[t, d]`) are the ffn-normed
+    /// inputs, `ids` (`[t]`) the token ids (read by hash layers). Exact mode (γ after W2, no
+    /// activation quantisation; comparable with `forward::moe::route` + `forward::moe::moe` with
+    /// `Numerics::default()`), or with `TC_LINEAR=fp8` DeepSeek's official numerics (`Numerics {
+    /// act_quant_fp8 }`).
     ///
-    /// With the `MOE_GROUPED` switch on (split activations unless `TC_LINEAR=bf16`), at least
-    /// [`super::gpu::TC_LINEAR_MIN_TOKENS`] tokens and experts that allow it, the routed experts run
-    /// grouped on the device ([`Gpu::moe_experts_grouped`], no synchronisation); otherwise one
-    /// expert at a time ([`Gpu::moe_experts`], one synchronisation to group tokens on the host).
+    /// With the `MOE_GROUPED` switch on, at least [`super::gpu::TC_LINEAR_MIN_TOKENS`] tokens and
+    /// experts that allow it, the routed experts run grouped on the device
+    /// ([`Gpu::moe_experts_grouped`] with split activations unless `TC_LINEAR=bf16`, or
+    /// [`Gpu::moe_experts_grouped_q8`]; no synchronisation); otherwise one expert at a time
+    /// ([`Gpu::moe_experts`], one synchronisation to group tokens on the host).
     ///
     /// Errors: shapes that disagree with `cfg`, an invalid token id or table entry (hash layers;
     /// per-expert path), or any launcher error.
     pub fn moe_forward(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize) -> Result<GpuMoeOutput, CudaError> {
-        // Split activations unless TC_LINEAR=bf16 asks for the inexact fast mode.
         let mode = super::gpu::tc_linear_mode();
-        let split = mode != super::gpu::TcMode::Bf16;
+        // TC_LINEAR=fp8: DeepSeek's official numerics on every path below.
+        let official = mode == super::gpu::TcMode::Fp8;
         let opts = super::ops_moe::MoeOptions::from_switches();
-        let grouped = opts.grouped && t >= super::gpu::TC_LINEAR_MIN_TOKENS;
-        if mode == super::gpu::TcMode::Fp8 {
-            // Official numerics: the FP8 grouped kernels where the experts allow them, else one expert
-            // at a time (its linears quantize their inputs the same way).
-            let (experts, weights) = self.moe_route(cfg, layer, f, ids, t)?;
-            let tables = self.moe_tables(layer)?;
-            let out = if grouped && tables.is_some_and(|tb| tb.q8) {
-                self.moe_experts_grouped_q8(cfg, layer, f, t, &experts, &weights, opts)?
-            } else {
-                if grouped && tables.is_some() {
+        let (experts, weights) = self.moe_route(cfg, layer, f, ids, t)?;
+        let tables = if opts.grouped && t >= super::gpu::TC_LINEAR_MIN_TOKENS { self.moe_tables(layer)? } else { None };
+        let out = match tables {
+            Some(tb) if official && tb.q8 => self.moe_experts_grouped_q8(cfg, layer, f, t, &experts, &weights, opts)?,
+            // Split activations unless TC_LINEAR=bf16 asks for the inexact fast mode.
+            Some(_) if !official => self.moe_experts_grouped(cfg, layer, f, t, &experts, &weights, mode != super::gpu::TcMode::Bf16, opts)?,
+            _ => {
+                if tables.is_some() {
                     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
                     if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
                         eprintln!("flashseek: warning: TC_LINEAR=fp8 runs a MoE layer one expert at a time: some routed expert is not FP8 or FP4 whose group scales fold into e4m3 (spread ≤ 8 binades per 128 inputs) — same numerics, slower");
                     }
                 }
                 let host = self.download(&experts)?;
-                self.moe_experts(cfg, layer, f, t, &host, &weights, true)?
-            };
-            return Ok(GpuMoeOutput { out, experts, weights });
-        }
-        self.moe_forward_with(cfg, layer, f, ids, t, grouped.then_some((split, opts)))
-    }
-
-    /// [`Gpu::moe_forward`] with the path chosen by the caller: `grouped` = Some((split activations,
-    /// options)) runs the grouped path when the layer's experts allow it, None the per-expert path.
-    pub fn moe_forward_with(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize, grouped: Option<(bool, super::ops_moe::MoeOptions)>) -> Result<GpuMoeOutput, CudaError> {
-        let (experts, weights) = self.moe_route(cfg, layer, f, ids, t)?;
-        let out = match grouped {
-            Some((split, opts)) if self.moe_tables(layer)?.is_some() => self.moe_experts_grouped(cfg, layer, f, t, &experts, &weights, split, opts)?,
-            _ => {
-                let host = self.download(&experts)?;
-                self.moe_experts(cfg, layer, f, t, &host, &weights, false)?
+                self.moe_experts(cfg, layer, f, t, &host, &weights, official)?
             }
         };
         Ok(GpuMoeOutput { out, experts, weights })

@@ -260,10 +260,25 @@ impl Gpu {
     ///
     /// Errors: as [`Gpu::linear`].
     pub fn linear_q_multi(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {
-        let shared = tc_linear_mode() == TcMode::Fp8 && t >= TC_LINEAR_MIN_TOKENS && outs.len() > 1 && outs.iter().all(|(w, _)| q8_capable(w) && w.cols == outs[0].0.cols);
+        if tc_linear_mode() == TcMode::Fp8 {
+            return self.linear_official_multi(x, t, outs);
+        }
+        for (w, y) in outs.iter_mut() {
+            self.linear(x, w, y, t)?;
+        }
+        Ok(())
+    }
+
+    /// [`Gpu::linear_official`] on several weights of the same input `x` (`[t, k]`), quantizing `x`
+    /// once for all of them when the FP8 kernel takes every one (`t ≥`
+    /// [`TC_LINEAR_MIN_TOKENS`], [`q8_capable`], one input width).
+    ///
+    /// Errors: as [`Gpu::linear`].
+    pub fn linear_official_multi(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {
+        let shared = t >= TC_LINEAR_MIN_TOKENS && outs.len() > 1 && outs.iter().all(|(w, _)| q8_capable(w) && w.cols == outs[0].0.cols);
         if !shared {
             for (w, y) in outs.iter_mut() {
-                self.linear_q(x, w, y, t)?;
+                self.linear_official(x, w, y, t)?;
             }
             return Ok(());
         }
