@@ -84,11 +84,39 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `sparse_attention_stream …` records vs the CPU reference (NMSE, max-abs), every whole-model check, the switch matrix",
     },
     Switch {
+        name: "MLA_STREAM_FAST_EXP",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "expf in the online softmax of the streaming attention kernel (MLA_STREAM_TOPK): the hardware __expf (ex2.approx); not exact, off by default",
+        parity: "gpu-check `sparse_attention_fast_exp …` records (NMSE and max-abs vs the CPU reference and vs the precise streaming kernel), the switch matrix and qualify (reported, not judged)",
+    },
+    Switch {
+        name: "DIRECT_INDEXER_TOPK",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the mask path: the indexer's top-k lists turned into a [T × entries] byte mask that attention scans for the visible entries it marks; on = the lists go straight to attention (no mask built)",
+        parity: "gpu-check `sparse_attention_mask …` records (bitwise equal to the lists, both kernels), the switch matrix and qualify (same bits as all on)",
+    },
+    Switch {
         name: "INDEXER_TC",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "indexer_scores_f32 (f32 CUDA cores, the whole query reloaded per 16 keys): indexer scores on split-bf16 tensor cores, queries held in registers across 512 keys (64 heads of 128 only)",
         parity: "gpu-check `indexer_scores_tc …` records (NMSE vs the CPU, top-k vs the reference selection), every whole-model check, the switch matrix",
+    },
+    Switch {
+        name: "INDEXER_STREAM_TOPK",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the [T × entries] f32 score matrix (indexer_scores_tc) then a radix top-k over it (indexer_topk_f32): scores and top-k in one streaming pass per token pair, a running top-k buffer in shared memory, no score matrix (with INDEXER_TC, 64 heads of 128)",
+        parity: "gpu-check `indexer_topk_stream …` records (lists identical to scores + top-k, exact), the switch matrix and qualify (same bits as all on)",
+    },
+    Switch {
+        name: "INDEXER_FP8",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the exact indexer scores (split-bf16 tensor cores): index queries and keys quantized to e4m3 with one power-of-two scale per 128-wide row, one FP8 tensor-core product, inside the streaming top-k (64 heads of 128); not exact, off by default",
+        parity: "gpu-check `indexer_topk_stream_fp8 …` records (selection vs the rule on the CPU's f64 scores of the quantized values, up to near ties; agreement with the exact selection reported), the switch matrix and qualify (logits NMSE reported)",
     },
     Switch {
         name: "MOE_GROUPED",
@@ -330,9 +358,9 @@ pub struct Configuration {
     pub overrides: Vec<(&'static str, &'static str)>,
     /// Its place in the matrix.
     pub role: Role,
-    /// The design promises its reference's tokens end to end (everything but `TC_LINEAR=bf16` and
-    /// `TC_LINEAR=fp8`; the latter's parity is judged per GEMM and per MoE layer, see
-    /// `forward::tests::official_numerics_amplify_last_bit_differences`).
+    /// The design promises its reference's tokens end to end (everything but `TC_LINEAR=bf16`,
+    /// `MLA_STREAM_FAST_EXP=on`, `INDEXER_FP8=on` and `TC_LINEAR=fp8`; the latter's parity is judged per GEMM and per
+    /// MoE layer, see `forward::tests::official_numerics_amplify_last_bit_differences`).
     pub exact: bool,
     /// Its reference is DeepSeek's official numerics (`TC_LINEAR=fp8`: the CPU forward with
     /// `Numerics { act_quant_fp8 }`), not the HF numerics of the baseline: its tokens are not
@@ -368,11 +396,17 @@ pub fn configurations() -> Vec<Configuration> {
         ("MOE_ADAPTIVE_TILES", true),
         ("MOE_PERSISTENT", true),
         ("LONG_CONTEXT_CHUNK", true),
+        ("DIRECT_INDEXER_TOPK", true),
+        ("INDEXER_STREAM_TOPK", true),
     ] {
         v.push(c(format!("{name}=off alone"), vec![(name, "off")], Role::AloneOff, true, same_bits, matches!(name, "MOE_GROUPED" | "TC_LINEAR")));
     }
     // FP8_WGMMA only matters under TC_LINEAR=fp8.
     v.push(c("FP8_WGMMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_WGMMA", "off")], Role::AloneOff, false, false, false));
+    // MLA_STREAM_FAST_EXP and INDEXER_FP8 are off by default (not exact): each on, with the other
+    // defaults.
+    v.push(c("MLA_STREAM_FAST_EXP=on (with the defaults)".into(), vec![("MLA_STREAM_FAST_EXP", "on")], Role::Fast, false, false, false));
+    v.push(c("INDEXER_FP8=on (with the defaults)".into(), vec![("INDEXER_FP8", "on")], Role::Fast, false, false, false));
     v.push(c("all on, TC_LINEAR=bf16".into(), vec![("TC_LINEAR", "bf16")], Role::Fast, false, false, false));
     v.push(c("all on, TC_LINEAR=fp8 (official numerics)".into(), vec![("TC_LINEAR", "fp8")], Role::Fast, false, false, false));
     v
@@ -430,14 +464,19 @@ mod tests {
     fn configurations_cover_every_switch() {
         let cs = configurations();
         for s in SWITCHES {
-            assert!(cs.iter().any(|c| c.role == Role::AloneOff && c.overrides.contains(&(s.name, "off"))), "{} never off alone", s.name);
+            if s.default_value() == "off" {
+                assert!(cs.iter().any(|c| c.overrides == [(s.name, "on")]), "{} (off by default) never on with the defaults", s.name);
+            } else {
+                assert!(cs.iter().any(|c| c.role == Role::AloneOff && c.overrides.contains(&(s.name, "off"))), "{} never off alone", s.name);
+            }
         }
         for c in &cs {
             assert!(scoped(&c.overrides, || ()).is_ok(), "{}", c.label);
         }
         assert_eq!(cs.iter().filter(|c| c.role == Role::Baseline).count(), 1);
         assert_eq!(cs.iter().filter(|c| c.role == Role::AllOn).count(), 1);
-        assert!(cs.iter().all(|c| c.exact != (c.overrides.contains(&("TC_LINEAR", "bf16")) || c.official)));
+        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on")].iter().any(|o| c.overrides.contains(o));
+        assert!(cs.iter().all(|c| c.exact != inexact(c)));
         assert!(cs.iter().filter(|c| c.official).count() >= 3);
     }
 

@@ -22,7 +22,8 @@ pub struct Args {
     /// Limit the run: `switches` = only the switch parity matrix; `tc…` = only the tensor-core
     /// linear checks and timings; `q8…` = only the FP8-activation (`TC_LINEAR=fp8`) linear checks and
     /// timings; `moe…` = only the grouped MoE parity matrix and timings; `att…` =
-    /// every check plus the attention/indexer timings; any other text = every check, and only the
+    /// only the attention-family checks (attention incl. the mask path and fast exp, compressors,
+    /// indexer incl. the fused top-k) and their timings; any other text = every check, and only the
     /// decode-linear timings whose label or format contains it.
     #[arg(long)]
     pub only: Option<String>,

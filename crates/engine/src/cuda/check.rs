@@ -135,6 +135,15 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         let timings = super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?;
         return Ok((report(gpu, seed, all, out, timings), all));
     }
+    // `--only att…`: the attention family (attention incl. the mask path and fast exp, compressors,
+    // indexer incl. the fused top-k) and its timings.
+    if opts.only.as_deref().is_some_and(|o| o.starts_with("att")) {
+        if !opts.skip_checks {
+            all &= super::check_attention::run(gpu, seed, &mut out)?;
+        }
+        let timings = super::check_attention::timings(gpu, seed, repeats, 2048, 8192)?;
+        return Ok((report(gpu, seed, all, out, timings), all));
+    }
     if !opts.skip_checks {
         all &= tc_checks(gpu, seed, &mut out)?;
         all &= super::check_q8::run(gpu, seed, &mut out)?;
@@ -265,7 +274,7 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     if opts.only.is_none() {
         timings.extend(super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?);
     }
-    if opts.only.is_none() || opts.only.as_deref().is_some_and(|o| o.starts_with("att")) {
+    if opts.only.is_none() {
         timings.extend(super::check_attention::timings(gpu, seed, repeats, 2048, 8192)?);
     }
     Ok((report(gpu, seed, all, out, timings), all))

@@ -324,7 +324,13 @@ impl Gpu {
         {
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             let bytes = super::ops_attention::ATTENTION_TC_SMEM as i32;
-            drv("shared memory of sparse_attention_tc", functions["sparse_attention_tc"].set_attribute(attr, bytes))?;
+            for name in ["sparse_attention_tc", "sparse_attention_tc_fast_exp"] {
+                drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
+            }
+            let bytes = super::ops_attention::INDEXER_STREAM_SMEM as i32;
+            for name in ["indexer_topk_stream", "indexer_topk_stream_fp8"] {
+                drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
+            }
         }
         for name in super::ops_moe::moe_gemm_entry_points() {
             let (fmt, bm, split) = super::ops_moe::moe_gemm_entry_shape(name);

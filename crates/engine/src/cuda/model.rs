@@ -404,7 +404,7 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
             (LayerKind::Sliding, _, _) => gpu.sparse_attention(&q, &s.kv, None, &l.sinks, inv, rope, &mut o, &shape)?,
             (LayerKind::Hca { ratio }, Some(_), Some(cs)) => {
                 let offsets = gpu.upload(&hca_offsets(pos0, t, ratio, cs.n_entries)?)?;
-                let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: None };
+                let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: None, mask: None };
                 gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
             }
             (LayerKind::Csa { ratio }, Some(_), Some(cs)) => {
@@ -425,14 +425,19 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
                 let total = *offs.last().unwrap_or(&0) as usize;
                 let offsets = gpu.upload(&offs)?;
                 let mut idx = gpu.zeros::<i32>(total.max(1))?;
-                if is.n_entries > 0 {
-                    let mut scores = gpu.zeros::<f32>(t * is.n_entries)?;
-                    gpu.indexer_scores(&iq, &is.entries, &wts, &mut scores, &ishape)?;
-                    gpu.indexer_topk(&scores, &offsets, &mut idx, &ishape, c.index_topk)?;
-                }
-                let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: Some(&idx) };
+                gpu.indexer_select(&iq, &is.entries, &wts, &offsets, &mut idx, &ishape, c.index_topk)?;
                 gpu.stage("attention");
-                gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
+                if crate::switches::on("DIRECT_INDEXER_TOPK") {
+                    let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: Some(&idx), mask: None };
+                    gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
+                } else {
+                    // The mask path (issue 6 §2): a [T, entries] byte mask, attention over the
+                    // visible entries it marks (same candidates, same order, same bits).
+                    let mask = gpu.topk_mask(&offsets, &idx, t, cs.entries.len() / hd)?;
+                    let visible = gpu.upload(&hca_offsets(pos0, t, ratio, is.n_entries)?)?;
+                    let keys = CompressedKeys { entries: &cs.entries, offsets: &visible, indices: None, mask: Some(&mask) };
+                    gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
+                }
             }
             _ => return Err(CudaError::Unsupported { what: "forward", detail: "compressed layer without a compressor".into() }),
         }

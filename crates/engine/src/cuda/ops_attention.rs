@@ -14,7 +14,7 @@ use crate::cpu::rope::Rope;
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
 /// Entry points of `kernels/attention.cu`.
-pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32", "sparse_attention_tc"];
+pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32", "sparse_attention_tc", "sparse_attention_tc_fast_exp"];
 
 /// Dynamic shared memory of `sparse_attention_tc` (`ATC_SMEM` in attention.cu: Q and K tiles as
 /// split bf16 with 520-element rows, partial logits, row pointers).
@@ -28,13 +28,23 @@ pub enum AttentionKernel {
     /// `sparse_attention_tc` (switch `MLA_STREAM_TOPK`): one block per token, each K=V row read once
     /// for all heads, split-bf16 tensor-core products; H = 64 and c = 512 only (else [`AttentionKernel::Exact`]).
     Stream,
+    /// `sparse_attention_tc_fast_exp` (switches `MLA_STREAM_TOPK` + `MLA_STREAM_FAST_EXP`): the
+    /// streaming kernel with the hardware `__expf` in the online softmax (not exact: relative error
+    /// of a few ulp per exponential; gpu-check reports its NMSE and max-abs against both the CPU
+    /// and [`AttentionKernel::Stream`]).
+    StreamFastExp,
 }
 
 impl AttentionKernel {
-    /// The kernel the `MLA_STREAM_TOPK` switch selects for `heads` × `head_dim`.
+    /// The kernel the `MLA_STREAM_TOPK` and `MLA_STREAM_FAST_EXP` switches select for `heads` ×
+    /// `head_dim`.
     pub fn from_switches(heads: usize, head_dim: usize) -> Self {
         if crate::switches::on("MLA_STREAM_TOPK") && heads == 64 && head_dim == 512 {
-            AttentionKernel::Stream
+            if crate::switches::on("MLA_STREAM_FAST_EXP") {
+                AttentionKernel::StreamFastExp
+            } else {
+                AttentionKernel::Stream
+            }
         } else {
             AttentionKernel::Exact
         }
@@ -43,7 +53,7 @@ impl AttentionKernel {
 /// Entry points of `kernels/compressor.cu`.
 pub const COMPRESSOR_ENTRY_POINTS: &[&str] = &["add_position_bias_f32", "compressor_pool_f32", "rope_positions_f32"];
 /// Entry points of `kernels/indexer.cu`.
-pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32"];
+pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32", "indexer_topk_stream", "indexer_topk_stream_fp8", "indexer_topk_mask_u8"];
 
 /// Largest head dim `sparse_attention_f32` supports (`ATT_MAXC`).
 pub const ATTENTION_MAX_HEAD_DIM: usize = 1024;
@@ -51,6 +61,14 @@ pub const ATTENTION_MAX_HEAD_DIM: usize = 1024;
 pub const INDEXER_MAX_HEAD_DIM: usize = 128;
 /// Largest `heads · head_dim` of one index query `indexer_scores_f32` supports (`IDX_MAXQ`).
 pub const INDEXER_MAX_QUERY: usize = 8192;
+/// Dynamic shared memory of `indexer_topk_stream` (`ITS_SMEM` in indexer.cu: two buffers of
+/// `ITS_CAP` = 2,048 (u32 key, i32 index) pairs).
+pub const INDEXER_STREAM_SMEM: usize = 2 * 2048 * 8;
+
+/// Largest top-k of `indexer_topk_stream` (`ITS_CAP − 2·ITC_KT`: a buffer must take one more
+/// 64-key tile per token after a cut).
+pub const INDEXER_STREAM_MAX_K: usize = 2048 - 128;
+
 /// Largest grid y dimension (tokens of the indexer scores, entries of one pooling launch).
 const MAX_GRID_Y: usize = 65535;
 
@@ -144,6 +162,11 @@ pub struct CompressedKeys<'a> {
     /// Entry indices (each query's list ascending, as the reference orders keys), or `None` for
     /// identity lists: element j of every list is entry j (HCA; offsets from [`hca_offsets`]).
     pub indices: Option<&'a CudaSlice<i32>>,
+    /// The mask path of `DIRECT_INDEXER_TOPK=off` (issue 6 §2): `[T, n_entries]` bytes, with
+    /// identity lists (`indices: None`, offsets = the visible counts from [`hca_offsets`]); query t
+    /// attends to the visible entries whose byte is non-zero, ascending (built by
+    /// [`Gpu::topk_mask`] from the indexer's lists, it gives the direct path's bits).
+    pub mask: Option<&'a CudaSlice<u8>>,
 }
 
 /// Geometry of one compressor pooling call ([`Gpu::compressor_pool`], [`Gpu::compress_entries`]).
@@ -204,9 +227,11 @@ impl Gpu {
     /// Per query t and head h: candidates = window rows in position order, then the query's
     /// compressed list; logits `q·k·c^−1/2`; `o = Σ P·k` with the sink in the denominator only.
     ///
-    /// Kernel from the `MLA_STREAM_TOPK` switch ([`AttentionKernel::from_switches`]): the streaming
-    /// tensor-core kernel for 64 heads × 512 (grid `T`, block 256), else the f32 kernel (grid `T·H`,
-    /// block 128); see `kernels/attention.cu`.
+    /// Kernel from the `MLA_STREAM_TOPK` and `MLA_STREAM_FAST_EXP` switches
+    /// ([`AttentionKernel::from_switches`]): the streaming tensor-core kernel for 64 heads × 512
+    /// (grid `T`, block 256), else the f32 kernel (grid `T·H`, block 128); see
+    /// `kernels/attention.cu`. With `comp.mask` (the `DIRECT_INDEXER_TOPK=off` path) the kernels
+    /// first count each query's set bytes, then take them in ascending order.
     ///
     /// Errors: [`CudaError::Unsupported`] for `c` not a multiple of 4 or above
     /// [`ATTENTION_MAX_HEAD_DIM`], an odd or too wide rope, short buffers, a window not covered by
@@ -283,10 +308,18 @@ impl Gpu {
             ensure(W, ck.entries.len().is_multiple_of(c), || format!("entries length {} is not a multiple of head_dim {c}", ck.entries.len()))?;
             ensure(W, ck.offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", ck.offsets.len(), tokens + 1))?;
             n_entries = int(W, "entries", ck.entries.len() / c)?;
+            if let Some(mask) = ck.mask {
+                ensure(W, ck.indices.is_none(), || "a mask needs identity lists (indices: None)".into())?;
+                let need = tokens * (ck.entries.len() / c);
+                ensure(W, mask.len() >= need, || format!("mask holds {} bytes, need T·n_entries = {need}", mask.len()))?;
+            }
         }
         let (name, cfg) = match kernel {
             AttentionKernel::Exact => ("sparse_attention_f32", LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }),
-            AttentionKernel::Stream => ("sparse_attention_tc", LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTENTION_TC_SMEM as u32 }),
+            AttentionKernel::Stream | AttentionKernel::StreamFastExp => {
+                let name = if kernel == AttentionKernel::Stream { "sparse_attention_tc" } else { "sparse_attention_tc_fast_exp" };
+                (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTENTION_TC_SMEM as u32 })
+            }
         };
         let mut b = self.stream.launch_builder(self.f(name));
         b.arg(q).arg(kv);
@@ -297,16 +330,20 @@ impl Gpu {
                     Some(i) => b.arg(i),
                     None => b.arg(&null),
                 };
+                match ck.mask {
+                    Some(mk) => b.arg(mk),
+                    None => b.arg(&null),
+                };
             }
             None => {
-                b.arg(&null).arg(&null).arg(&null);
+                b.arg(&null).arg(&null).arg(&null).arg(&null);
             }
         }
         b.arg(sinks).arg(inv_freq).arg(out);
         b.arg(&h_i).arg(&c_i).arg(&rd_i).arg(&p0_i).arg(&w_i).arg(&kb_i).arg(&kr_i).arg(&n_entries).arg(&scale);
-        // SAFETY: the argument list matches the signature both attention kernels share (pointers,
-        // then nine i32 and one f32); buffer sizes and the window coverage were checked above; the
-        // streaming kernel gets its full dynamic shared memory (it traps on less).
+        // SAFETY: the argument list matches the signature the attention kernels share (pointers incl.
+        // the optional mask, then nine i32 and one f32); buffer sizes and the window coverage were
+        // checked above; the streaming kernels get their full dynamic shared memory (they trap on less).
         launched(name, unsafe { b.launch(cfg) }.map(|_| ()))
     }
 
@@ -556,6 +593,163 @@ impl Gpu {
         // SAFETY: matches indexer_topk_f32; buffer sizes checked above (offsets are the caller's
         // topk_offsets, documented).
         launched("indexer_topk_f32", unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// The indexer's selection (spec §4.10 steps 4–6) into `idx` (`offsets` = [`topk_offsets`] on
+    /// the device), for a 64 × 128 indexer with `k ≤` [`INDEXER_STREAM_MAX_K`]: with
+    /// `INDEXER_FP8` on, FP8 scores ([`Gpu::indexer_topk_stream_fp8`], not exact); else with
+    /// `INDEXER_STREAM_TOPK` and `INDEXER_TC` on, the fused streaming kernel
+    /// ([`Gpu::indexer_topk_stream`], no score matrix). Otherwise [`Gpu::indexer_scores`] into a
+    /// `[T, N]` f32 buffer it allocates, then [`Gpu::indexer_topk`]. The exact paths give the same
+    /// lists (checked bit for bit by gpu-check).
+    ///
+    /// Errors: those of the kernels it runs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn indexer_select(
+        &self,
+        q: &CudaSlice<f32>,
+        keys: &CudaSlice<f32>,
+        weights: &CudaSlice<f32>,
+        offsets: &CudaSlice<i32>,
+        idx: &mut CudaSlice<i32>,
+        shape: &IndexerShape,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        if shape.tokens == 0 || shape.n_entries == 0 {
+            return Ok(());
+        }
+        let fits = shape.heads == 64 && shape.head_dim == 128 && k <= INDEXER_STREAM_MAX_K;
+        if fits && crate::switches::on("INDEXER_FP8") {
+            let q8 = self.act_quant(q, shape.tokens * shape.heads, shape.head_dim)?;
+            let k8 = self.act_quant(keys, shape.n_entries, shape.head_dim)?;
+            return self.indexer_topk_stream_fp8(&q8, &k8, weights, offsets, idx, shape, k);
+        }
+        if fits && crate::switches::on("INDEXER_STREAM_TOPK") && crate::switches::on("INDEXER_TC") {
+            return self.indexer_topk_stream(q, keys, weights, offsets, idx, shape, k);
+        }
+        let mut scores = self.zeros::<f32>(shape.tokens * shape.n_entries)?;
+        self.indexer_scores(q, keys, weights, &mut scores, shape)?;
+        self.indexer_topk(&scores, offsets, idx, shape, k)
+    }
+
+    /// `INDEXER_STREAM_TOPK` (issue 6 §3): [`Gpu::indexer_scores`] on the tensor cores and
+    /// [`Gpu::indexer_topk`] in one streaming pass over the keys, without the `[T, N]` score
+    /// matrix; the same lists bit for bit (same score arithmetic, same selection rule).
+    /// Arguments as those two (`offsets` = [`topk_offsets`]); 64 heads of 128 and
+    /// `1 ≤ k ≤` [`INDEXER_STREAM_MAX_K`] only.
+    ///
+    /// Launch: grid `ceil(T/2)`, block 256, dynamic shared memory [`INDEXER_STREAM_SMEM`].
+    ///
+    /// Errors: [`CudaError::Unsupported`] for another shape or k, zero ratio, short buffers, or
+    /// sizes beyond i32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn indexer_topk_stream(
+        &self,
+        q: &CudaSlice<f32>,
+        keys: &CudaSlice<f32>,
+        weights: &CudaSlice<f32>,
+        offsets: &CudaSlice<i32>,
+        idx: &mut CudaSlice<i32>,
+        shape: &IndexerShape,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        const W: &str = "indexer_topk_stream";
+        let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
+        ensure(W, heads == 64 && hd == 128, || format!("needs 64 heads of 128, got {heads} of {hd}"))?;
+        ensure(W, (1..=INDEXER_STREAM_MAX_K).contains(&k), || format!("k = {k}: need 1..={INDEXER_STREAM_MAX_K}"))?;
+        if tokens == 0 || n == 0 {
+            return Ok(());
+        }
+        ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
+        ensure(W, q.len() >= tokens * heads * hd, || format!("q holds {} values, need T·heads·hd = {}", q.len(), tokens * heads * hd))?;
+        ensure(W, keys.len() >= n * hd, || format!("keys hold {} values, need N·hd = {}", keys.len(), n * hd))?;
+        ensure(W, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
+        ensure(W, offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", offsets.len(), tokens + 1))?;
+        let total: usize = (0..tokens).map(|t| visible_entries(pos0 + t, ratio, n).min(k)).sum();
+        ensure(W, idx.len() >= total, || format!("idx holds {} values, the lists need {total}", idx.len()))?;
+        int(W, "total list length", total)?;
+        let (h_i, hd_i, n_i, r_i, p_i, t_i, k_i) =
+            (int(W, "heads", heads)?, int(W, "hd", hd)?, int(W, "N", n)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?, int(W, "tokens", tokens)?, int(W, "k", k)?);
+        let scale = (hd as f64).powf(-0.5) as f32;
+        let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(2) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: INDEXER_STREAM_SMEM as u32 };
+        let mut b = self.stream.launch_builder(self.f("indexer_topk_stream"));
+        b.arg(q).arg(keys).arg(weights).arg(offsets).arg(idx).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i).arg(&k_i);
+        // SAFETY: matches indexer_topk_stream; sizes checked above; offsets are the caller's
+        // topk_offsets (documented); the kernel gets its dynamic shared memory (it traps on less).
+        launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// `INDEXER_FP8` (issue 6 §3): [`Gpu::indexer_topk_stream`] on FP8 scores. `q8`: the index
+    /// queries `[T·64, 128]` through [`Gpu::act_quant`] (e4m3, one power-of-two scale per head
+    /// row); `k8`: the keys `[N, 128]` likewise (one scale per key); score = `hd^−1/2 · s_k ·
+    /// Σ_h (w_h·s_q,h)·max(q8_h·k8, 0)` with one FP8 tensor-core product per 16 heads × 8 keys × 32
+    /// dims. Not exact: the selection agrees with the exact one where scores are separated by more
+    /// than the e4m3 rounding (gpu-check reports the agreement; qualify the logits NMSE).
+    ///
+    /// Launch: as [`Gpu::indexer_topk_stream`].
+    ///
+    /// Errors: as [`Gpu::indexer_topk_stream`], plus quantized buffers of the wrong shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn indexer_topk_stream_fp8(
+        &self,
+        q8: &super::ops_q8::QuantizedActs,
+        k8: &super::ops_q8::QuantizedActs,
+        weights: &CudaSlice<f32>,
+        offsets: &CudaSlice<i32>,
+        idx: &mut CudaSlice<i32>,
+        shape: &IndexerShape,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        const W: &str = "indexer_topk_stream_fp8";
+        let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
+        ensure(W, heads == 64 && hd == 128, || format!("needs 64 heads of 128, got {heads} of {hd}"))?;
+        ensure(W, (1..=INDEXER_STREAM_MAX_K).contains(&k), || format!("k = {k}: need 1..={INDEXER_STREAM_MAX_K}"))?;
+        if tokens == 0 || n == 0 {
+            return Ok(());
+        }
+        ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
+        ensure(W, q8.kp == hd && q8.rows >= tokens * heads, || format!("q8 is [{}, {}], need ≥ [{}, {hd}]", q8.rows, q8.kp, tokens * heads))?;
+        ensure(W, k8.kp == hd && k8.rows >= n, || format!("k8 is [{}, {}], need ≥ [{n}, {hd}]", k8.rows, k8.kp))?;
+        ensure(W, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
+        ensure(W, offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", offsets.len(), tokens + 1))?;
+        let total: usize = (0..tokens).map(|t| visible_entries(pos0 + t, ratio, n).min(k)).sum();
+        ensure(W, idx.len() >= total, || format!("idx holds {} values, the lists need {total}", idx.len()))?;
+        int(W, "total list length", total)?;
+        let (h_i, hd_i, n_i, r_i, p_i, t_i, k_i) =
+            (int(W, "heads", heads)?, int(W, "hd", hd)?, int(W, "N", n)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?, int(W, "tokens", tokens)?, int(W, "k", k)?);
+        let scale = (hd as f64).powf(-0.5) as f32;
+        let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(2) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: INDEXER_STREAM_SMEM as u32 };
+        let mut b = self.stream.launch_builder(self.f(W));
+        b.arg(&q8.q).arg(&q8.sa).arg(&k8.q).arg(&k8.sa).arg(weights).arg(offsets).arg(idx);
+        b.arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i).arg(&k_i);
+        // SAFETY: matches indexer_topk_stream_fp8; the quantized buffers hold ≥ T·64 and ≥ N rows
+        // of 128 bytes with one scale each (kp = 128); other sizes checked above; the kernel gets
+        // its dynamic shared memory (it traps on less).
+        launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// The mask path of `DIRECT_INDEXER_TOPK=off` (issue 6 §2): the `[T, n_entries]` byte mask of
+    /// the indexer's lists (`offsets` `[T+1]`, `idx`: [`Gpu::indexer_topk`]'s output), 1 where
+    /// entry e is in query t's list, else 0. Allocates the mask (T·n_entries bytes, zeroed).
+    ///
+    /// Launch: grid `T`, block 256.
+    ///
+    /// Errors: [`CudaError::Unsupported`] for short offsets, more than i32 entries; driver errors.
+    pub fn topk_mask(&self, offsets: &CudaSlice<i32>, idx: &CudaSlice<i32>, tokens: usize, n_entries: usize) -> Result<CudaSlice<u8>, CudaError> {
+        const W: &str = "topk_mask";
+        ensure(W, offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", offsets.len(), tokens + 1))?;
+        let n_i = int(W, "n_entries", n_entries)?;
+        let mut mask = self.zeros::<u8>((tokens * n_entries).max(1))?;
+        if tokens == 0 || n_entries == 0 {
+            return Ok(mask);
+        }
+        let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("indexer_topk_mask_u8"));
+        b.arg(offsets).arg(idx).arg(&mut mask).arg(&n_i);
+        // SAFETY: matches indexer_topk_mask_u8; the mask holds T·n bytes; the kernel bounds every
+        // index by n and reads idx within the caller's CSR lists (indexer_topk's output).
+        launched("indexer_topk_mask_u8", unsafe { b.launch(cfg) }.map(|_| ()))?;
+        Ok(mask)
     }
 }
 

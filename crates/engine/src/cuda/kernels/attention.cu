@@ -10,11 +10,17 @@
 //   comp_off  [T + 1] i32      CSR offsets of the per-query compressed lists (null: no compressed keys)
 //   comp_idx  [comp_off[T]] i32  entry indices of the lists, ascending per query (null: identity
 //                              lists, element j of query t's list is entry j — the HCA case)
+//   comp_mask [T, n_entries] u8  null, or the mask path of DIRECT_INDEXER_TOPK=off (issue 6 §2): with
+//                              identity lists (comp_idx null, comp_off = the visible counts) query
+//                              t's compressed candidates are the visible entries e with
+//                              comp_mask[t·n_entries + e] ≠ 0, ascending — the same candidates in
+//                              the same order as the index lists the mask was built from, so the
+//                              result is bitwise equal to the direct path
 //   sinks     [H]              per-head sink logits (unscaled)
 //   inv_freq  [rope_dim / 2]   RoPE inverse frequencies of the layer's rope
 //   out       [T, H, c]
 // Candidates of query t, in order: window rows at positions max(0, pos − window + 1) … pos, then
-// compressed entries comp_idx[comp_off[t] .. comp_off[t+1]]. Window positions outside
+// compressed entries comp_idx[comp_off[t] .. comp_off[t+1]] (or the masked identity list). Window positions outside
 // [kv_base, kv_base + kv_rows) and entry indices outside [0, n_entries) are skipped (weight 0);
 // the launcher validates the window range on the host.
 //   l_j = (q·k_j)·scale (scale = c^−1/2), m = max(max_j l_j, sink),
@@ -27,7 +33,7 @@
 // and denominator identically (serial over the tile) and rescales/accumulates its own float4
 // output chunks. No atomics; the reduction order is fixed → deterministic.
 // Launch: grid (T·H) with block b = t·H + h, block ATT_THREADS (128); static shared memory
-// ATT_TILE·(8 + 4) bytes. Limits: c % 4 == 0, c ≤ ATT_MAXC (1024), rope_dim even, ≤ c.
+// ATT_TILE·(8 + 4) + 4 bytes (row pointers, logits, the mask cursor). Limits: c % 4 == 0, c ≤ ATT_MAXC (1024), rope_dim even, ≤ c.
 
 #define ATT_THREADS 128
 #define ATT_WARPS (ATT_THREADS / 32)
@@ -37,14 +43,69 @@
 #define ATT_OV (ATT_MAXC / 4 / ATT_THREADS) // float4 output chunks per thread
 #define ATT_NEG_INF __int_as_float(0xff800000)
 
+// Candidate rows of one tile (att_tile_rows, both kernels): warp 0 alone calls it; lane j stores the
+// row pointer of candidate base + j in rowp[j] (null: no row, weight 0). Mask mode (mrow non-null):
+// the tile's compressed slots take the next set bytes of mrow[0 .. n_vis) in ascending order,
+// scanned 32 at a time with a ballot from *cursor (shared, advanced here; tiles run in order).
+__device__ __forceinline__ void att_tile_rows(const float** rowp, int lane, int base, int nt, int c, int lo, int n_win,
+                                              const float* kv, int kv_base, int kv_rows, const float* entries,
+                                              int n_entries, const int* comp_idx, int c_begin, const u8* mrow,
+                                              int n_vis, int* cursor) {
+    const float* p = nullptr;
+    const int j = base + lane;
+    if (lane < nt) {
+        if (j < n_win) {
+            const int r = lo + j - kv_base;
+            if (r >= 0 && r < kv_rows) p = kv + (size_t)r * c;
+        } else if (mrow == nullptr) {
+            const int e = comp_idx != nullptr ? comp_idx[c_begin + (j - n_win)] : (j - n_win);
+            if (e >= 0 && e < n_entries) p = entries + (size_t)e * c;
+        }
+    }
+    rowp[lane] = p;
+    if (mrow == nullptr) return;
+    __syncwarp();
+    const int first = max(0, n_win - base);  // first compressed slot of the tile
+    const int need = max(0, nt - first);
+    int got = 0, cur = *cursor;
+    while (got < need && cur < n_vis) {  // warp-uniform
+        const int e = cur + lane;
+        const bool hit = e < n_vis && mrow[e] != 0;
+        const u32 b = __ballot_sync(0xffffffffu, hit);
+        const int before = __popc(b & ((1u << lane) - 1u));
+        const int take = min(__popc(b), need - got);
+        if (hit && before < take && e < n_entries) rowp[first + got + before] = entries + (size_t)e * c;
+        if (take < __popc(b)) {
+            cur += __ffs(__ballot_sync(0xffffffffu, hit && before == take - 1));  // just past the last hit taken
+        } else {
+            cur += 32;
+        }
+        got += take;
+    }
+    __syncwarp();
+    if (lane == 0) *cursor = cur;
+}
+
+// Compressed candidates of query t in mask mode: the set bytes of mrow[0 .. n_vis) (every thread of
+// the block calls it; block-uniform loop).
+__device__ __forceinline__ int att_mask_count(const u8* mrow, int n_vis) {
+    int n = 0;
+    for (int p0 = 0; p0 < n_vis; p0 += blockDim.x) {
+        const int e = p0 + (int)threadIdx.x;
+        n += __syncthreads_count(e < n_vis && mrow[e] != 0);
+    }
+    return n;
+}
+
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,
-                     const int* __restrict__ comp_off, const int* __restrict__ comp_idx,
+                     const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
                      const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
                      int H, int c, int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries,
                      float scale) {
     __shared__ const float* rowp[ATT_TILE];
     __shared__ float logit[ATT_TILE];
+    __shared__ int att_cursor;
 
     const int t = blockIdx.x / H;
     const int h = blockIdx.x - t * H;
@@ -58,6 +119,11 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
         c_begin = comp_off[t];
         n_comp = max(0, comp_off[t + 1] - c_begin);
     }
+    const u8* mrow = comp_mask != nullptr && comp_off != nullptr ? comp_mask + (size_t)t * n_entries : nullptr;
+    const int n_vis = n_comp;
+    if (mrow != nullptr) n_comp = att_mask_count(mrow, n_vis);
+    if (threadIdx.x == 0) att_cursor = 0;
+    __syncthreads();  // att_cursor is read by every lane of warp 0
     const int n_cand = n_win + n_comp;
 
     // This query head, lane-strided float4 chunks (chunk ci = lane + 32·i).
@@ -78,20 +144,7 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
 
     for (int base = 0; base < n_cand; base += ATT_TILE) {  // block-uniform trip count
         const int nt = min(ATT_TILE, n_cand - base);
-        if (tid < ATT_TILE) {
-            const float* p = nullptr;
-            const int j = base + tid;
-            if (tid < nt) {
-                if (j < n_win) {
-                    int r = lo + j - kv_base;
-                    if (r >= 0 && r < kv_rows) p = kv + (size_t)r * c;
-                } else {
-                    int e = comp_idx != nullptr ? comp_idx[c_begin + (j - n_win)] : (j - n_win);
-                    if (e >= 0 && e < n_entries) p = entries + (size_t)e * c;
-                }
-            }
-            rowp[tid] = p;
-        }
+        if (warp == 0) att_tile_rows(rowp, lane, base, nt, c, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, c_begin, mrow, n_vis, &att_cursor);
         __syncthreads();
 
         // Logits: warp w takes tile slots w, w + ATT_WARPS, … (the branch is warp-uniform).
@@ -189,6 +242,8 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
 //   thread; same f32 angle formula as the f32 kernel), f32 stores.
 // Launch: grid (T), block ATC_THREADS = 256, dynamic shared memory ATC_SMEM bytes (Q hi/lo
 // [64][520] bf16, K hi/lo [32][520], partials 8·32·16 f32, 32 row pointers).
+// sparse_attention_tc_fast_exp (switch MLA_STREAM_FAST_EXP) is the same kernel with __expf (the
+// hardware ex2 path) instead of expf in the online softmax.
 // Deterministic: fixed MMA and reduction order, no atomics.
 
 #define ATC_H 64
@@ -209,13 +264,20 @@ __device__ __forceinline__ void atc_split4(float4 v, u16* hi, u16* lo) {
     *reinterpret_cast<uint2*>(lo) = make_uint2(l0, l1);
 }
 
-extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1)
-sparse_attention_tc(const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,
-                    const int* __restrict__ comp_off, const int* __restrict__ comp_idx,
-                    const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
-                    int H, int c, int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries,
-                    float scale) {
+// exp of the online softmax: expf (precise), or the hardware ex2-based __expf (MLA_STREAM_FAST_EXP).
+template <bool FAST_EXP>
+__device__ __forceinline__ float atc_exp(float x) {
+    return FAST_EXP ? __expf(x) : expf(x);
+}
+
+template <bool FAST_EXP>
+__device__ __forceinline__ void atc_body(const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,
+                                         const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
+                                         const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
+                                         int H, int c, int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries,
+                                         float scale) {
     extern __shared__ __align__(16) u8 atc_sh[];
+    __shared__ int att_cursor;
     {
         u32 dsz;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
@@ -238,6 +300,11 @@ sparse_attention_tc(const float* __restrict__ q, const float* __restrict__ kv, c
         c_begin = comp_off[t];
         n_comp = max(0, comp_off[t + 1] - c_begin);
     }
+    const u8* mrow = comp_mask != nullptr && comp_off != nullptr ? comp_mask + (size_t)t * n_entries : nullptr;
+    const int n_vis = n_comp;
+    if (mrow != nullptr) n_comp = att_mask_count(mrow, n_vis);
+    if (threadIdx.x == 0) att_cursor = 0;
+    __syncthreads();  // att_cursor is read by every lane of warp 0
     const int n_cand = n_win + n_comp;
 
     // Q of this token → split bf16 planes.
@@ -260,20 +327,7 @@ sparse_attention_tc(const float* __restrict__ q, const float* __restrict__ kv, c
     const u32 qs = gm_smem(Qs), ks = gm_smem(Ks);
     for (int base = 0; base < n_cand; base += ATC_TILE) {  // block-uniform trip count
         const int nt = min(ATC_TILE, n_cand - base);
-        if (tid < ATC_TILE) {
-            const float* p = nullptr;
-            const int j = base + tid;
-            if (tid < nt) {
-                if (j < n_win) {
-                    int r = lo + j - kv_base;
-                    if (r >= 0 && r < kv_rows) p = kv + (size_t)r * ATC_C;
-                } else {
-                    int e = comp_idx != nullptr ? comp_idx[c_begin + (j - n_win)] : (j - n_win);
-                    if (e >= 0 && e < n_entries) p = entries + (size_t)e * ATC_C;
-                }
-            }
-            rowp[tid] = p;
-        }
+        if (warp == 0) att_tile_rows(rowp, lane, base, nt, ATC_C, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, c_begin, mrow, n_vis, &att_cursor);
         __syncthreads();  // rowp ready; Q stored (first tile)
         for (int i = tid; i < ATC_TILE * ATC_C / 4; i += ATC_THREADS) {
             const int r = i >> 7, col = (i & 127) * 4;
@@ -338,7 +392,7 @@ sparse_attention_tc(const float* __restrict__ q, const float* __restrict__ kv, c
             tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
             tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
             const float m_new = fmaxf(m[r], tmax[r]);
-            corr[r] = (m_new == m[r]) ? 1.f : expf(m[r] - m_new);
+            corr[r] = (m_new == m[r]) ? 1.f : atc_exp<FAST_EXP>(m[r] - m_new);
             m[r] = m_new;
         }
 #pragma unroll
@@ -346,7 +400,7 @@ sparse_attention_tc(const float* __restrict__ q, const float* __restrict__ kv, c
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const float l = s[j][e];
-                const float p = l == ATT_NEG_INF ? 0.f : expf(l - m[e >> 1]);
+                const float p = l == ATT_NEG_INF ? 0.f : atc_exp<FAST_EXP>(l - m[e >> 1]);
                 s[j][e] = p;
                 psum[e >> 1] += p;
             }
@@ -420,3 +474,14 @@ sparse_attention_tc(const float* __restrict__ q, const float* __restrict__ kv, c
         }
     }
 }
+
+#define ATC_ARGS                                                                                                  \
+    const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,                  \
+        const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,      \
+        const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out, int H, int c, \
+        int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries, float scale
+#define ATC_PASS q, kv, entries, comp_off, comp_idx, comp_mask, sinks, inv_freq, out, H, c, rope_dim, pos0, window, kv_base, kv_rows, n_entries, scale
+
+extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc(ATC_ARGS) { atc_body<false>(ATC_PASS); }
+// MLA_STREAM_FAST_EXP: the same kernel with __expf in the online softmax.
+extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc_fast_exp(ATC_ARGS) { atc_body<true>(ATC_PASS); }

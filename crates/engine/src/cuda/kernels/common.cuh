@@ -71,6 +71,14 @@ __device__ __forceinline__ void gm_mma(float* c, const u32* a, u32 b0, u32 b1) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// mma.sync m16n8k32 e4m3 × e4m3 → f32 (gemm_q8.cu, indexer.cu): A = 4 regs of 4 e4m3 (rows g, g + 8;
+// bytes 4·(lane % 4) and 16 + 4·(lane % 4)), B = 2 regs (column g, the same bytes), C/D as m16n8k16.
+__device__ __forceinline__ void gm_mma_e4m3(float* c, const u32* a, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // Two f32 → bf16x2 (lo in the low half), round to nearest even.
 __device__ __forceinline__ u32 gm_bf16x2(float lo, float hi) {
     u32 r;

@@ -47,12 +47,6 @@ __device__ __forceinline__ u32 gq_e4m3x2(float lo, float hi) {
     return (u32)r;
 }
 
-__device__ __forceinline__ void gq_mma(float* c, const u32* a, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // 2^e as f32 for e in [-126, 127].
 __device__ __forceinline__ float gq_pow2(int e) { return __uint_as_float((u32)(e + 127) << 23); }
 
@@ -361,7 +355,7 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int nt = 0; nt < NT8; nt++) gq_mma(tmp[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+                for (int nt = 0; nt < NT8; nt++) gm_mma_e4m3(tmp[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
         }
         if (kt & 1) {
 #pragma unroll

@@ -100,6 +100,191 @@ indexer_scores_f32(const float* __restrict__ q, const float* __restrict__ k, con
 #define ITC_KB 512         // keys per block
 #define ITC_PITCH 136      // bf16 per shared key row (272 B: ldmatrix rows on distinct banks)
 
+// The query side of indexer_scores_tc / indexer_topk_stream: warp (tt, hg) holds token t's heads
+// 16·hg .. 16·hg + 15 as split-bf16 A fragments (rows g and g + 8, 8 k-steps of 16) and their weights.
+struct ItcQuery {
+    u32 qh[8][4], ql[8][4];
+    float w0, w1;
+};
+
+__device__ __forceinline__ void itc_load_query(ItcQuery& Q, const float* __restrict__ q, const float* __restrict__ w, int t, int hg, int g, int c2) {
+    const float* wt = w + (size_t)t * 64;
+    const float* qrow0 = q + ((size_t)t * 64 + 16 * hg + g) * 128;
+    const float* qrow1 = qrow0 + 8 * 128;
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float* src = ((r & 1) ? qrow1 : qrow0) + 16 * kk + c2 + ((r & 2) ? 8 : 0);
+            const float2 v = *reinterpret_cast<const float2*>(src);
+            const u32 h = gm_bf16x2(v.x, v.y);
+            Q.qh[kk][r] = h;
+            Q.ql[kk][r] = gm_bf16x2(v.x - __uint_as_float(h << 16), v.y - __uint_as_float(h & 0xffff0000u));
+        }
+    }
+    Q.w0 = wt[16 * hg + g];
+    Q.w1 = wt[16 * hg + g + 8];
+}
+
+// One 64-key tile from key j0 (keys ≥ vis_max read as 0), in three steps so that the streaming
+// kernel can fetch tile i + 1 while it multiplies tile i: itc_fetch (global → registers, 8 float4
+// per thread), itc_store (→ split-bf16 shared tile, after a __syncthreads that ends the previous
+// tile's reads), itc_mma (after another __syncthreads). On return of itc_mma part[tt][hg][j] holds
+// Σ over warp (tt, hg)'s 16 heads of w_h·max(q_h·k_{j0+j}, 0); the caller adds the 4 head groups in
+// group order (itc_total) after a __syncthreads.
+struct ItcKeys {
+    float4 v[8];
+};
+
+__device__ __forceinline__ void itc_fetch(ItcKeys& K, const float* __restrict__ k, int j0, int vis_max, int tid) {
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+        const int i = tid + 256 * m, r = i >> 5, key = j0 + r;
+        K.v[m] = key < vis_max ? __ldg(reinterpret_cast<const float4*>(k + (size_t)key * 128) + (i & 31)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+__device__ __forceinline__ void itc_store(const ItcKeys& K, u16* ks, int tid) {
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+        const int i = tid + 256 * m, r = i >> 5, c4 = (i & 31) * 4;
+        const float4 v = K.v[m];
+        u16* hi = ks + r * ITC_PITCH + c4;
+        u16* lo = hi + ITC_KT * ITC_PITCH;
+        const u32 h0 = gm_bf16x2(v.x, v.y), h1 = gm_bf16x2(v.z, v.w);
+        *reinterpret_cast<uint2*>(hi) = make_uint2(h0, h1);
+        *reinterpret_cast<uint2*>(lo) = make_uint2(gm_bf16x2(v.x - __uint_as_float(h0 << 16), v.y - __uint_as_float(h0 & 0xffff0000u)),
+                                                   gm_bf16x2(v.z - __uint_as_float(h1 << 16), v.w - __uint_as_float(h1 & 0xffff0000u)));
+    }
+}
+
+// Σ over the warp's heads of w·max(acc, 0): rows g, g + 8 per thread, then the 8 row groups (lanes
+// xor 4, 8, 16) → part[tt][hg][key].
+__device__ __forceinline__ void itc_heads_sum(float (&acc)[8][4], float w0, float w1, float (*part)[4][ITC_KT], int tt, int hg, int g, int c2) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float v = w0 * fmaxf(acc[j][e], 0.f) + w1 * fmaxf(acc[j][2 + e], 0.f);
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (g == 0) part[tt][hg][8 * j + c2 + e] = v;
+        }
+    }
+}
+
+__device__ __forceinline__ void itc_mma(const ItcQuery& Q, const u16* ks, float (*part)[4][ITC_KT], int lane, int tt, int hg, int g, int c2) {
+    const u32 kbase = gm_smem(ks);
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+            const u32 a = kbase + (row * ITC_PITCH + 16 * kk + ((lane >> 3) & 1) * 8) * 2;
+            u32 bh[4], bl[4];
+            gm_ldsm4(a, bh[0], bh[1], bh[2], bh[3]);
+            gm_ldsm4(a + ITC_KT * ITC_PITCH * 2, bl[0], bl[1], bl[2], bl[3]);
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                gm_mma(acc[2 * np + x], Q.qh[kk], bh[2 * x], bh[2 * x + 1]);
+                gm_mma(acc[2 * np + x], Q.qh[kk], bl[2 * x], bl[2 * x + 1]);
+                gm_mma(acc[2 * np + x], Q.ql[kk], bh[2 * x], bh[2 * x + 1]);
+            }
+        }
+    }
+    itc_heads_sum(acc, Q.w0, Q.w1, part, tt, hg, g, c2);
+}
+
+// indexer_scores_tc's tile: all three steps (every thread of the block calls it).
+__device__ __forceinline__ void itc_tile(const ItcQuery& Q, const float* __restrict__ k, int j0, int vis_max, u16* ks,
+                                         float (*part)[4][ITC_KT], int tid, int lane, int tt, int hg, int g, int c2) {
+    ItcKeys K;
+    itc_fetch(K, k, j0, vis_max, tid);
+    __syncthreads();  // previous tile's ks / part reads are done
+    itc_store(K, ks, tid);
+    __syncthreads();
+    itc_mma(Q, ks, part, lane, tt, hg, g, c2);
+}
+
+// The FP8 scoring variant (INDEXER_FP8): queries and keys as e4m3 with one power-of-two scale per
+// 128-wide row (act_quant_fp8: q8/sq [T·64 rows], k8/sk [N rows]); the head weight absorbs the query
+// scale (w_h·s_q,h, exact: a power of two), the key scale multiplies the sum. One mma.sync m16n8k32
+// e4m3 per 16 heads × 8 keys × 32 dims (the split-bf16 path needs six m16n8k16 for the same work).
+// Shared key tile: [64][ITC8_PITCH] bytes (144: ldmatrix rows on distinct banks).
+#define ITC8_PITCH 144
+struct ItcQuery8 {
+    u32 a[4][4];
+    float w0, w1;
+};
+
+struct ItcKeys8 {
+    uint4 v[2];
+};
+
+__device__ __forceinline__ void itc8_load_query(ItcQuery8& Q, const u8* __restrict__ q8, const float* __restrict__ sq, const float* __restrict__ w,
+                                                int t, int hg, int g, int lane) {
+    const size_t r0 = (size_t)t * 64 + 16 * hg + g, r1 = r0 + 8;
+    const int c = (lane & 3) * 4;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        Q.a[kk][0] = *reinterpret_cast<const u32*>(q8 + r0 * 128 + 32 * kk + c);
+        Q.a[kk][1] = *reinterpret_cast<const u32*>(q8 + r1 * 128 + 32 * kk + c);
+        Q.a[kk][2] = *reinterpret_cast<const u32*>(q8 + r0 * 128 + 32 * kk + 16 + c);
+        Q.a[kk][3] = *reinterpret_cast<const u32*>(q8 + r1 * 128 + 32 * kk + 16 + c);
+    }
+    Q.w0 = w[r0] * sq[r0];
+    Q.w1 = w[r1] * sq[r1];
+}
+
+__device__ __forceinline__ void itc8_fetch(ItcKeys8& K, const u8* __restrict__ k8, int j0, int vis_max, int tid) {
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        const int i = tid + 256 * m, r = i >> 3, key = j0 + r;
+        K.v[m] = key < vis_max ? __ldg(reinterpret_cast<const uint4*>(k8 + (size_t)key * 128) + (i & 7)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+__device__ __forceinline__ void itc8_store(const ItcKeys8& K, u8* ks8, int tid) {
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        const int i = tid + 256 * m, r = i >> 3;
+        *reinterpret_cast<uint4*>(ks8 + r * ITC8_PITCH + (i & 7) * 16) = K.v[m];
+    }
+}
+
+__device__ __forceinline__ void itc8_mma(const ItcQuery8& Q, const u8* ks8, float (*part)[4][ITC_KT], int lane, int tt, int hg, int g, int c2) {
+    const u32 kbase = gm_smem(ks8);
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        u32 b[8][2];
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+            gm_ldsm4(kbase + row * ITC8_PITCH + 32 * kk + ((lane >> 3) & 1) * 16, b[2 * np][0], b[2 * np][1], b[2 * np + 1][0], b[2 * np + 1][1]);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) gm_mma_e4m3(acc[j], Q.a[kk], b[j][0], b[j][1]);
+    }
+    itc_heads_sum(acc, Q.w0, Q.w1, part, tt, hg, g, c2);
+}
+
+// The score of key j0 + kj for the block's token ti (before the visibility test), after itc_tile
+// and a __syncthreads.
+__device__ __forceinline__ float itc_total(float (*part)[4][ITC_KT], int ti, int kj, float scale) {
+    return (((part[ti][0][kj] + part[ti][1][kj]) + part[ti][2][kj]) + part[ti][3][kj]) * scale;
+}
+
 extern "C" __global__ void __launch_bounds__(256, 1)
 indexer_scores_tc(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ w,
                   float* __restrict__ scores, int heads, int hd, int n, int ratio, int pos0, float scale, int T) {
@@ -118,24 +303,8 @@ indexer_scores_tc(const float* __restrict__ q, const float* __restrict__ k, cons
     const int vis0 = min((pos0 + t0 + 1) / ratio, n);
     const int vis1 = second ? min((pos0 + t0 + 2) / ratio, n) : vis0;
     const int vis_max = vis1;
-    const float* wt = w + (size_t)(tvalid ? t : t0) * 64;
-    // Query fragments (split bf16), rows g and g + 8 of the warp's 16 heads, 8 k-steps of 16.
-    u32 qh[8][4], ql[8][4];
-    const float* qrow0 = q + ((size_t)(tvalid ? t : t0) * 64 + 16 * hg + g) * 128;
-    const float* qrow1 = qrow0 + 8 * 128;
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const float* src = ((r & 1) ? qrow1 : qrow0) + 16 * kk + c2 + ((r & 2) ? 8 : 0);
-            const float2 v = *reinterpret_cast<const float2*>(src);
-            const u32 h = gm_bf16x2(v.x, v.y);
-            qh[kk][r] = h;
-            ql[kk][r] = gm_bf16x2(v.x - __uint_as_float(h << 16), v.y - __uint_as_float(h & 0xffff0000u));
-        }
-    }
-    const float w0 = wt[16 * hg + g], w1 = wt[16 * hg + g + 8];
-    const u32 kbase = gm_smem(ks);
+    ItcQuery Q;
+    itc_load_query(Q, q, w, tvalid ? t : t0, hg, g, c2);
     for (int j0 = key0; j0 < min(key0 + ITC_KB, n); j0 += ITC_KT) {  // block-uniform
         if (j0 >= vis_max) {
             // Masked tile for both tokens.
@@ -145,62 +314,13 @@ indexer_scores_tc(const float* __restrict__ q, const float* __restrict__ k, cons
             }
             continue;
         }
-        __syncthreads();  // previous tile's ks / part reads are done
-        for (int i = tid; i < ITC_KT * 32; i += 256) {
-            const int r = i >> 5, c4 = (i & 31) * 4;
-            const int key = j0 + r;
-            const float4 v = key < vis_max ? __ldg(reinterpret_cast<const float4*>(k + (size_t)key * 128) + (i & 31)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            u16* hi = ks + r * ITC_PITCH + c4;
-            u16* lo = hi + ITC_KT * ITC_PITCH;
-            const u32 h0 = gm_bf16x2(v.x, v.y), h1 = gm_bf16x2(v.z, v.w);
-            *reinterpret_cast<uint2*>(hi) = make_uint2(h0, h1);
-            *reinterpret_cast<uint2*>(lo) = make_uint2(gm_bf16x2(v.x - __uint_as_float(h0 << 16), v.y - __uint_as_float(h0 & 0xffff0000u)),
-                                                       gm_bf16x2(v.z - __uint_as_float(h1 << 16), v.w - __uint_as_float(h1 & 0xffff0000u)));
-        }
-        __syncthreads();
-        float acc[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-                const u32 a = kbase + (row * ITC_PITCH + 16 * kk + ((lane >> 3) & 1) * 8) * 2;
-                u32 bh[4], bl[4];
-                gm_ldsm4(a, bh[0], bh[1], bh[2], bh[3]);
-                gm_ldsm4(a + ITC_KT * ITC_PITCH * 2, bl[0], bl[1], bl[2], bl[3]);
-#pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    gm_mma(acc[2 * np + x], qh[kk], bh[2 * x], bh[2 * x + 1]);
-                    gm_mma(acc[2 * np + x], qh[kk], bl[2 * x], bl[2 * x + 1]);
-                    gm_mma(acc[2 * np + x], ql[kk], bh[2 * x], bh[2 * x + 1]);
-                }
-            }
-        }
-        // Σ over the warp's heads: rows g, g + 8 per thread, then the 8 row groups (lanes xor 4, 8, 16).
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float v = w0 * fmaxf(acc[j][e], 0.f) + w1 * fmaxf(acc[j][2 + e], 0.f);
-                v += __shfl_xor_sync(0xffffffffu, v, 4);
-                v += __shfl_xor_sync(0xffffffffu, v, 8);
-                v += __shfl_xor_sync(0xffffffffu, v, 16);
-                if (g == 0) part[tt][hg][8 * j + c2 + e] = v;
-            }
-        }
+        itc_tile(Q, k, j0, vis_max, ks, part, tid, lane, tt, hg, g, c2);
         __syncthreads();
         if (tid < 2 * ITC_KT) {
             const int ti = tid / ITC_KT, kj = tid % ITC_KT;
             const int key = j0 + kj;
             const int vis = ti == 0 ? vis0 : vis1;
-            if (key < n && (ti == 0 || second)) {
-                const float total = ((part[ti][0][kj] + part[ti][1][kj]) + part[ti][2][kj]) + part[ti][3][kj];
-                scores[(size_t)(t0 + ti) * n + key] = key < vis ? total * scale : __int_as_float(0xff800000);
-            }
+            if (key < n && (ti == 0 || second)) scores[(size_t)(t0 + ti) * n + key] = key < vis ? itc_total(part, ti, kj, scale) : __int_as_float(0xff800000);
         }
     }
 }
@@ -234,6 +354,67 @@ __device__ __forceinline__ int fs_block_excl_scan(int v, int* wsum, int* total) 
     return before + x - v;
 }
 
+// Radix select of the k-th largest of n keys key_of(j) (order-preserving u32, j < n, k ≤ n): 4 MSB
+// passes of 256-bin shared histograms (integer atomics). Returns K; *want_out = how many keys == K
+// belong to the top k (≥ 1). Every thread of the block calls it (it synchronizes).
+template <class KeyOf>
+__device__ __forceinline__ u32 fs_radix_kth(KeyOf key_of, int n, int k, int* hist, u32* s_prefix, int* s_want, int* want_out) {
+    const int tid = threadIdx.x;
+    u32 prefix = 0u, mask = 0u;
+    int want = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int j = tid; j < n; j += blockDim.x) {
+            const u32 key = key_of(j);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int above = 0, d = 255;
+            for (; d > 0; d--) {
+                if (above + hist[d] >= want) break;
+                above += hist[d];
+            }
+            *s_prefix = prefix | ((u32)d << shift);
+            *s_want = want - above;
+        }
+        __syncthreads();
+        prefix = *s_prefix;
+        want = *s_want;
+        mask |= 255u << shift;
+        __syncthreads();  // everyone has read s_prefix/s_want and hist before the next pass
+    }
+    *want_out = want;
+    return prefix;
+}
+
+// The top k of n keys in position order: keeps key_of(j) > K and the `want` first keys == K
+// ((K, want) from fs_radix_kth), calling keep(at, key, val) with at = the rank among the kept
+// (ascending in j) and val = val_of(j). Block-wide exclusive scans over chunks of blockDim; every
+// thread calls it. Keys and values of a chunk are read before its scans (which synchronize) and
+// keep() runs after them, so keep may overwrite positions ≤ j (in-place compaction).
+template <class KeyOf, class ValOf, class Keep>
+__device__ __forceinline__ void fs_compact_top(KeyOf key_of, ValOf val_of, int n, u32 K, int want, int* wsum, Keep keep) {
+    int eq_base = 0, sel_base = 0;
+    for (int b0 = 0; b0 < n; b0 += blockDim.x) {  // block-uniform trip count
+        const int j = b0 + threadIdx.x;
+        const bool in = j < n;
+        const u32 key = in ? key_of(j) : 0u;
+        const int val = in ? val_of(j) : 0;
+        const int gt = (in && key > K) ? 1 : 0;
+        const int eq = (in && key == K) ? 1 : 0;
+        int eq_total, sel_total;
+        const int eq_rank = eq_base + fs_block_excl_scan(eq, wsum, &eq_total);
+        const int sel = (gt || (eq && eq_rank < want)) ? 1 : 0;
+        const int at = sel_base + fs_block_excl_scan(sel, wsum, &sel_total);
+        if (sel) keep(at, key, val);
+        eq_base += eq_total;
+        sel_base += sel_total;
+    }
+    __syncthreads();
+}
+
 extern "C" __global__ void __launch_bounds__(IDX_TOPK_THREADS)
 indexer_topk_f32(const float* __restrict__ scores, const int* __restrict__ offsets, int* __restrict__ idx, int n,
                  int k, int ratio, int pos0) {
@@ -252,49 +433,183 @@ indexer_topk_f32(const float* __restrict__ scores, const int* __restrict__ offse
         for (int j = tid; j < visible; j += blockDim.x) dst[j] = j;
         return;
     }
+    auto key_of = [row](int j) { return fs_order_key(row[j]); };
+    int want;
+    const u32 K = fs_radix_kth(key_of, visible, k, hist, &s_prefix, &s_want, &want);
+    fs_compact_top(key_of, [](int j) { return j; }, visible, K, want, wsum, [dst](int at, u32, int j) { dst[at] = j; });
+}
 
-    // Radix select of the k-th largest key: after the pass at `shift`, `prefix` holds the top bits
-    // of K and `want` the number of entries still to take among those matching them (≥ 1).
-    u32 prefix = 0u, mask = 0u;
-    int want = k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        for (int j = tid; j < visible; j += blockDim.x) {
-            u32 key = fs_order_key(row[j]);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
-        }
-        __syncthreads();
-        if (tid == 0) {
-            int above = 0, d = 255;
-            for (; d > 0; d--) {
-                if (above + hist[d] >= want) break;
-                above += hist[d];
-            }
-            s_prefix = prefix | ((u32)d << shift);
-            s_want = want - above;
-        }
-        __syncthreads();
-        prefix = s_prefix;
-        want = s_want;
-        mask |= 255u << shift;
-        __syncthreads();  // everyone has read s_prefix/s_want and hist before the next pass
+// indexer_topk_stream: INDEXER_STREAM_TOPK (issue 6 §3) — indexer_scores_tc's scores and
+//   indexer_topk_f32's selection in one streaming pass, never writing the [T, N] score matrix.
+//   Arguments: indexer_scores_tc's (q, k, w, heads = 64, hd = 128, n, ratio, pos0, scale, T) plus
+//   indexer_topk_f32's offsets and idx and the top-k size; idx gets the same lists (ascending).
+//   Block = 2 tokens (as indexer_scores_tc), streaming every visible key in 64-key tiles (itc_store +
+//   itc_mma: the same products in the same order, so the same score bits; the next tile's keys are
+//   fetched into registers while the current one is multiplied). Per token a shared buffer of up to
+//   ITS_CAP (order key, entry index) pairs, appended in index order (ballot + prefix count): a score
+//   enters while fewer than k have been kept, else only if its key is above the current k-th key K
+//   (an equal key has a higher index than every kept one, so it ranks below them: the rule "higher
+//   score first, then lower index" is kept exactly). When a buffer could overflow it is cut to its
+//   top k (fs_radix_kth + fs_compact_top, in place, order kept) and K updated; at the end the top k
+//   of the buffer are written. Tokens with at most k visible entries get 0 .. visible − 1 (as
+//   indexer_topk_f32) and cost no scoring. Deterministic: integer atomics and fixed orders only.
+//   Launch: grid (ceil(T / 2)), block 256, static shared 36,864 + 1,184 bytes, dynamic ITS_SMEM
+//   (2·ITS_CAP·8 = 32,768) bytes. Requires k ≤ ITS_CAP − 2·ITC_KT (1,920); traps otherwise.
+#define ITS_CAP 2048
+#define ITS_SMEM (2 * ITS_CAP * 8)
+
+// Cuts buffer ti to its top k (in place, index order kept) and sets its threshold.
+__device__ __forceinline__ void its_cut(u32* bkey, int* bidx, int* cnt, u32* thr, int* have_thr, int ti, int k,
+                                        int* hist, int* wsum, u32* s_prefix, int* s_want) {
+    u32* bk = bkey + ti * ITS_CAP;
+    int* bi = bidx + ti * ITS_CAP;
+    const int n = cnt[ti];
+    auto key_of = [bk](int j) { return bk[j]; };
+    int want;
+    const u32 K = fs_radix_kth(key_of, n, k, hist, s_prefix, s_want, &want);
+    fs_compact_top(key_of, [bi](int j) { return bi[j]; }, n, K, want, wsum, [bk, bi](int at, u32 key, int e) {
+        bk[at] = key;
+        bi[at] = e;
+    });
+    if (threadIdx.x == 0) {
+        cnt[ti] = k;
+        thr[ti] = K;
+        have_thr[ti] = 1;
     }
+    __syncthreads();
+}
 
-    // Keep keys > K and the `want` lowest-index keys == K, compacted in ascending index order.
-    int eq_base = 0, sel_base = 0;
-    for (int b0 = 0; b0 < visible; b0 += blockDim.x) {  // block-uniform trip count
-        const int j = b0 + tid;
-        const bool in = j < visible;
-        const u32 key = in ? fs_order_key(row[j]) : 0u;
-        const int gt = (in && key > prefix) ? 1 : 0;
-        const int eq = (in && key == prefix) ? 1 : 0;
-        int eq_total, sel_total;
-        const int eq_rank = eq_base + fs_block_excl_scan(eq, wsum, &eq_total);
-        const int sel = (gt || (eq && eq_rank < want)) ? 1 : 0;
-        const int at = sel_base + fs_block_excl_scan(sel, wsum, &sel_total);
-        if (sel) dst[at] = j;
-        eq_base += eq_total;
-        sel_base += sel_total;
+template <bool FP8>
+__device__ __forceinline__ void its_body(const float* __restrict__ q, const u8* __restrict__ q8, const float* __restrict__ sq,
+                                         const float* __restrict__ k, const u8* __restrict__ k8, const float* __restrict__ sk,
+                                         const float* __restrict__ w, const int* __restrict__ offsets, int* __restrict__ idx,
+                                         int heads, int hd, int n, int ratio, int pos0, float scale, int T, int topk) {
+    __shared__ __align__(16) u16 ks[2 * ITC_KT * ITC_PITCH];  // split bf16, or e4m3 [64][ITC8_PITCH]
+    __shared__ float part[2][4][ITC_KT];
+    __shared__ int hist[256];
+    __shared__ int wsum[32];
+    __shared__ u32 s_prefix;
+    __shared__ int s_want;
+    __shared__ int cnt[2], have_thr[2];
+    __shared__ u32 thr[2];
+    __shared__ u32 bal[4];
+    extern __shared__ __align__(16) u8 its_sh[];
+    {
+        u32 dsz;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
+        if (dsz < (u32)ITS_SMEM || heads != 64 || hd != 128 || topk < 1 || topk > ITS_CAP - 2 * ITC_KT) __trap();
+    }
+    u32* bkey = reinterpret_cast<u32*>(its_sh);              // [2][ITS_CAP]
+    int* bidx = reinterpret_cast<int*>(bkey + 2 * ITS_CAP);  // [2][ITS_CAP]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tt = warp >> 2, hg = warp & 3;
+    const int g = lane >> 2, c2 = (lane & 3) * 2;
+    const int t0 = blockIdx.x * 2;
+    const bool second = t0 + 1 < T;
+    const int vis[2] = {min((pos0 + t0 + 1) / ratio, n), second ? min((pos0 + t0 + 2) / ratio, n) : 0};
+    const bool sel[2] = {vis[0] > topk, second && vis[1] > topk};
+    for (int ti = 0; ti < 2; ti++) {
+        if ((ti == 0 || second) && !sel[ti]) {
+            int* dst = idx + offsets[t0 + ti];
+            for (int j = tid; j < vis[ti]; j += blockDim.x) dst[j] = j;
+        }
+    }
+    if (!sel[0] && !sel[1]) return;  // block-uniform
+    if (tid < 2) {
+        cnt[tid] = 0;
+        have_thr[tid] = 0;
+    }
+    const int tq = (tt == 1 && second) ? t0 + 1 : t0;
+    ItcQuery Q;
+    ItcQuery8 Q8;
+    ItcKeys K;
+    ItcKeys8 K8;
+    const int vis_max = second ? vis[1] : vis[0];
+    if constexpr (FP8) {
+        itc8_load_query(Q8, q8, sq, w, tq, hg, g, lane);
+        itc8_fetch(K8, k8, 0, vis_max, tid);
+    } else {
+        itc_load_query(Q, q, w, tq, hg, g, c2);
+        itc_fetch(K, k, 0, vis_max, tid);
+    }
+    for (int j0 = 0; j0 < vis_max; j0 += ITC_KT) {  // block-uniform
+        __syncthreads();                              // cnt of the previous tile; ks / part reads done
+        for (int ti = 0; ti < 2; ti++)
+            if (cnt[ti] > ITS_CAP - ITC_KT) its_cut(bkey, bidx, cnt, thr, have_thr, ti, topk, hist, wsum, &s_prefix, &s_want);
+        // This tile to shared memory, the next one's loads in flight during the products.
+        if constexpr (FP8) {
+            itc8_store(K8, reinterpret_cast<u8*>(ks), tid);
+            __syncthreads();
+            if (j0 + ITC_KT < vis_max) itc8_fetch(K8, k8, j0 + ITC_KT, vis_max, tid);
+            itc8_mma(Q8, reinterpret_cast<const u8*>(ks), part, lane, tt, hg, g, c2);
+        } else {
+            itc_store(K, ks, tid);
+            __syncthreads();
+            if (j0 + ITC_KT < vis_max) itc_fetch(K, k, j0 + ITC_KT, vis_max, tid);
+            itc_mma(Q, ks, part, lane, tt, hg, g, c2);
+        }
+        __syncthreads();
+        bool cand = false;
+        u32 key = 0u;
+        const int ti = tid / ITC_KT, kj = tid % ITC_KT;
+        if (tid < 2 * ITC_KT) {
+            const int e = j0 + kj;
+            if (e < vis[ti]) {
+                float score = itc_total(part, ti, kj, scale);
+                if constexpr (FP8) score *= sk[e];
+                key = fs_order_key(score);
+                cand = sel[ti] && (!have_thr[ti] || key > thr[ti]);
+            }
+        }
+        const u32 b = __ballot_sync(0xffffffffu, cand);
+        if (lane == 0 && warp < 4) bal[warp] = b;
+        __syncthreads();
+        if (cand) {
+            const int at = cnt[ti] + ((warp & 1) ? __popc(bal[warp - 1]) : 0) + __popc(b & ((1u << lane) - 1u));
+            bkey[ti * ITS_CAP + at] = key;
+            bidx[ti * ITS_CAP + at] = j0 + kj;
+        }
+        __syncthreads();
+        if (tid < 2) cnt[tid] += __popc(bal[2 * tid]) + __popc(bal[2 * tid + 1]);
+    }
+    __syncthreads();
+    for (int ti = 0; ti < 2; ti++) {
+        if (!sel[ti]) continue;  // block-uniform
+        if (cnt[ti] > topk) its_cut(bkey, bidx, cnt, thr, have_thr, ti, topk, hist, wsum, &s_prefix, &s_want);
+        int* dst = idx + offsets[t0 + ti];
+        for (int j = tid; j < topk; j += blockDim.x) dst[j] = bidx[ti * ITS_CAP + j];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+indexer_topk_stream(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ w,
+                    const int* __restrict__ offsets, int* __restrict__ idx, int heads, int hd, int n, int ratio,
+                    int pos0, float scale, int T, int topk) {
+    its_body<false>(q, nullptr, nullptr, k, nullptr, nullptr, w, offsets, idx, heads, hd, n, ratio, pos0, scale, T, topk);
+}
+
+// indexer_topk_stream_fp8 (INDEXER_FP8): the same streaming selection on FP8 scores (ItcQuery8):
+//   q8 [T·64 (+ padding), 128] e4m3 and sq [T·64 (+ padding)] f32 (act_quant_fp8 of the index
+//   queries, one power-of-two scale per head row), k8 [N (+ padding), 128] e4m3 and sk [N (+ padding)]
+//   (the index keys, one scale per key); score = scale · sk[j] · Σ_h (w_h·sq_h)·max(q8_h·k8_j, 0)
+//   (f32 accumulation). Same launch as indexer_topk_stream.
+extern "C" __global__ void __launch_bounds__(256, 1)
+indexer_topk_stream_fp8(const u8* __restrict__ q8, const float* __restrict__ sq, const u8* __restrict__ k8,
+                        const float* __restrict__ sk, const float* __restrict__ w, const int* __restrict__ offsets,
+                        int* __restrict__ idx, int heads, int hd, int n, int ratio, int pos0, float scale, int T, int topk) {
+    its_body<true>(nullptr, q8, sq, nullptr, k8, sk, w, offsets, idx, heads, hd, n, ratio, pos0, scale, T, topk);
+}
+
+// indexer_topk_mask_u8: the mask path of DIRECT_INDEXER_TOPK=off (issue 6 §2). offsets [T + 1] and
+//   idx [offsets[T]] i32 are indexer_topk_f32's lists; mask [T, n] u8 must be zero on entry; sets
+//   mask[t·n + e] = 1 for every e in query t's list (0 ≤ e < n; others ignored).
+//   Launch: grid (T), block 256.
+extern "C" __global__ void __launch_bounds__(256)
+indexer_topk_mask_u8(const int* __restrict__ offsets, const int* __restrict__ idx, u8* __restrict__ mask, int n) {
+    const int t = blockIdx.x;
+    u8* row = mask + (size_t)t * n;
+    for (int i = offsets[t] + (int)threadIdx.x; i < offsets[t + 1]; i += blockDim.x) {
+        const int e = idx[i];
+        if (e >= 0 && e < n) row[e] = 1;
     }
 }
