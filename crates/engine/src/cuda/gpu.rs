@@ -285,6 +285,31 @@ fn format_of(w: &GpuWeight) -> (&'static str, usize) {
     }
 }
 
+/// Sets the release threshold of the device's default memory pool (the one stream-ordered
+/// allocations come from) to "never": memory freed by `cuMemFreeAsync` stays in the pool for the
+/// next allocation instead of going back to the driver at every synchronization (the default
+/// threshold 0). The forward allocates its temporaries per chunk and per decode step, so without
+/// this every step pays for fresh device allocations. Source: CUDA driver API,
+/// `cuMemPoolSetAttribute` / `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
+///
+/// Errors: driver errors (no default pool: memory pools unsupported).
+fn keep_freed_memory(ctx: &std::sync::Arc<CudaContext>) -> Result<(), CudaError> {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: plain driver calls on the context's own device; `pool` is written by the driver and
+    // the attribute value is a u64 as CU_MEMPOOL_ATTR_RELEASE_THRESHOLD requires.
+    unsafe {
+        drv("binding the context", ctx.bind_to_thread())?;
+        drv("cuDeviceGetDefaultMemPool", sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result())?;
+        let mut threshold: u64 = u64::MAX;
+        drv(
+            "setting the memory pool's release threshold",
+            sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut threshold as *mut u64).cast()).result(),
+        )?;
+    }
+    Ok(())
+}
+
 impl Gpu {
     /// Opens device `ordinal`, compiles (or loads from `cache_dir`) every kernel for its
     /// architecture (`sm_{major}{minor}`, with the `a` suffix on Hopper to allow wgmma).
@@ -295,6 +320,7 @@ impl Gpu {
         let ctx = drv("creating the context", ctx)?;
         // SAFETY: called right after creation, before any allocation (cudarc PR #555).
         unsafe { ctx.disable_event_tracking() };
+        keep_freed_memory(&ctx)?;
         let (major, minor) = drv("reading the compute capability", ctx.compute_capability())?;
         let arch = if major == 9 { format!("sm_{major}{minor}a") } else { format!("sm_{major}{minor}") };
         let stream = ctx.default_stream();
