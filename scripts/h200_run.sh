@@ -15,6 +15,7 @@
 #   q8        FP8-activation linear checks + timings (TC_LINEAR=fp8)  ~60 s
 #   bench-fp8 the bench step with TC_LINEAR=fp8 (official numerics) ~100 s
 #   attention the attention/compressor/indexer checks + timings     ~40 s
+#   serve     serve --device cuda vs serve --device cpu over HTTP (scripts/serve_parity.py) ~60 s
 set -euo pipefail
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}
@@ -37,5 +38,7 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8.log" ;;
   attention) timeout 300 "$B" gpu-check --only attention --repeats 10 --out "$OUT/attention_h200.json" > "$OUT/attention_h200.log" 2>&1
          grep -E "^time|FAIL" "$OUT/attention_h200.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|q8|bench-fp8|attention" >&2; exit 2 ;;
+  serve) timeout 400 python3 scripts/serve_parity.py "$B" "$OUT/serve_parity_h200.json" --device cuda > "$OUT/serve_parity_h200.log" 2>&1
+         tail -12 "$OUT/serve_parity_h200.log" ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|q8|bench-fp8|attention|serve" >&2; exit 2 ;;
 esac

@@ -55,6 +55,98 @@ impl Sequence for Session<'_> {
     }
 }
 
+/// One sequence as the server's scheduler drives it (continuous batching with a prefix cache):
+/// chunked prefill, decode, truncation for prefix reuse, and its memory.
+pub trait ServedSequence {
+    /// Tokens held.
+    fn tokens(&self) -> &[u32];
+    /// Most tokens it can hold (the context, or what a device sequence was allocated for).
+    fn capacity(&self) -> usize;
+    /// Appends `ids` (split into the sequence's prefill chunks); returns the last logits `[vocab]`.
+    ///
+    /// Errors: out-of-vocabulary ids, exceeding [`ServedSequence::capacity`], backend failures.
+    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError>;
+    /// Appends one token; returns its logits `[vocab]`.
+    fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError>;
+    /// Rewinds to the first `len` tokens.
+    ///
+    /// Errors: `len` beyond what the state can rewind to.
+    fn truncate(&mut self, len: usize) -> Result<(), SessionError>;
+    /// Bytes of state held (for admission and the prefix cache's budget).
+    fn state_bytes(&self) -> usize;
+    /// Tokens per prefill chunk.
+    fn set_prefill_chunk(&mut self, tokens: usize);
+}
+
+/// A model loaded on some backend, as the server's scheduler uses it: new sequences, the config.
+pub trait Backend: Sync {
+    /// Its sequences, borrowing the backend.
+    type Seq<'a>: ServedSequence + Send
+    where
+        Self: 'a;
+    /// The model's configuration.
+    fn config(&self) -> &flashseek_model::config::Ds4Config;
+    /// An empty sequence able to hold `capacity` tokens (≤ the context).
+    ///
+    /// Errors: the backend cannot allocate it (device memory).
+    fn new_sequence(&self, capacity: usize) -> Result<Self::Seq<'_>, SessionError>;
+    /// Whether different sequences' decode steps may run on different threads at once (the CPU:
+    /// yes; one GPU stream: no).
+    fn parallel_decode(&self) -> bool;
+    /// Tokens per prefill chunk this backend runs best with.
+    fn prefill_chunk(&self) -> usize;
+}
+
+/// The CPU reference as a [`Backend`]: [`Session`]s over shared weights.
+pub struct CpuBackend {
+    /// The weights.
+    pub weights: std::sync::Arc<ModelWeights>,
+    /// Forward options (numerics).
+    pub forward: ForwardOptions,
+    /// Tokens per prefill chunk.
+    pub prefill_chunk: usize,
+}
+
+impl Backend for CpuBackend {
+    type Seq<'a> = Session<'a>;
+    fn config(&self) -> &flashseek_model::config::Ds4Config {
+        &self.weights.config
+    }
+    fn new_sequence(&self, _capacity: usize) -> Result<Session<'_>, SessionError> {
+        Ok(Session::new(&self.weights, self.forward, None))
+    }
+    fn parallel_decode(&self) -> bool {
+        true
+    }
+    fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+}
+
+impl ServedSequence for Session<'_> {
+    fn tokens(&self) -> &[u32] {
+        Session::tokens(self)
+    }
+    fn capacity(&self) -> usize {
+        self.max_len
+    }
+    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
+        Session::prefill(self, ids)
+    }
+    fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
+        Session::decode(self, id)
+    }
+    fn truncate(&mut self, len: usize) -> Result<(), SessionError> {
+        Session::truncate(self, len)
+    }
+    fn state_bytes(&self) -> usize {
+        self.state.bytes()
+    }
+    fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens.max(1);
+    }
+}
+
 /// A sequence: the tokens it holds and their state.
 pub struct Session<'w> {
     weights: &'w ModelWeights,

@@ -30,6 +30,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use flashseek_engine::session::{Backend, CpuBackend};
 use flashseek_engine::weights::ModelWeights;
 use flashseek_model::tokenizer::Ds4Tokenizer;
 use futures_util::FutureExt;
@@ -170,9 +171,14 @@ struct Parts {
     engine: std::thread::JoinHandle<()>,
 }
 
-fn parts(cfg: &ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4Tokenizer>) -> Parts {
+/// The CPU reference as the engine's backend, with the scheduler's forward options and chunk.
+fn cpu(cfg: &ServerConfig, weights: Arc<ModelWeights>) -> Arc<CpuBackend> {
+    Arc::new(CpuBackend { weights, forward: cfg.scheduler.forward, prefill_chunk: cfg.scheduler.prefill_chunk })
+}
+
+fn parts<B: Backend + Send + 'static>(cfg: &ServerConfig, backend: Arc<B>, tokenizer: Arc<Ds4Tokenizer>) -> Parts {
     let metrics = Arc::new(Metrics::default());
-    let (sched, engine) = scheduler::start(weights, tokenizer.clone(), cfg.scheduler.clone(), metrics.clone());
+    let (sched, engine) = scheduler::start(backend, tokenizer.clone(), cfg.scheduler.clone(), metrics.clone());
     let mut names = cfg.model_names.clone();
     if names.is_empty() {
         names.push("flashseek-default".into());
@@ -196,7 +202,8 @@ pub async fn serve_on(
     tokenizer: Arc<Ds4Tokenizer>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    run_parts(listener, parts(&cfg, weights, tokenizer), cfg.drain_timeout, shutdown).await
+    let backend = cpu(&cfg, weights);
+    run_parts(listener, parts(&cfg, backend, tokenizer), cfg.drain_timeout, shutdown).await
 }
 
 async fn run_parts(
@@ -225,17 +232,31 @@ async fn run_parts(
     r
 }
 
-/// Binds `cfg.host:cfg.port` and serves until SIGINT/SIGTERM.
+/// Binds `cfg.host:cfg.port` and serves the CPU reference until SIGINT/SIGTERM.
 pub async fn serve(cfg: ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<()> {
+    let backend = cpu(&cfg, weights);
+    serve_backend(cfg, backend, tokenizer).await
+}
+
+/// Binds `cfg.host:cfg.port` and serves `backend` (the CPU reference or a GPU, see
+/// [`flashseek_engine::session::Backend`]) until SIGINT/SIGTERM.
+pub async fn serve_backend<B: Backend + Send + 'static>(cfg: ServerConfig, backend: Arc<B>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)).await?;
     let addr = listener.local_addr()?;
     eprintln!("flashseek: serving `{}` on http://{addr} (OpenAI: /v1/chat/completions, /v1/completions; Anthropic: /v1/messages)", cfg.model_names.first().map(String::as_str).unwrap_or("flashseek-default"));
-    serve_on(listener, cfg, weights, tokenizer, shutdown_signal()).await
+    let drain = cfg.drain_timeout;
+    run_parts(listener, parts(&cfg, backend, tokenizer), drain, shutdown_signal()).await
 }
 
 /// [`serve`] on a new multi-threaded runtime, blocking until shutdown.
 pub fn serve_blocking(cfg: ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<()> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(cfg, weights, tokenizer))
+    let backend = cpu(&cfg, weights);
+    serve_backend_blocking(cfg, backend, tokenizer)
+}
+
+/// [`serve_backend`] on a new multi-threaded runtime, blocking until shutdown.
+pub fn serve_backend_blocking<B: Backend + Send + 'static>(cfg: ServerConfig, backend: Arc<B>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<()> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve_backend(cfg, backend, tokenizer))
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
@@ -305,7 +326,7 @@ pub fn spawn(cfg: ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4To
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)))?;
     let addr = listener.local_addr()?;
-    let parts = parts(&cfg, weights, tokenizer);
+    let parts = parts(&cfg, cpu(&cfg, weights), tokenizer);
     let metrics = parts.state.metrics.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let drain = cfg.drain_timeout;

@@ -18,8 +18,7 @@
 use crate::metrics::Metrics;
 use flashseek_engine::forward::ForwardOptions;
 use flashseek_engine::sampler::{Sampler, SamplingParams, StopMatcher};
-use flashseek_engine::session::Session;
-use flashseek_engine::weights::ModelWeights;
+use flashseek_engine::session::{Backend, ServedSequence};
 use flashseek_model::config::{Ds4Config, LayerKind};
 use flashseek_model::tokenizer::{Ds4Tokenizer, StreamDecoder};
 use rayon::prelude::*;
@@ -42,7 +41,8 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     /// Finished sequences kept for prefix reuse (0 = no prefix cache).
     pub prefix_cache_entries: usize,
-    /// Forward-pass options.
+    /// Forward-pass options of the CPU backend (the `Arc<ModelWeights>` entry points of the crate
+    /// build a [`flashseek_engine::session::CpuBackend`] with them; other backends ignore them).
     pub forward: ForwardOptions,
 }
 
@@ -241,10 +241,11 @@ pub fn state_bytes_per_token(cfg: &Ds4Config) -> usize {
     (floats * 4.0).ceil() as usize
 }
 
-/// Starts the engine thread. It owns `weights` until every handle is dropped (or after
-/// [`SchedulerHandle::cancel_all`] on close) and then exits; join the returned thread to wait.
-pub fn start(
-    weights: Arc<ModelWeights>,
+/// Starts the engine thread on `backend` (the CPU reference, or a GPU). It owns the backend until
+/// every handle is dropped (or after [`SchedulerHandle::cancel_all`] on close) and then exits; join
+/// the returned thread to wait.
+pub fn start<B: Backend + Send + 'static>(
+    backend: Arc<B>,
     tokenizer: Arc<Ds4Tokenizer>,
     cfg: SchedulerConfig,
     metrics: Arc<Metrics>,
@@ -252,9 +253,9 @@ pub fn start(
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared { queued: Mutex::new(0), closing: AtomicBool::new(false), stopped: AtomicBool::new(false) });
     let info = Arc::new(ModelInfo {
-        context: weights.config.max_position_embeddings,
-        vocab_size: weights.config.vocab_size,
-        state_bytes_per_token: state_bytes_per_token(&weights.config),
+        context: backend.config().max_position_embeddings,
+        vocab_size: backend.config().vocab_size,
+        state_bytes_per_token: state_bytes_per_token(backend.config()),
     });
     metrics.set_budget(cfg.state_budget_bytes);
     let handle = SchedulerHandle { tx, shared: shared.clone(), max_queue: cfg.max_queue, info };
@@ -269,7 +270,7 @@ pub fn start(
                 }
             }
             let _guard = Stopped(shared.clone());
-            let mut engine = Engine::new(&weights, &tokenizer, cfg, metrics, shared);
+            let mut engine = Engine::new(&*backend, &tokenizer, cfg, metrics, shared);
             engine.run(rx);
         })
         .expect("spawning the engine thread");
@@ -285,9 +286,9 @@ enum Phase {
     Finished(FinishReason),
 }
 
-struct Seq<'w, 't> {
+struct Seq<'t, S> {
     req: GenRequest,
-    session: Session<'w>,
+    session: S,
     sampler: Sampler,
     decoder: StreamDecoder<'t>,
     stops: StopMatcher,
@@ -305,37 +306,37 @@ struct Seq<'w, 't> {
     text: String,
 }
 
-struct Cached<'w> {
-    session: Session<'w>,
+struct Cached<S> {
+    session: S,
     last_used: u64,
 }
 
-struct Engine<'w, 't> {
-    weights: &'w ModelWeights,
+struct Engine<'w, 't, B: Backend> {
+    backend: &'w B,
     tokenizer: &'t Ds4Tokenizer,
     cfg: SchedulerConfig,
     metrics: Arc<Metrics>,
     shared: Arc<Shared>,
     bytes_per_token: usize,
     waiting: VecDeque<GenRequest>,
-    running: Vec<Seq<'w, 't>>,
-    cache: Vec<Cached<'w>>,
+    running: Vec<Seq<'t, B::Seq<'w>>>,
+    cache: Vec<Cached<B::Seq<'w>>>,
     clock: u64,
     disconnected: bool,
 }
 
-impl<'w, 't> Engine<'w, 't> {
+impl<'w, 't, B: Backend> Engine<'w, 't, B> {
     fn new(
-        weights: &'w ModelWeights,
+        backend: &'w B,
         tokenizer: &'t Ds4Tokenizer,
         cfg: SchedulerConfig,
         metrics: Arc<Metrics>,
         shared: Arc<Shared>,
     ) -> Self {
         Engine {
-            weights,
+            backend,
             tokenizer,
-            bytes_per_token: state_bytes_per_token(&weights.config),
+            bytes_per_token: state_bytes_per_token(backend.config()),
             cfg,
             metrics,
             shared,
@@ -427,17 +428,21 @@ impl<'w, 't> Engine<'w, 't> {
         }
     }
 
+    /// Tokens a request can grow to: its prompt plus what it may generate, within the context.
+    fn needed(&self, req: &GenRequest) -> usize {
+        (req.prompt.len() + req.max_tokens).min(self.backend.config().max_position_embeddings)
+    }
+
     fn estimate(&self, req: &GenRequest) -> usize {
-        let len = (req.prompt.len() + req.max_tokens).min(self.weights.config.max_position_embeddings);
-        len * self.bytes_per_token
+        self.needed(req) * self.bytes_per_token
     }
 
     fn reserved(&self) -> usize {
-        self.running.iter().map(|s| s.reserved.max(s.session.state().bytes())).sum()
+        self.running.iter().map(|s| s.reserved.max(s.session.state_bytes())).sum()
     }
 
     fn cache_bytes(&self) -> usize {
-        self.cache.iter().map(|c| c.session.state().bytes()).sum()
+        self.cache.iter().map(|c| c.session.state_bytes()).sum()
     }
 
     fn admit(&mut self) {
@@ -450,7 +455,7 @@ impl<'w, 't> Engine<'w, 't> {
             let reserved = self.reserved();
             // Make room by evicting cached sessions, least recently used first, the one this
             // prompt would reuse last.
-            let keep = self.best_cached(&front.prompt).map(|(i, _)| self.cache[i].last_used);
+            let keep = self.best_cached(&front.prompt, self.needed(front)).map(|(i, _)| self.cache[i].last_used);
             while reserved + self.cache_bytes() + est > budget && !self.cache.is_empty() {
                 let victim = (0..self.cache.len())
                     .min_by_key(|&i| (Some(self.cache[i].last_used) == keep, self.cache[i].last_used))
@@ -466,11 +471,13 @@ impl<'w, 't> Engine<'w, 't> {
         }
     }
 
-    /// The cached session sharing the longest prefix with `prompt` (index, common length).
-    fn best_cached(&self, prompt: &[u32]) -> Option<(usize, usize)> {
+    /// The cached session sharing the longest prefix with `prompt` and able to hold `needed`
+    /// tokens (index, common length).
+    fn best_cached(&self, prompt: &[u32], needed: usize) -> Option<(usize, usize)> {
         self.cache
             .iter()
             .enumerate()
+            .filter(|(_, c)| c.session.capacity() >= needed)
             .map(|(i, c)| (i, c.session.tokens().iter().zip(prompt).take_while(|(a, b)| a == b).count()))
             .filter(|&(_, n)| n > 0)
             .max_by_key(|&(i, n)| (n, self.cache[i].last_used))
@@ -478,11 +485,20 @@ impl<'w, 't> Engine<'w, 't> {
 
     fn start_seq(&mut self, req: GenRequest, est: usize) {
         let now = Instant::now();
-        let mut session = match self.best_cached(&req.prompt) {
+        let needed = self.needed(&req);
+        let mut session = match self.best_cached(&req.prompt, needed) {
             Some((i, _)) => self.cache.swap_remove(i).session,
-            None => Session::new(self.weights, self.cfg.forward, None),
+            None => match self.backend.new_sequence(needed) {
+                Ok(s) => s,
+                Err(e) => {
+                    // No room on the device (or another backend failure): the request fails, the
+                    // server keeps serving.
+                    let _ = req.events.send(Event::Error(format!("could not start the sequence: {e}")));
+                    return;
+                }
+            },
         };
-        session.prefill_chunk = self.cfg.prefill_chunk.max(1);
+        session.set_prefill_chunk(self.cfg.prefill_chunk.max(1));
         // As in `Session::set_prompt`: keep the common prefix, but recompute at least one token.
         let common = session.tokens().iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
         let reuse = common.min(req.prompt.len().saturating_sub(1));
@@ -556,15 +572,16 @@ impl<'w, 't> Engine<'w, 't> {
     fn decode_all(&mut self) {
         let t = Instant::now();
         let metrics = &self.metrics;
-        let steps: usize = self
-            .running
-            .par_iter_mut()
-            .filter(|s| matches!(s.phase, Phase::Decode { .. }))
-            .map(|s| {
-                s.step(metrics);
-                1
-            })
-            .sum();
+        let decoding = |s: &&mut Seq<'t, B::Seq<'w>>| matches!(s.phase, Phase::Decode { .. });
+        let step = |s: &mut Seq<'t, B::Seq<'w>>| {
+            s.step(metrics);
+            1
+        };
+        let steps: usize = if self.backend.parallel_decode() {
+            self.running.par_iter_mut().filter(decoding).map(step).sum()
+        } else {
+            self.running.iter_mut().filter(decoding).map(step).sum()
+        };
         if steps > 0 {
             self.metrics.decode(steps, t.elapsed().as_secs_f64());
         }
@@ -628,7 +645,7 @@ impl<'w, 't> Engine<'w, 't> {
     }
 
     fn publish(&self) {
-        let running_bytes: usize = self.running.iter().map(|s| s.session.state().bytes()).sum();
+        let running_bytes: usize = self.running.iter().map(|s| s.session.state_bytes()).sum();
         self.metrics.set_engine_gauges(
             self.running.len(),
             *self.shared.queued.lock().unwrap_or_else(|e| e.into_inner()),
@@ -639,7 +656,7 @@ impl<'w, 't> Engine<'w, 't> {
     }
 }
 
-impl Seq<'_, '_> {
+impl<S: ServedSequence> Seq<'_, S> {
     /// Samples one token from the current logits, reports it, and either finishes or decodes it.
     fn step(&mut self, metrics: &Metrics) {
         let Phase::Decode { logits } = &self.phase else { return };

@@ -619,7 +619,9 @@ fn state_estimate_matches_measured_bytes() {
 fn closing_scheduler_refuses_with_503() {
     use flashseek_server::scheduler::{start as start_engine, GenRequest, SchedulerConfig, SubmitError};
     let metrics = std::sync::Arc::new(flashseek_server::metrics::Metrics::default());
-    let (h, engine) = start_engine(tiny_weights(), tokenizer(), SchedulerConfig::default(), metrics);
+    let cfg = SchedulerConfig::default();
+    let backend = flashseek_engine::session::CpuBackend { weights: tiny_weights(), forward: cfg.forward, prefill_chunk: cfg.prefill_chunk };
+    let (h, engine) = start_engine(std::sync::Arc::new(backend), tokenizer(), cfg, metrics);
     let req = || {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         (

@@ -41,10 +41,11 @@ pub struct ModelArgs {
     pub prefill_chunk: Option<usize>,
     /// Backend: `cpu` (the exact reference) or `cuda` / `cuda:N` (GPU N; weights uploaded in their
     /// stored formats; kernels as the switches say — `flashseek switches` — exact HF numerics by
-    /// default). `serve` runs on the CPU for now.
+    /// default). With `serve`, one GPU runs every sequence (decode steps one after another).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Tokens of device state to allocate per sequence on a GPU (its context limit there).
+    /// Tokens of device state to allocate per sequence on a GPU (its context limit there; `serve`
+    /// allocates min(prompt + max_tokens, this) per request).
     #[arg(long, default_value_t = 8192)]
     pub gpu_context: usize,
 }

@@ -57,10 +57,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.served_model_name.clone()
     };
-    if args.model.device()? != super::common::Device::Cpu {
-        anyhow::bail!("--device {}: `serve` runs on the CPU backend for now (the CUDA scheduler is not built yet); use --device cpu, or `chat`/`generate --device cuda`", args.model.device);
-    }
     let m = load(&args.model)?;
+    let on_gpu = m.gpu.is_some();
+    let prefill_chunk = match args.model.prefill_chunk {
+        Some(c) => c,
+        None if on_gpu => flashseek_engine::switches::prefill_chunk_tokens(),
+        None => super::common::CPU_PREFILL_CHUNK,
+    };
     let cfg = ServerConfig {
         host: args.host.clone(),
         port: args.port,
@@ -73,12 +76,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             max_running: args.max_running.max(1),
             state_budget_bytes: args.state_budget_mib.saturating_mul(1 << 20),
             max_queue: args.max_queue,
-            prefill_chunk: args.model.prefill_chunk.unwrap_or(super::common::CPU_PREFILL_CHUNK),
+            prefill_chunk,
             prefix_cache_entries: args.prefix_cache,
             forward: m.forward,
         },
     };
-    let tokenizer = m.tokenizer.clone();
-    flashseek_server::serve_blocking(cfg, Arc::new(m.cpu_weights()?), Arc::new(tokenizer))?;
+    let tokenizer = Arc::new(m.tokenizer.clone());
+    if let Some((gpu, model)) = m.gpu {
+        // One GPU: sequences allocate their device state for min(prompt + max_tokens, --gpu-context)
+        // tokens; decode steps run one sequence after another on the GPU's stream.
+        let backend = flashseek_engine::cuda::session::GpuBackend { gpu, model, prefill_chunk, max_capacity: m.gpu_context };
+        flashseek_server::serve_backend_blocking(cfg, Arc::new(backend), tokenizer)?;
+    } else {
+        flashseek_server::serve_blocking(cfg, Arc::new(m.cpu_weights()?), tokenizer)?;
+    }
     Ok(())
 }

@@ -288,6 +288,12 @@ impl GpuSequence {
         Ok(GpuSequence { pos: 0, capacity, layers })
     }
 
+    /// Device bytes held by the state (allocated for the whole capacity).
+    pub fn bytes(&self) -> usize {
+        let comp = |c: &GpuCompState| (c.kv.len() + c.logit.len() + c.entries.len()) * 4;
+        self.layers.iter().map(|l| l.kv.len() * 4 + l.comp.as_ref().map_or(0, comp) + l.idx.as_ref().map_or(0, comp)).sum()
+    }
+
     /// Rewinds to `len` tokens (rows past it are ignored and overwritten later; entries that depend
     /// on dropped tokens are dropped).
     pub fn truncate(&mut self, m: &GpuModel, len: usize) -> Result<(), CudaError> {

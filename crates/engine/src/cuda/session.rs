@@ -4,7 +4,7 @@
 use super::gpu::Gpu;
 use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
 use crate::forward::LogitsFor;
-use crate::session::{Sequence, SessionError};
+use crate::session::{Backend, Sequence, ServedSequence, SessionError};
 
 /// One sequence on one GPU, holding at most `capacity` tokens.
 pub struct GpuSession<'a> {
@@ -27,7 +27,11 @@ impl<'a> GpuSession<'a> {
         Ok(GpuSession { gpu, model, seq, tokens: Vec::new(), prefill_chunk: crate::switches::prefill_chunk_tokens() })
     }
 
-    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
+    /// Appends `ids` in prefill chunks; returns the last position's logits `[vocab]`.
+    ///
+    /// Errors: exceeding the capacity ([`SessionError::TooLong`]), out-of-vocabulary ids, device
+    /// errors.
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
         if self.tokens.len() + ids.len() > self.seq.capacity {
             return Err(SessionError::TooLong { len: self.tokens.len() + ids.len(), limit: self.seq.capacity });
         }
@@ -60,5 +64,64 @@ impl Sequence for GpuSession<'_> {
     }
     fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
         self.prefill(&[id])
+    }
+}
+
+impl ServedSequence for GpuSession<'_> {
+    fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+    fn capacity(&self) -> usize {
+        self.seq.capacity
+    }
+    fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
+        GpuSession::prefill(self, ids)
+    }
+    fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
+        GpuSession::prefill(self, &[id])
+    }
+    fn truncate(&mut self, len: usize) -> Result<(), SessionError> {
+        self.seq.truncate(self.model, len).map_err(backend)?;
+        self.tokens.truncate(len);
+        Ok(())
+    }
+    fn state_bytes(&self) -> usize {
+        self.seq.bytes()
+    }
+    fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens.max(1);
+    }
+}
+
+/// One GPU and a model on it as a server [`Backend`] (`flashseek serve --device cuda`): each
+/// sequence allocates its device state for the capacity it is created with; decode steps run one
+/// sequence after another on the GPU's stream.
+pub struct GpuBackend {
+    /// The device.
+    pub gpu: Gpu,
+    /// The model on it.
+    pub model: GpuModel,
+    /// Tokens per prefill chunk.
+    pub prefill_chunk: usize,
+    /// Most tokens one sequence is allocated for (a request asking for more ends at this length).
+    pub max_capacity: usize,
+}
+
+impl Backend for GpuBackend {
+    type Seq<'a> = GpuSession<'a>;
+    fn config(&self) -> &flashseek_model::config::Ds4Config {
+        &self.model.config
+    }
+    fn new_sequence(&self, capacity: usize) -> Result<GpuSession<'_>, SessionError> {
+        let cap = capacity.min(self.max_capacity).clamp(1, self.model.config.max_position_embeddings);
+        let mut s = GpuSession::new(&self.gpu, &self.model, cap)?;
+        s.prefill_chunk = self.prefill_chunk.max(1);
+        Ok(s)
+    }
+    fn parallel_decode(&self) -> bool {
+        false
+    }
+    fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
     }
 }

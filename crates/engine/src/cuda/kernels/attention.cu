@@ -251,6 +251,7 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
 #define ATC_TILE 32
 #define ATC_THREADS 256
 #define ATC_PITCH 520  // bf16 per shared row (1040 B: ldmatrix rows on distinct banks)
+#define ATC_LB 8       // float4 loads in flight per thread while staging Q and K rows
 #define ATC_QPLANE (ATC_H * ATC_PITCH)
 #define ATC_KPLANE (ATC_TILE * ATC_PITCH)
 #define ATC_SMEM (2 * ATC_QPLANE * 2 + 2 * ATC_KPLANE * 2 + 8 * 32 * 16 * 4 + ATC_TILE * 8)
@@ -307,12 +308,20 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
     __syncthreads();  // att_cursor is read by every lane of warp 0
     const int n_cand = n_win + n_comp;
 
-    // Q of this token → split bf16 planes.
+    // Q of this token → split bf16 planes (loads in batches of ATC_LB per thread, so their latencies
+    // overlap instead of adding up).
     {
         const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
-        for (int i = tid; i < ATC_H * ATC_C / 4; i += ATC_THREADS) {
-            const int r = i >> 7, col = (i & 127) * 4;
-            atc_split4(q4[i], Qs + r * ATC_PITCH + col, Qs + ATC_QPLANE + r * ATC_PITCH + col);
+#pragma unroll 1
+        for (int b = 0; b < ATC_H * ATC_C / 4 / ATC_THREADS; b += ATC_LB) {
+            float4 v[ATC_LB];
+#pragma unroll
+            for (int u = 0; u < ATC_LB; u++) v[u] = q4[tid + ATC_THREADS * (b + u)];
+#pragma unroll
+            for (int u = 0; u < ATC_LB; u++) {
+                const int i = tid + ATC_THREADS * (b + u), r = i >> 7, col = (i & 127) * 4;
+                atc_split4(v[u], Qs + r * ATC_PITCH + col, Qs + ATC_QPLANE + r * ATC_PITCH + col);
+            }
         }
     }
     const int h0 = 16 * wh + g;  // heads of rows g and g + 8
@@ -329,11 +338,20 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
         const int nt = min(ATC_TILE, n_cand - base);
         if (warp == 0) att_tile_rows(rowp, lane, base, nt, ATC_C, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, c_begin, mrow, n_vis, &att_cursor);
         __syncthreads();  // rowp ready; Q stored (first tile)
-        for (int i = tid; i < ATC_TILE * ATC_C / 4; i += ATC_THREADS) {
-            const int r = i >> 7, col = (i & 127) * 4;
-            const float* p = rowp[r];
-            const float4 v = p != nullptr ? __ldg(reinterpret_cast<const float4*>(p) + (i & 127)) : make_float4(0.f, 0.f, 0.f, 0.f);
-            atc_split4(v, Ks + r * ATC_PITCH + col, Ks + ATC_KPLANE + r * ATC_PITCH + col);
+#pragma unroll 1
+        for (int b = 0; b < ATC_TILE * ATC_C / 4 / ATC_THREADS; b += ATC_LB) {  // batched loads, as Q
+            float4 v[ATC_LB];
+#pragma unroll
+            for (int u = 0; u < ATC_LB; u++) {
+                const int i = tid + ATC_THREADS * (b + u);
+                const float* p = rowp[i >> 7];
+                v[u] = p != nullptr ? __ldg(reinterpret_cast<const float4*>(p) + (i & 127)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < ATC_LB; u++) {
+                const int i = tid + ATC_THREADS * (b + u), r = i >> 7, col = (i & 127) * 4;
+                atc_split4(v[u], Ks + r * ATC_PITCH + col, Ks + ATC_KPLANE + r * ATC_PITCH + col);
+            }
         }
         __syncthreads();
 
