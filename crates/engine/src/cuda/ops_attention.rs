@@ -65,6 +65,12 @@ pub const INDEXER_MAX_QUERY: usize = 8192;
 /// `ITS_CAP` = 2,048 (u32 key, i32 index) pairs).
 pub const INDEXER_STREAM_SMEM: usize = 2 * 2048 * 8;
 
+/// Fewest query tokens for which [`Gpu::indexer_select`] runs the streaming kernels: they take one
+/// block per token pair, so below ~one wave of blocks on an H200 (132 SMs) the score matrix (one
+/// block per 512 keys and token pair) keeps the GPU busier. Measured at T = 1 (decode, 128K
+/// context, 20 Flash layers): streaming 36.9 ms per token vs 24.5 ms with the score matrix.
+pub const INDEXER_STREAM_MIN_TOKENS: usize = 256;
+
 /// Largest top-k of `indexer_topk_stream` (`ITS_CAP − 2·ITC_KT`: a buffer must take one more
 /// 64-key tile per token after a cut).
 pub const INDEXER_STREAM_MAX_K: usize = 2048 - 128;
@@ -596,7 +602,9 @@ impl Gpu {
     }
 
     /// The indexer's selection (spec §4.10 steps 4–6) into `idx` (`offsets` = [`topk_offsets`] on
-    /// the device), for a 64 × 128 indexer with `k ≤` [`INDEXER_STREAM_MAX_K`]: with
+    /// the device), for a 64 × 128 indexer with `k ≤` [`INDEXER_STREAM_MAX_K`] and at least
+    /// [`INDEXER_STREAM_MIN_TOKENS`] query tokens (prefill chunks; decode steps take the last path):
+    /// with
     /// `INDEXER_FP8` on, FP8 scores ([`Gpu::indexer_topk_stream_fp8`], not exact); else with
     /// `INDEXER_STREAM_TOPK` and `INDEXER_TC` on, the fused streaming kernel
     /// ([`Gpu::indexer_topk_stream`], no score matrix). Otherwise [`Gpu::indexer_scores`] into a
@@ -618,7 +626,7 @@ impl Gpu {
         if shape.tokens == 0 || shape.n_entries == 0 {
             return Ok(());
         }
-        let fits = shape.heads == 64 && shape.head_dim == 128 && k <= INDEXER_STREAM_MAX_K;
+        let fits = shape.heads == 64 && shape.head_dim == 128 && k <= INDEXER_STREAM_MAX_K && shape.tokens >= INDEXER_STREAM_MIN_TOKENS;
         if fits && crate::switches::on("INDEXER_FP8") {
             let q8 = self.act_quant(q, shape.tokens * shape.heads, shape.head_dim)?;
             let k8 = self.act_quant(keys, shape.n_entries, shape.head_dim)?;
