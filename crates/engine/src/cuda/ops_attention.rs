@@ -221,6 +221,55 @@ pub struct IndexerShape {
     pub pos0: usize,
 }
 
+/// The scalar arguments and launch geometry the two streaming top-k kernels share.
+struct StreamTopkLaunch {
+    ints: [i32; 5],
+    scale: f32,
+    tail: [i32; 2],
+    cfg: LaunchConfig,
+}
+
+impl StreamTopkLaunch {
+    /// Pushes `heads, hd, n, ratio, pos0, scale, T, k` (the kernels' trailing arguments).
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
+        for v in &self.ints {
+            b.arg(v);
+        }
+        b.arg(&self.scale);
+        for v in &self.tail {
+            b.arg(v);
+        }
+    }
+}
+
+/// Checks of [`Gpu::indexer_topk_stream`] and [`Gpu::indexer_topk_stream_fp8`] (shape, k, the
+/// weights, offsets and lists) and their launch; None when there is nothing to do (T or N zero).
+fn stream_topk_launch(
+    what: &'static str,
+    shape: &IndexerShape,
+    k: usize,
+    weights: &CudaSlice<f32>,
+    offsets: &CudaSlice<i32>,
+    idx: &CudaSlice<i32>,
+) -> Result<Option<StreamTopkLaunch>, CudaError> {
+    let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
+    ensure(what, heads == 64 && hd == 128, || format!("needs 64 heads of 128, got {heads} of {hd}"))?;
+    ensure(what, (1..=INDEXER_STREAM_MAX_K).contains(&k), || format!("k = {k}: need 1..={INDEXER_STREAM_MAX_K}"))?;
+    if tokens == 0 || n == 0 {
+        return Ok(None);
+    }
+    ensure(what, ratio >= 1, || "ratio must be ≥ 1".into())?;
+    ensure(what, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
+    ensure(what, offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", offsets.len(), tokens + 1))?;
+    let total: usize = (0..tokens).map(|t| visible_entries(pos0 + t, ratio, n).min(k)).sum();
+    ensure(what, idx.len() >= total, || format!("idx holds {} values, the lists need {total}", idx.len()))?;
+    int(what, "total list length", total)?;
+    let ints = [int(what, "heads", heads)?, int(what, "hd", hd)?, int(what, "N", n)?, int(what, "ratio", ratio)?, int(what, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?];
+    let tail = [int(what, "tokens", tokens)?, int(what, "k", k)?];
+    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(2) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: INDEXER_STREAM_SMEM as u32 };
+    Ok(Some(StreamTopkLaunch { ints, scale: (hd as f64).powf(-0.5) as f32, tail, cfg }))
+}
+
 impl Gpu {
     /// Sparse attention with sinks (spec §4.6) followed by the inverse RoPE of the output's
     /// trailing `rope.dim` channels at the query position (§3.2).
@@ -662,26 +711,13 @@ impl Gpu {
         k: usize,
     ) -> Result<(), CudaError> {
         const W: &str = "indexer_topk_stream";
-        let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
-        ensure(W, heads == 64 && hd == 128, || format!("needs 64 heads of 128, got {heads} of {hd}"))?;
-        ensure(W, (1..=INDEXER_STREAM_MAX_K).contains(&k), || format!("k = {k}: need 1..={INDEXER_STREAM_MAX_K}"))?;
-        if tokens == 0 || n == 0 {
-            return Ok(());
-        }
-        ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
-        ensure(W, q.len() >= tokens * heads * hd, || format!("q holds {} values, need T·heads·hd = {}", q.len(), tokens * heads * hd))?;
-        ensure(W, keys.len() >= n * hd, || format!("keys hold {} values, need N·hd = {}", keys.len(), n * hd))?;
-        ensure(W, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
-        ensure(W, offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", offsets.len(), tokens + 1))?;
-        let total: usize = (0..tokens).map(|t| visible_entries(pos0 + t, ratio, n).min(k)).sum();
-        ensure(W, idx.len() >= total, || format!("idx holds {} values, the lists need {total}", idx.len()))?;
-        int(W, "total list length", total)?;
-        let (h_i, hd_i, n_i, r_i, p_i, t_i, k_i) =
-            (int(W, "heads", heads)?, int(W, "hd", hd)?, int(W, "N", n)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?, int(W, "tokens", tokens)?, int(W, "k", k)?);
-        let scale = (hd as f64).powf(-0.5) as f32;
-        let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(2) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: INDEXER_STREAM_SMEM as u32 };
-        let mut b = self.stream.launch_builder(self.f("indexer_topk_stream"));
-        b.arg(q).arg(keys).arg(weights).arg(offsets).arg(idx).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i).arg(&k_i);
+        ensure(W, shape.tokens == 0 || shape.n_entries == 0 || q.len() >= shape.tokens * shape.heads * shape.head_dim, || format!("q holds {} values, need T·heads·hd = {}", q.len(), shape.tokens * shape.heads * shape.head_dim))?;
+        ensure(W, shape.tokens == 0 || shape.n_entries == 0 || keys.len() >= shape.n_entries * shape.head_dim, || format!("keys hold {} values, need N·hd = {}", keys.len(), shape.n_entries * shape.head_dim))?;
+        let Some(l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
+        let mut b = self.stream.launch_builder(self.f(W));
+        b.arg(q).arg(keys).arg(weights).arg(offsets).arg(idx);
+        l.push(&mut b);
+        let cfg = l.cfg;
         // SAFETY: matches indexer_topk_stream; sizes checked above; offsets are the caller's
         // topk_offsets (documented); the kernel gets its dynamic shared memory (it traps on less).
         launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
@@ -709,27 +745,16 @@ impl Gpu {
         k: usize,
     ) -> Result<(), CudaError> {
         const W: &str = "indexer_topk_stream_fp8";
-        let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
-        ensure(W, heads == 64 && hd == 128, || format!("needs 64 heads of 128, got {heads} of {hd}"))?;
-        ensure(W, (1..=INDEXER_STREAM_MAX_K).contains(&k), || format!("k = {k}: need 1..={INDEXER_STREAM_MAX_K}"))?;
-        if tokens == 0 || n == 0 {
-            return Ok(());
+        let (tokens, n, hd) = (shape.tokens, shape.n_entries, shape.head_dim);
+        if tokens > 0 && n > 0 {
+            ensure(W, q8.kp == hd && q8.rows >= tokens * shape.heads, || format!("q8 is [{}, {}], need ≥ [{}, {hd}]", q8.rows, q8.kp, tokens * shape.heads))?;
+            ensure(W, k8.kp == hd && k8.rows >= n, || format!("k8 is [{}, {}], need ≥ [{n}, {hd}]", k8.rows, k8.kp))?;
         }
-        ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
-        ensure(W, q8.kp == hd && q8.rows >= tokens * heads, || format!("q8 is [{}, {}], need ≥ [{}, {hd}]", q8.rows, q8.kp, tokens * heads))?;
-        ensure(W, k8.kp == hd && k8.rows >= n, || format!("k8 is [{}, {}], need ≥ [{n}, {hd}]", k8.rows, k8.kp))?;
-        ensure(W, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
-        ensure(W, offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", offsets.len(), tokens + 1))?;
-        let total: usize = (0..tokens).map(|t| visible_entries(pos0 + t, ratio, n).min(k)).sum();
-        ensure(W, idx.len() >= total, || format!("idx holds {} values, the lists need {total}", idx.len()))?;
-        int(W, "total list length", total)?;
-        let (h_i, hd_i, n_i, r_i, p_i, t_i, k_i) =
-            (int(W, "heads", heads)?, int(W, "hd", hd)?, int(W, "N", n)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?, int(W, "tokens", tokens)?, int(W, "k", k)?);
-        let scale = (hd as f64).powf(-0.5) as f32;
-        let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(2) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: INDEXER_STREAM_SMEM as u32 };
+        let Some(l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
         let mut b = self.stream.launch_builder(self.f(W));
         b.arg(&q8.q).arg(&q8.sa).arg(&k8.q).arg(&k8.sa).arg(weights).arg(offsets).arg(idx);
-        b.arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i).arg(&k_i);
+        l.push(&mut b);
+        let cfg = l.cfg;
         // SAFETY: matches indexer_topk_stream_fp8; the quantized buffers hold ≥ T·64 and ≥ N rows
         // of 128 bytes with one scale each (kp = 128); other sizes checked above; the kernel gets
         // its dynamic shared memory (it traps on less).
