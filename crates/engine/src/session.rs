@@ -86,25 +86,29 @@ pub trait Backend: Sync {
         Self: 'a;
     /// The model's configuration.
     fn config(&self) -> &flashseek_model::config::Ds4Config;
-    /// An empty sequence able to hold `capacity` tokens (≤ the context).
+    /// The longest sequence it can hold (the model's context, or less on a device that allocates
+    /// sequences up front); the server refuses longer prompts with this limit.
+    fn max_sequence_len(&self) -> usize;
+    /// How many tokens [`Backend::new_sequence`] allocates for a request that can grow to `needed`
+    /// tokens (≤ [`Backend::max_sequence_len`]): admission reserves that much state.
+    fn capacity_for(&self, needed: usize) -> usize;
+    /// An empty sequence able to hold at least `needed` tokens (up to [`Backend::max_sequence_len`];
+    /// see [`Backend::capacity_for`]).
     ///
     /// Errors: the backend cannot allocate it (device memory).
-    fn new_sequence(&self, capacity: usize) -> Result<Self::Seq<'_>, SessionError>;
+    fn new_sequence(&self, needed: usize) -> Result<Self::Seq<'_>, SessionError>;
     /// Whether different sequences' decode steps may run on different threads at once (the CPU:
     /// yes; one GPU stream: no).
     fn parallel_decode(&self) -> bool;
-    /// Tokens per prefill chunk this backend runs best with.
-    fn prefill_chunk(&self) -> usize;
 }
 
-/// The CPU reference as a [`Backend`]: [`Session`]s over shared weights.
+/// The CPU reference as a [`Backend`]: [`Session`]s over shared weights (state grows with the
+/// sequence, up to the model's context).
 pub struct CpuBackend {
     /// The weights.
     pub weights: std::sync::Arc<ModelWeights>,
     /// Forward options (numerics).
     pub forward: ForwardOptions,
-    /// Tokens per prefill chunk.
-    pub prefill_chunk: usize,
 }
 
 impl Backend for CpuBackend {
@@ -112,14 +116,17 @@ impl Backend for CpuBackend {
     fn config(&self) -> &flashseek_model::config::Ds4Config {
         &self.weights.config
     }
-    fn new_sequence(&self, _capacity: usize) -> Result<Session<'_>, SessionError> {
+    fn max_sequence_len(&self) -> usize {
+        self.weights.config.max_position_embeddings
+    }
+    fn capacity_for(&self, needed: usize) -> usize {
+        needed
+    }
+    fn new_sequence(&self, _needed: usize) -> Result<Session<'_>, SessionError> {
         Ok(Session::new(&self.weights, self.forward, None))
     }
     fn parallel_decode(&self) -> bool {
         true
-    }
-    fn prefill_chunk(&self) -> usize {
-        self.prefill_chunk
     }
 }
 

@@ -171,9 +171,9 @@ struct Parts {
     engine: std::thread::JoinHandle<()>,
 }
 
-/// The CPU reference as the engine's backend, with the scheduler's forward options and chunk.
+/// The CPU reference as the engine's backend, with the scheduler's forward options.
 fn cpu(cfg: &ServerConfig, weights: Arc<ModelWeights>) -> Arc<CpuBackend> {
-    Arc::new(CpuBackend { weights, forward: cfg.scheduler.forward, prefill_chunk: cfg.scheduler.prefill_chunk })
+    Arc::new(CpuBackend { weights, forward: cfg.scheduler.forward })
 }
 
 fn parts<B: Backend + Send + 'static>(cfg: &ServerConfig, backend: Arc<B>, tokenizer: Arc<Ds4Tokenizer>) -> Parts {
@@ -323,10 +323,16 @@ impl Drop for RunningServer {
 /// Starts a server on its own thread and runtime (`cfg.port` 0 picks a free port); returns once
 /// it listens.
 pub fn spawn(cfg: ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<RunningServer> {
+    let backend = cpu(&cfg, weights);
+    spawn_backend(cfg, backend, tokenizer)
+}
+
+/// [`spawn`] on any [`Backend`].
+pub fn spawn_backend<B: Backend + Send + 'static>(cfg: ServerConfig, backend: Arc<B>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<RunningServer> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)))?;
     let addr = listener.local_addr()?;
-    let parts = parts(&cfg, cpu(&cfg, weights), tokenizer);
+    let parts = parts(&cfg, backend, tokenizer);
     let metrics = parts.state.metrics.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let drain = cfg.drain_timeout;

@@ -253,7 +253,7 @@ pub fn start<B: Backend + Send + 'static>(
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared { queued: Mutex::new(0), closing: AtomicBool::new(false), stopped: AtomicBool::new(false) });
     let info = Arc::new(ModelInfo {
-        context: backend.config().max_position_embeddings,
+        context: backend.max_sequence_len(),
         vocab_size: backend.config().vocab_size,
         state_bytes_per_token: state_bytes_per_token(backend.config()),
     });
@@ -428,13 +428,15 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
         }
     }
 
-    /// Tokens a request can grow to: its prompt plus what it may generate, within the context.
+    /// Tokens a request can grow to: its prompt plus what it may generate, within what the
+    /// backend can hold.
     fn needed(&self, req: &GenRequest) -> usize {
-        (req.prompt.len() + req.max_tokens).min(self.backend.config().max_position_embeddings)
+        (req.prompt.len() + req.max_tokens).min(self.backend.max_sequence_len())
     }
 
+    /// State bytes reserved for a request: what the backend allocates for it.
     fn estimate(&self, req: &GenRequest) -> usize {
-        self.needed(req) * self.bytes_per_token
+        self.backend.capacity_for(self.needed(req)) * self.bytes_per_token
     }
 
     fn reserved(&self) -> usize {
@@ -488,13 +490,20 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
         let needed = self.needed(&req);
         let mut session = match self.best_cached(&req.prompt, needed) {
             Some((i, _)) => self.cache.swap_remove(i).session,
-            None => match self.backend.new_sequence(needed) {
-                Ok(s) => s,
-                Err(e) => {
-                    // No room on the device (or another backend failure): the request fails, the
-                    // server keeps serving.
-                    let _ = req.events.send(Event::Error(format!("could not start the sequence: {e}")));
-                    return;
+            None => loop {
+                match self.backend.new_sequence(needed) {
+                    Ok(s) => break s,
+                    // No room on the device: free cached sequences, least recently used first.
+                    Err(_) if !self.cache.is_empty() => {
+                        let oldest = (0..self.cache.len()).min_by_key(|&j| self.cache[j].last_used).unwrap_or(0);
+                        self.cache.swap_remove(oldest);
+                    }
+                    Err(e) => {
+                        // Nothing left to free (or another backend failure): this request fails,
+                        // the server keeps serving.
+                        let _ = req.events.send(Event::Error(format!("could not start the sequence: {e}")));
+                        return;
+                    }
                 }
             },
         };

@@ -620,7 +620,7 @@ fn closing_scheduler_refuses_with_503() {
     use flashseek_server::scheduler::{start as start_engine, GenRequest, SchedulerConfig, SubmitError};
     let metrics = std::sync::Arc::new(flashseek_server::metrics::Metrics::default());
     let cfg = SchedulerConfig::default();
-    let backend = flashseek_engine::session::CpuBackend { weights: tiny_weights(), forward: cfg.forward, prefill_chunk: cfg.prefill_chunk };
+    let backend = flashseek_engine::session::CpuBackend { weights: tiny_weights(), forward: cfg.forward };
     let (h, engine) = start_engine(std::sync::Arc::new(backend), tokenizer(), cfg, metrics);
     let req = || {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -658,4 +658,67 @@ fn closing_scheduler_refuses_with_503() {
     assert!(e.retry_after.is_some());
     // A closed, idle engine exits.
     engine.join().unwrap();
+}
+
+/// A backend that allocates like the GPU one (`GpuBackend`): sequences sized up front for their
+/// request's length rounded up to a granule, at most `cap` tokens — on the CPU reference.
+struct Capped {
+    inner: flashseek_engine::session::CpuBackend,
+    cap: usize,
+    granule: usize,
+}
+
+impl flashseek_engine::session::Backend for Capped {
+    type Seq<'a> = flashseek_engine::session::Session<'a>;
+    fn config(&self) -> &flashseek_model::config::Ds4Config {
+        self.inner.config()
+    }
+    fn max_sequence_len(&self) -> usize {
+        self.cap
+    }
+    fn capacity_for(&self, needed: usize) -> usize {
+        needed.div_ceil(self.granule).saturating_mul(self.granule).min(self.cap)
+    }
+    fn new_sequence(&self, needed: usize) -> Result<Self::Seq<'_>, flashseek_engine::session::SessionError> {
+        let mut s = self.inner.new_sequence(needed)?;
+        s.max_len = self.capacity_for(needed);
+        Ok(s)
+    }
+    fn parallel_decode(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn sized_sequences_limit_the_context_and_are_reused_when_they_fit() {
+    let cfg = config();
+    let backend = Capped { inner: flashseek_engine::session::CpuBackend { weights: tiny_weights(), forward: cfg.scheduler.forward }, cap: 96, granule: 32 };
+    let s = flashseek_server::spawn_backend(cfg, std::sync::Arc::new(backend), tokenizer()).unwrap();
+    rt().block_on(async {
+        let c = client();
+        // The backend's limit is the served context: /v1/models says so, a longer prompt is a 400.
+        let m = get(&c, &format!("{}/v1/models", s.url())).await.json();
+        assert_eq!(m["data"][0]["max_model_len"], 96);
+        let long = "word ".repeat(120);
+        let r = post(&c, &format!("{}/v1/completions", s.url()), &json!({"model": "flashseek-default", "prompt": long, "max_tokens": 4})).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.body.contains("context"), "{}", r.body);
+        // A chat without max_tokens may grow to the limit: it ends there ("length").
+        let r = post(&c, &chat(&s.url()), &json!({"model": "flashseek-default", "messages": [{"role": "user", "content": "one two three"}], "ignore_eos": true})).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        assert_eq!(v["usage"]["total_tokens"], 96);
+        // A follow-up turn that fits the first request's (rounded-up) sequence reuses its prefix.
+        let first = json!({"model": "flashseek-default", "messages": [{"role": "user", "content": "Hello there."}], "max_tokens": 3, "ignore_eos": true});
+        let a = post(&c, &chat(&s.url()), &first).await.json();
+        let prompt = a["usage"]["prompt_tokens"].as_u64().unwrap();
+        let answer = a["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let second = json!({"model": "flashseek-default", "messages": [
+            {"role": "user", "content": "Hello there."}, {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Again."}], "max_tokens": 2, "ignore_eos": true});
+        let b = post(&c, &chat(&s.url()), &second).await.json();
+        let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        assert!(cached >= prompt.min(8), "cached {cached} of a {prompt}-token first prompt: {b}");
+    });
 }

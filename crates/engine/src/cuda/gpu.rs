@@ -292,9 +292,15 @@ fn format_of(w: &GpuWeight) -> (&'static str, usize) {
 /// this every step pays for fresh device allocations. Source: CUDA driver API,
 /// `cuMemPoolSetAttribute` / `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
 ///
-/// Errors: driver errors (no default pool: memory pools unsupported).
+/// A device without memory pools (cudarc then allocates synchronously) is left as it is.
+///
+/// Errors: driver errors.
 fn keep_freed_memory(ctx: &std::sync::Arc<CudaContext>) -> Result<(), CudaError> {
     use cudarc::driver::sys;
+    if !ctx.has_async_alloc() {
+        // No memory pools on this device: cudarc allocates synchronously, nothing to keep.
+        return Ok(());
+    }
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: plain driver calls on the context's own device; `pool` is written by the driver and
     // the attribute value is a u64 as CU_MEMPOOL_ATTR_RELEASE_THRESHOLD requires.

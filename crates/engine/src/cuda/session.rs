@@ -94,34 +94,36 @@ impl ServedSequence for GpuSession<'_> {
 }
 
 /// One GPU and a model on it as a server [`Backend`] (`flashseek serve --device cuda`): each
-/// sequence allocates its device state for the capacity it is created with; decode steps run one
-/// sequence after another on the GPU's stream.
+/// sequence allocates its device state up front, for its request's length rounded up to
+/// [`GPU_SEQUENCE_GRANULE`] tokens (room for a follow-up turn to reuse it from the prefix cache)
+/// and at most `max_capacity`; decode steps run one sequence after another on the GPU's stream.
 pub struct GpuBackend {
     /// The device.
     pub gpu: Gpu,
     /// The model on it.
     pub model: GpuModel,
-    /// Tokens per prefill chunk.
-    pub prefill_chunk: usize,
-    /// Most tokens one sequence is allocated for (a request asking for more ends at this length).
+    /// Most tokens one sequence is allocated for (`--gpu-context`): the server's context limit.
     pub max_capacity: usize,
 }
+
+/// GPU sequences are allocated in multiples of this many tokens.
+pub const GPU_SEQUENCE_GRANULE: usize = 4096;
 
 impl Backend for GpuBackend {
     type Seq<'a> = GpuSession<'a>;
     fn config(&self) -> &flashseek_model::config::Ds4Config {
         &self.model.config
     }
-    fn new_sequence(&self, capacity: usize) -> Result<GpuSession<'_>, SessionError> {
-        let cap = capacity.min(self.max_capacity).clamp(1, self.model.config.max_position_embeddings);
-        let mut s = GpuSession::new(&self.gpu, &self.model, cap)?;
-        s.prefill_chunk = self.prefill_chunk.max(1);
-        Ok(s)
+    fn max_sequence_len(&self) -> usize {
+        self.max_capacity.clamp(1, self.model.config.max_position_embeddings)
+    }
+    fn capacity_for(&self, needed: usize) -> usize {
+        needed.max(1).div_ceil(GPU_SEQUENCE_GRANULE).saturating_mul(GPU_SEQUENCE_GRANULE).min(self.max_sequence_len())
+    }
+    fn new_sequence(&self, needed: usize) -> Result<GpuSession<'_>, SessionError> {
+        GpuSession::new(&self.gpu, &self.model, self.capacity_for(needed))
     }
     fn parallel_decode(&self) -> bool {
         false
-    }
-    fn prefill_chunk(&self) -> usize {
-        self.prefill_chunk
     }
 }

@@ -120,7 +120,7 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
         n_comp = max(0, comp_off[t + 1] - c_begin);
     }
     const u8* mrow = comp_mask != nullptr && comp_off != nullptr ? comp_mask + (size_t)t * n_entries : nullptr;
-    const int n_vis = n_comp;
+    const int n_vis = min(n_comp, n_entries);  // mask mode: never past the mask row
     if (mrow != nullptr) n_comp = att_mask_count(mrow, n_vis);
     if (threadIdx.x == 0) att_cursor = 0;
     __syncthreads();  // att_cursor is read by every lane of warp 0
@@ -302,7 +302,7 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
         n_comp = max(0, comp_off[t + 1] - c_begin);
     }
     const u8* mrow = comp_mask != nullptr && comp_off != nullptr ? comp_mask + (size_t)t * n_entries : nullptr;
-    const int n_vis = n_comp;
+    const int n_vis = min(n_comp, n_entries);  // mask mode: never past the mask row
     if (mrow != nullptr) n_comp = att_mask_count(mrow, n_vis);
     if (threadIdx.x == 0) att_cursor = 0;
     __syncthreads();  // att_cursor is read by every lane of warp 0

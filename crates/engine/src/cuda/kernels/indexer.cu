@@ -446,15 +446,17 @@ indexer_topk_f32(const float* __restrict__ scores, const int* __restrict__ offse
 //   Block = 2 tokens (as indexer_scores_tc), streaming every visible key in 64-key tiles (itc_store +
 //   itc_mma: the same products in the same order, so the same score bits; the next tile's keys are
 //   fetched into registers while the current one is multiplied). Per token a shared buffer of up to
-//   ITS_CAP (order key, entry index) pairs, appended in index order (ballot + prefix count): a score
-//   enters while fewer than k have been kept, else only if its key is above the current k-th key K
-//   (an equal key has a higher index than every kept one, so it ranks below them: the rule "higher
-//   score first, then lower index" is kept exactly). When a buffer could overflow it is cut to its
-//   top k (fs_radix_kth + fs_compact_top, in place, order kept) and K updated; at the end the top k
-//   of the buffer are written. Tokens with at most k visible entries get 0 .. visible − 1 (as
-//   indexer_topk_f32) and cost no scoring. Deterministic: integer atomics and fixed orders only.
-//   Launch: grid (ceil(T / 2)), block 256, static shared 36,864 + 1,184 bytes, dynamic ITS_SMEM
-//   (2·ITS_CAP·8 = 32,768) bytes. Requires k ≤ ITS_CAP − 2·ITC_KT (1,920); traps otherwise.
+//   ITS_CAP (order key, entry index) pairs, appended in index order (ballot + prefix count): every
+//   score enters until the buffer is first cut, after that only keys above the k-th key K of the
+//   last cut (an equal key has a higher index than every kept one, so it ranks below them: the rule
+//   "higher score first, then lower index" is kept exactly). When a buffer could overflow (more
+//   than ITS_CAP − 64 pairs) it is cut to its top k (fs_radix_kth + fs_compact_top, in place, order
+//   kept) and K updated; at the end the top k of the buffer are written. Tokens with at most k
+//   visible entries get 0 .. visible − 1 (as indexer_topk_f32); a pair where both tokens have at
+//   most k costs no scoring. Deterministic: integer atomics and fixed orders only.
+//   Launch: grid (ceil(T / 2)), block 256, static shared 36,864 + 1,200 bytes, dynamic ITS_SMEM
+//   (2·ITS_CAP·8 = 32,768) bytes. Requires k ≤ ITS_CAP − 2·ITC_KT (1,920, with a tile of slack);
+//   traps otherwise.
 #define ITS_CAP 2048
 #define ITS_SMEM (2 * ITS_CAP * 8)
 
