@@ -45,7 +45,7 @@ pub struct ModelArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Tokens of device state to allocate per sequence on a GPU (its context limit there; `serve`
-    /// allocates min(prompt + max_tokens, this) per request).
+    /// serves this context and allocates prompt + max_tokens rounded up to 4,096 per request).
     #[arg(long, default_value_t = 8192)]
     pub gpu_context: usize,
 }
