@@ -109,14 +109,14 @@ pub const SWITCHES: &[Switch] = &[
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "the [T × entries] f32 score matrix (indexer_scores_tc) then a radix top-k over it (indexer_topk_f32): scores and top-k in one streaming pass per token pair, a running top-k buffer in shared memory, no score matrix (with INDEXER_TC, 64 heads of 128, chunks of >= 256 tokens)",
-        parity: "gpu-check `indexer_topk_stream …` records (lists identical to scores + top-k, exact), the switch matrix and qualify (same bits as all on)",
+        parity: "gpu-check `indexer_topk_stream …` records (lists identical to scores + top-k, exact); qualify (same bits as all on at 8K/32K/128K; the switch matrix's 200-token prompts are below its 256-token minimum)",
     },
     Switch {
         name: "INDEXER_FP8",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
         replaces: "the exact indexer scores (split-bf16 tensor cores): index queries and keys quantized to e4m3 with one power-of-two scale per 128-wide row, one FP8 tensor-core product, inside the streaming top-k (64 heads of 128, chunks of >= 256 tokens: decode steps keep the exact scores); not exact, off by default",
-        parity: "gpu-check `indexer_topk_stream_fp8 …` records (selection vs the rule on the CPU's f64 scores of the quantized values, up to near ties; agreement with the exact selection reported), the switch matrix and qualify (logits NMSE reported)",
+        parity: "gpu-check `indexer_topk_stream_fp8 …` records (selection vs the rule on the CPU's f64 scores of the quantized values, up to near ties; agreement with the exact selection reported); qualify (logits NMSE reported; the switch matrix's 200-token prompts are below its 256-token minimum)",
     },
     Switch {
         name: "MOE_GROUPED",

@@ -241,7 +241,9 @@ pub async fn serve(cfg: ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc
 /// Binds `cfg.host:cfg.port` and serves `backend` (the CPU reference or a GPU, see
 /// [`flashseek_engine::session::Backend`]) until SIGINT/SIGTERM.
 pub async fn serve_backend<B: Backend + Send + 'static>(cfg: ServerConfig, backend: Arc<B>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)).await?;
+    let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}:{}: {e}", cfg.host, cfg.port)))?;
     let addr = listener.local_addr()?;
     eprintln!("flashseek: serving `{}` on http://{addr} (OpenAI: /v1/chat/completions, /v1/completions; Anthropic: /v1/messages)", cfg.model_names.first().map(String::as_str).unwrap_or("flashseek-default"));
     let drain = cfg.drain_timeout;

@@ -186,6 +186,7 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     if args.prefill_chunk == Some(0) {
         anyhow::bail!("--prefill-chunk must be at least 1");
     }
+    args.device()?; // a bad --device fails before anything loads
     if args.official_numerics && args.device()? != Device::Cpu {
         anyhow::bail!("--official-numerics runs on the CPU backend only (use --device cpu); on CUDA, `--switch TC_LINEAR=fp8` gives the FP8 activation part of it (spec §10.1)");
     }

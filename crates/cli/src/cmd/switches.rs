@@ -2,6 +2,7 @@
 //! each one's env var, flag, default, value in this process and what it replaces.
 
 use flashseek_engine::switches::{value_of, Origin, SWITCHES};
+use std::io::Write;
 
 /// Arguments of `switches`.
 #[derive(clap::Args)]
@@ -21,20 +22,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 serde_json::json!({"name": s.name, "env": s.env_var(), "flag": format!("--switch {}=<value>", s.name), "values": s.values, "aliases": s.aliases.iter().map(|(a, v)| serde_json::json!({"alias": a, "value": v})).collect::<Vec<_>>(), "default": s.default_value(), "value": v, "origin": match o { Origin::Default => "default", Origin::Env => "env", Origin::Flag => "switch-flag" }, "replaces": s.replaces, "parity": s.parity})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-        return Ok(());
+        return quiet_on_closed_pipe(writeln!(std::io::stdout().lock(), "{}", serde_json::to_string_pretty(&rows)?));
     }
-    for s in SWITCHES {
-        let (v, o) = value_of(s.name);
-        let origin = match o {
-            Origin::Default => "default",
-            Origin::Env => "from env",
-            Origin::Flag => "from a --switch flag",
-        };
-        println!("{:<20} {} = {v} ({origin}); accepted: {}; default {}", s.name, s.env_var(), s.accepted(), s.default_value());
-        println!("{:<20} replaces: {}", "", s.replaces);
-        println!("{:<20} parity:   {}", "", s.parity);
+    let mut out = std::io::stdout().lock();
+    let mut table = || -> std::io::Result<()> {
+        for s in SWITCHES {
+            let (v, o) = value_of(s.name);
+            let origin = match o {
+                Origin::Default => "default",
+                Origin::Env => "from env",
+                Origin::Flag => "from a --switch flag",
+            };
+            writeln!(out, "{:<20} {} = {v} ({origin}); accepted: {}; default {}", s.name, s.env_var(), s.accepted(), s.default_value())?;
+            writeln!(out, "{:<20} replaces: {}", "", s.replaces)?;
+            writeln!(out, "{:<20} parity:   {}", "", s.parity)?;
+        }
+        writeln!(out, "\nSet one with the env var or the global flag `--switch NAME=VALUE` (before the subcommand or after it).")
+    };
+    quiet_on_closed_pipe(table())
+}
+
+/// A reader that stopped reading (`flashseek switches | head`) is not an error.
+fn quiet_on_closed_pipe(r: std::io::Result<()>) -> anyhow::Result<()> {
+    match r {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
     }
-    println!("\nSet one with the env var or the global flag `--switch NAME=VALUE` (before the subcommand or after it).");
-    Ok(())
 }
