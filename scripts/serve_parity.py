@@ -94,7 +94,12 @@ def main():
     binary, out = args[0], args[1]
     model = args[args.index("--model") + 1] if "--model" in args else None
     device = args[args.index("--device") + 1] if "--device" in args else "cuda"
-    report = {"binary": binary, "device": device, "model": model or "embedded default", "cases": []}
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
+    try:
+        gpu_name = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        gpu_name = "none"
+    report = {"binary": binary, "version": version, "gpu": gpu_name, "command": " ".join(sys.argv), "device": device, "model": model or "embedded default", "cases": []}
     ok = True
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     logs = {d: open(f"{os.path.splitext(out)[0]}_{d.replace(':', '')}.log", "w") for d in (device, "cpu")}
