@@ -653,8 +653,7 @@ impl Gpu {
     /// The indexer's selection (spec §4.10 steps 4–6) into `idx` (`offsets` = [`topk_offsets`] on
     /// the device), for a 64 × 128 indexer with `k ≤` [`INDEXER_STREAM_MAX_K`] and at least
     /// [`INDEXER_STREAM_MIN_TOKENS`] query tokens (prefill chunks; decode steps take the last path):
-    /// with
-    /// `INDEXER_FP8` on, FP8 scores ([`Gpu::indexer_topk_stream_fp8`], not exact); else with
+    /// with `INDEXER_FP8` on, FP8 scores ([`Gpu::indexer_topk_stream_fp8`], not exact); else with
     /// `INDEXER_STREAM_TOPK` and `INDEXER_TC` on, the fused streaming kernel
     /// ([`Gpu::indexer_topk_stream`], no score matrix). Otherwise [`Gpu::indexer_scores`] into a
     /// `[T, N]` f32 buffer it allocates, then [`Gpu::indexer_topk`]. The exact paths give the same
