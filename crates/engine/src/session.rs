@@ -102,6 +102,13 @@ pub trait Backend: Sync {
     fn parallel_decode(&self) -> bool;
 }
 
+/// Tokens to allocate for a sequence that can grow to `needed`: `needed` rounded up to a multiple of
+/// `granule` (room for a follow-up turn), at most `max` and at least 1 (a device backend's
+/// [`Backend::capacity_for`]).
+pub fn granular_capacity(needed: usize, granule: usize, max: usize) -> usize {
+    needed.max(1).div_ceil(granule.max(1)).saturating_mul(granule.max(1)).min(max).max(1)
+}
+
 /// The CPU reference as a [`Backend`]: [`Session`]s over shared weights (state grows with the
 /// sequence, up to the model's context).
 pub struct CpuBackend {
@@ -231,5 +238,21 @@ impl<'w> Session<'w> {
         let reused = self.tokens.len();
         let logits = self.prefill(&ids[reused..])?;
         Ok((logits, reused))
+    }
+}
+
+#[cfg(test)]
+mod capacity_tests {
+    use super::granular_capacity;
+
+    #[test]
+    fn capacity_rounds_up_to_the_granule_within_the_limit() {
+        assert_eq!(granular_capacity(1, 4096, 8192), 4096);
+        assert_eq!(granular_capacity(4096, 4096, 8192), 4096);
+        assert_eq!(granular_capacity(4097, 4096, 8192), 8192);
+        assert_eq!(granular_capacity(100_000, 4096, 8192), 8192);
+        assert_eq!(granular_capacity(0, 4096, 8192), 4096);
+        assert_eq!(granular_capacity(5, 0, 3), 3);
+        assert_eq!(granular_capacity(usize::MAX, 4096, 10), 10);
     }
 }

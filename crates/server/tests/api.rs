@@ -677,7 +677,7 @@ impl flashseek_engine::session::Backend for Capped {
         self.cap
     }
     fn capacity_for(&self, needed: usize) -> usize {
-        needed.div_ceil(self.granule).saturating_mul(self.granule).min(self.cap)
+        flashseek_engine::session::granular_capacity(needed, self.granule, self.cap)
     }
     fn new_sequence(&self, needed: usize) -> Result<Self::Seq<'_>, flashseek_engine::session::SessionError> {
         let mut s = self.inner.new_sequence(needed)?;

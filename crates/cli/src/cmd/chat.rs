@@ -23,7 +23,8 @@ pub struct Args {
     /// Chat mode without reasoning (the default).
     #[arg(long, overrides_with = "think")]
     pub no_think: bool,
-    /// Reasoning effort prefix: `high` or `max` (thinking mode).
+    /// Reasoning effort prefix: `high` or `max`; turns thinking on (as `reasoning_effort` does on
+    /// the server) unless `--no-think` is given, which refuses it.
     #[arg(long, value_parser = ["high", "max"])]
     pub reasoning_effort: Option<String>,
     #[command(flatten)]
@@ -34,8 +35,12 @@ pub struct Args {
 
 /// Runs `chat`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.no_think && args.reasoning_effort.is_some() {
+        anyhow::bail!("--reasoning-effort needs thinking mode; drop --no-think");
+    }
     let m = load(&args.model)?;
-    let mode = if args.think && !args.no_think { ThinkingMode::Thinking } else { ThinkingMode::Chat };
+    let thinking = (args.think || args.reasoning_effort.is_some()) && !args.no_think;
+    let mode = if thinking { ThinkingMode::Thinking } else { ThinkingMode::Chat };
     let effort = match args.reasoning_effort.as_deref() {
         Some("high") => Some(ReasoningEffort::High),
         Some("max") => Some(ReasoningEffort::Max),

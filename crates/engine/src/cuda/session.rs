@@ -118,7 +118,7 @@ impl Backend for GpuBackend {
         self.max_capacity.clamp(1, self.model.config.max_position_embeddings)
     }
     fn capacity_for(&self, needed: usize) -> usize {
-        needed.max(1).div_ceil(GPU_SEQUENCE_GRANULE).saturating_mul(GPU_SEQUENCE_GRANULE).min(self.max_sequence_len())
+        crate::session::granular_capacity(needed, GPU_SEQUENCE_GRANULE, self.max_sequence_len())
     }
     fn new_sequence(&self, needed: usize) -> Result<GpuSession<'_>, SessionError> {
         GpuSession::new(&self.gpu, &self.model, self.capacity_for(needed))
