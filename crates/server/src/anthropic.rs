@@ -323,6 +323,7 @@ async fn whole(ctx: Ctx, mut sub: Submitted) -> Result<Response, ApiError> {
     let mut msg = Message::default();
     let (reason, usage) = loop {
         match sub.rx.recv().await {
+            Some(Event::Started { .. }) => {}
             Some(Event::Token(t)) => msg.extend(asm.push(&t.text)),
             Some(Event::Done { tail, reason, usage }) => {
                 msg.extend(asm.push(&tail));
@@ -453,19 +454,28 @@ fn stream_response(ctx: Ctx, sub: Submitted) -> Response {
             return None;
         }
         let mut out = Vec::new();
+        let event = s.rx.recv().await;
         if !s.started {
+            // message_start waits for admission so that its usage splits the prompt into new and
+            // cached input tokens as the final message_delta does (0 cached if it never started).
             s.started = true;
+            let cached = match event {
+                Some(Event::Started { cached }) => cached,
+                _ => 0,
+            };
             out.push(ev("message_start", json!({"type": "message_start", "message": {
                 "id": s.ctx.id, "type": "message", "role": "assistant", "model": s.ctx.st.model_name(),
                 "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": s.prompt_tokens, "output_tokens": 0},
+                "usage": {"input_tokens": s.prompt_tokens.saturating_sub(cached), "cache_read_input_tokens": cached,
+                          "cache_creation_input_tokens": 0, "output_tokens": 0},
             }})));
             out.push(ev("ping", json!({"type": "ping"})));
         }
         let error = |out: &mut Vec<Ev>, e: ApiError| {
             out.push(ev("error", e.body(Flavor::Anthropic)));
         };
-        match s.rx.recv().await {
+        match event {
+            Some(Event::Started { .. }) => {}
             Some(Event::Token(t)) => {
                 for d in s.asm.push(&t.text) {
                     s.blocks.delta(d, &mut out);

@@ -295,6 +295,7 @@ async fn chat_whole(ctx: ChatCtx, mut sub: Submitted) -> Result<Response, ApiErr
     let mut lps = Vec::new();
     let (reason, usage) = loop {
         match sub.rx.recv().await {
+            Some(Event::Started { .. }) => {}
             Some(Event::Token(t)) => {
                 if ctx.want_logprobs {
                     lps.push(chat_logprob(&ctx.st, &t));
@@ -393,6 +394,7 @@ fn chat_stream(ctx: ChatCtx, sub: Submitted, include_usage: bool) -> Response {
             out.push(chunk(&s.ctx, json!({"role": "assistant", "content": ""}), None, None));
         }
         match s.rx.recv().await {
+            Some(Event::Started { .. }) => {}
             Some(Event::Token(t)) => {
                 let lp = s.ctx.want_logprobs.then(|| vec![chat_logprob(&s.ctx.st, &t)]);
                 let deltas = s.asm.push(&t.text);
@@ -564,6 +566,7 @@ async fn completion_whole(ctx: CmplCtx, mut sub: Submitted) -> Result<Response, 
     let mut toks = Vec::new();
     let (reason, usage) = loop {
         match sub.rx.recv().await {
+            Some(Event::Started { .. }) => {}
             Some(Event::Token(t)) => {
                 text.push_str(&t.text);
                 if ctx.want_logprobs {
@@ -625,6 +628,7 @@ fn completion_stream(ctx: CmplCtx, sub: Submitted, include_usage: bool) -> Respo
             }
         }
         match s.rx.recv().await {
+            Some(Event::Started { .. }) => {}
             Some(Event::Token(t)) => {
                 // One chunk per token (its text may be empty while a character is incomplete).
                 let lp = if s.ctx.want_logprobs { cmpl_logprobs(&s.ctx.st, std::slice::from_ref(&t), s.offset) } else { Value::Null };

@@ -122,6 +122,12 @@ pub struct Usage {
 /// What the engine reports about one request.
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// The request was admitted: how many of its prompt tokens the prefix cache already held
+    /// (sent once, before any token; a request cancelled while waiting never gets it).
+    Started {
+        /// Prompt tokens reused from the prefix cache.
+        cached: usize,
+    },
     /// A token.
     Token(TokenOut),
     /// The end: the text still held back (decoder / stop matcher), the reason and the usage.
@@ -515,6 +521,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
             let _ = session.truncate(0);
         }
         let cached = session.tokens().len();
+        let _ = req.events.send(Event::Started { cached });
         let sampler = Sampler::new(req.params.clone(), &req.prompt);
         let stops = StopMatcher::new(&req.params.stop_strings);
         let decoder = StreamDecoder::new(self.tokenizer, req.skip_special);

@@ -247,6 +247,11 @@ fn anthropic_messages() {
         assert!(ev.iter().any(|(_, d)| d.contains("thinking_delta")));
         let delta: Value = serde_json::from_str(&ev.iter().find(|(n, _)| n.as_deref() == Some("message_delta")).unwrap().1).unwrap();
         assert_eq!(delta["usage"]["output_tokens"], 6);
+        // message_start splits the prompt into new and cached input tokens as message_delta does.
+        let start: Value = serde_json::from_str(&ev[0].1).unwrap();
+        for k in ["input_tokens", "cache_read_input_tokens"] {
+            assert_eq!(start["message"]["usage"][k], delta["usage"][k], "{k}: {start} vs {delta}");
+        }
         // Stop sequences report which one matched.
         let plain = post(&c, &url, &body).await.json();
         let text = plain["content"][0]["text"].as_str().unwrap();
@@ -638,9 +643,13 @@ fn closing_scheduler_refuses_with_503() {
     };
     let (r, mut rx) = req();
     h.submit(r).unwrap();
-    let mut n = 0;
+    let (mut n, mut started) = (0, 0);
     while let Some(ev) = rx.blocking_recv() {
         match ev {
+            flashseek_server::scheduler::Event::Started { cached } => {
+                assert_eq!((n, cached), (0, 0), "Started comes first, nothing cached");
+                started += 1;
+            }
             flashseek_server::scheduler::Event::Token(_) => n += 1,
             flashseek_server::scheduler::Event::Done { usage, .. } => {
                 assert_eq!(usage.completion_tokens, 2);
@@ -649,7 +658,7 @@ fn closing_scheduler_refuses_with_503() {
             flashseek_server::scheduler::Event::Error(e) => panic!("{e}"),
         }
     }
-    assert_eq!(n, 2);
+    assert_eq!((n, started), (2, 1));
     h.close();
     assert!(h.is_closing());
     assert_eq!(h.submit(req().0), Err(SubmitError::ShuttingDown));
