@@ -77,7 +77,7 @@ impl ModelArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Maximum tokens to generate.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true)]
     pub max_tokens: usize,
     /// Sampling temperature; 0 = greedy. DeepSeek recommends 1.0.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
@@ -86,7 +86,7 @@ pub struct SamplingArgs {
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Keep only the k most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub top_k: usize,
     /// Drop tokens below min_p × the top probability (0 = off).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
@@ -101,7 +101,7 @@ pub struct SamplingArgs {
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub frequency_penalty: f32,
     /// Random seed (same seed, same tokens).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Stop string (repeatable); never printed.
     #[arg(long = "stop")]

@@ -80,7 +80,7 @@ impl Numerics {
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
     /// No tokens were given.
-    #[error("empty input: at least one token id is required")]
+    #[error("the input is empty: at least one token is required")]
     Empty,
     /// A token id is outside the vocabulary.
     #[error("token id {id} at position {pos} is out of range (vocab_size {vocab})")]
