@@ -97,6 +97,28 @@ __device__ __forceinline__ int att_mask_count(const u8* mrow, int n_vis) {
     return n;
 }
 
+// Query t's compressed candidates (both kernels): where its list starts, how many candidates it has
+// and, in mask mode, its mask row and visible length (never past the row); resets the mask cursor.
+// Every thread of the block calls it (it synchronizes).
+struct AttComp {
+    int c_begin, n_comp, n_vis;
+    const u8* mrow;
+};
+
+__device__ __forceinline__ AttComp att_comp(const int* comp_off, const u8* comp_mask, int t, int n_entries, int* cursor) {
+    AttComp r = {0, 0, 0, nullptr};
+    if (comp_off != nullptr) {
+        r.c_begin = comp_off[t];
+        r.n_comp = max(0, comp_off[t + 1] - r.c_begin);
+    }
+    r.mrow = comp_mask != nullptr && comp_off != nullptr ? comp_mask + (size_t)t * n_entries : nullptr;
+    r.n_vis = min(r.n_comp, n_entries);
+    if (r.mrow != nullptr) r.n_comp = att_mask_count(r.mrow, r.n_vis);
+    if (threadIdx.x == 0) *cursor = 0;
+    __syncthreads();  // the cursor is read by every lane of warp 0
+    return r;
+}
+
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,
                      const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
@@ -114,17 +136,8 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
     const int pos = pos0 + t;
     const int lo = max(0, pos - window + 1);
     const int n_win = pos - lo + 1;
-    int c_begin = 0, n_comp = 0;
-    if (comp_off != nullptr) {
-        c_begin = comp_off[t];
-        n_comp = max(0, comp_off[t + 1] - c_begin);
-    }
-    const u8* mrow = comp_mask != nullptr && comp_off != nullptr ? comp_mask + (size_t)t * n_entries : nullptr;
-    const int n_vis = min(n_comp, n_entries);  // mask mode: never past the mask row
-    if (mrow != nullptr) n_comp = att_mask_count(mrow, n_vis);
-    if (threadIdx.x == 0) att_cursor = 0;
-    __syncthreads();  // att_cursor is read by every lane of warp 0
-    const int n_cand = n_win + n_comp;
+    const AttComp cc = att_comp(comp_off, comp_mask, t, n_entries, &att_cursor);
+    const int n_cand = n_win + cc.n_comp;
 
     // This query head, lane-strided float4 chunks (chunk ci = lane + 32·i).
     const float4* q4 = reinterpret_cast<const float4*>(q + ((size_t)t * H + h) * c);
@@ -144,7 +157,7 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
 
     for (int base = 0; base < n_cand; base += ATT_TILE) {  // block-uniform trip count
         const int nt = min(ATT_TILE, n_cand - base);
-        if (warp == 0) att_tile_rows(rowp, lane, base, nt, c, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, c_begin, mrow, n_vis, &att_cursor);
+        if (warp == 0) att_tile_rows(rowp, lane, base, nt, c, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, cc.c_begin, cc.mrow, cc.n_vis, &att_cursor);
         __syncthreads();
 
         // Logits: warp w takes tile slots w, w + ATT_WARPS, … (the branch is warp-uniform).
@@ -296,17 +309,8 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
     const int pos = pos0 + t;
     const int lo = max(0, pos - window + 1);
     const int n_win = pos - lo + 1;
-    int c_begin = 0, n_comp = 0;
-    if (comp_off != nullptr) {
-        c_begin = comp_off[t];
-        n_comp = max(0, comp_off[t + 1] - c_begin);
-    }
-    const u8* mrow = comp_mask != nullptr && comp_off != nullptr ? comp_mask + (size_t)t * n_entries : nullptr;
-    const int n_vis = min(n_comp, n_entries);  // mask mode: never past the mask row
-    if (mrow != nullptr) n_comp = att_mask_count(mrow, n_vis);
-    if (threadIdx.x == 0) att_cursor = 0;
-    __syncthreads();  // att_cursor is read by every lane of warp 0
-    const int n_cand = n_win + n_comp;
+    const AttComp cc = att_comp(comp_off, comp_mask, t, n_entries, &att_cursor);
+    const int n_cand = n_win + cc.n_comp;
 
     // Q of this token → split bf16 planes (loads in batches of ATC_LB per thread, so their latencies
     // overlap instead of adding up).
@@ -336,7 +340,7 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
     const u32 qs = gm_smem(Qs), ks = gm_smem(Ks);
     for (int base = 0; base < n_cand; base += ATC_TILE) {  // block-uniform trip count
         const int nt = min(ATC_TILE, n_cand - base);
-        if (warp == 0) att_tile_rows(rowp, lane, base, nt, ATC_C, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, c_begin, mrow, n_vis, &att_cursor);
+        if (warp == 0) att_tile_rows(rowp, lane, base, nt, ATC_C, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, cc.c_begin, cc.mrow, cc.n_vis, &att_cursor);
         __syncthreads();  // rowp ready; Q stored (first tile)
 #pragma unroll 1
         for (int b = 0; b < ATC_TILE * ATC_C / 4 / ATC_THREADS; b += ATC_LB) {  // batched loads, as Q

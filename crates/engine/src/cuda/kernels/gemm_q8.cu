@@ -173,6 +173,71 @@ __device__ __forceinline__ void gq_store2(const GqEpi& E, int T, int N, int row,
     }
 }
 
+// Row of output column n in the weight (EPI 1: gate W1 and up W3 rows interleaved in blocks of 8
+// columns) — both kernel families.
+template <int EPI>
+__device__ __forceinline__ const u8* gq_wrow(const GqProb& P, int n, size_t wrow) {
+    if (EPI == 1) return ((n >> 3) & 1 ? P.W3 : P.W) + (size_t)((n >> 4) * 8 + (n & 7)) * wrow;
+    return P.W + (size_t)n * wrow;
+}
+
+// Scale base (*s) and logical weight row of output column n — both kernel families.
+template <int EPI>
+__device__ __forceinline__ int gq_srow(const GqProb& P, int n, const u8*& s) {
+    s = P.S;
+    if (EPI == 1) {
+        s = (n >> 3) & 1 ? P.S3 : P.S;
+        n = (n >> 4) * 8 + (n & 7);
+    }
+    return n;
+}
+
+// One fp4 conversion unit of both families: 8 packed bytes v (16 e2m1 of 32-group `grp` of a row)
+// → 16 e4m3 bytes relative to the largest of the row's four group scales (w: the four ue8m0 scale
+// bytes of its 128-block); *smax gets that largest byte.
+__device__ __forceinline__ uint4 gq_fp4_unit(uint2 v, u32 w, int grp, const u32* lut, u32* smax) {
+    const u32 b0 = w & 0xffu, b1 = (w >> 8) & 0xffu, b2 = (w >> 16) & 0xffu, b3 = w >> 24;
+    const u32 m = max(max(b0, b1), max(b2, b3));
+    const u32 g = (w >> (8 * grp)) & 0xffu;
+    const int d = max((int)g - (int)m, -8) + 8;
+    const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * d);
+    *smax = m;
+    return make_uint4(gq_fp4x4(v.x, t.x, t.y), gq_fp4x4(v.x >> 16, t.x, t.y), gq_fp4x4(v.y, t.x, t.y), gq_fp4x4(v.y >> 16, t.x, t.y));
+}
+
+// The fp4 conversion pipeline of both families (DIRECT = fp8 weights, nothing to convert). Start:
+// stages 0 … ST−2 issued, step 0 converted, sreg = the scale words of step 1.
+template <int ST, int UNITS, bool DIRECT, class Issue, class ScaleWord, class Convert>
+__device__ __forceinline__ void gq_pipeline_start(Issue& issue, ScaleWord& scale_word, Convert& convert, u32 (&sreg)[UNITS]) {
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) issue(s);
+    if (!DIRECT) {
+        u32 s0[UNITS];
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) {
+            s0[u] = scale_word(0, u);
+            sreg[u] = scale_word(1, u);
+        }
+        gm_wait<ST - 2>();
+        __syncthreads();
+        convert(0, s0);
+    }
+}
+
+// Step kt of that pipeline, after its copies were issued: convert step kt + 1 with sreg and load
+// the scale words of step kt + 2 into sreg.
+template <int UNITS, bool DIRECT, class ScaleWord, class Convert>
+__device__ __forceinline__ void gq_pipeline_step(int kt, int KT, ScaleWord& scale_word, Convert& convert, u32 (&sreg)[UNITS]) {
+    if (!DIRECT) {
+        u32 snext[UNITS];
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) snext[u] = scale_word(kt + 2, u);
+        if (kt + 1 < KT) convert(kt + 1, sreg);
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) sreg[u] = snext[u];
+    }
+}
+
 template <int FMT, int BM, int BN, int WM, int WN, int EPI>
 __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
     typedef GqLayout<FMT, BM, BN> L;
@@ -208,18 +273,8 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
     if (FMT == 3) gq_fill_lut(lut, tid, NT);
     const u32 as_base = gm_smem(As), rs_base = gm_smem(Rs), bt_base = gm_smem(Bt);
 
-    auto wrow_of = [&](int n) -> const u8* {
-        if (EPI == 1) return ((n >> 3) & 1 ? P.W3 : P.W) + (size_t)((n >> 4) * 8 + (n & 7)) * wrow;
-        return P.W + (size_t)n * wrow;
-    };
-    auto srow_of = [&](int n, const u8*& s) -> int {  // scale base and logical row of output column n
-        s = P.S;
-        if (EPI == 1) {
-            s = (n >> 3) & 1 ? P.S3 : P.S;
-            n = (n >> 4) * 8 + (n & 7);
-        }
-        return n;
-    };
+    auto wrow_of = [&](int n) { return gq_wrow<EPI>(P, n, wrow); };
+    auto srow_of = [&](int n, const u8*& s) { return gq_srow<EPI>(P, n, s); };
 
     auto issue = [&](int kt) {
         if (kt < KT) {
@@ -263,15 +318,9 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
         for (int u = 0; u < UNITS; u++) {
             int qi = tid + u * NT, r = qi >> 2, c = qi & 3;
             const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 32 + c * 8);
-            const u32 w = sw[u];
-            const u32 b0 = w & 0xffu, b1 = (w >> 8) & 0xffu, b2 = (w >> 16) & 0xffu, b3 = w >> 24;
-            const u32 smax = max(max(b0, b1), max(b2, b3));
+            u32 smax;
             // this unit's 32-group within the 128-block: (kt & 1)·2 + (c >> 1)
-            const u32 g = (w >> (8 * (((kt & 1) << 1) | (c >> 1)))) & 0xffu;
-            const int d = max((int)g - (int)smax, -8) + 8;
-            const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * d);
-            const uint4 o = make_uint4(gq_fp4x4(v.x, t.x, t.y), gq_fp4x4(v.x >> 16, t.x, t.y), gq_fp4x4(v.y, t.x, t.y), gq_fp4x4(v.y >> 16, t.x, t.y));
-            *reinterpret_cast<uint4*>(dst + r * GQ_LDS + c * 16) = o;
+            *reinterpret_cast<uint4*>(dst + r * GQ_LDS + c * 16) = gq_fp4_unit(v, sw[u], ((kt & 1) << 1) | (c >> 1), lut, &smax);
         }
     };
 
@@ -284,21 +333,8 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
             for (int e = 0; e < 4; e++) acc[i][j][e] = tmp[i][j][e] = 0.f;
 
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
-    u32 sreg[UNITS], snext[UNITS];
-
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) issue(s);
-    if (!DIRECT) {
-        u32 s0[UNITS];
-#pragma unroll
-        for (int u = 0; u < UNITS; u++) {
-            s0[u] = scale_word(0, u);
-            sreg[u] = scale_word(1, u);
-        }
-        gm_wait<ST - 2>();
-        __syncthreads();
-        convert(0, s0);
-    }
+    u32 sreg[UNITS];
+    gq_pipeline_start<ST, UNITS, DIRECT>(issue, scale_word, convert, sreg);
 
     float ra[MT][2], wc[NT8][2];
     for (int kt = 0; kt < KT; kt++) {
@@ -306,13 +342,7 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
         else gm_wait<ST - 3>();
         __syncthreads();
         issue(kt + ST - 1);
-        if (!DIRECT) {
-#pragma unroll
-            for (int u = 0; u < UNITS; u++) snext[u] = scale_word(kt + 2, u);
-            if (kt + 1 < KT) convert(kt + 1, sreg);
-#pragma unroll
-            for (int u = 0; u < UNITS; u++) sreg[u] = snext[u];
-        }
+        gq_pipeline_step<UNITS, DIRECT>(kt, KT, scale_word, convert, sreg);
         if ((kt & 1) == 0) {
             // Promotion scales of this 128-block: activation rows, weight columns.
             const int b = kt >> 1;
@@ -483,18 +513,8 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     const int sg = K >> 5;
     if (FMT == 3) gq_fill_lut(lut, tid, NT);
 
-    auto wrow_of = [&](int n) -> const u8* {
-        if (EPI == 1) return ((n >> 3) & 1 ? P.W3 : P.W) + (size_t)((n >> 4) * 8 + (n & 7)) * wrow;
-        return P.W + (size_t)n * wrow;
-    };
-    auto srow_of = [&](int n, const u8*& s) -> int {
-        s = P.S;
-        if (EPI == 1) {
-            s = (n >> 3) & 1 ? P.S3 : P.S;
-            n = (n >> 4) * 8 + (n & 7);
-        }
-        return n;
-    };
+    auto wrow_of = [&](int n) { return gq_wrow<EPI>(P, n, wrow); };
+    auto srow_of = [&](int n, const u8*& s) { return gq_srow<EPI>(P, n, s); };
 
     auto issue = [&](int kt) {
         if (kt < KT) {
@@ -540,13 +560,8 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
         for (int u = 0; u < UNITS; u++) {
             int qi = tid + u * NT, r = qi >> 3, c = qi & 7;
             const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 64 + c * 8);
-            const u32 w = sw[u];
-            const u32 smax = max(max(w & 0xffu, (w >> 8) & 0xffu), max((w >> 16) & 0xffu, w >> 24));
-            const u32 g = (w >> (8 * (c >> 1))) & 0xffu;
-            const int d = max((int)g - (int)smax, -8) + 8;
-            const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * d);
-            *reinterpret_cast<uint4*>(dst + gw_swz(r, c)) =
-                make_uint4(gq_fp4x4(v.x, t.x, t.y), gq_fp4x4(v.x >> 16, t.x, t.y), gq_fp4x4(v.y, t.x, t.y), gq_fp4x4(v.y >> 16, t.x, t.y));
+            u32 smax;
+            *reinterpret_cast<uint4*>(dst + gw_swz(r, c)) = gq_fp4_unit(v, sw[u], c >> 1, lut, &smax);
             if (c == 0) wsc[(kt & 1) * 128 + r] = fs_e8m0((u8)smax);
         }
     };
@@ -556,21 +571,8 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     for (int i = 0; i < 64; i++) acc[i] = 0.f;
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     const int row_a = m0 + wg * 64 + wq * 16 + g4;
-    u32 sreg[UNITS], snext[UNITS];
-
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) issue(s);
-    if (!DIRECT) {
-        u32 s0[UNITS];
-#pragma unroll
-        for (int u = 0; u < UNITS; u++) {
-            s0[u] = scale_word(0, u);
-            sreg[u] = scale_word(1, u);
-        }
-        gm_wait<ST - 2>();
-        __syncthreads();
-        convert(0, s0);
-    }
+    u32 sreg[UNITS];
+    gq_pipeline_start<ST, UNITS, DIRECT>(issue, scale_word, convert, sreg);
 
     for (int kt = 0; kt < KT; kt++) {
         if (DIRECT) gm_wait<ST - 2>();
@@ -578,13 +580,7 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
         gw_fence_proxy();
         __syncthreads();
         issue(kt + ST - 1);
-        if (!DIRECT) {
-#pragma unroll
-            for (int u = 0; u < UNITS; u++) snext[u] = scale_word(kt + 2, u);
-            if (kt + 1 < KT) convert(kt + 1, sreg);
-#pragma unroll
-            for (int u = 0; u < UNITS; u++) sreg[u] = snext[u];
-        }
+        gq_pipeline_step<UNITS, DIRECT>(kt, KT, scale_word, convert, sreg);
         const float sa0 = __ldg(P.sa + (size_t)row_a * KT + kt), sa1 = __ldg(P.sa + (size_t)(row_a + 8) * KT + kt);
         float swg = 1.f, swu = 1.f;  // fp8: block scales of the gate (or only) and up rows
         if (DIRECT) {
