@@ -479,6 +479,13 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
         }
     }
 
+    /// Drops the least recently used cached session (none when the cache is empty).
+    fn evict_lru(&mut self) {
+        if let Some(oldest) = (0..self.cache.len()).min_by_key(|&j| self.cache[j].last_used) {
+            self.cache.swap_remove(oldest);
+        }
+    }
+
     /// The cached session sharing the longest prefix with `prompt` and able to hold `needed`
     /// tokens (index, common length).
     fn best_cached(&self, prompt: &[u32], needed: usize) -> Option<(usize, usize)> {
@@ -501,8 +508,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
                     Ok(s) => break s,
                     // No room on the device: free cached sequences, least recently used first.
                     Err(_) if !self.cache.is_empty() => {
-                        let oldest = (0..self.cache.len()).min_by_key(|&j| self.cache[j].last_used).unwrap_or(0);
-                        self.cache.swap_remove(oldest);
+                        self.evict_lru();
                     }
                     Err(e) => {
                         // Nothing left to free (or another backend failure): this request fails,
@@ -649,12 +655,10 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
                 self.clock += 1;
                 self.cache.push(Cached { session: s.session, last_used: self.clock });
                 while self.cache.len() > self.cfg.prefix_cache_entries {
-                    let oldest = (0..self.cache.len()).min_by_key(|&j| self.cache[j].last_used).unwrap_or(0);
-                    self.cache.swap_remove(oldest);
+                    self.evict_lru();
                 }
                 while self.cache_bytes() + self.reserved() > self.cfg.state_budget_bytes && !self.cache.is_empty() {
-                    let oldest = (0..self.cache.len()).min_by_key(|&j| self.cache[j].last_used).unwrap_or(0);
-                    self.cache.swap_remove(oldest);
+                    self.evict_lru();
                 }
             }
         }

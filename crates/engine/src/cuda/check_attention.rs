@@ -384,6 +384,13 @@ fn gpu_topk_stream(gpu: &Gpu, dq: &CudaSlice<f32>, dkeys: &CudaSlice<f32>, dw: &
     Ok((0..shape.tokens).map(|t| idx[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect()).collect())
 }
 
+/// Positions where two sets of per-query lists differ (a length difference counts each missing
+/// entry), and the entries of `want`.
+fn list_mismatches(got: &[Vec<usize>], want: &[Vec<usize>]) -> (usize, usize) {
+    let bad = got.iter().zip(want).map(|(g, w)| g.len().abs_diff(w.len()) + g.iter().zip(w).filter(|(a, b)| a != b).count()).sum();
+    (bad, want.iter().map(Vec::len).sum())
+}
+
 /// `INDEXER_STREAM_TOPK`: the fused kernel's lists must equal `indexer_scores_tc` + `indexer_topk`
 /// exactly (same entries, same order) — random keys, keys whose scores rise or fall with the index
 /// (every key enters the buffer: a cut every ~1,400 keys), identical keys (every score ties: the
@@ -415,8 +422,7 @@ fn check_indexer_stream(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bo
         for k in [16usize, 512, super::ops_attention::INDEXER_STREAM_MAX_K] {
             let want = gpu_topk(gpu, &dscores, &shape, k)?;
             let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k)?;
-            let compared: usize = want.iter().map(Vec::len).sum();
-            let bad: usize = got.iter().zip(&want).map(|(g, w)| g.len().abs_diff(w.len()) + g.iter().zip(w).filter(|(a, b)| a != b).count()).sum();
+            let (bad, compared) = list_mismatches(&got, &want);
             all &= record_exact(out, &format!("indexer_topk_stream ({kind} keys)"), json!({"T": tokens, "N": N, "k": k, "pos0": pos0}), bad, compared, json!("lists vs indexer_scores_tc + indexer_topk"));
         }
         if kind == "random" {
@@ -437,8 +443,7 @@ fn check_indexer_stream(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bo
         for k in [16usize, 512] {
             let want = gpu_topk(gpu, &dscores, &shape, k)?;
             let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k)?;
-            let compared: usize = want.iter().map(Vec::len).sum();
-            let bad: usize = got.iter().zip(&want).map(|(g, w)| g.len().abs_diff(w.len()) + g.iter().zip(w).filter(|(a, b)| a != b).count()).sum();
+            let (bad, compared) = list_mismatches(&got, &want);
             all &= record_exact(out, "indexer_topk_stream (short rows)", json!({"T": tokens, "N": n, "k": k, "pos0": pos0}), bad, compared, json!("lists vs indexer_scores_tc + indexer_topk"));
         }
     }
