@@ -55,6 +55,10 @@ impl Rows {
     pub fn bytes(&self) -> usize {
         self.data.len() * 4
     }
+    /// The retained rows `[base, end)`, row after row (`(end − base) × width` values).
+    pub fn as_slice(&self) -> &[f32] {
+        &self.data
+    }
 }
 
 /// State of one compressor (main CSA/HCA compressor, or the CSA indexer's key compressor).

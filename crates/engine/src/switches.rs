@@ -77,6 +77,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `linear_w8 …` (`--only q8`) and `moe_q8 …` / `moe_q8 … mma.sync` (`--only moe`) records against the CPU in official numerics; the switch matrix (with TC_LINEAR=fp8, reported)",
     },
     Switch {
+        name: "FP8_CUBLASLT",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "gemm_q8.cu's FP8 GEMM (wgmma or mma.sync) for FP8 weights under TC_LINEAR=fp8 with T >= 256 tokens: cuBLASLt's block-scaled FP8 GEMM (1x128 activation scales x 128x128 weight scales, f32 out; needs cuBLAS >= 12.9 at run time, else falls back)",
+        parity: "gpu-check `linear_lt …` records (`--only q8`): cuBLASLt against the CPU in official numerics and against gemm_q8.cu (NMSE), with timings",
+    },
+    Switch {
         name: "MLA_STREAM_TOPK",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -403,6 +410,7 @@ pub fn configurations() -> Vec<Configuration> {
     }
     // FP8_WGMMA only matters under TC_LINEAR=fp8.
     v.push(c("FP8_WGMMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_WGMMA", "off")], Role::AloneOff, false, false, false));
+    v.push(c("FP8_CUBLASLT=on (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_CUBLASLT", "on")], Role::Fast, false, false, false));
     // MLA_STREAM_FAST_EXP and INDEXER_FP8 are off by default (not exact): each on, with the other
     // defaults.
     v.push(c("MLA_STREAM_FAST_EXP=on (with the defaults)".into(), vec![("MLA_STREAM_FAST_EXP", "on")], Role::Fast, false, false, false));
@@ -465,7 +473,9 @@ mod tests {
         let cs = configurations();
         for s in SWITCHES {
             if s.default_value() == "off" {
-                assert!(cs.iter().any(|c| c.overrides == [(s.name, "on")]), "{} (off by default) never on with the defaults", s.name);
+                // On with the defaults (FP8_CUBLASLT: with TC_LINEAR=fp8, the only mode it acts in).
+                let with = |c: &&Configuration| c.overrides.iter().all(|o| *o == (s.name, "on") || *o == ("TC_LINEAR", "fp8"));
+                assert!(cs.iter().filter(with).any(|c| c.overrides.contains(&(s.name, "on"))), "{} (off by default) never on with the defaults", s.name);
             } else {
                 assert!(cs.iter().any(|c| c.role == Role::AloneOff && c.overrides.contains(&(s.name, "off"))), "{} never off alone", s.name);
             }

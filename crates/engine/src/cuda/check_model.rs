@@ -48,6 +48,84 @@ fn greedy_compare(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, prompt: &[u32], st
     Ok((same, worst))
 }
 
+/// Every buffer of a state (K=V rows, compressor rows and entries, layer by layer) in one vector,
+/// with its layout (pos, then per buffer its length) for an exact structural comparison.
+fn flatten_state(st: &SequenceState) -> (Vec<f32>, Vec<usize>) {
+    let mut vals = Vec::new();
+    let mut layout = vec![st.pos];
+    for l in &st.layers {
+        let mut bufs = vec![l.kv.as_slice()];
+        for c in [&l.compressor, &l.indexer].into_iter().flatten() {
+            bufs.extend([c.kv.as_slice(), c.logit.as_slice(), &c.entries[..]]);
+        }
+        for b in bufs {
+            layout.push(b.len());
+            vals.extend_from_slice(b);
+        }
+    }
+    (vals, layout)
+}
+
+/// Issue 5 §4, the GPU sequence state against the CPU's (spec §5):
+/// - download: the state after a GPU chunked prefill equals the CPU state of the same prefix (same
+///   layout exactly, values within [`NMSE_TOL`]);
+/// - upload: a CPU state with a small retention limit (rows before its base dropped) continued on
+///   the GPU gives the CPU one-shot logits of the rest;
+/// - snapshot/restore: a snapshot taken after the prefix, then a truncation and other tokens that
+///   overwrite its rows, then restore: the continuation's logits are bitwise those straight after
+///   the prefix.
+#[allow(clippy::too_many_arguments)]
+fn state_checks(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, ids: &[u32], prefill: usize, seed: u64, name: &str, cpu_logits: &[f32], out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let bad = |e: crate::forward::ForwardError| CudaError::Unsupported { what: "state check", detail: e.to_string() };
+    let (len, vocab, opts) = (ids.len(), w.config.vocab_size, ForwardOptions::default());
+    let mut all = true;
+    // Download.
+    let mut cst = SequenceState::new(&w.config, None);
+    forward_chunk(w, &mut cst, &ids[..prefill], LogitsFor::None, &opts).map_err(bad)?;
+    let mut seq = GpuSequence::new(gpu, gm, len + 1)?;
+    for chunk in ids[..prefill].chunks(7) {
+        forward_chunk_gpu(gpu, gm, &mut seq, chunk, LogitsFor::None, false)?;
+    }
+    let (gv, glayout) = flatten_state(&seq.to_host(gpu, gm)?);
+    let (cv, clayout) = flatten_state(&cst);
+    all &= exact_record(out, &format!("model {name} state layout"), json!({"prefix": prefill, "buffers": clayout.len() - 1}), glayout == clayout);
+    all &= record(out, &format!("model {name} state download"), json!({"prefix": prefill, "values": cv.len()}), &gv, &cv);
+    // Upload of a retention-trimmed CPU state, continued on the GPU.
+    let retention = 3;
+    let mut rst = SequenceState::new(&w.config, Some(retention));
+    forward_chunk(w, &mut rst, &ids[..prefill], LogitsFor::None, &opts).map_err(bad)?;
+    let mut useq = GpuSequence::from_host(gpu, gm, &rst, len + 1)?;
+    let mut got = Vec::new();
+    for id in &ids[prefill..] {
+        got.extend(forward_chunk_gpu(gpu, gm, &mut useq, &[*id], LogitsFor::All, false)?.logits);
+    }
+    all &= record(out, &format!("model {name} state upload"), json!({"prefix": prefill, "retention": retention, "decoded": len - prefill}), &got, &cpu_logits[prefill * vocab..]);
+    // Snapshot, overwrite, restore.
+    let mut seq = GpuSequence::new(gpu, gm, 2 * len + 1)?;
+    forward_chunk_gpu(gpu, gm, &mut seq, &ids[..prefill], LogitsFor::None, false)?;
+    let snap = seq.snapshot(gpu, gm)?;
+    let decode_rest = |seq: &mut GpuSequence| -> Result<Vec<f32>, CudaError> {
+        let mut v = Vec::new();
+        for id in &ids[prefill..] {
+            v.extend(forward_chunk_gpu(gpu, gm, seq, &[*id], LogitsFor::All, false)?.logits);
+        }
+        Ok(v)
+    };
+    let first = decode_rest(&mut seq)?;
+    seq.truncate(gm, prefill / 2)?;
+    forward_chunk_gpu(gpu, gm, &mut seq, &formula_ids(seed + 11, prefill + 5, vocab), LogitsFor::None, false)?;
+    seq.restore(gpu, gm, &snap)?;
+    let again = decode_rest(&mut seq)?;
+    let differing = first.iter().zip(&again).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + first.len().abs_diff(again.len());
+    all &= exact_record(
+        out,
+        &format!("model {name} snapshot/restore"),
+        json!({"prefix": prefill, "overwritten_from": prefill / 2, "decoded": len - prefill, "differing_logits": differing}),
+        differing == 0 && !first.is_empty(),
+    );
+    Ok(all)
+}
+
 /// Runs the model-level checks on every golden under `goldens` (each `NAME/model/config.json` and
 /// `NAME/meta.json` with its seed). `steps` greedy tokens are compared on models with a vocabulary
 /// below 100k.
@@ -102,6 +180,7 @@ pub fn run(gpu: &Gpu, goldens: &Path, steps: usize, out: &mut Vec<Value>) -> Res
         fresh.extend(&tail);
         let ct = forward(&w, &fresh, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
         all &= record(out, &format!("model {name} truncate"), json!({"cut": cut, "tail": 9}), &gt, &ct[cut * vocab..]);
+        all &= state_checks(gpu, &gm, &w, &ids, prefill, seed, &name, &cpu.logits, out)?;
         // Greedy generation: same tokens as the CPU.
         if vocab < 100_000 && steps > 0 {
             let (same, worst) = greedy_compare(gpu, &gm, &w, &formula_ids(seed + 3, 12, vocab), steps)?;

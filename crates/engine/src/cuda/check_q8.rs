@@ -10,8 +10,10 @@
 //! - `linear_official <fmt> fallback`: the paths without the FP8 kernel (few tokens, bf16 weights,
 //!   FP4 whose scales do not fold) against the same reference.
 //! - `linear_q8 repeatable`: two runs give the same bits.
+//! - `linear_lt <weight>` (switch `FP8_CUBLASLT`): cuBLASLt's block-scaled FP8 GEMM against the same
+//!   reference and tolerance, and (informational) against gemm_q8.cu.
 //!
-//! Timings ([`timings`]): the FP8 GEMM (activation quantisation included) next to the bf16 and
+//! Timings ([`timings`]): the FP8 GEMM (activation quantisation included) next to cuBLASLt's, the bf16 and
 //! split tensor-core GEMMs at prefill shapes, TFLOP/s against the machine's ~1,450 FP8 dense.
 
 use super::check::{errors, flag_record, median_ms, random, weight};
@@ -123,6 +125,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         gpu.linear_official(&dx, &gw, &mut dy, small)?;
         all &= record_q8(out, &format!("linear_official {fmt} {name} T=5"), json!([small, rows, cols]), &gpu.download(&dy)?, &reference[..small * rows], None);
     }
+    all &= lt_checks(gpu, seed, out)?;
     // Fallbacks at prefill token counts: bf16 weights, and FP4 whose group scales span 9+ binades.
     let (rows, cols, t) = (256usize, 512usize, 130usize);
     let x = spread_activations(seed, "q8.fb.x", t, cols);
@@ -149,6 +152,45 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     Ok(all)
 }
 
+/// `FP8_CUBLASLT`: cuBLASLt's block-scaled FP8 GEMM ([`Gpu::linear_lt`]) against the CPU in official
+/// numerics (tolerance [`Q8_NMSE_TOL`], as gemm_q8.cu) and, informationally, against gemm_q8.cu's
+/// wgmma kernel; token counts not a multiple of 16 included. Whether cuBLASLt ran is recorded (it
+/// falls back where the library is missing or older than 12.9); a shape it cannot take (outputs not
+/// a multiple of 128) must fall back.
+fn lt_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let shapes: &[(&str, usize, usize, usize)] = &[("attn.wq_b", 32768, 1024, 1000), ("attn.wo_b", 4096, 8192, 300), ("attn.wkv", 512, 4096, 2048), ("attn.wq_a", 1024, 4096, 257)];
+    for (name, rows, cols, t) in shapes {
+        let vals = random(seed, &format!("lt.w.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
+        let (gw, cpu_w) = weight(gpu, "fp8", &vals, *rows, *cols)?;
+        let x = spread_activations(seed, &format!("lt.x.{name}"), *t, *cols);
+        let reference = ops::linear(&OFFICIAL.act_in(&x, *cols), &cpu_w);
+        let qa = gpu.act_quant(&gpu.upload(&x)?, *t, *cols)?;
+        let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
+        let ran = gpu.linear_lt(&qa, &gw, &mut dy, *t)?;
+        out.push(json!({"op": format!("linear_lt {name} ran"), "shape": [t, rows, cols], "cublaslt_ran": ran, "informational": true}));
+        println!("linear_lt fp8 {name}: cuBLASLt {}", if ran { "ran" } else { "unavailable (fallback)" });
+        if !ran {
+            continue;
+        }
+        let got = gpu.download(&dy)?;
+        all &= record_q8(out, &format!("linear_lt fp8 {name}"), json!([t, rows, cols]), &got, &reference, None);
+        let mut dw = gpu.zeros::<f32>(t * rows)?;
+        switch_scope(&[("FP8_CUBLASLT", "off")], || gpu.linear_q8(&qa, &gw, &mut dw, *t))?;
+        let (nmse, max_abs, _) = errors(&got, &gpu.download(&dw)?);
+        println!("linear_lt fp8 {name} vs linear_w8 (informational): nmse {nmse:.3e} max_abs {max_abs:.3e}");
+        out.push(json!({"op": format!("linear_lt fp8 {name} vs linear_w8"), "nmse": nmse, "max_abs": max_abs, "informational": true}));
+    }
+    // Outputs not a multiple of 128: not taken (the caller's kernel runs).
+    let (rows, cols, t) = (300usize, 256usize, 300usize);
+    let (gw, _) = weight(gpu, "fp8", &random(seed, "lt.odd", rows * cols, 0.1), rows, cols)?;
+    let qa = gpu.act_quant(&gpu.upload(&random(seed, "lt.odd.x", t * cols, 1.0))?, t, cols)?;
+    let mut dy = gpu.zeros::<f32>(t * rows)?;
+    let ran = gpu.linear_lt(&qa, &gw, &mut dy, t)?;
+    all &= flag_record(out, "linear_lt declines [300, 256]", json!({"ran": ran}), !ran);
+    Ok(all)
+}
+
 /// Prefill-shaped timings: the FP8 GEMM (with its activation quantisation) next to the bf16 and
 /// split GEMMs of gemm.cu on the same weights, TFLOP/s = 2·T·N·K / time.
 pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaError> {
@@ -172,20 +214,26 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
         let qa = gpu.act_quant(&dx, *t, *cols)?;
         let gemm = median_ms(gpu, repeats, || gpu.linear_q8(&qa, &gw, &mut dy, *t))?;
         let sync = switch_scope(&[("FP8_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.linear_q8(&qa, &gw, &mut dy, *t)))?;
+        let lt = if *fmt == "fp8" && gpu.linear_lt(&qa, &gw, &mut dy, *t)? {
+            Some(median_ms(gpu, repeats, || gpu.linear_lt(&qa, &gw, &mut dy, *t).map(|_| ()))?)
+        } else {
+            None
+        };
         let bf16 = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, false))?;
         let split = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, true))?;
         println!(
-            "time q8 {fmt} {name:<10} T={t:<5} [{rows}x{cols}]  fp8 wgmma {q8:.3} ms {:.0} TF/s (GEMM alone {gemm:.3} ms {:.0} TF/s, {:.0}% of 1450) | fp8 mma.sync {sync:.3} ms {:.0} TF/s | bf16 {bf16:.3} ms {:.0} TF/s | split {split:.3} ms {:.0} TF/s",
+            "time q8 {fmt} {name:<10} T={t:<5} [{rows}x{cols}]  fp8 wgmma {q8:.3} ms {:.0} TF/s (GEMM alone {gemm:.3} ms {:.0} TF/s, {:.0}% of 1450) | fp8 mma.sync {sync:.3} ms {:.0} TF/s | bf16 {bf16:.3} ms {:.0} TF/s | split {split:.3} ms {:.0} TF/s{}",
             tf(q8),
             tf(gemm),
             100.0 * tf(gemm) / 1450.0,
             tf(sync),
             tf(bf16),
-            tf(split)
+            tf(split),
+            lt.map(|ms| format!(" | cuBLASLt {ms:.3} ms {:.0} TF/s ({:.0}% of 1450, scale layouts included)", tf(ms), 100.0 * tf(ms) / 1450.0)).unwrap_or_default()
         );
         rows_out.push(json!({"op": format!("linear_q8_{fmt}"), "weight": name, "tokens": t, "rows": rows, "cols": cols, "flop": flops,
             "fp8_ms": q8, "fp8_tflops": tf(q8), "fp8_gemm_only_ms": gemm, "fp8_gemm_only_tflops": tf(gemm), "fraction_of_1450_tflops": tf(gemm) / 1450.0, "mma_sync_ms": sync, "mma_sync_tflops": tf(sync),
-            "bf16_ms": bf16, "bf16_tflops": tf(bf16), "split_ms": split, "split_tflops": tf(split), "repeats": repeats}));
+            "bf16_ms": bf16, "bf16_tflops": tf(bf16), "split_ms": split, "split_tflops": tf(split), "cublaslt_ms": lt, "cublaslt_tflops": lt.map(tf), "repeats": repeats}));
     }
     Ok(rows_out)
 }

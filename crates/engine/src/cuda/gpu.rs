@@ -59,6 +59,8 @@ pub struct Gpu {
     functions: HashMap<&'static str, CudaFunction>,
     /// Stage marks while profiling ([`Gpu::profile_start`]): (stage that starts here, event).
     profile: std::sync::Mutex<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
+    /// cuBLASLt for `FP8_CUBLASLT`, created at first use (`Err` = why it is unavailable).
+    pub(crate) lt: std::sync::Mutex<Option<Result<super::cublaslt::Lt, String>>>,
 }
 
 /// Seconds from event `a` to event `b` (both recorded on one stream; waits for `b`).
@@ -375,7 +377,7 @@ impl Gpu {
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }
-        Ok(Gpu { ctx, stream, arch, functions, profile: std::sync::Mutex::new(None) })
+        Ok(Gpu { ctx, stream, arch, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None) })
     }
 
     /// Records a timing event (`CU_EVENT_DEFAULT`) on the stream.

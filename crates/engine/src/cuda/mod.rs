@@ -16,6 +16,7 @@ pub mod check_model;
 pub mod check_moe;
 pub mod check_q8;
 pub mod check_switches;
+pub mod cublaslt;
 pub mod gpu;
 pub mod model;
 pub mod nvrtc;

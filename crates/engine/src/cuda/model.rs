@@ -16,6 +16,7 @@ use super::upload::GpuSource;
 use super::CudaError;
 use crate::cpu::rope::Rope;
 use crate::forward::LogitsFor;
+use crate::state::SequenceState;
 use cudarc::driver::CudaSlice;
 use flashseek_model::config::{Ds4Config, LayerKind};
 
@@ -311,6 +312,145 @@ impl GpuSequence {
         self.pos = len;
         Ok(())
     }
+}
+
+impl GpuSequence {
+    /// A device copy of the state (rows and entries of the first `pos` tokens), held in a sequence
+    /// whose capacity is exactly `pos` (at least 1); [`GpuSequence::restore`] copies it back.
+    /// Unlike [`GpuSequence::truncate`], a snapshot survives later tokens overwriting the rows
+    /// after a truncation point (spec §5: the state is index-addressed rows plus entry counts).
+    ///
+    /// Errors: device allocation or copy failures.
+    pub fn snapshot(&self, gpu: &Gpu, m: &GpuModel) -> Result<GpuSequence, CudaError> {
+        let mut snap = GpuSequence::new(gpu, m, self.pos.max(1))?;
+        copy_state(gpu, m, self, &mut snap)?;
+        Ok(snap)
+    }
+
+    /// Makes this sequence equal to `snap` (from [`GpuSequence::snapshot`] of a sequence of the
+    /// same model): its first `snap.pos` rows and entries are copied back; rows past them are
+    /// ignored as after a truncation.
+    ///
+    /// Errors: `snap` longer than this sequence's capacity, or device copy failures.
+    pub fn restore(&mut self, gpu: &Gpu, m: &GpuModel, snap: &GpuSequence) -> Result<(), CudaError> {
+        copy_state(gpu, m, snap, self)
+    }
+
+    /// The state as the CPU reference holds it ([`SequenceState`] without a retention limit):
+    /// every row of the first `pos` tokens and every emitted entry, downloaded.
+    ///
+    /// Errors: device copy failures.
+    pub fn to_host(&self, gpu: &Gpu, m: &GpuModel) -> Result<SequenceState, CudaError> {
+        let c = &m.config;
+        let mut st = SequenceState::new(c, None);
+        let pos = self.pos;
+        let down = |buf: &CudaSlice<f32>, len: usize| -> Result<Vec<f32>, CudaError> {
+            if len == 0 {
+                return Ok(Vec::new());
+            }
+            drv("state download", gpu.stream.clone_dtoh(&buf.slice(0..len)))
+        };
+        for ((l, g), h) in m.layers.iter().zip(&self.layers).zip(st.layers.iter_mut()) {
+            h.kv.extend(&down(&g.kv, pos * c.head_dim)?);
+            let comps = [(l.compressor.as_ref(), &g.comp, &mut h.compressor), (l.indexer.as_ref().map(|i| &i.compressor), &g.idx, &mut h.indexer)];
+            for (cw, gc, hc) in comps {
+                if let (Some(cw), Some(gc), Some(hc)) = (cw, gc, hc) {
+                    let out = cw.wkv.rows;
+                    hc.kv.extend(&down(&gc.kv, pos * out)?);
+                    hc.logit.extend(&down(&gc.logit, pos * out)?);
+                    hc.entries = down(&gc.entries, gc.n_entries * cw.width)?;
+                }
+            }
+        }
+        st.pos = pos;
+        Ok(st)
+    }
+
+    /// A device sequence of `capacity` tokens holding the CPU reference's state `st` (same model):
+    /// rows are written at their absolute positions, so a state trimmed by a retention limit
+    /// (rows before its base dropped) continues exactly as it would on the CPU.
+    ///
+    /// Errors: a state of another model shape (layer count, layer kinds, row widths, entry
+    /// counts) or longer than `capacity`, each named; device failures.
+    pub fn from_host(gpu: &Gpu, m: &GpuModel, st: &SequenceState, capacity: usize) -> Result<GpuSequence, CudaError> {
+        let c = &m.config;
+        let bad = |detail: String| CudaError::Unsupported { what: "state upload", detail };
+        if st.pos > capacity {
+            return Err(bad(format!("the state holds {} tokens, the sequence only room for {capacity}", st.pos)));
+        }
+        if st.layers.len() != m.layers.len() {
+            return Err(bad(format!("the state has {} layers, the model {}", st.layers.len(), m.layers.len())));
+        }
+        let mut seq = GpuSequence::new(gpu, m, capacity)?;
+        let up = |rows: &crate::state::Rows, width: usize, dst: &mut CudaSlice<f32>, what: String| -> Result<(), CudaError> {
+            let data = rows.as_slice();
+            if rows.end() != st.pos || data.len() % width.max(1) != 0 {
+                return Err(bad(format!("{what}: rows end at {} (expected {}), {} values for width {width}", rows.end(), st.pos, data.len())));
+            }
+            if !data.is_empty() {
+                let mut view = dst.slice_mut(rows.base() * width..rows.end() * width);
+                drv("state upload", gpu.stream.memcpy_htod(data, &mut view))?;
+            }
+            Ok(())
+        };
+        for (i, ((l, g), h)) in m.layers.iter().zip(seq.layers.iter_mut()).zip(&st.layers).enumerate() {
+            up(&h.kv, c.head_dim, &mut g.kv, format!("layer {i} K=V"))?;
+            let comps = [("compressor", l.compressor.as_ref(), &mut g.comp, &h.compressor), ("indexer", l.indexer.as_ref().map(|x| &x.compressor), &mut g.idx, &h.indexer)];
+            for (name, cw, gc, hc) in comps {
+                match (cw, gc, hc) {
+                    (None, _, None) => {}
+                    (Some(cw), Some(gc), Some(hc)) => {
+                        let out = cw.wkv.rows;
+                        let n = st.pos / cw.ratio;
+                        if hc.ratio != cw.ratio || hc.width != cw.width || hc.entries.len() != n * cw.width {
+                            return Err(bad(format!(
+                                "layer {i} {name}: ratio {} width {} with {} entry values (expected ratio {} width {} and {} entries)",
+                                hc.ratio,
+                                hc.width,
+                                hc.entries.len(),
+                                cw.ratio,
+                                cw.width,
+                                n
+                            )));
+                        }
+                        up(&hc.kv, out, &mut gc.kv, format!("layer {i} {name} kv"))?;
+                        up(&hc.logit, out, &mut gc.logit, format!("layer {i} {name} logits"))?;
+                        if n > 0 {
+                            let mut view = gc.entries.slice_mut(0..n * cw.width);
+                            drv("state upload", gpu.stream.memcpy_htod(&hc.entries, &mut view))?;
+                        }
+                        gc.n_entries = n;
+                    }
+                    _ => return Err(bad(format!("layer {i}: the state's {name} does not match the model's layer kind {:?}", l.kind))),
+                }
+            }
+        }
+        seq.pos = st.pos;
+        Ok(seq)
+    }
+}
+
+/// Copies `src`'s first `src.pos` tokens of state into `dst` (same model) and sets its length.
+fn copy_state(gpu: &Gpu, m: &GpuModel, src: &GpuSequence, dst: &mut GpuSequence) -> Result<(), CudaError> {
+    if src.pos > dst.capacity {
+        return Err(CudaError::Unsupported { what: "restore", detail: format!("a state of {} tokens into a sequence of capacity {}", src.pos, dst.capacity) });
+    }
+    let hd = m.config.head_dim;
+    for (l, (s, d)) in m.layers.iter().zip(src.layers.iter().zip(dst.layers.iter_mut())) {
+        copy_into(gpu, &s.kv, src.pos * hd, &mut d.kv, 0)?;
+        let comps = [(l.compressor.as_ref(), &s.comp, &mut d.comp), (l.indexer.as_ref().map(|i| &i.compressor), &s.idx, &mut d.idx)];
+        for (cw, sc, dc) in comps {
+            if let (Some(cw), Some(sc), Some(dc)) = (cw, sc, dc) {
+                let out = cw.wkv.rows;
+                copy_into(gpu, &sc.kv, src.pos * out, &mut dc.kv, 0)?;
+                copy_into(gpu, &sc.logit, src.pos * out, &mut dc.logit, 0)?;
+                copy_into(gpu, &sc.entries, sc.n_entries * cw.width, &mut dc.entries, 0)?;
+                dc.n_entries = sc.n_entries;
+            }
+        }
+    }
+    dst.pos = src.pos;
+    Ok(())
 }
 
 /// Copies `src` (`len` values) into `dst` starting at element `at`.

@@ -56,6 +56,7 @@ pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
     "moe_w8_fp4_64_scatter",
     "moe_gather_q8",
     "scale_rows_by_route",
+    "lt_scales",
 ];
 
 /// The kernel family prefixes for the plain GEMM (`gemm_w8` / `gemm_q8`) and the grouped one
@@ -68,6 +69,10 @@ pub fn families_for(arch: &str) -> (&'static str, &'static str) {
         ("gemm_q8", "moe_q8")
     }
 }
+
+/// Fewest tokens for which `FP8_CUBLASLT` hands a GEMM to cuBLASLt (prefill shapes; decode-sized
+/// products stay on gemm_q8.cu / the small-M kernels).
+pub const LT_MIN_TOKENS: usize = 256;
 
 /// Output columns per block of every gemm_q8.cu GEMM.
 pub const Q8_BN: usize = 128;
@@ -224,6 +229,9 @@ impl Gpu {
         if t == 0 || w.rows == 0 {
             return Ok(());
         }
+        if t >= LT_MIN_TOKENS && crate::switches::on("FP8_CUBLASLT") && self.linear_lt(qa, w, y, t)? {
+            return Ok(());
+        }
         let (fmt, wv, s) = match &w.data {
             GpuMatrix::Fp8 { w, scales } => ("fp8", w, scales),
             GpuMatrix::Fp4 { w, scales, .. } => ("fp4", w, scales),
@@ -238,6 +246,56 @@ impl Gpu {
         // SAFETY: matches gemm_q8_<fmt>(q, sa, W, S, y, T, N, K); q/sa cover 128-row tiles past T,
         // W/S the stored layouts of [N, K], y holds T·N floats; shared memory is the layout's size.
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// [`Gpu::linear_q8`] through cuBLASLt's block-scaled FP8 GEMM ([`super::cublaslt`], switch
+    /// `FP8_CUBLASLT`): FP8 weights with `rows` a multiple of 128 only. Returns whether it ran;
+    /// `false` (nothing launched) when the weight is not FP8, cuBLASLt is unavailable (said once on
+    /// stderr) or has no algorithm for the shape.
+    ///
+    /// Errors: allocation or launch failures.
+    pub fn linear_lt(&self, qa: &QuantizedActs, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<bool, CudaError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let GpuMatrix::Fp8 { w: wv, scales } = &w.data else { return Ok(false) };
+        if w.rows % Q8_BLOCK != 0 || w.cols % Q8_BLOCK != 0 || t == 0 {
+            return Ok(false);
+        }
+        let mut guard = self.lt.lock().unwrap_or_else(|e| e.into_inner());
+        let lt = guard.get_or_insert_with(|| {
+            let r = super::cublaslt::Lt::new(&self.stream);
+            match &r {
+                Ok(lt) => eprintln!("FP8_CUBLASLT: cuBLASLt {} loaded", lt.version),
+                Err(e) => eprintln!("FP8_CUBLASLT: {e}; gemm_q8.cu runs the FP8 GEMMs"),
+            }
+            r
+        });
+        let Ok(lt) = lt.as_mut() else { return Ok(false) };
+        let (kb, nb) = (w.cols / Q8_BLOCK, w.rows / Q8_BLOCK);
+        // SAFETY: both fully written by lt_scales below.
+        let mut sat = drv("alloc", unsafe { self.stream.alloc::<f32>(kb * t) })?;
+        // SAFETY: as above.
+        let mut swf = drv("alloc", unsafe { self.stream.alloc::<f32>(nb * kb) })?;
+        let (t_i, kb_i, nb_i) = (i32_of(t, "tokens")?, i32_of(kb, "blocks")?, i32_of(nb, "blocks")?);
+        i32_of(kb * t + nb * kb, "scales")?;
+        let cfg = LaunchConfig { grid_dim: ((kb * t + nb * kb).div_ceil(256).min(132 * 8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("lt_scales"));
+        b.arg(&qa.sa).arg(&t_i).arg(&kb_i).arg(&mut sat).arg(scales).arg(&nb_i).arg(&mut swf);
+        // SAFETY: matches lt_scales(sa, T, KB, sat, sw, NB, swf): sa holds ≥ T·KB floats (qa.rows ≥ T,
+        // kp = cols), sat T·KB, sw/swf NB·KB (the stored [N/128, K/128] scales).
+        drv("lt_scales", unsafe { b.launch(cfg) })?;
+        let s = &self.stream;
+        let ops = super::cublaslt::LtOperands {
+            w: wv.device_ptr(s).0,
+            w_scales: swf.device_ptr(s).0,
+            x: qa.q.device_ptr(s).0,
+            x_scales: sat.device_ptr(s).0,
+            y: y.device_ptr_mut(s).0,
+        };
+        // SAFETY: w [N, K] e4m3 and its scales, q [≥ t, K] e4m3, sat [K/128, t], y ≥ t·N floats (checked
+        // by linear_q8), all on this stream, alive until the stream has run the product (the scale
+        // buffers are freed stream-ordered after it).
+        let ran = unsafe { lt.matmul(s, &ops, t, w.rows, w.cols) }.map_err(|e| CudaError::Driver { what: "cuBLASLt FP8 GEMM".into(), detail: e })?;
+        Ok(ran)
     }
 
     /// A §10.1 linear layer (its input FP8-quantized in official numerics): with `TC_LINEAR=fp8`,

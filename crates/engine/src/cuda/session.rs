@@ -47,6 +47,46 @@ impl<'a> GpuSession<'a> {
     }
 }
 
+/// A saved point of a [`GpuSession`]: a device copy of its state and its token list
+/// ([`GpuSession::snapshot`]).
+pub struct GpuSessionSnapshot {
+    seq: GpuSequence,
+    tokens: Vec<u32>,
+}
+
+impl GpuSessionSnapshot {
+    /// The tokens the snapshot holds.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+    /// Device bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.seq.bytes()
+    }
+}
+
+impl GpuSession<'_> {
+    /// Saves the current state on the device (a copy of the rows and entries in use).
+    ///
+    /// Errors: device allocation or copy failures.
+    pub fn snapshot(&self) -> Result<GpuSessionSnapshot, SessionError> {
+        Ok(GpuSessionSnapshot { seq: self.seq.snapshot(self.gpu, self.model).map_err(backend)?, tokens: self.tokens.clone() })
+    }
+
+    /// Returns to `snap` (taken from a session of the same model), whatever ran since.
+    ///
+    /// Errors: a snapshot longer than this session's capacity ([`SessionError::TooLong`]), device
+    /// copy failures.
+    pub fn restore(&mut self, snap: &GpuSessionSnapshot) -> Result<(), SessionError> {
+        if snap.tokens.len() > self.seq.capacity {
+            return Err(SessionError::TooLong { len: snap.tokens.len(), limit: self.seq.capacity });
+        }
+        self.seq.restore(self.gpu, self.model, &snap.seq).map_err(backend)?;
+        self.tokens.clone_from(&snap.tokens);
+        Ok(())
+    }
+}
+
 impl Sequence for GpuSession<'_> {
     fn tokens(&self) -> &[u32] {
         &self.tokens

@@ -32,6 +32,11 @@
 //     then act_quant_fp8 prepares the down projection's input; scatter: y[dst[row], col].
 //     bm 128: 8 warps (2 × 4); bm 64: 4 warps (2 × 2), warp tile 32 × 64.
 //
+//   lt_scales(sa, T, KB, sat, sw, NB, swf): the scale layouts cuBLASLt's block-scaled FP8 GEMM reads
+//     (switch FP8_CUBLASLT, ops_q8.rs / cublaslt.rs): activation scales sa [≥ T, KB] (act_quant_fp8)
+//     → sat [KB, T] f32, token fastest (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F); weight scales
+//     sw [NB, KB] ue8m0 → swf [NB, KB] f32 (BLK128x128_32F). Grid-stride, any grid, block 256.
+//
 // Not reproduced bit for bit: non-finite activations. The CPU leaves a block holding NaN or ±inf
 // unquantized; here a NaN stays NaN (e4m3 0x7F) and a block holding ±inf gets s = 2^127, so its
 // finite values become 0 and the inf NaN. Either way the GEMM outputs of that row are not finite.
@@ -714,6 +719,19 @@ MOE_FP8_FMT(w8, true, fp4, 3)
 // moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E): grouped rows of per-token quantized
 // activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows), xsa [R, Kp/128] (1 for padding).
 // Grid-stride over (row, 16-byte column group); any grid, block 256.
+extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB, float* __restrict__ sat, const u8* __restrict__ sw,
+                                     int NB, float* __restrict__ swf) {
+    const long long n1 = (long long)T * KB, n2 = (long long)NB * KB;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n1 + n2; i += (long long)gridDim.x * blockDim.x) {
+        if (i < n1) {
+            const long long kb = i / T, t = i % T;
+            sat[i] = sa[t * KB + kb];
+        } else {
+            swf[i - n1] = fs_e8m0(sw[i - n1]);
+        }
+    }
+}
+
 extern "C" __global__ void moe_gather_q8(const u8* __restrict__ q, const float* __restrict__ sa, const int* __restrict__ row_tok,
                                          const int* __restrict__ offsets, u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int E) {
     const long long R = offsets[E];
