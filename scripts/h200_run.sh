@@ -14,7 +14,8 @@
 #   moe       grouped-MoE parity matrix + layer timings             ~50 s
 #   q8        FP8-activation linear checks + timings (TC_LINEAR=fp8)  ~60 s
 #   bench-fp8 the bench step with TC_LINEAR=fp8 (official numerics) ~100 s
-#   bench-fp8-lt  bench-fp8 with FP8_CUBLASLT=on (cuBLASLt's block-scaled FP8 GEMM)
+#   bench-lt  the bench step with LINEAR_CUBLASLT=on (cuBLASLt bf16 GEMMs for the split linears) ~145 s
+#   bench-fp8-lt  bench-fp8 with FP8_CUBLASLT=on and LINEAR_CUBLASLT=on                ~100 s
 #   attention the attention/compressor/indexer checks + timings     ~40 s
 #   serve     serve --device cuda vs serve --device cpu over HTTP (scripts/serve_parity.py) ~60 s
 set -euo pipefail
@@ -41,11 +42,13 @@ case "${1:-}" in
          grep -E "^time q8|FAIL" "$OUT/q8_h200.log" ;;
   bench-fp8) FLASHSEEK_TC_LINEAR=fp8 timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8.json" > "$OUT/gpu_bench_h200_20layers_fp8.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8.log" ;;
-  bench-fp8-lt) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_FP8_CUBLASLT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_lt.json" > "$OUT/gpu_bench_h200_20layers_fp8_lt.log" 2>&1
-         grep -E "uploaded|context|FP8_CUBLASLT" "$OUT/gpu_bench_h200_20layers_fp8_lt.log" ;;
+  bench-lt) FLASHSEEK_LINEAR_CUBLASLT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_lt.json" > "$OUT/gpu_bench_h200_20layers_lt.log" 2>&1
+         grep -E "uploaded|context|cuBLASLt" "$OUT/gpu_bench_h200_20layers_lt.log" ;;
+  bench-fp8-lt) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_FP8_CUBLASLT=on FLASHSEEK_LINEAR_CUBLASLT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_lt.json" > "$OUT/gpu_bench_h200_20layers_fp8_lt.log" 2>&1
+         grep -E "uploaded|context|cuBLASLt" "$OUT/gpu_bench_h200_20layers_fp8_lt.log" ;;
   attention) timeout 300 "$B" gpu-check --only attention --repeats 10 --out "$OUT/attention_h200.json" > "$OUT/attention_h200.log" 2>&1
          grep -E "^time|FAIL" "$OUT/attention_h200.log" ;;
   serve) timeout 400 python3 scripts/serve_parity.py "$B" "$OUT/serve_parity_h200.json" --device cuda > "$OUT/serve_parity_h200.log" 2>&1
          tail -12 "$OUT/serve_parity_h200.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|q8|bench-fp8|bench-fp8-lt|attention|serve" >&2; exit 2 ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|q8|bench-fp8|bench-lt|bench-fp8-lt|attention|serve" >&2; exit 2 ;;
 esac

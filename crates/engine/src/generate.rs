@@ -1,7 +1,7 @@
 //! The token-by-token generation loop shared by the CLI and the server: prompt (with prefix reuse)
 //! → sample → decode, until a stop token, the token budget, or the caller says stop.
 
-use crate::sampler::{Sampled, Sampler, SamplerError};
+use crate::sampler::{Sampled, Sampler, SamplerError, StepLogits};
 use crate::session::{Sequence, SessionError};
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -83,13 +83,14 @@ pub fn generate(
     mut on_token: impl FnMut(&Sampled) -> ControlFlow<()>,
 ) -> Result<GenerateStats, GenerateError> {
     let t0 = Instant::now();
-    let (mut logits, reused) = session.set_prompt(prompt)?;
+    let (first, reused) = session.set_prompt(prompt)?;
+    let mut logits = StepLogits::Full(first);
     let prefill_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut generated = 0;
     let mut finish = FinishReason::Length;
     while generated < max_tokens {
-        let s = sampler.sample(&logits)?;
+        let s = sampler.sample_step(&logits)?;
         generated += 1;
         let stop = sampler.is_stop_token(s.token);
         if on_token(&s).is_break() {
@@ -107,7 +108,7 @@ pub fn generate(
             finish = FinishReason::ContextFull;
             break;
         }
-        logits = session.decode(s.token)?;
+        logits = session.decode_for(s.token, sampler.need())?;
     }
     Ok(GenerateStats {
         prompt_tokens: prompt.len(),

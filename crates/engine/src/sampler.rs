@@ -59,6 +59,67 @@ use std::collections::HashMap;
 /// The most alternatives [`SamplingParams::logprobs`] may ask for (OpenAI's and vLLM's default cap).
 pub const MAX_LOGPROBS: usize = 20;
 
+/// Largest `k` a backend is asked to hand over as [`TopLogits`] (larger `top_k` takes the full row).
+pub const TOP_LOGITS_MAX_K: usize = 1024;
+
+/// What a decode step must return for the next sampling step ([`Sampler::need`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsNeed {
+    /// The whole row `[vocab]`.
+    Full,
+    /// Only the `k` most likely tokens ([`TopLogits`]).
+    Top(usize),
+}
+
+/// One position's logits in the form [`LogitsNeed`] asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepLogits {
+    /// The whole row `[vocab]` f32.
+    Full(Vec<f32>),
+    /// The most likely tokens only (computed where the row lives, e.g. on the GPU).
+    Top(TopLogits),
+}
+
+/// The `k` most likely tokens of a logits row, with what [`Sampler::sample_step`] needs to reproduce
+/// [`Sampler::sample`] on the full row: the unmasked count and the first NaN / `+inf`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopLogits {
+    /// Length of the row.
+    pub vocab: usize,
+    /// Entries that are not `-inf`.
+    pub unmasked: usize,
+    /// The lowest id holding NaN or `+inf`, with its value (then `cand` is empty).
+    pub non_finite: Option<(u32, f32)>,
+    /// `min(k, unmasked)` tokens with their logits, higher logit first (`-0.0 == +0.0`), ties to the
+    /// lower id: the sampler's order ([`by_logit_desc`]).
+    pub cand: Vec<(u32, f32)>,
+}
+
+impl TopLogits {
+    /// The reference selection on the host (what a device kernel must reproduce exactly).
+    pub fn from_row(row: &[f32], k: usize) -> TopLogits {
+        let vocab = row.len();
+        if let Some(i) = row.iter().position(|x| x.is_nan() || *x == f32::INFINITY) {
+            return TopLogits { vocab, unmasked: 0, non_finite: Some((i as u32, row[i])), cand: Vec::new() };
+        }
+        let mut cand: Vec<u32> = (0..vocab as u32).filter(|&i| row[i as usize] != f32::NEG_INFINITY).collect();
+        let unmasked = cand.len();
+        let vals: Vec<f64> = row.iter().map(|&x| f64::from(x) + 0.0).collect();
+        if k == 0 {
+            cand.clear();
+        } else {
+            keep_best(&vals, &mut cand, k);
+        }
+        TopLogits { vocab, unmasked, non_finite: None, cand: cand.into_iter().map(|i| (i, row[i as usize])).collect() }
+    }
+
+    /// Puts candidates given in any order into the sampler's order (higher logit first, `-0.0 ==
+    /// +0.0`, ties to the lower id).
+    pub fn sort(&mut self) {
+        self.cand.sort_by(|a, b| (f64::from(b.1) + 0.0).partial_cmp(&(f64::from(a.1) + 0.0)).unwrap_or(Ordering::Equal).then(a.0.cmp(&b.0)));
+    }
+}
+
 /// Errors of parameter validation and sampling.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SamplerError {
@@ -92,6 +153,12 @@ pub enum SamplerError {
     /// Every logit is `-inf`: there is nothing to sample.
     #[error("every logit is -inf: no token can be sampled")]
     AllMasked,
+    /// A [`TopLogits`] that does not answer what [`Sampler::need`] asked for (a backend bug).
+    #[error("the device's top logits do not match the sampler: {detail}")]
+    TopMismatch {
+        /// What differs.
+        detail: String,
+    },
 }
 
 /// How to pick the next token. Field defaults ([`Default`]) are vLLM's: plain sampling at
@@ -319,6 +386,77 @@ impl Sampler {
         Ok(Sampled { token, logprob, top_logprobs })
     }
 
+    /// What the next step needs from the logits row: [`LogitsNeed::Top`] with `1` for greedy and
+    /// `top_k` for top-k sampling (`1 ≤ top_k ≤` [`TOP_LOGITS_MAX_K`]) when no penalty and no
+    /// logprobs are asked for — the only tokens the pipeline can then choose are those `k`, so a
+    /// device can hand over just them ([`TopLogits`]); else [`LogitsNeed::Full`].
+    pub fn need(&self) -> LogitsNeed {
+        let p = &self.params;
+        if p.has_penalties() || p.logprobs.is_some() {
+            return LogitsNeed::Full;
+        }
+        if p.temperature == 0.0 {
+            return LogitsNeed::Top(1);
+        }
+        if (1..=TOP_LOGITS_MAX_K).contains(&p.top_k) {
+            return LogitsNeed::Top(p.top_k);
+        }
+        LogitsNeed::Full
+    }
+
+    /// [`Sampler::sample`] on a row in the form [`Sampler::need`] asked for. A [`TopLogits`] gives
+    /// exactly the token (and RNG state) the full row would: the same candidates in the same order
+    /// reach the same f64 arithmetic.
+    ///
+    /// Errors: as [`Sampler::sample`] (a NaN or `+inf` the device found, every token masked), and
+    /// [`SamplerError::TopMismatch`] for a [`TopLogits`] that does not answer [`Sampler::need`].
+    pub fn sample_step(&mut self, logits: &StepLogits) -> Result<Sampled, SamplerError> {
+        let top = match logits {
+            StepLogits::Full(row) => return self.sample(row),
+            StepLogits::Top(t) => t,
+        };
+        if top.vocab == 0 {
+            return Err(SamplerError::EmptyLogits);
+        }
+        if top.vocab - 1 > u32::MAX as usize {
+            return Err(SamplerError::VocabTooLarge { len: top.vocab });
+        }
+        if let Some((token, value)) = top.non_finite {
+            return Err(SamplerError::NonFiniteLogit { token, value });
+        }
+        if top.unmasked == 0 {
+            return Err(SamplerError::AllMasked);
+        }
+        let k = match self.need() {
+            LogitsNeed::Top(k) => k,
+            LogitsNeed::Full => return Err(SamplerError::TopMismatch { detail: "the sampler needs the full row".into() }),
+        };
+        if top.cand.len() != k.min(top.unmasked) || top.cand.iter().any(|&(id, _)| id as usize >= top.vocab) {
+            return Err(SamplerError::TopMismatch {
+                detail: format!("{} candidates for k {k} of {} unmasked tokens in a vocabulary of {}", top.cand.len(), top.unmasked, top.vocab),
+            });
+        }
+        let vals: Vec<(u32, f64)> = top.cand.iter().map(|&(id, x)| (id, f64::from(x) + 0.0)).collect();
+        let best = vals[0].0;
+        let token = if self.params.temperature == 0.0 {
+            best
+        } else {
+            let lookup: HashMap<u32, f64> = vals.iter().copied().collect();
+            self.cand.clear();
+            self.cand.extend(vals.iter().map(|&(id, _)| id));
+            if k >= top.unmasked {
+                // The full row's top-k keeps every unmasked token, in id order.
+                self.cand.sort_unstable();
+            }
+            truncate_kept(|id| lookup[&id], &self.params, vals[0].1, &mut self.cand, &mut self.weights);
+            let total: f64 = self.weights.iter().sum();
+            let u = self.rng.next_f64() * total;
+            pick(&self.cand, &self.weights, u)
+        };
+        self.record(token);
+        Ok(Sampled { token, logprob: None, top_logprobs: Vec::new() })
+    }
+
     /// Adds `token` to the output history.
     fn record(&mut self, token: u32) {
         let e = self.seen.entry(token).or_default();
@@ -467,14 +605,21 @@ fn top_n<'a>(logits: &[f64], n: usize, cand: &'a mut Vec<u32>) -> &'a [u32] {
 /// `cand`, in ascending id order, and their unnormalised probabilities
 /// `exp((logit - max) / temperature)` in `weights`. `best` is the argmax (always survives).
 fn truncate(logits: &[f64], params: &SamplingParams, best: u32, cand: &mut Vec<u32>, weights: &mut Vec<f64>) {
-    let max = logits[best as usize];
-    let inv_t = 1.0 / f64::from(params.temperature);
-    let weight = |id: u32| ((logits[id as usize] - max) * inv_t).exp();
     unmasked(logits, cand);
-
     if params.top_k > 0 && params.top_k < cand.len() {
         keep_best(logits, cand, params.top_k);
     }
+    truncate_kept(|id| logits[id as usize], params, logits[best as usize], cand, weights);
+}
+
+/// [`truncate`] after top-k: `cand` holds what top-k kept (ascending ids when it kept every
+/// unmasked token, else most likely first), `logit(id)` the penalised logit of each, `max` the
+/// largest. Applies top-p and min-p and leaves the survivors in ascending id order with their
+/// weights. Shared by the full-row path and [`TopLogits`] (which hands it the same list in the
+/// same order, so both compute the same sums).
+fn truncate_kept(logit: impl Fn(u32) -> f64, params: &SamplingParams, max: f64, cand: &mut Vec<u32>, weights: &mut Vec<f64>) {
+    let inv_t = 1.0 / f64::from(params.temperature);
+    let weight = |id: u32| ((logit(id) - max) * inv_t).exp();
 
     if params.top_p < 1.0 {
         let top_p = f64::from(params.top_p);
@@ -491,7 +636,7 @@ fn truncate(logits: &[f64], params: &SamplingParams, best: u32, cand: &mut Vec<u
             .iter()
             .zip(weights.iter())
             .filter(|&(_, &w)| w >= cutoff)
-            .map(|(&id, _)| Ranked { logit: logits[id as usize], id })
+            .map(|(&id, _)| Ranked { logit: logit(id), id })
             .collect();
         heavy.sort_unstable();
         cand.clear();
@@ -1362,5 +1507,77 @@ mod tests {
             let (got, st, _) = feed(&mut m, &refs);
             assert_eq!((&got, st), (&want, want_stopped), "{text:?} char by char");
         }
+    }
+
+    // ---- top logits (device preselection) ----
+
+    /// Rows with ties, masked tokens and both zeros, from a small deterministic generator.
+    fn tricky_rows(seed: u64, vocab: usize, n: usize) -> Vec<Vec<f32>> {
+        let mut r = Rng::from_seed(seed);
+        (0..n)
+            .map(|_| {
+                (0..vocab)
+                    .map(|_| match r.next_u64() % 10 {
+                        0 => f32::NEG_INFINITY,
+                        1 => -0.0,
+                        2 => 0.0,
+                        3 => 1.5,
+                        _ => (r.next_f64() * 8.0 - 4.0) as f32,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn top_logits_sample_like_the_full_row() {
+        let vocab = 300;
+        let rows = tricky_rows(7, vocab, 40);
+        let mut cases = 0;
+        for temperature in [0.0f32, 0.7, 1.5] {
+            for top_k in [0usize, 1, 2, 5, 50, 255, 299, 300, 1024] {
+                for top_p in [1.0f32, 0.9, 0.3] {
+                    for min_p in [0.0f32, 0.05] {
+                        let p = SamplingParams { temperature, top_k, top_p, min_p, seed: Some(11), ..SamplingParams::default() };
+                        let mut full = Sampler::new(p.clone(), &[]).unwrap();
+                        let mut top = Sampler::new(p.clone(), &[]).unwrap();
+                        for row in &rows {
+                            let a = full.sample(row).unwrap();
+                            let b = match top.need() {
+                                LogitsNeed::Full => top.sample_step(&StepLogits::Full(row.clone())).unwrap(),
+                                LogitsNeed::Top(k) => {
+                                    cases += 1;
+                                    top.sample_step(&StepLogits::Top(TopLogits::from_row(row, k))).unwrap()
+                                }
+                            };
+                            assert_eq!(a, b, "{p:?}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(cases > 1000, "{cases}");
+        // Penalties and logprobs need the full row; greedy needs one token.
+        assert_eq!(Sampler::new(SamplingParams { repetition_penalty: 1.1, top_k: 5, ..SamplingParams::default() }, &[]).unwrap().need(), LogitsNeed::Full);
+        assert_eq!(Sampler::new(SamplingParams { logprobs: Some(2), ..SamplingParams::greedy() }, &[]).unwrap().need(), LogitsNeed::Full);
+        assert_eq!(Sampler::new(SamplingParams::greedy(), &[]).unwrap().need(), LogitsNeed::Top(1));
+        assert_eq!(Sampler::new(SamplingParams { top_k: 2000, ..SamplingParams::default() }, &[]).unwrap().need(), LogitsNeed::Full);
+    }
+
+    #[test]
+    fn top_logits_errors_match_the_full_row() {
+        let mut s = Sampler::new(SamplingParams::greedy(), &[]).unwrap();
+        let row = [1.0, f32::INFINITY, f32::NAN];
+        let want = s.sample(&row).unwrap_err();
+        assert_eq!(s.sample_step(&StepLogits::Top(TopLogits::from_row(&row, 1))).unwrap_err(), want);
+        let masked = [f32::NEG_INFINITY; 3];
+        assert_eq!(s.sample_step(&StepLogits::Top(TopLogits::from_row(&masked, 1))).unwrap_err(), SamplerError::AllMasked);
+        let wrong = TopLogits::from_row(&[1.0, 2.0, 3.0], 2);
+        assert!(matches!(s.sample_step(&StepLogits::Top(wrong)).unwrap_err(), SamplerError::TopMismatch { .. }));
+        let mut t = TopLogits::from_row(&[0.0, -0.0, 3.0, 3.0], 4);
+        assert_eq!(t.cand, [(2, 3.0), (3, 3.0), (0, 0.0), (1, -0.0)]);
+        t.cand.reverse();
+        t.sort();
+        assert_eq!(t.cand, [(2, 3.0), (3, 3.0), (0, 0.0), (1, -0.0)]);
     }
 }

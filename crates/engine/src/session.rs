@@ -2,6 +2,7 @@
 //! [`forward_chunk`](crate::forward::forward_chunk), with prefix reuse.
 
 use crate::forward::{forward_chunk, ForwardError, ForwardOptions, LogitsFor};
+use crate::sampler::{LogitsNeed, StepLogits};
 use crate::state::{SequenceState, StateError};
 use crate::weights::ModelWeights;
 
@@ -38,6 +39,13 @@ pub trait Sequence {
     fn set_prompt(&mut self, ids: &[u32]) -> Result<(Vec<f32>, usize), SessionError>;
     /// Appends one token; returns its logits.
     fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError>;
+    /// Appends one token; returns its logits in the form `need` asks for
+    /// ([`Sampler::need`](crate::sampler::Sampler::need)). The default returns the full row; a GPU
+    /// sequence selects the top tokens on the device ([`TopLogits`](crate::sampler::TopLogits)).
+    fn decode_for(&mut self, id: u32, need: LogitsNeed) -> Result<StepLogits, SessionError> {
+        let _ = need;
+        Ok(StepLogits::Full(self.decode(id)?))
+    }
 }
 
 impl Sequence for Session<'_> {
@@ -68,6 +76,12 @@ pub trait ServedSequence {
     fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError>;
     /// Appends one token; returns its logits `[vocab]`.
     fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError>;
+    /// Appends one token; returns its logits in the form `need` asks for (as
+    /// [`Sequence::decode_for`]; the default returns the full row).
+    fn decode_for(&mut self, id: u32, need: LogitsNeed) -> Result<StepLogits, SessionError> {
+        let _ = need;
+        Ok(StepLogits::Full(ServedSequence::decode(self, id)?))
+    }
     /// Rewinds to the first `len` tokens.
     ///
     /// Errors: `len` beyond what the state can rewind to.

@@ -84,6 +84,20 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `linear_lt …` records (`--only q8`): cuBLASLt against the CPU in official numerics and against gemm_q8.cu (NMSE), with timings",
     },
     Switch {
+        name: "LINEAR_CUBLASLT",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "gemm.cu's split-activation GEMMs (TC_LINEAR=split, and wo_a / bf16 weights under TC_LINEAR=fp8) for BF16/FP8 weights at T >= 256: cuBLASLt bf16 GEMMs on the same hi and lo planes (y = W·hi + W·lo, f32 accumulation; FP8 weights converted to bf16 exactly per call), the grouped wo_a with strided rows instead of gather/scatter (needs cuBLAS at run time, else falls back)",
+        parity: "gpu-check `linear_split_lt …` records (`--only tc`): cuBLASLt against the CPU (split tolerance) and against gemm.cu, with timings; the switch matrix (`LINEAR_CUBLASLT=on`)",
+    },
+    Switch {
+        name: "SAMPLE_ON_DEVICE",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "downloading each decode step's whole logits row (vocab f32) for the host sampler: for greedy and top-k (k <= 1024) requests without penalties or logprobs, the GPU selects the k most likely tokens (logits_topk_f32) and the host sampler finishes top-p/min-p on them (sampler::TopLogits; the same tokens by construction)",
+        parity: "CPU test sampler::top_logits_sample_like_the_full_row (same tokens and RNG state as the full row); gpu-check `logits_top …` records (the device selection equals TopLogits::from_row exactly) and `generate on-device sampling` (same tokens with the switch on and off); scripts/serve_parity.py",
+    },
+    Switch {
         name: "MLA_STREAM_TOPK",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -352,7 +366,9 @@ pub enum Role {
     AllOn,
     /// One optimisation off, the others at their defaults.
     AloneOff,
-    /// The defaults with another `TC_LINEAR` mode: the inexact `bf16`, or `fp8` (official numerics).
+    /// The defaults plus an off-by-default variant: another `TC_LINEAR` mode (the inexact `bf16`, or
+    /// `fp8`, official numerics), a faster inexact kernel (`MLA_STREAM_FAST_EXP`, `INDEXER_FP8`) or
+    /// a library GEMM (`FP8_CUBLASLT`, `LINEAR_CUBLASLT`).
     Fast,
 }
 
@@ -411,6 +427,7 @@ pub fn configurations() -> Vec<Configuration> {
     // FP8_WGMMA only matters under TC_LINEAR=fp8.
     v.push(c("FP8_WGMMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_WGMMA", "off")], Role::AloneOff, false, false, false));
     v.push(c("FP8_CUBLASLT=on (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_CUBLASLT", "on")], Role::Fast, false, false, false));
+    v.push(c("LINEAR_CUBLASLT=on (with the defaults)".into(), vec![("LINEAR_CUBLASLT", "on")], Role::Fast, true, false, false));
     // MLA_STREAM_FAST_EXP and INDEXER_FP8 are off by default (not exact): each on, with the other
     // defaults.
     v.push(c("MLA_STREAM_FAST_EXP=on (with the defaults)".into(), vec![("MLA_STREAM_FAST_EXP", "on")], Role::Fast, false, false, false));
@@ -472,6 +489,11 @@ mod tests {
     fn configurations_cover_every_switch() {
         let cs = configurations();
         for s in SWITCHES {
+            // Outside the forward pass (the logits are the same): checked by gpu-check and the
+            // sampler's tests instead of the forward's parity matrix.
+            if s.name == "SAMPLE_ON_DEVICE" {
+                continue;
+            }
             if s.default_value() == "off" {
                 // On with the defaults (FP8_CUBLASLT: with TC_LINEAR=fp8, the only mode it acts in).
                 let with = |c: &&Configuration| c.overrides.iter().all(|o| *o == (s.name, "on") || *o == ("TC_LINEAR", "fp8"));

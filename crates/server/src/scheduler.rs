@@ -17,7 +17,7 @@
 
 use crate::metrics::Metrics;
 use flashseek_engine::forward::ForwardOptions;
-use flashseek_engine::sampler::{Sampler, SamplingParams, StopMatcher};
+use flashseek_engine::sampler::{Sampler, SamplingParams, StepLogits, StopMatcher};
 use flashseek_engine::session::{Backend, ServedSequence};
 use flashseek_model::config::{Ds4Config, LayerKind};
 use flashseek_model::tokenizer::{Ds4Tokenizer, StreamDecoder};
@@ -286,8 +286,9 @@ pub fn start<B: Backend + Send + 'static>(
 enum Phase {
     /// Prompt tokens `[0, done)` are in the state.
     Prefill { done: usize },
-    /// Logits of the last position, to sample from.
-    Decode { logits: Vec<f32> },
+    /// Logits of the last position, to sample from (the full row, or the top tokens a device
+    /// selected for the sampler, [`Sampler::need`]).
+    Decode { logits: StepLogits },
     /// Finished: the reason.
     Finished(FinishReason),
 }
@@ -580,7 +581,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
             match r {
                 Ok(logits) if end == s.req.prompt.len() => {
                     s.prefill_secs = s.admitted.elapsed().as_secs_f64();
-                    s.phase = Phase::Decode { logits };
+                    s.phase = Phase::Decode { logits: StepLogits::Full(logits) };
                 }
                 Ok(_) => s.phase = Phase::Prefill { done: end },
                 Err(e) => {
@@ -680,7 +681,7 @@ impl<S: ServedSequence> Seq<'_, S> {
     /// Samples one token from the current logits, reports it, and either finishes or decodes it.
     fn step(&mut self, metrics: &Metrics) {
         let Phase::Decode { logits } = &self.phase else { return };
-        let sampled = match self.sampler.sample(logits) {
+        let sampled = match self.sampler.sample_step(logits) {
             Ok(s) => s,
             Err(e) => {
                 self.error = Some(e.to_string());
@@ -728,7 +729,7 @@ impl<S: ServedSequence> Seq<'_, S> {
             self.phase = Phase::Finished(FinishReason::Length);
             return;
         }
-        match self.session.decode(sampled.token) {
+        match self.session.decode_for(sampled.token, self.sampler.need()) {
             Ok(l) => self.phase = Phase::Decode { logits: l },
             Err(e) => {
                 // The context is full: the request ends as if it had reached its length.

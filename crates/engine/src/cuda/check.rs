@@ -135,6 +135,11 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         let timings = super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?;
         return Ok((report(gpu, seed, all, out, timings), all));
     }
+    // `--only sample`: sampling on the device (top-k selection; generations need the goldens).
+    if opts.only.as_deref().is_some_and(|o| o.starts_with("sampl")) {
+        all &= super::check_sample::run(gpu, seed, &mut out)?;
+        return Ok((report(gpu, seed, all, out, Vec::new()), all));
+    }
     // `--only att…`: the attention family (attention incl. the mask path and fast exp, compressors,
     // indexer incl. the fused top-k) and its timings.
     if opts.only.as_deref().is_some_and(|o| o.starts_with("att")) {
@@ -209,6 +214,7 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     all &= super::check_attention::run(gpu, seed, &mut out)?;
     all &= super::check_mhc::run(gpu, seed, &mut out)?;
     all &= super::check_moe::run(gpu, seed, &mut out)?;
+    all &= super::check_sample::run(gpu, seed, &mut out)?;
     if let Some(g) = &opts.goldens {
         all &= super::check_model::run(gpu, g, opts.greedy_steps, &mut out)?;
     }
@@ -309,6 +315,75 @@ pub(crate) fn median_ms(gpu: &Gpu, repeats: usize, mut f: impl FnMut() -> Result
 }
 
 /// Prints and appends a pass/fail record without an NMSE.
+/// Runs `f` with switch overrides (errors from the registry become check errors).
+pub(crate) fn switch_scope<R>(overrides: &[(&str, &str)], f: impl FnOnce() -> Result<R, CudaError>) -> Result<R, CudaError> {
+    crate::switches::scoped(overrides, f).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })?
+}
+
+/// `LINEAR_CUBLASLT`: cuBLASLt's bf16 GEMMs on the split planes ([`Gpu::linear_split_lt`]) against
+/// the CPU (tolerance [`SPLIT_NMSE_TOL`], as gemm.cu's split kernels) and, informationally, against
+/// gemm.cu; formats and shapes it must decline (FP4, K not a multiple of 16); the grouped output
+/// projection ([`Gpu::grouped_linear_lt`], strided rows) against the CPU per group.
+fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let shapes: &[(&str, &str, usize, usize, usize, bool)] = &[
+        ("fp8", "attn.wq_b", 32768, 1024, 1000, true),
+        ("fp8", "attn.wo_b", 4096, 8192, 300, true),
+        ("bf16", "compressor.wkv", 1024, 4096, 2048, true),
+        ("fp8", "ragged", 1000, 1040, 257, true),
+        ("fp4", "expert.w1", 2048, 4096, 300, false),
+        ("bf16", "ragged", 1030, 776, 300, false),
+    ];
+    for (fmt, name, rows, cols, t, takes) in shapes {
+        let vals = random(seed, &format!("lt2.{fmt}.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
+        let (gw, cpu_w) = weight(gpu, fmt, &vals, *rows, *cols)?;
+        let x = random(seed, &format!("lt2.x.{fmt}.{name}"), t * cols, 1.0);
+        let dx = gpu.upload(&x)?;
+        let (xb, tp, kp) = gpu.bf16_planes(&dx, *t, *cols, true)?;
+        let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
+        let ran = gpu.linear_split_lt(&xb, tp * kp, kp, 0, &gw, &mut dy, *rows, 0, *t)?;
+        if !takes {
+            all &= flag_record(out, &format!("linear_split_lt {fmt} {name} declined"), json!({"shape": [t, rows, cols], "ran": ran}), !ran);
+            continue;
+        }
+        println!("linear_split_lt {fmt} {name}: cuBLASLt {}", if ran { "ran" } else { "unavailable (fallback)" });
+        out.push(json!({"op": format!("linear_split_lt {fmt} {name} ran"), "cublaslt_ran": ran, "informational": true}));
+        if !ran {
+            continue;
+        }
+        let got = gpu.download(&dy)?;
+        let (nmse, max_abs, _) = errors(&got, &ops::linear(&x, &cpu_w));
+        let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
+        all &= flag_record(out, &format!("linear_split_lt {fmt} {name}"), json!({"shape": [t, rows, cols], "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}), ok);
+        let mut dk = gpu.zeros::<f32>(t * rows)?;
+        switch_scope(&[("LINEAR_CUBLASLT", "off")], || gpu.linear_tc(&dx, &gw, &mut dk, *t, None, true))?;
+        let (nmse, max_abs, _) = errors(&got, &gpu.download(&dk)?);
+        println!("linear_split_lt {fmt} {name} vs gemm.cu split (informational): nmse {nmse:.3e} max_abs {max_abs:.3e}");
+        out.push(json!({"op": format!("linear_split_lt {fmt} {name} vs gemm.cu split"), "nmse": nmse, "max_abs": max_abs, "informational": true}));
+    }
+    // The grouped output projection: G groups of [r, gin] over o [t, G·gin].
+    let (groups, gin, r, t) = (8usize, 512usize, 256usize, 300usize);
+    let o = random(seed, "lt2.o", t * groups * gin, 1.0);
+    let mut ws = Vec::new();
+    let mut want = vec![0f32; t * groups * r];
+    for g in 0..groups {
+        let (gw, cpu_w) = weight(gpu, "fp8", &random(seed, &format!("lt2.woa.{g}"), r * gin, 0.08), r, gin)?;
+        let xg: Vec<f32> = (0..t).flat_map(|ti| o[(ti * groups + g) * gin..(ti * groups + g + 1) * gin].to_vec()).collect();
+        for (ti, row) in ops::linear(&xg, &cpu_w).chunks(r).enumerate() {
+            want[(ti * groups + g) * r..(ti * groups + g + 1) * r].copy_from_slice(row);
+        }
+        ws.push(gw);
+    }
+    let mut dz = gpu.upload(&vec![f32::NAN; t * groups * r])?;
+    if gpu.grouped_linear_lt(&gpu.upload(&o)?, &ws, &mut dz, t)? {
+        let got = gpu.download(&dz)?;
+        let (nmse, max_abs, _) = errors(&got, &want);
+        let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
+        all &= flag_record(out, "grouped_linear_lt fp8 [8 × 256, 512]", json!({"shape": [t, groups, r, gin], "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}), ok);
+    }
+    Ok(all)
+}
+
 pub(crate) fn flag_record(out: &mut Vec<Value>, op: &str, detail: Value, ok: bool) -> bool {
     println!("{op:<28} {detail}  {}", if ok { "ok" } else { "FAIL" });
     out.push(json!({"op": op, "detail": detail, "pass": ok}));
@@ -374,6 +449,8 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
             }
         }
     }
+
+    all &= lt_split_checks(gpu, seed, out)?;
 
     // Exact decode: x[t, k] = (k == t), so y[t, n] = W[n, t] with no rounding anywhere.
     let (t, k) = (128usize, 128usize);
@@ -452,6 +529,15 @@ fn tc_timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaEr
                 line += &format!(" {tile:?} {:.3} ms {:.0} TF/s", ms, tf(ms));
                 entry[format!("split_{tile:?}_ms")] = json!(ms);
                 entry[format!("split_{tile:?}_tflops")] = json!(tf(ms));
+            }
+        }
+        if *fmt == "fp8" || *fmt == "bf16" {
+            let (xb, tp, kp) = gpu.bf16_planes(&dx, *t, *cols, true)?;
+            if *t >= super::cublaslt::LT_MIN_TOKENS && gpu.linear_split_lt(&xb, tp * kp, kp, 0, &gw, &mut dy, *rows, 0, *t)? {
+                let ms = median_ms(gpu, repeats, || switch_scope(&[("LINEAR_CUBLASLT", "on")], || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, true)))?;
+                line += &format!("  | split cuBLASLt {ms:.3} ms {:.0} TF/s (conversions included)", tf(ms));
+                entry["split_cublaslt_ms"] = json!(ms);
+                entry["split_cublaslt_tflops"] = json!(tf(ms));
             }
         }
         // The f32 GEMV path is slow at these sizes: few repeats.

@@ -2,7 +2,7 @@
 //! `tests/fixtures/goldens` (weights rebuilt from their formula), compare per-layer streams and
 //! logits of the one-shot forward, chunked prefill + decode, and greedy generation.
 
-use super::check::{errors, record, NMSE_TOL};
+use super::check::{errors, flag_record, record, NMSE_TOL};
 use super::gpu::Gpu;
 use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
 use super::CudaError;
@@ -19,12 +19,6 @@ fn top1_agreement(a: &[f32], b: &[f32], vocab: usize) -> f64 {
     let rows = a.len() / vocab;
     let same = (0..rows).filter(|r| argmax(&a[r * vocab..(r + 1) * vocab]) == argmax(&b[r * vocab..(r + 1) * vocab])).count();
     same as f64 / rows.max(1) as f64
-}
-
-fn exact_record(out: &mut Vec<Value>, op: &str, detail: Value, ok: bool) -> bool {
-    println!("{op:<28} {detail}  {}", if ok { "ok" } else { "FAIL" });
-    out.push(json!({"op": op, "detail": detail, "pass": ok}));
-    ok
 }
 
 /// Greedy generation of `steps` tokens after `prompt` on the CPU and on the GPU (both fed the CPU's
@@ -88,7 +82,7 @@ fn state_checks(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, ids: &[u32], prefill
     }
     let (gv, glayout) = flatten_state(&seq.to_host(gpu, gm)?);
     let (cv, clayout) = flatten_state(&cst);
-    all &= exact_record(out, &format!("model {name} state layout"), json!({"prefix": prefill, "buffers": clayout.len() - 1}), glayout == clayout);
+    all &= flag_record(out, &format!("model {name} state layout"), json!({"prefix": prefill, "buffers": clayout.len() - 1}), glayout == clayout);
     all &= record(out, &format!("model {name} state download"), json!({"prefix": prefill, "values": cv.len()}), &gv, &cv);
     // Upload of a retention-trimmed CPU state, continued on the GPU.
     let retention = 3;
@@ -117,7 +111,7 @@ fn state_checks(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, ids: &[u32], prefill
     seq.restore(gpu, gm, &snap)?;
     let again = decode_rest(&mut seq)?;
     let differing = first.iter().zip(&again).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + first.len().abs_diff(again.len());
-    all &= exact_record(
+    all &= flag_record(
         out,
         &format!("model {name} snapshot/restore"),
         json!({"prefix": prefill, "overwritten_from": prefill / 2, "decoded": len - prefill, "differing_logits": differing}),
@@ -159,7 +153,7 @@ pub fn run(gpu: &Gpu, goldens: &Path, steps: usize, out: &mut Vec<Value>) -> Res
         }
         all &= record(out, &format!("model {name} logits"), json!([len, vocab]), &g.logits, &cpu.logits);
         let agree = top1_agreement(&g.logits, &cpu.logits, vocab);
-        all &= exact_record(out, &format!("model {name} top-1"), json!({"agreement": agree, "positions": len}), agree >= 0.99);
+        all &= flag_record(out, &format!("model {name} top-1"), json!({"agreement": agree, "positions": len}), agree >= 0.99);
         // Chunked prefill (chunk 7) then decode, against the CPU one-shot logits.
         let prefill = (len * 2 / 3).max(1);
         let mut seq = GpuSequence::new(gpu, &gm, len + 1)?;
@@ -181,10 +175,11 @@ pub fn run(gpu: &Gpu, goldens: &Path, steps: usize, out: &mut Vec<Value>) -> Res
         let ct = forward(&w, &fresh, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
         all &= record(out, &format!("model {name} truncate"), json!({"cut": cut, "tail": 9}), &gt, &ct[cut * vocab..]);
         all &= state_checks(gpu, &gm, &w, &ids, prefill, seed, &name, &cpu.logits, out)?;
+        all &= super::check_sample::generate_checks(gpu, &gm, seed, &name, out)?;
         // Greedy generation: same tokens as the CPU.
         if vocab < 100_000 && steps > 0 {
             let (same, worst) = greedy_compare(gpu, &gm, &w, &formula_ids(seed + 3, 12, vocab), steps)?;
-            all &= exact_record(out, &format!("model {name} greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst, "tolerance_nmse": NMSE_TOL}), same && worst <= NMSE_TOL);
+            all &= flag_record(out, &format!("model {name} greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst, "tolerance_nmse": NMSE_TOL}), same && worst <= NMSE_TOL);
         }
     }
     Ok(all)
@@ -212,8 +207,8 @@ pub fn run_stored(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> 
     }
     all &= record(out, "stored-format logits", json!([len, vocab]), &g.logits, &cpu.logits);
     let agree = top1_agreement(&g.logits, &cpu.logits, vocab);
-    all &= exact_record(out, "stored-format top-1", json!({"agreement": agree, "positions": len}), agree >= 0.99);
+    all &= flag_record(out, "stored-format top-1", json!({"agreement": agree, "positions": len}), agree >= 0.99);
     let (same, worst) = greedy_compare(gpu, &gm, &w, &formula_ids(5, 12, vocab), steps)?;
-    all &= exact_record(out, &format!("stored-format greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst}), same && worst <= NMSE_TOL);
+    all &= flag_record(out, &format!("stored-format greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst}), same && worst <= NMSE_TOL);
     Ok(all)
 }

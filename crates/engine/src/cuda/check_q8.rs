@@ -16,7 +16,7 @@
 //! Timings ([`timings`]): the FP8 GEMM (activation quantisation included) next to cuBLASLt's, the bf16 and
 //! split tensor-core GEMMs at prefill shapes, TFLOP/s against the machine's ~1,450 FP8 dense.
 
-use super::check::{errors, flag_record, median_ms, random, weight};
+use super::check::{errors, flag_record, median_ms, random, switch_scope, weight};
 use super::check_moe::Q8_NMSE_TOL;
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::CudaError;
@@ -25,11 +25,6 @@ use crate::forward::Numerics;
 use crate::weights::Matrix;
 use flashseek_model::quant;
 use serde_json::{json, Value};
-
-/// Runs `f` with switch overrides (errors from the registry become check errors).
-fn switch_scope<R>(overrides: &[(&str, &str)], f: impl FnOnce() -> Result<R, CudaError>) -> Result<R, CudaError> {
-    crate::switches::scoped(overrides, f).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })?
-}
 
 const OFFICIAL: Numerics = Numerics { act_quant_fp8: true, kv_fp8: false, indexer_fp4: false };
 

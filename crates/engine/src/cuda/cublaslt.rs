@@ -1,6 +1,7 @@
-//! cuBLASLt's block-scaled FP8 GEMM for the §10.1 linears at prefill shapes (issue 5 §3: "cuBLASLt
-//! block-scaled FP8 GEMM where it wins at large M"), the switch `FP8_CUBLASLT` under
-//! `TC_LINEAR=fp8`.
+//! cuBLASLt GEMMs at prefill shapes (issue 5 §3: "cuBLASLt block-scaled FP8 GEMM where it wins at
+//! large M"): the block-scaled FP8 GEMM of the §10.1 linears under `TC_LINEAR=fp8` (switch
+//! `FP8_CUBLASLT`), and bf16 GEMMs for the exact split-activation linears (switch `LINEAR_CUBLASLT`:
+//! `y = W·hi + W·lo`, two products with f32 accumulation, as gemm.cu's `_x2` kernels compute it).
 //!
 //! Numerics: DeepSeek's recipe (spec §6), the same as gemm_q8.cu — e4m3 activations with one f32
 //! (power-of-two) scale per row and 128 features (`CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F`) times
@@ -19,7 +20,10 @@
 //! PyTorch's `scaled_gemm` sets these attributes; measured against gemm_q8.cu by `gpu-check --only
 //! q8` (`linear_lt …` records). The code is ours.
 
+use super::gpu::{Gpu, GpuMatrix, GpuWeight};
+use super::CudaError;
 use cudarc::cublaslt::sys;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::ffi::c_void;
 
@@ -70,7 +74,7 @@ impl Drop for Plan {
 pub struct Lt {
     handle: sys::cublasLtHandle_t,
     workspace: cudarc::driver::CudaSlice<u8>,
-    plans: HashMap<(usize, usize, usize), Option<Plan>>,
+    plans: HashMap<LtShape, Option<Plan>>,
     /// `cublasLtGetVersion()`, e.g. 130000.
     pub version: usize,
 }
@@ -89,18 +93,46 @@ impl Drop for Lt {
     }
 }
 
-/// The device pointers of one block-scaled product (all on the stream's device).
+/// The element types of a product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LtKind {
+    /// e4m3 × e4m3 with 128 × 128 weight and 1 × 128 activation scales (f32), f32 out.
+    Fp8BlockScaled,
+    /// bf16 × bf16, f32 accumulation and output (`CUBLAS_COMPUTE_32F`).
+    Bf16,
+}
+
+/// One product's shape: `y[m, n] (row stride ldd) = x[m, k] (row stride ldb) · W[n, k]ᵀ`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LtShape {
+    /// Element types.
+    pub kind: LtKind,
+    /// Tokens.
+    pub m: usize,
+    /// Outputs.
+    pub n: usize,
+    /// Inputs.
+    pub k: usize,
+    /// Elements between consecutive activation rows (≥ k).
+    pub ldb: usize,
+    /// Elements between consecutive output rows (≥ n).
+    pub ldd: usize,
+}
+
+/// The device pointers of one product (all on the stream's device).
 pub struct LtOperands {
-    /// e4m3 weight `[n, k]`.
+    /// Weight `[n, k]` (e4m3 or bf16).
     pub w: u64,
-    /// f32 weight scales `[n/128, k/128]`.
+    /// f32 weight scales `[n/128, k/128]` (block-scaled FP8 only, else 0).
     pub w_scales: u64,
-    /// e4m3 activations `[m, k]` (rows past `m` are not read).
+    /// Activations `[m, ldb]` (e4m3 or bf16; rows past `m` are not read).
     pub x: u64,
-    /// f32 activation scales `[k/128, m]`.
+    /// f32 activation scales `[k/128, m]` (block-scaled FP8 only, else 0).
     pub x_scales: u64,
-    /// f32 output `[m, n]`.
+    /// f32 output `[m, ldd]`.
     pub y: u64,
+    /// `y = product + beta·y` (0 overwrites, 1 accumulates).
+    pub beta: f32,
 }
 
 fn set_attr<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) -> Result<(), String> {
@@ -138,10 +170,13 @@ impl Lt {
                 return Err(format!("allocating the cuBLASLt workspace: {e:?}"));
             }
         };
-        Ok(Lt { handle, workspace, plans: HashMap::new(), version: version as usize })
+        Ok(Lt { handle, workspace, plans: HashMap::new(), version })
     }
 
-    fn plan(&self, m: usize, n: usize, k: usize) -> Result<Plan, String> {
+    fn plan(&self, sh: LtShape) -> Result<Plan, String> {
+        let LtShape { kind, m, n, k, ldb, ldd } = sh;
+        let fp8 = kind == LtKind::Fp8BlockScaled;
+        let ty = if fp8 { sys::cudaDataType_t::CUDA_R_8F_E4M3 } else { sys::cudaDataType_t::CUDA_R_16BF };
         use sys::cublasLtMatmulDescAttributes_t as A;
         let mut desc = std::ptr::null_mut();
         // SAFETY: writes the new descriptor.
@@ -162,15 +197,17 @@ impl Lt {
         };
         set_attr(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &(CUBLAS_OP_T))?;
         set_attr(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &(CUBLAS_OP_N))?;
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &(sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F as i32))?;
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &(sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F as i32))?;
-        // The heuristic wants the scale pointers set; the real ones are set before each call.
-        let dummy: *const c_void = self.workspace_ptr() as *const c_void;
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy)?;
-        set_attr(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy)?;
-        plan.a = layout(sys::cudaDataType_t::CUDA_R_8F_E4M3, k, n, k)?;
-        plan.b = layout(sys::cudaDataType_t::CUDA_R_8F_E4M3, k, m, k)?;
-        plan.d = layout(sys::cudaDataType_t::CUDA_R_32F, n, m, n)?;
+        if fp8 {
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &(sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F as i32))?;
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &(sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F as i32))?;
+            // The heuristic wants the scale pointers set; the real ones are set before each call.
+            let dummy: *const c_void = self.workspace_ptr() as *const c_void;
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy)?;
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy)?;
+        }
+        plan.a = layout(ty, k, n, k)?;
+        plan.b = layout(ty, k, m, ldb)?;
+        plan.d = layout(sys::cudaDataType_t::CUDA_R_32F, n, m, ldd)?;
         let mut pref = std::ptr::null_mut();
         // SAFETY: writes the new preference; destroyed below.
         check("cublasLtMatmulPreferenceCreate", unsafe { sys::cublasLtMatmulPreferenceCreate(&mut pref) })?;
@@ -192,42 +229,44 @@ impl Lt {
         unsafe { sys::cublasLtMatmulPreferenceDestroy(pref) };
         r?;
         if count < 1 {
-            return Err(format!("no cuBLASLt algorithm for m {m}, n {n}, k {k}"));
+            return Err(format!("no cuBLASLt algorithm for {sh:?}"));
         }
         plan.algo = result.algo;
         Ok(plan)
     }
 
     fn workspace_ptr(&self) -> u64 {
-        use cudarc::driver::DevicePtr;
         self.workspace.device_ptr(self.workspace.stream()).0
     }
 
-    /// `y[m, n] = Σ_b xs[b, m]·ws[n/128, b]·Σ_{k∈b} x[m, k]·w[n, k]` on `stream`, f32 out.
+    /// `y = x·Wᵀ + beta·y` on `stream` for `sh` (block-scaled FP8: the product sums
+    /// `xs[b, m]·ws[n/128, b]·Σ_{k∈b} x[m, k]·w[n, k]` over the 128-blocks b), f32 out.
     ///
     /// Returns `Ok(false)` (nothing launched) when cuBLASLt has no algorithm for the shape — the
-    /// caller then uses its own kernel; `Err` when a launch fails.
+    /// caller then uses its own kernel (said once per shape on stderr); `Err` when a launch fails.
     ///
     /// # Safety
     /// The pointers must hold the sizes above on the stream's device and stay alive until the
     /// stream has run the product.
-    pub unsafe fn matmul(&mut self, stream: &cudarc::driver::CudaStream, ops: &LtOperands, m: usize, n: usize, k: usize) -> Result<bool, String> {
+    pub unsafe fn matmul(&mut self, stream: &cudarc::driver::CudaStream, ops: &LtOperands, sh: LtShape) -> Result<bool, String> {
         use sys::cublasLtMatmulDescAttributes_t as A;
-        if !self.plans.contains_key(&(m, n, k)) {
-            let p = match self.plan(m, n, k) {
+        if !self.plans.contains_key(&sh) {
+            let p = match self.plan(sh) {
                 Ok(p) => Some(p),
                 Err(e) => {
-                    eprintln!("FP8_CUBLASLT: {e}; gemm_q8.cu runs this shape");
+                    eprintln!("cuBLASLt: {e}; flashseek's own kernel runs this shape");
                     None
                 }
             };
-            self.plans.insert((m, n, k), p);
+            self.plans.insert(sh, p);
         }
         let ws = self.workspace_ptr();
-        let Some(Some(plan)) = self.plans.get(&(m, n, k)) else { return Ok(false) };
-        set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &(ops.w_scales as *const c_void))?;
-        set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &(ops.x_scales as *const c_void))?;
-        let (alpha, beta) = (1f32, 0f32);
+        let Some(Some(plan)) = self.plans.get(&sh) else { return Ok(false) };
+        if sh.kind == LtKind::Fp8BlockScaled {
+            set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &(ops.w_scales as *const c_void))?;
+            set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &(ops.x_scales as *const c_void))?;
+        }
+        let (alpha, beta) = (1f32, ops.beta);
         let s = stream.cu_stream() as sys::cudaStream_t;
         // SAFETY: the caller guarantees the operands; C = D with beta 0; the workspace is ours.
         let status = unsafe {
@@ -252,11 +291,99 @@ impl Lt {
         };
         if matches!(status, sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED | sys::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE) {
             // Rejected before launching anything: this shape stays on the caller's kernel.
-            eprintln!("FP8_CUBLASLT: cublasLtMatmul {status:?} for m {m}, n {n}, k {k}; gemm_q8.cu runs this shape");
-            self.plans.insert((m, n, k), None);
+            eprintln!("cuBLASLt: cublasLtMatmul {status:?} for {sh:?}; flashseek's own kernel runs this shape");
+            self.plans.insert(sh, None);
             return Ok(false);
         }
         check("cublasLtMatmul", status)?;
+        Ok(true)
+    }
+}
+
+/// Fewest tokens for which `FP8_CUBLASLT` / `LINEAR_CUBLASLT` hand a GEMM to cuBLASLt (prefill
+/// shapes; decode-sized products stay on flashseek's kernels).
+pub const LT_MIN_TOKENS: usize = 256;
+
+impl Gpu {
+    /// Whether cuBLASLt is usable, loading it at the first call (and saying once on stderr which
+    /// version loaded or why it is unavailable).
+    pub fn lt_available(&self) -> bool {
+        let mut guard = self.lt.lock().unwrap_or_else(|e| e.into_inner());
+        guard
+            .get_or_insert_with(|| {
+                let r = Lt::new(&self.stream);
+                match &r {
+                    Ok(lt) => eprintln!("cuBLASLt {} loaded (FP8_CUBLASLT / LINEAR_CUBLASLT)", lt.version),
+                    Err(e) => eprintln!("cuBLASLt unavailable: {e}; flashseek's own GEMMs run instead"),
+                }
+                r
+            })
+            .is_ok()
+    }
+
+    /// [`Lt::matmul`] on this GPU's stream. `Ok(false)`: cuBLASLt is unavailable or has no
+    /// algorithm for `shape` (nothing launched).
+    ///
+    /// Errors: a failed launch.
+    pub(crate) fn lt_matmul(&self, ops: &LtOperands, shape: LtShape) -> Result<bool, CudaError> {
+        let mut guard = self.lt.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(Ok(lt)) = guard.as_mut() else { return Ok(false) };
+        // SAFETY: the callers pass operands of `shape`'s sizes on this stream that outlive the
+        // stream's use of them (stream-ordered frees).
+        unsafe { lt.matmul(&self.stream, ops, shape) }.map_err(|e| CudaError::Driver { what: "cuBLASLt GEMM".into(), detail: e })
+    }
+
+    /// The split-activation product `y[t, out0 + n] (row stride ldd) = W·hi + W·lo` through
+    /// cuBLASLt's bf16 GEMM (switch `LINEAR_CUBLASLT`): `xb` holds gemm.cu's bf16 planes (hi at 0,
+    /// lo at `plane`, rows of stride `ldb`; the input columns are `col0 .. col0 + W.cols`). BF16
+    /// weights are used as stored, FP8 weights converted to bf16 first (`w_fp8_bf16`, exact: the
+    /// values gemm.cu's tiles hold). Returns whether it ran (`false`: another format, cuBLASLt
+    /// unavailable or without an algorithm; nothing launched then).
+    ///
+    /// Errors: allocation or launch failures; buffers shorter than the shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_split_lt(&self, xb: &CudaSlice<u16>, plane: usize, ldb: usize, col0: usize, w: &GpuWeight, y: &mut CudaSlice<f32>, ldd: usize, out0: usize, t: usize) -> Result<bool, CudaError> {
+        let (n, k) = (w.rows, w.cols);
+        let fits = xb.len() >= plane + (t - 1) * ldb + col0 + k && y.len() >= (t - 1) * ldd + out0 + n && ldd >= n && ldb >= k && plane >= t * ldb;
+        if t == 0 || n == 0 || !fits {
+            return Err(CudaError::Unsupported { what: "linear_split_lt", detail: format!("buffers of {} and {} values for {t} rows of [{n}, {k}] (ldb {ldb}, ldd {ldd})", xb.len(), y.len()) });
+        }
+        let aligned = k.is_multiple_of(16) && ldb.is_multiple_of(8) && col0.is_multiple_of(8) && plane.is_multiple_of(8);
+        if !aligned || !matches!(w.data, GpuMatrix::Bf16(_) | GpuMatrix::Fp8 { .. }) || !self.lt_available() {
+            return Ok(false);
+        }
+        let s = &self.stream;
+        let converted;
+        let wptr = match &w.data {
+            GpuMatrix::Bf16(m) => m.device_ptr(s).0,
+            GpuMatrix::Fp8 { w: m, scales } => {
+                // SAFETY: fully written by w_fp8_bf16 below.
+                let mut out = unsafe { s.alloc::<u16>(n * k) }.map_err(|e| CudaError::Driver { what: "alloc".into(), detail: format!("{e:?}") })?;
+                let groups = n * k / 16;
+                let cfg = LaunchConfig { grid_dim: (groups.div_ceil(256).min(132 * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                let (n_i, k_i) = (i32::try_from(n), i32::try_from(k));
+                let (Ok(n_i), Ok(k_i)) = (n_i, k_i) else { return Ok(false) };
+                let mut b = s.launch_builder(self.f("w_fp8_bf16"));
+                b.arg(m).arg(scales).arg(&n_i).arg(&k_i).arg(&mut out);
+                // SAFETY: matches w_fp8_bf16(W, S, N, K, out): W N·K bytes, S the stored block scales,
+                // out N·K bf16; K % 16 == 0 (checked).
+                unsafe { b.launch(cfg) }.map_err(|e| CudaError::Driver { what: "w_fp8_bf16".into(), detail: format!("{e:?}") })?;
+                converted = out;
+                converted.device_ptr(s).0
+            }
+            _ => return Ok(false),
+        };
+        let x0 = xb.device_ptr(s).0 + 2 * col0 as u64;
+        let y0 = y.device_ptr_mut(s).0 + 4 * out0 as u64;
+        let shape = LtShape { kind: LtKind::Bf16, m: t, n, k, ldb, ldd };
+        let hi = LtOperands { w: wptr, w_scales: 0, x: x0, x_scales: 0, y: y0, beta: 0.0 };
+        if !self.lt_matmul(&hi, shape)? {
+            return Ok(false);
+        }
+        let lo = LtOperands { x: x0 + 2 * plane as u64, beta: 1.0, ..hi };
+        if !self.lt_matmul(&lo, shape)? {
+            return Err(CudaError::Unsupported { what: "linear_split_lt", detail: "cuBLASLt took the hi plane but not the lo plane of the same shape".into() });
+        }
         Ok(true)
     }
 }

@@ -108,6 +108,7 @@ pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
 /// GEMM in each [`GemmTile`].
 pub(crate) const GEMM_ENTRY_POINTS: &[&str] = &[
     "gemm_x_bf16",
+    "w_fp8_bf16",
     "gemm_tc_f32",
     "gemm_tc_bf16",
     "gemm_tc_fp8",
@@ -523,17 +524,11 @@ impl Gpu {
             return Ok(());
         }
         let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") });
-        let (tp, kp) = (t.div_ceil(128) * 128, w.cols.div_ceil(32) * 32);
-        let (tt, n, k, tp_i) = (too_big(t)?, too_big(w.rows)?, too_big(w.cols)?, too_big(tp)?);
-        // SAFETY: every element is written by gemm_x_bf16 below before the GEMM reads it.
-        let mut xb = drv("alloc", unsafe { self.stream.alloc::<u16>(tp * kp * if split { 2 } else { 1 }) })?;
-        let quads = tp * kp / 4;
-        let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.stream.launch_builder(self.f("gemm_x_bf16"));
-        let split_i = split as i32;
-        b.arg(x).arg(&mut xb).arg(&tt).arg(&k).arg(&tp_i).arg(&split_i);
-        // SAFETY: matches gemm_x_bf16(x, xb, T, K, Tp, split); x holds T·K floats, xb (1 + split)·Tp·Kp bf16.
-        drv("gemm_x_bf16", unsafe { b.launch(cfg) })?;
+        let (tt, n, k) = (too_big(t)?, too_big(w.rows)?, too_big(w.cols)?);
+        let (xb, tp, kp) = self.bf16_planes(x, t, w.cols, split)?;
+        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, tp * kp, kp, 0, w, y, w.rows, 0, t)? {
+            return Ok(());
+        }
         let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
         let tile = tile.unwrap_or_else(|| GemmTile::choose(t, w.rows, sms));
         let (bm, bn, threads, suffix) = tile.shape();
@@ -556,6 +551,56 @@ impl Gpu {
         // SAFETY: matches the (xb, W, S, y, T, N, K) signature of every gemm_tc entry point; the
         // dynamic shared memory is the size its layout needs (the kernel traps on less).
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// `x` (`[t, k]` f32) as gemm.cu's bf16 activation planes (`gemm_x_bf16`): returns the buffer,
+    /// `Tp` (t rounded up to 128) and `Kp` (k rounded up to 32); the hi plane `[Tp, Kp]`, with
+    /// `split` followed by the lo plane `x − bf16(x)`; padding is zero.
+    ///
+    /// Errors: `x` shorter than `t·k`, sizes beyond 32-bit indexing, allocation or launch failures.
+    pub fn bf16_planes(&self, x: &CudaSlice<f32>, t: usize, k: usize, split: bool) -> Result<(CudaSlice<u16>, usize, usize), CudaError> {
+        let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") });
+        if x.len() < t * k {
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("{} inputs for {t} rows of {k}", x.len()) });
+        }
+        let (tp, kp) = (t.div_ceil(128).max(1) * 128, k.div_ceil(32) * 32);
+        let (tt, k_i, tp_i) = (too_big(t)?, too_big(k)?, too_big(tp)?);
+        too_big(tp * kp * 2)?;
+        // SAFETY: every element is written by gemm_x_bf16 below before anything reads it.
+        let mut xb = drv("alloc", unsafe { self.stream.alloc::<u16>(tp * kp * if split { 2 } else { 1 }) })?;
+        let quads = tp * kp / 4;
+        let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("gemm_x_bf16"));
+        let split_i = split as i32;
+        b.arg(x).arg(&mut xb).arg(&tt).arg(&k_i).arg(&tp_i).arg(&split_i);
+        // SAFETY: matches gemm_x_bf16(x, xb, T, K, Tp, split); x holds T·K floats, xb (1 + split)·Tp·Kp bf16.
+        drv("gemm_x_bf16", unsafe { b.launch(cfg) })?;
+        Ok((xb, tp, kp))
+    }
+
+    /// The grouped output projection (spec §4.7) through cuBLASLt (switch `LINEAR_CUBLASLT`, split
+    /// activations): `o` `[t, G·gin]` converted to bf16 planes once, then for each group g
+    /// `z[:, g·r ..] = W_oa[g] · o[:, g·gin ..]` by [`Gpu::linear_split_lt`] with strided rows — no
+    /// gather or scatter. Returns whether it ran (`false`: cuBLASLt unavailable or without an
+    /// algorithm, nothing written).
+    ///
+    /// Errors: buffers shorter than the shapes, a group weight not `[r, gin]`, launch failures.
+    pub fn grouped_linear_lt(&self, o: &CudaSlice<f32>, wo_a: &[GpuWeight], z: &mut CudaSlice<f32>, t: usize) -> Result<bool, CudaError> {
+        let Some(w0) = wo_a.first() else { return Ok(false) };
+        let (gin, r, groups) = (w0.cols, w0.rows, wo_a.len());
+        if wo_a.iter().any(|w| w.cols != gin || w.rows != r) || z.len() < t * groups * r {
+            return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("{groups} group weights for {} outputs of {t} tokens", z.len()) });
+        }
+        let (xb, tp, kp) = self.bf16_planes(o, t, groups * gin, true)?;
+        for (g, w) in wo_a.iter().enumerate() {
+            if !self.linear_split_lt(&xb, tp * kp, kp, g * gin, w, z, groups * r, g * r, t)? {
+                if g == 0 {
+                    return Ok(false);
+                }
+                return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("cuBLASLt ran group 0 but not group {g} of the same shape") });
+            }
+        }
+        Ok(true)
     }
 
     /// [`Gpu::linear`] on the exact f32 kernels (linear.cu), whatever the token count.

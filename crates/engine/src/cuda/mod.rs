@@ -15,6 +15,7 @@ pub mod check_mhc;
 pub mod check_model;
 pub mod check_moe;
 pub mod check_q8;
+pub mod check_sample;
 pub mod check_switches;
 pub mod cublaslt;
 pub mod gpu;

@@ -384,7 +384,7 @@ impl GpuSequence {
         let mut seq = GpuSequence::new(gpu, m, capacity)?;
         let up = |rows: &crate::state::Rows, width: usize, dst: &mut CudaSlice<f32>, what: String| -> Result<(), CudaError> {
             let data = rows.as_slice();
-            if rows.end() != st.pos || data.len() % width.max(1) != 0 {
+            if rows.end() != st.pos || !data.len().is_multiple_of(width.max(1)) {
                 return Err(bad(format!("{what}: rows end at {} (expected {}), {} values for width {width}", rows.end(), st.pos, data.len())));
             }
             if !data.is_empty() {
@@ -498,6 +498,29 @@ pub struct GpuForwardOutput {
 ///
 /// Errors: a token id outside the vocabulary, a chunk past the sequence's capacity, or any op error.
 pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[u32], logits_for: LogitsFor, record_streams: bool) -> Result<GpuForwardOutput, CudaError> {
+    let (lg, layer_streams) = forward_chunk_gpu_dev(gpu, m, seq, ids, logits_for, record_streams)?;
+    let logits = match lg {
+        Some(lg) => gpu.download(&lg)?,
+        None => Vec::new(),
+    };
+    Ok(GpuForwardOutput { logits, layer_streams })
+}
+
+/// Output of [`forward_chunk_gpu_dev`]: the device logits (if any rows were selected) and the recorded streams.
+pub type DeviceForwardOutput = (Option<CudaSlice<f32>>, Vec<Vec<f32>>);
+
+/// [`forward_chunk_gpu`] leaving the logits on the device: `[T', vocab]` f32 for the positions
+/// `logits_for` selects (`None` when it selects none), plus the recorded streams.
+///
+/// Errors: as [`forward_chunk_gpu`].
+pub fn forward_chunk_gpu_dev(
+    gpu: &Gpu,
+    m: &GpuModel,
+    seq: &mut GpuSequence,
+    ids: &[u32],
+    logits_for: LogitsFor,
+    record_streams: bool,
+) -> Result<DeviceForwardOutput, CudaError> {
     let c = &m.config;
     crate::forward::check_ids(ids, c.vocab_size).map_err(|e| CudaError::Unsupported { what: "forward", detail: e.to_string() })?;
     let (d, n, t, hd, h) = (c.hidden_size, c.hc_mult, ids.len(), c.head_dim, c.num_attention_heads);
@@ -592,7 +615,11 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
         let (groups, r) = (c.o_groups, c.o_lora_rank);
         let gin = h * hd / groups;
         let mut z = gpu.zeros::<f32>(t * groups * r)?;
-        for (g, wg) in l.wo_a.iter().enumerate() {
+        let lt = t >= super::cublaslt::LT_MIN_TOKENS
+            && matches!(super::gpu::tc_linear_mode(), super::gpu::TcMode::Split | super::gpu::TcMode::Fp8)
+            && crate::switches::on("LINEAR_CUBLASLT")
+            && gpu.grouped_linear_lt(&o, &l.wo_a, &mut z, t)?;
+        for (g, wg) in l.wo_a.iter().enumerate().filter(|_| !lt) {
             let rows: Vec<i32> = (0..t).map(|ti| (ti * groups + g) as i32).collect();
             let rows = gpu.upload(&rows)?;
             let mut xg = gpu.zeros::<f32>(t * gin)?;
@@ -626,7 +653,7 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
         LogitsFor::None => (0, 0),
     };
     let logits = if rows == 0 {
-        Vec::new()
+        None
     } else {
         let mut xs = gpu.zeros::<f32>(rows * n * d)?;
         {
@@ -639,11 +666,11 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
         gpu.rms_norm(&hh, Some(&m.norm), &mut hn, rows, d, eps)?;
         let mut lg = gpu.zeros::<f32>(rows * c.vocab_size)?;
         gpu.linear(&hn, &m.head, &mut lg, rows)?;
-        gpu.download(&lg)?
+        Some(lg)
     };
     // The GPU is idle until the next call queues work (profiling leaves this out).
     gpu.stage(super::gpu::IDLE_STAGE);
-    Ok(GpuForwardOutput { logits, layer_streams })
+    Ok((logits, layer_streams))
 }
 
 /// Cold or continued prefill of `ids` into `seq` in chunks of `chunk` tokens (layer-major per

@@ -11,6 +11,7 @@
 use super::gpu::Gpu;
 use super::CudaError;
 use crate::cpu::rope::Rope;
+use crate::sampler::TopLogits;
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
 /// Entry points of `kernels/attention.cu`.
@@ -53,7 +54,7 @@ impl AttentionKernel {
 /// Entry points of `kernels/compressor.cu`.
 pub const COMPRESSOR_ENTRY_POINTS: &[&str] = &["add_position_bias_f32", "compressor_pool_f32", "rope_positions_f32"];
 /// Entry points of `kernels/indexer.cu`.
-pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32", "indexer_topk_stream", "indexer_topk_stream_fp8", "indexer_topk_mask_u8"];
+pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32", "indexer_topk_stream", "indexer_topk_stream_fp8", "indexer_topk_mask_u8", "logits_topk_f32"];
 
 /// Largest head dim `sparse_attention_f32` supports (`ATT_MAXC`).
 pub const ATTENTION_MAX_HEAD_DIM: usize = 1024;
@@ -80,6 +81,12 @@ const MAX_GRID_Y: usize = 65535;
 
 fn launched(what: &str, r: Result<(), DriverError>) -> Result<(), CudaError> {
     r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
+}
+
+/// One value of `buf` at `at`, downloaded.
+fn drv_copy(gpu: &Gpu, buf: &CudaSlice<f32>, at: usize) -> Result<f32, CudaError> {
+    let v = gpu.stream.clone_dtoh(&buf.slice(at..at + 1)).map_err(|e| CudaError::Driver { what: "download".into(), detail: format!("{e:?}") })?;
+    Ok(v[0])
 }
 
 fn unsupported(what: &'static str, detail: String) -> CudaError {
@@ -648,6 +655,57 @@ impl Gpu {
         // SAFETY: matches indexer_topk_f32; buffer sizes checked above (offsets are the caller's
         // topk_offsets, documented).
         launched("indexer_topk_f32", unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// Sampling on the device (issue 5 §3): for each of the `rows` rows of `logits` (`[rows, vocab]`
+    /// f32), the `k` most likely tokens in the sampler's order with the unmasked count and the first
+    /// NaN / `+inf` ([`TopLogits`], equal to [`TopLogits::from_row`] on the downloaded row), from
+    /// `logits_topk_f32` (indexer.cu: the indexer's exact radix select). Downloads `rows·(2 + 2k)`
+    /// values instead of `rows·vocab`.
+    ///
+    /// Errors: `k` not in `1..=`[`crate::sampler::TOP_LOGITS_MAX_K`], a short buffer, sizes beyond
+    /// i32, launch or copy failures.
+    pub fn logits_top(&self, logits: &CudaSlice<f32>, rows: usize, vocab: usize, k: usize) -> Result<Vec<TopLogits>, CudaError> {
+        const W: &str = "logits_top";
+        ensure(W, (1..=crate::sampler::TOP_LOGITS_MAX_K).contains(&k), || format!("k = {k} (allowed 1..={})", crate::sampler::TOP_LOGITS_MAX_K))?;
+        ensure(W, logits.len() >= rows * vocab, || format!("logits hold {} values, need {rows}·{vocab}", logits.len()))?;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let (v_i, k_i) = (int(W, "vocab", vocab)?, int(W, "k", k)?);
+        int(W, "rows", rows)?;
+        let mut info = self.zeros::<i32>(2 * rows)?;
+        let mut ids = self.zeros::<i32>(rows * k)?;
+        let mut vals = self.zeros::<f32>(rows * k)?;
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("logits_topk_f32"));
+        b.arg(logits).arg(&v_i).arg(&k_i).arg(&mut info).arg(&mut ids).arg(&mut vals);
+        // SAFETY: matches logits_topk_f32(logits, V, k, info, ids, vals): logits rows·V floats (checked),
+        // info 2·rows, ids/vals rows·k.
+        launched("logits_topk_f32", unsafe { b.launch(cfg) }.map(|_| ()))?;
+        let (info, ids, vals) = (self.download(&info)?, self.download(&ids)?, self.download(&vals)?);
+        let mut out = Vec::with_capacity(rows);
+        for r in 0..rows {
+            let (unmasked, bad) = (info[2 * r].max(0) as usize, info[2 * r + 1]);
+            let non_finite = (bad >= 0 && (bad as usize) < vocab).then_some((bad as u32, f32::NAN));
+            let mut t = TopLogits { vocab, unmasked, non_finite, cand: Vec::new() };
+            if non_finite.is_none() {
+                let n = k.min(unmasked);
+                t.cand = (0..n).map(|i| (ids[r * k + i] as u32, vals[r * k + i])).collect();
+                t.sort();
+            } else {
+                t.unmasked = 0;
+            }
+            out.push(t);
+        }
+        // The value of a non-finite logit (NaN or +inf) for the error message: one more download.
+        for (r, t) in out.iter_mut().enumerate() {
+            if let Some((i, _)) = t.non_finite {
+                let v = drv_copy(self, logits, r * vocab + i as usize)?;
+                t.non_finite = Some((i, v));
+            }
+        }
+        Ok(out)
     }
 
     /// The indexer's selection (spec §4.10 steps 4–6) into `idx` (`offsets` = [`topk_offsets`] on

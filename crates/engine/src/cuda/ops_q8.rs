@@ -19,6 +19,7 @@
 //! Learned from DeepSeek's DeepGEMM/`fp8_gemm` design (per-block promotion of FP8 partials into f32,
 //! DeepSeek-V3 report §3.3) and the PTX ISA (`mma.sync.m16n8k32` e4m3); the code is ours.
 
+use super::cublaslt::LT_MIN_TOKENS;
 use super::gpu::{tc_linear_mode, Gpu, GpuMatrix, GpuWeight, TcMode, TC_LINEAR_MIN_TOKENS};
 use super::CudaError;
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
@@ -69,10 +70,6 @@ pub fn families_for(arch: &str) -> (&'static str, &'static str) {
         ("gemm_q8", "moe_q8")
     }
 }
-
-/// Fewest tokens for which `FP8_CUBLASLT` hands a GEMM to cuBLASLt (prefill shapes; decode-sized
-/// products stay on gemm_q8.cu / the small-M kernels).
-pub const LT_MIN_TOKENS: usize = 256;
 
 /// Output columns per block of every gemm_q8.cu GEMM.
 pub const Q8_BN: usize = 128;
@@ -257,19 +254,12 @@ impl Gpu {
     pub fn linear_lt(&self, qa: &QuantizedActs, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<bool, CudaError> {
         use cudarc::driver::{DevicePtr, DevicePtrMut};
         let GpuMatrix::Fp8 { w: wv, scales } = &w.data else { return Ok(false) };
-        if w.rows % Q8_BLOCK != 0 || w.cols % Q8_BLOCK != 0 || t == 0 {
+        if !w.rows.is_multiple_of(Q8_BLOCK) || !w.cols.is_multiple_of(Q8_BLOCK) || t == 0 {
             return Ok(false);
         }
-        let mut guard = self.lt.lock().unwrap_or_else(|e| e.into_inner());
-        let lt = guard.get_or_insert_with(|| {
-            let r = super::cublaslt::Lt::new(&self.stream);
-            match &r {
-                Ok(lt) => eprintln!("FP8_CUBLASLT: cuBLASLt {} loaded", lt.version),
-                Err(e) => eprintln!("FP8_CUBLASLT: {e}; gemm_q8.cu runs the FP8 GEMMs"),
-            }
-            r
-        });
-        let Ok(lt) = lt.as_mut() else { return Ok(false) };
+        if !self.lt_available() {
+            return Ok(false);
+        }
         let (kb, nb) = (w.cols / Q8_BLOCK, w.rows / Q8_BLOCK);
         // SAFETY: both fully written by lt_scales below.
         let mut sat = drv("alloc", unsafe { self.stream.alloc::<f32>(kb * t) })?;
@@ -290,12 +280,13 @@ impl Gpu {
             x: qa.q.device_ptr(s).0,
             x_scales: sat.device_ptr(s).0,
             y: y.device_ptr_mut(s).0,
+            beta: 0.0,
         };
         // SAFETY: w [N, K] e4m3 and its scales, q [≥ t, K] e4m3, sat [K/128, t], y ≥ t·N floats (checked
         // by linear_q8), all on this stream, alive until the stream has run the product (the scale
         // buffers are freed stream-ordered after it).
-        let ran = unsafe { lt.matmul(s, &ops, t, w.rows, w.cols) }.map_err(|e| CudaError::Driver { what: "cuBLASLt FP8 GEMM".into(), detail: e })?;
-        Ok(ran)
+        let shape = super::cublaslt::LtShape { kind: super::cublaslt::LtKind::Fp8BlockScaled, m: t, n: w.rows, k: w.cols, ldb: w.cols, ldd: w.rows };
+        self.lt_matmul(&ops, shape)
     }
 
     /// A §10.1 linear layer (its input FP8-quantized in official numerics): with `TC_LINEAR=fp8`,

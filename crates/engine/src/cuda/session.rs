@@ -2,7 +2,8 @@
 //! state of [`GpuSequence`], the token list, chunked prefill and prefix reuse by truncation.
 
 use super::gpu::Gpu;
-use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
+use super::model::{forward_chunk_gpu, forward_chunk_gpu_dev, GpuModel, GpuSequence};
+use crate::sampler::{LogitsNeed, StepLogits};
 use crate::forward::LogitsFor;
 use crate::session::{Backend, Sequence, ServedSequence, SessionError};
 
@@ -66,6 +67,27 @@ impl GpuSessionSnapshot {
 }
 
 impl GpuSession<'_> {
+    /// Appends one token and returns its logits as `need` asks: the full row, or the top tokens
+    /// selected on the device ([`Gpu::logits_top`](super::gpu::Gpu)), so only `2 + 2k` values cross
+    /// to the host instead of the vocabulary. `SAMPLE_ON_DEVICE=off` always returns the full row.
+    ///
+    /// Errors: as [`GpuSession::prefill`].
+    pub fn decode_for(&mut self, id: u32, need: LogitsNeed) -> Result<StepLogits, SessionError> {
+        let k = match need {
+            LogitsNeed::Top(k) if crate::switches::on("SAMPLE_ON_DEVICE") => k,
+            _ => return Ok(StepLogits::Full(self.prefill(&[id])?)),
+        };
+        if self.tokens.len() + 1 > self.seq.capacity {
+            return Err(SessionError::TooLong { len: self.tokens.len() + 1, limit: self.seq.capacity });
+        }
+        crate::forward::check_ids(&[id], self.model.config.vocab_size)?;
+        let (lg, _) = forward_chunk_gpu_dev(self.gpu, self.model, &mut self.seq, &[id], LogitsFor::Last, false).map_err(backend)?;
+        self.tokens.push(id);
+        let lg = lg.ok_or_else(|| SessionError::Backend("the forward returned no logits".into()))?;
+        let mut top = self.gpu.logits_top(&lg, 1, self.model.config.vocab_size, k).map_err(backend)?;
+        Ok(StepLogits::Top(top.remove(0)))
+    }
+
     /// Saves the current state on the device (a copy of the rows and entries in use).
     ///
     /// Errors: device allocation or copy failures.
@@ -105,6 +127,9 @@ impl Sequence for GpuSession<'_> {
     fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
         self.prefill(&[id])
     }
+    fn decode_for(&mut self, id: u32, need: LogitsNeed) -> Result<StepLogits, SessionError> {
+        GpuSession::decode_for(self, id, need)
+    }
 }
 
 impl ServedSequence for GpuSession<'_> {
@@ -119,6 +144,9 @@ impl ServedSequence for GpuSession<'_> {
     }
     fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
         GpuSession::prefill(self, &[id])
+    }
+    fn decode_for(&mut self, id: u32, need: LogitsNeed) -> Result<StepLogits, SessionError> {
+        GpuSession::decode_for(self, id, need)
     }
     fn truncate(&mut self, len: usize) -> Result<(), SessionError> {
         self.seq.truncate(self.model, len).map_err(backend)?;

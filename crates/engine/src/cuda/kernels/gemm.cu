@@ -69,6 +69,27 @@ __device__ __forceinline__ u32 gm_e8m0_bf16(u32 e) {
     return e == 0u ? 0x0040u : e == 255u ? 0x7fc0u : (e << 7);
 }
 
+// 16 e4m3 bytes of one 128-block (ue8m0 scale byte s) as 8 bf16x2 words, exact: the byte placement
+// gives value · 2^-120, then one multiply by 2^(s−7); where 2^(s−7) overflows bf16 (s > 134), by
+// 2^120 (undoing the placement) and then by 2^(s−127).
+__device__ __forceinline__ void gm_fp8x16_bf16(uint4 v, u32 s, u32* o) {
+    bool two = s > 134u;
+    u32 f1 = two ? (247u << 7) : ((s + 120u) << 7);
+    f1 |= f1 << 16;
+    u32 f2 = gm_e8m0_bf16(s);
+    f2 |= f2 << 16;
+    u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        o[2 * i] = gm_mul2(gm_e4m3x2(w[i], 0x1404u), f1);
+        o[2 * i + 1] = gm_mul2(gm_e4m3x2(w[i], 0x3424u), f1);
+    }
+    if (two) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] = gm_mul2(o[i], f2);
+    }
+}
+
 // The bf16 bits of an e2m1 nibble (exact): 0.5 = 0x3F00, else exponent 126 + (m >> 1), mantissa m & 1.
 __device__ __forceinline__ u32 gm_e2m1_bf16(u32 nib) {
     u32 m = nib & 7u;
@@ -226,23 +247,8 @@ __device__ __forceinline__ void gm_gemm(const GmProb& P, const GmEpi& E) {
                 *reinterpret_cast<uint2*>(dst + r * (GM_LDS * 2) + c * 8) = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
             } else if (FMT == 2) {
                 uint4 v = *reinterpret_cast<const uint4*>(raw + r * L::RP + c * 16);
-                u32 s = sc[u];
-                bool two = s > 134u;  // 2^(s-7) overflows bf16: multiply by 2^120, then 2^(s-127)
-                u32 f1 = two ? (247u << 7) : ((s + 120u) << 7);
-                f1 |= f1 << 16;
-                u32 f2 = gm_e8m0_bf16(s);
-                f2 |= f2 << 16;
-                u32 w[4] = {v.x, v.y, v.z, v.w};
                 u32 o[8];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    o[2 * i] = gm_mul2(gm_e4m3x2(w[i], 0x1404u), f1);
-                    o[2 * i + 1] = gm_mul2(gm_e4m3x2(w[i], 0x3424u), f1);
-                }
-                if (two) {
-#pragma unroll
-                    for (int i = 0; i < 8; i++) o[i] = gm_mul2(o[i], f2);
-                }
+                gm_fp8x16_bf16(v, sc[u], o);
                 uint4* d = reinterpret_cast<uint4*>(dst + r * (GM_LDS * 2) + c * 32);
                 d[0] = make_uint4(o[0], o[1], o[2], o[3]);
                 d[1] = make_uint4(o[4], o[5], o[6], o[7]);
@@ -409,6 +415,23 @@ extern "C" __global__ void gemm_x_bf16(const float* __restrict__ x, u16* __restr
             float l2 = v.z - __uint_as_float(h1 << 16), l3 = v.w - __uint_as_float(h1 & 0xffff0000u);
             *reinterpret_cast<uint2*>(xb + total * 4 + (size_t)t * Kp + k) = make_uint2(gm_bf16x2(l0, l1), gm_bf16x2(l2, l3));
         }
+    }
+}
+
+// w_fp8_bf16(W, S, N, K, out): an FP8 weight [N, K] (+ ue8m0 scales [ceil(N/128), ceil(K/128)]) as
+//   bf16 bits [N, K], the values the GEMM tiles hold (gm_fp8x16_bf16, exact), for cuBLASLt's bf16
+//   GEMM (switch LINEAR_CUBLASLT, gpu.rs). K % 16 == 0. Grid-stride over 16-byte groups, block 256.
+extern "C" __global__ void w_fp8_bf16(const u8* __restrict__ W, const u8* __restrict__ S, int N, int K, u16* __restrict__ out) {
+    const int KB = (K + 127) >> 7;
+    const long long groups = (long long)N * (K >> 4);
+    for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += (long long)gridDim.x * blockDim.x) {
+        const long long n = g / (K >> 4);
+        const int k = (int)(g % (K >> 4)) << 4;
+        u32 o[8];
+        gm_fp8x16_bf16(*reinterpret_cast<const uint4*>(W + g * 16), S[(n >> 7) * KB + (k >> 7)], o);
+        uint4* d = reinterpret_cast<uint4*>(out + g * 16);
+        d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        d[1] = make_uint4(o[4], o[5], o[6], o[7]);
     }
 }
 

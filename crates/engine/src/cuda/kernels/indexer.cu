@@ -439,6 +439,51 @@ indexer_topk_f32(const float* __restrict__ scores, const int* __restrict__ offse
     fs_compact_top(key_of, [](int j) { return j; }, visible, K, want, wsum, [dst](int at, u32, int j) { dst[at] = j; });
 }
 
+// logits_topk_f32: sampling on the device (issue 5 §3; sampler.rs `TopLogits`, `Gpu::logits_top`):
+//   per row r of logits [R, V] f32: info[2r] = entries ≠ −inf, info[2r + 1] = the lowest index holding
+//   NaN or +inf (V if none); when there is none and some entry is unmasked, the kk = min(k, info[2r])
+//   most likely tokens under the sampler's order — higher logit first (−0 equal to +0), then lower
+//   id — go to ids[r·k ..] / vals[r·k ..] (the logit as stored), ascending by id (the host sorts).
+//   The same radix select and compaction as indexer_topk_f32 (−inf keys rank below every finite
+//   one, so with kk ≤ unmasked none is taken). Launch: grid R, block IDX_TOPK_THREADS. k ≥ 1.
+extern "C" __global__ void __launch_bounds__(IDX_TOPK_THREADS)
+logits_topk_f32(const float* __restrict__ logits, int V, int k, int* __restrict__ info, int* __restrict__ ids, float* __restrict__ vals) {
+    __shared__ int hist[256];
+    __shared__ int wsum[32];
+    __shared__ u32 s_prefix;
+    __shared__ int s_want, s_bad;
+    const float* row = logits + (size_t)blockIdx.x * V;
+    if (threadIdx.x == 0) s_bad = V;
+    __syncthreads();
+    int cnt = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        const float v = row[j];
+        if (isnan(v) || v == INFINITY) atomicMin(&s_bad, j);
+        cnt += (v != -INFINITY) ? 1 : 0;
+    }
+    int unmasked;
+    fs_block_excl_scan(cnt, wsum, &unmasked);  // synchronizes: s_bad is final
+    const int bad = s_bad;
+    if (threadIdx.x == 0) {
+        info[2 * blockIdx.x] = unmasked;
+        info[2 * blockIdx.x + 1] = bad;
+    }
+    if (bad < V || unmasked == 0) return;  // block-uniform
+    const int kk = min(k, unmasked);
+    auto key_of = [row](int j) {
+        const float v = row[j];
+        return fs_order_key(v == 0.0f ? 0.0f : v);
+    };
+    int want;
+    const u32 K = fs_radix_kth(key_of, V, kk, hist, &s_prefix, &s_want, &want);
+    int* oid = ids + (size_t)blockIdx.x * k;
+    float* oval = vals + (size_t)blockIdx.x * k;
+    fs_compact_top(key_of, [](int j) { return j; }, V, K, want, wsum, [oid, oval, row](int at, u32, int j) {
+        oid[at] = j;
+        oval[at] = row[j];
+    });
+}
+
 // indexer_topk_stream: INDEXER_STREAM_TOPK (issue 6 §3) — indexer_scores_tc's scores and
 //   indexer_topk_f32's selection in one streaming pass, never writing the [T, N] score matrix.
 //   Arguments: indexer_scores_tc's (q, k, w, heads = 64, hd = 128, n, ratio, pos0, scale, T) plus
