@@ -174,6 +174,10 @@ fn lt_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
         switch_scope(&[("FP8_CUBLASLT", "off")], || gpu.linear_q8(&qa, &gw, &mut dw, *t))?;
         let (nmse, max_abs, _) = errors(&got, &gpu.download(&dw)?);
         println!("linear_lt fp8 {name} vs linear_w8 (informational): nmse {nmse:.3e} max_abs {max_abs:.3e}");
+        let mut again = gpu.zeros::<f32>(t * rows)?;
+        gpu.linear_lt(&qa, &gw, &mut again, *t)?;
+        let same = gpu.download(&again)?.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+        all &= flag_record(out, &format!("linear_lt fp8 {name} repeatable"), json!({"bitwise_equal": same}), same);
         out.push(json!({"op": format!("linear_lt fp8 {name} vs linear_w8"), "nmse": nmse, "max_abs": max_abs, "informational": true}));
     }
     // Outputs not a multiple of 128: not taken (the caller's kernel runs).

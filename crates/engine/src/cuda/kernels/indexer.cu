@@ -458,8 +458,9 @@ logits_topk_f32(const float* __restrict__ logits, int V, int k, int* __restrict_
     int cnt = 0;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         const float v = row[j];
-        if (isnan(v) || v == INFINITY) atomicMin(&s_bad, j);
-        cnt += (v != -INFINITY) ? 1 : 0;
+        const bool inf = isinf(v);
+        if (isnan(v) || (inf && v > 0.0f)) atomicMin(&s_bad, j);
+        cnt += (inf && v < 0.0f) ? 0 : 1;
     }
     int unmasked;
     fs_block_excl_scan(cnt, wsum, &unmasked);  // synchronizes: s_bad is final
