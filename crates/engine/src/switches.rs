@@ -78,14 +78,14 @@ pub const SWITCHES: &[Switch] = &[
     },
     Switch {
         name: "FP8_CUBLASLT",
-        values: &["off", "on"],
+        values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "gemm_q8.cu's FP8 GEMM (wgmma or mma.sync) for FP8 weights under TC_LINEAR=fp8 with T >= 256 tokens: cuBLASLt's block-scaled FP8 GEMM (1x128 activation scales x 128x128 weight scales, f32 out; needs cuBLAS >= 12.9 at run time, else falls back)",
         parity: "gpu-check `linear_lt …` records (`--only q8`): cuBLASLt against the CPU in official numerics and against gemm_q8.cu (NMSE), with timings",
     },
     Switch {
         name: "LINEAR_CUBLASLT",
-        values: &["off", "on"],
+        values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "gemm.cu's split-activation GEMMs (TC_LINEAR=split, and wo_a / bf16 weights under TC_LINEAR=fp8) for BF16/FP8 weights at T >= 256: cuBLASLt bf16 GEMMs on the same hi and lo planes (y = W·hi + W·lo, f32 accumulation; FP8 weights converted to bf16 exactly per call), the grouped wo_a with strided rows instead of gather/scatter (needs cuBLAS at run time, else falls back)",
         parity: "gpu-check `linear_split_lt …` records (`--only tc`): cuBLASLt against the CPU (split tolerance) and against gemm.cu, with timings; the switch matrix (`LINEAR_CUBLASLT=on`)",
@@ -367,8 +367,7 @@ pub enum Role {
     /// One optimisation off, the others at their defaults.
     AloneOff,
     /// The defaults plus an off-by-default variant: another `TC_LINEAR` mode (the inexact `bf16`, or
-    /// `fp8`, official numerics), a faster inexact kernel (`MLA_STREAM_FAST_EXP`, `INDEXER_FP8`) or
-    /// a library GEMM (`FP8_CUBLASLT`, `LINEAR_CUBLASLT`).
+    /// `fp8`, official numerics) or a faster inexact kernel (`MLA_STREAM_FAST_EXP`, `INDEXER_FP8`).
     Fast,
 }
 
@@ -426,8 +425,8 @@ pub fn configurations() -> Vec<Configuration> {
     }
     // FP8_WGMMA only matters under TC_LINEAR=fp8.
     v.push(c("FP8_WGMMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_WGMMA", "off")], Role::AloneOff, false, false, false));
-    v.push(c("FP8_CUBLASLT=on (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_CUBLASLT", "on")], Role::Fast, false, false, false));
-    v.push(c("LINEAR_CUBLASLT=on (with the defaults)".into(), vec![("LINEAR_CUBLASLT", "on")], Role::Fast, true, false, false));
+    v.push(c("FP8_CUBLASLT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_CUBLASLT", "off")], Role::AloneOff, false, false, false));
+    v.push(c("LINEAR_CUBLASLT=off alone".into(), vec![("LINEAR_CUBLASLT", "off")], Role::AloneOff, true, false, false));
     // MLA_STREAM_FAST_EXP and INDEXER_FP8 are off by default (not exact): each on, with the other
     // defaults.
     v.push(c("MLA_STREAM_FAST_EXP=on (with the defaults)".into(), vec![("MLA_STREAM_FAST_EXP", "on")], Role::Fast, false, false, false));
@@ -495,9 +494,7 @@ mod tests {
                 continue;
             }
             if s.default_value() == "off" {
-                // On with the defaults (FP8_CUBLASLT: with TC_LINEAR=fp8, the only mode it acts in).
-                let with = |c: &&Configuration| c.overrides.iter().all(|o| *o == (s.name, "on") || *o == ("TC_LINEAR", "fp8"));
-                assert!(cs.iter().filter(with).any(|c| c.overrides.contains(&(s.name, "on"))), "{} (off by default) never on with the defaults", s.name);
+                assert!(cs.iter().any(|c| c.overrides == [(s.name, "on")]), "{} (off by default) never on with the defaults", s.name);
             } else {
                 assert!(cs.iter().any(|c| c.role == Role::AloneOff && c.overrides.contains(&(s.name, "off"))), "{} never off alone", s.name);
             }

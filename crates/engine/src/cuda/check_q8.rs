@@ -87,7 +87,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         // Both kernel families: mma.sync (FP8_WGMMA=off) and wgmma (on, the default).
         let mut sync_out = Vec::new();
         for wg in ["off", "on"] {
-            let got = switch_scope(&[("FP8_WGMMA", wg)], || -> Result<Vec<f32>, CudaError> {
+            let got = switch_scope(&[("FP8_WGMMA", wg), ("FP8_CUBLASLT", "off")], || -> Result<Vec<f32>, CudaError> {
                 let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
                 gpu.linear_q8(&qa, &gw, &mut dy, *t)?;
                 gpu.download(&dy)
@@ -105,12 +105,14 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         let got = sync_out;
         if *name == "attn.wq_b" {
             let mut again = gpu.zeros::<f32>(t * rows)?;
-            switch_scope(&[("FP8_WGMMA", "off")], || gpu.linear_q8(&qa, &gw, &mut again, *t))?;
+            switch_scope(&[("FP8_WGMMA", "off"), ("FP8_CUBLASLT", "off")], || gpu.linear_q8(&qa, &gw, &mut again, *t))?;
             let same = gpu.download(&again)?.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
             all &= flag_record(out, "linear_q8 repeatable", json!({"shape": [t, rows, cols], "bitwise_equal": same}), same);
             let (mut a, mut b) = (gpu.zeros::<f32>(t * rows)?, gpu.zeros::<f32>(t * rows)?);
-            gpu.linear_q8(&qa, &gw, &mut a, *t)?;
-            gpu.linear_q8(&qa, &gw, &mut b, *t)?;
+            switch_scope(&[("FP8_CUBLASLT", "off")], || {
+                gpu.linear_q8(&qa, &gw, &mut a, *t)?;
+                gpu.linear_q8(&qa, &gw, &mut b, *t)
+            })?;
             let same = gpu.download(&a)?.iter().zip(gpu.download(&b)?.iter()).all(|(p, q)| p.to_bits() == q.to_bits());
             all &= flag_record(out, "linear_w8 repeatable", json!({"shape": [t, rows, cols], "bitwise_equal": same}), same);
         }
@@ -209,10 +211,10 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
         let mut dy = gpu.zeros::<f32>(t * rows)?;
         let flops = 2.0 * (*t * *rows * *cols) as f64;
         let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
-        let q8 = median_ms(gpu, repeats, || gpu.linear_official(&dx, &gw, &mut dy, *t))?;
+        let q8 = switch_scope(&[("FP8_CUBLASLT", "off")], || median_ms(gpu, repeats, || gpu.linear_official(&dx, &gw, &mut dy, *t)))?;
         let qa = gpu.act_quant(&dx, *t, *cols)?;
-        let gemm = median_ms(gpu, repeats, || gpu.linear_q8(&qa, &gw, &mut dy, *t))?;
-        let sync = switch_scope(&[("FP8_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.linear_q8(&qa, &gw, &mut dy, *t)))?;
+        let gemm = switch_scope(&[("FP8_CUBLASLT", "off")], || median_ms(gpu, repeats, || gpu.linear_q8(&qa, &gw, &mut dy, *t)))?;
+        let sync = switch_scope(&[("FP8_WGMMA", "off"), ("FP8_CUBLASLT", "off")], || median_ms(gpu, repeats, || gpu.linear_q8(&qa, &gw, &mut dy, *t)))?;
         let lt = if *fmt == "fp8" && gpu.linear_lt(&qa, &gw, &mut dy, *t)? {
             Some(median_ms(gpu, repeats, || gpu.linear_lt(&qa, &gw, &mut dy, *t).map(|_| ()))?)
         } else {
