@@ -81,14 +81,14 @@ pub const SWITCHES: &[Switch] = &[
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "gemm_q8.cu's FP8 GEMM (wgmma or mma.sync) for FP8 weights under TC_LINEAR=fp8 with T >= 256 tokens: cuBLASLt's block-scaled FP8 GEMM (1x128 activation scales x 128x128 weight scales, f32 out; needs cuBLAS >= 12.9 at run time, else falls back)",
-        parity: "gpu-check `linear_lt …` records (`--only q8`): cuBLASLt against the CPU in official numerics and against gemm_q8.cu (NMSE), with timings",
+        parity: "gpu-check `linear_lt …` records (`--only q8`): cuBLASLt against the CPU in official numerics, against gemm_q8.cu's wgmma kernel and run twice (same bits), with timings; the switch matrix and qualify (`FP8_CUBLASLT=off alone`, with TC_LINEAR=fp8, reported)",
     },
     Switch {
         name: "LINEAR_CUBLASLT",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "gemm.cu's split-activation GEMMs (TC_LINEAR=split, and wo_a / bf16 weights under TC_LINEAR=fp8) for BF16/FP8 weights at T >= 256: cuBLASLt bf16 GEMMs on the same hi and lo planes (y = W·hi + W·lo, f32 accumulation; FP8 weights converted to bf16 exactly per call), the grouped wo_a with strided rows instead of gather/scatter (needs cuBLAS at run time, else falls back)",
-        parity: "gpu-check `linear_split_lt …` records (`--only tc`): cuBLASLt against the CPU (split tolerance) and against gemm.cu, with timings; the switch matrix (`LINEAR_CUBLASLT=on`)",
+        parity: "gpu-check `linear_split_lt …` / `grouped_linear_lt …` records (`--only tc`): cuBLASLt against the CPU (split tolerance 1e-8), against gemm.cu and run twice (same bits), with timings; qualify `LINEAR_CUBLASLT=off alone` (8K+ prompts; the switch matrix's prompts are under 256 tokens and do not reach it)",
     },
     Switch {
         name: "SAMPLE_ON_DEVICE",

@@ -156,9 +156,22 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
 /// a multiple of 128) must fall back.
 fn lt_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
-    let shapes: &[(&str, usize, usize, usize)] = &[("attn.wq_b", 32768, 1024, 1000), ("attn.wo_b", 4096, 8192, 300), ("attn.wkv", 512, 4096, 2048), ("attn.wq_a", 1024, 4096, 257)];
+    let shapes: &[(&str, usize, usize, usize)] = &[
+        ("attn.wq_b", 32768, 1024, 1000),
+        ("attn.wo_b", 4096, 8192, 300),
+        ("attn.wkv", 512, 4096, 2048),
+        ("attn.wq_a", 1024, 4096, 257),
+        ("[512, 256]", 512, 256, 1000),
+        ("[384, 384]", 384, 384, 1000),
+        ("[256, 640]", 256, 640, 1000),
+    ];
     for (name, rows, cols, t) in shapes {
-        let vals = random(seed, &format!("lt.w.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
+        // Every 128 × 128 block gets its own scale (magnitudes 2^-3 … 2^3), so the scale layout matters.
+        let mut vals = random(seed, &format!("lt.w.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
+        for (i, v) in vals.iter_mut().enumerate() {
+            let (r, c) = (i / cols, i % cols);
+            *v *= 2f32.powi(((r / 128) * 5 + (c / 128) * 3) as i32 % 7 - 3);
+        }
         let (gw, cpu_w) = weight(gpu, "fp8", &vals, *rows, *cols)?;
         let x = spread_activations(seed, &format!("lt.x.{name}"), *t, *cols);
         let reference = ops::linear(&OFFICIAL.act_in(&x, *cols), &cpu_w);

@@ -14,7 +14,9 @@
 //! row-major (= `K × N` column-major, op T), B = the activations `[M, K]` row-major (`K × M`
 //! column-major, op N) and D = `y [M, N]` row-major (`N × M` column-major): the "TN" form FP8
 //! requires. Activation scales are laid out `[K/128, M]` (token fastest, what VEC128 reads for an
-//! operand of K × M), weight scales `[N/128, K/128]` as stored.
+//! operand of K × M), weight scales `[N/128, K/128]` as stored but with rows padded to a multiple of
+//! 4 blocks (16 bytes): unpadded rows of 2 blocks gave wrong outputs on the H200 (found by the
+//! MoE check's [512, 256] shared expert).
 //!
 //! Learned from the cuBLAS documentation (cublasLtMatmul, "1D and 2D block scaling") and from how
 //! PyTorch's `scaled_gemm` sets these attributes; measured against gemm_q8.cu by `gpu-check --only
@@ -123,7 +125,7 @@ pub struct LtShape {
 pub struct LtOperands {
     /// Weight `[n, k]` (e4m3 or bf16).
     pub w: u64,
-    /// f32 weight scales `[n/128, k/128]` (block-scaled FP8 only, else 0).
+    /// f32 weight scales `[n/128, k/128 rounded up to 4]` (block-scaled FP8 only, else 0).
     pub w_scales: u64,
     /// Activations `[m, ldb]` (e4m3 or bf16; rows past `m` are not read).
     pub x: u64,

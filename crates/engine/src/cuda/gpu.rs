@@ -565,7 +565,6 @@ impl Gpu {
         }
         let (tp, kp) = (t.div_ceil(128).max(1) * 128, k.div_ceil(32) * 32);
         let (tt, k_i, tp_i) = (too_big(t)?, too_big(k)?, too_big(tp)?);
-        too_big(tp * kp * 2)?;
         // SAFETY: every element is written by gemm_x_bf16 below before anything reads it.
         let mut xb = drv("alloc", unsafe { self.stream.alloc::<u16>(tp * kp * if split { 2 } else { 1 }) })?;
         let quads = tp * kp / 4;

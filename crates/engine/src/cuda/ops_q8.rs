@@ -260,18 +260,21 @@ impl Gpu {
         if !self.lt_available() {
             return Ok(false);
         }
+        // Weight-scale rows padded to 4 blocks (16 bytes), as cuBLASLt reads them (measured: with
+        // K/128 = 2 unpadded rows, half the outputs of a [512, 256] weight were wrong).
         let (kb, nb) = (w.cols / Q8_BLOCK, w.rows / Q8_BLOCK);
+        let kbp = kb.div_ceil(4) * 4;
         // SAFETY: both fully written by lt_scales below.
         let mut sat = drv("alloc", unsafe { self.stream.alloc::<f32>(kb * t) })?;
         // SAFETY: as above.
-        let mut swf = drv("alloc", unsafe { self.stream.alloc::<f32>(nb * kb) })?;
+        let mut swf = drv("alloc", unsafe { self.stream.alloc::<f32>(nb * kbp) })?;
         let (t_i, kb_i, nb_i) = (i32_of(t, "tokens")?, i32_of(kb, "blocks")?, i32_of(nb, "blocks")?);
-        i32_of(kb * t + nb * kb, "scales")?;
-        let cfg = LaunchConfig { grid_dim: ((kb * t + nb * kb).div_ceil(256).min(132 * 8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        i32_of(kb * t + nb * kbp, "scales")?;
+        let cfg = LaunchConfig { grid_dim: ((kb * t + nb * kbp).div_ceil(256).min(132 * 8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("lt_scales"));
         b.arg(&qa.sa).arg(&t_i).arg(&kb_i).arg(&mut sat).arg(scales).arg(&nb_i).arg(&mut swf);
         // SAFETY: matches lt_scales(sa, T, KB, sat, sw, NB, swf): sa holds ≥ T·KB floats (qa.rows ≥ T,
-        // kp = cols), sat T·KB, sw/swf NB·KB (the stored [N/128, K/128] scales).
+        // kp = cols), sat T·KB, sw NB·KB (the stored [N/128, K/128] scales), swf NB·KBp.
         drv("lt_scales", unsafe { b.launch(cfg) })?;
         let s = &self.stream;
         let ops = super::cublaslt::LtOperands {

@@ -35,7 +35,8 @@
 //   lt_scales(sa, T, KB, sat, sw, NB, swf): the scale layouts cuBLASLt's block-scaled FP8 GEMM reads
 //     (switch FP8_CUBLASLT, ops_q8.rs / cublaslt.rs): activation scales sa [≥ T, KB] (act_quant_fp8)
 //     → sat [KB, T] f32, token fastest (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F); weight scales
-//     sw [NB, KB] ue8m0 → swf [NB, KB] f32 (BLK128x128_32F). Grid-stride, any grid, block 256.
+//     sw [NB, KB] ue8m0 → swf [NB, KBp] f32 (BLK128x128_32F), rows padded to KBp = KB rounded up to 4
+//     (16-byte rows; padding 1.0). Grid-stride, any grid, block 256.
 //
 // Not reproduced bit for bit: non-finite activations. The CPU leaves a block holding NaN or ±inf
 // unquantized; here a NaN stays NaN (e4m3 0x7F) and a block holding ±inf gets s = 2^127, so its
@@ -721,13 +722,15 @@ MOE_FP8_FMT(w8, true, fp4, 3)
 // Grid-stride over (row, 16-byte column group); any grid, block 256.
 extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB, float* __restrict__ sat, const u8* __restrict__ sw,
                                      int NB, float* __restrict__ swf) {
-    const long long n1 = (long long)T * KB, n2 = (long long)NB * KB;
+    const int KBp = (KB + 3) & ~3;
+    const long long n1 = (long long)T * KB, n2 = (long long)NB * KBp;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n1 + n2; i += (long long)gridDim.x * blockDim.x) {
         if (i < n1) {
             const long long kb = i / T, t = i % T;
             sat[i] = sa[t * KB + kb];
         } else {
-            swf[i - n1] = fs_e8m0(sw[i - n1]);
+            const long long j = i - n1, nb = j / KBp, kb = j % KBp;
+            swf[j] = kb < KB ? fs_e8m0(sw[nb * KB + kb]) : 1.0f;
         }
     }
 }
