@@ -226,6 +226,11 @@ impl SequenceState {
             .sum()
     }
 
+    /// Earliest position a truncation may target (0 without a retention limit).
+    pub fn earliest(&self) -> usize {
+        self.earliest
+    }
+
     /// A copy of the whole state (restore by assigning it back).
     pub fn snapshot(&self) -> SequenceState {
         self.clone()

@@ -81,7 +81,7 @@ pub const SWITCHES: &[Switch] = &[
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "gemm_q8.cu's FP8 GEMM (wgmma or mma.sync) for FP8 weights under TC_LINEAR=fp8 with T >= 256 tokens: cuBLASLt's block-scaled FP8 GEMM (1x128 activation scales x 128x128 weight scales, f32 out; needs cuBLAS >= 12.9 at run time, else falls back)",
-        parity: "gpu-check `linear_lt …` records (`--only q8`): cuBLASLt against the CPU in official numerics, against gemm_q8.cu's wgmma kernel and run twice (same bits), with timings; the switch matrix and qualify (`FP8_CUBLASLT=off alone`, with TC_LINEAR=fp8, reported)",
+        parity: "gpu-check `linear_lt …` records (`--only q8`): cuBLASLt against the CPU in official numerics, against gemm_q8.cu's wgmma kernel and run twice (same bits), with timings; `moe_q8 …` (`--only moe`: the shared expert through it); qualify (`FP8_CUBLASLT=off alone`, with TC_LINEAR=fp8, reported; the switch matrix's prompts are under 256 tokens and do not reach it)",
     },
     Switch {
         name: "LINEAR_CUBLASLT",

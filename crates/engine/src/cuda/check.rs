@@ -380,7 +380,7 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
         ws.push(gw);
     }
     let mut dz = gpu.upload(&vec![f32::NAN; t * groups * r])?;
-    if gpu.grouped_linear_lt(&gpu.upload(&o)?, &ws, &mut dz, t)? {
+    if gpu.grouped_linear_lt(&gpu.upload(&o)?, &ws, &mut dz, t)? == groups {
         let got = gpu.download(&dz)?;
         let (nmse, max_abs, _) = errors(&got, &want);
         let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());

@@ -234,7 +234,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
             None
         };
         let bf16 = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, false))?;
-        let split = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, true))?;
+        let split = switch_scope(&[("LINEAR_CUBLASLT", "off")], || median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, true)))?;
         println!(
             "time q8 {fmt} {name:<10} T={t:<5} [{rows}x{cols}]  fp8 wgmma {q8:.3} ms {:.0} TF/s (GEMM alone {gemm:.3} ms {:.0} TF/s, {:.0}% of 1450) | fp8 mma.sync {sync:.3} ms {:.0} TF/s | bf16 {bf16:.3} ms {:.0} TF/s | split {split:.3} ms {:.0} TF/s{}",
             tf(q8),

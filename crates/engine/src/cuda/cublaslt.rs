@@ -36,6 +36,18 @@ const CUBLAS_OP_T: i32 = 1;
 /// Workspace handed to cuBLASLt (bytes).
 pub const LT_WORKSPACE_BYTES: usize = 32 << 20;
 
+/// Most cached plans (shape × alignment) before the cache is cleared.
+pub const LT_MAX_PLANS: usize = 4096;
+
+/// The largest power of two (at most 256) dividing a device address.
+fn ptr_align(p: u64) -> u32 {
+    if p == 0 {
+        256
+    } else {
+        (1u64 << p.trailing_zeros().min(8)) as u32
+    }
+}
+
 /// Oldest cuBLASLt with block-scaled FP8 on Hopper (`cublasLtGetVersion`, 12.9.0).
 pub const LT_MIN_VERSION: usize = 120_900;
 
@@ -76,7 +88,9 @@ impl Drop for Plan {
 pub struct Lt {
     handle: sys::cublasLtHandle_t,
     workspace: cudarc::driver::CudaSlice<u8>,
-    plans: HashMap<LtShape, Option<Plan>>,
+    plans: HashMap<(LtShape, u32), Option<Plan>>,
+    /// (kind, n, k) whose decline was already reported on stderr.
+    said: std::collections::HashSet<(LtKind, usize, usize)>,
     /// `cublasLtGetVersion()`, e.g. 130000.
     pub version: usize,
 }
@@ -172,10 +186,10 @@ impl Lt {
                 return Err(format!("allocating the cuBLASLt workspace: {e:?}"));
             }
         };
-        Ok(Lt { handle, workspace, plans: HashMap::new(), version })
+        Ok(Lt { handle, workspace, plans: HashMap::new(), said: Default::default(), version })
     }
 
-    fn plan(&self, sh: LtShape) -> Result<Plan, String> {
+    fn plan(&self, sh: LtShape, align: u32) -> Result<Plan, String> {
         let LtShape { kind, m, n, k, ldb, ldd } = sh;
         let fp8 = kind == LtKind::Fp8BlockScaled;
         let ty = if fp8 { sys::cudaDataType_t::CUDA_R_8F_E4M3 } else { sys::cudaDataType_t::CUDA_R_16BF };
@@ -215,9 +229,18 @@ impl Lt {
         check("cublasLtMatmulPreferenceCreate", unsafe { sys::cublasLtMatmulPreferenceCreate(&mut pref) })?;
         let ws = LT_WORKSPACE_BYTES as u64;
         // SAFETY: a u64 value for MAX_WORKSPACE_BYTES, as documented.
-        let r = check("setting the workspace size", unsafe {
+        let mut r = check("setting the workspace size", unsafe {
             sys::cublasLtMatmulPreferenceSetAttribute(pref, sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws as *const u64 as *const c_void, 8)
         });
+        // The operands' actual alignment (cuBLASLt assumes 256 bytes unless told): strided group
+        // slices and planes may start at any multiple of 16.
+        use sys::cublasLtMatmulPreferenceAttributes_t as P;
+        for attr in [P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES] {
+            r = r.and_then(|_| {
+                // SAFETY: a u32 value for a MIN_ALIGNMENT attribute, as documented.
+                check("setting the alignment", unsafe { sys::cublasLtMatmulPreferenceSetAttribute(pref, attr, &align as *const u32 as *const c_void, 4) })
+            });
+        }
         // SAFETY: a plain C struct (integers, an enum whose 0 is SUCCESS, a float); written by the heuristic.
         let mut result: sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
         let mut count = 0i32;
@@ -231,10 +254,17 @@ impl Lt {
         unsafe { sys::cublasLtMatmulPreferenceDestroy(pref) };
         r?;
         if count < 1 {
-            return Err(format!("no cuBLASLt algorithm for {sh:?}"));
+            return Err("no algorithm".into());
         }
         plan.algo = result.algo;
         Ok(plan)
+    }
+
+    /// Says once per (kind, n, k) on stderr that cuBLASLt declined it.
+    fn declined(&mut self, sh: LtShape, why: &str) {
+        if self.said.insert((sh.kind, sh.n, sh.k)) {
+            eprintln!("cuBLASLt declined {sh:?}: {why}; flashseek's own kernel runs it (said once per kind, n and k)");
+        }
     }
 
     fn workspace_ptr(&self) -> u64 {
@@ -244,26 +274,33 @@ impl Lt {
     /// `y = x·Wᵀ + beta·y` on `stream` for `sh` (block-scaled FP8: the product sums
     /// `xs[b, m]·ws[n/128, b]·Σ_{k∈b} x[m, k]·w[n, k]` over the 128-blocks b), f32 out.
     ///
-    /// Returns `Ok(false)` (nothing launched) when cuBLASLt has no algorithm for the shape — the
-    /// caller then uses its own kernel (said once per shape on stderr); `Err` when a launch fails.
+    /// Returns `Ok(false)` (the product not launched) when cuBLASLt has no algorithm for the shape
+    /// and the operands' alignment — the caller then uses its own kernel (said once per kind, n and
+    /// k on stderr); `Err` when a launch fails.
     ///
     /// # Safety
     /// The pointers must hold the sizes above on the stream's device and stay alive until the
     /// stream has run the product.
     pub unsafe fn matmul(&mut self, stream: &cudarc::driver::CudaStream, ops: &LtOperands, sh: LtShape) -> Result<bool, String> {
         use sys::cublasLtMatmulDescAttributes_t as A;
-        if !self.plans.contains_key(&sh) {
-            let p = match self.plan(sh) {
+        let align = [ops.w, ops.x, ops.y].iter().map(|&p| ptr_align(p)).min().unwrap_or(256);
+        let key = (sh, align);
+        if !self.plans.contains_key(&key) {
+            if self.plans.len() >= LT_MAX_PLANS {
+                // Token counts vary with how prompts are chunked: keep the cache bounded.
+                self.plans.clear();
+            }
+            let p = match self.plan(sh, align) {
                 Ok(p) => Some(p),
                 Err(e) => {
-                    eprintln!("cuBLASLt: {e}; flashseek's own kernel runs this shape");
+                    self.declined(sh, &format!("{e} (alignment {align} bytes)"));
                     None
                 }
             };
-            self.plans.insert(sh, p);
+            self.plans.insert(key, p);
         }
         let ws = self.workspace_ptr();
-        let Some(Some(plan)) = self.plans.get(&sh) else { return Ok(false) };
+        let Some(Some(plan)) = self.plans.get(&key) else { return Ok(false) };
         if sh.kind == LtKind::Fp8BlockScaled {
             set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &(ops.w_scales as *const c_void))?;
             set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &(ops.x_scales as *const c_void))?;
@@ -293,8 +330,8 @@ impl Lt {
         };
         if matches!(status, sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED | sys::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE) {
             // Rejected before launching anything: this shape stays on the caller's kernel.
-            eprintln!("cuBLASLt: cublasLtMatmul {status:?} for {sh:?}; flashseek's own kernel runs this shape");
-            self.plans.insert(sh, None);
+            self.declined(sh, &format!("cublasLtMatmul {status:?} (alignment {align} bytes)"));
+            self.plans.insert(key, None);
             return Ok(false);
         }
         check("cublasLtMatmul", status)?;
@@ -313,7 +350,7 @@ impl Gpu {
         let mut guard = self.lt.lock().unwrap_or_else(|e| e.into_inner());
         guard
             .get_or_insert_with(|| {
-                let r = Lt::new(&self.stream);
+                let r = self.ctx.bind_to_thread().map_err(|e| format!("binding the CUDA context: {e:?}")).and_then(|_| Lt::new(&self.stream));
                 match &r {
                     Ok(lt) => eprintln!("cuBLASLt {} loaded (FP8_CUBLASLT / LINEAR_CUBLASLT)", lt.version),
                     Err(e) => eprintln!("cuBLASLt unavailable: {e}; flashseek's own GEMMs run instead"),
@@ -324,14 +361,17 @@ impl Gpu {
     }
 
     /// [`Lt::matmul`] on this GPU's stream. `Ok(false)`: cuBLASLt is unavailable or has no
-    /// algorithm for `shape` (nothing launched).
+    /// algorithm for `shape` (the product is not launched).
     ///
     /// Errors: a failed launch.
-    pub(crate) fn lt_matmul(&self, ops: &LtOperands, shape: LtShape) -> Result<bool, CudaError> {
+    ///
+    /// # Safety
+    /// As [`Lt::matmul`]: `ops` must point to buffers of `shape`'s sizes on this GPU that stay alive
+    /// until the stream has run the product.
+    pub(crate) unsafe fn lt_matmul(&self, ops: &LtOperands, shape: LtShape) -> Result<bool, CudaError> {
         let mut guard = self.lt.lock().unwrap_or_else(|e| e.into_inner());
         let Some(Ok(lt)) = guard.as_mut() else { return Ok(false) };
-        // SAFETY: the callers pass operands of `shape`'s sizes on this stream that outlive the
-        // stream's use of them (stream-ordered frees).
+        // SAFETY: forwarded from the caller's contract.
         unsafe { lt.matmul(&self.stream, ops, shape) }.map_err(|e| CudaError::Driver { what: "cuBLASLt GEMM".into(), detail: e })
     }
 
@@ -340,14 +380,15 @@ impl Gpu {
     /// lo at `plane`, rows of stride `ldb`; the input columns are `col0 .. col0 + W.cols`). BF16
     /// weights are used as stored, FP8 weights converted to bf16 first (`w_fp8_bf16`, exact: the
     /// values gemm.cu's tiles hold). Returns whether it ran (`false`: another format, cuBLASLt
-    /// unavailable or without an algorithm; nothing launched then).
+    /// unavailable or without an algorithm; `y` is not written then, though the weight conversion
+    /// may have run).
     ///
     /// Errors: allocation or launch failures; buffers shorter than the shape.
     #[allow(clippy::too_many_arguments)]
     pub fn linear_split_lt(&self, xb: &CudaSlice<u16>, plane: usize, ldb: usize, col0: usize, w: &GpuWeight, y: &mut CudaSlice<f32>, ldd: usize, out0: usize, t: usize) -> Result<bool, CudaError> {
         let (n, k) = (w.rows, w.cols);
-        let fits = xb.len() >= plane + (t - 1) * ldb + col0 + k && y.len() >= (t - 1) * ldd + out0 + n && ldd >= n && ldb >= k && plane >= t * ldb;
-        if t == 0 || n == 0 || !fits {
+        let fits = |t: usize| xb.len() >= plane + (t - 1) * ldb + col0 + k && y.len() >= (t - 1) * ldd + out0 + n && col0 + k <= ldb && out0 + n <= ldd && plane >= t * ldb;
+        if t == 0 || n == 0 || !fits(t) {
             return Err(CudaError::Unsupported { what: "linear_split_lt", detail: format!("buffers of {} and {} values for {t} rows of [{n}, {k}] (ldb {ldb}, ldd {ldd})", xb.len(), y.len()) });
         }
         let aligned = k.is_multiple_of(16) && ldb.is_multiple_of(8) && col0.is_multiple_of(8) && plane.is_multiple_of(8);
@@ -379,11 +420,14 @@ impl Gpu {
         let y0 = y.device_ptr_mut(s).0 + 4 * out0 as u64;
         let shape = LtShape { kind: LtKind::Bf16, m: t, n, k, ldb, ldd };
         let hi = LtOperands { w: wptr, w_scales: 0, x: x0, x_scales: 0, y: y0, beta: 0.0 };
-        if !self.lt_matmul(&hi, shape)? {
+        // SAFETY: the weight (or its conversion, alive to the end of this function and freed
+        // stream-ordered), the planes and y hold the shape's sizes (checked above).
+        if !unsafe { self.lt_matmul(&hi, shape) }? {
             return Ok(false);
         }
         let lo = LtOperands { x: x0 + 2 * plane as u64, beta: 1.0, ..hi };
-        if !self.lt_matmul(&lo, shape)? {
+        // SAFETY: as above; the lo plane starts `plane` elements after the hi plane.
+        if !unsafe { self.lt_matmul(&lo, shape) }? {
             return Err(CudaError::Unsupported { what: "linear_split_lt", detail: "cuBLASLt took the hi plane but not the lo plane of the same shape".into() });
         }
         Ok(true)

@@ -580,26 +580,48 @@ impl Gpu {
     /// The grouped output projection (spec §4.7) through cuBLASLt (switch `LINEAR_CUBLASLT`, split
     /// activations): `o` `[t, G·gin]` converted to bf16 planes once, then for each group g
     /// `z[:, g·r ..] = W_oa[g] · o[:, g·gin ..]` by [`Gpu::linear_split_lt`] with strided rows — no
-    /// gather or scatter. Returns whether it ran (`false`: cuBLASLt unavailable or without an
-    /// algorithm, nothing written).
+    /// gather or scatter. Returns how many leading groups it computed (cuBLASLt may decline a group
+    /// whose slices are less aligned than the first's): [`Gpu::grouped_linear_gather`] does the rest.
     ///
     /// Errors: buffers shorter than the shapes, a group weight not `[r, gin]`, launch failures.
-    pub fn grouped_linear_lt(&self, o: &CudaSlice<f32>, wo_a: &[GpuWeight], z: &mut CudaSlice<f32>, t: usize) -> Result<bool, CudaError> {
-        let Some(w0) = wo_a.first() else { return Ok(false) };
+    pub fn grouped_linear_lt(&self, o: &CudaSlice<f32>, wo_a: &[GpuWeight], z: &mut CudaSlice<f32>, t: usize) -> Result<usize, CudaError> {
+        let Some(w0) = wo_a.first() else { return Ok(0) };
         let (gin, r, groups) = (w0.cols, w0.rows, wo_a.len());
-        if wo_a.iter().any(|w| w.cols != gin || w.rows != r) || z.len() < t * groups * r {
-            return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("{groups} group weights for {} outputs of {t} tokens", z.len()) });
+        if wo_a.iter().any(|w| w.cols != gin || w.rows != r) || z.len() < t * groups * r || o.len() < t * groups * gin {
+            return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("{groups} group weights of [{r}, {gin}] for {} inputs and {} outputs of {t} tokens", o.len(), z.len()) });
         }
         let (xb, tp, kp) = self.bf16_planes(o, t, groups * gin, true)?;
         for (g, w) in wo_a.iter().enumerate() {
             if !self.linear_split_lt(&xb, tp * kp, kp, g * gin, w, z, groups * r, g * r, t)? {
-                if g == 0 {
-                    return Ok(false);
-                }
-                return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("cuBLASLt ran group 0 but not group {g} of the same shape") });
+                return Ok(g);
             }
         }
-        Ok(true)
+        Ok(groups)
+    }
+
+    /// The grouped output projection group by group with [`Gpu::linear`]: for the groups
+    /// `first .. first + ws.len()` of `o` (`[t, G·gin]`, G = `z`'s width / r), gather the group's
+    /// columns, multiply, scatter into `z` (`[t, G·r]`).
+    ///
+    /// Errors: buffers shorter than the shapes, launch failures.
+    pub fn grouped_linear_gather(&self, o: &CudaSlice<f32>, ws: &[GpuWeight], first: usize, z: &mut CudaSlice<f32>, t: usize, gin: usize) -> Result<(), CudaError> {
+        let Some(w0) = ws.first() else { return Ok(()) };
+        let r = w0.rows;
+        let groups = z.len().checked_div(t * r).unwrap_or(0);
+        if first + ws.len() > groups || o.len() < t * groups * gin {
+            return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("groups {first}..{} of {groups} for {} inputs of {t} tokens", first + ws.len(), o.len()) });
+        }
+        for (i, wg) in ws.iter().enumerate() {
+            let g = first + i;
+            let rows: Vec<i32> = (0..t).map(|ti| (ti * groups + g) as i32).collect();
+            let rows = self.upload(&rows)?;
+            let mut xg = self.zeros::<f32>(t * gin)?;
+            self.gather_rows(o, t * groups, &rows.slice(0..t), &mut xg, gin)?;
+            let mut zg = self.zeros::<f32>(t * r)?;
+            self.linear(&xg, wg, &mut zg, t)?;
+            self.scatter_rows(&zg, &rows.slice(0..t), z, t * groups, r)?;
+        }
+        Ok(())
     }
 
     /// [`Gpu::linear`] on the exact f32 kernels (linear.cu), whatever the token count.

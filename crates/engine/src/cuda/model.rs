@@ -259,6 +259,9 @@ pub struct GpuSequence {
     pub pos: usize,
     /// Maximum tokens.
     pub capacity: usize,
+    /// Earliest position a truncation may target (0 unless uploaded from a CPU state whose
+    /// retention limit dropped older rows, [`GpuSequence::from_host`]).
+    pub earliest: usize,
     layers: Vec<GpuLayerState>,
 }
 
@@ -286,7 +289,7 @@ impl GpuSequence {
                 })
             })
             .collect::<Result<_, CudaError>>()?;
-        Ok(GpuSequence { pos: 0, capacity, layers })
+        Ok(GpuSequence { pos: 0, capacity, earliest: 0, layers })
     }
 
     /// Device bytes held by the state (allocated for the whole capacity).
@@ -300,6 +303,12 @@ impl GpuSequence {
     pub fn truncate(&mut self, m: &GpuModel, len: usize) -> Result<(), CudaError> {
         if len > self.pos {
             return Err(CudaError::Unsupported { what: "truncate", detail: format!("to {len} but the sequence has {} tokens", self.pos) });
+        }
+        if len < self.earliest {
+            return Err(CudaError::Unsupported {
+                what: "truncate",
+                detail: format!("to {len}: the state was uploaded with rows from position {} only (its retention limit)", self.earliest),
+            });
         }
         for (l, s) in m.layers.iter().zip(self.layers.iter_mut()) {
             if let (Some(cw), Some(cs)) = (&l.compressor, &mut s.comp) {
@@ -426,6 +435,7 @@ impl GpuSequence {
             }
         }
         seq.pos = st.pos;
+        seq.earliest = st.earliest();
         Ok(seq)
     }
 }
@@ -450,6 +460,7 @@ fn copy_state(gpu: &Gpu, m: &GpuModel, src: &GpuSequence, dst: &mut GpuSequence)
         }
     }
     dst.pos = src.pos;
+    dst.earliest = src.earliest;
     Ok(())
 }
 
@@ -614,20 +625,13 @@ pub fn forward_chunk_gpu_dev(
         gpu.stage("projections");
         let (groups, r) = (c.o_groups, c.o_lora_rank);
         let gin = h * hd / groups;
+        debug_assert_eq!(l.wo_a.len(), groups);
         let mut z = gpu.zeros::<f32>(t * groups * r)?;
         let lt = t >= super::cublaslt::LT_MIN_TOKENS
             && matches!(super::gpu::tc_linear_mode(), super::gpu::TcMode::Split | super::gpu::TcMode::Fp8)
-            && crate::switches::on("LINEAR_CUBLASLT")
-            && gpu.grouped_linear_lt(&o, &l.wo_a, &mut z, t)?;
-        for (g, wg) in l.wo_a.iter().enumerate().filter(|_| !lt) {
-            let rows: Vec<i32> = (0..t).map(|ti| (ti * groups + g) as i32).collect();
-            let rows = gpu.upload(&rows)?;
-            let mut xg = gpu.zeros::<f32>(t * gin)?;
-            gpu.gather_rows(&o, t * groups, &rows.slice(0..t), &mut xg, gin)?;
-            let mut zg = gpu.zeros::<f32>(t * r)?;
-            gpu.linear(&xg, wg, &mut zg, t)?;
-            gpu.scatter_rows(&zg, &rows.slice(0..t), &mut z, t * groups, r)?;
-        }
+            && crate::switches::on("LINEAR_CUBLASLT");
+        let done = if lt { gpu.grouped_linear_lt(&o, &l.wo_a, &mut z, t)? } else { 0 };
+        gpu.grouped_linear_gather(&o, &l.wo_a[done..], done, &mut z, t, gin)?;
         let mut y = gpu.zeros::<f32>(t * d)?;
         gpu.linear_q(&z, &l.wo_b, &mut y, t)?;
         gpu.stage("mhc+norms");

@@ -247,15 +247,18 @@ impl Gpu {
 
     /// [`Gpu::linear_q8`] through cuBLASLt's block-scaled FP8 GEMM ([`super::cublaslt`], switch
     /// `FP8_CUBLASLT`): FP8 weights with `rows` a multiple of 128 only. Returns whether it ran;
-    /// `false` (nothing launched) when the weight is not FP8, cuBLASLt is unavailable (said once on
+    /// `false` (`y` not written) when the weight is not FP8, cuBLASLt is unavailable (said once on
     /// stderr) or has no algorithm for the shape.
     ///
-    /// Errors: allocation or launch failures.
+    /// Errors: activations or outputs that do not fit the weight and `t`; allocation or launch failures.
     pub fn linear_lt(&self, qa: &QuantizedActs, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<bool, CudaError> {
         use cudarc::driver::{DevicePtr, DevicePtrMut};
         let GpuMatrix::Fp8 { w: wv, scales } = &w.data else { return Ok(false) };
         if !w.rows.is_multiple_of(Q8_BLOCK) || !w.cols.is_multiple_of(Q8_BLOCK) || t == 0 {
             return Ok(false);
+        }
+        if qa.kp != w.cols || qa.rows < t || qa.sa.len() < qa.rows * (qa.kp / Q8_BLOCK) || y.len() < t * w.rows {
+            return Err(bad(format!("activations [{}, {}] and {} outputs for {t} tokens of [{}, {}]", qa.rows, qa.kp, y.len(), w.rows, w.cols)));
         }
         if !self.lt_available() {
             return Ok(false);
@@ -285,11 +288,10 @@ impl Gpu {
             y: y.device_ptr_mut(s).0,
             beta: 0.0,
         };
-        // SAFETY: w [N, K] e4m3 and its scales, q [≥ t, K] e4m3, sat [K/128, t], y ≥ t·N floats (checked
-        // by linear_q8), all on this stream, alive until the stream has run the product (the scale
-        // buffers are freed stream-ordered after it).
         let shape = super::cublaslt::LtShape { kind: super::cublaslt::LtKind::Fp8BlockScaled, m: t, n: w.rows, k: w.cols, ldb: w.cols, ldd: w.rows };
-        self.lt_matmul(&ops, shape)
+        // SAFETY: W/scales as stored, q [≥ t, K] e4m3, sat [K/128, t], swf, y ≥ t·N floats (checked
+        // above), all on this stream; the scale buffers are freed stream-ordered after the product.
+        unsafe { self.lt_matmul(&ops, shape) }
     }
 
     /// A §10.1 linear layer (its input FP8-quantized in official numerics): with `TC_LINEAR=fp8`,
