@@ -80,7 +80,7 @@ pub const SWITCHES: &[Switch] = &[
         name: "FP8_CUBLASLT",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "gemm_q8.cu's FP8 GEMM (wgmma or mma.sync) for FP8 weights under TC_LINEAR=fp8 with T >= 256 tokens: cuBLASLt's block-scaled FP8 GEMM (1x128 activation scales x 128x128 weight scales, f32 out; needs cuBLAS >= 12.9 at run time, else falls back)",
+        replaces: "gemm_q8.cu's FP8 GEMM (wgmma or mma.sync) for FP8 weights (rows and columns multiples of 128) under TC_LINEAR=fp8 with T >= 256 tokens: cuBLASLt's block-scaled FP8 GEMM (1x128 activation scales x 128x128 weight scales, f32 out; needs cuBLASLt from CUDA 12.9 or newer at run time, else falls back)",
         parity: "gpu-check `linear_lt …` records (`--only q8`): cuBLASLt against the CPU in official numerics, against gemm_q8.cu's wgmma kernel and run twice (same bits), with timings; `moe_q8 …` (`--only moe`: the shared expert through it); qualify (`FP8_CUBLASLT=off alone`, with TC_LINEAR=fp8, reported; the switch matrix's prompts are under 256 tokens and do not reach it)",
     },
     Switch {
@@ -95,7 +95,7 @@ pub const SWITCHES: &[Switch] = &[
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "downloading each decode step's whole logits row (vocab f32) for the host sampler: for greedy and top-k (k <= 1024) requests without penalties or logprobs, the GPU selects the k most likely tokens (logits_topk_f32) and the host sampler finishes top-p/min-p on them (sampler::TopLogits; the same tokens by construction)",
-        parity: "CPU test sampler::top_logits_sample_like_the_full_row (same tokens and RNG state as the full row); gpu-check `logits_top …` records (the device selection equals TopLogits::from_row exactly) and `generate on-device sampling` (same tokens with the switch on and off); scripts/serve_parity.py",
+        parity: "CPU test sampler::tests::top_logits_sample_like_the_full_row (same tokens and RNG state as the full row); gpu-check `logits_top …` records (the device selection equals TopLogits::from_row exactly) and `generate on-device sampling` (same tokens with the switch on and off); scripts/serve_parity.py",
     },
     Switch {
         name: "MLA_STREAM_TOPK",
@@ -252,6 +252,21 @@ fn env_value(s: &Switch) -> Option<String> {
 /// matter).
 ///
 /// Errors: the first value a switch does not accept.
+/// `FLASHSEEK_*` variables that are not switches: the model cache, the build's commit, the test
+/// and script settings.
+pub const OTHER_VARIABLES: &[&str] = &["FLASHSEEK_CACHE", "FLASHSEEK_COMMIT", "FLASHSEEK_REQUIRE_NVRTC", "FLASHSEEK_URL", "FLASHSEEK_API_KEY", "FLASHSEEK_BIN"];
+
+/// `FLASHSEEK_*` variables in `vars` that name neither a switch nor one of [`OTHER_VARIABLES`]
+/// (a misspelt switch would otherwise be ignored without a word), sorted.
+pub fn unknown_variables(vars: impl Iterator<Item = String>) -> Vec<String> {
+    let mut v: Vec<String> = vars
+        .filter(|k| k.starts_with("FLASHSEEK_"))
+        .filter(|k| !OTHER_VARIABLES.contains(&k.as_str()) && !SWITCHES.iter().any(|s| s.env_var() == *k))
+        .collect();
+    v.sort();
+    v
+}
+
 pub fn check_environment() -> Result<(), SwitchError> {
     let flags = OVERRIDES.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
     for s in SWITCHES {
@@ -507,6 +522,12 @@ mod tests {
         let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on")].iter().any(|o| c.overrides.contains(o));
         assert!(cs.iter().all(|c| c.exact != inexact(c)));
         assert!(cs.iter().filter(|c| c.official).count() >= 3);
+    }
+
+    #[test]
+    fn misspelt_variables_are_found() {
+        let vars = ["FLASHSEEK_LINEAR_CUBLAST", "FLASHSEEK_LINEAR_CUBLASLT", "FLASHSEEK_CACHE", "PATH", "FLASHSEEK_TC_LINEAR"].map(String::from);
+        assert_eq!(unknown_variables(vars.into_iter()), ["FLASHSEEK_LINEAR_CUBLAST"]);
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.no_think && args.reasoning_effort.is_some() {
         anyhow::bail!("--reasoning-effort needs thinking mode; drop --no-think");
     }
+    // Bad sampling values are reported before the model loads.
+    args.sampling.params(0)?;
     let m = load(&args.model)?;
     let thinking = (args.think || args.reasoning_effort.is_some()) && !args.no_think;
     let mode = if thinking { ThinkingMode::Thinking } else { ThinkingMode::Chat };

@@ -76,8 +76,8 @@ impl ModelArgs {
 /// Sampling flags (see `flashseek_engine::sampler::SamplingParams`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// Maximum tokens to generate.
-    #[arg(long, default_value_t = 256, allow_negative_numbers = true)]
+    /// Maximum tokens to generate (at least 1).
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_tokens: usize,
     /// Sampling temperature; 0 = greedy. DeepSeek recommends 1.0.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]

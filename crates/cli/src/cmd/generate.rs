@@ -21,6 +21,8 @@ pub struct Args {
 
 /// Runs `generate`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Bad sampling values are reported before the model loads.
+    args.sampling.params(0)?;
     let m = load(&args.model)?;
     let mut ids = if args.no_bos { Vec::new() } else { vec![m.tokenizer.bos_id()] };
     ids.extend(m.tokenizer.encode_text(&args.prompt)?);
