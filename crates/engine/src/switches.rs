@@ -87,7 +87,7 @@ pub const SWITCHES: &[Switch] = &[
         name: "LINEAR_CUBLASLT",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "gemm.cu's split-activation GEMMs (TC_LINEAR=split, and wo_a / bf16 weights under TC_LINEAR=fp8) for BF16/FP8 weights at T >= 256: cuBLASLt bf16 GEMMs on the same hi and lo planes (y = W·hi + W·lo, f32 accumulation; FP8 weights converted to bf16 exactly per call), the grouped wo_a with strided rows instead of gather/scatter (needs cuBLAS at run time, else falls back)",
+        replaces: "gemm.cu's split-activation GEMMs (TC_LINEAR=split, and wo_a / bf16 weights under TC_LINEAR=fp8) for BF16/FP8 weights at T >= 256: cuBLASLt bf16 GEMMs on the same hi and lo planes (y = W·hi + W·lo, f32 accumulation; FP8 weights converted to bf16 exactly per call), the grouped wo_a with strided rows instead of gather/scatter (needs cuBLASLt from CUDA 12.9 or newer at run time, else falls back)",
         parity: "gpu-check `linear_split_lt …` / `grouped_linear_lt …` records (`--only tc`): cuBLASLt against the CPU (split tolerance 1e-8), against gemm.cu and run twice (same bits), with timings; qualify `LINEAR_CUBLASLT=off alone` (8K+ prompts; the switch matrix's prompts are under 256 tokens and do not reach it)",
     },
     Switch {
