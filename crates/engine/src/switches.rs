@@ -147,6 +147,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `moe_grouped …` records (parity matrix vs the CPU reference and the per-expert GPU path), the switch matrix",
     },
     Switch {
+        name: "MOE_GROUPED_DECODE",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the per-expert MoE for chunks under 64 tokens (decode steps), which downloads each layer's routing to group tokens on the host (a synchronisation per layer): the grouped device path of MOE_GROUPED at any token count",
+        parity: "gpu-check `moe_grouped …` records (1, 2 and 9 tokens per expert; `time moe layer T=1` timings); the switch matrix (`MOE_GROUPED_DECODE=on`, 16 greedy decode steps); decode speed not yet measured end to end",
+    },
+    Switch {
         name: "MOE_FUSED_SWIGLU",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -444,6 +451,7 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("LINEAR_CUBLASLT=off alone".into(), vec![("LINEAR_CUBLASLT", "off")], Role::AloneOff, true, false, false));
     // MLA_STREAM_FAST_EXP and INDEXER_FP8 are off by default (not exact): each on, with the other
     // defaults.
+    v.push(c("MOE_GROUPED_DECODE=on (with the defaults)".into(), vec![("MOE_GROUPED_DECODE", "on")], Role::Fast, true, false, false));
     v.push(c("MLA_STREAM_FAST_EXP=on (with the defaults)".into(), vec![("MLA_STREAM_FAST_EXP", "on")], Role::Fast, false, false, false));
     v.push(c("INDEXER_FP8=on (with the defaults)".into(), vec![("INDEXER_FP8", "on")], Role::Fast, false, false, false));
     v.push(c("all on, TC_LINEAR=bf16".into(), vec![("TC_LINEAR", "bf16")], Role::Fast, false, false, false));

@@ -614,7 +614,10 @@ impl Gpu {
         let official = mode == super::gpu::TcMode::Fp8;
         let opts = super::ops_moe::MoeOptions::from_switches();
         let (experts, weights) = self.moe_route(cfg, layer, f, ids, t)?;
-        let tables = if opts.grouped && t >= super::gpu::TC_LINEAR_MIN_TOKENS { self.moe_tables(layer)? } else { None };
+        // Below 64 tokens (decode) the per-expert path runs unless MOE_GROUPED_DECODE asks for the
+        // grouped one there too (no host synchronisation).
+        let min_t = if crate::switches::on("MOE_GROUPED_DECODE") { 1 } else { super::gpu::TC_LINEAR_MIN_TOKENS };
+        let tables = if opts.grouped && t >= min_t { self.moe_tables(layer)? } else { None };
         let out = match tables {
             Some(tb) if official && tb.q8 => self.moe_experts_grouped_q8(cfg, layer, f, t, &experts, &weights, opts)?,
             // Split activations unless TC_LINEAR=bf16 asks for the inexact fast mode.
