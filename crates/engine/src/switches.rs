@@ -151,7 +151,7 @@ pub const SWITCHES: &[Switch] = &[
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
         replaces: "the per-expert MoE for chunks under 64 tokens (decode steps), which downloads each layer's routing to group tokens on the host (a synchronisation per layer): the grouped device path of MOE_GROUPED at any token count",
-        parity: "gpu-check `moe_grouped …` records (1, 2 and 9 tokens per expert; `time moe layer T=1` timings); the switch matrix (`MOE_GROUPED_DECODE=on`, 16 greedy decode steps); decode speed not yet measured end to end",
+        parity: "gpu-check `moe_grouped <fmt> split T=1 / T=3 vs cpu` (the grouped path on 1 and 3 tokens) and the `moe_grouped …` matrix (1, 2 and 9 tokens per expert), `time moe layer T=1`; the switch matrix (`MOE_GROUPED_DECODE=on`, 16 greedy decode steps); decode speed not yet measured end to end",
     },
     Switch {
         name: "MOE_FUSED_SWIGLU",

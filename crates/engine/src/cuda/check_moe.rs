@@ -172,6 +172,17 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             if split {
                 all &= record(out, &format!("moe_grouped {fmt} per-expert vs cpu"), shape.clone(), &per_expert, &y_ref);
             }
+            // Decode sizes (MOE_GROUPED_DECODE): the grouped path on the first 1 and 3 tokens alone.
+            if split {
+                for ts in [1usize, 3] {
+                    let (fs, is, ws) = (gpu.upload(&f[..ts * d])?, gpu.upload(&ids[..ts * k])?, gpu.upload(&gammas[..ts * k])?);
+                    let got = gpu.download(&gpu.moe_experts_grouped(&cfg, &layer, &fs, ts, &is, &ws, true, MoeOptions::ALL_ON)?)?;
+                    let want = moe::moe(&cfg, &lw, &f[..ts * d], &routes32[..ts], &Numerics::default());
+                    let (nmse, max_abs, _) = errors(&got, &want);
+                    let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
+                    all &= flag_record(out, &format!("moe_grouped {fmt} split T={ts} vs cpu"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}), ok);
+                }
+            }
             // Masked routes: γ = 0 everywhere → exactly the shared expert.
             let masked = gpu.download(&gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dzero, split, MoeOptions::ALL_ON)?)?;
             let shared = gpu.download(&gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, false)?)?;
