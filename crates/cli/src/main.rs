@@ -78,7 +78,7 @@ fn apply_switches(flags: &[String]) -> Result<(), flashseek_engine::switches::Sw
     for f in flags {
         flashseek_engine::switches::set_override(f)?;
     }
-    for v in flashseek_engine::switches::unknown_variables(std::env::vars().map(|(k, _)| k)) {
+    for v in flashseek_engine::switches::unknown_variables(std::env::vars_os().map(|(k, _)| k)) {
         eprintln!("warning: {v} is not a flashseek switch or setting (ignored); `flashseek switches` lists the switches");
     }
     flashseek_engine::switches::check_environment()

@@ -259,6 +259,15 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
                 }
             }
         }
+        // Decode sizes (MOE_GROUPED_DECODE under TC_LINEAR=fp8): the first 1 and 3 tokens alone.
+        for ts in [1usize, 3] {
+            let (fs, is, ws) = (gpu.upload(&f[..ts * d])?, gpu.upload(&ids[..ts * k])?, gpu.upload(&gpu.download(dw)?[..ts * k])?);
+            let got = gpu.download(&gpu.moe_experts_grouped_q8(cfg, &layer, &fs, ts, &is, &ws, MoeOptions::ALL_ON)?)?;
+            let want = moe::moe(cfg, &lw, &f[..ts * d], &routes[..ts], &official);
+            let (nmse, max_abs, _) = errors(&got, &want);
+            let ok = nmse <= Q8_MOE_NMSE_TOL && got.iter().all(|v| v.is_finite());
+            all &= flag_record(out, &format!("moe_q8 {fmt} T={ts} vs cpu"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL}), ok);
+        }
         // The mma.sync kernels (FP8_WGMMA=off) against the same reference.
         let sync = crate::switches::scoped(&[("FP8_WGMMA", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON)).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
         let sync = gpu.download(&sync)?;

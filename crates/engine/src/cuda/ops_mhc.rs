@@ -600,8 +600,8 @@ impl Gpu {
     /// `Numerics::default()`), or with `TC_LINEAR=fp8` DeepSeek's official numerics (`Numerics {
     /// act_quant_fp8 }`).
     ///
-    /// With the `MOE_GROUPED` switch on, at least [`super::gpu::TC_LINEAR_MIN_TOKENS`] tokens and
-    /// experts that allow it, the routed experts run grouped on the device
+    /// With the `MOE_GROUPED` switch on, at least [`super::gpu::TC_LINEAR_MIN_TOKENS`] tokens (any
+    /// count with `MOE_GROUPED_DECODE`) and experts that allow it, the routed experts run grouped on the device
     /// ([`Gpu::moe_experts_grouped`] with split activations unless `TC_LINEAR=bf16`, or
     /// [`Gpu::moe_experts_grouped_q8`]; no synchronisation); otherwise one expert at a time
     /// ([`Gpu::moe_experts`], one synchronisation to group tokens on the host).
@@ -621,7 +621,8 @@ impl Gpu {
         let out = match tables {
             Some(tb) if official && tb.q8 => self.moe_experts_grouped_q8(cfg, layer, f, t, &experts, &weights, opts)?,
             // Split activations unless TC_LINEAR=bf16 asks for the inexact fast mode.
-            Some(_) if !official => self.moe_experts_grouped(cfg, layer, f, t, &experts, &weights, mode != super::gpu::TcMode::Bf16, opts)?,
+            // (Decode-sized chunks stay split: TC_LINEAR only concerns ≥ 64 tokens.)
+            Some(_) if !official => self.moe_experts_grouped(cfg, layer, f, t, &experts, &weights, mode != super::gpu::TcMode::Bf16 || t < super::gpu::TC_LINEAR_MIN_TOKENS, opts)?,
             _ => {
                 if tables.is_some() {
                     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
