@@ -116,7 +116,7 @@ impl TopLogits {
     /// Puts candidates given in any order into the sampler's order (higher logit first, `-0.0 ==
     /// +0.0`, ties to the lower id).
     pub fn sort(&mut self) {
-        self.cand.sort_by(|a, b| (f64::from(b.1) + 0.0).partial_cmp(&(f64::from(a.1) + 0.0)).unwrap_or(Ordering::Equal).then(a.0.cmp(&b.0)));
+        self.cand.sort_by_key(|&(id, x)| Ranked { logit: f64::from(x) + 0.0, id });
     }
 }
 

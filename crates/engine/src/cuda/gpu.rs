@@ -445,6 +445,20 @@ impl Gpu {
         drv("download", self.stream.clone_dtoh(data))
     }
 
+    /// Copies the elements `range` of `data` to the host (synchronizes the stream; an empty range
+    /// copies nothing).
+    ///
+    /// Errors: a range past the end of `data`, driver errors.
+    pub fn download_range<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, data: &CudaSlice<T>, range: std::ops::Range<usize>) -> Result<Vec<T>, CudaError> {
+        if range.end > data.len() || range.start > range.end {
+            return Err(CudaError::Unsupported { what: "download", detail: format!("elements {range:?} of a buffer of {}", data.len()) });
+        }
+        if range.is_empty() {
+            return Ok(Vec::new());
+        }
+        drv("download", self.stream.clone_dtoh(&data.slice(range)))
+    }
+
     /// Zero-filled device buffer.
     pub fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
         drv("alloc", self.stream.alloc_zeros(n))

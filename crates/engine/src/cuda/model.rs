@@ -353,12 +353,7 @@ impl GpuSequence {
         let c = &m.config;
         let mut st = SequenceState::new(c, None);
         let pos = self.pos;
-        let down = |buf: &CudaSlice<f32>, len: usize| -> Result<Vec<f32>, CudaError> {
-            if len == 0 {
-                return Ok(Vec::new());
-            }
-            drv("state download", gpu.stream.clone_dtoh(&buf.slice(0..len)))
-        };
+        let down = |buf: &CudaSlice<f32>, len: usize| gpu.download_range(buf, 0..len);
         for ((l, g), h) in m.layers.iter().zip(&self.layers).zip(st.layers.iter_mut()) {
             h.kv.extend(&down(&g.kv, pos * c.head_dim)?);
             let comps = [(l.compressor.as_ref(), &g.comp, &mut h.compressor), (l.indexer.as_ref().map(|i| &i.compressor), &g.idx, &mut h.indexer)];

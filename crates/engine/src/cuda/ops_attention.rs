@@ -83,12 +83,6 @@ fn launched(what: &str, r: Result<(), DriverError>) -> Result<(), CudaError> {
     r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
 }
 
-/// One value of `buf` at `at`, downloaded.
-fn drv_copy(gpu: &Gpu, buf: &CudaSlice<f32>, at: usize) -> Result<f32, CudaError> {
-    let v = gpu.stream.clone_dtoh(&buf.slice(at..at + 1)).map_err(|e| CudaError::Driver { what: "download".into(), detail: format!("{e:?}") })?;
-    Ok(v[0])
-}
-
 fn unsupported(what: &'static str, detail: String) -> CudaError {
     CudaError::Unsupported { what, detail }
 }
@@ -687,23 +681,18 @@ impl Gpu {
         let mut out = Vec::with_capacity(rows);
         for r in 0..rows {
             let (unmasked, bad) = (info[2 * r].max(0) as usize, info[2 * r + 1]);
-            let non_finite = (bad >= 0 && (bad as usize) < vocab).then_some((bad as u32, f32::NAN));
-            let mut t = TopLogits { vocab, unmasked, non_finite, cand: Vec::new() };
-            if non_finite.is_none() {
-                let n = k.min(unmasked);
-                t.cand = (0..n).map(|i| (ids[r * k + i] as u32, vals[r * k + i])).collect();
-                t.sort();
+            let t = if bad >= 0 && (bad as usize) < vocab {
+                // The non-finite value itself, for the error message: one more download.
+                let at = r * vocab + bad as usize;
+                let v = self.download_range(logits, at..at + 1)?[0];
+                TopLogits { vocab, unmasked: 0, non_finite: Some((bad as u32, v)), cand: Vec::new() }
             } else {
-                t.unmasked = 0;
-            }
+                let cand = (0..k.min(unmasked)).map(|i| (ids[r * k + i] as u32, vals[r * k + i])).collect();
+                let mut t = TopLogits { vocab, unmasked, non_finite: None, cand };
+                t.sort();
+                t
+            };
             out.push(t);
-        }
-        // The value of a non-finite logit (NaN or +inf) for the error message: one more download.
-        for (r, t) in out.iter_mut().enumerate() {
-            if let Some((i, _)) = t.non_finite {
-                let v = drv_copy(self, logits, r * vocab + i as usize)?;
-                t.non_finite = Some((i, v));
-            }
         }
         Ok(out)
     }

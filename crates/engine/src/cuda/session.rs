@@ -33,10 +33,7 @@ impl<'a> GpuSession<'a> {
     /// Errors: exceeding the capacity ([`SessionError::TooLong`]), out-of-vocabulary ids, device
     /// errors.
     pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
-        if self.tokens.len() + ids.len() > self.seq.capacity {
-            return Err(SessionError::TooLong { len: self.tokens.len() + ids.len(), limit: self.seq.capacity });
-        }
-        crate::forward::check_ids(ids, self.model.config.vocab_size)?;
+        self.check_append(ids)?;
         let mut last = Vec::new();
         let chunks = super::model::prefill_chunks(ids, self.prefill_chunk);
         for (i, c) in chunks.iter().enumerate() {
@@ -45,6 +42,15 @@ impl<'a> GpuSession<'a> {
             self.tokens.extend_from_slice(c);
         }
         Ok(last)
+    }
+
+    /// Whether `ids` may be appended: within the capacity and the vocabulary.
+    fn check_append(&self, ids: &[u32]) -> Result<(), SessionError> {
+        if self.tokens.len() + ids.len() > self.seq.capacity {
+            return Err(SessionError::TooLong { len: self.tokens.len() + ids.len(), limit: self.seq.capacity });
+        }
+        crate::forward::check_ids(ids, self.model.config.vocab_size)?;
+        Ok(())
     }
 }
 
@@ -77,10 +83,7 @@ impl GpuSession<'_> {
             LogitsNeed::Top(k) if crate::switches::on("SAMPLE_ON_DEVICE") => k,
             _ => return Ok(StepLogits::Full(self.prefill(&[id])?)),
         };
-        if self.tokens.len() + 1 > self.seq.capacity {
-            return Err(SessionError::TooLong { len: self.tokens.len() + 1, limit: self.seq.capacity });
-        }
-        crate::forward::check_ids(&[id], self.model.config.vocab_size)?;
+        self.check_append(&[id])?;
         let (lg, _) = forward_chunk_gpu_dev(self.gpu, self.model, &mut self.seq, &[id], LogitsFor::Last, false).map_err(backend)?;
         self.tokens.push(id);
         let lg = lg.ok_or_else(|| SessionError::Backend("the forward returned no logits".into()))?;

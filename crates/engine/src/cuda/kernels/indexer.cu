@@ -158,6 +158,14 @@ __device__ __forceinline__ void itc_store(const ItcKeys& K, u16* ks, int tid) {
     }
 }
 
+// A warp's 16 heads × 64 keys accumulator fragments, zeroed.
+__device__ __forceinline__ void itc_zero(float (&acc)[8][4]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+}
+
 // Σ over the warp's heads of w·max(acc, 0): rows g, g + 8 per thread, then the 8 row groups (lanes
 // xor 4, 8, 16) → part[tt][hg][key].
 __device__ __forceinline__ void itc_heads_sum(float (&acc)[8][4], float w0, float w1, float (*part)[4][ITC_KT], int tt, int hg, int g, int c2) {
@@ -177,10 +185,7 @@ __device__ __forceinline__ void itc_heads_sum(float (&acc)[8][4], float w0, floa
 __device__ __forceinline__ void itc_mma(const ItcQuery& Q, const u16* ks, float (*part)[4][ITC_KT], int lane, int tt, int hg, int g, int c2) {
     const u32 kbase = gm_smem(ks);
     float acc[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+    itc_zero(acc);
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
 #pragma unroll
@@ -261,10 +266,7 @@ __device__ __forceinline__ void itc8_store(const ItcKeys8& K, u8* ks8, int tid) 
 __device__ __forceinline__ void itc8_mma(const ItcQuery8& Q, const u8* ks8, float (*part)[4][ITC_KT], int lane, int tt, int hg, int g, int c2) {
     const u32 kbase = gm_smem(ks8);
     float acc[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+    itc_zero(acc);
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         u32 b[8][2];
