@@ -154,6 +154,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `moe_grouped <fmt> split T=1 / T=3 vs cpu` (the grouped path on 1 and 3 tokens) and the `moe_grouped …` matrix (1, 2 and 9 tokens per expert), `time moe layer T=1`; the switch matrix (`MOE_GROUPED_DECODE=on`, 16 greedy decode steps); decode speed not yet measured end to end",
     },
     Switch {
+        name: "DECODE_CUDA_GRAPH",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "launching a decode step's kernels one by one: the step recorded by stream capture and launched as one CUDA graph (a kept executable graph updated with the step's arguments, or instantiated for a new topology); temporaries from a graph memory pool, uploads from pinned staging memory. Needs MOE_GROUPED_DECODE=on (the per-expert MoE synchronises every layer); not while profiling stages",
+        parity: "gpu-check `graph <model> decode ×1 / ×2` (bitwise equal logits to the same steps without graphs, one sequence and two in turns, every step launched as a graph), the switch matrix (with MOE_GROUPED_DECODE=on)",
+    },
+    Switch {
         name: "MOE_FUSED_SWIGLU",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -450,6 +457,8 @@ pub fn configurations() -> Vec<Configuration> {
     }
     // MOE_GROUPED_DECODE is off by default (not yet measured end to end) but exact.
     v.push(c("MOE_GROUPED_DECODE=on (with the defaults)".into(), vec![("MOE_GROUPED_DECODE", "on")], Role::Fast, true, false, false));
+    // DECODE_CUDA_GRAPH needs MOE_GROUPED_DECODE; the same kernels, so the same bits as that row.
+    v.push(c("DECODE_CUDA_GRAPH=on (with MOE_GROUPED_DECODE=on)".into(), vec![("MOE_GROUPED_DECODE", "on"), ("DECODE_CUDA_GRAPH", "on")], Role::Fast, true, false, false));
     // FP8_WGMMA only matters under TC_LINEAR=fp8.
     v.push(c("FP8_WGMMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_WGMMA", "off")], Role::AloneOff, false, false, false));
     v.push(c("FP8_CUBLASLT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_CUBLASLT", "off")], Role::AloneOff, false, false, false));
@@ -521,7 +530,9 @@ mod tests {
                 continue;
             }
             if s.default_value() == "off" {
-                assert!(cs.iter().any(|c| c.overrides == [(s.name, "on")]), "{} (off by default) never on with the defaults", s.name);
+                // On with the defaults (DECODE_CUDA_GRAPH with MOE_GROUPED_DECODE, which it needs).
+                let alone = |c: &Configuration| c.overrides == [(s.name, "on")] || (s.name == "DECODE_CUDA_GRAPH" && c.overrides == [("MOE_GROUPED_DECODE", "on"), (s.name, "on")]);
+                assert!(cs.iter().any(alone), "{} (off by default) never on with the defaults", s.name);
             } else {
                 assert!(cs.iter().any(|c| c.role == Role::AloneOff && c.overrides.contains(&(s.name, "off"))), "{} never off alone", s.name);
             }

@@ -6,7 +6,7 @@
 
 use super::gpu::Gpu;
 use super::gpu::{elapsed_s, StageTimes};
-use super::model::{forward_chunk_gpu, prefill_gpu, GpuModel, GpuSequence, StageCost};
+use super::model::{decode_step_gpu, forward_chunk_gpu, prefill_gpu, GpuModel, GpuSequence, StageCost};
 use super::upload::RandomOfficialSource;
 use super::CudaError;
 use crate::forward::LogitsFor;
@@ -116,27 +116,31 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
     let (free, total) = gpu.ctx.mem_get_info().unwrap_or((0, 0));
     println!("uploaded {} layers in {upload_s:.1} s; device memory used {:.1} GiB of {:.1}", cfg.num_hidden_layers, (total - free) as f64 / (1u64 << 30) as f64, total as f64 / (1u64 << 30) as f64);
     let n = cfg.num_hidden_layers as f64;
-    // Warm-up: one short prefill and two decode steps (first launches, allocator growth).
+    // Warm-up: one short prefill and four decode steps (first launches, allocator and graph-pool
+    // growth, first graph instantiations).
     {
         let w = chunk.clamp(1, 2048);
-        let ids = formula_ids(1, w + 2, cfg.vocab_size);
-        let mut s = GpuSequence::new(gpu, &model, w + 3)?;
+        let ids = formula_ids(1, w + 4, cfg.vocab_size);
+        let mut s = GpuSequence::new(gpu, &model, w + 5)?;
         forward_chunk_gpu(gpu, &model, &mut s, &ids[..w], LogitsFor::Last, false)?;
         for id in &ids[w..] {
-            forward_chunk_gpu(gpu, &model, &mut s, &[*id], LogitsFor::Last, false)?;
+            decode_step_gpu(gpu, &model, &mut s, *id)?;
         }
         gpu.sync()?;
     }
     let mut rows = Vec::new();
     for &ctx in &opts.contexts {
-        let ids = formula_ids(ctx as u64, ctx + opts.decode_steps, cfg.vocab_size);
+        // Decode ids: the timed steps, as many again without graphs (when they are on), and the
+        // profiled steps.
+        let decode_ids = 2 * opts.decode_steps + PROFILED_DECODE_STEPS;
+        let ids = formula_ids(ctx as u64, ctx + decode_ids, cfg.vocab_size);
         let chunks = super::model::prefill_chunks(&ids[..ctx], chunk);
         let repeats = if ctx <= 32768 { opts.prefill_repeats.max(1) } else { 1 };
         let mut prefill_times = Vec::new();
         let mut seq = None;
         let mut prefill_stages = Vec::new();
         for r in 0..repeats {
-            let mut s = GpuSequence::new(gpu, &model, ctx + opts.decode_steps + 1)?;
+            let mut s = GpuSequence::new(gpu, &model, ctx + decode_ids + 1)?;
             let profile = r + 1 == repeats;
             gpu.sync()?;
             if profile {
@@ -161,24 +165,30 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
         let Some(mut seq) = seq else { continue };
         prefill_times.sort_by(|a, b| a.total_cmp(b));
         let prefill_s = prefill_times[prefill_times.len() / 2];
-        let mut steps = Vec::new();
-        for (i, id) in ids[ctx..].iter().enumerate() {
-            if i == 1 {
-                gpu.profile_start();
-            }
-            let a = gpu.record_event()?;
-            forward_chunk_gpu(gpu, &model, &mut seq, &[*id], LogitsFor::Last, false)?;
-            let b = gpu.record_event()?;
-            steps.push(elapsed_s(&a, &b)?);
-        }
-        let decode_stages = if steps.len() > 1 {
-            let times = gpu.profile_finish()?;
-            stage_table(&times, &model.stage_costs(1, ctx, 1), steps.len() - 1)
+        let mut next = ctx;
+        let graphs = super::model::decode_graphs_enabled(gpu);
+        let before = gpu.graph.stats();
+        let decode_s = time_decode(gpu, &model, &mut seq, &ids[next..next + opts.decode_steps])?;
+        let after = gpu.graph.stats();
+        next += opts.decode_steps;
+        let graph_steps = after.launched - before.launched;
+        // With graphs on: the same number of steps launched kernel by kernel, for the comparison.
+        let plain_s = if graphs {
+            let s = crate::switches::scoped(&[("DECODE_CUDA_GRAPH", "off")], || time_decode(gpu, &model, &mut seq, &ids[next..next + opts.decode_steps]))
+                .map_err(|e| super::CudaError::Unsupported { what: "bench", detail: e.to_string() })??;
+            next += opts.decode_steps;
+            Some(s)
         } else {
-            Vec::new()
+            None
         };
-        steps.sort_by(|a, b| a.total_cmp(b));
-        let decode_s = steps.get(steps.len() / 2).copied().unwrap_or(f64::NAN);
+        // Stages of a few more steps (profiling records events between the kernels, so these run
+        // without graphs).
+        gpu.profile_start();
+        for id in &ids[next..next + PROFILED_DECODE_STEPS] {
+            decode_step_gpu(gpu, &model, &mut seq, *id)?;
+        }
+        let times = gpu.profile_finish()?;
+        let decode_stages = stage_table(&times, &model.stage_costs(1, ctx, 1), PROFILED_DECODE_STEPS);
         println!(
             "context {ctx:>6}: prefill {prefill_s:.2} s ({:.0} tok/s; 43-layer estimate {:.0}), decode {:.2} ms/token ({:.1} tok/s; 43-layer estimate {:.1})",
             ctx as f64 / prefill_s,
@@ -188,6 +198,9 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             1.0 / (decode_s * 43.0 / n)
         );
         print_stages("prefill", &prefill_stages);
+        if let Some(p) = plain_s {
+            println!("context {ctx:>6}: decode with CUDA graphs {:.2} ms/token ({graph_steps} of {} steps as graphs), without {:.2} ms/token", decode_s * 1e3, opts.decode_steps, p * 1e3);
+        }
         print_stages("decode ", &decode_stages);
         rows.push(json!({
             "context": ctx,
@@ -201,8 +214,12 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             "decode_ms_per_token": decode_s * 1e3,
             "decode_tok_s": 1.0 / decode_s,
             "decode_tok_s_43_layer_estimate": 1.0 / (decode_s * 43.0 / n),
-            "decode_steps": steps.len(),
+            "decode_steps": opts.decode_steps,
+            "decode_cuda_graph": graphs,
+            "decode_steps_as_graphs": graph_steps,
+            "decode_ms_per_token_without_graph": plain_s.map(|p| p * 1e3),
             "decode_stages_per_token": decode_stages,
+            "decode_stages_note": "from PROFILED_DECODE_STEPS further steps with CUDA events between stages (launched without graphs)",
         }));
         if prefill_s > opts.max_prefill_secs {
             println!("stopping: prefill took {prefill_s:.1} s (> {} s)", opts.max_prefill_secs);
@@ -217,12 +234,29 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
         "layers_measured": cfg.num_hidden_layers,
         "upload_s": upload_s,
         "switches": switches,
-        "timing": "CUDA events around the prefill chunks (median of fresh cold prefills) and around each decode step (median); stages from CUDA events at stage boundaries (last prefill repeat; decode steps after the first)",
+        "timing": "CUDA events around the prefill chunks (median of fresh cold prefills) and around each decode step including its logits download (median; with DECODE_CUDA_GRAPH the capture and launch are inside); stages from CUDA events at stage boundaries (last prefill repeat; separate profiled decode steps)",
         "ceilings": {"bytes_per_s": CEILING_BYTES_PER_S, "bf16_flops": CEILING_BF16_FLOPS, "fp8_flops": CEILING_FP8_FLOPS, "source": "task statement: this H200 measured ~4.2 TB/s read, ~800 TFLOP/s bf16, ~1,450 TFLOP/s fp8 dense"},
         "floor_note": "fraction_of_floor = max(FLOPs / rate, bytes / bandwidth) / measured time; FLOPs and bytes from GpuModel::stage_costs (analytical)",
         "estimate_note": "43-layer figures scale the measured time linearly by 43/layers: an estimate, not a measurement",
         "runs": rows,
     }))
+}
+
+/// Decode steps profiled for the stage breakdown (after the timed ones).
+pub const PROFILED_DECODE_STEPS: usize = 4;
+
+/// Median seconds per decode step over `ids` (CUDA events around each step, including its logits
+/// download).
+fn time_decode(gpu: &Gpu, model: &GpuModel, seq: &mut GpuSequence, ids: &[u32]) -> Result<f64, super::CudaError> {
+    let mut steps = Vec::with_capacity(ids.len());
+    for id in ids {
+        let a = gpu.record_event()?;
+        decode_step_gpu(gpu, model, seq, *id)?;
+        let b = gpu.record_event()?;
+        steps.push(elapsed_s(&a, &b)?);
+    }
+    steps.sort_by(|a, b| a.total_cmp(b));
+    Ok(steps.get(steps.len() / 2).copied().unwrap_or(f64::NAN))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use super::check::{errors, flag_record, record, NMSE_TOL};
 use super::gpu::Gpu;
-use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
+use super::model::{decode_step_gpu, forward_chunk_gpu, GpuModel, GpuSequence};
 use super::CudaError;
 use crate::forward::{forward, forward_chunk, ForwardOptions, LogitsFor};
 use crate::state::SequenceState;
@@ -37,7 +37,7 @@ fn greedy_compare(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, prompt: &[u32], st
         same &= argmax(&gl) as u32 == a;
         worst = worst.max(errors(&gl, &cl).0);
         cl = forward_chunk(w, &mut cst, &[a], LogitsFor::Last, &opts).map_err(bad)?.logits;
-        gl = forward_chunk_gpu(gpu, gm, &mut gseq, &[a], LogitsFor::Last, false)?.logits;
+        gl = decode_step_gpu(gpu, gm, &mut gseq, a)?;
     }
     Ok((same, worst))
 }
@@ -91,7 +91,7 @@ fn state_checks(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, ids: &[u32], prefill
     let mut useq = GpuSequence::from_host(gpu, gm, &rst, len + 1)?;
     let mut got = Vec::new();
     for id in &ids[prefill..] {
-        got.extend(forward_chunk_gpu(gpu, gm, &mut useq, &[*id], LogitsFor::All, false)?.logits);
+        got.extend(decode_step_gpu(gpu, gm, &mut useq, *id)?);
     }
     all &= record(out, &format!("model {name} state upload"), json!({"prefix": prefill, "retention": retention, "decoded": len - prefill}), &got, &cpu_logits[prefill * vocab..]);
     // Snapshot, overwrite, restore.
@@ -101,7 +101,7 @@ fn state_checks(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, ids: &[u32], prefill
     let decode_rest = |seq: &mut GpuSequence| -> Result<Vec<f32>, CudaError> {
         let mut v = Vec::new();
         for id in &ids[prefill..] {
-            v.extend(forward_chunk_gpu(gpu, gm, seq, &[*id], LogitsFor::All, false)?.logits);
+            v.extend(decode_step_gpu(gpu, gm, seq, *id)?);
         }
         Ok(v)
     };
@@ -162,7 +162,7 @@ pub fn run(gpu: &Gpu, goldens: &Path, steps: usize, out: &mut Vec<Value>) -> Res
             got.extend(forward_chunk_gpu(gpu, &gm, &mut seq, chunk, LogitsFor::All, false)?.logits);
         }
         for id in &ids[prefill..] {
-            got.extend(forward_chunk_gpu(gpu, &gm, &mut seq, &[*id], LogitsFor::All, false)?.logits);
+            got.extend(decode_step_gpu(gpu, &gm, &mut seq, *id)?);
         }
         all &= record(out, &format!("model {name} chunked+decode"), json!({"len": len, "chunk": 7, "prefill": prefill}), &got, &cpu.logits);
         // Truncate and continue equals a fresh prefix.
@@ -176,6 +176,7 @@ pub fn run(gpu: &Gpu, goldens: &Path, steps: usize, out: &mut Vec<Value>) -> Res
         all &= record(out, &format!("model {name} truncate"), json!({"cut": cut, "tail": 9}), &gt, &ct[cut * vocab..]);
         all &= state_checks(gpu, &gm, &w, &ids, prefill, seed, &name, &cpu.logits, out)?;
         all &= super::check_sample::generate_checks(gpu, &gm, seed, &name, out)?;
+        all &= super::check_graph::graph_checks(gpu, &gm, seed, &name, prefill, 24, out)?;
         // Greedy generation: same tokens as the CPU.
         if vocab < 100_000 && steps > 0 {
             let (same, worst) = greedy_compare(gpu, &gm, &w, &formula_ids(seed + 3, 12, vocab), steps)?;
@@ -209,6 +210,7 @@ pub fn run_stored(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> 
     let agree = top1_agreement(&g.logits, &cpu.logits, vocab);
     all &= flag_record(out, "stored-format top-1", json!({"agreement": agree, "positions": len}), agree >= 0.99);
     let (same, worst) = greedy_compare(gpu, &gm, &w, &formula_ids(5, 12, vocab), steps)?;
+    all &= super::check_graph::graph_checks(gpu, &gm, 5, "stored-format", 150, 16, out)?;
     all &= flag_record(out, &format!("stored-format greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst}), same && worst <= NMSE_TOL);
     Ok(all)
 }

@@ -103,8 +103,8 @@ fn test_layer(gpu: &Gpu, seed: u64, key: &str, fmt: &str, e: usize, d: usize, in
     }
     let (g_shared, c_shared) = expert_in(gpu, seed, &format!("{key}.shared"), "fp8", d, inter)?;
     let layer = GpuMoeLayer {
-        gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros::<f32>(1)?) },
-        router: GpuRouter::Score { bias: gpu.zeros::<f32>(e)? },
+        gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros_owned::<f32>(1)?) },
+        router: GpuRouter::Score { bias: gpu.zeros_owned::<f32>(e)? },
         shared: g_shared,
         experts: g_experts,
         tables: std::sync::OnceLock::new(),
@@ -143,14 +143,14 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     for fmt in ["fp4", "fp8", "bf16"] {
         let (layer, lw) = test_layer(gpu, seed, &format!("moe_grouped.{fmt}"), fmt, e, d, inter)?;
         let y_ref = moe::moe(&cfg, &lw, &f, &routes32, &Numerics::default());
-        let per_expert = gpu.download(&gpu.moe_experts(&cfg, &layer, &df, t, &ids, &dw, false)?)?;
+        let per_expert = gpu.download(&*gpu.moe_experts(&cfg, &layer, &df, t, &ids, &dw, false)?)?;
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k, "tokens_per_expert": counts});
         for split in [true, false] {
             let act = if split { "split" } else { "bf16" };
             let tol = if split { SPLIT_NMSE_TOL } else { GROUPED_BF16_NMSE_TOL };
             let mut first: Option<Vec<f32>> = None;
             for (vname, opts) in variants() {
-                let got = gpu.download(&gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, opts)?)?;
+                let got = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, opts)?)?;
                 let (nmse, max_abs, ref_max) = errors(&got, &y_ref);
                 let pass = nmse <= tol && got.iter().all(|v| v.is_finite());
                 let op = format!("moe_grouped {fmt} {act} {vname} vs cpu");
@@ -176,7 +176,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             if split {
                 for ts in [1usize, 3] {
                     let (fs, is, ws) = (gpu.upload(&f[..ts * d])?, gpu.upload(&ids[..ts * k])?, gpu.upload(&gammas[..ts * k])?);
-                    let got = gpu.download(&gpu.moe_experts_grouped(&cfg, &layer, &fs, ts, &is, &ws, true, MoeOptions::ALL_ON)?)?;
+                    let got = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &fs, ts, &is, &ws, true, MoeOptions::ALL_ON)?)?;
                     let want = moe::moe(&cfg, &lw, &f[..ts * d], &routes32[..ts], &Numerics::default());
                     let (nmse, max_abs, _) = errors(&got, &want);
                     let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
@@ -184,8 +184,8 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
                 }
             }
             // Masked routes: γ = 0 everywhere → exactly the shared expert.
-            let masked = gpu.download(&gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dzero, split, MoeOptions::ALL_ON)?)?;
-            let shared = gpu.download(&gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, false)?)?;
+            let masked = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dzero, split, MoeOptions::ALL_ON)?)?;
+            let shared = gpu.download(&*gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, false)?)?;
             let differ = masked.iter().zip(&shared).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
             all &= flag_record(out, &format!("moe_grouped {fmt} {act} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}), differ == 0);
         }
@@ -239,7 +239,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k});
         let mut first: Option<Vec<f32>> = None;
         for (vname, opts) in variants() {
-            let got = gpu.download(&gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, opts)?)?;
+            let got = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, opts)?)?;
             let (nmse, max_abs, ref_max) = errors(&got, &y_ref);
             let pass = nmse <= Q8_MOE_NMSE_TOL && got.iter().all(|v| v.is_finite());
             let op = format!("moe_q8 {fmt} {vname} vs cpu");
@@ -262,7 +262,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
         // Decode sizes (MOE_GROUPED_DECODE under TC_LINEAR=fp8): the first 1 and 3 tokens alone.
         for ts in [1usize, 3] {
             let (fs, is, ws) = (gpu.upload(&f[..ts * d])?, gpu.upload(&ids[..ts * k])?, gpu.upload(&gpu.download(dw)?[..ts * k])?);
-            let got = gpu.download(&gpu.moe_experts_grouped_q8(cfg, &layer, &fs, ts, &is, &ws, MoeOptions::ALL_ON)?)?;
+            let got = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &fs, ts, &is, &ws, MoeOptions::ALL_ON)?)?;
             let want = moe::moe(cfg, &lw, &f[..ts * d], &routes[..ts], &official);
             let (nmse, max_abs, _) = errors(&got, &want);
             let ok = nmse <= Q8_MOE_NMSE_TOL && got.iter().all(|v| v.is_finite());
@@ -283,8 +283,8 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
         println!("moe_q8 {fmt} per-expert vs cpu                        nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e})  {}", if pass { "ok" } else { "FAIL" });
         out.push(json!({"op": format!("moe_q8 {fmt} per-expert vs cpu"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "pass": pass}));
         all &= pass;
-        let masked = gpu.download(&gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, &dzero, MoeOptions::ALL_ON)?)?;
-        let shared = gpu.download(&gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, true)?)?;
+        let masked = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, &dzero, MoeOptions::ALL_ON)?)?;
+        let shared = gpu.download(&*gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, true)?)?;
         let differ = masked.iter().zip(&shared).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         all &= flag_record(out, &format!("moe_q8 {fmt} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "official shared expert alone"}), differ == 0);
     }
@@ -301,8 +301,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         Ok(GpuExpert { w1: src.matrix(gpu, &format!("{q}.w1.weight"), inter, d)?, w2: src.matrix(gpu, &format!("{q}.w2.weight"), d, inter)?, w3: src.matrix(gpu, &format!("{q}.w3.weight"), inter, d)? })
     };
     let layer = GpuMoeLayer {
-        gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros::<f32>(1)?) },
-        router: GpuRouter::Score { bias: gpu.zeros::<f32>(e)? },
+        gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros_owned::<f32>(1)?) },
+        router: GpuRouter::Score { bias: gpu.zeros_owned::<f32>(e)? },
         shared: expert("layers.0.ffn.shared_experts")?,
         experts: (0..e).map(|x| expert(&format!("layers.0.ffn.experts.{x}"))).collect::<Result<_, _>>()?,
         tables: std::sync::OnceLock::new(),

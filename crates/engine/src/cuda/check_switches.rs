@@ -11,7 +11,7 @@
 
 use super::check::{errors, NMSE_TOL};
 use super::gpu::Gpu;
-use super::model::{forward_chunk_gpu, GpuModel, GpuSequence};
+use super::model::{decode_step_gpu, forward_chunk_gpu, GpuModel, GpuSequence};
 use super::CudaError;
 use crate::forward::{forward, forward_chunk, ForwardOptions, LogitsFor};
 use crate::state::SequenceState;
@@ -99,7 +99,7 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
             for (tok, cpu_step) in trajectory {
                 same &= argmax(&gl) as u32 == *tok;
                 worst = worst.max(errors(&gl, cpu_step).0);
-                gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &[*tok], LogitsFor::Last, false)?.logits;
+                gl = decode_step_gpu(gpu, &gm, &mut gseq, *tok)?;
             }
             let layers: Vec<f64> = if official {
                 let mut seq = GpuSequence::new(gpu, &gm, len + 1)?;

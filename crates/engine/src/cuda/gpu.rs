@@ -1,6 +1,7 @@
 //! A CUDA device: context (event tracking off, before any allocation), one stream, the compiled
 //! kernel modules, and the op launchers.
 
+use super::graph::DevBuf;
 use super::{guard, nvrtc, CudaError, KERNEL_SOURCES};
 use crate::cpu::rope::Rope;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
@@ -9,6 +10,18 @@ use std::sync::Arc;
 
 fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
     r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
+}
+
+/// Makes `ctx` current on this thread (for raw driver calls).
+///
+/// Errors: the driver refusing (or an error cudarc recorded earlier on the context).
+pub(crate) fn drv_bind(ctx: &CudaContext) -> Result<(), CudaError> {
+    drv("binding the context", ctx.bind_to_thread())
+}
+
+/// The error for host-side work requested while a decode step is being captured.
+fn in_capture(what: &str) -> CudaError {
+    CudaError::Unsupported { what: "CUDA graph capture", detail: format!("{what} inside a captured decode step (it needs the host to wait for the device)") }
 }
 
 /// A weight matrix `[rows, cols]` on the device in its stored format (spec §6).
@@ -61,6 +74,8 @@ pub struct Gpu {
     profile: std::sync::Mutex<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
     /// cuBLASLt for `FP8_CUBLASLT`, created at first use (`Err` = why it is unavailable).
     pub(crate) lt: std::sync::Mutex<Option<Result<super::cublaslt::Lt, String>>>,
+    /// CUDA graphs for decode steps ([`super::graph`]): capture flag, memory pool, kept graphs.
+    pub graph: super::graph::GraphState,
 }
 
 /// Seconds from event `a` to event `b` (both recorded on one stream; waits for `b`).
@@ -332,7 +347,9 @@ impl Gpu {
         keep_freed_memory(&ctx)?;
         let (major, minor) = drv("reading the compute capability", ctx.compute_capability())?;
         let arch = if major == 9 { format!("sm_{major}{minor}a") } else { format!("sm_{major}{minor}") };
-        let stream = ctx.default_stream();
+        // A created (non-blocking) stream: the legacy default stream cannot be captured into a
+        // CUDA graph (decode steps, `super::graph`).
+        let stream = drv("creating the stream", ctx.new_stream())?;
         let mut functions = HashMap::new();
         for (file, src) in KERNEL_SOURCES {
             let cubin = nvrtc::compile_cached(cache_dir, file, src, &arch)?;
@@ -378,7 +395,8 @@ impl Gpu {
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }
-        Ok(Gpu { ctx, stream, arch, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None) })
+        let graph = super::graph::GraphState::new(ctx.clone());
+        Ok(Gpu { ctx, stream, arch, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph })
     }
 
     /// Records a timing event (`CU_EVENT_DEFAULT`) on the stream.
@@ -394,6 +412,11 @@ impl Gpu {
     /// [`Gpu::profile_finish`]).
     pub fn profile_start(&self) {
         *self.profile.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
+    }
+
+    /// Whether stage marks are being recorded ([`Gpu::profile_start`]).
+    pub fn profiling(&self) -> bool {
+        self.profile.lock().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 
     /// Marks that the work queued from here on belongs to stage `name` (until the next mark). A
@@ -435,20 +458,44 @@ impl Gpu {
         &self.functions[name]
     }
 
-    /// Copies host data to the device.
+    /// Copies host data to a new device buffer that lives as long as the caller keeps it (weights,
+    /// states).
+    ///
+    /// Errors: driver errors; a call while a decode step is being captured.
     pub fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        if self.graph.capturing() {
+            return Err(in_capture("an upload from pageable memory"));
+        }
         drv("upload", self.stream.clone_htod(data))
     }
 
+    /// Copies host data to a temporary device buffer of the forward: an ordinary upload, or while
+    /// a decode step is being captured a copy recorded from pinned staging memory into a graph-pool
+    /// block ([`super::graph`]).
+    ///
+    /// Errors: driver errors.
+    pub fn stage_upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<DevBuf<T>, CudaError> {
+        if self.graph.capturing() {
+            return self.graph.pooled_upload(&self.stream, data);
+        }
+        drv("upload", self.stream.clone_htod(data)).map(DevBuf::plain)
+    }
+
     /// Copies device data to the host (synchronizes the stream).
+    ///
+    /// Errors: driver errors; a call while a decode step is being captured.
     pub fn download<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, data: &CudaSlice<T>) -> Result<Vec<T>, CudaError> {
+        if self.graph.capturing() {
+            return Err(in_capture("a download"));
+        }
         drv("download", self.stream.clone_dtoh(data))
     }
 
     /// Copies the elements `range` of `data` to the host (synchronizes the stream; an empty range
     /// copies nothing).
     ///
-    /// Errors: a range past the end of `data`, driver errors.
+    /// Errors: a range past the end of `data`, driver errors, a call while a decode step is being
+    /// captured.
     pub fn download_range<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, data: &CudaSlice<T>, range: std::ops::Range<usize>) -> Result<Vec<T>, CudaError> {
         if range.end > data.len() || range.start > range.end {
             return Err(CudaError::Unsupported { what: "download", detail: format!("elements {range:?} of a buffer of {}", data.len()) });
@@ -456,16 +503,54 @@ impl Gpu {
         if range.is_empty() {
             return Ok(Vec::new());
         }
+        if self.graph.capturing() {
+            return Err(in_capture("a download"));
+        }
         drv("download", self.stream.clone_dtoh(&data.slice(range)))
     }
 
-    /// Zero-filled device buffer.
-    pub fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
+    /// Zero-filled temporary device buffer: a stream-ordered allocation, or while a decode step is
+    /// being captured a block of the graph pool ([`super::graph`]).
+    ///
+    /// Errors: allocation failures.
+    pub fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, n: usize) -> Result<DevBuf<T>, CudaError> {
+        if self.graph.capturing() {
+            return self.graph.pooled_zeros(&self.stream, n);
+        }
+        drv("alloc", self.stream.alloc_zeros(n)).map(DevBuf::plain)
+    }
+
+    /// Temporary device buffer with unspecified contents (as [`Gpu::zeros`] without the memset).
+    ///
+    /// # Safety
+    /// The caller writes every element before reading it (as for cudarc's `CudaStream::alloc`).
+    ///
+    /// Errors: allocation failures.
+    pub unsafe fn scratch<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<DevBuf<T>, CudaError> {
+        if self.graph.capturing() {
+            return self.graph.pooled(&self.stream, n);
+        }
+        // SAFETY: forwarded to the caller.
+        drv("alloc", unsafe { self.stream.alloc(n) }).map(DevBuf::plain)
+    }
+
+    /// Zero-filled device buffer kept by the caller (weights, states).
+    ///
+    /// Errors: allocation failures; a call while a decode step is being captured.
+    pub fn zeros_owned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
+        if self.graph.capturing() {
+            return Err(in_capture("a lasting allocation"));
+        }
         drv("alloc", self.stream.alloc_zeros(n))
     }
 
     /// Waits for the stream.
+    ///
+    /// Errors: driver errors; a call while a decode step is being captured.
     pub fn sync(&self) -> Result<(), CudaError> {
+        if self.graph.capturing() {
+            return Err(in_capture("a synchronisation"));
+        }
         drv("synchronize", self.stream.synchronize())
     }
 
@@ -572,7 +657,7 @@ impl Gpu {
     /// `split` followed by the lo plane `x − bf16(x)`; padding is zero.
     ///
     /// Errors: `x` shorter than `t·k`, sizes beyond 32-bit indexing, allocation or launch failures.
-    pub fn bf16_planes(&self, x: &CudaSlice<f32>, t: usize, k: usize, split: bool) -> Result<(CudaSlice<u16>, usize, usize), CudaError> {
+    pub fn bf16_planes(&self, x: &CudaSlice<f32>, t: usize, k: usize, split: bool) -> Result<(DevBuf<u16>, usize, usize), CudaError> {
         let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") });
         if x.len() < t * k {
             return Err(CudaError::Unsupported { what: "linear", detail: format!("{} inputs for {t} rows of {k}", x.len()) });
@@ -580,7 +665,7 @@ impl Gpu {
         let (tp, kp) = (t.div_ceil(128).max(1) * 128, k.div_ceil(32) * 32);
         let (tt, k_i, tp_i) = (too_big(t)?, too_big(k)?, too_big(tp)?);
         // SAFETY: every element is written by gemm_x_bf16 below before anything reads it.
-        let mut xb = drv("alloc", unsafe { self.stream.alloc::<u16>(tp * kp * if split { 2 } else { 1 }) })?;
+        let mut xb = unsafe { self.scratch::<u16>(tp * kp * if split { 2 } else { 1 }) }?;
         let quads = tp * kp / 4;
         let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("gemm_x_bf16"));
@@ -628,7 +713,7 @@ impl Gpu {
         for (i, wg) in ws.iter().enumerate() {
             let g = first + i;
             let rows: Vec<i32> = (0..t).map(|ti| (ti * groups + g) as i32).collect();
-            let rows = self.upload(&rows)?;
+            let rows = self.stage_upload(&rows)?;
             let mut xg = self.zeros::<f32>(t * gin)?;
             self.gather_rows(o, t * groups, &rows.slice(0..t), &mut xg, gin)?;
             let mut zg = self.zeros::<f32>(t * r)?;

@@ -11,6 +11,7 @@
 pub mod bench;
 pub mod check;
 pub mod check_attention;
+pub mod check_graph;
 pub mod check_mhc;
 pub mod check_model;
 pub mod check_moe;
@@ -19,6 +20,7 @@ pub mod check_sample;
 pub mod check_switches;
 pub mod cublaslt;
 pub mod gpu;
+pub mod graph;
 pub mod model;
 pub mod nvrtc;
 pub mod ops_attention;

@@ -9,6 +9,7 @@
 //! step needs host-side lists (indexer offsets, expert grouping). Stored-format uploads (FP8/FP4),
 //! CUDA graphs and fused prefill kernels come next (issues 5 and 6).
 
+use super::graph::DevBuf;
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::ops_attention::{hca_offsets, topk_offsets, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter};
@@ -104,7 +105,7 @@ fn split_rows(gpu: &Gpu, w: GpuWeight, groups: usize) -> Result<Vec<GpuWeight>, 
     let cols = w.cols;
     let part = |data: GpuMatrix| GpuWeight { rows: r, cols, data };
     let sub = |src: &CudaSlice<u8>, a: usize, b: usize| -> Result<CudaSlice<u8>, CudaError> {
-        let mut dst = gpu.zeros::<u8>(b - a)?;
+        let mut dst = gpu.zeros_owned::<u8>(b - a)?;
         drv("split", gpu.stream.memcpy_dtod(&src.slice(a..b), &mut dst))?;
         Ok(dst)
     };
@@ -112,12 +113,12 @@ fn split_rows(gpu: &Gpu, w: GpuWeight, groups: usize) -> Result<Vec<GpuWeight>, 
     for g in 0..groups {
         let data = match &w.data {
             GpuMatrix::F32(m) => {
-                let mut dst = gpu.zeros::<f32>(r * cols)?;
+                let mut dst = gpu.zeros_owned::<f32>(r * cols)?;
                 drv("split", gpu.stream.memcpy_dtod(&m.slice(g * r * cols..(g + 1) * r * cols), &mut dst))?;
                 GpuMatrix::F32(dst)
             }
             GpuMatrix::Bf16(m) => {
-                let mut dst = gpu.zeros::<u16>(r * cols)?;
+                let mut dst = gpu.zeros_owned::<u16>(r * cols)?;
                 drv("split", gpu.stream.memcpy_dtod(&m.slice(g * r * cols..(g + 1) * r * cols), &mut dst))?;
                 GpuMatrix::Bf16(dst)
             }
@@ -272,9 +273,9 @@ impl GpuSequence {
         let comp = |cw: &GpuCompressor| -> Result<GpuCompState, CudaError> {
             let out = if cw.overlap { 2 * cw.width } else { cw.width };
             Ok(GpuCompState {
-                kv: gpu.zeros(capacity * out)?,
-                logit: gpu.zeros(capacity * out)?,
-                entries: gpu.zeros((capacity / cw.ratio).max(1) * cw.width)?,
+                kv: gpu.zeros_owned(capacity * out)?,
+                logit: gpu.zeros_owned(capacity * out)?,
+                entries: gpu.zeros_owned((capacity / cw.ratio).max(1) * cw.width)?,
                 n_entries: 0,
             })
         };
@@ -283,7 +284,7 @@ impl GpuSequence {
             .iter()
             .map(|l| {
                 Ok(GpuLayerState {
-                    kv: gpu.zeros(capacity * c.head_dim)?,
+                    kv: gpu.zeros_owned(capacity * c.head_dim)?,
                     comp: l.compressor.as_ref().map(comp).transpose()?,
                     idx: l.indexer.as_ref().map(|i| comp(&i.compressor)).transpose()?,
                 })
@@ -468,6 +469,85 @@ fn copy_into(gpu: &Gpu, src: &CudaSlice<f32>, len: usize, dst: &mut CudaSlice<f3
     drv("copy", gpu.stream.memcpy_dtod(&src.slice(0..len), &mut view))
 }
 
+/// The host side of a [`GpuSequence`]: what a forward changes outside device memory (the position
+/// and each compressor's entry count). A captured decode step that has to be abandoned restores it
+/// (its device work never ran).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostMarks {
+    pos: usize,
+    entries: Vec<(usize, usize)>,
+}
+
+impl GpuSequence {
+    /// The host-side counters now.
+    pub fn marks(&self) -> HostMarks {
+        let n = |c: &Option<GpuCompState>| c.as_ref().map_or(0, |c| c.n_entries);
+        HostMarks { pos: self.pos, entries: self.layers.iter().map(|l| (n(&l.comp), n(&l.idx))).collect() }
+    }
+
+    /// Puts back counters taken by [`GpuSequence::marks`] on this sequence.
+    pub fn set_marks(&mut self, m: &HostMarks) {
+        self.pos = m.pos;
+        for (l, &(a, b)) in self.layers.iter_mut().zip(&m.entries) {
+            if let Some(c) = &mut l.comp {
+                c.n_entries = a;
+            }
+            if let Some(c) = &mut l.idx {
+                c.n_entries = b;
+            }
+        }
+    }
+}
+
+/// Whether decode steps run as CUDA graphs ([`super::graph`]): the switch `DECODE_CUDA_GRAPH`, with
+/// `MOE_GROUPED` and `MOE_GROUPED_DECODE` on (the per-expert MoE synchronises with the host every
+/// layer, which a graph cannot hold), not while profiling stages (their events would be recorded
+/// into the graph), and not after a capture on this device had to be abandoned.
+pub fn decode_graphs_enabled(gpu: &Gpu) -> bool {
+    crate::switches::on("DECODE_CUDA_GRAPH")
+        && crate::switches::on("MOE_GROUPED")
+        && crate::switches::on("MOE_GROUPED_DECODE")
+        && !gpu.profiling()
+        && gpu.graph.broken().is_none()
+}
+
+/// One decode step: token `id` appended to `seq`, its logits `[vocab]` left on the device. With
+/// [`decode_graphs_enabled`] the step is captured and launched as one CUDA graph (same kernels,
+/// same arguments, same results as [`forward_chunk_gpu_dev`]); a capture that fails (some op
+/// needed the host mid-step) is abandoned without running anything, graphs are turned off for the
+/// device (said once), and the step runs without one.
+///
+/// Errors: as [`forward_chunk_gpu`].
+pub fn decode_step_gpu_dev(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, id: u32) -> Result<DevBuf<f32>, CudaError> {
+    let none = || CudaError::Unsupported { what: "decode", detail: "the forward returned no logits".into() };
+    if decode_graphs_enabled(gpu) {
+        crate::forward::check_ids(&[id], m.config.vocab_size).map_err(|e| CudaError::Unsupported { what: "forward", detail: e.to_string() })?;
+        if seq.pos < seq.capacity {
+            // Tables built at first use upload weights: build them before capturing.
+            for l in &m.layers {
+                gpu.moe_tables(&l.moe)?;
+            }
+            let marks = seq.marks();
+            match gpu.graph.capture_launch(&gpu.stream, || forward_chunk_gpu_dev(gpu, m, seq, &[id], LogitsFor::Last, false)) {
+                Ok((lg, _)) => return lg.ok_or_else(none),
+                Err(e) => {
+                    seq.set_marks(&marks);
+                    gpu.graph.mark_broken(e.to_string());
+                }
+            }
+        }
+    }
+    forward_chunk_gpu_dev(gpu, m, seq, &[id], LogitsFor::Last, false)?.0.ok_or_else(none)
+}
+
+/// [`decode_step_gpu_dev`] with the logits copied to the host.
+///
+/// Errors: as [`forward_chunk_gpu`].
+pub fn decode_step_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, id: u32) -> Result<Vec<f32>, CudaError> {
+    let lg = decode_step_gpu_dev(gpu, m, seq, id)?;
+    gpu.download(&lg)
+}
+
 /// Projects a chunk through a compressor into the state's rows and emits the completed entries.
 fn compress_chunk(gpu: &Gpu, m: &GpuModel, cw: &GpuCompressor, cs: &mut GpuCompState, a: &CudaSlice<f32>, t: usize, pos0: usize) -> Result<(), CudaError> {
     let c = &m.config;
@@ -513,7 +593,7 @@ pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[
 }
 
 /// Output of [`forward_chunk_gpu_dev`]: the device logits (if any rows were selected) and the recorded streams.
-pub type DeviceForwardOutput = (Option<CudaSlice<f32>>, Vec<Vec<f32>>);
+pub type DeviceForwardOutput = (Option<DevBuf<f32>>, Vec<Vec<f32>>);
 
 /// [`forward_chunk_gpu`] leaving the logits on the device: `[T', vocab]` f32 for the positions
 /// `logits_for` selects (`None` when it selects none), plus the recorded streams.
@@ -538,10 +618,10 @@ pub fn forward_chunk_gpu_dev(
     // §4.1: the embedding row of each token into each of its n streams (gather on the device).
     gpu.stage("embed");
     let rows: Vec<i32> = ids.iter().flat_map(|id| std::iter::repeat_n(*id as i32, n)).collect();
-    let rows = gpu.upload(&rows)?;
+    let rows = gpu.stage_upload(&rows)?;
     let mut x = gpu.zeros::<f32>(t * n * d)?;
     gpu.gather_rows(&m.embed, c.vocab_size, &rows.slice(0..t * n), &mut x, d)?;
-    let ids_dev = gpu.upload(&ids.iter().map(|v| *v as i32).collect::<Vec<_>>())?;
+    let ids_dev = gpu.stage_upload(&ids.iter().map(|v| *v as i32).collect::<Vec<_>>())?;
     let mut layer_streams = Vec::new();
     let mut u = gpu.zeros::<f32>(t * d)?;
     let mut post = gpu.zeros::<f32>(t * n)?;
@@ -578,7 +658,7 @@ pub fn forward_chunk_gpu_dev(
         match (l.kind, &l.compressor, &s.comp) {
             (LayerKind::Sliding, _, _) => gpu.sparse_attention(&q, &s.kv, None, &l.sinks, inv, rope, &mut o, &shape)?,
             (LayerKind::Hca { ratio }, Some(_), Some(cs)) => {
-                let offsets = gpu.upload(&hca_offsets(pos0, t, ratio, cs.n_entries)?)?;
+                let offsets = gpu.stage_upload(&hca_offsets(pos0, t, ratio, cs.n_entries)?)?;
                 let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: None, mask: None };
                 gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
             }
@@ -598,7 +678,7 @@ pub fn forward_chunk_gpu_dev(
                 let ishape = IndexerShape { tokens: t, heads: iw.heads, head_dim: iw.head_dim, n_entries: is.n_entries, ratio, pos0 };
                 let offs = topk_offsets(pos0, t, ratio, is.n_entries, c.index_topk)?;
                 let total = *offs.last().unwrap_or(&0) as usize;
-                let offsets = gpu.upload(&offs)?;
+                let offsets = gpu.stage_upload(&offs)?;
                 let mut idx = gpu.zeros::<i32>(total.max(1))?;
                 gpu.indexer_select(&iq, &is.entries, &wts, &offsets, &mut idx, &ishape, c.index_topk)?;
                 gpu.stage("attention");
@@ -609,7 +689,7 @@ pub fn forward_chunk_gpu_dev(
                     // The mask path (issue 6 §2): a [T, entries] byte mask, attention over the
                     // visible entries it marks (same candidates, same order, same bits).
                     let mask = gpu.topk_mask(&offsets, &idx, t, cs.entries.len() / hd)?;
-                    let visible = gpu.upload(&hca_offsets(pos0, t, ratio, is.n_entries)?)?;
+                    let visible = gpu.stage_upload(&hca_offsets(pos0, t, ratio, is.n_entries)?)?;
                     let keys = CompressedKeys { entries: &cs.entries, offsets: &visible, indices: None, mask: Some(&mask) };
                     gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
                 }

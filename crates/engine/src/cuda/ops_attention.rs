@@ -8,6 +8,7 @@
 //! bad input. Device-side index lists (CSR contents) cannot be checked on the host: out-of-range
 //! entry indices are skipped by the kernels, and offsets must be the ones the helpers here build.
 
+use super::graph::DevBuf;
 use super::gpu::Gpu;
 use super::CudaError;
 use crate::cpu::rope::Rope;
@@ -814,7 +815,7 @@ impl Gpu {
     /// Launch: grid `T`, block 256.
     ///
     /// Errors: [`CudaError::Unsupported`] for short offsets, more than i32 entries; driver errors.
-    pub fn topk_mask(&self, offsets: &CudaSlice<i32>, idx: &CudaSlice<i32>, tokens: usize, n_entries: usize) -> Result<CudaSlice<u8>, CudaError> {
+    pub fn topk_mask(&self, offsets: &CudaSlice<i32>, idx: &CudaSlice<i32>, tokens: usize, n_entries: usize) -> Result<DevBuf<u8>, CudaError> {
         const W: &str = "topk_mask";
         ensure(W, offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", offsets.len(), tokens + 1))?;
         let n_i = int(W, "n_entries", n_entries)?;

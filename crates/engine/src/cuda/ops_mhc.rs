@@ -7,6 +7,7 @@
 //! activation buffers may be longer than needed (only the leading elements are used), weights must
 //! have exactly their stated size. All kernels are deterministic (fixed reduction orders, no atomics).
 
+use super::graph::DevBuf;
 use super::gpu::{Gpu, GpuWeight};
 use super::CudaError;
 use crate::weights::HcWeights;
@@ -152,21 +153,21 @@ pub struct GpuMoeLayer {
 /// What [`Gpu::moe_forward`] returns.
 pub struct GpuMoeOutput {
     /// MoE output `[T, d]`.
-    pub out: CudaSlice<f32>,
+    pub out: DevBuf<f32>,
     /// Selected experts `[T, k]` (device).
-    pub experts: CudaSlice<i32>,
+    pub experts: DevBuf<i32>,
     /// Routing weights γ `[T, k]` (already × routed_scaling_factor).
-    pub weights: CudaSlice<f32>,
+    pub weights: DevBuf<f32>,
 }
 
 impl Gpu {
     /// Split-K partial sums of the `m` mix dot products `Φ·x̄` and of `x̄²` over each token's flattened
     /// streams (`nd` = n·d values; `fn_` is `[m, nd]`): returns `part` `[t, HC_SPLIT, HC_PART]`, which
     /// hc_pre_f32 / hc_head_f32 sum in split order. Callers have validated the shapes (`t` ≥ 1).
-    fn hc_mix_partial(&self, x: &CudaSlice<f32>, fn_: &CudaSlice<f32>, m: usize, t: usize, nd: usize) -> Result<CudaSlice<f32>, CudaError> {
+    fn hc_mix_partial(&self, x: &CudaSlice<f32>, fn_: &CudaSlice<f32>, m: usize, t: usize, nd: usize) -> Result<DevBuf<f32>, CudaError> {
         // SAFETY: uninitialised device memory; hc_mix_partial_f32 writes entries 0..=m of every
         // (token, split), which are the only ones hc_pre_f32 / hc_head_f32 read.
-        let mut part = drv("alloc", unsafe { self.stream.alloc::<f32>(t * HC_SPLIT * HC_PART) })?;
+        let mut part = unsafe { self.scratch::<f32>(t * HC_SPLIT * HC_PART) }?;
         let cfg = LaunchConfig { grid_dim: (t.div_ceil(HC_TT) as u32, HC_SPLIT as u32, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (t_i, m_i, nd_i) = (t as i32, m as i32, nd as i32);
         let mut b = self.stream.launch_builder(self.f("hc_mix_partial_f32"));
@@ -460,7 +461,7 @@ impl Gpu {
     /// and [`Gpu::router`]. Returns experts `[t, k]` and weights `[t, k]` on the device.
     ///
     /// Errors: shapes that disagree with `cfg`, or any launcher error.
-    pub fn moe_route(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize) -> Result<(CudaSlice<i32>, CudaSlice<f32>), CudaError> {
+    pub fn moe_route(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize) -> Result<(DevBuf<i32>, DevBuf<f32>), CudaError> {
         const W: &str = "moe_route";
         let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
         if t == 0 {
@@ -491,7 +492,7 @@ impl Gpu {
     /// `official`: DeepSeek's official numerics (FP8-quantized linear inputs, γ before W2; the path
     /// `TC_LINEAR=fp8` takes) instead of the HF numerics.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_experts(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &[i32], weights: &CudaSlice<f32>, official: bool) -> Result<CudaSlice<f32>, CudaError> {
+    pub fn moe_experts(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &[i32], weights: &CudaSlice<f32>, official: bool) -> Result<DevBuf<f32>, CudaError> {
         const W: &str = "moe_experts";
         let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
         let limit = cfg.swiglu_limit as f32;
@@ -542,8 +543,8 @@ impl Gpu {
             }
             ranges.push((x, a, rows_idx.len()));
         }
-        let rows_dev = self.upload(&rows_idx)?;
-        let dst_dev = self.upload(&dst_idx)?;
+        let rows_dev = self.stage_upload(&rows_idx)?;
+        let dst_dev = self.stage_upload(&dst_idx)?;
         let mut xs = self.zeros::<f32>(m_max * d)?;
         let mut g = self.zeros::<f32>(m_max * inter_max.max(1))?;
         let mut u = self.zeros::<f32>(m_max * inter_max.max(1))?;
@@ -565,7 +566,7 @@ impl Gpu {
     /// in official numerics (FP8-quantized inputs) when `official`.
     ///
     /// Errors: an expert whose shapes do not agree, short buffers, or any launcher error.
-    pub(crate) fn shared_expert(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, d: usize, limit: f32, official: bool) -> Result<CudaSlice<f32>, CudaError> {
+    pub(crate) fn shared_expert(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, d: usize, limit: f32, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let sh_inter = layer.shared.w1.rows;
         let mut sg = self.zeros::<f32>(t * sh_inter)?;
         let mut su = self.zeros::<f32>(t * sh_inter)?;
@@ -580,12 +581,12 @@ impl Gpu {
     /// (DeepSeek's numerics, γ already applied before W2) the shared expert's inputs are
     /// FP8-quantized and γ = 1 here. Returns the MoE output `[t, d]`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, official: bool) -> Result<CudaSlice<f32>, CudaError> {
+    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let shared = self.shared_expert(layer, f, t, d, limit, official)?;
         let mut out = self.zeros::<f32>(t * d)?;
         let ones;
         let w = if official {
-            ones = self.upload(&vec![1f32; (t * k).max(1)])?;
+            ones = self.stage_upload(&vec![1f32; (t * k).max(1)])?;
             &ones
         } else {
             weights

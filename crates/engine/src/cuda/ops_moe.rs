@@ -15,6 +15,7 @@
 //! Design learned from the grouped-GEMM idea in DeepSeek's DeepGEMM and from lucebox's adaptive
 //! MoE tiles (`../shared/research/`); the code is ours.
 
+use super::graph::DevBuf;
 use super::gpu::{gemm_smem_for, Gpu, GpuMatrix, GpuWeight, GEMM_ENTRY_POINTS};
 use super::ops_mhc::{GpuExpert, GpuMoeLayer};
 use super::CudaError;
@@ -177,11 +178,11 @@ struct Grouping {
     /// Rows of capacity (≥ the grouped rows R), a multiple of 128.
     r_cap: usize,
     max_items: usize,
-    offsets: CudaSlice<i32>,
-    items: CudaSlice<i32>,
-    n_items: CudaSlice<i32>,
-    row_tok: CudaSlice<i32>,
-    row_dst: CudaSlice<i32>,
+    offsets: DevBuf<i32>,
+    items: DevBuf<i32>,
+    n_items: DevBuf<i32>,
+    row_tok: DevBuf<i32>,
+    row_dst: DevBuf<i32>,
 }
 
 impl Gpu {
@@ -322,7 +323,7 @@ impl Gpu {
     /// disagree with `cfg`, or any launch error. Expert ids outside 0..E are not grouped: their
     /// slots stay zero (the router marks such tokens with NaN weights, which reach the output).
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_experts_grouped(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, split: bool, opts: MoeOptions) -> Result<CudaSlice<f32>, CudaError> {
+    pub fn moe_experts_grouped(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, split: bool, opts: MoeOptions) -> Result<DevBuf<f32>, CudaError> {
         let (tables, d, e, k) = self.grouped_inputs(cfg, layer, f, t, experts, weights, false)?;
         let tk = t * k;
         let inter = tables.inter;
@@ -331,7 +332,7 @@ impl Gpu {
         let planes = if split { 2 } else { 1 };
         // Grouped activations [r_cap, d] (bf16, + low plane).
         // SAFETY: rows < R are written by moe_gather_bf16 below; rows ≥ R are never read (no item covers them).
-        let mut xb = drv("alloc", unsafe { self.stream.alloc::<u16>(g.r_cap * d * planes) })?;
+        let mut xb = unsafe { self.scratch::<u16>(g.r_cap * d * planes) }?;
         {
             let quads = g.r_cap * d / 4;
             let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -344,7 +345,7 @@ impl Gpu {
         // h = SwiGLU(gate, up) as bf16 [r_cap, inter] (+ low plane).
         let h_lo = g.r_cap * inter;
         // SAFETY: rows < R are written by the gate/up stage; rows ≥ R are never read.
-        let mut hb = drv("alloc", unsafe { self.stream.alloc::<u16>(h_lo * planes) })?;
+        let mut hb = unsafe { self.scratch::<u16>(h_lo * planes) }?;
         if opts.fused_swiglu {
             self.moe_gemm(&g, tables, "swiglu", split, opts.persistent, &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hb, h_lo, inter)), 2 * inter, d, limit)?;
         } else {
@@ -413,7 +414,7 @@ impl Gpu {
     /// Errors: experts [`GpuExpertTables::q8`] rejects, shapes that disagree with `cfg`, launch
     /// failures.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_experts_grouped_q8(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, opts: MoeOptions) -> Result<CudaSlice<f32>, CudaError> {
+    pub fn moe_experts_grouped_q8(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, opts: MoeOptions) -> Result<DevBuf<f32>, CudaError> {
         let (tables, d, e, k) = self.grouped_inputs(cfg, layer, f, t, experts, weights, true)?;
         let tk = t * k;
         let inter = tables.inter;
@@ -422,9 +423,9 @@ impl Gpu {
         let qa = self.act_quant(f, t, d)?;
         let kb = d / super::ops_q8::Q8_BLOCK;
         // SAFETY: rows < R are written by moe_gather_q8; rows ≥ R are never read (no item covers them).
-        let mut xq = drv("alloc", unsafe { self.stream.alloc::<u8>(g.r_cap * d) })?;
+        let mut xq = unsafe { self.scratch::<u8>(g.r_cap * d) }?;
         // SAFETY: as above.
-        let mut xsa = drv("alloc", unsafe { self.stream.alloc::<f32>(g.r_cap * kb) })?;
+        let mut xsa = unsafe { self.scratch::<f32>(g.r_cap * kb) }?;
         {
             let chunks = g.r_cap * d / 16;
             let lc = LaunchConfig { grid_dim: (chunks.div_ceil(256).min(132 * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };

@@ -19,6 +19,7 @@
 //! Learned from DeepSeek's DeepGEMM/`fp8_gemm` design (per-block promotion of FP8 partials into f32,
 //! DeepSeek-V3 report §3.3) and the PTX ISA (`mma.sync.m16n8k32` e4m3); the code is ours.
 
+use super::graph::DevBuf;
 use super::cublaslt::LT_MIN_TOKENS;
 use super::gpu::{tc_linear_mode, Gpu, GpuMatrix, GpuWeight, TcMode, TC_LINEAR_MIN_TOKENS};
 use super::CudaError;
@@ -144,9 +145,9 @@ pub fn q8_capable(w: &GpuWeight) -> bool {
 /// (rows past the valid ones are zero with scale 1).
 pub struct QuantizedActs {
     /// e4m3 bytes `[rows, kp]`.
-    pub q: CudaSlice<u8>,
+    pub q: DevBuf<u8>,
     /// Power-of-two scale per row and 128-block.
-    pub sa: CudaSlice<f32>,
+    pub sa: DevBuf<f32>,
     /// Rows allocated (a multiple of 128).
     pub rows: usize,
     /// Input width rounded up to 128.
@@ -193,9 +194,9 @@ impl Gpu {
         }
         let (rows, kp) = (t.div_ceil(128).max(1) * 128, k.div_ceil(Q8_BLOCK) * Q8_BLOCK);
         // SAFETY: every element is written by act_quant_fp8 (rows < Tp, columns < Kp).
-        let mut q = drv("alloc", unsafe { self.stream.alloc::<u8>(rows * kp) })?;
+        let mut q = unsafe { self.scratch::<u8>(rows * kp) }?;
         // SAFETY: as above, one scale per (row, block).
-        let mut sa = drv("alloc", unsafe { self.stream.alloc::<f32>(rows * kp / Q8_BLOCK) })?;
+        let mut sa = unsafe { self.scratch::<f32>(rows * kp / Q8_BLOCK) }?;
         self.act_quant_launch(x, Some((&mut q, &mut sa)), t, k, rows)?;
         Ok(QuantizedActs { q, sa, rows, kp })
     }
@@ -268,9 +269,9 @@ impl Gpu {
         let (kb, nb) = (w.cols / Q8_BLOCK, w.rows / Q8_BLOCK);
         let kbp = kb.div_ceil(4) * 4;
         // SAFETY: both fully written by lt_scales below.
-        let mut sat = drv("alloc", unsafe { self.stream.alloc::<f32>(kb * t) })?;
+        let mut sat = unsafe { self.scratch::<f32>(kb * t) }?;
         // SAFETY: as above.
-        let mut swf = drv("alloc", unsafe { self.stream.alloc::<f32>(nb * kbp) })?;
+        let mut swf = unsafe { self.scratch::<f32>(nb * kbp) }?;
         let (t_i, kb_i, nb_i) = (i32_of(t, "tokens")?, i32_of(kb, "blocks")?, i32_of(nb, "blocks")?);
         i32_of(kb * t + nb * kbp, "scales")?;
         let cfg = LaunchConfig { grid_dim: ((kb * t + nb * kbp).div_ceil(256).min(132 * 8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -359,9 +360,9 @@ impl Gpu {
             return self.linear_q8(&qa, w, y, t);
         }
         // SAFETY: fully written by the copy below.
-        let mut xr = drv("alloc", unsafe { self.stream.alloc::<f32>((t * w.cols).max(1)) })?;
+        let mut xr = unsafe { self.scratch::<f32>((t * w.cols).max(1)) }?;
         if t * w.cols > 0 {
-            drv("copy", self.stream.memcpy_dtod(&x.slice(0..t * w.cols), &mut xr))?;
+            drv("copy", self.stream.memcpy_dtod(&x.slice(0..t * w.cols), &mut *xr))?;
         }
         self.act_roundtrip(&mut xr, t, w.cols)?;
         if t >= TC_LINEAR_MIN_TOKENS && !matches!(w.data, GpuMatrix::F32(_)) {

@@ -16,10 +16,9 @@
 
 use super::bench::flash_config;
 use super::gpu::Gpu;
-use super::model::{forward_chunk_gpu, prefill_gpu, GpuModel, GpuSequence};
+use super::model::{decode_step_gpu, prefill_gpu, GpuModel, GpuSequence};
 use super::upload::RandomOfficialSource;
 use super::CudaError;
-use crate::forward::LogitsFor;
 use crate::switches::{configurations, scoped, Role};
 use flashseek_model::chat::{encode_messages, EncodeOptions, ThinkingMode};
 use flashseek_model::tokenizer::Ds4Tokenizer;
@@ -109,7 +108,7 @@ fn one_run(gpu: &Gpu, m: &GpuModel, ids: &[u32], chunk: Option<usize>, n: usize)
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         out.push(next);
-        let l = forward_chunk_gpu(gpu, m, &mut seq, &[next], LogitsFor::Last, false)?.logits;
+        let l = decode_step_gpu(gpu, m, &mut seq, next)?;
         next = argmax(&l);
     }
     Ok(RunResult { prefill, ttft, decode: t.elapsed().as_secs_f64(), logits, ids: out })

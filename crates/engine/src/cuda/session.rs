@@ -2,7 +2,7 @@
 //! state of [`GpuSequence`], the token list, chunked prefill and prefix reuse by truncation.
 
 use super::gpu::Gpu;
-use super::model::{forward_chunk_gpu, forward_chunk_gpu_dev, GpuModel, GpuSequence};
+use super::model::{decode_step_gpu, decode_step_gpu_dev, forward_chunk_gpu, GpuModel, GpuSequence};
 use crate::sampler::{LogitsNeed, StepLogits};
 use crate::forward::LogitsFor;
 use crate::session::{Backend, Sequence, ServedSequence, SessionError};
@@ -44,6 +44,17 @@ impl<'a> GpuSession<'a> {
         Ok(last)
     }
 
+    /// Appends one token (a decode step, [`decode_step_gpu`]: a CUDA graph with
+    /// `DECODE_CUDA_GRAPH`); returns its logits `[vocab]`.
+    ///
+    /// Errors: as [`GpuSession::prefill`].
+    pub fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
+        self.check_append(&[id])?;
+        let logits = decode_step_gpu(self.gpu, self.model, &mut self.seq, id).map_err(backend)?;
+        self.tokens.push(id);
+        Ok(logits)
+    }
+
     /// Whether `ids` may be appended: within the capacity and the vocabulary.
     fn check_append(&self, ids: &[u32]) -> Result<(), SessionError> {
         if self.tokens.len() + ids.len() > self.seq.capacity {
@@ -81,12 +92,11 @@ impl GpuSession<'_> {
     pub fn decode_for(&mut self, id: u32, need: LogitsNeed) -> Result<StepLogits, SessionError> {
         let k = match need {
             LogitsNeed::Top(k) if crate::switches::on("SAMPLE_ON_DEVICE") => k,
-            _ => return Ok(StepLogits::Full(self.prefill(&[id])?)),
+            _ => return Ok(StepLogits::Full(self.decode(id)?)),
         };
         self.check_append(&[id])?;
-        let (lg, _) = forward_chunk_gpu_dev(self.gpu, self.model, &mut self.seq, &[id], LogitsFor::Last, false).map_err(backend)?;
+        let lg = decode_step_gpu_dev(self.gpu, self.model, &mut self.seq, id).map_err(backend)?;
         self.tokens.push(id);
-        let lg = lg.ok_or_else(|| SessionError::Backend("the forward returned no logits".into()))?;
         let mut top = self.gpu.logits_top(&lg, 1, self.model.config.vocab_size, k).map_err(backend)?;
         Ok(StepLogits::Top(top.remove(0)))
     }
@@ -128,7 +138,7 @@ impl Sequence for GpuSession<'_> {
         Ok((logits, reuse))
     }
     fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
-        self.prefill(&[id])
+        GpuSession::decode(self, id)
     }
     fn decode_for(&mut self, id: u32, need: LogitsNeed) -> Result<StepLogits, SessionError> {
         GpuSession::decode_for(self, id, need)
@@ -146,7 +156,7 @@ impl ServedSequence for GpuSession<'_> {
         GpuSession::prefill(self, ids)
     }
     fn decode(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
-        GpuSession::prefill(self, &[id])
+        GpuSession::decode(self, id)
     }
     fn decode_for(&mut self, id: u32, need: LogitsNeed) -> Result<StepLogits, SessionError> {
         GpuSession::decode_for(self, id, need)
