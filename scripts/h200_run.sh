@@ -18,6 +18,9 @@
 #   bench-fp8-lt  bench-fp8 with FP8_CUBLASLT=on and LINEAR_CUBLASLT=on                ~100 s
 #   attention the attention/compressor/indexer checks + timings     ~40 s
 #   serve     serve --device cuda vs serve --device cpu over HTTP (scripts/serve_parity.py) ~60 s
+#   bench-decode  20 layers at 8K/128K: decode with MOE_GROUPED_DECODE and DECODE_CUDA_GRAPH on (and
+#             the same steps without graphs), 32 steps each
+#   bench-decode-base  the same with the default switches (per-expert MoE at decode sizes)
 set -euo pipefail
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}
@@ -50,5 +53,9 @@ case "${1:-}" in
          grep -E "^time|FAIL" "$OUT/attention_h200.log" ;;
   serve) timeout 400 python3 scripts/serve_parity.py "$B" "$OUT/serve_parity_h200.json" --device cuda > "$OUT/serve_parity_h200.log" 2>&1
          tail -12 "$OUT/serve_parity_h200.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|q8|bench-fp8|bench-lt|bench-fp8-lt|attention|serve" >&2; exit 2 ;;
+  bench-decode) FLASHSEEK_MOE_GROUPED_DECODE=on FLASHSEEK_DECODE_CUDA_GRAPH=on timeout 400 "$B" gpu-bench --layers 20 --contexts 8192,131072 --prefill-repeats 1 --decode-steps 32 --out "$OUT/gpu_bench_h200_20layers_decode_graph.json" > "$OUT/gpu_bench_h200_20layers_decode_graph.log" 2>&1
+         grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_graph.log" ;;
+  bench-decode-base) timeout 400 "$B" gpu-bench --layers 20 --contexts 8192,131072 --prefill-repeats 1 --decode-steps 32 --out "$OUT/gpu_bench_h200_20layers_decode_base.json" > "$OUT/gpu_bench_h200_20layers_decode_base.log" 2>&1
+         grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_base.log" ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|q8|bench-fp8|bench-lt|bench-fp8-lt|attention|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
 esac

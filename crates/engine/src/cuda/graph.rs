@@ -17,9 +17,9 @@
 //!   the forward returns to the pool and may be handed out again later in the same step — safe
 //!   because a graph captured from one stream runs its nodes in capture order);
 //! - **uploads** from pageable host memory: [`Gpu::stage_upload`](super::gpu::Gpu::stage_upload)
-//!   copies the data into pinned staging memory ([`PinnedStage`]) and records a host-to-device copy
-//!   from there. The staging memory is rewritten only by the next capture, which first waits for
-//!   the stream (so the previous graph has read it).
+//!   copies the data into pinned staging memory (an [`Arena`] owned by the captured step) and
+//!   records a host-to-device copy from there; the arena is reused only after an event recorded
+//!   behind the graph's launch has completed.
 //!
 //! A download or synchronisation inside a capture (the per-expert MoE path, any host-side decision
 //! on device data) is refused with [`CudaError::Unsupported`]; the caller then restores the host
@@ -40,7 +40,10 @@ fn drv_res(what: &str, r: sys::CUresult) -> Result<(), CudaError> {
     if r == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(CudaError::Driver { what: what.into(), detail: format!("{r:?}") })
+        Err(CudaError::Driver {
+            what: what.into(),
+            detail: format!("{r:?}"),
+        })
     }
 }
 
@@ -61,7 +64,10 @@ pub struct DevBuf<T> {
 impl<T> DevBuf<T> {
     /// An ordinary allocation.
     pub(crate) fn plain(slice: CudaSlice<T>) -> Self {
-        DevBuf { slice: ManuallyDrop::new(slice), pool: None }
+        DevBuf {
+            slice: ManuallyDrop::new(slice),
+            pool: None,
+        }
     }
 
     /// Whether the buffer is a pool block (allocated during a capture).
@@ -127,7 +133,12 @@ pub struct GraphPool {
 
 impl GraphPool {
     fn new(ctx: Arc<CudaContext>) -> Self {
-        GraphPool { ctx, free: Mutex::new(HashMap::new()), all: Mutex::new(Vec::new()), bytes: AtomicU64::new(0) }
+        GraphPool {
+            ctx,
+            free: Mutex::new(HashMap::new()),
+            all: Mutex::new(Vec::new()),
+            bytes: AtomicU64::new(0),
+        }
     }
 
     /// Block size for `bytes`.
@@ -137,20 +148,33 @@ impl GraphPool {
 
     /// A free block of `block` bytes, allocating one if none is free.
     fn take(&self, block: usize) -> Result<sys::CUdeviceptr, CudaError> {
-        if let Some(p) = self.free.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&block).and_then(Vec::pop) {
+        if let Some(p) = self
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&block)
+            .and_then(Vec::pop)
+        {
             return Ok(p);
         }
         super::gpu::drv_bind(&self.ctx)?;
         let mut p: sys::CUdeviceptr = 0;
         // SAFETY: plain allocation into a local; the context is current on this thread.
-        drv_res("allocating graph pool memory", unsafe { sys::cuMemAlloc_v2(&mut p, block) })?;
+        drv_res("allocating graph pool memory", unsafe {
+            sys::cuMemAlloc_v2(&mut p, block)
+        })?;
         self.all.lock().unwrap_or_else(|e| e.into_inner()).push(p);
         self.bytes.fetch_add(block as u64, Ordering::Relaxed);
         Ok(p)
     }
 
     fn put(&self, block: usize, p: sys::CUdeviceptr) {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).entry(block).or_default().push(p);
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(block)
+            .or_default()
+            .push(p);
     }
 
     /// Device bytes held by the pool.
@@ -174,28 +198,48 @@ impl Drop for GraphPool {
     }
 }
 
-/// Pinned host memory the uploads of a captured step are copied from (a bump allocator over
-/// chunks allocated with `cuMemHostAlloc`, reset at the start of each capture).
-pub struct PinnedStage {
+/// Pinned host memory the uploads of one captured step are copied from (a bump allocator over
+/// chunks allocated with `cuMemHostAlloc`). A captured graph owns its arena until it is launched;
+/// after the launch the arena waits for an event recorded behind the graph before it is reused.
+pub struct Arena {
     chunks: Vec<(*mut u8, usize)>,
     chunk: usize,
     used: usize,
+    /// Recorded after the launch of the graph that reads this arena.
+    done: Option<cudarc::driver::CudaEvent>,
 }
 
-// SAFETY: the raw pointers are pinned host allocations owned by this struct; every access goes
-// through the Mutex in `GraphState`.
-unsafe impl Send for PinnedStage {}
+// SAFETY: the raw pointers are pinned host allocations owned by this struct, used by one thread
+// at a time (the arena is moved, never shared).
+unsafe impl Send for Arena {}
 
 /// Smallest staging chunk, bytes.
-const STAGE_CHUNK: usize = 1 << 20;
+const STAGE_CHUNK: usize = 1 << 16;
 
-impl PinnedStage {
+impl Arena {
+    fn new() -> Self {
+        Arena {
+            chunks: Vec::new(),
+            chunk: 0,
+            used: 0,
+            done: None,
+        }
+    }
+
+    /// Whether the graph that last read it has finished (or it was never launched).
+    fn free(&self) -> bool {
+        self.done
+            .as_ref()
+            .is_none_or(|e| e.try_is_complete().unwrap_or(false))
+    }
+
     fn reset(&mut self) {
         self.chunk = 0;
         self.used = 0;
+        self.done = None;
     }
 
-    /// Copies `data` into staging memory; returns its address there (256-byte aligned).
+    /// Copies `data` into the arena; returns its address there (256-byte aligned).
     fn push(&mut self, ctx: &Arc<CudaContext>, data: &[u8]) -> Result<*const u8, CudaError> {
         let need = data.len().max(1);
         loop {
@@ -218,8 +262,10 @@ impl PinnedStage {
             super::gpu::drv_bind(ctx)?;
             let cap = need.max(STAGE_CHUNK).next_power_of_two();
             let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-            // SAFETY: plain pinned allocation into a local (flags 0: portable not needed, one context).
-            drv_res("allocating pinned staging memory", unsafe { sys::cuMemHostAlloc(&mut p, cap, 0) })?;
+            // SAFETY: plain pinned allocation into a local.
+            drv_res("allocating pinned staging memory", unsafe {
+                sys::cuMemHostAlloc(&mut p, cap, 0)
+            })?;
             self.chunks.push((p.cast(), cap));
             self.chunk = self.chunks.len() - 1;
             self.used = 0;
@@ -227,20 +273,22 @@ impl PinnedStage {
     }
 }
 
-impl Drop for PinnedStage {
+impl Drop for Arena {
     fn drop(&mut self) {
+        if let Some(e) = &self.done {
+            let _ = e.synchronize();
+        }
         for (p, _) in self.chunks.drain(..) {
-            // SAFETY: allocated by cuMemHostAlloc above, freed once (the owning GraphState waits
-            // for the context before dropping it).
+            // SAFETY: allocated by cuMemHostAlloc above, freed once, after the graph reading it.
             unsafe { sys::cuMemFreeHost(p.cast()) };
         }
     }
 }
 
-/// A kept executable graph.
+/// An executable graph (instantiated by us, destroyed on drop).
 struct Exec(sys::CUgraphExec);
 
-// SAFETY: an executable graph handle is used only under the Mutex in `GraphState`.
+// SAFETY: an executable graph handle is used by one owner at a time (moved, never shared).
 unsafe impl Send for Exec {}
 
 impl Drop for Exec {
@@ -250,29 +298,48 @@ impl Drop for Exec {
     }
 }
 
-/// Counters of the graph machinery (for checks and reports).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct GraphStats {
-    /// Steps captured and launched as graphs.
-    pub launched: u64,
-    /// Of those, launched after updating a kept executable graph.
-    pub updated: u64,
-    /// Of those, launched after a fresh instantiation.
-    pub instantiated: u64,
-    /// Captures abandoned (the step then ran without a graph).
-    pub abandoned: u64,
+/// A captured step ready to launch: its executable graph (owned until the launch, so no other
+/// capture updates it meanwhile) and the staging arena it reads.
+pub struct Captured {
+    exec: Exec,
+    arena: Arena,
 }
 
-/// Per-device graph state: the capture flag, the pool, the staging memory, the kept graphs.
+/// Counters of the graph machinery (for checks and reports).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct GraphStats {
+    /// Steps launched as graphs.
+    pub launched: u64,
+    /// Captures that updated a kept executable graph.
+    pub updated: u64,
+    /// Captures that instantiated a new executable graph.
+    pub instantiated: u64,
+    /// Captures abandoned (an op needed the host; the step then ran without a graph).
+    pub abandoned: u64,
+    /// Captured steps dropped unlaunched (a pre-captured next step whose sequence changed).
+    pub discarded: u64,
+    /// Host seconds spent capturing and updating/instantiating, in total.
+    pub capture_s: f64,
+}
+
+/// Per-device graph state: the capture flag, the pool, the staging arenas, the kept graphs.
 pub struct GraphState {
     ctx: Arc<CudaContext>,
     capturing: AtomicBool,
     pub(crate) pool: Arc<GraphPool>,
-    stage: Mutex<PinnedStage>,
+    /// The arena of the capture in progress.
+    current: Mutex<Option<Arena>>,
+    /// Arenas not owned by a captured step (some may still be read by a launched graph).
+    arenas: Mutex<Vec<Arena>>,
+    /// Executable graphs not owned by a captured step, most recently used first.
     execs: Mutex<Vec<Exec>>,
     stats: Mutex<GraphStats>,
     /// Why graphs were turned off for this device (the first abandoned capture), if they were.
     broken: Mutex<Option<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl GraphState {
@@ -281,7 +348,8 @@ impl GraphState {
             pool: Arc::new(GraphPool::new(ctx.clone())),
             ctx,
             capturing: AtomicBool::new(false),
-            stage: Mutex::new(PinnedStage { chunks: Vec::new(), chunk: 0, used: 0 }),
+            current: Mutex::new(None),
+            arenas: Mutex::new(Vec::new()),
             execs: Mutex::new(Vec::new()),
             stats: Mutex::new(GraphStats::default()),
             broken: Mutex::new(None),
@@ -295,48 +363,65 @@ impl GraphState {
 
     /// The counters so far.
     pub fn stats(&self) -> GraphStats {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.stats)
     }
 
     /// Why graphs are off on this device, if a capture had to be abandoned.
     pub fn broken(&self) -> Option<String> {
-        self.broken.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.broken).clone()
     }
 
     pub(crate) fn mark_broken(&self, why: String) {
-        let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = lock(&self.broken);
         if b.is_none() {
             eprintln!("flashseek: warning: CUDA graphs for decode are off on this device: {why}; decode steps run without them (same results)");
             *b = Some(why);
         }
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).abandoned += 1;
+        lock(&self.stats).abandoned += 1;
     }
 
     /// A pool block for `n` values of `T` (contents unspecified).
-    pub(crate) fn pooled<T: DeviceRepr>(&self, stream: &Arc<cudarc::driver::CudaStream>, n: usize) -> Result<DevBuf<T>, CudaError> {
+    pub(crate) fn pooled<T: DeviceRepr>(
+        &self,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        n: usize,
+    ) -> Result<DevBuf<T>, CudaError> {
         let block = GraphPool::block(n * std::mem::size_of::<T>());
         let p = self.pool.take(block)?;
         // SAFETY: `p` is a live pool block of `block` ≥ n·size_of::<T>() bytes, owned by the
         // returned DevBuf until it is dropped (then back in the pool).
         let slice = unsafe { stream.upgrade_device_ptr::<T>(p, n) };
-        Ok(DevBuf { slice: ManuallyDrop::new(slice), pool: Some((self.pool.clone(), block)) })
+        Ok(DevBuf {
+            slice: ManuallyDrop::new(slice),
+            pool: Some((self.pool.clone(), block)),
+        })
     }
 
     /// A zeroed pool block for `n` values of `T`, the memset recorded on `stream`.
-    pub(crate) fn pooled_zeros<T: DeviceRepr>(&self, stream: &Arc<cudarc::driver::CudaStream>, n: usize) -> Result<DevBuf<T>, CudaError> {
+    pub(crate) fn pooled_zeros<T: DeviceRepr>(
+        &self,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        n: usize,
+    ) -> Result<DevBuf<T>, CudaError> {
         let buf = self.pooled::<T>(stream, n)?;
         let bytes = n * std::mem::size_of::<T>();
         if bytes > 0 {
             use cudarc::driver::DevicePtr;
             let (p, _rec) = buf.device_ptr(stream);
             // SAFETY: memset of the block's first `bytes` bytes on the capturing stream.
-            drv_res("recording a memset", unsafe { sys::cuMemsetD8Async(p, 0, bytes, stream.cu_stream()) })?;
+            drv_res("recording a memset", unsafe {
+                sys::cuMemsetD8Async(p, 0, bytes, stream.cu_stream())
+            })?;
         }
         Ok(buf)
     }
 
-    /// A pool block holding `data`, copied from pinned staging memory by a recorded copy.
-    pub(crate) fn pooled_upload<T: DeviceRepr>(&self, stream: &Arc<cudarc::driver::CudaStream>, data: &[T]) -> Result<DevBuf<T>, CudaError> {
+    /// A pool block holding `data`, copied by a recorded copy from the capture's staging arena.
+    pub(crate) fn pooled_upload<T: DeviceRepr>(
+        &self,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        data: &[T],
+    ) -> Result<DevBuf<T>, CudaError> {
         let bytes = std::mem::size_of_val(data);
         let buf = self.pooled::<T>(stream, data.len())?;
         if bytes > 0 {
@@ -344,79 +429,169 @@ impl GraphState {
             let (p, _rec) = buf.device_ptr(stream);
             // SAFETY: `data` is `bytes` bytes of plain values (DeviceRepr types are plain data).
             let raw = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), bytes) };
-            let src = self.stage.lock().unwrap_or_else(|e| e.into_inner()).push(&self.ctx, raw)?;
-            // SAFETY: pinned source of `bytes` bytes, kept until the next capture (which first
-            // waits for the stream); destination block of at least `bytes` bytes.
-            drv_res("recording an upload", unsafe { sys::cuMemcpyHtoDAsync_v2(p, src.cast(), bytes, stream.cu_stream()) })?;
+            let src = match lock(&self.current).as_mut() {
+                Some(a) => a.push(&self.ctx, raw)?,
+                None => {
+                    return Err(CudaError::Unsupported {
+                        what: "CUDA graph capture",
+                        detail: "an upload outside a capture's staging arena".into(),
+                    })
+                }
+            };
+            // SAFETY: pinned source of `bytes` bytes, owned by the captured step until its graph
+            // has run; destination block of at least `bytes` bytes.
+            drv_res("recording an upload", unsafe {
+                sys::cuMemcpyHtoDAsync_v2(p, src.cast(), bytes, stream.cu_stream())
+            })?;
         }
         Ok(buf)
     }
 
-    /// Records everything `f` queues on `stream` as one graph and launches it (see the module
-    /// documentation). The stream is synchronised first. On an error from `f` (or from the
-    /// capture) nothing of the step has run; the error is returned and the caller must undo the
-    /// host-side effects of `f`.
+    /// Records everything `f` queues on `stream` as one graph and readies it for launch: a kept
+    /// executable graph of the same topology updated with it, or a new one. Nothing runs; work
+    /// already queued on the stream keeps running (a step may be captured while the previous one
+    /// executes). On an error from `f` (or from the capture) the error is returned and the caller
+    /// must undo the host-side effects of `f`.
     ///
-    /// Errors: `f`'s error, or the driver refusing to capture, update, instantiate or launch.
-    pub(crate) fn capture_launch<R>(&self, stream: &Arc<cudarc::driver::CudaStream>, f: impl FnOnce() -> Result<R, CudaError>) -> Result<R, CudaError> {
+    /// Errors: `f`'s error, or the driver refusing to capture, update or instantiate.
+    pub(crate) fn capture<R>(
+        &self,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        f: impl FnOnce() -> Result<R, CudaError>,
+    ) -> Result<(R, Captured), CudaError> {
+        let t0 = std::time::Instant::now();
         super::gpu::drv_bind(&self.ctx)?;
-        // SAFETY: waits for our own stream (the previous graph has then read its staging memory).
-        drv_res("synchronising before a capture", unsafe { sys::cuStreamSynchronize(stream.cu_stream()) })?;
-        self.stage.lock().unwrap_or_else(|e| e.into_inner()).reset();
+        let mut arena = {
+            let mut free = lock(&self.arenas);
+            match free.iter().position(Arena::free) {
+                Some(i) => free.swap_remove(i),
+                None => Arena::new(),
+            }
+        };
+        arena.reset();
+        *lock(&self.current) = Some(arena);
         let s = stream.cu_stream();
-        // SAFETY: the stream is ours and idle; relaxed mode keeps cuMemAlloc (pool growth) legal.
-        drv_res("beginning a capture", unsafe { sys::cuStreamBeginCapture_v2(s, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) })?;
-        self.capturing.store(true, Ordering::Relaxed);
-        let r = f();
-        self.capturing.store(false, Ordering::Relaxed);
+        // SAFETY: begins capturing our own stream; relaxed mode keeps cuMemAlloc (pool growth)
+        // and cuMemHostAlloc (staging growth) legal meanwhile.
+        let begun = drv_res("beginning a capture", unsafe {
+            sys::cuStreamBeginCapture_v2(
+                s,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        });
+        let began = begun.is_ok();
+        let r = match begun {
+            Ok(()) => {
+                self.capturing.store(true, Ordering::Relaxed);
+                let r = f();
+                self.capturing.store(false, Ordering::Relaxed);
+                r
+            }
+            Err(e) => Err(e),
+        };
+        let arena = lock(&self.current).take().unwrap_or_else(Arena::new);
         let mut graph: sys::CUgraph = std::ptr::null_mut();
-        // SAFETY: ends the capture begun above (also after an error, which may have invalidated it).
-        let end = unsafe { sys::cuStreamEndCapture(s, &mut graph) };
+        let end = if began {
+            // SAFETY: ends the capture begun above (also after an error in `f`).
+            unsafe { sys::cuStreamEndCapture(s, &mut graph) }
+        } else {
+            sys::CUresult::CUDA_SUCCESS
+        };
         let graph = Graph(graph);
-        let v = r?;
-        drv_res("ending a capture", end)?;
-        if graph.0.is_null() {
-            return Err(CudaError::Driver { what: "ending a capture".into(), detail: "no graph was returned".into() });
+        let done = (|| {
+            let v = r?;
+            drv_res("ending a capture", end)?;
+            if graph.0.is_null() {
+                return Err(CudaError::Driver {
+                    what: "ending a capture".into(),
+                    detail: "no graph was returned".into(),
+                });
+            }
+            let exec = self.exec_for(&graph)?;
+            Ok((v, exec))
+        })();
+        let dt = t0.elapsed().as_secs_f64();
+        lock(&self.stats).capture_s += dt;
+        match done {
+            Ok((v, exec)) => Ok((v, Captured { exec, arena })),
+            Err(e) => {
+                lock(&self.arenas).push(arena);
+                Err(e)
+            }
         }
-        self.launch(&graph, s)?;
-        Ok(v)
     }
 
-    /// Updates a kept executable graph with `graph` (most recently used first) or instantiates a
-    /// new one, then launches it on `s`.
-    fn launch(&self, graph: &Graph, s: sys::CUstream) -> Result<(), CudaError> {
-        let mut execs = self.execs.lock().unwrap_or_else(|e| e.into_inner());
-        let mut hit = None;
-        for (i, e) in execs.iter().enumerate() {
+    /// An executable graph for `graph`: a kept one of the same topology (most recently used first)
+    /// updated with it, or a new instantiation. The executable is taken out of the kept list.
+    fn exec_for(&self, graph: &Graph) -> Result<Exec, CudaError> {
+        let mut execs = lock(&self.execs);
+        for i in 0..execs.len() {
             // SAFETY: a zeroed result-info struct is valid (plain data, null node handles).
             let mut info: sys::CUgraphExecUpdateResultInfo = unsafe { std::mem::zeroed() };
-            // SAFETY: both handles are live; a failed update leaves the executable graph as it was.
-            if unsafe { sys::cuGraphExecUpdate_v2(e.0, graph.0, &mut info) } == sys::CUresult::CUDA_SUCCESS {
-                hit = Some(i);
-                break;
+            // SAFETY: both handles are live; the executable is not owned by any captured step, and
+            // an update leaves launches already queued unaffected.
+            if unsafe { sys::cuGraphExecUpdate_v2(execs[i].0, graph.0, &mut info) }
+                == sys::CUresult::CUDA_SUCCESS
+            {
+                lock(&self.stats).updated += 1;
+                return Ok(execs.remove(i));
             }
         }
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        match hit {
-            Some(i) => {
-                let e = execs.remove(i);
-                execs.insert(0, e);
-                stats.updated += 1;
-            }
-            None => {
-                let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-                // SAFETY: instantiates the captured graph (no flags) into a local.
-                drv_res("instantiating a graph", unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, 0) })?;
-                execs.insert(0, Exec(exec));
-                execs.truncate(MAX_KEPT_GRAPHS);
-                stats.instantiated += 1;
+        drop(execs);
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: instantiates the captured graph (no flags) into a local.
+        drv_res("instantiating a graph", unsafe {
+            sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, 0)
+        })?;
+        lock(&self.stats).instantiated += 1;
+        Ok(Exec(exec))
+    }
+
+    /// Launches a captured step on `stream`; its executable graph returns to the kept list and its
+    /// arena to the free list (reused once an event recorded behind the graph has completed).
+    ///
+    /// Errors: the driver refusing the launch or the event.
+    pub(crate) fn launch(
+        &self,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        c: Captured,
+    ) -> Result<(), CudaError> {
+        let Captured { exec, mut arena } = c;
+        super::gpu::drv_bind(&self.ctx)?;
+        // SAFETY: the executable graph is live; the pool blocks it uses are reused only by work
+        // queued after it on this stream, and its arena only after the event below.
+        let r = drv_res("launching a graph", unsafe {
+            sys::cuGraphLaunch(exec.0, stream.cu_stream())
+        });
+        let ev = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .and_then(|e| e.record(stream).map(|_| e));
+        match ev {
+            Ok(e) => arena.done = Some(e),
+            // Without the event, wait here so the arena is free.
+            Err(_) => {
+                let _ = stream.synchronize();
             }
         }
-        // SAFETY: the executable graph is live and its resources (pool blocks, staging) stay
-        // untouched until the stream is synchronised again.
-        drv_res("launching a graph", unsafe { sys::cuGraphLaunch(execs[0].0, s) })?;
-        stats.launched += 1;
+        lock(&self.arenas).push(arena);
+        let mut execs = lock(&self.execs);
+        execs.insert(0, exec);
+        execs.truncate(MAX_KEPT_GRAPHS);
+        drop(execs);
+        r?;
+        lock(&self.stats).launched += 1;
         Ok(())
+    }
+
+    /// Drops a captured step without launching it (its executable returns to the kept list).
+    pub(crate) fn discard(&self, c: Captured) {
+        let Captured { exec, arena } = c;
+        lock(&self.arenas).push(arena);
+        let mut execs = lock(&self.execs);
+        execs.push(exec);
+        execs.truncate(MAX_KEPT_GRAPHS);
+        lock(&self.stats).discarded += 1;
     }
 }
 
