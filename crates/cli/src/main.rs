@@ -7,11 +7,10 @@ mod cmd;
 
 /// `--version`: the crate version and, when the build recorded it (`FLASHSEEK_COMMIT=$(git rev-parse
 /// HEAD) cargo build`), the commit — what benchmark reports quote.
-static VERSION: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| match option_env!("FLASHSEEK_COMMIT") {
-        Some(c) => format!("{} (commit {c})", env!("CARGO_PKG_VERSION")),
-        None => env!("CARGO_PKG_VERSION").to_string(),
-    });
+static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| match option_env!("FLASHSEEK_COMMIT") {
+    Some(c) => format!("{} (commit {c})", env!("CARGO_PKG_VERSION")),
+    None => env!("CARGO_PKG_VERSION").to_string(),
+});
 
 /// flashseek — an exact DeepSeek-V4 inference engine.
 #[derive(Parser)]

@@ -12,11 +12,7 @@ fn repo() -> PathBuf {
 }
 
 fn run(cache: &std::path::Path, args: &[&str]) -> Output {
-    bin()
-        .env("FLASHSEEK_CACHE", cache)
-        .args(args)
-        .output()
-        .expect("binary runs")
+    bin().env("FLASHSEEK_CACHE", cache).args(args).output().expect("binary runs")
 }
 
 fn text(b: &[u8]) -> String {
@@ -27,27 +23,15 @@ fn text(b: &[u8]) -> String {
 fn chat_and_generate_on_the_embedded_model() {
     let cache = tempfile::tempdir().unwrap();
     // First run writes the default model, says it is random, answers, and prints the stats line.
-    let a = run(
-        cache.path(),
-        &["chat", "-m", "Hello!", "--max-tokens", "12", "--seed", "7"],
-    );
+    let a = run(cache.path(), &["chat", "-m", "Hello!", "--max-tokens", "12", "--seed", "7"]);
     let err = text(&a.stderr);
     assert!(a.status.success(), "chat failed: {err}");
     assert!(err.contains("wrote the embedded default model"), "{err}");
-    assert!(
-        err.contains("meaningless") && err.contains("--model"),
-        "{err}"
-    );
-    assert!(
-        err.contains("prefill") && err.contains("decode") && err.contains("tok/s"),
-        "{err}"
-    );
+    assert!(err.contains("meaningless") && err.contains("--model"), "{err}");
+    assert!(err.contains("prefill") && err.contains("decode") && err.contains("tok/s"), "{err}");
     assert!(!text(&a.stdout).trim().is_empty(), "no answer printed");
     // Second run reuses the cached model and, with the same seed, prints the same answer.
-    let b = run(
-        cache.path(),
-        &["chat", "-m", "Hello!", "--max-tokens", "12", "--seed", "7"],
-    );
+    let b = run(cache.path(), &["chat", "-m", "Hello!", "--max-tokens", "12", "--seed", "7"]);
     assert!(b.status.success());
     assert!(!text(&b.stderr).contains("wrote the embedded default model"));
     assert_eq!(text(&a.stdout), text(&b.stdout), "same seed, same tokens");
@@ -61,45 +45,14 @@ fn chat_and_generate_on_the_embedded_model() {
         .spawn()
         .unwrap();
     use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"first\nsecond\n/exit\n")
-        .unwrap();
+    child.stdin.take().unwrap().write_all(b"first\nsecond\n/exit\n").unwrap();
     let out = child.wait_with_output().unwrap();
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert_eq!(
-        err.matches("tok/s ·").count() / 2,
-        2,
-        "two answers with stats: {err}"
-    );
+    assert_eq!(err.matches("tok/s ·").count() / 2, 2, "two answers with stats: {err}");
     // Greedy raw-text generation is deterministic.
-    let g1 = run(
-        cache.path(),
-        &[
-            "generate",
-            "--prompt",
-            "Once upon a time",
-            "--max-tokens",
-            "10",
-            "--temperature",
-            "0",
-        ],
-    );
-    let g2 = run(
-        cache.path(),
-        &[
-            "generate",
-            "--prompt",
-            "Once upon a time",
-            "--max-tokens",
-            "10",
-            "--temperature",
-            "0",
-        ],
-    );
+    let g1 = run(cache.path(), &["generate", "--prompt", "Once upon a time", "--max-tokens", "10", "--temperature", "0"]);
+    let g2 = run(cache.path(), &["generate", "--prompt", "Once upon a time", "--max-tokens", "10", "--temperature", "0"]);
     assert!(g1.status.success(), "{}", text(&g1.stderr));
     assert!(text(&g1.stdout).starts_with("Once upon a time"));
     assert_eq!(g1.stdout, g2.stdout);
@@ -108,57 +61,22 @@ fn chat_and_generate_on_the_embedded_model() {
 #[test]
 fn bad_flags_are_clear_errors() {
     let cache = tempfile::tempdir().unwrap();
-    let o = run(
-        cache.path(),
-        &["generate", "--prompt", "x", "--temperature", "-1"],
-    );
+    let o = run(cache.path(), &["generate", "--prompt", "x", "--temperature", "-1"]);
     assert!(!o.status.success());
-    assert!(
-        text(&o.stderr).contains("temperature"),
-        "{}",
-        text(&o.stderr)
-    );
-    let o = run(
-        cache.path(),
-        &["generate", "--prompt", "x", "--device", "tpu"],
-    );
+    assert!(text(&o.stderr).contains("temperature"), "{}", text(&o.stderr));
+    let o = run(cache.path(), &["generate", "--prompt", "x", "--device", "tpu"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(
-        text(&o.stderr).contains("--device tpu"),
-        "{}",
-        text(&o.stderr)
-    );
+    assert!(text(&o.stderr).contains("--device tpu"), "{}", text(&o.stderr));
     // Without a GPU (CI), the CUDA backend fails with a clear error, not a panic.
-    let o = run(
-        cache.path(),
-        &[
-            "generate",
-            "--prompt",
-            "x",
-            "--device",
-            "cuda",
-            "--max-tokens",
-            "2",
-        ],
-    );
+    let o = run(cache.path(), &["generate", "--prompt", "x", "--device", "cuda", "--max-tokens", "2"]);
     if !o.status.success() {
         assert_eq!(o.status.code(), Some(1));
         let err = text(&o.stderr);
-        assert!(
-            err.contains("CUDA") && !err.contains("panicked") && err.len() < 2000,
-            "{err}"
-        );
+        assert!(err.contains("CUDA") && !err.contains("panicked") && err.len() < 2000, "{err}");
     }
-    let o = run(
-        cache.path(),
-        &["chat", "-m", "x", "--model", "/definitely/not/here"],
-    );
+    let o = run(cache.path(), &["chat", "-m", "x", "--model", "/definitely/not/here"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(
-        text(&o.stderr).contains("/definitely/not/here"),
-        "{}",
-        text(&o.stderr)
-    );
+    assert!(text(&o.stderr).contains("/definitely/not/here"), "{}", text(&o.stderr));
 }
 
 #[test]
@@ -185,15 +103,7 @@ fn logits_command_matches_the_golden() {
     assert_eq!(t.dtype(), safetensors::Dtype::F32);
     // A bad ids file is rejected with the file named.
     std::fs::write(&ids, "[0, -3]").unwrap();
-    let o = bin()
-        .args(["logits", "--model"])
-        .arg(&model)
-        .arg("--ids")
-        .arg(&ids)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let o = bin().args(["logits", "--model"]).arg(&model).arg("--ids").arg(&ids).arg("--out").arg(&out).output().unwrap();
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("ids.json"), "{}", text(&o.stderr));
 }

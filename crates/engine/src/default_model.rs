@@ -35,8 +35,7 @@ pub fn default_config() -> Ds4Config {
         "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
         "expert_dtype": "fp4"
     }"#;
-    let v: serde_json::Value =
-        serde_json::from_str(text).expect("the built-in default config is JSON");
+    let v: serde_json::Value = serde_json::from_str(text).expect("the built-in default config is JSON");
     Ds4Config::from_json(&v).expect("the built-in default config is valid")
 }
 
@@ -81,12 +80,7 @@ impl From<CheckpointError> for DefaultModelError {
 /// (written into a temporary sibling and renamed, so an interrupted write is never mistaken for a
 /// model). `created` is true when it was written by this call.
 pub fn ensure_default_model(root: &Path) -> Result<(PathBuf, bool), DefaultModelError> {
-    ensure_formula_model(
-        root,
-        DEFAULT_MODEL_DIR,
-        &default_config(),
-        DEFAULT_MODEL_SEED,
-    )
+    ensure_formula_model(root, DEFAULT_MODEL_DIR, &default_config(), DEFAULT_MODEL_SEED)
 }
 
 /// Writes (once) a random-weight model of config `cfg` in the official layout and precision under
@@ -95,12 +89,7 @@ pub fn ensure_default_model(root: &Path) -> Result<(PathBuf, bool), DefaultModel
 /// folder, then rename) like [`ensure_default_model`], which is this with the default config.
 ///
 /// Errors: I/O under `root`, or a config the official writer rejects.
-pub fn ensure_formula_model(
-    root: &Path,
-    name: &str,
-    cfg: &Ds4Config,
-    seed: u64,
-) -> Result<(PathBuf, bool), DefaultModelError> {
+pub fn ensure_formula_model(root: &Path, name: &str, cfg: &Ds4Config, seed: u64) -> Result<(PathBuf, bool), DefaultModelError> {
     let dir = root.join(name);
     if dir.join("config.json").is_file() {
         return Ok((dir, false));
@@ -113,14 +102,8 @@ pub fn ensure_formula_model(
     // Temporary folders of interrupted writes older than an hour are left-overs: remove them.
     if let Ok(entries) = std::fs::read_dir(root) {
         for e in entries.flatten() {
-            let stale = e
-                .file_name()
-                .to_string_lossy()
-                .starts_with(&format!("{name}.tmp-"))
-                && e.metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
+            let stale = e.file_name().to_string_lossy().starts_with(&format!("{name}.tmp-"))
+                && e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok())
                     .is_some_and(|age| age > std::time::Duration::from_secs(3600));
             if stale {
                 let _ = std::fs::remove_dir_all(e.path());
@@ -138,9 +121,7 @@ pub fn ensure_formula_model(
         cfg,
         &|name, shape| formula_values(seed, name, shape),
         &|name, shape| formula_tid2eid(seed, name, shape[0], shape[1], experts),
-        &OfficialWriteOptions {
-            max_shard_bytes: 256 << 20,
-        },
+        &OfficialWriteOptions { max_shard_bytes: 256 << 20 },
     )?;
     match std::fs::rename(&tmp, &dir) {
         Ok(()) => Ok((dir, true)),

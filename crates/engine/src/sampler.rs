@@ -100,16 +100,9 @@ impl TopLogits {
     pub fn from_row(row: &[f32], k: usize) -> TopLogits {
         let vocab = row.len();
         if let Some(i) = row.iter().position(|x| x.is_nan() || *x == f32::INFINITY) {
-            return TopLogits {
-                vocab,
-                unmasked: 0,
-                non_finite: Some((i as u32, row[i])),
-                cand: Vec::new(),
-            };
+            return TopLogits { vocab, unmasked: 0, non_finite: Some((i as u32, row[i])), cand: Vec::new() };
         }
-        let mut cand: Vec<u32> = (0..vocab as u32)
-            .filter(|&i| row[i as usize] != f32::NEG_INFINITY)
-            .collect();
+        let mut cand: Vec<u32> = (0..vocab as u32).filter(|&i| row[i as usize] != f32::NEG_INFINITY).collect();
         let unmasked = cand.len();
         let vals: Vec<f64> = row.iter().map(|&x| f64::from(x) + 0.0).collect();
         if k == 0 {
@@ -117,21 +110,13 @@ impl TopLogits {
         } else {
             keep_best(&vals, &mut cand, k);
         }
-        TopLogits {
-            vocab,
-            unmasked,
-            non_finite: None,
-            cand: cand.into_iter().map(|i| (i, row[i as usize])).collect(),
-        }
+        TopLogits { vocab, unmasked, non_finite: None, cand: cand.into_iter().map(|i| (i, row[i as usize])).collect() }
     }
 
     /// Puts candidates given in any order into the sampler's order (higher logit first, `-0.0 ==
     /// +0.0`, ties to the lower id).
     pub fn sort(&mut self) {
-        self.cand.sort_by_key(|&(id, x)| Ranked {
-            logit: f64::from(x) + 0.0,
-            id,
-        });
+        self.cand.sort_by_key(|&(id, x)| Ranked { logit: f64::from(x) + 0.0, id });
     }
 }
 
@@ -158,9 +143,7 @@ pub enum SamplerError {
         len: usize,
     },
     /// A logit is NaN or `+inf` (`-inf` is allowed: it masks the token).
-    #[error(
-        "logit of token {token} is {value} (NaN and +inf are not allowed; -inf masks a token)"
-    )]
+    #[error("logit of token {token} is {value} (NaN and +inf are not allowed; -inf masks a token)")]
     NonFiniteLogit {
         /// The token id (index in the row).
         token: u32,
@@ -230,25 +213,14 @@ impl Default for SamplingParams {
     }
 }
 
-fn invalid(
-    field: &'static str,
-    value: impl std::fmt::Debug,
-    allowed: &'static str,
-) -> SamplerError {
-    SamplerError::InvalidParam {
-        field,
-        value: format!("{value:?}"),
-        allowed,
-    }
+fn invalid(field: &'static str, value: impl std::fmt::Debug, allowed: &'static str) -> SamplerError {
+    SamplerError::InvalidParam { field, value: format!("{value:?}"), allowed }
 }
 
 impl SamplingParams {
     /// Greedy decoding (temperature 0), everything else at its default.
     pub fn greedy() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        }
+        SamplingParams { temperature: 0.0, ..SamplingParams::default() }
     }
 
     /// Checks every field; NaN, infinities and out-of-range values are rejected with the field
@@ -256,11 +228,7 @@ impl SamplingParams {
     pub fn validate(&self) -> Result<(), SamplerError> {
         let t = self.temperature;
         if !(t.is_finite() && t >= 0.0) {
-            return Err(invalid(
-                "temperature",
-                t,
-                "a finite number >= 0 (0 = greedy)",
-            ));
+            return Err(invalid("temperature", t, "a finite number >= 0 (0 = greedy)"));
         }
         let p = self.top_p;
         if !(p > 0.0 && p <= 1.0) {
@@ -272,11 +240,7 @@ impl SamplingParams {
         }
         let r = self.repetition_penalty;
         if !(r.is_finite() && r > 0.0) {
-            return Err(invalid(
-                "repetition_penalty",
-                r,
-                "a finite number > 0 (1 = off)",
-            ));
+            return Err(invalid("repetition_penalty", r, "a finite number > 0 (1 = off)"));
         }
         let pp = self.presence_penalty;
         if !(-2.0..=2.0).contains(&pp) {
@@ -299,9 +263,7 @@ impl SamplingParams {
 
     /// Whether any penalty is active.
     fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0
-            || self.presence_penalty != 0.0
-            || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 }
 
@@ -395,8 +357,7 @@ impl Sampler {
         check_logits(logits)?;
         self.logits.clear();
         // `+ 0.0` turns -0.0 into +0.0 so equal logits compare equal everywhere.
-        self.logits
-            .extend(logits.iter().map(|&x| f64::from(x) + 0.0));
+        self.logits.extend(logits.iter().map(|&x| f64::from(x) + 0.0));
         if self.params.has_penalties() {
             apply_penalties(&mut self.logits, &self.seen, &self.params);
         }
@@ -405,13 +366,7 @@ impl Sampler {
         let token = if self.params.temperature == 0.0 {
             best
         } else {
-            truncate(
-                &self.logits,
-                &self.params,
-                best,
-                &mut self.cand,
-                &mut self.weights,
-            );
+            truncate(&self.logits, &self.params, best, &mut self.cand, &mut self.weights);
             let total: f64 = self.weights.iter().sum();
             let u = self.rng.next_f64() * total;
             pick(&self.cand, &self.weights, u)
@@ -423,19 +378,12 @@ impl Sampler {
                 let lse = log_sum_exp(&self.logits, self.logits[best as usize]);
                 let lp = |id: u32| (self.logits[id as usize] - lse) as f32;
                 let top = top_n(&self.logits, n, &mut self.cand);
-                (
-                    Some(lp(token)),
-                    top.iter().map(|&id| (id, lp(id))).collect(),
-                )
+                (Some(lp(token)), top.iter().map(|&id| (id, lp(id))).collect())
             }
         };
 
         self.record(token);
-        Ok(Sampled {
-            token,
-            logprob,
-            top_logprobs,
-        })
+        Ok(Sampled { token, logprob, top_logprobs })
     }
 
     /// What the next step needs from the logits row: [`LogitsNeed::Top`] with `1` for greedy and
@@ -481,29 +429,14 @@ impl Sampler {
         }
         let k = match self.need() {
             LogitsNeed::Top(k) => k,
-            LogitsNeed::Full => {
-                return Err(SamplerError::TopMismatch {
-                    detail: "the sampler needs the full row".into(),
-                })
-            }
+            LogitsNeed::Full => return Err(SamplerError::TopMismatch { detail: "the sampler needs the full row".into() }),
         };
-        if top.cand.len() != k.min(top.unmasked)
-            || top.cand.iter().any(|&(id, _)| id as usize >= top.vocab)
-        {
+        if top.cand.len() != k.min(top.unmasked) || top.cand.iter().any(|&(id, _)| id as usize >= top.vocab) {
             return Err(SamplerError::TopMismatch {
-                detail: format!(
-                    "{} candidates for k {k} of {} unmasked tokens in a vocabulary of {}",
-                    top.cand.len(),
-                    top.unmasked,
-                    top.vocab
-                ),
+                detail: format!("{} candidates for k {k} of {} unmasked tokens in a vocabulary of {}", top.cand.len(), top.unmasked, top.vocab),
             });
         }
-        let vals: Vec<(u32, f64)> = top
-            .cand
-            .iter()
-            .map(|&(id, x)| (id, f64::from(x) + 0.0))
-            .collect();
+        let vals: Vec<(u32, f64)> = top.cand.iter().map(|&(id, x)| (id, f64::from(x) + 0.0)).collect();
         let best = vals[0].0;
         let token = if self.params.temperature == 0.0 {
             best
@@ -515,23 +448,13 @@ impl Sampler {
                 // The full row's top-k keeps every unmasked token, in id order.
                 self.cand.sort_unstable();
             }
-            truncate_kept(
-                |id| lookup[&id],
-                &self.params,
-                vals[0].1,
-                &mut self.cand,
-                &mut self.weights,
-            );
+            truncate_kept(|id| lookup[&id], &self.params, vals[0].1, &mut self.cand, &mut self.weights);
             let total: f64 = self.weights.iter().sum();
             let u = self.rng.next_f64() * total;
             pick(&self.cand, &self.weights, u)
         };
         self.record(token);
-        Ok(Sampled {
-            token,
-            logprob: None,
-            top_logprobs: Vec::new(),
-        })
+        Ok(Sampled { token, logprob: None, top_logprobs: Vec::new() })
     }
 
     /// Adds `token` to the output history.
@@ -550,14 +473,8 @@ fn check_logits(logits: &[f32]) -> Result<(), SamplerError> {
     if logits.len() - 1 > u32::MAX as usize {
         return Err(SamplerError::VocabTooLarge { len: logits.len() });
     }
-    match logits
-        .iter()
-        .position(|x| x.is_nan() || *x == f32::INFINITY)
-    {
-        Some(i) => Err(SamplerError::NonFiniteLogit {
-            token: i as u32,
-            value: logits[i],
-        }),
+    match logits.iter().position(|x| x.is_nan() || *x == f32::INFINITY) {
+        Some(i) => Err(SamplerError::NonFiniteLogit { token: i as u32, value: logits[i] }),
         None => Ok(()),
     }
 }
@@ -569,9 +486,7 @@ fn apply_penalties(logits: &mut [f64], seen: &HashMap<u32, Seen>, params: &Sampl
     let pres = f64::from(params.presence_penalty);
     // Each entry touches only its own token, so the map's iteration order does not matter.
     for (&id, s) in seen {
-        let Some(l) = logits.get_mut(id as usize) else {
-            continue;
-        };
+        let Some(l) = logits.get_mut(id as usize) else { continue };
         if *l == f64::NEG_INFINITY {
             continue;
         }
@@ -587,12 +502,7 @@ fn apply_penalties(logits: &mut [f64], seen: &HashMap<u32, Seen>, params: &Sampl
 
 /// Token order used for every sort and selection: logit descending, then id ascending.
 fn by_logit_desc(logits: &[f64]) -> impl Fn(&u32, &u32) -> Ordering + '_ {
-    move |&a, &b| {
-        logits[b as usize]
-            .partial_cmp(&logits[a as usize])
-            .unwrap_or(Ordering::Equal)
-            .then(a.cmp(&b))
-    }
+    move |&a, &b| logits[b as usize].partial_cmp(&logits[a as usize]).unwrap_or(Ordering::Equal).then(a.cmp(&b))
 }
 
 /// Index of the largest finite logit, ties to the lowest id; `None` if all are `-inf`.
@@ -618,11 +528,7 @@ fn log_sum_exp(logits: &[f64], max: f64) -> f64 {
 /// Fills `cand` with the unmasked token ids, in id order.
 fn unmasked(logits: &[f64], cand: &mut Vec<u32>) {
     cand.clear();
-    cand.extend(
-        (0..logits.len())
-            .filter(|&i| logits[i] != f64::NEG_INFINITY)
-            .map(|i| i as u32),
-    );
+    cand.extend((0..logits.len()).filter(|&i| logits[i] != f64::NEG_INFINITY).map(|i| i as u32));
 }
 
 /// Up to this `k`, [`keep_best`] uses a bounded heap (about one comparison per token) instead of
@@ -638,11 +544,7 @@ struct Ranked {
 
 impl Ord for Ranked {
     fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .logit
-            .partial_cmp(&self.logit)
-            .unwrap_or(Ordering::Equal)
-            .then(self.id.cmp(&other.id))
+        other.logit.partial_cmp(&self.logit).unwrap_or(Ordering::Equal).then(self.id.cmp(&other.id))
     }
 }
 
@@ -667,13 +569,9 @@ fn keep_best(logits: &[f64], cand: &mut Vec<u32>, k: usize) {
     if k < cand.len() {
         if k <= HEAP_MAX_K {
             // Max-heap whose top is the least likely of the best `k` so far.
-            let mut heap: std::collections::BinaryHeap<Ranked> =
-                std::collections::BinaryHeap::with_capacity(k);
+            let mut heap: std::collections::BinaryHeap<Ranked> = std::collections::BinaryHeap::with_capacity(k);
             for &id in cand.iter() {
-                let r = Ranked {
-                    logit: logits[id as usize],
-                    id,
-                };
+                let r = Ranked { logit: logits[id as usize], id };
                 if heap.len() < k {
                     heap.push(r);
                 } else if let Some(mut worst) = heap.peek_mut() {
@@ -706,24 +604,12 @@ fn top_n<'a>(logits: &[f64], n: usize, cand: &'a mut Vec<u32>) -> &'a [u32] {
 /// Applies top-k, top-p and min-p at `params.temperature > 0`: leaves the surviving ids in
 /// `cand`, in ascending id order, and their unnormalised probabilities
 /// `exp((logit - max) / temperature)` in `weights`. `best` is the argmax (always survives).
-fn truncate(
-    logits: &[f64],
-    params: &SamplingParams,
-    best: u32,
-    cand: &mut Vec<u32>,
-    weights: &mut Vec<f64>,
-) {
+fn truncate(logits: &[f64], params: &SamplingParams, best: u32, cand: &mut Vec<u32>, weights: &mut Vec<f64>) {
     unmasked(logits, cand);
     if params.top_k > 0 && params.top_k < cand.len() {
         keep_best(logits, cand, params.top_k);
     }
-    truncate_kept(
-        |id| logits[id as usize],
-        params,
-        logits[best as usize],
-        cand,
-        weights,
-    );
+    truncate_kept(|id| logits[id as usize], params, logits[best as usize], cand, weights);
 }
 
 /// [`truncate`] after top-k: `cand` holds what top-k kept (ascending ids when it kept every
@@ -731,13 +617,7 @@ fn truncate(
 /// largest. Applies top-p and min-p and leaves the survivors in ascending id order with their
 /// weights. Shared by the full-row path and [`TopLogits`] (which hands it the same list in the
 /// same order, so both compute the same sums).
-fn truncate_kept(
-    logit: impl Fn(u32) -> f64,
-    params: &SamplingParams,
-    max: f64,
-    cand: &mut Vec<u32>,
-    weights: &mut Vec<f64>,
-) {
+fn truncate_kept(logit: impl Fn(u32) -> f64, params: &SamplingParams, max: f64, cand: &mut Vec<u32>, weights: &mut Vec<f64>) {
     let inv_t = 1.0 / f64::from(params.temperature);
     let weight = |id: u32| ((logit(id) - max) * inv_t).exp();
 
@@ -756,10 +636,7 @@ fn truncate_kept(
             .iter()
             .zip(weights.iter())
             .filter(|&(_, &w)| w >= cutoff)
-            .map(|(&id, _)| Ranked {
-                logit: logit(id),
-                id,
-            })
+            .map(|(&id, _)| Ranked { logit: logit(id), id })
             .collect();
         heavy.sort_unstable();
         cand.clear();
@@ -798,11 +675,7 @@ fn pick(cand: &[u32], weights: &[f64], u: f64) -> u32 {
         }
     }
     // Only reachable through rounding; the last candidate with a non-zero weight.
-    cand.iter()
-        .zip(weights)
-        .rev()
-        .find(|(_, &w)| w > 0.0)
-        .map_or(cand[0], |(&id, _)| id)
+    cand.iter().zip(weights).rev().find(|(_, &w)| w > 0.0).map_or(cand[0], |(&id, _)| id)
 }
 
 /// One step of SplitMix64 (Steele, Lea & Flood; Vigna's reference `splitmix64.c`).
@@ -825,14 +698,7 @@ struct Rng {
 impl Rng {
     fn from_seed(seed: u64) -> Self {
         let mut sm = seed;
-        Rng {
-            s: [
-                splitmix64(&mut sm),
-                splitmix64(&mut sm),
-                splitmix64(&mut sm),
-                splitmix64(&mut sm),
-            ],
-        }
+        Rng { s: [splitmix64(&mut sm), splitmix64(&mut sm), splitmix64(&mut sm), splitmix64(&mut sm)] }
     }
 
     fn next_u64(&mut self) -> u64 {
@@ -892,12 +758,7 @@ impl StopMatcher {
     pub fn new(stops: &[String]) -> Self {
         let stops: Vec<String> = stops.iter().filter(|s| !s.is_empty()).cloned().collect();
         let max_len = stops.iter().map(String::len).max().unwrap_or(0);
-        StopMatcher {
-            stops,
-            max_len,
-            held: String::new(),
-            stopped: false,
-        }
+        StopMatcher { stops, max_len, held: String::new(), stopped: false }
     }
 
     /// Whether a stop string has matched.
@@ -916,11 +777,7 @@ impl StopMatcher {
 
         // The stop that completes first (smallest end), then the earliest start. For one stop the
         // leftmost occurrence is also the one that ends first.
-        let hit = self
-            .stops
-            .iter()
-            .filter_map(|s| buf.find(s.as_str()).map(|start| (start + s.len(), start)))
-            .min();
+        let hit = self.stops.iter().filter_map(|s| buf.find(s.as_str()).map(|start| (start + s.len(), start))).min();
         if let Some((_, start)) = hit {
             let out = buf[..start].to_owned();
             self.held.clear();
@@ -953,10 +810,7 @@ mod tests {
     use super::*;
 
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
-        let mut p = SamplingParams {
-            seed: Some(0),
-            ..SamplingParams::default()
-        };
+        let mut p = SamplingParams { seed: Some(0), ..SamplingParams::default() };
         f(&mut p);
         p
     }
@@ -988,10 +842,7 @@ mod tests {
 
     /// ln of probabilities 0.5, 0.2, 0.15, 0.1, 0.05.
     fn five() -> Vec<f32> {
-        [0.5f32, 0.2, 0.15, 0.1, 0.05]
-            .iter()
-            .map(|p| p.ln())
-            .collect()
+        [0.5f32, 0.2, 0.15, 0.1, 0.05].iter().map(|p| p.ln()).collect()
     }
 
     // ---- RNG ----
@@ -1006,17 +857,7 @@ mod tests {
         // xoshiro256** on state [1, 2, 3, 4] (reference C implementation).
         let mut r = Rng { s: [1, 2, 3, 4] };
         let got: Vec<u64> = (0..6).map(|_| r.next_u64()).collect();
-        assert_eq!(
-            got,
-            [
-                11520,
-                0,
-                1509978240,
-                1215971899390074240,
-                1216172134540287360,
-                607988272756665600
-            ]
-        );
+        assert_eq!(got, [11520, 0, 1509978240, 1215971899390074240, 1216172134540287360, 607988272756665600]);
         let mut r = Rng::from_seed(42);
         for _ in 0..1000 {
             let x = r.next_f64();
@@ -1039,12 +880,7 @@ mod tests {
 
     #[test]
     fn sampler_greedy_ignores_truncation() {
-        let p = SamplingParams {
-            top_k: 1,
-            top_p: 0.01,
-            min_p: 1.0,
-            ..SamplingParams::greedy()
-        };
+        let p = SamplingParams { top_k: 1, top_p: 0.01, min_p: 1.0, ..SamplingParams::greedy() };
         let mut s = Sampler::new(p, &[]).unwrap();
         assert_eq!(s.sample(&[1.0, 4.0, 4.0, 2.0]).unwrap().token, 1);
     }
@@ -1075,11 +911,7 @@ mod tests {
                 &[],
             )
             .unwrap();
-            assert_eq!(
-                g.sample(&row).unwrap().token,
-                k.sample(&row).unwrap().token,
-                "row {row:?}"
-            );
+            assert_eq!(g.sample(&row).unwrap().token, k.sample(&row).unwrap().token, "row {row:?}");
         }
     }
 
@@ -1096,9 +928,7 @@ mod tests {
                 p.frequency_penalty = 0.1;
             });
             let mut s = Sampler::new(p, &[1, 2, 3]).unwrap();
-            (0..200)
-                .map(|_| s.sample(&row).unwrap().token)
-                .collect::<Vec<u32>>()
+            (0..200).map(|_| s.sample(&row).unwrap().token).collect::<Vec<u32>>()
         };
         let a = run(1234);
         assert_eq!(a, run(1234));
@@ -1125,14 +955,7 @@ mod tests {
         let row = [0.3f32, 0.1, 0.2, 0.0, 0.4];
         let mut a = Sampler::new(p.clone(), &[]).unwrap();
         let ta: Vec<u32> = (0..50).map(|_| a.sample(&row).unwrap().token).collect();
-        let mut b = Sampler::new(
-            SamplingParams {
-                seed: Some(a.seed()),
-                ..p.clone()
-            },
-            &[],
-        )
-        .unwrap();
+        let mut b = Sampler::new(SamplingParams { seed: Some(a.seed()), ..p.clone() }, &[]).unwrap();
         let tb: Vec<u32> = (0..50).map(|_| b.sample(&row).unwrap().token).collect();
         assert_eq!(ta, tb);
         let c = Sampler::new(p, &[]).unwrap();
@@ -1160,11 +983,7 @@ mod tests {
             let want = softmax(&l, f64::from(t));
             for i in 0..5 {
                 let got = counts[i] as f64 / n as f64;
-                assert!(
-                    (got - want[i]).abs() < 0.015,
-                    "T={t} token {i}: {got} vs {}",
-                    want[i]
-                );
+                assert!((got - want[i]).abs() < 0.015, "T={t} token {i}: {got} vs {}", want[i]);
             }
         }
     }
@@ -1179,10 +998,7 @@ mod tests {
     fn sampler_tiny_and_huge_temperatures() {
         let row = [1.0f32, 1.0001, 0.9];
         assert_eq!(support(&row, &params(|p| p.temperature = 1e-30), 500), [1]);
-        assert_eq!(
-            support(&row, &params(|p| p.temperature = 1e30), 500),
-            [0, 1, 2]
-        );
+        assert_eq!(support(&row, &params(|p| p.temperature = 1e30), 500), [0, 1, 2]);
     }
 
     // ---- truncation ----
@@ -1240,15 +1056,8 @@ mod tests {
     /// Straightforward definition: full sort, top-k, cumulative over the sorted top-k, min-p.
     fn kept_reference(row: &[f32], p: &SamplingParams) -> Vec<u32> {
         let l: Vec<f64> = row.iter().map(|&x| f64::from(x)).collect();
-        let mut ids: Vec<u32> = (0..l.len() as u32)
-            .filter(|&i| l[i as usize] != f64::NEG_INFINITY)
-            .collect();
-        ids.sort_by(|&a, &b| {
-            l[b as usize]
-                .partial_cmp(&l[a as usize])
-                .unwrap()
-                .then(a.cmp(&b))
-        });
+        let mut ids: Vec<u32> = (0..l.len() as u32).filter(|&i| l[i as usize] != f64::NEG_INFINITY).collect();
+        ids.sort_by(|&a, &b| l[b as usize].partial_cmp(&l[a as usize]).unwrap().then(a.cmp(&b)));
         if p.top_k > 0 {
             ids.truncate(p.top_k);
         }
@@ -1293,11 +1102,7 @@ mod tests {
                 p.top_p = [1.0f32, 0.95, 0.5, 0.1][(r.next_u64() % 4) as usize];
                 p.min_p = [0.0f32, 0.05, 0.5][(r.next_u64() % 3) as usize];
             });
-            assert_eq!(
-                kept(&row, &p),
-                kept_reference(&row, &p),
-                "case {case}: {p:?}"
-            );
+            assert_eq!(kept(&row, &p), kept_reference(&row, &p), "case {case}: {p:?}");
         }
     }
 
@@ -1354,19 +1159,13 @@ mod tests {
         apply_penalties(&mut l, &s.seen, &s.params);
         assert_eq!(l.len(), want.len());
         for (i, (&g, &w)) in l.iter().zip(want).enumerate() {
-            assert!(
-                g == w || (g - w).abs() < 1e-6,
-                "token {i}: {l:?} vs {want:?}"
-            );
+            assert!(g == w || (g - w).abs() < 1e-6, "token {i}: {l:?} vs {want:?}");
         }
     }
 
     #[test]
     fn sampler_repetition_penalty_hand_case() {
-        let p = SamplingParams {
-            repetition_penalty: 2.0,
-            ..SamplingParams::greedy()
-        };
+        let p = SamplingParams { repetition_penalty: 2.0, ..SamplingParams::greedy() };
         let mut s = Sampler::new(p, &[0, 1, 1, 99]).unwrap();
         let row = [2.0f32, -1.0, 0.5, 3.0, 0.0];
         // Prompt tokens 0 and 1 (once each, however often); 99 is outside the row.
@@ -1376,20 +1175,14 @@ mod tests {
         assert_penalised(&s, &[0.0, 0.0, 1.6, 3.0, 0.0], &[0.0, 0.0, 1.6, 1.5, 0.0]);
         assert_eq!(s.sample(&[0.0, 0.0, 1.6, 3.0, 0.0]).unwrap().token, 2);
         // A penalty < 1 encourages repetition.
-        let p = SamplingParams {
-            repetition_penalty: 0.5,
-            ..SamplingParams::greedy()
-        };
+        let p = SamplingParams { repetition_penalty: 0.5, ..SamplingParams::greedy() };
         let s = Sampler::new(p, &[0, 1]).unwrap();
         assert_penalised(&s, &[2.0, -1.0, 0.5], &[4.0, -0.5, 0.5]);
     }
 
     #[test]
     fn sampler_presence_penalty_hand_case() {
-        let p = SamplingParams {
-            presence_penalty: 0.5,
-            ..SamplingParams::greedy()
-        };
+        let p = SamplingParams { presence_penalty: 0.5, ..SamplingParams::greedy() };
         // The prompt does not count for presence/frequency.
         let mut s = Sampler::new(p, &[1]).unwrap();
         let row = [5.0f32, 4.9, 0.0];
@@ -1402,10 +1195,7 @@ mod tests {
 
     #[test]
     fn sampler_frequency_penalty_hand_case() {
-        let p = SamplingParams {
-            frequency_penalty: 0.5,
-            ..SamplingParams::greedy()
-        };
+        let p = SamplingParams { frequency_penalty: 0.5, ..SamplingParams::greedy() };
         let mut s = Sampler::new(p, &[1]).unwrap();
         let row = [5.0f32, 4.9, 0.0];
         let toks: Vec<u32> = (0..4).map(|_| s.sample(&row).unwrap().token).collect();
@@ -1413,11 +1203,7 @@ mod tests {
         assert_eq!(toks, [0, 1, 0, 1]);
         assert_penalised(&s, &row, &[4.0, 3.9, 0.0]);
         // Negative penalties encourage repetition.
-        let p = SamplingParams {
-            frequency_penalty: -1.0,
-            presence_penalty: -0.5,
-            ..SamplingParams::greedy()
-        };
+        let p = SamplingParams { frequency_penalty: -1.0, presence_penalty: -0.5, ..SamplingParams::greedy() };
         let mut s = Sampler::new(p, &[]).unwrap();
         for _ in 0..3 {
             s.sample(&[1.0, 0.0]).unwrap();
@@ -1441,11 +1227,7 @@ mod tests {
         // token 2 (prompt only): 4/2 = 2; token 3 untouched; -inf stays -inf.
         let mut s2 = s.clone();
         s2.record(4);
-        assert_penalised(
-            &s2,
-            &[3.0, -1.0, 4.0, 1.0, f32::NEG_INFINITY],
-            &[0.5, -2.75, 2.0, 1.0, f64::NEG_INFINITY],
-        );
+        assert_penalised(&s2, &[3.0, -1.0, 4.0, 1.0, f32::NEG_INFINITY], &[0.5, -2.75, 2.0, 1.0, f64::NEG_INFINITY]);
         assert_eq!(s.sample(&[3.0, -1.0, 4.0, 2.5]).unwrap().token, 3);
     }
 
@@ -1456,10 +1238,7 @@ mod tests {
         // log-softmax([1, 2, 3]) = x - 3 - ln(1 + e^-1 + e^-2) = x - 3.40760596444
         let want = [-2.407_605_964_4f64, -1.407_605_964_4, -0.407_605_964_4];
         let close = |got: f32, want: f64| (f64::from(got) - want).abs() < 1e-6;
-        let p = SamplingParams {
-            logprobs: Some(2),
-            ..SamplingParams::greedy()
-        };
+        let p = SamplingParams { logprobs: Some(2), ..SamplingParams::greedy() };
         let mut s = Sampler::new(p, &[]).unwrap();
         let r = s.sample(&[1.0, 2.0, 3.0]).unwrap();
         assert_eq!(r.token, 2);
@@ -1492,10 +1271,7 @@ mod tests {
                 assert!((total - 1.0).abs() < 1e-5);
                 let mine = r.top_logprobs.iter().find(|x| x.0 == r.token).unwrap().1;
                 assert_eq!(r.logprob, Some(mine));
-                let l: Vec<f64> = [0.3, -1.2, 2.2, 0.3, 1.1]
-                    .iter()
-                    .map(|&x: &f32| f64::from(x))
-                    .collect();
+                let l: Vec<f64> = [0.3, -1.2, 2.2, 0.3, 1.1].iter().map(|&x: &f32| f64::from(x)).collect();
                 let sm = softmax(&l, 1.0);
                 assert!((r.top_logprobs[0].1 - sm[2].ln() as f32).abs() < 1e-6);
             }
@@ -1507,14 +1283,7 @@ mod tests {
         let mut s = Sampler::new(SamplingParams::greedy(), &[]).unwrap();
         let r = s.sample(&[0.0, 1.0]).unwrap();
         assert_eq!((r.logprob, r.top_logprobs.len()), (None, 0));
-        let mut s = Sampler::new(
-            SamplingParams {
-                logprobs: Some(0),
-                ..SamplingParams::greedy()
-            },
-            &[],
-        )
-        .unwrap();
+        let mut s = Sampler::new(SamplingParams { logprobs: Some(0), ..SamplingParams::greedy() }, &[]).unwrap();
         let r = s.sample(&[0.0, 0.0]).unwrap();
         assert!((r.logprob.unwrap() - 0.5f32.ln()).abs() < 1e-7);
         assert!(r.top_logprobs.is_empty());
@@ -1522,11 +1291,7 @@ mod tests {
 
     #[test]
     fn sampler_logprobs_are_after_penalties() {
-        let p = SamplingParams {
-            repetition_penalty: 2.0,
-            logprobs: Some(2),
-            ..SamplingParams::greedy()
-        };
+        let p = SamplingParams { repetition_penalty: 2.0, logprobs: Some(2), ..SamplingParams::greedy() };
         let mut s = Sampler::new(p, &[1]).unwrap();
         // Penalised row [0, 1] -> logprobs -ln(1 + e) and -ln(1 + e^-1).
         let r = s.sample(&[0.0, 2.0]).unwrap();
@@ -1551,33 +1316,15 @@ mod tests {
             ("min_p", params(|p| p.min_p = 1.5)),
             ("min_p", params(|p| p.min_p = f32::NAN)),
             ("repetition_penalty", params(|p| p.repetition_penalty = 0.0)),
-            (
-                "repetition_penalty",
-                params(|p| p.repetition_penalty = -1.0),
-            ),
-            (
-                "repetition_penalty",
-                params(|p| p.repetition_penalty = f32::NAN),
-            ),
-            (
-                "repetition_penalty",
-                params(|p| p.repetition_penalty = f32::INFINITY),
-            ),
+            ("repetition_penalty", params(|p| p.repetition_penalty = -1.0)),
+            ("repetition_penalty", params(|p| p.repetition_penalty = f32::NAN)),
+            ("repetition_penalty", params(|p| p.repetition_penalty = f32::INFINITY)),
             ("presence_penalty", params(|p| p.presence_penalty = 2.5)),
-            (
-                "presence_penalty",
-                params(|p| p.presence_penalty = f32::NAN),
-            ),
+            ("presence_penalty", params(|p| p.presence_penalty = f32::NAN)),
             ("frequency_penalty", params(|p| p.frequency_penalty = -3.0)),
-            (
-                "frequency_penalty",
-                params(|p| p.frequency_penalty = f32::NEG_INFINITY),
-            ),
+            ("frequency_penalty", params(|p| p.frequency_penalty = f32::NEG_INFINITY)),
             ("logprobs", params(|p| p.logprobs = Some(21))),
-            (
-                "stop_strings",
-                params(|p| p.stop_strings = vec!["ok".into(), String::new()]),
-            ),
+            ("stop_strings", params(|p| p.stop_strings = vec!["ok".into(), String::new()])),
         ];
         for (field, p) in cases {
             let err = p.validate().unwrap_err();
@@ -1589,10 +1336,7 @@ mod tests {
             assert!(msg.contains(field) && msg.contains("must be"), "{msg}");
             assert_eq!(Sampler::new(p, &[]).unwrap_err(), err);
         }
-        let msg = params(|p| p.top_p = 0.0)
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let msg = params(|p| p.top_p = 0.0).validate().unwrap_err().to_string();
         assert!(msg.contains("(0, 1]"), "{msg}");
     }
 
@@ -1621,19 +1365,10 @@ mod tests {
     #[test]
     fn sampler_bad_logits_are_errors() {
         let mut s = Sampler::new(params(|_| {}), &[]).unwrap();
-        assert!(matches!(
-            s.sample(&[0.0, f32::NAN, 1.0]),
-            Err(SamplerError::NonFiniteLogit { token: 1, .. })
-        ));
-        assert!(matches!(
-            s.sample(&[0.0, 1.0, f32::INFINITY]),
-            Err(SamplerError::NonFiniteLogit { token: 2, .. })
-        ));
+        assert!(matches!(s.sample(&[0.0, f32::NAN, 1.0]), Err(SamplerError::NonFiniteLogit { token: 1, .. })));
+        assert!(matches!(s.sample(&[0.0, 1.0, f32::INFINITY]), Err(SamplerError::NonFiniteLogit { token: 2, .. })));
         assert_eq!(s.sample(&[]), Err(SamplerError::EmptyLogits));
-        assert_eq!(
-            s.sample(&[f32::NEG_INFINITY; 3]),
-            Err(SamplerError::AllMasked)
-        );
+        assert_eq!(s.sample(&[f32::NEG_INFINITY; 3]), Err(SamplerError::AllMasked));
         let mut g = Sampler::new(SamplingParams::greedy(), &[]).unwrap();
         assert!(g.sample(&[f32::NAN]).is_err());
         // Errors record nothing.
@@ -1642,14 +1377,7 @@ mod tests {
 
     #[test]
     fn sampler_stop_tokens() {
-        let s = Sampler::new(
-            SamplingParams {
-                stop_token_ids: vec![2, 7],
-                ..SamplingParams::greedy()
-            },
-            &[],
-        )
-        .unwrap();
+        let s = Sampler::new(SamplingParams { stop_token_ids: vec![2, 7], ..SamplingParams::greedy() }, &[]).unwrap();
         assert!(s.is_stop_token(7) && s.is_stop_token(2) && !s.is_stop_token(3));
     }
 
@@ -1724,12 +1452,7 @@ mod tests {
         let mut m = stops(&["abc", "ab"]);
         assert_eq!(feed(&mut m, &["xa", "bc"]).0, "x");
         // A short stop inside a long one: whichever completes first wins, independent of chunking.
-        for chunks in [
-            &["abcd"][..],
-            &["a", "b", "c", "d"],
-            &["ab", "cd"],
-            &["abc", "d"],
-        ] {
+        for chunks in [&["abcd"][..], &["a", "b", "c", "d"], &["ab", "cd"], &["abc", "d"]] {
             let mut m = stops(&["abcd", "bc"]);
             assert_eq!(feed(&mut m, chunks).0, "a", "{chunks:?}");
         }
@@ -1768,11 +1491,7 @@ mod tests {
             for &s in &stop_list {
                 assert!(!want.contains(s), "{text:?} leaked {s:?}");
             }
-            let bounds: Vec<usize> = text
-                .char_indices()
-                .map(|(i, _)| i)
-                .chain([text.len()])
-                .collect();
+            let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).chain([text.len()]).collect();
             // Every split into two chunks, and char by char.
             for &b in &bounds {
                 let mut m = stops(&stop_list);
@@ -1819,26 +1538,16 @@ mod tests {
             for top_k in [0usize, 1, 2, 5, 50, 255, 299, 300, 1024] {
                 for top_p in [1.0f32, 0.9, 0.3] {
                     for min_p in [0.0f32, 0.05] {
-                        let p = SamplingParams {
-                            temperature,
-                            top_k,
-                            top_p,
-                            min_p,
-                            seed: Some(11),
-                            ..SamplingParams::default()
-                        };
+                        let p = SamplingParams { temperature, top_k, top_p, min_p, seed: Some(11), ..SamplingParams::default() };
                         let mut full = Sampler::new(p.clone(), &[]).unwrap();
                         let mut top = Sampler::new(p.clone(), &[]).unwrap();
                         for row in &rows {
                             let a = full.sample(row).unwrap();
                             let b = match top.need() {
-                                LogitsNeed::Full => {
-                                    top.sample_step(&StepLogits::Full(row.clone())).unwrap()
-                                }
+                                LogitsNeed::Full => top.sample_step(&StepLogits::Full(row.clone())).unwrap(),
                                 LogitsNeed::Top(k) => {
                                     cases += 1;
-                                    top.sample_step(&StepLogits::Top(TopLogits::from_row(row, k)))
-                                        .unwrap()
+                                    top.sample_step(&StepLogits::Top(TopLogits::from_row(row, k))).unwrap()
                                 }
                             };
                             assert_eq!(a, b, "{p:?}");
@@ -1849,47 +1558,10 @@ mod tests {
         }
         assert!(cases > 1000, "{cases}");
         // Penalties and logprobs need the full row; greedy needs one token.
-        assert_eq!(
-            Sampler::new(
-                SamplingParams {
-                    repetition_penalty: 1.1,
-                    top_k: 5,
-                    ..SamplingParams::default()
-                },
-                &[]
-            )
-            .unwrap()
-            .need(),
-            LogitsNeed::Full
-        );
-        assert_eq!(
-            Sampler::new(
-                SamplingParams {
-                    logprobs: Some(2),
-                    ..SamplingParams::greedy()
-                },
-                &[]
-            )
-            .unwrap()
-            .need(),
-            LogitsNeed::Full
-        );
-        assert_eq!(
-            Sampler::new(SamplingParams::greedy(), &[]).unwrap().need(),
-            LogitsNeed::Top(1)
-        );
-        assert_eq!(
-            Sampler::new(
-                SamplingParams {
-                    top_k: 2000,
-                    ..SamplingParams::default()
-                },
-                &[]
-            )
-            .unwrap()
-            .need(),
-            LogitsNeed::Full
-        );
+        assert_eq!(Sampler::new(SamplingParams { repetition_penalty: 1.1, top_k: 5, ..SamplingParams::default() }, &[]).unwrap().need(), LogitsNeed::Full);
+        assert_eq!(Sampler::new(SamplingParams { logprobs: Some(2), ..SamplingParams::greedy() }, &[]).unwrap().need(), LogitsNeed::Full);
+        assert_eq!(Sampler::new(SamplingParams::greedy(), &[]).unwrap().need(), LogitsNeed::Top(1));
+        assert_eq!(Sampler::new(SamplingParams { top_k: 2000, ..SamplingParams::default() }, &[]).unwrap().need(), LogitsNeed::Full);
     }
 
     #[test]
@@ -1897,22 +1569,11 @@ mod tests {
         let mut s = Sampler::new(SamplingParams::greedy(), &[]).unwrap();
         let row = [1.0, f32::INFINITY, f32::NAN];
         let want = s.sample(&row).unwrap_err();
-        assert_eq!(
-            s.sample_step(&StepLogits::Top(TopLogits::from_row(&row, 1)))
-                .unwrap_err(),
-            want
-        );
+        assert_eq!(s.sample_step(&StepLogits::Top(TopLogits::from_row(&row, 1))).unwrap_err(), want);
         let masked = [f32::NEG_INFINITY; 3];
-        assert_eq!(
-            s.sample_step(&StepLogits::Top(TopLogits::from_row(&masked, 1)))
-                .unwrap_err(),
-            SamplerError::AllMasked
-        );
+        assert_eq!(s.sample_step(&StepLogits::Top(TopLogits::from_row(&masked, 1))).unwrap_err(), SamplerError::AllMasked);
         let wrong = TopLogits::from_row(&[1.0, 2.0, 3.0], 2);
-        assert!(matches!(
-            s.sample_step(&StepLogits::Top(wrong)).unwrap_err(),
-            SamplerError::TopMismatch { .. }
-        ));
+        assert!(matches!(s.sample_step(&StepLogits::Top(wrong)).unwrap_err(), SamplerError::TopMismatch { .. }));
         let mut t = TopLogits::from_row(&[0.0, -0.0, 3.0, 3.0], 4);
         assert_eq!(t.cand, [(2, 3.0), (3, 3.0), (0, 0.0), (1, -0.0)]);
         t.cand.reverse();

@@ -120,12 +120,7 @@ pub trait Backend: Sync {
 /// `granule` (room for a follow-up turn), at most `max` and at least 1 (a device backend's
 /// [`Backend::capacity_for`]).
 pub fn granular_capacity(needed: usize, granule: usize, max: usize) -> usize {
-    needed
-        .max(1)
-        .div_ceil(granule.max(1))
-        .saturating_mul(granule.max(1))
-        .min(max)
-        .max(1)
+    needed.max(1).div_ceil(granule.max(1)).saturating_mul(granule.max(1)).min(max).max(1)
 }
 
 /// The CPU reference as a [`Backend`]: [`Session`]s over shared weights (state grows with the
@@ -220,20 +215,13 @@ impl<'w> Session<'w> {
     /// Errors: empty input, out-of-vocabulary ids, or exceeding `max_len` (state unchanged then).
     pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
         if self.tokens.len() + ids.len() > self.max_len {
-            return Err(SessionError::TooLong {
-                len: self.tokens.len() + ids.len(),
-                limit: self.max_len,
-            });
+            return Err(SessionError::TooLong { len: self.tokens.len() + ids.len(), limit: self.max_len });
         }
         crate::forward::check_ids(ids, self.weights.config.vocab_size)?;
         let mut last = Vec::new();
         let chunks: Vec<&[u32]> = ids.chunks(self.prefill_chunk.max(1)).collect();
         for (i, c) in chunks.iter().enumerate() {
-            let lf = if i + 1 == chunks.len() {
-                LogitsFor::Last
-            } else {
-                LogitsFor::None
-            };
+            let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
             last = forward_chunk(self.weights, &mut self.state, c, lf, &self.opts)?.logits;
             self.tokens.extend_from_slice(c);
         }
@@ -256,12 +244,7 @@ impl<'w> Session<'w> {
     /// least one token is always recomputed, to produce logits). Returns the last logits and how
     /// many tokens were reused.
     pub fn set_prompt(&mut self, ids: &[u32]) -> Result<(Vec<f32>, usize), SessionError> {
-        let common = self
-            .tokens
-            .iter()
-            .zip(ids)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let common = self.tokens.iter().zip(ids).take_while(|(a, b)| a == b).count();
         let reuse = common.min(ids.len().saturating_sub(1));
         if self.truncate(reuse).is_err() {
             self.truncate(0)?;

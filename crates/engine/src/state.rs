@@ -19,11 +19,7 @@ pub struct Rows {
 impl Rows {
     /// Empty rows of `width` values each.
     pub fn new(width: usize) -> Self {
-        Rows {
-            width,
-            base: 0,
-            data: Vec::new(),
-        }
+        Rows { width, base: 0, data: Vec::new() }
     }
     /// One past the last stored position.
     pub fn end(&self) -> usize {
@@ -44,9 +40,7 @@ impl Rows {
     }
     /// Drops rows at positions `>= end`.
     pub fn truncate(&mut self, end: usize) {
-        let keep = end
-            .saturating_sub(self.base)
-            .min(self.data.len() / self.width.max(1));
+        let keep = end.saturating_sub(self.base).min(self.data.len() / self.width.max(1));
         self.data.truncate(keep * self.width);
     }
     /// Drops rows at positions `< new_base`.
@@ -159,25 +153,14 @@ impl SequenceState {
                 let (compressor, indexer) = match *k {
                     LayerKind::Sliding => (None, None),
                     LayerKind::Hca { ratio } => (Some(comp(cfg.head_dim, ratio, false)), None),
-                    LayerKind::Csa { ratio } => (
-                        Some(comp(cfg.head_dim, ratio, true)),
-                        Some(comp(cfg.index_head_dim, ratio, true)),
-                    ),
+                    LayerKind::Csa { ratio } => {
+                        (Some(comp(cfg.head_dim, ratio, true)), Some(comp(cfg.index_head_dim, ratio, true)))
+                    }
                 };
-                LayerState {
-                    kv: Rows::new(cfg.head_dim),
-                    compressor,
-                    indexer,
-                }
+                LayerState { kv: Rows::new(cfg.head_dim), compressor, indexer }
             })
             .collect();
-        SequenceState {
-            pos: 0,
-            layers,
-            window: cfg.sliding_window,
-            retention,
-            earliest: 0,
-        }
+        SequenceState { pos: 0, layers, window: cfg.sliding_window, retention, earliest: 0 }
     }
 
     /// Rewinds to `target` tokens: afterwards the state is exactly what processing only the first
@@ -187,10 +170,7 @@ impl SequenceState {
     /// Errors: `target` beyond the current length, or older than the retention limit allows.
     pub fn truncate(&mut self, target: usize) -> Result<(), StateError> {
         if target > self.pos {
-            return Err(StateError::BeyondEnd {
-                target,
-                len: self.pos,
-            });
+            return Err(StateError::BeyondEnd { target, len: self.pos });
         }
         if target < self.earliest {
             return Err(StateError::BeyondRetention {

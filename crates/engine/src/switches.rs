@@ -42,11 +42,7 @@ impl Switch {
     pub fn accepted(&self) -> String {
         let mut a = self.values.join(", ");
         if !self.aliases.is_empty() {
-            let al: Vec<String> = self
-                .aliases
-                .iter()
-                .map(|(k, v)| format!("{k} = {v}"))
-                .collect();
+            let al: Vec<String> = self.aliases.iter().map(|(k, v)| format!("{k} = {v}")).collect();
             a.push_str(&format!(" (also {})", al.join(", ")));
         }
         a
@@ -62,14 +58,7 @@ impl Switch {
     }
 }
 
-const ON_OFF_ALIASES: &[(&str, &str)] = &[
-    ("1", "on"),
-    ("true", "on"),
-    ("yes", "on"),
-    ("0", "off"),
-    ("false", "off"),
-    ("no", "off"),
-];
+const ON_OFF_ALIASES: &[(&str, &str)] = &[("1", "on"), ("true", "on"), ("yes", "on"), ("0", "off"), ("false", "off"), ("no", "off")];
 
 /// Every switch, in the order `flashseek switches` lists them.
 pub const SWITCHES: &[Switch] = &[
@@ -159,17 +148,17 @@ pub const SWITCHES: &[Switch] = &[
     },
     Switch {
         name: "MOE_GROUPED_DECODE",
-        values: &["off", "on"],
+        values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "the per-expert MoE for chunks under 64 tokens (decode steps), which downloads each layer's routing to group tokens on the host (a synchronisation per layer): the grouped device path of MOE_GROUPED at any token count",
-        parity: "gpu-check `moe_grouped <fmt> split T=1 / T=3 vs cpu` (the grouped path on 1 and 3 tokens) and the `moe_grouped …` matrix (1, 2 and 9 tokens per expert), `time moe layer T=1`; the switch matrix (`MOE_GROUPED_DECODE=on`, 16 greedy decode steps); decode speed not yet measured end to end",
+        parity: "gpu-check `moe_grouped <fmt> split T=1 / T=3 vs cpu` (the grouped path on 1 and 3 tokens) and the `moe_grouped …` matrix (1, 2 and 9 tokens per expert), `time moe layer T=1`; the switch matrix (`MOE_GROUPED_DECODE=off alone`, 16 greedy decode steps); `gpu-bench` decode with and without it",
     },
     Switch {
         name: "DECODE_CUDA_GRAPH",
-        values: &["off", "on"],
+        values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "launching a decode step's kernels one by one: the step recorded by stream capture and launched as one CUDA graph (a kept executable graph updated with the step's arguments, or instantiated for a new topology); temporaries from a graph memory pool, uploads from pinned staging memory. Needs MOE_GROUPED_DECODE=on (the per-expert MoE synchronises every layer); not while profiling stages",
-        parity: "gpu-check `graph <model> decode ×1 / ×2` (bitwise equal logits to the same steps without graphs, one sequence and two in turns, every step launched as a graph), the switch matrix (with MOE_GROUPED_DECODE=on)",
+        replaces: "launching a decode step's kernels one by one: the step recorded by stream capture and launched as one CUDA graph (a kept executable graph updated with the step's arguments, or instantiated for a new topology); temporaries from a graph memory pool, uploads from pinned staging memory. Each step is captured one step ahead, while the previous one runs on the GPU. Needs MOE_GROUPED_DECODE=on (the per-expert MoE synchronises every layer) and expert formats the grouped MoE takes; not while profiling stages",
+        parity: "gpu-check `graph <model> decode ×1 / ×2` on the stored-format and full-width models (bitwise equal logits to the same steps without graphs, one sequence and two in turns, every step launched as a graph), the switch matrix (`DECODE_CUDA_GRAPH=off alone`: same bits as all on); `gpu-bench` decode with and without graphs",
     },
     Switch {
         name: "MOE_FUSED_SWIGLU",
@@ -231,19 +220,11 @@ pub enum SwitchError {
 pub fn find(name: &str) -> Result<&'static Switch, SwitchError> {
     let n = name.trim().to_ascii_uppercase();
     let n = n.strip_prefix("FLASHSEEK_").unwrap_or(&n);
-    SWITCHES
-        .iter()
-        .find(|s| s.name == n)
-        .ok_or_else(|| SwitchError::Unknown(name.to_string()))
+    SWITCHES.iter().find(|s| s.name == n).ok_or_else(|| SwitchError::Unknown(name.to_string()))
 }
 
 fn bad_value(s: &Switch, value: &str, source: String) -> SwitchError {
-    SwitchError::BadValue {
-        name: s.name,
-        value: value.to_string(),
-        source_: source,
-        accepted: s.accepted(),
-    }
+    SwitchError::BadValue { name: s.name, value: value.to_string(), source_: source, accepted: s.accepted() }
 }
 
 static OVERRIDES: Mutex<Option<HashMap<&'static str, &'static str>>> = Mutex::new(None);
@@ -265,41 +246,24 @@ pub enum Origin {
 ///
 /// Errors: syntax, unknown switch, value not accepted, or values already resolved.
 pub fn set_override(spec: &str) -> Result<(), SwitchError> {
-    let (name, value) = spec
-        .split_once('=')
-        .ok_or_else(|| SwitchError::Syntax(spec.to_string()))?;
+    let (name, value) = spec.split_once('=').ok_or_else(|| SwitchError::Syntax(spec.to_string()))?;
     let s = find(name)?;
-    let v = s
-        .normalise(value)
-        .ok_or_else(|| bad_value(s, value, format!("--switch {spec}")))?;
+    let v = s.normalise(value).ok_or_else(|| bad_value(s, value, format!("--switch {spec}")))?;
     if RESOLVED.get().is_some() {
         return Err(SwitchError::TooLate(s.name));
     }
-    OVERRIDES
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .insert(s.name, v);
+    OVERRIDES.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(s.name, v);
     Ok(())
 }
 
 /// The environment value of a switch: None when unset or empty (both mean "the default").
 fn env_value(s: &Switch) -> Option<String> {
-    std::env::var(s.env_var())
-        .ok()
-        .filter(|v| !v.trim().is_empty())
+    std::env::var(s.env_var()).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// `FLASHSEEK_*` variables that are not switches: the model cache, the build's commit, the test
 /// and script settings.
-pub const OTHER_VARIABLES: &[&str] = &[
-    "FLASHSEEK_CACHE",
-    "FLASHSEEK_COMMIT",
-    "FLASHSEEK_REQUIRE_NVRTC",
-    "FLASHSEEK_URL",
-    "FLASHSEEK_API_KEY",
-    "FLASHSEEK_BIN",
-];
+pub const OTHER_VARIABLES: &[&str] = &["FLASHSEEK_CACHE", "FLASHSEEK_COMMIT", "FLASHSEEK_REQUIRE_NVRTC", "FLASHSEEK_URL", "FLASHSEEK_API_KEY", "FLASHSEEK_BIN"];
 
 /// Variable names in `vars` that start with `FLASHSEEK_` in any case but are neither a switch's
 /// variable nor one of [`OTHER_VARIABLES`] as spelt (a misspelt or lower-case switch would otherwise
@@ -308,9 +272,7 @@ pub fn unknown_variables(vars: impl Iterator<Item = std::ffi::OsString>) -> Vec<
     let mut v: Vec<String> = vars
         .filter_map(|k| k.into_string().ok())
         .filter(|k| k.to_ascii_uppercase().starts_with("FLASHSEEK_"))
-        .filter(|k| {
-            !OTHER_VARIABLES.contains(&k.as_str()) && !SWITCHES.iter().any(|s| s.env_var() == *k)
-        })
+        .filter(|k| !OTHER_VARIABLES.contains(&k.as_str()) && !SWITCHES.iter().any(|s| s.env_var() == *k))
         .collect();
     v.sort();
     v
@@ -322,11 +284,7 @@ pub fn unknown_variables(vars: impl Iterator<Item = std::ffi::OsString>) -> Vec<
 ///
 /// Errors: the first value a switch does not accept.
 pub fn check_environment() -> Result<(), SwitchError> {
-    let flags = OVERRIDES
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
-        .unwrap_or_default();
+    let flags = OVERRIDES.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
     for s in SWITCHES {
         if flags.contains_key(s.name) {
             continue;
@@ -342,11 +300,7 @@ pub fn check_environment() -> Result<(), SwitchError> {
 
 fn resolved() -> &'static HashMap<&'static str, (&'static str, Origin)> {
     RESOLVED.get_or_init(|| {
-        let flags = OVERRIDES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .unwrap_or_default();
+        let flags = OVERRIDES.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
         SWITCHES
             .iter()
             .map(|s| {
@@ -377,9 +331,7 @@ pub fn scoped<R>(overrides: &[(&str, &str)], f: impl FnOnce() -> R) -> Result<R,
     let mut resolved_pairs = Vec::with_capacity(overrides.len());
     for (name, value) in overrides {
         let s = find(name)?;
-        let v = s
-            .normalise(value)
-            .ok_or_else(|| bad_value(s, value, "a scoped override".into()))?;
+        let v = s.normalise(value).ok_or_else(|| bad_value(s, value, "a scoped override".into()))?;
         resolved_pairs.push((s.name, v));
     }
     let saved = SCOPED.with(|c| std::mem::replace(&mut *c.borrow_mut(), resolved_pairs));
@@ -400,18 +352,10 @@ pub fn scoped<R>(overrides: &[(&str, &str)], f: impl FnOnce() -> R) -> Result<R,
 ///
 /// Panics only on a name that is not registered (a programming error caught by the tests).
 pub fn value_of(name: &str) -> (&'static str, Origin) {
-    if let Some(v) = SCOPED.with(|c| {
-        c.borrow()
-            .iter()
-            .rev()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| *v)
-    }) {
+    if let Some(v) = SCOPED.with(|c| c.borrow().iter().rev().find(|(n, _)| *n == name).map(|(_, v)| *v)) {
         return (v, Origin::Flag);
     }
-    *resolved()
-        .get(name)
-        .unwrap_or_else(|| panic!("switch {name} is not registered"))
+    *resolved().get(name).unwrap_or_else(|| panic!("switch {name} is not registered"))
 }
 
 /// The value of switch `name` (see [`value_of`]).
@@ -455,7 +399,7 @@ pub enum Role {
     AloneOff,
     /// The defaults plus an off-by-default variant: another `TC_LINEAR` mode (the inexact `bf16`, or
     /// `fp8`, official numerics), a faster inexact kernel (`MLA_STREAM_FAST_EXP`, `INDEXER_FP8`) or
-    /// an exact one not yet on by default (`MOE_GROUPED_DECODE`).
+    /// an exact one not on by default.
     Fast,
 }
 
@@ -485,64 +429,18 @@ pub struct Configuration {
 /// The comparison matrix: all off, each optimisation alone on, all on, each switch alone off, and
 /// all on with `TC_LINEAR=bf16`.
 pub fn configurations() -> Vec<Configuration> {
-    const OFF: [(&str, &str); 4] = [
-        ("TC_LINEAR", "off"),
-        ("MLA_STREAM_TOPK", "off"),
-        ("INDEXER_TC", "off"),
-        ("MOE_GROUPED", "off"),
-    ];
-    let c = |label: String,
-             overrides: Vec<(&'static str, &'static str)>,
-             role,
-             exact,
-             same_bits_as_all_on,
-             slow| {
+    const OFF: [(&str, &str); 4] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("INDEXER_TC", "off"), ("MOE_GROUPED", "off")];
+    let c = |label: String, overrides: Vec<(&'static str, &'static str)>, role, exact, same_bits_as_all_on, slow| {
         let official = overrides.contains(&("TC_LINEAR", "fp8"));
-        Configuration {
-            label,
-            overrides,
-            role,
-            exact,
-            official,
-            same_bits_as_all_on,
-            slow,
-        }
+        Configuration { label, overrides, role, exact, official, same_bits_as_all_on, slow }
     };
-    let mut v = vec![c(
-        "all off (baseline: exact kernels)".into(),
-        OFF.to_vec(),
-        Role::Baseline,
-        true,
-        false,
-        true,
-    )];
-    for (name, value) in [
-        ("TC_LINEAR", "split"),
-        ("TC_LINEAR", "bf16"),
-        ("TC_LINEAR", "fp8"),
-        ("MLA_STREAM_TOPK", "on"),
-        ("INDEXER_TC", "on"),
-        ("MOE_GROUPED", "on"),
-    ] {
+    let mut v = vec![c("all off (baseline: exact kernels)".into(), OFF.to_vec(), Role::Baseline, true, false, true)];
+    for (name, value) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("TC_LINEAR", "fp8"), ("MLA_STREAM_TOPK", "on"), ("INDEXER_TC", "on"), ("MOE_GROUPED", "on")] {
         let mut o = OFF.to_vec();
         o.push((name, value));
-        v.push(c(
-            format!("{name}={value} alone"),
-            o,
-            Role::AloneOn,
-            value != "bf16" && value != "fp8",
-            false,
-            true,
-        ));
+        v.push(c(format!("{name}={value} alone"), o, Role::AloneOn, value != "bf16" && value != "fp8", false, true));
     }
-    v.push(c(
-        "all on (defaults)".into(),
-        Vec::new(),
-        Role::AllOn,
-        true,
-        false,
-        false,
-    ));
+    v.push(c("all on (defaults)".into(), Vec::new(), Role::AllOn, true, false, false));
     for (name, same_bits) in [
         ("TC_LINEAR", false),
         ("MLA_STREAM_TOPK", false),
@@ -555,92 +453,22 @@ pub fn configurations() -> Vec<Configuration> {
         ("DIRECT_INDEXER_TOPK", true),
         ("INDEXER_STREAM_TOPK", true),
     ] {
-        v.push(c(
-            format!("{name}=off alone"),
-            vec![(name, "off")],
-            Role::AloneOff,
-            true,
-            same_bits,
-            matches!(name, "MOE_GROUPED" | "TC_LINEAR"),
-        ));
+        v.push(c(format!("{name}=off alone"), vec![(name, "off")], Role::AloneOff, true, same_bits, matches!(name, "MOE_GROUPED" | "TC_LINEAR")));
     }
-    // MOE_GROUPED_DECODE is off by default (not yet measured end to end) but exact.
-    v.push(c(
-        "MOE_GROUPED_DECODE=on (with the defaults)".into(),
-        vec![("MOE_GROUPED_DECODE", "on")],
-        Role::Fast,
-        true,
-        false,
-        false,
-    ));
-    // DECODE_CUDA_GRAPH needs MOE_GROUPED_DECODE; the same kernels, so the same bits as that row.
-    v.push(c(
-        "DECODE_CUDA_GRAPH=on (with MOE_GROUPED_DECODE=on)".into(),
-        vec![("MOE_GROUPED_DECODE", "on"), ("DECODE_CUDA_GRAPH", "on")],
-        Role::Fast,
-        true,
-        false,
-        false,
-    ));
+    // Decode steps: the per-expert MoE (other kernels, exact) and launching kernel by kernel (the
+    // same kernels as the graphs: the same bits).
+    v.push(c("MOE_GROUPED_DECODE=off alone".into(), vec![("MOE_GROUPED_DECODE", "off")], Role::AloneOff, true, false, false));
+    v.push(c("DECODE_CUDA_GRAPH=off alone".into(), vec![("DECODE_CUDA_GRAPH", "off")], Role::AloneOff, true, true, false));
     // FP8_WGMMA only matters under TC_LINEAR=fp8.
-    v.push(c(
-        "FP8_WGMMA=off alone (with TC_LINEAR=fp8)".into(),
-        vec![("TC_LINEAR", "fp8"), ("FP8_WGMMA", "off")],
-        Role::AloneOff,
-        false,
-        false,
-        false,
-    ));
-    v.push(c(
-        "FP8_CUBLASLT=off alone (with TC_LINEAR=fp8)".into(),
-        vec![("TC_LINEAR", "fp8"), ("FP8_CUBLASLT", "off")],
-        Role::AloneOff,
-        false,
-        false,
-        false,
-    ));
-    v.push(c(
-        "LINEAR_CUBLASLT=off alone".into(),
-        vec![("LINEAR_CUBLASLT", "off")],
-        Role::AloneOff,
-        true,
-        false,
-        false,
-    ));
+    v.push(c("FP8_WGMMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_WGMMA", "off")], Role::AloneOff, false, false, false));
+    v.push(c("FP8_CUBLASLT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_CUBLASLT", "off")], Role::AloneOff, false, false, false));
+    v.push(c("LINEAR_CUBLASLT=off alone".into(), vec![("LINEAR_CUBLASLT", "off")], Role::AloneOff, true, false, false));
     // MLA_STREAM_FAST_EXP and INDEXER_FP8 are off by default (not exact): each on, with the other
     // defaults.
-    v.push(c(
-        "MLA_STREAM_FAST_EXP=on (with the defaults)".into(),
-        vec![("MLA_STREAM_FAST_EXP", "on")],
-        Role::Fast,
-        false,
-        false,
-        false,
-    ));
-    v.push(c(
-        "INDEXER_FP8=on (with the defaults)".into(),
-        vec![("INDEXER_FP8", "on")],
-        Role::Fast,
-        false,
-        false,
-        false,
-    ));
-    v.push(c(
-        "all on, TC_LINEAR=bf16".into(),
-        vec![("TC_LINEAR", "bf16")],
-        Role::Fast,
-        false,
-        false,
-        false,
-    ));
-    v.push(c(
-        "all on, TC_LINEAR=fp8 (official numerics)".into(),
-        vec![("TC_LINEAR", "fp8")],
-        Role::Fast,
-        false,
-        false,
-        false,
-    ));
+    v.push(c("MLA_STREAM_FAST_EXP=on (with the defaults)".into(), vec![("MLA_STREAM_FAST_EXP", "on")], Role::Fast, false, false, false));
+    v.push(c("INDEXER_FP8=on (with the defaults)".into(), vec![("INDEXER_FP8", "on")], Role::Fast, false, false, false));
+    v.push(c("all on, TC_LINEAR=bf16".into(), vec![("TC_LINEAR", "bf16")], Role::Fast, false, false, false));
+    v.push(c("all on, TC_LINEAR=fp8 (official numerics)".into(), vec![("TC_LINEAR", "fp8")], Role::Fast, false, false, false));
     v
 }
 
@@ -656,11 +484,7 @@ mod tests {
             assert!(!s.values.is_empty());
             assert_eq!(s.normalise(s.default_value()), Some(s.default_value()));
             for (alias, target) in s.aliases {
-                assert!(
-                    s.values.contains(target),
-                    "{}: alias {alias} → {target} is not a value",
-                    s.name
-                );
+                assert!(s.values.contains(target), "{}: alias {alias} → {target} is not a value", s.name);
             }
             assert!(s.env_var().starts_with("FLASHSEEK_"));
             assert!(!s.replaces.is_empty() && !s.parity.is_empty());
@@ -706,17 +530,7 @@ mod tests {
                 continue;
             }
             if s.default_value() == "off" {
-                // On with the defaults (DECODE_CUDA_GRAPH with MOE_GROUPED_DECODE, which it needs).
-                let alone = |c: &Configuration| {
-                    c.overrides == [(s.name, "on")]
-                        || (s.name == "DECODE_CUDA_GRAPH"
-                            && c.overrides == [("MOE_GROUPED_DECODE", "on"), (s.name, "on")])
-                };
-                assert!(
-                    cs.iter().any(alone),
-                    "{} (off by default) never on with the defaults",
-                    s.name
-                );
+                assert!(cs.iter().any(|c| c.overrides == [(s.name, "on")]), "{} (off by default) never on with the defaults", s.name);
             } else {
                 assert!(cs.iter().any(|c| c.role == Role::AloneOff && c.overrides.contains(&(s.name, "off"))), "{} never off alone", s.name);
             }
@@ -726,52 +540,23 @@ mod tests {
         }
         assert_eq!(cs.iter().filter(|c| c.role == Role::Baseline).count(), 1);
         assert_eq!(cs.iter().filter(|c| c.role == Role::AllOn).count(), 1);
-        let inexact = |c: &Configuration| {
-            c.official
-                || [
-                    ("TC_LINEAR", "bf16"),
-                    ("MLA_STREAM_FAST_EXP", "on"),
-                    ("INDEXER_FP8", "on"),
-                ]
-                .iter()
-                .any(|o| c.overrides.contains(o))
-        };
+        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on")].iter().any(|o| c.overrides.contains(o));
         assert!(cs.iter().all(|c| c.exact != inexact(c)));
         assert!(cs.iter().filter(|c| c.official).count() >= 3);
     }
 
     #[test]
     fn misspelt_variables_are_found() {
-        let vars = [
-            "FLASHSEEK_LINEAR_CUBLAST",
-            "FLASHSEEK_LINEAR_CUBLASLT",
-            "FLASHSEEK_CACHE",
-            "PATH",
-            "FLASHSEEK_TC_LINEAR",
-            "flashseek_tc_linear",
-        ]
-        .map(std::ffi::OsString::from);
-        assert_eq!(
-            unknown_variables(vars.into_iter()),
-            ["FLASHSEEK_LINEAR_CUBLAST", "flashseek_tc_linear"]
-        );
+        let vars = ["FLASHSEEK_LINEAR_CUBLAST", "FLASHSEEK_LINEAR_CUBLASLT", "FLASHSEEK_CACHE", "PATH", "FLASHSEEK_TC_LINEAR", "flashseek_tc_linear"].map(std::ffi::OsString::from);
+        assert_eq!(unknown_variables(vars.into_iter()), ["FLASHSEEK_LINEAR_CUBLAST", "flashseek_tc_linear"]);
     }
 
     #[test]
     fn flag_errors_are_clear() {
-        assert_eq!(
-            set_override("MOE_GROUPED"),
-            Err(SwitchError::Syntax("MOE_GROUPED".into()))
-        );
+        assert_eq!(set_override("MOE_GROUPED"), Err(SwitchError::Syntax("MOE_GROUPED".into())));
         let e = set_override("MOE_GROUPED=maybe").unwrap_err();
-        assert!(
-            e.to_string().contains("accepted: on, off (also 1 = on"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("accepted: on, off (also 1 = on"), "{e}");
         assert_eq!(find("TC_LINEAR").unwrap().normalise("true"), Some("split"));
-        assert!(matches!(
-            set_override("WHAT=on"),
-            Err(SwitchError::Unknown(_))
-        ));
+        assert!(matches!(set_override("WHAT=on"), Err(SwitchError::Unknown(_))));
     }
 }

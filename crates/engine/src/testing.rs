@@ -55,20 +55,11 @@ pub fn formula_values(seed: u64, name: &str, shape: &[usize]) -> Vec<f32> {
     let key = fnv1a64(&format!("{seed}:{name}"));
     let n: usize = shape.iter().product();
     use rayon::prelude::*;
-    (0..n as u64)
-        .into_par_iter()
-        .map(|i| (off + scale * uniform(key, i)) as f32)
-        .collect()
+    (0..n as u64).into_par_iter().map(|i| (off + scale * uniform(key, i)) as f32).collect()
 }
 
 /// A `[vocab, k]` hash-routing table: per row, k distinct experts drawn in order, repeats rejected.
-pub fn formula_tid2eid(
-    seed: u64,
-    name: &str,
-    vocab: usize,
-    k: usize,
-    n_experts: usize,
-) -> Vec<i64> {
+pub fn formula_tid2eid(seed: u64, name: &str, vocab: usize, k: usize, n_experts: usize) -> Vec<i64> {
     let mut out = Vec::with_capacity(vocab * k);
     for r in 0..vocab {
         let mut chosen: Vec<i64> = Vec::with_capacity(k);
@@ -89,9 +80,7 @@ pub fn formula_tid2eid(
 /// Token ids of golden case `length` (mirrors `formula_ids`).
 pub fn formula_ids(seed: u64, length: usize, vocab: usize) -> Vec<u32> {
     let key = fnv1a64(&format!("{seed}:ids:{length}"));
-    (0..length as u64)
-        .map(|i| (((uniform(key, i) + 1.0) * 0.5 * vocab as f64) as usize % vocab) as u32)
-        .collect()
+    (0..length as u64).map(|i| (((uniform(key, i) + 1.0) * 0.5 * vocab as f64) as usize % vocab) as u32).collect()
 }
 
 /// A [`TensorSource`] that generates every tensor from the formula.
@@ -109,10 +98,7 @@ impl TensorSource for FormulaSource {
     fn load_i64(&self, name: &str, shape: &[usize]) -> Result<Vec<i64>, WeightsError> {
         match shape {
             [vocab, k] => Ok(formula_tid2eid(self.seed, name, *vocab, *k, self.n_experts)),
-            _ => Err(WeightsError::Value {
-                name: name.into(),
-                msg: format!("expected a 2-D table, asked for {shape:?}"),
-            }),
+            _ => Err(WeightsError::Value { name: name.into(), msg: format!("expected a 2-D table, asked for {shape:?}") }),
         }
     }
 }

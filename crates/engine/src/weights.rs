@@ -58,17 +58,8 @@ pub struct Matrix {
 }
 
 impl Matrix {
-    fn load(
-        src: &dyn TensorSource,
-        name: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Self, WeightsError> {
-        Ok(Matrix {
-            rows,
-            cols,
-            data: src.load_f32(name, &[rows, cols])?,
-        })
+    fn load(src: &dyn TensorSource, name: &str, rows: usize, cols: usize) -> Result<Self, WeightsError> {
+        Ok(Matrix { rows, cols, data: src.load_f32(name, &[rows, cols])? })
     }
     /// Row `r` (the weights of output feature `r`).
     pub fn row(&self, r: usize) -> &[f32] {
@@ -227,12 +218,7 @@ fn compressor(
     })
 }
 
-fn expert(
-    src: &dyn TensorSource,
-    prefix: &str,
-    inter: usize,
-    d: usize,
-) -> Result<ExpertWeights, WeightsError> {
+fn expert(src: &dyn TensorSource, prefix: &str, inter: usize, d: usize) -> Result<ExpertWeights, WeightsError> {
     Ok(ExpertWeights {
         w1: Matrix::load(src, &format!("{prefix}.w1.weight"), inter, d)?,
         w2: Matrix::load(src, &format!("{prefix}.w2.weight"), d, inter)?,
@@ -256,26 +242,11 @@ impl ModelWeights {
             let kind = c.layer_kinds[l];
             let (comp, idx) = match kind {
                 LayerKind::Sliding => (None, None),
-                LayerKind::Hca { ratio } => (
-                    Some(compressor(
-                        src,
-                        &format!("{p}.attn.compressor"),
-                        c.head_dim,
-                        ratio,
-                        false,
-                        d,
-                    )?),
-                    None,
-                ),
+                LayerKind::Hca { ratio } => {
+                    (Some(compressor(src, &format!("{p}.attn.compressor"), c.head_dim, ratio, false, d)?), None)
+                }
                 LayerKind::Csa { ratio } => (
-                    Some(compressor(
-                        src,
-                        &format!("{p}.attn.compressor"),
-                        c.head_dim,
-                        ratio,
-                        true,
-                        d,
-                    )?),
+                    Some(compressor(src, &format!("{p}.attn.compressor"), c.head_dim, ratio, true, d)?),
                     Some(IndexerWeights {
                         wq_b: Matrix::load(
                             src,
@@ -320,9 +291,7 @@ impl ModelWeights {
                     }
                     RouterWeights::Hash { tid2eid }
                 }
-                RouterKind::Score => RouterWeights::Score {
-                    bias: src.load_f32(&format!("{p}.ffn.gate.bias"), &[e])?,
-                },
+                RouterKind::Score => RouterWeights::Score { bias: src.load_f32(&format!("{p}.ffn.gate.bias"), &[e])? },
             };
             let inter = c.moe_intermediate_size;
             layers.push(LayerWeights {
@@ -333,20 +302,9 @@ impl ModelWeights {
                 wq_b: Matrix::load(src, &format!("{p}.attn.wq_b.weight"), hcd, c.q_lora_rank)?,
                 wkv: Matrix::load(src, &format!("{p}.attn.wkv.weight"), c.head_dim, d)?,
                 kv_norm: src.load_f32(&format!("{p}.attn.kv_norm.weight"), &[c.head_dim])?,
-                wo_a: Matrix::load(
-                    src,
-                    &format!("{p}.attn.wo_a.weight"),
-                    c.o_groups * c.o_lora_rank,
-                    hcd / c.o_groups,
-                )?,
-                wo_b: Matrix::load(
-                    src,
-                    &format!("{p}.attn.wo_b.weight"),
-                    d,
-                    c.o_groups * c.o_lora_rank,
-                )?,
-                attn_sink: src
-                    .load_f32(&format!("{p}.attn.attn_sink"), &[c.num_attention_heads])?,
+                wo_a: Matrix::load(src, &format!("{p}.attn.wo_a.weight"), c.o_groups * c.o_lora_rank, hcd / c.o_groups)?,
+                wo_b: Matrix::load(src, &format!("{p}.attn.wo_b.weight"), d, c.o_groups * c.o_lora_rank)?,
+                attn_sink: src.load_f32(&format!("{p}.attn.attn_sink"), &[c.num_attention_heads])?,
                 compressor: comp,
                 indexer: idx,
                 hc_attn: hc(src, &format!("{p}.hc_attn"), n, d)?,

@@ -12,9 +12,7 @@ use std::path::Path;
 use flashseek_engine::forward::{forward, ForwardOptions};
 use flashseek_engine::testing::{formula_ids, FormulaSource};
 use flashseek_engine::weights::{ModelWeights, TensorSource, WeightsError};
-use flashseek_model::checkpoint::official::{
-    canonical_tensors, write_official, OfficialFormat, OfficialWriteOptions,
-};
+use flashseek_model::checkpoint::official::{canonical_tensors, write_official, OfficialFormat, OfficialWriteOptions};
 use flashseek_model::checkpoint::{write_safetensors, Checkpoint, NamingScheme, StoredDtype};
 use flashseek_model::config::{Ds4Config, LayerKind, RouterKind};
 
@@ -71,15 +69,11 @@ struct Recording<'a> {
 
 impl TensorSource for Recording<'_> {
     fn load_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightsError> {
-        self.seen
-            .borrow_mut()
-            .insert((name.to_string(), shape.to_vec()));
+        self.seen.borrow_mut().insert((name.to_string(), shape.to_vec()));
         self.inner.load_f32(name, shape)
     }
     fn load_i64(&self, name: &str, shape: &[usize]) -> Result<Vec<i64>, WeightsError> {
-        self.seen
-            .borrow_mut()
-            .insert((name.to_string(), shape.to_vec()));
+        self.seen.borrow_mut().insert((name.to_string(), shape.to_vec()));
         self.inner.load_i64(name, shape)
     }
 }
@@ -91,25 +85,15 @@ fn write_hf_saved(dir: &Path, cfg: &Ds4Config, ck: &Checkpoint) {
     for t in canonical_tensors(cfg) {
         let (dtype, bytes): (StoredDtype, Vec<u8>) = if t.format == OfficialFormat::I32 {
             let ids = ck.load_i64(&t.name, &t.shape).unwrap();
-            (
-                StoredDtype::I64,
-                ids.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            )
+            (StoredDtype::I64, ids.iter().flat_map(|v| v.to_le_bytes()).collect())
         } else {
             let v = ck.load_f32(&t.name, &t.shape).unwrap();
-            (
-                StoredDtype::F32,
-                v.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            )
+            (StoredDtype::F32, v.iter().flat_map(|v| v.to_le_bytes()).collect())
         };
         tensors.push((hf_saved_name(&t.name), dtype, t.shape.clone(), bytes));
     }
     write_safetensors(&dir.join("model.safetensors"), &tensors).unwrap();
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_string_pretty(&cfg.to_hf_json()).unwrap(),
-    )
-    .unwrap();
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&cfg.to_hf_json()).unwrap()).unwrap();
 }
 
 /// The config fields that describe the network (everything but the declared storage and MTP).
@@ -125,52 +109,24 @@ fn official_fp8_fp4_checkpoint_matches_its_dequantized_hf_copy() {
     let cfg = tiny_config();
     assert_eq!(
         cfg.layer_kinds,
-        vec![
-            LayerKind::Sliding,
-            LayerKind::Csa { ratio: 4 },
-            LayerKind::Hca { ratio: 8 }
-        ]
+        vec![LayerKind::Sliding, LayerKind::Csa { ratio: 4 }, LayerKind::Hca { ratio: 8 }]
     );
-    assert_eq!(
-        cfg.router_kinds,
-        vec![RouterKind::Hash, RouterKind::Score, RouterKind::Score]
-    );
-    let formula = FormulaSource {
-        seed: SEED,
-        n_experts: cfg.n_routed_experts,
-    };
+    assert_eq!(cfg.router_kinds, vec![RouterKind::Hash, RouterKind::Score, RouterKind::Score]);
+    let formula = FormulaSource { seed: SEED, n_experts: cfg.n_routed_experts };
 
     // The writer enumerates exactly the tensors (and shapes) the forward reads.
-    let rec = Recording {
-        inner: &formula,
-        seen: RefCell::new(BTreeSet::new()),
-    };
+    let rec = Recording { inner: &formula, seen: RefCell::new(BTreeSet::new()) };
     let unquantized = ModelWeights::load(&cfg, &rec).expect("formula weights load");
-    let listed: BTreeSet<(String, Vec<usize>)> = canonical_tensors(&cfg)
-        .into_iter()
-        .map(|t| (t.name, t.shape))
-        .collect();
-    assert_eq!(
-        *rec.seen.borrow(),
-        listed,
-        "canonical_tensors == what ModelWeights::load reads"
-    );
+    let listed: BTreeSet<(String, Vec<usize>)> = canonical_tensors(&cfg).into_iter().map(|t| (t.name, t.shape)).collect();
+    assert_eq!(*rec.seen.borrow(), listed, "canonical_tensors == what ModelWeights::load reads");
 
     // 1. Official layout, FP8 + FP4, sharded.
     let tmp = tempfile::tempdir().unwrap();
     let off_dir = tmp.path().join("official");
     let values = |n: &str, s: &[usize]| formula.load_f32(n, s).expect("formula values");
     let tables = |n: &str, s: &[usize]| formula.load_i64(n, s).expect("formula tables");
-    let written = write_official(
-        &off_dir,
-        &cfg,
-        &values,
-        &tables,
-        &OfficialWriteOptions {
-            max_shard_bytes: 96 * 1024,
-        },
-    )
-    .unwrap();
+    let written =
+        write_official(&off_dir, &cfg, &values, &tables, &OfficialWriteOptions { max_shard_bytes: 96 * 1024 }).unwrap();
     let off = Checkpoint::open(&off_dir).expect("official checkpoint opens");
     assert_eq!(off.scheme(), NamingScheme::Official);
     assert!(off_dir.join("model.safetensors.index.json").is_file());
@@ -179,14 +135,8 @@ fn official_fp8_fp4_checkpoint_matches_its_dequantized_hf_copy() {
     for (name, fmt) in [
         ("layers.0.attn.wq_a.weight", "fp8-e4m3 (ue8m0 128x128)"),
         ("layers.1.attn.wo_a.weight", "fp8-e4m3 (ue8m0 128x128)"),
-        (
-            "layers.1.attn.indexer.wq_b.weight",
-            "fp8-e4m3 (ue8m0 128x128)",
-        ),
-        (
-            "layers.2.ffn.shared_experts.w1.weight",
-            "fp8-e4m3 (ue8m0 128x128)",
-        ),
+        ("layers.1.attn.indexer.wq_b.weight", "fp8-e4m3 (ue8m0 128x128)"),
+        ("layers.2.ffn.shared_experts.w1.weight", "fp8-e4m3 (ue8m0 128x128)"),
         ("layers.0.ffn.experts.7.w2.weight", "fp4-e2m1 (ue8m0 /32)"),
         ("layers.2.ffn.experts.0.w3.weight", "fp4-e2m1 (ue8m0 /32)"),
         ("embed.weight", "bf16"),
@@ -197,11 +147,7 @@ fn official_fp8_fp4_checkpoint_matches_its_dequantized_hf_copy() {
         assert_eq!(off.format_of(name).as_deref(), Some(fmt), "{name}");
     }
     let off_cfg = Ds4Config::from_file(&off_dir).expect("official config parses");
-    assert_eq!(
-        network(&off_cfg),
-        network(&cfg),
-        "the official config describes the same network"
-    );
+    assert_eq!(network(&off_cfg), network(&cfg), "the official config describes the same network");
     assert_eq!(off_cfg.quant.method.as_deref(), Some("fp8"));
     assert_eq!(off_cfg.quant.expert_dtype.as_deref(), Some("fp4"));
 
@@ -210,14 +156,8 @@ fn official_fp8_fp4_checkpoint_matches_its_dequantized_hf_copy() {
     write_hf_saved(&hf_dir, &cfg, &off);
     let hf = Checkpoint::open(&hf_dir).expect("HF checkpoint opens");
     assert_eq!(hf.scheme(), NamingScheme::HfSaved);
-    assert_eq!(
-        hf.format_of("layers.0.attn.wq_a.weight").as_deref(),
-        Some("f32")
-    );
-    assert_eq!(
-        hf.format_of("layers.0.ffn.gate.tid2eid").as_deref(),
-        Some("i64")
-    );
+    assert_eq!(hf.format_of("layers.0.attn.wq_a.weight").as_deref(), Some("f32"));
+    assert_eq!(hf.format_of("layers.0.ffn.gate.tid2eid").as_deref(), Some("i64"));
     let hf_cfg = Ds4Config::from_file(&hf_dir).expect("HF config parses");
     assert_eq!(network(&hf_cfg), network(&cfg));
 
@@ -230,27 +170,14 @@ fn official_fp8_fp4_checkpoint_matches_its_dequantized_hf_copy() {
     let l_hf = forward(&w_hf, &ids, &opts).unwrap().logits;
     assert_eq!(l_off.len(), TOKENS * cfg.vocab_size);
     assert!(l_off.iter().all(|v| v.is_finite()));
-    let mismatches = l_off
-        .iter()
-        .zip(&l_hf)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
-    assert_eq!(
-        mismatches, 0,
-        "official vs HF-saved logits differ in {mismatches} entries"
-    );
+    let mismatches = l_off.iter().zip(&l_hf).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    assert_eq!(mismatches, 0, "official vs HF-saved logits differ in {mismatches} entries");
 
     // 4. Quantization happened, and stayed close. First per stored format, on the weights
     //    themselves (sum of squared errors over sum of squares, all tensors of that format).
     let mut per_format: Vec<(OfficialFormat, f64, f64)> = Vec::new();
-    for t in canonical_tensors(&cfg)
-        .into_iter()
-        .filter(|t| t.format != OfficialFormat::I32)
-    {
-        let (q, r) = (
-            off.load_f32(&t.name, &t.shape).unwrap(),
-            formula.load_f32(&t.name, &t.shape).unwrap(),
-        );
+    for t in canonical_tensors(&cfg).into_iter().filter(|t| t.format != OfficialFormat::I32) {
+        let (q, r) = (off.load_f32(&t.name, &t.shape).unwrap(), formula.load_f32(&t.name, &t.shape).unwrap());
         let (n, d) = sq_err(&q, &r);
         match per_format.iter_mut().find(|(f, _, _)| *f == t.format) {
             Some(e) => {
@@ -270,10 +197,7 @@ fn official_fp8_fp4_checkpoint_matches_its_dequantized_hf_copy() {
             OfficialFormat::Fp4 => (2e-3, 3e-2),
             OfficialFormat::I32 => unreachable!(),
         };
-        assert!(
-            (lo..=hi).contains(&nmse),
-            "{fmt:?} weights: NMSE {nmse:.3e} outside [{lo:e}, {hi:e}]"
-        );
+        assert!((lo..=hi).contains(&nmse), "{fmt:?} weights: NMSE {nmse:.3e} outside [{lo:e}, {hi:e}]");
     }
 
     // Then on the logits. The random tiny network amplifies weight errors, mostly through discrete
@@ -292,24 +216,13 @@ fn official_fp8_fp4_checkpoint_matches_its_dequantized_hf_copy() {
         .collect();
     per_token.sort_by(f64::total_cmp);
     let median = per_token[TOKENS / 2];
-    let max_abs = l_off
-        .iter()
-        .zip(&l_ref)
-        .fold(0f32, |m, (q, r)| m.max((q - r).abs()));
+    let max_abs = l_off.iter().zip(&l_ref).fold(0f32, |m, (q, r)| m.max((q - r).abs()));
     let argmax = |l: &[f32]| -> Vec<usize> {
         l.chunks(cfg.vocab_size)
-            .map(|row| {
-                row.iter()
-                    .enumerate()
-                    .fold(0, |b, (i, v)| if *v > row[b] { i } else { b })
-            })
+            .map(|row| row.iter().enumerate().fold(0, |b, (i, v)| if *v > row[b] { i } else { b }))
             .collect()
     };
-    let agree = argmax(&l_off)
-        .iter()
-        .zip(argmax(&l_ref))
-        .filter(|(a, b)| **a == *b)
-        .count();
+    let agree = argmax(&l_off).iter().zip(argmax(&l_ref)).filter(|(a, b)| **a == *b).count();
     println!(
         "official layout: {shards} shards, {written} bytes written, {} stored tensor bytes (HF f32 copy: {} bytes)",
         off.total_bytes(),
@@ -321,17 +234,12 @@ fn official_fp8_fp4_checkpoint_matches_its_dequantized_hf_copy() {
         per_token[TOKENS - 1]
     );
     assert!(nmse > 1e-6, "quantized logits are too close to the unquantized ones (NMSE {nmse:.3e}): no quantization?");
-    assert!(
-        nmse < 0.3,
-        "quantized logits drift too far from the unquantized ones (NMSE {nmse:.3e})"
-    );
+    assert!(nmse < 0.3, "quantized logits drift too far from the unquantized ones (NMSE {nmse:.3e})");
     assert!(median < 0.1, "per-token median NMSE {median:.3e} too large");
 }
 
 /// (Σ (a − b)², Σ b²) in f64.
 fn sq_err(a: &[f32], b: &[f32]) -> (f64, f64) {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).fold((0f64, 0f64), |(n, d), (x, y)| {
-        (n + (*x as f64 - *y as f64).powi(2), d + (*y as f64).powi(2))
-    })
+    a.iter().zip(b).fold((0f64, 0f64), |(n, d), (x, y)| (n + (*x as f64 - *y as f64).powi(2), d + (*y as f64).powi(2)))
 }

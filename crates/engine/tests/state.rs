@@ -13,17 +13,12 @@ use safetensors::SafeTensors;
 use std::path::PathBuf;
 
 fn golden_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/goldens")
-        .join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/goldens").join(name)
 }
 
 fn model(name: &str, seed: u64) -> ModelWeights {
     let cfg = Ds4Config::from_file(&golden_dir(name).join("model")).unwrap();
-    let src = FormulaSource {
-        seed,
-        n_experts: cfg.n_routed_experts,
-    };
+    let src = FormulaSource { seed, n_experts: cfg.n_routed_experts };
     ModelWeights::load(&cfg, &src).unwrap()
 }
 
@@ -36,11 +31,7 @@ fn chunked(w: &ModelWeights, ids: &[u32], chunk: usize) -> Vec<f32> {
     let mut st = SequenceState::new(&w.config, None);
     let mut all = Vec::new();
     for c in ids.chunks(chunk) {
-        all.extend(
-            forward_chunk(w, &mut st, c, LogitsFor::All, &opts())
-                .unwrap()
-                .logits,
-        );
+        all.extend(forward_chunk(w, &mut st, c, LogitsFor::All, &opts()).unwrap().logits);
     }
     assert_eq!(st.pos, ids.len());
     all
@@ -48,29 +39,18 @@ fn chunked(w: &ModelWeights, ids: &[u32], chunk: usize) -> Vec<f32> {
 
 fn assert_same(a: &[f32], b: &[f32], what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: length");
-    let worst = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
+    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(a == b, "{what}: not bitwise equal (max abs diff {worst:e})");
 }
 
 #[test]
 fn chunked_prefill_equals_one_shot() {
-    for (name, seed, len) in [
-        ("tiny_flash_rates", 11, 300usize),
-        ("tiny_odd_rates", 23, 90),
-    ] {
+    for (name, seed, len) in [("tiny_flash_rates", 11, 300usize), ("tiny_odd_rates", 23, 90)] {
         let w = model(name, seed);
         let ids = formula_ids(seed + 1000, len, w.config.vocab_size);
         let one_shot = forward(&w, &ids, &opts()).unwrap().logits;
         for chunk in [1, 3, 4, 7, 128, 129, len] {
-            assert_same(
-                &chunked(&w, &ids, chunk),
-                &one_shot,
-                &format!("{name} chunk {chunk}"),
-            );
+            assert_same(&chunked(&w, &ids, chunk), &one_shot, &format!("{name} chunk {chunk}"));
         }
     }
 }
@@ -84,19 +64,11 @@ fn prefill_then_decode_equals_one_shot() {
     let mut st = SequenceState::new(&w.config, None);
     let prefill = 120;
     let out = forward_chunk(&w, &mut st, &ids[..prefill], LogitsFor::Last, &opts()).unwrap();
-    assert_same(
-        &out.logits,
-        &one_shot[(prefill - 1) * v..prefill * v],
-        "prefill last logits",
-    );
+    assert_same(&out.logits, &one_shot[(prefill - 1) * v..prefill * v], "prefill last logits");
     for (i, id) in ids[prefill..].iter().enumerate() {
         let out = forward_chunk(&w, &mut st, &[*id], LogitsFor::Last, &opts()).unwrap();
         let p = prefill + i;
-        assert_same(
-            &out.logits,
-            &one_shot[p * v..(p + 1) * v],
-            &format!("decode step at position {p}"),
-        );
+        assert_same(&out.logits, &one_shot[p * v..(p + 1) * v], &format!("decode step at position {p}"));
     }
 }
 
@@ -114,18 +86,13 @@ fn truncate_and_continue_equals_fresh_prefix() {
     for p in [0usize, 1, 126, 127, 128, 129, 130, 255, 256, 257, 283] {
         st = full.snapshot();
         st.truncate(p).unwrap();
-        let got = forward_chunk(&w, &mut st, &tail, LogitsFor::All, &opts())
-            .unwrap()
-            .logits;
+        let got = forward_chunk(&w, &mut st, &tail, LogitsFor::All, &opts()).unwrap().logits;
         let mut fresh_ids = long[..p].to_vec();
         fresh_ids.extend(&tail);
         let fresh = forward(&w, &fresh_ids, &opts()).unwrap().logits;
         assert_same(&got, &fresh[p * v..], &format!("truncate to {p}"));
     }
-    assert!(
-        st.truncate(10_000).is_err(),
-        "truncating past the end is an error"
-    );
+    assert!(st.truncate(10_000).is_err(), "truncating past the end is an error");
 }
 
 #[test]
@@ -140,16 +107,10 @@ fn snapshot_restore_and_retention() {
     let snap = st.snapshot();
     forward_chunk(&w, &mut st, &ids[50..], LogitsFor::None, &opts()).unwrap();
     st = snap;
-    let a = forward_chunk(&w, &mut st, &more, LogitsFor::All, &opts())
-        .unwrap()
-        .logits;
+    let a = forward_chunk(&w, &mut st, &more, LogitsFor::All, &opts()).unwrap().logits;
     let mut fresh = ids[..50].to_vec();
     fresh.extend(&more);
-    assert_same(
-        &a,
-        &forward(&w, &fresh, &opts()).unwrap().logits[50 * v..],
-        "restore",
-    );
+    assert_same(&a, &forward(&w, &fresh, &opts()).unwrap().logits[50 * v..], "restore");
 
     // With retention 16, truncating 16 back works; further back is refused with a clear error.
     let mut st = SequenceState::new(&w.config, Some(16));
@@ -157,25 +118,14 @@ fn snapshot_restore_and_retention() {
     let err = st.clone().truncate(80 - 17).unwrap_err().to_string();
     assert!(err.contains("retention"), "{err}");
     st.truncate(80 - 16).unwrap();
-    let b = forward_chunk(&w, &mut st, &more, LogitsFor::All, &opts())
-        .unwrap()
-        .logits;
+    let b = forward_chunk(&w, &mut st, &more, LogitsFor::All, &opts()).unwrap().logits;
     let mut fresh = ids[..64].to_vec();
     fresh.extend(&more);
-    assert_same(
-        &b,
-        &forward(&w, &fresh, &opts()).unwrap().logits[64 * v..],
-        "truncate within retention",
-    );
+    assert_same(&b, &forward(&w, &fresh, &opts()).unwrap().logits[64 * v..], "truncate within retention");
     // Retention bounds memory: a long run holds far less than an unlimited state.
     let mut unlimited = SequenceState::new(&w.config, None);
     forward_chunk(&w, &mut unlimited, &ids, LogitsFor::None, &opts()).unwrap();
-    assert!(
-        st.bytes() < unlimited.bytes(),
-        "{} vs {}",
-        st.bytes(),
-        unlimited.bytes()
-    );
+    assert!(st.bytes() < unlimited.bytes(), "{} vs {}", st.bytes(), unlimited.bytes());
 }
 
 fn argmax(x: &[f32]) -> u32 {
@@ -189,36 +139,19 @@ fn greedy_generation_matches_transformers_generate() {
         let bytes = std::fs::read(golden_dir(name).join("golden.safetensors")).unwrap();
         let st_file = SafeTensors::deserialize(&bytes).unwrap();
         let read = |k: &str| -> Vec<u32> {
-            st_file
-                .tensor(k)
-                .unwrap()
-                .data()
-                .chunks(8)
-                .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
-                .collect()
+            st_file.tensor(k).unwrap().data().chunks(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect()
         };
         let prompt = read("generate.prompt");
         let expected = read("generate.output");
         let mut st = SequenceState::new(&w.config, None);
-        let mut logits = forward_chunk(&w, &mut st, &prompt, LogitsFor::Last, &opts())
-            .unwrap()
-            .logits;
+        let mut logits = forward_chunk(&w, &mut st, &prompt, LogitsFor::Last, &opts()).unwrap().logits;
         let mut got = Vec::new();
         for _ in 0..expected.len() {
             let next = argmax(&logits);
             got.push(next);
-            logits = forward_chunk(&w, &mut st, &[next], LogitsFor::Last, &opts())
-                .unwrap()
-                .logits;
+            logits = forward_chunk(&w, &mut st, &[next], LogitsFor::Last, &opts()).unwrap().logits;
         }
-        println!(
-            "{name}: {} greedy tokens after a {}-token prompt match transformers generate",
-            got.len(),
-            prompt.len()
-        );
-        assert_eq!(
-            got, expected,
-            "{name}: greedy tokens differ from transformers generate"
-        );
+        println!("{name}: {} greedy tokens after a {}-token prompt match transformers generate", got.len(), prompt.len());
+        assert_eq!(got, expected, "{name}: greedy tokens differ from transformers generate");
     }
 }

@@ -230,11 +230,7 @@ impl Ds4Config {
     ///
     /// Errors: unreadable file, invalid JSON, or any [`ConfigError`] from [`Ds4Config::from_json`].
     pub fn from_file(path: &Path) -> Result<Self> {
-        let file = if path.is_dir() {
-            path.join("config.json")
-        } else {
-            path.to_path_buf()
-        };
+        let file = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };
         let text = std::fs::read_to_string(&file).map_err(|source| ConfigError::Io {
             path: file.display().to_string(),
             source,
@@ -244,10 +240,7 @@ impl Ds4Config {
             msg: e.to_string(),
         })?;
         if !value.is_object() {
-            return Err(ConfigError::Json {
-                path: file.display().to_string(),
-                msg: format!("top level is {}", kind_of(&value)),
-            });
+            return Err(ConfigError::Json { path: file.display().to_string(), msg: format!("top level is {}", kind_of(&value)) });
         }
         Self::from_json(&value)
     }
@@ -285,11 +278,7 @@ impl Ds4Config {
         let num_attention_heads = o.usize_req("num_attention_heads", 1)?;
         let num_key_value_heads = o.usize_opt("num_key_value_heads", 1)?.unwrap_or(1);
         if num_key_value_heads != 1 {
-            return Err(invalid(
-                "num_key_value_heads",
-                "1 (DeepSeek-V4 has one shared K=V head)",
-                num_key_value_heads,
-            ));
+            return Err(invalid("num_key_value_heads", "1 (DeepSeek-V4 has one shared K=V head)", num_key_value_heads));
         }
         let head_dim = o.usize_req("head_dim", 2)?;
 
@@ -312,10 +301,7 @@ impl Ds4Config {
             if nope + qk_rope_head_dim != head_dim {
                 return Err(invalid(
                     "qk_nope_head_dim",
-                    &format!(
-                        "head_dim - qk_rope_head_dim = {}",
-                        head_dim - qk_rope_head_dim
-                    ),
+                    &format!("head_dim - qk_rope_head_dim = {}", head_dim - qk_rope_head_dim),
                     nope,
                 ));
             }
@@ -337,9 +323,7 @@ impl Ds4Config {
         let mut csa_rate = 4usize;
         let mut hca_rate = 128usize;
         if let Some(v) = obj.get("compress_rates").filter(|v| !v.is_null()) {
-            let m = v.as_object().ok_or_else(|| {
-                invalid("compress_rates", "an object {layer type: rate}", kind_of(v))
-            })?;
+            let m = v.as_object().ok_or_else(|| invalid("compress_rates", "an object {layer type: rate}", kind_of(v)))?;
             let mo = Obj(m);
             if let Some(r) = mo.usize_opt("compressed_sparse_attention", 1)? {
                 csa_rate = r;
@@ -355,12 +339,8 @@ impl Ds4Config {
             hca_rate = r;
         }
 
-        let layer_kinds: Vec<LayerKind> = if let Some(v) =
-            obj.get("layer_types").filter(|v| !v.is_null())
-        {
-            let arr = v.as_array().ok_or_else(|| {
-                invalid("layer_types", "an array of layer type names", kind_of(v))
-            })?;
+        let layer_kinds: Vec<LayerKind> = if let Some(v) = obj.get("layer_types").filter(|v| !v.is_null()) {
+            let arr = v.as_array().ok_or_else(|| invalid("layer_types", "an array of layer type names", kind_of(v)))?;
             let mut kinds = Vec::with_capacity(arr.len());
             for (i, t) in arr.iter().enumerate() {
                 kinds.push(match t.as_str() {
@@ -378,18 +358,11 @@ impl Ds4Config {
             }
             kinds
         } else if let Some(v) = obj.get("compress_ratios").filter(|v| !v.is_null()) {
-            let arr = v
-                .as_array()
-                .ok_or_else(|| invalid("compress_ratios", "an array of integers", kind_of(v)))?;
+            let arr = v.as_array().ok_or_else(|| invalid("compress_ratios", "an array of integers", kind_of(v)))?;
             let mut kinds = Vec::with_capacity(arr.len());
             for (i, r) in arr.iter().enumerate() {
-                let ratio = r.as_u64().ok_or_else(|| {
-                    invalid(
-                        &format!("compress_ratios[{i}]"),
-                        "a non-negative integer",
-                        r,
-                    )
-                })? as usize;
+                let ratio = r.as_u64().ok_or_else(|| invalid(&format!("compress_ratios[{i}]"), "a non-negative integer", r))?
+                    as usize;
                 // Legacy schema (HF `_COMPRESS_RATIO_TO_LAYER_TYPE`): 0 = sliding, the CSA rate, the HCA rate.
                 kinds.push(match ratio {
                     0 => LayerKind::Sliding,
@@ -398,9 +371,7 @@ impl Ds4Config {
                     r => {
                         return Err(invalid(
                             &format!("compress_ratios[{i}]"),
-                            &format!(
-                                "0, {csa_rate} (CSA) or {hca_rate} (HCA), matching compress_rates"
-                            ),
+                            &format!("0, {csa_rate} (CSA) or {hca_rate} (HCA), matching compress_rates"),
                             r,
                         ))
                     }
@@ -410,17 +381,12 @@ impl Ds4Config {
         } else {
             return Err(ConfigError::Missing {
                 field: "layer_types".into(),
-                expected:
-                    "a per-layer attention schedule (`layer_types` or legacy `compress_ratios`); \
+                expected: "a per-layer attention schedule (`layer_types` or legacy `compress_ratios`); \
                            the HF default is a V4-Pro schedule and would silently mis-build Flash"
-                        .into(),
+                    .into(),
             });
         };
-        let schedule_field = if obj.get("layer_types").is_some_and(|v| !v.is_null()) {
-            "layer_types"
-        } else {
-            "compress_ratios"
-        };
+        let schedule_field = if obj.get("layer_types").is_some_and(|v| !v.is_null()) { "layer_types" } else { "compress_ratios" };
         if layer_kinds.len() < num_hidden_layers {
             return Err(invalid(
                 schedule_field,
@@ -437,49 +403,30 @@ impl Ds4Config {
         }
         let layer_kinds: Vec<LayerKind> = layer_kinds[..num_hidden_layers].to_vec();
 
-        let router_kinds: Vec<RouterKind> =
-            if let Some(v) = obj.get("mlp_layer_types").filter(|v| !v.is_null()) {
-                let arr = v.as_array().ok_or_else(|| {
-                    invalid(
-                        "mlp_layer_types",
-                        "an array of \"hash_moe\"/\"moe\"",
-                        kind_of(v),
-                    )
-                })?;
-                if arr.len() != num_hidden_layers {
-                    return Err(invalid(
-                        "mlp_layer_types",
-                        &format!("exactly num_hidden_layers = {num_hidden_layers} entries"),
-                        format!("{} entries", arr.len()),
-                    ));
-                }
-                let mut kinds = Vec::with_capacity(arr.len());
-                for (i, t) in arr.iter().enumerate() {
-                    kinds.push(match t.as_str() {
-                        Some("hash_moe") => RouterKind::Hash,
-                        Some("moe") => RouterKind::Score,
-                        _ => {
-                            return Err(invalid(
-                                &format!("mlp_layer_types[{i}]"),
-                                "\"hash_moe\" or \"moe\"",
-                                t,
-                            ))
-                        }
-                    });
-                }
-                kinds
-            } else {
-                let n_hash = o.usize_opt("num_hash_layers", 0)?.unwrap_or(3);
-                (0..num_hidden_layers)
-                    .map(|i| {
-                        if i < n_hash {
-                            RouterKind::Hash
-                        } else {
-                            RouterKind::Score
-                        }
-                    })
-                    .collect()
-            };
+        let router_kinds: Vec<RouterKind> = if let Some(v) = obj.get("mlp_layer_types").filter(|v| !v.is_null()) {
+            let arr = v.as_array().ok_or_else(|| invalid("mlp_layer_types", "an array of \"hash_moe\"/\"moe\"", kind_of(v)))?;
+            if arr.len() != num_hidden_layers {
+                return Err(invalid(
+                    "mlp_layer_types",
+                    &format!("exactly num_hidden_layers = {num_hidden_layers} entries"),
+                    format!("{} entries", arr.len()),
+                ));
+            }
+            let mut kinds = Vec::with_capacity(arr.len());
+            for (i, t) in arr.iter().enumerate() {
+                kinds.push(match t.as_str() {
+                    Some("hash_moe") => RouterKind::Hash,
+                    Some("moe") => RouterKind::Score,
+                    _ => return Err(invalid(&format!("mlp_layer_types[{i}]"), "\"hash_moe\" or \"moe\"", t)),
+                });
+            }
+            kinds
+        } else {
+            let n_hash = o.usize_opt("num_hash_layers", 0)?.unwrap_or(3);
+            (0..num_hidden_layers)
+                .map(|i| if i < n_hash { RouterKind::Hash } else { RouterKind::Score })
+                .collect()
+        };
 
         // Rope parameters.
         let rope_theta = o.f64_opt("rope_theta")?.unwrap_or(10000.0);
@@ -489,11 +436,7 @@ impl Ds4Config {
         let index_n_heads = o.usize_req("index_n_heads", 1)?;
         let index_head_dim = o.usize_req("index_head_dim", 2)?;
         let index_topk = o.usize_req("index_topk", 1)?;
-        if layer_kinds
-            .iter()
-            .any(|k| matches!(k, LayerKind::Csa { .. }))
-            && index_head_dim <= qk_rope_head_dim
-        {
+        if layer_kinds.iter().any(|k| matches!(k, LayerKind::Csa { .. })) && index_head_dim <= qk_rope_head_dim {
             return Err(invalid(
                 "index_head_dim",
                 &format!("more than qk_rope_head_dim ({qk_rope_head_dim}) (indexer heads are [nope | rope])"),
@@ -512,24 +455,14 @@ impl Ds4Config {
         }
         let n_shared = o.usize_opt("n_shared_experts", 0)?.unwrap_or(1);
         if n_shared != 1 {
-            return Err(invalid(
-                "n_shared_experts",
-                "1 (DeepSeek-V4 has one shared expert)",
-                n_shared,
-            ));
+            return Err(invalid("n_shared_experts", "1 (DeepSeek-V4 has one shared expert)", n_shared));
         }
         let moe_intermediate_size = o.usize_req("moe_intermediate_size", 1)?;
         let scoring_func = match obj.get("scoring_func") {
             None | Some(Value::Null) => ScoringFunc::SqrtSoftplus,
             Some(Value::String(s)) if s == "sqrtsoftplus" => ScoringFunc::SqrtSoftplus,
             Some(Value::String(s)) if s == "sigmoid" => ScoringFunc::Sigmoid,
-            Some(v) => {
-                return Err(invalid(
-                    "scoring_func",
-                    "\"sqrtsoftplus\" or \"sigmoid\"",
-                    v,
-                ))
-            }
+            Some(v) => return Err(invalid("scoring_func", "\"sqrtsoftplus\" or \"sigmoid\"", v)),
         };
         let routed_scaling_factor = o.f64_opt("routed_scaling_factor")?.unwrap_or(1.5);
         let swiglu_limit = o.f64_opt("swiglu_limit")?.unwrap_or(10.0);
@@ -545,9 +478,7 @@ impl Ds4Config {
             return Err(invalid("rms_norm_eps", "a positive epsilon", rms_norm_eps));
         }
         let num_nextn_predict_layers = o.usize_opt("num_nextn_predict_layers", 0)?.unwrap_or(0);
-        let max_position_embeddings = o
-            .usize_opt("max_position_embeddings", 1)?
-            .unwrap_or(1 << 20);
+        let max_position_embeddings = o.usize_opt("max_position_embeddings", 1)?.unwrap_or(1 << 20);
         let bos_token_id = o.usize_opt("bos_token_id", 0)?.map(|v| v as u32);
         let eos_token_ids = match obj.get("eos_token_id") {
             None | Some(Value::Null) => vec![],
@@ -560,54 +491,27 @@ impl Ds4Config {
                         .ok_or_else(|| invalid(&format!("eos_token_id[{i}]"), "a token id", v))
                 })
                 .collect::<Result<Vec<_>>>()?,
-            Some(v) => vec![v
-                .as_u64()
-                .ok_or_else(|| invalid("eos_token_id", "a token id or a list of ids", v))?
-                as u32],
+            Some(v) => vec![v.as_u64().ok_or_else(|| invalid("eos_token_id", "a token id or a list of ids", v))? as u32],
         };
-        for (name, id) in bos_token_id
-            .iter()
-            .map(|b| ("bos_token_id", *b))
-            .chain(eos_token_ids.iter().map(|e| ("eos_token_id", *e)))
-        {
+        for (name, id) in bos_token_id.iter().map(|b| ("bos_token_id", *b)).chain(eos_token_ids.iter().map(|e| ("eos_token_id", *e))) {
             if id as usize >= vocab_size {
-                return Err(invalid(
-                    name,
-                    &format!("an id below vocab_size ({vocab_size})"),
-                    id,
-                ));
+                return Err(invalid(name, &format!("an id below vocab_size ({vocab_size})"), id));
             }
         }
         if matches!(obj.get("tie_word_embeddings"), Some(Value::Bool(true))) {
-            return Err(invalid(
-                "tie_word_embeddings",
-                "false (DeepSeek-V4 has a separate head)",
-                "true",
-            ));
+            return Err(invalid("tie_word_embeddings", "false (DeepSeek-V4 has a separate head)", "true"));
         }
 
         let mut quant = QuantDecl::default();
         if let Some(Value::Object(q)) = obj.get("quantization_config") {
-            quant.method = q
-                .get("quant_method")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            quant.scale_fmt = q
-                .get("scale_fmt")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
+            quant.method = q.get("quant_method").and_then(Value::as_str).map(str::to_owned);
+            quant.scale_fmt = q.get("scale_fmt").and_then(Value::as_str).map(str::to_owned);
             if let Some(Value::Array(b)) = q.get("weight_block_size") {
-                if let [Some(a), Some(c)] = [
-                    b.first().and_then(Value::as_u64),
-                    b.get(1).and_then(Value::as_u64),
-                ] {
+                if let [Some(a), Some(c)] = [b.first().and_then(Value::as_u64), b.get(1).and_then(Value::as_u64)] {
                     quant.weight_block_size = Some([a as usize, c as usize]);
                 }
             }
-            quant.expert_dtype = q
-                .get("expert_dtype")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
+            quant.expert_dtype = q.get("expert_dtype").and_then(Value::as_str).map(str::to_owned);
         }
         if let Some(Value::String(s)) = obj.get("expert_dtype") {
             quant.expert_dtype = Some(s.clone());
@@ -776,17 +680,11 @@ pub fn flash_official_json() -> Value {
 }
 
 /// Parses the main and compress rope sets from either schema.
-fn parse_rope(
-    o: &Obj<'_>,
-    rope_theta: f64,
-    compress_rope_theta: f64,
-) -> Result<(RopeParams, RopeParams)> {
+fn parse_rope(o: &Obj<'_>, rope_theta: f64, compress_rope_theta: f64) -> Result<(RopeParams, RopeParams)> {
     let obj = o.0;
     let nested = obj.get("rope_parameters").and_then(Value::as_object);
     if let Some(rp) = nested {
-        if let (Some(Value::Object(main)), Some(Value::Object(comp))) =
-            (rp.get("main"), rp.get("compress"))
-        {
+        if let (Some(Value::Object(main)), Some(Value::Object(comp))) = (rp.get("main"), rp.get("compress")) {
             return Ok((
                 rope_set(main, "rope_parameters.main", rope_theta)?,
                 rope_set(comp, "rope_parameters.compress", compress_rope_theta)?,
@@ -823,110 +721,59 @@ fn parse_rope(
         }
     }
     comp.remove("rope_theta");
-    let is_yarn = matches!(
-        comp.get("rope_type")
-            .or(comp.get("type"))
-            .and_then(Value::as_str),
-        Some("yarn")
-    );
+    let is_yarn = matches!(comp.get("rope_type").or(comp.get("type")).and_then(Value::as_str), Some("yarn"));
     if is_yarn && !comp.contains_key("attention_factor") {
         comp.insert("attention_factor".into(), 1.0.into());
     }
-    let main = RopeParams {
-        theta: rope_theta,
-        yarn: None,
-    };
+    let main = RopeParams { theta: rope_theta, yarn: None };
     let compress = rope_set(&comp, "rope_scaling", compress_rope_theta)?;
     Ok((main, compress))
 }
 
 fn rope_set(m: &Map<String, Value>, field: &str, default_theta: f64) -> Result<RopeParams> {
     let mo = Obj(m);
-    let theta = mo
-        .f64_opt("rope_theta")
-        .map_err(|e| prefix(e, field))?
-        .unwrap_or(default_theta);
+    let theta = mo.f64_opt("rope_theta").map_err(|e| prefix(e, field))?.unwrap_or(default_theta);
     if theta <= 1.0 {
         return Err(invalid(&format!("{field}.rope_theta"), "a base > 1", theta));
     }
-    let ty = m
-        .get("rope_type")
-        .or(m.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
+    let ty = m.get("rope_type").or(m.get("type")).and_then(Value::as_str).unwrap_or("default");
     let yarn = match ty {
         "default" => None,
         "yarn" => {
             let req = |k: &str| -> Result<f64> {
-                mo.f64_opt(k)
-                    .map_err(|e| prefix(e, field))?
-                    .ok_or_else(|| ConfigError::Missing {
-                        field: format!("{field}.{k}"),
-                        expected: "a number (YaRN parameter)".into(),
-                    })
+                mo.f64_opt(k).map_err(|e| prefix(e, field))?.ok_or_else(|| ConfigError::Missing {
+                    field: format!("{field}.{k}"),
+                    expected: "a number (YaRN parameter)".into(),
+                })
             };
             let y = Yarn {
                 factor: req("factor")?,
                 original_max_position_embeddings: req("original_max_position_embeddings")?,
-                beta_fast: mo
-                    .f64_opt("beta_fast")
-                    .map_err(|e| prefix(e, field))?
-                    .unwrap_or(32.0),
-                beta_slow: mo
-                    .f64_opt("beta_slow")
-                    .map_err(|e| prefix(e, field))?
-                    .unwrap_or(1.0),
-                attention_factor: mo
-                    .f64_opt("attention_factor")
-                    .map_err(|e| prefix(e, field))?
-                    .unwrap_or(1.0),
+                beta_fast: mo.f64_opt("beta_fast").map_err(|e| prefix(e, field))?.unwrap_or(32.0),
+                beta_slow: mo.f64_opt("beta_slow").map_err(|e| prefix(e, field))?.unwrap_or(1.0),
+                attention_factor: mo.f64_opt("attention_factor").map_err(|e| prefix(e, field))?.unwrap_or(1.0),
                 truncate: m.get("truncate").and_then(Value::as_bool).unwrap_or(true),
             };
             if y.factor <= 0.0 {
-                return Err(invalid(
-                    &format!("{field}.factor"),
-                    "a positive factor",
-                    y.factor,
-                ));
+                return Err(invalid(&format!("{field}.factor"), "a positive factor", y.factor));
             }
             Some(y)
         }
-        other => {
-            return Err(invalid(
-                &format!("{field}.rope_type"),
-                "\"default\" or \"yarn\"",
-                other,
-            ))
-        }
+        other => return Err(invalid(&format!("{field}.rope_type"), "\"default\" or \"yarn\"", other)),
     };
     Ok(RopeParams { theta, yarn })
 }
 
 fn prefix(e: ConfigError, p: &str) -> ConfigError {
     match e {
-        ConfigError::Invalid {
-            field,
-            expected,
-            found,
-        } => ConfigError::Invalid {
-            field: format!("{p}.{field}"),
-            expected,
-            found,
-        },
-        ConfigError::Missing { field, expected } => ConfigError::Missing {
-            field: format!("{p}.{field}"),
-            expected,
-        },
+        ConfigError::Invalid { field, expected, found } => ConfigError::Invalid { field: format!("{p}.{field}"), expected, found },
+        ConfigError::Missing { field, expected } => ConfigError::Missing { field: format!("{p}.{field}"), expected },
         other => other,
     }
 }
 
 fn invalid(field: &str, expected: &str, found: impl std::fmt::Display) -> ConfigError {
-    ConfigError::Invalid {
-        field: field.into(),
-        expected: expected.into(),
-        found: found.to_string(),
-    }
+    ConfigError::Invalid { field: field.into(), expected: expected.into(), found: found.to_string() }
 }
 
 fn kind_of(v: &Value) -> String {
@@ -948,9 +795,7 @@ impl Obj<'_> {
         match self.0.get(k) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => {
-                let n = v
-                    .as_u64()
-                    .ok_or_else(|| invalid(k, &format!("an integer >= {min}"), kind_of(v)))?;
+                let n = v.as_u64().ok_or_else(|| invalid(k, &format!("an integer >= {min}"), kind_of(v)))?;
                 if (n as usize) < min {
                     return Err(invalid(k, &format!("an integer >= {min}"), n));
                 }
@@ -959,18 +804,14 @@ impl Obj<'_> {
         }
     }
     fn usize_req(&self, k: &str, min: usize) -> Result<usize> {
-        self.usize_opt(k, min)?.ok_or_else(|| ConfigError::Missing {
-            field: k.into(),
-            expected: format!("an integer >= {min}"),
-        })
+        self.usize_opt(k, min)?
+            .ok_or_else(|| ConfigError::Missing { field: k.into(), expected: format!("an integer >= {min}") })
     }
     fn f64_opt(&self, k: &str) -> Result<Option<f64>> {
         match self.0.get(k) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => {
-                let x = v
-                    .as_f64()
-                    .ok_or_else(|| invalid(k, "a number", kind_of(v)))?;
+                let x = v.as_f64().ok_or_else(|| invalid(k, "a number", kind_of(v)))?;
                 if !x.is_finite() {
                     return Err(invalid(k, "a finite number", x));
                 }

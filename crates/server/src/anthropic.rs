@@ -53,22 +53,14 @@ fn fail(e: ApiError) -> Response {
 }
 
 /// Anthropic tools → OpenAI function declarations.
-fn tools_to_openai(
-    tools: Vec<Value>,
-    choice: Option<&Value>,
-) -> Result<Option<Vec<Value>>, ApiError> {
+fn tools_to_openai(tools: Vec<Value>, choice: Option<&Value>) -> Result<Option<Vec<Value>>, ApiError> {
     match choice {
         None | Some(Value::Null) => {}
         Some(c) => match c.get("type").and_then(Value::as_str) {
             Some("none") => return Ok(None),
             Some("auto") | Some("any") => {}
             Some("tool") if c.get("name").is_some_and(Value::is_string) => {}
-            _ => {
-                return Err(ApiError::field(
-                    "tool_choice",
-                    "`tool_choice.type` must be auto, any, tool (with name) or none.",
-                ))
-            }
+            _ => return Err(ApiError::field("tool_choice", "`tool_choice.type` must be auto, any, tool (with name) or none.")),
         },
     }
     if tools.is_empty() {
@@ -78,33 +70,18 @@ fn tools_to_openai(
     for (i, t) in tools.into_iter().enumerate() {
         if let Some(ty) = t.get("type").and_then(Value::as_str) {
             if ty != "custom" {
-                return Err(ApiError::field(
-                    &format!("tools[{i}].type"),
-                    format!("Tools of type `{ty}` are not supported (custom tools only)."),
-                ));
+                return Err(ApiError::field(&format!("tools[{i}].type"), format!("Tools of type `{ty}` are not supported (custom tools only).")));
             }
         }
-        let Some(name) = t
-            .get("name")
-            .and_then(Value::as_str)
-            .filter(|n| !n.is_empty())
-        else {
-            return Err(ApiError::field(
-                &format!("tools[{i}].name"),
-                "Each tool needs a non-empty `name`.",
-            ));
+        let Some(name) = t.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()) else {
+            return Err(ApiError::field(&format!("tools[{i}].name"), "Each tool needs a non-empty `name`."));
         };
         let mut f = serde_json::Map::new();
         f.insert("name".into(), Value::String(name.to_string()));
         if let Some(d) = t.get("description") {
             f.insert("description".into(), d.clone());
         }
-        f.insert(
-            "parameters".into(),
-            t.get("input_schema")
-                .cloned()
-                .unwrap_or_else(|| json!({"type": "object"})),
-        );
+        f.insert("parameters".into(), t.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object"})));
         out.push(json!({"type": "function", "function": Value::Object(f)}));
     }
     Ok(Some(out))
@@ -113,10 +90,7 @@ fn tools_to_openai(
 /// Anthropic messages (+ system) → the encoder's OpenAI-style messages.
 fn to_openai_messages(system: Option<Value>, messages: Vec<Value>) -> Result<Vec<Value>, ApiError> {
     if messages.is_empty() {
-        return Err(ApiError::field(
-            "messages",
-            "`messages` must contain at least one message.",
-        ));
+        return Err(ApiError::field("messages", "`messages` must contain at least one message."));
     }
     let mut out = Vec::new();
     if let Some(s) = content_text(system.as_ref(), "system")? {
@@ -129,28 +103,13 @@ fn to_openai_messages(system: Option<Value>, messages: Vec<Value>) -> Result<Vec
         };
         let role = match m.get("role") {
             Some(Value::String(r)) => r.as_str(),
-            Some(_) => {
-                return Err(ApiError::field(
-                    &format!("{at}.role"),
-                    "`role` must be a string.",
-                ))
-            }
-            None => {
-                return Err(ApiError::field(
-                    &format!("{at}.role"),
-                    "Each message needs a `role`.",
-                ))
-            }
+            Some(_) => return Err(ApiError::field(&format!("{at}.role"), "`role` must be a string.")),
+            None => return Err(ApiError::field(&format!("{at}.role"), "Each message needs a `role`.")),
         };
         let blocks: Vec<Value> = match m.get("content") {
             Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
             Some(Value::Array(b)) => b.clone(),
-            _ => {
-                return Err(ApiError::field(
-                    &format!("{at}.content"),
-                    "`content` must be a string or a list of content blocks.",
-                ))
-            }
+            _ => return Err(ApiError::field(&format!("{at}.content"), "`content` must be a string or a list of content blocks.")),
         };
         match role {
             "user" => {
@@ -227,10 +186,7 @@ fn to_openai_messages(system: Option<Value>, messages: Vec<Value>) -> Result<Vec
                 out.push(msg);
             }
             other => {
-                return Err(ApiError::field(
-                    &format!("{at}.role"),
-                    format!("Unknown role `{other}` (expected user or assistant)."),
-                ))
+                return Err(ApiError::field(&format!("{at}.role"), format!("Unknown role `{other}` (expected user or assistant).")))
             }
         }
     }
@@ -238,9 +194,7 @@ fn to_openai_messages(system: Option<Value>, messages: Vec<Value>) -> Result<Vec
 }
 
 fn effort(output_config: Option<&Value>) -> Option<&str> {
-    output_config
-        .and_then(|o| o.get("effort"))
-        .and_then(Value::as_str)
+    output_config.and_then(|o| o.get("effort")).and_then(Value::as_str)
 }
 
 fn prompt_of(
@@ -252,8 +206,7 @@ fn prompt_of(
     tool_choice: Option<&Value>,
     output_config: Option<&Value>,
 ) -> Result<(Vec<u32>, ThinkingMode), ApiError> {
-    let (mode, eff): (ThinkingMode, Option<ReasoningEffort>) =
-        thinking_mode(thinking, None, effort(output_config))?;
+    let (mode, eff): (ThinkingMode, Option<ReasoningEffort>) = thinking_mode(thinking, None, effort(output_config))?;
     let mut msgs = to_openai_messages(system, messages)?;
     let tools = match tools {
         Some(t) => tools_to_openai(t, tool_choice)?,
@@ -274,24 +227,13 @@ pub async fn count_tokens(State(st): State<AppState>, headers: HeaderMap, body: 
     }
     let st2 = st.clone();
     let r = tokio::task::spawn_blocking(move || {
-        prompt_of(
-            &st2,
-            req.system,
-            req.messages,
-            req.thinking.as_ref(),
-            req.tools,
-            req.tool_choice.as_ref(),
-            req.output_config.as_ref(),
-        )
+        prompt_of(&st2, req.system, req.messages, req.thinking.as_ref(), req.tools, req.tool_choice.as_ref(), req.output_config.as_ref())
     })
     .await;
     match r {
         Ok(Ok((ids, _))) => Json(json!({"input_tokens": ids.len()})).into_response(),
         Ok(Err(e)) => fail(e),
-        Err(e) => fail(ApiError::status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            e.to_string(),
-        )),
+        Err(e) => fail(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
     }
 }
 
@@ -314,38 +256,20 @@ struct Ctx {
     mode: ThinkingMode,
 }
 
-async fn prepare(
-    st: &AppState,
-    req: MessagesRequest,
-    arrived: Instant,
-) -> Result<Response, ApiError> {
+async fn prepare(st: &AppState, req: MessagesRequest, arrived: Instant) -> Result<Response, ApiError> {
     st.check_model(Some(&req.model))?;
     let Some(requested) = req.max_tokens else {
         return Err(ApiError::field("max_tokens", "`max_tokens` is required."));
     };
     let st2 = st.clone();
-    let (thinking, tools, tool_choice, output_config) =
-        (req.thinking, req.tools, req.tool_choice, req.output_config);
+    let (thinking, tools, tool_choice, output_config) = (req.thinking, req.tools, req.tool_choice, req.output_config);
     let (system, msgs) = (req.system, req.messages);
     let (prompt, mode) = tokio::task::spawn_blocking(move || {
-        prompt_of(
-            &st2,
-            system,
-            msgs,
-            thinking.as_ref(),
-            tools,
-            tool_choice.as_ref(),
-            output_config.as_ref(),
-        )
+        prompt_of(&st2, system, msgs, thinking.as_ref(), tools, tool_choice.as_ref(), output_config.as_ref())
     })
     .await
     .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
-    let max_tokens = max_tokens(
-        "max_tokens",
-        Some(requested),
-        prompt.len(),
-        st.sched.info.context,
-    )?;
+    let max_tokens = max_tokens("max_tokens", Some(requested), prompt.len(), st.sched.info.context)?;
     let fields = SamplingFields {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -363,11 +287,7 @@ async fn prepare(
         e
     })?;
     let sub = submit(st, prompt, params, max_tokens, false, arrived)?;
-    let ctx = Ctx {
-        st: st.clone(),
-        id: new_id("msg_"),
-        mode,
-    };
+    let ctx = Ctx { st: st.clone(), id: new_id("msg_"), mode };
     if req.stream.unwrap_or(false) {
         Ok(stream_response(ctx, sub))
     } else {
@@ -395,10 +315,7 @@ fn usage_json(u: &Usage) -> Value {
 }
 
 fn cancelled_error() -> ApiError {
-    ApiError::status(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "The request was cancelled: the server is shutting down.",
-    )
+    ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "The request was cancelled: the server is shutting down.")
 }
 
 async fn whole(ctx: Ctx, mut sub: Submitted) -> Result<Response, ApiError> {
@@ -408,27 +325,13 @@ async fn whole(ctx: Ctx, mut sub: Submitted) -> Result<Response, ApiError> {
         match sub.rx.recv().await {
             Some(Event::Started { .. }) => {}
             Some(Event::Token(t)) => msg.extend(asm.push(&t.text)),
-            Some(Event::Done {
-                tail,
-                reason,
-                usage,
-            }) => {
+            Some(Event::Done { tail, reason, usage }) => {
                 msg.extend(asm.push(&tail));
                 msg.extend(asm.finish());
                 break (reason, usage);
             }
-            Some(Event::Error(e)) => {
-                return Err(ApiError::status(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("Generation failed: {e}"),
-                ))
-            }
-            None => {
-                return Err(ApiError::status(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "The engine stopped before the request finished.",
-                ))
-            }
+            Some(Event::Error(e)) => return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, format!("Generation failed: {e}"))),
+            None => return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "The engine stopped before the request finished.")),
         }
     };
     if reason == FinishReason::Cancelled {
@@ -442,9 +345,7 @@ async fn whole(ctx: Ctx, mut sub: Submitted) -> Result<Response, ApiError> {
         content.push(json!({"type": "text", "text": msg.content}));
     }
     for (name, _, input) in &msg.tool_calls {
-        content.push(
-            json!({"type": "tool_use", "id": new_id("toolu_"), "name": name, "input": input}),
-        );
+        content.push(json!({"type": "tool_use", "id": new_id("toolu_"), "name": name, "input": input}));
     }
     let (sr, ss) = stop_reason(&reason, !msg.tool_calls.is_empty());
     Ok(Json(json!({
@@ -487,10 +388,7 @@ struct Blocks {
 impl Blocks {
     fn close(&mut self, out: &mut Vec<Ev>) {
         if self.open != Open::None {
-            out.push(ev(
-                "content_block_stop",
-                json!({"type": "content_block_stop", "index": self.index}),
-            ));
+            out.push(ev("content_block_stop", json!({"type": "content_block_stop", "index": self.index})));
             self.index += 1;
             self.open = Open::None;
         }
@@ -500,51 +398,31 @@ impl Blocks {
             Delta::Reasoning(t) => {
                 if self.open != Open::Thinking {
                     self.close(out);
-                    out.push(ev(
-                        "content_block_start",
-                        json!({"type": "content_block_start", "index": self.index,
-                        "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
-                    ));
+                    out.push(ev("content_block_start", json!({"type": "content_block_start", "index": self.index,
+                        "content_block": {"type": "thinking", "thinking": "", "signature": ""}})));
                     self.open = Open::Thinking;
                 }
-                out.push(ev(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta", "index": self.index,
-                    "delta": {"type": "thinking_delta", "thinking": t}}),
-                ));
+                out.push(ev("content_block_delta", json!({"type": "content_block_delta", "index": self.index,
+                    "delta": {"type": "thinking_delta", "thinking": t}})));
             }
             Delta::Content(t) => {
                 if self.open != Open::Text {
                     self.close(out);
-                    out.push(ev(
-                        "content_block_start",
-                        json!({"type": "content_block_start", "index": self.index,
-                        "content_block": {"type": "text", "text": ""}}),
-                    ));
+                    out.push(ev("content_block_start", json!({"type": "content_block_start", "index": self.index,
+                        "content_block": {"type": "text", "text": ""}})));
                     self.open = Open::Text;
                 }
-                out.push(ev(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta", "index": self.index,
-                    "delta": {"type": "text_delta", "text": t}}),
-                ));
+                out.push(ev("content_block_delta", json!({"type": "content_block_delta", "index": self.index,
+                    "delta": {"type": "text_delta", "text": t}})));
             }
-            Delta::ToolCall {
-                name, arguments, ..
-            } => {
+            Delta::ToolCall { name, arguments, .. } => {
                 self.close(out);
                 self.tool_calls = true;
                 out.push(ev("content_block_start", json!({"type": "content_block_start", "index": self.index,
                     "content_block": {"type": "tool_use", "id": new_id("toolu_"), "name": name, "input": {}}})));
-                out.push(ev(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta", "index": self.index,
-                    "delta": {"type": "input_json_delta", "partial_json": arguments}}),
-                ));
-                out.push(ev(
-                    "content_block_stop",
-                    json!({"type": "content_block_stop", "index": self.index}),
-                ));
+                out.push(ev("content_block_delta", json!({"type": "content_block_delta", "index": self.index,
+                    "delta": {"type": "input_json_delta", "partial_json": arguments}})));
+                out.push(ev("content_block_stop", json!({"type": "content_block_stop", "index": self.index})));
                 self.index += 1;
             }
         }
@@ -566,11 +444,7 @@ fn stream_response(ctx: Ctx, sub: Submitted) -> Response {
         asm: Assembler::new(ctx.mode),
         ctx,
         rx: sub.rx,
-        blocks: Blocks {
-            open: Open::None,
-            index: 0,
-            tool_calls: false,
-        },
+        blocks: Blocks { open: Open::None, index: 0, tool_calls: false },
         prompt_tokens: sub.prompt_tokens,
         started: false,
         done: false,
@@ -656,11 +530,7 @@ mod tests {
     fn tool_calls_stream_as_tool_use_blocks() {
         let text = "Checking.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"utc\" string=\"false\">true</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>";
         let mut asm = Assembler::new(ThinkingMode::Chat);
-        let mut blocks = Blocks {
-            open: Open::None,
-            index: 0,
-            tool_calls: false,
-        };
+        let mut blocks = Blocks { open: Open::None, index: 0, tool_calls: false };
         let mut out = Vec::new();
         let chars: Vec<char> = text.chars().collect();
         for piece in chars.chunks(3) {
@@ -673,11 +543,7 @@ mod tests {
         }
         blocks.close(&mut out);
         assert!(blocks.tool_calls);
-        let starts: Vec<&Value> = out
-            .iter()
-            .filter(|(n, _)| *n == "content_block_start")
-            .map(|(_, v)| v)
-            .collect();
+        let starts: Vec<&Value> = out.iter().filter(|(n, _)| *n == "content_block_start").map(|(_, v)| v).collect();
         assert_eq!(starts.len(), 3);
         assert_eq!(starts[0]["content_block"]["type"], "text");
         assert_eq!(starts[1]["content_block"]["type"], "tool_use");
@@ -687,26 +553,14 @@ mod tests {
         let inputs: Vec<Value> = out
             .iter()
             .filter(|(_, v)| v["delta"]["type"] == "input_json_delta")
-            .map(|(_, v)| {
-                serde_json::from_str(v["delta"]["partial_json"].as_str().unwrap()).unwrap()
-            })
+            .map(|(_, v)| serde_json::from_str(v["delta"]["partial_json"].as_str().unwrap()).unwrap())
             .collect();
         assert_eq!(inputs, vec![json!({"city": "Paris"}), json!({"utc": true})]);
-        let text: String = out
-            .iter()
-            .filter_map(|(_, v)| v["delta"]["text"].as_str())
-            .collect();
+        let text: String = out.iter().filter_map(|(_, v)| v["delta"]["text"].as_str()).collect();
         assert_eq!(text, "Checking.");
         // Every started block is stopped, in order.
-        let stops: Vec<u64> = out
-            .iter()
-            .filter(|(n, _)| *n == "content_block_stop")
-            .map(|(_, v)| v["index"].as_u64().unwrap())
-            .collect();
+        let stops: Vec<u64> = out.iter().filter(|(n, _)| *n == "content_block_stop").map(|(_, v)| v["index"].as_u64().unwrap()).collect();
         assert_eq!(stops, vec![0, 1, 2]);
-        assert_eq!(
-            stop_reason(&FinishReason::Stop, blocks.tool_calls).0,
-            "tool_use"
-        );
+        assert_eq!(stop_reason(&FinishReason::Stop, blocks.tool_calls).0, "tool_use");
     }
 }

@@ -52,12 +52,7 @@ impl Message {
             match d {
                 Delta::Reasoning(t) => self.reasoning.push_str(&t),
                 Delta::Content(t) => self.content.push_str(&t),
-                Delta::ToolCall {
-                    name,
-                    arguments,
-                    input,
-                    ..
-                } => self.tool_calls.push((name, arguments, input)),
+                Delta::ToolCall { name, arguments, input, .. } => self.tool_calls.push((name, arguments, input)),
             }
         }
     }
@@ -92,11 +87,7 @@ impl Assembler {
             parser: StreamParser::new(mode),
             mode,
             covered: 0,
-            content_start: if mode == ThinkingMode::Chat {
-                Some(0)
-            } else {
-                None
-            },
+            content_start: if mode == ThinkingMode::Chat { Some(0) } else { None },
             content_len: 0,
             reasoning_len: 0,
             pending: None,
@@ -145,10 +136,7 @@ impl Assembler {
             let closing_only = self.calls > 0
                 && self.pending.is_none()
                 && !rest.is_empty()
-                && "\n</｜DSML｜tool_calls>".starts_with(
-                    rest.trim_start_matches(['\n', '>'])
-                        .trim_start_matches('\n'),
-                );
+                && "\n</｜DSML｜tool_calls>".starts_with(rest.trim_start_matches(['\n', '>']).trim_start_matches('\n'));
             if !complete && !rest.is_empty() && !closing_only {
                 self.raw_reasoning = self.in_reasoning();
                 out.extend(self.raw_text(rest));
@@ -170,14 +158,7 @@ impl Assembler {
         let keep = if all {
             0
         } else {
-            (1..EOS.len())
-                .rev()
-                .find(|&k| {
-                    text.len() >= k
-                        && text.is_char_boundary(text.len() - k)
-                        && EOS.starts_with(&text[text.len() - k..])
-                })
-                .unwrap_or(0)
+            (1..EOS.len()).rev().find(|&k| text.len() >= k && text.is_char_boundary(text.len() - k) && EOS.starts_with(&text[text.len() - k..])).unwrap_or(0)
         };
         self.held = text.split_off(text.len() - keep);
         self.raw_text(text)
@@ -202,9 +183,7 @@ impl Assembler {
                     out.push(Delta::Reasoning(t));
                 }
                 StreamEvent::Content(t) => {
-                    let start = *self
-                        .content_start
-                        .get_or_insert(self.reasoning_len + THINK_END.len());
+                    let start = *self.content_start.get_or_insert(self.reasoning_len + THINK_END.len());
                     self.content_len += t.len();
                     self.covered = start + self.content_len;
                     out.push(Delta::Content(t));
@@ -221,9 +200,7 @@ impl Assembler {
                     }
                 }
                 StreamEvent::ToolCallEnd { .. } => {
-                    let Some((name, arguments)) = self.pending.take() else {
-                        continue;
-                    };
+                    let Some((name, arguments)) = self.pending.take() else { continue };
                     match serde_json::from_str::<Value>(&arguments) {
                         Ok(input @ Value::Object(_)) => {
                             // The call's raw text ends at the last invoke close seen so far.
@@ -231,12 +208,7 @@ impl Assembler {
                             if let Some(p) = text.rfind("</｜DSML｜invoke>") {
                                 self.covered = self.covered.max(p + "</｜DSML｜invoke>".len());
                             }
-                            out.push(Delta::ToolCall {
-                                index: self.calls,
-                                name,
-                                arguments,
-                                input,
-                            });
+                            out.push(Delta::ToolCall { index: self.calls, name, arguments, input });
                             self.calls += 1;
                         }
                         // Arguments that are not a JSON object: the call is not usable; return
@@ -298,20 +270,11 @@ mod tests {
             assert_eq!(m.content, "I'll check.", "step {step}");
             assert_eq!(m.tool_calls.len(), 2);
             assert_eq!(m.tool_calls[0].0, "get_weather");
-            assert_eq!(
-                m.tool_calls[0].2,
-                serde_json::json!({"city": "Paris", "days": 3})
-            );
+            assert_eq!(m.tool_calls[0].2, serde_json::json!({"city": "Paris", "days": 3}));
             assert_eq!(m.tool_calls[1].2, serde_json::json!({"tz": "CET \"x\""}));
             // The first call is released before the second one's text is complete.
-            let first = deltas
-                .iter()
-                .position(|d| matches!(d, Delta::ToolCall { index: 0, .. }))
-                .unwrap();
-            let second = deltas
-                .iter()
-                .position(|d| matches!(d, Delta::ToolCall { index: 1, .. }))
-                .unwrap();
+            let first = deltas.iter().position(|d| matches!(d, Delta::ToolCall { index: 0, .. })).unwrap();
+            let second = deltas.iter().position(|d| matches!(d, Delta::ToolCall { index: 1, .. })).unwrap();
             assert!(first < second);
         }
     }
@@ -321,27 +284,15 @@ mod tests {
         let mut a = Assembler::new(ThinkingMode::Chat);
         let cut = CALLS.find("<｜DSML｜invoke name=\"get_time\"").unwrap();
         let d = a.push(&CALLS[..cut]);
-        assert!(
-            d.iter()
-                .any(|d| matches!(d, Delta::ToolCall { index: 0, .. })),
-            "{d:?}"
-        );
+        assert!(d.iter().any(|d| matches!(d, Delta::ToolCall { index: 0, .. })), "{d:?}");
         let d = a.push(&CALLS[cut..]);
-        assert!(
-            d.iter()
-                .any(|d| matches!(d, Delta::ToolCall { index: 1, .. })),
-            "{d:?}"
-        );
+        assert!(d.iter().any(|d| matches!(d, Delta::ToolCall { index: 1, .. })), "{d:?}");
         assert!(a.finish().is_empty());
     }
 
     #[test]
     fn thinking_then_content() {
-        let (m, _) = run(
-            ThinkingMode::Thinking,
-            "Let me think.</think>The answer is 4.<｜end▁of▁sentence｜>",
-            2,
-        );
+        let (m, _) = run(ThinkingMode::Thinking, "Let me think.</think>The answer is 4.<｜end▁of▁sentence｜>", 2);
         assert_eq!(m.reasoning, "Let me think.");
         assert_eq!(m.content, "The answer is 4.");
         assert!(m.tool_calls.is_empty());
@@ -372,13 +323,7 @@ mod tests {
         let cut = CALLS.find("<｜DSML｜parameter name=\"tz\"").unwrap() + 20;
         let (m, _) = run(ThinkingMode::Chat, &CALLS[..cut], 4);
         assert_eq!(m.tool_calls.len(), 1);
-        assert!(
-            m.content
-                .starts_with("I'll check.<｜DSML｜invoke name=\"get_time\"")
-                || m.content.starts_with("I'll check.\n<｜DSML｜invoke"),
-            "{:?}",
-            m.content
-        );
+        assert!(m.content.starts_with("I'll check.<｜DSML｜invoke name=\"get_time\"") || m.content.starts_with("I'll check.\n<｜DSML｜invoke"), "{:?}", m.content);
         assert!(m.content.ends_with(&CALLS[cut - 20..cut]));
     }
 

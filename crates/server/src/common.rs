@@ -9,9 +9,9 @@ use axum::http::{HeaderMap, StatusCode};
 use flashseek_engine::sampler::{SamplingParams, MAX_LOGPROBS};
 use flashseek_model::chat::{encode_messages, EncodeOptions, ReasoningEffort, ThinkingMode};
 use flashseek_model::tokenizer::Ds4Tokenizer;
-use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
+use futures_util::StreamExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,11 +48,7 @@ pub struct AppState {
 impl AppState {
     /// The reported model name.
     pub fn model_name(&self) -> &str {
-        self.http
-            .model_names
-            .first()
-            .map(String::as_str)
-            .unwrap_or("flashseek-default")
+        self.http.model_names.first().map(String::as_str).unwrap_or("flashseek-default")
     }
 
     /// Checks a requested model name (absent = the served model).
@@ -62,10 +58,7 @@ impl AppState {
             Some(m) if self.http.model_names.iter().any(|n| n == m) => Ok(()),
             Some(m) => Err(ApiError::status(
                 StatusCode::NOT_FOUND,
-                format!(
-                    "The model `{m}` does not exist; this server serves `{}`.",
-                    self.model_name()
-                ),
+                format!("The model `{m}` does not exist; this server serves `{}`.", self.model_name()),
             )
             .with_code("model_not_found")
             .field_of("model")),
@@ -82,22 +75,12 @@ impl ApiError {
 }
 
 /// Reads the body (at most `limit` bytes) and parses it as `T`, with errors naming the field.
-pub async fn read_json<T: DeserializeOwned>(
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-) -> Result<T, ApiError> {
+pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body, limit: usize) -> Result<T, ApiError> {
     let too_large = || {
-        ApiError::status(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("Request body is larger than the limit of {limit} bytes."),
-        )
-        .with_code("request_too_large")
+        ApiError::status(StatusCode::PAYLOAD_TOO_LARGE, format!("Request body is larger than the limit of {limit} bytes."))
+            .with_code("request_too_large")
     };
-    let declared = headers
-        .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     // An oversize body is still read (up to a bound, briefly) before answering, so the client
     // sees the 413 rather than a connection reset while it is still sending.
     const DRAIN_MAX: usize = 64 << 20;
@@ -107,9 +90,7 @@ pub async fn read_json<T: DeserializeOwned>(
     let mut seen = 0usize;
     let read = async {
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                ApiError::bad(None, format!("Could not read the request body: {e}"))
-            })?;
+            let chunk = chunk.map_err(|e| ApiError::bad(None, format!("Could not read the request body: {e}")))?;
             seen += chunk.len();
             if !over && bytes.len() + chunk.len() > limit {
                 over = true;
@@ -128,12 +109,7 @@ pub async fn read_json<T: DeserializeOwned>(
     match tokio::time::timeout(Duration::from_secs(30), read).await {
         Ok(r) => r?,
         Err(_) if over => {}
-        Err(_) => {
-            return Err(ApiError::status(
-                StatusCode::REQUEST_TIMEOUT,
-                "Timed out reading the request body.",
-            ))
-        }
+        Err(_) => return Err(ApiError::status(StatusCode::REQUEST_TIMEOUT, "Timed out reading the request body.")),
     }
     if over {
         return Err(too_large());
@@ -144,16 +120,10 @@ pub async fn read_json<T: DeserializeOwned>(
 /// Parses a JSON body as `T` (errors: invalid UTF-8, malformed JSON, wrong field types).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if let Err(e) = std::str::from_utf8(bytes) {
-        return Err(ApiError::bad(
-            None,
-            format!("The request body is not valid UTF-8 ({e})."),
-        ));
+        return Err(ApiError::bad(None, format!("The request body is not valid UTF-8 ({e}).")));
     }
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad(
-            None,
-            "The request body is empty; expected a JSON object.",
-        ));
+        return Err(ApiError::bad(None, "The request body is empty; expected a JSON object."));
     }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(de) {
@@ -162,17 +132,11 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             let path = e.path().to_string();
             let inner = e.into_inner();
             if inner.is_data() && path != "." {
-                Err(ApiError::field(
-                    &path,
-                    format!("Invalid value for `{path}`: {inner}"),
-                ))
+                Err(ApiError::field(&path, format!("Invalid value for `{path}`: {inner}")))
             } else if inner.is_data() {
                 Err(ApiError::bad(None, format!("Invalid request: {inner}")))
             } else {
-                Err(ApiError::bad(
-                    None,
-                    format!("Malformed JSON in the request body: {inner}"),
-                ))
+                Err(ApiError::bad(None, format!("Malformed JSON in the request body: {inner}")))
             }
         }
     }
@@ -229,10 +193,7 @@ fn finite_in(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Resu
     match v {
         None => Ok(default as f32),
         Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(x as f32),
-        Some(x) => Err(ApiError::field(
-            name,
-            format!("`{name}` must be a number in [{lo}, {hi}], got {x}."),
-        )),
+        Some(x) => Err(ApiError::field(name, format!("`{name}` must be a number in [{lo}, {hi}], got {x}."))),
     }
 }
 
@@ -245,48 +206,26 @@ impl SamplingFields {
             return Err(ApiError::field("top_p", "`top_p` must be in (0, 1]."));
         }
         let min_p = finite_in("min_p", self.min_p, 0.0, 1.0, 0.0)?;
-        let presence_penalty =
-            finite_in("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?;
-        let frequency_penalty =
-            finite_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?;
-        let repetition_penalty = finite_in(
-            "repetition_penalty",
-            self.repetition_penalty,
-            0.0,
-            100.0,
-            1.0,
-        )?;
+        let presence_penalty = finite_in("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?;
+        let frequency_penalty = finite_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?;
+        let repetition_penalty = finite_in("repetition_penalty", self.repetition_penalty, 0.0, 100.0, 1.0)?;
         if repetition_penalty <= 0.0 {
-            return Err(ApiError::field(
-                "repetition_penalty",
-                "`repetition_penalty` must be > 0.",
-            ));
+            return Err(ApiError::field("repetition_penalty", "`repetition_penalty` must be > 0."));
         }
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => k as usize,
-            Some(k) => {
-                return Err(ApiError::field(
-                    "top_k",
-                    format!("`top_k` must be -1, 0 (off) or positive, got {k}."),
-                ))
-            }
+            Some(k) => return Err(ApiError::field("top_k", format!("`top_k` must be -1, 0 (off) or positive, got {k}."))),
         };
         if self.stop.iter().any(String::is_empty) {
             return Err(ApiError::field("stop", "Stop strings must not be empty."));
         }
         if self.stop.len() > 64 {
-            return Err(ApiError::field(
-                "stop",
-                "At most 64 stop strings are allowed.",
-            ));
+            return Err(ApiError::field("stop", "At most 64 stop strings are allowed."));
         }
         if let Some(n) = self.logprobs {
             if n > MAX_LOGPROBS {
-                return Err(ApiError::field(
-                    "top_logprobs",
-                    format!("At most {MAX_LOGPROBS} top logprobs can be returned."),
-                ));
+                return Err(ApiError::field("top_logprobs", format!("At most {MAX_LOGPROBS} top logprobs can be returned.")));
             }
         }
         let p = SamplingParams {
@@ -299,27 +238,17 @@ impl SamplingFields {
             frequency_penalty,
             seed: self.seed.map(|s| s as u64),
             logprobs: self.logprobs,
-            stop_token_ids: if self.ignore_eos {
-                Vec::new()
-            } else {
-                vec![eos]
-            },
+            stop_token_ids: if self.ignore_eos { Vec::new() } else { vec![eos] },
             stop_strings: self.stop.clone(),
         };
-        p.validate()
-            .map_err(|e| ApiError::bad(None, e.to_string()))?;
+        p.validate().map_err(|e| ApiError::bad(None, e.to_string()))?;
         Ok(p)
     }
 }
 
 /// Checks `max_tokens` (≥ 1) and that prompt + max_tokens fits the context; `None` = the rest of
 /// the context.
-pub fn max_tokens(
-    field: &str,
-    requested: Option<i64>,
-    prompt: usize,
-    context: usize,
-) -> Result<usize, ApiError> {
+pub fn max_tokens(field: &str, requested: Option<i64>, prompt: usize, context: usize) -> Result<usize, ApiError> {
     if prompt == 0 {
         return Err(ApiError::bad(None, "The prompt is empty."));
     }
@@ -354,9 +283,7 @@ pub fn thinking_mode(
     kwargs: Option<&Map<String, Value>>,
     effort: Option<&str>,
 ) -> Result<(ThinkingMode, Option<ReasoningEffort>), ApiError> {
-    let effort_kw = kwargs
-        .and_then(|k| k.get("reasoning_effort"))
-        .and_then(Value::as_str);
+    let effort_kw = kwargs.and_then(|k| k.get("reasoning_effort")).and_then(Value::as_str);
     let effort = match effort.or(effort_kw) {
         None => None,
         Some(e) => Some(match e {
@@ -377,37 +304,18 @@ pub fn thinking_mode(
         Some(Value::Object(o)) => match o.get("type").and_then(Value::as_str) {
             Some("enabled") | Some("adaptive") => Some(true),
             Some("disabled") => Some(false),
-            _ => {
-                return Err(ApiError::field(
-                    "thinking.type",
-                    "`thinking.type` must be \"enabled\" or \"disabled\".",
-                ))
-            }
+            _ => return Err(ApiError::field("thinking.type", "`thinking.type` must be \"enabled\" or \"disabled\".")),
         },
-        Some(_) => {
-            return Err(ApiError::field(
-                "thinking",
-                "`thinking` must be an object like {\"type\": \"enabled\"}.",
-            ))
-        }
+        Some(_) => return Err(ApiError::field("thinking", "`thinking` must be an object like {\"type\": \"enabled\"}.")),
     };
     let kw = match kwargs.and_then(|k| k.get("enable_thinking").or_else(|| k.get("thinking"))) {
         None | Some(Value::Null) => None,
         Some(Value::Bool(b)) => Some(*b),
-        Some(_) => {
-            return Err(ApiError::field(
-                "chat_template_kwargs.enable_thinking",
-                "`enable_thinking` must be a boolean.",
-            ))
-        }
+        Some(_) => return Err(ApiError::field("chat_template_kwargs.enable_thinking", "`enable_thinking` must be a boolean.")),
     };
     let on = explicit.or(kw).unwrap_or(matches!(effort, Some(Some(_))));
     let effort = effort.flatten();
-    Ok(if on {
-        (ThinkingMode::Thinking, effort)
-    } else {
-        (ThinkingMode::Chat, None)
-    })
+    Ok(if on { (ThinkingMode::Thinking, effort) } else { (ThinkingMode::Chat, None) })
 }
 
 /// Renders OpenAI-style messages (tools already attached) and tokenizes the prompt.
@@ -424,27 +332,17 @@ pub fn render(
         add_default_bos_token: true,
         context: None,
     };
-    let prompt = encode_messages(messages, &opts)
-        .map_err(|e| ApiError::field("messages", format!("Invalid messages: {e}")))?;
-    tokenizer
-        .encode_with_special(&prompt)
-        .map_err(|e| ApiError::bad(None, format!("Could not tokenize the prompt: {e}")))
+    let prompt = encode_messages(messages, &opts).map_err(|e| ApiError::field("messages", format!("Invalid messages: {e}")))?;
+    tokenizer.encode_with_special(&prompt).map_err(|e| ApiError::bad(None, format!("Could not tokenize the prompt: {e}")))
 }
 
 /// Attaches tool declarations (OpenAI shape) and a response format to the first system message,
 /// inserting an empty one first if there is none (as SGLang does).
-pub fn attach_to_system(
-    messages: &mut Vec<Value>,
-    tools: Option<Vec<Value>>,
-    response_format: Option<Value>,
-) {
+pub fn attach_to_system(messages: &mut Vec<Value>, tools: Option<Vec<Value>>, response_format: Option<Value>) {
     if tools.is_none() && response_format.is_none() {
         return;
     }
-    let i = match messages
-        .iter()
-        .position(|m| m.get("role").and_then(Value::as_str) == Some("system"))
-    {
+    let i = match messages.iter().position(|m| m.get("role").and_then(Value::as_str) == Some("system")) {
         Some(i) => i,
         None => {
             messages.insert(0, json!({"role": "system", "content": ""}));
@@ -464,24 +362,12 @@ pub fn attach_to_system(
 /// Checks OpenAI tool declarations: `[{"type": "function", "function": {"name": ..}}]`.
 pub fn check_openai_tools(tools: &[Value]) -> Result<(), ApiError> {
     for (i, t) in tools.iter().enumerate() {
-        let name = t
-            .get("function")
-            .and_then(|f| f.get("name"))
-            .and_then(Value::as_str);
-        if t.get("type")
-            .and_then(Value::as_str)
-            .is_some_and(|ty| ty != "function")
-        {
-            return Err(ApiError::field(
-                &format!("tools[{i}].type"),
-                "Only tools of type `function` are supported.",
-            ));
+        let name = t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+        if t.get("type").and_then(Value::as_str).is_some_and(|ty| ty != "function") {
+            return Err(ApiError::field(&format!("tools[{i}].type"), "Only tools of type `function` are supported."));
         }
         if name.is_none_or(str::is_empty) {
-            return Err(ApiError::field(
-                &format!("tools[{i}].function.name"),
-                "Each tool needs a `function` with a non-empty `name`.",
-            ));
+            return Err(ApiError::field(&format!("tools[{i}].function.name"), "Each tool needs a `function` with a non-empty `name`."));
         }
     }
     Ok(())
@@ -506,14 +392,7 @@ pub fn submit(
 ) -> Result<Submitted, ApiError> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let prompt_tokens = prompt.len();
-    let req = GenRequest {
-        prompt,
-        params,
-        max_tokens,
-        skip_special,
-        events: tx,
-        arrived,
-    };
+    let req = GenRequest { prompt, params, max_tokens, skip_special, events: tx, arrived };
     match st.sched.submit(req) {
         Ok(()) => Ok(Submitted { rx, prompt_tokens }),
         Err(SubmitError::QueueFull) => Err(ApiError::status(
@@ -528,12 +407,7 @@ pub fn submit(
 
 /// The 503 of a server that is shutting down.
 pub fn shutting_down() -> ApiError {
-    ApiError::status(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "The server is shutting down.",
-    )
-    .with_code("shutting_down")
-    .retry_after(5)
+    ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "The server is shutting down.").with_code("shutting_down").retry_after(5)
 }
 
 /// A fresh id with `prefix`: 24 hex digits, unique in the process, unpredictable across runs.
@@ -543,12 +417,7 @@ pub fn new_id(prefix: &str) -> String {
     static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     let base = *BASE.get_or_init(|| {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0),
-        );
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
         h.finish()
     });
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -559,10 +428,7 @@ pub fn new_id(prefix: &str) -> String {
 
 /// Unix time now, in seconds.
 pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// The text of a token id (special tokens kept; invalid UTF-8 as U+FFFD).
@@ -580,39 +446,22 @@ pub fn content_text(v: Option<&Value>, at: &str) -> Result<Option<String>, ApiEr
             let mut out = Vec::new();
             for (i, p) in parts.iter().enumerate() {
                 match p.get("type").and_then(Value::as_str) {
-                    Some("text") | Some("input_text") | Some("output_text") => {
-                        match p.get("text") {
-                            Some(Value::String(t)) => out.push(t.as_str()),
-                            _ => {
-                                return Err(ApiError::field(
-                                    &format!("{at}[{i}].text"),
-                                    "A text part needs a string `text`.",
-                                ))
-                            }
-                        }
-                    }
+                    Some("text") | Some("input_text") | Some("output_text") => match p.get("text") {
+                        Some(Value::String(t)) => out.push(t.as_str()),
+                        _ => return Err(ApiError::field(&format!("{at}[{i}].text"), "A text part needs a string `text`.")),
+                    },
                     Some(other) => {
                         return Err(ApiError::field(
                             &format!("{at}[{i}].type"),
-                            format!(
-                                "Content parts of type `{other}` are not supported (text only)."
-                            ),
+                            format!("Content parts of type `{other}` are not supported (text only)."),
                         ))
                     }
-                    None => {
-                        return Err(ApiError::field(
-                            &format!("{at}[{i}]"),
-                            "A content part needs a `type`.",
-                        ))
-                    }
+                    None => return Err(ApiError::field(&format!("{at}[{i}]"), "A content part needs a `type`.")),
                 }
             }
             Ok(Some(out.join("\n")))
         }
-        Some(_) => Err(ApiError::field(
-            at,
-            "`content` must be a string, null or a list of content parts.",
-        )),
+        Some(_) => Err(ApiError::field(at, "`content` must be a string, null or a list of content parts.")),
     }
 }
 

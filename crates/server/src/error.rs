@@ -31,13 +31,7 @@ pub struct ApiError {
 impl ApiError {
     /// A 400 about `param`.
     pub fn bad(param: impl Into<Option<String>>, message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            param: param.into(),
-            code: None,
-            retry_after: None,
-        }
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: param.into(), code: None, retry_after: None }
     }
     /// A 400 about field `param`.
     pub fn field(param: &str, message: impl Into<String>) -> Self {
@@ -45,13 +39,7 @@ impl ApiError {
     }
     /// Any status.
     pub fn status(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            message: message.into(),
-            param: None,
-            code: None,
-            retry_after: None,
-        }
+        ApiError { status, message: message.into(), param: None, code: None, retry_after: None }
     }
     /// With a machine-readable code.
     pub fn with_code(mut self, code: &'static str) -> Self {
@@ -97,9 +85,7 @@ impl ApiError {
                 "param": self.param,
                 "code": self.code,
             }}),
-            Flavor::Anthropic => {
-                json!({"type": "error", "error": {"type": self.anthropic_type(), "message": self.message}})
-            }
+            Flavor::Anthropic => json!({"type": "error", "error": {"type": self.anthropic_type(), "message": self.message}}),
         }
     }
 

@@ -94,15 +94,9 @@ async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response 
             let bearer = h
                 .get("authorization")
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| {
-                    v.strip_prefix("Bearer ")
-                        .or_else(|| v.strip_prefix("bearer "))
-                })
+                .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
                 .map(str::trim);
-            let x = h
-                .get("x-api-key")
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim);
+            let x = h.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim);
             if bearer != Some(key.as_str()) && x != Some(key.as_str()) {
                 return ApiError::status(StatusCode::UNAUTHORIZED, "Invalid or missing API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`).")
                     .with_code("invalid_api_key")
@@ -118,20 +112,12 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
     let endpoint = req
         .extensions()
         .get::<MatchedPath>()
-        .map(|p| {
-            p.as_str()
-                .trim_start_matches('/')
-                .replace(['/', '{', '}'], "_")
-        })
+        .map(|p| p.as_str().trim_start_matches('/').replace(['/', '{', '}'], "_"))
         .unwrap_or_else(|| "other".into());
     let flavor = flavor_of(req.uri().path());
     let resp = match AssertUnwindSafe(next.run(req)).catch_unwind().await {
         Ok(r) => r,
-        Err(_) => ApiError::status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "Internal error while handling the request.",
-        )
-        .response(flavor),
+        Err(_) => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "Internal error while handling the request.").response(flavor),
     };
     st.metrics.request(&endpoint, resp.status().as_u16());
     resp
@@ -139,43 +125,25 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
 
 async fn health(State(st): State<AppState>) -> Response {
     if st.sched.is_closing() {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "shutting_down"})),
-        )
-            .into_response();
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting_down"}))).into_response();
     }
     let g = st.metrics.engine_gauges();
-    Json(
-        json!({"status": "ok", "model": st.model_name(), "running": g.running, "queued": g.queued}),
-    )
-    .into_response()
+    Json(json!({"status": "ok", "model": st.model_name(), "running": g.running, "queued": g.queued})).into_response()
 }
 
 async fn metrics(State(st): State<AppState>) -> Response {
-    (
-        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-        st.metrics.render(),
-    )
-        .into_response()
+    ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], st.metrics.render()).into_response()
 }
 
 async fn not_found(req: Request) -> Response {
     let path = req.uri().path().to_string();
-    ApiError::status(
-        StatusCode::NOT_FOUND,
-        format!("No route for {} {path}.", req.method()),
-    )
-    .response(flavor_of(&path))
+    ApiError::status(StatusCode::NOT_FOUND, format!("No route for {} {path}.", req.method())).response(flavor_of(&path))
 }
 
 async fn method_not_allowed(req: Request) -> Response {
     let path = req.uri().path().to_string();
-    ApiError::status(
-        StatusCode::METHOD_NOT_ALLOWED,
-        format!("Method {} is not allowed on {path}.", req.method()),
-    )
-    .response(flavor_of(&path))
+    ApiError::status(StatusCode::METHOD_NOT_ALLOWED, format!("Method {} is not allowed on {path}.", req.method()))
+        .response(flavor_of(&path))
 }
 
 /// The router over `st`.
@@ -205,24 +173,12 @@ struct Parts {
 
 /// The CPU reference as the engine's backend, with the scheduler's forward options.
 fn cpu(cfg: &ServerConfig, weights: Arc<ModelWeights>) -> Arc<CpuBackend> {
-    Arc::new(CpuBackend {
-        weights,
-        forward: cfg.scheduler.forward,
-    })
+    Arc::new(CpuBackend { weights, forward: cfg.scheduler.forward })
 }
 
-fn parts<B: Backend + Send + 'static>(
-    cfg: &ServerConfig,
-    backend: Arc<B>,
-    tokenizer: Arc<Ds4Tokenizer>,
-) -> Parts {
+fn parts<B: Backend + Send + 'static>(cfg: &ServerConfig, backend: Arc<B>, tokenizer: Arc<Ds4Tokenizer>) -> Parts {
     let metrics = Arc::new(Metrics::default());
-    let (sched, engine) = scheduler::start(
-        backend,
-        tokenizer.clone(),
-        cfg.scheduler.clone(),
-        metrics.clone(),
-    );
+    let (sched, engine) = scheduler::start(backend, tokenizer.clone(), cfg.scheduler.clone(), metrics.clone());
     let mut names = cfg.model_names.clone();
     if names.is_empty() {
         names.push("flashseek-default".into());
@@ -233,18 +189,8 @@ fn parts<B: Backend + Send + 'static>(
         max_body_bytes: cfg.max_body_bytes,
         keepalive: cfg.keepalive,
     });
-    let state = AppState {
-        sched: sched.clone(),
-        tokenizer,
-        metrics,
-        http,
-        created: common::unix_now(),
-    };
-    Parts {
-        state,
-        sched,
-        engine,
-    }
+    let state = AppState { sched: sched.clone(), tokenizer, metrics, http, created: common::unix_now() };
+    Parts { state, sched, engine }
 }
 
 /// Serves on `listener` until `shutdown` completes, then refuses new requests (503), lets
@@ -257,13 +203,7 @@ pub async fn serve_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let backend = cpu(&cfg, weights);
-    run_parts(
-        listener,
-        parts(&cfg, backend, tokenizer),
-        cfg.drain_timeout,
-        shutdown,
-    )
-    .await
+    run_parts(listener, parts(&cfg, backend, tokenizer), cfg.drain_timeout, shutdown).await
 }
 
 async fn run_parts(
@@ -272,11 +212,7 @@ async fn run_parts(
     drain: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let Parts {
-        state,
-        sched,
-        engine,
-    } = parts;
+    let Parts { state, sched, engine } = parts;
     let app = router(state);
     let closer = sched.clone();
     let signal = async move {
@@ -287,9 +223,7 @@ async fn run_parts(
             closer.cancel_all();
         });
     };
-    let r = axum::serve(listener, app)
-        .with_graceful_shutdown(signal)
-        .await;
+    let r = axum::serve(listener, app).with_graceful_shutdown(signal).await;
     // Every connection is done: nothing in flight can still want its result.
     sched.close();
     sched.cancel_all();
@@ -299,62 +233,32 @@ async fn run_parts(
 }
 
 /// Binds `cfg.host:cfg.port` and serves the CPU reference until SIGINT/SIGTERM.
-pub async fn serve(
-    cfg: ServerConfig,
-    weights: Arc<ModelWeights>,
-    tokenizer: Arc<Ds4Tokenizer>,
-) -> std::io::Result<()> {
+pub async fn serve(cfg: ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<()> {
     let backend = cpu(&cfg, weights);
     serve_backend(cfg, backend, tokenizer).await
 }
 
 /// Binds `cfg.host:cfg.port` and serves `backend` (the CPU reference or a GPU, see
 /// [`flashseek_engine::session::Backend`]) until SIGINT/SIGTERM.
-pub async fn serve_backend<B: Backend + Send + 'static>(
-    cfg: ServerConfig,
-    backend: Arc<B>,
-    tokenizer: Arc<Ds4Tokenizer>,
-) -> std::io::Result<()> {
+pub async fn serve_backend<B: Backend + Send + 'static>(cfg: ServerConfig, backend: Arc<B>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
         .await
-        .map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("cannot listen on {}:{}: {e}", cfg.host, cfg.port),
-            )
-        })?;
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}:{}: {e}", cfg.host, cfg.port)))?;
     let addr = listener.local_addr()?;
     eprintln!("flashseek: serving `{}` on http://{addr} (OpenAI: /v1/chat/completions, /v1/completions; Anthropic: /v1/messages)", cfg.model_names.first().map(String::as_str).unwrap_or("flashseek-default"));
     let drain = cfg.drain_timeout;
-    run_parts(
-        listener,
-        parts(&cfg, backend, tokenizer),
-        drain,
-        shutdown_signal(),
-    )
-    .await
+    run_parts(listener, parts(&cfg, backend, tokenizer), drain, shutdown_signal()).await
 }
 
 /// [`serve`] on a new multi-threaded runtime, blocking until shutdown.
-pub fn serve_blocking(
-    cfg: ServerConfig,
-    weights: Arc<ModelWeights>,
-    tokenizer: Arc<Ds4Tokenizer>,
-) -> std::io::Result<()> {
+pub fn serve_blocking(cfg: ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<()> {
     let backend = cpu(&cfg, weights);
     serve_backend_blocking(cfg, backend, tokenizer)
 }
 
 /// [`serve_backend`] on a new multi-threaded runtime, blocking until shutdown.
-pub fn serve_backend_blocking<B: Backend + Send + 'static>(
-    cfg: ServerConfig,
-    backend: Arc<B>,
-    tokenizer: Arc<Ds4Tokenizer>,
-) -> std::io::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(serve_backend(cfg, backend, tokenizer))
+pub fn serve_backend_blocking<B: Backend + Send + 'static>(cfg: ServerConfig, backend: Arc<B>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<()> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve_backend(cfg, backend, tokenizer))
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
@@ -406,9 +310,7 @@ impl RunningServer {
             let _ = s.send(());
         }
         match self.thread.take() {
-            Some(t) => t
-                .join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("server thread panicked"))),
+            Some(t) => t.join().unwrap_or_else(|_| Err(std::io::Error::other("server thread panicked"))),
             None => Ok(()),
         }
     }
@@ -422,42 +324,24 @@ impl Drop for RunningServer {
 
 /// Starts a server on its own thread and runtime (`cfg.port` 0 picks a free port); returns once
 /// it listens.
-pub fn spawn(
-    cfg: ServerConfig,
-    weights: Arc<ModelWeights>,
-    tokenizer: Arc<Ds4Tokenizer>,
-) -> std::io::Result<RunningServer> {
+pub fn spawn(cfg: ServerConfig, weights: Arc<ModelWeights>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<RunningServer> {
     let backend = cpu(&cfg, weights);
     spawn_backend(cfg, backend, tokenizer)
 }
 
 /// [`spawn`] on any [`Backend`].
-pub fn spawn_backend<B: Backend + Send + 'static>(
-    cfg: ServerConfig,
-    backend: Arc<B>,
-    tokenizer: Arc<Ds4Tokenizer>,
-) -> std::io::Result<RunningServer> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+pub fn spawn_backend<B: Backend + Send + 'static>(cfg: ServerConfig, backend: Arc<B>, tokenizer: Arc<Ds4Tokenizer>) -> std::io::Result<RunningServer> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)))?;
     let addr = listener.local_addr()?;
     let parts = parts(&cfg, backend, tokenizer);
     let metrics = parts.state.metrics.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let drain = cfg.drain_timeout;
-    let thread = std::thread::Builder::new()
-        .name("flashseek-http".into())
-        .spawn(move || {
-            rt.block_on(run_parts(listener, parts, drain, async move {
-                let _ = rx.await;
-            }))
-        })?;
-    Ok(RunningServer {
-        addr,
-        metrics,
-        stop: Some(tx),
-        thread: Some(thread),
-    })
+    let thread = std::thread::Builder::new().name("flashseek-http".into()).spawn(move || {
+        rt.block_on(run_parts(listener, parts, drain, async move {
+            let _ = rx.await;
+        }))
+    })?;
+    Ok(RunningServer { addr, metrics, stop: Some(tx), thread: Some(thread) })
 }

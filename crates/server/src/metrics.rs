@@ -7,15 +7,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-const TTFT_BUCKETS: [f64; 14] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-];
-const ITL_BUCKETS: [f64; 13] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
-];
-const E2E_BUCKETS: [f64; 13] = [
-    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-];
+const TTFT_BUCKETS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+const ITL_BUCKETS: [f64; 13] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+const E2E_BUCKETS: [f64; 13] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
 
 /// A cumulative histogram.
 #[derive(Debug, Clone)]
@@ -28,12 +22,7 @@ struct Histogram {
 
 impl Histogram {
     fn new(bounds: &'static [f64]) -> Self {
-        Histogram {
-            bounds,
-            counts: vec![0; bounds.len()],
-            sum: 0.0,
-            count: 0,
-        }
+        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
     }
     fn observe(&mut self, v: f64) {
         if !v.is_finite() {
@@ -70,11 +59,7 @@ impl Rate {
     fn add(&mut self, tokens: u64, secs: f64) {
         let now = Instant::now();
         self.recent.push_back((now, tokens, secs));
-        while self
-            .recent
-            .front()
-            .is_some_and(|(t, _, _)| now.duration_since(*t).as_secs_f64() > Self::WINDOW_SECS)
-        {
+        while self.recent.front().is_some_and(|(t, _, _)| now.duration_since(*t).as_secs_f64() > Self::WINDOW_SECS) {
             self.recent.pop_front();
         }
     }
@@ -175,11 +160,7 @@ impl Metrics {
 
     /// One HTTP response.
     pub fn request(&self, endpoint: &str, status: u16) {
-        *self
-            .timed()
-            .requests
-            .entry((endpoint.to_string(), status))
-            .or_insert(0) += 1;
+        *self.timed().requests.entry((endpoint.to_string(), status)).or_insert(0) += 1;
     }
     /// Time to first token of one request.
     pub fn ttft(&self, secs: f64) {
@@ -195,8 +176,7 @@ impl Metrics {
     }
     /// A prefill chunk of `tokens` took `secs`.
     pub fn prefill(&self, tokens: usize, secs: f64) {
-        self.prefill_tokens
-            .fetch_add(tokens as u64, Ordering::Relaxed);
+        self.prefill_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
         let mut t = self.timed();
         t.prefill_rate.add(tokens as u64, secs);
         t.prefill_secs += secs;
@@ -213,29 +193,17 @@ impl Metrics {
     }
     /// A request finished (normally or cancelled by the server).
     pub fn finished(&self, u: &Usage) {
-        self.prompt_tokens
-            .fetch_add(u.prompt_tokens as u64, Ordering::Relaxed);
-        self.cached_tokens
-            .fetch_add(u.cached_tokens as u64, Ordering::Relaxed);
-        self.generation_tokens
-            .fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
-        self.timed()
-            .e2e
-            .observe((u.queue_ms + u.prefill_ms + u.decode_ms) / 1e3);
+        self.prompt_tokens.fetch_add(u.prompt_tokens as u64, Ordering::Relaxed);
+        self.cached_tokens.fetch_add(u.cached_tokens as u64, Ordering::Relaxed);
+        self.generation_tokens.fetch_add(u.completion_tokens as u64, Ordering::Relaxed);
+        self.timed().e2e.observe((u.queue_ms + u.prefill_ms + u.decode_ms) / 1e3);
     }
     /// The state-memory budget.
     pub fn set_budget(&self, bytes: usize) {
         self.state_budget.store(bytes, Ordering::Relaxed);
     }
     /// The engine's gauges, after each loop iteration.
-    pub fn set_engine_gauges(
-        &self,
-        running: usize,
-        queued: usize,
-        state_running: usize,
-        state_cached: usize,
-        reserved: usize,
-    ) {
+    pub fn set_engine_gauges(&self, running: usize, queued: usize, state_running: usize, state_cached: usize, reserved: usize) {
         self.running.store(running, Ordering::Relaxed);
         self.queued.store(queued, Ordering::Relaxed);
         self.state_running.store(state_running, Ordering::Relaxed);
@@ -258,10 +226,7 @@ impl Metrics {
         let t = self.timed();
         let _ = writeln!(o, "# HELP flashseek_requests_total HTTP responses by endpoint and status.\n# TYPE flashseek_requests_total counter");
         for ((ep, st), n) in &t.requests {
-            let _ = writeln!(
-                o,
-                "flashseek_requests_total{{endpoint=\"{ep}\",status=\"{st}\"}} {n}"
-            );
+            let _ = writeln!(o, "flashseek_requests_total{{endpoint=\"{ep}\",status=\"{st}\"}} {n}");
         }
         let counter = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
@@ -269,113 +234,27 @@ impl Metrics {
         let gauge = |o: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
-        counter(
-            &mut o,
-            "flashseek_prompt_tokens_total",
-            "Prompt tokens of finished requests.",
-            self.prompt_tokens.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut o,
-            "flashseek_cached_prompt_tokens_total",
-            "Prompt tokens reused from the prefix cache.",
-            self.cached_tokens.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut o,
-            "flashseek_generation_tokens_total",
-            "Generated tokens of finished requests.",
-            self.generation_tokens.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut o,
-            "flashseek_prefill_tokens_total",
-            "Prompt tokens computed by prefill.",
-            self.prefill_tokens.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut o,
-            "flashseek_cancelled_requests_total",
-            "Requests cancelled because their client went away.",
-            self.cancelled.load(Ordering::Relaxed),
-        );
+        counter(&mut o, "flashseek_prompt_tokens_total", "Prompt tokens of finished requests.", self.prompt_tokens.load(Ordering::Relaxed));
+        counter(&mut o, "flashseek_cached_prompt_tokens_total", "Prompt tokens reused from the prefix cache.", self.cached_tokens.load(Ordering::Relaxed));
+        counter(&mut o, "flashseek_generation_tokens_total", "Generated tokens of finished requests.", self.generation_tokens.load(Ordering::Relaxed));
+        counter(&mut o, "flashseek_prefill_tokens_total", "Prompt tokens computed by prefill.", self.prefill_tokens.load(Ordering::Relaxed));
+        counter(&mut o, "flashseek_cancelled_requests_total", "Requests cancelled because their client went away.", self.cancelled.load(Ordering::Relaxed));
         let _ = writeln!(o, "# HELP flashseek_engine_seconds_total Engine busy time by phase.\n# TYPE flashseek_engine_seconds_total counter");
-        let _ = writeln!(
-            o,
-            "flashseek_engine_seconds_total{{phase=\"prefill\"}} {}",
-            t.prefill_secs
-        );
-        let _ = writeln!(
-            o,
-            "flashseek_engine_seconds_total{{phase=\"decode\"}} {}",
-            t.decode_secs
-        );
-        gauge(
-            &mut o,
-            "flashseek_running_sequences",
-            "Sequences prefilling or decoding.",
-            self.running.load(Ordering::Relaxed) as f64,
-        );
-        gauge(
-            &mut o,
-            "flashseek_queued_requests",
-            "Requests waiting for admission.",
-            self.queued.load(Ordering::Relaxed) as f64,
-        );
+        let _ = writeln!(o, "flashseek_engine_seconds_total{{phase=\"prefill\"}} {}", t.prefill_secs);
+        let _ = writeln!(o, "flashseek_engine_seconds_total{{phase=\"decode\"}} {}", t.decode_secs);
+        gauge(&mut o, "flashseek_running_sequences", "Sequences prefilling or decoding.", self.running.load(Ordering::Relaxed) as f64);
+        gauge(&mut o, "flashseek_queued_requests", "Requests waiting for admission.", self.queued.load(Ordering::Relaxed) as f64);
         let _ = writeln!(o, "# HELP flashseek_state_memory_bytes Sequence state memory.\n# TYPE flashseek_state_memory_bytes gauge");
-        let _ = writeln!(
-            o,
-            "flashseek_state_memory_bytes{{kind=\"running\"}} {}",
-            self.state_running.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            o,
-            "flashseek_state_memory_bytes{{kind=\"prefix_cache\"}} {}",
-            self.state_cached.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            o,
-            "flashseek_state_memory_bytes{{kind=\"reserved\"}} {}",
-            self.state_reserved.load(Ordering::Relaxed)
-        );
-        gauge(
-            &mut o,
-            "flashseek_state_memory_budget_bytes",
-            "State memory budget for admission.",
-            self.state_budget.load(Ordering::Relaxed) as f64,
-        );
-        gauge(
-            &mut o,
-            "flashseek_prefill_tokens_per_second",
-            "Prefill throughput over the last 10 s of prefill work.",
-            t.prefill_rate.value(),
-        );
-        gauge(
-            &mut o,
-            "flashseek_decode_tokens_per_second",
-            "Decode throughput (tokens of all sequences) over the last 10 s of decode work.",
-            t.decode_rate.value(),
-        );
-        t.ttft.write(
-            &mut o,
-            "flashseek_time_to_first_token_seconds",
-            "Arrival to first generated token.",
-        );
-        t.itl.write(
-            &mut o,
-            "flashseek_inter_token_latency_seconds",
-            "Time between consecutive tokens of a request.",
-        );
-        t.e2e.write(
-            &mut o,
-            "flashseek_request_duration_seconds",
-            "Arrival to last token of finished requests.",
-        );
-        t.queue.write(
-            &mut o,
-            "flashseek_queue_wait_seconds",
-            "Arrival to admission.",
-        );
+        let _ = writeln!(o, "flashseek_state_memory_bytes{{kind=\"running\"}} {}", self.state_running.load(Ordering::Relaxed));
+        let _ = writeln!(o, "flashseek_state_memory_bytes{{kind=\"prefix_cache\"}} {}", self.state_cached.load(Ordering::Relaxed));
+        let _ = writeln!(o, "flashseek_state_memory_bytes{{kind=\"reserved\"}} {}", self.state_reserved.load(Ordering::Relaxed));
+        gauge(&mut o, "flashseek_state_memory_budget_bytes", "State memory budget for admission.", self.state_budget.load(Ordering::Relaxed) as f64);
+        gauge(&mut o, "flashseek_prefill_tokens_per_second", "Prefill throughput over the last 10 s of prefill work.", t.prefill_rate.value());
+        gauge(&mut o, "flashseek_decode_tokens_per_second", "Decode throughput (tokens of all sequences) over the last 10 s of decode work.", t.decode_rate.value());
+        t.ttft.write(&mut o, "flashseek_time_to_first_token_seconds", "Arrival to first generated token.");
+        t.itl.write(&mut o, "flashseek_inter_token_latency_seconds", "Time between consecutive tokens of a request.");
+        t.e2e.write(&mut o, "flashseek_request_duration_seconds", "Arrival to last token of finished requests.");
+        t.queue.write(&mut o, "flashseek_queue_wait_seconds", "Arrival to admission.");
         o
     }
 }
@@ -393,17 +272,9 @@ mod tests {
         m.itl(0.003);
         m.prefill(100, 0.5);
         m.decode(4, 0.1);
-        m.finished(&Usage {
-            prompt_tokens: 10,
-            cached_tokens: 2,
-            completion_tokens: 5,
-            ..Usage::default()
-        });
+        m.finished(&Usage { prompt_tokens: 10, cached_tokens: 2, completion_tokens: 5, ..Usage::default() });
         let t = m.render();
-        assert!(
-            t.contains("flashseek_requests_total{endpoint=\"chat_completions\",status=\"400\"} 1"),
-            "{t}"
-        );
+        assert!(t.contains("flashseek_requests_total{endpoint=\"chat_completions\",status=\"400\"} 1"), "{t}");
         assert!(t.contains("flashseek_prompt_tokens_total 10"));
         assert!(t.contains("flashseek_generation_tokens_total 5"));
         assert!(t.contains("flashseek_time_to_first_token_seconds_bucket{le=\"0.025\"} 1"));

@@ -79,10 +79,7 @@ struct CompletionRequest {
 fn check_n(n: Option<i64>) -> Result<(), ApiError> {
     match n {
         None | Some(1) => Ok(()),
-        Some(n) => Err(ApiError::field(
-            "n",
-            format!("Only n = 1 is supported, got {n}."),
-        )),
+        Some(n) => Err(ApiError::field("n", format!("Only n = 1 is supported, got {n}."))),
     }
 }
 
@@ -116,22 +113,14 @@ fn chat_logprob(st: &AppState, t: &TokenOut) -> Value {
         json!({"token": s, "logprob": lp, "bytes": s.as_bytes()})
     };
     let mut e = entry(t.id, t.logprob.unwrap_or(f32::NAN));
-    e["top_logprobs"] = Value::Array(
-        t.top_logprobs
-            .iter()
-            .map(|&(id, lp)| entry(id, lp))
-            .collect(),
-    );
+    e["top_logprobs"] = Value::Array(t.top_logprobs.iter().map(|&(id, lp)| entry(id, lp)).collect());
     e
 }
 
 /// Converts request messages to the encoder's shape, checking roles and content.
 fn chat_messages(msgs: Vec<Value>) -> Result<Vec<Value>, ApiError> {
     if msgs.is_empty() {
-        return Err(ApiError::field(
-            "messages",
-            "`messages` must contain at least one message.",
-        ));
+        return Err(ApiError::field("messages", "`messages` must contain at least one message."));
     }
     let mut out = Vec::with_capacity(msgs.len());
     for (i, m) in msgs.into_iter().enumerate() {
@@ -141,27 +130,17 @@ fn chat_messages(msgs: Vec<Value>) -> Result<Vec<Value>, ApiError> {
         };
         let role = match m.get("role") {
             Some(Value::String(r)) => r.clone(),
-            Some(_) => {
-                return Err(ApiError::field(
-                    &format!("{at}.role"),
-                    "`role` must be a string.",
-                ))
-            }
-            None => {
-                return Err(ApiError::field(
-                    &format!("{at}.role"),
-                    "Each message needs a `role`.",
-                ))
-            }
+            Some(_) => return Err(ApiError::field(&format!("{at}.role"), "`role` must be a string.")),
+            None => return Err(ApiError::field(&format!("{at}.role"), "Each message needs a `role`.")),
         };
         match role.as_str() {
             "system" | "developer" | "user" | "assistant" | "tool" | "latest_reminder" => {}
-            other => return Err(ApiError::field(
-                &format!("{at}.role"),
-                format!(
-                    "Unknown role `{other}` (expected system, developer, user, assistant or tool)."
-                ),
-            )),
+            other => {
+                return Err(ApiError::field(
+                    &format!("{at}.role"),
+                    format!("Unknown role `{other}` (expected system, developer, user, assistant or tool)."),
+                ))
+            }
         }
         let content = content_text(m.get("content"), &format!("{at}.content"))?;
         match content {
@@ -172,10 +151,7 @@ fn chat_messages(msgs: Vec<Value>) -> Result<Vec<Value>, ApiError> {
                 m.insert("content".into(), Value::Null);
             }
             None if role == "developer" => {
-                return Err(ApiError::field(
-                    &format!("{at}.content"),
-                    "A developer message needs content.",
-                ));
+                return Err(ApiError::field(&format!("{at}.content"), "A developer message needs content."));
             }
             None => {
                 m.insert("content".into(), Value::String(String::new()));
@@ -187,21 +163,12 @@ fn chat_messages(msgs: Vec<Value>) -> Result<Vec<Value>, ApiError> {
             }
             if let Some(tc) = m.get("tool_calls") {
                 if !tc.is_array() && !tc.is_null() {
-                    return Err(ApiError::field(
-                        &format!("{at}.tool_calls"),
-                        "`tool_calls` must be a list.",
-                    ));
+                    return Err(ApiError::field(&format!("{at}.tool_calls"), "`tool_calls` must be a list."));
                 }
             }
         }
-        if role == "tool"
-            && m.get("tool_call_id")
-                .is_some_and(|v| !v.is_string() && !v.is_null())
-        {
-            return Err(ApiError::field(
-                &format!("{at}.tool_call_id"),
-                "`tool_call_id` must be a string.",
-            ));
+        if role == "tool" && m.get("tool_call_id").is_some_and(|v| !v.is_string() && !v.is_null()) {
+            return Err(ApiError::field(&format!("{at}.tool_call_id"), "`tool_call_id` must be a string."));
         }
         out.push(Value::Object(m));
     }
@@ -209,11 +176,7 @@ fn chat_messages(msgs: Vec<Value>) -> Result<Vec<Value>, ApiError> {
 }
 
 /// `POST /v1/chat/completions`.
-pub async fn chat_completions(
-    State(st): State<AppState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+pub async fn chat_completions(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let arrived = Instant::now();
     let req: ChatRequest = match read_json(&headers, body, st.http.max_body_bytes).await {
         Ok(r) => r,
@@ -225,27 +188,16 @@ pub async fn chat_completions(
     }
 }
 
-async fn prepare_chat(
-    st: &AppState,
-    req: ChatRequest,
-    arrived: Instant,
-) -> Result<Response, ApiError> {
+async fn prepare_chat(st: &AppState, req: ChatRequest, arrived: Instant) -> Result<Response, ApiError> {
     st.check_model(req.model.as_deref())?;
     check_n(req.n)?;
-    let (mode, effort) = thinking_mode(
-        req.thinking.as_ref(),
-        req.chat_template_kwargs.as_ref(),
-        req.reasoning_effort.as_deref(),
-    )?;
+    let (mode, effort) = thinking_mode(req.thinking.as_ref(), req.chat_template_kwargs.as_ref(), req.reasoning_effort.as_deref())?;
     let mut messages = chat_messages(req.messages)?;
     let tool_choice_none = matches!(&req.tool_choice, Some(Value::String(s)) if s == "none");
     if let Some(tc) = &req.tool_choice {
         let ok = matches!(tc, Value::Null)
             || matches!(tc, Value::String(s) if ["none", "auto", "required"].contains(&s.as_str()))
-            || tc
-                .get("function")
-                .and_then(|f| f.get("name"))
-                .is_some_and(Value::is_string);
+            || tc.get("function").and_then(|f| f.get("name")).is_some_and(Value::is_string);
         if !ok {
             return Err(ApiError::field("tool_choice", "`tool_choice` must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}."));
         }
@@ -257,44 +209,21 @@ async fn prepare_chat(
         }
         _ => None,
     };
-    let response_format = req
-        .response_format
-        .filter(|r| r.get("type").and_then(Value::as_str) != Some("text") && !r.is_null());
+    let response_format = req.response_format.filter(|r| r.get("type").and_then(Value::as_str) != Some("text") && !r.is_null());
     attach_to_system(&mut messages, tools, response_format);
     let tok = st.tokenizer.clone();
     let prompt = tokio::task::spawn_blocking(move || render(&tok, &messages, mode, effort))
         .await
-        .map_err(|e| {
-            ApiError::status(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-        })??;
-    let max_field = if req.max_completion_tokens.is_some() {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
-    };
-    let max_tokens = max_tokens(
-        max_field,
-        req.max_completion_tokens.or(req.max_tokens),
-        prompt.len(),
-        st.sched.info.context,
-    )?;
+        .map_err(|e| ApiError::status(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    let max_field = if req.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
+    let max_tokens = max_tokens(max_field, req.max_completion_tokens.or(req.max_tokens), prompt.len(), st.sched.info.context)?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (Some(true), n) => Some(match n {
             None => 0,
             Some(n) if (0..=20).contains(&n) => n as usize,
-            Some(n) => {
-                return Err(ApiError::field(
-                    "top_logprobs",
-                    format!("`top_logprobs` must be in [0, 20], got {n}."),
-                ))
-            }
+            Some(n) => return Err(ApiError::field("top_logprobs", format!("`top_logprobs` must be in [0, 20], got {n}."))),
         }),
-        (_, Some(n)) if n > 0 => {
-            return Err(ApiError::field(
-                "top_logprobs",
-                "`top_logprobs` needs `logprobs: true`.",
-            ))
-        }
+        (_, Some(n)) if n > 0 => return Err(ApiError::field("top_logprobs", "`top_logprobs` needs `logprobs: true`.")),
         _ => None,
     };
     let fields = SamplingFields {
@@ -320,10 +249,7 @@ async fn prepare_chat(
         want_logprobs: logprobs.is_some(),
     };
     if req.stream.unwrap_or(false) {
-        let include_usage = req
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
+        let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
         Ok(chat_stream(ctx, sub, include_usage))
     } else {
         chat_whole(ctx, sub).await
@@ -356,17 +282,11 @@ fn fail_stream(out: &mut Vec<SseEvent>, e: ApiError) {
 }
 
 fn engine_gone() -> ApiError {
-    ApiError::status(
-        axum::http::StatusCode::SERVICE_UNAVAILABLE,
-        "The engine stopped before the request finished.",
-    )
+    ApiError::status(axum::http::StatusCode::SERVICE_UNAVAILABLE, "The engine stopped before the request finished.")
 }
 
 fn engine_error(msg: String) -> ApiError {
-    ApiError::status(
-        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-        format!("Generation failed: {msg}"),
-    )
+    ApiError::status(axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("Generation failed: {msg}"))
 }
 
 async fn chat_whole(ctx: ChatCtx, mut sub: Submitted) -> Result<Response, ApiError> {
@@ -382,11 +302,7 @@ async fn chat_whole(ctx: ChatCtx, mut sub: Submitted) -> Result<Response, ApiErr
                 }
                 msg.extend(asm.push(&t.text));
             }
-            Some(Event::Done {
-                tail,
-                reason,
-                usage,
-            }) => {
+            Some(Event::Done { tail, reason, usage }) => {
                 msg.extend(asm.push(&tail));
                 msg.extend(asm.finish());
                 break (reason, usage);
@@ -442,12 +358,7 @@ fn delta_json(d: Delta) -> Value {
     match d {
         Delta::Reasoning(t) => json!({"reasoning_content": t}),
         Delta::Content(t) => json!({"content": t}),
-        Delta::ToolCall {
-            index,
-            name,
-            arguments,
-            ..
-        } => json!({"tool_calls": [{
+        Delta::ToolCall { index, name, arguments, .. } => json!({"tool_calls": [{
             "index": index, "id": new_id("call_"), "type": "function",
             "function": {"name": name, "arguments": arguments},
         }]}),
@@ -459,9 +370,7 @@ pub fn sse_response<S>(st: &AppState, events: S) -> Response
 where
     S: futures_util::Stream<Item = SseEvent> + Send + 'static,
 {
-    Sse::new(events.map(Ok::<_, Infallible>))
-        .keep_alive(KeepAlive::new().interval(st.http.keepalive))
-        .into_response()
+    Sse::new(events.map(Ok::<_, Infallible>)).keep_alive(KeepAlive::new().interval(st.http.keepalive)).into_response()
 }
 
 fn chat_stream(ctx: ChatCtx, sub: Submitted, include_usage: bool) -> Response {
@@ -474,14 +383,7 @@ fn chat_stream(ctx: ChatCtx, sub: Submitted, include_usage: bool) -> Response {
         include_usage: bool,
     }
     let st = ctx.st.clone();
-    let s = S {
-        asm: Assembler::new(ctx.mode),
-        ctx,
-        rx: sub.rx,
-        started: false,
-        done: false,
-        include_usage,
-    };
+    let s = S { asm: Assembler::new(ctx.mode), ctx, rx: sub.rx, started: false, done: false, include_usage };
     let events = stream::unfold(s, |mut s| async move {
         if s.done {
             return None;
@@ -489,20 +391,12 @@ fn chat_stream(ctx: ChatCtx, sub: Submitted, include_usage: bool) -> Response {
         let mut out = Vec::new();
         if !s.started {
             s.started = true;
-            out.push(chunk(
-                &s.ctx,
-                json!({"role": "assistant", "content": ""}),
-                None,
-                None,
-            ));
+            out.push(chunk(&s.ctx, json!({"role": "assistant", "content": ""}), None, None));
         }
         match s.rx.recv().await {
             Some(Event::Started { .. }) => {}
             Some(Event::Token(t)) => {
-                let lp = s
-                    .ctx
-                    .want_logprobs
-                    .then(|| vec![chat_logprob(&s.ctx.st, &t)]);
+                let lp = s.ctx.want_logprobs.then(|| vec![chat_logprob(&s.ctx.st, &t)]);
                 let deltas = s.asm.push(&t.text);
                 let mut lp = lp;
                 if deltas.is_empty() {
@@ -511,36 +405,17 @@ fn chat_stream(ctx: ChatCtx, sub: Submitted, include_usage: bool) -> Response {
                     }
                 }
                 for d in deltas {
-                    out.push(chunk(
-                        &s.ctx,
-                        delta_json(d),
-                        None,
-                        lp.take().map(Value::Array),
-                    ));
+                    out.push(chunk(&s.ctx, delta_json(d), None, lp.take().map(Value::Array)));
                 }
             }
-            Some(Event::Done {
-                tail,
-                reason,
-                usage,
-            }) => {
+            Some(Event::Done { tail, reason, usage }) => {
                 let mut deltas = s.asm.push(&tail);
                 deltas.extend(s.asm.finish());
                 for d in deltas {
                     out.push(chunk(&s.ctx, delta_json(d), None, None));
                 }
-                out.push(chunk(
-                    &s.ctx,
-                    json!({}),
-                    Some(finish_reason(&reason, s.asm.has_tool_calls())),
-                    None,
-                ));
-                let head = (
-                    s.ctx.id.as_str(),
-                    "chat.completion.chunk",
-                    s.ctx.created,
-                    s.ctx.st.model_name(),
-                );
+                out.push(chunk(&s.ctx, json!({}), Some(finish_reason(&reason, s.asm.has_tool_calls())), None));
+                let head = (s.ctx.id.as_str(), "chat.completion.chunk", s.ctx.created, s.ctx.st.model_name());
                 close_stream(&mut out, head, s.include_usage.then_some(&usage));
                 s.done = true;
             }
@@ -576,26 +451,15 @@ pub async fn completions(State(st): State<AppState>, headers: HeaderMap, body: B
 }
 
 fn completion_prompt(st: &AppState, prompt: Value) -> Result<(Vec<u32>, String), ApiError> {
-    let bad = || {
-        ApiError::field(
-            "prompt",
-            "`prompt` must be a string, a list of one string, or a list of token ids.",
-        )
-    };
+    let bad = || ApiError::field("prompt", "`prompt` must be a string, a list of one string, or a list of token ids.");
     let text_ids = |s: &str| -> Result<(Vec<u32>, String), ApiError> {
         let mut ids = vec![st.tokenizer.bos_id()];
-        ids.extend(
-            st.tokenizer
-                .encode_text(s)
-                .map_err(|e| ApiError::field("prompt", e.to_string()))?,
-        );
+        ids.extend(st.tokenizer.encode_text(s).map_err(|e| ApiError::field("prompt", e.to_string()))?);
         Ok((ids, s.to_string()))
     };
     match prompt {
         Value::String(s) => text_ids(&s),
-        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
-            text_ids(a[0].as_str().unwrap_or_default())
-        }
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => text_ids(a[0].as_str().unwrap_or_default()),
         Value::Array(a) if a.len() == 1 && a[0].is_array() => completion_prompt(st, a[0].clone()),
         Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_u64) => {
             let vocab = st.sched.info.vocab_size.min(st.tokenizer.vocab_size());
@@ -603,29 +467,20 @@ fn completion_prompt(st: &AppState, prompt: Value) -> Result<(Vec<u32>, String),
             for (i, v) in a.iter().enumerate() {
                 match v.as_u64() {
                     Some(id) if (id as usize) < vocab => ids.push(id as u32),
-                    _ => {
-                        return Err(ApiError::field(
-                            &format!("prompt[{i}]"),
-                            format!("Token id {v} is outside the vocabulary (size {vocab})."),
-                        ))
-                    }
+                    _ => return Err(ApiError::field(&format!("prompt[{i}]"), format!("Token id {v} is outside the vocabulary (size {vocab})."))),
                 }
             }
             let text = st.tokenizer.decode(&ids, false).unwrap_or_default();
             Ok((ids, text))
         }
-        Value::Array(a) if a.len() > 1 && a.iter().all(|x| x.is_string() || x.is_array()) => Err(
-            ApiError::field("prompt", "Only one prompt per request is supported."),
-        ),
+        Value::Array(a) if a.len() > 1 && a.iter().all(|x| x.is_string() || x.is_array()) => {
+            Err(ApiError::field("prompt", "Only one prompt per request is supported."))
+        }
         _ => Err(bad()),
     }
 }
 
-async fn prepare_completion(
-    st: &AppState,
-    req: CompletionRequest,
-    arrived: Instant,
-) -> Result<Response, ApiError> {
+async fn prepare_completion(st: &AppState, req: CompletionRequest, arrived: Instant) -> Result<Response, ApiError> {
     st.check_model(req.model.as_deref())?;
     check_n(req.n)?;
     if req.best_of.is_some_and(|b| b != 1) {
@@ -636,28 +491,15 @@ async fn prepare_completion(
     }
     let st2 = st.clone();
     let prompt_value = req.prompt;
-    let (prompt, prompt_text) =
-        tokio::task::spawn_blocking(move || completion_prompt(&st2, prompt_value))
-            .await
-            .map_err(|e| {
-                ApiError::status(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-            })??;
+    let (prompt, prompt_text) = tokio::task::spawn_blocking(move || completion_prompt(&st2, prompt_value))
+        .await
+        .map_err(|e| ApiError::status(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
     // OpenAI's default for this endpoint is 16 tokens.
-    let max_tokens = max_tokens(
-        "max_tokens",
-        Some(req.max_tokens.unwrap_or(16)),
-        prompt.len(),
-        st.sched.info.context,
-    )?;
+    let max_tokens = max_tokens("max_tokens", Some(req.max_tokens.unwrap_or(16)), prompt.len(), st.sched.info.context)?;
     let logprobs = match req.logprobs {
         None => None,
         Some(n) if (0..=20).contains(&n) => Some(n as usize),
-        Some(n) => {
-            return Err(ApiError::field(
-                "logprobs",
-                format!("`logprobs` must be in [0, 20], got {n}."),
-            ))
-        }
+        Some(n) => return Err(ApiError::field("logprobs", format!("`logprobs` must be in [0, 20], got {n}."))),
     };
     let fields = SamplingFields {
         temperature: req.temperature,
@@ -682,10 +524,7 @@ async fn prepare_completion(
         echo: req.echo.unwrap_or(false).then_some(prompt_text),
     };
     if req.stream.unwrap_or(false) {
-        let include_usage = req
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
+        let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
         Ok(completion_stream(ctx, sub, include_usage))
     } else {
         completion_whole(ctx, sub).await
@@ -734,11 +573,7 @@ async fn completion_whole(ctx: CmplCtx, mut sub: Submitted) -> Result<Response, 
                     toks.push(t);
                 }
             }
-            Some(Event::Done {
-                tail,
-                reason,
-                usage,
-            }) => {
+            Some(Event::Done { tail, reason, usage }) => {
                 text.push_str(&tail);
                 break (reason, usage);
             }
@@ -779,14 +614,7 @@ fn completion_stream(ctx: CmplCtx, sub: Submitted, include_usage: bool) -> Respo
         SseEvent::default().data(v.to_string())
     }
     let st = ctx.st.clone();
-    let s = S {
-        ctx,
-        rx: sub.rx,
-        offset: 0,
-        started: false,
-        done: false,
-        include_usage,
-    };
+    let s = S { ctx, rx: sub.rx, offset: 0, started: false, done: false, include_usage };
     let events = stream::unfold(s, |mut s| async move {
         if s.done {
             return None;
@@ -803,31 +631,13 @@ fn completion_stream(ctx: CmplCtx, sub: Submitted, include_usage: bool) -> Respo
             Some(Event::Started { .. }) => {}
             Some(Event::Token(t)) => {
                 // One chunk per token (its text may be empty while a character is incomplete).
-                let lp = if s.ctx.want_logprobs {
-                    cmpl_logprobs(&s.ctx.st, std::slice::from_ref(&t), s.offset)
-                } else {
-                    Value::Null
-                };
+                let lp = if s.ctx.want_logprobs { cmpl_logprobs(&s.ctx.st, std::slice::from_ref(&t), s.offset) } else { Value::Null };
                 s.offset += t.text.len();
                 out.push(piece(&s.ctx, &t.text, lp, None));
             }
-            Some(Event::Done {
-                tail,
-                reason,
-                usage,
-            }) => {
-                out.push(piece(
-                    &s.ctx,
-                    &tail,
-                    Value::Null,
-                    Some(finish_reason(&reason, false)),
-                ));
-                let head = (
-                    s.ctx.id.as_str(),
-                    "text_completion",
-                    s.ctx.created,
-                    s.ctx.st.model_name(),
-                );
+            Some(Event::Done { tail, reason, usage }) => {
+                out.push(piece(&s.ctx, &tail, Value::Null, Some(finish_reason(&reason, false))));
+                let head = (s.ctx.id.as_str(), "text_completion", s.ctx.created, s.ctx.st.model_name());
                 close_stream(&mut out, head, s.include_usage.then_some(&usage));
                 s.done = true;
             }
@@ -861,10 +671,7 @@ pub async fn models(State(st): State<AppState>) -> Response {
 }
 
 /// `GET /v1/models/{id}`.
-pub async fn model(
-    State(st): State<AppState>,
-    axum::extract::Path(id): axum::extract::Path<String>,
-) -> Response {
+pub async fn model(State(st): State<AppState>, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
     if let Err(e) = st.check_model(Some(&id)) {
         return fail(e);
     }
@@ -890,27 +697,18 @@ mod tests {
         deltas.extend(asm.finish());
         assert!(asm.has_tool_calls());
         let js: Vec<Value> = deltas.into_iter().map(delta_json).collect();
-        let reasoning: String = js
-            .iter()
-            .filter_map(|v| v["reasoning_content"].as_str())
-            .collect();
+        let reasoning: String = js.iter().filter_map(|v| v["reasoning_content"].as_str()).collect();
         assert_eq!(reasoning, "plan");
-        let calls: Vec<&Value> = js
-            .iter()
-            .filter(|v| v.get("tool_calls").is_some())
-            .collect();
+        let calls: Vec<&Value> = js.iter().filter(|v| v.get("tool_calls").is_some()).collect();
         assert_eq!(calls.len(), 1);
         let c = &calls[0]["tool_calls"][0];
         assert_eq!(c["index"], 0);
         assert_eq!(c["type"], "function");
         assert!(c["id"].as_str().unwrap().starts_with("call_"));
         assert_eq!(c["function"]["name"], "search");
-        let args: Value =
-            serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+        let args: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
         assert_eq!(args, json!({"q": "rust \"sse\"", "k": 5}));
-        assert!(js.iter().all(|v| v
-            .get("content")
-            .is_none_or(|t| t.as_str().is_some_and(|t| !t.contains("DSML")))));
+        assert!(js.iter().all(|v| v.get("content").is_none_or(|t| t.as_str().is_some_and(|t| !t.contains("DSML")))));
         assert_eq!(finish_reason(&FinishReason::Stop, true), "tool_calls");
     }
 }

@@ -188,8 +188,7 @@ pub struct ModelInfo {
 impl SchedulerHandle {
     /// Queues a request. Fails when the queue is full or the server is closing.
     pub fn submit(&self, req: GenRequest) -> Result<(), SubmitError> {
-        if self.shared.closing.load(Ordering::SeqCst) || self.shared.stopped.load(Ordering::SeqCst)
-        {
+        if self.shared.closing.load(Ordering::SeqCst) || self.shared.stopped.load(Ordering::SeqCst) {
             return Err(SubmitError::ShuttingDown);
         }
         let mut q = self.shared.queued.lock().unwrap_or_else(|e| e.into_inner());
@@ -258,23 +257,14 @@ pub fn start<B: Backend + Send + 'static>(
     metrics: Arc<Metrics>,
 ) -> (SchedulerHandle, std::thread::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
-    let shared = Arc::new(Shared {
-        queued: Mutex::new(0),
-        closing: AtomicBool::new(false),
-        stopped: AtomicBool::new(false),
-    });
+    let shared = Arc::new(Shared { queued: Mutex::new(0), closing: AtomicBool::new(false), stopped: AtomicBool::new(false) });
     let info = Arc::new(ModelInfo {
         context: backend.max_sequence_len(),
         vocab_size: backend.config().vocab_size,
         state_bytes_per_token: state_bytes_per_token(backend.config()),
     });
     metrics.set_budget(cfg.state_budget_bytes);
-    let handle = SchedulerHandle {
-        tx,
-        shared: shared.clone(),
-        max_queue: cfg.max_queue,
-        info,
-    };
+    let handle = SchedulerHandle { tx, shared: shared.clone(), max_queue: cfg.max_queue, info };
     let thread = std::thread::Builder::new()
         .name("flashseek-engine".into())
         .spawn(move || {
@@ -419,15 +409,8 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
     fn cancel_everything(&mut self) {
         let n = self.waiting.len();
         for req in self.waiting.drain(..) {
-            let usage = Usage {
-                prompt_tokens: req.prompt.len(),
-                ..Usage::default()
-            };
-            let _ = req.events.send(Event::Done {
-                tail: String::new(),
-                reason: FinishReason::Cancelled,
-                usage,
-            });
+            let usage = Usage { prompt_tokens: req.prompt.len(), ..Usage::default() };
+            let _ = req.events.send(Event::Done { tail: String::new(), reason: FinishReason::Cancelled, usage });
         }
         self.dequeued(n);
         for s in &mut self.running {
@@ -464,10 +447,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
     }
 
     fn reserved(&self) -> usize {
-        self.running
-            .iter()
-            .map(|s| s.reserved.max(s.session.state_bytes()))
-            .sum()
+        self.running.iter().map(|s| s.reserved.max(s.session.state_bytes())).sum()
     }
 
     fn cache_bytes(&self) -> usize {
@@ -484,26 +464,17 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
             let reserved = self.reserved();
             // Make room by evicting cached sessions, least recently used first, the one this
             // prompt would reuse last.
-            let keep = self
-                .best_cached(&front.prompt, self.needed(front))
-                .map(|(i, _)| self.cache[i].last_used);
+            let keep = self.best_cached(&front.prompt, self.needed(front)).map(|(i, _)| self.cache[i].last_used);
             while reserved + self.cache_bytes() + est > budget && !self.cache.is_empty() {
                 let victim = (0..self.cache.len())
-                    .min_by_key(|&i| {
-                        (
-                            Some(self.cache[i].last_used) == keep,
-                            self.cache[i].last_used,
-                        )
-                    })
+                    .min_by_key(|&i| (Some(self.cache[i].last_used) == keep, self.cache[i].last_used))
                     .unwrap_or(0);
                 self.cache.swap_remove(victim);
             }
             if !self.running.is_empty() && reserved + self.cache_bytes() + est > budget {
                 break;
             }
-            let Some(req) = self.waiting.pop_front() else {
-                break;
-            };
+            let Some(req) = self.waiting.pop_front() else { break };
             self.dequeued(1);
             self.start_seq(req, est);
         }
@@ -523,17 +494,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
             .iter()
             .enumerate()
             .filter(|(_, c)| c.session.capacity() >= needed)
-            .map(|(i, c)| {
-                (
-                    i,
-                    c.session
-                        .tokens()
-                        .iter()
-                        .zip(prompt)
-                        .take_while(|(a, b)| a == b)
-                        .count(),
-                )
-            })
+            .map(|(i, c)| (i, c.session.tokens().iter().zip(prompt).take_while(|(a, b)| a == b).count()))
             .filter(|&(_, n)| n > 0)
             .max_by_key(|&(i, n)| (n, self.cache[i].last_used))
     }
@@ -553,9 +514,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
                     Err(e) => {
                         // Nothing left to free (or another backend failure): this request fails,
                         // the server keeps serving.
-                        let _ = req
-                            .events
-                            .send(Event::Error(format!("could not start the sequence: {e}")));
+                        let _ = req.events.send(Event::Error(format!("could not start the sequence: {e}")));
                         return;
                     }
                 }
@@ -563,12 +522,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
         };
         session.set_prefill_chunk(self.cfg.prefill_chunk.max(1));
         // As in `Session::set_prompt`: keep the common prefix, but recompute at least one token.
-        let common = session
-            .tokens()
-            .iter()
-            .zip(&req.prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let common = session.tokens().iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
         let reuse = common.min(req.prompt.len().saturating_sub(1));
         if session.truncate(reuse).is_err() {
             let _ = session.truncate(0);
@@ -585,8 +539,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
                 Some(e.to_string()),
             ),
         };
-        self.metrics
-            .queue_wait(now.duration_since(req.arrived).as_secs_f64());
+        self.metrics.queue_wait(now.duration_since(req.arrived).as_secs_f64());
         let mut seq = Seq {
             req,
             session,
@@ -619,9 +572,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
             if budget == 0 {
                 break;
             }
-            let Phase::Prefill { done } = s.phase else {
-                continue;
-            };
+            let Phase::Prefill { done } = s.phase else { continue };
             let end = (done + budget).min(s.req.prompt.len());
             budget -= end - done;
             let t = Instant::now();
@@ -630,9 +581,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
             match r {
                 Ok(logits) if end == s.req.prompt.len() => {
                     s.prefill_secs = s.admitted.elapsed().as_secs_f64();
-                    s.phase = Phase::Decode {
-                        logits: StepLogits::Full(logits),
-                    };
+                    s.phase = Phase::Decode { logits: StepLogits::Full(logits) };
                 }
                 Ok(_) => s.phase = Phase::Prefill { done: end },
                 Err(e) => {
@@ -669,9 +618,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
                 continue;
             }
             let mut s = self.running.swap_remove(i);
-            let Phase::Finished(reason) =
-                std::mem::replace(&mut s.phase, Phase::Prefill { done: 0 })
-            else {
+            let Phase::Finished(reason) = std::mem::replace(&mut s.phase, Phase::Prefill { done: 0 }) else {
                 unreachable!("filtered above")
             };
             // A running request ends cancelled when its client went away, whichever step noticed
@@ -701,26 +648,17 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
                         tail = t + &s.stops.finish();
                     }
                     self.metrics.finished(&usage);
-                    let _ = s.req.events.send(Event::Done {
-                        tail,
-                        reason,
-                        usage,
-                    });
+                    let _ = s.req.events.send(Event::Done { tail, reason, usage });
                 }
             }
             // Keep the session for prefix reuse.
             if self.cfg.prefix_cache_entries > 0 && !s.session.tokens().is_empty() {
                 self.clock += 1;
-                self.cache.push(Cached {
-                    session: s.session,
-                    last_used: self.clock,
-                });
+                self.cache.push(Cached { session: s.session, last_used: self.clock });
                 while self.cache.len() > self.cfg.prefix_cache_entries {
                     self.evict_lru();
                 }
-                while self.cache_bytes() + self.reserved() > self.cfg.state_budget_bytes
-                    && !self.cache.is_empty()
-                {
+                while self.cache_bytes() + self.reserved() > self.cfg.state_budget_bytes && !self.cache.is_empty() {
                     self.evict_lru();
                 }
             }
@@ -742,9 +680,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
 impl<S: ServedSequence> Seq<'_, S> {
     /// Samples one token from the current logits, reports it, and either finishes or decodes it.
     fn step(&mut self, metrics: &Metrics) {
-        let Phase::Decode { logits } = &self.phase else {
-            return;
-        };
+        let Phase::Decode { logits } = &self.phase else { return };
         let sampled = match self.sampler.sample_step(logits) {
             Ok(s) => s,
             Err(e) => {
@@ -775,12 +711,7 @@ impl<S: ServedSequence> Seq<'_, S> {
             self.text.push_str(&piece);
         }
         let (text, stopped) = self.stops.push(&piece);
-        let out = TokenOut {
-            id: sampled.token,
-            text,
-            logprob: sampled.logprob,
-            top_logprobs: sampled.top_logprobs,
-        };
+        let out = TokenOut { id: sampled.token, text, logprob: sampled.logprob, top_logprobs: sampled.top_logprobs };
         if self.req.events.send(Event::Token(out)).is_err() {
             self.phase = Phase::Finished(FinishReason::Cancelled);
             return;

@@ -27,18 +27,8 @@ fn models_health_metrics() {
         assert_eq!(m.status, 200);
         assert_eq!(m.json()["data"][0]["id"], "flashseek-default");
         assert_eq!(m.json()["data"][0]["max_model_len"], 4096);
-        assert_eq!(
-            get(&c, &format!("{}/v1/models/flashseek-default", s.url()))
-                .await
-                .status,
-            200
-        );
-        assert_eq!(
-            get(&c, &format!("{}/v1/models/gpt-4", s.url()))
-                .await
-                .status,
-            404
-        );
+        assert_eq!(get(&c, &format!("{}/v1/models/flashseek-default", s.url())).await.status, 200);
+        assert_eq!(get(&c, &format!("{}/v1/models/gpt-4", s.url())).await.status, 404);
         let h = get(&c, &format!("{}/health", s.url())).await;
         assert_eq!(h.status, 200);
         assert_eq!(h.json()["status"], "ok");
@@ -80,9 +70,7 @@ fn chat_plain_usage_and_prefix_cache() {
         assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
         assert_eq!(v["choices"][0]["message"]["role"], "assistant");
         assert!(v["choices"][0]["message"]["content"].is_string());
-        assert!(v["choices"][0]["message"]
-            .get("reasoning_content")
-            .is_none());
+        assert!(v["choices"][0]["message"].get("reasoning_content").is_none());
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         let u = &v["usage"];
         assert_eq!(u["completion_tokens"], 6);
@@ -93,31 +81,17 @@ fn chat_plain_usage_and_prefix_cache() {
         assert!(u["timings"]["decode_ms"].as_f64().unwrap() > 0.0);
         // The same prompt again reuses the cached prefix, and the seed gives the same answer.
         let r2 = post(&c, &chat(&s.url()), &body).await.json();
-        assert_eq!(
-            r2["usage"]["prompt_tokens_details"]["cached_tokens"]
-                .as_u64()
-                .unwrap(),
-            prompt - 1
-        );
-        assert_eq!(
-            r2["choices"][0]["message"]["content"],
-            v["choices"][0]["message"]["content"]
-        );
+        assert_eq!(r2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), prompt - 1);
+        assert_eq!(r2["choices"][0]["message"]["content"], v["choices"][0]["message"]["content"]);
         // Thinking mode reports reasoning_content.
         let mut t = body.clone();
         t["thinking"] = json!({"type": "enabled"});
         let r3 = post(&c, &chat(&s.url()), &t).await.json();
-        assert!(
-            r3["choices"][0]["message"]["reasoning_content"].is_string(),
-            "{r3}"
-        );
+        assert!(r3["choices"][0]["message"]["reasoning_content"].is_string(), "{r3}");
         let mut t = body.clone();
         t["chat_template_kwargs"] = json!({"enable_thinking": true});
         let r4 = post(&c, &chat(&s.url()), &t).await.json();
-        assert_eq!(
-            r4["choices"][0]["message"]["reasoning_content"],
-            r3["choices"][0]["message"]["reasoning_content"]
-        );
+        assert_eq!(r4["choices"][0]["message"]["reasoning_content"], r3["choices"][0]["message"]["reasoning_content"]);
         let mut t = body.clone();
         t["reasoning_effort"] = json!("high");
         let r5 = post(&c, &chat(&s.url()), &t).await.json();
@@ -328,28 +302,13 @@ fn tool_conversations_render_alike_in_both_apis() {
     });
 }
 
-async fn expect_error(
-    c: &HttpClient,
-    url: &str,
-    body: Vec<u8>,
-    status: u16,
-    anthropic: bool,
-) -> Value {
+async fn expect_error(c: &HttpClient, url: &str, body: Vec<u8>, status: u16, anthropic: bool) -> Value {
     let r = send(c, "POST", url, body.clone(), &[]).await;
-    assert_eq!(
-        r.status,
-        status,
-        "body {:?} → {}",
-        String::from_utf8_lossy(&body),
-        r.body
-    );
+    assert_eq!(r.status, status, "body {:?} → {}", String::from_utf8_lossy(&body), r.body);
     let v = r.json();
     if anthropic {
         assert_eq!(v["type"], "error", "{v}");
-        assert!(
-            v["error"]["type"].is_string() && v["error"]["message"].is_string(),
-            "{v}"
-        );
+        assert!(v["error"]["type"].is_string() && v["error"]["message"].is_string(), "{v}");
     } else {
         let e = &v["error"];
         assert!(e["message"].is_string() && e["type"].is_string(), "{v}");
@@ -464,50 +423,14 @@ fn api_key_is_required_when_set() {
     rt().block_on(async {
         let c = client();
         let u = chat(&s.url());
-        let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
-            .to_string()
-            .into_bytes();
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).to_string().into_bytes();
         let r = send(&c, "POST", &u, body.clone(), &[]).await;
         assert_eq!(r.status, 401);
         assert_eq!(r.json()["error"]["code"], "invalid_api_key");
-        assert_eq!(
-            send(
-                &c,
-                "POST",
-                &u,
-                body.clone(),
-                &[("authorization", "Bearer wrong")]
-            )
-            .await
-            .status,
-            401
-        );
-        assert_eq!(
-            send(
-                &c,
-                "POST",
-                &u,
-                body.clone(),
-                &[("authorization", "Bearer sekret")]
-            )
-            .await
-            .status,
-            200
-        );
-        assert_eq!(
-            send(&c, "POST", &u, body.clone(), &[("x-api-key", "sekret")])
-                .await
-                .status,
-            200
-        );
-        let a = send(
-            &c,
-            "POST",
-            &format!("{}/v1/messages", s.url()),
-            b"{}".to_vec(),
-            &[],
-        )
-        .await;
+        assert_eq!(send(&c, "POST", &u, body.clone(), &[("authorization", "Bearer wrong")]).await.status, 401);
+        assert_eq!(send(&c, "POST", &u, body.clone(), &[("authorization", "Bearer sekret")]).await.status, 200);
+        assert_eq!(send(&c, "POST", &u, body.clone(), &[("x-api-key", "sekret")]).await.status, 200);
+        let a = send(&c, "POST", &format!("{}/v1/messages", s.url()), b"{}".to_vec(), &[]).await;
         assert_eq!(a.status, 401);
         assert_eq!(a.json()["error"]["type"], "authentication_error");
         assert_eq!(get(&c, &format!("{}/health", s.url())).await.status, 200);
@@ -672,40 +595,18 @@ fn graceful_shutdown_finishes_in_flight_streams() {
     let stopper = std::thread::spawn(move || s.shutdown());
     let events = r.block_on(async {
         let mut ev = Vec::new();
-        while let Some(e) = tokio::time::timeout(Duration::from_secs(60), st.next())
-            .await
-            .expect("stream ends in time")
-        {
+        while let Some(e) = tokio::time::timeout(Duration::from_secs(60), st.next()).await.expect("stream ends in time") {
             ev.push(e);
         }
         ev
     });
     assert_eq!(events.last().unwrap().1, "[DONE]");
-    let (_, _, finish, _) = chat_stream_text(
-        &events
-            .iter()
-            .filter(|(n, _)| n.as_deref() != Some(":"))
-            .cloned()
-            .collect::<Vec<_>>(),
-    );
+    let (_, _, finish, _) = chat_stream_text(&events.iter().filter(|(n, _)| n.as_deref() != Some(":")).cloned().collect::<Vec<_>>());
     assert_eq!(finish.as_deref(), Some("length"));
     stopper.join().unwrap().unwrap();
     // Nothing listens any more.
-    let after = r.block_on(async {
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            client().request(
-                hyper::Request::get(format!("{url}/health"))
-                    .body(Default::default())
-                    .unwrap(),
-            ),
-        )
-        .await
-    });
-    assert!(
-        matches!(after, Ok(Err(_))),
-        "server still answering after shutdown"
-    );
+    let after = r.block_on(async { tokio::time::timeout(Duration::from_secs(10), client().request(hyper::Request::get(format!("{url}/health")).body(Default::default()).unwrap())).await });
+    assert!(matches!(after, Ok(Err(_))), "server still answering after shutdown");
 }
 
 #[test]
@@ -716,23 +617,15 @@ fn state_estimate_matches_measured_bytes() {
     s.prefill(&ids).unwrap();
     let est = flashseek_server::scheduler::state_bytes_per_token(&w.config) * ids.len();
     let real = s.state().bytes();
-    assert!(
-        est >= real && est - real < real / 100,
-        "estimate {est} vs measured {real}"
-    );
+    assert!(est >= real && est - real < real / 100, "estimate {est} vs measured {real}");
 }
 
 #[test]
 fn closing_scheduler_refuses_with_503() {
-    use flashseek_server::scheduler::{
-        start as start_engine, GenRequest, SchedulerConfig, SubmitError,
-    };
+    use flashseek_server::scheduler::{start as start_engine, GenRequest, SchedulerConfig, SubmitError};
     let metrics = std::sync::Arc::new(flashseek_server::metrics::Metrics::default());
     let cfg = SchedulerConfig::default();
-    let backend = flashseek_engine::session::CpuBackend {
-        weights: tiny_weights(),
-        forward: cfg.forward,
-    };
+    let backend = flashseek_engine::session::CpuBackend { weights: tiny_weights(), forward: cfg.forward };
     let (h, engine) = start_engine(std::sync::Arc::new(backend), tokenizer(), cfg, metrics);
     let req = || {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -795,10 +688,7 @@ impl flashseek_engine::session::Backend for Capped {
     fn capacity_for(&self, needed: usize) -> usize {
         flashseek_engine::session::granular_capacity(needed, self.granule, self.cap)
     }
-    fn new_sequence(
-        &self,
-        needed: usize,
-    ) -> Result<Self::Seq<'_>, flashseek_engine::session::SessionError> {
+    fn new_sequence(&self, needed: usize) -> Result<Self::Seq<'_>, flashseek_engine::session::SessionError> {
         let mut s = self.inner.new_sequence(needed)?;
         s.max_len = self.capacity_for(needed);
         Ok(s)
@@ -811,16 +701,8 @@ impl flashseek_engine::session::Backend for Capped {
 #[test]
 fn sized_sequences_limit_the_context_and_are_reused_when_they_fit() {
     let cfg = config();
-    let backend = Capped {
-        inner: flashseek_engine::session::CpuBackend {
-            weights: tiny_weights(),
-            forward: cfg.scheduler.forward,
-        },
-        cap: 96,
-        granule: 32,
-    };
-    let s =
-        flashseek_server::spawn_backend(cfg, std::sync::Arc::new(backend), tokenizer()).unwrap();
+    let backend = Capped { inner: flashseek_engine::session::CpuBackend { weights: tiny_weights(), forward: cfg.scheduler.forward }, cap: 96, granule: 32 };
+    let s = flashseek_server::spawn_backend(cfg, std::sync::Arc::new(backend), tokenizer()).unwrap();
     rt().block_on(async {
         let c = client();
         // The backend's limit is the served context: /v1/models says so, a longer prompt is a 400.

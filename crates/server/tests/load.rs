@@ -13,17 +13,8 @@ const REQUESTS: usize = 64;
 
 #[derive(Debug)]
 enum Outcome {
-    Done {
-        tokens: usize,
-        usage_tokens: usize,
-        asked: usize,
-        finish: String,
-        latency: f64,
-        ttft: f64,
-    },
-    Cancelled {
-        after: usize,
-    },
+    Done { tokens: usize, usage_tokens: usize, asked: usize, finish: String, latency: f64, ttft: f64 },
+    Cancelled { after: usize },
     Failed(String),
 }
 
@@ -79,9 +70,7 @@ async fn one(c: HttpClient, base: String, i: usize) -> Outcome {
                 finish = Some(f.to_string());
             }
             let is_token = if chat_api {
-                ch["delta"]["content"]
-                    .as_str()
-                    .is_some_and(|t| !t.is_empty())
+                ch["delta"]["content"].as_str().is_some_and(|t| !t.is_empty())
             } else {
                 ch["finish_reason"].is_null()
             };

@@ -4,9 +4,7 @@
 
 use super::common::{generate_text, load, stats_line, ModelArgs, SamplingArgs};
 use flashseek_engine::sampler::Sampler;
-use flashseek_model::chat::{
-    encode_messages, EncodeOptions, ReasoningEffort, StreamEvent, StreamParser, ThinkingMode,
-};
+use flashseek_model::chat::{encode_messages, EncodeOptions, ReasoningEffort, StreamEvent, StreamParser, ThinkingMode};
 use serde_json::json;
 use std::io::{BufRead, IsTerminal, Write};
 
@@ -44,11 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     args.sampling.params(0)?;
     let m = load(&args.model)?;
     let thinking = (args.think || args.reasoning_effort.is_some()) && !args.no_think;
-    let mode = if thinking {
-        ThinkingMode::Thinking
-    } else {
-        ThinkingMode::Chat
-    };
+    let mode = if thinking { ThinkingMode::Thinking } else { ThinkingMode::Chat };
     let effort = match args.reasoning_effort.as_deref() {
         Some("high") => Some(ReasoningEffort::High),
         Some("max") => Some(ReasoningEffort::Max),
@@ -141,20 +135,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 broken.set(true);
             }
         };
-        let stats = generate_text(
-            session.as_mut(),
-            &m.tokenizer,
-            &ids,
-            &mut sampler,
-            args.sampling.max_tokens,
-            false,
-            |text| {
-                raw.push_str(text);
-                print(parser.push(text), &mut out);
-                // A closed stdout stops generation.
-                !broken.get()
-            },
-        )?;
+        let stats = generate_text(session.as_mut(), &m.tokenizer, &ids, &mut sampler, args.sampling.max_tokens, false, |text| {
+            raw.push_str(text);
+            print(parser.push(text), &mut out);
+            // A closed stdout stops generation.
+            !broken.get()
+        })?;
         print(parser.end_of_input(), &mut out);
         let _ = writeln!(out);
         drop(out);
@@ -163,13 +149,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let parsed = parser.finish();
         let (content, reasoning) = match parsed {
             Ok(p) => (p.content, p.reasoning_content),
-            Err(_) => (
-                raw.trim_end_matches(flashseek_model::chat::EOS).to_string(),
-                String::new(),
-            ),
+            Err(_) => (raw.trim_end_matches(flashseek_model::chat::EOS).to_string(), String::new()),
         };
-        messages
-            .push(json!({"role": "assistant", "content": content, "reasoning_content": reasoning}));
+        messages.push(json!({"role": "assistant", "content": content, "reasoning_content": reasoning}));
         if !interactive {
             break;
         }

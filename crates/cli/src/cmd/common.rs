@@ -2,14 +2,14 @@
 //! sampling flags, and the end-of-run statistics line.
 
 use anyhow::Context;
-use flashseek_engine::cuda::gpu::Gpu;
-use flashseek_engine::cuda::model::GpuModel;
-use flashseek_engine::cuda::session::GpuSession;
-use flashseek_engine::cuda::upload::StoredSource;
 use flashseek_engine::default_model::{cache_root, ensure_default_model};
 use flashseek_engine::forward::{ForwardOptions, Numerics};
 use flashseek_engine::generate::GenerateStats;
 use flashseek_engine::sampler::SamplingParams;
+use flashseek_engine::cuda::gpu::Gpu;
+use flashseek_engine::cuda::model::GpuModel;
+use flashseek_engine::cuda::session::GpuSession;
+use flashseek_engine::cuda::upload::StoredSource;
 use flashseek_engine::session::{Sequence, Session};
 use flashseek_engine::weights::{ModelWeights, TensorSource, WeightsError};
 use flashseek_model::checkpoint::Checkpoint;
@@ -177,9 +177,7 @@ impl TensorSource for Progress<'_> {
 }
 
 fn stored_bytes(info: &flashseek_model::checkpoint::TensorInfo) -> u64 {
-    info.dtype
-        .bytes_for(info.shape.iter().product::<usize>())
-        .unwrap_or(0) as u64
+    info.dtype.bytes_for(info.shape.iter().product::<usize>()).unwrap_or(0) as u64
 }
 
 /// Resolves `--model` (writing the embedded default model on first use), loads config, weights and
@@ -195,10 +193,7 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     let dir = match &args.model {
         Some(d) => {
             if !d.is_dir() {
-                anyhow::bail!(
-                    "--model {}: expected a checkpoint directory (config.json + safetensors)",
-                    d.display()
-                );
+                anyhow::bail!("--model {}: expected a checkpoint directory (config.json + safetensors)", d.display());
             }
             d.clone()
         }
@@ -208,20 +203,12 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
             let (mut dir, mut created) = ensure_default_model(&root)?;
             if Ds4Config::from_file(&dir).is_err() || Checkpoint::open(&dir).is_err() {
                 // A damaged cached copy (interrupted disk write, manual edits): write it again.
-                eprintln!(
-                    "flashseek: the cached default model at {} is damaged; rewriting it",
-                    dir.display()
-                );
-                std::fs::remove_dir_all(&dir)
-                    .with_context(|| format!("removing {}", dir.display()))?;
+                eprintln!("flashseek: the cached default model at {} is damaged; rewriting it", dir.display());
+                std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
                 (dir, created) = ensure_default_model(&root)?;
             }
             if created {
-                eprintln!(
-                    "flashseek: wrote the embedded default model to {} ({:.1} s)",
-                    dir.display(),
-                    t.elapsed().as_secs_f64()
-                );
+                eprintln!("flashseek: wrote the embedded default model to {} ({:.1} s)", dir.display(), t.elapsed().as_secs_f64());
             }
             eprintln!(
                 "flashseek: running the embedded default model — random weights, so its text is meaningless.\n\
@@ -235,19 +222,12 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     let device = args.device()?;
     let bar = ProgressBar::with_draw_target(Some(ckpt.total_bytes()), ProgressDrawTarget::hidden());
     bar.set_style(
-        ProgressStyle::with_template(
-            "loading {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {elapsed}",
-        )
-        .expect("static template"),
+        ProgressStyle::with_template("loading {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {elapsed}")
+            .expect("static template"),
     );
     let (weights, gpu) = match device {
         Device::Cpu => {
-            let src = Progress {
-                inner: &ckpt,
-                bar,
-                start: Instant::now(),
-                shown: Cell::new(false),
-            };
+            let src = Progress { inner: &ckpt, bar, start: Instant::now(), shown: Cell::new(false) };
             let weights = ModelWeights::load(&cfg, &src)?;
             src.bar.finish_and_clear();
             (Some(weights), None)
@@ -266,11 +246,7 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
         }
     };
     let tok_file = dir.join("tokenizer.json");
-    let tokenizer = if tok_file.is_file() {
-        Ds4Tokenizer::from_file(&tok_file)?
-    } else {
-        Ds4Tokenizer::embedded()?
-    };
+    let tokenizer = if tok_file.is_file() { Ds4Tokenizer::from_file(&tok_file)? } else { Ds4Tokenizer::embedded()? };
     if tokenizer.vocab_size() > cfg.vocab_size {
         anyhow::bail!(
             "tokenizer has {} tokens but the model's vocab_size is {} ({})",
@@ -279,18 +255,11 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
             dir.display()
         );
     }
-    let numerics = if args.official_numerics {
-        Numerics::official()
-    } else {
-        Numerics::default()
-    };
+    let numerics = if args.official_numerics { Numerics::official() } else { Numerics::default() };
     if gpu.is_none() {
         let set: Vec<String> = flashseek_engine::switches::SWITCHES
             .iter()
-            .filter(|s| {
-                flashseek_engine::switches::value_of(s.name).1
-                    != flashseek_engine::switches::Origin::Default
-            })
+            .filter(|s| flashseek_engine::switches::value_of(s.name).1 != flashseek_engine::switches::Origin::Default)
             .map(|s| format!("{}={}", s.name, flashseek_engine::switches::value(s.name)))
             .collect();
         if !set.is_empty() {
@@ -303,10 +272,7 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
         gpu_context: args.gpu_context,
         prefill_chunk: args.prefill_chunk,
         tokenizer,
-        forward: ForwardOptions {
-            numerics,
-            record_streams: false,
-        },
+        forward: ForwardOptions { numerics, record_streams: false },
     })
 }
 
@@ -318,10 +284,7 @@ impl Loaded {
             s.prefill_chunk = self.prefill_chunk.unwrap_or(CPU_PREFILL_CHUNK);
             return Ok(Box::new(s));
         }
-        let (gpu, model) = self
-            .gpu
-            .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("no backend loaded"))?;
+        let (gpu, model) = self.gpu.as_ref().ok_or_else(|| anyhow::anyhow!("no backend loaded"))?;
         let mut s = GpuSession::new(gpu, model, self.gpu_context)?;
         if let Some(c) = self.prefill_chunk {
             s.prefill_chunk = c;
@@ -331,9 +294,7 @@ impl Loaded {
 
     /// The CPU weights, for commands that only run on the CPU backend.
     pub fn cpu_weights(self) -> anyhow::Result<ModelWeights> {
-        self.weights.ok_or_else(|| {
-            anyhow::anyhow!("this command runs on the CPU backend only (use --device cpu)")
-        })
+        self.weights.ok_or_else(|| anyhow::anyhow!("this command runs on the CPU backend only (use --device cpu)"))
     }
 }
 
@@ -345,8 +306,7 @@ pub fn stats_line(s: &GenerateStats) -> String {
         s.reused_tokens,
         s.prefill_tok_s(),
         s.generated,
-        s.decode_tok_s()
-            .map_or("n/a".to_string(), |r| format!("{r:.1} tok/s")),
+        s.decode_tok_s().map_or("n/a".to_string(), |r| format!("{r:.1} tok/s")),
         s.finish.label()
     )
 }
@@ -396,13 +356,8 @@ pub fn generate_text(
 /// `--device` of chat/generate/serve, without `cpu`).
 pub fn parse_cuda_device(v: &str) -> Result<usize, String> {
     let t = v.trim();
-    let n = if t == "cuda" {
-        Some("0")
-    } else {
-        t.strip_prefix("cuda:").or(Some(t))
-    };
-    n.and_then(|n| n.parse::<usize>().ok())
-        .ok_or_else(|| format!("`{v}`: expected a CUDA device: N, cuda or cuda:N"))
+    let n = if t == "cuda" { Some("0") } else { t.strip_prefix("cuda:").or(Some(t)) };
+    n.and_then(|n| n.parse::<usize>().ok()).ok_or_else(|| format!("`{v}`: expected a CUDA device: N, cuda or cuda:N"))
 }
 
 /// Checks, without touching an existing file, that `path` can be written: its folder exists and a
@@ -414,19 +369,13 @@ pub fn check_writable(path: &std::path::Path) -> anyhow::Result<()> {
         _ => PathBuf::from("."),
     };
     if !dir.is_dir() {
-        anyhow::bail!(
-            "{}: folder {} does not exist",
-            path.display(),
-            dir.display()
-        );
+        anyhow::bail!("{}: folder {} does not exist", path.display(), dir.display());
     }
     if path.is_dir() {
         anyhow::bail!("{} is a folder, a file path is needed", path.display());
     }
     let probe = dir.join(format!(".flashseek-write-probe-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(|e| {
-        anyhow::anyhow!("{}: cannot write in {}: {e}", path.display(), dir.display())
-    })?;
+    std::fs::write(&probe, b"").map_err(|e| anyhow::anyhow!("{}: cannot write in {}: {e}", path.display(), dir.display()))?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }

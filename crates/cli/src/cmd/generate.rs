@@ -24,29 +24,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Bad sampling values are reported before the model loads.
     args.sampling.params(0)?;
     let m = load(&args.model)?;
-    let mut ids = if args.no_bos {
-        Vec::new()
-    } else {
-        vec![m.tokenizer.bos_id()]
-    };
+    let mut ids = if args.no_bos { Vec::new() } else { vec![m.tokenizer.bos_id()] };
     ids.extend(m.tokenizer.encode_text(&args.prompt)?);
     let params = args.sampling.params(m.tokenizer.eos_id())?;
     let mut sampler = Sampler::new(params, &ids)?;
     let mut session = m.sequence()?;
     let mut out = std::io::stdout().lock();
     let _ = write!(out, "{}", args.prompt);
-    let stats = generate_text(
-        session.as_mut(),
-        &m.tokenizer,
-        &ids,
-        &mut sampler,
-        args.sampling.max_tokens,
-        true,
-        |text| {
-            // A closed stdout (e.g. piped into `head`) stops generation.
-            write!(out, "{text}").and_then(|_| out.flush()).is_ok()
-        },
-    )?;
+    let stats = generate_text(session.as_mut(), &m.tokenizer, &ids, &mut sampler, args.sampling.max_tokens, true, |text| {
+        // A closed stdout (e.g. piped into `head`) stops generation.
+        write!(out, "{text}").and_then(|_| out.flush()).is_ok()
+    })?;
     let _ = writeln!(out);
     eprintln!("{}", stats_line(&stats));
     Ok(())

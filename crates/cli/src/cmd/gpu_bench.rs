@@ -45,10 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--contexts needs positive token counts");
     }
     if args.config.is_none() && !(1..=43).contains(&args.layers) {
-        anyhow::bail!(
-            "--layers {}: DeepSeek-V4-Flash has 1 to 43 layers",
-            args.layers
-        );
+        anyhow::bail!("--layers {}: DeepSeek-V4-Flash has 1 to 43 layers", args.layers);
     }
     if args.chunk == Some(0) {
         anyhow::bail!("--chunk must be at least 1");
@@ -60,10 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(p) => Some(flashseek_model::config::Ds4Config::from_file(p)?),
         None => None,
     };
-    let gpu = Gpu::open(
-        args.device,
-        &flashseek_engine::default_model::cache_root().join("kernels"),
-    )?;
+    let gpu = Gpu::open(args.device, &flashseek_engine::default_model::cache_root().join("kernels"))?;
     let opts = bench::BenchOptions {
         layers: args.layers,
         config,
@@ -75,12 +69,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut report = bench::run(&gpu, &opts)?;
     report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
-    report["commit"] = option_env!("FLASHSEEK_COMMIT")
-        .unwrap_or("unknown (set FLASHSEEK_COMMIT when building)")
-        .into();
+    report["commit"] = option_env!("FLASHSEEK_COMMIT").unwrap_or("unknown (set FLASHSEEK_COMMIT when building)").into();
     if let Some(out) = &args.out {
-        std::fs::write(out, serde_json::to_string_pretty(&report)?)
-            .map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
+        std::fs::write(out, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
     }
     Ok(())
 }

@@ -53,10 +53,7 @@ pub struct Args {
 /// Runs `gpu-check`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
     });
     if let Some(out) = &args.out {
         // Fail before the run, not after it, when the report cannot be written.
@@ -68,71 +65,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let cache = flashseek_engine::default_model::cache_root().join("kernels");
     let t = std::time::Instant::now();
     let gpu = Gpu::open(args.device, &cache)?;
-    eprintln!(
-        "opened {} ({}) and loaded kernels in {:.2} s",
-        gpu.ctx.name().unwrap_or_default(),
-        gpu.arch,
-        t.elapsed().as_secs_f64()
-    );
+    eprintln!("opened {} ({}) and loaded kernels in {:.2} s", gpu.ctx.name().unwrap_or_default(), gpu.arch, t.elapsed().as_secs_f64());
     // The embedded default model (official layout: FP8/FP4/BF16) for the stored-format check.
     let stored_model = if args.skip_models {
         None
     } else {
-        Some(
-            flashseek_engine::default_model::ensure_default_model(
-                &flashseek_engine::default_model::cache_root(),
-            )?
-            .0,
-        )
+        Some(flashseek_engine::default_model::ensure_default_model(&flashseek_engine::default_model::cache_root())?.0)
     };
-    let switch_model = if args.switch_matrix
-        || args
-            .only
-            .as_deref()
-            .is_some_and(|o| o.starts_with("switch"))
-    {
-        use flashseek_engine::cuda::check_switches::{
-            full_width_parity_config, FULL_WIDTH_MODEL_DIR, FULL_WIDTH_MODEL_SEED,
-        };
+    let switch_model = if args.switch_matrix || args.only.as_deref().is_some_and(|o| o.starts_with("switch")) {
+        use flashseek_engine::cuda::check_switches::{full_width_parity_config, FULL_WIDTH_MODEL_DIR, FULL_WIDTH_MODEL_SEED};
         let t = std::time::Instant::now();
-        let (dir, made) = flashseek_engine::default_model::ensure_formula_model(
-            &flashseek_engine::default_model::cache_root(),
-            FULL_WIDTH_MODEL_DIR,
-            &full_width_parity_config(),
-            FULL_WIDTH_MODEL_SEED,
-        )?;
+        let (dir, made) = flashseek_engine::default_model::ensure_formula_model(&flashseek_engine::default_model::cache_root(), FULL_WIDTH_MODEL_DIR, &full_width_parity_config(), FULL_WIDTH_MODEL_SEED)?;
         if made {
-            println!(
-                "wrote the full-width parity model to {} in {:.1} s",
-                dir.display(),
-                t.elapsed().as_secs_f64()
-            );
+            println!("wrote the full-width parity model to {} in {:.1} s", dir.display(), t.elapsed().as_secs_f64());
         }
         Some(dir)
     } else {
         None
     };
-    let (mut report, ok) = check::run(
-        &gpu,
-        seed,
-        &check::CheckOptions {
-            repeats: args.repeats,
-            skip_checks: args.skip_checks,
-            only: args.only.clone(),
-            goldens: (!args.skip_models && args.goldens.is_dir()).then(|| args.goldens.clone()),
-            greedy_steps: args.greedy_steps,
-            stored_model,
-            moe_tokens: args.moe_tokens.clone(),
-            switch_model,
-        },
-    )?;
+    let (mut report, ok) = check::run(&gpu, seed, &check::CheckOptions { repeats: args.repeats, skip_checks: args.skip_checks, only: args.only.clone(), goldens: (!args.skip_models && args.goldens.is_dir()).then(|| args.goldens.clone()), greedy_steps: args.greedy_steps, stored_model, moe_tokens: args.moe_tokens.clone(), switch_model })?;
     report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
-    report["commit"] = option_env!("FLASHSEEK_COMMIT")
-        .unwrap_or("unknown (set FLASHSEEK_COMMIT when building)")
-        .into();
+    report["commit"] = option_env!("FLASHSEEK_COMMIT").unwrap_or("unknown (set FLASHSEEK_COMMIT when building)").into();
     if let Some(out) = &args.out {
-        std::fs::write(out, serde_json::to_string_pretty(&report)?)
-            .map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
+        std::fs::write(out, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
         eprintln!("wrote {}", out.display());
     }
     if !ok {

@@ -170,10 +170,7 @@ pub struct ParamCounts {
 /// Counts parameters from `(canonical name, logical shape)` pairs of weights (scale companions must
 /// be left out by the caller; FP4 shapes must be logical, i.e. unpacked). `top_k` is
 /// `num_experts_per_tok`. Pure; no I/O.
-pub fn count_params<'a>(
-    top_k: usize,
-    tensors: impl IntoIterator<Item = (&'a str, &'a [usize])>,
-) -> ParamCounts {
+pub fn count_params<'a>(top_k: usize, tensors: impl IntoIterator<Item = (&'a str, &'a [usize])>) -> ParamCounts {
     let mut c = ParamCounts::default();
     // Per layer: (routed params, distinct experts).
     let mut routed: BTreeMap<String, (u64, BTreeSet<String>)> = BTreeMap::new();
@@ -276,13 +273,7 @@ fn config_summary(out: &mut String, cfg: &Ds4Config) {
         out.push('\n');
     };
     out.push_str("config:\n");
-    w(
-        out,
-        format!(
-            "vocab {}, hidden {}, layers {}",
-            c.vocab_size, c.hidden_size, c.num_hidden_layers
-        ),
-    );
+    w(out, format!("vocab {}, hidden {}, layers {}", c.vocab_size, c.hidden_size, c.num_hidden_layers));
     w(
         out,
         format!(
@@ -314,18 +305,8 @@ fn config_summary(out: &mut String, cfg: &Ds4Config) {
             })
         ),
     );
-    w(
-        out,
-        format!(
-            "indexer: {} heads x dim {}, top-k {}",
-            c.index_n_heads, c.index_head_dim, c.index_topk
-        ),
-    );
-    let hash = c
-        .router_kinds
-        .iter()
-        .filter(|k| **k == RouterKind::Hash)
-        .count();
+    w(out, format!("indexer: {} heads x dim {}, top-k {}", c.index_n_heads, c.index_head_dim, c.index_topk));
+    let hash = c.router_kinds.iter().filter(|k| **k == RouterKind::Hash).count();
     w(
         out,
         format!(
@@ -350,17 +331,8 @@ fn config_summary(out: &mut String, cfg: &Ds4Config) {
             c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps
         ),
     );
-    w(
-        out,
-        format!("rope main (sliding layers): {}", rope_line(&c.rope_main)),
-    );
-    w(
-        out,
-        format!(
-            "rope compress (CSA/HCA layers, compressors, indexer): {}",
-            rope_line(&c.rope_compress)
-        ),
-    );
+    w(out, format!("rope main (sliding layers): {}", rope_line(&c.rope_main)));
+    w(out, format!("rope compress (CSA/HCA layers, compressors, indexer): {}", rope_line(&c.rope_compress)));
     w(
         out,
         format!(
@@ -405,10 +377,8 @@ pub fn report(dir: &Path) -> anyhow::Result<String> {
         }
         Ok(_) => {}
     }
-    let cfg = Ds4Config::from_file(dir)
-        .with_context(|| format!("invalid model config in {}", dir.display()))?;
-    let ck = Checkpoint::open(dir)
-        .with_context(|| format!("invalid checkpoint in {}", dir.display()))?;
+    let cfg = Ds4Config::from_file(dir).with_context(|| format!("invalid model config in {}", dir.display()))?;
+    let ck = Checkpoint::open(dir).with_context(|| format!("invalid checkpoint in {}", dir.display()))?;
 
     let mut out = String::new();
     let _ = writeln!(out, "model: {}", dir.display());
@@ -429,15 +399,8 @@ pub fn report(dir: &Path) -> anyhow::Result<String> {
     let files = ck.files();
     out.push_str("checkpoint:\n");
     let _ = writeln!(out, "  naming scheme: {:?} ({})", ck.scheme(), ck.scheme());
-    let file_names: Vec<String> = files
-        .iter()
-        .map(|f| {
-            f.file_name().map_or_else(
-                || f.display().to_string(),
-                |n| n.to_string_lossy().into_owned(),
-            )
-        })
-        .collect();
+    let file_names: Vec<String> =
+        files.iter().map(|f| f.file_name().map_or_else(|| f.display().to_string(), |n| n.to_string_lossy().into_owned())).collect();
     let shown = if file_names.len() <= 4 {
         file_names.join(", ")
     } else {
@@ -449,13 +412,8 @@ pub fn report(dir: &Path) -> anyhow::Result<String> {
     let mut weights: Vec<(String, Vec<usize>)> = Vec::new();
     let mut n_scales = 0usize;
     for n in &names {
-        let info = ck
-            .info(n)
-            .with_context(|| format!("tensor `{n}` vanished from the table"))?;
-        let bytes = ck
-            .raw_bytes(n)
-            .with_context(|| format!("reading tensor `{n}`"))?
-            .len() as u64;
+        let info = ck.info(n).with_context(|| format!("tensor `{n}` vanished from the table"))?;
+        let bytes = ck.raw_bytes(n).with_context(|| format!("reading tensor `{n}`"))?.len() as u64;
         let comp = component_of(n);
         let row = rows.entry(comp).or_default();
         row.bytes += bytes;
@@ -488,27 +446,20 @@ pub fn report(dir: &Path) -> anyhow::Result<String> {
     );
 
     // What the forward pass needs, checked against what is there.
-    let shapes: BTreeMap<&str, &[usize]> = weights
-        .iter()
-        .map(|(n, s)| (n.as_str(), s.as_slice()))
-        .collect();
+    let shapes: BTreeMap<&str, &[usize]> = weights.iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect();
     let needed = canonical_tensors(&cfg);
     let mut problems: Vec<String> = Vec::new();
     for t in &needed {
         match shapes.get(t.name.as_str()) {
             None => problems.push(format!("missing `{}`", t.name)),
-            Some(s) if *s != t.shape.as_slice() => problems.push(format!(
-                "`{}` has logical shape {s:?}, expected {:?}",
-                t.name, t.shape
-            )),
+            Some(s) if *s != t.shape.as_slice() => {
+                problems.push(format!("`{}` has logical shape {s:?}, expected {:?}", t.name, t.shape))
+            }
             Some(_) => {}
         }
     }
     let needed_names: BTreeSet<&str> = needed.iter().map(|t| t.name.as_str()).collect();
-    let unused = weights
-        .iter()
-        .filter(|(n, _)| !n.starts_with("mtp.") && !needed_names.contains(n.as_str()))
-        .count();
+    let unused = weights.iter().filter(|(n, _)| !n.starts_with("mtp.") && !needed_names.contains(n.as_str())).count();
     if problems.is_empty() {
         let _ = writeln!(
             out,
@@ -538,35 +489,19 @@ pub fn report(dir: &Path) -> anyhow::Result<String> {
             RouterKind::Hash => "hash",
             RouterKind::Score => "score",
         };
-        let _ = writeln!(
-            out,
-            "  layer {l:>width$}: {:<7} ratio {:<4} router {router}",
-            kind_name(*k),
-            k.ratio()
-        );
+        let _ = writeln!(out, "  layer {l:>width$}: {:<7} ratio {:<4} router {router}", kind_name(*k), k.ratio());
     }
 
     // Components.
-    let counts = count_params(
-        cfg.num_experts_per_tok,
-        weights.iter().map(|(n, s)| (n.as_str(), s.as_slice())),
-    );
-    out.push_str(
-        "weights by component (bytes include scale companions; formats by share of bytes):\n",
-    );
-    let _ = writeln!(
-        out,
-        "  {:<15} {:>8} {:>15} {:>15}  formats",
-        "component", "tensors", "params", "bytes"
-    );
+    let counts = count_params(cfg.num_experts_per_tok, weights.iter().map(|(n, s)| (n.as_str(), s.as_slice())));
+    out.push_str("weights by component (bytes include scale companions; formats by share of bytes):\n");
+    let _ = writeln!(out, "  {:<15} {:>8} {:>15} {:>15}  formats", "component", "tensors", "params", "bytes");
     for comp in Component::ALL {
         let Some(row) = rows.get(&comp) else { continue };
         let mix: Vec<String> = {
             let mut f: Vec<(&String, &u64)> = row.formats.iter().collect();
             f.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-            f.iter()
-                .map(|(k, v)| format!("{k} {:.1}%", 100.0 * **v as f64 / row.bytes.max(1) as f64))
-                .collect()
+            f.iter().map(|(k, v)| format!("{k} {:.1}%", 100.0 * **v as f64 / row.bytes.max(1) as f64)).collect()
         };
         let _ = writeln!(
             out,
@@ -578,25 +513,13 @@ pub fn report(dir: &Path) -> anyhow::Result<String> {
             mix.join(", ")
         );
     }
-    let _ = writeln!(
-        out,
-        "  {:<15} {:>8} {:>15} {:>15}",
-        "all",
-        weights.len(),
-        counts.total + counts.mtp,
-        ck.total_bytes()
-    );
+    let _ = writeln!(out, "  {:<15} {:>8} {:>15} {:>15}", "all", weights.len(), counts.total + counts.mtp, ck.total_bytes());
 
     // Parameters.
     out.push_str(
         "parameters (logical weight elements: FP4 counts 2 per stored byte, scale companions excluded, MTP reported apart):\n",
     );
-    let _ = writeln!(
-        out,
-        "  total parameters: {} ({})",
-        counts.total,
-        human(counts.total)
-    );
+    let _ = writeln!(out, "  total parameters: {} ({})", counts.total, human(counts.total));
     let _ = writeln!(
         out,
         "  active parameters per token: {} ({})",
@@ -647,48 +570,27 @@ mod tests {
         ] {
             assert_eq!(component_of(n), c, "{n}");
         }
-        assert_eq!(
-            routed_expert_of("layers.12.ffn.experts.5.w1.weight"),
-            Some(("12", "5"))
-        );
-        assert_eq!(
-            routed_expert_of("layers.12.ffn.shared_experts.w1.weight"),
-            None
-        );
+        assert_eq!(routed_expert_of("layers.12.ffn.experts.5.w1.weight"), Some(("12", "5")));
+        assert_eq!(routed_expert_of("layers.12.ffn.shared_experts.w1.weight"), None);
     }
 
     /// Full Flash (spec §1.1 / §1.2) counted from the canonical tensor list agrees with spec §11.1.
     #[test]
     fn flash_parameter_budget_matches_spec() {
-        let cfg = Ds4Config::from_json(&flashseek_model::config::flash_official_json()).unwrap();
+        let cfg = Ds4Config::from_json(&flashseek_model::config::flash_official_json())
+        .unwrap();
         let tensors = canonical_tensors(&cfg);
-        let c = count_params(
-            cfg.num_experts_per_tok,
-            tensors
-                .iter()
-                .map(|t| (t.name.as_str(), t.shape.as_slice())),
-        );
+        let c = count_params(cfg.num_experts_per_tok, tensors.iter().map(|t| (t.name.as_str(), t.shape.as_slice())));
         // Spec §11.1: total ≈ 284.33 B (no MTP), active ≈ 13.27 B incl. head; embed/head 529,530,880 each;
         // one expert 25,165,824.
         assert_eq!(c.embed, 529_530_880);
         assert_eq!(c.by_component[&Component::Head], 529_530_880);
         assert_eq!(c.routed_total, 43 * 256 * 25_165_824);
         assert_eq!(c.routed_active, 43 * 6 * 25_165_824);
-        assert!(
-            (c.total as f64 / 1e9 - 284.33).abs() < 0.01,
-            "total {}",
-            c.total
-        );
-        assert!(
-            (c.active as f64 / 1e9 - 13.27).abs() < 0.01,
-            "active {}",
-            c.active
-        );
+        assert!((c.total as f64 / 1e9 - 284.33).abs() < 0.01, "total {}", c.total);
+        assert!((c.active as f64 / 1e9 - 13.27).abs() < 0.01, "active {}", c.active);
         assert_eq!(c.mtp, 0);
-        assert_eq!(
-            c.total,
-            tensors.iter().map(|t| t.numel() as u64).sum::<u64>()
-        );
+        assert_eq!(c.total, tensors.iter().map(|t| t.numel() as u64).sum::<u64>());
         assert_eq!(human(c.total), format!("{:.2}B", c.total as f64 / 1e9));
     }
 

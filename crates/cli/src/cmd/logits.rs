@@ -27,19 +27,11 @@ pub struct Args {
 
 /// Runs `logits`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.ids)
-        .with_context(|| format!("reading {}", args.ids.display()))?;
-    let ids: Vec<u32> = serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{}: expected a JSON array of non-negative token ids",
-            args.ids.display()
-        )
-    })?;
+    let text = std::fs::read_to_string(&args.ids).with_context(|| format!("reading {}", args.ids.display()))?;
+    let ids: Vec<u32> = serde_json::from_str(&text)
+        .with_context(|| format!("{}: expected a JSON array of non-negative token ids", args.ids.display()))?;
     if !args.model.is_dir() {
-        anyhow::bail!(
-            "--model {}: expected a checkpoint directory (config.json + safetensors)",
-            args.model.display()
-        );
+        anyhow::bail!("--model {}: expected a checkpoint directory (config.json + safetensors)", args.model.display());
     }
     let cfg = Ds4Config::from_file(&args.model)?;
     if ids.len() > cfg.max_position_embeddings {
@@ -52,34 +44,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let ckpt = Checkpoint::open(&args.model)?;
     let weights = ModelWeights::load(&cfg, &ckpt)?;
-    let numerics = if args.official_numerics {
-        Numerics::official()
-    } else {
-        Numerics::default()
-    };
-    let out = forward(
-        &weights,
-        &ids,
-        &ForwardOptions {
-            numerics,
-            record_streams: false,
-        },
-    )?;
+    let numerics = if args.official_numerics { Numerics::official() } else { Numerics::default() };
+    let out = forward(&weights, &ids, &ForwardOptions { numerics, record_streams: false })?;
     let bytes: Vec<u8> = out.logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    write_safetensors(
-        &args.out,
-        &[(
-            "logits".to_string(),
-            StoredDtype::F32,
-            vec![ids.len(), cfg.vocab_size],
-            bytes,
-        )],
-    )?;
-    eprintln!(
-        "wrote logits [{}, {}] to {}",
-        ids.len(),
-        cfg.vocab_size,
-        args.out.display()
-    );
+    write_safetensors(&args.out, &[("logits".to_string(), StoredDtype::F32, vec![ids.len(), cfg.vocab_size], bytes)])?;
+    eprintln!("wrote logits [{}, {}] to {}", ids.len(), cfg.vocab_size, args.out.display());
     Ok(())
 }

@@ -38,39 +38,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--contexts needs positive token counts");
     }
     if !(1..=43).contains(&args.layers) {
-        anyhow::bail!(
-            "--layers {}: DeepSeek-V4-Flash has 1 to 43 layers",
-            args.layers
-        );
+        anyhow::bail!("--layers {}: DeepSeek-V4-Flash has 1 to 43 layers", args.layers);
     }
     if args.chunk == Some(0) {
         anyhow::bail!("--chunk must be at least 1");
     }
-    std::fs::create_dir_all(&args.out)
-        .map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out).map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;
     let json_path = args.out.join("qualify.json");
     super::common::check_writable(&json_path).map_err(|e| anyhow::anyhow!("--out: {e}"))?;
-    let gpu = Gpu::open(
-        args.device,
-        &flashseek_engine::default_model::cache_root().join("kernels"),
-    )?;
-    let opts = qualify::QualifyOptions {
-        layers: args.layers,
-        contexts: args.contexts.clone(),
-        chunk: args.chunk,
-        decode_tokens: args.decode_tokens,
-        full_matrix_max: args.full_matrix_max,
-    };
+    let gpu = Gpu::open(args.device, &flashseek_engine::default_model::cache_root().join("kernels"))?;
+    let opts = qualify::QualifyOptions { layers: args.layers, contexts: args.contexts.clone(), chunk: args.chunk, decode_tokens: args.decode_tokens, full_matrix_max: args.full_matrix_max };
     let (mut report, ok) = qualify::run(&gpu, &opts)?;
     report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
-    report["commit"] = option_env!("FLASHSEEK_COMMIT")
-        .unwrap_or("unknown (set FLASHSEEK_COMMIT when building)")
-        .into();
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", json_path.display()))?;
+    report["commit"] = option_env!("FLASHSEEK_COMMIT").unwrap_or("unknown (set FLASHSEEK_COMMIT when building)").into();
+    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("{}: {e}", json_path.display()))?;
     let svg = args.out.join("qualify.svg");
-    std::fs::write(&svg, qualify::chart_svg(&report))
-        .map_err(|e| anyhow::anyhow!("{}: {e}", svg.display()))?;
+    std::fs::write(&svg, qualify::chart_svg(&report)).map_err(|e| anyhow::anyhow!("{}: {e}", svg.display()))?;
     println!("wrote {} and {}", json_path.display(), svg.display());
     if !ok {
         anyhow::bail!("qualification refused: a configuration that promises exactness generated different tokens");

@@ -86,11 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // One GPU: sequences allocate their device state for their request's length (rounded up,
         // at most --gpu-context, the server's context limit on this backend); decode steps run one
         // sequence after another on the GPU's stream.
-        let backend = flashseek_engine::cuda::session::GpuBackend {
-            gpu,
-            model,
-            max_capacity: m.gpu_context,
-        };
+        let backend = flashseek_engine::cuda::session::GpuBackend { gpu, model, max_capacity: m.gpu_context };
         flashseek_server::serve_backend_blocking(cfg, Arc::new(backend), tokenizer)?;
     } else {
         flashseek_server::serve_blocking(cfg, Arc::new(m.cpu_weights()?), tokenizer)?;

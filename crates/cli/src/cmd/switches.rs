@@ -22,11 +22,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 serde_json::json!({"name": s.name, "env": s.env_var(), "flag": format!("--switch {}=<value>", s.name), "values": s.values, "aliases": s.aliases.iter().map(|(a, v)| serde_json::json!({"alias": a, "value": v})).collect::<Vec<_>>(), "default": s.default_value(), "value": v, "origin": match o { Origin::Default => "default", Origin::Env => "env", Origin::Flag => "switch-flag" }, "replaces": s.replaces, "parity": s.parity})
             })
             .collect();
-        return quiet_on_closed_pipe(writeln!(
-            std::io::stdout().lock(),
-            "{}",
-            serde_json::to_string_pretty(&rows)?
-        ));
+        return quiet_on_closed_pipe(writeln!(std::io::stdout().lock(), "{}", serde_json::to_string_pretty(&rows)?));
     }
     let mut out = std::io::stdout().lock();
     let mut table = || -> std::io::Result<()> {
@@ -37,14 +33,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Origin::Env => "from env",
                 Origin::Flag => "from a --switch flag",
             };
-            writeln!(
-                out,
-                "{:<20} {} = {v} ({origin}); accepted: {}; default {}",
-                s.name,
-                s.env_var(),
-                s.accepted(),
-                s.default_value()
-            )?;
+            writeln!(out, "{:<20} {} = {v} ({origin}); accepted: {}; default {}", s.name, s.env_var(), s.accepted(), s.default_value())?;
             writeln!(out, "{:<20} replaces: {}", "", s.replaces)?;
             writeln!(out, "{:<20} parity:   {}", "", s.parity)?;
         }

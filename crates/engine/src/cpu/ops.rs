@@ -37,10 +37,7 @@ pub fn linear(x: &[f32], w: &Matrix) -> Vec<f32> {
 
 /// [`linear`] on a raw `[rows, cols]` weight slice.
 pub fn linear_rows(x: &[f32], cols: usize, w: &[f32], rows: usize) -> Vec<f32> {
-    assert!(
-        cols > 0 && x.len().is_multiple_of(cols) && w.len() == rows * cols,
-        "linear: shape mismatch"
-    );
+    assert!(cols > 0 && x.len().is_multiple_of(cols) && w.len() == rows * cols, "linear: shape mismatch");
     let t = x.len() / cols;
     let mut y = vec![0f32; t * rows];
     if t * rows * cols < 1 << 16 {
@@ -72,8 +69,7 @@ pub fn linear_rows(x: &[f32], cols: usize, w: &[f32], rows: usize) -> Vec<f32> {
     for (r0, out) in blocks {
         let width = out.len() / t.max(1);
         for ti in 0..t {
-            y[ti * rows + r0..ti * rows + r0 + width]
-                .copy_from_slice(&out[ti * width..(ti + 1) * width]);
+            y[ti * rows + r0..ti * rows + r0 + width].copy_from_slice(&out[ti * width..(ti + 1) * width]);
         }
     }
     y
@@ -134,30 +130,15 @@ mod tests {
     fn dot_is_exact_on_small_integers_and_thread_independent() {
         let a: Vec<f32> = (0..37).map(|i| i as f32).collect();
         let b: Vec<f32> = (0..37).map(|i| (i % 5) as f32 - 2.0).collect();
-        let expect: f64 = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (*x as f64) * (*y as f64))
-            .sum();
+        let expect: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
         assert_eq!(dot(&a, &b), expect);
         // linear: the parallel path equals the serial formula bit for bit.
-        let w = Matrix {
-            rows: 300,
-            cols: 300,
-            data: (0..90000)
-                .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
-                .collect(),
-        };
-        let x: Vec<f32> = (0..600)
-            .map(|i| ((i * 31) % 17) as f32 / 7.0 - 1.0)
-            .collect();
+        let w = Matrix { rows: 300, cols: 300, data: (0..90000).map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5).collect() };
+        let x: Vec<f32> = (0..600).map(|i| ((i * 31) % 17) as f32 / 7.0 - 1.0).collect();
         let y = linear(&x, &w);
         for t in 0..2 {
             for o in 0..300 {
-                assert_eq!(
-                    y[t * 300 + o],
-                    dot(&x[t * 300..(t + 1) * 300], w.row(o)) as f32
-                );
+                assert_eq!(y[t * 300 + o], dot(&x[t * 300..(t + 1) * 300], w.row(o)) as f32);
             }
         }
     }

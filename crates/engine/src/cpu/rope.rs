@@ -22,16 +22,12 @@ impl Rope {
     pub fn new(params: &RopeParams, dim: usize) -> Self {
         let half = dim / 2;
         let base = params.theta as f32;
-        let pos_freqs: Vec<f32> = (0..half)
-            .map(|i| base.powf((2 * i) as f32 / dim as f32))
-            .collect();
+        let pos_freqs: Vec<f32> = (0..half).map(|i| base.powf((2 * i) as f32 / dim as f32)).collect();
         let (inv_freq, attention_factor) = match params.yarn {
             None => (pos_freqs.iter().map(|p| 1.0f32 / p).collect(), 1.0),
             Some(y) => {
                 let corr = |rot: f64| {
-                    (dim as f64
-                        * (y.original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI))
-                            .ln())
+                    (dim as f64 * (y.original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln())
                         / (2.0 * params.theta.ln())
                 };
                 let (mut low, mut high) = (corr(y.beta_fast), corr(y.beta_slow));
@@ -47,8 +43,7 @@ impl Rope {
                 let factor = y.factor as f32;
                 let inv = (0..half)
                     .map(|i| {
-                        let ramp =
-                            ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                        let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
                         let extrap_factor = 1.0 - ramp;
                         let extrap = 1.0f32 / pos_freqs[i];
                         let interp = 1.0f32 / (factor * pos_freqs[i]);
@@ -58,11 +53,7 @@ impl Rope {
                 (inv, y.attention_factor)
             }
         };
-        Rope {
-            dim,
-            inv_freq,
-            attention_factor,
-        }
+        Rope { dim, inv_freq, attention_factor }
     }
 
     /// The inverse frequencies (f32, `dim/2` entries).
@@ -100,28 +91,9 @@ mod tests {
     fn flash_yarn_ramp_bounds() {
         // Spec §3.2: with d=64, θ=160000, L0=65536, β 32/1 → low 15, high 25: i ≤ 15 keep f_i,
         // i ≥ 25 become f_i/16.
-        let y = Yarn {
-            factor: 16.0,
-            original_max_position_embeddings: 65536.0,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            attention_factor: 1.0,
-            truncate: true,
-        };
-        let r = Rope::new(
-            &RopeParams {
-                theta: 160000.0,
-                yarn: Some(y),
-            },
-            64,
-        );
-        let plain = Rope::new(
-            &RopeParams {
-                theta: 160000.0,
-                yarn: None,
-            },
-            64,
-        );
+        let y = Yarn { factor: 16.0, original_max_position_embeddings: 65536.0, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0, truncate: true };
+        let r = Rope::new(&RopeParams { theta: 160000.0, yarn: Some(y) }, 64);
+        let plain = Rope::new(&RopeParams { theta: 160000.0, yarn: None }, 64);
         for i in 0..32 {
             let (a, b) = (r.inv_freq()[i], plain.inv_freq()[i]);
             if i <= 15 {
@@ -136,18 +108,12 @@ mod tests {
 
     #[test]
     fn rotation_and_inverse() {
-        let r = Rope::new(
-            &RopeParams {
-                theta: 10000.0,
-                yarn: None,
-            },
-            4,
-        );
+        let r = Rope::new(&RopeParams { theta: 10000.0, yarn: None }, 4);
         let mut h = vec![9.0f32, 1.0, 0.0, 0.5, -2.0];
         let orig = h.clone();
         r.apply(&mut h, 7, false);
         assert_eq!(h[0], 9.0); // nope dim untouched
-                               // pair 0 has f=1: angle 7.
+        // pair 0 has f=1: angle 7.
         let (c, s) = ((7f32 as f64).cos(), (7f32 as f64).sin());
         assert!((h[1] as f64 - (c - 0.0 * s)).abs() < 1e-6);
         assert!((h[2] as f64 - (0.0 * c + s)).abs() < 1e-6);

@@ -6,9 +6,7 @@
 
 use super::gpu::Gpu;
 use super::gpu::{elapsed_s, StageTimes};
-use super::model::{
-    decode_step_gpu, forward_chunk_gpu, prefill_gpu, GpuModel, GpuSequence, StageCost,
-};
+use super::model::{decode_step_gpu, forward_chunk_gpu, prefill_gpu, GpuModel, GpuSequence, StageCost};
 use super::upload::RandomOfficialSource;
 use super::CudaError;
 use crate::forward::LogitsFor;
@@ -60,11 +58,7 @@ pub const CEILING_FP8_FLOPS: f64 = 1450e12;
 /// The per-stage table: measured ms (per call when `calls` > 1), share of the total, analytical
 /// work, achieved rates and the time as a fraction of the stage's floor
 /// `max(FLOPs / bf16 rate, bytes / bandwidth)` (and of the FP8-rate floor, the official numerics').
-fn stage_table(
-    times: &StageTimes,
-    costs: &[(&'static str, StageCost)],
-    calls: usize,
-) -> Vec<Value> {
+fn stage_table(times: &StageTimes, costs: &[(&'static str, StageCost)], calls: usize) -> Vec<Value> {
     let total: f64 = times.iter().map(|(_, ms, _)| ms).sum();
     times
         .iter()
@@ -103,19 +97,9 @@ fn add_costs(acc: &mut Vec<(&'static str, StageCost)>, more: Vec<(&'static str, 
 fn print_stages(label: &str, rows: &[Value]) {
     for r in rows {
         let f = |k: &str| r.get(k).and_then(Value::as_f64);
-        print!(
-            "  {label} {:<12} {:9.2} ms {:5.1}%",
-            r["stage"].as_str().unwrap_or(""),
-            f("ms").unwrap_or(0.0),
-            100.0 * f("fraction_of_total").unwrap_or(0.0)
-        );
-        if let (Some(tf), Some(gb), Some(fl)) =
-            (f("tflop_per_s"), f("gb_per_s"), f("fraction_of_floor_bf16"))
-        {
-            print!(
-                "  {tf:7.1} TFLOP/s {gb:8.0} GB/s  {:5.1}% of floor",
-                100.0 * fl
-            );
+        print!("  {label} {:<12} {:9.2} ms {:5.1}%", r["stage"].as_str().unwrap_or(""), f("ms").unwrap_or(0.0), 100.0 * f("fraction_of_total").unwrap_or(0.0));
+        if let (Some(tf), Some(gb), Some(fl)) = (f("tflop_per_s"), f("gb_per_s"), f("fraction_of_floor_bf16")) {
+            print!("  {tf:7.1} TFLOP/s {gb:8.0} GB/s  {:5.1}% of floor", 100.0 * fl);
         }
         println!();
     }
@@ -123,24 +107,14 @@ fn print_stages(label: &str, rows: &[Value]) {
 
 /// Runs the benchmark; returns the JSON report.
 pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
-    let cfg = opts
-        .config
-        .clone()
-        .unwrap_or_else(|| flash_config(opts.layers));
-    let chunk = opts
-        .chunk
-        .unwrap_or_else(crate::switches::prefill_chunk_tokens);
+    let cfg = opts.config.clone().unwrap_or_else(|| flash_config(opts.layers));
+    let chunk = opts.chunk.unwrap_or_else(crate::switches::prefill_chunk_tokens);
     let t = Instant::now();
     let model = GpuModel::upload_with(gpu, &cfg, &RandomOfficialSource::new(&cfg, 7))?;
     gpu.sync()?;
     let upload_s = t.elapsed().as_secs_f64();
     let (free, total) = gpu.ctx.mem_get_info().unwrap_or((0, 0));
-    println!(
-        "uploaded {} layers in {upload_s:.1} s; device memory used {:.1} GiB of {:.1}",
-        cfg.num_hidden_layers,
-        (total - free) as f64 / (1u64 << 30) as f64,
-        total as f64 / (1u64 << 30) as f64
-    );
+    println!("uploaded {} layers in {upload_s:.1} s; device memory used {:.1} GiB of {:.1}", cfg.num_hidden_layers, (total - free) as f64 / (1u64 << 30) as f64, total as f64 / (1u64 << 30) as f64);
     let n = cfg.num_hidden_layers as f64;
     // Warm-up: one short prefill and four decode steps (first launches, allocator and graph-pool
     // growth, first graph instantiations).
@@ -161,11 +135,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
         let decode_ids = 2 * opts.decode_steps + PROFILED_DECODE_STEPS;
         let ids = formula_ids(ctx as u64, ctx + decode_ids, cfg.vocab_size);
         let chunks = super::model::prefill_chunks(&ids[..ctx], chunk);
-        let repeats = if ctx <= 32768 {
-            opts.prefill_repeats.max(1)
-        } else {
-            1
-        };
+        let repeats = if ctx <= 32768 { opts.prefill_repeats.max(1) } else { 1 };
         let mut prefill_times = Vec::new();
         let mut seq = None;
         let mut prefill_stages = Vec::new();
@@ -185,10 +155,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
                 let mut costs = Vec::new();
                 let mut pos = 0;
                 for (i, c) in chunks.iter().enumerate() {
-                    add_costs(
-                        &mut costs,
-                        model.stage_costs(c.len(), pos, usize::from(i + 1 == chunks.len())),
-                    );
+                    add_costs(&mut costs, model.stage_costs(c.len(), pos, usize::from(i + 1 == chunks.len())));
                     pos += c.len();
                 }
                 prefill_stages = stage_table(&times, &costs, 1);
@@ -205,22 +172,12 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
         let after = gpu.graph.stats();
         next += opts.decode_steps;
         let graph_steps = after.launched - before.launched;
-        let captures =
-            (after.updated + after.instantiated) - (before.updated + before.instantiated);
-        let capture_ms = if captures > 0 {
-            Some((after.capture_s - before.capture_s) / captures as f64 * 1e3)
-        } else {
-            None
-        };
+        let captures = (after.updated + after.instantiated) - (before.updated + before.instantiated);
+        let capture_ms = if captures > 0 { Some((after.capture_s - before.capture_s) / captures as f64 * 1e3) } else { None };
         // With graphs on: the same number of steps launched kernel by kernel, for the comparison.
         let plain_s = if graphs {
-            let s = crate::switches::scoped(&[("DECODE_CUDA_GRAPH", "off")], || {
-                time_decode(gpu, &model, &mut seq, &ids[next..next + opts.decode_steps])
-            })
-            .map_err(|e| super::CudaError::Unsupported {
-                what: "bench",
-                detail: e.to_string(),
-            })??;
+            let s = crate::switches::scoped(&[("DECODE_CUDA_GRAPH", "off")], || time_decode(gpu, &model, &mut seq, &ids[next..next + opts.decode_steps]))
+                .map_err(|e| super::CudaError::Unsupported { what: "bench", detail: e.to_string() })??;
             next += opts.decode_steps;
             Some(s)
         } else {
@@ -233,8 +190,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             decode_step_gpu(gpu, &model, &mut seq, *id)?;
         }
         let times = gpu.profile_finish()?;
-        let decode_stages =
-            stage_table(&times, &model.stage_costs(1, ctx, 1), PROFILED_DECODE_STEPS);
+        let decode_stages = stage_table(&times, &model.stage_costs(1, ctx, 1), PROFILED_DECODE_STEPS);
         println!(
             "context {ctx:>6}: prefill {prefill_s:.2} s ({:.0} tok/s; 43-layer estimate {:.0}), decode {:.2} ms/token ({:.1} tok/s; 43-layer estimate {:.1})",
             ctx as f64 / prefill_s,
@@ -277,17 +233,11 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             "decode_stages_note": "from PROFILED_DECODE_STEPS further steps with CUDA events between stages (launched without graphs)",
         }));
         if prefill_s > opts.max_prefill_secs {
-            println!(
-                "stopping: prefill took {prefill_s:.1} s (> {} s)",
-                opts.max_prefill_secs
-            );
+            println!("stopping: prefill took {prefill_s:.1} s (> {} s)", opts.max_prefill_secs);
             break;
         }
     }
-    let switches: Vec<Value> = crate::switches::SWITCHES
-        .iter()
-        .map(|s| json!({"name": s.name, "value": crate::switches::value(s.name)}))
-        .collect();
+    let switches: Vec<Value> = crate::switches::SWITCHES.iter().map(|s| json!({"name": s.name, "value": crate::switches::value(s.name)})).collect();
     Ok(json!({
         "gpu": gpu.ctx.name().unwrap_or_default(),
         "arch": gpu.arch,
@@ -308,12 +258,7 @@ pub const PROFILED_DECODE_STEPS: usize = 4;
 
 /// Median seconds per decode step over `ids` (CUDA events around each step, including its logits
 /// download).
-fn time_decode(
-    gpu: &Gpu,
-    model: &GpuModel,
-    seq: &mut GpuSequence,
-    ids: &[u32],
-) -> Result<f64, super::CudaError> {
+fn time_decode(gpu: &Gpu, model: &GpuModel, seq: &mut GpuSequence, ids: &[u32]) -> Result<f64, super::CudaError> {
     let mut steps = Vec::with_capacity(ids.len());
     for id in ids {
         let a = gpu.record_event()?;
@@ -334,13 +279,7 @@ mod tests {
     #[test]
     fn stage_table_computes_rates_and_floors() {
         let times: StageTimes = vec![("moe", 30.0, 3), ("mhc+norms", 10.0, 3)];
-        let costs = vec![(
-            "moe",
-            StageCost {
-                flops: 8e11,
-                bytes: 4.2e9,
-            },
-        )];
+        let costs = vec![("moe", StageCost { flops: 8e11, bytes: 4.2e9 })];
         let t = stage_table(&times, &costs, 2);
         assert_eq!(t.len(), 2);
         let moe = &t[0];

@@ -23,9 +23,7 @@ pub const SPLIT_NMSE_TOL: f64 = 1e-8;
 /// Deterministic uniform values in [−scale, scale) for input `key` under `seed`.
 pub fn random(seed: u64, key: &str, n: usize, scale: f64) -> Vec<f32> {
     let k = fnv1a64(&format!("{seed}:{key}"));
-    (0..n as u64)
-        .map(|i| (uniform(k, i) * scale) as f32)
-        .collect()
+    (0..n as u64).map(|i| (uniform(k, i) * scale) as f32).collect()
 }
 
 /// `(NMSE, max |a − b|, max |b|)`.
@@ -41,37 +39,16 @@ pub fn errors(got: &[f32], reference: &[f32]) -> (f64, f64, f64) {
         max_abs = max_abs.max(if d.is_nan() { f64::INFINITY } else { d.abs() });
         ref_max = ref_max.max((*b as f64).abs());
     }
-    (
-        if got.len() == reference.len() {
-            num / den.max(1e-300)
-        } else {
-            f64::INFINITY
-        },
-        max_abs,
-        ref_max,
-    )
+    (if got.len() == reference.len() { num / den.max(1e-300) } else { f64::INFINITY }, max_abs, ref_max)
 }
 
 /// Prints and appends one check record; returns whether it passed (NMSE ≤ [`NMSE_TOL`], all finite).
-pub fn record(
-    ops_out: &mut Vec<Value>,
-    op: &str,
-    shape: Value,
-    got: &[f32],
-    reference: &[f32],
-) -> bool {
+pub fn record(ops_out: &mut Vec<Value>, op: &str, shape: Value, got: &[f32], reference: &[f32]) -> bool {
     record_tol(ops_out, op, shape, got, reference, NMSE_TOL)
 }
 
 /// [`record`] with its own NMSE bound `tol`.
-pub fn record_tol(
-    ops_out: &mut Vec<Value>,
-    op: &str,
-    shape: Value,
-    got: &[f32],
-    reference: &[f32],
-    tol: f64,
-) -> bool {
+pub fn record_tol(ops_out: &mut Vec<Value>, op: &str, shape: Value, got: &[f32], reference: &[f32], tol: f64) -> bool {
     let (nmse, max_abs, ref_max) = errors(got, reference);
     let pass = nmse <= tol && got.iter().all(|v| v.is_finite());
     println!("{op:<28} {shape:<28} nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e}, tol {tol:.0e})  {}", if pass { "ok" } else { "FAIL" });
@@ -80,17 +57,8 @@ pub fn record_tol(
 }
 
 /// Builds a weight in `format` from f32 values; returns it and the CPU-side dequantized matrix.
-pub(crate) fn weight(
-    gpu: &Gpu,
-    format: &str,
-    vals: &[f32],
-    rows: usize,
-    cols: usize,
-) -> Result<(GpuWeight, Matrix), CudaError> {
-    let q = |e: quant::QuantError| CudaError::Unsupported {
-        what: "quantize",
-        detail: e.to_string(),
-    };
+pub(crate) fn weight(gpu: &Gpu, format: &str, vals: &[f32], rows: usize, cols: usize) -> Result<(GpuWeight, Matrix), CudaError> {
+    let q = |e: quant::QuantError| CudaError::Unsupported { what: "quantize", detail: e.to_string() };
     let (data, deq) = match format {
         "f32" => (GpuMatrix::F32(gpu.upload(vals)?), vals.to_vec()),
         "bf16" => {
@@ -100,44 +68,17 @@ pub(crate) fn weight(
         }
         "fp8" => {
             let (w, s) = quant::quantize_fp8_blocked(vals, rows, cols, 128).map_err(q)?;
-            let deq =
-                quant::dequant_fp8_blocked(&w, rows, cols, quant::BlockScales::Ue8m0(&s), 128)
-                    .map_err(q)?;
-            (
-                GpuMatrix::Fp8 {
-                    w: gpu.upload(&w)?,
-                    scales: gpu.upload(&s)?,
-                },
-                deq,
-            )
+            let deq = quant::dequant_fp8_blocked(&w, rows, cols, quant::BlockScales::Ue8m0(&s), 128).map_err(q)?;
+            (GpuMatrix::Fp8 { w: gpu.upload(&w)?, scales: gpu.upload(&s)? }, deq)
         }
         "fp4" => {
             let (w, s) = quant::quantize_fp4_grouped(vals, rows, cols, 32).map_err(q)?;
             let deq = quant::dequant_fp4_grouped(&w, rows, cols, &s, 32).map_err(q)?;
-            (
-                GpuMatrix::Fp4 {
-                    w: gpu.upload(&w)?,
-                    scales: gpu.upload(&s)?,
-                    fold: super::ops_q8::fp4_fold_exact(&s, cols),
-                },
-                deq,
-            )
+            (GpuMatrix::Fp4 { w: gpu.upload(&w)?, scales: gpu.upload(&s)?, fold: super::ops_q8::fp4_fold_exact(&s, cols) }, deq)
         }
-        other => {
-            return Err(CudaError::Unsupported {
-                what: "weight format",
-                detail: other.into(),
-            })
-        }
+        other => return Err(CudaError::Unsupported { what: "weight format", detail: other.into() }),
     };
-    Ok((
-        GpuWeight { rows, cols, data },
-        Matrix {
-            rows,
-            cols,
-            data: deq,
-        },
-    ))
+    Ok((GpuWeight { rows, cols, data }, Matrix { rows, cols, data: deq }))
 }
 
 /// What [`run`] does.
@@ -172,11 +113,7 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     // `--only moe…` limits it to the grouped MoE (ops_moe.rs): its parity matrix and layer timings.
     let moe_only = opts.only.as_deref().is_some_and(|o| o.starts_with("moe"));
     // `--only switches`: only the switch parity matrix (needs `switch_model`).
-    if opts
-        .only
-        .as_deref()
-        .is_some_and(|o| o.starts_with("switch"))
-    {
+    if opts.only.as_deref().is_some_and(|o| o.starts_with("switch")) {
         if let Some(dir) = &opts.switch_model {
             all &= super::check_switches::run(gpu, dir, opts.greedy_steps.min(16), &mut out)?;
         }
@@ -217,122 +154,76 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         all &= super::check_q8::run(gpu, seed, &mut out)?;
     }
     if !opts.skip_checks && !tc_only {
-        // RMSNorm: weighted over the hidden size, unweighted per head (spec §3.1).
-        for (rows, n, weighted) in [
-            (64usize, 4096usize, true),
-            (64 * 64, 512, false),
-            (7, 1000, true),
-        ] {
-            let x = random(seed, &format!("norm.x.{n}"), rows * n, 3.0);
-            let w: Vec<f32> = random(seed, &format!("norm.w.{n}"), n, 0.5)
-                .iter()
-                .map(|v| 1.0 + v)
-                .collect();
-            let mut cpu = x.clone();
-            if weighted {
-                ops::rms_norm(&mut cpu, &w, 1e-6);
-            } else {
-                ops::rms_norm_unweighted(&mut cpu, n, 1e-6);
-            }
+
+    // RMSNorm: weighted over the hidden size, unweighted per head (spec §3.1).
+    for (rows, n, weighted) in [(64usize, 4096usize, true), (64 * 64, 512, false), (7, 1000, true)] {
+        let x = random(seed, &format!("norm.x.{n}"), rows * n, 3.0);
+        let w: Vec<f32> = random(seed, &format!("norm.w.{n}"), n, 0.5).iter().map(|v| 1.0 + v).collect();
+        let mut cpu = x.clone();
+        if weighted {
+            ops::rms_norm(&mut cpu, &w, 1e-6);
+        } else {
+            ops::rms_norm_unweighted(&mut cpu, n, 1e-6);
+        }
+        let dx = gpu.upload(&x)?;
+        let dw = gpu.upload(&w)?;
+        let mut dy = gpu.zeros::<f32>(rows * n)?;
+        gpu.rms_norm(&dx, weighted.then_some(&dw), &mut dy, rows, n, 1e-6)?;
+        all &= record(&mut out, if weighted { "rms_norm" } else { "rms_norm_unweighted" }, json!([rows, n]), &gpu.download(&dy)?, &cpu);
+    }
+
+    // RoPE with Flash's compress rope (θ 160000 + YaRN) and its inverse (spec §3.2, §4.6).
+    let yarn = Yarn { factor: 16.0, original_max_position_embeddings: 65536.0, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0, truncate: true };
+    let rope = Rope::new(&RopeParams { theta: 160000.0, yarn: Some(yarn) }, 64);
+    let (tokens, heads, hd, pos0) = (16usize, 64usize, 512usize, 100_000usize);
+    let x = random(seed, "rope.x", tokens * heads * hd, 2.0);
+    let inv = gpu.upload(rope.inv_freq())?;
+    for inverse in [false, true] {
+        let mut cpu = x.clone();
+        for (i, head) in cpu.chunks_mut(hd).enumerate() {
+            rope.apply(head, pos0 + i / heads, inverse);
+        }
+        let mut dx = gpu.upload(&x)?;
+        gpu.rope(&mut dx, &inv, &rope, tokens, heads, hd, pos0, inverse)?;
+        all &= record(&mut out, if inverse { "rope_inverse" } else { "rope" }, json!([tokens, heads, hd, pos0]), &gpu.download(&dx)?, &cpu);
+    }
+
+    // Linear layers in every stored format on Flash shapes (spec §2), several token counts.
+    let shapes: &[(&str, &str, usize, usize)] = &[
+        ("fp8", "attn.wq_a", 1024, 4096),
+        ("fp8", "attn.wq_b", 32768, 1024),
+        ("fp8", "attn.wo_b", 4096, 8192),
+        ("fp4", "expert.w1", 2048, 4096),
+        ("fp4", "expert.w2", 4096, 2048),
+        ("bf16", "compressor.wkv", 1024, 4096),
+        ("f32", "hc_attn_fn", 24, 16384),
+    ];
+    for (fmt, name, rows, cols) in shapes {
+        let vals = random(seed, &format!("lin.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
+        let (gw, cpu_w) = weight(gpu, fmt, &vals, *rows, *cols)?;
+        for t in [1usize, 5, 16] {
+            let x = random(seed, &format!("lin.x.{name}.{t}"), t * cols, 1.0);
+            let cpu = ops::linear(&x, &cpu_w);
             let dx = gpu.upload(&x)?;
-            let dw = gpu.upload(&w)?;
-            let mut dy = gpu.zeros::<f32>(rows * n)?;
-            gpu.rms_norm(&dx, weighted.then_some(&dw), &mut dy, rows, n, 1e-6)?;
-            all &= record(
-                &mut out,
-                if weighted {
-                    "rms_norm"
-                } else {
-                    "rms_norm_unweighted"
-                },
-                json!([rows, n]),
-                &gpu.download(&dy)?,
-                &cpu,
-            );
+            let mut dy = gpu.zeros::<f32>(t * rows)?;
+            gpu.linear(&dx, &gw, &mut dy, t)?;
+            all &= record(&mut out, &format!("linear_{fmt} {name}"), json!([t, rows, cols]), &gpu.download(&dy)?, &cpu);
         }
+    }
 
-        // RoPE with Flash's compress rope (θ 160000 + YaRN) and its inverse (spec §3.2, §4.6).
-        let yarn = Yarn {
-            factor: 16.0,
-            original_max_position_embeddings: 65536.0,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            attention_factor: 1.0,
-            truncate: true,
-        };
-        let rope = Rope::new(
-            &RopeParams {
-                theta: 160000.0,
-                yarn: Some(yarn),
-            },
-            64,
-        );
-        let (tokens, heads, hd, pos0) = (16usize, 64usize, 512usize, 100_000usize);
-        let x = random(seed, "rope.x", tokens * heads * hd, 2.0);
-        let inv = gpu.upload(rope.inv_freq())?;
-        for inverse in [false, true] {
-            let mut cpu = x.clone();
-            for (i, head) in cpu.chunks_mut(hd).enumerate() {
-                rope.apply(head, pos0 + i / heads, inverse);
-            }
-            let mut dx = gpu.upload(&x)?;
-            gpu.rope(&mut dx, &inv, &rope, tokens, heads, hd, pos0, inverse)?;
-            all &= record(
-                &mut out,
-                if inverse { "rope_inverse" } else { "rope" },
-                json!([tokens, heads, hd, pos0]),
-                &gpu.download(&dx)?,
-                &cpu,
-            );
-        }
-
-        // Linear layers in every stored format on Flash shapes (spec §2), several token counts.
-        let shapes: &[(&str, &str, usize, usize)] = &[
-            ("fp8", "attn.wq_a", 1024, 4096),
-            ("fp8", "attn.wq_b", 32768, 1024),
-            ("fp8", "attn.wo_b", 4096, 8192),
-            ("fp4", "expert.w1", 2048, 4096),
-            ("fp4", "expert.w2", 4096, 2048),
-            ("bf16", "compressor.wkv", 1024, 4096),
-            ("f32", "hc_attn_fn", 24, 16384),
-        ];
-        for (fmt, name, rows, cols) in shapes {
-            let vals = random(
-                seed,
-                &format!("lin.{name}"),
-                rows * cols,
-                (3.0 / *cols as f64).sqrt(),
-            );
-            let (gw, cpu_w) = weight(gpu, fmt, &vals, *rows, *cols)?;
-            for t in [1usize, 5, 16] {
-                let x = random(seed, &format!("lin.x.{name}.{t}"), t * cols, 1.0);
-                let cpu = ops::linear(&x, &cpu_w);
-                let dx = gpu.upload(&x)?;
-                let mut dy = gpu.zeros::<f32>(t * rows)?;
-                gpu.linear(&dx, &gw, &mut dy, t)?;
-                all &= record(
-                    &mut out,
-                    &format!("linear_{fmt} {name}"),
-                    json!([t, rows, cols]),
-                    &gpu.download(&dy)?,
-                    &cpu,
-                );
-            }
-        }
-
-        all &= super::check_attention::run(gpu, seed, &mut out)?;
-        all &= super::check_mhc::run(gpu, seed, &mut out)?;
-        all &= super::check_moe::run(gpu, seed, &mut out)?;
-        all &= super::check_sample::run(gpu, seed, &mut out)?;
-        if let Some(g) = &opts.goldens {
-            all &= super::check_model::run(gpu, g, opts.greedy_steps, &mut out)?;
-        }
-        if let Some(dir) = &opts.stored_model {
-            all &= super::check_model::run_stored(gpu, dir, opts.greedy_steps.min(32), &mut out)?;
-        }
-        if let Some(dir) = &opts.switch_model {
-            all &= super::check_switches::run(gpu, dir, opts.greedy_steps.min(16), &mut out)?;
-        }
+    all &= super::check_attention::run(gpu, seed, &mut out)?;
+    all &= super::check_mhc::run(gpu, seed, &mut out)?;
+    all &= super::check_moe::run(gpu, seed, &mut out)?;
+    all &= super::check_sample::run(gpu, seed, &mut out)?;
+    if let Some(g) = &opts.goldens {
+        all &= super::check_model::run(gpu, g, opts.greedy_steps, &mut out)?;
+    }
+    if let Some(dir) = &opts.stored_model {
+        all &= super::check_model::run_stored(gpu, dir, opts.greedy_steps.min(32), &mut out)?;
+    }
+    if let Some(dir) = &opts.switch_model {
+        all &= super::check_switches::run(gpu, dir, opts.greedy_steps.min(16), &mut out)?;
+    }
     }
 
     // Timings: decode (T=1) linear layers, CUDA events, median of `repeats` after warm-up.
@@ -345,22 +236,13 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         ("bf16", "head (vocab 129280)", 129280, 4096, 1),
     ];
     for (fmt, name, rows, cols, copies) in timed {
-        if opts
-            .only
-            .as_ref()
-            .is_some_and(|o| !name.contains(o.as_str()) && !fmt.contains(o.as_str()))
-        {
+        if opts.only.as_ref().is_some_and(|o| !name.contains(o.as_str()) && !fmt.contains(o.as_str())) {
             continue;
         }
         let mut ws = Vec::new();
         let mut bytes = 0usize;
         for c in 0..*copies {
-            let vals = random(
-                seed,
-                &format!("time.{name}.{c}"),
-                rows * cols,
-                (3.0 / *cols as f64).sqrt(),
-            );
+            let vals = random(seed, &format!("time.{name}.{c}"), rows * cols, (3.0 / *cols as f64).sqrt());
             let (gw, _) = weight(gpu, fmt, &vals, *rows, *cols)?;
             bytes = match *fmt {
                 "fp8" => rows * cols + rows.div_ceil(128) * cols.div_ceil(128),
@@ -396,17 +278,10 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         timings.extend(super::check_q8::timings(gpu, seed, repeats)?);
     }
     if opts.only.is_none() {
-        timings.extend(super::check_moe::timings(
-            gpu,
-            seed,
-            repeats,
-            &opts.moe_tokens,
-        )?);
+        timings.extend(super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?);
     }
     if opts.only.is_none() {
-        timings.extend(super::check_attention::timings(
-            gpu, seed, repeats, 2048, 8192,
-        )?);
+        timings.extend(super::check_attention::timings(gpu, seed, repeats, 2048, 8192)?);
     }
     Ok((report(gpu, seed, all, out, timings), all))
 }
@@ -425,11 +300,7 @@ fn report(gpu: &Gpu, seed: u64, all: bool, ops: Vec<Value>, timings: Vec<Value>)
 }
 
 /// Median time in ms of `f` over `repeats` runs (after one warm-up), CUDA events around each.
-pub(crate) fn median_ms(
-    gpu: &Gpu,
-    repeats: usize,
-    mut f: impl FnMut() -> Result<(), CudaError>,
-) -> Result<f64, CudaError> {
+pub(crate) fn median_ms(gpu: &Gpu, repeats: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
     f()?;
     gpu.sync()?;
     let mut times = Vec::new();
@@ -445,14 +316,8 @@ pub(crate) fn median_ms(
 
 /// Prints and appends a pass/fail record without an NMSE.
 /// Runs `f` with switch overrides (errors from the registry become check errors).
-pub(crate) fn switch_scope<R>(
-    overrides: &[(&str, &str)],
-    f: impl FnOnce() -> Result<R, CudaError>,
-) -> Result<R, CudaError> {
-    crate::switches::scoped(overrides, f).map_err(|e| CudaError::Unsupported {
-        what: "switch",
-        detail: e.to_string(),
-    })?
+pub(crate) fn switch_scope<R>(overrides: &[(&str, &str)], f: impl FnOnce() -> Result<R, CudaError>) -> Result<R, CudaError> {
+    crate::switches::scoped(overrides, f).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })?
 }
 
 /// `LINEAR_CUBLASLT`: cuBLASLt's bf16 GEMMs on the split planes ([`Gpu::linear_split_lt`]) against
@@ -470,12 +335,7 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
         ("bf16", "ragged", 1030, 776, 300, false),
     ];
     for (fmt, name, rows, cols, t, takes) in shapes {
-        let vals = random(
-            seed,
-            &format!("lt2.{fmt}.{name}"),
-            rows * cols,
-            (3.0 / *cols as f64).sqrt(),
-        );
+        let vals = random(seed, &format!("lt2.{fmt}.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
         let (gw, cpu_w) = weight(gpu, fmt, &vals, *rows, *cols)?;
         let x = random(seed, &format!("lt2.x.{fmt}.{name}"), t * cols, 1.0);
         let dx = gpu.upload(&x)?;
@@ -483,18 +343,10 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
         let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
         let ran = gpu.linear_split_lt(&xb, tp * kp, kp, 0, &gw, &mut dy, *rows, 0, *t)?;
         if !takes {
-            all &= flag_record(
-                out,
-                &format!("linear_split_lt {fmt} {name} declined"),
-                json!({"shape": [t, rows, cols], "ran": ran}),
-                !ran,
-            );
+            all &= flag_record(out, &format!("linear_split_lt {fmt} {name} declined"), json!({"shape": [t, rows, cols], "ran": ran}), !ran);
             continue;
         }
-        println!(
-            "linear_split_lt {fmt} {name}: cuBLASLt {}",
-            if ran { "ran" } else { "unavailable (fallback)" }
-        );
+        println!("linear_split_lt {fmt} {name}: cuBLASLt {}", if ran { "ran" } else { "unavailable (fallback)" });
         out.push(json!({"op": format!("linear_split_lt {fmt} {name} ran"), "cublaslt_ran": ran, "informational": true}));
         if !ran {
             continue;
@@ -502,32 +354,16 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
         let got = gpu.download(&dy)?;
         let (nmse, max_abs, _) = errors(&got, &ops::linear(&x, &cpu_w));
         let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
-        all &= flag_record(
-            out,
-            &format!("linear_split_lt {fmt} {name}"),
-            json!({"shape": [t, rows, cols], "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}),
-            ok,
-        );
+        all &= flag_record(out, &format!("linear_split_lt {fmt} {name}"), json!({"shape": [t, rows, cols], "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}), ok);
         let mut dk = gpu.zeros::<f32>(t * rows)?;
-        switch_scope(&[("LINEAR_CUBLASLT", "off")], || {
-            gpu.linear_tc(&dx, &gw, &mut dk, *t, None, true)
-        })?;
+        switch_scope(&[("LINEAR_CUBLASLT", "off")], || gpu.linear_tc(&dx, &gw, &mut dk, *t, None, true))?;
         let (nmse, max_abs, _) = errors(&got, &gpu.download(&dk)?);
         println!("linear_split_lt {fmt} {name} vs gemm.cu split (informational): nmse {nmse:.3e} max_abs {max_abs:.3e}");
         // cuBLAS documents bitwise reproducibility on one GPU model and library version: checked.
         let mut again = gpu.zeros::<f32>(t * rows)?;
         gpu.linear_split_lt(&xb, tp * kp, kp, 0, &gw, &mut again, *rows, 0, *t)?;
-        let same = gpu
-            .download(&again)?
-            .iter()
-            .zip(&got)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        all &= flag_record(
-            out,
-            &format!("linear_split_lt {fmt} {name} repeatable"),
-            json!({"bitwise_equal": same}),
-            same,
-        );
+        let same = gpu.download(&again)?.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+        all &= flag_record(out, &format!("linear_split_lt {fmt} {name} repeatable"), json!({"bitwise_equal": same}), same);
         out.push(json!({"op": format!("linear_split_lt {fmt} {name} vs gemm.cu split"), "nmse": nmse, "max_abs": max_abs, "informational": true}));
     }
     // The grouped output projection: G groups of [r, gin] over o [t, G·gin].
@@ -536,16 +372,8 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
     let mut ws = Vec::new();
     let mut want = vec![0f32; t * groups * r];
     for g in 0..groups {
-        let (gw, cpu_w) = weight(
-            gpu,
-            "fp8",
-            &random(seed, &format!("lt2.woa.{g}"), r * gin, 0.08),
-            r,
-            gin,
-        )?;
-        let xg: Vec<f32> = (0..t)
-            .flat_map(|ti| o[(ti * groups + g) * gin..(ti * groups + g + 1) * gin].to_vec())
-            .collect();
+        let (gw, cpu_w) = weight(gpu, "fp8", &random(seed, &format!("lt2.woa.{g}"), r * gin, 0.08), r, gin)?;
+        let xg: Vec<f32> = (0..t).flat_map(|ti| o[(ti * groups + g) * gin..(ti * groups + g + 1) * gin].to_vec()).collect();
         for (ti, row) in ops::linear(&xg, &cpu_w).chunks(r).enumerate() {
             want[(ti * groups + g) * r..(ti * groups + g + 1) * r].copy_from_slice(row);
         }
@@ -556,12 +384,7 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
         let got = gpu.download(&dz)?;
         let (nmse, max_abs, _) = errors(&got, &want);
         let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
-        all &= flag_record(
-            out,
-            "grouped_linear_lt fp8 [8 × 256, 512]",
-            json!({"shape": [t, groups, r, gin], "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}),
-            ok,
-        );
+        all &= flag_record(out, "grouped_linear_lt fp8 [8 × 256, 512]", json!({"shape": [t, groups, r, gin], "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}), ok);
     }
     Ok(all)
 }
@@ -592,12 +415,7 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
     const TS: [usize; 3] = [64, 200, 1000];
     let tmax = TS[TS.len() - 1];
     for (fmt, name, rows, cols) in shapes {
-        let vals = random(
-            seed,
-            &format!("tc.{fmt}.{name}"),
-            rows * cols,
-            (3.0 / *cols as f64).sqrt(),
-        );
+        let vals = random(seed, &format!("tc.{fmt}.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
         let (gw, cpu_w) = weight(gpu, fmt, &vals, *rows, *cols)?;
         let x = random(seed, &format!("tc.x.{fmt}.{name}"), tmax * cols, 1.0);
         // Reference for the largest T; smaller T use its leading rows.
@@ -608,13 +426,7 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
             for tile in GemmTile::ALL {
                 let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
                 gpu.linear_tc(&dx, &gw, &mut dy, t, Some(tile), false)?;
-                all &= record(
-                    out,
-                    &format!("linear_tc_{fmt} {name} {tile:?}"),
-                    json!([t, rows, cols]),
-                    &gpu.download(&dy)?,
-                    reference,
-                );
+                all &= record(out, &format!("linear_tc_{fmt} {name} {tile:?}"), json!([t, rows, cols]), &gpu.download(&dy)?, reference);
                 if *fmt != "f32" {
                     // Split activations: near-f32 accuracy is the point, so a much tighter bound.
                     let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
@@ -622,24 +434,13 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
                     let got = gpu.download(&dy)?;
                     let (nmse, max_abs, _) = errors(&got, reference);
                     let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
-                    all &= flag_record(
-                        out,
-                        &format!("linear_tc_{fmt}_x2 {name} {tile:?}"),
-                        json!({"shape": [t, rows, cols], "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}),
-                        ok,
-                    );
+                    all &= flag_record(out, &format!("linear_tc_{fmt}_x2 {name} {tile:?}"), json!({"shape": [t, rows, cols], "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}), ok);
                 }
             }
             if t == 200 {
                 let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
                 gpu.linear(&dx, &gw, &mut dy, t)?;
-                all &= record(
-                    out,
-                    &format!("linear_{fmt} {name} dispatch"),
-                    json!([t, rows, cols]),
-                    &gpu.download(&dy)?,
-                    reference,
-                );
+                all &= record(out, &format!("linear_{fmt} {name} dispatch"), json!([t, rows, cols]), &gpu.download(&dy)?, reference);
             }
         }
         if *name == "attn.wq_b" {
@@ -648,17 +449,8 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
                 let mut b = gpu.zeros::<f32>(tmax * rows)?;
                 gpu.linear_tc(&dx, &gw, &mut a, tmax, None, split)?;
                 gpu.linear_tc(&dx, &gw, &mut b, tmax, None, split)?;
-                let same = gpu
-                    .download(&a)?
-                    .iter()
-                    .zip(gpu.download(&b)?.iter())
-                    .all(|(p, q)| p.to_bits() == q.to_bits());
-                all &= flag_record(
-                    out,
-                    "linear_tc repeatable",
-                    json!({"format": fmt, "split": split, "shape": [tmax, rows, cols], "bitwise_equal": same}),
-                    same,
-                );
+                let same = gpu.download(&a)?.iter().zip(gpu.download(&b)?.iter()).all(|(p, q)| p.to_bits() == q.to_bits());
+                all &= flag_record(out, "linear_tc repeatable", json!({"format": fmt, "split": split, "shape": [tmax, rows, cols], "bitwise_equal": same}), same);
             }
         }
     }
@@ -672,75 +464,29 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
         onehot[i * k + i] = 1.0;
     }
     let dx = gpu.upload(&onehot)?;
-    let q = |e: quant::QuantError| CudaError::Unsupported {
-        what: "dequantize",
-        detail: e.to_string(),
-    };
+    let q = |e: quant::QuantError| CudaError::Unsupported { what: "dequantize", detail: e.to_string() };
     // FP8: every byte but the NaNs 0x7F/0xFF (not reproduced on this path), row blocks with scales
     // 2^-27, 2^-8 and 2^13 (the last takes the two-multiply branch).
     let rows = 384;
-    let w8: Vec<u8> = (0..rows * k)
-        .map(|i| ((i / k) * 7 + i % k) as u8)
-        .map(|b| if b & 0x7f == 0x7f { 0 } else { b })
-        .collect();
+    let w8: Vec<u8> = (0..rows * k).map(|i| ((i / k) * 7 + i % k) as u8).map(|b| if b & 0x7f == 0x7f { 0 } else { b }).collect();
     let s8 = vec![100u8, 119, 140];
-    let d8 =
-        quant::dequant_fp8_blocked(&w8, rows, k, quant::BlockScales::Ue8m0(&s8), 128).map_err(q)?;
-    let g8 = GpuWeight {
-        rows,
-        cols: k,
-        data: GpuMatrix::Fp8 {
-            w: gpu.upload(&w8)?,
-            scales: gpu.upload(&s8)?,
-        },
-    };
+    let d8 = quant::dequant_fp8_blocked(&w8, rows, k, quant::BlockScales::Ue8m0(&s8), 128).map_err(q)?;
+    let g8 = GpuWeight { rows, cols: k, data: GpuMatrix::Fp8 { w: gpu.upload(&w8)?, scales: gpu.upload(&s8)? } };
     // FP4: every byte, group scales from 2^-127 (bf16 subnormal) to 2^123.
     let rows4 = 256;
-    let w4: Vec<u8> = (0..rows4 * k / 2)
-        .map(|i| ((i / (k / 2)) + i % (k / 2)) as u8)
-        .collect();
-    let s4: Vec<u8> = (0..rows4 * k / 32)
-        .map(|i| [0u8, 1, 60, 127, 200, 250][i % 6])
-        .collect();
+    let w4: Vec<u8> = (0..rows4 * k / 2).map(|i| ((i / (k / 2)) + i % (k / 2)) as u8).collect();
+    let s4: Vec<u8> = (0..rows4 * k / 32).map(|i| [0u8, 1, 60, 127, 200, 250][i % 6]).collect();
     let d4 = quant::dequant_fp4_grouped(&w4, rows4, k, &s4, 32).map_err(q)?;
-    let g4 = GpuWeight {
-        rows: rows4,
-        cols: k,
-        data: GpuMatrix::Fp4 {
-            w: gpu.upload(&w4)?,
-            scales: gpu.upload(&s4)?,
-            fold: super::ops_q8::fp4_fold_exact(&s4, k),
-        },
-    };
+    let g4 = GpuWeight { rows: rows4, cols: k, data: GpuMatrix::Fp4 { w: gpu.upload(&w4)?, scales: gpu.upload(&s4)?, fold: super::ops_q8::fp4_fold_exact(&s4, k) } };
     for (fmt, gw, deq, rows) in [("fp8", &g8, d8, rows), ("fp4", &g4, d4, rows4)] {
-        let cpu = ops::linear(
-            &onehot,
-            &Matrix {
-                rows,
-                cols: k,
-                data: deq,
-            },
-        );
-        for (tile, split) in GemmTile::ALL
-            .iter()
-            .map(|t| (*t, false))
-            .chain([(GemmTile::Large, true)])
-        {
+        let cpu = ops::linear(&onehot, &Matrix { rows, cols: k, data: deq });
+        for (tile, split) in GemmTile::ALL.iter().map(|t| (*t, false)).chain([(GemmTile::Large, true)]) {
             let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
             gpu.linear_tc(&dx, gw, &mut dy, t, Some(tile), split)?;
             let got = gpu.download(&dy)?;
-            let bad = got
-                .iter()
-                .zip(&cpu)
-                .filter(|(a, b)| a.to_bits() != b.to_bits() && !(**a == 0.0 && **b == 0.0))
-                .count();
+            let bad = got.iter().zip(&cpu).filter(|(a, b)| a.to_bits() != b.to_bits() && !(**a == 0.0 && **b == 0.0)).count();
             let x2 = if split { "_x2" } else { "" };
-            all &= flag_record(
-                out,
-                &format!("linear_tc_{fmt}{x2} exact decode {tile:?}"),
-                json!({"shape": [t, rows, k], "mismatches": bad}),
-                bad == 0,
-            );
+            all &= flag_record(out, &format!("linear_tc_{fmt}{x2} exact decode {tile:?}"), json!({"shape": [t, rows, k], "mismatches": bad}), bad == 0);
         }
     }
     Ok(all)
@@ -762,20 +508,9 @@ fn tc_timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaEr
         ("fp8", "attn.wq_b", 32768, 1024, 64),
     ];
     let mut rows_out = Vec::new();
-    let sms = gpu
-        .ctx
-        .attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        )
-        .unwrap_or(132)
-        .max(1) as usize;
+    let sms = gpu.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
     for (fmt, name, rows, cols, t) in timed {
-        let vals = random(
-            seed,
-            &format!("tctime.{name}"),
-            rows * cols,
-            (3.0 / *cols as f64).sqrt(),
-        );
+        let vals = random(seed, &format!("tctime.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
         let (gw, _) = weight(gpu, fmt, &vals, *rows, *cols)?;
         let dx = gpu.upload(&random(seed, "tctime.x", t * cols, 1.0))?;
         let mut dy = gpu.zeros::<f32>(t * rows)?;
@@ -786,9 +521,7 @@ fn tc_timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaEr
         let mut line = format!("time tc {fmt} {name:<15} T={t:<5} [{rows}x{cols}]  auto={auto:?}");
         let mut best = f64::INFINITY;
         for tile in GemmTile::ALL {
-            let ms = median_ms(gpu, repeats, || {
-                gpu.linear_tc(&dx, &gw, &mut dy, *t, Some(tile), false)
-            })?;
+            let ms = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, Some(tile), false))?;
             best = best.min(ms);
             line += &format!("  {tile:?} {:.3} ms {:.0} TF/s", ms, tf(ms));
             entry[format!("{tile:?}_ms")] = json!(ms);
@@ -797,9 +530,7 @@ fn tc_timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaEr
         if *fmt != "f32" {
             line += "  | split";
             for tile in GemmTile::ALL {
-                let ms = median_ms(gpu, repeats, || {
-                    gpu.linear_tc(&dx, &gw, &mut dy, *t, Some(tile), true)
-                })?;
+                let ms = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, Some(tile), true))?;
                 line += &format!(" {tile:?} {:.3} ms {:.0} TF/s", ms, tf(ms));
                 entry[format!("split_{tile:?}_ms")] = json!(ms);
                 entry[format!("split_{tile:?}_tflops")] = json!(tf(ms));
@@ -807,34 +538,17 @@ fn tc_timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaEr
         }
         if *fmt == "fp8" || *fmt == "bf16" {
             let (xb, tp, kp) = gpu.bf16_planes(&dx, *t, *cols, true)?;
-            if *t >= super::cublaslt::LT_MIN_TOKENS
-                && gpu.linear_split_lt(&xb, tp * kp, kp, 0, &gw, &mut dy, *rows, 0, *t)?
-            {
-                let ms = median_ms(gpu, repeats, || {
-                    switch_scope(&[("LINEAR_CUBLASLT", "on")], || {
-                        gpu.linear_tc(&dx, &gw, &mut dy, *t, None, true)
-                    })
-                })?;
-                line += &format!(
-                    "  | split cuBLASLt {ms:.3} ms {:.0} TF/s (conversions included)",
-                    tf(ms)
-                );
+            if *t >= super::cublaslt::LT_MIN_TOKENS && gpu.linear_split_lt(&xb, tp * kp, kp, 0, &gw, &mut dy, *rows, 0, *t)? {
+                let ms = median_ms(gpu, repeats, || switch_scope(&[("LINEAR_CUBLASLT", "on")], || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, true)))?;
+                line += &format!("  | split cuBLASLt {ms:.3} ms {:.0} TF/s (conversions included)", tf(ms));
                 entry["split_cublaslt_ms"] = json!(ms);
                 entry["split_cublaslt_tflops"] = json!(tf(ms));
             }
         }
         // The f32 GEMV path is slow at these sizes: few repeats.
-        let gemv_ms = median_ms(gpu, repeats.min(3), || {
-            gpu.linear_gemv(&dx, &gw, &mut dy, *t)
-        })?;
+        let gemv_ms = median_ms(gpu, repeats.min(3), || gpu.linear_gemv(&dx, &gw, &mut dy, *t))?;
         let auto_ms = entry[format!("{auto:?}_ms")].as_f64().unwrap_or(f64::NAN);
-        line += &format!(
-            "  | gemv {:.3} ms {:.1} TF/s  (auto {:.1}x faster; best tile {:.1}x)",
-            gemv_ms,
-            tf(gemv_ms),
-            gemv_ms / auto_ms,
-            gemv_ms / best
-        );
+        line += &format!("  | gemv {:.3} ms {:.1} TF/s  (auto {:.1}x faster; best tile {:.1}x)", gemv_ms, tf(gemv_ms), gemv_ms / auto_ms, gemv_ms / best);
         println!("{line}");
         entry["auto"] = json!(format!("{auto:?}"));
         entry["auto_ms"] = json!(auto_ms);

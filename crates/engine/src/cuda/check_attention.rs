@@ -26,10 +26,7 @@ use super::check::{random, record, record_tol, SPLIT_NMSE_TOL};
 /// the variant is broken, not slightly imprecise.
 const FAST_EXP_NMSE_TOL: f64 = 1e-8;
 use super::gpu::Gpu;
-use super::ops_attention::{
-    hca_candidates, hca_offsets, topk_offsets, visible_entries, AttentionKernel, AttentionShape,
-    CompressedKeys, IndexerShape, PoolShape,
-};
+use super::ops_attention::{hca_candidates, AttentionKernel, hca_offsets, topk_offsets, visible_entries, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::CudaError;
 use crate::cpu::rope::Rope;
 use crate::forward::{attention, compressor, indexer};
@@ -41,38 +38,15 @@ use std::collections::BTreeSet;
 
 /// Flash's compress rope: θ 160000 + YaRN (factor 16, L0 65536, β 32/1), 64 dims (spec §3.2).
 fn flash_compress_rope() -> Rope {
-    let yarn = Yarn {
-        factor: 16.0,
-        original_max_position_embeddings: 65536.0,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        attention_factor: 1.0,
-        truncate: true,
-    };
-    Rope::new(
-        &RopeParams {
-            theta: 160000.0,
-            yarn: Some(yarn),
-        },
-        64,
-    )
+    let yarn = Yarn { factor: 16.0, original_max_position_embeddings: 65536.0, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0, truncate: true };
+    Rope::new(&RopeParams { theta: 160000.0, yarn: Some(yarn) }, 64)
 }
 
 /// Prints and appends an exact-comparison record (index sets, masks): passes only when
 /// `mismatches == 0`.
-fn record_exact(
-    out: &mut Vec<Value>,
-    op: &str,
-    shape: Value,
-    mismatches: usize,
-    compared: usize,
-    extra: Value,
-) -> bool {
+fn record_exact(out: &mut Vec<Value>, op: &str, shape: Value, mismatches: usize, compared: usize, extra: Value) -> bool {
     let pass = mismatches == 0;
-    println!(
-        "{op:<28} {shape:<28} exact: {mismatches} mismatches of {compared}  {extra}  {}",
-        if pass { "ok" } else { "FAIL" }
-    );
+    println!("{op:<28} {shape:<28} exact: {mismatches} mismatches of {compared}  {extra}  {}", if pass { "ok" } else { "FAIL" });
     out.push(json!({"op": op, "shape": shape, "exact": true, "mismatches": mismatches, "compared": compared, "detail": extra, "pass": pass}));
     pass
 }
@@ -92,13 +66,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
 /// Times both attention kernels on a Flash prefill chunk: `tokens` queries at position `pos0`, 64
 /// heads of 512, window 128 plus 512 compressed entries per query (CSA shape), CUDA events, median
 /// of `repeats` after a warm-up.
-pub fn timings(
-    gpu: &Gpu,
-    seed: u64,
-    repeats: usize,
-    tokens: usize,
-    pos0: usize,
-) -> Result<Vec<Value>, CudaError> {
+pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize) -> Result<Vec<Value>, CudaError> {
     const H: usize = 64;
     const C: usize = 512;
     const WINDOW: usize = 128;
@@ -110,12 +78,7 @@ pub fn timings(
     let n_entries = (pos0 + tokens) / 4;
     let dq = gpu.upload(&random(seed, "attn_time.q", tokens * H * C, 1.0))?;
     let dkv = gpu.upload(&random(seed, "attn_time.kv", kv_rows * C, 1.0))?;
-    let dentries = gpu.upload(&random(
-        seed,
-        "attn_time.entries",
-        n_entries.max(1) * C,
-        1.0,
-    ))?;
+    let dentries = gpu.upload(&random(seed, "attn_time.entries", n_entries.max(1) * C, 1.0))?;
     let dsinks = gpu.upload(&random(seed, "attn_time.sinks", H, 1.0))?;
     let mut off = vec![0i32];
     let mut idx = Vec::new();
@@ -128,64 +91,25 @@ pub fn timings(
         cands += k + WINDOW.min(pos0 + t + 1);
     }
     let (doff, didx) = (gpu.upload(&off)?, gpu.upload(&idx)?);
-    let ck = CompressedKeys {
-        entries: &dentries,
-        offsets: &doff,
-        indices: Some(&didx),
-        mask: None,
-    };
+    let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: Some(&didx), mask: None };
     // The mask path of DIRECT_INDEXER_TOPK=off (mask built once here; its build is timed apart).
     let mask = gpu.topk_mask(&doff, &didx, tokens, n_entries.max(1))?;
     let dvis = gpu.upload(&hca_offsets(pos0, tokens, 4, n_entries)?)?;
-    let ck_mask = CompressedKeys {
-        entries: &dentries,
-        offsets: &dvis,
-        indices: None,
-        mask: Some(&mask),
-    };
-    let shape = AttentionShape {
-        tokens,
-        heads: H,
-        head_dim: C,
-        pos0,
-        window: WINDOW,
-        kv_base,
-    };
+    let ck_mask = CompressedKeys { entries: &dentries, offsets: &dvis, indices: None, mask: Some(&mask) };
+    let shape = AttentionShape { tokens, heads: H, head_dim: C, pos0, window: WINDOW, kv_base };
     let mut dout = gpu.zeros::<f32>(tokens * H * C)?;
     let flops = 4.0 * (H * C) as f64 * cands as f64;
     let mut rows = Vec::new();
-    for (kernel, masked) in [
-        (AttentionKernel::Exact, false),
-        (AttentionKernel::Stream, false),
-        (AttentionKernel::StreamFastExp, false),
-        (AttentionKernel::Stream, true),
-    ] {
+    for (kernel, masked) in [(AttentionKernel::Exact, false), (AttentionKernel::Stream, false), (AttentionKernel::StreamFastExp, false), (AttentionKernel::Stream, true)] {
         let keys = if masked { &ck_mask } else { &ck };
-        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || {
-            gpu.sparse_attention_with(
-                &dq,
-                &dkv,
-                Some(keys),
-                &dsinks,
-                &inv,
-                &rope,
-                &mut dout,
-                &shape,
-                kernel,
-            )
-        })?;
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_with(&dq, &dkv, Some(keys), &dsinks, &inv, &rope, &mut dout, &shape, kernel))?;
         let tf = flops / (ms * 1e-3) / 1e12;
         let path = if masked { "mask" } else { "lists" };
         println!("time sparse_attention {kernel:?} ({path}) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
         rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "path": path, "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
     }
-    let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || {
-        gpu.topk_mask(&doff, &didx, tokens, n_entries.max(1))
-            .map(|_| ())
-    })?;
-    println!(
-        "time topk_mask T={tokens} entries={n_entries} {ms:.3} ms (allocation + zeroing + scatter)"
-    );
+    let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.topk_mask(&doff, &didx, tokens, n_entries.max(1)).map(|_| ()))?;
+    println!("time topk_mask T={tokens} entries={n_entries} {ms:.3} ms (allocation + zeroing + scatter)");
     rows.push(json!({"op": "topk_mask", "tokens": tokens, "entries": n_entries, "median_ms": ms}));
     // Indexer scores for the same chunk at 128K context (32,768 visible entries of 128).
     let (ih, ihd, ipos0) = (64usize, 128usize, 131072 - tokens);
@@ -194,39 +118,21 @@ pub fn timings(
     let dk = gpu.upload(&random(seed, "idx_time.k", n * ihd, 1.0))?;
     let dw = gpu.upload(&random(seed, "idx_time.w", tokens * ih, 0.1))?;
     let mut dsc = gpu.zeros::<f32>(tokens * n)?;
-    let ishape = IndexerShape {
-        tokens,
-        heads: ih,
-        head_dim: ihd,
-        n_entries: n,
-        ratio: 4,
-        pos0: ipos0,
-    };
-    let visible: f64 = (0..tokens)
-        .map(|t| visible_entries(ipos0 + t, 4, n) as f64)
-        .sum();
+    let ishape = IndexerShape { tokens, heads: ih, head_dim: ihd, n_entries: n, ratio: 4, pos0: ipos0 };
+    let visible: f64 = (0..tokens).map(|t| visible_entries(ipos0 + t, 4, n) as f64).sum();
     let flops = 2.0 * (ih * ihd) as f64 * visible;
     for tc in [false, true] {
-        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || {
-            gpu.indexer_scores_with(&dq, &dk, &dw, &mut dsc, &ishape, tc)
-        })?;
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_scores_with(&dq, &dk, &dw, &mut dsc, &ishape, tc))?;
         let tf = flops / (ms * 1e-3) / 1e12;
-        println!(
-            "time indexer_scores {} T={tokens} entries={n} {ms:.2} ms  {tf:.1} TFLOP/s",
-            if tc { "tc " } else { "f32" }
-        );
+        println!("time indexer_scores {} T={tokens} entries={n} {ms:.2} ms  {tf:.1} TFLOP/s", if tc { "tc " } else { "f32" });
         rows.push(json!({"op": "indexer_scores", "kernel": if tc { "tc" } else { "f32" }, "tokens": tokens, "entries": n, "median_ms": ms, "tflop_per_s": tf}));
     }
     // The whole selection (top-512): scores matrix + radix top-k vs the fused streaming kernel.
     let off = topk_offsets(ipos0, tokens, 4, n, TOPK)?;
     let doff = gpu.upload(&off)?;
     let mut didx = gpu.zeros::<i32>((off[tokens] as usize).max(1))?;
-    let ms_topk = super::check::median_ms(gpu, repeats.clamp(1, 10), || {
-        gpu.indexer_topk(&dsc, &doff, &mut didx, &ishape, TOPK)
-    })?;
-    let ms_stream = super::check::median_ms(gpu, repeats.clamp(1, 10), || {
-        gpu.indexer_topk_stream(&dq, &dk, &dw, &doff, &mut didx, &ishape, TOPK)
-    })?;
+    let ms_topk = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_topk(&dsc, &doff, &mut didx, &ishape, TOPK))?;
+    let ms_stream = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_topk_stream(&dq, &dk, &dw, &doff, &mut didx, &ishape, TOPK))?;
     // INDEXER_FP8: the quantisation of queries and keys included (as in the forward).
     let ms_fp8 = super::check::median_ms(gpu, repeats.clamp(1, 10), || {
         let q8 = gpu.act_quant(&dq, tokens * ih, ihd)?;
@@ -255,13 +161,7 @@ enum Keys {
     Csa,
 }
 
-fn check_attention(
-    gpu: &Gpu,
-    seed: u64,
-    out: &mut Vec<Value>,
-    rope: &Rope,
-    inv: &CudaSlice<f32>,
-) -> Result<bool, CudaError> {
+fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv: &CudaSlice<f32>) -> Result<bool, CudaError> {
     const H: usize = 64;
     const C: usize = 512;
     const WINDOW: usize = 128;
@@ -276,12 +176,7 @@ fn check_attention(
         let kv = random(seed, &format!("attn.kv.{pos0}"), kv_rows * C, 1.7);
         let q = random(seed, &format!("attn.q.{pos0}"), tokens * H * C, 1.7);
         let (dq, dkv) = (gpu.upload(&q)?, gpu.upload(&kv)?);
-        for keys_kind in [
-            Keys::Sliding,
-            Keys::HcaIdentity,
-            Keys::HcaExplicit,
-            Keys::Csa,
-        ] {
+        for keys_kind in [Keys::Sliding, Keys::HcaIdentity, Keys::HcaExplicit, Keys::Csa] {
             let ratio = match keys_kind {
                 Keys::Sliding => 1,
                 Keys::HcaIdentity | Keys::HcaExplicit => 128,
@@ -291,12 +186,7 @@ fn check_attention(
                 Keys::Sliding => 0,
                 _ => (pos0 + tokens) / ratio,
             };
-            let entries = random(
-                seed,
-                &format!("attn.entries.{pos0}.{ratio}"),
-                n_entries.max(1) * C,
-                1.7,
-            );
+            let entries = random(seed, &format!("attn.entries.{pos0}.{ratio}"), n_entries.max(1) * C, 1.7);
             // Per-query compressed lists (ascending entry indices).
             let lists: Vec<Vec<usize>> = (0..tokens)
                 .map(|t| {
@@ -321,22 +211,13 @@ fn check_attention(
                 .into_par_iter()
                 .flat_map_iter(|t| {
                     let pos = pos0 + t;
-                    let mut keys: Vec<&[f32]> = attention::window_range(pos, WINDOW)
-                        .map(|j| &kv[(j - kv_base) * C..(j - kv_base + 1) * C])
-                        .collect();
+                    let mut keys: Vec<&[f32]> = attention::window_range(pos, WINDOW).map(|j| &kv[(j - kv_base) * C..(j - kv_base + 1) * C]).collect();
                     keys.extend(lists[t].iter().map(|e| &entries[e * C..(e + 1) * C]));
                     attention::attend(&q[t * H * C..(t + 1) * H * C], &keys, &sinks, C, rope, pos)
                 })
                 .collect();
             // GPU: each kernel on the lists; on CSA also through the mask path (DIRECT_INDEXER_TOPK=off).
-            let shape = AttentionShape {
-                tokens,
-                heads: H,
-                head_dim: C,
-                pos0,
-                window: WINDOW,
-                kv_base,
-            };
+            let shape = AttentionShape { tokens, heads: H, head_dim: C, pos0, window: WINDOW, kv_base };
             let dentries = gpu.upload(&entries[..n_entries.max(1) * C])?;
             let n_listed: usize = lists.iter().map(Vec::len).sum();
             let (off, idx) = match keys_kind {
@@ -359,137 +240,45 @@ fn check_attention(
             let run = |kernel: AttentionKernel, masked: bool| -> Result<Vec<f32>, CudaError> {
                 let mut dout = gpu.zeros::<f32>(tokens * H * C)?;
                 match keys_kind {
-                    Keys::Sliding => gpu.sparse_attention_with(
-                        &dq, &dkv, None, &dsinks, inv, rope, &mut dout, &shape, kernel,
-                    )?,
+                    Keys::Sliding => gpu.sparse_attention_with(&dq, &dkv, None, &dsinks, inv, rope, &mut dout, &shape, kernel)?,
                     Keys::HcaIdentity => {
-                        let ck = CompressedKeys {
-                            entries: &dentries,
-                            offsets: &doff,
-                            indices: None,
-                            mask: None,
-                        };
-                        gpu.sparse_attention_with(
-                            &dq,
-                            &dkv,
-                            Some(&ck),
-                            &dsinks,
-                            inv,
-                            rope,
-                            &mut dout,
-                            &shape,
-                            kernel,
-                        )?
+                        let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: None, mask: None };
+                        gpu.sparse_attention_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, &mut dout, &shape, kernel)?
                     }
                     Keys::HcaExplicit | Keys::Csa if !masked => {
-                        let ck = CompressedKeys {
-                            entries: &dentries,
-                            offsets: &doff,
-                            indices: Some(&didx),
-                            mask: None,
-                        };
-                        gpu.sparse_attention_with(
-                            &dq,
-                            &dkv,
-                            Some(&ck),
-                            &dsinks,
-                            inv,
-                            rope,
-                            &mut dout,
-                            &shape,
-                            kernel,
-                        )?
+                        let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: Some(&didx), mask: None };
+                        gpu.sparse_attention_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, &mut dout, &shape, kernel)?
                     }
                     Keys::HcaExplicit | Keys::Csa => {
                         let mask = gpu.topk_mask(&doff, &didx, tokens, n_entries.max(1))?;
                         let vis = gpu.upload(&hca_offsets(pos0, tokens, ratio, n_entries)?)?;
-                        let ck = CompressedKeys {
-                            entries: &dentries,
-                            offsets: &vis,
-                            indices: None,
-                            mask: Some(&mask),
-                        };
-                        gpu.sparse_attention_with(
-                            &dq,
-                            &dkv,
-                            Some(&ck),
-                            &dsinks,
-                            inv,
-                            rope,
-                            &mut dout,
-                            &shape,
-                            kernel,
-                        )?
+                        let ck = CompressedKeys { entries: &dentries, offsets: &vis, indices: None, mask: Some(&mask) };
+                        gpu.sparse_attention_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, &mut dout, &shape, kernel)?
                     }
                 }
                 gpu.download(&dout)
             };
             let detail = json!({"T": tokens, "H": H, "c": C, "pos0": pos0, "ratio": ratio, "entries": n_entries, "listed": n_listed});
             let mut stream = Vec::new();
-            for kernel in [
-                AttentionKernel::Exact,
-                AttentionKernel::Stream,
-                AttentionKernel::StreamFastExp,
-            ] {
+            for kernel in [AttentionKernel::Exact, AttentionKernel::Stream, AttentionKernel::StreamFastExp] {
                 let got = run(kernel, false)?;
                 all &= match kernel {
-                    AttentionKernel::Exact => record(
-                        out,
-                        &format!("sparse_attention {keys_kind:?}"),
-                        detail.clone(),
-                        &got,
-                        &cpu,
-                    ),
-                    AttentionKernel::Stream => record_tol(
-                        out,
-                        &format!("sparse_attention_stream {keys_kind:?}"),
-                        detail.clone(),
-                        &got,
-                        &cpu,
-                        SPLIT_NMSE_TOL,
-                    ),
+                    AttentionKernel::Exact => record(out, &format!("sparse_attention {keys_kind:?}"), detail.clone(), &got, &cpu),
+                    AttentionKernel::Stream => record_tol(out, &format!("sparse_attention_stream {keys_kind:?}"), detail.clone(), &got, &cpu, SPLIT_NMSE_TOL),
                     AttentionKernel::StreamFastExp => {
                         // Reported against the CPU and against the precise streaming kernel.
-                        let vs_cpu = record_tol(
-                            out,
-                            &format!("sparse_attention_fast_exp {keys_kind:?}"),
-                            detail.clone(),
-                            &got,
-                            &cpu,
-                            FAST_EXP_NMSE_TOL,
-                        );
-                        vs_cpu
-                            & record_tol(
-                                out,
-                                &format!("sparse_attention_fast_exp vs stream {keys_kind:?}"),
-                                detail.clone(),
-                                &got,
-                                &stream,
-                                FAST_EXP_NMSE_TOL,
-                            )
+                        let vs_cpu = record_tol(out, &format!("sparse_attention_fast_exp {keys_kind:?}"), detail.clone(), &got, &cpu, FAST_EXP_NMSE_TOL);
+                        vs_cpu & record_tol(out, &format!("sparse_attention_fast_exp vs stream {keys_kind:?}"), detail.clone(), &got, &stream, FAST_EXP_NMSE_TOL)
                     }
                 };
                 if kernel == AttentionKernel::Stream {
                     stream = got.clone();
                 }
-                if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit)
-                    && kernel != AttentionKernel::StreamFastExp
-                {
+                if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && kernel != AttentionKernel::StreamFastExp {
                     // The mask path must give the lists' bits.
                     let masked = run(kernel, true)?;
-                    let differing = masked
-                        .iter()
-                        .zip(&got)
-                        .filter(|(a, b)| a.to_bits() != b.to_bits())
-                        .count();
-                    all &= record_exact(
-                        out,
-                        &format!("sparse_attention_mask {kernel:?} {keys_kind:?}"),
-                        detail.clone(),
-                        differing,
-                        got.len(),
-                        json!("bits vs the index lists"),
-                    );
+                    let differing = masked.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    all &= record_exact(out, &format!("sparse_attention_mask {kernel:?} {keys_kind:?}"), detail.clone(), differing, got.len(), json!("bits vs the index lists"));
                 }
             }
         }
@@ -497,13 +286,7 @@ fn check_attention(
     Ok(all)
 }
 
-fn check_compressor(
-    gpu: &Gpu,
-    seed: u64,
-    out: &mut Vec<Value>,
-    rope: &Rope,
-    inv: &CudaSlice<f32>,
-) -> Result<bool, CudaError> {
+fn check_compressor(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv: &CudaSlice<f32>) -> Result<bool, CudaError> {
     const WIDTH: usize = 512;
     const EPS: f64 = 1e-6;
     let mut all = true;
@@ -511,40 +294,17 @@ fn check_compressor(
     // chunk whose rows start at a window boundary and end with an incomplete window.
     type Case = (usize, usize, usize, usize);
     let families: [(&str, usize, bool, [Case; 2]); 2] = [
-        (
-            "csa",
-            4,
-            true,
-            [(0, 4 * 9 + 2, 0, 9), (4 * 5000, 4 * 6 + 3, 5001, 5)],
-        ),
-        (
-            "hca",
-            128,
-            false,
-            [(0, 2 * 128 + 50, 0, 2), (128 * 40, 2 * 128 + 7, 40, 2)],
-        ),
+        ("csa", 4, true, [(0, 4 * 9 + 2, 0, 9), (4 * 5000, 4 * 6 + 3, 5001, 5)]),
+        ("hca", 128, false, [(0, 2 * 128 + 50, 0, 2), (128 * 40, 2 * 128 + 7, 40, 2)]),
     ];
     for (name, ratio, overlap, cases) in families {
         let ow = if overlap { 2 * WIDTH } else { WIDTH };
         let ape = random(seed, &format!("comp.{name}.ape"), ratio * ow, 1.0);
-        let norm: Vec<f32> = random(seed, &format!("comp.{name}.norm"), WIDTH, 0.25)
-            .iter()
-            .map(|v| 1.0 + v)
-            .collect();
+        let norm: Vec<f32> = random(seed, &format!("comp.{name}.norm"), WIDTH, 0.25).iter().map(|v| 1.0 + v).collect();
         let (dape, dnorm) = (gpu.upload(&ape)?, gpu.upload(&norm)?);
         for (row_base, tokens, e0, n_entries) in cases {
-            let kv = random(
-                seed,
-                &format!("comp.{name}.kv.{row_base}"),
-                tokens * ow,
-                1.0,
-            );
-            let raw = random(
-                seed,
-                &format!("comp.{name}.gate.{row_base}"),
-                tokens * ow,
-                2.0,
-            );
+            let kv = random(seed, &format!("comp.{name}.kv.{row_base}"), tokens * ow, 1.0);
+            let raw = random(seed, &format!("comp.{name}.gate.{row_base}"), tokens * ow, 2.0);
             // Position bias: the f32 add of compressor::project.
             let mut logit = raw.clone();
             for (t, row) in logit.chunks_mut(ow).enumerate() {
@@ -556,13 +316,7 @@ fn check_compressor(
             let dkv = gpu.upload(&kv)?;
             let mut dlogit = gpu.upload(&raw)?;
             gpu.add_position_bias(&mut dlogit, &dape, tokens, ratio, row_base)?;
-            all &= record(
-                out,
-                &format!("add_position_bias {name}"),
-                json!([tokens, ow, ratio, row_base]),
-                &gpu.download(&dlogit)?,
-                &logit,
-            );
+            all &= record(out, &format!("add_position_bias {name}"), json!([tokens, ow, ratio, row_base]), &gpu.download(&dlogit)?, &logit);
 
             // Entries: softmax pooling, RMSNorm, RoPE at e·ratio.
             let (kvr, lgr): (&[f32], &[f32]) = (&kv, &logit);
@@ -576,18 +330,9 @@ fn check_compressor(
                     compressor::pool(&slots, &norm, EPS, rope, e * ratio)
                 })
                 .collect();
-            let shape = PoolShape {
-                ratio,
-                width: WIDTH,
-                overlap,
-                row_base,
-                e0,
-                n_entries,
-            };
+            let shape = PoolShape { ratio, width: WIDTH, overlap, row_base, e0, n_entries };
             let mut dout = gpu.zeros::<f32>(n_entries * WIDTH)?;
-            gpu.compress_entries(
-                &dkv, &dlogit, &dnorm, EPS as f32, inv, rope, &shape, &mut dout,
-            )?;
+            gpu.compress_entries(&dkv, &dlogit, &dnorm, EPS as f32, inv, rope, &shape, &mut dout)?;
             all &= record(
                 out,
                 &format!("compress_entries {name}"),
@@ -615,65 +360,34 @@ fn select_rule(scores: &[f32], visible: usize, k: usize) -> Vec<usize> {
 
 /// Entries in exactly one of two index lists.
 fn differing(a: &[usize], b: &[usize]) -> Vec<usize> {
-    let (sa, sb): (BTreeSet<usize>, BTreeSet<usize>) =
-        (a.iter().copied().collect(), b.iter().copied().collect());
+    let (sa, sb): (BTreeSet<usize>, BTreeSet<usize>) = (a.iter().copied().collect(), b.iter().copied().collect());
     sa.symmetric_difference(&sb).copied().collect()
 }
 
 /// Runs the GPU top-k on device scores and returns the per-query lists.
-fn gpu_topk(
-    gpu: &Gpu,
-    dscores: &CudaSlice<f32>,
-    shape: &IndexerShape,
-    k: usize,
-) -> Result<Vec<Vec<usize>>, CudaError> {
+fn gpu_topk(gpu: &Gpu, dscores: &CudaSlice<f32>, shape: &IndexerShape, k: usize) -> Result<Vec<Vec<usize>>, CudaError> {
     let off = topk_offsets(shape.pos0, shape.tokens, shape.ratio, shape.n_entries, k)?;
     let doff = gpu.upload(&off)?;
     let mut didx = gpu.zeros::<i32>((off[shape.tokens] as usize).max(1))?;
     gpu.indexer_topk(dscores, &doff, &mut didx, shape, k)?;
     let idx = gpu.download(&didx)?;
-    Ok((0..shape.tokens)
-        .map(|t| {
-            idx[off[t] as usize..off[t + 1] as usize]
-                .iter()
-                .map(|v| *v as usize)
-                .collect()
-        })
-        .collect())
+    Ok((0..shape.tokens).map(|t| idx[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect()).collect())
 }
 
 /// The fused streaming selection ([`Gpu::indexer_topk_stream`]) as per-query lists.
-fn gpu_topk_stream(
-    gpu: &Gpu,
-    dq: &CudaSlice<f32>,
-    dkeys: &CudaSlice<f32>,
-    dw: &CudaSlice<f32>,
-    shape: &IndexerShape,
-    k: usize,
-) -> Result<Vec<Vec<usize>>, CudaError> {
+fn gpu_topk_stream(gpu: &Gpu, dq: &CudaSlice<f32>, dkeys: &CudaSlice<f32>, dw: &CudaSlice<f32>, shape: &IndexerShape, k: usize) -> Result<Vec<Vec<usize>>, CudaError> {
     let off = topk_offsets(shape.pos0, shape.tokens, shape.ratio, shape.n_entries, k)?;
     let doff = gpu.upload(&off)?;
     let mut didx = gpu.zeros::<i32>((off[shape.tokens] as usize).max(1))?;
     gpu.indexer_topk_stream(dq, dkeys, dw, &doff, &mut didx, shape, k)?;
     let idx = gpu.download(&didx)?;
-    Ok((0..shape.tokens)
-        .map(|t| {
-            idx[off[t] as usize..off[t + 1] as usize]
-                .iter()
-                .map(|v| *v as usize)
-                .collect()
-        })
-        .collect())
+    Ok((0..shape.tokens).map(|t| idx[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect()).collect())
 }
 
 /// Positions where two sets of per-query lists differ (a length difference counts each missing
 /// entry), and the entries of `want`.
 fn list_mismatches(got: &[Vec<usize>], want: &[Vec<usize>]) -> (usize, usize) {
-    let bad = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| g.len().abs_diff(w.len()) + g.iter().zip(w).filter(|(a, b)| a != b).count())
-        .sum();
+    let bad = got.iter().zip(want).map(|(g, w)| g.len().abs_diff(w.len()) + g.iter().zip(w).filter(|(a, b)| a != b).count()).sum();
     (bad, want.iter().map(Vec::len).sum())
 }
 
@@ -691,27 +405,15 @@ fn check_indexer_stream(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bo
     let (tokens, pos0) = (5usize, RATIO * N - 6);
     let wscale = (HEADS as f64).powf(-0.5);
     let q = random(seed, "idxs.q", tokens * HEADS * HD, 1.7);
-    let weights: Vec<f32> = random(seed, "idxs.w", tokens * HEADS, 1.0)
-        .iter()
-        .map(|v| (*v as f64 * wscale) as f32)
-        .collect();
+    let weights: Vec<f32> = random(seed, "idxs.w", tokens * HEADS, 1.0).iter().map(|v| (*v as f64 * wscale) as f32).collect();
     let (dq, dw) = (gpu.upload(&q)?, gpu.upload(&weights)?);
     let u = random(seed, "idxs.u", HD, 1.0);
-    let shape = IndexerShape {
-        tokens,
-        heads: HEADS,
-        head_dim: HD,
-        n_entries: N,
-        ratio: RATIO,
-        pos0,
-    };
+    let shape = IndexerShape { tokens, heads: HEADS, head_dim: HD, n_entries: N, ratio: RATIO, pos0 };
     for kind in ["random", "monotone", "identical"] {
         let keys: Vec<f32> = match kind {
             "random" => random(seed, "idxs.keys", N * HD, 1.7),
             // Scores s_j·C_t: rising in j for C_t > 0, falling for C_t < 0.
-            "monotone" => (0..N)
-                .flat_map(|j| u.iter().map(move |x| x * (1.0 + j as f32 / N as f32)))
-                .collect(),
+            "monotone" => (0..N).flat_map(|j| u.iter().map(move |x| x * (1.0 + j as f32 / N as f32))).collect(),
             _ => (0..N).flat_map(|_| u.iter().copied()).collect(),
         };
         let dkeys = gpu.upload(&keys)?;
@@ -721,70 +423,28 @@ fn check_indexer_stream(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bo
             let want = gpu_topk(gpu, &dscores, &shape, k)?;
             let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k)?;
             let (bad, compared) = list_mismatches(&got, &want);
-            all &= record_exact(
-                out,
-                &format!("indexer_topk_stream ({kind} keys)"),
-                json!({"T": tokens, "N": N, "k": k, "pos0": pos0}),
-                bad,
-                compared,
-                json!("lists vs indexer_scores_tc + indexer_topk"),
-            );
+            all &= record_exact(out, &format!("indexer_topk_stream ({kind} keys)"), json!({"T": tokens, "N": N, "k": k, "pos0": pos0}), bad, compared, json!("lists vs indexer_scores_tc + indexer_topk"));
         }
         if kind == "random" {
-            all &= check_indexer_fp8(
-                gpu,
-                out,
-                &q,
-                &weights,
-                &keys,
-                (&dq, &dkeys, &dw, &dscores),
-                &shape,
-            )?;
+            all &= check_indexer_fp8(gpu, out, &q, &weights, &keys, (&dq, &dkeys, &dw, &dscores), &shape)?;
         }
     }
     // Short rows: every visible entry (identity lists) and a tail past the keys that exist.
     // (66, 2): the pair's first token sees 16 entries (identity list at k = 16), its second 17
     // (selected) — one block with one selecting and one non-selecting token.
-    for (pos0, tokens, n) in [
-        (60usize, 3usize, 600usize),
-        (66, 2, 600),
-        (2385, 6, 600),
-        (1001, 5, 600),
-    ] {
+    for (pos0, tokens, n) in [(60usize, 3usize, 600usize), (66, 2, 600), (2385, 6, 600), (1001, 5, 600)] {
         let keys = random(seed, &format!("idxs.short.{pos0}"), n * HD, 1.7);
-        let q = random(
-            seed,
-            &format!("idxs.short.q.{pos0}"),
-            tokens * HEADS * HD,
-            1.7,
-        );
-        let w: Vec<f32> = random(seed, &format!("idxs.short.w.{pos0}"), tokens * HEADS, 1.0)
-            .iter()
-            .map(|v| (*v as f64 * wscale) as f32)
-            .collect();
+        let q = random(seed, &format!("idxs.short.q.{pos0}"), tokens * HEADS * HD, 1.7);
+        let w: Vec<f32> = random(seed, &format!("idxs.short.w.{pos0}"), tokens * HEADS, 1.0).iter().map(|v| (*v as f64 * wscale) as f32).collect();
         let (dq, dw, dkeys) = (gpu.upload(&q)?, gpu.upload(&w)?, gpu.upload(&keys)?);
-        let shape = IndexerShape {
-            tokens,
-            heads: HEADS,
-            head_dim: HD,
-            n_entries: n,
-            ratio: RATIO,
-            pos0,
-        };
+        let shape = IndexerShape { tokens, heads: HEADS, head_dim: HD, n_entries: n, ratio: RATIO, pos0 };
         let mut dscores = gpu.zeros::<f32>(tokens * n)?;
         gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, true)?;
         for k in [16usize, 512] {
             let want = gpu_topk(gpu, &dscores, &shape, k)?;
             let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k)?;
             let (bad, compared) = list_mismatches(&got, &want);
-            all &= record_exact(
-                out,
-                "indexer_topk_stream (short rows)",
-                json!({"T": tokens, "N": n, "k": k, "pos0": pos0}),
-                bad,
-                compared,
-                json!("lists vs indexer_scores_tc + indexer_topk"),
-            );
+            all &= record_exact(out, "indexer_topk_stream (short rows)", json!({"T": tokens, "N": n, "k": k, "pos0": pos0}), bad, compared, json!("lists vs indexer_scores_tc + indexer_topk"));
         }
     }
     Ok(all)
@@ -800,37 +460,17 @@ fn check_indexer_fp8(
     q: &[f32],
     weights: &[f32],
     keys: &[f32],
-    dev: (
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-    ),
+    dev: (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     shape: &IndexerShape,
 ) -> Result<bool, CudaError> {
     let (dq, dkeys, dw, dscores) = dev;
-    let IndexerShape {
-        tokens,
-        heads,
-        head_dim: hd,
-        n_entries: n,
-        ratio,
-        pos0,
-    } = *shape;
-    let bad_q = |e: flashseek_model::quant::QuantError| CudaError::Unsupported {
-        what: "check_indexer_fp8",
-        detail: e.to_string(),
-    };
+    let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
+    let bad_q = |e: flashseek_model::quant::QuantError| CudaError::Unsupported { what: "check_indexer_fp8", detail: e.to_string() };
     let mut qd = q.to_vec();
     flashseek_model::quant::act_quant_fp8_roundtrip(&mut qd, hd).map_err(bad_q)?;
     let mut kd = keys.to_vec();
     flashseek_model::quant::act_quant_fp8_roundtrip(&mut kd, hd).map_err(bad_q)?;
-    let iq = indexer::IndexQueries {
-        heads,
-        head_dim: hd,
-        q: qd,
-        weights: weights.to_vec(),
-    };
+    let iq = indexer::IndexQueries { heads, head_dim: hd, q: qd, weights: weights.to_vec() };
     let ref_scores: Vec<f64> = (0..tokens * n)
         .into_par_iter()
         .map(|i| {
@@ -852,13 +492,9 @@ fn check_indexer_fp8(
         gpu.indexer_topk_stream_fp8(&q8, &k8, dw, &doff, &mut didx, shape, k)?;
         let flat = gpu.download(&didx)?;
         let exact = gpu_topk(gpu, dscores, shape, k)?;
-        let (mut unexplained, mut near_ties, mut shared, mut compared) =
-            (0usize, 0usize, 0usize, 0usize);
+        let (mut unexplained, mut near_ties, mut shared, mut compared) = (0usize, 0usize, 0usize, 0usize);
         for (t, ex) in exact.iter().enumerate() {
-            let got: Vec<usize> = flat[off[t] as usize..off[t + 1] as usize]
-                .iter()
-                .map(|v| *v as usize)
-                .collect();
+            let got: Vec<usize> = flat[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect();
             let row = &ref_scores[t * n..(t + 1) * n];
             let vis = visible_entries(pos0 + t, ratio, n);
             let mut order: Vec<usize> = (0..vis).collect();
@@ -868,10 +504,7 @@ fn check_indexer_fp8(
             compared += want.len();
             unexplained += usize::from(got.windows(2).any(|p| p[0] >= p[1]));
             let kth = want.iter().map(|w| row[*w]).fold(f64::INFINITY, f64::min);
-            let amax = row
-                .iter()
-                .filter(|s| s.is_finite())
-                .fold(0f64, |m, s| m.max(s.abs()));
+            let amax = row.iter().filter(|s| s.is_finite()).fold(0f64, |m, s| m.max(s.abs()));
             for w in differing(&got, &want) {
                 if row.get(w).is_some_and(|s| (s - kth).abs() <= 1e-5 * amax) {
                     near_ties += 1;
@@ -906,38 +539,13 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
     let wscale = (HEADS as f64).powf(-0.5);
     // Positions 2385..2391 see 596–597 of the 600 entries (so the mask is exercised); 60..62 see 15.
     // Each case on the f32 kernel and on the tensor-core one (odd T: a block's second token missing).
-    for (pos0, tokens, tc) in [
-        (2385usize, 6usize, false),
-        (60, 2, false),
-        (2385, 6, true),
-        (60, 2, true),
-        (1001, 5, true),
-    ] {
-        let kname = if tc {
-            "indexer_scores_tc"
-        } else {
-            "indexer_scores"
-        };
+    for (pos0, tokens, tc) in [(2385usize, 6usize, false), (60, 2, false), (2385, 6, true), (60, 2, true), (1001, 5, true)] {
+        let kname = if tc { "indexer_scores_tc" } else { "indexer_scores" };
         let q = random(seed, &format!("idx.q.{pos0}"), tokens * HEADS * HD, 1.7);
-        let weights: Vec<f32> = random(seed, &format!("idx.w.{pos0}"), tokens * HEADS, 1.0)
-            .iter()
-            .map(|v| (*v as f64 * wscale) as f32)
-            .collect();
+        let weights: Vec<f32> = random(seed, &format!("idx.w.{pos0}"), tokens * HEADS, 1.0).iter().map(|v| (*v as f64 * wscale) as f32).collect();
         let (dq, dw) = (gpu.upload(&q)?, gpu.upload(&weights)?);
-        let iq = indexer::IndexQueries {
-            heads: HEADS,
-            head_dim: HD,
-            q,
-            weights,
-        };
-        let shape = IndexerShape {
-            tokens,
-            heads: HEADS,
-            head_dim: HD,
-            n_entries: N,
-            ratio: RATIO,
-            pos0,
-        };
+        let iq = indexer::IndexQueries { heads: HEADS, head_dim: HD, q, weights };
+        let shape = IndexerShape { tokens, heads: HEADS, head_dim: HD, n_entries: N, ratio: RATIO, pos0 };
         let mut dscores = gpu.zeros::<f32>(tokens * N)?;
         gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, tc)?;
         let got = gpu.download(&dscores)?;
@@ -959,17 +567,9 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
                 }
             }
         }
-        let shape_json =
-            json!({"T": tokens, "heads": HEADS, "hd": HD, "N": N, "ratio": RATIO, "pos0": pos0});
+        let shape_json = json!({"T": tokens, "heads": HEADS, "hd": HD, "N": N, "ratio": RATIO, "pos0": pos0});
         all &= record(out, kname, shape_json.clone(), &g, &r);
-        all &= record_exact(
-            out,
-            &format!("{kname} mask"),
-            shape_json.clone(),
-            mask_bad,
-            tokens * N - g.len(),
-            json!("masked entries must be -inf"),
-        );
+        all &= record_exact(out, &format!("{kname} mask"), shape_json.clone(), mask_bad, tokens * N - g.len(), json!("masked entries must be -inf"));
 
         for k in [512usize, 16] {
             let sel = gpu_topk(gpu, &dscores, &shape, k)?;
@@ -980,18 +580,10 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
                 let vis = visible_entries(pos0 + t, RATIO, N);
                 let want = select_rule(&got[t * N..(t + 1) * N], vis, k);
                 compared += want.len();
-                bad +=
-                    differing(st, &want).len() + usize::from(st.windows(2).any(|p| p[0] >= p[1]));
+                bad += differing(st, &want).len() + usize::from(st.windows(2).any(|p| p[0] >= p[1]));
             }
             let sj = json!({"T": tokens, "N": N, "k": k, "pos0": pos0});
-            all &= record_exact(
-                out,
-                &format!("indexer_topk (gpu scores of {kname})"),
-                sj.clone(),
-                bad,
-                compared,
-                json!("rule applied to the GPU's f32 scores"),
-            );
+            all &= record_exact(out, &format!("indexer_topk (gpu scores of {kname})"), sj.clone(), bad, compared, json!("rule applied to the GPU's f32 scores"));
             // (2) Against indexer::select on the f64 reference scores: differences are allowed only at
             // boundary near-ties (|s − s_k| ≤ 1e-5·max|s|), which f32 rounding can swap.
             let (mut unexplained, mut near_ties) = (0usize, 0usize);
@@ -1003,10 +595,7 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
                 }
                 let row = &ref_scores[t * N..(t + 1) * N];
                 let kth = want.iter().map(|w| row[*w]).fold(f64::INFINITY, f64::min);
-                let amax = row
-                    .iter()
-                    .filter(|s| s.is_finite())
-                    .fold(0f64, |m, s| m.max(s.abs()));
+                let amax = row.iter().filter(|s| s.is_finite()).fold(0f64, |m, s| m.max(s.abs()));
                 for w in diff {
                     // An index outside the row (a broken kernel) is never a near tie.
                     if row.get(w).is_some_and(|s| (s - kth).abs() <= 1e-5 * amax) {
@@ -1016,54 +605,26 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
                     }
                 }
             }
-            all &= record_exact(
-                out,
-                &format!("indexer_topk (reference, {kname})"),
-                sj,
-                unexplained,
-                compared,
-                json!({"near_tie_swaps": near_ties}),
-            );
+            all &= record_exact(out, &format!("indexer_topk (reference, {kname})"), sj, unexplained, compared, json!({"near_tie_swaps": near_ties}));
         }
     }
 
     // Tie-heavy synthetic scores (values on a coarse grid, so many exact ties at the k-th place),
     // N 5000 (many compaction rounds): the GPU selection must equal the rule exactly.
     let (n, tokens, pos0) = (5000usize, 3usize, 19990usize);
-    let scores: Vec<f32> = random(seed, "idx.tie.scores", tokens * n, 3.0)
-        .iter()
-        .map(|v| v.round())
-        .collect();
+    let scores: Vec<f32> = random(seed, "idx.tie.scores", tokens * n, 3.0).iter().map(|v| v.round()).collect();
     let dscores = gpu.upload(&scores)?;
-    let shape = IndexerShape {
-        tokens,
-        heads: HEADS,
-        head_dim: HD,
-        n_entries: n,
-        ratio: RATIO,
-        pos0,
-    };
+    let shape = IndexerShape { tokens, heads: HEADS, head_dim: HD, n_entries: n, ratio: RATIO, pos0 };
     for k in [16usize, 512, 3000] {
         let sel = gpu_topk(gpu, &dscores, &shape, k)?;
         let mut bad = 0usize;
         let mut compared = 0usize;
         for (t, st) in sel.iter().enumerate() {
-            let want = select_rule(
-                &scores[t * n..(t + 1) * n],
-                visible_entries(pos0 + t, RATIO, n),
-                k,
-            );
+            let want = select_rule(&scores[t * n..(t + 1) * n], visible_entries(pos0 + t, RATIO, n), k);
             compared += want.len();
             bad += differing(st, &want).len() + usize::from(st.windows(2).any(|p| p[0] >= p[1]));
         }
-        all &= record_exact(
-            out,
-            "indexer_topk (ties)",
-            json!({"T": tokens, "N": n, "k": k, "pos0": pos0}),
-            bad,
-            compared,
-            json!("scores on a 7-value grid"),
-        );
+        all &= record_exact(out, "indexer_topk (ties)", json!({"T": tokens, "N": n, "k": k, "pos0": pos0}), bad, compared, json!("scores on a 7-value grid"));
     }
     Ok(all)
 }
@@ -1079,23 +640,12 @@ mod tests {
         let keys = random(3, "t.keys", n * hd, 1.0);
         let q = random(3, "t.q", 2 * heads * hd, 1.0);
         let weights = random(3, "t.w", 2 * heads, 0.5);
-        let iq = indexer::IndexQueries {
-            heads,
-            head_dim: hd,
-            q,
-            weights,
-        };
+        let iq = indexer::IndexQueries { heads, head_dim: hd, q, weights };
         for (t, pos) in [(0usize, 150usize), (1, 30)] {
             let vis = visible_entries(pos, ratio, n);
-            let scores: Vec<f32> = (0..n)
-                .map(|w| indexer::score(&iq, t, &keys[w * hd..(w + 1) * hd]) as f32)
-                .collect();
+            let scores: Vec<f32> = (0..n).map(|w| indexer::score(&iq, t, &keys[w * hd..(w + 1) * hd]) as f32).collect();
             for k in [1usize, 5, 16, 64] {
-                assert_eq!(
-                    select_rule(&scores, vis, k),
-                    indexer::select(&iq, t, pos, ratio, &keys, k),
-                    "t {t} k {k}"
-                );
+                assert_eq!(select_rule(&scores, vis, k), indexer::select(&iq, t, pos, ratio, &keys, k), "t {t} k {k}");
             }
         }
         assert_eq!(select_rule(&[1.0, 2.0, 2.0, 0.0, 2.0], 5, 2), vec![1, 2]);

@@ -17,23 +17,13 @@ use std::time::Instant;
 /// Switch values of the compared runs: the grouped MoE at decode sizes in both (the per-expert path
 /// synchronises every layer and cannot be captured), graphs on or off.
 fn graph_switches(on: bool) -> [(&'static str, &'static str); 3] {
-    [
-        ("MOE_GROUPED", "on"),
-        ("MOE_GROUPED_DECODE", "on"),
-        ("DECODE_CUDA_GRAPH", if on { "on" } else { "off" }),
-    ]
+    [("MOE_GROUPED", "on"), ("MOE_GROUPED_DECODE", "on"), ("DECODE_CUDA_GRAPH", if on { "on" } else { "off" })]
 }
 
 /// Prefill `prefix` tokens into each of the sequences (prefix lengths `prefixes`), then decode
 /// `steps` tokens in each, sequence after sequence per step; returns all decode logits in that
 /// order and the median host time per decode step (seconds).
-fn run(
-    gpu: &Gpu,
-    gm: &GpuModel,
-    ids: &[u32],
-    prefixes: &[usize],
-    steps: usize,
-) -> Result<(Vec<f32>, f64), CudaError> {
+fn run(gpu: &Gpu, gm: &GpuModel, ids: &[u32], prefixes: &[usize], steps: usize) -> Result<(Vec<f32>, f64), CudaError> {
     let mut seqs = Vec::new();
     for &p in prefixes {
         let mut s = GpuSequence::new(gpu, gm, p + steps + 1)?;
@@ -51,10 +41,7 @@ fn run(
         }
     }
     times.sort_by(f64::total_cmp);
-    Ok((
-        logits,
-        times.get(times.len() / 2).copied().unwrap_or(f64::NAN),
-    ))
+    Ok((logits, times.get(times.len() / 2).copied().unwrap_or(f64::NAN)))
 }
 
 /// The graph parity records for model `name` (`seed` picks the token ids): one sequence with a
@@ -63,47 +50,22 @@ fn run(
 /// launched as a graph and no capture was abandoned.
 ///
 /// Errors: device errors, an invalid switch override (a programming error).
-pub fn graph_checks(
-    gpu: &Gpu,
-    gm: &GpuModel,
-    seed: u64,
-    name: &str,
-    prefix: usize,
-    steps: usize,
-    out: &mut Vec<Value>,
-) -> Result<bool, CudaError> {
+pub fn graph_checks(gpu: &Gpu, gm: &GpuModel, seed: u64, name: &str, prefix: usize, steps: usize, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     if !super::model::moe_graph_capable(gpu, gm)? {
         // f32 experts (the golden models) take the per-expert MoE, which cannot be captured.
-        println!(
-            "graph {name}: not capturable (some MoE layer runs one expert at a time), skipped"
-        );
+        println!("graph {name}: not capturable (some MoE layer runs one expert at a time), skipped");
         return Ok(true);
     }
     let vocab = gm.config.vocab_size;
     let ids = formula_ids(seed + 31, prefix + steps + 1, vocab);
-    let sw = |e: crate::switches::SwitchError| CudaError::Unsupported {
-        what: "graph check",
-        detail: e.to_string(),
-    };
+    let sw = |e: crate::switches::SwitchError| CudaError::Unsupported { what: "graph check", detail: e.to_string() };
     let mut all = true;
     for prefixes in [vec![prefix], vec![prefix, prefix / 2 + 1]] {
-        let plain = crate::switches::scoped(&graph_switches(false), || {
-            run(gpu, gm, &ids, &prefixes, steps)
-        })
-        .map_err(sw)??;
+        let plain = crate::switches::scoped(&graph_switches(false), || run(gpu, gm, &ids, &prefixes, steps)).map_err(sw)??;
         let before = gpu.graph.stats();
-        let graphed = crate::switches::scoped(&graph_switches(true), || {
-            run(gpu, gm, &ids, &prefixes, steps)
-        })
-        .map_err(sw)??;
+        let graphed = crate::switches::scoped(&graph_switches(true), || run(gpu, gm, &ids, &prefixes, steps)).map_err(sw)??;
         let after = gpu.graph.stats();
-        let differing = plain
-            .0
-            .iter()
-            .zip(&graphed.0)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count()
-            + plain.0.len().abs_diff(graphed.0.len());
+        let differing = plain.0.iter().zip(&graphed.0).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + plain.0.len().abs_diff(graphed.0.len());
         let launched = after.launched - before.launched;
         let expected = (steps * prefixes.len()) as u64;
         let detail = json!({
@@ -114,15 +76,7 @@ pub fn graph_checks(
             "host_ms_per_step_plain": plain.1 * 1e3, "host_ms_per_step_graph": graphed.1 * 1e3,
             "graph_pool_bytes": gpu.graph.pool.bytes(), "broken": gpu.graph.broken(),
         });
-        all &= flag_record(
-            out,
-            &format!("graph {name} decode ×{}", prefixes.len()),
-            detail,
-            differing == 0
-                && !plain.0.is_empty()
-                && launched == expected
-                && after.abandoned == before.abandoned,
-        );
+        all &= flag_record(out, &format!("graph {name} decode ×{}", prefixes.len()), detail, differing == 0 && !plain.0.is_empty() && launched == expected && after.abandoned == before.abandoned);
     }
     Ok(all)
 }

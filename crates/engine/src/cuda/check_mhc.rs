@@ -39,36 +39,17 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
 }
 
 /// Records an exact comparison of expert ids (`got` from the device, −1 = invalid) and returns it.
-fn record_ids(
-    out: &mut Vec<Value>,
-    op: &str,
-    shape: Value,
-    got: &[i32],
-    reference: &[usize],
-) -> bool {
-    let differ = got.len().abs_diff(reference.len())
-        + got
-            .iter()
-            .zip(reference)
-            .filter(|(g, r)| usize::try_from(**g).ok() != Some(**r))
-            .count();
+fn record_ids(out: &mut Vec<Value>, op: &str, shape: Value, got: &[i32], reference: &[usize]) -> bool {
+    let differ = got.len().abs_diff(reference.len()) + got.iter().zip(reference).filter(|(g, r)| usize::try_from(**g).ok() != Some(**r)).count();
     let pass = differ == 0;
-    println!(
-        "{op:<28} {shape:<28} {differ} of {} expert ids differ (exact)  {}",
-        reference.len(),
-        if pass { "ok" } else { "FAIL" }
-    );
+    println!("{op:<28} {shape:<28} {differ} of {} expert ids differ (exact)  {}", reference.len(), if pass { "ok" } else { "FAIL" });
     out.push(json!({"op": op, "shape": shape, "exact": true, "total": reference.len(), "mismatches": differ, "pass": pass}));
     pass
 }
 
 /// An empty matrix for the fields a reference function does not read.
 fn none() -> Matrix {
-    Matrix {
-        rows: 0,
-        cols: 0,
-        data: Vec::new(),
-    }
+    Matrix { rows: 0, cols: 0, data: Vec::new() }
 }
 
 /// A config for the reference functions: the built-in default's with the fields under test replaced.
@@ -88,17 +69,8 @@ pub(crate) fn config(d: usize, e: usize, k: usize, scoring: ScoringFunc, limit: 
 }
 
 /// A layer holding only what `moe::route` / `moe::moe` read (gate, router, shared, experts).
-pub(crate) fn moe_layer(
-    gate: Matrix,
-    router: RouterWeights,
-    shared: ExpertWeights,
-    experts: Vec<ExpertWeights>,
-) -> LayerWeights {
-    let hc = || HcWeights {
-        fn_: none(),
-        base: Vec::new(),
-        scale: Vec::new(),
-    };
+pub(crate) fn moe_layer(gate: Matrix, router: RouterWeights, shared: ExpertWeights, experts: Vec<ExpertWeights>) -> LayerWeights {
+    let hc = || HcWeights { fn_: none(), base: Vec::new(), scale: Vec::new() };
     LayerWeights {
         kind: LayerKind::Sliding,
         attn_norm: Vec::new(),
@@ -131,16 +103,9 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
     // Weights like a real model's: Φ ~ U(±sqrt(3/(n·d))), b ~ U(±0.5), α ~ 1 + U(±0.5).
     let fn_scale = (3.0 / nd as f64).sqrt();
     let hw = HcWeights {
-        fn_: Matrix {
-            rows: mix,
-            cols: nd,
-            data: random(seed, "hc.fn", mix * nd, fn_scale),
-        },
+        fn_: Matrix { rows: mix, cols: nd, data: random(seed, "hc.fn", mix * nd, fn_scale) },
         base: random(seed, "hc.base", mix, 0.5),
-        scale: random(seed, "hc.scale", 3, 0.5)
-            .iter()
-            .map(|v| 1.0 + v)
-            .collect(),
+        scale: random(seed, "hc.scale", 3, 0.5).iter().map(|v| 1.0 + v).collect(),
     };
     // Streams with a different magnitude per token (the RMS factor must cancel in the mix logits).
     let mut x = random(seed, "hc.x", t * nd, 1.0);
@@ -164,18 +129,10 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
     let mut du = gpu.zeros::<f32>(t * d)?;
     let mut dpost = gpu.zeros::<f32>(t * n)?;
     let mut dcomb = gpu.zeros::<f32>(t * n * n)?;
-    gpu.hc_pre(
-        &gw, &dx, &mut du, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps,
-    )?;
+    gpu.hc_pre(&gw, &dx, &mut du, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps)?;
     let shape = json!([t, n, d, iters]);
     all &= record(out, "hc_pre u", shape.clone(), &gpu.download(&du)?, &u_ref);
-    all &= record(
-        out,
-        "hc_pre post",
-        shape.clone(),
-        &gpu.download(&dpost)?,
-        &post_ref,
-    );
+    all &= record(out, "hc_pre post", shape.clone(), &gpu.download(&dpost)?, &post_ref);
     all &= record(out, "hc_pre comb", shape, &gpu.download(&dcomb)?, &comb_ref);
 
     // Post, with the CPU's mixes (as f32 on the device) so that it is checked on its own.
@@ -189,13 +146,7 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
     let dpost_ref = gpu.upload(&post_ref)?;
     let dcomb_ref = gpu.upload(&comb_ref)?;
     gpu.hc_post(&mut dx2, &dy, &dpost_ref, &dcomb_ref, t, n, d)?;
-    all &= record(
-        out,
-        "hc_post",
-        json!([t, n, d]),
-        &gpu.download(&dx2)?,
-        &x_ref,
-    );
+    all &= record(out, "hc_post", json!([t, n, d]), &gpu.download(&dx2)?, &x_ref);
 
     // Head collapse + final RMSNorm (the reference does both).
     let mut cfg = config(d, 16, 4, ScoringFunc::SqrtSoftplus, 10.0);
@@ -204,40 +155,20 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
         config: cfg,
         embed: none(),
         layers: Vec::new(),
-        hc_head_fn: Matrix {
-            rows: n,
-            cols: nd,
-            data: random(seed, "hc.head.fn", n * nd, fn_scale),
-        },
+        hc_head_fn: Matrix { rows: n, cols: nd, data: random(seed, "hc.head.fn", n * nd, fn_scale) },
         hc_head_base: random(seed, "hc.head.base", n, 0.5),
         hc_head_scale: vec![1.0 + random(seed, "hc.head.scale", 1, 0.5)[0]],
-        norm: random(seed, "hc.head.norm", d, 0.25)
-            .iter()
-            .map(|v| 1.0 + v)
-            .collect(),
+        norm: random(seed, "hc.head.norm", d, 0.25).iter().map(|v| 1.0 + v).collect(),
         head: none(),
     };
-    let h_ref: Vec<f32> = x
-        .chunks(nd)
-        .flat_map(|xt| head::collapse(&mw, xt))
-        .collect();
-    let gh = GpuHcWeights {
-        fn_: gpu.upload(&mw.hc_head_fn.data)?,
-        base: gpu.upload(&mw.hc_head_base)?,
-        scale: gpu.upload(&mw.hc_head_scale)?,
-    };
+    let h_ref: Vec<f32> = x.chunks(nd).flat_map(|xt| head::collapse(&mw, xt)).collect();
+    let gh = GpuHcWeights { fn_: gpu.upload(&mw.hc_head_fn.data)?, base: gpu.upload(&mw.hc_head_base)?, scale: gpu.upload(&mw.hc_head_scale)? };
     let mut dh = gpu.zeros::<f32>(t * d)?;
     gpu.hc_head(&gh, &dx, &mut dh, t, n, d, eps, hc_eps)?;
     let dnorm = gpu.upload(&mw.norm)?;
     let mut dhn = gpu.zeros::<f32>(t * d)?;
     gpu.rms_norm(&dh, Some(&dnorm), &mut dhn, t, d, eps as f32)?;
-    all &= record(
-        out,
-        "hc_head+norm",
-        json!([t, n, d]),
-        &gpu.download(&dhn)?,
-        &h_ref,
-    );
+    all &= record(out, "hc_head+norm", json!([t, n, d]), &gpu.download(&dhn)?, &h_ref);
     Ok(all)
 }
 
@@ -245,102 +176,37 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
 fn check_router(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let (t, d, e, k, vocab) = (16usize, 4096usize, 256usize, 6usize, 1000usize);
-    let gate = Matrix {
-        rows: e,
-        cols: d,
-        data: random(seed, "router.gate", e * d, (3.0 / d as f64).sqrt()),
-    };
+    let gate = Matrix { rows: e, cols: d, data: random(seed, "router.gate", e * d, (3.0 / d as f64).sqrt()) };
     let mut f = random(seed, "router.f", t * d, 1.7);
     // Token 0 has all-zero logits: equal scores, so selection is decided by the bias and its ties.
     f[..d].iter_mut().for_each(|v| *v = 0.0);
     // A coarse bias (nine levels) so that ties of score + bias really occur and go to the lower index.
-    let bias: Vec<f32> = random(seed, "router.bias", e, 1.0)
-        .iter()
-        .map(|v| (v * 4.0).round() / 40.0)
-        .collect();
-    let tid2eid: Vec<u32> = formula_tid2eid(seed, "router.tid2eid", vocab, k, e)
-        .iter()
-        .map(|v| *v as u32)
-        .collect();
+    let bias: Vec<f32> = random(seed, "router.bias", e, 1.0).iter().map(|v| (v * 4.0).round() / 40.0).collect();
+    let tid2eid: Vec<u32> = formula_tid2eid(seed, "router.tid2eid", vocab, k, e).iter().map(|v| *v as u32).collect();
     let ids = formula_ids(seed, t, vocab);
     // Both sides route the same logits (the CPU's), so ids must agree exactly.
     let logits = ops::linear(&f, &gate);
     let dlogits = gpu.upload(&logits)?;
     let dids = gpu.upload(&ids.iter().map(|v| *v as i32).collect::<Vec<_>>())?;
-    let cases: [(&str, ScoringFunc, bool); 3] = [
-        ("router score", ScoringFunc::SqrtSoftplus, false),
-        ("router hash", ScoringFunc::SqrtSoftplus, true),
-        ("router score sigmoid", ScoringFunc::Sigmoid, false),
-    ];
+    let cases: [(&str, ScoringFunc, bool); 3] = [("router score", ScoringFunc::SqrtSoftplus, false), ("router hash", ScoringFunc::SqrtSoftplus, true), ("router score sigmoid", ScoringFunc::Sigmoid, false)];
     for (name, scoring, hash) in cases {
         let cfg = config(d, e, k, scoring, 10.0);
         let (rw, grouter) = if hash {
             let table: Vec<i32> = tid2eid.iter().map(|v| *v as i32).collect();
-            (
-                RouterWeights::Hash {
-                    tid2eid: tid2eid.clone(),
-                },
-                GpuRouter::Hash {
-                    tid2eid: gpu.upload(&table)?,
-                    vocab,
-                },
-            )
+            (RouterWeights::Hash { tid2eid: tid2eid.clone() }, GpuRouter::Hash { tid2eid: gpu.upload(&table)?, vocab })
         } else {
-            (
-                RouterWeights::Score { bias: bias.clone() },
-                GpuRouter::Score {
-                    bias: gpu.upload(&bias)?,
-                },
-            )
+            (RouterWeights::Score { bias: bias.clone() }, GpuRouter::Score { bias: gpu.upload(&bias)? })
         };
-        let lw = moe_layer(
-            gate.clone(),
-            rw,
-            ExpertWeights {
-                w1: none(),
-                w2: none(),
-                w3: none(),
-            },
-            Vec::new(),
-        );
+        let lw = moe_layer(gate.clone(), rw, ExpertWeights { w1: none(), w2: none(), w3: none() }, Vec::new());
         let routes = moe::route(&cfg, &lw, &f, &ids);
         let mut dexp = gpu.zeros::<i32>(t * k)?;
         let mut dw = gpu.zeros::<f32>(t * k)?;
-        gpu.router(
-            &dlogits,
-            &grouter,
-            &dids,
-            &mut dexp,
-            &mut dw,
-            t,
-            e,
-            k,
-            scoring,
-            cfg.routed_scaling_factor,
-        )?;
-        let ref_ids: Vec<usize> = routes
-            .iter()
-            .flat_map(|r| r.experts.iter().copied())
-            .collect();
-        let ref_w: Vec<f32> = routes
-            .iter()
-            .flat_map(|r| r.weights.iter().map(|v| *v as f32))
-            .collect();
+        gpu.router(&dlogits, &grouter, &dids, &mut dexp, &mut dw, t, e, k, scoring, cfg.routed_scaling_factor)?;
+        let ref_ids: Vec<usize> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
+        let ref_w: Vec<f32> = routes.iter().flat_map(|r| r.weights.iter().map(|v| *v as f32)).collect();
         let shape = json!([t, e, k]);
-        all &= record_ids(
-            out,
-            &format!("{name} ids"),
-            shape.clone(),
-            &gpu.download(&dexp)?,
-            &ref_ids,
-        );
-        all &= record(
-            out,
-            &format!("{name} weights"),
-            shape,
-            &gpu.download(&dw)?,
-            &ref_w,
-        );
+        all &= record_ids(out, &format!("{name} ids"), shape.clone(), &gpu.download(&dexp)?, &ref_ids);
+        all &= record(out, &format!("{name} weights"), shape, &gpu.download(&dw)?, &ref_w);
     }
     Ok(all)
 }
@@ -350,139 +216,47 @@ fn check_swiglu(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cuda
     let (rows, inter, limit) = (7usize, 2048usize, 10.0f64);
     let g = random(seed, "swiglu.g", rows * inter, 20.0);
     let u = random(seed, "swiglu.u", rows * inter, 20.0);
-    let h_ref: Vec<f32> = g
-        .iter()
-        .zip(&u)
-        .map(|(g, u)| (ops::silu((*g as f64).min(limit)) * (*u as f64).clamp(-limit, limit)) as f32)
-        .collect();
+    let h_ref: Vec<f32> = g.iter().zip(&u).map(|(g, u)| (ops::silu((*g as f64).min(limit)) * (*u as f64).clamp(-limit, limit)) as f32).collect();
     let (dg, du) = (gpu.upload(&g)?, gpu.upload(&u)?);
     let mut dh = gpu.zeros::<f32>(rows * inter)?;
     gpu.swiglu(&dg, &du, &mut dh, rows * inter, limit as f32)?;
-    Ok(record(
-        out,
-        "swiglu",
-        json!([rows, inter, limit]),
-        &gpu.download(&dh)?,
-        &h_ref,
-    ))
+    Ok(record(out, "swiglu", json!([rows, inter, limit]), &gpu.download(&dh)?, &h_ref))
 }
 
 /// Quantizes `vals` (`[rows, cols]`) to `fmt` ("fp4": e2m1 with ue8m0 per 32; "fp8": e4m3 with ue8m0
 /// per 128×128); returns the device weight and the CPU-side dequantized matrix.
-fn quantized(
-    gpu: &Gpu,
-    fmt: &str,
-    vals: &[f32],
-    rows: usize,
-    cols: usize,
-) -> Result<(GpuWeight, Matrix), CudaError> {
-    let q = |e: quant::QuantError| CudaError::Unsupported {
-        what: "quantize",
-        detail: e.to_string(),
-    };
+fn quantized(gpu: &Gpu, fmt: &str, vals: &[f32], rows: usize, cols: usize) -> Result<(GpuWeight, Matrix), CudaError> {
+    let q = |e: quant::QuantError| CudaError::Unsupported { what: "quantize", detail: e.to_string() };
     let (data, deq) = if fmt == "fp4" {
         let (w, s) = quant::quantize_fp4_grouped(vals, rows, cols, 32).map_err(q)?;
         let deq = quant::dequant_fp4_grouped(&w, rows, cols, &s, 32).map_err(q)?;
-        (
-            GpuMatrix::Fp4 {
-                w: gpu.upload(&w)?,
-                scales: gpu.upload(&s)?,
-                fold: super::ops_q8::fp4_fold_exact(&s, cols),
-            },
-            deq,
-        )
+        (GpuMatrix::Fp4 { w: gpu.upload(&w)?, scales: gpu.upload(&s)?, fold: super::ops_q8::fp4_fold_exact(&s, cols) }, deq)
     } else {
         let (w, s) = quant::quantize_fp8_blocked(vals, rows, cols, 128).map_err(q)?;
-        let deq = quant::dequant_fp8_blocked(&w, rows, cols, quant::BlockScales::Ue8m0(&s), 128)
-            .map_err(q)?;
-        (
-            GpuMatrix::Fp8 {
-                w: gpu.upload(&w)?,
-                scales: gpu.upload(&s)?,
-            },
-            deq,
-        )
+        let deq = quant::dequant_fp8_blocked(&w, rows, cols, quant::BlockScales::Ue8m0(&s), 128).map_err(q)?;
+        (GpuMatrix::Fp8 { w: gpu.upload(&w)?, scales: gpu.upload(&s)? }, deq)
     };
-    Ok((
-        GpuWeight { rows, cols, data },
-        Matrix {
-            rows,
-            cols,
-            data: deq,
-        },
-    ))
+    Ok((GpuWeight { rows, cols, data }, Matrix { rows, cols, data: deq }))
 }
 
 /// A random SwiGLU expert `[inter, d]` / `[d, inter]` in `fmt`, on both sides.
-fn expert(
-    gpu: &Gpu,
-    seed: u64,
-    key: &str,
-    fmt: &str,
-    d: usize,
-    inter: usize,
-) -> Result<(GpuExpert, ExpertWeights), CudaError> {
-    let (w1, c1) = quantized(
-        gpu,
-        fmt,
-        &random(
-            seed,
-            &format!("{key}.w1"),
-            inter * d,
-            (3.0 / d as f64).sqrt(),
-        ),
-        inter,
-        d,
-    )?;
-    let (w2, c2) = quantized(
-        gpu,
-        fmt,
-        &random(
-            seed,
-            &format!("{key}.w2"),
-            d * inter,
-            (3.0 / inter as f64).sqrt(),
-        ),
-        d,
-        inter,
-    )?;
-    let (w3, c3) = quantized(
-        gpu,
-        fmt,
-        &random(
-            seed,
-            &format!("{key}.w3"),
-            inter * d,
-            (3.0 / d as f64).sqrt(),
-        ),
-        inter,
-        d,
-    )?;
-    Ok((
-        GpuExpert { w1, w2, w3 },
-        ExpertWeights {
-            w1: c1,
-            w2: c2,
-            w3: c3,
-        },
-    ))
+fn expert(gpu: &Gpu, seed: u64, key: &str, fmt: &str, d: usize, inter: usize) -> Result<(GpuExpert, ExpertWeights), CudaError> {
+    let (w1, c1) = quantized(gpu, fmt, &random(seed, &format!("{key}.w1"), inter * d, (3.0 / d as f64).sqrt()), inter, d)?;
+    let (w2, c2) = quantized(gpu, fmt, &random(seed, &format!("{key}.w2"), d * inter, (3.0 / inter as f64).sqrt()), d, inter)?;
+    let (w3, c3) = quantized(gpu, fmt, &random(seed, &format!("{key}.w3"), inter * d, (3.0 / d as f64).sqrt()), inter, d)?;
+    Ok((GpuExpert { w1, w2, w3 }, ExpertWeights { w1: c1, w2: c2, w3: c3 }))
 }
 
 /// A whole MoE layer (spec §4.11) through [`Gpu::moe_forward`] vs `moe::route` + `moe::moe`.
 fn check_moe_layer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     // SwiGLU limit 1 (not Flash's 10) so that both clamps are active at these activation sizes.
-    let (t, d, inter, e, k, vocab, limit) = (
-        9usize, 1024usize, 512usize, 16usize, 6usize, 500usize, 1.0f64,
-    );
+    let (t, d, inter, e, k, vocab, limit) = (9usize, 1024usize, 512usize, 16usize, 6usize, 500usize, 1.0f64);
     let f = random(seed, "moe.f", t * d, 2.0);
     let ids = formula_ids(seed ^ 0x5eed, t, vocab);
     let gate_vals = random(seed, "moe.gate", e * d, (3.0 / d as f64).sqrt());
     let bias = random(seed, "moe.bias", e, 0.1);
-    let tid2eid: Vec<u32> = formula_tid2eid(seed, "moe.tid2eid", vocab, k, e)
-        .iter()
-        .map(|v| *v as u32)
-        .collect();
+    let tid2eid: Vec<u32> = formula_tid2eid(seed, "moe.tid2eid", vocab, k, e).iter().map(|v| *v as u32).collect();
     let mut g_experts = Vec::with_capacity(e);
     let mut c_experts = Vec::with_capacity(e);
     for x in 0..e {
@@ -492,20 +266,10 @@ fn check_moe_layer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
     }
     let (g_shared, c_shared) = expert(gpu, seed, "moe.shared", "fp8", d, inter)?;
     let cfg = config(d, e, k, ScoringFunc::SqrtSoftplus, limit);
-    let gate = Matrix {
-        rows: e,
-        cols: d,
-        data: gate_vals,
-    };
+    let gate = Matrix { rows: e, cols: d, data: gate_vals };
     let mut layer = GpuMoeLayer {
-        gate: GpuWeight {
-            rows: e,
-            cols: d,
-            data: GpuMatrix::F32(gpu.upload(&gate.data)?),
-        },
-        router: GpuRouter::Score {
-            bias: gpu.upload(&bias)?,
-        },
+        gate: GpuWeight { rows: e, cols: d, data: GpuMatrix::F32(gpu.upload(&gate.data)?) },
+        router: GpuRouter::Score { bias: gpu.upload(&bias)? },
         shared: g_shared,
         experts: g_experts,
         tables: std::sync::OnceLock::new(),
@@ -516,45 +280,18 @@ fn check_moe_layer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
     for hash in [false, true] {
         if hash {
             let table: Vec<i32> = tid2eid.iter().map(|v| *v as i32).collect();
-            layer.router = GpuRouter::Hash {
-                tid2eid: gpu.upload(&table)?,
-                vocab,
-            };
-            lw.router = RouterWeights::Hash {
-                tid2eid: tid2eid.clone(),
-            };
+            layer.router = GpuRouter::Hash { tid2eid: gpu.upload(&table)?, vocab };
+            lw.router = RouterWeights::Hash { tid2eid: tid2eid.clone() };
         }
-        let name = if hash {
-            "moe_forward hash"
-        } else {
-            "moe_forward score"
-        };
+        let name = if hash { "moe_forward hash" } else { "moe_forward score" };
         let routes = moe::route(&cfg, &lw, &f, &ids);
         let y_ref = moe::moe(&cfg, &lw, &f, &routes, &Numerics::default());
         let got = gpu.moe_forward(&cfg, &layer, &df, &dids, t)?;
-        let ref_ids: Vec<usize> = routes
-            .iter()
-            .flat_map(|r| r.experts.iter().copied())
-            .collect();
-        let ref_w: Vec<f32> = routes
-            .iter()
-            .flat_map(|r| r.weights.iter().map(|v| *v as f32))
-            .collect();
+        let ref_ids: Vec<usize> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
+        let ref_w: Vec<f32> = routes.iter().flat_map(|r| r.weights.iter().map(|v| *v as f32)).collect();
         let shape = json!([t, d, inter, e, k]);
-        all &= record_ids(
-            out,
-            &format!("{name} ids"),
-            shape.clone(),
-            &gpu.download(&got.experts)?,
-            &ref_ids,
-        );
-        all &= record(
-            out,
-            &format!("{name} weights"),
-            shape.clone(),
-            &gpu.download(&got.weights)?,
-            &ref_w,
-        );
+        all &= record_ids(out, &format!("{name} ids"), shape.clone(), &gpu.download(&got.experts)?, &ref_ids);
+        all &= record(out, &format!("{name} weights"), shape.clone(), &gpu.download(&got.weights)?, &ref_w);
         all &= record(out, name, shape, &gpu.download(&got.out)?, &y_ref);
     }
     Ok(all)

@@ -14,34 +14,20 @@ use flashseek_model::config::Ds4Config;
 use serde_json::{json, Value};
 use std::path::Path;
 
+
 fn top1_agreement(a: &[f32], b: &[f32], vocab: usize) -> f64 {
     let rows = a.len() / vocab;
-    let same = (0..rows)
-        .filter(|r| {
-            argmax(&a[r * vocab..(r + 1) * vocab]) == argmax(&b[r * vocab..(r + 1) * vocab])
-        })
-        .count();
+    let same = (0..rows).filter(|r| argmax(&a[r * vocab..(r + 1) * vocab]) == argmax(&b[r * vocab..(r + 1) * vocab])).count();
     same as f64 / rows.max(1) as f64
 }
 
 /// Greedy generation of `steps` tokens after `prompt` on the CPU and on the GPU (both fed the CPU's
 /// tokens): whether the chosen tokens are equal, and the worst per-step logits NMSE.
-fn greedy_compare(
-    gpu: &Gpu,
-    gm: &GpuModel,
-    w: &ModelWeights,
-    prompt: &[u32],
-    steps: usize,
-) -> Result<(bool, f64), CudaError> {
-    let bad = |e: crate::forward::ForwardError| CudaError::Unsupported {
-        what: "greedy check",
-        detail: e.to_string(),
-    };
+fn greedy_compare(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, prompt: &[u32], steps: usize) -> Result<(bool, f64), CudaError> {
+    let bad = |e: crate::forward::ForwardError| CudaError::Unsupported { what: "greedy check", detail: e.to_string() };
     let opts = ForwardOptions::default();
     let mut cst = SequenceState::new(&w.config, None);
-    let mut cl = forward_chunk(w, &mut cst, prompt, LogitsFor::Last, &opts)
-        .map_err(bad)?
-        .logits;
+    let mut cl = forward_chunk(w, &mut cst, prompt, LogitsFor::Last, &opts).map_err(bad)?.logits;
     let mut gseq = GpuSequence::new(gpu, gm, prompt.len() + steps + 1)?;
     let mut gl = forward_chunk_gpu(gpu, gm, &mut gseq, prompt, LogitsFor::Last, false)?.logits;
     let mut same = true;
@@ -50,9 +36,7 @@ fn greedy_compare(
         let a = argmax(&cl) as u32;
         same &= argmax(&gl) as u32 == a;
         worst = worst.max(errors(&gl, &cl).0);
-        cl = forward_chunk(w, &mut cst, &[a], LogitsFor::Last, &opts)
-            .map_err(bad)?
-            .logits;
+        cl = forward_chunk(w, &mut cst, &[a], LogitsFor::Last, &opts).map_err(bad)?.logits;
         gl = decode_step_gpu(gpu, gm, &mut gseq, a)?;
     }
     Ok((same, worst))
@@ -85,21 +69,8 @@ fn flatten_state(st: &SequenceState) -> (Vec<f32>, Vec<usize>) {
 ///   overwrite its rows, then restore: the continuation's logits are bitwise those straight after
 ///   the prefix.
 #[allow(clippy::too_many_arguments)]
-fn state_checks(
-    gpu: &Gpu,
-    gm: &GpuModel,
-    w: &ModelWeights,
-    ids: &[u32],
-    prefill: usize,
-    seed: u64,
-    name: &str,
-    cpu_logits: &[f32],
-    out: &mut Vec<Value>,
-) -> Result<bool, CudaError> {
-    let bad = |e: crate::forward::ForwardError| CudaError::Unsupported {
-        what: "state check",
-        detail: e.to_string(),
-    };
+fn state_checks(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, ids: &[u32], prefill: usize, seed: u64, name: &str, cpu_logits: &[f32], out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let bad = |e: crate::forward::ForwardError| CudaError::Unsupported { what: "state check", detail: e.to_string() };
     let (len, vocab, opts) = (ids.len(), w.config.vocab_size, ForwardOptions::default());
     let mut all = true;
     // Download.
@@ -111,19 +82,8 @@ fn state_checks(
     }
     let (gv, glayout) = flatten_state(&seq.to_host(gpu, gm)?);
     let (cv, clayout) = flatten_state(&cst);
-    all &= flag_record(
-        out,
-        &format!("model {name} state layout"),
-        json!({"prefix": prefill, "buffers": clayout.len() - 1}),
-        glayout == clayout,
-    );
-    all &= record(
-        out,
-        &format!("model {name} state download"),
-        json!({"prefix": prefill, "values": cv.len()}),
-        &gv,
-        &cv,
-    );
+    all &= flag_record(out, &format!("model {name} state layout"), json!({"prefix": prefill, "buffers": clayout.len() - 1}), glayout == clayout);
+    all &= record(out, &format!("model {name} state download"), json!({"prefix": prefill, "values": cv.len()}), &gv, &cv);
     // Upload of a retention-trimmed CPU state, continued on the GPU.
     let retention = 3;
     let mut rst = SequenceState::new(&w.config, Some(retention));
@@ -133,13 +93,7 @@ fn state_checks(
     for id in &ids[prefill..] {
         got.extend(decode_step_gpu(gpu, gm, &mut useq, *id)?);
     }
-    all &= record(
-        out,
-        &format!("model {name} state upload"),
-        json!({"prefix": prefill, "retention": retention, "decoded": len - prefill}),
-        &got,
-        &cpu_logits[prefill * vocab..],
-    );
+    all &= record(out, &format!("model {name} state upload"), json!({"prefix": prefill, "retention": retention, "decoded": len - prefill}), &got, &cpu_logits[prefill * vocab..]);
     // Snapshot, overwrite, restore.
     let mut seq = GpuSequence::new(gpu, gm, 2 * len + 1)?;
     forward_chunk_gpu(gpu, gm, &mut seq, &ids[..prefill], LogitsFor::None, false)?;
@@ -153,22 +107,10 @@ fn state_checks(
     };
     let first = decode_rest(&mut seq)?;
     seq.truncate(gm, prefill / 2)?;
-    forward_chunk_gpu(
-        gpu,
-        gm,
-        &mut seq,
-        &formula_ids(seed + 11, prefill + 5, vocab),
-        LogitsFor::None,
-        false,
-    )?;
+    forward_chunk_gpu(gpu, gm, &mut seq, &formula_ids(seed + 11, prefill + 5, vocab), LogitsFor::None, false)?;
     seq.restore(gpu, gm, &snap)?;
     let again = decode_rest(&mut seq)?;
-    let differing = first
-        .iter()
-        .zip(&again)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count()
-        + first.len().abs_diff(again.len());
+    let differing = first.iter().zip(&again).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + first.len().abs_diff(again.len());
     all &= flag_record(
         out,
         &format!("model {name} snapshot/restore"),
@@ -181,95 +123,37 @@ fn state_checks(
 /// Runs the model-level checks on every golden under `goldens` (each `NAME/model/config.json` and
 /// `NAME/meta.json` with its seed). `steps` greedy tokens are compared on models with a vocabulary
 /// below 100k.
-pub fn run(
-    gpu: &Gpu,
-    goldens: &Path,
-    steps: usize,
-    out: &mut Vec<Value>,
-) -> Result<bool, CudaError> {
+pub fn run(gpu: &Gpu, goldens: &Path, steps: usize, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let mut names: Vec<_> = std::fs::read_dir(goldens)
-        .map_err(|e| CudaError::Unsupported {
-            what: "goldens",
-            detail: format!("{}: {e}", goldens.display()),
-        })?
+        .map_err(|e| CudaError::Unsupported { what: "goldens", detail: format!("{}: {e}", goldens.display()) })?
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.join("meta.json").is_file())
         .collect();
     names.sort();
     for dir in names {
-        let name = dir
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        let bad = |e: String| CudaError::Unsupported {
-            what: "goldens",
-            detail: format!("{name}: {e}"),
-        };
-        let meta: Value = serde_json::from_str(
-            &std::fs::read_to_string(dir.join("meta.json")).map_err(|e| bad(e.to_string()))?,
-        )
-        .map_err(|e| bad(e.to_string()))?;
-        let seed = meta["seed"]
-            .as_u64()
-            .ok_or_else(|| bad("meta.json has no seed".into()))?;
+        let name = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let bad = |e: String| CudaError::Unsupported { what: "goldens", detail: format!("{name}: {e}") };
+        let meta: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).map_err(|e| bad(e.to_string()))?).map_err(|e| bad(e.to_string()))?;
+        let seed = meta["seed"].as_u64().ok_or_else(|| bad("meta.json has no seed".into()))?;
         let cfg = Ds4Config::from_file(&dir.join("model")).map_err(|e| bad(e.to_string()))?;
-        let w = ModelWeights::load(
-            &cfg,
-            &FormulaSource {
-                seed,
-                n_experts: cfg.n_routed_experts,
-            },
-        )
-        .map_err(|e| bad(e.to_string()))?;
-        let fsrc = FormulaSource {
-            seed,
-            n_experts: cfg.n_routed_experts,
-        };
+        let w = ModelWeights::load(&cfg, &FormulaSource { seed, n_experts: cfg.n_routed_experts }).map_err(|e| bad(e.to_string()))?;
+        let fsrc = FormulaSource { seed, n_experts: cfg.n_routed_experts };
         let gm = GpuModel::upload_with(gpu, &cfg, &super::upload::F32Source(&fsrc))?;
         let vocab = cfg.vocab_size;
-        let len = meta["lengths"]
-            .as_array()
-            .and_then(|l| l.iter().filter_map(|v| v.as_u64()).max())
-            .unwrap_or(16) as usize;
+        let len = meta["lengths"].as_array().and_then(|l| l.iter().filter_map(|v| v.as_u64()).max()).unwrap_or(16) as usize;
         let ids = formula_ids(seed, len, vocab);
         // One-shot: per-layer streams and logits.
-        let cpu = forward(
-            &w,
-            &ids,
-            &ForwardOptions {
-                record_streams: true,
-                ..Default::default()
-            },
-        )
-        .map_err(|e| bad(e.to_string()))?;
+        let cpu = forward(&w, &ids, &ForwardOptions { record_streams: true, ..Default::default() }).map_err(|e| bad(e.to_string()))?;
         let mut seq = GpuSequence::new(gpu, &gm, len + steps + 1)?;
         let g = forward_chunk_gpu(gpu, &gm, &mut seq, &ids, LogitsFor::All, true)?;
         for (l, (a, b)) in g.layer_streams.iter().zip(&cpu.layer_streams).enumerate() {
-            all &= record(
-                out,
-                &format!("model {name} layer {l} streams"),
-                json!([len]),
-                a,
-                b,
-            );
+            all &= record(out, &format!("model {name} layer {l} streams"), json!([len]), a, b);
         }
-        all &= record(
-            out,
-            &format!("model {name} logits"),
-            json!([len, vocab]),
-            &g.logits,
-            &cpu.logits,
-        );
+        all &= record(out, &format!("model {name} logits"), json!([len, vocab]), &g.logits, &cpu.logits);
         let agree = top1_agreement(&g.logits, &cpu.logits, vocab);
-        all &= flag_record(
-            out,
-            &format!("model {name} top-1"),
-            json!({"agreement": agree, "positions": len}),
-            agree >= 0.99,
-        );
+        all &= flag_record(out, &format!("model {name} top-1"), json!({"agreement": agree, "positions": len}), agree >= 0.99);
         // Chunked prefill (chunk 7) then decode, against the CPU one-shot logits.
         let prefill = (len * 2 / 3).max(1);
         let mut seq = GpuSequence::new(gpu, &gm, len + 1)?;
@@ -280,13 +164,7 @@ pub fn run(
         for id in &ids[prefill..] {
             got.extend(decode_step_gpu(gpu, &gm, &mut seq, *id)?);
         }
-        all &= record(
-            out,
-            &format!("model {name} chunked+decode"),
-            json!({"len": len, "chunk": 7, "prefill": prefill}),
-            &got,
-            &cpu.logits,
-        );
+        all &= record(out, &format!("model {name} chunked+decode"), json!({"len": len, "chunk": 7, "prefill": prefill}), &got, &cpu.logits);
         // Truncate and continue equals a fresh prefix.
         let cut = prefill / 2;
         seq.truncate(&gm, cut)?;
@@ -294,29 +172,15 @@ pub fn run(
         let gt = forward_chunk_gpu(gpu, &gm, &mut seq, &tail, LogitsFor::All, false)?.logits;
         let mut fresh = ids[..cut].to_vec();
         fresh.extend(&tail);
-        let ct = forward(&w, &fresh, &ForwardOptions::default())
-            .map_err(|e| bad(e.to_string()))?
-            .logits;
-        all &= record(
-            out,
-            &format!("model {name} truncate"),
-            json!({"cut": cut, "tail": 9}),
-            &gt,
-            &ct[cut * vocab..],
-        );
+        let ct = forward(&w, &fresh, &ForwardOptions::default()).map_err(|e| bad(e.to_string()))?.logits;
+        all &= record(out, &format!("model {name} truncate"), json!({"cut": cut, "tail": 9}), &gt, &ct[cut * vocab..]);
         all &= state_checks(gpu, &gm, &w, &ids, prefill, seed, &name, &cpu.logits, out)?;
         all &= super::check_sample::generate_checks(gpu, &gm, seed, &name, out)?;
         all &= super::check_graph::graph_checks(gpu, &gm, seed, &name, prefill, 24, out)?;
         // Greedy generation: same tokens as the CPU.
         if vocab < 100_000 && steps > 0 {
-            let (same, worst) =
-                greedy_compare(gpu, &gm, &w, &formula_ids(seed + 3, 12, vocab), steps)?;
-            all &= flag_record(
-                out,
-                &format!("model {name} greedy {steps}"),
-                json!({"tokens_equal": same, "worst_step_nmse": worst, "tolerance_nmse": NMSE_TOL}),
-                same && worst <= NMSE_TOL,
-            );
+            let (same, worst) = greedy_compare(gpu, &gm, &w, &formula_ids(seed + 3, 12, vocab), steps)?;
+            all &= flag_record(out, &format!("model {name} greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst, "tolerance_nmse": NMSE_TOL}), same && worst <= NMSE_TOL);
         }
     }
     Ok(all)
@@ -326,16 +190,8 @@ pub fn run(
 /// CPU reference on the same checkpoint (dequantized on load): per-layer streams, logits, and
 /// `steps` greedy tokens. Used on the embedded default model, which is written in DeepSeek's
 /// official layout and precision.
-pub fn run_stored(
-    gpu: &Gpu,
-    dir: &Path,
-    steps: usize,
-    out: &mut Vec<Value>,
-) -> Result<bool, CudaError> {
-    let bad = |e: String| CudaError::Unsupported {
-        what: "stored-format model",
-        detail: format!("{}: {e}", dir.display()),
-    };
+pub fn run_stored(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let bad = |e: String| CudaError::Unsupported { what: "stored-format model", detail: format!("{}: {e}", dir.display()) };
     let cfg = Ds4Config::from_file(dir).map_err(|e| bad(e.to_string()))?;
     let ck = flashseek_model::checkpoint::Checkpoint::open(dir).map_err(|e| bad(e.to_string()))?;
     let w = ModelWeights::load(&cfg, &ck).map_err(|e| bad(e.to_string()))?;
@@ -343,48 +199,18 @@ pub fn run_stored(
     let vocab = cfg.vocab_size;
     let len = 200;
     let ids = formula_ids(99, len, vocab);
-    let cpu = forward(
-        &w,
-        &ids,
-        &ForwardOptions {
-            record_streams: true,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| bad(e.to_string()))?;
+    let cpu = forward(&w, &ids, &ForwardOptions { record_streams: true, ..Default::default() }).map_err(|e| bad(e.to_string()))?;
     let mut seq = GpuSequence::new(gpu, &gm, len + steps + 16)?;
     let g = forward_chunk_gpu(gpu, &gm, &mut seq, &ids, LogitsFor::All, true)?;
     let mut all = true;
     for (l, (a, b)) in g.layer_streams.iter().zip(&cpu.layer_streams).enumerate() {
-        all &= record(
-            out,
-            &format!("stored-format layer {l} streams"),
-            json!([len]),
-            a,
-            b,
-        );
+        all &= record(out, &format!("stored-format layer {l} streams"), json!([len]), a, b);
     }
-    all &= record(
-        out,
-        "stored-format logits",
-        json!([len, vocab]),
-        &g.logits,
-        &cpu.logits,
-    );
+    all &= record(out, "stored-format logits", json!([len, vocab]), &g.logits, &cpu.logits);
     let agree = top1_agreement(&g.logits, &cpu.logits, vocab);
-    all &= flag_record(
-        out,
-        "stored-format top-1",
-        json!({"agreement": agree, "positions": len}),
-        agree >= 0.99,
-    );
+    all &= flag_record(out, "stored-format top-1", json!({"agreement": agree, "positions": len}), agree >= 0.99);
     let (same, worst) = greedy_compare(gpu, &gm, &w, &formula_ids(5, 12, vocab), steps)?;
     all &= super::check_graph::graph_checks(gpu, &gm, 5, "stored-format", 150, 16, out)?;
-    all &= flag_record(
-        out,
-        &format!("stored-format greedy {steps}"),
-        json!({"tokens_equal": same, "worst_step_nmse": worst}),
-        same && worst <= NMSE_TOL,
-    );
+    all &= flag_record(out, &format!("stored-format greedy {steps}"), json!({"tokens_equal": same, "worst_step_nmse": worst}), same && worst <= NMSE_TOL);
     Ok(all)
 }

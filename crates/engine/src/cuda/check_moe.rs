@@ -53,8 +53,7 @@ pub const Q8_MOE_NMSE_TOL: f64 = 1e-4;
 /// experts 0.. (expert 6 takes every token), the rest spread over experts 7..; slots shuffled.
 fn designed_routes(seed: u64, t: usize, k: usize, e: usize) -> Vec<Route> {
     // (expert, first token, count) of the special experts; expert 0 gets none.
-    let special: [(usize, usize, usize); 5] =
-        [(1, 0, 1), (2, 1, 2), (3, 3, 9), (4, 12, 16), (5, 28, 64)];
+    let special: [(usize, usize, usize); 5] = [(1, 0, 1), (2, 1, 2), (3, 3, 9), (4, 12, 16), (5, 28, 64)];
     let w = random(seed, "moe_grouped.gamma", t * k, 1.0);
     (0..t)
         .map(|ti| {
@@ -79,80 +78,22 @@ fn designed_routes(seed: u64, t: usize, k: usize, e: usize) -> Vec<Route> {
                 ex.swap(0, k - 1);
             }
             let weights = (0..k).map(|s| 0.25 + w[ti * k + s].abs() as f64).collect();
-            Route {
-                experts: ex,
-                weights,
-            }
+            Route { experts: ex, weights }
         })
         .collect()
 }
 
-fn expert_in(
-    gpu: &Gpu,
-    seed: u64,
-    key: &str,
-    fmt: &str,
-    d: usize,
-    inter: usize,
-) -> Result<(GpuExpert, ExpertWeights), CudaError> {
-    let (w1, c1) = weight(
-        gpu,
-        fmt,
-        &random(
-            seed,
-            &format!("{key}.w1"),
-            inter * d,
-            (3.0 / d as f64).sqrt(),
-        ),
-        inter,
-        d,
-    )?;
-    let (w2, c2) = weight(
-        gpu,
-        fmt,
-        &random(
-            seed,
-            &format!("{key}.w2"),
-            d * inter,
-            (3.0 / inter as f64).sqrt(),
-        ),
-        d,
-        inter,
-    )?;
-    let (w3, c3) = weight(
-        gpu,
-        fmt,
-        &random(
-            seed,
-            &format!("{key}.w3"),
-            inter * d,
-            (3.0 / d as f64).sqrt(),
-        ),
-        inter,
-        d,
-    )?;
-    Ok((
-        GpuExpert { w1, w2, w3 },
-        ExpertWeights {
-            w1: c1,
-            w2: c2,
-            w3: c3,
-        },
-    ))
+fn expert_in(gpu: &Gpu, seed: u64, key: &str, fmt: &str, d: usize, inter: usize) -> Result<(GpuExpert, ExpertWeights), CudaError> {
+    let (w1, c1) = weight(gpu, fmt, &random(seed, &format!("{key}.w1"), inter * d, (3.0 / d as f64).sqrt()), inter, d)?;
+    let (w2, c2) = weight(gpu, fmt, &random(seed, &format!("{key}.w2"), d * inter, (3.0 / inter as f64).sqrt()), d, inter)?;
+    let (w3, c3) = weight(gpu, fmt, &random(seed, &format!("{key}.w3"), inter * d, (3.0 / d as f64).sqrt()), inter, d)?;
+    Ok((GpuExpert { w1, w2, w3 }, ExpertWeights { w1: c1, w2: c2, w3: c3 }))
 }
 
 /// A MoE layer of `e` random experts in `fmt` (d × inter, keys `<key>.e<x>`) and an FP8 shared
 /// expert (`<key>.shared`), on the GPU and as the CPU reference's weights (no gate: the checks route
 /// by hand).
-fn test_layer(
-    gpu: &Gpu,
-    seed: u64,
-    key: &str,
-    fmt: &str,
-    e: usize,
-    d: usize,
-    inter: usize,
-) -> Result<(GpuMoeLayer, crate::weights::LayerWeights), CudaError> {
+fn test_layer(gpu: &Gpu, seed: u64, key: &str, fmt: &str, e: usize, d: usize, inter: usize) -> Result<(GpuMoeLayer, crate::weights::LayerWeights), CudaError> {
     let mut g_experts = Vec::new();
     let mut c_experts = Vec::new();
     for x in 0..e {
@@ -162,32 +103,14 @@ fn test_layer(
     }
     let (g_shared, c_shared) = expert_in(gpu, seed, &format!("{key}.shared"), "fp8", d, inter)?;
     let layer = GpuMoeLayer {
-        gate: GpuWeight {
-            rows: 0,
-            cols: 0,
-            data: GpuMatrix::F32(gpu.zeros_owned::<f32>(1)?),
-        },
-        router: GpuRouter::Score {
-            bias: gpu.zeros_owned::<f32>(e)?,
-        },
+        gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros_owned::<f32>(1)?) },
+        router: GpuRouter::Score { bias: gpu.zeros_owned::<f32>(e)? },
         shared: g_shared,
         experts: g_experts,
         tables: std::sync::OnceLock::new(),
     };
-    let none = Matrix {
-        rows: 0,
-        cols: 0,
-        data: Vec::new(),
-    };
-    Ok((
-        layer,
-        moe_layer(
-            none,
-            RouterWeights::Score { bias: vec![0.0; e] },
-            c_shared,
-            c_experts,
-        ),
-    ))
+    let none = Matrix { rows: 0, cols: 0, data: Vec::new() };
+    Ok((layer, moe_layer(none, RouterWeights::Score { bias: vec![0.0; e] }, c_shared, c_experts)))
 }
 
 /// The named variants of the parity matrix: all on, then each switch off alone, and both tiles.
@@ -195,43 +118,11 @@ fn variants() -> Vec<(&'static str, MoeOptions)> {
     let on = MoeOptions::ALL_ON;
     vec![
         ("all on", on),
-        (
-            "fused off",
-            MoeOptions {
-                fused_swiglu: false,
-                ..on
-            },
-        ),
-        (
-            "tile 64",
-            MoeOptions {
-                force_tile_rows: Some(64),
-                ..on
-            },
-        ),
-        (
-            "tile 128",
-            MoeOptions {
-                force_tile_rows: Some(128),
-                ..on
-            },
-        ),
-        (
-            "persistent off",
-            MoeOptions {
-                persistent: false,
-                ..on
-            },
-        ),
-        (
-            "tile 64 unfused, one block per unit",
-            MoeOptions {
-                force_tile_rows: Some(64),
-                fused_swiglu: false,
-                persistent: false,
-                ..on
-            },
-        ),
+        ("fused off", MoeOptions { fused_swiglu: false, ..on }),
+        ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }),
+        ("tile 128", MoeOptions { force_tile_rows: Some(128), ..on }),
+        ("persistent off", MoeOptions { persistent: false, ..on }),
+        ("tile 64 unfused, one block per unit", MoeOptions { force_tile_rows: Some(64), fused_swiglu: false, persistent: false, ..on }),
     ]
 }
 
@@ -239,13 +130,7 @@ fn variants() -> Vec<(&'static str, MoeOptions)> {
 pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let (t, d, inter, e, k) = (1000usize, 512usize, 256usize, 16usize, 6usize);
-    let Designed {
-        cfg,
-        f,
-        routes32,
-        ids,
-        gammas,
-    } = designed(seed);
+    let Designed { cfg, f, routes32, ids, gammas } = designed(seed);
     let mut counts = vec![0usize; e];
     for x in &ids {
         counts[*x as usize] += 1;
@@ -258,21 +143,14 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     for fmt in ["fp4", "fp8", "bf16"] {
         let (layer, lw) = test_layer(gpu, seed, &format!("moe_grouped.{fmt}"), fmt, e, d, inter)?;
         let y_ref = moe::moe(&cfg, &lw, &f, &routes32, &Numerics::default());
-        let per_expert =
-            gpu.download(&*gpu.moe_experts(&cfg, &layer, &df, t, &ids, &dw, false)?)?;
+        let per_expert = gpu.download(&*gpu.moe_experts(&cfg, &layer, &df, t, &ids, &dw, false)?)?;
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k, "tokens_per_expert": counts});
         for split in [true, false] {
             let act = if split { "split" } else { "bf16" };
-            let tol = if split {
-                SPLIT_NMSE_TOL
-            } else {
-                GROUPED_BF16_NMSE_TOL
-            };
+            let tol = if split { SPLIT_NMSE_TOL } else { GROUPED_BF16_NMSE_TOL };
             let mut first: Option<Vec<f32>> = None;
             for (vname, opts) in variants() {
-                let got = gpu.download(
-                    &*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, opts)?,
-                )?;
+                let got = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, opts)?)?;
                 let (nmse, max_abs, ref_max) = errors(&got, &y_ref);
                 let pass = nmse <= tol && got.iter().all(|v| v.is_finite());
                 let op = format!("moe_grouped {fmt} {act} {vname} vs cpu");
@@ -282,17 +160,8 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
                 match &first {
                     None => first = Some(got),
                     Some(f0) => {
-                        let differ = f0
-                            .iter()
-                            .zip(&got)
-                            .filter(|(a, b)| a.to_bits() != b.to_bits())
-                            .count();
-                        all &= flag_record(
-                            out,
-                            &format!("moe_grouped {fmt} {act} {vname} bits"),
-                            json!({"differing_values": differ, "of": got.len(), "vs": "all on"}),
-                            differ == 0,
-                        );
+                        let differ = f0.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                        all &= flag_record(out, &format!("moe_grouped {fmt} {act} {vname} bits"), json!({"differing_values": differ, "of": got.len(), "vs": "all on"}), differ == 0);
                     }
                 }
             }
@@ -301,79 +170,24 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             println!("moe_grouped {fmt} {act} vs per-expert GPU path: nmse {nmse:.3e} max_abs {max_abs:.3e}");
             out.push(json!({"op": format!("moe_grouped {fmt} {act} vs per-expert"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "informational": true}));
             if split {
-                all &= record(
-                    out,
-                    &format!("moe_grouped {fmt} per-expert vs cpu"),
-                    shape.clone(),
-                    &per_expert,
-                    &y_ref,
-                );
+                all &= record(out, &format!("moe_grouped {fmt} per-expert vs cpu"), shape.clone(), &per_expert, &y_ref);
             }
             // Decode sizes (MOE_GROUPED_DECODE): the grouped path on the first 1 and 3 tokens alone.
             if split {
                 for ts in [1usize, 3] {
-                    let (fs, is, ws) = (
-                        gpu.upload(&f[..ts * d])?,
-                        gpu.upload(&ids[..ts * k])?,
-                        gpu.upload(&gammas[..ts * k])?,
-                    );
-                    let got = gpu.download(&*gpu.moe_experts_grouped(
-                        &cfg,
-                        &layer,
-                        &fs,
-                        ts,
-                        &is,
-                        &ws,
-                        true,
-                        MoeOptions::ALL_ON,
-                    )?)?;
-                    let want = moe::moe(
-                        &cfg,
-                        &lw,
-                        &f[..ts * d],
-                        &routes32[..ts],
-                        &Numerics::default(),
-                    );
+                    let (fs, is, ws) = (gpu.upload(&f[..ts * d])?, gpu.upload(&ids[..ts * k])?, gpu.upload(&gammas[..ts * k])?);
+                    let got = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &fs, ts, &is, &ws, true, MoeOptions::ALL_ON)?)?;
+                    let want = moe::moe(&cfg, &lw, &f[..ts * d], &routes32[..ts], &Numerics::default());
                     let (nmse, max_abs, _) = errors(&got, &want);
                     let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
-                    all &= flag_record(
-                        out,
-                        &format!("moe_grouped {fmt} split T={ts} vs cpu"),
-                        json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}),
-                        ok,
-                    );
+                    all &= flag_record(out, &format!("moe_grouped {fmt} split T={ts} vs cpu"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}), ok);
                 }
             }
             // Masked routes: γ = 0 everywhere → exactly the shared expert.
-            let masked = gpu.download(&*gpu.moe_experts_grouped(
-                &cfg,
-                &layer,
-                &df,
-                t,
-                &dids,
-                &dzero,
-                split,
-                MoeOptions::ALL_ON,
-            )?)?;
-            let shared = gpu.download(&*gpu.shared_expert(
-                &layer,
-                &df,
-                t,
-                d,
-                cfg.swiglu_limit as f32,
-                false,
-            )?)?;
-            let differ = masked
-                .iter()
-                .zip(&shared)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            all &= flag_record(
-                out,
-                &format!("moe_grouped {fmt} {act} masked"),
-                json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}),
-                differ == 0,
-            );
+            let masked = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dzero, split, MoeOptions::ALL_ON)?)?;
+            let shared = gpu.download(&*gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, false)?)?;
+            let differ = masked.iter().zip(&shared).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            all &= flag_record(out, &format!("moe_grouped {fmt} {act} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}), differ == 0);
         }
     }
     all &= run_q8(gpu, seed, &cfg, &f, &routes32, &dids, &dw, &ids, out)?;
@@ -396,64 +210,28 @@ fn designed(seed: u64) -> Designed {
     Designed {
         cfg: config(d, e, k, ScoringFunc::SqrtSoftplus, 1.0),
         f: random(seed, "moe_grouped.f", t * d, 2.0),
-        ids: routes
-            .iter()
-            .flat_map(|r| r.experts.iter().map(|x| *x as i32))
-            .collect(),
-        gammas: routes
-            .iter()
-            .flat_map(|r| r.weights.iter().map(|v| *v as f32))
-            .collect(),
-        routes32: routes
-            .iter()
-            .map(|r| Route {
-                experts: r.experts.clone(),
-                weights: r.weights.iter().map(|v| *v as f32 as f64).collect(),
-            })
-            .collect(),
+        ids: routes.iter().flat_map(|r| r.experts.iter().map(|x| *x as i32)).collect(),
+        gammas: routes.iter().flat_map(|r| r.weights.iter().map(|v| *v as f32)).collect(),
+        routes32: routes.iter().map(|r| Route { experts: r.experts.clone(), weights: r.weights.iter().map(|v| *v as f32 as f64).collect() }).collect(),
     }
 }
 
 /// Only the official-numerics half of the matrix (`gpu-check --only q8`), on the same routing.
 pub fn run_official(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
-    let Designed {
-        cfg,
-        f,
-        routes32,
-        ids,
-        gammas,
-    } = designed(seed);
+    let Designed { cfg, f, routes32, ids, gammas } = designed(seed);
     let (dids, dw) = (gpu.upload(&ids)?, gpu.upload(&gammas)?);
     run_q8(gpu, seed, &cfg, &f, &routes32, &dids, &dw, &ids, out)
 }
 
 /// The official-numerics (FP8 activation) half of the parity matrix; see the module docs.
 #[allow(clippy::too_many_arguments)]
-fn run_q8(
-    gpu: &Gpu,
-    seed: u64,
-    cfg: &flashseek_model::config::Ds4Config,
-    f: &[f32],
-    routes: &[Route],
-    dids: &cudarc::driver::CudaSlice<i32>,
-    dw: &cudarc::driver::CudaSlice<f32>,
-    ids: &[i32],
-    out: &mut Vec<Value>,
-) -> Result<bool, CudaError> {
-    let (t, d, e, k) = (
-        routes.len(),
-        cfg.hidden_size,
-        cfg.n_routed_experts,
-        cfg.num_experts_per_tok,
-    );
+fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f32], routes: &[Route], dids: &cudarc::driver::CudaSlice<i32>, dw: &cudarc::driver::CudaSlice<f32>, ids: &[i32], out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let (t, d, e, k) = (routes.len(), cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
     let inter = 256usize;
     let mut all = true;
     let df = gpu.upload(f)?;
     let dzero = gpu.zeros::<f32>(t * k)?;
-    let official = Numerics {
-        act_quant_fp8: true,
-        ..Default::default()
-    };
+    let official = Numerics { act_quant_fp8: true, ..Default::default() };
     for fmt in ["fp4", "fp8"] {
         let (layer, lw) = test_layer(gpu, seed, &format!("moe_q8.{fmt}"), fmt, e, d, inter)?;
         let y_ref = moe::moe(cfg, &lw, f, routes, &official);
@@ -461,8 +239,7 @@ fn run_q8(
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k});
         let mut first: Option<Vec<f32>> = None;
         for (vname, opts) in variants() {
-            let got =
-                gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, opts)?)?;
+            let got = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, opts)?)?;
             let (nmse, max_abs, ref_max) = errors(&got, &y_ref);
             let pass = nmse <= Q8_MOE_NMSE_TOL && got.iter().all(|v| v.is_finite());
             let op = format!("moe_q8 {fmt} {vname} vs cpu");
@@ -477,54 +254,22 @@ fn run_q8(
                     first = Some(got);
                 }
                 Some(f0) => {
-                    let differ = f0
-                        .iter()
-                        .zip(&got)
-                        .filter(|(a, b)| a.to_bits() != b.to_bits())
-                        .count();
-                    all &= flag_record(
-                        out,
-                        &format!("moe_q8 {fmt} {vname} bits"),
-                        json!({"differing_values": differ, "of": got.len(), "vs": "all on"}),
-                        differ == 0,
-                    );
+                    let differ = f0.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    all &= flag_record(out, &format!("moe_q8 {fmt} {vname} bits"), json!({"differing_values": differ, "of": got.len(), "vs": "all on"}), differ == 0);
                 }
             }
         }
         // Decode sizes (MOE_GROUPED_DECODE under TC_LINEAR=fp8): the first 1 and 3 tokens alone.
         for ts in [1usize, 3] {
-            let (fs, is, ws) = (
-                gpu.upload(&f[..ts * d])?,
-                gpu.upload(&ids[..ts * k])?,
-                gpu.upload(&gpu.download(dw)?[..ts * k])?,
-            );
-            let got = gpu.download(&*gpu.moe_experts_grouped_q8(
-                cfg,
-                &layer,
-                &fs,
-                ts,
-                &is,
-                &ws,
-                MoeOptions::ALL_ON,
-            )?)?;
+            let (fs, is, ws) = (gpu.upload(&f[..ts * d])?, gpu.upload(&ids[..ts * k])?, gpu.upload(&gpu.download(dw)?[..ts * k])?);
+            let got = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &fs, ts, &is, &ws, MoeOptions::ALL_ON)?)?;
             let want = moe::moe(cfg, &lw, &f[..ts * d], &routes[..ts], &official);
             let (nmse, max_abs, _) = errors(&got, &want);
             let ok = nmse <= Q8_MOE_NMSE_TOL && got.iter().all(|v| v.is_finite());
-            all &= flag_record(
-                out,
-                &format!("moe_q8 {fmt} T={ts} vs cpu"),
-                json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL}),
-                ok,
-            );
+            all &= flag_record(out, &format!("moe_q8 {fmt} T={ts} vs cpu"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL}), ok);
         }
         // The mma.sync kernels (FP8_WGMMA=off) against the same reference.
-        let sync = crate::switches::scoped(&[("FP8_WGMMA", "off")], || {
-            gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON)
-        })
-        .map_err(|e| CudaError::Unsupported {
-            what: "switch",
-            detail: e.to_string(),
-        })??;
+        let sync = crate::switches::scoped(&[("FP8_WGMMA", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON)).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
         let sync = gpu.download(&sync)?;
         let (nmse, max_abs, ref_max) = errors(&sync, &y_ref);
         let pass = nmse <= Q8_MOE_NMSE_TOL;
@@ -538,68 +283,28 @@ fn run_q8(
         println!("moe_q8 {fmt} per-expert vs cpu                        nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e})  {}", if pass { "ok" } else { "FAIL" });
         out.push(json!({"op": format!("moe_q8 {fmt} per-expert vs cpu"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "pass": pass}));
         all &= pass;
-        let masked = gpu.download(&*gpu.moe_experts_grouped_q8(
-            cfg,
-            &layer,
-            &df,
-            t,
-            dids,
-            &dzero,
-            MoeOptions::ALL_ON,
-        )?)?;
-        let shared =
-            gpu.download(&*gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, true)?)?;
-        let differ = masked
-            .iter()
-            .zip(&shared)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        all &= flag_record(
-            out,
-            &format!("moe_q8 {fmt} masked"),
-            json!({"differing_values": differ, "of": shared.len(), "vs": "official shared expert alone"}),
-            differ == 0,
-        );
+        let masked = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, &dzero, MoeOptions::ALL_ON)?)?;
+        let shared = gpu.download(&*gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, true)?)?;
+        let differ = masked.iter().zip(&shared).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        all &= flag_record(out, &format!("moe_q8 {fmt} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "official shared expert alone"}), differ == 0);
     }
     Ok(all)
 }
 
 /// Times one Flash-shaped MoE layer at several token counts (see the module docs).
-pub fn timings(
-    gpu: &Gpu,
-    seed: u64,
-    repeats: usize,
-    tokens: &[usize],
-) -> Result<Vec<Value>, CudaError> {
+pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result<Vec<Value>, CudaError> {
     use super::upload::{GpuSource, RandomOfficialSource};
     let cfg = super::bench::flash_config(1);
-    let (d, e, k, inter) = (
-        cfg.hidden_size,
-        cfg.n_routed_experts,
-        cfg.num_experts_per_tok,
-        cfg.moe_intermediate_size,
-    );
+    let (d, e, k, inter) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size);
     let src = RandomOfficialSource::new(&cfg, seed);
     let expert = |q: &str| -> Result<GpuExpert, CudaError> {
-        Ok(GpuExpert {
-            w1: src.matrix(gpu, &format!("{q}.w1.weight"), inter, d)?,
-            w2: src.matrix(gpu, &format!("{q}.w2.weight"), d, inter)?,
-            w3: src.matrix(gpu, &format!("{q}.w3.weight"), inter, d)?,
-        })
+        Ok(GpuExpert { w1: src.matrix(gpu, &format!("{q}.w1.weight"), inter, d)?, w2: src.matrix(gpu, &format!("{q}.w2.weight"), d, inter)?, w3: src.matrix(gpu, &format!("{q}.w3.weight"), inter, d)? })
     };
     let layer = GpuMoeLayer {
-        gate: GpuWeight {
-            rows: 0,
-            cols: 0,
-            data: GpuMatrix::F32(gpu.zeros_owned::<f32>(1)?),
-        },
-        router: GpuRouter::Score {
-            bias: gpu.zeros_owned::<f32>(e)?,
-        },
+        gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros_owned::<f32>(1)?) },
+        router: GpuRouter::Score { bias: gpu.zeros_owned::<f32>(e)? },
         shared: expert("layers.0.ffn.shared_experts")?,
-        experts: (0..e)
-            .map(|x| expert(&format!("layers.0.ffn.experts.{x}")))
-            .collect::<Result<_, _>>()?,
+        experts: (0..e).map(|x| expert(&format!("layers.0.ffn.experts.{x}"))).collect::<Result<_, _>>()?,
         tables: std::sync::OnceLock::new(),
     };
     let repeats = repeats.clamp(1, 10);
@@ -633,100 +338,22 @@ pub fn timings(
         };
         if t <= 2048 {
             let host_ids = ids.clone();
-            let ms = median_ms(gpu, repeats.min(3), || {
-                gpu.moe_experts(&cfg, &layer, &f, t, &host_ids, &dw, false)
-                    .map(|_| ())
-            })?;
+            let ms = median_ms(gpu, repeats.min(3), || gpu.moe_experts(&cfg, &layer, &f, t, &host_ids, &dw, false).map(|_| ()))?;
             record_time("per-expert (grouped off)", ms);
         }
         let on = MoeOptions::ALL_ON;
         for split in [true, false] {
             let act = if split { "split" } else { "bf16" };
-            for (name, opts) in [
-                ("all on", on),
-                (
-                    "fused off",
-                    MoeOptions {
-                        fused_swiglu: false,
-                        ..on
-                    },
-                ),
-                (
-                    "adaptive off (128)",
-                    MoeOptions {
-                        adaptive_tiles: false,
-                        ..on
-                    },
-                ),
-                (
-                    "tile 64",
-                    MoeOptions {
-                        force_tile_rows: Some(64),
-                        ..on
-                    },
-                ),
-                (
-                    "persistent off",
-                    MoeOptions {
-                        persistent: false,
-                        ..on
-                    },
-                ),
-            ] {
-                let ms = median_ms(gpu, repeats, || {
-                    gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, split, opts)
-                        .map(|_| ())
-                })?;
+            for (name, opts) in [("all on", on), ("fused off", MoeOptions { fused_swiglu: false, ..on }), ("adaptive off (128)", MoeOptions { adaptive_tiles: false, ..on }), ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }), ("persistent off", MoeOptions { persistent: false, ..on })] {
+                let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, split, opts).map(|_| ()))?;
                 record_time(&format!("grouped {act} {name}"), ms);
             }
         }
-        for (name, opts) in [
-            ("all on", on),
-            (
-                "fused off",
-                MoeOptions {
-                    fused_swiglu: false,
-                    ..on
-                },
-            ),
-            (
-                "adaptive off (128)",
-                MoeOptions {
-                    adaptive_tiles: false,
-                    ..on
-                },
-            ),
-            (
-                "tile 64",
-                MoeOptions {
-                    force_tile_rows: Some(64),
-                    ..on
-                },
-            ),
-            (
-                "persistent off",
-                MoeOptions {
-                    persistent: false,
-                    ..on
-                },
-            ),
-        ] {
-            let ms = median_ms(gpu, repeats, || {
-                gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, opts)
-                    .map(|_| ())
-            })?;
+        for (name, opts) in [("all on", on), ("fused off", MoeOptions { fused_swiglu: false, ..on }), ("adaptive off (128)", MoeOptions { adaptive_tiles: false, ..on }), ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }), ("persistent off", MoeOptions { persistent: false, ..on })] {
+            let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, opts).map(|_| ()))?;
             record_time(&format!("grouped fp8 wgmma {name}"), ms);
         }
-        let ms = crate::switches::scoped(&[("FP8_WGMMA", "off")], || {
-            median_ms(gpu, repeats, || {
-                gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on)
-                    .map(|_| ())
-            })
-        })
-        .map_err(|e| CudaError::Unsupported {
-            what: "switch",
-            detail: e.to_string(),
-        })??;
+        let ms = crate::switches::scoped(&[("FP8_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ()))).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
         record_time("grouped fp8 mma.sync all on", ms);
     }
     Ok(rows)

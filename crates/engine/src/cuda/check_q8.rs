@@ -26,11 +26,7 @@ use crate::weights::Matrix;
 use flashseek_model::quant;
 use serde_json::{json, Value};
 
-const OFFICIAL: Numerics = Numerics {
-    act_quant_fp8: true,
-    kv_fp8: false,
-    indexer_fp4: false,
-};
+const OFFICIAL: Numerics = Numerics { act_quant_fp8: true, kv_fp8: false, indexer_fp4: false };
 
 /// Activations whose 128-feature blocks have very different magnitudes (so every block gets its own
 /// scale, from 2^-20 to 2^12).
@@ -43,14 +39,7 @@ fn spread_activations(seed: u64, key: &str, t: usize, k: usize) -> Vec<f32> {
     x
 }
 
-fn record_q8(
-    out: &mut Vec<Value>,
-    op: &str,
-    shape: Value,
-    got: &[f32],
-    reference: &[f32],
-    hf: Option<&[f32]>,
-) -> bool {
+fn record_q8(out: &mut Vec<Value>, op: &str, shape: Value, got: &[f32], reference: &[f32], hf: Option<&[f32]>) -> bool {
     let (nmse, max_abs, ref_max) = errors(got, reference);
     let pass = nmse <= Q8_NMSE_TOL && got.iter().all(|v| v.is_finite());
     let hf_nmse = hf.map(|h| errors(got, h).0);
@@ -74,17 +63,8 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         let mut dx = gpu.upload(&x)?;
         gpu.act_roundtrip(&mut dx, t, k)?;
         let got = gpu.download(&dx)?;
-        let differ = got
-            .iter()
-            .zip(&cpu)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        all &= flag_record(
-            out,
-            "act_roundtrip_fp8 vs cpu bits",
-            json!({"shape": [t, k], "differing_values": differ, "of": cpu.len()}),
-            differ == 0,
-        );
+        let differ = got.iter().zip(&cpu).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        all &= flag_record(out, "act_roundtrip_fp8 vs cpu bits", json!({"shape": [t, k], "differing_values": differ, "of": cpu.len()}), differ == 0);
     }
     // The FP8 GEMM.
     let shapes: &[(&str, &str, usize, usize, usize)] = &[
@@ -97,12 +77,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         ("fp4", "odd [200, 384]", 200, 384, 129),
     ];
     for (fmt, name, rows, cols, t) in shapes {
-        let vals = random(
-            seed,
-            &format!("q8.w.{name}"),
-            rows * cols,
-            (3.0 / *cols as f64).sqrt(),
-        );
+        let vals = random(seed, &format!("q8.w.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
         let (gw, cpu_w) = weight(gpu, fmt, &vals, *rows, *cols)?;
         let x = spread_activations(seed, &format!("q8.x.{name}"), *t, *cols);
         let reference = ops::linear(&OFFICIAL.act_in(&x, *cols), &cpu_w);
@@ -112,23 +87,13 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         // Both kernel families: mma.sync (FP8_WGMMA=off) and wgmma (on, the default).
         let mut sync_out = Vec::new();
         for wg in ["off", "on"] {
-            let got = switch_scope(
-                &[("FP8_WGMMA", wg), ("FP8_CUBLASLT", "off")],
-                || -> Result<Vec<f32>, CudaError> {
-                    let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
-                    gpu.linear_q8(&qa, &gw, &mut dy, *t)?;
-                    gpu.download(&dy)
-                },
-            )?;
+            let got = switch_scope(&[("FP8_WGMMA", wg), ("FP8_CUBLASLT", "off")], || -> Result<Vec<f32>, CudaError> {
+                let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
+                gpu.linear_q8(&qa, &gw, &mut dy, *t)?;
+                gpu.download(&dy)
+            })?;
             let kname = if wg == "on" { "linear_w8" } else { "linear_q8" };
-            all &= record_q8(
-                out,
-                &format!("{kname} {fmt} {name}"),
-                json!([t, rows, cols]),
-                &got,
-                &reference,
-                Some(&hf),
-            );
+            all &= record_q8(out, &format!("{kname} {fmt} {name}"), json!([t, rows, cols]), &got, &reference, Some(&hf));
             if wg == "off" {
                 sync_out = got;
             } else {
@@ -140,49 +105,22 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         let got = sync_out;
         if *name == "attn.wq_b" {
             let mut again = gpu.zeros::<f32>(t * rows)?;
-            switch_scope(&[("FP8_WGMMA", "off"), ("FP8_CUBLASLT", "off")], || {
-                gpu.linear_q8(&qa, &gw, &mut again, *t)
-            })?;
-            let same = gpu
-                .download(&again)?
-                .iter()
-                .zip(&got)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            all &= flag_record(
-                out,
-                "linear_q8 repeatable",
-                json!({"shape": [t, rows, cols], "bitwise_equal": same}),
-                same,
-            );
+            switch_scope(&[("FP8_WGMMA", "off"), ("FP8_CUBLASLT", "off")], || gpu.linear_q8(&qa, &gw, &mut again, *t))?;
+            let same = gpu.download(&again)?.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+            all &= flag_record(out, "linear_q8 repeatable", json!({"shape": [t, rows, cols], "bitwise_equal": same}), same);
             let (mut a, mut b) = (gpu.zeros::<f32>(t * rows)?, gpu.zeros::<f32>(t * rows)?);
             switch_scope(&[("FP8_CUBLASLT", "off")], || {
                 gpu.linear_q8(&qa, &gw, &mut a, *t)?;
                 gpu.linear_q8(&qa, &gw, &mut b, *t)
             })?;
-            let same = gpu
-                .download(&a)?
-                .iter()
-                .zip(gpu.download(&b)?.iter())
-                .all(|(p, q)| p.to_bits() == q.to_bits());
-            all &= flag_record(
-                out,
-                "linear_w8 repeatable",
-                json!({"shape": [t, rows, cols], "bitwise_equal": same}),
-                same,
-            );
+            let same = gpu.download(&a)?.iter().zip(gpu.download(&b)?.iter()).all(|(p, q)| p.to_bits() == q.to_bits());
+            all &= flag_record(out, "linear_w8 repeatable", json!({"shape": [t, rows, cols], "bitwise_equal": same}), same);
         }
         // Few tokens: quantize-dequantize + the exact kernels.
         let small = 5usize;
         let mut dy = gpu.zeros::<f32>(small * rows)?;
         gpu.linear_official(&dx, &gw, &mut dy, small)?;
-        all &= record_q8(
-            out,
-            &format!("linear_official {fmt} {name} T=5"),
-            json!([small, rows, cols]),
-            &gpu.download(&dy)?,
-            &reference[..small * rows],
-            None,
-        );
+        all &= record_q8(out, &format!("linear_official {fmt} {name} T=5"), json!([small, rows, cols]), &gpu.download(&dy)?, &reference[..small * rows], None);
     }
     all &= lt_checks(gpu, seed, out)?;
     // Fallbacks at prefill token counts: bf16 weights, and FP4 whose group scales span 9+ binades.
@@ -195,61 +133,18 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         let (gw, cpu_w) = weight(gpu, "bf16", &vals, rows, cols)?;
         let mut dy = gpu.zeros::<f32>(t * rows)?;
         gpu.linear_official(&dx, &gw, &mut dy, t)?;
-        all &= record_q8(
-            out,
-            "linear_official bf16 fallback",
-            json!([t, rows, cols]),
-            &gpu.download(&dy)?,
-            &ops::linear(&xq, &cpu_w),
-            None,
-        );
+        all &= record_q8(out, "linear_official bf16 fallback", json!([t, rows, cols]), &gpu.download(&dy)?, &ops::linear(&xq, &cpu_w), None);
     }
     {
-        let w4: Vec<u8> = (0..rows * cols / 2)
-            .map(|i| (i * 7 + i / 13) as u8)
-            .collect();
-        let s4: Vec<u8> = (0..rows * cols / 32)
-            .map(|i| [110u8, 121, 127, 101][i % 4])
-            .collect();
+        let w4: Vec<u8> = (0..rows * cols / 2).map(|i| (i * 7 + i / 13) as u8).collect();
+        let s4: Vec<u8> = (0..rows * cols / 32).map(|i| [110u8, 121, 127, 101][i % 4]).collect();
         let fold = super::ops_q8::fp4_fold_exact(&s4, cols);
-        let deq = quant::dequant_fp4_grouped(&w4, rows, cols, &s4, 32).map_err(|e| {
-            CudaError::Unsupported {
-                what: "dequantize",
-                detail: e.to_string(),
-            }
-        })?;
-        let gw = GpuWeight {
-            rows,
-            cols,
-            data: GpuMatrix::Fp4 {
-                w: gpu.upload(&w4)?,
-                scales: gpu.upload(&s4)?,
-                fold,
-            },
-        };
+        let deq = quant::dequant_fp4_grouped(&w4, rows, cols, &s4, 32).map_err(|e| CudaError::Unsupported { what: "dequantize", detail: e.to_string() })?;
+        let gw = GpuWeight { rows, cols, data: GpuMatrix::Fp4 { w: gpu.upload(&w4)?, scales: gpu.upload(&s4)?, fold } };
         let mut dy = gpu.zeros::<f32>(t * rows)?;
         gpu.linear_official(&dx, &gw, &mut dy, t)?;
-        all &= flag_record(
-            out,
-            "fp4 scales spanning 26 binades are not folded",
-            json!({"fold": fold}),
-            !fold,
-        );
-        all &= record_q8(
-            out,
-            "linear_official fp4 unfoldable fallback",
-            json!([t, rows, cols]),
-            &gpu.download(&dy)?,
-            &ops::linear(
-                &xq,
-                &Matrix {
-                    rows,
-                    cols,
-                    data: deq,
-                },
-            ),
-            None,
-        );
+        all &= flag_record(out, "fp4 scales spanning 26 binades are not folded", json!({"fold": fold}), !fold);
+        all &= record_q8(out, "linear_official fp4 unfoldable fallback", json!([t, rows, cols]), &gpu.download(&dy)?, &ops::linear(&xq, &Matrix { rows, cols, data: deq }), None);
     }
     Ok(all)
 }
@@ -272,12 +167,7 @@ fn lt_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
     ];
     for (name, rows, cols, t) in shapes {
         // Every 128 × 128 block gets its own scale (magnitudes 2^-3 … 2^3), so the scale layout matters.
-        let mut vals = random(
-            seed,
-            &format!("lt.w.{name}"),
-            rows * cols,
-            (3.0 / *cols as f64).sqrt(),
-        );
+        let mut vals = random(seed, &format!("lt.w.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
         for (i, v) in vals.iter_mut().enumerate() {
             let (r, c) = (i / cols, i % cols);
             *v *= 2f32.powi(((r / 128) * 5 + (c / 128) * 3) as i32 % 7 - 3);
@@ -289,65 +179,29 @@ fn lt_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
         let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
         let ran = gpu.linear_lt(&qa, &gw, &mut dy, *t)?;
         out.push(json!({"op": format!("linear_lt {name} ran"), "shape": [t, rows, cols], "cublaslt_ran": ran, "informational": true}));
-        println!(
-            "linear_lt fp8 {name}: cuBLASLt {}",
-            if ran { "ran" } else { "unavailable (fallback)" }
-        );
+        println!("linear_lt fp8 {name}: cuBLASLt {}", if ran { "ran" } else { "unavailable (fallback)" });
         if !ran {
             continue;
         }
         let got = gpu.download(&dy)?;
-        all &= record_q8(
-            out,
-            &format!("linear_lt fp8 {name}"),
-            json!([t, rows, cols]),
-            &got,
-            &reference,
-            None,
-        );
+        all &= record_q8(out, &format!("linear_lt fp8 {name}"), json!([t, rows, cols]), &got, &reference, None);
         let mut dw = gpu.zeros::<f32>(t * rows)?;
-        switch_scope(&[("FP8_CUBLASLT", "off")], || {
-            gpu.linear_q8(&qa, &gw, &mut dw, *t)
-        })?;
+        switch_scope(&[("FP8_CUBLASLT", "off")], || gpu.linear_q8(&qa, &gw, &mut dw, *t))?;
         let (nmse, max_abs, _) = errors(&got, &gpu.download(&dw)?);
         println!("linear_lt fp8 {name} vs linear_w8 (informational): nmse {nmse:.3e} max_abs {max_abs:.3e}");
         let mut again = gpu.zeros::<f32>(t * rows)?;
         gpu.linear_lt(&qa, &gw, &mut again, *t)?;
-        let same = gpu
-            .download(&again)?
-            .iter()
-            .zip(&got)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        all &= flag_record(
-            out,
-            &format!("linear_lt fp8 {name} repeatable"),
-            json!({"bitwise_equal": same}),
-            same,
-        );
+        let same = gpu.download(&again)?.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+        all &= flag_record(out, &format!("linear_lt fp8 {name} repeatable"), json!({"bitwise_equal": same}), same);
         out.push(json!({"op": format!("linear_lt fp8 {name} vs linear_w8"), "nmse": nmse, "max_abs": max_abs, "informational": true}));
     }
     // Outputs not a multiple of 128: not taken (the caller's kernel runs).
     let (rows, cols, t) = (300usize, 256usize, 300usize);
-    let (gw, _) = weight(
-        gpu,
-        "fp8",
-        &random(seed, "lt.odd", rows * cols, 0.1),
-        rows,
-        cols,
-    )?;
-    let qa = gpu.act_quant(
-        &gpu.upload(&random(seed, "lt.odd.x", t * cols, 1.0))?,
-        t,
-        cols,
-    )?;
+    let (gw, _) = weight(gpu, "fp8", &random(seed, "lt.odd", rows * cols, 0.1), rows, cols)?;
+    let qa = gpu.act_quant(&gpu.upload(&random(seed, "lt.odd.x", t * cols, 1.0))?, t, cols)?;
     let mut dy = gpu.zeros::<f32>(t * rows)?;
     let ran = gpu.linear_lt(&qa, &gw, &mut dy, t)?;
-    all &= flag_record(
-        out,
-        "linear_lt declines [300, 256]",
-        json!({"ran": ran}),
-        !ran,
-    );
+    all &= flag_record(out, "linear_lt declines [300, 256]", json!({"ran": ran}), !ran);
     Ok(all)
 }
 
@@ -364,42 +218,23 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
     ];
     let mut rows_out = Vec::new();
     for (fmt, name, rows, cols, t) in timed {
-        let vals = random(
-            seed,
-            &format!("q8time.{name}"),
-            rows * cols,
-            (3.0 / *cols as f64).sqrt(),
-        );
+        let vals = random(seed, &format!("q8time.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
         let (gw, _) = weight(gpu, fmt, &vals, *rows, *cols)?;
         let dx = gpu.upload(&random(seed, "q8time.x", t * cols, 1.0))?;
         let mut dy = gpu.zeros::<f32>(t * rows)?;
         let flops = 2.0 * (*t * *rows * *cols) as f64;
         let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
-        let q8 = switch_scope(&[("FP8_CUBLASLT", "off")], || {
-            median_ms(gpu, repeats, || gpu.linear_official(&dx, &gw, &mut dy, *t))
-        })?;
+        let q8 = switch_scope(&[("FP8_CUBLASLT", "off")], || median_ms(gpu, repeats, || gpu.linear_official(&dx, &gw, &mut dy, *t)))?;
         let qa = gpu.act_quant(&dx, *t, *cols)?;
-        let gemm = switch_scope(&[("FP8_CUBLASLT", "off")], || {
-            median_ms(gpu, repeats, || gpu.linear_q8(&qa, &gw, &mut dy, *t))
-        })?;
-        let sync = switch_scope(&[("FP8_WGMMA", "off"), ("FP8_CUBLASLT", "off")], || {
-            median_ms(gpu, repeats, || gpu.linear_q8(&qa, &gw, &mut dy, *t))
-        })?;
+        let gemm = switch_scope(&[("FP8_CUBLASLT", "off")], || median_ms(gpu, repeats, || gpu.linear_q8(&qa, &gw, &mut dy, *t)))?;
+        let sync = switch_scope(&[("FP8_WGMMA", "off"), ("FP8_CUBLASLT", "off")], || median_ms(gpu, repeats, || gpu.linear_q8(&qa, &gw, &mut dy, *t)))?;
         let lt = if *fmt == "fp8" && gpu.linear_lt(&qa, &gw, &mut dy, *t)? {
-            Some(median_ms(gpu, repeats, || {
-                gpu.linear_lt(&qa, &gw, &mut dy, *t).map(|_| ())
-            })?)
+            Some(median_ms(gpu, repeats, || gpu.linear_lt(&qa, &gw, &mut dy, *t).map(|_| ()))?)
         } else {
             None
         };
-        let bf16 = median_ms(gpu, repeats, || {
-            gpu.linear_tc(&dx, &gw, &mut dy, *t, None, false)
-        })?;
-        let split = switch_scope(&[("LINEAR_CUBLASLT", "off")], || {
-            median_ms(gpu, repeats, || {
-                gpu.linear_tc(&dx, &gw, &mut dy, *t, None, true)
-            })
-        })?;
+        let bf16 = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, false))?;
+        let split = switch_scope(&[("LINEAR_CUBLASLT", "off")], || median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, true)))?;
         println!(
             "time q8 {fmt} {name:<10} T={t:<5} [{rows}x{cols}]  fp8 wgmma {q8:.3} ms {:.0} TF/s (GEMM alone {gemm:.3} ms {:.0} TF/s, {:.0}% of 1450) | fp8 mma.sync {sync:.3} ms {:.0} TF/s | bf16 {bf16:.3} ms {:.0} TF/s | split {split:.3} ms {:.0} TF/s{}",
             tf(q8),

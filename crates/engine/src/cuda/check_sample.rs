@@ -61,98 +61,49 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         let mut differing = Vec::new();
         for (r, (g, row)) in got.iter().zip(&rows).enumerate() {
             let want = TopLogits::from_row(row, k);
-            let same_cand = g.cand.len() == want.cand.len()
-                && g.cand
-                    .iter()
-                    .zip(&want.cand)
-                    .all(|(a, b)| a.0 == b.0 && a.1.to_bits() == b.1.to_bits());
-            let same = g.vocab == want.vocab
-                && g.unmasked == want.unmasked
-                && g.non_finite.map(|x| x.0) == want.non_finite.map(|x| x.0)
-                && same_cand;
+            let same_cand = g.cand.len() == want.cand.len() && g.cand.iter().zip(&want.cand).all(|(a, b)| a.0 == b.0 && a.1.to_bits() == b.1.to_bits());
+            let same = g.vocab == want.vocab && g.unmasked == want.unmasked && g.non_finite.map(|x| x.0) == want.non_finite.map(|x| x.0) && same_cand;
             if !same {
                 differing.push(r);
             }
         }
-        all &= flag_record(
-            out,
-            &format!("logits_top k={k}"),
-            json!({"rows": rows.len(), "vocab": vocab, "differing_rows": differing}),
-            differing.is_empty(),
-        );
+        all &= flag_record(out, &format!("logits_top k={k}"), json!({"rows": rows.len(), "vocab": vocab, "differing_rows": differing}), differing.is_empty());
     }
     Ok(all)
 }
 
 /// Generations on a GPU session of `gm` with `SAMPLE_ON_DEVICE` on and off: the same tokens for
 /// greedy and for seeded sampling with top-k (plus top-p, min-p).
-pub fn generate_checks(
-    gpu: &Gpu,
-    gm: &GpuModel,
-    seed: u64,
-    name: &str,
-    out: &mut Vec<Value>,
-) -> Result<bool, CudaError> {
+pub fn generate_checks(gpu: &Gpu, gm: &GpuModel, seed: u64, name: &str, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let vocab = gm.config.vocab_size;
     let prompt = formula_ids(seed + 21, 9, vocab);
     let steps = 24;
     let params = [
         ("greedy", SamplingParams::greedy()),
-        (
-            "top_k 40, top_p 0.9, T 0.8",
-            SamplingParams {
-                temperature: 0.8,
-                top_k: 40,
-                top_p: 0.9,
-                seed: Some(5),
-                ..SamplingParams::default()
-            },
-        ),
-        (
-            "top_k 3, min_p 0.1, T 1.3",
-            SamplingParams {
-                temperature: 1.3,
-                top_k: 3,
-                min_p: 0.1,
-                seed: Some(6),
-                ..SamplingParams::default()
-            },
-        ),
+        ("top_k 40, top_p 0.9, T 0.8", SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.9, seed: Some(5), ..SamplingParams::default() }),
+        ("top_k 3, min_p 0.1, T 1.3", SamplingParams { temperature: 1.3, top_k: 3, min_p: 0.1, seed: Some(6), ..SamplingParams::default() }),
     ];
-    let bad = |e: String| CudaError::Unsupported {
-        what: "generate check",
-        detail: e,
-    };
+    let bad = |e: String| CudaError::Unsupported { what: "generate check", detail: e };
     let mut all = true;
     for (label, p) in params {
         let mut runs = Vec::new();
         for on in ["on", "off"] {
-            let tokens = crate::switches::scoped(
-                &[("SAMPLE_ON_DEVICE", on)],
-                || -> Result<Vec<u32>, CudaError> {
-                    let mut session = GpuSession::new(gpu, gm, prompt.len() + steps + 1)
-                        .map_err(|e| bad(e.to_string()))?;
-                    let mut sampler =
-                        Sampler::new(p.clone(), &prompt).map_err(|e| bad(e.to_string()))?;
-                    let mut toks = Vec::new();
-                    generate(&mut session, &prompt, &mut sampler, steps, |s| {
-                        toks.push(s.token);
-                        ControlFlow::Continue(())
-                    })
-                    .map_err(|e| bad(e.to_string()))?;
-                    Ok(toks)
-                },
-            )
+            let tokens = crate::switches::scoped(&[("SAMPLE_ON_DEVICE", on)], || -> Result<Vec<u32>, CudaError> {
+                let mut session = GpuSession::new(gpu, gm, prompt.len() + steps + 1).map_err(|e| bad(e.to_string()))?;
+                let mut sampler = Sampler::new(p.clone(), &prompt).map_err(|e| bad(e.to_string()))?;
+                let mut toks = Vec::new();
+                generate(&mut session, &prompt, &mut sampler, steps, |s| {
+                    toks.push(s.token);
+                    ControlFlow::Continue(())
+                })
+                .map_err(|e| bad(e.to_string()))?;
+                Ok(toks)
+            })
             .map_err(|e| bad(e.to_string()))??;
             runs.push(tokens);
         }
         let same = runs[0] == runs[1] && runs[0].len() == steps;
-        all &= flag_record(
-            out,
-            &format!("generate on-device sampling {name} {label}"),
-            json!({"steps": steps, "tokens_equal": same, "tokens": runs[0]}),
-            same,
-        );
+        all &= flag_record(out, &format!("generate on-device sampling {name} {label}"), json!({"steps": steps, "tokens_equal": same, "tokens": runs[0]}), same);
     }
     Ok(all)
 }

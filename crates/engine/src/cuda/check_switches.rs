@@ -50,10 +50,7 @@ pub fn full_width_parity_config() -> Ds4Config {
 /// Runs the matrix on the checkpoint in `dir` (written by [`full_width_parity_config`] or any
 /// stored-format model); appends records to `out`, returns whether every judged row passed.
 pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<bool, CudaError> {
-    let bad = |e: String| CudaError::Unsupported {
-        what: "switch matrix",
-        detail: format!("{}: {e}", dir.display()),
-    };
+    let bad = |e: String| CudaError::Unsupported { what: "switch matrix", detail: format!("{}: {e}", dir.display()) };
     let t0 = std::time::Instant::now();
     let cfg = Ds4Config::from_file(dir).map_err(|e| bad(e.to_string()))?;
     let ck = flashseek_model::checkpoint::Checkpoint::open(dir).map_err(|e| bad(e.to_string()))?;
@@ -66,82 +63,38 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
     // CPU references (HF numerics, and DeepSeek's official activation quantisation for
     // TC_LINEAR=fp8): one-shot logits, then a greedy trajectory (tokens and per-step logits).
     let reference = |fopts: ForwardOptions| -> Result<(Vec<f32>, Trajectory), CudaError> {
-        let cpu = forward(&w, &ids, &fopts)
-            .map_err(|e| bad(e.to_string()))?
-            .logits;
+        let cpu = forward(&w, &ids, &fopts).map_err(|e| bad(e.to_string()))?.logits;
         let mut cst = SequenceState::new(&w.config, None);
-        let mut cl = forward_chunk(&w, &mut cst, &prompt, LogitsFor::Last, &fopts)
-            .map_err(|e| bad(e.to_string()))?
-            .logits;
+        let mut cl = forward_chunk(&w, &mut cst, &prompt, LogitsFor::Last, &fopts).map_err(|e| bad(e.to_string()))?.logits;
         let mut trajectory = Vec::with_capacity(steps);
         for _ in 0..steps {
             let tok = argmax(&cl) as u32;
             trajectory.push((tok, cl.clone()));
-            cl = forward_chunk(&w, &mut cst, &[tok], LogitsFor::Last, &fopts)
-                .map_err(|e| bad(e.to_string()))?
-                .logits;
+            cl = forward_chunk(&w, &mut cst, &[tok], LogitsFor::Last, &fopts).map_err(|e| bad(e.to_string()))?.logits;
         }
         Ok((cpu, trajectory))
     };
     let hf_ref = reference(ForwardOptions::default())?;
-    let official_opts = ForwardOptions {
-        numerics: crate::forward::Numerics {
-            act_quant_fp8: true,
-            ..Default::default()
-        },
-        ..ForwardOptions::default()
-    };
+    let official_opts = ForwardOptions { numerics: crate::forward::Numerics { act_quant_fp8: true, ..Default::default() }, ..ForwardOptions::default() };
     let official_ref = reference(official_opts)?;
     // Official numerics round every §10.1 GEMM input to e4m3: a rounding difference before a
     // quantisation point can move a value by a whole e4m3 step, which the next one amplifies
     // (forward::tests::official_numerics_amplify_last_bit_differences; on H200 the first layer
     // already differs by ~4e-4). So TC_LINEAR=fp8 rows are reported with their per-layer NMSE and
     // the gap between the two CPU numerics; their parity is judged per GEMM and per MoE layer.
-    let official_streams = forward(
-        &w,
-        &ids,
-        &ForwardOptions {
-            record_streams: true,
-            ..official_opts
-        },
-    )
-    .map_err(|e| bad(e.to_string()))?
-    .layer_streams;
+    let official_streams = forward(&w, &ids, &ForwardOptions { record_streams: true, ..official_opts }).map_err(|e| bad(e.to_string()))?.layer_streams;
     let numerics_gap = errors(&official_ref.0, &hf_ref.0).0;
-    println!(
-        "switch matrix: CPU official numerics vs CPU HF numerics: logits nmse {numerics_gap:.3e}"
-    );
-    println!(
-        "switch matrix: model {} ({} layers, hidden {}, {} experts), CPU reference in {:.1} s",
-        dir.display(),
-        cfg.num_hidden_layers,
-        cfg.hidden_size,
-        cfg.n_routed_experts,
-        t0.elapsed().as_secs_f64()
-    );
+    println!("switch matrix: CPU official numerics vs CPU HF numerics: logits nmse {numerics_gap:.3e}");
+    println!("switch matrix: model {} ({} layers, hidden {}, {} experts), CPU reference in {:.1} s", dir.display(), cfg.num_hidden_layers, cfg.hidden_size, cfg.n_routed_experts, t0.elapsed().as_secs_f64());
     let mut all = true;
     let mut all_on_logits: Option<Vec<f32>> = None;
-    for crate::switches::Configuration {
-        label,
-        overrides,
-        role,
-        exact,
-        official,
-        same_bits_as_all_on: same_bits,
-        ..
-    } in configurations()
-    {
-        let (cpu, trajectory) = if official {
-            (&official_ref.0, &official_ref.1)
-        } else {
-            (&hf_ref.0, &hf_ref.1)
-        };
+    for crate::switches::Configuration { label, overrides, role, exact, official, same_bits_as_all_on: same_bits, .. } in configurations() {
+        let (cpu, trajectory) = if official { (&official_ref.0, &official_ref.1) } else { (&hf_ref.0, &hf_ref.1) };
         let run = || -> Result<(Vec<f32>, bool, f64, Vec<f64>), CudaError> {
             let mut seq = GpuSequence::new(gpu, &gm, len + 1)?;
             let logits = forward_chunk_gpu(gpu, &gm, &mut seq, &ids, LogitsFor::All, false)?.logits;
             let mut gseq = GpuSequence::new(gpu, &gm, prompt_len + steps + 1)?;
-            let mut gl =
-                forward_chunk_gpu(gpu, &gm, &mut gseq, &prompt, LogitsFor::Last, false)?.logits;
+            let mut gl = forward_chunk_gpu(gpu, &gm, &mut gseq, &prompt, LogitsFor::Last, false)?.logits;
             let (mut same, mut worst) = (true, 0f64);
             for (tok, cpu_step) in trajectory {
                 same &= argmax(&gl) as u32 == *tok;
@@ -151,54 +104,29 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
             let layers: Vec<f64> = if official {
                 let mut seq = GpuSequence::new(gpu, &gm, len + 1)?;
                 let g = forward_chunk_gpu(gpu, &gm, &mut seq, &ids, LogitsFor::Last, true)?;
-                g.layer_streams
-                    .iter()
-                    .zip(&official_streams)
-                    .map(|(a, b)| errors(a, b).0)
-                    .collect()
+                g.layer_streams.iter().zip(&official_streams).map(|(a, b)| errors(a, b).0).collect()
             } else {
                 Vec::new()
             };
             Ok((logits, same, worst, layers))
         };
         let t = std::time::Instant::now();
-        let (logits, same, worst, layer_nmse) =
-            scoped(&overrides, run).map_err(|e| bad(e.to_string()))??;
+        let (logits, same, worst, layer_nmse) = scoped(&overrides, run).map_err(|e| bad(e.to_string()))??;
         let (nmse, max_abs, _) = errors(&logits, cpu);
         let rows = len;
-        let agree = (0..rows)
-            .filter(|r| {
-                argmax(&logits[r * vocab..(r + 1) * vocab])
-                    == argmax(&cpu[r * vocab..(r + 1) * vocab])
-            })
-            .count() as f64
-            / rows as f64;
+        let agree = (0..rows).filter(|r| argmax(&logits[r * vocab..(r + 1) * vocab]) == argmax(&cpu[r * vocab..(r + 1) * vocab])).count() as f64 / rows as f64;
         let finite = logits.iter().all(|v| v.is_finite());
-        let mut pass =
-            finite && (!exact || (nmse <= NMSE_TOL && agree >= 0.99 && same && worst <= NMSE_TOL));
+        let mut pass = finite && (!exact || (nmse <= NMSE_TOL && agree >= 0.99 && same && worst <= NMSE_TOL));
         let mut bits = Value::Null;
         if role == Role::AllOn {
             all_on_logits = Some(logits.clone());
         }
         if same_bits {
-            let differ = all_on_logits.as_ref().map(|a| {
-                a.iter()
-                    .zip(&logits)
-                    .filter(|(x, y)| x.to_bits() != y.to_bits())
-                    .count()
-            });
+            let differ = all_on_logits.as_ref().map(|a| a.iter().zip(&logits).filter(|(x, y)| x.to_bits() != y.to_bits()).count());
             bits = json!(differ);
             pass &= differ == Some(0);
         }
-        let judged = if exact {
-            if pass {
-                "ok"
-            } else {
-                "FAIL"
-            }
-        } else {
-            "reported"
-        };
+        let judged = if exact { if pass { "ok" } else { "FAIL" } } else { "reported" };
         println!(
             "switches {label:<40} logits nmse {nmse:.3e} max_abs {max_abs:.3e} top-1 {:.1}%  greedy {steps}: {}  worst step nmse {worst:.3e}{}  ({:.1} s)  {judged}",
             100.0 * agree,
@@ -221,14 +149,6 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
         }
     }
     // Decode steps as CUDA graphs on the full-width model (bitwise equal to the same steps without).
-    all &= super::check_graph::graph_checks(
-        gpu,
-        &gm,
-        99,
-        "full-width",
-        prompt_len,
-        steps.max(8),
-        out,
-    )?;
+    all &= super::check_graph::graph_checks(gpu, &gm, 99, "full-width", prompt_len, steps.max(8), out)?;
     Ok(all)
 }

@@ -151,20 +151,9 @@ pub struct LtOperands {
     pub beta: f32,
 }
 
-fn set_attr<T>(
-    desc: sys::cublasLtMatmulDesc_t,
-    attr: sys::cublasLtMatmulDescAttributes_t,
-    v: &T,
-) -> Result<(), String> {
+fn set_attr<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) -> Result<(), String> {
     // SAFETY: `v` points to a live value of the size passed, of the type the attribute documents.
-    check(&format!("setting {attr:?}"), unsafe {
-        sys::cublasLtMatmulDescSetAttribute(
-            desc,
-            attr,
-            v as *const T as *const c_void,
-            std::mem::size_of::<T>(),
-        )
-    })
+    check(&format!("setting {attr:?}"), unsafe { sys::cublasLtMatmulDescSetAttribute(desc, attr, v as *const T as *const c_void, std::mem::size_of::<T>()) })
 }
 
 impl Lt {
@@ -187,9 +176,7 @@ impl Lt {
         }
         let mut handle = std::ptr::null_mut();
         // SAFETY: writes the new handle.
-        check("cublasLtCreate", unsafe {
-            sys::cublasLtCreate(&mut handle)
-        })?;
+        check("cublasLtCreate", unsafe { sys::cublasLtCreate(&mut handle) })?;
         // SAFETY: scratch memory for cuBLASLt only; never read by us.
         let workspace = match unsafe { stream.alloc::<u8>(LT_WORKSPACE_BYTES) } {
             Ok(w) => w,
@@ -199,50 +186,21 @@ impl Lt {
                 return Err(format!("allocating the cuBLASLt workspace: {e:?}"));
             }
         };
-        Ok(Lt {
-            handle,
-            workspace,
-            plans: HashMap::new(),
-            said: Default::default(),
-            version,
-        })
+        Ok(Lt { handle, workspace, plans: HashMap::new(), said: Default::default(), version })
     }
 
     fn plan(&self, sh: LtShape, align: u32) -> Result<Plan, String> {
-        let LtShape {
-            kind,
-            m,
-            n,
-            k,
-            ldb,
-            ldd,
-        } = sh;
+        let LtShape { kind, m, n, k, ldb, ldd } = sh;
         let fp8 = kind == LtKind::Fp8BlockScaled;
-        let ty = if fp8 {
-            sys::cudaDataType_t::CUDA_R_8F_E4M3
-        } else {
-            sys::cudaDataType_t::CUDA_R_16BF
-        };
+        let ty = if fp8 { sys::cudaDataType_t::CUDA_R_8F_E4M3 } else { sys::cudaDataType_t::CUDA_R_16BF };
         use sys::cublasLtMatmulDescAttributes_t as A;
         let mut desc = std::ptr::null_mut();
         // SAFETY: writes the new descriptor.
-        check("cublasLtMatmulDescCreate", unsafe {
-            sys::cublasLtMatmulDescCreate(
-                &mut desc,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                sys::cudaDataType_t::CUDA_R_32F,
-            )
-        })?;
-        let layout = |ty: sys::cudaDataType_t,
-                      rows: usize,
-                      cols: usize,
-                      ld: usize|
-         -> Result<sys::cublasLtMatrixLayout_t, String> {
+        check("cublasLtMatmulDescCreate", unsafe { sys::cublasLtMatmulDescCreate(&mut desc, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F) })?;
+        let layout = |ty: sys::cudaDataType_t, rows: usize, cols: usize, ld: usize| -> Result<sys::cublasLtMatrixLayout_t, String> {
             let mut l = std::ptr::null_mut();
             // SAFETY: writes the new layout.
-            check("cublasLtMatrixLayoutCreate", unsafe {
-                sys::cublasLtMatrixLayoutCreate(&mut l, ty, rows as u64, cols as u64, ld as i64)
-            })?;
+            check("cublasLtMatrixLayoutCreate", unsafe { sys::cublasLtMatrixLayoutCreate(&mut l, ty, rows as u64, cols as u64, ld as i64) })?;
             Ok(l)
         };
         let mut plan = Plan {
@@ -256,17 +214,8 @@ impl Lt {
         set_attr(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &(CUBLAS_OP_T))?;
         set_attr(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &(CUBLAS_OP_N))?;
         if fp8 {
-            set_attr(
-                desc,
-                A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                &(sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                    as i32),
-            )?;
-            set_attr(
-                desc,
-                A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-                &(sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F as i32),
-            )?;
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &(sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F as i32))?;
+            set_attr(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &(sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F as i32))?;
             // The heuristic wants the scale pointers set; the real ones are set before each call.
             let dummy: *const c_void = self.workspace_ptr() as *const c_void;
             set_attr(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy)?;
@@ -277,38 +226,19 @@ impl Lt {
         plan.d = layout(sys::cudaDataType_t::CUDA_R_32F, n, m, ldd)?;
         let mut pref = std::ptr::null_mut();
         // SAFETY: writes the new preference; destroyed below.
-        check("cublasLtMatmulPreferenceCreate", unsafe {
-            sys::cublasLtMatmulPreferenceCreate(&mut pref)
-        })?;
+        check("cublasLtMatmulPreferenceCreate", unsafe { sys::cublasLtMatmulPreferenceCreate(&mut pref) })?;
         let ws = LT_WORKSPACE_BYTES as u64;
         // SAFETY: a u64 value for MAX_WORKSPACE_BYTES, as documented.
         let mut r = check("setting the workspace size", unsafe {
-            sys::cublasLtMatmulPreferenceSetAttribute(
-                pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                &ws as *const u64 as *const c_void,
-                8,
-            )
+            sys::cublasLtMatmulPreferenceSetAttribute(pref, sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws as *const u64 as *const c_void, 8)
         });
         // The operands' actual alignment (cuBLASLt assumes 256 bytes unless told): strided group
         // slices and planes may start at any multiple of 16.
         use sys::cublasLtMatmulPreferenceAttributes_t as P;
-        for attr in [
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-        ] {
+        for attr in [P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES] {
             r = r.and_then(|_| {
                 // SAFETY: a u32 value for a MIN_ALIGNMENT attribute, as documented.
-                check("setting the alignment", unsafe {
-                    sys::cublasLtMatmulPreferenceSetAttribute(
-                        pref,
-                        attr,
-                        &align as *const u32 as *const c_void,
-                        4,
-                    )
-                })
+                check("setting the alignment", unsafe { sys::cublasLtMatmulPreferenceSetAttribute(pref, attr, &align as *const u32 as *const c_void, 4) })
             });
         }
         // SAFETY: a plain C struct (integers, an enum whose 0 is SUCCESS, a float); written by the heuristic.
@@ -317,18 +247,7 @@ impl Lt {
         let r = r.and_then(|_| {
             // SAFETY: every descriptor is live; room for one result.
             check("cublasLtMatmulAlgoGetHeuristic", unsafe {
-                sys::cublasLtMatmulAlgoGetHeuristic(
-                    self.handle,
-                    plan.desc,
-                    plan.a,
-                    plan.b,
-                    plan.d,
-                    plan.d,
-                    pref,
-                    1,
-                    &mut result,
-                    &mut count,
-                )
+                sys::cublasLtMatmulAlgoGetHeuristic(self.handle, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1, &mut result, &mut count)
             })
         });
         // SAFETY: created above.
@@ -362,18 +281,9 @@ impl Lt {
     /// # Safety
     /// The pointers must hold the sizes above on the stream's device and stay alive until the
     /// stream has run the product.
-    pub unsafe fn matmul(
-        &mut self,
-        stream: &cudarc::driver::CudaStream,
-        ops: &LtOperands,
-        sh: LtShape,
-    ) -> Result<bool, String> {
+    pub unsafe fn matmul(&mut self, stream: &cudarc::driver::CudaStream, ops: &LtOperands, sh: LtShape) -> Result<bool, String> {
         use sys::cublasLtMatmulDescAttributes_t as A;
-        let align = [ops.w, ops.x, ops.y]
-            .iter()
-            .map(|&p| ptr_align(p))
-            .min()
-            .unwrap_or(256);
+        let align = [ops.w, ops.x, ops.y].iter().map(|&p| ptr_align(p)).min().unwrap_or(256);
         let key = (sh, align);
         if !self.plans.contains_key(&key) {
             if self.plans.len() >= LT_MAX_PLANS {
@@ -390,20 +300,10 @@ impl Lt {
             self.plans.insert(key, p);
         }
         let ws = self.workspace_ptr();
-        let Some(Some(plan)) = self.plans.get(&key) else {
-            return Ok(false);
-        };
+        let Some(Some(plan)) = self.plans.get(&key) else { return Ok(false) };
         if sh.kind == LtKind::Fp8BlockScaled {
-            set_attr(
-                plan.desc,
-                A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                &(ops.w_scales as *const c_void),
-            )?;
-            set_attr(
-                plan.desc,
-                A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                &(ops.x_scales as *const c_void),
-            )?;
+            set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &(ops.w_scales as *const c_void))?;
+            set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &(ops.x_scales as *const c_void))?;
         }
         let (alpha, beta) = (1f32, ops.beta);
         let s = stream.cu_stream() as sys::cudaStream_t;
@@ -428,16 +328,9 @@ impl Lt {
                 s,
             )
         };
-        if matches!(
-            status,
-            sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
-                | sys::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE
-        ) {
+        if matches!(status, sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED | sys::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE) {
             // Rejected before launching anything: this shape stays on the caller's kernel.
-            self.declined(
-                sh,
-                &format!("cublasLtMatmul {status:?} (alignment {align} bytes)"),
-            );
+            self.declined(sh, &format!("cublasLtMatmul {status:?} (alignment {align} bytes)"));
             self.plans.insert(key, None);
             return Ok(false);
         }
@@ -457,19 +350,10 @@ impl Gpu {
         let mut guard = self.lt.lock().unwrap_or_else(|e| e.into_inner());
         guard
             .get_or_insert_with(|| {
-                let r = self
-                    .ctx
-                    .bind_to_thread()
-                    .map_err(|e| format!("binding the CUDA context: {e:?}"))
-                    .and_then(|_| Lt::new(&self.stream));
+                let r = self.ctx.bind_to_thread().map_err(|e| format!("binding the CUDA context: {e:?}")).and_then(|_| Lt::new(&self.stream));
                 match &r {
-                    Ok(lt) => eprintln!(
-                        "cuBLASLt {} loaded (FP8_CUBLASLT / LINEAR_CUBLASLT)",
-                        lt.version
-                    ),
-                    Err(e) => {
-                        eprintln!("cuBLASLt unavailable: {e}; flashseek's own GEMMs run instead")
-                    }
+                    Ok(lt) => eprintln!("cuBLASLt {} loaded (FP8_CUBLASLT / LINEAR_CUBLASLT)", lt.version),
+                    Err(e) => eprintln!("cuBLASLt unavailable: {e}; flashseek's own GEMMs run instead"),
                 }
                 r
             })
@@ -484,20 +368,11 @@ impl Gpu {
     /// # Safety
     /// As [`Lt::matmul`]: `ops` must point to buffers of `shape`'s sizes on this GPU that stay alive
     /// until the stream has run the product.
-    pub(crate) unsafe fn lt_matmul(
-        &self,
-        ops: &LtOperands,
-        shape: LtShape,
-    ) -> Result<bool, CudaError> {
+    pub(crate) unsafe fn lt_matmul(&self, ops: &LtOperands, shape: LtShape) -> Result<bool, CudaError> {
         let mut guard = self.lt.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(Ok(lt)) = guard.as_mut() else {
-            return Ok(false);
-        };
+        let Some(Ok(lt)) = guard.as_mut() else { return Ok(false) };
         // SAFETY: forwarded from the caller's contract.
-        unsafe { lt.matmul(&self.stream, ops, shape) }.map_err(|e| CudaError::Driver {
-            what: "cuBLASLt GEMM".into(),
-            detail: e,
-        })
+        unsafe { lt.matmul(&self.stream, ops, shape) }.map_err(|e| CudaError::Driver { what: "cuBLASLt GEMM".into(), detail: e })
     }
 
     /// The split-activation product `y[t, out0 + n] (row stride ldd) = W·hi + W·lo` through
@@ -510,44 +385,14 @@ impl Gpu {
     ///
     /// Errors: allocation or launch failures; buffers shorter than the shape.
     #[allow(clippy::too_many_arguments)]
-    pub fn linear_split_lt(
-        &self,
-        xb: &CudaSlice<u16>,
-        plane: usize,
-        ldb: usize,
-        col0: usize,
-        w: &GpuWeight,
-        y: &mut CudaSlice<f32>,
-        ldd: usize,
-        out0: usize,
-        t: usize,
-    ) -> Result<bool, CudaError> {
+    pub fn linear_split_lt(&self, xb: &CudaSlice<u16>, plane: usize, ldb: usize, col0: usize, w: &GpuWeight, y: &mut CudaSlice<f32>, ldd: usize, out0: usize, t: usize) -> Result<bool, CudaError> {
         let (n, k) = (w.rows, w.cols);
-        let fits = |t: usize| {
-            xb.len() >= plane + (t - 1) * ldb + col0 + k
-                && y.len() >= (t - 1) * ldd + out0 + n
-                && col0 + k <= ldb
-                && out0 + n <= ldd
-                && plane >= t * ldb
-        };
+        let fits = |t: usize| xb.len() >= plane + (t - 1) * ldb + col0 + k && y.len() >= (t - 1) * ldd + out0 + n && col0 + k <= ldb && out0 + n <= ldd && plane >= t * ldb;
         if t == 0 || n == 0 || !fits(t) {
-            return Err(CudaError::Unsupported {
-                what: "linear_split_lt",
-                detail: format!(
-                    "buffers of {} and {} values for {t} rows of [{n}, {k}] (ldb {ldb}, ldd {ldd})",
-                    xb.len(),
-                    y.len()
-                ),
-            });
+            return Err(CudaError::Unsupported { what: "linear_split_lt", detail: format!("buffers of {} and {} values for {t} rows of [{n}, {k}] (ldb {ldb}, ldd {ldd})", xb.len(), y.len()) });
         }
-        let aligned = k.is_multiple_of(16)
-            && ldb.is_multiple_of(8)
-            && col0.is_multiple_of(8)
-            && plane.is_multiple_of(8);
-        if !aligned
-            || !matches!(w.data, GpuMatrix::Bf16(_) | GpuMatrix::Fp8 { .. })
-            || !self.lt_available()
-        {
+        let aligned = k.is_multiple_of(16) && ldb.is_multiple_of(8) && col0.is_multiple_of(8) && plane.is_multiple_of(8);
+        if !aligned || !matches!(w.data, GpuMatrix::Bf16(_) | GpuMatrix::Fp8 { .. }) || !self.lt_available() {
             return Ok(false);
         }
         let s = &self.stream;
@@ -556,28 +401,16 @@ impl Gpu {
             GpuMatrix::Bf16(m) => m.device_ptr(s).0,
             GpuMatrix::Fp8 { w: m, scales } => {
                 // SAFETY: fully written by w_fp8_bf16 below.
-                let mut out = unsafe { s.alloc::<u16>(n * k) }.map_err(|e| CudaError::Driver {
-                    what: "alloc".into(),
-                    detail: format!("{e:?}"),
-                })?;
+                let mut out = unsafe { s.alloc::<u16>(n * k) }.map_err(|e| CudaError::Driver { what: "alloc".into(), detail: format!("{e:?}") })?;
                 let groups = n * k / 16;
-                let cfg = LaunchConfig {
-                    grid_dim: (groups.div_ceil(256).min(132 * 16) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
+                let cfg = LaunchConfig { grid_dim: (groups.div_ceil(256).min(132 * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
                 let (n_i, k_i) = (i32::try_from(n), i32::try_from(k));
-                let (Ok(n_i), Ok(k_i)) = (n_i, k_i) else {
-                    return Ok(false);
-                };
+                let (Ok(n_i), Ok(k_i)) = (n_i, k_i) else { return Ok(false) };
                 let mut b = s.launch_builder(self.f("w_fp8_bf16"));
                 b.arg(m).arg(scales).arg(&n_i).arg(&k_i).arg(&mut out);
                 // SAFETY: matches w_fp8_bf16(W, S, N, K, out): W N·K bytes, S the stored block scales,
                 // out N·K bf16; K % 16 == 0 (checked).
-                unsafe { b.launch(cfg) }.map_err(|e| CudaError::Driver {
-                    what: "w_fp8_bf16".into(),
-                    detail: format!("{e:?}"),
-                })?;
+                unsafe { b.launch(cfg) }.map_err(|e| CudaError::Driver { what: "w_fp8_bf16".into(), detail: format!("{e:?}") })?;
                 converted = out;
                 converted.device_ptr(s).0
             }
@@ -585,38 +418,17 @@ impl Gpu {
         };
         let x0 = xb.device_ptr(s).0 + 2 * col0 as u64;
         let y0 = y.device_ptr_mut(s).0 + 4 * out0 as u64;
-        let shape = LtShape {
-            kind: LtKind::Bf16,
-            m: t,
-            n,
-            k,
-            ldb,
-            ldd,
-        };
-        let hi = LtOperands {
-            w: wptr,
-            w_scales: 0,
-            x: x0,
-            x_scales: 0,
-            y: y0,
-            beta: 0.0,
-        };
+        let shape = LtShape { kind: LtKind::Bf16, m: t, n, k, ldb, ldd };
+        let hi = LtOperands { w: wptr, w_scales: 0, x: x0, x_scales: 0, y: y0, beta: 0.0 };
         // SAFETY: the weight (or its conversion, alive to the end of this function and freed
         // stream-ordered), the planes and y hold the shape's sizes (checked above).
         if !unsafe { self.lt_matmul(&hi, shape) }? {
             return Ok(false);
         }
-        let lo = LtOperands {
-            x: x0 + 2 * plane as u64,
-            beta: 1.0,
-            ..hi
-        };
+        let lo = LtOperands { x: x0 + 2 * plane as u64, beta: 1.0, ..hi };
         // SAFETY: as above; the lo plane starts `plane` elements after the hi plane.
         if !unsafe { self.lt_matmul(&lo, shape) }? {
-            return Err(CudaError::Unsupported {
-                what: "linear_split_lt",
-                detail: "cuBLASLt took the hi plane but not the lo plane of the same shape".into(),
-            });
+            return Err(CudaError::Unsupported { what: "linear_split_lt", detail: "cuBLASLt took the hi plane but not the lo plane of the same shape".into() });
         }
         Ok(true)
     }

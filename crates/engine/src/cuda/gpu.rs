@@ -4,17 +4,12 @@
 use super::graph::DevBuf;
 use super::{guard, nvrtc, CudaError, KERNEL_SOURCES};
 use crate::cpu::rope::Rope;
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
-    r.map_err(|e| CudaError::Driver {
-        what: what.into(),
-        detail: format!("{e:?}"),
-    })
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
 }
 
 /// Makes `ctx` current on this thread (for raw driver calls).
@@ -26,12 +21,7 @@ pub(crate) fn drv_bind(ctx: &CudaContext) -> Result<(), CudaError> {
 
 /// The error for host-side work requested while a decode step is being captured.
 fn in_capture(what: &str) -> CudaError {
-    CudaError::Unsupported {
-        what: "CUDA graph capture",
-        detail: format!(
-            "{what} inside a captured decode step (it needs the host to wait for the device)"
-        ),
-    }
+    CudaError::Unsupported { what: "CUDA graph capture", detail: format!("{what} inside a captured decode step (it needs the host to wait for the device)") }
 }
 
 /// A weight matrix `[rows, cols]` on the device in its stored format (spec §6).
@@ -91,10 +81,7 @@ pub struct Gpu {
 /// Seconds from event `a` to event `b` (both recorded on one stream; waits for `b`).
 ///
 /// Errors: the driver failing to wait or to measure.
-pub fn elapsed_s(
-    a: &cudarc::driver::CudaEvent,
-    b: &cudarc::driver::CudaEvent,
-) -> Result<f64, CudaError> {
+pub fn elapsed_s(a: &cudarc::driver::CudaEvent, b: &cudarc::driver::CudaEvent) -> Result<f64, CudaError> {
     drv("waiting for an event", b.synchronize())?;
     Ok(drv("measuring between events", a.elapsed_ms(b))? as f64 * 1e-3)
 }
@@ -124,10 +111,7 @@ pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("attention.cu", super::ops_attention::ATTENTION_ENTRY_POINTS),
-    (
-        "compressor.cu",
-        super::ops_attention::COMPRESSOR_ENTRY_POINTS,
-    ),
+    ("compressor.cu", super::ops_attention::COMPRESSOR_ENTRY_POINTS),
     ("indexer.cu", super::ops_attention::INDEXER_ENTRY_POINTS),
     ("mhc.cu", super::ops_mhc::MHC_ENTRY_POINTS),
     ("moe.cu", super::ops_mhc::MOE_ENTRY_POINTS),
@@ -340,19 +324,11 @@ fn keep_freed_memory(ctx: &std::sync::Arc<CudaContext>) -> Result<(), CudaError>
     // the attribute value is a u64 as CU_MEMPOOL_ATTR_RELEASE_THRESHOLD requires.
     unsafe {
         drv("binding the context", ctx.bind_to_thread())?;
-        drv(
-            "cuDeviceGetDefaultMemPool",
-            sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result(),
-        )?;
+        drv("cuDeviceGetDefaultMemPool", sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result())?;
         let mut threshold: u64 = u64::MAX;
         drv(
             "setting the memory pool's release threshold",
-            sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&mut threshold as *mut u64).cast(),
-            )
-            .result(),
+            sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut threshold as *mut u64).cast()).result(),
         )?;
     }
     Ok(())
@@ -370,31 +346,17 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         keep_freed_memory(&ctx)?;
         let (major, minor) = drv("reading the compute capability", ctx.compute_capability())?;
-        let arch = if major == 9 {
-            format!("sm_{major}{minor}a")
-        } else {
-            format!("sm_{major}{minor}")
-        };
+        let arch = if major == 9 { format!("sm_{major}{minor}a") } else { format!("sm_{major}{minor}") };
         // A created (non-blocking) stream: the legacy default stream cannot be captured into a
         // CUDA graph (decode steps, `super::graph`).
         let stream = drv("creating the stream", ctx.new_stream())?;
         let mut functions = HashMap::new();
         for (file, src) in KERNEL_SOURCES {
             let cubin = nvrtc::compile_cached(cache_dir, file, src, &arch)?;
-            let module = drv(
-                &format!("loading {file}"),
-                ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)),
-            )?;
-            let names = ENTRY_POINTS
-                .iter()
-                .find(|(f, _)| f == file)
-                .map(|(_, n)| *n)
-                .unwrap_or(&[]);
+            let module = drv(&format!("loading {file}"), ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)))?;
+            let names = ENTRY_POINTS.iter().find(|(f, _)| f == file).map(|(_, n)| *n).unwrap_or(&[]);
             for name in names {
-                functions.insert(
-                    *name,
-                    drv(&format!("finding {name}"), module.load_function(name))?,
-                );
+                functions.insert(*name, drv(&format!("finding {name}"), module.load_function(name))?);
             }
         }
         // gemm.cu blocks use more than 48 KB of dynamic shared memory.
@@ -404,17 +366,10 @@ impl Gpu {
                     if split && fmt == "f32" {
                         continue;
                     }
-                    let name = format!(
-                        "gemm_tc_{fmt}{}{}",
-                        tile.shape().3,
-                        if split { "_x2" } else { "" }
-                    );
+                    let name = format!("gemm_tc_{fmt}{}{}", tile.shape().3, if split { "_x2" } else { "" });
                     let bytes = gemm_smem_bytes(fmt, tile, split) as i32;
                     let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-                    drv(
-                        &format!("shared memory of {name}"),
-                        functions[name.as_str()].set_attribute(attr, bytes),
-                    )?;
+                    drv(&format!("shared memory of {name}"), functions[name.as_str()].set_attribute(attr, bytes))?;
                 }
             }
         }
@@ -422,60 +377,33 @@ impl Gpu {
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             let bytes = super::ops_attention::ATTENTION_TC_SMEM as i32;
             for name in ["sparse_attention_tc", "sparse_attention_tc_fast_exp"] {
-                drv(
-                    &format!("shared memory of {name}"),
-                    functions[name].set_attribute(attr, bytes),
-                )?;
+                drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
             let bytes = super::ops_attention::INDEXER_STREAM_SMEM as i32;
             for name in ["indexer_topk_stream", "indexer_topk_stream_fp8"] {
-                drv(
-                    &format!("shared memory of {name}"),
-                    functions[name].set_attribute(attr, bytes),
-                )?;
+                drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
         }
         for name in super::ops_moe::moe_gemm_entry_points() {
             let (fmt, bm, split) = super::ops_moe::moe_gemm_entry_shape(name);
             let bytes = gemm_smem_for(fmt, bm, super::ops_moe::MOE_GEMM_BN, split) as i32;
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-            drv(
-                &format!("shared memory of {name}"),
-                functions[name].set_attribute(attr, bytes),
-            )?;
+            drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }
-        for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS
-            .iter()
-            .filter(|n| n.contains("_q8_") || n.contains("_w8_"))
-        {
+        for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_q8_") || n.contains("_w8_")) {
             let bytes = super::ops_q8::smem_of(name) as i32;
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-            drv(
-                &format!("shared memory of {name}"),
-                functions[name].set_attribute(attr, bytes),
-            )?;
+            drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }
         let graph = super::graph::GraphState::new(ctx.clone());
-        Ok(Gpu {
-            ctx,
-            stream,
-            arch,
-            functions,
-            profile: std::sync::Mutex::new(None),
-            lt: std::sync::Mutex::new(None),
-            graph,
-        })
+        Ok(Gpu { ctx, stream, arch, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph })
     }
 
     /// Records a timing event (`CU_EVENT_DEFAULT`) on the stream.
     ///
     /// Errors: the driver failing to create or record it.
     pub fn record_event(&self) -> Result<cudarc::driver::CudaEvent, CudaError> {
-        let ev = drv(
-            "creating an event",
-            self.ctx
-                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)),
-        )?;
+        let ev = drv("creating an event", self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)))?;
         drv("recording an event", ev.record(&self.stream))?;
         Ok(ev)
     }
@@ -488,10 +416,7 @@ impl Gpu {
 
     /// Whether stage marks are being recorded ([`Gpu::profile_start`]).
     pub fn profiling(&self) -> bool {
-        self.profile
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+        self.profile.lock().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 
     /// Marks that the work queued from here on belongs to stage `name` (until the next mark). A
@@ -512,12 +437,7 @@ impl Gpu {
     /// Errors: a failed synchronisation or event query.
     pub fn profile_finish(&self) -> Result<StageTimes, CudaError> {
         self.stage(IDLE_STAGE);
-        let marks = self
-            .profile
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .unwrap_or_default();
+        let marks = self.profile.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
         self.sync()?;
         let mut out: StageTimes = Vec::new();
         for w in marks.windows(2).filter(|w| w[0].0 != IDLE_STAGE) {
@@ -542,10 +462,7 @@ impl Gpu {
     /// states).
     ///
     /// Errors: driver errors; a call while a decode step is being captured.
-    pub fn upload<T: cudarc::driver::DeviceRepr>(
-        &self,
-        data: &[T],
-    ) -> Result<CudaSlice<T>, CudaError> {
+    pub fn upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
         if self.graph.capturing() {
             return Err(in_capture("an upload from pageable memory"));
         }
@@ -557,10 +474,7 @@ impl Gpu {
     /// block ([`super::graph`]).
     ///
     /// Errors: driver errors.
-    pub fn stage_upload<T: cudarc::driver::DeviceRepr>(
-        &self,
-        data: &[T],
-    ) -> Result<DevBuf<T>, CudaError> {
+    pub fn stage_upload<T: cudarc::driver::DeviceRepr>(&self, data: &[T]) -> Result<DevBuf<T>, CudaError> {
         if self.graph.capturing() {
             return self.graph.pooled_upload(&self.stream, data);
         }
@@ -570,10 +484,7 @@ impl Gpu {
     /// Copies device data to the host (synchronizes the stream).
     ///
     /// Errors: driver errors; a call while a decode step is being captured.
-    pub fn download<T: cudarc::driver::DeviceRepr + Default + Clone>(
-        &self,
-        data: &CudaSlice<T>,
-    ) -> Result<Vec<T>, CudaError> {
+    pub fn download<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, data: &CudaSlice<T>) -> Result<Vec<T>, CudaError> {
         if self.graph.capturing() {
             return Err(in_capture("a download"));
         }
@@ -585,16 +496,9 @@ impl Gpu {
     ///
     /// Errors: a range past the end of `data`, driver errors, a call while a decode step is being
     /// captured.
-    pub fn download_range<T: cudarc::driver::DeviceRepr + Default + Clone>(
-        &self,
-        data: &CudaSlice<T>,
-        range: std::ops::Range<usize>,
-    ) -> Result<Vec<T>, CudaError> {
+    pub fn download_range<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, data: &CudaSlice<T>, range: std::ops::Range<usize>) -> Result<Vec<T>, CudaError> {
         if range.end > data.len() || range.start > range.end {
-            return Err(CudaError::Unsupported {
-                what: "download",
-                detail: format!("elements {range:?} of a buffer of {}", data.len()),
-            });
+            return Err(CudaError::Unsupported { what: "download", detail: format!("elements {range:?} of a buffer of {}", data.len()) });
         }
         if range.is_empty() {
             return Ok(Vec::new());
@@ -609,10 +513,7 @@ impl Gpu {
     /// being captured a block of the graph pool ([`super::graph`]).
     ///
     /// Errors: allocation failures.
-    pub fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-        &self,
-        n: usize,
-    ) -> Result<DevBuf<T>, CudaError> {
+    pub fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, n: usize) -> Result<DevBuf<T>, CudaError> {
         if self.graph.capturing() {
             return self.graph.pooled_zeros(&self.stream, n);
         }
@@ -625,10 +526,7 @@ impl Gpu {
     /// The caller writes every element before reading it (as for cudarc's `CudaStream::alloc`).
     ///
     /// Errors: allocation failures.
-    pub unsafe fn scratch<T: cudarc::driver::DeviceRepr>(
-        &self,
-        n: usize,
-    ) -> Result<DevBuf<T>, CudaError> {
+    pub unsafe fn scratch<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<DevBuf<T>, CudaError> {
         if self.graph.capturing() {
             return self.graph.pooled(&self.stream, n);
         }
@@ -639,10 +537,7 @@ impl Gpu {
     /// Zero-filled device buffer kept by the caller (weights, states).
     ///
     /// Errors: allocation failures; a call while a decode step is being captured.
-    pub fn zeros_owned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-        &self,
-        n: usize,
-    ) -> Result<CudaSlice<T>, CudaError> {
+    pub fn zeros_owned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, CudaError> {
         if self.graph.capturing() {
             return Err(in_capture("a lasting allocation"));
         }
@@ -661,20 +556,8 @@ impl Gpu {
 
     /// RMSNorm of `rows` rows of width `n` (spec §3.1): `y = w ⊙ x / sqrt(mean(x²)+eps)`, unweighted
     /// when `w` is None.
-    pub fn rms_norm(
-        &self,
-        x: &CudaSlice<f32>,
-        w: Option<&CudaSlice<f32>>,
-        y: &mut CudaSlice<f32>,
-        rows: usize,
-        n: usize,
-        eps: f32,
-    ) -> Result<(), CudaError> {
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+    pub fn rms_norm(&self, x: &CudaSlice<f32>, w: Option<&CudaSlice<f32>>, y: &mut CudaSlice<f32>, rows: usize, n: usize, eps: f32) -> Result<(), CudaError> {
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let n_i = n as i32;
         let mut b = self.stream.launch_builder(self.f("rms_norm_f32"));
         b.arg(x);
@@ -691,32 +574,12 @@ impl Gpu {
     /// Interleaved RoPE (inverse when `inverse`) on the trailing `rope.dim` channels of each head of
     /// `x` (`[tokens, heads, head_dim]`), token t at position `pos0 + t` (spec §3.2).
     #[allow(clippy::too_many_arguments)]
-    pub fn rope(
-        &self,
-        x: &mut CudaSlice<f32>,
-        inv_freq: &CudaSlice<f32>,
-        rope: &Rope,
-        tokens: usize,
-        heads: usize,
-        head_dim: usize,
-        pos0: usize,
-        inverse: bool,
-    ) -> Result<(), CudaError> {
-        let cfg = LaunchConfig {
-            grid_dim: ((tokens * heads) as u32, 1, 1),
-            block_dim: ((rope.dim / 2).max(1) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+    pub fn rope(&self, x: &mut CudaSlice<f32>, inv_freq: &CudaSlice<f32>, rope: &Rope, tokens: usize, heads: usize, head_dim: usize, pos0: usize, inverse: bool) -> Result<(), CudaError> {
+        let cfg = LaunchConfig { grid_dim: ((tokens * heads) as u32, 1, 1), block_dim: ((rope.dim / 2).max(1) as u32, 1, 1), shared_mem_bytes: 0 };
         let (h, hd, rd, p0) = (heads as i32, head_dim as i32, rope.dim as i32, pos0 as i32);
         let sign = if inverse { -1.0f32 } else { 1.0 };
         let mut b = self.stream.launch_builder(self.f("rope_f32"));
-        b.arg(x)
-            .arg(inv_freq)
-            .arg(&h)
-            .arg(&hd)
-            .arg(&rd)
-            .arg(&p0)
-            .arg(&sign);
+        b.arg(x).arg(inv_freq).arg(&h).arg(&hd).arg(&rd).arg(&p0).arg(&sign);
         // SAFETY: matches rope_f32's signature.
         drv("rope_f32", unsafe { b.launch(cfg) }).map(|_| ())
     }
@@ -726,20 +589,12 @@ impl Gpu {
     /// says (`FLASHSEEK_TC_LINEAR`), else the exact f32 kernel ([`Gpu::linear_gemv`]).
     ///
     /// Errors: `cols` not a multiple of the format's vector width (4 f32, 8 bf16, 16 FP8, 32 FP4).
-    pub fn linear(
-        &self,
-        x: &CudaSlice<f32>,
-        w: &GpuWeight,
-        y: &mut CudaSlice<f32>,
-        t: usize,
-    ) -> Result<(), CudaError> {
+    pub fn linear(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
         if t >= TC_LINEAR_MIN_TOKENS {
             match tc_linear_mode() {
                 TcMode::Off => {}
                 TcMode::Bf16 => return self.linear_tc(x, w, y, t, None, false),
-                TcMode::Split | TcMode::Fp8 if !matches!(w.data, GpuMatrix::F32(_)) => {
-                    return self.linear_tc(x, w, y, t, None, true)
-                }
+                TcMode::Split | TcMode::Fp8 if !matches!(w.data, GpuMatrix::F32(_)) => return self.linear_tc(x, w, y, t, None, true),
                 TcMode::Split | TcMode::Fp8 => {}
             }
         }
@@ -753,74 +608,31 @@ impl Gpu {
     ///
     /// Errors: `cols` not a multiple of the format's vector width, buffers shorter than the shape,
     /// `split` with f32 weights (whose bf16 rounding would dominate: use [`Gpu::linear_gemv`]).
-    pub fn linear_tc(
-        &self,
-        x: &CudaSlice<f32>,
-        w: &GpuWeight,
-        y: &mut CudaSlice<f32>,
-        t: usize,
-        tile: Option<GemmTile>,
-        split: bool,
-    ) -> Result<(), CudaError> {
+    pub fn linear_tc(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize, tile: Option<GemmTile>, split: bool) -> Result<(), CudaError> {
         let (fmt, need) = format_of(w);
         if split && fmt == "f32" {
-            return Err(CudaError::Unsupported {
-                what: "linear",
-                detail: "split activations with f32 weights".into(),
-            });
+            return Err(CudaError::Unsupported { what: "linear", detail: "split activations with f32 weights".into() });
         }
         if !w.cols.is_multiple_of(need) {
-            return Err(CudaError::Unsupported {
-                what: "linear",
-                detail: format!("input width {} is not a multiple of {need}", w.cols),
-            });
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("input width {} is not a multiple of {need}", w.cols) });
         }
         if x.len() < t * w.cols || y.len() < t * w.rows {
-            return Err(CudaError::Unsupported {
-                what: "linear",
-                detail: format!(
-                    "buffers of {} and {} values for {t} tokens of [{}, {}]",
-                    x.len(),
-                    y.len(),
-                    w.rows,
-                    w.cols
-                ),
-            });
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("buffers of {} and {} values for {t} tokens of [{}, {}]", x.len(), y.len(), w.rows, w.cols) });
         }
         if t == 0 || w.rows == 0 {
             return Ok(());
         }
-        let too_big = |v: usize| {
-            i32::try_from(v).map_err(|_| CudaError::Unsupported {
-                what: "linear",
-                detail: format!("{v} does not fit the kernel's 32-bit index"),
-            })
-        };
+        let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") });
         let (tt, n, k) = (too_big(t)?, too_big(w.rows)?, too_big(w.cols)?);
         let (xb, tp, kp) = self.bf16_planes(x, t, w.cols, split)?;
-        if split
-            && tile.is_none()
-            && t >= super::cublaslt::LT_MIN_TOKENS
-            && crate::switches::on("LINEAR_CUBLASLT")
-            && self.linear_split_lt(&xb, tp * kp, kp, 0, w, y, w.rows, 0, t)?
-        {
+        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, tp * kp, kp, 0, w, y, w.rows, 0, t)? {
             return Ok(());
         }
-        let sms = self
-            .ctx
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-            .unwrap_or(132)
-            .max(1) as usize;
+        let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
         let tile = tile.unwrap_or_else(|| GemmTile::choose(t, w.rows, sms));
         let (bm, bn, threads, suffix) = tile.shape();
         let blocks = t.div_ceil(bm) * w.rows.div_ceil(bn);
-        let cfg = LaunchConfig {
-            grid_dim: (too_big(blocks)? as u32, 1, 1),
-            block_dim: (threads as u32, 1, 1),
-            shared_mem_bytes: gemm_smem_bytes(fmt, tile, split) as u32,
-        };
+        let cfg = LaunchConfig { grid_dim: (too_big(blocks)? as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: gemm_smem_bytes(fmt, tile, split) as u32 };
         let name = format!("gemm_tc_{fmt}{suffix}{}", if split { "_x2" } else { "" });
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(&name));
@@ -845,43 +657,20 @@ impl Gpu {
     /// `split` followed by the lo plane `x − bf16(x)`; padding is zero.
     ///
     /// Errors: `x` shorter than `t·k`, sizes beyond 32-bit indexing, allocation or launch failures.
-    pub fn bf16_planes(
-        &self,
-        x: &CudaSlice<f32>,
-        t: usize,
-        k: usize,
-        split: bool,
-    ) -> Result<(DevBuf<u16>, usize, usize), CudaError> {
-        let too_big = |v: usize| {
-            i32::try_from(v).map_err(|_| CudaError::Unsupported {
-                what: "linear",
-                detail: format!("{v} does not fit the kernel's 32-bit index"),
-            })
-        };
+    pub fn bf16_planes(&self, x: &CudaSlice<f32>, t: usize, k: usize, split: bool) -> Result<(DevBuf<u16>, usize, usize), CudaError> {
+        let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") });
         if x.len() < t * k {
-            return Err(CudaError::Unsupported {
-                what: "linear",
-                detail: format!("{} inputs for {t} rows of {k}", x.len()),
-            });
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("{} inputs for {t} rows of {k}", x.len()) });
         }
         let (tp, kp) = (t.div_ceil(128).max(1) * 128, k.div_ceil(32) * 32);
         let (tt, k_i, tp_i) = (too_big(t)?, too_big(k)?, too_big(tp)?);
         // SAFETY: every element is written by gemm_x_bf16 below before anything reads it.
         let mut xb = unsafe { self.scratch::<u16>(tp * kp * if split { 2 } else { 1 }) }?;
         let quads = tp * kp / 4;
-        let cfg = LaunchConfig {
-            grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("gemm_x_bf16"));
         let split_i = split as i32;
-        b.arg(x)
-            .arg(&mut xb)
-            .arg(&tt)
-            .arg(&k_i)
-            .arg(&tp_i)
-            .arg(&split_i);
+        b.arg(x).arg(&mut xb).arg(&tt).arg(&k_i).arg(&tp_i).arg(&split_i);
         // SAFETY: matches gemm_x_bf16(x, xb, T, K, Tp, split); x holds T·K floats, xb (1 + split)·Tp·Kp bf16.
         drv("gemm_x_bf16", unsafe { b.launch(cfg) })?;
         Ok((xb, tp, kp))
@@ -894,19 +683,10 @@ impl Gpu {
     /// whose slices are less aligned than the first's): [`Gpu::grouped_linear_gather`] does the rest.
     ///
     /// Errors: buffers shorter than the shapes, a group weight not `[r, gin]`, launch failures.
-    pub fn grouped_linear_lt(
-        &self,
-        o: &CudaSlice<f32>,
-        wo_a: &[GpuWeight],
-        z: &mut CudaSlice<f32>,
-        t: usize,
-    ) -> Result<usize, CudaError> {
+    pub fn grouped_linear_lt(&self, o: &CudaSlice<f32>, wo_a: &[GpuWeight], z: &mut CudaSlice<f32>, t: usize) -> Result<usize, CudaError> {
         let Some(w0) = wo_a.first() else { return Ok(0) };
         let (gin, r, groups) = (w0.cols, w0.rows, wo_a.len());
-        if wo_a.iter().any(|w| w.cols != gin || w.rows != r)
-            || z.len() < t * groups * r
-            || o.len() < t * groups * gin
-        {
+        if wo_a.iter().any(|w| w.cols != gin || w.rows != r) || z.len() < t * groups * r || o.len() < t * groups * gin {
             return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("{groups} group weights of [{r}, {gin}] for {} inputs and {} outputs of {t} tokens", o.len(), z.len()) });
         }
         let (xb, tp, kp) = self.bf16_planes(o, t, groups * gin, true)?;
@@ -923,27 +703,12 @@ impl Gpu {
     /// columns, multiply, scatter into `z` (`[t, G·r]`).
     ///
     /// Errors: buffers shorter than the shapes, launch failures.
-    pub fn grouped_linear_gather(
-        &self,
-        o: &CudaSlice<f32>,
-        ws: &[GpuWeight],
-        first: usize,
-        z: &mut CudaSlice<f32>,
-        t: usize,
-        gin: usize,
-    ) -> Result<(), CudaError> {
+    pub fn grouped_linear_gather(&self, o: &CudaSlice<f32>, ws: &[GpuWeight], first: usize, z: &mut CudaSlice<f32>, t: usize, gin: usize) -> Result<(), CudaError> {
         let Some(w0) = ws.first() else { return Ok(()) };
         let r = w0.rows;
         let groups = z.len().checked_div(t * r).unwrap_or(0);
         if first + ws.len() > groups || o.len() < t * groups * gin {
-            return Err(CudaError::Unsupported {
-                what: "grouped linear",
-                detail: format!(
-                    "groups {first}..{} of {groups} for {} inputs of {t} tokens",
-                    first + ws.len(),
-                    o.len()
-                ),
-            });
+            return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("groups {first}..{} of {groups} for {} inputs of {t} tokens", first + ws.len(), o.len()) });
         }
         for (i, wg) in ws.iter().enumerate() {
             let g = first + i;
@@ -961,13 +726,7 @@ impl Gpu {
     /// [`Gpu::linear`] on the exact f32 kernels (linear.cu), whatever the token count.
     ///
     /// Errors: `cols` not a multiple of the format's vector width (4 f32, 8 bf16, 16 FP8, 32 FP4).
-    pub fn linear_gemv(
-        &self,
-        x: &CudaSlice<f32>,
-        w: &GpuWeight,
-        y: &mut CudaSlice<f32>,
-        t: usize,
-    ) -> Result<(), CudaError> {
+    pub fn linear_gemv(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
         let (n, k) = (w.rows as i32, w.cols as i32);
         let tt = t as i32;
         let need = match w.data {
@@ -977,19 +736,12 @@ impl Gpu {
             GpuMatrix::Fp4 { .. } => 32,
         };
         if !w.cols.is_multiple_of(need) {
-            return Err(CudaError::Unsupported {
-                what: "linear",
-                detail: format!("input width {} is not a multiple of {need}", w.cols),
-            });
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("input width {} is not a multiple of {need}", w.cols) });
         }
         // Row blocks are capped (each block loops over rows) so x is staged once per block.
         const MAX_ROW_BLOCKS: usize = 132 * 8;
         let cfg = LaunchConfig {
-            grid_dim: (
-                w.rows.div_ceil(8).min(MAX_ROW_BLOCKS) as u32,
-                t.div_ceil(8) as u32,
-                1,
-            ),
+            grid_dim: (w.rows.div_ceil(8).min(MAX_ROW_BLOCKS) as u32, t.div_ceil(8) as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -202,6 +202,8 @@ impl Drop for GraphPool {
 /// chunks allocated with `cuMemHostAlloc`). A captured graph owns its arena until it is launched;
 /// after the launch the arena waits for an event recorded behind the graph before it is reused.
 pub struct Arena {
+    /// Kept alive (and made current) until the pinned memory is freed.
+    ctx: Arc<CudaContext>,
     chunks: Vec<(*mut u8, usize)>,
     chunk: usize,
     used: usize,
@@ -217,8 +219,9 @@ unsafe impl Send for Arena {}
 const STAGE_CHUNK: usize = 1 << 16;
 
 impl Arena {
-    fn new() -> Self {
+    fn new(ctx: Arc<CudaContext>) -> Self {
         Arena {
+            ctx,
             chunks: Vec::new(),
             chunk: 0,
             used: 0,
@@ -275,6 +278,9 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
+        if super::gpu::drv_bind(&self.ctx).is_err() {
+            return;
+        }
         if let Some(e) = &self.done {
             let _ = e.synchronize();
         }
@@ -286,14 +292,18 @@ impl Drop for Arena {
 }
 
 /// An executable graph (instantiated by us, destroyed on drop).
-struct Exec(sys::CUgraphExec);
+/// The context is kept alive (and made current) until the executable is destroyed.
+struct Exec(sys::CUgraphExec, Arc<CudaContext>);
 
 // SAFETY: an executable graph handle is used by one owner at a time (moved, never shared).
 unsafe impl Send for Exec {}
 
 impl Drop for Exec {
     fn drop(&mut self) {
-        // SAFETY: instantiated by us, destroyed once.
+        if super::gpu::drv_bind(&self.1).is_err() {
+            return;
+        }
+        // SAFETY: instantiated by us, destroyed once, its context alive and current.
         unsafe { sys::cuGraphExecDestroy(self.0) };
     }
 }
@@ -465,7 +475,7 @@ impl GraphState {
             let mut free = lock(&self.arenas);
             match free.iter().position(Arena::free) {
                 Some(i) => free.swap_remove(i),
-                None => Arena::new(),
+                None => Arena::new(self.ctx.clone()),
             }
         };
         arena.reset();
@@ -489,7 +499,7 @@ impl GraphState {
             }
             Err(e) => Err(e),
         };
-        let arena = lock(&self.current).take().unwrap_or_else(Arena::new);
+        let arena = lock(&self.current).take().unwrap_or_else(|| Arena::new(self.ctx.clone()));
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         let end = if began {
             // SAFETY: ends the capture begun above (also after an error in `f`).
@@ -544,7 +554,7 @@ impl GraphState {
             sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, 0)
         })?;
         lock(&self.stats).instantiated += 1;
-        Ok(Exec(exec))
+        Ok(Exec(exec, self.ctx.clone()))
     }
 
     /// Launches a captured step on `stream`; its executable graph returns to the kept list and its
@@ -597,10 +607,14 @@ impl GraphState {
 
 impl Drop for GraphState {
     fn drop(&mut self) {
-        // Kept graphs and staging memory may still be in use by queued work.
+        // Kept graphs and staging memory may still be in use by queued work: wait, then release
+        // them while the context is certainly alive (each also holds it).
         if super::gpu::drv_bind(&self.ctx).is_ok() {
             let _ = self.ctx.synchronize();
         }
+        lock(&self.execs).clear();
+        lock(&self.arenas).clear();
+        lock(&self.current).take();
     }
 }
 

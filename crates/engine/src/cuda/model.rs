@@ -9,11 +9,9 @@
 //! step needs host-side lists (indexer offsets, expert grouping). Stored-format uploads (FP8/FP4),
 //! CUDA graphs and fused prefill kernels come next (issues 5 and 6).
 
-use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::graph::DevBuf;
-use super::ops_attention::{
-    hca_offsets, topk_offsets, AttentionShape, CompressedKeys, IndexerShape, PoolShape,
-};
+use super::gpu::{Gpu, GpuMatrix, GpuWeight};
+use super::ops_attention::{hca_offsets, topk_offsets, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter};
 use super::upload::GpuSource;
 use super::CudaError;
@@ -24,10 +22,7 @@ use cudarc::driver::CudaSlice;
 use flashseek_model::config::{Ds4Config, LayerKind};
 
 fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
-    r.map_err(|e| CudaError::Driver {
-        what: what.into(),
-        detail: format!("{e:?}"),
-    })
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
 }
 
 /// A compressor's weights on the device.
@@ -43,15 +38,7 @@ struct GpuCompressor {
 
 impl GpuCompressor {
     /// Compressor `prefix` (`…attn.compressor` or `…attn.indexer.compressor`) of entry width `width`.
-    fn upload(
-        gpu: &Gpu,
-        src: &dyn GpuSource,
-        prefix: &str,
-        width: usize,
-        ratio: usize,
-        overlap: bool,
-        d: usize,
-    ) -> Result<Self, CudaError> {
+    fn upload(gpu: &Gpu, src: &dyn GpuSource, prefix: &str, width: usize, ratio: usize, overlap: bool, d: usize) -> Result<Self, CudaError> {
         let out = if overlap { 2 * width } else { width };
         Ok(GpuCompressor {
             wkv: src.matrix(gpu, &format!("{prefix}.wkv.weight"), out, d)?,
@@ -116,11 +103,7 @@ pub struct GpuModel {
 fn split_rows(gpu: &Gpu, w: GpuWeight, groups: usize) -> Result<Vec<GpuWeight>, CudaError> {
     let r = w.rows / groups;
     let cols = w.cols;
-    let part = |data: GpuMatrix| GpuWeight {
-        rows: r,
-        cols,
-        data,
-    };
+    let part = |data: GpuMatrix| GpuWeight { rows: r, cols, data };
     let sub = |src: &CudaSlice<u8>, a: usize, b: usize| -> Result<CudaSlice<u8>, CudaError> {
         let mut dst = gpu.zeros_owned::<u8>(b - a)?;
         drv("split", gpu.stream.memcpy_dtod(&src.slice(a..b), &mut dst))?;
@@ -131,42 +114,24 @@ fn split_rows(gpu: &Gpu, w: GpuWeight, groups: usize) -> Result<Vec<GpuWeight>, 
         let data = match &w.data {
             GpuMatrix::F32(m) => {
                 let mut dst = gpu.zeros_owned::<f32>(r * cols)?;
-                drv(
-                    "split",
-                    gpu.stream
-                        .memcpy_dtod(&m.slice(g * r * cols..(g + 1) * r * cols), &mut dst),
-                )?;
+                drv("split", gpu.stream.memcpy_dtod(&m.slice(g * r * cols..(g + 1) * r * cols), &mut dst))?;
                 GpuMatrix::F32(dst)
             }
             GpuMatrix::Bf16(m) => {
                 let mut dst = gpu.zeros_owned::<u16>(r * cols)?;
-                drv(
-                    "split",
-                    gpu.stream
-                        .memcpy_dtod(&m.slice(g * r * cols..(g + 1) * r * cols), &mut dst),
-                )?;
+                drv("split", gpu.stream.memcpy_dtod(&m.slice(g * r * cols..(g + 1) * r * cols), &mut dst))?;
                 GpuMatrix::Bf16(dst)
             }
             GpuMatrix::Fp8 { w: m, scales } => {
                 if !r.is_multiple_of(128) {
-                    return Err(CudaError::Unsupported {
-                        what: "wo_a split",
-                        detail: format!("FP8 group rows {r} not a multiple of 128"),
-                    });
+                    return Err(CudaError::Unsupported { what: "wo_a split", detail: format!("FP8 group rows {r} not a multiple of 128") });
                 }
                 let sk = cols.div_ceil(128);
-                GpuMatrix::Fp8 {
-                    w: sub(m, g * r * cols, (g + 1) * r * cols)?,
-                    scales: sub(scales, g * (r / 128) * sk, (g + 1) * (r / 128) * sk)?,
-                }
+                GpuMatrix::Fp8 { w: sub(m, g * r * cols, (g + 1) * r * cols)?, scales: sub(scales, g * (r / 128) * sk, (g + 1) * (r / 128) * sk)? }
             }
             GpuMatrix::Fp4 { w: m, scales, fold } => {
                 let sk = cols / 32;
-                GpuMatrix::Fp4 {
-                    w: sub(m, g * r * cols / 2, (g + 1) * r * cols / 2)?,
-                    scales: sub(scales, g * r * sk, (g + 1) * r * sk)?,
-                    fold: *fold,
-                }
+                GpuMatrix::Fp4 { w: sub(m, g * r * cols / 2, (g + 1) * r * cols / 2)?, scales: sub(scales, g * r * sk, (g + 1) * r * sk)?, fold: *fold }
             }
         };
         out.push(part(data));
@@ -195,60 +160,17 @@ impl GpuModel {
             let p = format!("layers.{l}");
             let (compressor, indexer) = match *kind {
                 LayerKind::Sliding => (None, None),
-                LayerKind::Hca { ratio } => (
-                    Some(GpuCompressor::upload(
-                        gpu,
-                        src,
-                        &format!("{p}.attn.compressor"),
-                        c.head_dim,
-                        ratio,
-                        false,
-                        d,
-                    )?),
-                    None,
-                ),
+                LayerKind::Hca { ratio } => (Some(GpuCompressor::upload(gpu, src, &format!("{p}.attn.compressor"), c.head_dim, ratio, false, d)?), None),
                 LayerKind::Csa { ratio } => {
                     let heads = c.index_n_heads;
                     let s = (heads as f64).powf(-0.5);
-                    let wp: Vec<f32> = src
-                        .host(
-                            &format!("{p}.attn.indexer.weights_proj.weight"),
-                            &[heads, d],
-                        )?
-                        .iter()
-                        .map(|v| (*v as f64 * s) as f32)
-                        .collect();
+                    let wp: Vec<f32> = src.host(&format!("{p}.attn.indexer.weights_proj.weight"), &[heads, d])?.iter().map(|v| (*v as f64 * s) as f32).collect();
                     (
-                        Some(GpuCompressor::upload(
-                            gpu,
-                            src,
-                            &format!("{p}.attn.compressor"),
-                            c.head_dim,
-                            ratio,
-                            true,
-                            d,
-                        )?),
+                        Some(GpuCompressor::upload(gpu, src, &format!("{p}.attn.compressor"), c.head_dim, ratio, true, d)?),
                         Some(GpuIndexer {
-                            wq_b: src.matrix(
-                                gpu,
-                                &format!("{p}.attn.indexer.wq_b.weight"),
-                                heads * c.index_head_dim,
-                                c.q_lora_rank,
-                            )?,
-                            weights_proj: GpuWeight {
-                                rows: heads,
-                                cols: d,
-                                data: GpuMatrix::F32(gpu.upload(&wp)?),
-                            },
-                            compressor: GpuCompressor::upload(
-                                gpu,
-                                src,
-                                &format!("{p}.attn.indexer.compressor"),
-                                c.index_head_dim,
-                                ratio,
-                                true,
-                                d,
-                            )?,
+                            wq_b: src.matrix(gpu, &format!("{p}.attn.indexer.wq_b.weight"), heads * c.index_head_dim, c.q_lora_rank)?,
+                            weights_proj: GpuWeight { rows: heads, cols: d, data: GpuMatrix::F32(gpu.upload(&wp)?) },
+                            compressor: GpuCompressor::upload(gpu, src, &format!("{p}.attn.indexer.compressor"), c.index_head_dim, ratio, true, d)?,
                             heads,
                             head_dim: c.index_head_dim,
                         }),
@@ -258,21 +180,10 @@ impl GpuModel {
             let e = c.n_routed_experts;
             let router = match c.router_kinds[l] {
                 flashseek_model::config::RouterKind::Hash => GpuRouter::Hash {
-                    tid2eid: gpu.upload(
-                        &src.table(
-                            &format!("{p}.ffn.gate.tid2eid"),
-                            c.vocab_size,
-                            c.num_experts_per_tok,
-                        )?
-                        .iter()
-                        .map(|v| *v as i32)
-                        .collect::<Vec<_>>(),
-                    )?,
+                    tid2eid: gpu.upload(&src.table(&format!("{p}.ffn.gate.tid2eid"), c.vocab_size, c.num_experts_per_tok)?.iter().map(|v| *v as i32).collect::<Vec<_>>())?,
                     vocab: c.vocab_size,
                 },
-                flashseek_model::config::RouterKind::Score => GpuRouter::Score {
-                    bias: gpu.upload(&src.host(&format!("{p}.ffn.gate.bias"), &[e])?)?,
-                },
+                flashseek_model::config::RouterKind::Score => GpuRouter::Score { bias: gpu.upload(&src.host(&format!("{p}.ffn.gate.bias"), &[e])?)? },
             };
             let inter = c.moe_intermediate_size;
             let expert = |q: &str| -> Result<GpuExpert, CudaError> {
@@ -282,31 +193,18 @@ impl GpuModel {
                     w3: src.matrix(gpu, &format!("{q}.w3.weight"), inter, d)?,
                 })
             };
-            let wo_a = src.matrix(
-                gpu,
-                &format!("{p}.attn.wo_a.weight"),
-                c.o_groups * c.o_lora_rank,
-                hcd / c.o_groups,
-            )?;
+            let wo_a = src.matrix(gpu, &format!("{p}.attn.wo_a.weight"), c.o_groups * c.o_lora_rank, hcd / c.o_groups)?;
             layers.push(GpuLayer {
                 kind: *kind,
                 attn_norm: gpu.upload(&src.host(&format!("{p}.attn_norm.weight"), &[d])?)?,
                 wq_a: src.matrix(gpu, &format!("{p}.attn.wq_a.weight"), c.q_lora_rank, d)?,
-                q_norm: gpu
-                    .upload(&src.host(&format!("{p}.attn.q_norm.weight"), &[c.q_lora_rank])?)?,
+                q_norm: gpu.upload(&src.host(&format!("{p}.attn.q_norm.weight"), &[c.q_lora_rank])?)?,
                 wq_b: src.matrix(gpu, &format!("{p}.attn.wq_b.weight"), hcd, c.q_lora_rank)?,
                 wkv: src.matrix(gpu, &format!("{p}.attn.wkv.weight"), c.head_dim, d)?,
-                kv_norm: gpu
-                    .upload(&src.host(&format!("{p}.attn.kv_norm.weight"), &[c.head_dim])?)?,
+                kv_norm: gpu.upload(&src.host(&format!("{p}.attn.kv_norm.weight"), &[c.head_dim])?)?,
                 wo_a: split_rows(gpu, wo_a, c.o_groups)?,
-                wo_b: src.matrix(
-                    gpu,
-                    &format!("{p}.attn.wo_b.weight"),
-                    d,
-                    c.o_groups * c.o_lora_rank,
-                )?,
-                sinks: gpu
-                    .upload(&src.host(&format!("{p}.attn.attn_sink"), &[c.num_attention_heads])?)?,
+                wo_b: src.matrix(gpu, &format!("{p}.attn.wo_b.weight"), d, c.o_groups * c.o_lora_rank)?,
+                sinks: gpu.upload(&src.host(&format!("{p}.attn.attn_sink"), &[c.num_attention_heads])?)?,
                 compressor,
                 indexer,
                 hc_attn: hc(&format!("{p}.hc_attn"))?,
@@ -316,9 +214,7 @@ impl GpuModel {
                     gate: src.matrix(gpu, &format!("{p}.ffn.gate.weight"), e, d)?,
                     router,
                     shared: expert(&format!("{p}.ffn.shared_experts"))?,
-                    experts: (0..e)
-                        .map(|x| expert(&format!("{p}.ffn.experts.{x}")))
-                        .collect::<Result<_, _>>()?,
+                    experts: (0..e).map(|x| expert(&format!("{p}.ffn.experts.{x}"))).collect::<Result<_, _>>()?,
                     tables: std::sync::OnceLock::new(),
                 },
             });
@@ -407,43 +303,24 @@ impl GpuSequence {
                 Ok(GpuLayerState {
                     kv: gpu.zeros_owned(capacity * c.head_dim)?,
                     comp: l.compressor.as_ref().map(comp).transpose()?,
-                    idx: l
-                        .indexer
-                        .as_ref()
-                        .map(|i| comp(&i.compressor))
-                        .transpose()?,
+                    idx: l.indexer.as_ref().map(|i| comp(&i.compressor)).transpose()?,
                 })
             })
             .collect::<Result<_, CudaError>>()?;
-        Ok(GpuSequence {
-            pos: 0,
-            capacity,
-            earliest: 0,
-            layers,
-            token: None,
-            next: None,
-        })
+        Ok(GpuSequence { pos: 0, capacity, earliest: 0, layers, token: None, next: None })
     }
 
     /// Device bytes held by the state (allocated for the whole capacity).
     pub fn bytes(&self) -> usize {
         let comp = |c: &GpuCompState| (c.kv.len() + c.logit.len() + c.entries.len()) * 4;
-        self.layers
-            .iter()
-            .map(|l| {
-                l.kv.len() * 4 + l.comp.as_ref().map_or(0, comp) + l.idx.as_ref().map_or(0, comp)
-            })
-            .sum()
+        self.layers.iter().map(|l| l.kv.len() * 4 + l.comp.as_ref().map_or(0, comp) + l.idx.as_ref().map_or(0, comp)).sum()
     }
 
     /// Rewinds to `len` tokens (rows past it are ignored and overwritten later; entries that depend
     /// on dropped tokens are dropped).
     pub fn truncate(&mut self, m: &GpuModel, len: usize) -> Result<(), CudaError> {
         if len > self.pos {
-            return Err(CudaError::Unsupported {
-                what: "truncate",
-                detail: format!("to {len} but the sequence has {} tokens", self.pos),
-            });
+            return Err(CudaError::Unsupported { what: "truncate", detail: format!("to {len} but the sequence has {} tokens", self.pos) });
         }
         if len < self.earliest {
             return Err(CudaError::Unsupported {
@@ -482,12 +359,7 @@ impl GpuSequence {
     /// ignored as after a truncation.
     ///
     /// Errors: `snap` longer than this sequence's capacity, or device copy failures.
-    pub fn restore(
-        &mut self,
-        gpu: &Gpu,
-        m: &GpuModel,
-        snap: &GpuSequence,
-    ) -> Result<(), CudaError> {
+    pub fn restore(&mut self, gpu: &Gpu, m: &GpuModel, snap: &GpuSequence) -> Result<(), CudaError> {
         copy_state(gpu, m, snap, self)
     }
 
@@ -502,14 +374,7 @@ impl GpuSequence {
         let down = |buf: &CudaSlice<f32>, len: usize| gpu.download_range(buf, 0..len);
         for ((l, g), h) in m.layers.iter().zip(&self.layers).zip(st.layers.iter_mut()) {
             h.kv.extend(&down(&g.kv, pos * c.head_dim)?);
-            let comps = [
-                (l.compressor.as_ref(), &g.comp, &mut h.compressor),
-                (
-                    l.indexer.as_ref().map(|i| &i.compressor),
-                    &g.idx,
-                    &mut h.indexer,
-                ),
-            ];
+            let comps = [(l.compressor.as_ref(), &g.comp, &mut h.compressor), (l.indexer.as_ref().map(|i| &i.compressor), &g.idx, &mut h.indexer)];
             for (cw, gc, hc) in comps {
                 if let (Some(cw), Some(gc), Some(hc)) = (cw, gc, hc) {
                     let out = cw.wkv.rows;
@@ -529,44 +394,20 @@ impl GpuSequence {
     ///
     /// Errors: a state of another model shape (layer count, layer kinds, row widths, entry
     /// counts) or longer than `capacity`, each named; device failures.
-    pub fn from_host(
-        gpu: &Gpu,
-        m: &GpuModel,
-        st: &SequenceState,
-        capacity: usize,
-    ) -> Result<GpuSequence, CudaError> {
+    pub fn from_host(gpu: &Gpu, m: &GpuModel, st: &SequenceState, capacity: usize) -> Result<GpuSequence, CudaError> {
         let c = &m.config;
-        let bad = |detail: String| CudaError::Unsupported {
-            what: "state upload",
-            detail,
-        };
+        let bad = |detail: String| CudaError::Unsupported { what: "state upload", detail };
         if st.pos > capacity {
-            return Err(bad(format!(
-                "the state holds {} tokens, the sequence only room for {capacity}",
-                st.pos
-            )));
+            return Err(bad(format!("the state holds {} tokens, the sequence only room for {capacity}", st.pos)));
         }
         if st.layers.len() != m.layers.len() {
-            return Err(bad(format!(
-                "the state has {} layers, the model {}",
-                st.layers.len(),
-                m.layers.len()
-            )));
+            return Err(bad(format!("the state has {} layers, the model {}", st.layers.len(), m.layers.len())));
         }
         let mut seq = GpuSequence::new(gpu, m, capacity)?;
-        let up = |rows: &crate::state::Rows,
-                  width: usize,
-                  dst: &mut CudaSlice<f32>,
-                  what: String|
-         -> Result<(), CudaError> {
+        let up = |rows: &crate::state::Rows, width: usize, dst: &mut CudaSlice<f32>, what: String| -> Result<(), CudaError> {
             let data = rows.as_slice();
             if rows.end() != st.pos || !data.len().is_multiple_of(width.max(1)) {
-                return Err(bad(format!(
-                    "{what}: rows end at {} (expected {}), {} values for width {width}",
-                    rows.end(),
-                    st.pos,
-                    data.len()
-                )));
+                return Err(bad(format!("{what}: rows end at {} (expected {}), {} values for width {width}", rows.end(), st.pos, data.len())));
             }
             if !data.is_empty() {
                 let mut view = dst.slice_mut(rows.base() * width..rows.end() * width);
@@ -574,38 +415,16 @@ impl GpuSequence {
             }
             Ok(())
         };
-        for (i, ((l, g), h)) in m
-            .layers
-            .iter()
-            .zip(seq.layers.iter_mut())
-            .zip(&st.layers)
-            .enumerate()
-        {
+        for (i, ((l, g), h)) in m.layers.iter().zip(seq.layers.iter_mut()).zip(&st.layers).enumerate() {
             up(&h.kv, c.head_dim, &mut g.kv, format!("layer {i} K=V"))?;
-            let comps = [
-                (
-                    "compressor",
-                    l.compressor.as_ref(),
-                    &mut g.comp,
-                    &h.compressor,
-                ),
-                (
-                    "indexer",
-                    l.indexer.as_ref().map(|x| &x.compressor),
-                    &mut g.idx,
-                    &h.indexer,
-                ),
-            ];
+            let comps = [("compressor", l.compressor.as_ref(), &mut g.comp, &h.compressor), ("indexer", l.indexer.as_ref().map(|x| &x.compressor), &mut g.idx, &h.indexer)];
             for (name, cw, gc, hc) in comps {
                 match (cw, gc, hc) {
                     (None, _, None) => {}
                     (Some(cw), Some(gc), Some(hc)) => {
                         let out = cw.wkv.rows;
                         let n = st.pos / cw.ratio;
-                        if hc.ratio != cw.ratio
-                            || hc.width != cw.width
-                            || hc.entries.len() != n * cw.width
-                        {
+                        if hc.ratio != cw.ratio || hc.width != cw.width || hc.entries.len() != n * cw.width {
                             return Err(bad(format!(
                                 "layer {i} {name}: ratio {} width {} with {} entry values (expected ratio {} width {} and {} entries)",
                                 hc.ratio,
@@ -617,25 +436,14 @@ impl GpuSequence {
                             )));
                         }
                         up(&hc.kv, out, &mut gc.kv, format!("layer {i} {name} kv"))?;
-                        up(
-                            &hc.logit,
-                            out,
-                            &mut gc.logit,
-                            format!("layer {i} {name} logits"),
-                        )?;
+                        up(&hc.logit, out, &mut gc.logit, format!("layer {i} {name} logits"))?;
                         if n > 0 {
                             let mut view = gc.entries.slice_mut(0..n * cw.width);
-                            drv(
-                                "state upload",
-                                gpu.stream.memcpy_htod(&hc.entries, &mut view),
-                            )?;
+                            drv("state upload", gpu.stream.memcpy_htod(&hc.entries, &mut view))?;
                         }
                         gc.n_entries = n;
                     }
-                    _ => return Err(bad(format!(
-                        "layer {i}: the state's {name} does not match the model's layer kind {:?}",
-                        l.kind
-                    ))),
+                    _ => return Err(bad(format!("layer {i}: the state's {name} does not match the model's layer kind {:?}", l.kind))),
                 }
             }
         }
@@ -646,48 +454,20 @@ impl GpuSequence {
 }
 
 /// Copies `src`'s first `src.pos` tokens of state into `dst` (same model) and sets its length.
-fn copy_state(
-    gpu: &Gpu,
-    m: &GpuModel,
-    src: &GpuSequence,
-    dst: &mut GpuSequence,
-) -> Result<(), CudaError> {
+fn copy_state(gpu: &Gpu, m: &GpuModel, src: &GpuSequence, dst: &mut GpuSequence) -> Result<(), CudaError> {
     if src.pos > dst.capacity {
-        return Err(CudaError::Unsupported {
-            what: "restore",
-            detail: format!(
-                "a state of {} tokens into a sequence of capacity {}",
-                src.pos, dst.capacity
-            ),
-        });
+        return Err(CudaError::Unsupported { what: "restore", detail: format!("a state of {} tokens into a sequence of capacity {}", src.pos, dst.capacity) });
     }
     let hd = m.config.head_dim;
-    for (l, (s, d)) in m
-        .layers
-        .iter()
-        .zip(src.layers.iter().zip(dst.layers.iter_mut()))
-    {
+    for (l, (s, d)) in m.layers.iter().zip(src.layers.iter().zip(dst.layers.iter_mut())) {
         copy_into(gpu, &s.kv, src.pos * hd, &mut d.kv, 0)?;
-        let comps = [
-            (l.compressor.as_ref(), &s.comp, &mut d.comp),
-            (
-                l.indexer.as_ref().map(|i| &i.compressor),
-                &s.idx,
-                &mut d.idx,
-            ),
-        ];
+        let comps = [(l.compressor.as_ref(), &s.comp, &mut d.comp), (l.indexer.as_ref().map(|i| &i.compressor), &s.idx, &mut d.idx)];
         for (cw, sc, dc) in comps {
             if let (Some(cw), Some(sc), Some(dc)) = (cw, sc, dc) {
                 let out = cw.wkv.rows;
                 copy_into(gpu, &sc.kv, src.pos * out, &mut dc.kv, 0)?;
                 copy_into(gpu, &sc.logit, src.pos * out, &mut dc.logit, 0)?;
-                copy_into(
-                    gpu,
-                    &sc.entries,
-                    sc.n_entries * cw.width,
-                    &mut dc.entries,
-                    0,
-                )?;
+                copy_into(gpu, &sc.entries, sc.n_entries * cw.width, &mut dc.entries, 0)?;
                 dc.n_entries = sc.n_entries;
             }
         }
@@ -698,21 +478,12 @@ fn copy_state(
 }
 
 /// Copies `src` (`len` values) into `dst` starting at element `at`.
-fn copy_into(
-    gpu: &Gpu,
-    src: &CudaSlice<f32>,
-    len: usize,
-    dst: &mut CudaSlice<f32>,
-    at: usize,
-) -> Result<(), CudaError> {
+fn copy_into(gpu: &Gpu, src: &CudaSlice<f32>, len: usize, dst: &mut CudaSlice<f32>, at: usize) -> Result<(), CudaError> {
     if len == 0 {
         return Ok(());
     }
     let mut view = dst.slice_mut(at..at + len);
-    drv(
-        "copy",
-        gpu.stream.memcpy_dtod(&src.slice(0..len), &mut view),
-    )
+    drv("copy", gpu.stream.memcpy_dtod(&src.slice(0..len), &mut view))
 }
 
 /// The host side of a [`GpuSequence`]: what a forward changes outside device memory (the position
@@ -728,14 +499,7 @@ impl GpuSequence {
     /// The host-side counters now.
     pub fn marks(&self) -> HostMarks {
         let n = |c: &Option<GpuCompState>| c.as_ref().map_or(0, |c| c.n_entries);
-        HostMarks {
-            pos: self.pos,
-            entries: self
-                .layers
-                .iter()
-                .map(|l| (n(&l.comp), n(&l.idx)))
-                .collect(),
-        }
+        HostMarks { pos: self.pos, entries: self.layers.iter().map(|l| (n(&l.comp), n(&l.idx))).collect() }
     }
 
     /// Puts back counters taken by [`GpuSequence::marks`] on this sequence.
@@ -782,10 +546,7 @@ pub fn moe_graph_capable(gpu: &Gpu, m: &GpuModel) -> Result<bool, CudaError> {
 }
 
 fn switch_values() -> Vec<&'static str> {
-    crate::switches::SWITCHES
-        .iter()
-        .map(|s| crate::switches::value(s.name))
-        .collect()
+    crate::switches::SWITCHES.iter().map(|s| crate::switches::value(s.name)).collect()
 }
 
 /// One decode step: token `id` appended to `seq`, its logits `[vocab]` left on the device.
@@ -801,39 +562,23 @@ fn switch_values() -> Vec<&'static str> {
 /// the step runs without one.
 ///
 /// Errors: as [`forward_chunk_gpu`].
-pub fn decode_step_gpu_dev(
-    gpu: &Gpu,
-    m: &GpuModel,
-    seq: &mut GpuSequence,
-    id: u32,
-) -> Result<DevBuf<f32>, CudaError> {
-    let none = || CudaError::Unsupported {
-        what: "decode",
-        detail: "the forward returned no logits".into(),
-    };
-    crate::forward::check_ids(&[id], m.config.vocab_size).map_err(|e| CudaError::Unsupported {
-        what: "forward",
-        detail: e.to_string(),
-    })?;
+pub fn decode_step_gpu_dev(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, id: u32) -> Result<DevBuf<f32>, CudaError> {
+    let none = || CudaError::Unsupported { what: "decode", detail: "the forward returned no logits".into() };
+    crate::forward::check_ids(&[id], m.config.vocab_size).map_err(|e| CudaError::Unsupported { what: "forward", detail: e.to_string() })?;
     let graphs = decode_graphs_enabled(gpu) && moe_graph_capable(gpu, m)?;
     let pending = seq.next.take();
     if !graphs || seq.pos >= seq.capacity {
         if let Some(p) = pending {
             gpu.graph.discard(p.captured);
         }
-        return forward_chunk_gpu_dev(gpu, m, seq, &[id], LogitsFor::Last, false)?
-            .0
-            .ok_or_else(none);
+        return forward_chunk_gpu_dev(gpu, m, seq, &[id], LogitsFor::Last, false)?.0.ok_or_else(none);
     }
     let n = m.config.hc_mult;
     if seq.token.is_none() {
         seq.token = Some(gpu.zeros_owned::<i32>(n)?);
     }
     if let Some(tok) = seq.token.as_mut() {
-        drv(
-            "token upload",
-            gpu.stream.memcpy_htod(&vec![id as i32; n], tok),
-        )?;
+        drv("token upload", gpu.stream.memcpy_htod(&vec![id as i32; n], tok))?;
     }
     let logits = match pending {
         Some(p) if p.before == seq.marks() && p.switches == switch_values() => {
@@ -851,11 +596,7 @@ pub fn decode_step_gpu_dev(
                     seq.set_marks(&p.after);
                     p.logits
                 }
-                None => {
-                    return forward_chunk_gpu_dev(gpu, m, seq, &[id], LogitsFor::Last, false)?
-                        .0
-                        .ok_or_else(none)
-                }
+                None => return forward_chunk_gpu_dev(gpu, m, seq, &[id], LogitsFor::Last, false)?.0.ok_or_else(none),
             }
         }
     };
@@ -871,30 +612,16 @@ pub fn decode_step_gpu_dev(
 ///
 /// Errors: none beyond those turned into `None` (kept as a `Result` for allocation failures of the
 /// token buffer).
-fn capture_step(
-    gpu: &Gpu,
-    m: &GpuModel,
-    seq: &mut GpuSequence,
-) -> Result<Option<PendingStep>, CudaError> {
-    let Some(tok) = seq.token.take() else {
-        return Ok(None);
-    };
+fn capture_step(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence) -> Result<Option<PendingStep>, CudaError> {
+    let Some(tok) = seq.token.take() else { return Ok(None) };
     let before = seq.marks();
     let switches = switch_values();
-    let r = gpu.graph.capture(&gpu.stream, || {
-        forward_tokens(gpu, m, seq, Tokens::Device(&tok), LogitsFor::Last, false)
-    });
+    let r = gpu.graph.capture(&gpu.stream, || forward_tokens(gpu, m, seq, Tokens::Device(&tok), LogitsFor::Last, false));
     let after = seq.marks();
     seq.set_marks(&before);
     seq.token = Some(tok);
     match r {
-        Ok(((Some(logits), _), captured)) => Ok(Some(PendingStep {
-            captured,
-            before,
-            after,
-            switches,
-            logits,
-        })),
+        Ok(((Some(logits), _), captured)) => Ok(Some(PendingStep { captured, before, after, switches, logits })),
         Ok(((None, _), captured)) => {
             gpu.graph.discard(captured);
             Ok(None)
@@ -909,26 +636,13 @@ fn capture_step(
 /// [`decode_step_gpu_dev`] with the logits copied to the host.
 ///
 /// Errors: as [`forward_chunk_gpu`].
-pub fn decode_step_gpu(
-    gpu: &Gpu,
-    m: &GpuModel,
-    seq: &mut GpuSequence,
-    id: u32,
-) -> Result<Vec<f32>, CudaError> {
+pub fn decode_step_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, id: u32) -> Result<Vec<f32>, CudaError> {
     let lg = decode_step_gpu_dev(gpu, m, seq, id)?;
     gpu.download(&lg)
 }
 
 /// Projects a chunk through a compressor into the state's rows and emits the completed entries.
-fn compress_chunk(
-    gpu: &Gpu,
-    m: &GpuModel,
-    cw: &GpuCompressor,
-    cs: &mut GpuCompState,
-    a: &CudaSlice<f32>,
-    t: usize,
-    pos0: usize,
-) -> Result<(), CudaError> {
+fn compress_chunk(gpu: &Gpu, m: &GpuModel, cw: &GpuCompressor, cs: &mut GpuCompState, a: &CudaSlice<f32>, t: usize, pos0: usize) -> Result<(), CudaError> {
     let c = &m.config;
     let out = cw.wkv.rows;
     let mut kv = gpu.zeros::<f32>(t * out)?;
@@ -942,31 +656,9 @@ fn compress_chunk(
     if complete > cs.n_entries {
         let n = complete - cs.n_entries;
         let mut tmp = gpu.zeros::<f32>(n * cw.width)?;
-        let shape = PoolShape {
-            ratio: cw.ratio,
-            width: cw.width,
-            overlap: cw.overlap,
-            row_base: 0,
-            e0: cs.n_entries,
-            n_entries: n,
-        };
-        gpu.compress_entries(
-            &cs.kv,
-            &cs.logit,
-            &cw.norm,
-            c.rms_norm_eps as f32,
-            &m.inv_compress,
-            &m.rope_compress,
-            &shape,
-            &mut tmp,
-        )?;
-        copy_into(
-            gpu,
-            &tmp,
-            n * cw.width,
-            &mut cs.entries,
-            cs.n_entries * cw.width,
-        )?;
+        let shape = PoolShape { ratio: cw.ratio, width: cw.width, overlap: cw.overlap, row_base: 0, e0: cs.n_entries, n_entries: n };
+        gpu.compress_entries(&cs.kv, &cs.logit, &cw.norm, c.rms_norm_eps as f32, &m.inv_compress, &m.rope_compress, &shape, &mut tmp)?;
+        copy_into(gpu, &tmp, n * cw.width, &mut cs.entries, cs.n_entries * cw.width)?;
         cs.n_entries = complete;
     }
     Ok(())
@@ -984,23 +676,13 @@ pub struct GpuForwardOutput {
 /// `forward::forward_chunk` does on the CPU (exact numerics: no official simulations).
 ///
 /// Errors: a token id outside the vocabulary, a chunk past the sequence's capacity, or any op error.
-pub fn forward_chunk_gpu(
-    gpu: &Gpu,
-    m: &GpuModel,
-    seq: &mut GpuSequence,
-    ids: &[u32],
-    logits_for: LogitsFor,
-    record_streams: bool,
-) -> Result<GpuForwardOutput, CudaError> {
+pub fn forward_chunk_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[u32], logits_for: LogitsFor, record_streams: bool) -> Result<GpuForwardOutput, CudaError> {
     let (lg, layer_streams) = forward_chunk_gpu_dev(gpu, m, seq, ids, logits_for, record_streams)?;
     let logits = match lg {
         Some(lg) => gpu.download(&lg)?,
         None => Vec::new(),
     };
-    Ok(GpuForwardOutput {
-        logits,
-        layer_streams,
-    })
+    Ok(GpuForwardOutput { logits, layer_streams })
 }
 
 /// Output of [`forward_chunk_gpu_dev`]: the device logits (if any rows were selected) and the recorded streams.
@@ -1018,10 +700,7 @@ pub fn forward_chunk_gpu_dev(
     logits_for: LogitsFor,
     record_streams: bool,
 ) -> Result<DeviceForwardOutput, CudaError> {
-    crate::forward::check_ids(ids, m.config.vocab_size).map_err(|e| CudaError::Unsupported {
-        what: "forward",
-        detail: e.to_string(),
-    })?;
+    crate::forward::check_ids(ids, m.config.vocab_size).map_err(|e| CudaError::Unsupported { what: "forward", detail: e.to_string() })?;
     forward_tokens(gpu, m, seq, Tokens::Host(ids), logits_for, record_streams)
 }
 
@@ -1035,14 +714,7 @@ enum Tokens<'a> {
 }
 
 /// [`forward_chunk_gpu_dev`] for either token source.
-fn forward_tokens(
-    gpu: &Gpu,
-    m: &GpuModel,
-    seq: &mut GpuSequence,
-    tokens: Tokens<'_>,
-    logits_for: LogitsFor,
-    record_streams: bool,
-) -> Result<DeviceForwardOutput, CudaError> {
+fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens<'_>, logits_for: LogitsFor, record_streams: bool) -> Result<DeviceForwardOutput, CudaError> {
     let c = &m.config;
     let t = match tokens {
         Tokens::Host(ids) => ids.len(),
@@ -1051,14 +723,7 @@ fn forward_tokens(
     let (d, n, hd, h) = (c.hidden_size, c.hc_mult, c.head_dim, c.num_attention_heads);
     let pos0 = seq.pos;
     if pos0 + t > seq.capacity {
-        return Err(CudaError::Unsupported {
-            what: "forward",
-            detail: format!(
-                "{} tokens exceed the sequence capacity {}",
-                pos0 + t,
-                seq.capacity
-            ),
-        });
+        return Err(CudaError::Unsupported { what: "forward", detail: format!("{} tokens exceed the sequence capacity {}", pos0 + t, seq.capacity) });
     }
     let eps = c.rms_norm_eps as f32;
     // §4.1: the embedding row of each token into each of its n streams (gather on the device).
@@ -1066,22 +731,13 @@ fn forward_tokens(
     let uploaded;
     let (rows, ids_dev): (&CudaSlice<i32>, &CudaSlice<i32>) = match tokens {
         Tokens::Host(ids) => {
-            let rows: Vec<i32> = ids
-                .iter()
-                .flat_map(|id| std::iter::repeat_n(*id as i32, n))
-                .collect();
-            uploaded = (
-                gpu.stage_upload(&rows)?,
-                gpu.stage_upload(&ids.iter().map(|v| *v as i32).collect::<Vec<_>>())?,
-            );
+            let rows: Vec<i32> = ids.iter().flat_map(|id| std::iter::repeat_n(*id as i32, n)).collect();
+            uploaded = (gpu.stage_upload(&rows)?, gpu.stage_upload(&ids.iter().map(|v| *v as i32).collect::<Vec<_>>())?);
             (&uploaded.0, &uploaded.1)
         }
         Tokens::Device(tok) => {
             if tok.len() < n {
-                return Err(CudaError::Unsupported {
-                    what: "forward",
-                    detail: format!("a device token buffer of {} ids for {n} streams", tok.len()),
-                });
+                return Err(CudaError::Unsupported { what: "forward", detail: format!("a device token buffer of {} ids for {n} streams", tok.len()) });
             }
             (tok, tok)
         }
@@ -1093,26 +749,10 @@ fn forward_tokens(
     let mut post = gpu.zeros::<f32>(t * n)?;
     let mut comb = gpu.zeros::<f32>(t * n * n)?;
     for (l, s) in m.layers.iter().zip(seq.layers.iter_mut()) {
-        let (rope, inv) = if l.kind.uses_compress_rope() {
-            (&m.rope_compress, &m.inv_compress)
-        } else {
-            (&m.rope_main, &m.inv_main)
-        };
+        let (rope, inv) = if l.kind.uses_compress_rope() { (&m.rope_compress, &m.inv_compress) } else { (&m.rope_main, &m.inv_main) };
         // Attention sub-block (§4.2, §4.5–§4.7).
         gpu.stage("mhc+norms");
-        gpu.hc_pre(
-            &l.hc_attn,
-            &x,
-            &mut u,
-            &mut post,
-            &mut comb,
-            t,
-            n,
-            d,
-            c.hc_sinkhorn_iters,
-            c.rms_norm_eps,
-            c.hc_eps,
-        )?;
+        gpu.hc_pre(&l.hc_attn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
         let mut a = gpu.zeros::<f32>(t * d)?;
         gpu.rms_norm(&u, Some(&l.attn_norm), &mut a, t, d, eps)?;
         gpu.stage("projections");
@@ -1136,123 +776,47 @@ fn forward_tokens(
         }
         gpu.stage("attention");
         let mut o = gpu.zeros::<f32>(t * h * hd)?;
-        let shape = AttentionShape {
-            tokens: t,
-            heads: h,
-            head_dim: hd,
-            pos0,
-            window: c.sliding_window,
-            kv_base: 0,
-        };
+        let shape = AttentionShape { tokens: t, heads: h, head_dim: hd, pos0, window: c.sliding_window, kv_base: 0 };
         match (l.kind, &l.compressor, &s.comp) {
-            (LayerKind::Sliding, _, _) => {
-                gpu.sparse_attention(&q, &s.kv, None, &l.sinks, inv, rope, &mut o, &shape)?
-            }
+            (LayerKind::Sliding, _, _) => gpu.sparse_attention(&q, &s.kv, None, &l.sinks, inv, rope, &mut o, &shape)?,
             (LayerKind::Hca { ratio }, Some(_), Some(cs)) => {
                 let offsets = gpu.stage_upload(&hca_offsets(pos0, t, ratio, cs.n_entries)?)?;
-                let keys = CompressedKeys {
-                    entries: &cs.entries,
-                    offsets: &offsets,
-                    indices: None,
-                    mask: None,
-                };
+                let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: None, mask: None };
                 gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
             }
             (LayerKind::Csa { ratio }, Some(_), Some(cs)) => {
                 let (iw, is) = match (&l.indexer, &mut s.idx) {
                     (Some(iw), Some(is)) => (iw, is),
-                    _ => {
-                        return Err(CudaError::Unsupported {
-                            what: "forward",
-                            detail: "CSA layer without an indexer".into(),
-                        })
-                    }
+                    _ => return Err(CudaError::Unsupported { what: "forward", detail: "CSA layer without an indexer".into() }),
                 };
                 gpu.stage("compressors");
                 compress_chunk(gpu, m, &iw.compressor, is, &a, t, pos0)?;
                 gpu.stage("indexer");
                 let mut iq = gpu.zeros::<f32>(t * iw.heads * iw.head_dim)?;
                 gpu.linear_q(&qr, &iw.wq_b, &mut iq, t)?;
-                gpu.rope(
-                    &mut iq,
-                    &m.inv_compress,
-                    &m.rope_compress,
-                    t,
-                    iw.heads,
-                    iw.head_dim,
-                    pos0,
-                    false,
-                )?;
+                gpu.rope(&mut iq, &m.inv_compress, &m.rope_compress, t, iw.heads, iw.head_dim, pos0, false)?;
                 let mut wts = gpu.zeros::<f32>(t * iw.heads)?;
                 gpu.linear(&a, &iw.weights_proj, &mut wts, t)?;
-                let ishape = IndexerShape {
-                    tokens: t,
-                    heads: iw.heads,
-                    head_dim: iw.head_dim,
-                    n_entries: is.n_entries,
-                    ratio,
-                    pos0,
-                };
+                let ishape = IndexerShape { tokens: t, heads: iw.heads, head_dim: iw.head_dim, n_entries: is.n_entries, ratio, pos0 };
                 let offs = topk_offsets(pos0, t, ratio, is.n_entries, c.index_topk)?;
                 let total = *offs.last().unwrap_or(&0) as usize;
                 let offsets = gpu.stage_upload(&offs)?;
                 let mut idx = gpu.zeros::<i32>(total.max(1))?;
-                gpu.indexer_select(
-                    &iq,
-                    &is.entries,
-                    &wts,
-                    &offsets,
-                    &mut idx,
-                    &ishape,
-                    c.index_topk,
-                )?;
+                gpu.indexer_select(&iq, &is.entries, &wts, &offsets, &mut idx, &ishape, c.index_topk)?;
                 gpu.stage("attention");
                 if crate::switches::on("DIRECT_INDEXER_TOPK") {
-                    let keys = CompressedKeys {
-                        entries: &cs.entries,
-                        offsets: &offsets,
-                        indices: Some(&idx),
-                        mask: None,
-                    };
-                    gpu.sparse_attention(
-                        &q,
-                        &s.kv,
-                        Some(&keys),
-                        &l.sinks,
-                        inv,
-                        rope,
-                        &mut o,
-                        &shape,
-                    )?
+                    let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: Some(&idx), mask: None };
+                    gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
                 } else {
                     // The mask path (issue 6 §2): a [T, entries] byte mask, attention over the
                     // visible entries it marks (same candidates, same order, same bits).
                     let mask = gpu.topk_mask(&offsets, &idx, t, cs.entries.len() / hd)?;
                     let visible = gpu.stage_upload(&hca_offsets(pos0, t, ratio, is.n_entries)?)?;
-                    let keys = CompressedKeys {
-                        entries: &cs.entries,
-                        offsets: &visible,
-                        indices: None,
-                        mask: Some(&mask),
-                    };
-                    gpu.sparse_attention(
-                        &q,
-                        &s.kv,
-                        Some(&keys),
-                        &l.sinks,
-                        inv,
-                        rope,
-                        &mut o,
-                        &shape,
-                    )?
+                    let keys = CompressedKeys { entries: &cs.entries, offsets: &visible, indices: None, mask: Some(&mask) };
+                    gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
                 }
             }
-            _ => {
-                return Err(CudaError::Unsupported {
-                    what: "forward",
-                    detail: "compressed layer without a compressor".into(),
-                })
-            }
+            _ => return Err(CudaError::Unsupported { what: "forward", detail: "compressed layer without a compressor".into() }),
         }
         // §4.7 grouped output projection: group g takes heads g·H/G.. of every token.
         gpu.stage("projections");
@@ -1261,35 +825,16 @@ fn forward_tokens(
         debug_assert_eq!(l.wo_a.len(), groups);
         let mut z = gpu.zeros::<f32>(t * groups * r)?;
         let lt = t >= super::cublaslt::LT_MIN_TOKENS
-            && matches!(
-                super::gpu::tc_linear_mode(),
-                super::gpu::TcMode::Split | super::gpu::TcMode::Fp8
-            )
+            && matches!(super::gpu::tc_linear_mode(), super::gpu::TcMode::Split | super::gpu::TcMode::Fp8)
             && crate::switches::on("LINEAR_CUBLASLT");
-        let done = if lt {
-            gpu.grouped_linear_lt(&o, &l.wo_a, &mut z, t)?
-        } else {
-            0
-        };
+        let done = if lt { gpu.grouped_linear_lt(&o, &l.wo_a, &mut z, t)? } else { 0 };
         gpu.grouped_linear_gather(&o, &l.wo_a[done..], done, &mut z, t, gin)?;
         let mut y = gpu.zeros::<f32>(t * d)?;
         gpu.linear_q(&z, &l.wo_b, &mut y, t)?;
         gpu.stage("mhc+norms");
         gpu.hc_post(&mut x, &y, &post, &comb, t, n, d)?;
         // MoE sub-block (§4.11).
-        gpu.hc_pre(
-            &l.hc_ffn,
-            &x,
-            &mut u,
-            &mut post,
-            &mut comb,
-            t,
-            n,
-            d,
-            c.hc_sinkhorn_iters,
-            c.rms_norm_eps,
-            c.hc_eps,
-        )?;
+        gpu.hc_pre(&l.hc_ffn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
         let mut f = gpu.zeros::<f32>(t * d)?;
         gpu.rms_norm(&u, Some(&l.ffn_norm), &mut f, t, d, eps)?;
         gpu.stage("moe");
@@ -1314,23 +859,10 @@ fn forward_tokens(
         let mut xs = gpu.zeros::<f32>(rows * n * d)?;
         {
             let mut view = xs.slice_mut(0..rows * n * d);
-            drv(
-                "copy",
-                gpu.stream
-                    .memcpy_dtod(&x.slice(first * n * d..(first + rows) * n * d), &mut view),
-            )?;
+            drv("copy", gpu.stream.memcpy_dtod(&x.slice(first * n * d..(first + rows) * n * d), &mut view))?;
         }
         let mut hh = gpu.zeros::<f32>(rows * d)?;
-        gpu.hc_head(
-            &m.hc_head,
-            &xs,
-            &mut hh,
-            rows,
-            n,
-            d,
-            c.rms_norm_eps,
-            c.hc_eps,
-        )?;
+        gpu.hc_head(&m.hc_head, &xs, &mut hh, rows, n, d, c.rms_norm_eps, c.hc_eps)?;
         let mut hn = gpu.zeros::<f32>(rows * d)?;
         gpu.rms_norm(&hh, Some(&m.norm), &mut hn, rows, d, eps)?;
         let mut lg = gpu.zeros::<f32>(rows * c.vocab_size)?;
@@ -1346,21 +878,11 @@ fn forward_tokens(
 /// chunk); returns the logits of the last position.
 ///
 /// Errors: as [`forward_chunk_gpu`] (on an error `seq` holds the chunks before the failing one).
-pub fn prefill_gpu(
-    gpu: &Gpu,
-    m: &GpuModel,
-    seq: &mut GpuSequence,
-    ids: &[u32],
-    chunk: usize,
-) -> Result<Vec<f32>, CudaError> {
+pub fn prefill_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[u32], chunk: usize) -> Result<Vec<f32>, CudaError> {
     let chunks = prefill_chunks(ids, chunk);
     let mut logits = Vec::new();
     for (i, c) in chunks.iter().enumerate() {
-        let lf = if i + 1 == chunks.len() {
-            LogitsFor::Last
-        } else {
-            LogitsFor::None
-        };
+        let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
         logits = forward_chunk_gpu(gpu, m, seq, c, lf, false)?.logits;
     }
     Ok(logits)
@@ -1413,12 +935,7 @@ impl GpuModel {
     /// counts QK and PV over the window plus the selected or visible compressed rows of each query,
     /// the indexer its scores over every visible entry; MoE weights: the distinct experts a chunk
     /// can touch, min(E, t·k), plus the shared expert and the router).
-    pub fn stage_costs(
-        &self,
-        t: usize,
-        pos0: usize,
-        logit_rows: usize,
-    ) -> Vec<(&'static str, StageCost)> {
+    pub fn stage_costs(&self, t: usize, pos0: usize, logit_rows: usize) -> Vec<(&'static str, StageCost)> {
         let c = &self.config;
         let (tf, hd, h) = (t as f64, c.head_dim as f64, c.num_attention_heads as f64);
         let mut proj = StageCost::default();
@@ -1465,14 +982,8 @@ impl GpuModel {
             }
             let k = c.num_experts_per_tok as f64;
             if let Some(ex) = l.moe.experts.first() {
-                let per: f64 = [&ex.w1, &ex.w2, &ex.w3]
-                    .iter()
-                    .map(|w| weight_bytes(w))
-                    .sum();
-                let fl: f64 = [&ex.w1, &ex.w2, &ex.w3]
-                    .iter()
-                    .map(|w| (w.rows * w.cols) as f64)
-                    .sum();
+                let per: f64 = [&ex.w1, &ex.w2, &ex.w3].iter().map(|w| weight_bytes(w)).sum();
+                let fl: f64 = [&ex.w1, &ex.w2, &ex.w3].iter().map(|w| (w.rows * w.cols) as f64).sum();
                 moe.flops += 2.0 * tf * k * fl;
                 moe.bytes += per * (l.moe.experts.len() as f64).min(tf * k);
             }
@@ -1481,14 +992,7 @@ impl GpuModel {
         if logit_rows > 0 {
             lin(&mut head, &self.head, logit_rows as f64);
         }
-        vec![
-            ("projections", proj),
-            ("compressors", comp),
-            ("indexer", idx),
-            ("attention", att),
-            ("moe", moe),
-            ("head", head),
-        ]
+        vec![("projections", proj), ("compressors", comp), ("indexer", idx), ("attention", att), ("moe", moe), ("head", head)]
     }
 }
 
@@ -1499,32 +1003,18 @@ mod tests {
     #[test]
     fn short_tails_join_the_previous_chunk() {
         let ids: Vec<u32> = (0..10270).collect();
-        let lens = |c: usize| {
-            prefill_chunks(&ids, c)
-                .iter()
-                .map(|s| s.len())
-                .collect::<Vec<_>>()
-        };
+        let lens = |c: usize| prefill_chunks(&ids, c).iter().map(|s| s.len()).collect::<Vec<_>>();
         assert_eq!(lens(8192), vec![8192, 2078]);
         assert_eq!(lens(2048), vec![2048, 2048, 2048, 2048, 2078]);
         assert_eq!(lens(10240), vec![10270]);
-        assert_eq!(
-            prefill_chunks(&ids[..40], 8192)
-                .iter()
-                .map(|s| s.len())
-                .collect::<Vec<_>>(),
-            vec![40]
-        );
+        assert_eq!(prefill_chunks(&ids[..40], 8192).iter().map(|s| s.len()).collect::<Vec<_>>(), vec![40]);
         assert!(prefill_chunks(&[], 8).is_empty());
         // Every token exactly once, in order.
         for c in [1, 63, 64, 100, 2048, 8192, 20000] {
             let joined: Vec<u32> = prefill_chunks(&ids, c).concat();
             assert_eq!(joined, ids, "chunk {c}");
             if c >= 64 {
-                assert!(
-                    prefill_chunks(&ids, c).iter().all(|s| s.len() >= 64),
-                    "chunk {c}"
-                );
+                assert!(prefill_chunks(&ids, c).iter().all(|s| s.len() >= 64), "chunk {c}");
             }
         }
     }

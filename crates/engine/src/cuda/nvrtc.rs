@@ -16,22 +16,14 @@ pub fn version() -> Result<(i32, i32), CudaError> {
         (r, major, minor)
     })
     .and_then(|(r, major, minor)| {
-        r.result().map_err(|e| CudaError::Unavailable {
-            lib: "NVRTC",
-            detail: format!("{e:?}"),
-        })?;
+        r.result().map_err(|e| CudaError::Unavailable { lib: "NVRTC", detail: format!("{e:?}") })?;
         Ok((major, minor))
     })
 }
 
 /// The compile options used for `arch` (e.g. `sm_90a`).
 pub fn options(arch: &str) -> Vec<String> {
-    vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "--fmad=true".into(),
-        "-default-device".into(),
-    ]
+    vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "--fmad=true".into(), "-default-device".into()]
 }
 
 /// The full source compiled for kernel file `file`: the common prelude, then the file.
@@ -51,33 +43,21 @@ pub fn compile(file: &str, src: &str, arch: &str) -> Result<Vec<u8>, CudaError> 
     let name = CString::new(file).unwrap_or_default();
     let opts = options(arch);
     guard("NVRTC", || -> Result<Vec<u8>, CudaError> {
-        let prog =
-            result::create_program(&code, Some(&name)).map_err(|e| CudaError::Unavailable {
-                lib: "NVRTC",
-                detail: format!("{e:?}"),
-            })?;
+        let prog = result::create_program(&code, Some(&name))
+            .map_err(|e| CudaError::Unavailable { lib: "NVRTC", detail: format!("{e:?}") })?;
         // SAFETY: prog is a live program; options are valid C strings built by cudarc.
         let compiled = unsafe { result::compile_program(prog, &opts) };
         let log = unsafe { result::get_program_log(prog) }
-            .map(|l| {
-                unsafe { CStr::from_ptr(l.as_ptr()) }
-                    .to_string_lossy()
-                    .into_owned()
-            })
+            .map(|l| unsafe { CStr::from_ptr(l.as_ptr()) }.to_string_lossy().into_owned())
             .unwrap_or_default();
         let out = match compiled {
-            Err(e) => Err(CudaError::Compile {
-                file: file.into(),
-                arch: arch.into(),
-                log: format!("{e:?}\n{log}"),
-            }),
+            Err(e) => Err(CudaError::Compile { file: file.into(), arch: arch.into(), log: format!("{e:?}\n{log}") }),
             Ok(()) => {
                 let mut size = 0usize;
                 // SAFETY: out-parameter; then a buffer of that size.
                 let r = unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) };
                 let mut buf = vec![0u8; size];
-                let r2 =
-                    unsafe { sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char) };
+                let r2 = unsafe { sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char) };
                 match (r.result(), r2.result()) {
                     (Ok(()), Ok(())) if size > 0 => Ok(buf),
                     _ => Err(CudaError::Compile {
@@ -105,11 +85,7 @@ pub fn cache_key(file: &str, src: &str, arch: &str, nvrtc: (i32, i32)) -> String
 /// Compiles with the on-disk cache under `dir` (`<dir>/<file>-<arch>-<key>.cubin`).
 pub fn compile_cached(dir: &Path, file: &str, src: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
     let key = cache_key(file, src, arch, version()?);
-    let path: PathBuf = dir.join(format!(
-        "{}-{arch}-{}.cubin",
-        file.trim_end_matches(".cu"),
-        &key[..16]
-    ));
+    let path: PathBuf = dir.join(format!("{}-{arch}-{}.cubin", file.trim_end_matches(".cu"), &key[..16]));
     if let Ok(bytes) = std::fs::read(&path) {
         if !bytes.is_empty() {
             return Ok(bytes);
@@ -148,47 +124,20 @@ mod tests {
             let cubin = compile(file, src, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
             assert!(cubin.len() > 100, "{file}: CUBIN of {} bytes", cubin.len());
             // Every entry point the loader looks up is a symbol of the CUBIN.
-            let names = crate::cuda::gpu::ENTRY_POINTS
-                .iter()
-                .find(|(f, _)| f == file)
-                .map(|(_, n)| *n)
-                .unwrap_or(&[]);
+            let names = crate::cuda::gpu::ENTRY_POINTS.iter().find(|(f, _)| f == file).map(|(_, n)| *n).unwrap_or(&[]);
             assert!(!names.is_empty(), "{file} lists no entry points");
             for name in names {
                 let sym: Vec<u8> = name.bytes().chain(std::iter::once(0)).collect();
-                assert!(
-                    cubin.windows(sym.len()).any(|w| w == sym.as_slice()),
-                    "{file}: entry point {name} missing from the CUBIN"
-                );
+                assert!(cubin.windows(sym.len()).any(|w| w == sym.as_slice()), "{file}: entry point {name} missing from the CUBIN");
             }
-            println!(
-                "{file}: {} bytes of sm_90a CUBIN (NVRTC {}.{})",
-                cubin.len(),
-                v.0,
-                v.1
-            );
+            println!("{file}: {} bytes of sm_90a CUBIN (NVRTC {}.{})", cubin.len(), v.0, v.1);
         }
         // Blackwell: the wgmma kernels compile to traps there (gemm_q8.cu), so the file must build.
-        let cubin = compile(
-            "gemm_q8.cu",
-            crate::cuda::KERNEL_SOURCES
-                .iter()
-                .find(|(f, _)| *f == "gemm_q8.cu")
-                .map(|(_, s)| *s)
-                .unwrap_or(""),
-            "sm_100",
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let cubin = compile("gemm_q8.cu", crate::cuda::KERNEL_SOURCES.iter().find(|(f, _)| *f == "gemm_q8.cu").map(|(_, s)| *s).unwrap_or(""), "sm_100").unwrap_or_else(|e| panic!("{e}"));
         assert!(cubin.len() > 100);
         // A broken kernel is reported with the compiler log, not a panic.
-        match compile(
-            "broken.cu",
-            "extern \"C\" __global__ void k() { undefined_thing(); }",
-            "sm_90a",
-        ) {
-            Err(CudaError::Compile { log, .. }) => {
-                assert!(log.contains("undefined_thing"), "{log}")
-            }
+        match compile("broken.cu", "extern \"C\" __global__ void k() { undefined_thing(); }", "sm_90a") {
+            Err(CudaError::Compile { log, .. }) => assert!(log.contains("undefined_thing"), "{log}"),
             other => panic!("expected a compile error, got {:?}", other.map(|b| b.len())),
         }
     }

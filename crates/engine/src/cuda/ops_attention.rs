@@ -8,19 +8,15 @@
 //! bad input. Device-side index lists (CSR contents) cannot be checked on the host: out-of-range
 //! entry indices are skipped by the kernels, and offsets must be the ones the helpers here build.
 
-use super::gpu::Gpu;
 use super::graph::DevBuf;
+use super::gpu::Gpu;
 use super::CudaError;
 use crate::cpu::rope::Rope;
 use crate::sampler::TopLogits;
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
 /// Entry points of `kernels/attention.cu`.
-pub const ATTENTION_ENTRY_POINTS: &[&str] = &[
-    "sparse_attention_f32",
-    "sparse_attention_tc",
-    "sparse_attention_tc_fast_exp",
-];
+pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32", "sparse_attention_tc", "sparse_attention_tc_fast_exp"];
 
 /// Dynamic shared memory of `sparse_attention_tc` (`ATC_SMEM` in attention.cu: Q and K tiles as
 /// split bf16 with 520-element rows, partial logits, row pointers).
@@ -57,21 +53,9 @@ impl AttentionKernel {
     }
 }
 /// Entry points of `kernels/compressor.cu`.
-pub const COMPRESSOR_ENTRY_POINTS: &[&str] = &[
-    "add_position_bias_f32",
-    "compressor_pool_f32",
-    "rope_positions_f32",
-];
+pub const COMPRESSOR_ENTRY_POINTS: &[&str] = &["add_position_bias_f32", "compressor_pool_f32", "rope_positions_f32"];
 /// Entry points of `kernels/indexer.cu`.
-pub const INDEXER_ENTRY_POINTS: &[&str] = &[
-    "indexer_scores_f32",
-    "indexer_scores_tc",
-    "indexer_topk_f32",
-    "indexer_topk_stream",
-    "indexer_topk_stream_fp8",
-    "indexer_topk_mask_u8",
-    "logits_topk_f32",
-];
+pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32", "indexer_topk_stream", "indexer_topk_stream_fp8", "indexer_topk_mask_u8", "logits_topk_f32"];
 
 /// Largest head dim `sparse_attention_f32` supports (`ATT_MAXC`).
 pub const ATTENTION_MAX_HEAD_DIM: usize = 1024;
@@ -97,10 +81,7 @@ pub const INDEXER_STREAM_MAX_K: usize = 2048 - 128;
 const MAX_GRID_Y: usize = 65535;
 
 fn launched(what: &str, r: Result<(), DriverError>) -> Result<(), CudaError> {
-    r.map_err(|e| CudaError::Driver {
-        what: what.into(),
-        detail: format!("{e:?}"),
-    })
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
 }
 
 fn unsupported(what: &'static str, detail: String) -> CudaError {
@@ -113,11 +94,7 @@ fn int(what: &'static str, name: &str, v: usize) -> Result<i32, CudaError> {
 }
 
 /// Fails unless `cond`, with `detail`.
-fn ensure(
-    what: &'static str,
-    cond: bool,
-    detail: impl FnOnce() -> String,
-) -> Result<(), CudaError> {
+fn ensure(what: &'static str, cond: bool, detail: impl FnOnce() -> String) -> Result<(), CudaError> {
     if cond {
         Ok(())
     } else {
@@ -132,11 +109,7 @@ pub fn visible_entries(pos: usize, ratio: usize, n_entries: usize) -> usize {
 }
 
 /// CSR offsets (`[tokens + 1]`) of per-query lists of lengths `len(t)`.
-fn csr_offsets(
-    what: &'static str,
-    tokens: usize,
-    len: impl Fn(usize) -> usize,
-) -> Result<Vec<i32>, CudaError> {
+fn csr_offsets(what: &'static str, tokens: usize, len: impl Fn(usize) -> usize) -> Result<Vec<i32>, CudaError> {
     let mut off = Vec::with_capacity(tokens + 1);
     let mut acc = 0usize;
     off.push(0);
@@ -150,15 +123,8 @@ fn csr_offsets(
 /// HCA candidate lists (spec §4.6: every visible entry) of queries at positions `pos0..pos0+tokens`
 /// over `n_entries` entries of ratio `ratio`, explicit: `(offsets [tokens+1], indices)`, query t's
 /// list being `0..visible_entries(pos0+t)`.
-pub fn hca_candidates(
-    pos0: usize,
-    tokens: usize,
-    ratio: usize,
-    n_entries: usize,
-) -> Result<(Vec<i32>, Vec<i32>), CudaError> {
-    let off = csr_offsets("hca_candidates", tokens, |t| {
-        visible_entries(pos0 + t, ratio, n_entries)
-    })?;
+pub fn hca_candidates(pos0: usize, tokens: usize, ratio: usize, n_entries: usize) -> Result<(Vec<i32>, Vec<i32>), CudaError> {
+    let off = csr_offsets("hca_candidates", tokens, |t| visible_entries(pos0 + t, ratio, n_entries))?;
     let mut idx = Vec::with_capacity(off[tokens] as usize);
     for t in 0..tokens {
         idx.extend(0..visible_entries(pos0 + t, ratio, n_entries) as i32);
@@ -168,29 +134,14 @@ pub fn hca_candidates(
 
 /// The offsets alone of [`hca_candidates`], for the identity-list mode of
 /// [`Gpu::sparse_attention`] (`indices: None`), which needs no index buffer.
-pub fn hca_offsets(
-    pos0: usize,
-    tokens: usize,
-    ratio: usize,
-    n_entries: usize,
-) -> Result<Vec<i32>, CudaError> {
-    csr_offsets("hca_offsets", tokens, |t| {
-        visible_entries(pos0 + t, ratio, n_entries)
-    })
+pub fn hca_offsets(pos0: usize, tokens: usize, ratio: usize, n_entries: usize) -> Result<Vec<i32>, CudaError> {
+    csr_offsets("hca_offsets", tokens, |t| visible_entries(pos0 + t, ratio, n_entries))
 }
 
 /// CSR offsets (`[tokens+1]`) of the indexer's top-k lists ([`Gpu::indexer_topk`]): query t gets
 /// `min(visible_entries(pos0+t), k)` entries.
-pub fn topk_offsets(
-    pos0: usize,
-    tokens: usize,
-    ratio: usize,
-    n_entries: usize,
-    k: usize,
-) -> Result<Vec<i32>, CudaError> {
-    csr_offsets("topk_offsets", tokens, |t| {
-        visible_entries(pos0 + t, ratio, n_entries).min(k)
-    })
+pub fn topk_offsets(pos0: usize, tokens: usize, ratio: usize, n_entries: usize, k: usize) -> Result<Vec<i32>, CudaError> {
+    csr_offsets("topk_offsets", tokens, |t| visible_entries(pos0 + t, ratio, n_entries).min(k))
 }
 
 /// Geometry of one [`Gpu::sparse_attention`] call.
@@ -303,64 +254,22 @@ fn stream_topk_launch(
     offsets: &CudaSlice<i32>,
     idx: &CudaSlice<i32>,
 ) -> Result<Option<StreamTopkLaunch>, CudaError> {
-    let IndexerShape {
-        tokens,
-        heads,
-        head_dim: hd,
-        n_entries: n,
-        ratio,
-        pos0,
-    } = *shape;
-    ensure(what, heads == 64 && hd == 128, || {
-        format!("needs 64 heads of 128, got {heads} of {hd}")
-    })?;
-    ensure(what, (1..=INDEXER_STREAM_MAX_K).contains(&k), || {
-        format!("k = {k}: need 1..={INDEXER_STREAM_MAX_K}")
-    })?;
+    let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
+    ensure(what, heads == 64 && hd == 128, || format!("needs 64 heads of 128, got {heads} of {hd}"))?;
+    ensure(what, (1..=INDEXER_STREAM_MAX_K).contains(&k), || format!("k = {k}: need 1..={INDEXER_STREAM_MAX_K}"))?;
     if tokens == 0 || n == 0 {
         return Ok(None);
     }
     ensure(what, ratio >= 1, || "ratio must be ≥ 1".into())?;
-    ensure(what, weights.len() >= tokens * heads, || {
-        format!(
-            "weights hold {} values, need T·heads = {}",
-            weights.len(),
-            tokens * heads
-        )
-    })?;
-    ensure(what, offsets.len() > tokens, || {
-        format!(
-            "offsets hold {} values, need T+1 = {}",
-            offsets.len(),
-            tokens + 1
-        )
-    })?;
-    let total: usize = (0..tokens)
-        .map(|t| visible_entries(pos0 + t, ratio, n).min(k))
-        .sum();
-    ensure(what, idx.len() >= total, || {
-        format!("idx holds {} values, the lists need {total}", idx.len())
-    })?;
+    ensure(what, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
+    ensure(what, offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", offsets.len(), tokens + 1))?;
+    let total: usize = (0..tokens).map(|t| visible_entries(pos0 + t, ratio, n).min(k)).sum();
+    ensure(what, idx.len() >= total, || format!("idx holds {} values, the lists need {total}", idx.len()))?;
     int(what, "total list length", total)?;
-    let ints = [
-        int(what, "heads", heads)?,
-        int(what, "hd", hd)?,
-        int(what, "N", n)?,
-        int(what, "ratio", ratio)?,
-        int(what, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?,
-    ];
+    let ints = [int(what, "heads", heads)?, int(what, "hd", hd)?, int(what, "N", n)?, int(what, "ratio", ratio)?, int(what, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?];
     let tail = [int(what, "tokens", tokens)?, int(what, "k", k)?];
-    let cfg = LaunchConfig {
-        grid_dim: (tokens.div_ceil(2) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: INDEXER_STREAM_SMEM as u32,
-    };
-    Ok(Some(StreamTopkLaunch {
-        ints,
-        scale: (hd as f64).powf(-0.5) as f32,
-        tail,
-        cfg,
-    }))
+    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(2) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: INDEXER_STREAM_SMEM as u32 };
+    Ok(Some(StreamTopkLaunch { ints, scale: (hd as f64).powf(-0.5) as f32, tail, cfg }))
 }
 
 impl Gpu {
@@ -416,76 +325,30 @@ impl Gpu {
         kernel: AttentionKernel,
     ) -> Result<(), CudaError> {
         const W: &str = "sparse_attention";
-        ensure(
-            W,
-            kernel == AttentionKernel::Exact || (shape.heads == 64 && shape.head_dim == 512),
-            || {
-                format!(
-                    "the streaming kernel needs 64 heads of 512, got {} of {}",
-                    shape.heads, shape.head_dim
-                )
-            },
-        )?;
-        let AttentionShape {
-            tokens,
-            heads,
-            head_dim: c,
-            pos0,
-            window,
-            kv_base,
-        } = *shape;
+        ensure(W, kernel == AttentionKernel::Exact || (shape.heads == 64 && shape.head_dim == 512), || {
+            format!("the streaming kernel needs 64 heads of 512, got {} of {}", shape.heads, shape.head_dim)
+        })?;
+        let AttentionShape { tokens, heads, head_dim: c, pos0, window, kv_base } = *shape;
         if tokens == 0 {
             return Ok(());
         }
-        ensure(
-            W,
-            heads > 0 && c > 0 && c.is_multiple_of(4) && c <= ATTENTION_MAX_HEAD_DIM,
-            || {
-                format!("heads {heads}, head_dim {c}: need heads ≥ 1 and head_dim a multiple of 4 in 4..={ATTENTION_MAX_HEAD_DIM}")
-            },
-        )?;
-        ensure(W, rope.dim.is_multiple_of(2) && rope.dim <= c, || {
-            format!("rope dim {} must be even and ≤ head_dim {c}", rope.dim)
+        ensure(W, heads > 0 && c > 0 && c.is_multiple_of(4) && c <= ATTENTION_MAX_HEAD_DIM, || {
+            format!("heads {heads}, head_dim {c}: need heads ≥ 1 and head_dim a multiple of 4 in 4..={ATTENTION_MAX_HEAD_DIM}")
         })?;
-        ensure(W, inv_freq.len() >= rope.dim / 2, || {
-            format!(
-                "inv_freq holds {} values, rope needs {}",
-                inv_freq.len(),
-                rope.dim / 2
-            )
-        })?;
+        ensure(W, rope.dim.is_multiple_of(2) && rope.dim <= c, || format!("rope dim {} must be even and ≤ head_dim {c}", rope.dim))?;
+        ensure(W, inv_freq.len() >= rope.dim / 2, || format!("inv_freq holds {} values, rope needs {}", inv_freq.len(), rope.dim / 2))?;
         ensure(W, window >= 1, || "window must be ≥ 1".into())?;
-        ensure(W, sinks.len() >= heads, || {
-            format!("sinks hold {} values for {heads} heads", sinks.len())
-        })?;
+        ensure(W, sinks.len() >= heads, || format!("sinks hold {} values for {heads} heads", sinks.len()))?;
         let n = tokens * heads * c;
-        ensure(W, q.len() >= n && out.len() >= n, || {
-            format!(
-                "q ({}) and out ({}) must hold T·H·c = {n} values",
-                q.len(),
-                out.len()
-            )
-        })?;
-        ensure(W, kv.len().is_multiple_of(c), || {
-            format!("kv length {} is not a multiple of head_dim {c}", kv.len())
-        })?;
+        ensure(W, q.len() >= n && out.len() >= n, || format!("q ({}) and out ({}) must hold T·H·c = {n} values", q.len(), out.len()))?;
+        ensure(W, kv.len().is_multiple_of(c), || format!("kv length {} is not a multiple of head_dim {c}", kv.len()))?;
         let kv_rows = kv.len() / c;
         let first = (pos0 + 1).saturating_sub(window);
-        ensure(
-            W,
-            kv_base <= first && kv_base + kv_rows >= pos0 + tokens,
-            || {
-                format!(
-                    "kv rows cover positions {kv_base}..{}, the chunk's windows need {first}..{}",
-                    kv_base + kv_rows,
-                    pos0 + tokens
-                )
-            },
-        )?;
-        let grid = tokens * heads;
-        ensure(W, grid <= i32::MAX as usize, || {
-            format!("grid T·H = {grid} too large")
+        ensure(W, kv_base <= first && kv_base + kv_rows >= pos0 + tokens, || {
+            format!("kv rows cover positions {kv_base}..{}, the chunk's windows need {first}..{}", kv_base + kv_rows, pos0 + tokens)
         })?;
+        let grid = tokens * heads;
+        ensure(W, grid <= i32::MAX as usize, || format!("grid T·H = {grid} too large"))?;
         let (h_i, c_i, rd_i, p0_i, w_i, kb_i, kr_i) = (
             int(W, "heads", heads)?,
             int(W, "head_dim", c)?,
@@ -499,53 +362,20 @@ impl Gpu {
         let null = 0u64;
         let mut n_entries = 0i32;
         if let Some(ck) = comp {
-            ensure(W, ck.entries.len().is_multiple_of(c), || {
-                format!(
-                    "entries length {} is not a multiple of head_dim {c}",
-                    ck.entries.len()
-                )
-            })?;
-            ensure(W, ck.offsets.len() > tokens, || {
-                format!(
-                    "offsets hold {} values, need T+1 = {}",
-                    ck.offsets.len(),
-                    tokens + 1
-                )
-            })?;
+            ensure(W, ck.entries.len().is_multiple_of(c), || format!("entries length {} is not a multiple of head_dim {c}", ck.entries.len()))?;
+            ensure(W, ck.offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", ck.offsets.len(), tokens + 1))?;
             n_entries = int(W, "entries", ck.entries.len() / c)?;
             if let Some(mask) = ck.mask {
-                ensure(W, ck.indices.is_none(), || {
-                    "a mask needs identity lists (indices: None)".into()
-                })?;
+                ensure(W, ck.indices.is_none(), || "a mask needs identity lists (indices: None)".into())?;
                 let need = tokens * (ck.entries.len() / c);
-                ensure(W, mask.len() >= need, || {
-                    format!("mask holds {} bytes, need T·n_entries = {need}", mask.len())
-                })?;
+                ensure(W, mask.len() >= need, || format!("mask holds {} bytes, need T·n_entries = {need}", mask.len()))?;
             }
         }
         let (name, cfg) = match kernel {
-            AttentionKernel::Exact => (
-                "sparse_attention_f32",
-                LaunchConfig {
-                    grid_dim: (grid as u32, 1, 1),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
-                },
-            ),
+            AttentionKernel::Exact => ("sparse_attention_f32", LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }),
             AttentionKernel::Stream | AttentionKernel::StreamFastExp => {
-                let name = if kernel == AttentionKernel::Stream {
-                    "sparse_attention_tc"
-                } else {
-                    "sparse_attention_tc_fast_exp"
-                };
-                (
-                    name,
-                    LaunchConfig {
-                        grid_dim: (tokens as u32, 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: ATTENTION_TC_SMEM as u32,
-                    },
-                )
+                let name = if kernel == AttentionKernel::Stream { "sparse_attention_tc" } else { "sparse_attention_tc_fast_exp" };
+                (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTENTION_TC_SMEM as u32 })
             }
         };
         let mut b = self.stream.launch_builder(self.f(name));
@@ -567,15 +397,7 @@ impl Gpu {
             }
         }
         b.arg(sinks).arg(inv_freq).arg(out);
-        b.arg(&h_i)
-            .arg(&c_i)
-            .arg(&rd_i)
-            .arg(&p0_i)
-            .arg(&w_i)
-            .arg(&kb_i)
-            .arg(&kr_i)
-            .arg(&n_entries)
-            .arg(&scale);
+        b.arg(&h_i).arg(&c_i).arg(&rd_i).arg(&p0_i).arg(&w_i).arg(&kb_i).arg(&kr_i).arg(&n_entries).arg(&scale);
         // SAFETY: the argument list matches the signature the attention kernels share (pointers incl.
         // the optional mask, then nine i32 and one f32); buffer sizes and the window coverage were
         // checked above; the streaming kernels get their full dynamic shared memory (they trap on less).
@@ -590,58 +412,23 @@ impl Gpu {
     ///
     /// Errors: [`CudaError::Unsupported`] for `ratio` 0, an `ape` not a multiple of `ratio`, a short
     /// `logit`, or sizes beyond i32.
-    pub fn add_position_bias(
-        &self,
-        logit: &mut CudaSlice<f32>,
-        ape: &CudaSlice<f32>,
-        tokens: usize,
-        ratio: usize,
-        pos0: usize,
-    ) -> Result<(), CudaError> {
+    pub fn add_position_bias(&self, logit: &mut CudaSlice<f32>, ape: &CudaSlice<f32>, tokens: usize, ratio: usize, pos0: usize) -> Result<(), CudaError> {
         const W: &str = "add_position_bias";
-        ensure(
-            W,
-            ratio >= 1 && ape.len().is_multiple_of(ratio) && !ape.is_empty(),
-            || format!("ape of {} values is not [ratio = {ratio}, out]", ape.len()),
-        )?;
+        ensure(W, ratio >= 1 && ape.len().is_multiple_of(ratio) && !ape.is_empty(), || format!("ape of {} values is not [ratio = {ratio}, out]", ape.len()))?;
         let out = ape.len() / ratio;
         if tokens == 0 {
             return Ok(());
         }
         let total = tokens * out;
-        ensure(W, logit.len() >= total, || {
-            format!(
-                "logit holds {} values, need tokens·out = {total}",
-                logit.len()
-            )
-        })?;
+        ensure(W, logit.len() >= total, || format!("logit holds {} values, need tokens·out = {total}", logit.len()))?;
         let blocks = total.div_ceil(256);
-        ensure(W, blocks <= i32::MAX as usize, || {
-            format!("{total} values is too many for one launch")
-        })?;
-        let (t_i, o_i, r_i, p_i) = (
-            int(W, "tokens", tokens)?,
-            int(W, "out", out)?,
-            int(W, "ratio", ratio)?,
-            int(W, "pos0 + tokens", pos0 + tokens).map(|_| pos0 as i32)?,
-        );
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        ensure(W, blocks <= i32::MAX as usize, || format!("{total} values is too many for one launch"))?;
+        let (t_i, o_i, r_i, p_i) = (int(W, "tokens", tokens)?, int(W, "out", out)?, int(W, "ratio", ratio)?, int(W, "pos0 + tokens", pos0 + tokens).map(|_| pos0 as i32)?);
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("add_position_bias_f32"));
-        b.arg(logit)
-            .arg(ape)
-            .arg(&t_i)
-            .arg(&o_i)
-            .arg(&r_i)
-            .arg(&p_i);
+        b.arg(logit).arg(ape).arg(&t_i).arg(&o_i).arg(&r_i).arg(&p_i);
         // SAFETY: matches add_position_bias_f32; sizes checked above.
-        launched(
-            "add_position_bias_f32",
-            unsafe { b.launch(cfg) }.map(|_| ()),
-        )
+        launched("add_position_bias_f32", unsafe { b.launch(cfg) }.map(|_| ()))
     }
 
     /// Softmax pooling of compressor windows (spec §4.8 step 2, §4.9), before RMSNorm and RoPE:
@@ -658,64 +445,25 @@ impl Gpu {
     ///
     /// Errors: [`CudaError::Unsupported`] for zero ratio/width, mismatched or short buffers, slot
     /// tokens not covered, more than 65535 entries, or sizes beyond i32.
-    pub fn compressor_pool(
-        &self,
-        kv: &CudaSlice<f32>,
-        logit: &CudaSlice<f32>,
-        pooled: &mut CudaSlice<f32>,
-        shape: &PoolShape,
-    ) -> Result<(), CudaError> {
+    pub fn compressor_pool(&self, kv: &CudaSlice<f32>, logit: &CudaSlice<f32>, pooled: &mut CudaSlice<f32>, shape: &PoolShape) -> Result<(), CudaError> {
         const W: &str = "compressor_pool";
-        let PoolShape {
-            ratio,
-            width,
-            overlap,
-            row_base,
-            e0,
-            n_entries,
-        } = *shape;
+        let PoolShape { ratio, width, overlap, row_base, e0, n_entries } = *shape;
         if n_entries == 0 {
             return Ok(());
         }
-        ensure(W, ratio >= 1 && width >= 1, || {
-            format!("ratio {ratio} and width {width} must be ≥ 1")
-        })?;
+        ensure(W, ratio >= 1 && width >= 1, || format!("ratio {ratio} and width {width} must be ≥ 1"))?;
         let out = shape.out();
-        ensure(
-            W,
-            kv.len() == logit.len() && kv.len().is_multiple_of(out),
-            || {
-                format!(
-                    "kv ({}) and logit ({}) must both be [rows, {out}]",
-                    kv.len(),
-                    logit.len()
-                )
-            },
-        )?;
+        ensure(W, kv.len() == logit.len() && kv.len().is_multiple_of(out), || {
+            format!("kv ({}) and logit ({}) must both be [rows, {out}]", kv.len(), logit.len())
+        })?;
         let rows = kv.len() / out;
-        let first = if overlap && e0 > 0 {
-            (e0 - 1) * ratio
-        } else {
-            e0 * ratio
-        };
+        let first = if overlap && e0 > 0 { (e0 - 1) * ratio } else { e0 * ratio };
         let end = (e0 + n_entries) * ratio;
         ensure(W, row_base <= first && row_base + rows >= end, || {
-            format!(
-                "rows cover tokens {row_base}..{}, entries {e0}..{} need {first}..{end}",
-                row_base + rows,
-                e0 + n_entries
-            )
+            format!("rows cover tokens {row_base}..{}, entries {e0}..{} need {first}..{end}", row_base + rows, e0 + n_entries)
         })?;
-        ensure(W, pooled.len() >= n_entries * width, || {
-            format!(
-                "pooled holds {} values, need {}",
-                pooled.len(),
-                n_entries * width
-            )
-        })?;
-        ensure(W, n_entries <= MAX_GRID_Y, || {
-            format!("{n_entries} entries in one launch (max {MAX_GRID_Y})")
-        })?;
+        ensure(W, pooled.len() >= n_entries * width, || format!("pooled holds {} values, need {}", pooled.len(), n_entries * width))?;
+        ensure(W, n_entries <= MAX_GRID_Y, || format!("{n_entries} entries in one launch (max {MAX_GRID_Y})"))?;
         let (rb_i, rows_i, out_i, w_i, r_i, ov_i, e0_i) = (
             int(W, "row_base", row_base)?,
             int(W, "rows", rows)?,
@@ -725,22 +473,9 @@ impl Gpu {
             overlap as i32,
             int(W, "end token", end).map(|_| e0 as i32)?,
         );
-        let cfg = LaunchConfig {
-            grid_dim: (width.div_ceil(128) as u32, n_entries as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (width.div_ceil(128) as u32, n_entries as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("compressor_pool_f32"));
-        b.arg(kv)
-            .arg(logit)
-            .arg(pooled)
-            .arg(&rb_i)
-            .arg(&rows_i)
-            .arg(&out_i)
-            .arg(&w_i)
-            .arg(&r_i)
-            .arg(&ov_i)
-            .arg(&e0_i);
+        b.arg(kv).arg(logit).arg(pooled).arg(&rb_i).arg(&rows_i).arg(&out_i).arg(&w_i).arg(&r_i).arg(&ov_i).arg(&e0_i);
         // SAFETY: matches compressor_pool_f32; row coverage and sizes checked above.
         launched("compressor_pool_f32", unsafe { b.launch(cfg) }.map(|_| ()))
     }
@@ -770,56 +505,17 @@ impl Gpu {
         if rows == 0 || heads == 0 || rope.dim == 0 {
             return Ok(());
         }
-        ensure(
-            W,
-            rope.dim.is_multiple_of(2) && rope.dim <= head_dim && rope.dim / 2 <= 1024,
-            || {
-                format!(
-                    "rope dim {} must be even and ≤ head_dim {head_dim}",
-                    rope.dim
-                )
-            },
-        )?;
-        ensure(W, inv_freq.len() >= rope.dim / 2, || {
-            format!(
-                "inv_freq holds {} values, rope needs {}",
-                inv_freq.len(),
-                rope.dim / 2
-            )
-        })?;
-        ensure(W, x.len() >= rows * heads * head_dim, || {
-            format!(
-                "x holds {} values, need {}",
-                x.len(),
-                rows * heads * head_dim
-            )
-        })?;
-        ensure(W, rows * heads <= i32::MAX as usize, || {
-            format!("{rows}·{heads} rows too many")
-        })?;
+        ensure(W, rope.dim.is_multiple_of(2) && rope.dim <= head_dim && rope.dim / 2 <= 1024, || format!("rope dim {} must be even and ≤ head_dim {head_dim}", rope.dim))?;
+        ensure(W, inv_freq.len() >= rope.dim / 2, || format!("inv_freq holds {} values, rope needs {}", inv_freq.len(), rope.dim / 2))?;
+        ensure(W, x.len() >= rows * heads * head_dim, || format!("x holds {} values, need {}", x.len(), rows * heads * head_dim))?;
+        ensure(W, rows * heads <= i32::MAX as usize, || format!("{rows}·{heads} rows too many"))?;
         let last = pos0 + (rows - 1) * stride;
-        let (h_i, hd_i, rd_i, p_i, s_i) = (
-            int(W, "heads", heads)?,
-            int(W, "head_dim", head_dim)?,
-            int(W, "rope dim", rope.dim)?,
-            int(W, "last position", last).map(|_| pos0 as i32)?,
-            int(W, "stride", stride)?,
-        );
+        let (h_i, hd_i, rd_i, p_i, s_i) =
+            (int(W, "heads", heads)?, int(W, "head_dim", head_dim)?, int(W, "rope dim", rope.dim)?, int(W, "last position", last).map(|_| pos0 as i32)?, int(W, "stride", stride)?);
         let sign = if inverse { -1.0f32 } else { 1.0 };
-        let cfg = LaunchConfig {
-            grid_dim: ((rows * heads) as u32, 1, 1),
-            block_dim: ((rope.dim / 2) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: ((rows * heads) as u32, 1, 1), block_dim: ((rope.dim / 2) as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("rope_positions_f32"));
-        b.arg(x)
-            .arg(inv_freq)
-            .arg(&h_i)
-            .arg(&hd_i)
-            .arg(&rd_i)
-            .arg(&p_i)
-            .arg(&s_i)
-            .arg(&sign);
+        b.arg(x).arg(inv_freq).arg(&h_i).arg(&hd_i).arg(&rd_i).arg(&p_i).arg(&s_i).arg(&sign);
         // SAFETY: matches rope_positions_f32; sizes checked above.
         launched("rope_positions_f32", unsafe { b.launch(cfg) }.map(|_| ()))
     }
@@ -847,26 +543,12 @@ impl Gpu {
             return Ok(());
         }
         let n = shape.n_entries * shape.width;
-        ensure(W, norm.len() == shape.width, || {
-            format!("norm holds {} values for width {}", norm.len(), shape.width)
-        })?;
-        ensure(W, out.len() >= n, || {
-            format!("out holds {} values, need {n}", out.len())
-        })?;
+        ensure(W, norm.len() == shape.width, || format!("norm holds {} values for width {}", norm.len(), shape.width))?;
+        ensure(W, out.len() >= n, || format!("out holds {} values, need {n}", out.len()))?;
         let mut pooled = self.zeros::<f32>(n)?;
         self.compressor_pool(kv, logit, &mut pooled, shape)?;
         self.rms_norm(&pooled, Some(norm), out, shape.n_entries, shape.width, eps)?;
-        self.rope_positions(
-            out,
-            inv_freq,
-            rope,
-            shape.n_entries,
-            1,
-            shape.width,
-            shape.e0 * shape.ratio,
-            shape.ratio,
-            false,
-        )
+        self.rope_positions(out, inv_freq, rope, shape.n_entries, 1, shape.width, shape.e0 * shape.ratio, shape.ratio, false)
     }
 
     /// Lightning-indexer scores (spec §4.10 steps 4–5): `scores[t, j] = hd^−1/2 · Σ_h w[t,h] ·
@@ -906,109 +588,32 @@ impl Gpu {
         tc: bool,
     ) -> Result<(), CudaError> {
         const W: &str = "indexer_scores";
-        ensure(
-            W,
-            !tc || (shape.heads == 64 && shape.head_dim == 128),
-            || {
-                format!(
-                    "the tensor-core scores need 64 heads of 128, got {} of {}",
-                    shape.heads, shape.head_dim
-                )
-            },
-        )?;
-        let IndexerShape {
-            tokens,
-            heads,
-            head_dim: hd,
-            n_entries: n,
-            ratio,
-            pos0,
-        } = *shape;
+        ensure(W, !tc || (shape.heads == 64 && shape.head_dim == 128), || format!("the tensor-core scores need 64 heads of 128, got {} of {}", shape.heads, shape.head_dim))?;
+        let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
         if tokens == 0 || n == 0 {
             return Ok(());
         }
-        ensure(
-            W,
-            hd > 0 && hd.is_multiple_of(4) && hd <= INDEXER_MAX_HEAD_DIM,
-            || format!("index head dim {hd}: need a multiple of 4 in 4..={INDEXER_MAX_HEAD_DIM}"),
-        )?;
-        ensure(W, heads >= 1 && heads * hd <= INDEXER_MAX_QUERY, || {
-            format!("heads·hd = {}·{hd} exceeds {INDEXER_MAX_QUERY}", heads)
-        })?;
-        ensure(W, tokens <= MAX_GRID_Y, || {
-            format!("{tokens} tokens in one launch (max {MAX_GRID_Y})")
-        })?;
+        ensure(W, hd > 0 && hd.is_multiple_of(4) && hd <= INDEXER_MAX_HEAD_DIM, || format!("index head dim {hd}: need a multiple of 4 in 4..={INDEXER_MAX_HEAD_DIM}"))?;
+        ensure(W, heads >= 1 && heads * hd <= INDEXER_MAX_QUERY, || format!("heads·hd = {}·{hd} exceeds {INDEXER_MAX_QUERY}", heads))?;
+        ensure(W, tokens <= MAX_GRID_Y, || format!("{tokens} tokens in one launch (max {MAX_GRID_Y})"))?;
         ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
-        ensure(W, q.len() >= tokens * heads * hd, || {
-            format!(
-                "q holds {} values, need T·heads·hd = {}",
-                q.len(),
-                tokens * heads * hd
-            )
-        })?;
-        ensure(W, keys.len() >= n * hd, || {
-            format!("keys hold {} values, need N·hd = {}", keys.len(), n * hd)
-        })?;
-        ensure(W, weights.len() >= tokens * heads, || {
-            format!(
-                "weights hold {} values, need T·heads = {}",
-                weights.len(),
-                tokens * heads
-            )
-        })?;
-        ensure(W, scores.len() >= tokens * n, || {
-            format!(
-                "scores hold {} values, need T·N = {}",
-                scores.len(),
-                tokens * n
-            )
-        })?;
-        let (h_i, hd_i, n_i, r_i, p_i) = (
-            int(W, "heads", heads)?,
-            int(W, "hd", hd)?,
-            int(W, "N", n)?,
-            int(W, "ratio", ratio)?,
-            int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?,
-        );
+        ensure(W, q.len() >= tokens * heads * hd, || format!("q holds {} values, need T·heads·hd = {}", q.len(), tokens * heads * hd))?;
+        ensure(W, keys.len() >= n * hd, || format!("keys hold {} values, need N·hd = {}", keys.len(), n * hd))?;
+        ensure(W, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
+        ensure(W, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
+        let (h_i, hd_i, n_i, r_i, p_i) = (int(W, "heads", heads)?, int(W, "hd", hd)?, int(W, "N", n)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?);
         let scale = (hd as f64).powf(-0.5) as f32;
         if tc {
             let t_i = int(W, "tokens", tokens)?;
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(512) as u32, tokens.div_ceil(2) as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = LaunchConfig { grid_dim: (n.div_ceil(512) as u32, tokens.div_ceil(2) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let mut b = self.stream.launch_builder(self.f("indexer_scores_tc"));
-            b.arg(q)
-                .arg(keys)
-                .arg(weights)
-                .arg(scores)
-                .arg(&h_i)
-                .arg(&hd_i)
-                .arg(&n_i)
-                .arg(&r_i)
-                .arg(&p_i)
-                .arg(&scale)
-                .arg(&t_i);
+            b.arg(q).arg(keys).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i);
             // SAFETY: matches indexer_scores_tc (indexer_scores_f32's arguments plus T); sizes checked above.
             return launched("indexer_scores_tc", unsafe { b.launch(cfg) }.map(|_| ()));
         }
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(16) as u32, tokens as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (n.div_ceil(16) as u32, tokens as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("indexer_scores_f32"));
-        b.arg(q)
-            .arg(keys)
-            .arg(weights)
-            .arg(scores)
-            .arg(&h_i)
-            .arg(&hd_i)
-            .arg(&n_i)
-            .arg(&r_i)
-            .arg(&p_i)
-            .arg(&scale);
+        b.arg(q).arg(keys).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale);
         // SAFETY: matches indexer_scores_f32; sizes checked above.
         launched("indexer_scores_f32", unsafe { b.launch(cfg) }.map(|_| ()))
     }
@@ -1024,70 +629,24 @@ impl Gpu {
     /// Launch: grid `T`, block 256.
     ///
     /// Errors: [`CudaError::Unsupported`] for `k = 0`, zero ratio, short buffers, or sizes beyond i32.
-    pub fn indexer_topk(
-        &self,
-        scores: &CudaSlice<f32>,
-        offsets: &CudaSlice<i32>,
-        idx: &mut CudaSlice<i32>,
-        shape: &IndexerShape,
-        k: usize,
-    ) -> Result<(), CudaError> {
+    pub fn indexer_topk(&self, scores: &CudaSlice<f32>, offsets: &CudaSlice<i32>, idx: &mut CudaSlice<i32>, shape: &IndexerShape, k: usize) -> Result<(), CudaError> {
         const W: &str = "indexer_topk";
-        let IndexerShape {
-            tokens,
-            n_entries: n,
-            ratio,
-            pos0,
-            ..
-        } = *shape;
+        let IndexerShape { tokens, n_entries: n, ratio, pos0, .. } = *shape;
         if tokens == 0 {
             return Ok(());
         }
         ensure(W, k >= 1, || "k must be ≥ 1".into())?;
         ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
-        ensure(W, tokens <= i32::MAX as usize, || {
-            format!("{tokens} tokens too many")
-        })?;
-        ensure(W, scores.len() >= tokens * n, || {
-            format!(
-                "scores hold {} values, need T·N = {}",
-                scores.len(),
-                tokens * n
-            )
-        })?;
-        ensure(W, offsets.len() > tokens, || {
-            format!(
-                "offsets hold {} values, need T+1 = {}",
-                offsets.len(),
-                tokens + 1
-            )
-        })?;
-        let total: usize = (0..tokens)
-            .map(|t| visible_entries(pos0 + t, ratio, n).min(k))
-            .sum();
-        ensure(W, idx.len() >= total, || {
-            format!("idx holds {} values, the lists need {total}", idx.len())
-        })?;
-        let (n_i, k_i, r_i, p_i) = (
-            int(W, "N", n)?,
-            int(W, "k", k)?,
-            int(W, "ratio", ratio)?,
-            int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?,
-        );
+        ensure(W, tokens <= i32::MAX as usize, || format!("{tokens} tokens too many"))?;
+        ensure(W, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
+        ensure(W, offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", offsets.len(), tokens + 1))?;
+        let total: usize = (0..tokens).map(|t| visible_entries(pos0 + t, ratio, n).min(k)).sum();
+        ensure(W, idx.len() >= total, || format!("idx holds {} values, the lists need {total}", idx.len()))?;
+        let (n_i, k_i, r_i, p_i) = (int(W, "N", n)?, int(W, "k", k)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?);
         int(W, "total list length", total)?;
-        let cfg = LaunchConfig {
-            grid_dim: (tokens as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("indexer_topk_f32"));
-        b.arg(scores)
-            .arg(offsets)
-            .arg(idx)
-            .arg(&n_i)
-            .arg(&k_i)
-            .arg(&r_i)
-            .arg(&p_i);
+        b.arg(scores).arg(offsets).arg(idx).arg(&n_i).arg(&k_i).arg(&r_i).arg(&p_i);
         // SAFETY: matches indexer_topk_f32; buffer sizes checked above (offsets are the caller's
         // topk_offsets, documented).
         launched("indexer_topk_f32", unsafe { b.launch(cfg) }.map(|_| ()))
@@ -1101,22 +660,10 @@ impl Gpu {
     ///
     /// Errors: `k` not in `1..=`[`crate::sampler::TOP_LOGITS_MAX_K`], a short buffer, sizes beyond
     /// i32, launch or copy failures.
-    pub fn logits_top(
-        &self,
-        logits: &CudaSlice<f32>,
-        rows: usize,
-        vocab: usize,
-        k: usize,
-    ) -> Result<Vec<TopLogits>, CudaError> {
+    pub fn logits_top(&self, logits: &CudaSlice<f32>, rows: usize, vocab: usize, k: usize) -> Result<Vec<TopLogits>, CudaError> {
         const W: &str = "logits_top";
-        ensure(
-            W,
-            (1..=crate::sampler::TOP_LOGITS_MAX_K).contains(&k),
-            || format!("k = {k} (allowed 1..={})", crate::sampler::TOP_LOGITS_MAX_K),
-        )?;
-        ensure(W, logits.len() >= rows * vocab, || {
-            format!("logits hold {} values, need {rows}·{vocab}", logits.len())
-        })?;
+        ensure(W, (1..=crate::sampler::TOP_LOGITS_MAX_K).contains(&k), || format!("k = {k} (allowed 1..={})", crate::sampler::TOP_LOGITS_MAX_K))?;
+        ensure(W, logits.len() >= rows * vocab, || format!("logits hold {} values, need {rows}·{vocab}", logits.len()))?;
         if rows == 0 {
             return Ok(Vec::new());
         }
@@ -1125,26 +672,13 @@ impl Gpu {
         let mut info = self.zeros::<i32>(2 * rows)?;
         let mut ids = self.zeros::<i32>(rows * k)?;
         let mut vals = self.zeros::<f32>(rows * k)?;
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("logits_topk_f32"));
-        b.arg(logits)
-            .arg(&v_i)
-            .arg(&k_i)
-            .arg(&mut info)
-            .arg(&mut ids)
-            .arg(&mut vals);
+        b.arg(logits).arg(&v_i).arg(&k_i).arg(&mut info).arg(&mut ids).arg(&mut vals);
         // SAFETY: matches logits_topk_f32(logits, V, k, info, ids, vals): logits rows·V floats (checked),
         // info 2·rows, ids/vals rows·k.
         launched("logits_topk_f32", unsafe { b.launch(cfg) }.map(|_| ()))?;
-        let (info, ids, vals) = (
-            self.download(&info)?,
-            self.download(&ids)?,
-            self.download(&vals)?,
-        );
+        let (info, ids, vals) = (self.download(&info)?, self.download(&ids)?, self.download(&vals)?);
         let mut out = Vec::with_capacity(rows);
         for r in 0..rows {
             let (unmasked, bad) = (info[2 * r].max(0) as usize, info[2 * r + 1]);
@@ -1152,22 +686,10 @@ impl Gpu {
                 // The non-finite value itself, for the error message: one more download.
                 let at = r * vocab + bad as usize;
                 let v = self.download_range(logits, at..at + 1)?[0];
-                TopLogits {
-                    vocab,
-                    unmasked: 0,
-                    non_finite: Some((bad as u32, v)),
-                    cand: Vec::new(),
-                }
+                TopLogits { vocab, unmasked: 0, non_finite: Some((bad as u32, v)), cand: Vec::new() }
             } else {
-                let cand = (0..k.min(unmasked))
-                    .map(|i| (ids[r * k + i] as u32, vals[r * k + i]))
-                    .collect();
-                let mut t = TopLogits {
-                    vocab,
-                    unmasked,
-                    non_finite: None,
-                    cand,
-                };
+                let cand = (0..k.min(unmasked)).map(|i| (ids[r * k + i] as u32, vals[r * k + i])).collect();
+                let mut t = TopLogits { vocab, unmasked, non_finite: None, cand };
                 t.sort();
                 t
             };
@@ -1200,10 +722,7 @@ impl Gpu {
         if shape.tokens == 0 || shape.n_entries == 0 {
             return Ok(());
         }
-        let fits = shape.heads == 64
-            && shape.head_dim == 128
-            && k <= INDEXER_STREAM_MAX_K
-            && shape.tokens >= INDEXER_STREAM_MIN_TOKENS;
+        let fits = shape.heads == 64 && shape.head_dim == 128 && k <= INDEXER_STREAM_MAX_K && shape.tokens >= INDEXER_STREAM_MIN_TOKENS;
         if fits && crate::switches::on("INDEXER_FP8") {
             let q8 = self.act_quant(q, shape.tokens * shape.heads, shape.head_dim)?;
             let k8 = self.act_quant(keys, shape.n_entries, shape.head_dim)?;
@@ -1239,35 +758,9 @@ impl Gpu {
         k: usize,
     ) -> Result<(), CudaError> {
         const W: &str = "indexer_topk_stream";
-        ensure(
-            W,
-            shape.tokens == 0
-                || shape.n_entries == 0
-                || q.len() >= shape.tokens * shape.heads * shape.head_dim,
-            || {
-                format!(
-                    "q holds {} values, need T·heads·hd = {}",
-                    q.len(),
-                    shape.tokens * shape.heads * shape.head_dim
-                )
-            },
-        )?;
-        ensure(
-            W,
-            shape.tokens == 0
-                || shape.n_entries == 0
-                || keys.len() >= shape.n_entries * shape.head_dim,
-            || {
-                format!(
-                    "keys hold {} values, need N·hd = {}",
-                    keys.len(),
-                    shape.n_entries * shape.head_dim
-                )
-            },
-        )?;
-        let Some(l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else {
-            return Ok(());
-        };
+        ensure(W, shape.tokens == 0 || shape.n_entries == 0 || q.len() >= shape.tokens * shape.heads * shape.head_dim, || format!("q holds {} values, need T·heads·hd = {}", q.len(), shape.tokens * shape.heads * shape.head_dim))?;
+        ensure(W, shape.tokens == 0 || shape.n_entries == 0 || keys.len() >= shape.n_entries * shape.head_dim, || format!("keys hold {} values, need N·hd = {}", keys.len(), shape.n_entries * shape.head_dim))?;
+        let Some(l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
         let mut b = self.stream.launch_builder(self.f(W));
         b.arg(q).arg(keys).arg(weights).arg(offsets).arg(idx);
         l.push(&mut b);
@@ -1301,29 +794,12 @@ impl Gpu {
         const W: &str = "indexer_topk_stream_fp8";
         let (tokens, n, hd) = (shape.tokens, shape.n_entries, shape.head_dim);
         if tokens > 0 && n > 0 {
-            ensure(W, q8.kp == hd && q8.rows >= tokens * shape.heads, || {
-                format!(
-                    "q8 is [{}, {}], need ≥ [{}, {hd}]",
-                    q8.rows,
-                    q8.kp,
-                    tokens * shape.heads
-                )
-            })?;
-            ensure(W, k8.kp == hd && k8.rows >= n, || {
-                format!("k8 is [{}, {}], need ≥ [{n}, {hd}]", k8.rows, k8.kp)
-            })?;
+            ensure(W, q8.kp == hd && q8.rows >= tokens * shape.heads, || format!("q8 is [{}, {}], need ≥ [{}, {hd}]", q8.rows, q8.kp, tokens * shape.heads))?;
+            ensure(W, k8.kp == hd && k8.rows >= n, || format!("k8 is [{}, {}], need ≥ [{n}, {hd}]", k8.rows, k8.kp))?;
         }
-        let Some(l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else {
-            return Ok(());
-        };
+        let Some(l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
         let mut b = self.stream.launch_builder(self.f(W));
-        b.arg(&q8.q)
-            .arg(&q8.sa)
-            .arg(&k8.q)
-            .arg(&k8.sa)
-            .arg(weights)
-            .arg(offsets)
-            .arg(idx);
+        b.arg(&q8.q).arg(&q8.sa).arg(&k8.q).arg(&k8.sa).arg(weights).arg(offsets).arg(idx);
         l.push(&mut b);
         let cfg = l.cfg;
         // SAFETY: matches indexer_topk_stream_fp8; the quantized buffers hold ≥ T·64 and ≥ N rows
@@ -1339,31 +815,15 @@ impl Gpu {
     /// Launch: grid `T`, block 256.
     ///
     /// Errors: [`CudaError::Unsupported`] for short offsets, more than i32 entries; driver errors.
-    pub fn topk_mask(
-        &self,
-        offsets: &CudaSlice<i32>,
-        idx: &CudaSlice<i32>,
-        tokens: usize,
-        n_entries: usize,
-    ) -> Result<DevBuf<u8>, CudaError> {
+    pub fn topk_mask(&self, offsets: &CudaSlice<i32>, idx: &CudaSlice<i32>, tokens: usize, n_entries: usize) -> Result<DevBuf<u8>, CudaError> {
         const W: &str = "topk_mask";
-        ensure(W, offsets.len() > tokens, || {
-            format!(
-                "offsets hold {} values, need T+1 = {}",
-                offsets.len(),
-                tokens + 1
-            )
-        })?;
+        ensure(W, offsets.len() > tokens, || format!("offsets hold {} values, need T+1 = {}", offsets.len(), tokens + 1))?;
         let n_i = int(W, "n_entries", n_entries)?;
         let mut mask = self.zeros::<u8>((tokens * n_entries).max(1))?;
         if tokens == 0 || n_entries == 0 {
             return Ok(mask);
         }
-        let cfg = LaunchConfig {
-            grid_dim: (tokens as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("indexer_topk_mask_u8"));
         b.arg(offsets).arg(idx).arg(&mut mask).arg(&n_i);
         // SAFETY: matches indexer_topk_mask_u8; the mask holds T·n bytes; the kernel bounds every
@@ -1401,14 +861,8 @@ mod smem_tests {
     fn streaming_attention_shared_memory_matches_the_kernel() {
         let src = include_str!("kernels/attention.cu");
         let def = |name: &str| -> usize {
-            let line = src
-                .lines()
-                .find(|l| l.starts_with(&format!("#define {name} ")))
-                .unwrap_or_else(|| panic!("{name} not defined"));
-            line.split_whitespace()
-                .nth(2)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{name}: {line}"))
+            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
+            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
         };
         let (h, tile, pitch) = (def("ATC_H"), def("ATC_TILE"), def("ATC_PITCH"));
         let smem = 2 * h * pitch * 2 + 2 * tile * pitch * 2 + 8 * 32 * 16 * 4 + tile * 8;

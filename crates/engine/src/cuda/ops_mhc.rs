@@ -7,20 +7,15 @@
 //! activation buffers may be longer than needed (only the leading elements are used), weights must
 //! have exactly their stated size. All kernels are deterministic (fixed reduction orders, no atomics).
 
-use super::gpu::{Gpu, GpuWeight};
 use super::graph::DevBuf;
+use super::gpu::{Gpu, GpuWeight};
 use super::CudaError;
 use crate::weights::HcWeights;
 use cudarc::driver::{CudaSlice, CudaView, DriverError, LaunchConfig, PushKernelArg};
 use flashseek_model::config::{Ds4Config, ScoringFunc};
 
 /// Entry points of `kernels/mhc.cu`.
-pub const MHC_ENTRY_POINTS: &[&str] = &[
-    "hc_mix_partial_f32",
-    "hc_pre_f32",
-    "hc_post_f32",
-    "hc_head_f32",
-];
+pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_pre_f32", "hc_post_f32", "hc_head_f32"];
 /// Entry points of `kernels/moe.cu`.
 pub const MOE_ENTRY_POINTS: &[&str] = &[
     "router_scores_f32",
@@ -55,26 +50,17 @@ const MOE_THREADS: u32 = 256;
 const ROW_THREADS: u32 = 256;
 
 fn drv<T>(what: &str, r: Result<T, DriverError>) -> Result<T, CudaError> {
-    r.map_err(|e| CudaError::Driver {
-        what: what.into(),
-        detail: format!("{e:?}"),
-    })
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
 }
 
 fn bad(what: &'static str, detail: impl Into<String>) -> CudaError {
-    CudaError::Unsupported {
-        what,
-        detail: detail.into(),
-    }
+    CudaError::Unsupported { what, detail: detail.into() }
 }
 
 /// Checks that device buffer `name` holds at least `need` elements.
 fn need(what: &'static str, name: &str, len: usize, need: usize) -> Result<(), CudaError> {
     if len < need {
-        return Err(bad(
-            what,
-            format!("{name} holds {len} elements, {need} needed"),
-        ));
+        return Err(bad(what, format!("{name} holds {len} elements, {need} needed")));
     }
     Ok(())
 }
@@ -82,22 +68,14 @@ fn need(what: &'static str, name: &str, len: usize, need: usize) -> Result<(), C
 /// Checks that weight buffer `name` holds exactly `want` elements.
 fn exact(what: &'static str, name: &str, len: usize, want: usize) -> Result<(), CudaError> {
     if len != want {
-        return Err(bad(
-            what,
-            format!("{name} holds {len} elements, expected {want}"),
-        ));
+        return Err(bad(what, format!("{name} holds {len} elements, expected {want}")));
     }
     Ok(())
 }
 
 /// `v` as a kernel `int`, or an error naming it.
 fn int(what: &'static str, name: &str, v: usize) -> Result<i32, CudaError> {
-    i32::try_from(v).map_err(|_| {
-        bad(
-            what,
-            format!("{name} = {v} exceeds the kernel's 32-bit range"),
-        )
-    })
+    i32::try_from(v).map_err(|_| bad(what, format!("{name} = {v} exceeds the kernel's 32-bit range")))
 }
 
 /// mHC parameters of one sub-block (spec §4.2) or of the final head (spec §4.12) on the device.
@@ -113,11 +91,7 @@ pub struct GpuHcWeights {
 impl GpuHcWeights {
     /// Uploads CPU-side mHC weights (sub-block: `fn_` [(2+n)·n, n·d], base, scale [3]).
     pub fn upload(gpu: &Gpu, w: &HcWeights) -> Result<Self, CudaError> {
-        Ok(GpuHcWeights {
-            fn_: gpu.upload(&w.fn_.data)?,
-            base: gpu.upload(&w.base)?,
-            scale: gpu.upload(&w.scale)?,
-        })
+        Ok(GpuHcWeights { fn_: gpu.upload(&w.fn_.data)?, base: gpu.upload(&w.base)?, scale: gpu.upload(&w.scale)? })
     }
 }
 
@@ -135,24 +109,10 @@ impl GpuExpert {
     /// `(inter, d)` after checking that the three shapes agree.
     fn dims(&self) -> Result<(usize, usize), CudaError> {
         let (inter, d) = (self.w1.rows, self.w1.cols);
-        if self.w3.rows != inter
-            || self.w3.cols != d
-            || self.w2.rows != d
-            || self.w2.cols != inter
-            || inter == 0
-            || d == 0
-        {
+        if self.w3.rows != inter || self.w3.cols != d || self.w2.rows != d || self.w2.cols != inter || inter == 0 || d == 0 {
             return Err(bad(
                 "moe expert",
-                format!(
-                    "w1 [{}, {}], w3 [{}, {}], w2 [{}, {}] do not form an expert",
-                    self.w1.rows,
-                    self.w1.cols,
-                    self.w3.rows,
-                    self.w3.cols,
-                    self.w2.rows,
-                    self.w2.cols
-                ),
+                format!("w1 [{}, {}], w3 [{}, {}], w2 [{}, {}] do not form an expert", self.w1.rows, self.w1.cols, self.w3.rows, self.w3.cols, self.w2.rows, self.w2.cols),
             ));
         }
         Ok((inter, d))
@@ -204,30 +164,14 @@ impl Gpu {
     /// Split-K partial sums of the `m` mix dot products `Φ·x̄` and of `x̄²` over each token's flattened
     /// streams (`nd` = n·d values; `fn_` is `[m, nd]`): returns `part` `[t, HC_SPLIT, HC_PART]`, which
     /// hc_pre_f32 / hc_head_f32 sum in split order. Callers have validated the shapes (`t` ≥ 1).
-    fn hc_mix_partial(
-        &self,
-        x: &CudaSlice<f32>,
-        fn_: &CudaSlice<f32>,
-        m: usize,
-        t: usize,
-        nd: usize,
-    ) -> Result<DevBuf<f32>, CudaError> {
+    fn hc_mix_partial(&self, x: &CudaSlice<f32>, fn_: &CudaSlice<f32>, m: usize, t: usize, nd: usize) -> Result<DevBuf<f32>, CudaError> {
         // SAFETY: uninitialised device memory; hc_mix_partial_f32 writes entries 0..=m of every
         // (token, split), which are the only ones hc_pre_f32 / hc_head_f32 read.
         let mut part = unsafe { self.scratch::<f32>(t * HC_SPLIT * HC_PART) }?;
-        let cfg = LaunchConfig {
-            grid_dim: (t.div_ceil(HC_TT) as u32, HC_SPLIT as u32, 1),
-            block_dim: (HC_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (t.div_ceil(HC_TT) as u32, HC_SPLIT as u32, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (t_i, m_i, nd_i) = (t as i32, m as i32, nd as i32);
         let mut b = self.stream.launch_builder(self.f("hc_mix_partial_f32"));
-        b.arg(x)
-            .arg(fn_)
-            .arg(&mut part)
-            .arg(&t_i)
-            .arg(&m_i)
-            .arg(&nd_i);
+        b.arg(x).arg(fn_).arg(&mut part).arg(&t_i).arg(&m_i).arg(&nd_i);
         // SAFETY: matches hc_mix_partial_f32's signature; x holds t·nd and fn_ m·nd values (checked by
         // the callers), part t·HC_SPLIT·HC_PART.
         drv("hc_mix_partial_f32", unsafe { b.launch(cfg) })?;
@@ -273,24 +217,9 @@ impl Gpu {
         let grid = int(W, "tokens", t)? as u32;
         let part = self.hc_mix_partial(x, &w.fn_, mix, t, n * d)?;
         let (n_i, d_i, it_i) = (n as i32, d as i32, int(W, "iters", iters)?);
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (HC_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("hc_pre_f32"));
-        b.arg(&part)
-            .arg(x)
-            .arg(&w.base)
-            .arg(&w.scale)
-            .arg(u)
-            .arg(post)
-            .arg(comb)
-            .arg(&n_i)
-            .arg(&d_i)
-            .arg(&it_i)
-            .arg(&eps)
-            .arg(&hc_eps);
+        b.arg(&part).arg(x).arg(&w.base).arg(&w.scale).arg(u).arg(post).arg(comb).arg(&n_i).arg(&d_i).arg(&it_i).arg(&eps).arg(&hc_eps);
         // SAFETY: matches hc_pre_f32's signature; every buffer was checked to hold what the grid reads/writes.
         drv("hc_pre_f32", unsafe { b.launch(cfg) }).map(|_| ())
     }
@@ -301,16 +230,7 @@ impl Gpu {
     ///
     /// Errors: `n` outside 1..=4, `d` not a multiple of 4, or a buffer too short.
     #[allow(clippy::too_many_arguments)]
-    pub fn hc_post(
-        &self,
-        x: &mut CudaSlice<f32>,
-        y: &CudaSlice<f32>,
-        post: &CudaSlice<f32>,
-        comb: &CudaSlice<f32>,
-        t: usize,
-        n: usize,
-        d: usize,
-    ) -> Result<(), CudaError> {
+    pub fn hc_post(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, post: &CudaSlice<f32>, comb: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<(), CudaError> {
         const W: &str = "hc_post";
         hc_dims(W, n, d)?;
         need(W, "x", x.len(), t * n * d)?;
@@ -320,15 +240,7 @@ impl Gpu {
         if t == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid_dim: (
-                int(W, "tokens", t)? as u32,
-                d.div_ceil(ROW_THREADS as usize) as u32,
-                1,
-            ),
-            block_dim: (ROW_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (n_i, d_i) = (n as i32, d as i32);
         let mut b = self.stream.launch_builder(self.f("hc_post_f32"));
         b.arg(x).arg(y).arg(post).arg(comb).arg(&n_i).arg(&d_i);
@@ -342,17 +254,7 @@ impl Gpu {
     ///
     /// Errors: `n` outside 1..=4, `d` not a multiple of 4, or a buffer of the wrong size.
     #[allow(clippy::too_many_arguments)]
-    pub fn hc_head(
-        &self,
-        w: &GpuHcWeights,
-        x: &CudaSlice<f32>,
-        h: &mut CudaSlice<f32>,
-        t: usize,
-        n: usize,
-        d: usize,
-        eps: f64,
-        hc_eps: f64,
-    ) -> Result<(), CudaError> {
+    pub fn hc_head(&self, w: &GpuHcWeights, x: &CudaSlice<f32>, h: &mut CudaSlice<f32>, t: usize, n: usize, d: usize, eps: f64, hc_eps: f64) -> Result<(), CudaError> {
         const W: &str = "hc_head";
         hc_dims(W, n, d)?;
         exact(W, "fn", w.fn_.len(), n * n * d)?;
@@ -363,23 +265,11 @@ impl Gpu {
         if t == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid_dim: (int(W, "tokens", t)? as u32, 1, 1),
-            block_dim: (HC_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
         let part = self.hc_mix_partial(x, &w.fn_, n, t, n * d)?;
         let (n_i, d_i) = (n as i32, d as i32);
         let mut b = self.stream.launch_builder(self.f("hc_head_f32"));
-        b.arg(&part)
-            .arg(x)
-            .arg(&w.base)
-            .arg(&w.scale)
-            .arg(h)
-            .arg(&n_i)
-            .arg(&d_i)
-            .arg(&eps)
-            .arg(&hc_eps);
+        b.arg(&part).arg(x).arg(&w.base).arg(&w.scale).arg(h).arg(&n_i).arg(&d_i).arg(&eps).arg(&hc_eps);
         // SAFETY: matches hc_head_f32's signature; buffers checked above.
         drv("hc_head_f32", unsafe { b.launch(cfg) }).map(|_| ())
     }
@@ -427,11 +317,7 @@ impl Gpu {
         if t == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid_dim: (int(W, "tokens", t)? as u32, 1, 1),
-            block_dim: (MOE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, 1, 1), block_dim: (MOE_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (e_i, k_i) = (e as i32, k as i32);
         let sig = matches!(scoring, ScoringFunc::Sigmoid) as i32;
         let null = 0u64;
@@ -441,14 +327,7 @@ impl Gpu {
             GpuRouter::Hash { tid2eid, .. } => b.arg(&null).arg(tid2eid),
             GpuRouter::Score { bias } => b.arg(bias).arg(&null),
         };
-        b.arg(ids)
-            .arg(experts)
-            .arg(weights)
-            .arg(&e_i)
-            .arg(&k_i)
-            .arg(&vocab)
-            .arg(&sig)
-            .arg(&routed_scaling_factor);
+        b.arg(ids).arg(experts).arg(weights).arg(&e_i).arg(&k_i).arg(&vocab).arg(&sig).arg(&routed_scaling_factor);
         // SAFETY: matches router_scores_f32's signature (bias or tid2eid null as the router kind says);
         // buffers checked above.
         drv("router_scores_f32", unsafe { b.launch(cfg) }).map(|_| ())
@@ -458,14 +337,7 @@ impl Gpu {
     /// `h = silu(min(g, limit)) · clamp(u, −limit, limit)`.
     ///
     /// Errors: a buffer shorter than `len`.
-    pub fn swiglu(
-        &self,
-        g: &CudaSlice<f32>,
-        u: &CudaSlice<f32>,
-        h: &mut CudaSlice<f32>,
-        len: usize,
-        limit: f32,
-    ) -> Result<(), CudaError> {
+    pub fn swiglu(&self, g: &CudaSlice<f32>, u: &CudaSlice<f32>, h: &mut CudaSlice<f32>, len: usize, limit: f32) -> Result<(), CudaError> {
         const W: &str = "swiglu";
         need(W, "g", g.len(), len)?;
         need(W, "u", u.len(), len)?;
@@ -474,11 +346,7 @@ impl Gpu {
             return Ok(());
         }
         let blocks = len.div_ceil(ROW_THREADS as usize).min(65535 * 16) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (ROW_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let len_i = len as i64;
         let mut b = self.stream.launch_builder(self.f("swiglu_f32"));
         b.arg(g).arg(u).arg(h).arg(&len_i).arg(&limit);
@@ -490,14 +358,7 @@ impl Gpu {
     /// An out-of-range index yields a NaN row.
     ///
     /// Errors: a buffer too short.
-    pub fn gather_rows(
-        &self,
-        src: &CudaSlice<f32>,
-        src_rows: usize,
-        idx: &CudaView<'_, i32>,
-        dst: &mut CudaSlice<f32>,
-        d: usize,
-    ) -> Result<(), CudaError> {
+    pub fn gather_rows(&self, src: &CudaSlice<f32>, src_rows: usize, idx: &CudaView<'_, i32>, dst: &mut CudaSlice<f32>, d: usize) -> Result<(), CudaError> {
         const W: &str = "gather_rows";
         let m = idx.len();
         need(W, "src", src.len(), src_rows * d)?;
@@ -505,11 +366,7 @@ impl Gpu {
         if m == 0 || d == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid_dim: (int(W, "rows", m)? as u32, 1, 1),
-            block_dim: (ROW_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (int(W, "rows", m)? as u32, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (rows_i, d_i) = (int(W, "src rows", src_rows)?, int(W, "d", d)?);
         let mut b = self.stream.launch_builder(self.f("gather_rows_f32"));
         b.arg(src).arg(idx).arg(dst).arg(&rows_i).arg(&d_i);
@@ -521,14 +378,7 @@ impl Gpu {
     /// indices must be distinct). An out-of-range index is skipped.
     ///
     /// Errors: a buffer too short.
-    pub fn scatter_rows(
-        &self,
-        src: &CudaSlice<f32>,
-        idx: &CudaView<'_, i32>,
-        dst: &mut CudaSlice<f32>,
-        dst_rows: usize,
-        d: usize,
-    ) -> Result<(), CudaError> {
+    pub fn scatter_rows(&self, src: &CudaSlice<f32>, idx: &CudaView<'_, i32>, dst: &mut CudaSlice<f32>, dst_rows: usize, d: usize) -> Result<(), CudaError> {
         const W: &str = "scatter_rows";
         let m = idx.len();
         need(W, "src", src.len(), m * d)?;
@@ -536,11 +386,7 @@ impl Gpu {
         if m == 0 || d == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid_dim: (int(W, "rows", m)? as u32, 1, 1),
-            block_dim: (ROW_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (int(W, "rows", m)? as u32, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (rows_i, d_i) = (int(W, "dst rows", dst_rows)?, int(W, "d", d)?);
         let mut b = self.stream.launch_builder(self.f("scatter_rows_f32"));
         b.arg(src).arg(idx).arg(dst).arg(&rows_i).arg(&d_i);
@@ -554,16 +400,7 @@ impl Gpu {
     ///
     /// Errors: a buffer too short.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine(
-        &self,
-        slot_out: &CudaSlice<f32>,
-        weights: &CudaSlice<f32>,
-        shared: Option<&CudaSlice<f32>>,
-        out: &mut CudaSlice<f32>,
-        t: usize,
-        k: usize,
-        d: usize,
-    ) -> Result<(), CudaError> {
+    pub fn moe_combine(&self, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, shared: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>, t: usize, k: usize, d: usize) -> Result<(), CudaError> {
         const W: &str = "moe_combine";
         need(W, "slot_out", slot_out.len(), t * k * d)?;
         need(W, "weights", weights.len(), t * k)?;
@@ -574,15 +411,7 @@ impl Gpu {
         if t == 0 || d == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid_dim: (
-                int(W, "tokens", t)? as u32,
-                d.div_ceil(ROW_THREADS as usize) as u32,
-                1,
-            ),
-            block_dim: (ROW_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (k_i, d_i) = (int(W, "k", k)?, int(W, "d", d)?);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f("moe_combine_f32"));
@@ -602,19 +431,7 @@ impl Gpu {
     /// ([`Gpu::linear_official`]), else [`Gpu::linear`]; with `route` = (dst, γ) the hidden rows are
     /// scaled by `γ[dst[r]]` before W2 (the official order).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn expert_ffn(
-        &self,
-        ex: &GpuExpert,
-        x: &CudaSlice<f32>,
-        m: usize,
-        limit: f32,
-        g: &mut CudaSlice<f32>,
-        u: &mut CudaSlice<f32>,
-        h: &mut CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        official: bool,
-        route: Option<(&cudarc::driver::CudaView<i32>, &CudaSlice<f32>)>,
-    ) -> Result<(), CudaError> {
+    pub(crate) fn expert_ffn(&self, ex: &GpuExpert, x: &CudaSlice<f32>, m: usize, limit: f32, g: &mut CudaSlice<f32>, u: &mut CudaSlice<f32>, h: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>, official: bool, route: Option<(&cudarc::driver::CudaView<i32>, &CudaSlice<f32>)>) -> Result<(), CudaError> {
         const W: &str = "moe expert";
         let (inter, d) = ex.dims()?;
         need(W, "x", x.len(), m * d)?;
@@ -644,49 +461,21 @@ impl Gpu {
     /// and [`Gpu::router`]. Returns experts `[t, k]` and weights `[t, k]` on the device.
     ///
     /// Errors: shapes that disagree with `cfg`, or any launcher error.
-    pub fn moe_route(
-        &self,
-        cfg: &Ds4Config,
-        layer: &GpuMoeLayer,
-        f: &CudaSlice<f32>,
-        ids: &CudaSlice<i32>,
-        t: usize,
-    ) -> Result<(DevBuf<i32>, DevBuf<f32>), CudaError> {
+    pub fn moe_route(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize) -> Result<(DevBuf<i32>, DevBuf<f32>), CudaError> {
         const W: &str = "moe_route";
-        let (d, e, k) = (
-            cfg.hidden_size,
-            cfg.n_routed_experts,
-            cfg.num_experts_per_tok,
-        );
+        let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
         if t == 0 {
             return Err(bad(W, "no tokens"));
         }
         if layer.gate.rows != e || layer.gate.cols != d {
-            return Err(bad(
-                W,
-                format!(
-                    "gate is [{}, {}], expected [{e}, {d}]",
-                    layer.gate.rows, layer.gate.cols
-                ),
-            ));
+            return Err(bad(W, format!("gate is [{}, {}], expected [{e}, {d}]", layer.gate.rows, layer.gate.cols)));
         }
         need(W, "f", f.len(), t * d)?;
         let mut logits = self.zeros::<f32>(t * e)?;
         self.linear(f, &layer.gate, &mut logits, t)?;
         let mut experts = self.zeros::<i32>(t * k)?;
         let mut weights = self.zeros::<f32>(t * k)?;
-        self.router(
-            &logits,
-            &layer.router,
-            ids,
-            &mut experts,
-            &mut weights,
-            t,
-            e,
-            k,
-            cfg.scoring_func,
-            cfg.routed_scaling_factor,
-        )?;
+        self.router(&logits, &layer.router, ids, &mut experts, &mut weights, t, e, k, cfg.scoring_func, cfg.routed_scaling_factor)?;
         Ok((experts, weights))
     }
 
@@ -703,31 +492,15 @@ impl Gpu {
     /// `official`: DeepSeek's official numerics (FP8-quantized linear inputs, γ before W2; the path
     /// `TC_LINEAR=fp8` takes) instead of the HF numerics.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_experts(
-        &self,
-        cfg: &Ds4Config,
-        layer: &GpuMoeLayer,
-        f: &CudaSlice<f32>,
-        t: usize,
-        experts: &[i32],
-        weights: &CudaSlice<f32>,
-        official: bool,
-    ) -> Result<DevBuf<f32>, CudaError> {
+    pub fn moe_experts(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &[i32], weights: &CudaSlice<f32>, official: bool) -> Result<DevBuf<f32>, CudaError> {
         const W: &str = "moe_experts";
-        let (d, e, k) = (
-            cfg.hidden_size,
-            cfg.n_routed_experts,
-            cfg.num_experts_per_tok,
-        );
+        let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
         let limit = cfg.swiglu_limit as f32;
         if t == 0 || k == 0 {
             return Err(bad(W, format!("{t} tokens, top-{k}")));
         }
         if layer.experts.len() != e {
-            return Err(bad(
-                W,
-                format!("{} routed experts, config says {e}", layer.experts.len()),
-            ));
+            return Err(bad(W, format!("{} routed experts, config says {e}", layer.experts.len())));
         }
         exact(W, "experts", experts.len(), t * k)?;
         need(W, "weights", weights.len(), t * k)?;
@@ -737,14 +510,7 @@ impl Gpu {
         let mut members: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
         for (i, &x) in experts.iter().enumerate() {
             if x < 0 || x as usize >= e {
-                return Err(bad(
-                    W,
-                    format!(
-                        "token {} slot {} routed to expert {x} (of {e})",
-                        i / k,
-                        i % k
-                    ),
-                ));
+                return Err(bad(W, format!("token {} slot {} routed to expert {x} (of {e})", i / k, i % k)));
             }
             members[x as usize].push((i / k, i % k));
         }
@@ -752,10 +518,7 @@ impl Gpu {
         for (x, ex) in layer.experts.iter().enumerate() {
             let (inter, dd) = ex.dims()?;
             if dd != d {
-                return Err(bad(
-                    W,
-                    format!("expert {x} has input width {dd}, expected {d}"),
-                ));
+                return Err(bad(W, format!("expert {x} has input width {dd}, expected {d}")));
             }
             if !members[x].is_empty() {
                 inter_max = inter_max.max(inter);
@@ -763,10 +526,7 @@ impl Gpu {
         }
         let (_, sh_d) = layer.shared.dims()?;
         if sh_d != d {
-            return Err(bad(
-                W,
-                format!("shared expert has input width {sh_d}, expected {d}"),
-            ));
+            return Err(bad(W, format!("shared expert has input width {sh_d}, expected {d}")));
         }
         let m_max = members.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let mut rows_idx: Vec<i32> = Vec::with_capacity(t * k);
@@ -796,18 +556,7 @@ impl Gpu {
             let m = b - a;
             self.gather_rows(f, t, &rows_dev.slice(a..b), &mut xs, d)?;
             let dst = dst_dev.slice(a..b);
-            self.expert_ffn(
-                &layer.experts[x],
-                &xs,
-                m,
-                limit,
-                &mut g,
-                &mut u,
-                &mut h,
-                &mut y,
-                official,
-                official.then_some((&dst, weights)),
-            )?;
+            self.expert_ffn(&layer.experts[x], &xs, m, limit, &mut g, &mut u, &mut h, &mut y, official, official.then_some((&dst, weights)))?;
             self.scatter_rows(&y, &dst, &mut slot_out, t * k, d)?;
         }
         self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, official)
@@ -817,32 +566,13 @@ impl Gpu {
     /// in official numerics (FP8-quantized inputs) when `official`.
     ///
     /// Errors: an expert whose shapes do not agree, short buffers, or any launcher error.
-    pub(crate) fn shared_expert(
-        &self,
-        layer: &GpuMoeLayer,
-        f: &CudaSlice<f32>,
-        t: usize,
-        d: usize,
-        limit: f32,
-        official: bool,
-    ) -> Result<DevBuf<f32>, CudaError> {
+    pub(crate) fn shared_expert(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, d: usize, limit: f32, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let sh_inter = layer.shared.w1.rows;
         let mut sg = self.zeros::<f32>(t * sh_inter)?;
         let mut su = self.zeros::<f32>(t * sh_inter)?;
         let mut sh = self.zeros::<f32>(t * sh_inter)?;
         let mut shared = self.zeros::<f32>(t * d)?;
-        self.expert_ffn(
-            &layer.shared,
-            f,
-            t,
-            limit,
-            &mut sg,
-            &mut su,
-            &mut sh,
-            &mut shared,
-            official,
-            None,
-        )?;
+        self.expert_ffn(&layer.shared, f, t, limit, &mut sg, &mut su, &mut sh, &mut shared, official, None)?;
         Ok(shared)
     }
 
@@ -851,18 +581,7 @@ impl Gpu {
     /// (DeepSeek's numerics, γ already applied before W2) the shared expert's inputs are
     /// FP8-quantized and γ = 1 here. Returns the MoE output `[t, d]`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_shared_and_combine(
-        &self,
-        layer: &GpuMoeLayer,
-        f: &CudaSlice<f32>,
-        t: usize,
-        k: usize,
-        d: usize,
-        limit: f32,
-        slot_out: &CudaSlice<f32>,
-        weights: &CudaSlice<f32>,
-        official: bool,
-    ) -> Result<DevBuf<f32>, CudaError> {
+    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let shared = self.shared_expert(layer, f, t, d, limit, official)?;
         let mut out = self.zeros::<f32>(t * d)?;
         let ones;
@@ -890,14 +609,7 @@ impl Gpu {
     ///
     /// Errors: shapes that disagree with `cfg`, an invalid token id or table entry (hash layers;
     /// per-expert path), or any launcher error.
-    pub fn moe_forward(
-        &self,
-        cfg: &Ds4Config,
-        layer: &GpuMoeLayer,
-        f: &CudaSlice<f32>,
-        ids: &CudaSlice<i32>,
-        t: usize,
-    ) -> Result<GpuMoeOutput, CudaError> {
+    pub fn moe_forward(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, ids: &CudaSlice<i32>, t: usize) -> Result<GpuMoeOutput, CudaError> {
         let mode = super::gpu::tc_linear_mode();
         // TC_LINEAR=fp8: DeepSeek's official numerics on every path below.
         let official = mode == super::gpu::TcMode::Fp8;
@@ -905,36 +617,16 @@ impl Gpu {
         let (experts, weights) = self.moe_route(cfg, layer, f, ids, t)?;
         // Below 64 tokens (decode) the per-expert path runs unless MOE_GROUPED_DECODE asks for the
         // grouped one there too (no host synchronisation).
-        let min_t = if crate::switches::on("MOE_GROUPED_DECODE") {
-            1
-        } else {
-            super::gpu::TC_LINEAR_MIN_TOKENS
-        };
-        let tables = if opts.grouped && t >= min_t {
-            self.moe_tables(layer)?
-        } else {
-            None
-        };
+        let min_t = if crate::switches::on("MOE_GROUPED_DECODE") { 1 } else { super::gpu::TC_LINEAR_MIN_TOKENS };
+        let tables = if opts.grouped && t >= min_t { self.moe_tables(layer)? } else { None };
         let out = match tables {
-            Some(tb) if official && tb.q8 => {
-                self.moe_experts_grouped_q8(cfg, layer, f, t, &experts, &weights, opts)?
-            }
+            Some(tb) if official && tb.q8 => self.moe_experts_grouped_q8(cfg, layer, f, t, &experts, &weights, opts)?,
             // Split activations unless TC_LINEAR=bf16 asks for the inexact fast mode.
             // (Decode-sized chunks stay split: TC_LINEAR only concerns ≥ 64 tokens.)
-            Some(_) if !official => self.moe_experts_grouped(
-                cfg,
-                layer,
-                f,
-                t,
-                &experts,
-                &weights,
-                mode != super::gpu::TcMode::Bf16 || t < super::gpu::TC_LINEAR_MIN_TOKENS,
-                opts,
-            )?,
+            Some(_) if !official => self.moe_experts_grouped(cfg, layer, f, t, &experts, &weights, mode != super::gpu::TcMode::Bf16 || t < super::gpu::TC_LINEAR_MIN_TOKENS, opts)?,
             _ => {
                 if tables.is_some() {
-                    static WARNED: std::sync::atomic::AtomicBool =
-                        std::sync::atomic::AtomicBool::new(false);
+                    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
                     if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
                         eprintln!("flashseek: warning: TC_LINEAR=fp8 runs a MoE layer one expert at a time: some routed expert is not FP8 or FP4 whose group scales fold into e4m3 (spread ≤ 8 binades per 128 inputs) — same numerics, slower");
                     }
@@ -943,11 +635,7 @@ impl Gpu {
                 self.moe_experts(cfg, layer, f, t, &host, &weights, official)?
             }
         };
-        Ok(GpuMoeOutput {
-            out,
-            experts,
-            weights,
-        })
+        Ok(GpuMoeOutput { out, experts, weights })
     }
 }
 

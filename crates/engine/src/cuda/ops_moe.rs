@@ -15,8 +15,8 @@
 //! Design learned from the grouped-GEMM idea in DeepSeek's DeepGEMM and from lucebox's adaptive
 //! MoE tiles (`../shared/research/`); the code is ours.
 
-use super::gpu::{gemm_smem_for, Gpu, GpuMatrix, GpuWeight, GEMM_ENTRY_POINTS};
 use super::graph::DevBuf;
+use super::gpu::{gemm_smem_for, Gpu, GpuMatrix, GpuWeight, GEMM_ENTRY_POINTS};
 use super::ops_mhc::{GpuExpert, GpuMoeLayer};
 use super::CudaError;
 use cudarc::driver::{CudaSlice, DevicePtr, DriverError, LaunchConfig, PushKernelArg};
@@ -30,33 +30,21 @@ pub const MOE_GROUP_MAX_EXPERTS: usize = 1024;
 pub const MOE_ADAPTIVE_THRESHOLD: usize = 96;
 
 fn drv<T>(what: &str, r: Result<T, DriverError>) -> Result<T, CudaError> {
-    r.map_err(|e| CudaError::Driver {
-        what: what.into(),
-        detail: format!("{e:?}"),
-    })
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
 }
 
 fn bad(detail: impl Into<String>) -> CudaError {
-    CudaError::Unsupported {
-        what: "grouped moe",
-        detail: detail.into(),
-    }
+    CudaError::Unsupported { what: "grouped moe", detail: detail.into() }
 }
 
 /// The grouped GEMM entry points of gemm.cu (`moe_gemm_<fmt>_<bm>[_x2]_<epi>`).
 pub fn moe_gemm_entry_points() -> impl Iterator<Item = &'static str> {
-    GEMM_ENTRY_POINTS
-        .iter()
-        .copied()
-        .filter(|n| n.starts_with("moe_gemm_"))
+    GEMM_ENTRY_POINTS.iter().copied().filter(|n| n.starts_with("moe_gemm_"))
 }
 
 /// `(format, tile rows, split)` of a grouped GEMM entry point name.
 pub fn moe_gemm_entry_shape(name: &str) -> (&'static str, usize, bool) {
-    let fmt = ["bf16", "fp8", "fp4"]
-        .into_iter()
-        .find(|f| name.starts_with(&format!("moe_gemm_{f}_")))
-        .unwrap_or("fp4");
+    let fmt = ["bf16", "fp8", "fp4"].into_iter().find(|f| name.starts_with(&format!("moe_gemm_{f}_"))).unwrap_or("fp4");
     let bm = if name.contains("_64_") { 64 } else { 128 };
     (fmt, bm, name.contains("_x2_"))
 }
@@ -90,13 +78,7 @@ impl MoeOptions {
     }
 
     /// Every optimisation on (the defaults).
-    pub const ALL_ON: MoeOptions = MoeOptions {
-        grouped: true,
-        fused_swiglu: true,
-        adaptive_tiles: true,
-        persistent: true,
-        force_tile_rows: None,
-    };
+    pub const ALL_ON: MoeOptions = MoeOptions { grouped: true, fused_swiglu: true, adaptive_tiles: true, persistent: true, force_tile_rows: None };
 
     /// Tile height for `tk` routed pairs over `e` experts with split (`split`) or bf16 activations.
     /// Adaptive: 64-row tiles when the average tokens per expert is below
@@ -143,9 +125,7 @@ fn addresses(gpu: &Gpu, w: &GpuWeight) -> Option<(&'static str, u64, u64)> {
     match &w.data {
         GpuMatrix::Bf16(m) => Some(("bf16", m.device_ptr(s).0, 0)),
         GpuMatrix::Fp8 { w, scales } => Some(("fp8", w.device_ptr(s).0, scales.device_ptr(s).0)),
-        GpuMatrix::Fp4 { w, scales, .. } => {
-            Some(("fp4", w.device_ptr(s).0, scales.device_ptr(s).0))
-        }
+        GpuMatrix::Fp4 { w, scales, .. } => Some(("fp4", w.device_ptr(s).0, scales.device_ptr(s).0)),
         GpuMatrix::F32(_) => None,
     }
 }
@@ -155,34 +135,19 @@ impl GpuExpertTables {
     /// tensor-core path would round them), mixed formats or shapes, widths not multiples of 32, or
     /// more than [`MOE_GROUP_MAX_EXPERTS`] experts.
     pub fn build(gpu: &Gpu, experts: &[GpuExpert]) -> Result<Option<Self>, CudaError> {
-        let Some(first) = experts.first() else {
-            return Ok(None);
-        };
+        let Some(first) = experts.first() else { return Ok(None) };
         let (inter, d) = (first.w1.rows, first.w1.cols);
-        if experts.len() > MOE_GROUP_MAX_EXPERTS
-            || inter == 0
-            || d == 0
-            || !inter.is_multiple_of(32)
-            || !d.is_multiple_of(32)
-        {
+        if experts.len() > MOE_GROUP_MAX_EXPERTS || inter == 0 || d == 0 || !inter.is_multiple_of(32) || !d.is_multiple_of(32) {
             return Ok(None);
         }
         let mut fmt = None;
         let mut t: [Vec<u64>; 6] = Default::default();
         for ex in experts {
-            if ex.w1.rows != inter
-                || ex.w1.cols != d
-                || ex.w3.rows != inter
-                || ex.w3.cols != d
-                || ex.w2.rows != d
-                || ex.w2.cols != inter
-            {
+            if ex.w1.rows != inter || ex.w1.cols != d || ex.w3.rows != inter || ex.w3.cols != d || ex.w2.rows != d || ex.w2.cols != inter {
                 return Ok(None);
             }
             for (i, w) in [&ex.w1, &ex.w3, &ex.w2].into_iter().enumerate() {
-                let Some((f, a, s)) = addresses(gpu, w) else {
-                    return Ok(None);
-                };
+                let Some((f, a, s)) = addresses(gpu, w) else { return Ok(None) };
                 if *fmt.get_or_insert(f) != f {
                     return Ok(None);
                 }
@@ -191,11 +156,7 @@ impl GpuExpertTables {
             }
         }
         let [w1, s1, w3, s3, w2, s2] = t;
-        let q8 = experts.iter().all(|ex| {
-            [&ex.w1, &ex.w3, &ex.w2]
-                .into_iter()
-                .all(super::ops_q8::q8_capable)
-        });
+        let q8 = experts.iter().all(|ex| [&ex.w1, &ex.w3, &ex.w2].into_iter().all(super::ops_q8::q8_capable));
         Ok(Some(GpuExpertTables {
             format: fmt.unwrap_or("bf16"),
             inter,
@@ -226,10 +187,7 @@ struct Grouping {
 
 impl Gpu {
     /// The layer's expert tables, built on first use (None: the layer cannot run grouped).
-    pub fn moe_tables<'a>(
-        &self,
-        layer: &'a GpuMoeLayer,
-    ) -> Result<Option<&'a GpuExpertTables>, CudaError> {
+    pub fn moe_tables<'a>(&self, layer: &'a GpuMoeLayer) -> Result<Option<&'a GpuExpertTables>, CudaError> {
         if layer.tables.get().is_none() {
             let t = GpuExpertTables::build(self, &layer.experts)?;
             let _ = layer.tables.set(t);
@@ -238,27 +196,13 @@ impl Gpu {
     }
 
     /// Count, plan and fill: groups the `tk` pairs of `experts` (device, `[tk]`) by expert.
-    fn moe_group(
-        &self,
-        experts: &CudaSlice<i32>,
-        tk: usize,
-        k: usize,
-        e: usize,
-        bm: usize,
-    ) -> Result<Grouping, CudaError> {
+    fn moe_group(&self, experts: &CudaSlice<i32>, tk: usize, k: usize, e: usize, bm: usize) -> Result<Grouping, CudaError> {
         let active = e.min(tk);
         let r_cap = (tk + active * (bm - 1)).div_ceil(128) * 128;
         let max_items = tk.div_ceil(bm) + active;
-        let i32_of = |v: usize, what: &str| {
-            i32::try_from(v).map_err(|_| bad(format!("{what} = {v} exceeds 32 bits")))
-        };
+        let i32_of = |v: usize, what: &str| i32::try_from(v).map_err(|_| bad(format!("{what} = {v} exceeds 32 bits")));
         i32_of(r_cap * 2, "grouped rows")?;
-        let (tk_i, k_i, e_i, bm_i) = (
-            i32_of(tk, "pairs")?,
-            i32_of(k, "top-k")?,
-            i32_of(e, "experts")?,
-            i32_of(bm, "tile")?,
-        );
+        let (tk_i, k_i, e_i, bm_i) = (i32_of(tk, "pairs")?, i32_of(k, "top-k")?, i32_of(e, "experts")?, i32_of(bm, "tile")?);
         let mut counts = self.zeros::<i32>(e)?;
         let mut offsets = self.zeros::<i32>(e + 1)?;
         let mut items = self.zeros::<i32>(2 * max_items)?;
@@ -269,94 +213,34 @@ impl Gpu {
         let mut b = s.launch_builder(self.f("moe_group_count"));
         b.arg(experts).arg(&mut counts).arg(&tk_i);
         // SAFETY: moe_group_count(experts [tk], counts [E], tk); grid E.
-        drv("moe_group_count", unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (e as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        })?;
+        drv("moe_group_count", unsafe { b.launch(LaunchConfig { grid_dim: (e as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) })?;
         let mut b = s.launch_builder(self.f("moe_group_plan"));
-        b.arg(&counts)
-            .arg(&e_i)
-            .arg(&bm_i)
-            .arg(&mut offsets)
-            .arg(&mut items)
-            .arg(&mut n_items);
+        b.arg(&counts).arg(&e_i).arg(&bm_i).arg(&mut offsets).arg(&mut items).arg(&mut n_items);
         // SAFETY: moe_group_plan(counts [E], E, bm, offsets [E+1], items [2·max_items], n_items [1]);
         // Σ ceil(count/bm) ≤ max_items; one block of MOE_PLAN_THREADS ≥ E.
-        drv("moe_group_plan", unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (MOE_GROUP_MAX_EXPERTS as u32, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        })?;
+        drv("moe_group_plan", unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (MOE_GROUP_MAX_EXPERTS as u32, 1, 1), shared_mem_bytes: 0 }) })?;
         let mut b = s.launch_builder(self.f("moe_group_fill"));
-        b.arg(experts)
-            .arg(&offsets)
-            .arg(&mut row_tok)
-            .arg(&mut row_dst)
-            .arg(&tk_i)
-            .arg(&k_i)
-            .arg(&bm_i);
+        b.arg(experts).arg(&offsets).arg(&mut row_tok).arg(&mut row_dst).arg(&tk_i).arg(&k_i).arg(&bm_i);
         // SAFETY: moe_group_fill(experts, offsets, row_tok [r_cap], row_dst [r_cap], tk, k, bm); the
         // padded rows Σ ceil(count/bm)·bm ≤ r_cap; grid E, block 1024.
-        drv("moe_group_fill", unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (e as u32, 1, 1),
-                block_dim: (1024, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        })?;
-        Ok(Grouping {
-            bm,
-            r_cap,
-            max_items,
-            offsets,
-            items,
-            n_items,
-            row_tok,
-            row_dst,
-        })
+        drv("moe_group_fill", unsafe { b.launch(LaunchConfig { grid_dim: (e as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 }) })?;
+        Ok(Grouping { bm, r_cap, max_items, offsets, items, n_items, row_tok, row_dst })
     }
 
     /// The checks both grouped paths make: the layer's expert tables (with `q8`, ones the FP8
     /// kernels take), shapes against `cfg`, buffer lengths. Returns (tables, d, E, k).
     #[allow(clippy::too_many_arguments)]
-    fn grouped_inputs<'a>(
-        &self,
-        cfg: &Ds4Config,
-        layer: &'a GpuMoeLayer,
-        f: &CudaSlice<f32>,
-        t: usize,
-        experts: &CudaSlice<i32>,
-        weights: &CudaSlice<f32>,
-        q8: bool,
-    ) -> Result<(&'a GpuExpertTables, usize, usize, usize), CudaError> {
-        let (d, e, k) = (
-            cfg.hidden_size,
-            cfg.n_routed_experts,
-            cfg.num_experts_per_tok,
-        );
+    fn grouped_inputs<'a>(&self, cfg: &Ds4Config, layer: &'a GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, q8: bool) -> Result<(&'a GpuExpertTables, usize, usize, usize), CudaError> {
+        let (d, e, k) = (cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok);
         let tables = self.moe_tables(layer)?.filter(|tb| !q8 || tb.q8).ok_or_else(|| {
             bad(if q8 { "the routed experts are not all FP8 or foldable FP4 with widths multiple of 128" } else { "the routed experts are not all bf16/FP8/FP4 of one shape with widths multiple of 32" })
         })?;
         if t == 0 || k == 0 || layer.experts.len() != e || tables.d != d {
-            return Err(bad(format!(
-                "{t} tokens, top-{k}, {} experts of width {} for config E = {e}, d = {d}",
-                layer.experts.len(),
-                tables.d
-            )));
+            return Err(bad(format!("{t} tokens, top-{k}, {} experts of width {} for config E = {e}, d = {d}", layer.experts.len(), tables.d)));
         }
         let tk = t * k;
         if experts.len() < tk || weights.len() < tk || f.len() < t * d {
-            return Err(bad(format!(
-                "buffers of {} ids, {} weights, {} inputs for {t} tokens × top-{k}, d = {d}",
-                experts.len(),
-                weights.len(),
-                f.len()
-            )));
+            return Err(bad(format!("buffers of {} ids, {} weights, {} inputs for {t} tokens × top-{k}, d = {d}", experts.len(), weights.len(), f.len())));
         }
         Ok((tables, d, e, k))
     }
@@ -364,36 +248,17 @@ impl Gpu {
     /// Launch geometry of a grouped GEMM over `g`'s tile queue with `n` outputs (128 per block, 8
     /// warps for 128-row tiles, 4 for 64): one block per work unit, or with `persistent` as many
     /// blocks as fit the SMs (they walk the queue).
-    fn moe_launch_config(
-        &self,
-        fname: &str,
-        g: &Grouping,
-        n: usize,
-        smem: usize,
-        persistent: bool,
-    ) -> Result<LaunchConfig, CudaError> {
+    fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, smem: usize, persistent: bool) -> Result<LaunchConfig, CudaError> {
         let threads = if g.bm == 128 { 256 } else { 128 };
         let units = g.max_items * n.div_ceil(MOE_GEMM_BN);
         let blocks = if persistent {
             let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
-            let per_sm = self
-                .f(fname)
-                .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
-                .unwrap_or(1)
-                .max(1) as usize;
+            let per_sm = self.f(fname).occupancy_max_active_blocks_per_multiprocessor(threads, smem, None).unwrap_or(1).max(1) as usize;
             (sms * per_sm).min(units)
         } else {
             units
         };
-        Ok(LaunchConfig {
-            grid_dim: (
-                u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?,
-                1,
-                1,
-            ),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: smem as u32,
-        })
+        Ok(LaunchConfig { grid_dim: (u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 })
     }
 
     /// Launches one grouped GEMM `moe_gemm_<fmt>_<bm>[_x2]_<epi>`.
@@ -415,33 +280,15 @@ impl Gpu {
         k: usize,
         limit: f32,
     ) -> Result<(), CudaError> {
-        let name = format!(
-            "moe_gemm_{}_{}{}_{epi}",
-            tables.format,
-            g.bm,
-            if split { "_x2" } else { "" }
-        );
+        let name = format!("moe_gemm_{}_{}{}_{epi}", tables.format, g.bm, if split { "_x2" } else { "" });
         let Some(&fname) = GEMM_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
-        let cfg = self.moe_launch_config(
-            fname,
-            g,
-            n,
-            gemm_smem_for(tables.format, g.bm, MOE_GEMM_BN, split),
-            persistent,
-        )?;
+        let cfg = self.moe_launch_config(fname, g, n, gemm_smem_for(tables.format, g.bm, MOE_GEMM_BN, split), persistent)?;
         let (lo, n_i, k_i) = (lo_plane as i64, n as i32, k as i32);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));
-        b.arg(xb)
-            .arg(&lo)
-            .arg(w.0)
-            .arg(w.1)
-            .arg(w3.0)
-            .arg(w3.1)
-            .arg(&g.items)
-            .arg(&g.n_items);
+        b.arg(xb).arg(&lo).arg(w.0).arg(w.1).arg(w3.0).arg(w3.1).arg(&g.items).arg(&g.n_items);
         match y {
             Some(y) => b.arg(y),
             None => b.arg(&null),
@@ -459,12 +306,7 @@ impl Gpu {
                 b.arg(&null);
             }
         }
-        b.arg(&h_lo)
-            .arg(&ldh)
-            .arg(&g.row_dst)
-            .arg(&n_i)
-            .arg(&k_i)
-            .arg(&limit);
+        b.arg(&h_lo).arg(&ldh).arg(&g.row_dst).arg(&n_i).arg(&k_i).arg(&limit);
         // SAFETY: matches moe_gemm's signature; xb holds r_cap·Kp (·2 split) bf16, items/n_items come
         // from moe_group_plan (every item's rows lie inside r_cap), the tables hold E addresses of
         // weights of the shapes checked by GpuExpertTables::build, y/hb are sized by the caller for
@@ -481,17 +323,7 @@ impl Gpu {
     /// disagree with `cfg`, or any launch error. Expert ids outside 0..E are not grouped: their
     /// slots stay zero (the router marks such tokens with NaN weights, which reach the output).
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_experts_grouped(
-        &self,
-        cfg: &Ds4Config,
-        layer: &GpuMoeLayer,
-        f: &CudaSlice<f32>,
-        t: usize,
-        experts: &CudaSlice<i32>,
-        weights: &CudaSlice<f32>,
-        split: bool,
-        opts: MoeOptions,
-    ) -> Result<DevBuf<f32>, CudaError> {
+    pub fn moe_experts_grouped(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, split: bool, opts: MoeOptions) -> Result<DevBuf<f32>, CudaError> {
         let (tables, d, e, k) = self.grouped_inputs(cfg, layer, f, t, experts, weights, false)?;
         let tk = t * k;
         let inter = tables.inter;
@@ -503,22 +335,10 @@ impl Gpu {
         let mut xb = unsafe { self.scratch::<u16>(g.r_cap * d * planes) }?;
         {
             let quads = g.r_cap * d / 4;
-            let cfg = LaunchConfig {
-                grid_dim: (quads.div_ceil(256).min(132 * 16) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let (d_i, lo, sp, e_i) = (d as i32, (g.r_cap * d) as i64, split as i32, e as i32);
             let mut b = self.stream.launch_builder(self.f("moe_gather_bf16"));
-            b.arg(f)
-                .arg(&g.row_tok)
-                .arg(&g.offsets)
-                .arg(&mut xb)
-                .arg(&d_i)
-                .arg(&d_i)
-                .arg(&lo)
-                .arg(&sp)
-                .arg(&e_i);
+            b.arg(f).arg(&g.row_tok).arg(&g.offsets).arg(&mut xb).arg(&d_i).arg(&d_i).arg(&lo).arg(&sp).arg(&e_i);
             // SAFETY: moe_gather_bf16(f [t, d], row_tok, offsets [E+1], xb [r_cap, Kp = d] (+ plane), d, Kp, lo_plane, split, E).
             drv("moe_gather_bf16", unsafe { b.launch(cfg) })?;
         }
@@ -527,141 +347,41 @@ impl Gpu {
         // SAFETY: rows < R are written by the gate/up stage; rows ≥ R are never read.
         let mut hb = unsafe { self.scratch::<u16>(h_lo * planes) }?;
         if opts.fused_swiglu {
-            self.moe_gemm(
-                &g,
-                tables,
-                "swiglu",
-                split,
-                opts.persistent,
-                &xb,
-                g.r_cap * d,
-                (&tables.w1, &tables.s1),
-                (&tables.w3, &tables.s3),
-                None,
-                Some((&mut hb, h_lo, inter)),
-                2 * inter,
-                d,
-                limit,
-            )?;
+            self.moe_gemm(&g, tables, "swiglu", split, opts.persistent, &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hb, h_lo, inter)), 2 * inter, d, limit)?;
         } else {
             let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
             let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
-            self.moe_gemm(
-                &g,
-                tables,
-                "plain",
-                split,
-                opts.persistent,
-                &xb,
-                g.r_cap * d,
-                (&tables.w1, &tables.s1),
-                (&tables.w1, &tables.s1),
-                Some(&mut yg),
-                None,
-                inter,
-                d,
-                limit,
-            )?;
-            self.moe_gemm(
-                &g,
-                tables,
-                "plain",
-                split,
-                opts.persistent,
-                &xb,
-                g.r_cap * d,
-                (&tables.w3, &tables.s3),
-                (&tables.w3, &tables.s3),
-                Some(&mut yu),
-                None,
-                inter,
-                d,
-                limit,
-            )?;
+            self.moe_gemm(&g, tables, "plain", split, opts.persistent, &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, inter, d, limit)?;
+            self.moe_gemm(&g, tables, "plain", split, opts.persistent, &xb, g.r_cap * d, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, inter, d, limit)?;
             let mut yh = self.zeros::<f32>(g.r_cap * inter)?;
             self.swiglu(&yg, &yu, &mut yh, g.r_cap * inter, limit)?;
             let quads = g.r_cap * inter / 4;
-            let cfg = LaunchConfig {
-                grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let (r_i, k_i, sp) = (g.r_cap as i32, inter as i32, split as i32);
             let mut b = self.stream.launch_builder(self.f("gemm_x_bf16"));
-            b.arg(&yh)
-                .arg(&mut hb)
-                .arg(&r_i)
-                .arg(&k_i)
-                .arg(&r_i)
-                .arg(&sp);
+            b.arg(&yh).arg(&mut hb).arg(&r_i).arg(&k_i).arg(&r_i).arg(&sp);
             // SAFETY: gemm_x_bf16(x [r_cap, inter], xb [r_cap, inter] (+ plane at r_cap·inter), T = Tp = r_cap, K = inter, split).
             drv("gemm_x_bf16", unsafe { b.launch(cfg) })?;
         }
         // Down projection, rows scattered to their (token, slot).
         let mut slot_out = self.zeros::<f32>(tk * d)?;
-        self.moe_gemm(
-            &g,
-            tables,
-            "scatter",
-            split,
-            opts.persistent,
-            &hb,
-            h_lo,
-            (&tables.w2, &tables.s2),
-            (&tables.w2, &tables.s2),
-            Some(&mut slot_out),
-            None,
-            d,
-            inter,
-            limit,
-        )?;
+        self.moe_gemm(&g, tables, "scatter", split, opts.persistent, &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
         // Shared expert over all tokens, then the combine.
         self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, false)
     }
 
     /// Launches one grouped FP8-activation GEMM `moe_q8_<fmt>_<bm>_<epi>` (gemm_q8.cu).
     #[allow(clippy::too_many_arguments)]
-    fn moe_q8(
-        &self,
-        g: &Grouping,
-        tables: &GpuExpertTables,
-        epi: &str,
-        persistent: bool,
-        xq: &CudaSlice<u8>,
-        xsa: &CudaSlice<f32>,
-        w: (&CudaSlice<u64>, &CudaSlice<u64>),
-        w3: (&CudaSlice<u64>, &CudaSlice<u64>),
-        y: Option<&mut CudaSlice<f32>>,
-        hf: Option<(&mut CudaSlice<f32>, usize)>,
-        gamma: &CudaSlice<f32>,
-        n: usize,
-        k: usize,
-        limit: f32,
-    ) -> Result<(), CudaError> {
-        let name = format!(
-            "{}_{}_{}_{epi}",
-            super::ops_q8::families_for(&self.arch).1,
-            tables.format,
-            g.bm
-        );
-        let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS
-            .iter()
-            .find(|x| **x == name)
-        else {
+    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, persistent: bool, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
+        let name = format!("{}_{}_{}_{epi}", super::ops_q8::families_for(&self.arch).1, tables.format, g.bm);
+        let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
         let cfg = self.moe_launch_config(fname, g, n, super::ops_q8::smem_of(fname), persistent)?;
         let (n_i, k_i) = (n as i32, k as i32);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));
-        b.arg(xq)
-            .arg(xsa)
-            .arg(w.0)
-            .arg(w.1)
-            .arg(w3.0)
-            .arg(w3.1)
-            .arg(&g.items)
-            .arg(&g.n_items);
+        b.arg(xq).arg(xsa).arg(w.0).arg(w.1).arg(w3.0).arg(w3.1).arg(&g.items).arg(&g.n_items);
         match y {
             Some(y) => b.arg(y),
             None => b.arg(&null),
@@ -677,12 +397,7 @@ impl Gpu {
                 b.arg(&null);
             }
         }
-        b.arg(&ldh)
-            .arg(&g.row_dst)
-            .arg(gamma)
-            .arg(&n_i)
-            .arg(&k_i)
-            .arg(&limit);
+        b.arg(&ldh).arg(&g.row_dst).arg(gamma).arg(&n_i).arg(&k_i).arg(&limit);
         // SAFETY: matches moe_q8's signature; xq/xsa hold r_cap rows of Kp = k bytes / k/128 scales
         // (moe_gather_q8 or act_quant), items come from moe_group_plan, the tables hold E addresses of
         // weights checked by GpuExpertTables::build (q8), y/hf are sized by the caller for r_cap
@@ -699,16 +414,7 @@ impl Gpu {
     /// Errors: experts [`GpuExpertTables::q8`] rejects, shapes that disagree with `cfg`, launch
     /// failures.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_experts_grouped_q8(
-        &self,
-        cfg: &Ds4Config,
-        layer: &GpuMoeLayer,
-        f: &CudaSlice<f32>,
-        t: usize,
-        experts: &CudaSlice<i32>,
-        weights: &CudaSlice<f32>,
-        opts: MoeOptions,
-    ) -> Result<DevBuf<f32>, CudaError> {
+    pub fn moe_experts_grouped_q8(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, opts: MoeOptions) -> Result<DevBuf<f32>, CudaError> {
         let (tables, d, e, k) = self.grouped_inputs(cfg, layer, f, t, experts, weights, true)?;
         let tk = t * k;
         let inter = tables.inter;
@@ -722,99 +428,28 @@ impl Gpu {
         let mut xsa = unsafe { self.scratch::<f32>(g.r_cap * kb) }?;
         {
             let chunks = g.r_cap * d / 16;
-            let lc = LaunchConfig {
-                grid_dim: (chunks.div_ceil(256).min(132 * 16) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let lc = LaunchConfig { grid_dim: (chunks.div_ceil(256).min(132 * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let (d_i, e_i) = (d as i32, e as i32);
             let mut b = self.stream.launch_builder(self.f("moe_gather_q8"));
-            b.arg(&qa.q)
-                .arg(&qa.sa)
-                .arg(&g.row_tok)
-                .arg(&g.offsets)
-                .arg(&mut xq)
-                .arg(&mut xsa)
-                .arg(&d_i)
-                .arg(&e_i);
+            b.arg(&qa.q).arg(&qa.sa).arg(&g.row_tok).arg(&g.offsets).arg(&mut xq).arg(&mut xsa).arg(&d_i).arg(&e_i);
             // SAFETY: moe_gather_q8(q [t↑128, d], sa [.., d/128], row_tok, offsets [E+1], xq [r_cap, d], xsa [r_cap, d/128], Kp = d, E).
             drv("moe_gather_q8", unsafe { b.launch(lc) })?;
         }
         // h·γ as f32 [r_cap, inter] (rows past R stay zero).
         let mut hf = self.zeros::<f32>(g.r_cap * inter)?;
         if opts.fused_swiglu {
-            self.moe_q8(
-                &g,
-                tables,
-                "swiglu",
-                opts.persistent,
-                &xq,
-                &xsa,
-                (&tables.w1, &tables.s1),
-                (&tables.w3, &tables.s3),
-                None,
-                Some((&mut hf, inter)),
-                weights,
-                2 * inter,
-                d,
-                limit,
-            )?;
+            self.moe_q8(&g, tables, "swiglu", opts.persistent, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
         } else {
             let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
             let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
-            self.moe_q8(
-                &g,
-                tables,
-                "plain",
-                opts.persistent,
-                &xq,
-                &xsa,
-                (&tables.w1, &tables.s1),
-                (&tables.w1, &tables.s1),
-                Some(&mut yg),
-                None,
-                weights,
-                inter,
-                d,
-                limit,
-            )?;
-            self.moe_q8(
-                &g,
-                tables,
-                "plain",
-                opts.persistent,
-                &xq,
-                &xsa,
-                (&tables.w3, &tables.s3),
-                (&tables.w3, &tables.s3),
-                Some(&mut yu),
-                None,
-                weights,
-                inter,
-                d,
-                limit,
-            )?;
+            self.moe_q8(&g, tables, "plain", opts.persistent, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, weights, inter, d, limit)?;
+            self.moe_q8(&g, tables, "plain", opts.persistent, &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, weights, inter, d, limit)?;
             self.swiglu(&yg, &yu, &mut hf, g.r_cap * inter, limit)?;
             self.scale_rows_by_route(&mut hf, &g.row_dst.slice(..), weights, g.r_cap, inter)?;
         }
         let hq = self.act_quant(&hf, g.r_cap, inter)?;
         let mut slot_out = self.zeros::<f32>(tk * d)?;
-        self.moe_q8(
-            &g,
-            tables,
-            "scatter",
-            opts.persistent,
-            &hq.q,
-            &hq.sa,
-            (&tables.w2, &tables.s2),
-            (&tables.w2, &tables.s2),
-            Some(&mut slot_out),
-            None,
-            weights,
-            d,
-            inter,
-            limit,
-        )?;
+        self.moe_q8(&g, tables, "scatter", opts.persistent, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, weights, d, inter, limit)?;
         self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, true)
     }
 }
@@ -830,27 +465,10 @@ mod tests {
         assert_eq!(on.tile_rows(2048 * 6, 256, false), 64);
         assert_eq!(on.tile_rows(8192 * 6, 256, false), 128);
         assert_eq!(on.tile_rows(8192 * 6, 256, true), 64);
-        let fixed = MoeOptions {
-            adaptive_tiles: false,
-            ..on
-        };
+        let fixed = MoeOptions { adaptive_tiles: false, ..on };
         assert_eq!(fixed.tile_rows(16, 256, true), 128);
-        assert_eq!(
-            MoeOptions {
-                force_tile_rows: Some(64),
-                ..fixed
-            }
-            .tile_rows(1 << 20, 1, false),
-            64
-        );
-        assert_eq!(
-            MoeOptions {
-                force_tile_rows: Some(100),
-                ..on
-            }
-            .tile_rows(1, 256, true),
-            128
-        );
+        assert_eq!(MoeOptions { force_tile_rows: Some(64), ..fixed }.tile_rows(1 << 20, 1, false), 64);
+        assert_eq!(MoeOptions { force_tile_rows: Some(100), ..on }.tile_rows(1, 256, true), 128);
     }
 
     /// Every grouped GEMM entry point parses to a format, tile and split, all 36 combinations exist
@@ -862,22 +480,10 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for n in &names {
             let (fmt, bm, split) = moe_gemm_entry_shape(n);
-            let epi = ["plain", "swiglu", "scatter"]
-                .into_iter()
-                .find(|e| n.ends_with(e))
-                .expect("an epilogue suffix");
-            assert_eq!(
-                *n,
-                format!(
-                    "moe_gemm_{fmt}_{bm}{}_{epi}",
-                    if split { "_x2" } else { "" }
-                )
-            );
+            let epi = ["plain", "swiglu", "scatter"].into_iter().find(|e| n.ends_with(e)).expect("an epilogue suffix");
+            assert_eq!(*n, format!("moe_gemm_{fmt}_{bm}{}_{epi}", if split { "_x2" } else { "" }));
             assert!(seen.insert((fmt, bm, split, epi)));
-            assert!(
-                gemm_smem_for(fmt, bm, MOE_GEMM_BN, split) <= 227 * 1024,
-                "{n}"
-            );
+            assert!(gemm_smem_for(fmt, bm, MOE_GEMM_BN, split) <= 227 * 1024, "{n}");
         }
     }
 }

@@ -19,9 +19,9 @@
 //! Learned from DeepSeek's DeepGEMM/`fp8_gemm` design (per-block promotion of FP8 partials into f32,
 //! DeepSeek-V3 report §3.3) and the PTX ISA (`mma.sync.m16n8k32` e4m3); the code is ours.
 
+use super::graph::DevBuf;
 use super::cublaslt::LT_MIN_TOKENS;
 use super::gpu::{tc_linear_mode, Gpu, GpuMatrix, GpuWeight, TcMode, TC_LINEAR_MIN_TOKENS};
-use super::graph::DevBuf;
 use super::CudaError;
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
@@ -78,25 +78,15 @@ pub const Q8_BN: usize = 128;
 pub const Q8_BLOCK: usize = 128;
 
 fn drv<T>(what: &str, r: Result<T, DriverError>) -> Result<T, CudaError> {
-    r.map_err(|e| CudaError::Driver {
-        what: what.into(),
-        detail: format!("{e:?}"),
-    })
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
 }
 
 fn bad(detail: impl Into<String>) -> CudaError {
-    CudaError::Unsupported {
-        what: "fp8 linear",
-        detail: detail.into(),
-    }
+    CudaError::Unsupported { what: "fp8 linear", detail: detail.into() }
 }
 
 fn i32_of(v: usize, what: &str) -> Result<i32, CudaError> {
-    i32::try_from(v).map_err(|_| {
-        bad(format!(
-            "{what} = {v} does not fit the kernel's 32-bit index"
-        ))
-    })
+    i32::try_from(v).map_err(|_| bad(format!("{what} = {v} does not fit the kernel's 32-bit index")))
 }
 
 /// Dynamic shared memory of a gemm_q8.cu block of `bm` × `bn` (mirrors `GqLayout`): 4 stages of
@@ -112,12 +102,7 @@ pub fn q8_smem(format: &str, bm: usize, bn: usize) -> usize {
 /// and for FP4 two converted `128 × 128` tiles, two rows of 128 weight scales and the table.
 pub fn w8_smem(format: &str, bm: usize) -> usize {
     let fp4 = format == "fp4";
-    1024 + 4 * (bm * 128 + if fp4 { 128 * 64 } else { 128 * 128 })
-        + if fp4 {
-            2 * 128 * 128 + 2 * 128 * 4 + 72
-        } else {
-            0
-        }
+    1024 + 4 * (bm * 128 + if fp4 { 128 * 64 } else { 128 * 128 }) + if fp4 { 2 * 128 * 128 + 2 * 128 * 4 + 72 } else { 0 }
 }
 
 /// Shared memory of any gemm_q8.cu GEMM entry point (by name).
@@ -170,29 +155,14 @@ pub struct QuantizedActs {
 }
 
 impl Gpu {
-    fn act_quant_launch(
-        &self,
-        x: &CudaSlice<f32>,
-        q: Option<(&mut CudaSlice<u8>, &mut CudaSlice<f32>)>,
-        t: usize,
-        k: usize,
-        tp: usize,
-    ) -> Result<(), CudaError> {
+    fn act_quant_launch(&self, x: &CudaSlice<f32>, q: Option<(&mut CudaSlice<u8>, &mut CudaSlice<f32>)>, t: usize, k: usize, tp: usize) -> Result<(), CudaError> {
         let kb = k.div_ceil(Q8_BLOCK);
         let warps = if q.is_some() { tp * kb } else { t * kb };
         if warps == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid_dim: (warps.div_ceil(8).min(132 * 64) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (t_i, k_i, tp_i) = (
-            i32_of(t, "tokens")?,
-            i32_of(k, "width")?,
-            i32_of(tp, "rows")?,
-        );
+        let cfg = LaunchConfig { grid_dim: (warps.div_ceil(8).min(132 * 64) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (t_i, k_i, tp_i) = (i32_of(t, "tokens")?, i32_of(k, "width")?, i32_of(tp, "rows")?);
         i32_of(tp * kb * Q8_BLOCK, "quantized elements")?;
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f("act_quant_fp8"));
@@ -218,19 +188,11 @@ impl Gpu {
     /// power-of-two scales with `t` rounded up to 128 rows.
     ///
     /// Errors: `x` shorter than `t·k`, sizes beyond 32-bit indexing, launch failures.
-    pub fn act_quant(
-        &self,
-        x: &CudaSlice<f32>,
-        t: usize,
-        k: usize,
-    ) -> Result<QuantizedActs, CudaError> {
+    pub fn act_quant(&self, x: &CudaSlice<f32>, t: usize, k: usize) -> Result<QuantizedActs, CudaError> {
         if x.len() < t * k {
             return Err(bad(format!("{} values for {t} rows of {k}", x.len())));
         }
-        let (rows, kp) = (
-            t.div_ceil(128).max(1) * 128,
-            k.div_ceil(Q8_BLOCK) * Q8_BLOCK,
-        );
+        let (rows, kp) = (t.div_ceil(128).max(1) * 128, k.div_ceil(Q8_BLOCK) * Q8_BLOCK);
         // SAFETY: every element is written by act_quant_fp8 (rows < Tp, columns < Kp).
         let mut q = unsafe { self.scratch::<u8>(rows * kp) }?;
         // SAFETY: as above, one scale per (row, block).
@@ -243,12 +205,7 @@ impl Gpu {
     /// §10.1): the CPU's `Numerics::act_in`.
     ///
     /// Errors: `x` shorter than `t·k`, launch failures.
-    pub fn act_roundtrip(
-        &self,
-        x: &mut CudaSlice<f32>,
-        t: usize,
-        k: usize,
-    ) -> Result<(), CudaError> {
+    pub fn act_roundtrip(&self, x: &mut CudaSlice<f32>, t: usize, k: usize) -> Result<(), CudaError> {
         if x.len() < t * k {
             return Err(bad(format!("{} values for {t} rows of {k}", x.len())));
         }
@@ -260,36 +217,17 @@ impl Gpu {
     /// (gemm_q8.cu; FP8 weights or foldable FP4, width a multiple of 128, see [`q8_capable`]).
     ///
     /// Errors: a weight [`q8_capable`] rejects, shapes that disagree, launch failures.
-    pub fn linear_q8(
-        &self,
-        qa: &QuantizedActs,
-        w: &GpuWeight,
-        y: &mut CudaSlice<f32>,
-        t: usize,
-    ) -> Result<(), CudaError> {
+    pub fn linear_q8(&self, qa: &QuantizedActs, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
         if !q8_capable(w) {
-            return Err(bad(format!(
-                "weight [{}, {}] is not FP8 or foldable FP4 with a width multiple of 128",
-                w.rows, w.cols
-            )));
+            return Err(bad(format!("weight [{}, {}] is not FP8 or foldable FP4 with a width multiple of 128", w.rows, w.cols)));
         }
         if qa.kp != w.cols || qa.rows < t.div_ceil(128) * 128 || y.len() < t * w.rows {
-            return Err(bad(format!(
-                "activations [{}, {}] and {} outputs for {t} tokens of [{}, {}]",
-                qa.rows,
-                qa.kp,
-                y.len(),
-                w.rows,
-                w.cols
-            )));
+            return Err(bad(format!("activations [{}, {}] and {} outputs for {t} tokens of [{}, {}]", qa.rows, qa.kp, y.len(), w.rows, w.cols)));
         }
         if t == 0 || w.rows == 0 {
             return Ok(());
         }
-        if t >= LT_MIN_TOKENS
-            && crate::switches::on("FP8_CUBLASLT")
-            && self.linear_lt(qa, w, y, t)?
-        {
+        if t >= LT_MIN_TOKENS && crate::switches::on("FP8_CUBLASLT") && self.linear_lt(qa, w, y, t)? {
             return Ok(());
         }
         let (fmt, wv, s) = match &w.data {
@@ -299,29 +237,10 @@ impl Gpu {
         };
         let blocks = t.div_ceil(128) * w.rows.div_ceil(Q8_BN);
         let name = format!("{}_{fmt}", families_for(&self.arch).0);
-        let cfg = LaunchConfig {
-            grid_dim: (
-                u32::try_from(blocks).map_err(|_| bad("grid too large"))?,
-                1,
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: smem_of(&name) as u32,
-        };
-        let (t_i, n_i, k_i) = (
-            i32_of(t, "tokens")?,
-            i32_of(w.rows, "outputs")?,
-            i32_of(w.cols, "inputs")?,
-        );
+        let cfg = LaunchConfig { grid_dim: (u32::try_from(blocks).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem_of(&name) as u32 };
+        let (t_i, n_i, k_i) = (i32_of(t, "tokens")?, i32_of(w.rows, "outputs")?, i32_of(w.cols, "inputs")?);
         let mut b = self.stream.launch_builder(self.f(&name));
-        b.arg(&qa.q)
-            .arg(&qa.sa)
-            .arg(wv)
-            .arg(s)
-            .arg(y)
-            .arg(&t_i)
-            .arg(&n_i)
-            .arg(&k_i);
+        b.arg(&qa.q).arg(&qa.sa).arg(wv).arg(s).arg(y).arg(&t_i).arg(&n_i).arg(&k_i);
         // SAFETY: matches gemm_q8_<fmt>(q, sa, W, S, y, T, N, K); q/sa cover 128-row tiles past T,
         // W/S the stored layouts of [N, K], y holds T·N floats; shared memory is the layout's size.
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
@@ -333,33 +252,14 @@ impl Gpu {
     /// stderr) or has no algorithm for the shape.
     ///
     /// Errors: activations or outputs that do not fit the weight and `t`; allocation or launch failures.
-    pub fn linear_lt(
-        &self,
-        qa: &QuantizedActs,
-        w: &GpuWeight,
-        y: &mut CudaSlice<f32>,
-        t: usize,
-    ) -> Result<bool, CudaError> {
+    pub fn linear_lt(&self, qa: &QuantizedActs, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<bool, CudaError> {
         use cudarc::driver::{DevicePtr, DevicePtrMut};
-        let GpuMatrix::Fp8 { w: wv, scales } = &w.data else {
-            return Ok(false);
-        };
+        let GpuMatrix::Fp8 { w: wv, scales } = &w.data else { return Ok(false) };
         if !w.rows.is_multiple_of(Q8_BLOCK) || !w.cols.is_multiple_of(Q8_BLOCK) || t == 0 {
             return Ok(false);
         }
-        if qa.kp != w.cols
-            || qa.rows < t
-            || qa.sa.len() < qa.rows * (qa.kp / Q8_BLOCK)
-            || y.len() < t * w.rows
-        {
-            return Err(bad(format!(
-                "activations [{}, {}] and {} outputs for {t} tokens of [{}, {}]",
-                qa.rows,
-                qa.kp,
-                y.len(),
-                w.rows,
-                w.cols
-            )));
+        if qa.kp != w.cols || qa.rows < t || qa.sa.len() < qa.rows * (qa.kp / Q8_BLOCK) || y.len() < t * w.rows {
+            return Err(bad(format!("activations [{}, {}] and {} outputs for {t} tokens of [{}, {}]", qa.rows, qa.kp, y.len(), w.rows, w.cols)));
         }
         if !self.lt_available() {
             return Ok(false);
@@ -372,25 +272,11 @@ impl Gpu {
         let mut sat = unsafe { self.scratch::<f32>(kb * t) }?;
         // SAFETY: as above.
         let mut swf = unsafe { self.scratch::<f32>(nb * kbp) }?;
-        let (t_i, kb_i, nb_i) = (
-            i32_of(t, "tokens")?,
-            i32_of(kb, "blocks")?,
-            i32_of(nb, "blocks")?,
-        );
+        let (t_i, kb_i, nb_i) = (i32_of(t, "tokens")?, i32_of(kb, "blocks")?, i32_of(nb, "blocks")?);
         i32_of(kb * t + nb * kbp, "scales")?;
-        let cfg = LaunchConfig {
-            grid_dim: ((kb * t + nb * kbp).div_ceil(256).min(132 * 8) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: ((kb * t + nb * kbp).div_ceil(256).min(132 * 8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("lt_scales"));
-        b.arg(&qa.sa)
-            .arg(&t_i)
-            .arg(&kb_i)
-            .arg(&mut sat)
-            .arg(scales)
-            .arg(&nb_i)
-            .arg(&mut swf);
+        b.arg(&qa.sa).arg(&t_i).arg(&kb_i).arg(&mut sat).arg(scales).arg(&nb_i).arg(&mut swf);
         // SAFETY: matches lt_scales(sa, T, KB, sat, sw, NB, swf): sa holds ≥ T·KB floats (qa.rows ≥ T,
         // kp = cols), sat T·KB, sw NB·KB (the stored [N/128, K/128] scales), swf NB·KBp.
         drv("lt_scales", unsafe { b.launch(cfg) })?;
@@ -403,14 +289,7 @@ impl Gpu {
             y: y.device_ptr_mut(s).0,
             beta: 0.0,
         };
-        let shape = super::cublaslt::LtShape {
-            kind: super::cublaslt::LtKind::Fp8BlockScaled,
-            m: t,
-            n: w.rows,
-            k: w.cols,
-            ldb: w.cols,
-            ldd: w.rows,
-        };
+        let shape = super::cublaslt::LtShape { kind: super::cublaslt::LtKind::Fp8BlockScaled, m: t, n: w.rows, k: w.cols, ldb: w.cols, ldd: w.rows };
         // SAFETY: W/scales as stored, q [≥ t, K] e4m3, sat [K/128, t], swf, y ≥ t·N floats (checked
         // above), all on this stream; the scale buffers are freed stream-ordered after the product.
         unsafe { self.lt_matmul(&ops, shape) }
@@ -423,13 +302,7 @@ impl Gpu {
     /// [`Gpu::linear`] (HF numerics).
     ///
     /// Errors: as [`Gpu::linear`].
-    pub fn linear_q(
-        &self,
-        x: &CudaSlice<f32>,
-        w: &GpuWeight,
-        y: &mut CudaSlice<f32>,
-        t: usize,
-    ) -> Result<(), CudaError> {
+    pub fn linear_q(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
         if tc_linear_mode() != TcMode::Fp8 {
             return self.linear(x, w, y, t);
         }
@@ -441,12 +314,7 @@ impl Gpu {
     /// values are the same: quantisation is per row and block).
     ///
     /// Errors: as [`Gpu::linear`].
-    pub fn linear_q_multi(
-        &self,
-        x: &CudaSlice<f32>,
-        t: usize,
-        outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)],
-    ) -> Result<(), CudaError> {
+    pub fn linear_q_multi(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {
         if tc_linear_mode() == TcMode::Fp8 {
             return self.linear_official_multi(x, t, outs);
         }
@@ -461,17 +329,8 @@ impl Gpu {
     /// [`TC_LINEAR_MIN_TOKENS`], [`q8_capable`], one input width).
     ///
     /// Errors: as [`Gpu::linear`].
-    pub fn linear_official_multi(
-        &self,
-        x: &CudaSlice<f32>,
-        t: usize,
-        outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)],
-    ) -> Result<(), CudaError> {
-        let shared = t >= TC_LINEAR_MIN_TOKENS
-            && outs.len() > 1
-            && outs
-                .iter()
-                .all(|(w, _)| q8_capable(w) && w.cols == outs[0].0.cols);
+    pub fn linear_official_multi(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {
+        let shared = t >= TC_LINEAR_MIN_TOKENS && outs.len() > 1 && outs.iter().all(|(w, _)| q8_capable(w) && w.cols == outs[0].0.cols);
         if !shared {
             for (w, y) in outs.iter_mut() {
                 self.linear_official(x, w, y, t)?;
@@ -479,11 +338,7 @@ impl Gpu {
             return Ok(());
         }
         if x.len() < t * outs[0].0.cols {
-            return Err(bad(format!(
-                "{} inputs for {t} tokens of width {}",
-                x.len(),
-                outs[0].0.cols
-            )));
+            return Err(bad(format!("{} inputs for {t} tokens of width {}", x.len(), outs[0].0.cols)));
         }
         let qa = self.act_quant(x, t, outs[0].0.cols)?;
         for (w, y) in outs.iter_mut() {
@@ -496,19 +351,9 @@ impl Gpu {
     /// (spec §6), the FP8 kernel where it applies, else quantize-dequantize and the exact kernels.
     ///
     /// Errors: as [`Gpu::linear`].
-    pub fn linear_official(
-        &self,
-        x: &CudaSlice<f32>,
-        w: &GpuWeight,
-        y: &mut CudaSlice<f32>,
-        t: usize,
-    ) -> Result<(), CudaError> {
+    pub fn linear_official(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
         if x.len() < t * w.cols {
-            return Err(bad(format!(
-                "{} inputs for {t} tokens of width {}",
-                x.len(),
-                w.cols
-            )));
+            return Err(bad(format!("{} inputs for {t} tokens of width {}", x.len(), w.cols)));
         }
         if t >= TC_LINEAR_MIN_TOKENS && q8_capable(w) {
             let qa = self.act_quant(x, t, w.cols)?;
@@ -517,10 +362,7 @@ impl Gpu {
         // SAFETY: fully written by the copy below.
         let mut xr = unsafe { self.scratch::<f32>((t * w.cols).max(1)) }?;
         if t * w.cols > 0 {
-            drv(
-                "copy",
-                self.stream.memcpy_dtod(&x.slice(0..t * w.cols), &mut *xr),
-            )?;
+            drv("copy", self.stream.memcpy_dtod(&x.slice(0..t * w.cols), &mut *xr))?;
         }
         self.act_roundtrip(&mut xr, t, w.cols)?;
         if t >= TC_LINEAR_MIN_TOKENS && !matches!(w.data, GpuMatrix::F32(_)) {
@@ -534,29 +376,14 @@ impl Gpu {
     /// MoE order, γ before the down projection's activation quantisation.
     ///
     /// Errors: short buffers, launch failures.
-    pub fn scale_rows_by_route(
-        &self,
-        h: &mut CudaSlice<f32>,
-        dst: &cudarc::driver::CudaView<i32>,
-        gamma: &CudaSlice<f32>,
-        rows: usize,
-        width: usize,
-    ) -> Result<(), CudaError> {
+    pub fn scale_rows_by_route(&self, h: &mut CudaSlice<f32>, dst: &cudarc::driver::CudaView<i32>, gamma: &CudaSlice<f32>, rows: usize, width: usize) -> Result<(), CudaError> {
         if h.len() < rows * width || dst.len() < rows {
-            return Err(bad(format!(
-                "{} values and {} indices for {rows} rows of {width}",
-                h.len(),
-                dst.len()
-            )));
+            return Err(bad(format!("{} values and {} indices for {rows} rows of {width}", h.len(), dst.len())));
         }
         if rows * width == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid_dim: ((rows * width).div_ceil(256).min(132 * 32) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: ((rows * width).div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let (r_i, w_i) = (i32_of(rows, "rows")?, i32_of(width, "width")?);
         let mut b = self.stream.launch_builder(self.f("scale_rows_by_route"));
         b.arg(h).arg(dst).arg(gamma).arg(&r_i).arg(&w_i);
@@ -574,28 +401,16 @@ mod tests {
     fn wgmma_only_on_sm90a() {
         assert_eq!(families_for("sm_90a"), ("gemm_w8", "moe_w8"));
         assert_eq!(families_for("sm_100"), ("gemm_q8", "moe_q8"));
-        crate::switches::scoped(&[("FP8_WGMMA", "off")], || {
-            assert_eq!(families_for("sm_90a"), ("gemm_q8", "moe_q8"))
-        })
-        .unwrap();
+        crate::switches::scoped(&[("FP8_WGMMA", "off")], || assert_eq!(families_for("sm_90a"), ("gemm_q8", "moe_q8"))).unwrap();
     }
 
     #[test]
     fn fold_rule() {
-        assert!(fp4_fold_exact(
-            &[121, 121, 121, 121, 120, 127, 119, 126],
-            128
-        ));
+        assert!(fp4_fold_exact(&[121, 121, 121, 121, 120, 127, 119, 126], 128));
         assert!(fp4_fold_exact(&[100, 108, 104, 101], 128));
-        assert!(
-            !fp4_fold_exact(&[100, 109, 104, 101], 128),
-            "a 9-binade spread underflows e4m3"
-        );
+        assert!(!fp4_fold_exact(&[100, 109, 104, 101], 128), "a 9-binade spread underflows e4m3");
         assert!(!fp4_fold_exact(&[255, 250, 250, 250], 128), "NaN scale");
-        assert!(
-            !fp4_fold_exact(&[121, 121], 64),
-            "width not a multiple of 128"
-        );
+        assert!(!fp4_fold_exact(&[121, 121], 64), "width not a multiple of 128");
     }
 
     #[test]
@@ -606,10 +421,7 @@ mod tests {
             }
         }
         assert_eq!(q8_smem("fp8", 128, 128), 4 * (128 * 80 * 2));
-        for name in GEMM_Q8_ENTRY_POINTS
-            .iter()
-            .filter(|n| n.contains("_w8_") || n.contains("_q8_"))
-        {
+        for name in GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_w8_") || n.contains("_q8_")) {
             assert!(smem_of(name) <= 227 * 1024, "{name}");
         }
         assert_eq!(w8_smem("fp8", 128), 1024 + 4 * 32768);
@@ -621,20 +433,12 @@ mod tests {
     fn entry_points_match_the_source() {
         let src = include_str!("kernels/gemm_q8.cu");
         for n in GEMM_Q8_ENTRY_POINTS {
-            let direct = src.contains(&format!("void {n}("))
-                || src.contains(&format!("FP8_GEMM_ENTRY({n},"));
-            let moe = ["q8", "w8"]
-                .iter()
-                .find_map(|fam| n.strip_prefix(&format!("moe_{fam}_")).map(|r| (fam, r)))
-                .map(|(fam, r)| {
-                    let f = if r.starts_with("fp8") { "fp8" } else { "fp4" };
-                    src.contains(&format!("MOE_FP8_FMT({fam}, {}, {f},", *fam == "w8"))
-                        && src.contains(&format!("moe_##P##_##F##{}", &r[3..]))
-                });
-            assert!(
-                direct || moe == Some(true),
-                "{n} is not defined in gemm_q8.cu"
-            );
+            let direct = src.contains(&format!("void {n}(")) || src.contains(&format!("FP8_GEMM_ENTRY({n},"));
+            let moe = ["q8", "w8"].iter().find_map(|fam| n.strip_prefix(&format!("moe_{fam}_")).map(|r| (fam, r))).map(|(fam, r)| {
+                let f = if r.starts_with("fp8") { "fp8" } else { "fp4" };
+                src.contains(&format!("MOE_FP8_FMT({fam}, {}, {f},", *fam == "w8")) && src.contains(&format!("moe_##P##_##F##{}", &r[3..]))
+            });
+            assert!(direct || moe == Some(true), "{n} is not defined in gemm_q8.cu");
         }
     }
 }

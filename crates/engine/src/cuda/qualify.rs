@@ -42,10 +42,7 @@ pub struct QualifyOptions {
 }
 
 fn tok_err(e: impl std::fmt::Display) -> CudaError {
-    CudaError::Unsupported {
-        what: "qualify prompt",
-        detail: e.to_string(),
-    }
+    CudaError::Unsupported { what: "qualify prompt", detail: e.to_string() }
 }
 
 /// Token ids of a one-message chat prompt (chat mode, BOS added) that is exactly `target` tokens
@@ -58,22 +55,13 @@ pub fn exact_prompt(tok: &Ds4Tokenizer, target: usize) -> Result<Vec<u32>, CudaE
     let opening = "Summarise the following text in one sentence.";
     let encode = |n: usize| -> Result<Vec<u32>, CudaError> {
         let content = format!("{opening}{}", " the".repeat(n));
-        let opts = EncodeOptions {
-            thinking_mode: ThinkingMode::Chat,
-            reasoning_effort: None,
-            drop_thinking: true,
-            add_default_bos_token: true,
-            context: None,
-        };
-        let text = encode_messages(&[json!({"role": "user", "content": content})], &opts)
-            .map_err(tok_err)?;
+        let opts = EncodeOptions { thinking_mode: ThinkingMode::Chat, reasoning_effort: None, drop_thinking: true, add_default_bos_token: true, context: None };
+        let text = encode_messages(&[json!({"role": "user", "content": content})], &opts).map_err(tok_err)?;
         tok.encode_with_special(&text).map_err(tok_err)
     };
     let base = encode(0)?.len();
     if target < base {
-        return Err(tok_err(format!(
-            "target {target} is shorter than the empty prompt ({base} tokens)"
-        )));
+        return Err(tok_err(format!("target {target} is shorter than the empty prompt ({base} tokens)")));
     }
     let mut n = target - base;
     for _ in 0..4 {
@@ -83,10 +71,7 @@ pub fn exact_prompt(tok: &Ds4Tokenizer, target: usize) -> Result<Vec<u32>, CudaE
         }
         n = (n as i64 + target as i64 - ids.len() as i64).max(0) as usize;
     }
-    Err(tok_err(format!(
-        "no filler length gives exactly {target} tokens (last try {} tokens)",
-        encode(n)?.len()
-    )))
+    Err(tok_err(format!("no filler length gives exactly {target} tokens (last try {} tokens)", encode(n)?.len())))
 }
 
 fn argmax(x: &[f32]) -> u32 {
@@ -108,13 +93,7 @@ struct RunResult {
 }
 
 /// Cold prefill of `ids` then `n` greedy tokens.
-fn one_run(
-    gpu: &Gpu,
-    m: &GpuModel,
-    ids: &[u32],
-    chunk: Option<usize>,
-    n: usize,
-) -> Result<RunResult, CudaError> {
+fn one_run(gpu: &Gpu, m: &GpuModel, ids: &[u32], chunk: Option<usize>, n: usize) -> Result<RunResult, CudaError> {
     let chunk = chunk.unwrap_or_else(crate::switches::prefill_chunk_tokens);
     let mut seq = GpuSequence::new(gpu, m, ids.len() + n + 1)?;
     gpu.sync()?;
@@ -132,13 +111,7 @@ fn one_run(
         let l = decode_step_gpu(gpu, m, &mut seq, next)?;
         next = argmax(&l);
     }
-    Ok(RunResult {
-        prefill,
-        ttft,
-        decode: t.elapsed().as_secs_f64(),
-        logits,
-        ids: out,
-    })
+    Ok(RunResult { prefill, ttft, decode: t.elapsed().as_secs_f64(), logits, ids: out })
 }
 
 /// Runs the matrix; returns the JSON report and whether every run qualified.
@@ -148,11 +121,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
     let t = Instant::now();
     let model = GpuModel::upload_with(gpu, &cfg, &RandomOfficialSource::new(&cfg, 7))?;
     gpu.sync()?;
-    println!(
-        "qualify: {} Flash layers uploaded in {:.1} s",
-        cfg.num_hidden_layers,
-        t.elapsed().as_secs_f64()
-    );
+    println!("qualify: {} Flash layers uploaded in {:.1} s", cfg.num_hidden_layers, t.elapsed().as_secs_f64());
     // Warm-up (first launches, allocator growth) under every configuration.
     let warm = exact_prompt(tok, 256)?;
     for c in configurations() {
@@ -164,10 +133,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
     for &target in &opts.contexts {
         let ids = exact_prompt(tok, target)?;
         if ids.len() != target {
-            return Err(tok_err(format!(
-                "prompt of {} tokens for target {target}: refused",
-                ids.len()
-            )));
+            return Err(tok_err(format!("prompt of {} tokens for target {target}: refused", ids.len())));
         }
         let mut baseline: Option<(Vec<f32>, Vec<u32>)> = None;
         let mut all_on: Option<(Vec<f32>, Vec<u32>)> = None;
@@ -176,21 +142,8 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 rows.push(json!({"context": target, "config": c.label, "skipped": format!("slow configuration: runs only up to {} tokens", opts.full_matrix_max)}));
                 continue;
             }
-            let RunResult {
-                prefill,
-                ttft,
-                decode,
-                logits,
-                ids: gen,
-            } = scoped(&c.overrides, || {
-                one_run(gpu, &model, &ids, opts.chunk, opts.decode_tokens)
-            })
-            .map_err(tok_err)??;
-            let sha = Sha256::digest(
-                gen.iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect::<Vec<u8>>(),
-            );
+            let RunResult { prefill, ttft, decode, logits, ids: gen } = scoped(&c.overrides, || one_run(gpu, &model, &ids, opts.chunk, opts.decode_tokens)).map_err(tok_err)??;
+            let sha = Sha256::digest(gen.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
             let sha: String = sha.iter().map(|b| format!("{b:02x}")).collect();
             let (nmse, same) = match &baseline {
                 Some((bl, bg)) => (Some(super::check::errors(&logits, bl).0), Some(*bg == gen)),
@@ -200,14 +153,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
             let promised = c.exact && !c.official;
             // Fusion, tile height, grid and chunk size promise the all-on run's bits.
             let bits_differ = match (&all_on, c.same_bits_as_all_on) {
-                (Some((al, _)), true) => Some(
-                    logits
-                        .iter()
-                        .zip(al)
-                        .filter(|(a, b)| a.to_bits() != b.to_bits())
-                        .count()
-                        + logits.len().abs_diff(al.len()),
-                ),
+                (Some((al, _)), true) => Some(logits.iter().zip(al).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + logits.len().abs_diff(al.len())),
                 _ => None,
             };
             let refused = (promised && same == Some(false)) || bits_differ.is_some_and(|n| n > 0);
@@ -241,19 +187,11 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
         }
         // Chunk size is a pure performance knob (issue 6 §1): all on with a 4× larger chunk must
         // give the same logits bits and the same ids.
-        let base = opts
-            .chunk
-            .unwrap_or_else(crate::switches::prefill_chunk_tokens);
+        let base = opts.chunk.unwrap_or_else(crate::switches::prefill_chunk_tokens);
         let big = (4 * base).min(target);
         if let Some((al, ag)) = all_on.filter(|_| big != base) {
             let r = one_run(gpu, &model, &ids, Some(big), opts.decode_tokens)?;
-            let differ = r
-                .logits
-                .iter()
-                .zip(&al)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count()
-                + r.logits.len().abs_diff(al.len());
+            let differ = r.logits.iter().zip(&al).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + r.logits.len().abs_diff(al.len());
             let same_ids = r.ids == ag;
             let refused = differ != 0 || !same_ids;
             ok &= !refused;
@@ -275,10 +213,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
             }));
         }
     }
-    let switches: Vec<Value> = crate::switches::SWITCHES
-        .iter()
-        .map(|s| json!({"name": s.name, "default": s.default_value()}))
-        .collect();
+    let switches: Vec<Value> = crate::switches::SWITCHES.iter().map(|s| json!({"name": s.name, "default": s.default_value()})).collect();
     Ok((
         json!({
             "gpu": gpu.ctx.name().unwrap_or_default(), "arch": gpu.arch,
@@ -295,40 +230,23 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
 
 /// An SVG bar chart of prefill tok/s (43-layer estimate) per context and configuration.
 pub fn chart_svg(report: &Value) -> String {
-    let runs: Vec<&Value> = report["runs"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|r| r.get("prefill_tok_s").is_some())
-                .collect()
-        })
-        .unwrap_or_default();
+    let runs: Vec<&Value> = report["runs"].as_array().map(|a| a.iter().filter(|r| r.get("prefill_tok_s").is_some()).collect()).unwrap_or_default();
     let contexts: Vec<u64> = {
         let mut c: Vec<u64> = runs.iter().filter_map(|r| r["context"].as_u64()).collect();
         c.dedup();
         c
     };
-    let max = runs
-        .iter()
-        .filter_map(|r| r["prefill_tok_s_43_layer_estimate"].as_f64())
-        .fold(1.0f64, f64::max);
+    let max = runs.iter().filter_map(|r| r["prefill_tok_s_43_layer_estimate"].as_f64()).fold(1.0f64, f64::max);
     let (bar_h, gap, left, width) = (14.0, 10.0, 300.0, 520.0);
     let mut y = 40.0;
     let mut body = String::new();
     for ctx in &contexts {
-        body.push_str(&format!(
-            "<text x=\"10\" y=\"{:.0}\" font-weight=\"bold\">{ctx} tokens</text>\n",
-            y + 10.0
-        ));
+        body.push_str(&format!("<text x=\"10\" y=\"{:.0}\" font-weight=\"bold\">{ctx} tokens</text>\n", y + 10.0));
         y += 18.0;
         for r in runs.iter().filter(|r| r["context"].as_u64() == Some(*ctx)) {
             let v = r["prefill_tok_s_43_layer_estimate"].as_f64().unwrap_or(0.0);
             let w = width * v / max;
-            let label = r["config"]
-                .as_str()
-                .unwrap_or("")
-                .replace('&', "&amp;")
-                .replace('<', "&lt;");
+            let label = r["config"].as_str().unwrap_or("").replace('&', "&amp;").replace('<', "&lt;");
             body.push_str(&format!(
                 "<text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"end\">{label}</text><rect x=\"{left}\" y=\"{:.0}\" width=\"{w:.1}\" height=\"{bar_h}\" fill=\"#4a7ab7\"/><text x=\"{:.0}\" y=\"{:.0}\">{v:.0}</text>\n",
                 left - 6.0,
@@ -365,10 +283,7 @@ mod tests {
             assert_eq!(ids[0], tok.token_to_id("<｜begin▁of▁sentence｜>").unwrap());
         }
         let text = tok.decode(&exact_prompt(tok, 100).unwrap(), false).unwrap();
-        assert!(
-            text.contains("<｜User｜>Summarise the following text in one sentence. the the"),
-            "{text}"
-        );
+        assert!(text.contains("<｜User｜>Summarise the following text in one sentence. the the"), "{text}");
         assert!(exact_prompt(tok, 3).is_err());
     }
 
@@ -379,12 +294,6 @@ mod tests {
             {"context": 8192, "config": "a<b", "prefill_tok_s": 1.0, "prefill_tok_s_43_layer_estimate": 50.0},
             {"context": 32768, "config": "skipped", "skipped": "slow"}]});
         let svg = chart_svg(&report);
-        assert!(
-            svg.starts_with("<svg")
-                && svg.contains("8192 tokens")
-                && svg.contains("a&lt;b")
-                && !svg.contains("32768 tokens"),
-            "{svg}"
-        );
+        assert!(svg.starts_with("<svg") && svg.contains("8192 tokens") && svg.contains("a&lt;b") && !svg.contains("32768 tokens"), "{svg}");
     }
 }

@@ -2,11 +2,9 @@
 //! state of [`GpuSequence`], the token list, chunked prefill and prefix reuse by truncation.
 
 use super::gpu::Gpu;
-use super::model::{
-    decode_step_gpu, decode_step_gpu_dev, forward_chunk_gpu, GpuModel, GpuSequence,
-};
-use crate::forward::LogitsFor;
+use super::model::{decode_step_gpu, decode_step_gpu_dev, forward_chunk_gpu, GpuModel, GpuSequence};
 use crate::sampler::{LogitsNeed, StepLogits};
+use crate::forward::LogitsFor;
 use crate::session::{Backend, Sequence, ServedSequence, SessionError};
 
 /// One sequence on one GPU, holding at most `capacity` tokens.
@@ -27,13 +25,7 @@ impl<'a> GpuSession<'a> {
     /// An empty sequence with room for `capacity` tokens (device state is allocated up front).
     pub fn new(gpu: &'a Gpu, model: &'a GpuModel, capacity: usize) -> Result<Self, SessionError> {
         let seq = GpuSequence::new(gpu, model, capacity).map_err(backend)?;
-        Ok(GpuSession {
-            gpu,
-            model,
-            seq,
-            tokens: Vec::new(),
-            prefill_chunk: crate::switches::prefill_chunk_tokens(),
-        })
+        Ok(GpuSession { gpu, model, seq, tokens: Vec::new(), prefill_chunk: crate::switches::prefill_chunk_tokens() })
     }
 
     /// Appends `ids` in prefill chunks; returns the last position's logits `[vocab]`.
@@ -45,14 +37,8 @@ impl<'a> GpuSession<'a> {
         let mut last = Vec::new();
         let chunks = super::model::prefill_chunks(ids, self.prefill_chunk);
         for (i, c) in chunks.iter().enumerate() {
-            let lf = if i + 1 == chunks.len() {
-                LogitsFor::Last
-            } else {
-                LogitsFor::None
-            };
-            last = forward_chunk_gpu(self.gpu, self.model, &mut self.seq, c, lf, false)
-                .map_err(backend)?
-                .logits;
+            let lf = if i + 1 == chunks.len() { LogitsFor::Last } else { LogitsFor::None };
+            last = forward_chunk_gpu(self.gpu, self.model, &mut self.seq, c, lf, false).map_err(backend)?.logits;
             self.tokens.extend_from_slice(c);
         }
         Ok(last)
@@ -72,10 +58,7 @@ impl<'a> GpuSession<'a> {
     /// Whether `ids` may be appended: within the capacity and the vocabulary.
     fn check_append(&self, ids: &[u32]) -> Result<(), SessionError> {
         if self.tokens.len() + ids.len() > self.seq.capacity {
-            return Err(SessionError::TooLong {
-                len: self.tokens.len() + ids.len(),
-                limit: self.seq.capacity,
-            });
+            return Err(SessionError::TooLong { len: self.tokens.len() + ids.len(), limit: self.seq.capacity });
         }
         crate::forward::check_ids(ids, self.model.config.vocab_size)?;
         Ok(())
@@ -114,10 +97,7 @@ impl GpuSession<'_> {
         self.check_append(&[id])?;
         let lg = decode_step_gpu_dev(self.gpu, self.model, &mut self.seq, id).map_err(backend)?;
         self.tokens.push(id);
-        let mut top = self
-            .gpu
-            .logits_top(&lg, 1, self.model.config.vocab_size, k)
-            .map_err(backend)?;
+        let mut top = self.gpu.logits_top(&lg, 1, self.model.config.vocab_size, k).map_err(backend)?;
         Ok(StepLogits::Top(top.remove(0)))
     }
 
@@ -125,10 +105,7 @@ impl GpuSession<'_> {
     ///
     /// Errors: device allocation or copy failures.
     pub fn snapshot(&self) -> Result<GpuSessionSnapshot, SessionError> {
-        Ok(GpuSessionSnapshot {
-            seq: self.seq.snapshot(self.gpu, self.model).map_err(backend)?,
-            tokens: self.tokens.clone(),
-        })
+        Ok(GpuSessionSnapshot { seq: self.seq.snapshot(self.gpu, self.model).map_err(backend)?, tokens: self.tokens.clone() })
     }
 
     /// Returns to `snap` (taken from a session of the same model), whatever ran since.
@@ -137,14 +114,9 @@ impl GpuSession<'_> {
     /// copy failures.
     pub fn restore(&mut self, snap: &GpuSessionSnapshot) -> Result<(), SessionError> {
         if snap.tokens.len() > self.seq.capacity {
-            return Err(SessionError::TooLong {
-                len: snap.tokens.len(),
-                limit: self.seq.capacity,
-            });
+            return Err(SessionError::TooLong { len: snap.tokens.len(), limit: self.seq.capacity });
         }
-        self.seq
-            .restore(self.gpu, self.model, &snap.seq)
-            .map_err(backend)?;
+        self.seq.restore(self.gpu, self.model, &snap.seq).map_err(backend)?;
         self.tokens.clone_from(&snap.tokens);
         Ok(())
     }
@@ -155,17 +127,10 @@ impl Sequence for GpuSession<'_> {
         &self.tokens
     }
     fn max_len(&self) -> usize {
-        self.seq
-            .capacity
-            .min(self.model.config.max_position_embeddings)
+        self.seq.capacity.min(self.model.config.max_position_embeddings)
     }
     fn set_prompt(&mut self, ids: &[u32]) -> Result<(Vec<f32>, usize), SessionError> {
-        let common = self
-            .tokens
-            .iter()
-            .zip(ids)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let common = self.tokens.iter().zip(ids).take_while(|(a, b)| a == b).count();
         let reuse = common.min(ids.len().saturating_sub(1));
         self.seq.truncate(self.model, reuse).map_err(backend)?;
         self.tokens.truncate(reuse);
@@ -231,8 +196,7 @@ impl Backend for GpuBackend {
         &self.model.config
     }
     fn max_sequence_len(&self) -> usize {
-        self.max_capacity
-            .clamp(1, self.model.config.max_position_embeddings)
+        self.max_capacity.clamp(1, self.model.config.max_position_embeddings)
     }
     fn capacity_for(&self, needed: usize) -> usize {
         crate::session::granular_capacity(needed, GPU_SEQUENCE_GRANULE, self.max_sequence_len())

@@ -12,22 +12,13 @@ use flashseek_model::config::Ds4Config;
 use std::collections::HashMap;
 
 fn bad(name: &str, e: impl std::fmt::Display) -> CudaError {
-    CudaError::Unsupported {
-        what: "weight upload",
-        detail: format!("{name}: {e}"),
-    }
+    CudaError::Unsupported { what: "weight upload", detail: format!("{name}: {e}") }
 }
 
 /// A source of device weights by canonical name (spec §2 names).
 pub trait GpuSource {
     /// Matrix `name` of logical shape `[rows, cols]`.
-    fn matrix(
-        &self,
-        gpu: &Gpu,
-        name: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<GpuWeight, CudaError>;
+    fn matrix(&self, gpu: &Gpu, name: &str, rows: usize, cols: usize) -> Result<GpuWeight, CudaError>;
     /// Host-side f32 values of tensor `name` with logical `shape` (norm weights, biases, sinks,
     /// `ape`, mHC parameters, the embedding).
     fn host(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, CudaError>;
@@ -39,30 +30,15 @@ pub trait GpuSource {
 pub struct F32Source<'a>(pub &'a dyn TensorSource);
 
 impl GpuSource for F32Source<'_> {
-    fn matrix(
-        &self,
-        gpu: &Gpu,
-        name: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<GpuWeight, CudaError> {
-        let v = self
-            .0
-            .load_f32(name, &[rows, cols])
-            .map_err(|e| bad(name, e))?;
-        Ok(GpuWeight {
-            rows,
-            cols,
-            data: GpuMatrix::F32(gpu.upload(&v)?),
-        })
+    fn matrix(&self, gpu: &Gpu, name: &str, rows: usize, cols: usize) -> Result<GpuWeight, CudaError> {
+        let v = self.0.load_f32(name, &[rows, cols]).map_err(|e| bad(name, e))?;
+        Ok(GpuWeight { rows, cols, data: GpuMatrix::F32(gpu.upload(&v)?) })
     }
     fn host(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, CudaError> {
         self.0.load_f32(name, shape).map_err(|e| bad(name, e))
     }
     fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<i64>, CudaError> {
-        self.0
-            .load_i64(name, &[rows, cols])
-            .map_err(|e| bad(name, e))
+        self.0.load_i64(name, &[rows, cols]).map_err(|e| bad(name, e))
     }
 }
 
@@ -71,23 +47,13 @@ impl GpuSource for F32Source<'_> {
 pub struct StoredSource<'a>(pub &'a Checkpoint);
 
 fn u16s(b: &[u8]) -> Vec<u16> {
-    b.chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        .collect()
+    b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
 }
 
 impl GpuSource for StoredSource<'_> {
-    fn matrix(
-        &self,
-        gpu: &Gpu,
-        name: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<GpuWeight, CudaError> {
+    fn matrix(&self, gpu: &Gpu, name: &str, rows: usize, cols: usize) -> Result<GpuWeight, CudaError> {
         let ck = self.0;
-        let info = ck
-            .info(name)
-            .ok_or_else(|| bad(name, "missing from the checkpoint"))?;
+        let info = ck.info(name).ok_or_else(|| bad(name, "missing from the checkpoint"))?;
         let base = name.strip_suffix(".weight").unwrap_or(name);
         let scale = ck.info(&format!("{base}.scale"));
         // The kernels index scales by the weight's shape: a scale tensor of another shape would be
@@ -103,33 +69,18 @@ impl GpuSource for StoredSource<'_> {
             }
         }
         let data = match (&info.dtype, scale.as_ref().map(|s| &s.dtype)) {
-            (StoredDtype::F8E4M3, Some(StoredDtype::F8E8M0)) if info.shape == [rows, cols] => {
-                GpuMatrix::Fp8 {
-                    w: gpu.upload(ck.raw_bytes(name).map_err(|e| bad(name, e))?)?,
-                    scales: gpu.upload(
-                        ck.raw_bytes(&format!("{base}.scale"))
-                            .map_err(|e| bad(name, e))?,
-                    )?,
-                }
-            }
-            (StoredDtype::I8 | StoredDtype::U8, Some(StoredDtype::F8E8M0))
-                if info.shape == [rows, cols / 2] && cols.is_multiple_of(32) =>
-            {
-                let scales = ck
-                    .raw_bytes(&format!("{base}.scale"))
-                    .map_err(|e| bad(name, e))?;
-                GpuMatrix::Fp4 {
-                    w: gpu.upload(ck.raw_bytes(name).map_err(|e| bad(name, e))?)?,
-                    scales: gpu.upload(scales)?,
-                    fold: super::ops_q8::fp4_fold_exact(scales, cols),
-                }
+            (StoredDtype::F8E4M3, Some(StoredDtype::F8E8M0)) if info.shape == [rows, cols] => GpuMatrix::Fp8 {
+                w: gpu.upload(ck.raw_bytes(name).map_err(|e| bad(name, e))?)?,
+                scales: gpu.upload(ck.raw_bytes(&format!("{base}.scale")).map_err(|e| bad(name, e))?)?,
+            },
+            (StoredDtype::I8 | StoredDtype::U8, Some(StoredDtype::F8E8M0)) if info.shape == [rows, cols / 2] && cols.is_multiple_of(32) => {
+                let scales = ck.raw_bytes(&format!("{base}.scale")).map_err(|e| bad(name, e))?;
+                GpuMatrix::Fp4 { w: gpu.upload(ck.raw_bytes(name).map_err(|e| bad(name, e))?)?, scales: gpu.upload(scales)?, fold: super::ops_q8::fp4_fold_exact(scales, cols) }
             }
             (StoredDtype::BF16, None) if info.shape == [rows, cols] && cols.is_multiple_of(8) => {
                 GpuMatrix::Bf16(gpu.upload(&u16s(ck.raw_bytes(name).map_err(|e| bad(name, e))?))?)
             }
-            _ => GpuMatrix::F32(
-                gpu.upload(&ck.load_f32(name, &[rows, cols]).map_err(|e| bad(name, e))?)?,
-            ),
+            _ => GpuMatrix::F32(gpu.upload(&ck.load_f32(name, &[rows, cols]).map_err(|e| bad(name, e))?)?),
         };
         Ok(GpuWeight { rows, cols, data })
     }
@@ -137,9 +88,7 @@ impl GpuSource for StoredSource<'_> {
         self.0.load_f32(name, shape).map_err(|e| bad(name, e))
     }
     fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<i64>, CudaError> {
-        self.0
-            .load_i64(name, &[rows, cols])
-            .map_err(|e| bad(name, e))
+        self.0.load_i64(name, &[rows, cols]).map_err(|e| bad(name, e))
     }
 }
 
@@ -156,10 +105,7 @@ impl RandomOfficialSource {
     /// Formats from the official layout of `cfg`.
     pub fn new(cfg: &Ds4Config, seed: u64) -> Self {
         RandomOfficialSource {
-            formats: canonical_tensors(cfg)
-                .into_iter()
-                .map(|t| (t.name, t.format))
-                .collect(),
+            formats: canonical_tensors(cfg).into_iter().map(|t| (t.name, t.format)).collect(),
             seed,
             n_experts: cfg.n_routed_experts,
         }
@@ -171,40 +117,26 @@ impl RandomOfficialSource {
         const CHUNK: usize = 1 << 20;
         let base = crate::testing::fnv1a64(&format!("{}:{name}", self.seed));
         let mut out = vec![0u8; n];
-        out.par_chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(c, chunk)| {
-                let mut s = (base ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1;
-                for v in chunk.iter_mut() {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    *v = map(s >> 24);
-                }
-            });
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
+            let mut s = (base ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1;
+            for v in chunk.iter_mut() {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                *v = map(s >> 24);
+            }
+        });
         out
     }
 }
 
 impl GpuSource for RandomOfficialSource {
-    fn matrix(
-        &self,
-        gpu: &Gpu,
-        name: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<GpuWeight, CudaError> {
-        let fmt = self
-            .formats
-            .get(name)
-            .copied()
-            .unwrap_or(OfficialFormat::Bf16);
+    fn matrix(&self, gpu: &Gpu, name: &str, rows: usize, cols: usize) -> Result<GpuWeight, CudaError> {
+        let fmt = self.formats.get(name).copied().unwrap_or(OfficialFormat::Bf16);
         // e4m3 bytes without NaN (0x7F/0xFF) and magnitudes up to 2^3; FP4 any nibble.
         let data = match fmt {
             OfficialFormat::Fp8 => GpuMatrix::Fp8 {
-                w: gpu.upload(&self.bytes(name, rows * cols, |r| {
-                    (r as u8 & 0x80) | ((r >> 8) as u8 % 0x58)
-                }))?,
+                w: gpu.upload(&self.bytes(name, rows * cols, |r| (r as u8 & 0x80) | ((r >> 8) as u8 % 0x58)))?,
                 scales: gpu.upload(&vec![119u8; rows.div_ceil(128) * cols.div_ceil(128)])?,
             },
             OfficialFormat::Fp4 => GpuMatrix::Fp4 {
@@ -215,13 +147,7 @@ impl GpuSource for RandomOfficialSource {
             OfficialFormat::F32 => GpuMatrix::F32(gpu.upload(&self.host(name, &[rows, cols])?)?),
             _ => {
                 let v = self.host(name, &[rows, cols])?;
-                GpuMatrix::Bf16(
-                    gpu.upload(
-                        &v.iter()
-                            .map(|x| flashseek_model::quant::f32_to_bf16(*x))
-                            .collect::<Vec<_>>(),
-                    )?,
-                )
+                GpuMatrix::Bf16(gpu.upload(&v.iter().map(|x| flashseek_model::quant::f32_to_bf16(*x)).collect::<Vec<_>>())?)
             }
         };
         Ok(GpuWeight { rows, cols, data })
@@ -230,16 +156,12 @@ impl GpuSource for RandomOfficialSource {
         let len: usize = shape.iter().product();
         let (off, scale) = crate::testing::value_rule(name, shape);
         let b = self.bytes(name, len, |r| r as u8);
-        Ok(b.iter()
-            .map(|v| (off + scale * (*v as f64 / 128.0 - 1.0)) as f32)
-            .collect())
+        Ok(b.iter().map(|v| (off + scale * (*v as f64 / 128.0 - 1.0)) as f32).collect())
     }
     fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<i64>, CudaError> {
         // Row r: experts (b_r + 37·j) mod E, distinct for E a power of two ≥ cols.
         let e = self.n_experts.max(1);
         let b = self.bytes(name, rows, |r| r as u8);
-        Ok((0..rows * cols)
-            .map(|i| ((b[i / cols] as usize + i % cols * 37) % e) as i64)
-            .collect())
+        Ok((0..rows * cols).map(|i| ((b[i / cols] as usize + i % cols * 37) % e) as i64).collect())
     }
 }

@@ -19,14 +19,7 @@ pub struct QueryProj {
 }
 
 /// Projects queries for tokens at positions `pos0..` (spec §4.5).
-pub fn project_queries(
-    cfg: &Ds4Config,
-    lw: &LayerWeights,
-    a: &[f32],
-    pos0: usize,
-    rope: &Rope,
-    num: &Numerics,
-) -> QueryProj {
+pub fn project_queries(cfg: &Ds4Config, lw: &LayerWeights, a: &[f32], pos0: usize, rope: &Rope, num: &Numerics) -> QueryProj {
     let c = cfg.head_dim;
     let h = cfg.num_attention_heads;
     let mut qr = linear(&num.act_in(a, lw.wq_a.cols), &lw.wq_a);
@@ -41,14 +34,7 @@ pub fn project_queries(
 
 /// The raw K=V rows of tokens at positions `pos0..` (spec §4.5): `RoPE(RMSNorm(W_kv a; kv_norm))`,
 /// then the official FP8 round trip of the nope dims if enabled. `[T, c]`.
-pub fn project_kv(
-    cfg: &Ds4Config,
-    lw: &LayerWeights,
-    a: &[f32],
-    pos0: usize,
-    rope: &Rope,
-    num: &Numerics,
-) -> Vec<f32> {
+pub fn project_kv(cfg: &Ds4Config, lw: &LayerWeights, a: &[f32], pos0: usize, rope: &Rope, num: &Numerics) -> Vec<f32> {
     let c = cfg.head_dim;
     let mut kv = linear(&num.act_in(a, lw.wkv.cols), &lw.wkv);
     rms_norm(&mut kv, &lw.kv_norm, cfg.rms_norm_eps);
@@ -62,14 +48,7 @@ pub fn project_kv(
 /// Attention of one query token over its candidate keys (spec §4.6), all heads, followed by the
 /// inverse RoPE at the query position. `q` is `[H, c]`; `keys` the candidate K=V rows (each `[c]`),
 /// window rows first then compressed rows. Returns `[H, c]`.
-pub fn attend(
-    q: &[f32],
-    keys: &[&[f32]],
-    sinks: &[f32],
-    c: usize,
-    rope: &Rope,
-    pos: usize,
-) -> Vec<f32> {
+pub fn attend(q: &[f32], keys: &[&[f32]], sinks: &[f32], c: usize, rope: &Rope, pos: usize) -> Vec<f32> {
     let h = sinks.len();
     let scale = (c as f64).powf(-0.5);
     let mut out = vec![0f32; h * c];
@@ -101,12 +80,7 @@ pub fn attend(
 
 /// Grouped low-rank output projection (spec §4.7) of `o` (`[T, H·c]`): group g's heads go through
 /// rows `g·r..(g+1)·r` of `wo_a` (block-diagonal), then `wo_b` mixes the `g·r` features. `[T, d]`.
-pub fn output_projection(
-    cfg: &Ds4Config,
-    lw: &LayerWeights,
-    o: &[f32],
-    num: &Numerics,
-) -> Vec<f32> {
+pub fn output_projection(cfg: &Ds4Config, lw: &LayerWeights, o: &[f32], num: &Numerics) -> Vec<f32> {
     let groups = cfg.o_groups;
     let r = cfg.o_lora_rank;
     let gin = lw.wo_a.cols;
@@ -115,20 +89,13 @@ pub fn output_projection(
     let per_group: Vec<Vec<f32>> = (0..groups)
         .into_par_iter()
         .map(|g| {
-            let xg: Vec<f32> = (0..t)
-                .flat_map(|ti| {
-                    o[(ti * groups + g) * gin..(ti * groups + g + 1) * gin]
-                        .iter()
-                        .copied()
-                })
-                .collect();
+            let xg: Vec<f32> = (0..t).flat_map(|ti| o[(ti * groups + g) * gin..(ti * groups + g + 1) * gin].iter().copied()).collect();
             linear_rows(&xg, gin, &lw.wo_a.data[g * r * gin..(g + 1) * r * gin], r)
         })
         .collect();
     for (g, zg) in per_group.iter().enumerate() {
         for ti in 0..t {
-            z[(ti * groups + g) * r..(ti * groups + g + 1) * r]
-                .copy_from_slice(&zg[ti * r..(ti + 1) * r]);
+            z[(ti * groups + g) * r..(ti * groups + g + 1) * r].copy_from_slice(&zg[ti * r..(ti + 1) * r]);
         }
     }
     linear(&num.act_in(&z, lw.wo_b.cols), &lw.wo_b)

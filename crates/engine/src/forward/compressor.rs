@@ -37,20 +37,11 @@ pub fn project(w: &CompressorWeights, a: &[f32], pos0: usize) -> Projected {
 /// Pools one compressed entry from its slots, per channel: `Σ_i softmax_i(logit_i)·kv_i` over
 /// the given `(kv, logit)` rows (each `width` long), then RMSNorm and RoPE at `pos` (the first
 /// token of the window: `entry_index · ratio`). Returns the `[width]` entry.
-pub fn pool(
-    slots: &[(&[f32], &[f32])],
-    norm: &[f32],
-    eps: f64,
-    rope: &Rope,
-    pos: usize,
-) -> Vec<f32> {
+pub fn pool(slots: &[(&[f32], &[f32])], norm: &[f32], eps: f64, rope: &Rope, pos: usize) -> Vec<f32> {
     let width = norm.len();
     let mut out = vec![0f32; width];
     for (ch, o) in out.iter_mut().enumerate() {
-        let mx = slots
-            .iter()
-            .map(|(_, g)| g[ch] as f64)
-            .fold(f64::NEG_INFINITY, f64::max);
+        let mx = slots.iter().map(|(_, g)| g[ch] as f64).fold(f64::NEG_INFINITY, f64::max);
         let mut num = 0f64;
         let mut den = 0f64;
         for (kv, g) in slots {

@@ -19,9 +19,7 @@ pub fn collapse(w: &ModelWeights, x: &[f32]) -> Vec<f32> {
             sigmoid(m * alpha + w.hc_head_base[j] as f64) + c.hc_eps
         })
         .collect();
-    let mut h: Vec<f32> = (0..d)
-        .map(|i| (0..n).map(|j| pi[j] * x[j * d + i] as f64).sum::<f64>() as f32)
-        .collect();
+    let mut h: Vec<f32> = (0..d).map(|i| (0..n).map(|j| pi[j] * x[j * d + i] as f64).sum::<f64>() as f32).collect();
     rms_norm(&mut h, &w.norm, c.rms_norm_eps);
     h
 }

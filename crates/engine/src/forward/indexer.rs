@@ -21,14 +21,7 @@ pub struct IndexQueries {
 
 /// Builds the queries of tokens at positions `pos0..` from `qr` (`[T, q_lora_rank]`, the normed
 /// query residual) and `a` (`[T, d]`, the attention input).
-pub fn queries(
-    w: &IndexerWeights,
-    qr: &[f32],
-    a: &[f32],
-    pos0: usize,
-    rope: &Rope,
-    num: &Numerics,
-) -> IndexQueries {
+pub fn queries(w: &IndexerWeights, qr: &[f32], a: &[f32], pos0: usize, rope: &Rope, num: &Numerics) -> IndexQueries {
     let heads = w.weights_proj.rows;
     let head_dim = w.wq_b.rows / heads;
     let qr_in = num.act_in(qr, w.wq_b.cols);
@@ -40,16 +33,8 @@ pub fn queries(
         }
     }
     let scale = (heads as f64).powf(-0.5);
-    let weights = linear(a, &w.weights_proj)
-        .iter()
-        .map(|v| (*v as f64 * scale) as f32)
-        .collect();
-    IndexQueries {
-        heads,
-        head_dim,
-        q,
-        weights,
-    }
+    let weights = linear(a, &w.weights_proj).iter().map(|v| (*v as f64 * scale) as f32).collect();
+    IndexQueries { heads, head_dim, q, weights }
 }
 
 /// Official numerics on index keys (spec §10.3), in place on `[N, head_dim]`.
@@ -78,26 +63,14 @@ pub fn score(iq: &IndexQueries, t: usize, key: &[f32]) -> f64 {
 /// with `keys` (`[N, head_dim]`, N entries so far): all visible ones (`w < (pos+1)/ratio`) when
 /// there are at most `topk`, else the `topk` best by [`score`] (ties: the lower index wins).
 /// Returned in ascending entry order.
-pub fn select(
-    iq: &IndexQueries,
-    t: usize,
-    pos: usize,
-    ratio: usize,
-    keys: &[f32],
-    topk: usize,
-) -> Vec<usize> {
+pub fn select(iq: &IndexQueries, t: usize, pos: usize, ratio: usize, keys: &[f32], topk: usize) -> Vec<usize> {
     let n = keys.len() / iq.head_dim;
     let visible = ((pos + 1) / ratio).min(n);
     if visible <= topk {
         return (0..visible).collect();
     }
     let mut scored: Vec<(f64, usize)> = (0..visible)
-        .map(|w| {
-            (
-                score(iq, t, &keys[w * iq.head_dim..(w + 1) * iq.head_dim]),
-                w,
-            )
-        })
+        .map(|w| (score(iq, t, &keys[w * iq.head_dim..(w + 1) * iq.head_dim]), w))
         .collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut chosen: Vec<usize> = scored[..topk].iter().map(|s| s.1).collect();

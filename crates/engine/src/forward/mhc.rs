@@ -17,33 +17,20 @@ pub struct HcMix {
 /// `u = Σ_j pre_j X[j]` ([d], f32) and the post/comb coefficients.
 ///
 /// `eps` is `rms_norm_eps` (the flattened input's RMS factor); `hc_eps` the Sinkhorn/pre eps.
-pub fn hc_pre(
-    w: &HcWeights,
-    x: &[f32],
-    n: usize,
-    iters: usize,
-    eps: f64,
-    hc_eps: f64,
-) -> (Vec<f32>, HcMix) {
+pub fn hc_pre(w: &HcWeights, x: &[f32], n: usize, iters: usize, eps: f64, hc_eps: f64) -> (Vec<f32>, HcMix) {
     let d = x.len() / n;
     // HF normalises the flattened streams first (result in f32), then projects.
     let r = rms_factor(x, eps);
     let normed: Vec<f32> = x.iter().map(|v| (*v as f64 * r) as f32).collect();
-    let m: Vec<f64> = (0..w.fn_.rows)
-        .map(|i| dot(&normed, w.fn_.row(i)))
-        .collect();
+    let m: Vec<f64> = (0..w.fn_.rows).map(|i| dot(&normed, w.fn_.row(i))).collect();
     let m: Vec<f64> = m.iter().map(|v| *v as f32 as f64).collect();
     let (a0, a1, a2) = (w.scale[0] as f64, w.scale[1] as f64, w.scale[2] as f64);
     let b = |i: usize| w.base[i] as f64;
     let pre: Vec<f64> = (0..n).map(|j| sigmoid(m[j] * a0 + b(j)) + hc_eps).collect();
-    let post: Vec<f64> = (0..n)
-        .map(|j| 2.0 * sigmoid(m[n + j] * a1 + b(n + j)))
-        .collect();
+    let post: Vec<f64> = (0..n).map(|j| 2.0 * sigmoid(m[n + j] * a1 + b(n + j))).collect();
     let mut comb = vec![0f64; n * n];
     for j in 0..n {
-        let row: Vec<f64> = (0..n)
-            .map(|k| m[2 * n + j * n + k] * a2 + b(2 * n + j * n + k))
-            .collect();
+        let row: Vec<f64> = (0..n).map(|k| m[2 * n + j * n + k] * a2 + b(2 * n + j * n + k)).collect();
         let mx = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = row.iter().map(|v| (v - mx).exp()).collect();
         let s: f64 = e.iter().sum();
@@ -100,29 +87,14 @@ mod tests {
     fn sinkhorn_is_doubly_stochastic() {
         let n = 4;
         let d = 8;
-        let fn_ = Matrix {
-            rows: 24,
-            cols: n * d,
-            data: (0..24 * n * d)
-                .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
-                .collect(),
-        };
-        let w = HcWeights {
-            fn_,
-            base: (0..24).map(|i| (i as f32 / 12.0) - 1.0).collect(),
-            scale: vec![1.0, 0.7, 1.3],
-        };
-        let x: Vec<f32> = (0..n * d)
-            .map(|i| ((i * 13 % 29) as f32 / 7.0) - 2.0)
-            .collect();
+        let fn_ = Matrix { rows: 24, cols: n * d, data: (0..24 * n * d).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect() };
+        let w = HcWeights { fn_, base: (0..24).map(|i| (i as f32 / 12.0) - 1.0).collect(), scale: vec![1.0, 0.7, 1.3] };
+        let x: Vec<f32> = (0..n * d).map(|i| ((i * 13 % 29) as f32 / 7.0) - 2.0).collect();
         let (_, mix) = hc_pre(&w, &x, n, 20, 1e-6, 1e-6);
         for j in 0..n {
             let row: f64 = mix.comb[j * n..(j + 1) * n].iter().sum();
             let col: f64 = (0..n).map(|i| mix.comb[i * n + j]).sum();
-            assert!(
-                (row - 1.0).abs() < 1e-3 && (col - 1.0).abs() < 1e-5,
-                "row {row} col {col}"
-            );
+            assert!((row - 1.0).abs() < 1e-3 && (col - 1.0).abs() < 1e-5, "row {row} col {col}");
         }
         assert!(mix.post.iter().all(|p| *p > 0.0 && *p < 2.0));
     }
@@ -130,15 +102,9 @@ mod tests {
     #[test]
     fn post_uses_transposed_comb() {
         // n=2, d=1: X'[k] = post_k y + Σ_j C[j][k] X[j].
-        let mix = HcMix {
-            post: vec![1.0, 0.5],
-            comb: vec![0.9, 0.1, 0.2, 0.8],
-        };
+        let mix = HcMix { post: vec![1.0, 0.5], comb: vec![0.9, 0.1, 0.2, 0.8] };
         let mut x = vec![10.0f32, 20.0];
         hc_post(&mix, &mut x, &[2.0], 2);
-        assert_eq!(
-            x,
-            vec![2.0 + 0.9 * 10.0 + 0.2 * 20.0, 1.0 + 0.1 * 10.0 + 0.8 * 20.0]
-        );
+        assert_eq!(x, vec![2.0 + 0.9 * 10.0 + 0.2 * 20.0, 1.0 + 0.1 * 10.0 + 0.8 * 20.0]);
     }
 }

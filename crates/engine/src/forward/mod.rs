@@ -37,11 +37,7 @@ pub struct Numerics {
 impl Numerics {
     /// All official simulations on (OFF-M behaviour).
     pub fn official() -> Self {
-        Numerics {
-            act_quant_fp8: true,
-            kv_fp8: true,
-            indexer_fp4: true,
-        }
+        Numerics { act_quant_fp8: true, kv_fp8: true, indexer_fp4: true }
     }
 
     /// The input of a quantised GEMM: `x` (`[T, width]`) unchanged, or its FP8 round trip per
@@ -144,10 +140,7 @@ impl Ropes {
     /// Builds both tables from the config.
     pub fn new(w: &ModelWeights) -> Self {
         let c = &w.config;
-        Ropes {
-            main: Rope::new(&c.rope_main, c.qk_rope_head_dim),
-            compress: Rope::new(&c.rope_compress, c.qk_rope_head_dim),
-        }
+        Ropes { main: Rope::new(&c.rope_main, c.qk_rope_head_dim), compress: Rope::new(&c.rope_compress, c.qk_rope_head_dim) }
     }
     /// The table a layer of kind `kind` uses.
     pub fn for_kind(&self, kind: LayerKind) -> &Rope {
@@ -164,11 +157,7 @@ pub fn check_ids(ids: &[u32], vocab: usize) -> Result<(), ForwardError> {
     if ids.is_empty() {
         return Err(ForwardError::Empty);
     }
-    if let Some((pos, &id)) = ids
-        .iter()
-        .enumerate()
-        .find(|(_, id)| **id as usize >= vocab)
-    {
+    if let Some((pos, &id)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= vocab) {
         return Err(ForwardError::TokenOutOfRange { id, pos, vocab });
     }
     Ok(())
@@ -178,11 +167,7 @@ pub fn check_ids(ids: &[u32], vocab: usize) -> Result<(), ForwardError> {
 /// logits for every position. Equal to [`forward_chunk`] on a fresh state.
 ///
 /// Errors: see [`forward_chunk`].
-pub fn forward(
-    w: &ModelWeights,
-    ids: &[u32],
-    opts: &ForwardOptions,
-) -> Result<ForwardOutput, ForwardError> {
+pub fn forward(w: &ModelWeights, ids: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput, ForwardError> {
     let mut state = SequenceState::new(&w.config, Some(0));
     forward_chunk(w, &mut state, ids, LogitsFor::All, opts)
 }
@@ -220,28 +205,12 @@ pub fn forward_chunk(
     let mut layer_streams = Vec::new();
     for (lw, ls) in w.layers.iter().zip(state.layers.iter_mut()) {
         // Attention sub-block.
-        let (mut a, mixes) = pre_all(
-            &lw.hc_attn,
-            &x,
-            c.hc_mult,
-            c.hc_sinkhorn_iters,
-            c.rms_norm_eps,
-            c.hc_eps,
-            d,
-        );
+        let (mut a, mixes) = pre_all(&lw.hc_attn, &x, c.hc_mult, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, d);
         crate::cpu::ops::rms_norm(&mut a, &lw.attn_norm, c.rms_norm_eps);
         let y = attention_chunk(w, lw, ls, &a, pos0, &ropes, num);
         post_all(&mixes, &mut x, &y, n, d);
         // MoE sub-block.
-        let (mut f, mixes) = pre_all(
-            &lw.hc_ffn,
-            &x,
-            c.hc_mult,
-            c.hc_sinkhorn_iters,
-            c.rms_norm_eps,
-            c.hc_eps,
-            d,
-        );
+        let (mut f, mixes) = pre_all(&lw.hc_ffn, &x, c.hc_mult, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, d);
         crate::cpu::ops::rms_norm(&mut f, &lw.ffn_norm, c.rms_norm_eps);
         let routes = moe::route(c, lw, &f, ids);
         let y = moe::moe(c, lw, &f, &routes, num);
@@ -257,20 +226,9 @@ pub fn forward_chunk(
         LogitsFor::Last => &x[(t - 1) * n * d..],
         LogitsFor::None => &[],
     };
-    let h: Vec<f32> = rows
-        .par_chunks(n * d)
-        .flat_map_iter(|xt| head::collapse(w, xt))
-        .collect();
-    let logits = if h.is_empty() {
-        Vec::new()
-    } else {
-        head::logits(w, &h)
-    };
-    Ok(ForwardOutput {
-        logits,
-        layer_streams,
-        final_streams: x,
-    })
+    let h: Vec<f32> = rows.par_chunks(n * d).flat_map_iter(|xt| head::collapse(w, xt)).collect();
+    let logits = if h.is_empty() { Vec::new() } else { head::logits(w, &h) };
+    Ok(ForwardOutput { logits, layer_streams, final_streams: x })
 }
 
 /// mHC pre over all tokens (parallel; per-token results are independent).
@@ -283,10 +241,7 @@ pub fn pre_all(
     hc_eps: f64,
     d: usize,
 ) -> (Vec<f32>, Vec<mhc::HcMix>) {
-    let per: Vec<(Vec<f32>, mhc::HcMix)> = x
-        .par_chunks(n * d)
-        .map(|xt| mhc::hc_pre(hw, xt, n, iters, eps, hc_eps))
-        .collect();
+    let per: Vec<(Vec<f32>, mhc::HcMix)> = x.par_chunks(n * d).map(|xt| mhc::hc_pre(hw, xt, n, iters, eps, hc_eps)).collect();
     let mut u = Vec::with_capacity(per.len() * d);
     let mut mixes = Vec::with_capacity(per.len());
     for (ut, m) in per {
@@ -349,24 +304,13 @@ fn attention_chunk(
     let t = a.len() / d;
     let rope = ropes.for_kind(lw.kind);
     let qp = attention::project_queries(c, lw, a, pos0, rope, num);
-    ls.kv
-        .extend(&attention::project_kv(c, lw, a, pos0, rope, num));
+    ls.kv.extend(&attention::project_kv(c, lw, a, pos0, rope, num));
     if let (Some(cw), Some(cs)) = (&lw.compressor, &mut ls.compressor) {
-        compress_chunk(cw, cs, a, pos0, c.rms_norm_eps, &ropes.compress, |e| {
-            num.kv_roundtrip(e, c.nope_head_dim())
-        });
+        compress_chunk(cw, cs, a, pos0, c.rms_norm_eps, &ropes.compress, |e| num.kv_roundtrip(e, c.nope_head_dim()));
     }
     let iq = match (&lw.indexer, &mut ls.indexer) {
         (Some(iw), Some(is)) => {
-            compress_chunk(
-                &iw.compressor,
-                is,
-                a,
-                pos0,
-                c.rms_norm_eps,
-                &ropes.compress,
-                |k| num.indexer_roundtrip(k),
-            );
+            compress_chunk(&iw.compressor, is, a, pos0, c.rms_norm_eps, &ropes.compress, |k| num.indexer_roundtrip(k));
             Some(indexer::queries(iw, &qp.qr, a, pos0, &ropes.compress, num))
         }
         _ => None,
@@ -378,20 +322,12 @@ fn attention_chunk(
         .into_par_iter()
         .flat_map_iter(|ti| {
             let pos = pos0 + ti;
-            let mut keys: Vec<&[f32]> = attention::window_range(pos, c.sliding_window)
-                .map(|j| ls.kv.get(j))
-                .collect();
+            let mut keys: Vec<&[f32]> = attention::window_range(pos, c.sliding_window).map(|j| ls.kv.get(j)).collect();
             let visible: Vec<usize> = match (lw.kind, &iq, &ls.indexer) {
                 (LayerKind::Sliding, _, _) => Vec::new(),
-                (LayerKind::Hca { ratio }, _, _) => {
-                    (0..((pos + 1) / ratio).min(n_entries)).collect()
-                }
-                (LayerKind::Csa { ratio }, Some(iq), Some(is)) => {
-                    indexer::select(iq, ti, pos, ratio, &is.entries, c.index_topk)
-                }
-                (LayerKind::Csa { .. }, _, _) => {
-                    unreachable!("CSA layers always carry an indexer (checked at load)")
-                }
+                (LayerKind::Hca { ratio }, _, _) => (0..((pos + 1) / ratio).min(n_entries)).collect(),
+                (LayerKind::Csa { ratio }, Some(iq), Some(is)) => indexer::select(iq, ti, pos, ratio, &is.entries, c.index_topk),
+                (LayerKind::Csa { .. }, _, _) => unreachable!("CSA layers always carry an indexer (checked at load)"),
             };
             keys.extend(visible.iter().map(|e| &entries[e * hd..(e + 1) * hd]));
             let qt = &qp.q[ti * c.num_attention_heads * hd..(ti + 1) * c.num_attention_heads * hd];
@@ -423,22 +359,11 @@ mod tests {
         )
         .unwrap();
         let cfg = Ds4Config::from_json(&v).unwrap();
-        ModelWeights::load(
-            &cfg,
-            &FormulaSource {
-                seed: 5,
-                n_experts: 4,
-            },
-        )
-        .unwrap()
+        ModelWeights::load(&cfg, &FormulaSource { seed: 5, n_experts: 4 }).unwrap()
     }
 
     fn nmse(a: &[f32], b: &[f32]) -> f64 {
-        let num: f64 = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-            .sum();
+        let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
         let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
         num / den
     }
@@ -452,10 +377,7 @@ mod tests {
         x[1] = 0.3;
         x[128] = 448.0;
         x[129] = 3.0;
-        let on = Numerics {
-            act_quant_fp8: true,
-            ..Default::default()
-        };
+        let on = Numerics { act_quant_fp8: true, ..Default::default() };
         let y = on.act_in(&x, 256);
         assert_eq!((y[0], y[1]), (1.0, 0.3125));
         // Second block: amax 448 → s = 1 → 3.0 exact.
@@ -466,10 +388,7 @@ mod tests {
 
     #[test]
     fn kv_roundtrip_touches_only_nope_dims() {
-        let on = Numerics {
-            kv_fp8: true,
-            ..Default::default()
-        };
+        let on = Numerics { kv_fp8: true, ..Default::default() };
         let mut row: Vec<f32> = (0..128).map(|i| 0.1 + i as f32 * 0.013).collect();
         let orig = row.clone();
         on.kv_roundtrip(&mut row, 64);
@@ -481,16 +400,9 @@ mod tests {
 
     #[test]
     fn indexer_roundtrip_keeps_dot_products_close() {
-        let on = Numerics {
-            indexer_fp4: true,
-            ..Default::default()
-        };
-        let q: Vec<f32> = (0..128)
-            .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
-            .collect();
-        let k: Vec<f32> = (0..128)
-            .map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0)
-            .collect();
+        let on = Numerics { indexer_fp4: true, ..Default::default() };
+        let q: Vec<f32> = (0..128).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+        let k: Vec<f32> = (0..128).map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0).collect();
         let (mut q2, mut k2) = (q.clone(), k.clone());
         on.indexer_roundtrip(&mut q2);
         on.indexer_roundtrip(&mut k2);
@@ -498,10 +410,7 @@ mod tests {
         let sim = crate::cpu::ops::dot(&q2, &k2);
         // Hadamard is orthonormal, so the only change is FP4 noise (relative to |q||k|).
         let scale = crate::cpu::ops::dot(&q, &q).sqrt() * crate::cpu::ops::dot(&k, &k).sqrt();
-        assert!(
-            ((sim - exact) / scale).abs() < 0.05,
-            "exact {exact} sim {sim}"
-        );
+        assert!(((sim - exact) / scale).abs() < 0.05, "exact {exact} sim {sim}");
         assert_ne!(q2, q);
     }
 
@@ -522,77 +431,31 @@ mod tests {
             *v *= 1.0 + if i % 2 == 0 { 1e-5 } else { -1e-5 };
         }
         let gap = |num: Numerics| -> Vec<f64> {
-            let opts = ForwardOptions {
-                numerics: num,
-                record_streams: true,
-            };
+            let opts = ForwardOptions { numerics: num, record_streams: true };
             let a = forward(&w, &ids, &opts).unwrap().layer_streams;
             let b = forward(&wp, &ids, &opts).unwrap().layer_streams;
             a.iter().zip(&b).map(|(x, y)| nmse(y, x)).collect()
         };
         let hf = gap(Numerics::default());
-        let official = gap(Numerics {
-            act_quant_fp8: true,
-            ..Default::default()
-        });
-        let fmt = |v: &[f64]| {
-            v.iter()
-                .map(|x| format!("{x:.2e}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        println!(
-            "1e-5 embedding change, per-layer stream NMSE: HF [{}], official act_quant_fp8 [{}]",
-            fmt(&hf),
-            fmt(&official)
-        );
-        assert!(
-            hf.iter().all(|v| *v < 1e-8),
-            "HF numerics stay near the input change: {hf:?}"
-        );
-        assert!(
-            official
-                .iter()
-                .any(|v| *v > 1e3 * hf.iter().cloned().fold(1e-30, f64::max)),
-            "official numerics amplify: {official:?} vs {hf:?}"
-        );
+        let official = gap(Numerics { act_quant_fp8: true, ..Default::default() });
+        let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.2e}")).collect::<Vec<_>>().join(", ");
+        println!("1e-5 embedding change, per-layer stream NMSE: HF [{}], official act_quant_fp8 [{}]", fmt(&hf), fmt(&official));
+        assert!(hf.iter().all(|v| *v < 1e-8), "HF numerics stay near the input change: {hf:?}");
+        assert!(official.iter().any(|v| *v > 1e3 * hf.iter().cloned().fold(1e-30, f64::max)), "official numerics amplify: {official:?} vs {hf:?}");
     }
 
     #[test]
     fn each_switch_alone_changes_logits_by_quantisation_noise_only() {
         let w = tiny();
         let ids = formula_ids(3, 40, w.config.vocab_size);
-        let exact = forward(&w, &ids, &ForwardOptions::default())
-            .unwrap()
-            .logits;
+        let exact = forward(&w, &ids, &ForwardOptions::default()).unwrap().logits;
         for (name, num) in [
-            (
-                "act_quant_fp8",
-                Numerics {
-                    act_quant_fp8: true,
-                    ..Default::default()
-                },
-            ),
-            (
-                "kv_fp8",
-                Numerics {
-                    kv_fp8: true,
-                    ..Default::default()
-                },
-            ),
-            (
-                "indexer_fp4",
-                Numerics {
-                    indexer_fp4: true,
-                    ..Default::default()
-                },
-            ),
+            ("act_quant_fp8", Numerics { act_quant_fp8: true, ..Default::default() }),
+            ("kv_fp8", Numerics { kv_fp8: true, ..Default::default() }),
+            ("indexer_fp4", Numerics { indexer_fp4: true, ..Default::default() }),
             ("official", Numerics::official()),
         ] {
-            let opts = ForwardOptions {
-                numerics: num,
-                record_streams: false,
-            };
+            let opts = ForwardOptions { numerics: num, record_streams: false };
             let a = forward(&w, &ids, &opts).unwrap().logits;
             let b = forward(&w, &ids, &opts).unwrap().logits;
             assert_eq!(a, b, "{name}: deterministic");

@@ -34,17 +34,11 @@ pub fn route(cfg: &Ds4Config, lw: &LayerWeights, f: &[f32], ids: &[u32]) -> Vec<
                 })
                 .collect();
             let experts: Vec<usize> = match &lw.router {
-                RouterWeights::Hash { tid2eid } => tid2eid[id as usize * k..(id as usize + 1) * k]
-                    .iter()
-                    .map(|x| *x as usize)
-                    .collect(),
+                RouterWeights::Hash { tid2eid } => {
+                    tid2eid[id as usize * k..(id as usize + 1) * k].iter().map(|x| *x as usize).collect()
+                }
                 RouterWeights::Score { bias } => {
-                    let mut order: Vec<(f32, usize)> = scores
-                        .iter()
-                        .zip(bias)
-                        .enumerate()
-                        .map(|(i, (s, b))| (s + b, i))
-                        .collect();
+                    let mut order: Vec<(f32, usize)> = scores.iter().zip(bias).enumerate().map(|(i, (s, b))| (s + b, i)).collect();
                     order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
                     order[..k].iter().map(|o| o.1).collect()
                 }
@@ -76,13 +70,7 @@ fn expert_hidden(w: &ExpertWeights, f: &[f32], limit: f64, num: &Numerics) -> Ve
 /// outputs are then summed in its route's slot order, then the shared expert added — a fixed order.
 /// Exact mode applies γ after `W2` (HF); with official activation quantisation γ scales the hidden
 /// before `W2` (OFF-M), since the FP8 quantisation of `γ·h` is what the official kernel sees.
-pub fn moe(
-    cfg: &Ds4Config,
-    lw: &LayerWeights,
-    f: &[f32],
-    routes: &[Route],
-    num: &Numerics,
-) -> Vec<f32> {
+pub fn moe(cfg: &Ds4Config, lw: &LayerWeights, f: &[f32], routes: &[Route], num: &Numerics) -> Vec<f32> {
     let d = cfg.hidden_size;
     let t = routes.len();
     let limit = cfg.swiglu_limit;
@@ -93,21 +81,12 @@ pub fn moe(
         let members: Vec<(usize, usize)> = routes
             .iter()
             .enumerate()
-            .flat_map(|(ti, r)| {
-                r.experts
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, e)| **e == ex)
-                    .map(move |(s, _)| (ti, s))
-            })
+            .flat_map(|(ti, r)| r.experts.iter().enumerate().filter(|(_, e)| **e == ex).map(move |(s, _)| (ti, s)))
             .collect();
         if members.is_empty() {
             continue;
         }
-        let xs: Vec<f32> = members
-            .iter()
-            .flat_map(|(ti, _)| f[ti * d..(ti + 1) * d].iter().copied())
-            .collect();
+        let xs: Vec<f32> = members.iter().flat_map(|(ti, _)| f[ti * d..(ti + 1) * d].iter().copied()).collect();
         let mut h = expert_hidden(w, &xs, limit, num);
         let inter = w.w2.cols;
         let y = if num.act_quant_fp8 {

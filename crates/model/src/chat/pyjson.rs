@@ -276,13 +276,7 @@ fn write_value(v: &PyValue, style: Style, out: &mut String, depth: usize) -> Res
         return Err(too_deep());
     }
     let json = style == Style::Json;
-    let push_str = |s: &str, out: &mut String| {
-        if json {
-            push_json_str(s, out)
-        } else {
-            push_str_repr(s, out)
-        }
-    };
+    let push_str = |s: &str, out: &mut String| if json { push_json_str(s, out) } else { push_str_repr(s, out) };
     match v {
         PyValue::None => out.push_str(if json { "null" } else { "None" }),
         PyValue::Bool(true) => out.push_str(if json { "true" } else { "True" }),
@@ -367,6 +361,7 @@ pub(crate) fn push_str_repr(s: &str, out: &mut String) {
     }
     out.push(quote);
 }
+
 
 /// Python `str(v)`: a `str` is itself, everything else its `repr`.
 pub(crate) fn py_str(v: &PyValue) -> Result<String, ChatError> {

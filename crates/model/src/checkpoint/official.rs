@@ -36,9 +36,7 @@ pub struct OfficialWriteOptions {
 impl Default for OfficialWriteOptions {
     /// 5 GB shards, about the size of the official release's shards.
     fn default() -> Self {
-        OfficialWriteOptions {
-            max_shard_bytes: 5_000_000_000,
-        }
+        OfficialWriteOptions { max_shard_bytes: 5_000_000_000 }
     }
 }
 
@@ -91,26 +89,10 @@ pub fn canonical_tensors(cfg: &Ds4Config) -> Vec<CanonicalTensor> {
     let inter = c.moe_intermediate_size;
     let e = c.n_routed_experts;
     let mut out = Vec::new();
-    fn push(
-        out: &mut Vec<CanonicalTensor>,
-        name: String,
-        shape: Vec<usize>,
-        format: OfficialFormat,
-    ) {
-        out.push(CanonicalTensor {
-            name,
-            shape,
-            format,
-        });
+    fn push(out: &mut Vec<CanonicalTensor>, name: String, shape: Vec<usize>, format: OfficialFormat) {
+        out.push(CanonicalTensor { name, shape, format });
     }
-    fn compressor(
-        out: &mut Vec<CanonicalTensor>,
-        prefix: &str,
-        width: usize,
-        ratio: usize,
-        overlap: bool,
-        d: usize,
-    ) {
+    fn compressor(out: &mut Vec<CanonicalTensor>, prefix: &str, width: usize, ratio: usize, overlap: bool, d: usize) {
         let o = if overlap { 2 * width } else { width };
         push(out, format!("{prefix}.wkv.weight"), vec![o, d], Bf16);
         push(out, format!("{prefix}.wgate.weight"), vec![o, d], Bf16);
@@ -123,88 +105,22 @@ pub fn canonical_tensors(cfg: &Ds4Config) -> Vec<CanonicalTensor> {
         let p = format!("layers.{l}");
         let kind = c.layer_kinds.get(l).copied().unwrap_or(LayerKind::Sliding);
         push(o, format!("{p}.attn_norm.weight"), vec![d], Bf16);
-        push(
-            o,
-            format!("{p}.attn.wq_a.weight"),
-            vec![c.q_lora_rank, d],
-            Fp8,
-        );
-        push(
-            o,
-            format!("{p}.attn.q_norm.weight"),
-            vec![c.q_lora_rank],
-            Bf16,
-        );
-        push(
-            o,
-            format!("{p}.attn.wq_b.weight"),
-            vec![hcd, c.q_lora_rank],
-            Fp8,
-        );
+        push(o, format!("{p}.attn.wq_a.weight"), vec![c.q_lora_rank, d], Fp8);
+        push(o, format!("{p}.attn.q_norm.weight"), vec![c.q_lora_rank], Bf16);
+        push(o, format!("{p}.attn.wq_b.weight"), vec![hcd, c.q_lora_rank], Fp8);
         push(o, format!("{p}.attn.wkv.weight"), vec![c.head_dim, d], Fp8);
-        push(
-            o,
-            format!("{p}.attn.kv_norm.weight"),
-            vec![c.head_dim],
-            Bf16,
-        );
-        push(
-            o,
-            format!("{p}.attn.wo_a.weight"),
-            vec![c.o_groups * c.o_lora_rank, hcd / c.o_groups.max(1)],
-            Fp8,
-        );
-        push(
-            o,
-            format!("{p}.attn.wo_b.weight"),
-            vec![d, c.o_groups * c.o_lora_rank],
-            Fp8,
-        );
-        push(
-            o,
-            format!("{p}.attn.attn_sink"),
-            vec![c.num_attention_heads],
-            F32,
-        );
+        push(o, format!("{p}.attn.kv_norm.weight"), vec![c.head_dim], Bf16);
+        push(o, format!("{p}.attn.wo_a.weight"), vec![c.o_groups * c.o_lora_rank, hcd / c.o_groups.max(1)], Fp8);
+        push(o, format!("{p}.attn.wo_b.weight"), vec![d, c.o_groups * c.o_lora_rank], Fp8);
+        push(o, format!("{p}.attn.attn_sink"), vec![c.num_attention_heads], F32);
         match kind {
             LayerKind::Sliding => {}
-            LayerKind::Hca { ratio } => compressor(
-                o,
-                &format!("{p}.attn.compressor"),
-                c.head_dim,
-                ratio,
-                false,
-                d,
-            ),
+            LayerKind::Hca { ratio } => compressor(o, &format!("{p}.attn.compressor"), c.head_dim, ratio, false, d),
             LayerKind::Csa { ratio } => {
-                compressor(
-                    o,
-                    &format!("{p}.attn.compressor"),
-                    c.head_dim,
-                    ratio,
-                    true,
-                    d,
-                );
-                push(
-                    o,
-                    format!("{p}.attn.indexer.wq_b.weight"),
-                    vec![c.index_n_heads * c.index_head_dim, c.q_lora_rank],
-                    Fp8,
-                );
-                push(
-                    o,
-                    format!("{p}.attn.indexer.weights_proj.weight"),
-                    vec![c.index_n_heads, d],
-                    Bf16,
-                );
-                compressor(
-                    o,
-                    &format!("{p}.attn.indexer.compressor"),
-                    c.index_head_dim,
-                    ratio,
-                    true,
-                    d,
-                );
+                compressor(o, &format!("{p}.attn.compressor"), c.head_dim, ratio, true, d);
+                push(o, format!("{p}.attn.indexer.wq_b.weight"), vec![c.index_n_heads * c.index_head_dim, c.q_lora_rank], Fp8);
+                push(o, format!("{p}.attn.indexer.weights_proj.weight"), vec![c.index_n_heads, d], Bf16);
+                compressor(o, &format!("{p}.attn.indexer.compressor"), c.index_head_dim, ratio, true, d);
             }
         }
         for sub in ["attn", "ffn"] {
@@ -215,16 +131,11 @@ pub fn canonical_tensors(cfg: &Ds4Config) -> Vec<CanonicalTensor> {
         push(o, format!("{p}.ffn_norm.weight"), vec![d], Bf16);
         push(o, format!("{p}.ffn.gate.weight"), vec![e, d], Bf16);
         match c.router_kinds.get(l).copied().unwrap_or(RouterKind::Score) {
-            RouterKind::Hash => push(
-                o,
-                format!("{p}.ffn.gate.tid2eid"),
-                vec![c.vocab_size, c.num_experts_per_tok],
-                I32,
-            ),
+            RouterKind::Hash => push(o, format!("{p}.ffn.gate.tid2eid"), vec![c.vocab_size, c.num_experts_per_tok], I32),
             RouterKind::Score => push(o, format!("{p}.ffn.gate.bias"), vec![e], F32),
         }
-        for (prefix, fmt) in std::iter::once((format!("{p}.ffn.shared_experts"), Fp8))
-            .chain((0..e).map(|x| (format!("{p}.ffn.experts.{x}"), Fp4)))
+        for (prefix, fmt) in
+            std::iter::once((format!("{p}.ffn.shared_experts"), Fp8)).chain((0..e).map(|x| (format!("{p}.ffn.experts.{x}"), Fp4)))
         {
             push(o, format!("{prefix}.w1.weight"), vec![inter, d], fmt);
             push(o, format!("{prefix}.w2.weight"), vec![d, inter], fmt);
@@ -267,18 +178,11 @@ impl Unit {
 }
 
 fn werr(path: &Path, tensor: &str, detail: impl Into<String>) -> CheckpointError {
-    CheckpointError::Write {
-        path: path.to_path_buf(),
-        tensor: tensor.to_string(),
-        detail: detail.into(),
-    }
+    CheckpointError::Write { path: path.to_path_buf(), tensor: tensor.to_string(), detail: detail.into() }
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| CheckpointError::Io { path: path.to_path_buf(), source }
 }
 
 /// Plans the stored form of one canonical tensor; checks the FP4 / FP8 shape rules.
@@ -287,11 +191,7 @@ fn plan_unit(dir: &Path, t: CanonicalTensor) -> Result<Unit, CheckpointError> {
     let two_d = |what: &str| -> Result<(usize, usize), CheckpointError> {
         match t.shape.as_slice() {
             &[r, c] => Ok((r, c)),
-            s => Err(werr(
-                dir,
-                &t.name,
-                format!("{what} weights must be 2-D [out, in], found shape {s:?}"),
-            )),
+            s => Err(werr(dir, &t.name, format!("{what} weights must be 2-D [out, in], found shape {s:?}"))),
         }
     };
     let plain = |dtype: StoredDtype, width: usize| Stored {
@@ -309,12 +209,7 @@ fn plan_unit(dir: &Path, t: CanonicalTensor) -> Result<Unit, CheckpointError> {
             let s = vec![r.div_ceil(FP8_BLOCK), c.div_ceil(FP8_BLOCK)];
             vec![
                 plain(StoredDtype::F8E4M3, 1),
-                Stored {
-                    name: scale_name(&t.name),
-                    dtype: StoredDtype::F8E8M0,
-                    len: s[0] * s[1],
-                    shape: s,
-                },
+                Stored { name: scale_name(&t.name), dtype: StoredDtype::F8E8M0, len: s[0] * s[1], shape: s },
             ]
         }
         OfficialFormat::Fp4 => {
@@ -331,12 +226,7 @@ fn plan_unit(dir: &Path, t: CanonicalTensor) -> Result<Unit, CheckpointError> {
                 ));
             }
             vec![
-                Stored {
-                    name: t.name.clone(),
-                    dtype: StoredDtype::I8,
-                    shape: vec![r, c / 2],
-                    len: r * c / 2,
-                },
+                Stored { name: t.name.clone(), dtype: StoredDtype::I8, shape: vec![r, c / 2], len: r * c / 2 },
                 Stored {
                     name: scale_name(&t.name),
                     dtype: StoredDtype::F8E8M0,
@@ -358,63 +248,33 @@ fn encode_unit(
 ) -> Result<Vec<Vec<u8>>, CheckpointError> {
     let t = &unit.tensor;
     let numel = t.numel();
-    let qerr = |source| CheckpointError::Quant {
-        file: file.to_path_buf(),
-        tensor: t.name.clone(),
-        source,
-    };
+    let qerr = |source| CheckpointError::Quant { file: file.to_path_buf(), tensor: t.name.clone(), source };
     if t.format == OfficialFormat::I32 {
         let ids = tables(&t.name, &t.shape);
         if ids.len() != numel {
-            return Err(werr(
-                file,
-                &t.name,
-                format!(
-                    "tables() gave {} ids, expected {numel} for shape {:?}",
-                    ids.len(),
-                    t.shape
-                ),
-            ));
+            return Err(werr(file, &t.name, format!("tables() gave {} ids, expected {numel} for shape {:?}", ids.len(), t.shape)));
         }
         let mut out = Vec::with_capacity(numel * 4);
         for (i, &v) in ids.iter().enumerate() {
-            let v = i32::try_from(v).map_err(|_| {
-                werr(
-                    file,
-                    &t.name,
-                    format!("entry {i} = {v} does not fit the official I32 table"),
-                )
-            })?;
+            let v = i32::try_from(v)
+                .map_err(|_| werr(file, &t.name, format!("entry {i} = {v} does not fit the official I32 table")))?;
             out.extend_from_slice(&v.to_le_bytes());
         }
         return Ok(vec![out]);
     }
     let v = values(&t.name, &t.shape);
     if v.len() != numel {
-        return Err(werr(
-            file,
-            &t.name,
-            format!(
-                "values() gave {} values, expected {numel} for shape {:?}",
-                v.len(),
-                t.shape
-            ),
-        ));
+        return Err(werr(file, &t.name, format!("values() gave {} values, expected {numel} for shape {:?}", v.len(), t.shape)));
     }
     Ok(match t.format {
-        OfficialFormat::Bf16 => vec![v
-            .iter()
-            .flat_map(|x| quant::f32_to_bf16(*x).to_le_bytes())
-            .collect()],
+        OfficialFormat::Bf16 => vec![v.iter().flat_map(|x| quant::f32_to_bf16(*x).to_le_bytes()).collect()],
         OfficialFormat::F32 => vec![v.iter().flat_map(|x| x.to_le_bytes()).collect()],
         OfficialFormat::Fp8 => {
-            let (q, s) =
-                quant::quantize_fp8_blocked(&v, t.shape[0], t.shape[1], FP8_BLOCK).map_err(qerr)?;
+            let (q, s) = quant::quantize_fp8_blocked(&v, t.shape[0], t.shape[1], FP8_BLOCK).map_err(qerr)?;
             vec![q, s]
         }
         OfficialFormat::Fp4 => {
-            let (q, s) =
-                quant::quantize_fp4_grouped(&v, t.shape[0], t.shape[1], FP4_GROUP).map_err(qerr)?;
+            let (q, s) = quant::quantize_fp4_grouped(&v, t.shape[0], t.shape[1], FP4_GROUP).map_err(qerr)?;
             vec![q, s]
         }
         OfficialFormat::I32 => unreachable!("handled above"),
@@ -449,24 +309,13 @@ fn write_shard(
     }
     let file = std::fs::File::create(path).map_err(io(path))?;
     let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
-    w.write_all(&(text.len() as u64).to_le_bytes())
-        .map_err(io(path))?;
+    w.write_all(&(text.len() as u64).to_le_bytes()).map_err(io(path))?;
     w.write_all(text.as_bytes()).map_err(io(path))?;
     for u in units {
         let bufs = encode_unit(path, u, values, tables)?;
         for (s, b) in u.stored.iter().zip(&bufs) {
             if b.len() != s.len {
-                return Err(werr(
-                    path,
-                    &s.name,
-                    format!(
-                        "encoded {} bytes, expected {} for {} {:?}",
-                        b.len(),
-                        s.len,
-                        s.dtype,
-                        s.shape
-                    ),
-                ));
+                return Err(werr(path, &s.name, format!("encoded {} bytes, expected {} for {} {:?}", b.len(), s.len, s.dtype, s.shape)));
             }
             w.write_all(b).map_err(io(path))?;
         }
@@ -498,15 +347,8 @@ pub fn official_config_json(cfg: &Ds4Config, config_path: &Path) -> Result<Value
             ),
         ));
     }
-    let n_hash = cfg
-        .router_kinds
-        .iter()
-        .take_while(|k| **k == RouterKind::Hash)
-        .count();
-    if let Some(i) = cfg.router_kinds[n_hash..]
-        .iter()
-        .position(|k| *k == RouterKind::Hash)
-    {
+    let n_hash = cfg.router_kinds.iter().take_while(|k| **k == RouterKind::Hash).count();
+    if let Some(i) = cfg.router_kinds[n_hash..].iter().position(|k| *k == RouterKind::Hash) {
         return Err(bad(
             "num_hash_layers",
             format!(
@@ -525,9 +367,7 @@ pub fn official_config_json(cfg: &Ds4Config, config_path: &Path) -> Result<Value
                 .into(),
         ));
     }
-    let uniform = |label: &str,
-                   pick: fn(&LayerKind) -> Option<usize>|
-     -> Result<Option<usize>, CheckpointError> {
+    let uniform = |label: &str, pick: fn(&LayerKind) -> Option<usize>| -> Result<Option<usize>, CheckpointError> {
         let mut rates: Vec<usize> = cfg.layer_kinds.iter().filter_map(pick).collect();
         rates.sort_unstable();
         rates.dedup();
@@ -579,14 +419,7 @@ pub fn official_config_json(cfg: &Ds4Config, config_path: &Path) -> Result<Value
     put("o_groups", json!(cfg.o_groups));
     put("o_lora_rank", json!(cfg.o_lora_rank));
     put("sliding_window", json!(cfg.sliding_window));
-    put(
-        "compress_ratios",
-        json!(cfg
-            .layer_kinds
-            .iter()
-            .map(|k| k.ratio())
-            .collect::<Vec<_>>()),
-    );
+    put("compress_ratios", json!(cfg.layer_kinds.iter().map(|k| k.ratio()).collect::<Vec<_>>()));
     if (csa_eff, hca_eff) != (4, 128) {
         put(
             "compress_rates",
@@ -635,10 +468,7 @@ pub fn official_config_json(cfg: &Ds4Config, config_path: &Path) -> Result<Value
     put("hc_eps", json!(cfg.hc_eps));
     put("rms_norm_eps", json!(cfg.rms_norm_eps));
     put("num_nextn_predict_layers", json!(0));
-    put(
-        "max_position_embeddings",
-        json!(cfg.max_position_embeddings),
-    );
+    put("max_position_embeddings", json!(cfg.max_position_embeddings));
     put("bos_token_id", json!(cfg.bos_token_id));
     match cfg.eos_token_ids.as_slice() {
         [] => {}
@@ -663,12 +493,8 @@ pub fn official_config_json(cfg: &Ds4Config, config_path: &Path) -> Result<Value
     let value = Value::Object(m);
 
     // The written config must describe the same model.
-    let back = Ds4Config::from_json(&value).map_err(|e| {
-        bad(
-            "config.json",
-            format!("the official config does not parse back: {e}"),
-        )
-    })?;
+    let back = Ds4Config::from_json(&value)
+        .map_err(|e| bad("config.json", format!("the official config does not parse back: {e}")))?;
     let mut same = back.clone();
     same.num_nextn_predict_layers = cfg.num_nextn_predict_layers;
     same.quant = cfg.quant.clone();
@@ -728,13 +554,8 @@ pub fn write_official(
     shards.push(start..units.len());
 
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let config_text = serde_json::to_string_pretty(&config).map_err(|e| {
-        werr(
-            &config_path,
-            "config.json",
-            format!("serialisation failed: {e}"),
-        )
-    })?;
+    let config_text = serde_json::to_string_pretty(&config)
+        .map_err(|e| werr(&config_path, "config.json", format!("serialisation failed: {e}")))?;
     std::fs::write(&config_path, &config_text).map_err(io(&config_path))?;
     let mut written = config_text.len() as u64;
 
@@ -756,8 +577,7 @@ pub fn write_official(
             weight_map.insert(s.name.clone(), Value::String(file.clone()));
         }
     }
-    let index =
-        json!({ "metadata": { "total_size": total }, "weight_map": Value::Object(weight_map) });
+    let index = json!({ "metadata": { "total_size": total }, "weight_map": Value::Object(weight_map) });
     let index_text = serde_json::to_string_pretty(&index)
         .map_err(|e| werr(&index_path, "", format!("index serialisation failed: {e}")))?;
     std::fs::write(&index_path, &index_text).map_err(io(&index_path))?;
@@ -794,15 +614,8 @@ mod tests {
 
     fn vals(name: &str, shape: &[usize]) -> Vec<f32> {
         let n: usize = shape.iter().product();
-        let h = name
-            .bytes()
-            .fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
-        (0..n)
-            .map(|i| {
-                ((h.wrapping_add((i as u32).wrapping_mul(2654435761)) >> 8) % 2001) as f32 / 1000.0
-                    - 1.0
-            })
-            .collect()
+        let h = name.bytes().fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
+        (0..n).map(|i| ((h.wrapping_add((i as u32).wrapping_mul(2654435761)) >> 8) % 2001) as f32 / 1000.0 - 1.0).collect()
     }
 
     fn tabs(_: &str, shape: &[usize]) -> Vec<i64> {
@@ -810,9 +623,7 @@ mod tests {
     }
 
     fn big() -> OfficialWriteOptions {
-        OfficialWriteOptions {
-            max_shard_bytes: u64::MAX,
-        }
+        OfficialWriteOptions { max_shard_bytes: u64::MAX }
     }
 
     #[test]
@@ -825,12 +636,8 @@ mod tests {
         let ck = Checkpoint::open(dir.path()).unwrap();
         assert_eq!(ck.scheme(), NamingScheme::Official);
         assert_eq!(ck.files().len(), 1);
-        let file_len = std::fs::metadata(dir.path().join("model.safetensors"))
-            .unwrap()
-            .len();
-        let cfg_len = std::fs::metadata(dir.path().join("config.json"))
-            .unwrap()
-            .len();
+        let file_len = std::fs::metadata(dir.path().join("model.safetensors")).unwrap().len();
+        let cfg_len = std::fs::metadata(dir.path().join("config.json")).unwrap().len();
         assert_eq!(bytes, file_len + cfg_len);
 
         let tensors = canonical_tensors(&cfg);
@@ -846,22 +653,10 @@ mod tests {
 
         let fmt = |n: &str| ck.format_of(n).unwrap();
         assert_eq!(fmt("layers.0.attn.wq_a.weight"), "fp8-e4m3 (ue8m0 128x128)");
-        assert_eq!(
-            fmt("layers.1.attn.indexer.wq_b.weight"),
-            "fp8-e4m3 (ue8m0 128x128)"
-        );
-        assert_eq!(
-            fmt("layers.2.ffn.shared_experts.w2.weight"),
-            "fp8-e4m3 (ue8m0 128x128)"
-        );
-        assert_eq!(
-            fmt("layers.2.ffn.experts.3.w2.weight"),
-            "fp4-e2m1 (ue8m0 /32)"
-        );
-        assert_eq!(
-            fmt("layers.0.ffn.experts.0.w1.weight"),
-            "fp4-e2m1 (ue8m0 /32)"
-        );
+        assert_eq!(fmt("layers.1.attn.indexer.wq_b.weight"), "fp8-e4m3 (ue8m0 128x128)");
+        assert_eq!(fmt("layers.2.ffn.shared_experts.w2.weight"), "fp8-e4m3 (ue8m0 128x128)");
+        assert_eq!(fmt("layers.2.ffn.experts.3.w2.weight"), "fp4-e2m1 (ue8m0 /32)");
+        assert_eq!(fmt("layers.0.ffn.experts.0.w1.weight"), "fp4-e2m1 (ue8m0 /32)");
         assert_eq!(fmt("embed.weight"), "bf16");
         assert_eq!(fmt("head.weight"), "bf16");
         assert_eq!(fmt("layers.1.attn.compressor.wkv.weight"), "bf16");
@@ -881,26 +676,17 @@ mod tests {
         assert_eq!(info("layers.0.attn.wq_b.weight").shape, vec![64, 48]);
         assert_eq!(info("layers.0.attn.wq_b.scale").shape, vec![1, 1]);
         assert_eq!(info("layers.0.ffn.experts.1.w1.weight").shape, vec![32, 32]);
-        assert_eq!(
-            info("layers.0.ffn.experts.1.w1.weight").dtype,
-            StoredDtype::I8
-        );
+        assert_eq!(info("layers.0.ffn.experts.1.w1.weight").dtype, StoredDtype::I8);
         assert_eq!(info("layers.0.ffn.experts.1.w1.scale").shape, vec![32, 2]);
         assert_eq!(info("layers.0.ffn.experts.1.w2.scale").shape, vec![64, 1]);
-        assert_eq!(
-            info("layers.0.ffn.experts.1.w2.scale").dtype,
-            StoredDtype::F8E8M0
-        );
+        assert_eq!(info("layers.0.ffn.experts.1.w2.scale").dtype, StoredDtype::F8E8M0);
         assert_eq!(info("layers.2.attn.compressor.ape").shape, vec![8, 32]);
         assert_eq!(info("layers.1.attn.compressor.ape").shape, vec![4, 64]);
 
         // Values round-trip within the formats' precision; exact for F32 and tables.
         for t in &tensors {
             if t.format == OfficialFormat::I32 {
-                assert_eq!(
-                    ck.load_i64(&t.name, &t.shape).unwrap(),
-                    tabs(&t.name, &t.shape)
-                );
+                assert_eq!(ck.load_i64(&t.name, &t.shape).unwrap(), tabs(&t.name, &t.shape));
                 continue;
             }
             let got = ck.load_f32(&t.name, &t.shape).unwrap();
@@ -913,10 +699,7 @@ mod tests {
                 OfficialFormat::Fp4 => amax * 0.5,
                 OfficialFormat::I32 => unreachable!(),
             };
-            let err = got
-                .iter()
-                .zip(&want)
-                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            let err = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
             assert!(err <= tol, "{}: max err {err} > {tol}", t.name);
             if t.format != OfficialFormat::F32 {
                 assert_ne!(got, want, "{}: expected a lossy format", t.name);
@@ -937,14 +720,10 @@ mod tests {
         write_official(one.path(), &cfg, &vals, &tabs, &big()).unwrap();
         let total = Checkpoint::open(one.path()).unwrap().total_bytes();
 
-        let opts = OfficialWriteOptions {
-            max_shard_bytes: 16 * 1024,
-        };
+        let opts = OfficialWriteOptions { max_shard_bytes: 16 * 1024 };
         let bytes = write_official(dir.path(), &cfg, &vals, &tabs, &opts).unwrap();
-        let index: Value = serde_json::from_str(
-            &std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap(),
-        )
-        .unwrap();
+        let index: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap()).unwrap();
         assert_eq!(index["metadata"]["total_size"].as_u64(), Some(total));
         let ck = Checkpoint::open(dir.path()).unwrap();
         assert_eq!(ck.scheme(), NamingScheme::Official);
@@ -961,16 +740,9 @@ mod tests {
             assert!(data < 16 * 1024 + 64 * 1024, "{f:?}: {data} bytes");
         }
         assert_eq!(ck.total_bytes(), total);
-        let sum: u64 = files
-            .iter()
-            .map(|f| std::fs::metadata(f).unwrap().len())
-            .sum::<u64>()
-            + std::fs::metadata(dir.path().join("model.safetensors.index.json"))
-                .unwrap()
-                .len()
-            + std::fs::metadata(dir.path().join("config.json"))
-                .unwrap()
-                .len();
+        let sum: u64 = files.iter().map(|f| std::fs::metadata(f).unwrap().len()).sum::<u64>()
+            + std::fs::metadata(dir.path().join("model.safetensors.index.json")).unwrap().len()
+            + std::fs::metadata(dir.path().join("config.json")).unwrap().len();
         assert_eq!(bytes, sum);
         // Same decoded values as the single-file copy; weights and scales stay together.
         let single = Checkpoint::open(one.path()).unwrap();
@@ -979,17 +751,9 @@ mod tests {
             if t.format == OfficialFormat::I32 {
                 continue;
             }
-            assert_eq!(
-                ck.load_f32(&t.name, &t.shape).unwrap(),
-                single.load_f32(&t.name, &t.shape).unwrap(),
-                "{}",
-                t.name
-            );
+            assert_eq!(ck.load_f32(&t.name, &t.shape).unwrap(), single.load_f32(&t.name, &t.shape).unwrap(), "{}", t.name);
             if matches!(t.format, OfficialFormat::Fp8 | OfficialFormat::Fp4) {
-                assert_eq!(
-                    ck.info(&t.name).unwrap().file,
-                    ck.info(&scale_name(&t.name)).unwrap().file
-                );
+                assert_eq!(ck.info(&t.name).unwrap().file, ck.info(&scale_name(&t.name)).unwrap().file);
             }
         }
         // A single-file rewrite into the sharded directory removes the stale index.
@@ -1003,9 +767,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cfg = tiny();
         write_official(dir.path(), &cfg, &vals, &tabs, &big()).unwrap();
-        let raw: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
-                .unwrap();
+        let raw: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();
         // Legacy / official schema fields.
         assert_eq!(raw["compress_ratios"], json!([0, 4, 8]));
         assert_eq!(raw["num_hash_layers"], json!(1));
@@ -1014,14 +776,8 @@ mod tests {
         assert_eq!(raw["rope_scaling"]["type"], json!("yarn"));
         assert_eq!(raw["quantization_config"]["fmt"], json!("e4m3"));
         assert_eq!(raw["quantization_config"]["scale_fmt"], json!("ue8m0"));
-        assert_eq!(
-            raw["quantization_config"]["weight_block_size"],
-            json!([128, 128])
-        );
-        assert_eq!(
-            raw["quantization_config"]["activation_scheme"],
-            json!("dynamic")
-        );
+        assert_eq!(raw["quantization_config"]["weight_block_size"], json!([128, 128]));
+        assert_eq!(raw["quantization_config"]["activation_scheme"], json!("dynamic"));
         assert_eq!(raw["expert_dtype"], json!("fp4"));
         assert!(raw.get("layer_types").is_none() && raw.get("mlp_layer_types").is_none());
 
@@ -1031,54 +787,20 @@ mod tests {
         assert_eq!(back.rope_main, cfg.rope_main);
         assert_eq!(back.rope_compress, cfg.rope_compress);
         assert_eq!(
-            (
-                back.vocab_size,
-                back.hidden_size,
-                back.num_hidden_layers,
-                back.num_attention_heads,
-                back.head_dim
-            ),
-            (
-                cfg.vocab_size,
-                cfg.hidden_size,
-                cfg.num_hidden_layers,
-                cfg.num_attention_heads,
-                cfg.head_dim
-            )
+            (back.vocab_size, back.hidden_size, back.num_hidden_layers, back.num_attention_heads, back.head_dim),
+            (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim)
         );
         assert_eq!(
-            (
-                back.qk_rope_head_dim,
-                back.q_lora_rank,
-                back.o_groups,
-                back.o_lora_rank,
-                back.sliding_window
-            ),
-            (
-                cfg.qk_rope_head_dim,
-                cfg.q_lora_rank,
-                cfg.o_groups,
-                cfg.o_lora_rank,
-                cfg.sliding_window
-            )
+            (back.qk_rope_head_dim, back.q_lora_rank, back.o_groups, back.o_lora_rank, back.sliding_window),
+            (cfg.qk_rope_head_dim, cfg.q_lora_rank, cfg.o_groups, cfg.o_lora_rank, cfg.sliding_window)
         );
         assert_eq!(
             (back.index_n_heads, back.index_head_dim, back.index_topk),
             (cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk)
         );
         assert_eq!(
-            (
-                back.n_routed_experts,
-                back.num_experts_per_tok,
-                back.moe_intermediate_size,
-                back.hc_mult
-            ),
-            (
-                cfg.n_routed_experts,
-                cfg.num_experts_per_tok,
-                cfg.moe_intermediate_size,
-                cfg.hc_mult
-            )
+            (back.n_routed_experts, back.num_experts_per_tok, back.moe_intermediate_size, back.hc_mult),
+            (cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.hc_mult)
         );
         assert_eq!(back.quant.method.as_deref(), Some("fp8"));
         assert_eq!(back.quant.expert_dtype.as_deref(), Some("fp4"));
@@ -1091,26 +813,15 @@ mod tests {
 
         // Flash rates (4 / 128) need no compress_rates.
         let mut flash = cfg.clone();
-        flash.layer_kinds = vec![
-            LayerKind::Sliding,
-            LayerKind::Csa { ratio: 4 },
-            LayerKind::Hca { ratio: 128 },
-        ];
+        flash.layer_kinds = vec![LayerKind::Sliding, LayerKind::Csa { ratio: 4 }, LayerKind::Hca { ratio: 128 }];
         let v = official_config_json(&flash, Path::new("config.json")).unwrap();
         assert!(v.get("compress_rates").is_none());
         assert_eq!(v["compress_ratios"], json!([0, 4, 128]));
         // Only HCA layers, at rate 4: the absent CSA rate is moved out of the way.
         let mut hca4 = cfg.clone();
-        hca4.layer_kinds = vec![
-            LayerKind::Sliding,
-            LayerKind::Hca { ratio: 4 },
-            LayerKind::Hca { ratio: 4 },
-        ];
+        hca4.layer_kinds = vec![LayerKind::Sliding, LayerKind::Hca { ratio: 4 }, LayerKind::Hca { ratio: 4 }];
         let v = official_config_json(&hca4, Path::new("config.json")).unwrap();
-        assert_eq!(
-            Ds4Config::from_json(&v).unwrap().layer_kinds,
-            hca4.layer_kinds
-        );
+        assert_eq!(Ds4Config::from_json(&v).unwrap().layer_kinds, hca4.layer_kinds);
     }
 
     #[test]
@@ -1122,42 +833,23 @@ mod tests {
         let mut cfg = tiny();
         cfg.router_kinds = vec![RouterKind::Score, RouterKind::Hash, RouterKind::Score];
         let e = msg(write_official(dir.path(), &cfg, &vals, &tabs, &big()).unwrap_err());
-        assert!(
-            e.contains("num_hash_layers") && e.contains("prefix") && e.contains("layer 1"),
-            "{e}"
-        );
-        assert!(
-            !dir.path().join("config.json").exists(),
-            "nothing is written on a config error"
-        );
+        assert!(e.contains("num_hash_layers") && e.contains("prefix") && e.contains("layer 1"), "{e}");
+        assert!(!dir.path().join("config.json").exists(), "nothing is written on a config error");
 
         // FP4 needs in % 32 == 0 (hidden 48 → w1/w3 in = 48).
         let mut cfg = tiny();
         cfg.hidden_size = 48;
         let e = msg(write_official(dir.path(), &cfg, &vals, &tabs, &big()).unwrap_err());
-        assert!(
-            e.contains("layers.0.ffn.experts.0.w1.weight")
-                && e.contains("divisible by 32")
-                && e.contains("[32, 48]"),
-            "{e}"
-        );
+        assert!(e.contains("layers.0.ffn.experts.0.w1.weight") && e.contains("divisible by 32") && e.contains("[32, 48]"), "{e}");
 
         // FP8 partial blocks are fine (wq_b is [64, 48], one partial block).
         // Mixed CSA ratios and equal CSA/HCA ratios cannot be expressed.
         let mut cfg = tiny();
-        cfg.layer_kinds = vec![
-            LayerKind::Csa { ratio: 4 },
-            LayerKind::Csa { ratio: 2 },
-            LayerKind::Hca { ratio: 8 },
-        ];
+        cfg.layer_kinds = vec![LayerKind::Csa { ratio: 4 }, LayerKind::Csa { ratio: 2 }, LayerKind::Hca { ratio: 8 }];
         let e = msg(write_official(dir.path(), &cfg, &vals, &tabs, &big()).unwrap_err());
         assert!(e.contains("compress_ratios") && e.contains("[2, 4]"), "{e}");
         let mut cfg = tiny();
-        cfg.layer_kinds = vec![
-            LayerKind::Sliding,
-            LayerKind::Csa { ratio: 8 },
-            LayerKind::Hca { ratio: 8 },
-        ];
+        cfg.layer_kinds = vec![LayerKind::Sliding, LayerKind::Csa { ratio: 8 }, LayerKind::Hca { ratio: 8 }];
         let e = msg(write_official(dir.path(), &cfg, &vals, &tabs, &big()).unwrap_err());
         assert!(e.contains("share the ratio 8"), "{e}");
         // YaRN on the main rope.
@@ -1170,10 +862,7 @@ mod tests {
         let cfg = tiny();
         let short = |_: &str, _: &[usize]| vec![0f32; 3];
         let e = msg(write_official(dir.path(), &cfg, &short, &tabs, &big()).unwrap_err());
-        assert!(
-            e.contains("embed.weight") && e.contains("gave 3 values"),
-            "{e}"
-        );
+        assert!(e.contains("embed.weight") && e.contains("gave 3 values"), "{e}");
         let nan = |n: &str, s: &[usize]| {
             let mut v = vals(n, s);
             if n.contains("wq_a") {
@@ -1182,21 +871,11 @@ mod tests {
             v
         };
         let e = msg(write_official(dir.path(), &cfg, &nan, &tabs, &big()).unwrap_err());
-        assert!(
-            e.contains("layers.0.attn.wq_a.weight") && e.contains("finite"),
-            "{e}"
-        );
+        assert!(e.contains("layers.0.attn.wq_a.weight") && e.contains("finite"), "{e}");
         let huge = |_: &str, s: &[usize]| vec![i64::MAX; s[0] * s[1]];
         let e = msg(write_official(dir.path(), &cfg, &vals, &huge, &big()).unwrap_err());
         assert!(e.contains("tid2eid") && e.contains("I32"), "{e}");
-        let e = msg(write_official(
-            dir.path(),
-            &cfg,
-            &vals,
-            &tabs,
-            &OfficialWriteOptions { max_shard_bytes: 0 },
-        )
-        .unwrap_err());
+        let e = msg(write_official(dir.path(), &cfg, &vals, &tabs, &OfficialWriteOptions { max_shard_bytes: 0 }).unwrap_err());
         assert!(e.contains("max_shard_bytes"), "{e}");
     }
 }

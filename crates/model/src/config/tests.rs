@@ -35,51 +35,15 @@ fn flash_official_schema() {
     assert_eq!(c.layer_kinds[2], LayerKind::Csa { ratio: 4 });
     assert_eq!(c.layer_kinds[3], LayerKind::Hca { ratio: 128 });
     assert_eq!(c.layer_kinds[42], LayerKind::Csa { ratio: 4 });
-    assert_eq!(
-        c.layer_kinds
-            .iter()
-            .filter(|k| matches!(k, LayerKind::Csa { .. }))
-            .count(),
-        21
-    );
-    assert_eq!(
-        c.layer_kinds
-            .iter()
-            .filter(|k| matches!(k, LayerKind::Hca { .. }))
-            .count(),
-        20
-    );
-    assert_eq!(
-        &c.router_kinds[..4],
-        &[
-            RouterKind::Hash,
-            RouterKind::Hash,
-            RouterKind::Hash,
-            RouterKind::Score
-        ]
-    );
+    assert_eq!(c.layer_kinds.iter().filter(|k| matches!(k, LayerKind::Csa { .. })).count(), 21);
+    assert_eq!(c.layer_kinds.iter().filter(|k| matches!(k, LayerKind::Hca { .. })).count(), 20);
+    assert_eq!(&c.router_kinds[..4], &[RouterKind::Hash, RouterKind::Hash, RouterKind::Hash, RouterKind::Score]);
     assert_eq!(c.qk_rope_head_dim, 64);
     assert_eq!(c.nope_head_dim(), 448);
-    assert_eq!(
-        c.rope_main,
-        RopeParams {
-            theta: 10000.0,
-            yarn: None
-        }
-    );
+    assert_eq!(c.rope_main, RopeParams { theta: 10000.0, yarn: None });
     let y = c.rope_compress.yarn.expect("yarn on compress rope");
-    assert_eq!(
-        (
-            c.rope_compress.theta,
-            y.factor,
-            y.original_max_position_embeddings
-        ),
-        (160000.0, 16.0, 65536.0)
-    );
-    assert_eq!(
-        (y.beta_fast, y.beta_slow, y.attention_factor, y.truncate),
-        (32.0, 1.0, 1.0, true)
-    );
+    assert_eq!((c.rope_compress.theta, y.factor, y.original_max_position_embeddings), (160000.0, 16.0, 65536.0));
+    assert_eq!((y.beta_fast, y.beta_slow, y.attention_factor, y.truncate), (32.0, 1.0, 1.0, true));
     assert_eq!(c.quant.expert_dtype.as_deref(), Some("fp4"));
     assert_eq!(c.quant.weight_block_size, Some([128, 128]));
     assert_eq!(c.eos_token_ids, vec![1]);
@@ -96,37 +60,14 @@ fn official_toplevel_yarn_keys() {
     o.insert("beta_slow".into(), json!(1));
     let c = Ds4Config::from_json(&v).unwrap();
     let y = c.rope_compress.yarn.unwrap();
-    assert_eq!(
-        (
-            y.factor,
-            y.original_max_position_embeddings,
-            y.attention_factor
-        ),
-        (16.0, 65536.0, 1.0)
-    );
+    assert_eq!((y.factor, y.original_max_position_embeddings, y.attention_factor), (16.0, 65536.0, 1.0));
 }
 
 #[test]
 fn hf_schema_and_roundtrip() {
     let c = Ds4Config::from_json(&tiny_hf()).unwrap();
-    assert_eq!(
-        c.layer_kinds,
-        vec![
-            LayerKind::Sliding,
-            LayerKind::Csa { ratio: 3 },
-            LayerKind::Hca { ratio: 16 },
-            LayerKind::Csa { ratio: 3 }
-        ]
-    );
-    assert_eq!(
-        c.router_kinds,
-        vec![
-            RouterKind::Hash,
-            RouterKind::Score,
-            RouterKind::Score,
-            RouterKind::Score
-        ]
-    );
+    assert_eq!(c.layer_kinds, vec![LayerKind::Sliding, LayerKind::Csa { ratio: 3 }, LayerKind::Hca { ratio: 16 }, LayerKind::Csa { ratio: 3 }]);
+    assert_eq!(c.router_kinds, vec![RouterKind::Hash, RouterKind::Score, RouterKind::Score, RouterKind::Score]);
     assert_eq!(c.qk_rope_head_dim, 8);
     assert_eq!(c.hc_mult, 3);
     // The HF rendering parses back to the same config.
@@ -145,10 +86,7 @@ fn rejects_wrong_model_type() {
     let mut v = tiny_hf();
     v["model_type"] = json!("deepseek_v3");
     let e = err_of(v);
-    assert!(
-        e.contains("model_type") && e.contains("deepseek_v4") && e.contains("deepseek_v3"),
-        "{e}"
-    );
+    assert!(e.contains("model_type") && e.contains("deepseek_v4") && e.contains("deepseek_v3"), "{e}");
 }
 
 #[test]
@@ -161,10 +99,7 @@ fn rejects_missing_and_mistyped_fields() {
     let mut v = tiny_hf();
     v["num_attention_heads"] = json!("four");
     let e = err_of(v);
-    assert!(
-        e.contains("num_attention_heads") && e.contains("integer"),
-        "{e}"
-    );
+    assert!(e.contains("num_attention_heads") && e.contains("integer"), "{e}");
 
     let mut v = tiny_hf();
     v.as_object_mut().unwrap().remove("layer_types");
@@ -177,18 +112,12 @@ fn rejects_inconsistent_fields() {
     let mut v = tiny_hf();
     v["layer_types"] = json!(["sliding_attention"]);
     let e = err_of(v);
-    assert!(
-        e.contains("layer_types") && e.contains("num_hidden_layers = 4"),
-        "{e}"
-    );
+    assert!(e.contains("layer_types") && e.contains("num_hidden_layers = 4"), "{e}");
 
     let mut v = tiny_hf();
     v["layer_types"][2] = json!("full_attention");
     let e = err_of(v);
-    assert!(
-        e.contains("layer_types[2]") && e.contains("full_attention"),
-        "{e}"
-    );
+    assert!(e.contains("layer_types[2]") && e.contains("full_attention"), "{e}");
 
     let mut v = tiny_hf();
     v["o_groups"] = json!(3);
@@ -198,20 +127,14 @@ fn rejects_inconsistent_fields() {
     let mut v = tiny_hf();
     v["num_experts_per_tok"] = json!(9);
     let e = err_of(v);
-    assert!(
-        e.contains("num_experts_per_tok") && e.contains("n_routed_experts = 8"),
-        "{e}"
-    );
+    assert!(e.contains("num_experts_per_tok") && e.contains("n_routed_experts = 8"), "{e}");
 
     let mut v = tiny_hf();
     v["num_key_value_heads"] = json!(2);
     assert!(err_of(v).contains("num_key_value_heads"));
 
     let mut v = tiny_hf();
-    v["rope_parameters"]["compress"]
-        .as_object_mut()
-        .unwrap()
-        .remove("factor");
+    v["rope_parameters"]["compress"].as_object_mut().unwrap().remove("factor");
     let e = err_of(v);
     assert!(e.contains("rope_parameters.compress.factor"), "{e}");
 
@@ -233,8 +156,6 @@ fn reads_from_file_and_reports_bad_json() {
     std::fs::write(dir.path().join("config.json"), "{ not json").unwrap();
     let e = Ds4Config::from_file(dir.path()).unwrap_err().to_string();
     assert!(e.contains("config.json"), "{e}");
-    let e = Ds4Config::from_file(&dir.path().join("absent.json"))
-        .unwrap_err()
-        .to_string();
+    let e = Ds4Config::from_file(&dir.path().join("absent.json")).unwrap_err().to_string();
     assert!(e.contains("absent.json"), "{e}");
 }

@@ -47,10 +47,7 @@ pub fn tokenizer() -> Arc<Ds4Tokenizer> {
 
 /// Test settings: loopback, free port, tiny model.
 pub fn config() -> ServerConfig {
-    let mut c = ServerConfig {
-        port: 0,
-        ..ServerConfig::default()
-    };
+    let mut c = ServerConfig { port: 0, ..ServerConfig::default() };
     c.scheduler.prefill_chunk = 64;
     c.scheduler.max_running = 16;
     c.drain_timeout = Duration::from_secs(5);
@@ -64,11 +61,7 @@ pub fn start(cfg: ServerConfig) -> RunningServer {
 
 /// A runtime for the client side.
 pub fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
 pub type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
@@ -92,37 +85,17 @@ impl Resp {
 }
 
 /// Sends a request with raw body bytes and extra headers.
-pub async fn send(
-    c: &HttpClient,
-    method: &str,
-    url: &str,
-    body: Vec<u8>,
-    headers: &[(&str, &str)],
-) -> Resp {
-    let mut b = hyper::Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json");
+pub async fn send(c: &HttpClient, method: &str, url: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> Resp {
+    let mut b = hyper::Request::builder().method(method).uri(url).header("content-type", "application/json");
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
     let req = b.body(Full::new(Bytes::from(body))).unwrap();
-    let r = tokio::time::timeout(Duration::from_secs(120), c.request(req))
-        .await
-        .expect("response in time")
-        .expect("request sent");
+    let r = tokio::time::timeout(Duration::from_secs(120), c.request(req)).await.expect("response in time").expect("request sent");
     let status = r.status().as_u16();
     let headers = r.headers().clone();
-    let bytes = tokio::time::timeout(Duration::from_secs(120), r.into_body().collect())
-        .await
-        .expect("body in time")
-        .unwrap()
-        .to_bytes();
-    Resp {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&bytes).into_owned(),
-    }
+    let bytes = tokio::time::timeout(Duration::from_secs(120), r.into_body().collect()).await.expect("body in time").unwrap().to_bytes();
+    Resp { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() }
 }
 
 pub async fn post(c: &HttpClient, url: &str, body: &Value) -> Resp {
@@ -194,28 +167,16 @@ pub async fn open_stream(c: &HttpClient, url: &str, body: &Value) -> Stream {
         .body(Full::new(Bytes::from(body.to_string())))
         .unwrap();
     let r = c.request(req).await.unwrap();
-    Stream {
-        status: r.status().as_u16(),
-        body: r.into_body(),
-        buf: String::new(),
-    }
+    Stream { status: r.status().as_u16(), body: r.into_body(), buf: String::new() }
 }
 
 /// `flashseek_state_memory_bytes{kind="running"}` and the running/queued gauges from /metrics.
 pub async fn gauges(c: &HttpClient, base: &str) -> (f64, f64, f64) {
     let m = get(c, &format!("{base}/metrics")).await.body;
     let read = |key: &str| {
-        m.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(-1.0)
+        m.lines().find(|l| l.starts_with(key)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse::<f64>().ok()).unwrap_or(-1.0)
     };
-    (
-        read("flashseek_state_memory_bytes{kind=\"running\"}"),
-        read("flashseek_running_sequences "),
-        read("flashseek_queued_requests "),
-    )
+    (read("flashseek_state_memory_bytes{kind=\"running\"}"), read("flashseek_running_sequences "), read("flashseek_queued_requests "))
 }
 
 /// Waits (bounded) until no sequence runs and none waits; returns the running state bytes.
