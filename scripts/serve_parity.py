@@ -99,7 +99,8 @@ def main():
         gpu_name = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     except OSError:
         gpu_name = "none"
-    report = {"binary": binary, "version": version, "gpu": gpu_name, "command": " ".join(sys.argv), "device": device, "model": model or "embedded default", "cases": []}
+    switches = {k: v for k, v in sorted(os.environ.items()) if k.upper().startswith("FLASHSEEK_")}
+    report = {"binary": binary, "version": version, "gpu": gpu_name, "command": " ".join(sys.argv), "switch_environment": switches, "device": device, "model": model or "embedded default", "cases": []}
     ok = True
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     logs = {d: open(f"{os.path.splitext(out)[0]}_{d.replace(':', '')}.log", "w") for d in (device, "cpu")}

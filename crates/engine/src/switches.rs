@@ -157,7 +157,7 @@ pub const SWITCHES: &[Switch] = &[
         name: "DECODE_CUDA_GRAPH",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "launching a decode step's kernels one by one: the step recorded by stream capture and launched as one CUDA graph (a kept executable graph updated with the step's arguments, or instantiated for a new topology); temporaries from a graph memory pool, uploads from pinned staging memory. Each step is captured one step ahead, while the previous one runs on the GPU. Needs MOE_GROUPED_DECODE=on (the per-expert MoE synchronises every layer) and expert formats the grouped MoE takes; not while profiling stages",
+        replaces: "launching a decode step's kernels one by one: the step recorded by stream capture and launched as one CUDA graph (a kept executable graph updated with the step's arguments, or instantiated for a new topology); temporaries from a graph memory pool, uploads from pinned staging memory. Each step is captured one step ahead, while the previous one runs on the GPU. Needs MOE_GROUPED and MOE_GROUPED_DECODE on (the per-expert MoE synchronises every layer) and expert formats the grouped MoE takes; not while profiling stages",
         parity: "gpu-check `graph <model> decode ×1 / ×2` on the stored-format and full-width models (bitwise equal logits to the same steps without graphs, one sequence and two in turns, every step launched as a graph), the switch matrix (`DECODE_CUDA_GRAPH=off alone`: same bits as all on); `gpu-bench` decode with and without graphs",
     },
     Switch {

@@ -62,7 +62,15 @@ pub struct GpuWeight {
 }
 
 /// One CUDA device with the flashseek kernels loaded.
+///
+/// One thread at a time drives a `Gpu` while a decode step is captured ([`super::graph`]: the
+/// capture flag is per device, so another thread's work would be recorded into the graph); the
+/// server's engine thread is the only user of its GPU.
 pub struct Gpu {
+    /// CUDA graphs for decode steps ([`super::graph`]): capture flag, memory pool, kept graphs.
+    /// First, so that it is dropped (waiting for queued work, destroying the executables) while
+    /// the stream and the kernel modules still exist.
+    pub graph: super::graph::GraphState,
     /// The context.
     pub ctx: Arc<CudaContext>,
     /// The stream all ops run on.
@@ -74,8 +82,6 @@ pub struct Gpu {
     profile: std::sync::Mutex<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
     /// cuBLASLt for `FP8_CUBLASLT`, created at first use (`Err` = why it is unavailable).
     pub(crate) lt: std::sync::Mutex<Option<Result<super::cublaslt::Lt, String>>>,
-    /// CUDA graphs for decode steps ([`super::graph`]): capture flag, memory pool, kept graphs.
-    pub graph: super::graph::GraphState,
 }
 
 /// Seconds from event `a` to event `b` (both recorded on one stream; waits for `b`).

@@ -47,6 +47,12 @@ fn drv_res(what: &str, r: sys::CUresult) -> Result<(), CudaError> {
     }
 }
 
+/// Makes `ctx` current for a destructor: a first failure may only be an error cudarc recorded
+/// earlier on the context (which the attempt consumes), so it is tried twice.
+fn bind_for_drop(ctx: &CudaContext) -> bool {
+    ctx.bind_to_thread().is_ok() || ctx.bind_to_thread().is_ok()
+}
+
 /// The smallest pool block, bytes (every block is a power of two from here).
 const MIN_BLOCK: usize = 256;
 
@@ -187,7 +193,7 @@ impl Drop for GraphPool {
     fn drop(&mut self) {
         // Every DevBuf holds an Arc of the pool, so no block is in use here; the stream may still
         // run work on them: wait for the context first.
-        if super::gpu::drv_bind(&self.ctx).is_err() {
+        if !bind_for_drop(&self.ctx) {
             return;
         }
         let _ = self.ctx.synchronize();
@@ -278,7 +284,7 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        if super::gpu::drv_bind(&self.ctx).is_err() {
+        if !bind_for_drop(&self.ctx) {
             return;
         }
         if let Some(e) = &self.done {
@@ -300,7 +306,7 @@ unsafe impl Send for Exec {}
 
 impl Drop for Exec {
     fn drop(&mut self) {
-        if super::gpu::drv_bind(&self.1).is_err() {
+        if !bind_for_drop(&self.1) {
             return;
         }
         // SAFETY: instantiated by us, destroyed once, its context alive and current.
@@ -386,6 +392,15 @@ impl GraphState {
         if b.is_none() {
             eprintln!("flashseek: warning: CUDA graphs for decode are off on this device: {why}; decode steps run without them (same results)");
             *b = Some(why);
+        }
+        lock(&self.stats).abandoned += 1;
+    }
+
+    /// Counts a capture abandoned for a passing reason (memory), said once; graphs stay on.
+    pub(crate) fn note_failure(&self, why: String) {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            eprintln!("flashseek: warning: a decode step ran without a CUDA graph: {why} (later steps try again)");
         }
         lock(&self.stats).abandoned += 1;
     }
@@ -493,7 +508,11 @@ impl GraphState {
         let r = match begun {
             Ok(()) => {
                 self.capturing.store(true, Ordering::Relaxed);
+                // A panic in `f` must not leave the stream capturing: the guard ends the capture
+                // (and drops its graph) on unwind; on return it is disarmed below.
+                let guard = UnwindGuard { state: self, stream: s };
                 let r = f();
+                std::mem::forget(guard);
                 self.capturing.store(false, Ordering::Relaxed);
                 r
             }
@@ -609,12 +628,28 @@ impl Drop for GraphState {
     fn drop(&mut self) {
         // Kept graphs and staging memory may still be in use by queued work: wait, then release
         // them while the context is certainly alive (each also holds it).
-        if super::gpu::drv_bind(&self.ctx).is_ok() {
+        if bind_for_drop(&self.ctx) {
             let _ = self.ctx.synchronize();
         }
         lock(&self.execs).clear();
         lock(&self.arenas).clear();
         lock(&self.current).take();
+    }
+}
+
+/// Ends a capture left open by a panic (see [`GraphState::capture`]).
+struct UnwindGuard<'a> {
+    state: &'a GraphState,
+    stream: sys::CUstream,
+}
+
+impl Drop for UnwindGuard<'_> {
+    fn drop(&mut self) {
+        self.state.capturing.store(false, Ordering::Relaxed);
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: ends the capture begun on our stream; the partial graph is destroyed.
+        unsafe { sys::cuStreamEndCapture(self.stream, &mut graph) };
+        drop(Graph(graph));
     }
 }
 

@@ -496,6 +496,14 @@ pub struct HostMarks {
 }
 
 impl GpuSequence {
+    /// Drops the decode step captured ahead, if any, returning its executable graph and staging
+    /// arena to `gpu`'s kept lists (dropping the sequence would destroy them instead).
+    pub fn discard_pending(&mut self, gpu: &Gpu) {
+        if let Some(p) = self.next.take() {
+            gpu.graph.discard(p.captured);
+        }
+    }
+
     /// The host-side counters now.
     pub fn marks(&self) -> HostMarks {
         let n = |c: &Option<GpuCompState>| c.as_ref().map_or(0, |c| c.n_entries);
@@ -580,26 +588,25 @@ pub fn decode_step_gpu_dev(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, id: u
     if let Some(tok) = seq.token.as_mut() {
         drv("token upload", gpu.stream.memcpy_htod(&vec![id as i32; n], tok))?;
     }
-    let logits = match pending {
-        Some(p) if p.before == seq.marks() && p.switches == switch_values() => {
-            gpu.graph.launch(&gpu.stream, p.captured)?;
-            seq.set_marks(&p.after);
-            p.logits
-        }
+    let step = match pending {
+        Some(p) if p.before == seq.marks() && p.switches == switch_values() => p,
         other => {
             if let Some(p) = other {
                 gpu.graph.discard(p.captured);
             }
             match capture_step(gpu, m, seq)? {
-                Some(p) => {
-                    gpu.graph.launch(&gpu.stream, p.captured)?;
-                    seq.set_marks(&p.after);
-                    p.logits
-                }
+                Some(p) => p,
                 None => return forward_chunk_gpu_dev(gpu, m, seq, &[id], LogitsFor::Last, false)?.0.ok_or_else(none),
             }
         }
     };
+    gpu.graph.launch(&gpu.stream, step.captured)?;
+    seq.set_marks(&step.after);
+    // The graph's logits block belongs to the graph pool, which a step captured earlier for
+    // another sequence may still use as scratch when it runs: hand the caller its own copy
+    // (queued right behind the graph; the block goes back to the pool).
+    let mut logits = gpu.zeros::<f32>(step.logits.len())?;
+    drv("logits copy", gpu.stream.memcpy_dtod(&*step.logits, &mut *logits))?;
     // Record the next step while this one runs.
     if seq.pos < seq.capacity && decode_graphs_enabled(gpu) {
         seq.next = capture_step(gpu, m, seq)?;
@@ -608,7 +615,8 @@ pub fn decode_step_gpu_dev(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, id: u
 }
 
 /// Captures the decode step at `seq`'s position (token from `seq.token`), leaving the host marks
-/// as they were; `None` (graphs then off for the device) when the capture had to be abandoned.
+/// as they were; `None` when the capture had to be abandoned (graphs then off for the device if
+/// the cause is structural, see the match below).
 ///
 /// Errors: none beyond those turned into `None` (kept as a `Result` for allocation failures of the
 /// token buffer).
@@ -626,8 +634,20 @@ fn capture_step(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence) -> Result<Option
             gpu.graph.discard(captured);
             Ok(None)
         }
-        Err(e) => {
+        // Structural: some op of the step needs the host (a download or sync) or the driver
+        // refuses to capture it — every later step would fail the same way.
+        Err(e @ CudaError::Unsupported { what: "CUDA graph capture", .. }) => {
             gpu.graph.mark_broken(e.to_string());
+            Ok(None)
+        }
+        Err(e @ CudaError::Driver { .. }) if e.to_string().contains("a capture") => {
+            gpu.graph.mark_broken(e.to_string());
+            Ok(None)
+        }
+        // Anything else (memory for the pool, the staging or a new executable): this step runs
+        // without a graph, later ones try again.
+        Err(e) => {
+            gpu.graph.note_failure(e.to_string());
             Ok(None)
         }
     }

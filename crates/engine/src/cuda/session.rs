@@ -65,6 +65,13 @@ impl<'a> GpuSession<'a> {
     }
 }
 
+impl Drop for GpuSession<'_> {
+    /// Hands a decode step captured ahead back to the device's kept graphs.
+    fn drop(&mut self) {
+        self.seq.discard_pending(self.gpu);
+    }
+}
+
 /// A saved point of a [`GpuSession`]: a device copy of its state and its token list
 /// ([`GpuSession::snapshot`]).
 pub struct GpuSessionSnapshot {
