@@ -67,7 +67,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
-            ExitCode::FAILURE
+            // Invalid values of arguments exit 2 like clap's own argument errors.
+            if e.downcast_ref::<cmd::common::UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -61,11 +61,12 @@ fn chat_and_generate_on_the_embedded_model() {
 #[test]
 fn bad_flags_are_clear_errors() {
     let cache = tempfile::tempdir().unwrap();
+    // Invalid argument values exit 2, like clap's own argument errors.
     let o = run(cache.path(), &["generate", "--prompt", "x", "--temperature", "-1"]);
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("temperature"), "{}", text(&o.stderr));
     let o = run(cache.path(), &["generate", "--prompt", "x", "--device", "tpu"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("--device tpu"), "{}", text(&o.stderr));
     // Without a GPU (CI), the CUDA backend fails with a clear error, not a panic.
     let o = run(cache.path(), &["generate", "--prompt", "x", "--device", "cuda", "--max-tokens", "2"]);

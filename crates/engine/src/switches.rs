@@ -368,6 +368,31 @@ pub fn on(name: &str) -> bool {
     value(name) == "on"
 }
 
+/// A switch and the values it must have for another to act.
+pub type Requirement = (&'static str, &'static [&'static str]);
+
+/// Switches that act only when others have given values: (switch, [(required switch, values it
+/// must have)]). Read from the code paths that consult each switch (`cuda/model.rs`,
+/// `ops_moe.rs`, `ops_q8.rs`, `ops_attention.rs`, `gpu.rs`).
+pub const REQUIRES: &[(&str, &[Requirement])] = &[
+    ("DECODE_CUDA_GRAPH", &[("MOE_GROUPED", &["on"]), ("MOE_GROUPED_DECODE", &["on"])]),
+    ("MOE_GROUPED_DECODE", &[("MOE_GROUPED", &["on"])]),
+    ("MOE_FUSED_SWIGLU", &[("MOE_GROUPED", &["on"])]),
+    ("MOE_ADAPTIVE_TILES", &[("MOE_GROUPED", &["on"])]),
+    ("MOE_PERSISTENT", &[("MOE_GROUPED", &["on"])]),
+    ("FP8_WGMMA", &[("TC_LINEAR", &["fp8"])]),
+    ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
+    ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
+    ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),
+];
+
+/// Why switch `name` has no effect with the current values, if it has none: the first switch it
+/// requires ([`REQUIRES`]) that has another value, e.g. `needs MOE_GROUPED_DECODE=on`.
+pub fn inactive_because(name: &str) -> Option<String> {
+    let (_, reqs) = REQUIRES.iter().find(|(n, _)| *n == name)?;
+    reqs.iter().find(|(r, vals)| !vals.contains(&value(r))).map(|(r, vals)| format!("needs {r}={}", vals.join(" or ")))
+}
+
 /// Prefill chunk with `LONG_CONTEXT_CHUNK` on (tokens).
 pub const LONG_CONTEXT_CHUNK_TOKENS: usize = 8192;
 /// Prefill chunk with `LONG_CONTEXT_CHUNK` off (tokens).
@@ -543,6 +568,23 @@ mod tests {
         let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on")].iter().any(|o| c.overrides.contains(o));
         assert!(cs.iter().all(|c| c.exact != inexact(c)));
         assert!(cs.iter().filter(|c| c.official).count() >= 3);
+    }
+
+    #[test]
+    fn requirements_name_registered_values() {
+        for (name, reqs) in REQUIRES {
+            assert!(find(name).is_ok(), "{name}");
+            for (r, vals) in *reqs {
+                let s = find(r).unwrap_or_else(|_| panic!("{r}"));
+                assert!(vals.iter().all(|v| s.values.contains(v)), "{r}: {vals:?}");
+            }
+        }
+        let off = scoped(&[("MOE_GROUPED_DECODE", "off")], || inactive_because("DECODE_CUDA_GRAPH")).unwrap();
+        assert_eq!(off.as_deref(), Some("needs MOE_GROUPED_DECODE=on"));
+        let fp8 = scoped(&[("TC_LINEAR", "fp8")], || inactive_because("FP8_WGMMA")).unwrap();
+        assert_eq!(fp8, None);
+        let split = scoped(&[("TC_LINEAR", "split")], || (inactive_because("FP8_WGMMA"), inactive_because("LINEAR_CUBLASLT"))).unwrap();
+        assert_eq!(split, (Some("needs TC_LINEAR=fp8".into()), None));
     }
 
     #[test]

@@ -67,7 +67,7 @@ impl ModelArgs {
             "cuda" => Ok(Device::Cuda(0)),
             d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
                 Some(Ok(n)) => Ok(Device::Cuda(n)),
-                _ => anyhow::bail!("--device {d}: expected cpu, cuda or cuda:N"),
+                _ => Err(UsageError(format!("--device {d}: expected cpu, cuda or cuda:N")).into()),
             },
         }
     }
@@ -108,6 +108,19 @@ pub struct SamplingArgs {
     pub stop: Vec<String>,
 }
 
+/// An invalid command-line value found after parsing (sampling values, `--device`): the command
+/// exits with code 2, like clap's own argument errors.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
 impl SamplingArgs {
     /// The sampler parameters, with `eos` as a stop token.
     pub fn params(&self, eos: u32) -> anyhow::Result<SamplingParams> {
@@ -124,7 +137,7 @@ impl SamplingArgs {
             stop_token_ids: vec![eos],
             stop_strings: self.stop.clone(),
         };
-        p.validate()?;
+        p.validate().map_err(|e| UsageError(e.to_string()))?;
         Ok(p)
     }
 }

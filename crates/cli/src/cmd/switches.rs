@@ -19,7 +19,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .iter()
             .map(|s| {
                 let (v, o) = value_of(s.name);
-                serde_json::json!({"name": s.name, "env": s.env_var(), "flag": format!("--switch {}=<value>", s.name), "values": s.values, "aliases": s.aliases.iter().map(|(a, v)| serde_json::json!({"alias": a, "value": v})).collect::<Vec<_>>(), "default": s.default_value(), "value": v, "origin": match o { Origin::Default => "default", Origin::Env => "env", Origin::Flag => "switch-flag" }, "replaces": s.replaces, "parity": s.parity})
+                serde_json::json!({"name": s.name, "env": s.env_var(), "flag": format!("--switch {}=<value>", s.name), "values": s.values, "aliases": s.aliases.iter().map(|(a, v)| serde_json::json!({"alias": a, "value": v})).collect::<Vec<_>>(), "default": s.default_value(), "value": v, "origin": match o { Origin::Default => "default", Origin::Env => "env", Origin::Flag => "switch-flag" }, "inactive_because": flashseek_engine::switches::inactive_because(s.name), "replaces": s.replaces, "parity": s.parity})
             })
             .collect();
         return quiet_on_closed_pipe(writeln!(std::io::stdout().lock(), "{}", serde_json::to_string_pretty(&rows)?));
@@ -33,7 +33,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Origin::Env => "from env",
                 Origin::Flag => "from a --switch flag",
             };
-            writeln!(out, "{:<20} {} = {v} ({origin}); accepted: {}; default {}", s.name, s.env_var(), s.accepted(), s.default_value())?;
+            let inactive = flashseek_engine::switches::inactive_because(s.name).map(|w| format!("; no effect now: {w}")).unwrap_or_default();
+            writeln!(out, "{:<20} {} = {v} ({origin}{inactive}); accepted: {}", s.name, s.env_var(), s.accepted())?;
             writeln!(out, "{:<20} replaces: {}", "", s.replaces)?;
             writeln!(out, "{:<20} parity:   {}", "", s.parity)?;
         }
