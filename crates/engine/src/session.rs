@@ -111,6 +111,16 @@ pub trait Backend: Sync {
     ///
     /// Errors: the backend cannot allocate it (device memory).
     fn new_sequence(&self, needed: usize) -> Result<Self::Seq<'_>, SessionError>;
+    /// A new sequence holding the first `len` tokens of `src` (a copy of that part of its state;
+    /// `src` is left as it is), able to grow to `needed` tokens: how the server's prefix cache
+    /// shares one cached prefix among requests. `Ok(None)` when the backend does not copy states
+    /// (the default) or the copy would not fit.
+    ///
+    /// Errors: `len` beyond `src`, allocation or copy failures.
+    fn fork_sequence<'a>(&'a self, src: &Self::Seq<'a>, len: usize, needed: usize) -> Result<Option<Self::Seq<'a>>, SessionError> {
+        let _ = (src, len, needed);
+        Ok(None)
+    }
     /// Whether different sequences' decode steps may run on different threads at once (the CPU:
     /// yes; one GPU stream: no).
     fn parallel_decode(&self) -> bool;
@@ -145,6 +155,9 @@ impl Backend for CpuBackend {
     }
     fn new_sequence(&self, _needed: usize) -> Result<Session<'_>, SessionError> {
         Ok(Session::new(&self.weights, self.forward, None))
+    }
+    fn fork_sequence<'a>(&'a self, src: &Session<'a>, len: usize, _needed: usize) -> Result<Option<Session<'a>>, SessionError> {
+        src.fork(len).map(Some)
     }
     fn parallel_decode(&self) -> bool {
         true
@@ -238,6 +251,16 @@ impl<'w> Session<'w> {
         self.state.truncate(len)?;
         self.tokens.truncate(len);
         Ok(())
+    }
+
+    /// A new sequence holding this one's first `len` tokens (a copy of the state, truncated; this
+    /// one is unchanged).
+    ///
+    /// Errors: `len` beyond the tokens held or before the retention limit.
+    pub fn fork(&self, len: usize) -> Result<Session<'w>, SessionError> {
+        let mut s = Session { weights: self.weights, state: self.state.clone(), tokens: self.tokens.clone(), opts: self.opts, prefill_chunk: self.prefill_chunk, max_len: self.max_len };
+        s.truncate(len)?;
+        Ok(s)
     }
 
     /// Makes the sequence equal `ids`, reusing the longest common prefix with what it holds (at

@@ -155,3 +155,33 @@ fn greedy_generation_matches_transformers_generate() {
         assert_eq!(got, expected, "{name}: greedy tokens differ from transformers generate");
     }
 }
+
+#[test]
+fn forked_sessions_continue_like_fresh_prefixes_and_leave_the_source_alone() {
+    use flashseek_engine::session::{Backend, CpuBackend, ServedSequence};
+    // The server's prefix sharing (Backend::fork_sequence): a copy of the first `p` tokens,
+    // continued, gives the logits of a fresh prefill of the same tokens; the source keeps all of
+    // its tokens and continues as if nothing happened.
+    let backend = CpuBackend { weights: std::sync::Arc::new(model("tiny_flash_rates", 11)), forward: opts() };
+    let v = backend.weights.config.vocab_size;
+    let long = formula_ids(7, 270, v);
+    let tail = formula_ids(8, 9, v);
+    let mut src = backend.new_sequence(300).unwrap();
+    ServedSequence::prefill(&mut src, &long).unwrap();
+    for p in [1usize, 127, 128, 129, 200, 270] {
+        let mut f = backend.fork_sequence(&src, p, 300).unwrap().expect("the CPU backend copies states");
+        assert_eq!(ServedSequence::tokens(&f), &long[..p]);
+        let got = ServedSequence::prefill(&mut f, &tail).unwrap();
+        let mut fresh_ids = long[..p].to_vec();
+        fresh_ids.extend(&tail);
+        let fresh = forward(&backend.weights, &fresh_ids, &opts()).unwrap().logits;
+        assert_same(&got, &fresh[(fresh_ids.len() - 1) * v..], &format!("fork at {p}"));
+    }
+    assert_eq!(ServedSequence::tokens(&src), &long[..]);
+    let got = ServedSequence::prefill(&mut src, &tail).unwrap();
+    let mut all = long.clone();
+    all.extend(&tail);
+    let fresh = forward(&backend.weights, &all, &opts()).unwrap().logits;
+    assert_same(&got, &fresh[(all.len() - 1) * v..], "the source after the forks");
+    assert!(backend.fork_sequence(&src, all.len() + 1, 300).is_err(), "forking past the end is an error");
+}

@@ -13,7 +13,10 @@
 //!    per-sequence forward pass, so a token never depends on what else is batched), sampling with
 //!    the sequence's own [`Sampler`] (no shared RNG),
 //! 6. retires finished sequences; their sessions go to a small prefix cache, from which a later
-//!    prompt reuses the longest common prefix (reported as cached tokens).
+//!    prompt reuses the longest common prefix (reported as cached tokens). A cached session that
+//!    holds more than the shared prefix (another conversation that began the same way, or the
+//!    answer a follow-up turn will need) is copied rather than taken, when the backend can copy
+//!    states ([`Backend::fork_sequence`]), so it stays cached for its own continuation.
 
 use crate::metrics::Metrics;
 use flashseek_engine::forward::ForwardOptions;
@@ -313,6 +316,10 @@ struct Seq<'t, S> {
     text: String,
 }
 
+/// Shortest shared prefix (tokens) for which a cached session is copied rather than taken
+/// ([`Backend::fork_sequence`]): below it, recomputing the few tokens costs less than the copy.
+pub const MIN_FORK_TOKENS: usize = 16;
+
 struct Cached<S> {
     session: S,
     last_used: u64,
@@ -503,7 +510,24 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
         let now = Instant::now();
         let needed = self.needed(&req);
         let mut session = match self.best_cached(&req.prompt, needed) {
-            Some((i, _)) => self.cache.swap_remove(i).session,
+            Some((i, common)) => {
+                // Share rather than take a cached session that holds more than this prompt reuses
+                // (truncating it would lose the rest), when the backend copies states.
+                let reuse = common.min(req.prompt.len().saturating_sub(1));
+                let forked = if reuse >= MIN_FORK_TOKENS && self.cache[i].session.tokens().len() > reuse {
+                    self.backend.fork_sequence(&self.cache[i].session, reuse, needed).ok().flatten()
+                } else {
+                    None
+                };
+                match forked {
+                    Some(s) => {
+                        self.clock += 1;
+                        self.cache[i].last_used = self.clock;
+                        s
+                    }
+                    None => self.cache.swap_remove(i).session,
+                }
+            }
             None => loop {
                 match self.backend.new_sequence(needed) {
                     Ok(s) => break s,

@@ -699,6 +699,41 @@ impl flashseek_engine::session::Backend for Capped {
 }
 
 #[test]
+fn a_shared_prefix_is_copied_so_the_first_conversation_stays_cached() {
+    // Two conversations that begin with the same long system prompt: the second copies the first
+    // one's prefix (Backend::fork_sequence) instead of taking its session, so the first one's
+    // follow-up still finds its whole first exchange; the second's answer equals a server's
+    // without any prefix cache.
+    let own = start(config());
+    let mut plain = config();
+    plain.scheduler.prefix_cache_entries = 0;
+    let reference = start(plain);
+    rt().block_on(async {
+        let c = client();
+        let system = "You answer in one short sentence and never use lists. ".repeat(4);
+        let turn = |user: &str| json!({"model": "flashseek-default", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}], "max_tokens": 4, "temperature": 0, "ignore_eos": true});
+        let a = post(&c, &chat(&own.url()), &turn("What is the capital of France?")).await.json();
+        let prompt_a = a["usage"]["prompt_tokens"].as_u64().unwrap();
+        let b = post(&c, &chat(&own.url()), &turn("Name a colour of the sky.")).await.json();
+        let (prompt_b, cached_b) = (b["usage"]["prompt_tokens"].as_u64().unwrap(), b["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+        assert!(cached_b >= flashseek_server::scheduler::MIN_FORK_TOKENS as u64 && cached_b < prompt_b, "b reused {cached_b} of {prompt_b}: {b}");
+        let b_ref = post(&c, &chat(&reference.url()), &turn("Name a colour of the sky.")).await.json();
+        assert_eq!(b_ref["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+        assert_eq!(b["choices"][0]["message"]["content"], b_ref["choices"][0]["message"]["content"]);
+        let answer = a["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let follow = json!({"model": "flashseek-default", "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": answer}, {"role": "user", "content": "And of Spain?"}],
+            "max_tokens": 2, "temperature": 0, "ignore_eos": true});
+        let a2 = post(&c, &chat(&own.url()), &follow).await.json();
+        let cached_a2 = a2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        assert!(cached_a2 >= prompt_a, "the follow-up reused {cached_a2} tokens, fewer than the first prompt's {prompt_a}: {a2}");
+        let a2_ref = post(&c, &chat(&reference.url()), &follow).await.json();
+        assert_eq!(a2["choices"][0]["message"]["content"], a2_ref["choices"][0]["message"]["content"]);
+    });
+}
+
+#[test]
 fn sized_sequences_limit_the_context_and_are_reused_when_they_fit() {
     let cfg = config();
     let backend = Capped { inner: flashseek_engine::session::CpuBackend { weights: tiny_weights(), forward: cfg.scheduler.forward }, cap: 96, granule: 32 };

@@ -350,7 +350,7 @@ impl GpuSequence {
     /// Errors: device allocation or copy failures.
     pub fn snapshot(&self, gpu: &Gpu, m: &GpuModel) -> Result<GpuSequence, CudaError> {
         let mut snap = GpuSequence::new(gpu, m, self.pos.max(1))?;
-        copy_state(gpu, m, self, &mut snap)?;
+        copy_state(gpu, m, self, &mut snap, self.pos)?;
         Ok(snap)
     }
 
@@ -360,7 +360,20 @@ impl GpuSequence {
     ///
     /// Errors: `snap` longer than this sequence's capacity, or device copy failures.
     pub fn restore(&mut self, gpu: &Gpu, m: &GpuModel, snap: &GpuSequence) -> Result<(), CudaError> {
-        copy_state(gpu, m, snap, self)
+        copy_state(gpu, m, snap, self, snap.pos)
+    }
+
+    /// Makes this sequence hold the first `len` tokens of `src` (a sequence of the same model):
+    /// their rows and the entries they complete are copied, as [`GpuSequence::restore`] followed
+    /// by [`GpuSequence::truncate`] would leave it, without copying the rows after `len`.
+    ///
+    /// Errors: `len` beyond `src`'s tokens or this sequence's capacity, or before `src`'s earliest
+    /// row; device copy failures.
+    pub fn copy_prefix(&mut self, gpu: &Gpu, m: &GpuModel, src: &GpuSequence, len: usize) -> Result<(), CudaError> {
+        if len > src.pos || len < src.earliest {
+            return Err(CudaError::Unsupported { what: "copy prefix", detail: format!("{len} tokens of a sequence holding {} (from position {})", src.pos, src.earliest) });
+        }
+        copy_state(gpu, m, src, self, len)
     }
 
     /// The state as the CPU reference holds it ([`SequenceState`] without a retention limit):
@@ -454,25 +467,28 @@ impl GpuSequence {
 }
 
 /// Copies `src`'s first `src.pos` tokens of state into `dst` (same model) and sets its length.
-fn copy_state(gpu: &Gpu, m: &GpuModel, src: &GpuSequence, dst: &mut GpuSequence) -> Result<(), CudaError> {
-    if src.pos > dst.capacity {
-        return Err(CudaError::Unsupported { what: "restore", detail: format!("a state of {} tokens into a sequence of capacity {}", src.pos, dst.capacity) });
+/// Copies the rows of `src`'s first `len` tokens (≤ `src.pos`) and the entries they complete into
+/// `dst`, which then holds `len` tokens.
+fn copy_state(gpu: &Gpu, m: &GpuModel, src: &GpuSequence, dst: &mut GpuSequence, len: usize) -> Result<(), CudaError> {
+    if len > dst.capacity || len > src.pos {
+        return Err(CudaError::Unsupported { what: "restore", detail: format!("{len} tokens of a state of {} into a sequence of capacity {}", src.pos, dst.capacity) });
     }
     let hd = m.config.head_dim;
     for (l, (s, d)) in m.layers.iter().zip(src.layers.iter().zip(dst.layers.iter_mut())) {
-        copy_into(gpu, &s.kv, src.pos * hd, &mut d.kv, 0)?;
+        copy_into(gpu, &s.kv, len * hd, &mut d.kv, 0)?;
         let comps = [(l.compressor.as_ref(), &s.comp, &mut d.comp), (l.indexer.as_ref().map(|i| &i.compressor), &s.idx, &mut d.idx)];
         for (cw, sc, dc) in comps {
             if let (Some(cw), Some(sc), Some(dc)) = (cw, sc, dc) {
                 let out = cw.wkv.rows;
-                copy_into(gpu, &sc.kv, src.pos * out, &mut dc.kv, 0)?;
-                copy_into(gpu, &sc.logit, src.pos * out, &mut dc.logit, 0)?;
-                copy_into(gpu, &sc.entries, sc.n_entries * cw.width, &mut dc.entries, 0)?;
-                dc.n_entries = sc.n_entries;
+                let entries = sc.n_entries.min(len / cw.ratio);
+                copy_into(gpu, &sc.kv, len * out, &mut dc.kv, 0)?;
+                copy_into(gpu, &sc.logit, len * out, &mut dc.logit, 0)?;
+                copy_into(gpu, &sc.entries, entries * cw.width, &mut dc.entries, 0)?;
+                dc.n_entries = entries;
             }
         }
     }
-    dst.pos = src.pos;
+    dst.pos = len;
     dst.earliest = src.earliest;
     Ok(())
 }

@@ -211,6 +211,16 @@ impl Backend for GpuBackend {
     fn new_sequence(&self, needed: usize) -> Result<GpuSession<'_>, SessionError> {
         GpuSession::new(&self.gpu, &self.model, self.capacity_for(needed))
     }
+    fn fork_sequence<'a>(&'a self, src: &GpuSession<'a>, len: usize, needed: usize) -> Result<Option<GpuSession<'a>>, SessionError> {
+        if len > src.tokens.len() {
+            return Err(SessionError::TooLong { len, limit: src.tokens.len() });
+        }
+        let mut s = GpuSession::new(&self.gpu, &self.model, self.capacity_for(needed.max(len)))?;
+        s.seq.copy_prefix(&self.gpu, &self.model, &src.seq, len).map_err(backend)?;
+        s.tokens = src.tokens[..len].to_vec();
+        s.prefill_chunk = src.prefill_chunk;
+        Ok(Some(s))
+    }
     fn parallel_decode(&self) -> bool {
         false
     }
