@@ -94,13 +94,15 @@ fn state_checks(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, ids: &[u32], prefill
         got.extend(decode_step_gpu(gpu, gm, &mut useq, *id)?);
     }
     all &= record(out, &format!("model {name} state upload"), json!({"prefix": prefill, "retention": retention, "decoded": len - prefill}), &got, &cpu_logits[prefill * vocab..]);
-    // Fork (the server's prefix sharing): the first half of a prefix copied into a new sequence
-    // and continued gives the CPU's one-shot logits; the source is left as it was.
+    // Fork (the server's prefix sharing, GpuBackend::fork_sequence): a prefix copied into a new
+    // sequence, truncated to its first half and continued gives the CPU's one-shot logits; the
+    // source is left as it was.
     let mut src = GpuSequence::new(gpu, gm, len + 1)?;
     forward_chunk_gpu(gpu, gm, &mut src, &ids[..prefill], LogitsFor::None, false)?;
     let half = prefill / 2;
     let mut fork = GpuSequence::new(gpu, gm, len + 1)?;
-    fork.copy_prefix(gpu, gm, &src, half)?;
+    fork.restore(gpu, gm, &src)?;
+    fork.truncate(gm, half)?;
     let got = forward_chunk_gpu(gpu, gm, &mut fork, &ids[half..], LogitsFor::All, false)?.logits;
     all &= record(out, &format!("model {name} fork"), json!({"prefix": prefill, "forked_at": half}), &got, &cpu_logits[half * vocab..]);
     let rest = forward_chunk_gpu(gpu, gm, &mut src, &ids[prefill..], LogitsFor::All, false)?.logits;

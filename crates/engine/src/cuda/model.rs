@@ -363,18 +363,6 @@ impl GpuSequence {
         copy_state(gpu, m, snap, self, snap.pos)
     }
 
-    /// Makes this sequence hold the first `len` tokens of `src` (a sequence of the same model):
-    /// their rows and the entries they complete are copied, as [`GpuSequence::restore`] followed
-    /// by [`GpuSequence::truncate`] would leave it, without copying the rows after `len`.
-    ///
-    /// Errors: `len` beyond `src`'s tokens or this sequence's capacity, or before `src`'s earliest
-    /// row; device copy failures.
-    pub fn copy_prefix(&mut self, gpu: &Gpu, m: &GpuModel, src: &GpuSequence, len: usize) -> Result<(), CudaError> {
-        if len > src.pos || len < src.earliest {
-            return Err(CudaError::Unsupported { what: "copy prefix", detail: format!("{len} tokens of a sequence holding {} (from position {})", src.pos, src.earliest) });
-        }
-        copy_state(gpu, m, src, self, len)
-    }
 
     /// The state as the CPU reference holds it ([`SequenceState`] without a retention limit):
     /// every row of the first `pos` tokens and every emitted entry, downloaded.

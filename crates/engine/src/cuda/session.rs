@@ -215,8 +215,11 @@ impl Backend for GpuBackend {
         if len > src.tokens.len() {
             return Err(SessionError::TooLong { len, limit: src.tokens.len() });
         }
-        let mut s = GpuSession::new(&self.gpu, &self.model, self.capacity_for(needed.max(len)))?;
-        s.seq.copy_prefix(&self.gpu, &self.model, &src.seq, len).map_err(backend)?;
+        // The whole source state is copied (GpuSequence::restore, as a snapshot restores), then
+        // truncated: both operations gpu-check verifies.
+        let mut s = GpuSession::new(&self.gpu, &self.model, self.capacity_for(needed.max(src.tokens.len())))?;
+        s.seq.restore(&self.gpu, &self.model, &src.seq).map_err(backend)?;
+        s.seq.truncate(&self.model, len).map_err(backend)?;
         s.tokens = src.tokens[..len].to_vec();
         s.prefill_chunk = src.prefill_chunk;
         Ok(Some(s))
