@@ -253,14 +253,13 @@ impl<'w> Session<'w> {
         Ok(())
     }
 
-    /// A new sequence holding this one's first `len` tokens (a copy of the state, truncated; this
-    /// one is unchanged).
+    /// A new sequence holding this one's first `len` tokens (a copy of only their state; this one
+    /// is unchanged).
     ///
     /// Errors: `len` beyond the tokens held or before the retention limit.
     pub fn fork(&self, len: usize) -> Result<Session<'w>, SessionError> {
-        let mut s = Session { weights: self.weights, state: self.state.clone(), tokens: self.tokens.clone(), opts: self.opts, prefill_chunk: self.prefill_chunk, max_len: self.max_len };
-        s.truncate(len)?;
-        Ok(s)
+        let state = self.state.prefix(len)?;
+        Ok(Session { weights: self.weights, state, tokens: self.tokens[..len].to_vec(), opts: self.opts, prefill_chunk: self.prefill_chunk, max_len: self.max_len })
     }
 
     /// Makes the sequence equal `ids`, reusing the longest common prefix with what it holds (at

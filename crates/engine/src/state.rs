@@ -38,6 +38,11 @@ impl Rows {
         let i = pos - self.base;
         &self.data[i * self.width..(i + 1) * self.width]
     }
+    /// The rows at positions `< end` (a copy of only those).
+    fn prefix(&self, end: usize) -> Rows {
+        let keep = end.saturating_sub(self.base).min(self.data.len() / self.width.max(1));
+        Rows { width: self.width, base: self.base, data: self.data[..keep * self.width].to_vec() }
+    }
     /// Drops rows at positions `>= end`.
     pub fn truncate(&mut self, end: usize) {
         let keep = end.saturating_sub(self.base).min(self.data.len() / self.width.max(1));
@@ -191,6 +196,29 @@ impl SequenceState {
         self.pos = target;
         self.earliest = self.earliest.min(target);
         Ok(())
+    }
+
+    /// A copy of the state of the first `target` tokens: what [`SequenceState::truncate`] would
+    /// leave, copying only those rows and entries (this state is unchanged).
+    ///
+    /// Errors: as [`SequenceState::truncate`].
+    pub fn prefix(&self, target: usize) -> Result<SequenceState, StateError> {
+        if target > self.pos {
+            return Err(StateError::BeyondEnd { target, len: self.pos });
+        }
+        if target < self.earliest {
+            return Err(StateError::BeyondRetention { target, earliest: self.earliest, retention: self.retention.unwrap_or(0) });
+        }
+        let comp = |c: &CompressorState| CompressorState {
+            ratio: c.ratio,
+            overlap: c.overlap,
+            kv: c.kv.prefix(target),
+            logit: c.logit.prefix(target),
+            entries: c.entries[..(target / c.ratio).min(c.n_entries()) * c.width].to_vec(),
+            width: c.width,
+        };
+        let layers = self.layers.iter().map(|l| LayerState { kv: l.kv.prefix(target), compressor: l.compressor.as_ref().map(comp), indexer: l.indexer.as_ref().map(comp) }).collect();
+        Ok(SequenceState { pos: target, layers, window: self.window, retention: self.retention, earliest: self.earliest.min(target) })
     }
 
     /// After appending tokens up to `self.pos`, drops rows no longer needed under the retention limit.

@@ -384,6 +384,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
     ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),
+    ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
 ];
 
 /// Why switch `name` has no effect with the current values, if it has none: the first switch it

@@ -185,3 +185,22 @@ fn forked_sessions_continue_like_fresh_prefixes_and_leave_the_source_alone() {
     assert_same(&got, &fresh[(all.len() - 1) * v..], "the source after the forks");
     assert!(backend.fork_sequence(&src, all.len() + 1, 300).is_err(), "forking past the end is an error");
 }
+
+#[test]
+fn a_prefix_copy_equals_a_truncated_clone() {
+    // SequenceState::prefix (the CPU backend's fork) copies exactly what truncate keeps.
+    let w = model("tiny_flash_rates", 11);
+    let ids = formula_ids(9, 261, w.config.vocab_size);
+    for retention in [None, Some(40)] {
+        let mut st = SequenceState::new(&w.config, retention);
+        forward_chunk(&w, &mut st, &ids, LogitsFor::None, &opts()).unwrap();
+        for p in [0usize, 1, 127, 128, 129, 250, 261] {
+            let mut t = st.clone();
+            match (st.prefix(p), t.truncate(p)) {
+                (Ok(copy), Ok(())) => assert_eq!(format!("{copy:?}"), format!("{t:?}"), "prefix {p}, retention {retention:?}"),
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+                (a, b) => panic!("prefix {p}, retention {retention:?}: {:?} vs {b:?}", a.map(|_| ())),
+            }
+        }
+    }
+}

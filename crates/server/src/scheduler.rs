@@ -511,15 +511,29 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
         let needed = self.needed(&req);
         let mut session = match self.best_cached(&req.prompt, needed) {
             Some((i, common)) => {
-                // Share rather than take a cached session that holds more than this prompt reuses
-                // (truncating it would lose the rest), when the backend copies states.
+                // A cached session holding more than this prompt reuses would lose the rest if
+                // taken and truncated: copy the shared prefix when it is worth it (and the backend
+                // copies states); when it is short and most of the cached session is not shared
+                // (an unrelated chat with the same template tokens), start a fresh sequence; take
+                // the cached session otherwise, or when neither works.
                 let reuse = common.min(req.prompt.len().saturating_sub(1));
-                let forked = if reuse >= MIN_FORK_TOKENS && self.cache[i].session.tokens().len() > reuse {
-                    self.backend.fork_sequence(&self.cache[i].session, reuse, needed).ok().flatten()
+                let held = self.cache[i].session.tokens().len();
+                let spared = if held <= reuse {
+                    None
+                } else if reuse >= MIN_FORK_TOKENS {
+                    match self.backend.fork_sequence(&self.cache[i].session, reuse, needed) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            eprintln!("flashseek: warning: copying a cached prefix failed ({e}); the cached session is taken instead");
+                            None
+                        }
+                    }
+                } else if 2 * reuse < held {
+                    self.backend.new_sequence(needed).ok()
                 } else {
                     None
                 };
-                match forked {
+                match spared {
                     Some(s) => {
                         self.clock += 1;
                         self.cache[i].last_used = self.clock;

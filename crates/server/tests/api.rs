@@ -714,6 +714,11 @@ fn a_shared_prefix_is_copied_so_the_first_conversation_stays_cached() {
         let turn = |user: &str| json!({"model": "flashseek-default", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}], "max_tokens": 4, "temperature": 0, "ignore_eos": true});
         let a = post(&c, &chat(&own.url()), &turn("What is the capital of France?")).await.json();
         let prompt_a = a["usage"]["prompt_tokens"].as_u64().unwrap();
+        // An unrelated chat shares only the template's first tokens (< MIN_FORK_TOKENS) with the
+        // cached conversation: it gets a fresh sequence and leaves that one alone.
+        let other = json!({"model": "flashseek-default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0, "ignore_eos": true});
+        let o = post(&c, &chat(&own.url()), &other).await.json();
+        assert!(o["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() < flashseek_server::scheduler::MIN_FORK_TOKENS as u64, "{o}");
         let b = post(&c, &chat(&own.url()), &turn("Name a colour of the sky.")).await.json();
         let (prompt_b, cached_b) = (b["usage"]["prompt_tokens"].as_u64().unwrap(), b["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
         assert!(cached_b >= flashseek_server::scheduler::MIN_FORK_TOKENS as u64 && cached_b < prompt_b, "b reused {cached_b} of {prompt_b}: {b}");

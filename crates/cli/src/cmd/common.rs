@@ -197,7 +197,7 @@ fn stored_bytes(info: &flashseek_model::checkpoint::TensorInfo) -> u64 {
 /// tokenizer. Prints a one-time note when the embedded random-weight model is used.
 pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     if args.prefill_chunk == Some(0) {
-        anyhow::bail!("--prefill-chunk must be at least 1");
+        return Err(UsageError("--prefill-chunk must be at least 1".into()).into());
     }
     args.device()?; // a bad --device fails before anything loads
     if args.official_numerics && args.device()? != Device::Cpu {

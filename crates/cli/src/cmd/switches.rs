@@ -34,7 +34,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Origin::Flag => "from a --switch flag",
             };
             let inactive = flashseek_engine::switches::inactive_because(s.name).map(|w| format!("; no effect now: {w}")).unwrap_or_default();
-            writeln!(out, "{:<20} {} = {v} ({origin}{inactive}); accepted: {}", s.name, s.env_var(), s.accepted())?;
+            writeln!(out, "{:<20} {} = {v} ({origin}{inactive}); accepted: {}; default {}", s.name, s.env_var(), s.accepted(), s.default_value())?;
             writeln!(out, "{:<20} replaces: {}", "", s.replaces)?;
             writeln!(out, "{:<20} parity:   {}", "", s.parity)?;
         }

@@ -454,7 +454,6 @@ impl GpuSequence {
     }
 }
 
-/// Copies `src`'s first `src.pos` tokens of state into `dst` (same model) and sets its length.
 /// Copies the rows of `src`'s first `len` tokens (≤ `src.pos`) and the entries they complete into
 /// `dst`, which then holds `len` tokens.
 fn copy_state(gpu: &Gpu, m: &GpuModel, src: &GpuSequence, dst: &mut GpuSequence, len: usize) -> Result<(), CudaError> {

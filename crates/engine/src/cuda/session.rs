@@ -216,8 +216,14 @@ impl Backend for GpuBackend {
             return Err(SessionError::TooLong { len, limit: src.tokens.len() });
         }
         // The whole source state is copied (GpuSequence::restore, as a snapshot restores), then
-        // truncated: both operations gpu-check verifies.
-        let mut s = GpuSession::new(&self.gpu, &self.model, self.capacity_for(needed.max(src.tokens.len())))?;
+        // truncated: both operations gpu-check verifies. That needs room for all of the source;
+        // a fork larger than what admission reserved for the request (`capacity_for(needed)`) is
+        // declined and the caller takes the cached session instead.
+        let capacity = self.capacity_for(needed.max(len));
+        if src.tokens.len() > capacity {
+            return Ok(None);
+        }
+        let mut s = GpuSession::new(&self.gpu, &self.model, capacity)?;
         s.seq.restore(&self.gpu, &self.model, &src.seq).map_err(backend)?;
         s.seq.truncate(&self.model, len).map_err(backend)?;
         s.tokens = src.tokens[..len].to_vec();
