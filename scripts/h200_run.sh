@@ -7,9 +7,9 @@
 #   # device: bash scripts/h200_run.sh STEP   (outputs under $OUT)
 #
 # Steps (H200 wall times of 2026-11-30, first call includes ~35 s of kernel compilation):
-#   check     every parity check + timings                          ~100 s
+#   check     every parity check + timings                          ~150 s
 #   switches  the switch matrix on the full-width model             ~150 s (writes a ~3 GB model once)
-#   qualify   8K/32K/128K × every switch configuration, 4 layers    ~330 s
+#   qualify   8K/32K/128K × every switch configuration, 4 layers    ~210–330 s
 #   bench     20 Flash layers at 8K/32K/128K, stage breakdown        ~145 s
 #   moe       grouped-MoE parity matrix + layer timings             ~50 s
 #   q8        FP8-activation linear checks + timings (TC_LINEAR=fp8)  ~60 s
