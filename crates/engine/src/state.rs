@@ -38,15 +38,17 @@ impl Rows {
         let i = pos - self.base;
         &self.data[i * self.width..(i + 1) * self.width]
     }
+    /// Values held for the positions `< end`.
+    fn values_before(&self, end: usize) -> usize {
+        end.saturating_sub(self.base).min(self.data.len() / self.width.max(1)) * self.width
+    }
     /// The rows at positions `< end` (a copy of only those).
     fn prefix(&self, end: usize) -> Rows {
-        let keep = end.saturating_sub(self.base).min(self.data.len() / self.width.max(1));
-        Rows { width: self.width, base: self.base, data: self.data[..keep * self.width].to_vec() }
+        Rows { width: self.width, base: self.base, data: self.data[..self.values_before(end)].to_vec() }
     }
     /// Drops rows at positions `>= end`.
     pub fn truncate(&mut self, end: usize) {
-        let keep = end.saturating_sub(self.base).min(self.data.len() / self.width.max(1));
-        self.data.truncate(keep * self.width);
+        self.data.truncate(self.values_before(end));
     }
     /// Drops rows at positions `< new_base`.
     pub fn trim_front(&mut self, new_base: usize) {
@@ -174,16 +176,7 @@ impl SequenceState {
     ///
     /// Errors: `target` beyond the current length, or older than the retention limit allows.
     pub fn truncate(&mut self, target: usize) -> Result<(), StateError> {
-        if target > self.pos {
-            return Err(StateError::BeyondEnd { target, len: self.pos });
-        }
-        if target < self.earliest {
-            return Err(StateError::BeyondRetention {
-                target,
-                earliest: self.earliest,
-                retention: self.retention.unwrap_or(0),
-            });
-        }
+        self.check_target(target)?;
         for l in &mut self.layers {
             l.kv.truncate(target);
             for c in [&mut l.compressor, &mut l.indexer].into_iter().flatten() {
@@ -198,17 +191,24 @@ impl SequenceState {
         Ok(())
     }
 
-    /// A copy of the state of the first `target` tokens: what [`SequenceState::truncate`] would
-    /// leave, copying only those rows and entries (this state is unchanged).
-    ///
-    /// Errors: as [`SequenceState::truncate`].
-    pub fn prefix(&self, target: usize) -> Result<SequenceState, StateError> {
+    /// Whether the state can go back to `target` tokens (not beyond its end, not before what the
+    /// retention limit kept).
+    fn check_target(&self, target: usize) -> Result<(), StateError> {
         if target > self.pos {
             return Err(StateError::BeyondEnd { target, len: self.pos });
         }
         if target < self.earliest {
             return Err(StateError::BeyondRetention { target, earliest: self.earliest, retention: self.retention.unwrap_or(0) });
         }
+        Ok(())
+    }
+
+    /// A copy of the state of the first `target` tokens: what [`SequenceState::truncate`] would
+    /// leave, copying only those rows and entries (this state is unchanged).
+    ///
+    /// Errors: as [`SequenceState::truncate`].
+    pub fn prefix(&self, target: usize) -> Result<SequenceState, StateError> {
+        self.check_target(target)?;
         let comp = |c: &CompressorState| CompressorState {
             ratio: c.ratio,
             overlap: c.overlap,

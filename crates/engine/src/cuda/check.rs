@@ -274,29 +274,24 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
             times.push(super::gpu::elapsed_s(&start, &end)? * 1e3);
         }
         times.sort_by(|a, b| a.total_cmp(b));
-        let median_ms = times[times.len() / 2];
-        let gbps = bytes as f64 / (median_ms * 1e-3) / 1e9;
-        let mut batched = Vec::new();
-        for _ in 0..repeats.div_ceil(ws.len()).max(3) {
-            let start = gpu.record_event()?;
+        let single_ms = times[times.len() / 2];
+        let gbps = bytes as f64 / (single_ms * 1e-3) / 1e9;
+        let batched_ms = median_ms(gpu, repeats.div_ceil(ws.len()).max(3), || {
             for w in &ws {
                 gpu.linear(&x, w, &mut y, 1)?;
             }
-            let end = gpu.record_event()?;
-            batched.push(super::gpu::elapsed_s(&start, &end)? * 1e3 / ws.len() as f64);
-        }
-        batched.sort_by(|a, b| a.total_cmp(b));
-        let batched_ms = batched[batched.len() / 2];
+            Ok(())
+        })? / ws.len() as f64;
         let batched_gbps = bytes as f64 / (batched_ms * 1e-3) / 1e9;
         println!(
             "time linear_{fmt} {name:<24} T=1 [{rows}x{cols}] median {:.1} us  {gbps:.0} GB/s  ({:.0}% of 4.2 TB/s); back to back {:.1} us  {batched_gbps:.0} GB/s  ({:.0}%)",
-            median_ms * 1e3,
+            single_ms * 1e3,
             gbps / 42.0,
             batched_ms * 1e3,
             batched_gbps / 42.0
         );
         timings.push(json!({"op": format!("linear_{fmt}"), "weight": name, "rows": rows, "cols": cols, "tokens": 1,
-            "weight_bytes": bytes, "median_us": median_ms * 1e3, "gb_per_s": gbps, "fraction_of_4_2_tb_s": gbps / 4200.0, "repeats": repeats,
+            "weight_bytes": bytes, "median_us": single_ms * 1e3, "gb_per_s": gbps, "fraction_of_4_2_tb_s": gbps / 4200.0, "repeats": repeats,
             "back_to_back_us": batched_ms * 1e3, "back_to_back_gb_per_s": batched_gbps}));
     }
     if opts.only.is_none() || tc_only {

@@ -1,16 +1,13 @@
 //! A CUDA device: context (event tracking off, before any allocation), one stream, the compiled
 //! kernel modules, and the op launchers.
 
+use super::drv;
 use super::graph::DevBuf;
 use super::{guard, nvrtc, CudaError, KERNEL_SOURCES};
 use crate::cpu::rope::Rope;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::sync::Arc;
-
-fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
-    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
-}
 
 /// Makes `ctx` current on this thread (for raw driver calls).
 ///

@@ -37,14 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 fn drv_res(what: &str, r: sys::CUresult) -> Result<(), CudaError> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(CudaError::Driver {
-            what: what.into(),
-            detail: format!("{r:?}"),
-        })
-    }
+    super::drv(what, r.result())
 }
 
 /// Makes `ctx` current for a destructor: a first failure may only be an error cudarc recorded
@@ -74,11 +67,6 @@ impl<T> DevBuf<T> {
             slice: ManuallyDrop::new(slice),
             pool: None,
         }
-    }
-
-    /// Whether the buffer is a pool block (allocated during a capture).
-    pub fn pooled(&self) -> bool {
-        self.pool.is_some()
     }
 }
 
@@ -154,13 +142,7 @@ impl GraphPool {
 
     /// A free block of `block` bytes, allocating one if none is free.
     fn take(&self, block: usize) -> Result<sys::CUdeviceptr, CudaError> {
-        if let Some(p) = self
-            .free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(&block)
-            .and_then(Vec::pop)
-        {
+        if let Some(p) = lock(&self.free).get_mut(&block).and_then(Vec::pop) {
             return Ok(p);
         }
         super::gpu::drv_bind(&self.ctx)?;
@@ -169,18 +151,13 @@ impl GraphPool {
         drv_res("allocating graph pool memory", unsafe {
             sys::cuMemAlloc_v2(&mut p, block)
         })?;
-        self.all.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+        lock(&self.all).push(p);
         self.bytes.fetch_add(block as u64, Ordering::Relaxed);
         Ok(p)
     }
 
     fn put(&self, block: usize, p: sys::CUdeviceptr) {
-        self.free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(block)
-            .or_default()
-            .push(p);
+        lock(&self.free).entry(block).or_default().push(p);
     }
 
     /// Device bytes held by the pool.
@@ -197,7 +174,7 @@ impl Drop for GraphPool {
             return;
         }
         let _ = self.ctx.synchronize();
-        for p in self.all.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for p in lock(&self.all).drain(..) {
             // SAFETY: each pointer came from cuMemAlloc_v2 above and is freed once.
             unsafe { sys::cuMemFree_v2(p) };
         }
@@ -213,7 +190,9 @@ pub struct Arena {
     chunks: Vec<(*mut u8, usize)>,
     chunk: usize,
     used: usize,
-    /// Recorded after the launch of the graph that reads this arena.
+    /// Recorded after each launch of a graph that reads this arena (created at the first launch,
+    /// then recorded again: its state is that of its last record, so an arena captured but
+    /// discarded stays free).
     done: Option<cudarc::driver::CudaEvent>,
 }
 
@@ -245,11 +224,10 @@ impl Arena {
     fn reset(&mut self) {
         self.chunk = 0;
         self.used = 0;
-        self.done = None;
     }
 
     /// Copies `data` into the arena; returns its address there (256-byte aligned).
-    fn push(&mut self, ctx: &Arc<CudaContext>, data: &[u8]) -> Result<*const u8, CudaError> {
+    fn push(&mut self, data: &[u8]) -> Result<*const u8, CudaError> {
         let need = data.len().max(1);
         loop {
             if let Some(&(base, cap)) = self.chunks.get(self.chunk) {
@@ -268,7 +246,7 @@ impl Arena {
                     continue;
                 }
             }
-            super::gpu::drv_bind(ctx)?;
+            super::gpu::drv_bind(&self.ctx)?;
             let cap = need.max(STAGE_CHUNK).next_power_of_two();
             let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
             // SAFETY: plain pinned allocation into a local.
@@ -455,7 +433,7 @@ impl GraphState {
             // SAFETY: `data` is `bytes` bytes of plain values (DeviceRepr types are plain data).
             let raw = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), bytes) };
             let src = match lock(&self.current).as_mut() {
-                Some(a) => a.push(&self.ctx, raw)?,
+                Some(a) => a.push(raw)?,
                 None => {
                     return Err(CudaError::Unsupported {
                         what: "CUDA graph capture",
@@ -592,10 +570,11 @@ impl GraphState {
         let r = drv_res("launching a graph", unsafe {
             sys::cuGraphLaunch(exec.0, stream.cu_stream())
         });
-        let ev = self
-            .ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .and_then(|e| e.record(stream).map(|_| e));
+        let ev = match arena.done.take() {
+            Some(e) => Ok(e),
+            None => self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)),
+        }
+        .and_then(|e| e.record(stream).map(|_| e));
         match ev {
             Ok(e) => arena.done = Some(e),
             // Without the event, wait here so the arena is free.

@@ -87,6 +87,11 @@ pub enum CudaError {
     },
 }
 
+/// `r` with a driver error turned into [`CudaError::Driver`] for the operation `what`.
+pub(crate) fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
+    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
+}
+
 /// Runs `f`, turning a panic (cudarc panics when a library is missing) into [`CudaError::Unavailable`].
 pub fn guard<T>(lib: &'static str, f: impl FnOnce() -> T) -> Result<T, CudaError> {
     let hook = std::panic::take_hook();

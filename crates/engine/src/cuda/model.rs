@@ -9,6 +9,7 @@
 //! step needs host-side lists (indexer offsets, expert grouping). Stored-format uploads (FP8/FP4),
 //! CUDA graphs and fused prefill kernels come next (issues 5 and 6).
 
+use super::drv;
 use super::graph::DevBuf;
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::ops_attention::{hca_offsets, topk_offsets, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
@@ -20,10 +21,6 @@ use crate::forward::LogitsFor;
 use crate::state::SequenceState;
 use cudarc::driver::CudaSlice;
 use flashseek_model::config::{Ds4Config, LayerKind};
-
-fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, CudaError> {
-    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
-}
 
 /// A compressor's weights on the device.
 struct GpuCompressor {
@@ -350,7 +347,7 @@ impl GpuSequence {
     /// Errors: device allocation or copy failures.
     pub fn snapshot(&self, gpu: &Gpu, m: &GpuModel) -> Result<GpuSequence, CudaError> {
         let mut snap = GpuSequence::new(gpu, m, self.pos.max(1))?;
-        copy_state(gpu, m, self, &mut snap, self.pos)?;
+        copy_state(gpu, m, self, &mut snap)?;
         Ok(snap)
     }
 
@@ -360,9 +357,8 @@ impl GpuSequence {
     ///
     /// Errors: `snap` longer than this sequence's capacity, or device copy failures.
     pub fn restore(&mut self, gpu: &Gpu, m: &GpuModel, snap: &GpuSequence) -> Result<(), CudaError> {
-        copy_state(gpu, m, snap, self, snap.pos)
+        copy_state(gpu, m, snap, self)
     }
-
 
     /// The state as the CPU reference holds it ([`SequenceState`] without a retention limit):
     /// every row of the first `pos` tokens and every emitted entry, downloaded.
@@ -454,28 +450,26 @@ impl GpuSequence {
     }
 }
 
-/// Copies the rows of `src`'s first `len` tokens (≤ `src.pos`) and the entries they complete into
-/// `dst`, which then holds `len` tokens.
-fn copy_state(gpu: &Gpu, m: &GpuModel, src: &GpuSequence, dst: &mut GpuSequence, len: usize) -> Result<(), CudaError> {
-    if len > dst.capacity || len > src.pos {
-        return Err(CudaError::Unsupported { what: "restore", detail: format!("{len} tokens of a state of {} into a sequence of capacity {}", src.pos, dst.capacity) });
+/// Copies `src`'s first `src.pos` tokens of state into `dst` (same model) and sets its length.
+fn copy_state(gpu: &Gpu, m: &GpuModel, src: &GpuSequence, dst: &mut GpuSequence) -> Result<(), CudaError> {
+    if src.pos > dst.capacity {
+        return Err(CudaError::Unsupported { what: "restore", detail: format!("a state of {} tokens into a sequence of capacity {}", src.pos, dst.capacity) });
     }
     let hd = m.config.head_dim;
     for (l, (s, d)) in m.layers.iter().zip(src.layers.iter().zip(dst.layers.iter_mut())) {
-        copy_into(gpu, &s.kv, len * hd, &mut d.kv, 0)?;
+        copy_into(gpu, &s.kv, src.pos * hd, &mut d.kv, 0)?;
         let comps = [(l.compressor.as_ref(), &s.comp, &mut d.comp), (l.indexer.as_ref().map(|i| &i.compressor), &s.idx, &mut d.idx)];
         for (cw, sc, dc) in comps {
             if let (Some(cw), Some(sc), Some(dc)) = (cw, sc, dc) {
                 let out = cw.wkv.rows;
-                let entries = sc.n_entries.min(len / cw.ratio);
-                copy_into(gpu, &sc.kv, len * out, &mut dc.kv, 0)?;
-                copy_into(gpu, &sc.logit, len * out, &mut dc.logit, 0)?;
-                copy_into(gpu, &sc.entries, entries * cw.width, &mut dc.entries, 0)?;
-                dc.n_entries = entries;
+                copy_into(gpu, &sc.kv, src.pos * out, &mut dc.kv, 0)?;
+                copy_into(gpu, &sc.logit, src.pos * out, &mut dc.logit, 0)?;
+                copy_into(gpu, &sc.entries, sc.n_entries * cw.width, &mut dc.entries, 0)?;
+                dc.n_entries = sc.n_entries;
             }
         }
     }
-    dst.pos = len;
+    dst.pos = src.pos;
     dst.earliest = src.earliest;
     Ok(())
 }
@@ -568,9 +562,9 @@ fn switch_values() -> Vec<&'static str> {
 /// capture time overlaps the device's work. A step captured ahead is launched only if the
 /// sequence's host marks and the switches are still those it was captured from (otherwise it is
 /// dropped and the step captured afresh). Same kernels, same arguments, same results as
-/// [`forward_chunk_gpu_dev`]. A capture that fails (some op needed the host mid-step) is
-/// abandoned without running anything, graphs are turned off for the device (said once), and
-/// the step runs without one.
+/// [`forward_chunk_gpu_dev`]. A capture that fails is abandoned without running anything and the
+/// step runs without a graph; when the cause is structural (some op needed the host mid-step, or
+/// the driver refused the capture) graphs are turned off for the device (said once).
 ///
 /// Errors: as [`forward_chunk_gpu`].
 pub fn decode_step_gpu_dev(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, id: u32) -> Result<DevBuf<f32>, CudaError> {
@@ -637,13 +631,7 @@ fn capture_step(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence) -> Result<Option
             gpu.graph.discard(captured);
             Ok(None)
         }
-        // Structural: some op of the step needs the host (a download or sync) or the driver
-        // refuses to capture it — every later step would fail the same way.
-        Err(e @ CudaError::Unsupported { what: "CUDA graph capture", .. }) => {
-            gpu.graph.mark_broken(e.to_string());
-            Ok(None)
-        }
-        Err(e @ CudaError::Driver { .. }) if e.to_string().contains("a capture") => {
+        Err(e) if structural_capture_failure(&e) => {
             gpu.graph.mark_broken(e.to_string());
             Ok(None)
         }
@@ -653,6 +641,17 @@ fn capture_step(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence) -> Result<Option
             gpu.graph.note_failure(e.to_string());
             Ok(None)
         }
+    }
+}
+
+/// Whether a capture failed in a way every later step would repeat: some op of the step needs the
+/// host (a download or sync, refused by [`Gpu`] while capturing) or the driver refuses to begin or
+/// end the capture.
+fn structural_capture_failure(e: &CudaError) -> bool {
+    match e {
+        CudaError::Unsupported { what, .. } => *what == "CUDA graph capture",
+        CudaError::Driver { what, .. } => what == "beginning a capture" || what == "ending a capture",
+        _ => false,
     }
 }
 

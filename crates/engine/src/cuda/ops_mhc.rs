@@ -7,11 +7,12 @@
 //! activation buffers may be longer than needed (only the leading elements are used), weights must
 //! have exactly their stated size. All kernels are deterministic (fixed reduction orders, no atomics).
 
+use super::drv;
 use super::graph::DevBuf;
 use super::gpu::{Gpu, GpuWeight};
 use super::CudaError;
 use crate::weights::HcWeights;
-use cudarc::driver::{CudaSlice, CudaView, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use flashseek_model::config::{Ds4Config, ScoringFunc};
 
 /// Entry points of `kernels/mhc.cu`.
@@ -48,10 +49,6 @@ const HC_TT: usize = 4;
 const MOE_THREADS: u32 = 256;
 /// Block size of the elementwise and row kernels.
 const ROW_THREADS: u32 = 256;
-
-fn drv<T>(what: &str, r: Result<T, DriverError>) -> Result<T, CudaError> {
-    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
-}
 
 fn bad(what: &'static str, detail: impl Into<String>) -> CudaError {
     CudaError::Unsupported { what, detail: detail.into() }

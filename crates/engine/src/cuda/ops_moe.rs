@@ -15,11 +15,12 @@
 //! Design learned from the grouped-GEMM idea in DeepSeek's DeepGEMM and from lucebox's adaptive
 //! MoE tiles (`../shared/research/`); the code is ours.
 
+use super::drv;
 use super::graph::DevBuf;
 use super::gpu::{gemm_smem_for, Gpu, GpuMatrix, GpuWeight, GEMM_ENTRY_POINTS};
 use super::ops_mhc::{GpuExpert, GpuMoeLayer};
 use super::CudaError;
-use cudarc::driver::{CudaSlice, DevicePtr, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use flashseek_model::config::Ds4Config;
 
 /// Output columns per block of the grouped GEMM (`BN` of `MOE_GEMM_ENTRY` in gemm.cu).
@@ -28,10 +29,6 @@ pub const MOE_GEMM_BN: usize = 128;
 pub const MOE_GROUP_MAX_EXPERTS: usize = 1024;
 /// Average tokens per expert below which adaptive tiles pick 64-row tiles.
 pub const MOE_ADAPTIVE_THRESHOLD: usize = 96;
-
-fn drv<T>(what: &str, r: Result<T, DriverError>) -> Result<T, CudaError> {
-    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
-}
 
 fn bad(detail: impl Into<String>) -> CudaError {
     CudaError::Unsupported { what: "grouped moe", detail: detail.into() }

@@ -19,11 +19,12 @@
 //! Learned from DeepSeek's DeepGEMM/`fp8_gemm` design (per-block promotion of FP8 partials into f32,
 //! DeepSeek-V3 report §3.3) and the PTX ISA (`mma.sync.m16n8k32` e4m3); the code is ours.
 
+use super::drv;
 use super::graph::DevBuf;
 use super::cublaslt::LT_MIN_TOKENS;
 use super::gpu::{tc_linear_mode, Gpu, GpuMatrix, GpuWeight, TcMode, TC_LINEAR_MIN_TOKENS};
 use super::CudaError;
-use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 /// The entry points of gemm_q8.cu.
 pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
@@ -76,10 +77,6 @@ pub fn families_for(arch: &str) -> (&'static str, &'static str) {
 pub const Q8_BN: usize = 128;
 /// Activation quantisation block (features per scale), spec §6.
 pub const Q8_BLOCK: usize = 128;
-
-fn drv<T>(what: &str, r: Result<T, DriverError>) -> Result<T, CudaError> {
-    r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
-}
 
 fn bad(detail: impl Into<String>) -> CudaError {
     CudaError::Unsupported { what: "fp8 linear", detail: detail.into() }
