@@ -6,8 +6,9 @@ to each and compares what comes back:
   - chat completions (non-streaming and streaming), a text completion and an Anthropic message,
     greedy (temperature 0) with logprobs where the API has them: the generated text must be equal
     and the first token's logprob within 1e-3;
-  - the same chat request a second time: the GPU server must report cached prompt tokens (its
-    prefix cache reused a GPU sequence) and answer the same text;
+  - a chat with a system prompt, then the same chat again and another question under the same
+    system prompt: the GPU server must report cached prompt tokens for both (its prefix cache
+    copied the shared prefix of a cached GPU sequence) and answer as the CPU does;
   - 6 different prompts at once (continuous batching on one GPU): each must equal the CPU's answer.
 Writes a JSON report (the requests' texts, logprobs, cached tokens, timings, verdict) and exits 1
 on any difference.
@@ -72,8 +73,16 @@ def post(base, path, body, stream=False):
 MODEL = "flashseek-default"  # replaced by the served name (GET /v1/models) at start
 
 
-def chat(prompt, n=24):
-    return {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+# A system prompt long enough (> MIN_FORK_TOKENS = 16 tokens) that repeating a chat, or asking
+# another question under it, reuses a cached GPU sequence: the server copies the shared prefix
+# (GPU fork) instead of recomputing it; shorter shared prefixes are recomputed on purpose.
+SYSTEM = ("You are a careful assistant. Answer in one short sentence, use plain words, "
+          "and never repeat the question back to the user.")
+
+
+def chat(prompt, n=24, system=None):
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return {"model": MODEL, "messages": msgs, "max_tokens": n, "temperature": 0, "logprobs": True, "top_logprobs": 2}
 
 
 def chat_text(r):
@@ -135,15 +144,21 @@ def main():
         case("chat (stream)", "/v1/chat/completions", {**{k: v for k, v in chat(prompt).items() if k not in ("logprobs", "top_logprobs")}, "stream": True}, lambda r: r["streamed_text"], stream=True)
         case("completion", "/v1/completions", {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}, lambda r: r["choices"][0]["text"])
         case("anthropic message", "/v1/messages", {"model": MODEL, "max_tokens": 16, "temperature": 0, "messages": [{"role": "user", "content": prompt}]}, lambda r: "".join(b.get("text", "") for b in r["content"]))
-        # The same chat again: the GPU prefix cache must serve part of the prompt.
-        g = case("chat again (prefix cache)", "/v1/chat/completions", chat(prompt), chat_text, lp_of=first_logprob)
-        cached = ((g.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-        report["prefix_cache_cached_tokens"] = cached
-        if not cached:
-            ok = False
-            print("prefix cache: no cached tokens reported  FAIL")
-        else:
-            print(f"prefix cache: {cached} cached tokens  ok")
+        # Prefix cache: a chat under SYSTEM, the same chat again (its whole prompt is held by the
+        # first one's cached sequence, which holds more: copied), then another question under
+        # SYSTEM (only the system part shared: copied). Each must report cached tokens.
+        case("chat with system prompt", "/v1/chat/completions", chat(prompt, system=SYSTEM), chat_text, lp_of=first_logprob)
+        report["prefix_cache_cached_tokens"] = {}
+        for name, body in (("chat again (prefix cache)", chat(prompt, system=SYSTEM)),
+                           ("other question (prefix copy)", chat("Name one large ocean.", system=SYSTEM))):
+            g = case(name, "/v1/chat/completions", body, chat_text, lp_of=first_logprob)
+            cached = ((g.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            report["prefix_cache_cached_tokens"][name] = cached
+            if cached < 16:
+                ok = False
+                print(f"prefix cache: {cached} cached tokens (expected at least 16)  FAIL")
+            else:
+                print(f"prefix cache: {cached} cached tokens  ok")
         # Six prompts at once: continuous batching on the GPU.
         prompts = [f"Count to {i} and stop." for i in range(3, 9)]
         with concurrent.futures.ThreadPoolExecutor(6) as ex:

@@ -70,6 +70,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `tc …` records (per-shape NMSE vs the CPU), every whole-model check, the switch matrix (`gpu-check --only switches`); fp8: `linear_q8`/`linear_w8 …` (`--only q8`) and `moe_q8 …` (`--only moe`) records vs the CPU in official numerics",
     },
     Switch {
+        name: "BF16_WGMMA",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the mma.sync m16n8k16 bf16 GEMMs (split or bf16 activations) of the tensor-core linear layers and the grouped MoE (gemm_tc_*, moe_gemm_*) for bf16/FP8/FP4 weights with K a multiple of 64 on sm_90a: Hopper warpgroup MMA (wgmma m64n128k16 bf16 from 128-byte-swizzled shared memory, weights dequantized exactly to bf16 one K step ahead while the previous step multiplies; gemm_wb_*, moe_wb_*), and the 128-row MoE tile for split activations when experts hold >= 96 tokens on average",
+        parity: "gpu-check `linear_tc_<fmt>[_x2] … Wgmma` records (`--only tc`: every format, ragged T and N, split tolerance 1e-8, exact FP8/FP4 decode), `moe_grouped …` records (`--only moe`: the grouped MoE matrix runs on it by default) and `moe_grouped … BF16_WGMMA=off` (the mma.sync kernels against the same CPU reference); the switch matrix and qualify (`BF16_WGMMA=off alone`)",
+    },
+    Switch {
         name: "FP8_WGMMA",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -485,6 +492,8 @@ pub fn configurations() -> Vec<Configuration> {
     // same kernels as the graphs: the same bits).
     v.push(c("MOE_GROUPED_DECODE=off alone".into(), vec![("MOE_GROUPED_DECODE", "off")], Role::AloneOff, true, false, false));
     v.push(c("DECODE_CUDA_GRAPH=off alone".into(), vec![("DECODE_CUDA_GRAPH", "off")], Role::AloneOff, true, true, false));
+    // The bf16 wgmma kernels sum in another order than mma.sync: exact, other bits.
+    v.push(c("BF16_WGMMA=off alone".into(), vec![("BF16_WGMMA", "off")], Role::AloneOff, true, false, false));
     // FP8_WGMMA only matters under TC_LINEAR=fp8.
     v.push(c("FP8_WGMMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_WGMMA", "off")], Role::AloneOff, false, false, false));
     v.push(c("FP8_CUBLASLT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("FP8_CUBLASLT", "off")], Role::AloneOff, false, false, false));

@@ -432,6 +432,9 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
         ("fp8", "ragged", 1000, 1040),
         ("fp4", "ragged", 1000, 2080),
         ("bf16", "ragged", 1030, 776),
+        // Ragged in T and N with K a multiple of 64: the wgmma tile runs these too.
+        ("fp8", "ragged n", 1000, 1088),
+        ("fp4", "ragged n", 1000, 2112),
     ];
     const TS: [usize; 3] = [64, 200, 1000];
     let tmax = TS[TS.len() - 1];
@@ -445,6 +448,9 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
         for t in TS {
             let reference = &cpu[..t * rows];
             for tile in GemmTile::ALL {
+                if tile == GemmTile::Wgmma && !gpu.bf16_wgmma(fmt, *cols) {
+                    continue;
+                }
                 let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
                 gpu.linear_tc(&dx, &gw, &mut dy, t, Some(tile), false)?;
                 all &= record(out, &format!("linear_tc_{fmt} {name} {tile:?}"), json!([t, rows, cols]), &gpu.download(&dy)?, reference);
@@ -501,7 +507,10 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
     let g4 = GpuWeight { rows: rows4, cols: k, data: GpuMatrix::Fp4 { w: gpu.upload(&w4)?, scales: gpu.upload(&s4)?, fold: super::ops_q8::fp4_fold_exact(&s4, k) } };
     for (fmt, gw, deq, rows) in [("fp8", &g8, d8, rows), ("fp4", &g4, d4, rows4)] {
         let cpu = ops::linear(&onehot, &Matrix { rows, cols: k, data: deq });
-        for (tile, split) in GemmTile::ALL.iter().map(|t| (*t, false)).chain([(GemmTile::Large, true)]) {
+        for (tile, split) in GemmTile::ALL.iter().map(|t| (*t, false)).chain([(GemmTile::Large, true), (GemmTile::Wgmma, true)]) {
+            if tile == GemmTile::Wgmma && !gpu.bf16_wgmma(fmt, k) {
+                continue;
+            }
             let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
             gpu.linear_tc(&dx, gw, &mut dy, t, Some(tile), split)?;
             let got = gpu.download(&dy)?;
@@ -538,10 +547,11 @@ fn tc_timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaEr
         let flops = 2.0 * (*t * *rows * *cols) as f64;
         let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
         let mut entry = json!({"op": format!("linear_tc_{fmt}"), "weight": name, "tokens": t, "rows": rows, "cols": cols, "flop": flops});
-        let auto = GemmTile::choose(*t, *rows, sms);
+        let auto = gpu.auto_tile(*t, *rows, fmt, *cols, sms);
         let mut line = format!("time tc {fmt} {name:<15} T={t:<5} [{rows}x{cols}]  auto={auto:?}");
         let mut best = f64::INFINITY;
-        for tile in GemmTile::ALL {
+        let tiles: Vec<GemmTile> = GemmTile::ALL.into_iter().filter(|tile| *tile != GemmTile::Wgmma || gpu.bf16_wgmma(fmt, *cols)).collect();
+        for &tile in &tiles {
             let ms = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, Some(tile), false))?;
             best = best.min(ms);
             line += &format!("  {tile:?} {:.3} ms {:.0} TF/s", ms, tf(ms));
@@ -550,7 +560,7 @@ fn tc_timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaEr
         }
         if *fmt != "f32" {
             line += "  | split";
-            for tile in GemmTile::ALL {
+            for &tile in &tiles {
                 let ms = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, Some(tile), true))?;
                 line += &format!(" {tile:?} {:.3} ms {:.0} TF/s", ms, tf(ms));
                 entry[format!("split_{tile:?}_ms")] = json!(ms);

@@ -10,6 +10,9 @@
 //! - `moe_grouped … bits`: every variant gives the same bits as the all-on one (the design promises
 //!   it: each output is one block's fixed-order accumulation whatever the grid, tile or fusion).
 //! - `moe_grouped … vs per-expert`: against the per-expert GPU path ([`Gpu::moe_experts`]), NMSE.
+//! - `moe_grouped <fmt> <act> BF16_WGMMA=off vs cpu`: the mma.sync kernels (the variants above run
+//!   on the wgmma ones by default, sm_90a) against the same reference and tolerance, and the NMSE
+//!   between the two families (informational: they sum in different orders).
 //! - `moe_grouped … masked`: all routing weights 0 → the output equals the shared expert's alone,
 //!   bit for bit (masked routes contribute exact zeros).
 //!
@@ -23,7 +26,8 @@
 //!
 //! Timings (`timings`): one MoE layer at Flash shapes (256 FP4 experts of [2048, 4096], FP8 shared
 //! expert, top-6, random routing) for several token counts: per-expert path vs grouped with each
-//! switch off alone, CUDA events, median after warm-up, with TFLOP/s of the routed experts.
+//! switch off alone (and `BF16_WGMMA=off`: the mma.sync kernels), CUDA events, median after
+//! warm-up, with TFLOP/s of the routed experts.
 
 use super::check::{errors, flag_record, median_ms, random, record, weight, SPLIT_NMSE_TOL};
 use super::check_mhc::{config, moe_layer};
@@ -166,6 +170,19 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
                 }
             }
             let f0 = first.unwrap_or_default();
+            // The mma.sync kernels (BF16_WGMMA=off; where the wgmma ones run, they are the default)
+            // against the same reference, and how far the two families are apart.
+            let sync = crate::switches::scoped(&[("BF16_WGMMA", "off")], || gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, MoeOptions::ALL_ON)).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
+            let sync = gpu.download(&sync)?;
+            let (nmse, max_abs, ref_max) = errors(&sync, &y_ref);
+            let pass = nmse <= tol && sync.iter().all(|v| v.is_finite());
+            let op = format!("moe_grouped {fmt} {act} BF16_WGMMA=off vs cpu");
+            println!("{op:<52} nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e}, tol {tol:.0e})  {}", if pass { "ok" } else { "FAIL" });
+            out.push(json!({"op": op, "shape": shape, "nmse": nmse, "max_abs": max_abs, "ref_max": ref_max, "tolerance_nmse": tol, "pass": pass}));
+            all &= pass;
+            let (nmse, max_abs, _) = errors(&f0, &sync);
+            println!("moe_grouped {fmt} {act} default vs BF16_WGMMA=off: nmse {nmse:.3e} max_abs {max_abs:.3e}");
+            out.push(json!({"op": format!("moe_grouped {fmt} {act} default vs BF16_WGMMA=off"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "informational": true}));
             let (nmse, max_abs, _) = errors(&f0, &per_expert);
             println!("moe_grouped {fmt} {act} vs per-expert GPU path: nmse {nmse:.3e} max_abs {max_abs:.3e}");
             out.push(json!({"op": format!("moe_grouped {fmt} {act} vs per-expert"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "informational": true}));
@@ -348,6 +365,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
                 let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, split, opts).map(|_| ()))?;
                 record_time(&format!("grouped {act} {name}"), ms);
             }
+            let ms = crate::switches::scoped(&[("BF16_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, split, on).map(|_| ()))).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
+            record_time(&format!("grouped {act} mma.sync all on"), ms);
         }
         for (name, opts) in [("all on", on), ("fused off", MoeOptions { fused_swiglu: false, ..on }), ("adaptive off (128)", MoeOptions { adaptive_tiles: false, ..on }), ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }), ("persistent off", MoeOptions { persistent: false, ..on })] {
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, opts).map(|_| ()))?;

@@ -123,7 +123,7 @@ pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
 ];
 
 /// The entry points of gemm.cu: the activation conversion and, per weight format, the tensor-core
-/// GEMM in each [`GemmTile`].
+/// GEMM in each [`GemmTile`] and the grouped MoE GEMMs (mma.sync `moe_gemm_*`, wgmma `moe_wb_*`).
 pub(crate) const GEMM_ENTRY_POINTS: &[&str] = &[
     "gemm_x_bf16",
     "w_fp8_bf16",
@@ -184,6 +184,48 @@ pub(crate) const GEMM_ENTRY_POINTS: &[&str] = &[
     "moe_gemm_fp4_64_x2_plain",
     "moe_gemm_fp4_64_x2_swiglu",
     "moe_gemm_fp4_64_x2_scatter",
+    "gemm_wb_bf16",
+    "gemm_wb_fp8",
+    "gemm_wb_fp4",
+    "gemm_wb_bf16_x2",
+    "gemm_wb_fp8_x2",
+    "gemm_wb_fp4_x2",
+    "moe_wb_bf16_128_plain",
+    "moe_wb_bf16_128_swiglu",
+    "moe_wb_bf16_128_scatter",
+    "moe_wb_bf16_64_plain",
+    "moe_wb_bf16_64_swiglu",
+    "moe_wb_bf16_64_scatter",
+    "moe_wb_bf16_128_x2_plain",
+    "moe_wb_bf16_128_x2_swiglu",
+    "moe_wb_bf16_128_x2_scatter",
+    "moe_wb_bf16_64_x2_plain",
+    "moe_wb_bf16_64_x2_swiglu",
+    "moe_wb_bf16_64_x2_scatter",
+    "moe_wb_fp8_128_plain",
+    "moe_wb_fp8_128_swiglu",
+    "moe_wb_fp8_128_scatter",
+    "moe_wb_fp8_64_plain",
+    "moe_wb_fp8_64_swiglu",
+    "moe_wb_fp8_64_scatter",
+    "moe_wb_fp8_128_x2_plain",
+    "moe_wb_fp8_128_x2_swiglu",
+    "moe_wb_fp8_128_x2_scatter",
+    "moe_wb_fp8_64_x2_plain",
+    "moe_wb_fp8_64_x2_swiglu",
+    "moe_wb_fp8_64_x2_scatter",
+    "moe_wb_fp4_128_plain",
+    "moe_wb_fp4_128_swiglu",
+    "moe_wb_fp4_128_scatter",
+    "moe_wb_fp4_64_plain",
+    "moe_wb_fp4_64_swiglu",
+    "moe_wb_fp4_64_scatter",
+    "moe_wb_fp4_128_x2_plain",
+    "moe_wb_fp4_128_x2_swiglu",
+    "moe_wb_fp4_128_x2_scatter",
+    "moe_wb_fp4_64_x2_plain",
+    "moe_wb_fp4_64_x2_swiglu",
+    "moe_wb_fp4_64_x2_scatter",
 ];
 
 /// Token count from which [`Gpu::linear`] uses the tensor-core GEMM (gemm.cu).
@@ -235,11 +277,17 @@ pub enum GemmTile {
     Medium,
     /// 64 × 64, 4 warps (`gemm_tc_<fmt>_s`).
     Small,
+    /// 128 × 128 on Hopper's warpgroup MMA, 2 warpgroups (`gemm_wb_<fmt>`; switch `BF16_WGMMA`):
+    /// sm_90a, bf16/FP8/FP4 weights with K a multiple of 64 only ([`Gpu::bf16_wgmma`]).
+    Wgmma,
 }
 
 impl GemmTile {
-    /// Every tile.
-    pub const ALL: [GemmTile; 3] = [GemmTile::Large, GemmTile::Medium, GemmTile::Small];
+    /// Every tile ([`GemmTile::Wgmma`] only where [`Gpu::bf16_wgmma`] allows it).
+    pub const ALL: [GemmTile; 4] = [GemmTile::Large, GemmTile::Medium, GemmTile::Small, GemmTile::Wgmma];
+
+    /// The mma.sync tiles (every device and format).
+    pub const MMA_SYNC: [GemmTile; 3] = [GemmTile::Large, GemmTile::Medium, GemmTile::Small];
 
     /// (tokens, outputs, threads) per block and the entry-point suffix.
     pub fn shape(self) -> (usize, usize, usize, &'static str) {
@@ -247,6 +295,17 @@ impl GemmTile {
             GemmTile::Large => (128, 256, 256, ""),
             GemmTile::Medium => (128, 128, 256, "_m"),
             GemmTile::Small => (64, 64, 128, "_s"),
+            GemmTile::Wgmma => (128, 128, 256, ""),
+        }
+    }
+
+    /// The entry point of this tile for weight format `fmt` (`f32`, `bf16`, `fp8`, `fp4`), with
+    /// split activations or not.
+    pub fn entry(self, fmt: &str, split: bool) -> String {
+        let x2 = if split { "_x2" } else { "" };
+        match self {
+            GemmTile::Wgmma => format!("gemm_wb_{fmt}{x2}"),
+            t => format!("gemm_tc_{fmt}{}{x2}", t.shape().3),
         }
     }
 
@@ -262,6 +321,7 @@ impl GemmTile {
                 GemmTile::Large => 1.0,
                 GemmTile::Medium => 0.85,
                 GemmTile::Small => 0.8 * (0.45 + 0.55 * (per_sm.clamp(1, 4) - 1) as f64 / 3.0),
+                GemmTile::Wgmma => 0.0,
             };
             (per_sm * bm * bn) as f64 / eff
         };
@@ -279,7 +339,26 @@ impl GemmTile {
 /// two with `split` + raw weight tile) + 2 bf16 weight tiles + the FP4 table`.
 pub fn gemm_smem_bytes(format: &str, tile: GemmTile, split: bool) -> usize {
     let (bm, bn, _, _) = tile.shape();
+    if tile == GemmTile::Wgmma {
+        return wb_smem(format, bm, split);
+    }
     gemm_smem_for(format, bm, bn, split)
+}
+
+/// Dynamic shared memory of a gemm.cu wgmma block of `bm` (64 or 128) rows × 128 columns (mirrors
+/// `GbLayout` there): 1 KB of alignment slack, stages (3 for 64-row split blocks, else 4) of (the
+/// activation tile `bm × 128` bytes per plane + the raw weight tile: bf16 `128 × 128`, FP8
+/// `128 × 64`, FP4 `128 × 32` bytes), and for FP8/FP4 two converted `128 × 128`-byte tiles.
+pub fn wb_smem(format: &str, bm: usize, split: bool) -> usize {
+    let stages = if bm == 64 && split { 3 } else { 4 };
+    let planes = if split { 2 } else { 1 };
+    let raw = match format {
+        "bf16" => 128,
+        "fp8" => 64,
+        _ => 32,
+    };
+    let conv = if format == "bf16" { 0 } else { 2 * 128 * 128 };
+    1024 + stages * (bm * 128 * planes + 128 * raw) + conv
 }
 
 /// [`gemm_smem_bytes`] for any `bm × bn` block tile (the grouped MoE GEMM's tiles too).
@@ -366,10 +445,10 @@ impl Gpu {
         for fmt in ["f32", "bf16", "fp8", "fp4"] {
             for tile in GemmTile::ALL {
                 for split in [false, true] {
-                    if split && fmt == "f32" {
+                    if fmt == "f32" && (split || tile == GemmTile::Wgmma) {
                         continue;
                     }
-                    let name = format!("gemm_tc_{fmt}{}{}", tile.shape().3, if split { "_x2" } else { "" });
+                    let name = tile.entry(fmt, split);
                     let bytes = gemm_smem_bytes(fmt, tile, split) as i32;
                     let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
                     drv(&format!("shared memory of {name}"), functions[name.as_str()].set_attribute(attr, bytes))?;
@@ -388,8 +467,7 @@ impl Gpu {
             }
         }
         for name in super::ops_moe::moe_gemm_entry_points() {
-            let (fmt, bm, split) = super::ops_moe::moe_gemm_entry_shape(name);
-            let bytes = gemm_smem_for(fmt, bm, super::ops_moe::MOE_GEMM_BN, split) as i32;
+            let bytes = super::ops_moe::moe_gemm_entry_smem(name) as i32;
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }
@@ -607,10 +685,12 @@ impl Gpu {
     /// [`Gpu::linear`] on the tensor cores (gemm.cu): x rounded to bf16 into a scratch buffer
     /// (`[T↑128, K↑32]`; with `split` also the residuals x − bf16(x) as a second plane), then the
     /// GEMM with W dequantized exactly to bf16 (f32 W rounded), f32 accumulation, deterministic.
-    /// `tile` forces a block tile (None: [`GemmTile::choose`]).
+    /// `tile` forces a block tile (None: [`GemmTile::Wgmma`] where [`Gpu::bf16_wgmma`] allows it and
+    /// [`GemmTile::choose`] does not pick the small tile, else [`GemmTile::choose`]'s).
     ///
     /// Errors: `cols` not a multiple of the format's vector width, buffers shorter than the shape,
-    /// `split` with f32 weights (whose bf16 rounding would dominate: use [`Gpu::linear_gemv`]).
+    /// `split` with f32 weights (whose bf16 rounding would dominate: use [`Gpu::linear_gemv`]), a
+    /// forced [`GemmTile::Wgmma`] where [`Gpu::bf16_wgmma`] says no.
     pub fn linear_tc(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize, tile: Option<GemmTile>, split: bool) -> Result<(), CudaError> {
         let (fmt, need) = format_of(w);
         if split && fmt == "f32" {
@@ -632,11 +712,17 @@ impl Gpu {
             return Ok(());
         }
         let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
-        let tile = tile.unwrap_or_else(|| GemmTile::choose(t, w.rows, sms));
-        let (bm, bn, threads, suffix) = tile.shape();
+        let tile = match tile {
+            Some(GemmTile::Wgmma) if !self.bf16_wgmma(fmt, w.cols) => {
+                return Err(CudaError::Unsupported { what: "linear", detail: format!("the wgmma tile with {fmt} weights of input width {} on {} (needs sm_90a, bf16/FP8/FP4, a multiple of 64, BF16_WGMMA on)", w.cols, self.arch) });
+            }
+            Some(tile) => tile,
+            None => self.auto_tile(t, w.rows, fmt, w.cols, sms),
+        };
+        let (bm, bn, threads, _) = tile.shape();
         let blocks = t.div_ceil(bm) * w.rows.div_ceil(bn);
         let cfg = LaunchConfig { grid_dim: (too_big(blocks)? as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: gemm_smem_bytes(fmt, tile, split) as u32 };
-        let name = format!("gemm_tc_{fmt}{suffix}{}", if split { "_x2" } else { "" });
+        let name = tile.entry(fmt, split);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(&name));
         b.arg(&xb);
@@ -653,6 +739,25 @@ impl Gpu {
         // SAFETY: matches the (xb, W, S, y, T, N, K) signature of every gemm_tc entry point; the
         // dynamic shared memory is the size its layout needs (the kernel traps on less).
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// Whether gemm.cu's wgmma kernels (`gemm_wb_*`, `moe_wb_*`) run a GEMM with `fmt` weights
+    /// (`f32`, `bf16`, `fp8`, `fp4`) of input width `k` here: the switch `BF16_WGMMA` is on, the
+    /// device is sm_90a (wgmma exists nowhere else), the format is bf16/FP8/FP4 and `k` is a
+    /// multiple of 64 (one K step).
+    pub fn bf16_wgmma(&self, fmt: &str, k: usize) -> bool {
+        self.arch == "sm_90a" && fmt != "f32" && k.is_multiple_of(64) && crate::switches::on("BF16_WGMMA")
+    }
+
+    /// The block tile [`Gpu::linear_tc`] picks for `t` tokens, `n` outputs and `fmt` weights of input
+    /// width `k` on `sms` multiprocessors: [`GemmTile::choose`]'s, replaced by [`GemmTile::Wgmma`]
+    /// where [`Gpu::bf16_wgmma`] allows it unless the problem is small enough for the 64 × 64 tile.
+    pub fn auto_tile(&self, t: usize, n: usize, fmt: &str, k: usize, sms: usize) -> GemmTile {
+        match GemmTile::choose(t, n, sms) {
+            GemmTile::Small => GemmTile::Small,
+            _ if self.bf16_wgmma(fmt, k) => GemmTile::Wgmma,
+            chosen => chosen,
+        }
     }
 
     /// `x` (`[t, k]` f32) as gemm.cu's bf16 activation planes (`gemm_x_bf16`): returns the buffer,

@@ -17,7 +17,7 @@
 
 use super::drv;
 use super::graph::DevBuf;
-use super::gpu::{gemm_smem_for, Gpu, GpuMatrix, GpuWeight, GEMM_ENTRY_POINTS};
+use super::gpu::{gemm_smem_for, wb_smem, Gpu, GpuMatrix, GpuWeight, GEMM_ENTRY_POINTS};
 use super::ops_mhc::{GpuExpert, GpuMoeLayer};
 use super::CudaError;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
@@ -34,16 +34,27 @@ fn bad(detail: impl Into<String>) -> CudaError {
     CudaError::Unsupported { what: "grouped moe", detail: detail.into() }
 }
 
-/// The grouped GEMM entry points of gemm.cu (`moe_gemm_<fmt>_<bm>[_x2]_<epi>`).
+/// The grouped GEMM entry points of gemm.cu: mma.sync `moe_gemm_<fmt>_<bm>[_x2]_<epi>` and wgmma
+/// `moe_wb_<fmt>_<bm>[_x2]_<epi>` (switch `BF16_WGMMA`).
 pub fn moe_gemm_entry_points() -> impl Iterator<Item = &'static str> {
-    GEMM_ENTRY_POINTS.iter().copied().filter(|n| n.starts_with("moe_gemm_"))
+    GEMM_ENTRY_POINTS.iter().copied().filter(|n| n.starts_with("moe_gemm_") || n.starts_with("moe_wb_"))
 }
 
-/// `(format, tile rows, split)` of a grouped GEMM entry point name.
+/// `(format, tile rows, split)` of a grouped GEMM entry point name (either family).
 pub fn moe_gemm_entry_shape(name: &str) -> (&'static str, usize, bool) {
-    let fmt = ["bf16", "fp8", "fp4"].into_iter().find(|f| name.starts_with(&format!("moe_gemm_{f}_"))).unwrap_or("fp4");
+    let fmt = ["bf16", "fp8", "fp4"].into_iter().find(|f| name.starts_with(&format!("moe_gemm_{f}_")) || name.starts_with(&format!("moe_wb_{f}_"))).unwrap_or("fp4");
     let bm = if name.contains("_64_") { 64 } else { 128 };
     (fmt, bm, name.contains("_x2_"))
+}
+
+/// Dynamic shared memory of a grouped GEMM entry point (by name; either family).
+pub fn moe_gemm_entry_smem(name: &str) -> usize {
+    let (fmt, bm, split) = moe_gemm_entry_shape(name);
+    if name.starts_with("moe_wb_") {
+        wb_smem(fmt, bm, split)
+    } else {
+        gemm_smem_for(fmt, bm, MOE_GEMM_BN, split)
+    }
 }
 
 /// How the grouped MoE runs (the `MOE_*` switches; [`MoeOptions::from_switches`]).
@@ -77,18 +88,18 @@ impl MoeOptions {
     /// Every optimisation on (the defaults).
     pub const ALL_ON: MoeOptions = MoeOptions { grouped: true, fused_swiglu: true, adaptive_tiles: true, persistent: true, force_tile_rows: None };
 
-    /// Tile height for `tk` routed pairs over `e` experts with split (`split`) or bf16 activations.
-    /// Adaptive: 64-row tiles when the average tokens per expert is below
-    /// [`MOE_ADAPTIVE_THRESHOLD`], and always with split activations (whose two planes make the
-    /// 128-row tile's shared memory and registers limit it to one block per SM). Measured on H200,
-    /// Flash shapes, 256 FP4 experts (`bench/moe_grouped_h200.json`): T = 2048 (48 tokens per
-    /// expert) 9.0 ms with 64 rows vs 17.3 ms with 128; T = 8192 (192 per expert) split 29.9 vs 35.6
-    /// ms, bf16 26.3 vs 25.3 ms.
-    pub fn tile_rows(&self, tk: usize, e: usize, split: bool) -> usize {
+    /// Tile height for `tk` routed pairs over `e` experts with split (`split`) or bf16 activations,
+    /// on the wgmma kernels (`wgmma`) or mma.sync ones. Adaptive: 64-row tiles when the average
+    /// tokens per expert is below [`MOE_ADAPTIVE_THRESHOLD`], and always with split activations on
+    /// mma.sync (whose two planes make its 128-row tile's shared memory and registers limit it to
+    /// one block per SM). Measured on H200, Flash shapes, 256 FP4 experts, mma.sync
+    /// (`bench/moe_grouped_h200.json`): T = 2048 (48 tokens per expert) 9.0 ms with 64 rows vs
+    /// 17.3 ms with 128; T = 8192 (192 per expert) split 29.9 vs 35.6 ms, bf16 26.3 vs 25.3 ms.
+    pub fn tile_rows(&self, tk: usize, e: usize, split: bool, wgmma: bool) -> usize {
         if let Some(bm) = self.force_tile_rows {
             return if bm <= 64 { 64 } else { 128 };
         }
-        if self.adaptive_tiles && (split || tk < MOE_ADAPTIVE_THRESHOLD * e.max(1)) {
+        if self.adaptive_tiles && ((split && !wgmma) || tk < MOE_ADAPTIVE_THRESHOLD * e.max(1)) {
             64
         } else {
             128
@@ -258,7 +269,8 @@ impl Gpu {
         Ok(LaunchConfig { grid_dim: (u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 })
     }
 
-    /// Launches one grouped GEMM `moe_gemm_<fmt>_<bm>[_x2]_<epi>`.
+    /// Launches one grouped GEMM: `moe_wb_<fmt>_<bm>[_x2]_<epi>` where [`Gpu::bf16_wgmma`] allows it
+    /// for this input width `k`, else `moe_gemm_<fmt>_<bm>[_x2]_<epi>`.
     #[allow(clippy::too_many_arguments)]
     fn moe_gemm(
         &self,
@@ -277,11 +289,12 @@ impl Gpu {
         k: usize,
         limit: f32,
     ) -> Result<(), CudaError> {
-        let name = format!("moe_gemm_{}_{}{}_{epi}", tables.format, g.bm, if split { "_x2" } else { "" });
+        let family = if self.bf16_wgmma(tables.format, k) { "moe_wb" } else { "moe_gemm" };
+        let name = format!("{family}_{}_{}{}_{epi}", tables.format, g.bm, if split { "_x2" } else { "" });
         let Some(&fname) = GEMM_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
-        let cfg = self.moe_launch_config(fname, g, n, gemm_smem_for(tables.format, g.bm, MOE_GEMM_BN, split), persistent)?;
+        let cfg = self.moe_launch_config(fname, g, n, moe_gemm_entry_smem(fname), persistent)?;
         let (lo, n_i, k_i) = (lo_plane as i64, n as i32, k as i32);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));
@@ -325,7 +338,8 @@ impl Gpu {
         let tk = t * k;
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
-        let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, split))?;
+        let wgmma = self.bf16_wgmma(tables.format, d) && self.bf16_wgmma(tables.format, inter);
+        let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, split, wgmma))?;
         let planes = if split { 2 } else { 1 };
         // Grouped activations [r_cap, d] (bf16, + low plane).
         // SAFETY: rows < R are written by moe_gather_bf16 below; rows ≥ R are never read (no item covers them).
@@ -416,7 +430,7 @@ impl Gpu {
         let tk = t * k;
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
-        let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, false))?;
+        let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, false, false))?;
         let qa = self.act_quant(f, t, d)?;
         let kb = d / super::ops_q8::Q8_BLOCK;
         // SAFETY: rows < R are written by moe_gather_q8; rows ≥ R are never read (no item covers them).
@@ -459,28 +473,37 @@ mod tests {
     fn tile_rows_follow_the_measured_rule() {
         let on = MoeOptions::ALL_ON;
         // 256 experts: 2048 tokens × 6 = 48 per expert → 64 rows; 8192 × 6 = 192 per expert.
-        assert_eq!(on.tile_rows(2048 * 6, 256, false), 64);
-        assert_eq!(on.tile_rows(8192 * 6, 256, false), 128);
-        assert_eq!(on.tile_rows(8192 * 6, 256, true), 64);
+        assert_eq!(on.tile_rows(2048 * 6, 256, false, false), 64);
+        assert_eq!(on.tile_rows(8192 * 6, 256, false, false), 128);
+        assert_eq!(on.tile_rows(8192 * 6, 256, true, false), 64);
+        // wgmma: split activations take the 128-row tile too when experts are full enough.
+        assert_eq!(on.tile_rows(8192 * 6, 256, true, true), 128);
+        assert_eq!(on.tile_rows(2048 * 6, 256, true, true), 64);
         let fixed = MoeOptions { adaptive_tiles: false, ..on };
-        assert_eq!(fixed.tile_rows(16, 256, true), 128);
-        assert_eq!(MoeOptions { force_tile_rows: Some(64), ..fixed }.tile_rows(1 << 20, 1, false), 64);
-        assert_eq!(MoeOptions { force_tile_rows: Some(100), ..on }.tile_rows(1, 256, true), 128);
+        assert_eq!(fixed.tile_rows(16, 256, true, false), 128);
+        assert_eq!(MoeOptions { force_tile_rows: Some(64), ..fixed }.tile_rows(1 << 20, 1, false, true), 64);
+        assert_eq!(MoeOptions { force_tile_rows: Some(100), ..on }.tile_rows(1, 256, true, false), 128);
     }
 
-    /// Every grouped GEMM entry point parses to a format, tile and split, all 36 combinations exist
-    /// once, and every block's shared memory fits a Hopper SM (227 KB per block).
+    /// Every grouped GEMM entry point parses to a family, format, tile and split, all 36
+    /// combinations exist once per family, and every block's shared memory fits a Hopper SM (227 KB
+    /// per block); the 64-row wgmma blocks fit two per SM (228 KB, 1 KB reserved per block).
     #[test]
     fn grouped_gemm_entry_points_are_complete() {
         let names: Vec<&str> = moe_gemm_entry_points().collect();
-        assert_eq!(names.len(), 36);
+        assert_eq!(names.len(), 72);
         let mut seen = std::collections::HashSet::new();
         for n in &names {
             let (fmt, bm, split) = moe_gemm_entry_shape(n);
+            let family = if n.starts_with("moe_wb_") { "moe_wb" } else { "moe_gemm" };
             let epi = ["plain", "swiglu", "scatter"].into_iter().find(|e| n.ends_with(e)).expect("an epilogue suffix");
-            assert_eq!(*n, format!("moe_gemm_{fmt}_{bm}{}_{epi}", if split { "_x2" } else { "" }));
-            assert!(seen.insert((fmt, bm, split, epi)));
-            assert!(gemm_smem_for(fmt, bm, MOE_GEMM_BN, split) <= 227 * 1024, "{n}");
+            assert_eq!(*n, format!("{family}_{fmt}_{bm}{}_{epi}", if split { "_x2" } else { "" }));
+            assert!(seen.insert((family, fmt, bm, split, epi)));
+            let smem = moe_gemm_entry_smem(n);
+            assert!(smem <= 227 * 1024, "{n}: {smem}");
+            if family == "moe_wb" && bm == 64 {
+                assert!(2 * (smem + 1024) <= 228 * 1024, "{n}: {smem}");
+            }
         }
     }
 }

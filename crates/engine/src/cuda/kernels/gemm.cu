@@ -1,6 +1,7 @@
 // gemm.cu — tensor-core linear layers for many tokens (prefill): y[t, n] = Σ_k x[t, k] · W[n, k]
 // with bf16 activations (or split ones, x = hi + lo), W dequantized exactly to bf16 in shared
-// memory, and f32 accumulation (mma.sync m16n8k16 bf16 → f32). The exact f32 path is linear.cu;
+// memory, and f32 accumulation (mma.sync m16n8k16 bf16 → f32; on sm_90a wgmma m64n128k16, the
+// gemm_wb_* / moe_wb_* kernels at the end of this file). The exact f32 path is linear.cu;
 // `Gpu::linear` picks this one for T ≥ 64 as FLASHSEEK_TC_LINEAR says (gpu.rs `TcMode`: split by
 // default, bf16, or 0 = off).
 //
@@ -43,7 +44,7 @@
 // Measured on H200 (gpu-check, 2048 tokens): FP8 [32768, 1024] 188 TFLOP/s (split 138), FP8
 // [4096, 8192] 192 (136), FP4 [2048, 4096] 126 (105), BF16 [1024, 4096] 169 (82, Medium tile),
 // against 0.5–7 TFLOP/s for linear.cu at the same shapes. Headroom: mma.sync with one barrier per
-// 32-wide K step; wgmma (sm_90a) with warp-specialised producers is the next step.
+// 32-wide K step; the wgmma kernels below are the sm_90a answer.
 
 #define GM_BK 32
 #define GM_LDS 40    // bf16 per padded shared-memory row (80 bytes: ldmatrix rows hit distinct banks)
@@ -138,6 +139,44 @@ struct GmEpi {
     float limit;
     const int* dst;
 };
+
+// Epilogue 1 for one row and two adjacent hidden units col, col + 1: h = silu(min(g, L))·clamp(u, ±L)
+// as bf16 into hb (with SPLIT also bf16(h − hi) into the low plane at h_lo).
+template <bool SPLIT>
+__device__ __forceinline__ void gm_swiglu_store(const GmEpi& E, int row, int col, float g0, float g1, float u0, float u1) {
+    float hv[2];
+    const float gs[2] = {g0, g1}, us[2] = {u0, u1};
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const float gv = fminf(gs[e], E.limit);
+        const float uv = us[e];
+        const float uc = uv != uv ? uv : fminf(fmaxf(uv, -E.limit), E.limit);
+        const float sg = 1.f / (1.f + expf(-gv));
+        hv[e] = (gv * sg) * uc;
+    }
+    const u32 hi = gm_bf16x2(hv[0], hv[1]);
+    u16* dst = E.hb + (size_t)row * E.ldh + col;
+    *reinterpret_cast<u32*>(dst) = hi;
+    if (SPLIT) {
+        const float l0 = hv[0] - __uint_as_float(hi << 16), l1 = hv[1] - __uint_as_float(hi & 0xffff0000u);
+        *reinterpret_cast<u32*>(dst + E.h_lo) = gm_bf16x2(l0, l1);
+    }
+}
+
+// Epilogues 0 and 2 for one row and two adjacent output columns col, col + 1 (either may lie past N).
+template <int EPI>
+__device__ __forceinline__ void gm_store2(const GmEpi& E, int T, int N, int row, int col, float v0, float v1) {
+    const int orow = EPI == 2 ? E.dst[row] : row;
+    if (EPI == 0 ? row < T : orow >= 0) {
+        float* dst = E.y + (size_t)orow * N + col;
+        if ((N & 1) == 0 && col + 1 < N) {
+            *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+        } else {
+            if (col < N) dst[0] = v0;
+            if (col + 1 < N) dst[1] = v1;
+        }
+    }
+}
 
 template <int FMT, int BM, int BN, int WM, int WN, bool SPLIT, int EPI>
 __device__ __forceinline__ void gm_gemm(const GmProb& P, const GmEpi& E) {
@@ -350,53 +389,20 @@ __device__ __forceinline__ void gm_gemm(const GmProb& P, const GmEpi& E) {
                 const int col = hb0 + 8 * j + c2;
                 if (2 * col >= N) continue;
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int row = m0 + wm * WTM + mt * 16 + g + 8 * h;
-                    float hv[2];
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float gv = fminf(acc[mt][2 * j][2 * h + e], E.limit);
-                        const float uv = acc[mt][2 * j + 1][2 * h + e];
-                        const float uc = uv != uv ? uv : fminf(fmaxf(uv, -E.limit), E.limit);
-                        const float sg = 1.f / (1.f + expf(-gv));
-                        hv[e] = (gv * sg) * uc;
-                    }
-                    const u32 hi = gm_bf16x2(hv[0], hv[1]);
-                    u16* dst = E.hb + (size_t)row * E.ldh + col;
-                    *reinterpret_cast<u32*>(dst) = hi;
-                    if (SPLIT) {
-                        const float l0 = hv[0] - __uint_as_float(hi << 16), l1 = hv[1] - __uint_as_float(hi & 0xffff0000u);
-                        *reinterpret_cast<u32*>(dst + E.h_lo) = gm_bf16x2(l0, l1);
-                    }
-                }
+                for (int h = 0; h < 2; h++)
+                    gm_swiglu_store<SPLIT>(E, m0 + wm * WTM + mt * 16 + g + 8 * h, col, acc[mt][2 * j][2 * h], acc[mt][2 * j][2 * h + 1],
+                                           acc[mt][2 * j + 1][2 * h], acc[mt][2 * j + 1][2 * h + 1]);
             }
         }
         return;
     }
-    const bool even = (N & 1) == 0;
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < NT8; nt++) {
-            int col = n0 + wn * WTN + nt * 8 + c2;
+        for (int nt = 0; nt < NT8; nt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int row = m0 + wm * WTM + mt * 16 + g + 8 * h;
-                int orow = row;
-                if (EPI == 2) orow = E.dst[row];
-                if (EPI == 0 ? row < T : orow >= 0) {
-                    float* dst = E.y + (size_t)orow * N + col;
-                    float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
-                    if (even && col + 1 < N) {
-                        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-                    } else {
-                        if (col < N) dst[0] = v0;
-                        if (col + 1 < N) dst[1] = v1;
-                    }
-                }
-            }
-        }
-    }
+            for (int h = 0; h < 2; h++)
+                gm_store2<EPI>(E, T, N, m0 + wm * WTM + mt * 16 + g + 8 * h, n0 + wn * WTN + nt * 8 + c2, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
 }
 
 // split ≠ 0: also the low halves x − bf16(x), rounded to bf16, as a second plane [Tp, Kp] after the
@@ -516,7 +522,11 @@ GM_ENTRY(gemm_tc_fp4_s_x2, 3, 64, 64, 2, 2, true)
 //   The per-output arithmetic is gm_gemm's, so a grouped row gives the same bits as the plain GEMM
 //   of the same weights at any tile (same K steps, same MMA order).
 
-template <int FMT, int BM, int BN, int WM, int WN, bool SPLIT, int EPI>
+template <int FMT, int WG, bool SPLIT, int EPI>
+__device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E);  // below
+
+// WGMMA: the tile is gb_gemm's (BM / 64 warpgroups; WM, WN unused), else gm_gemm's.
+template <bool WGMMA, int FMT, int BM, int BN, int WM, int WN, bool SPLIT, int EPI>
 __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, const unsigned long long* wtab,
                                          const unsigned long long* stab, const unsigned long long* w3tab,
                                          const unsigned long long* s3tab, const int* items, const int* n_items, float* y,
@@ -539,7 +549,8 @@ __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, cons
         p.T = 0x7fffffff;
         p.N = N;
         p.K = K;
-        gm_gemm<FMT, BM, BN, WM, WN, SPLIT, EPI>(p, e);
+        if constexpr (WGMMA) gb_gemm<FMT, BM / 64, SPLIT, EPI>(p, e);
+        else gm_gemm<FMT, BM, BN, WM, WN, SPLIT, EPI>(p, e);
         __syncthreads();  // the next unit refills shared memory other warps may still be reading
     }
 }
@@ -551,8 +562,8 @@ __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, cons
              const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
              float* __restrict__ y, u16* __restrict__ hb, long long h_lo, int ldh, const int* __restrict__ dst, int N,    \
              int K, float limit) {                                                                                        \
-        moe_gemm<FMT, BM, 128, WM, WN, SPLIT, EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb, h_lo,   \
-                                                    ldh, dst, N, K, limit);                                               \
+        moe_gemm<false, FMT, BM, 128, WM, WN, SPLIT, EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb,  \
+                                                           h_lo, ldh, dst, N, K, limit);                                               \
     }
 
 #define MOE_GEMM_FMT(F, FMT)                                             \
@@ -572,3 +583,265 @@ __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, cons
 MOE_GEMM_FMT(bf16, 1)
 MOE_GEMM_FMT(fp8, 2)
 MOE_GEMM_FMT(fp4, 3)
+
+// ---------------------------------------------------------------------------------------------
+// The same GEMMs on Hopper's warpgroup MMA (switch BF16_WGMMA, on by default; sm_90a only; bf16,
+// FP8 and FP4 weights with K % 64 == 0 — the host checks both and otherwise uses the kernels above):
+//   gemm_wb_<fmt>[_x2](xb, W, S, y, T, N, K)        — as gemm_tc_<fmt>[_x2], block tile 128 × 128
+//   moe_wb_<fmt>_<bm>[_x2]_<epi>(…)                 — as moe_gemm_<fmt>_<bm>[_x2]_<epi>
+// Block: WG warpgroups (BM = 64·WG rows) × 128 output columns; one K step = 64 values = one
+// 128-byte row of bf16. Shared memory per stage: the activation tile [BM][64] bf16 per plane (hi, and
+// lo with _x2) in the 128-byte-swizzled K-major layout wgmma reads (common.cuh gw_swz, gw_desc), and
+// the weight tile's raw bytes [128][64 values]: bf16 weights are copied straight into the swizzled
+// layout; FP8 and FP4 ones are dequantized exactly to bf16 (the values gm_gemm's tiles hold) into one
+// of two swizzled tiles, one step ahead — the conversion of step kt + 1 runs while the tensor cores
+// multiply step kt. Per step and warpgroup: 4 × wgmma m64n128k16 bf16 → f32 (8 with _x2: for each
+// 16-wide slice the hi plane, then the lo plane) accumulating in registers over all of K. wgmma sums
+// its products in its own order, so results differ from gm_gemm in the last bits; each output is
+// still one warpgroup's fixed instruction sequence (deterministic: the same bits for any grid, tile
+// height or SwiGLU fusion). Epilogues as gm_gemm's (gm_swiglu_store, gm_store2).
+
+template <int FMT, int WG, bool SPLIT>
+struct GbLayout {
+    static constexpr int BM = 64 * WG;
+    static constexpr int STAGES = (WG == 1 && SPLIT) ? 3 : 4;  // two 64-row split blocks fit an SM
+    static constexpr int A_PLANE = BM * 128;
+    static constexpr int A_STAGE = SPLIT ? 2 * A_PLANE : A_PLANE;
+    static constexpr int RB = FMT == 1 ? 128 : FMT == 2 ? 64 : 32;  // weight bytes per row per K step
+    static constexpr int B_STAGE = 128 * RB;
+    static constexpr int BCONV = FMT == 1 ? 0 : 128 * 128;
+    static constexpr int TOTAL = 1024 + STAGES * (A_STAGE + B_STAGE) + 2 * BCONV;
+};
+
+// wgmma m64n128k16 bf16 × bf16 → f32, both operands K-major from shared memory, d += a·b.
+__device__ __forceinline__ void gb_mma(float (&d)[64], unsigned long long da, unsigned long long db) {
+    GW_ASM(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 1, 1, 1, 0, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db));
+}
+
+// Eight e2m1 nibbles of w (value j in nibble j, low nibble first) as eight bf16 in four bf16x2 words,
+// exact (the values of gm_e2m1_bf16): per four nibbles, one prmt picks each magnitude's bf16 high
+// byte and one its low byte from 8-entry byte tables (0, 0.5, 1, 1.5, 2, 3, 4, 6 = 0x0000, 0x3F00,
+// 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0), a third and fourth interleave them into pairs,
+// and the nibbles' sign bits move to bits 15 and 31.
+__device__ __forceinline__ void gb_e2m1x8(u32 w, u32* o) {
+    const u32 m = w & 0x77777777u;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const u32 sel = (m >> (16 * h)) & 0xffffu;
+        const u32 hb = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);
+        const u32 lb = __byte_perm(0xC0800000u, 0xC0804000u, sel);
+        const u32 s = w >> (16 * h);  // sign bits of the four values at bits 3, 7, 11, 15
+        o[2 * h] = __byte_perm(lb, hb, 0x5140u) | ((s << 12) & 0x8000u) | ((s << 24) & 0x80000000u);
+        o[2 * h + 1] = __byte_perm(lb, hb, 0x7362u) | ((s << 4) & 0x8000u) | ((s << 16) & 0x80000000u);
+    }
+}
+
+template <int FMT, int WG, bool SPLIT, int EPI>
+__device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
+    typedef GbLayout<FMT, WG, SPLIT> L;
+    constexpr int NT = 128 * WG, ST = L::STAGES, BM = L::BM;
+    constexpr bool DIRECT = FMT == 1;
+    constexpr int CPR = L::RB / 16;                   // 16-byte weight copies per row per step
+    constexpr int UNITS = DIRECT ? 1 : 128 * 4 / NT;  // 16-value dequant units per thread per step
+    static_assert(FMT >= 1 && FMT <= 3, "bf16, FP8 or FP4 weights");
+    static_assert((BM * 8) % NT == 0 && (128 * CPR) % NT == 0, "copies must divide among the threads");
+
+    extern __shared__ __align__(16) u8 gb_sh[];
+    {
+        u32 dsz;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
+        if (dsz < (u32)L::TOTAL) __trap();
+    }
+    const u32 raw0 = gm_smem(gb_sh);
+    const u32 base = (raw0 + 1023u) & ~1023u;  // swizzle atoms on 1 KB boundaries
+    u8* gbase = gb_sh + (base - raw0);
+    const u32 as_base = base, bs_base = base + ST * L::A_STAGE, bc_base = bs_base + ST * L::B_STAGE;
+    const u8* bs_gen = gbase + ST * L::A_STAGE;
+    u8* bconv = gbase + ST * (L::A_STAGE + L::B_STAGE);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wq = warp & 3;
+    const int m0 = P.m0, n0 = P.n0, N = P.N, K = P.K;
+    const int KT = K >> 6;
+    const size_t wrow = FMT == 1 ? (size_t)K * 2 : FMT == 2 ? (size_t)K : (size_t)K / 2;
+    const int sk = (K + 127) >> 7;
+
+    // Weight row n of the tile's matrix (EPI 1: gate/up interleaved in blocks of 8 rows).
+    auto wrow_of = [&](int n) -> const u8* {
+        if (EPI == 1) return ((n >> 3) & 1 ? P.W3 : P.W) + (size_t)((n >> 4) * 8 + (n & 7)) * wrow;
+        return P.W + (size_t)n * wrow;
+    };
+
+    // Copies of K step kt into ring slot kt % ST (always commits a group, empty past the end).
+    auto issue = [&](int kt) {
+        if (kt < KT) {
+            const int slot = kt % ST;
+            const u32 a_dst = as_base + slot * L::A_STAGE;
+#pragma unroll
+            for (int i = 0; i < BM * 8 / NT; i++) {
+                const int q = tid + i * NT, r = q >> 3, c = q & 7;
+                const u16* src = P.xb + (size_t)(m0 + r) * K + kt * 64 + c * 8;
+                gm_cp16(a_dst + gw_swz(r, c), src, true);
+                if (SPLIT) gm_cp16(a_dst + L::A_PLANE + gw_swz(r, c), src + P.lo_plane, true);
+            }
+            const u32 b_dst = bs_base + slot * L::B_STAGE;
+#pragma unroll
+            for (int i = 0; i < 128 * CPR / NT; i++) {
+                const int q = tid + i * NT, r = q / CPR, c = q % CPR;
+                const bool ok = n0 + r < N;
+                const u8* src = ok ? wrow_of(n0 + r) + (size_t)kt * L::RB + c * 16 : P.W;
+                gm_cp16(b_dst + (DIRECT ? gw_swz(r, c) : (u32)(r * L::RB + c * 16)), src, ok);
+            }
+        }
+        gm_commit();
+    };
+
+    // Scale byte of dequant unit u (row q / 4, values 16·(q % 4) ..) at K step kt (127 = 1.0 outside).
+    auto scale_of = [&](int kt, int u) -> u32 {
+        const int q = tid + u * NT, r = q >> 2, c = q & 3;
+        int n = n0 + r;
+        const int k = kt * 64 + c * 16;
+        if (DIRECT || kt >= KT || n >= N) return 127u;
+        const u8* s = P.S;
+        if (EPI == 1) {
+            s = (n >> 3) & 1 ? P.S3 : P.S;
+            n = (n >> 4) * 8 + (n & 7);
+        }
+        if (FMT == 2) return __ldg(s + (size_t)(n >> 7) * sk + (k >> 7));
+        return __ldg(s + (size_t)n * (K >> 5) + (k >> 5));
+    };
+
+    // Raw weights of K step kt → swizzled bf16 tile kt & 1.
+    auto convert = [&](int kt, const u32* sc) {
+        const u8* raw = bs_gen + (kt % ST) * L::B_STAGE;
+        u8* dst = bconv + (kt & 1) * L::BCONV;
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) {
+            const int q = tid + u * NT, r = q >> 2, c = q & 3;
+            u32 o[8];
+            if (FMT == 2) {
+                gm_fp8x16_bf16(*reinterpret_cast<const uint4*>(raw + r * 64 + c * 16), sc[u], o);
+            } else if (FMT == 3) {
+                const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 32 + c * 8);
+                u32 f = gm_e8m0_bf16(sc[u]);
+                f |= f << 16;
+                gb_e2m1x8(v.x, o);
+                gb_e2m1x8(v.y, o + 4);
+#pragma unroll
+                for (int i = 0; i < 8; i++) o[i] = gm_mul2(o[i], f);
+            }
+            *reinterpret_cast<uint4*>(dst + gw_swz(r, 2 * c)) = make_uint4(o[0], o[1], o[2], o[3]);
+            *reinterpret_cast<uint4*>(dst + gw_swz(r, 2 * c + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+        }
+    };
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    u32 sreg[UNITS];  // scales of the step converted next
+
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) issue(s);
+    if (!DIRECT) {
+        u32 sc0[UNITS];
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) {
+            sc0[u] = scale_of(0, u);
+            sreg[u] = scale_of(1, u);
+        }
+        gm_wait<ST - 2>();
+        __syncthreads();
+        convert(0, sc0);
+    }
+
+    for (int kt = 0; kt < KT; kt++) {
+        if (DIRECT) gm_wait<ST - 2>();  // step kt has landed
+        else gm_wait<ST - 3>();         // step kt + 1 has landed too (its weights are converted below)
+        gw_fence_proxy();               // this thread's copies and conversions → the async proxy
+        __syncthreads();
+        issue(kt + ST - 1);
+        const u32 a_tile = as_base + (kt % ST) * L::A_STAGE + wg * 64 * 128;
+        const u32 b_tile = DIRECT ? bs_base + (kt % ST) * L::B_STAGE : bc_base + (kt & 1) * L::BCONV;
+        const unsigned long long da = gw_desc(a_tile), db = gw_desc(b_tile);
+        gw_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            gb_mma(acc, da + 2 * kk, db + 2 * kk);
+            if (SPLIT) gb_mma(acc, gw_desc(a_tile + L::A_PLANE) + 2 * kk, db + 2 * kk);
+        }
+        gw_commit();
+        if (!DIRECT && kt + 1 < KT) {
+            convert(kt + 1, sreg);
+#pragma unroll
+            for (int u = 0; u < UNITS; u++) sreg[u] = scale_of(kt + 2, u);
+        }
+        gw_wait0();
+    }
+    gm_wait<0>();
+
+    const int g4 = lane >> 2, c2 = (lane & 3) * 2;
+    const int row_a = m0 + wg * 64 + wq * 16 + g4;  // acc[4j + e]: row row_a + 8·(e >> 1), column 8j + c2 + (e & 1)
+    if constexpr (EPI == 1) {
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++) {
+            const int col = (n0 >> 1) + 8 * jj + c2;
+            if (2 * col >= N) continue;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                gm_swiglu_store<SPLIT>(E, row_a + 8 * h, col, acc[8 * jj + 2 * h], acc[8 * jj + 2 * h + 1], acc[8 * jj + 4 + 2 * h],
+                                       acc[8 * jj + 4 + 2 * h + 1]);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) gm_store2<EPI>(E, P.T, N, row_a + 8 * h, n0 + 8 * j + c2, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+}
+
+#define GB_ENTRY(NAME, FMT, SPLIT)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                                \
+        NAME(const u16* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S, float* __restrict__ y, int T, \
+             int N, int K) {                                                                                            \
+        GmEpi e = {y, nullptr, 0, 0, 0.f, nullptr};                                                                     \
+        gb_gemm<FMT, 2, SPLIT, 0>(gm_plain<128, 128>(x, W, S, T, N, K), e);                                             \
+    }
+
+GB_ENTRY(gemm_wb_bf16, 1, false)
+GB_ENTRY(gemm_wb_fp8, 2, false)
+GB_ENTRY(gemm_wb_fp4, 3, false)
+GB_ENTRY(gemm_wb_bf16_x2, 1, true)
+GB_ENTRY(gemm_wb_fp8_x2, 2, true)
+GB_ENTRY(gemm_wb_fp4_x2, 3, true)
+
+#define MOE_WB_ENTRY(NAME, FMT, BM, SPLIT, EPI)                                                                           \
+    extern "C" __global__ void __launch_bounds__(BM * 2, 1)                                                               \
+        NAME(const u16* __restrict__ xb, long long lo_plane, const unsigned long long* __restrict__ wtab,                  \
+             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
+             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
+             float* __restrict__ y, u16* __restrict__ hb, long long h_lo, int ldh, const int* __restrict__ dst, int N,    \
+             int K, float limit) {                                                                                        \
+        moe_gemm<true, FMT, BM, 128, 0, 0, SPLIT, EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb,     \
+                                                       h_lo, ldh, dst, N, K, limit);                                      \
+    }
+
+#define MOE_WB_FMT(F, FMT)                                             \
+    MOE_WB_ENTRY(moe_wb_##F##_128_plain, FMT, 128, false, 0)          \
+    MOE_WB_ENTRY(moe_wb_##F##_128_swiglu, FMT, 128, false, 1)         \
+    MOE_WB_ENTRY(moe_wb_##F##_128_scatter, FMT, 128, false, 2)        \
+    MOE_WB_ENTRY(moe_wb_##F##_64_plain, FMT, 64, false, 0)            \
+    MOE_WB_ENTRY(moe_wb_##F##_64_swiglu, FMT, 64, false, 1)           \
+    MOE_WB_ENTRY(moe_wb_##F##_64_scatter, FMT, 64, false, 2)          \
+    MOE_WB_ENTRY(moe_wb_##F##_128_x2_plain, FMT, 128, true, 0)        \
+    MOE_WB_ENTRY(moe_wb_##F##_128_x2_swiglu, FMT, 128, true, 1)       \
+    MOE_WB_ENTRY(moe_wb_##F##_128_x2_scatter, FMT, 128, true, 2)      \
+    MOE_WB_ENTRY(moe_wb_##F##_64_x2_plain, FMT, 64, true, 0)          \
+    MOE_WB_ENTRY(moe_wb_##F##_64_x2_swiglu, FMT, 64, true, 1)         \
+    MOE_WB_ENTRY(moe_wb_##F##_64_x2_scatter, FMT, 64, true, 2)
+
+MOE_WB_FMT(bf16, 1)
+MOE_WB_FMT(fp8, 2)
+MOE_WB_FMT(fp4, 3)

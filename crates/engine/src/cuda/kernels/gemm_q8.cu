@@ -443,31 +443,9 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
 // its own internal alignment (not IEEE f32), so results differ from gemm_q8 in the last bits.
 // cp.async ring of GW_STAGES stages; each writer fences the generic→async proxy before the barrier
 // that precedes the MMAs. Learned from the PTX ISA (wgmma, matrix descriptors, swizzling modes) and
-// DeepSeek's DeepGEMM design; the code is ours.
+// DeepSeek's DeepGEMM design; the code is ours. Fences, descriptors and the swizzle: common.cuh.
 
 #define GW_STAGES 4
-
-// wgmma exists only on sm_90a: elsewhere (sm_100, sm_120, …) these compile to a trap and the host
-// never picks the w8 kernels (`Gpu::fp8_families` requires sm_90a), so the file still builds there.
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define GW_ASM(...) asm volatile(__VA_ARGS__)
-#else
-#define GW_ASM(...) __trap()
-#endif
-
-__device__ __forceinline__ void gw_fence_proxy() { GW_ASM("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void gw_fence() { GW_ASM("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void gw_commit() { GW_ASM("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void gw_wait0() { GW_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-
-// Matrix descriptor of a K-major 128-byte-swizzled tile at shared address a: start a >> 4, leading
-// offset 1 (unused when swizzled), stride 1024 bytes between 8-row atoms, swizzle mode 1 (128 B).
-__device__ __forceinline__ unsigned long long gw_desc(u32 a) {
-    return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-
-// Byte offset of 16-byte chunk c of row r in a swizzled tile of 128-byte rows.
-__device__ __forceinline__ u32 gw_swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
 
 __device__ __forceinline__ void gw_mma(float (&d)[64], unsigned long long da, unsigned long long db, int scale_d) {
     GW_ASM(
