@@ -12,6 +12,7 @@
 #   qualify   8K/32K/128K × every switch configuration, 4 layers    ~210–330 s
 #   bench     20 Flash layers at 8K/32K/128K, stage breakdown        ~145 s
 #   moe       grouped-MoE parity matrix + layer timings             ~50 s
+#   tc        tensor-core linear checks + timings (gemm.cu: mma.sync and wgmma tiles, cuBLASLt)
 #   q8        FP8-activation linear checks + timings (TC_LINEAR=fp8)  ~60 s
 #   bench-fp8 the bench step with TC_LINEAR=fp8 (official numerics) ~100 s
 #   bench-lt  the bench step with LINEAR_CUBLASLT=on (cuBLASLt bf16 GEMMs for the split linears) ~145 s
@@ -41,6 +42,8 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers.log" ;;
   moe) timeout 300 "$B" gpu-check --only moe --repeats 5 --moe-tokens 1,64,2048,8192 --out "$OUT/moe_grouped_h200.json" > "$OUT/moe_grouped_h200.log" 2>&1
          grep -E "time moe|FAIL" "$OUT/moe_grouped_h200.log" ;;
+  tc) timeout 300 "$B" gpu-check --only tc --repeats 10 --out "$OUT/tc_h200.json" > "$OUT/tc_h200.log" 2>&1
+         grep -E "^time tc|FAIL" "$OUT/tc_h200.log" ;;
   q8) timeout 300 "$B" gpu-check --only q8 --repeats 10 --out "$OUT/q8_h200.json" > "$OUT/q8_h200.log" 2>&1
          grep -E "^time q8|FAIL" "$OUT/q8_h200.log" ;;
   bench-fp8) FLASHSEEK_TC_LINEAR=fp8 timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8.json" > "$OUT/gpu_bench_h200_20layers_fp8.log" 2>&1
@@ -57,5 +60,5 @@ case "${1:-}" in
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_graph.log" ;;
   bench-decode-base) timeout 400 "$B" gpu-bench --layers 20 --contexts 8192,131072 --prefill-repeats 1 --decode-steps 32 --out "$OUT/gpu_bench_h200_20layers_decode_base.json" > "$OUT/gpu_bench_h200_20layers_decode_base.log" 2>&1
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_base.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|q8|bench-fp8|bench-lt|bench-fp8-lt|attention|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-lt|bench-fp8-lt|attention|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
 esac

@@ -419,8 +419,9 @@ pub(crate) fn flag_record(out: &mut Vec<Value>, op: &str, detail: Value, ok: boo
 /// The tensor-core linear (gemm.cu, `Gpu::linear_tc`) against the CPU reference on the dequantized
 /// weights: every format on Flash shapes and on ragged shapes (T, N not multiples of the tiles, K not
 /// a multiple of 32), T ∈ {64, 200, 1000}, every block tile, output poisoned with NaN first; the
-/// `Gpu::linear` dispatch at T = 200; bitwise repeatability; and an exact decode check of every FP8
-/// and FP4 byte under several scales (one-hot activations pick single weights).
+/// `Gpu::linear` dispatch at T = 200; the wgmma tiles (sm_90a, `BF16_WGMMA`) bit for bit against
+/// the Large mma.sync tile (measured equal on H200); bitwise repeatability; and an exact decode
+/// check of every FP8 and FP4 byte under several scales (one-hot activations pick single weights).
 fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let shapes: &[(&str, &str, usize, usize)] = &[
@@ -447,13 +448,17 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
         let dx = gpu.upload(&x)?;
         for t in TS {
             let reference = &cpu[..t * rows];
+            // The Large tile's outputs (bf16, split): the wgmma tiles must give the same bits.
+            let mut large: [Option<Vec<f32>>; 2] = [None, None];
             for tile in GemmTile::ALL {
-                if tile == GemmTile::Wgmma && !gpu.bf16_wgmma(fmt, *cols) {
+                if tile.is_wgmma() && !gpu.bf16_wgmma(fmt, *cols) {
                     continue;
                 }
                 let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
                 gpu.linear_tc(&dx, &gw, &mut dy, t, Some(tile), false)?;
-                all &= record(out, &format!("linear_tc_{fmt} {name} {tile:?}"), json!([t, rows, cols]), &gpu.download(&dy)?, reference);
+                let got = gpu.download(&dy)?;
+                all &= record(out, &format!("linear_tc_{fmt} {name} {tile:?}"), json!([t, rows, cols]), &got, reference);
+                let mut outputs = vec![got];
                 if *fmt != "f32" {
                     // Split activations: near-f32 accuracy is the point, so a much tighter bound.
                     let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
@@ -462,6 +467,16 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
                     let (nmse, max_abs, _) = errors(&got, reference);
                     let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
                     all &= flag_record(out, &format!("linear_tc_{fmt}_x2 {name} {tile:?}"), json!({"shape": [t, rows, cols], "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}), ok);
+                    outputs.push(got);
+                }
+                for (p, got) in outputs.into_iter().enumerate() {
+                    if tile == GemmTile::Large {
+                        large[p] = Some(got);
+                    } else if let (true, Some(want)) = (tile.is_wgmma(), &large[p]) {
+                        let differ = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                        let x2 = if p == 1 { "_x2" } else { "" };
+                        all &= flag_record(out, &format!("linear_tc_{fmt}{x2} {name} {tile:?} bits"), json!({"shape": [t, rows, cols], "differing_values": differ, "of": got.len(), "vs": "Large (mma.sync)"}), differ == 0);
+                    }
                 }
             }
             if t == 200 {
@@ -507,8 +522,8 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
     let g4 = GpuWeight { rows: rows4, cols: k, data: GpuMatrix::Fp4 { w: gpu.upload(&w4)?, scales: gpu.upload(&s4)?, fold: super::ops_q8::fp4_fold_exact(&s4, k) } };
     for (fmt, gw, deq, rows) in [("fp8", &g8, d8, rows), ("fp4", &g4, d4, rows4)] {
         let cpu = ops::linear(&onehot, &Matrix { rows, cols: k, data: deq });
-        for (tile, split) in GemmTile::ALL.iter().map(|t| (*t, false)).chain([(GemmTile::Large, true), (GemmTile::Wgmma, true)]) {
-            if tile == GemmTile::Wgmma && !gpu.bf16_wgmma(fmt, k) {
+        for (tile, split) in GemmTile::ALL.iter().map(|t| (*t, false)).chain([(GemmTile::Large, true), (GemmTile::Wgmma, true), (GemmTile::WgmmaWide, true)]) {
+            if tile.is_wgmma() && !gpu.bf16_wgmma(fmt, k) {
                 continue;
             }
             let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
@@ -550,7 +565,7 @@ fn tc_timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaEr
         let auto = gpu.auto_tile(*t, *rows, fmt, *cols, sms);
         let mut line = format!("time tc {fmt} {name:<15} T={t:<5} [{rows}x{cols}]  auto={auto:?}");
         let mut best = f64::INFINITY;
-        let tiles: Vec<GemmTile> = GemmTile::ALL.into_iter().filter(|tile| *tile != GemmTile::Wgmma || gpu.bf16_wgmma(fmt, *cols)).collect();
+        let tiles: Vec<GemmTile> = GemmTile::ALL.into_iter().filter(|tile| !tile.is_wgmma() || gpu.bf16_wgmma(fmt, *cols)).collect();
         for &tile in &tiles {
             let ms = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, Some(tile), false))?;
             best = best.min(ms);

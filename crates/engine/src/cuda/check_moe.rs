@@ -10,9 +10,10 @@
 //! - `moe_grouped … bits`: every variant gives the same bits as the all-on one (the design promises
 //!   it: each output is one block's fixed-order accumulation whatever the grid, tile or fusion).
 //! - `moe_grouped … vs per-expert`: against the per-expert GPU path ([`Gpu::moe_experts`]), NMSE.
-//! - `moe_grouped <fmt> <act> BF16_WGMMA=off vs cpu`: the mma.sync kernels (the variants above run
-//!   on the wgmma ones by default, sm_90a) against the same reference and tolerance, and the NMSE
-//!   between the two families (informational: they sum in different orders).
+//! - `moe_grouped <fmt> <act> BF16_WGMMA=off vs cpu` / `… bits`: the mma.sync kernels (the variants
+//!   above run on the wgmma ones by default, sm_90a) against the same reference and tolerance, and
+//!   bit for bit against all on (measured equal on H200: each 16-wide slice is one tensor-core dot
+//!   product in either family).
 //! - `moe_grouped … masked`: all routing weights 0 → the output equals the shared expert's alone,
 //!   bit for bit (masked routes contribute exact zeros).
 //!
@@ -180,9 +181,10 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             println!("{op:<52} nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e}, tol {tol:.0e})  {}", if pass { "ok" } else { "FAIL" });
             out.push(json!({"op": op, "shape": shape, "nmse": nmse, "max_abs": max_abs, "ref_max": ref_max, "tolerance_nmse": tol, "pass": pass}));
             all &= pass;
-            let (nmse, max_abs, _) = errors(&f0, &sync);
-            println!("moe_grouped {fmt} {act} default vs BF16_WGMMA=off: nmse {nmse:.3e} max_abs {max_abs:.3e}");
-            out.push(json!({"op": format!("moe_grouped {fmt} {act} default vs BF16_WGMMA=off"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "informational": true}));
+            // Measured on H200: the wgmma kernels give the mma.sync kernels' bits (each 16-wide
+            // slice is one tensor-core dot product either way, hi before lo): asserted.
+            let differ = f0.iter().zip(&sync).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            all &= flag_record(out, &format!("moe_grouped {fmt} {act} BF16_WGMMA=off bits"), json!({"differing_values": differ, "of": sync.len(), "vs": "all on", "wgmma_here": gpu.bf16_wgmma(fmt, d) && gpu.bf16_wgmma(fmt, inter)}), differ == 0);
             let (nmse, max_abs, _) = errors(&f0, &per_expert);
             println!("moe_grouped {fmt} {act} vs per-expert GPU path: nmse {nmse:.3e} max_abs {max_abs:.3e}");
             out.push(json!({"op": format!("moe_grouped {fmt} {act} vs per-expert"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "informational": true}));

@@ -190,6 +190,12 @@ pub(crate) const GEMM_ENTRY_POINTS: &[&str] = &[
     "gemm_wb_bf16_x2",
     "gemm_wb_fp8_x2",
     "gemm_wb_fp4_x2",
+    "gemm_wb_bf16_w",
+    "gemm_wb_fp8_w",
+    "gemm_wb_fp4_w",
+    "gemm_wb_bf16_w_x2",
+    "gemm_wb_fp8_w_x2",
+    "gemm_wb_fp4_w_x2",
     "moe_wb_bf16_128_plain",
     "moe_wb_bf16_128_swiglu",
     "moe_wb_bf16_128_scatter",
@@ -280,11 +286,13 @@ pub enum GemmTile {
     /// 128 × 128 on Hopper's warpgroup MMA, 2 warpgroups (`gemm_wb_<fmt>`; switch `BF16_WGMMA`):
     /// sm_90a, bf16/FP8/FP4 weights with K a multiple of 64 only ([`Gpu::bf16_wgmma`]).
     Wgmma,
+    /// 128 × 256 on the warpgroup MMA (`gemm_wb_<fmt>_w`), where [`GemmTile::Wgmma`] runs.
+    WgmmaWide,
 }
 
 impl GemmTile {
-    /// Every tile ([`GemmTile::Wgmma`] only where [`Gpu::bf16_wgmma`] allows it).
-    pub const ALL: [GemmTile; 4] = [GemmTile::Large, GemmTile::Medium, GemmTile::Small, GemmTile::Wgmma];
+    /// Every tile (the wgmma ones only where [`Gpu::bf16_wgmma`] allows them).
+    pub const ALL: [GemmTile; 5] = [GemmTile::Large, GemmTile::Medium, GemmTile::Small, GemmTile::Wgmma, GemmTile::WgmmaWide];
 
     /// The mma.sync tiles (every device and format).
     pub const MMA_SYNC: [GemmTile; 3] = [GemmTile::Large, GemmTile::Medium, GemmTile::Small];
@@ -296,7 +304,13 @@ impl GemmTile {
             GemmTile::Medium => (128, 128, 256, "_m"),
             GemmTile::Small => (64, 64, 128, "_s"),
             GemmTile::Wgmma => (128, 128, 256, ""),
+            GemmTile::WgmmaWide => (128, 256, 256, "_w"),
         }
+    }
+
+    /// Whether this is one of the warpgroup-MMA tiles.
+    pub fn is_wgmma(self) -> bool {
+        matches!(self, GemmTile::Wgmma | GemmTile::WgmmaWide)
     }
 
     /// The entry point of this tile for weight format `fmt` (`f32`, `bf16`, `fp8`, `fp4`), with
@@ -304,7 +318,7 @@ impl GemmTile {
     pub fn entry(self, fmt: &str, split: bool) -> String {
         let x2 = if split { "_x2" } else { "" };
         match self {
-            GemmTile::Wgmma => format!("gemm_wb_{fmt}{x2}"),
+            GemmTile::Wgmma | GemmTile::WgmmaWide => format!("gemm_wb_{fmt}{}{x2}", self.shape().3),
             t => format!("gemm_tc_{fmt}{}{x2}", t.shape().3),
         }
     }
@@ -321,7 +335,7 @@ impl GemmTile {
                 GemmTile::Large => 1.0,
                 GemmTile::Medium => 0.85,
                 GemmTile::Small => 0.8 * (0.45 + 0.55 * (per_sm.clamp(1, 4) - 1) as f64 / 3.0),
-                GemmTile::Wgmma => 0.0,
+                GemmTile::Wgmma | GemmTile::WgmmaWide => 0.0,
             };
             (per_sm * bm * bn) as f64 / eff
         };
@@ -339,26 +353,28 @@ impl GemmTile {
 /// two with `split` + raw weight tile) + 2 bf16 weight tiles + the FP4 table`.
 pub fn gemm_smem_bytes(format: &str, tile: GemmTile, split: bool) -> usize {
     let (bm, bn, _, _) = tile.shape();
-    if tile == GemmTile::Wgmma {
-        return wb_smem(format, bm, split);
+    if tile.is_wgmma() {
+        return wb_smem(format, bm, bn, split);
     }
     gemm_smem_for(format, bm, bn, split)
 }
 
-/// Dynamic shared memory of a gemm.cu wgmma block of `bm` (64 or 128) rows × 128 columns (mirrors
-/// `GbLayout` there): 1 KB of alignment slack, stages (3 for 64-row split blocks, else 4) of (the
-/// activation tile `bm × 128` bytes per plane + the raw weight tile: bf16 `128 × 128`, FP8
-/// `128 × 64`, FP4 `128 × 32` bytes), and for FP8/FP4 two converted `128 × 128`-byte tiles.
-pub fn wb_smem(format: &str, bm: usize, split: bool) -> usize {
-    let stages = if bm == 64 && split { 3 } else { 4 };
+/// Dynamic shared memory of a gemm.cu wgmma block of `bm` (64 or 128) rows × `bn` (128 or 256)
+/// columns (mirrors `GbLayout` there): 1 KB of alignment slack, stages of (the activation tile
+/// `bm × 128` bytes per plane + the raw weight tile: bf16 `bn × 128`, FP8 `bn × 64`, FP4 `bn × 32`
+/// bytes) — 4 where they fit a block's 227 KB, 3 otherwise and for 64-row split blocks (two per SM)
+/// — and for FP8/FP4 two converted `bn × 128`-byte tiles.
+pub fn wb_smem(format: &str, bm: usize, bn: usize, split: bool) -> usize {
     let planes = if split { 2 } else { 1 };
     let raw = match format {
         "bf16" => 128,
         "fp8" => 64,
         _ => 32,
     };
-    let conv = if format == "bf16" { 0 } else { 2 * 128 * 128 };
-    1024 + stages * (bm * 128 * planes + 128 * raw) + conv
+    let conv = if format == "bf16" { 0 } else { 2 * bn * 128 };
+    let stage = bm * 128 * planes + bn * raw;
+    let stages = if bm == 64 && split || 1024 + 4 * stage + conv > 232_448 { 3 } else { 4 };
+    1024 + stages * stage + conv
 }
 
 /// [`gemm_smem_bytes`] for any `bm × bn` block tile (the grouped MoE GEMM's tiles too).
@@ -445,7 +461,7 @@ impl Gpu {
         for fmt in ["f32", "bf16", "fp8", "fp4"] {
             for tile in GemmTile::ALL {
                 for split in [false, true] {
-                    if fmt == "f32" && (split || tile == GemmTile::Wgmma) {
+                    if fmt == "f32" && (split || tile.is_wgmma()) {
                         continue;
                     }
                     let name = tile.entry(fmt, split);
@@ -685,12 +701,11 @@ impl Gpu {
     /// [`Gpu::linear`] on the tensor cores (gemm.cu): x rounded to bf16 into a scratch buffer
     /// (`[T↑128, K↑32]`; with `split` also the residuals x − bf16(x) as a second plane), then the
     /// GEMM with W dequantized exactly to bf16 (f32 W rounded), f32 accumulation, deterministic.
-    /// `tile` forces a block tile (None: [`GemmTile::Wgmma`] where [`Gpu::bf16_wgmma`] allows it and
-    /// [`GemmTile::choose`] does not pick the small tile, else [`GemmTile::choose`]'s).
+    /// `tile` forces a block tile (None: [`Gpu::auto_tile`]).
     ///
     /// Errors: `cols` not a multiple of the format's vector width, buffers shorter than the shape,
     /// `split` with f32 weights (whose bf16 rounding would dominate: use [`Gpu::linear_gemv`]), a
-    /// forced [`GemmTile::Wgmma`] where [`Gpu::bf16_wgmma`] says no.
+    /// forced wgmma tile where [`Gpu::bf16_wgmma`] says no.
     pub fn linear_tc(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize, tile: Option<GemmTile>, split: bool) -> Result<(), CudaError> {
         let (fmt, need) = format_of(w);
         if split && fmt == "f32" {
@@ -713,7 +728,7 @@ impl Gpu {
         }
         let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
         let tile = match tile {
-            Some(GemmTile::Wgmma) if !self.bf16_wgmma(fmt, w.cols) => {
+            Some(tile) if tile.is_wgmma() && !self.bf16_wgmma(fmt, w.cols) => {
                 return Err(CudaError::Unsupported { what: "linear", detail: format!("the wgmma tile with {fmt} weights of input width {} on {} (needs sm_90a, bf16/FP8/FP4, a multiple of 64, BF16_WGMMA on)", w.cols, self.arch) });
             }
             Some(tile) => tile,
@@ -750,12 +765,19 @@ impl Gpu {
     }
 
     /// The block tile [`Gpu::linear_tc`] picks for `t` tokens, `n` outputs and `fmt` weights of input
-    /// width `k` on `sms` multiprocessors: [`GemmTile::choose`]'s, replaced by [`GemmTile::Wgmma`]
-    /// where [`Gpu::bf16_wgmma`] allows it unless the problem is small enough for the 64 × 64 tile.
+    /// width `k` on `sms` multiprocessors: [`GemmTile::choose`]'s, replaced where
+    /// [`Gpu::bf16_wgmma`] allows it (unless the problem is small enough for the 64 × 64 tile) by
+    /// [`GemmTile::WgmmaWide`] when its grid fills every SM, else [`GemmTile::Wgmma`].
     pub fn auto_tile(&self, t: usize, n: usize, fmt: &str, k: usize, sms: usize) -> GemmTile {
         match GemmTile::choose(t, n, sms) {
             GemmTile::Small => GemmTile::Small,
-            _ if self.bf16_wgmma(fmt, k) => GemmTile::Wgmma,
+            _ if self.bf16_wgmma(fmt, k) => {
+                if t.div_ceil(128) * n.div_ceil(256) >= sms {
+                    GemmTile::WgmmaWide
+                } else {
+                    GemmTile::Wgmma
+                }
+            }
             chosen => chosen,
         }
     }

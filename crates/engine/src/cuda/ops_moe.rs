@@ -47,11 +47,22 @@ pub fn moe_gemm_entry_shape(name: &str) -> (&'static str, usize, bool) {
     (fmt, bm, name.contains("_x2_"))
 }
 
+/// Output columns per block of a grouped GEMM entry point: [`MOE_GEMM_BN`], except the 128-row
+/// wgmma tiles (`moe_wb_<fmt>_128_*`), which are 256 wide.
+pub fn moe_gemm_entry_bn(name: &str) -> usize {
+    let (_, bm, _) = moe_gemm_entry_shape(name);
+    if name.starts_with("moe_wb_") && bm == 128 {
+        256
+    } else {
+        MOE_GEMM_BN
+    }
+}
+
 /// Dynamic shared memory of a grouped GEMM entry point (by name; either family).
 pub fn moe_gemm_entry_smem(name: &str) -> usize {
     let (fmt, bm, split) = moe_gemm_entry_shape(name);
     if name.starts_with("moe_wb_") {
-        wb_smem(fmt, bm, split)
+        wb_smem(fmt, bm, moe_gemm_entry_bn(name), split)
     } else {
         gemm_smem_for(fmt, bm, MOE_GEMM_BN, split)
     }
@@ -253,12 +264,12 @@ impl Gpu {
         Ok((tables, d, e, k))
     }
 
-    /// Launch geometry of a grouped GEMM over `g`'s tile queue with `n` outputs (128 per block, 8
+    /// Launch geometry of a grouped GEMM over `g`'s tile queue with `n` outputs (`bn` per block, 8
     /// warps for 128-row tiles, 4 for 64): one block per work unit, or with `persistent` as many
     /// blocks as fit the SMs (they walk the queue).
-    fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, smem: usize, persistent: bool) -> Result<LaunchConfig, CudaError> {
+    fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, bn: usize, smem: usize, persistent: bool) -> Result<LaunchConfig, CudaError> {
         let threads = if g.bm == 128 { 256 } else { 128 };
-        let units = g.max_items * n.div_ceil(MOE_GEMM_BN);
+        let units = g.max_items * n.div_ceil(bn);
         let blocks = if persistent {
             let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
             let per_sm = self.f(fname).occupancy_max_active_blocks_per_multiprocessor(threads, smem, None).unwrap_or(1).max(1) as usize;
@@ -294,7 +305,7 @@ impl Gpu {
         let Some(&fname) = GEMM_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
-        let cfg = self.moe_launch_config(fname, g, n, moe_gemm_entry_smem(fname), persistent)?;
+        let cfg = self.moe_launch_config(fname, g, n, moe_gemm_entry_bn(fname), moe_gemm_entry_smem(fname), persistent)?;
         let (lo, n_i, k_i) = (lo_plane as i64, n as i32, k as i32);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));
@@ -388,7 +399,7 @@ impl Gpu {
         let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
-        let cfg = self.moe_launch_config(fname, g, n, super::ops_q8::smem_of(fname), persistent)?;
+        let cfg = self.moe_launch_config(fname, g, n, super::ops_q8::Q8_BN, super::ops_q8::smem_of(fname), persistent)?;
         let (n_i, k_i) = (n as i32, k as i32);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));

@@ -522,10 +522,10 @@ GM_ENTRY(gemm_tc_fp4_s_x2, 3, 64, 64, 2, 2, true)
 //   The per-output arithmetic is gm_gemm's, so a grouped row gives the same bits as the plain GEMM
 //   of the same weights at any tile (same K steps, same MMA order).
 
-template <int FMT, int WG, bool SPLIT, int EPI>
+template <int FMT, int WG, int BN, bool SPLIT, int EPI>
 __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E);  // below
 
-// WGMMA: the tile is gb_gemm's (BM / 64 warpgroups; WM, WN unused), else gm_gemm's.
+// WGMMA: the tile is gb_gemm's (BM / 64 warpgroups × BN; WM, WN unused), else gm_gemm's.
 template <bool WGMMA, int FMT, int BM, int BN, int WM, int WN, bool SPLIT, int EPI>
 __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, const unsigned long long* wtab,
                                          const unsigned long long* stab, const unsigned long long* w3tab,
@@ -549,7 +549,7 @@ __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, cons
         p.T = 0x7fffffff;
         p.N = N;
         p.K = K;
-        if constexpr (WGMMA) gb_gemm<FMT, BM / 64, SPLIT, EPI>(p, e);
+        if constexpr (WGMMA) gb_gemm<FMT, BM / 64, BN, SPLIT, EPI>(p, e);
         else gm_gemm<FMT, BM, BN, WM, WN, SPLIT, EPI>(p, e);
         __syncthreads();  // the next unit refills shared memory other warps may still be reading
     }
@@ -587,38 +587,53 @@ MOE_GEMM_FMT(fp4, 3)
 // ---------------------------------------------------------------------------------------------
 // The same GEMMs on Hopper's warpgroup MMA (switch BF16_WGMMA, on by default; sm_90a only; bf16,
 // FP8 and FP4 weights with K % 64 == 0 — the host checks both and otherwise uses the kernels above):
-//   gemm_wb_<fmt>[_x2](xb, W, S, y, T, N, K)        — as gemm_tc_<fmt>[_x2], block tile 128 × 128
-//   moe_wb_<fmt>_<bm>[_x2]_<epi>(…)                 — as moe_gemm_<fmt>_<bm>[_x2]_<epi>
-// Block: WG warpgroups (BM = 64·WG rows) × 128 output columns; one K step = 64 values = one
+//   gemm_wb_<fmt>[_w][_x2](xb, W, S, y, T, N, K)    — as gemm_tc_<fmt>[_x2], block tile 128 × 128
+//                                                      (_w: 128 × 256)
+//   moe_wb_<fmt>_<bm>[_x2]_<epi>(…)                 — as moe_gemm_<fmt>_<bm>[_x2]_<epi>, block tile
+//                                                      64 × 128 (bm 64) or 128 × 256 (bm 128)
+// Block: WG warpgroups (BM = 64·WG rows) × BN output columns (wgmma m64nBNk16; the wide tile reads
+// each activation tile once per 256 outputs instead of per 128: at 128 × 128 the split-activation
+// tiles alone ask L2 for ~36 bytes per SM cycle); one K step = 64 values = one
 // 128-byte row of bf16. Shared memory per stage: the activation tile [BM][64] bf16 per plane (hi, and
 // lo with _x2) in the 128-byte-swizzled K-major layout wgmma reads (common.cuh gw_swz, gw_desc), and
-// the weight tile's raw bytes [128][64 values]: bf16 weights are copied straight into the swizzled
+// the weight tile's raw bytes [BN][64 values]: bf16 weights are copied straight into the swizzled
 // layout; FP8 and FP4 ones are dequantized exactly to bf16 (the values gm_gemm's tiles hold) into one
 // of two swizzled tiles, one step ahead — the conversion of step kt + 1 runs while the tensor cores
-// multiply step kt. Per step and warpgroup: 4 × wgmma m64n128k16 bf16 → f32 (8 with _x2: for each
-// 16-wide slice the hi plane, then the lo plane) accumulating in registers over all of K. wgmma sums
-// its products in its own order, so results differ from gm_gemm in the last bits; each output is
-// still one warpgroup's fixed instruction sequence (deterministic: the same bits for any grid, tile
-// height or SwiGLU fusion). Epilogues as gm_gemm's (gm_swiglu_store, gm_store2).
+// multiply step kt. Per step and warpgroup: 4 × wgmma m64nBNk16 bf16 → f32 (8 with _x2: for each
+// 16-wide slice the hi plane, then the lo plane, as gm_gemm orders its MMAs) accumulating in
+// registers over all of K. Each output is one warpgroup's fixed instruction sequence (deterministic:
+// the same bits for any grid, tile height or SwiGLU fusion); measured on H200 the outputs also equal
+// gm_gemm's bit for bit (every 16-wide slice is one tensor-core dot product either way), which
+// gpu-check asserts (`… Wgmma bits`, `moe_grouped … BF16_WGMMA=off bits`). Epilogues as gm_gemm's
+// (gm_swiglu_store, gm_store2).
 
-template <int FMT, int WG, bool SPLIT>
+template <int FMT, int WG, int BN, bool SPLIT>
 struct GbLayout {
     static constexpr int BM = 64 * WG;
-    static constexpr int STAGES = (WG == 1 && SPLIT) ? 3 : 4;  // two 64-row split blocks fit an SM
     static constexpr int A_PLANE = BM * 128;
     static constexpr int A_STAGE = SPLIT ? 2 * A_PLANE : A_PLANE;
     static constexpr int RB = FMT == 1 ? 128 : FMT == 2 ? 64 : 32;  // weight bytes per row per K step
-    static constexpr int B_STAGE = 128 * RB;
-    static constexpr int BCONV = FMT == 1 ? 0 : 128 * 128;
+    static constexpr int B_STAGE = BN * RB;
+    static constexpr int BCONV = FMT == 1 ? 0 : BN * 128;
+    // 4 stages where they fit one block's 227 KB; 3 for 64-row split blocks (two fit an SM).
+    static constexpr int STAGES = (WG == 1 && SPLIT) ? 3 : (1024 + 4 * (A_STAGE + B_STAGE) + 2 * BCONV <= 232448 ? 4 : 3);
     static constexpr int TOTAL = 1024 + STAGES * (A_STAGE + B_STAGE) + 2 * BCONV;
+    static_assert(TOTAL <= 232448, "a block's shared memory");
 };
 
-// wgmma m64n128k16 bf16 × bf16 → f32, both operands K-major from shared memory, d += a·b.
-__device__ __forceinline__ void gb_mma(float (&d)[64], unsigned long long da, unsigned long long db) {
-    GW_ASM(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 1, 1, 1, 0, 0;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db));
+// wgmma m64n<BN>k16 bf16 × bf16 → f32 (BN 128 or 256), both operands K-major from shared memory,
+// d += a·b.
+template <int BN>
+__device__ __forceinline__ void gb_mma(float (&d)[BN / 2], unsigned long long da, unsigned long long db) {
+    if constexpr (BN == 256) {
+        GW_ASM("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, 1, 1, 1, 0, 0;\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+               : "l"(da), "l"(db));
+    } else {
+        GW_ASM("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 1, 1, 1, 0, 0;\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+               : "l"(da), "l"(db));
+    }
 }
 
 // Eight e2m1 nibbles of w (value j in nibble j, low nibble first) as eight bf16 in four bf16x2 words,
@@ -639,15 +654,16 @@ __device__ __forceinline__ void gb_e2m1x8(u32 w, u32* o) {
     }
 }
 
-template <int FMT, int WG, bool SPLIT, int EPI>
+template <int FMT, int WG, int BN, bool SPLIT, int EPI>
 __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
-    typedef GbLayout<FMT, WG, SPLIT> L;
+    typedef GbLayout<FMT, WG, BN, SPLIT> L;
     constexpr int NT = 128 * WG, ST = L::STAGES, BM = L::BM;
     constexpr bool DIRECT = FMT == 1;
     constexpr int CPR = L::RB / 16;                   // 16-byte weight copies per row per step
-    constexpr int UNITS = DIRECT ? 1 : 128 * 4 / NT;  // 16-value dequant units per thread per step
+    constexpr int UNITS = DIRECT ? 1 : BN * 4 / NT;   // 16-value dequant units per thread per step
     static_assert(FMT >= 1 && FMT <= 3, "bf16, FP8 or FP4 weights");
-    static_assert((BM * 8) % NT == 0 && (128 * CPR) % NT == 0, "copies must divide among the threads");
+    static_assert(BN == 128 || BN == 256, "wgmma n128 or n256");
+    static_assert((BM * 8) % NT == 0 && (BN * CPR) % NT == 0, "copies must divide among the threads");
 
     extern __shared__ __align__(16) u8 gb_sh[];
     {
@@ -689,7 +705,7 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
             }
             const u32 b_dst = bs_base + slot * L::B_STAGE;
 #pragma unroll
-            for (int i = 0; i < 128 * CPR / NT; i++) {
+            for (int i = 0; i < BN * CPR / NT; i++) {
                 const int q = tid + i * NT, r = q / CPR, c = q % CPR;
                 const bool ok = n0 + r < N;
                 const u8* src = ok ? wrow_of(n0 + r) + (size_t)kt * L::RB + c * 16 : P.W;
@@ -738,9 +754,9 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
         }
     };
 
-    float acc[64];
+    float acc[BN / 2];
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
     u32 sreg[UNITS];  // scales of the step converted next
 
 #pragma unroll
@@ -769,8 +785,8 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
         gw_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
-            gb_mma(acc, da + 2 * kk, db + 2 * kk);
-            if (SPLIT) gb_mma(acc, gw_desc(a_tile + L::A_PLANE) + 2 * kk, db + 2 * kk);
+            gb_mma<BN>(acc, da + 2 * kk, db + 2 * kk);
+            if (SPLIT) gb_mma<BN>(acc, gw_desc(a_tile + L::A_PLANE) + 2 * kk, db + 2 * kk);
         }
         gw_commit();
         if (!DIRECT && kt + 1 < KT) {
@@ -786,7 +802,7 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
     const int row_a = m0 + wg * 64 + wq * 16 + g4;  // acc[4j + e]: row row_a + 8·(e >> 1), column 8j + c2 + (e & 1)
     if constexpr (EPI == 1) {
 #pragma unroll
-        for (int jj = 0; jj < 8; jj++) {
+        for (int jj = 0; jj < BN / 16; jj++) {
             const int col = (n0 >> 1) + 8 * jj + c2;
             if (2 * col >= N) continue;
 #pragma unroll
@@ -796,26 +812,34 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
         }
     } else {
 #pragma unroll
-        for (int j = 0; j < 16; j++)
+        for (int j = 0; j < BN / 8; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++) gm_store2<EPI>(E, P.T, N, row_a + 8 * h, n0 + 8 * j + c2, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
 }
 
-#define GB_ENTRY(NAME, FMT, SPLIT)                                                                                      \
+#define GB_ENTRY(NAME, FMT, BN, SPLIT)                                                                                  \
     extern "C" __global__ void __launch_bounds__(256, 1)                                                                \
         NAME(const u16* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S, float* __restrict__ y, int T, \
              int N, int K) {                                                                                            \
         GmEpi e = {y, nullptr, 0, 0, 0.f, nullptr};                                                                     \
-        gb_gemm<FMT, 2, SPLIT, 0>(gm_plain<128, 128>(x, W, S, T, N, K), e);                                             \
+        gb_gemm<FMT, 2, BN, SPLIT, 0>(gm_plain<128, BN>(x, W, S, T, N, K), e);                                          \
     }
 
-GB_ENTRY(gemm_wb_bf16, 1, false)
-GB_ENTRY(gemm_wb_fp8, 2, false)
-GB_ENTRY(gemm_wb_fp4, 3, false)
-GB_ENTRY(gemm_wb_bf16_x2, 1, true)
-GB_ENTRY(gemm_wb_fp8_x2, 2, true)
-GB_ENTRY(gemm_wb_fp4_x2, 3, true)
+// gemm_wb_<fmt>[_x2]: 128 × 128 tiles; gemm_wb_<fmt>_w[_x2]: 128 × 256 (half the activation reads
+// per output).
+GB_ENTRY(gemm_wb_bf16, 1, 128, false)
+GB_ENTRY(gemm_wb_fp8, 2, 128, false)
+GB_ENTRY(gemm_wb_fp4, 3, 128, false)
+GB_ENTRY(gemm_wb_bf16_x2, 1, 128, true)
+GB_ENTRY(gemm_wb_fp8_x2, 2, 128, true)
+GB_ENTRY(gemm_wb_fp4_x2, 3, 128, true)
+GB_ENTRY(gemm_wb_bf16_w, 1, 256, false)
+GB_ENTRY(gemm_wb_fp8_w, 2, 256, false)
+GB_ENTRY(gemm_wb_fp4_w, 3, 256, false)
+GB_ENTRY(gemm_wb_bf16_w_x2, 1, 256, true)
+GB_ENTRY(gemm_wb_fp8_w_x2, 2, 256, true)
+GB_ENTRY(gemm_wb_fp4_w_x2, 3, 256, true)
 
 #define MOE_WB_ENTRY(NAME, FMT, BM, SPLIT, EPI)                                                                           \
     extern "C" __global__ void __launch_bounds__(BM * 2, 1)                                                               \
@@ -824,7 +848,7 @@ GB_ENTRY(gemm_wb_fp4_x2, 3, true)
              const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
              float* __restrict__ y, u16* __restrict__ hb, long long h_lo, int ldh, const int* __restrict__ dst, int N,    \
              int K, float limit) {                                                                                        \
-        moe_gemm<true, FMT, BM, 128, 0, 0, SPLIT, EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb,     \
+        moe_gemm<true, FMT, BM, BM * 2, 0, 0, SPLIT, EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb,  \
                                                        h_lo, ldh, dst, N, K, limit);                                      \
     }
 
