@@ -119,11 +119,12 @@ pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("mhc.cu", super::ops_mhc::MHC_ENTRY_POINTS),
     ("moe.cu", super::ops_mhc::MOE_ENTRY_POINTS),
     ("gemm.cu", GEMM_ENTRY_POINTS),
+    ("gemm_wb.cu", GEMM_WB_ENTRY_POINTS),
     ("gemm_q8.cu", super::ops_q8::GEMM_Q8_ENTRY_POINTS),
 ];
 
 /// The entry points of gemm.cu: the activation conversion and, per weight format, the tensor-core
-/// GEMM in each [`GemmTile`] and the grouped MoE GEMMs (mma.sync `moe_gemm_*`, wgmma `moe_wb_*`).
+/// GEMM in each mma.sync [`GemmTile`] and the grouped MoE GEMMs `moe_gemm_*`.
 pub(crate) const GEMM_ENTRY_POINTS: &[&str] = &[
     "gemm_x_bf16",
     "w_fp8_bf16",
@@ -184,6 +185,10 @@ pub(crate) const GEMM_ENTRY_POINTS: &[&str] = &[
     "moe_gemm_fp4_64_x2_plain",
     "moe_gemm_fp4_64_x2_swiglu",
     "moe_gemm_fp4_64_x2_scatter",
+];
+
+/// gemm.cu's wgmma entry points (switch `BF16_WGMMA`), compiled as the program `gemm_wb.cu`.
+pub(crate) const GEMM_WB_ENTRY_POINTS: &[&str] = &[
     "gemm_wb_bf16",
     "gemm_wb_fp8",
     "gemm_wb_fp4",
@@ -449,8 +454,15 @@ impl Gpu {
         // CUDA graph (decode steps, `super::graph`).
         let stream = drv("creating the stream", ctx.new_stream())?;
         let mut functions = HashMap::new();
-        for (file, src) in KERNEL_SOURCES {
-            let cubin = nvrtc::compile_cached(cache_dir, file, src, &arch)?;
+        // Every program compiled (or read from the cache) on its own thread: NVRTC compiles
+        // separate programs concurrently, and gemm.cu's two halves dominate a cold start.
+        let cubins: Vec<Result<Vec<u8>, CudaError>> = std::thread::scope(|scope| {
+            let arch = arch.as_str();
+            let jobs: Vec<_> = KERNEL_SOURCES.iter().map(|(file, src)| scope.spawn(move || nvrtc::compile_cached(cache_dir, file, src, arch))).collect();
+            jobs.into_iter().zip(KERNEL_SOURCES).map(|(job, (file, _))| job.join().unwrap_or_else(|_| Err(CudaError::Compile { file: (*file).into(), arch: arch.into(), log: "the compiling thread panicked".into() }))).collect()
+        });
+        for ((file, _), cubin) in KERNEL_SOURCES.iter().zip(cubins) {
+            let cubin = cubin?;
             let module = drv(&format!("loading {file}"), ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)))?;
             let names = ENTRY_POINTS.iter().find(|(f, _)| f == file).map(|(_, n)| *n).unwrap_or(&[]);
             for name in names {

@@ -120,21 +120,39 @@ mod tests {
                 return;
             }
         };
-        for (file, src) in KERNEL_SOURCES {
-            let cubin = compile(file, src, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
+        // In parallel, as `Gpu::open` compiles them (NVRTC compiles separate programs concurrently).
+        let cubins: Vec<(&str, Vec<u8>)> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = KERNEL_SOURCES.iter().map(|(file, src)| scope.spawn(move || (*file, compile(file, src, "sm_90a").unwrap_or_else(|e| panic!("{e}"))))).collect();
+            jobs.into_iter().map(|j| j.join().expect("a compiling thread panicked")).collect()
+        });
+        let has = |cubin: &[u8], name: &str| {
+            let sym: Vec<u8> = name.bytes().chain(std::iter::once(0)).collect();
+            cubin.windows(sym.len()).any(|w| w == sym.as_slice())
+        };
+        let entries = |file: &str| crate::cuda::gpu::ENTRY_POINTS.iter().find(|(f, _)| *f == file).map(|(_, n)| *n).unwrap_or(&[]);
+        for (file, cubin) in &cubins {
             assert!(cubin.len() > 100, "{file}: CUBIN of {} bytes", cubin.len());
             // Every entry point the loader looks up is a symbol of the CUBIN.
-            let names = crate::cuda::gpu::ENTRY_POINTS.iter().find(|(f, _)| f == file).map(|(_, n)| *n).unwrap_or(&[]);
+            let names = entries(file);
             assert!(!names.is_empty(), "{file} lists no entry points");
             for name in names {
-                let sym: Vec<u8> = name.bytes().chain(std::iter::once(0)).collect();
-                assert!(cubin.windows(sym.len()).any(|w| w == sym.as_slice()), "{file}: entry point {name} missing from the CUBIN");
+                assert!(has(cubin, name), "{file}: entry point {name} missing from the CUBIN");
             }
             println!("{file}: {} bytes of sm_90a CUBIN (NVRTC {}.{})", cubin.len(), v.0, v.1);
         }
-        // Blackwell: the wgmma kernels compile to traps there (gemm_q8.cu), so the file must build.
-        let cubin = compile("gemm_q8.cu", crate::cuda::KERNEL_SOURCES.iter().find(|(f, _)| *f == "gemm_q8.cu").map(|(_, s)| *s).unwrap_or(""), "sm_100").unwrap_or_else(|e| panic!("{e}"));
-        assert!(cubin.len() > 100);
+        // gemm.cu's two programs split its entry points: neither emits the other's.
+        for (file, other) in [("gemm.cu", "gemm_wb.cu"), ("gemm_wb.cu", "gemm.cu")] {
+            let cubin = &cubins.iter().find(|(f, _)| *f == file).expect("both programs are listed").1;
+            for name in entries(other) {
+                assert!(!has(cubin, name), "{file} also emits {other}'s entry point {name}");
+            }
+        }
+        // Blackwell: the wgmma kernels compile to traps there (gemm_q8.cu, gemm_wb.cu), so the
+        // programs must build.
+        for file in ["gemm_q8.cu", "gemm_wb.cu"] {
+            let cubin = compile(file, crate::cuda::KERNEL_SOURCES.iter().find(|(f, _)| *f == file).map(|(_, s)| *s).unwrap_or(""), "sm_100").unwrap_or_else(|e| panic!("{e}"));
+            assert!(cubin.len() > 100, "{file} for sm_100");
+        }
         // A broken kernel is reported with the compiler log, not a panic.
         match compile("broken.cu", "extern \"C\" __global__ void k() { undefined_thing(); }", "sm_90a") {
             Err(CudaError::Compile { log, .. }) => assert!(log.contains("undefined_thing"), "{log}"),

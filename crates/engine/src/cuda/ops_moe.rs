@@ -17,7 +17,7 @@
 
 use super::drv;
 use super::graph::DevBuf;
-use super::gpu::{gemm_smem_for, wb_smem, Gpu, GpuMatrix, GpuWeight, GEMM_ENTRY_POINTS};
+use super::gpu::{gemm_smem_for, wb_smem, Gpu, GpuMatrix, GpuWeight, GEMM_ENTRY_POINTS, GEMM_WB_ENTRY_POINTS};
 use super::ops_mhc::{GpuExpert, GpuMoeLayer};
 use super::CudaError;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
@@ -35,9 +35,9 @@ fn bad(detail: impl Into<String>) -> CudaError {
 }
 
 /// The grouped GEMM entry points of gemm.cu: mma.sync `moe_gemm_<fmt>_<bm>[_x2]_<epi>` and wgmma
-/// `moe_wb_<fmt>_<bm>[_x2]_<epi>` (switch `BF16_WGMMA`).
+/// `moe_wb_<fmt>_<bm>[_x2]_<epi>` (switch `BF16_WGMMA`; the program `gemm_wb.cu`).
 pub fn moe_gemm_entry_points() -> impl Iterator<Item = &'static str> {
-    GEMM_ENTRY_POINTS.iter().copied().filter(|n| n.starts_with("moe_gemm_") || n.starts_with("moe_wb_"))
+    GEMM_ENTRY_POINTS.iter().chain(GEMM_WB_ENTRY_POINTS).copied().filter(|n| n.starts_with("moe_gemm_") || n.starts_with("moe_wb_"))
 }
 
 /// `(format, tile rows, split)` of a grouped GEMM entry point name (either family).
@@ -302,7 +302,7 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         let family = if self.bf16_wgmma(tables.format, k) { "moe_wb" } else { "moe_gemm" };
         let name = format!("{family}_{}_{}{}_{epi}", tables.format, g.bm, if split { "_x2" } else { "" });
-        let Some(&fname) = GEMM_ENTRY_POINTS.iter().find(|x| **x == name) else {
+        let Some(fname) = moe_gemm_entry_points().find(|x| *x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
         let cfg = self.moe_launch_config(fname, g, n, moe_gemm_entry_bn(fname), moe_gemm_entry_smem(fname), persistent)?;

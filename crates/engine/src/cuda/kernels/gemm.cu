@@ -405,6 +405,7 @@ __device__ __forceinline__ void gm_gemm(const GmProb& P, const GmEpi& E) {
                 gm_store2<EPI>(E, T, N, m0 + wm * WTM + mt * 16 + g + 8 * h, n0 + wn * WTN + nt * 8 + c2, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
 }
 
+#ifndef FS_GEMM_WGMMA_ONLY
 // split ≠ 0: also the low halves x − bf16(x), rounded to bf16, as a second plane [Tp, Kp] after the
 // first (x = hi + lo to about 16 significant bits).
 extern "C" __global__ void gemm_x_bf16(const float* __restrict__ x, u16* __restrict__ xb, int T, int K, int Tp, int split) {
@@ -441,6 +442,8 @@ extern "C" __global__ void w_fp8_bf16(const u8* __restrict__ W, const u8* __rest
     }
 }
 
+#endif  // FS_GEMM_WGMMA_ONLY
+
 // The plain GEMM's tile origin: 1-D grid rasterised in groups of GM_GROUP token tiles per output
 // tile column.
 template <int BM, int BN>
@@ -467,6 +470,7 @@ __device__ __forceinline__ GmProb gm_plain(const u16* x, const u8* W, const u8* 
     return p;
 }
 
+#ifndef FS_GEMM_WGMMA_ONLY
 #define GM_ENTRY(NAME, FMT, BM, BN, WM, WN, SPLIT)                                                                      \
     extern "C" __global__ void __launch_bounds__(WM * WN * 32, 1)                                                       \
         NAME(const u16* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S, float* __restrict__ y, int T, \
@@ -498,6 +502,7 @@ GM_ENTRY(gemm_tc_fp4_m_x2, 3, 128, 128, 2, 4, true)
 GM_ENTRY(gemm_tc_bf16_s_x2, 1, 64, 64, 2, 2, true)
 GM_ENTRY(gemm_tc_fp8_s_x2, 2, 64, 64, 2, 2, true)
 GM_ENTRY(gemm_tc_fp4_s_x2, 3, 64, 64, 2, 2, true)
+#endif  // FS_GEMM_WGMMA_ONLY
 
 // ---------------------------------------------------------------------------------------------
 // Grouped MoE GEMM (issue 6 §5; host glue `Gpu::moe_experts_grouped`, ops_moe.rs). The routed
@@ -555,6 +560,7 @@ __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, cons
     }
 }
 
+#ifndef FS_GEMM_WGMMA_ONLY
 #define MOE_GEMM_ENTRY(NAME, FMT, BM, WM, WN, SPLIT, EPI)                                                                 \
     extern "C" __global__ void __launch_bounds__(WM * WN * 32, 1)                                                         \
         NAME(const u16* __restrict__ xb, long long lo_plane, const unsigned long long* __restrict__ wtab,                  \
@@ -583,10 +589,14 @@ __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, cons
 MOE_GEMM_FMT(bf16, 1)
 MOE_GEMM_FMT(fp8, 2)
 MOE_GEMM_FMT(fp4, 3)
+#endif  // FS_GEMM_WGMMA_ONLY
 
 // ---------------------------------------------------------------------------------------------
 // The same GEMMs on Hopper's warpgroup MMA (switch BF16_WGMMA, on by default; sm_90a only; bf16,
-// FP8 and FP4 weights with K % 64 == 0 — the host checks both and otherwise uses the kernels above):
+// FP8 and FP4 weights with K % 64 == 0 — the host checks both and otherwise uses the kernels above).
+// Their entry points are emitted only when FS_GEMM_WGMMA_ONLY is defined (the loader compiles this
+// file twice, as gemm.cu and gemm_wb.cu, so the halves compile in parallel), the others only when
+// it is not:
 //   gemm_wb_<fmt>[_w][_x2](xb, W, S, y, T, N, K)    — as gemm_tc_<fmt>[_x2], block tile 128 × 128
 //                                                      (_w: 128 × 256)
 //   moe_wb_<fmt>_<bm>[_x2]_<epi>(…)                 — as moe_gemm_<fmt>_<bm>[_x2]_<epi>, block tile
@@ -818,6 +828,7 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
     }
 }
 
+#ifdef FS_GEMM_WGMMA_ONLY
 #define GB_ENTRY(NAME, FMT, BN, SPLIT)                                                                                  \
     extern "C" __global__ void __launch_bounds__(256, 1)                                                                \
         NAME(const u16* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S, float* __restrict__ y, int T, \
@@ -869,3 +880,4 @@ GB_ENTRY(gemm_wb_fp4_w_x2, 3, 256, true)
 MOE_WB_FMT(bf16, 1)
 MOE_WB_FMT(fp8, 2)
 MOE_WB_FMT(fp4, 3)
+#endif  // FS_GEMM_WGMMA_ONLY
