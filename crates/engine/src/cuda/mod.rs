@@ -96,12 +96,29 @@ pub(crate) fn drv<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> R
     r.map_err(|e| CudaError::Driver { what: what.into(), detail: format!("{e:?}") })
 }
 
+thread_local! {
+    /// Whether this thread is inside [`guard`] (its panics are caught and reported as errors).
+    static IN_GUARD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Runs `f`, turning a panic (cudarc panics when a library is missing) into [`CudaError::Unavailable`].
+/// The panic message is kept quiet on this thread only: the process's panic hook is wrapped once by
+/// one that stays silent while the panicking thread is inside `guard` and otherwise calls the hook
+/// it replaced, so threads may call `guard` concurrently (`Gpu::open` compiles in parallel) without
+/// losing other threads' panic messages.
 pub fn guard<T>(lib: &'static str, f: impl FnOnce() -> T) -> Result<T, CudaError> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    static QUIET_HOOK: std::sync::Once = std::sync::Once::new();
+    QUIET_HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !IN_GUARD.with(|g| g.get()) {
+                previous(info)
+            }
+        }));
+    });
+    let outer = IN_GUARD.with(|g| g.replace(true));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    std::panic::set_hook(hook);
+    IN_GUARD.with(|g| g.set(outer));
     r.map_err(|e| {
         let detail = e
             .downcast_ref::<String>()
@@ -115,4 +132,41 @@ pub fn guard<T>(lib: &'static str, f: impl FnOnce() -> T) -> Result<T, CudaError
         };
         CudaError::Unavailable { lib, detail }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `guard` from several threads at once: each panic becomes that thread's error, the others'
+    /// values come through, and no thread is left marked as guarded (its later panics would be
+    /// silenced).
+    #[test]
+    fn guard_is_per_thread() {
+        let results: Vec<(usize, Result<usize, String>, bool)> = std::thread::scope(|s| {
+            let jobs: Vec<_> = (0..8usize)
+                .map(|i| {
+                    s.spawn(move || {
+                        let r = guard("test", || if i % 2 == 0 { panic!("library {i} missing") } else { i * 10 });
+                        (i, r.map_err(|e| e.to_string()), IN_GUARD.with(|g| g.get()))
+                    })
+                })
+                .collect();
+            jobs.into_iter().map(|j| j.join().expect("guard caught the panic")).collect()
+        });
+        for (i, r, still_guarded) in results {
+            assert!(!still_guarded, "thread {i} left inside guard");
+            match r {
+                Ok(v) => assert_eq!(v, i * 10),
+                Err(e) => assert!(i % 2 == 0 && e.contains(&format!("library {i} missing")), "{i}: {e}"),
+            }
+        }
+        // Nested: the inner guard restores the outer state.
+        let outer = guard("outer", || {
+            let inner = guard("inner", || -> usize { panic!("inner") });
+            (inner.is_err(), IN_GUARD.with(|g| g.get()))
+        });
+        assert_eq!(outer.ok(), Some((true, true)));
+        assert!(!IN_GUARD.with(|g| g.get()));
+    }
 }
