@@ -602,19 +602,18 @@ MOE_GEMM_FMT(fp4, 3)
 //   moe_wb_<fmt>_<bm>[_x2]_<epi>(…)                 — as moe_gemm_<fmt>_<bm>[_x2]_<epi>, block tile
 //                                                      64 × 128 (bm 64) or 128 × 256 (bm 128)
 // Block: WG warpgroups (BM = 64·WG rows) × BN output columns (wgmma m64nBNk16; the wide tile reads
-// each activation tile once per 256 outputs instead of per 128: at 128 × 128 the split-activation
-// tiles alone ask L2 for ~36 bytes per SM cycle); one K step = 64 values = one
-// 128-byte row of bf16. Shared memory per stage: the activation tile [BM][64] bf16 per plane (hi, and
+// each activation tile once per 256 outputs instead of per 128 — measured 15.57 vs 16.22 ms per
+// Flash MoE layer at T = 8,192, 9b2e6b8 vs e96e6c8); one K step = 64 values = one 128-byte row of
+// bf16. Shared memory per stage: the activation tile [BM][64] bf16 per plane (hi, and
 // lo with _x2) in the 128-byte-swizzled K-major layout wgmma reads (common.cuh gw_swz, gw_desc), and
 // the weight tile's raw bytes [BN][64 values]: bf16 weights are copied straight into the swizzled
 // layout; FP8 and FP4 ones are dequantized exactly to bf16 (the values gm_gemm's tiles hold) into one
 // of two swizzled tiles, one step ahead — the conversion of step kt + 1 runs while the tensor cores
-// multiply step kt. One step's wgmma stays in flight across the loop's barrier (wait_group 1), so
-// the tensor cores go from step kt to kt + 1 without waiting for the warps; the copies therefore
-// run ST − 2 steps ahead (a slot is refilled only once the wgmma of two steps back has finished).
-// Per step and warpgroup: 4 × wgmma m64nBNk16 bf16 → f32 (8 with _x2: for each 16-wide slice the
-// hi plane, then the lo plane, as gm_gemm orders its MMAs) accumulating in
-// registers over all of K. Each output is one warpgroup's fixed instruction sequence (deterministic:
+// multiply step kt (keeping one step's wgmma in flight across the loop's barrier instead, with the
+// copies one step less ahead and a second barrier before each conversion, measured slower on H200:
+// 16.02 vs 15.57 ms per Flash MoE layer at T = 8,192, 42e1bba). Per step and warpgroup: 4 × wgmma
+// m64nBNk16 bf16 → f32 (8 with _x2: for each 16-wide slice the hi plane, then the lo plane, as
+// gm_gemm orders its MMAs) accumulating in registers over all of K. Each output is one warpgroup's fixed instruction sequence (deterministic:
 // the same bits for any grid, tile height or SwiGLU fusion); measured on H200 the outputs also equal
 // gm_gemm's bit for bit (every 16-wide slice is one tensor-core dot product either way), which
 // gpu-check asserts (`… Wgmma bits`, `moe_grouped … BF16_WGMMA=off bits`). Epilogues as gm_gemm's
@@ -772,10 +771,8 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
     for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
     u32 sreg[UNITS];  // scales of the step converted next
 
-    // The copies run ST − 2 steps ahead (a ring slot is refilled once the wgmma of two steps back
-    // has completed: one step's wgmma stays in flight across the loop's barrier).
 #pragma unroll
-    for (int s = 0; s < ST - 2; s++) issue(s);
+    for (int s = 0; s < ST - 1; s++) issue(s);
     if (!DIRECT) {
         u32 sc0[UNITS];
 #pragma unroll
@@ -783,16 +780,17 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
             sc0[u] = scale_of(0, u);
             sreg[u] = scale_of(1, u);
         }
-        gm_wait<ST - 3>();
+        gm_wait<ST - 2>();
         __syncthreads();
         convert(0, sc0);
     }
 
     for (int kt = 0; kt < KT; kt++) {
-        if (DIRECT) gm_wait<ST - 3>();  // step kt has landed (converted formats: waited for below)
+        if (DIRECT) gm_wait<ST - 2>();  // step kt has landed
+        else gm_wait<ST - 3>();         // step kt + 1 has landed too (its weights are converted below)
         gw_fence_proxy();               // this thread's copies and conversions → the async proxy
         __syncthreads();
-        issue(kt + ST - 2);             // slot of step kt − 2, whose wgmma every warpgroup has finished
+        issue(kt + ST - 1);
         const u32 a_tile = as_base + (kt % ST) * L::A_STAGE + wg * 64 * 128;
         const u32 b_tile = DIRECT ? bs_base + (kt % ST) * L::B_STAGE : bc_base + (kt & 1) * L::BCONV;
         const unsigned long long da = gw_desc(a_tile), db = gw_desc(b_tile);
@@ -803,16 +801,13 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
             if (SPLIT) gb_mma<BN>(acc, gw_desc(a_tile + L::A_PLANE) + 2 * kk, db + 2 * kk);
         }
         gw_commit();
-        gw_wait1();  // step kt − 1's wgmma has finished; step kt's runs on
         if (!DIRECT && kt + 1 < KT) {
-            gm_wait<ST - 3>();  // step kt + 1 has landed
-            __syncthreads();    // every warpgroup is past step kt − 1, which read the tile converted into now
             convert(kt + 1, sreg);
 #pragma unroll
             for (int u = 0; u < UNITS; u++) sreg[u] = scale_of(kt + 2, u);
         }
+        gw_wait0();
     }
-    gw_wait0();
     gm_wait<0>();
 
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
