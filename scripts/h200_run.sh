@@ -6,8 +6,8 @@
 #   mkdir -p .devbin && cp target/release/flashseek .devbin/ && strip .devbin/flashseek
 #   # device: bash scripts/h200_run.sh STEP   (outputs under $OUT)
 #
-# Steps (H200 wall times of 2026-11-30; a fresh machine first compiles every kernel, ~80 s since the
-# bf16 wgmma kernels, cached under $FLASHSEEK_CACHE afterwards):
+# Steps (H200 wall times of 2026-11-30; a fresh machine first compiles every kernel, 25 s with the
+# programs compiled in parallel (81 s one after another), cached under $FLASHSEEK_CACHE afterwards):
 #   check     every parity check + timings                          ~150 s
 #   switches  the switch matrix on the full-width model             ~150 s (writes a ~3 GB model once)
 #   qualify   8K/32K/128K × every switch configuration, 4 layers    ~210–330 s
