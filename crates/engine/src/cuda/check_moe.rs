@@ -156,12 +156,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             let mut first: Option<Vec<f32>> = None;
             for (vname, opts) in variants() {
                 let got = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, opts)?)?;
-                let (nmse, max_abs, ref_max) = errors(&got, &y_ref);
-                let pass = nmse <= tol && got.iter().all(|v| v.is_finite());
-                let op = format!("moe_grouped {fmt} {act} {vname} vs cpu");
-                println!("{op:<52} nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e}, tol {tol:.0e})  {}", if pass { "ok" } else { "FAIL" });
-                out.push(json!({"op": op, "shape": shape, "nmse": nmse, "max_abs": max_abs, "ref_max": ref_max, "tolerance_nmse": tol, "pass": pass}));
-                all &= pass;
+                all &= vs_cpu(out, &format!("moe_grouped {fmt} {act} {vname} vs cpu"), &shape, &got, &y_ref, tol);
                 match &first {
                     None => first = Some(got),
                     Some(f0) => {
@@ -175,12 +170,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             // against the same reference, and how far the two families are apart.
             let sync = crate::switches::scoped(&[("BF16_WGMMA", "off")], || gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, MoeOptions::ALL_ON)).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
             let sync = gpu.download(&sync)?;
-            let (nmse, max_abs, ref_max) = errors(&sync, &y_ref);
-            let pass = nmse <= tol && sync.iter().all(|v| v.is_finite());
-            let op = format!("moe_grouped {fmt} {act} BF16_WGMMA=off vs cpu");
-            println!("{op:<52} nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e}, tol {tol:.0e})  {}", if pass { "ok" } else { "FAIL" });
-            out.push(json!({"op": op, "shape": shape, "nmse": nmse, "max_abs": max_abs, "ref_max": ref_max, "tolerance_nmse": tol, "pass": pass}));
-            all &= pass;
+            all &= vs_cpu(out, &format!("moe_grouped {fmt} {act} BF16_WGMMA=off vs cpu"), &shape, &sync, &y_ref, tol);
             // Measured on H200: the wgmma kernels give the mma.sync kernels' bits (each 16-wide
             // slice is one tensor-core dot product either way, hi before lo): asserted.
             let differ = f0.iter().zip(&sync).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
@@ -211,6 +201,16 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     }
     all &= run_q8(gpu, seed, &cfg, &f, &routes32, &dids, &dw, &ids, out)?;
     Ok(all)
+}
+
+/// Prints and records `got` against the CPU's `want` (NMSE tolerance `tol`, every value finite);
+/// returns whether it passed.
+fn vs_cpu(out: &mut Vec<Value>, op: &str, shape: &Value, got: &[f32], want: &[f32], tol: f64) -> bool {
+    let (nmse, max_abs, ref_max) = errors(got, want);
+    let pass = nmse <= tol && got.iter().all(|v| v.is_finite());
+    println!("{op:<52} nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e}, tol {tol:.0e})  {}", if pass { "ok" } else { "FAIL" });
+    out.push(json!({"op": op, "shape": shape, "nmse": nmse, "max_abs": max_abs, "ref_max": ref_max, "tolerance_nmse": tol, "pass": pass}));
+    pass
 }
 
 /// The parity matrix's inputs: 1,000 tokens of width 512 routed top-6 over 16 experts by

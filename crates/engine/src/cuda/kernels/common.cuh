@@ -33,6 +33,15 @@ __device__ __forceinline__ float fs_e2m1(u32 nib) {
     return (nib & 8u) ? -r : r;
 }
 
+// SwiGLU with the clamps of spec §4.11: silu(min(g, L)) · clamp(u, ±L), a NaN u kept (the CPU's
+// order of operations; every MoE path uses this one).
+__device__ __forceinline__ float fs_swiglu(float g, float u, float limit) {
+    const float gv = fminf(g, limit);
+    const float uc = u != u ? u : fminf(fmaxf(u, -limit), limit);
+    const float sg = 1.f / (1.f + expf(-gv));
+    return (gv * sg) * uc;
+}
+
 __device__ __forceinline__ float fs_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -118,3 +127,23 @@ __device__ __forceinline__ unsigned long long gw_desc(u32 a) {
 
 // Byte offset of 16-byte chunk c of row r in a swizzled tile of 128-byte rows.
 __device__ __forceinline__ u32 gw_swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+// Start of a ring of ST copy stages whose weight tiles are converted in shared memory one step
+// ahead (gemm_q8.cu's FP4 → e4m3, gemm.cu's wgmma FP8/FP4 → bf16; DIRECT = nothing to convert):
+// stages 0 … ST−2 issued, step 0 converted, sreg = the scale words of step 1.
+template <int ST, int UNITS, bool DIRECT, class Issue, class ScaleWord, class Convert>
+__device__ __forceinline__ void conv_pipeline_start(Issue& issue, ScaleWord& scale_word, Convert& convert, u32 (&sreg)[UNITS]) {
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) issue(s);
+    if (!DIRECT) {
+        u32 s0[UNITS];
+#pragma unroll
+        for (int u = 0; u < UNITS; u++) {
+            s0[u] = scale_word(0, u);
+            sreg[u] = scale_word(1, u);
+        }
+        gm_wait<ST - 2>();
+        __syncthreads();
+        convert(0, s0);
+    }
+}

@@ -140,20 +140,24 @@ struct GmEpi {
     const int* dst;
 };
 
+// Scale byte of weight row n (of the tile's matrix: EPI 1 interleaves gate and up rows in blocks of
+// 8) at input k: FP8 per 128 × 128 block, FP4 per row and 32 inputs.
+template <int FMT, int EPI>
+__device__ __forceinline__ u32 gm_scale_byte(const GmProb& P, int n, int k, int sk) {
+    const u8* s = P.S;
+    if (EPI == 1) {
+        s = (n >> 3) & 1 ? P.S3 : P.S;
+        n = (n >> 4) * 8 + (n & 7);
+    }
+    if (FMT == 2) return __ldg(s + (size_t)(n >> 7) * sk + (k >> 7));
+    return __ldg(s + (size_t)n * (P.K >> 5) + (k >> 5));
+}
+
 // Epilogue 1 for one row and two adjacent hidden units col, col + 1: h = silu(min(g, L))·clamp(u, ±L)
 // as bf16 into hb (with SPLIT also bf16(h − hi) into the low plane at h_lo).
 template <bool SPLIT>
 __device__ __forceinline__ void gm_swiglu_store(const GmEpi& E, int row, int col, float g0, float g1, float u0, float u1) {
-    float hv[2];
-    const float gs[2] = {g0, g1}, us[2] = {u0, u1};
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const float gv = fminf(gs[e], E.limit);
-        const float uv = us[e];
-        const float uc = uv != uv ? uv : fminf(fmaxf(uv, -E.limit), E.limit);
-        const float sg = 1.f / (1.f + expf(-gv));
-        hv[e] = (gv * sg) * uc;
-    }
+    const float hv[2] = {fs_swiglu(g0, u0, E.limit), fs_swiglu(g1, u1, E.limit)};
     const u32 hi = gm_bf16x2(hv[0], hv[1]);
     u16* dst = E.hb + (size_t)row * E.ldh + col;
     *reinterpret_cast<u32*>(dst) = hi;
@@ -265,13 +269,7 @@ __device__ __forceinline__ void gm_gemm(const GmProb& P, const GmEpi& E) {
         int q = tid + u * NT, r = q % BN, c = q / BN;
         int n = n0 + r, k = kt * GM_BK + c * DQ;
         if (FMT < 2 || kt >= KT || n >= N || k >= K) return 127u;
-        const u8* s = S;
-        if (EPI == 1) {
-            s = (n >> 3) & 1 ? P.S3 : S;
-            n = (n >> 4) * 8 + (n & 7);
-        }
-        if (FMT == 2) return __ldg(s + (size_t)(n >> 7) * sk + (k >> 7));
-        return __ldg(s + (size_t)n * (K >> 5) + (k >> 5));
+        return gm_scale_byte<FMT, EPI>(P, n, k, sk);
     };
 
     // Raw weights of K step kt → bf16 tile kt & 1.
@@ -733,13 +731,7 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
         int n = n0 + r;
         const int k = kt * 64 + c * 16;
         if (DIRECT || kt >= KT || n >= N) return 127u;
-        const u8* s = P.S;
-        if (EPI == 1) {
-            s = (n >> 3) & 1 ? P.S3 : P.S;
-            n = (n >> 4) * 8 + (n & 7);
-        }
-        if (FMT == 2) return __ldg(s + (size_t)(n >> 7) * sk + (k >> 7));
-        return __ldg(s + (size_t)n * (K >> 5) + (k >> 5));
+        return gm_scale_byte<FMT, EPI>(P, n, k, sk);
     };
 
     // Raw weights of K step kt → swizzled bf16 tile kt & 1.
@@ -771,19 +763,7 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
     for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
     u32 sreg[UNITS];  // scales of the step converted next
 
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) issue(s);
-    if (!DIRECT) {
-        u32 sc0[UNITS];
-#pragma unroll
-        for (int u = 0; u < UNITS; u++) {
-            sc0[u] = scale_of(0, u);
-            sreg[u] = scale_of(1, u);
-        }
-        gm_wait<ST - 2>();
-        __syncthreads();
-        convert(0, sc0);
-    }
+    conv_pipeline_start<ST, UNITS, DIRECT>(issue, scale_of, convert, sreg);
 
     for (int kt = 0; kt < KT; kt++) {
         if (DIRECT) gm_wait<ST - 2>();  // step kt has landed

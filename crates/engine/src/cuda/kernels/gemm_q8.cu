@@ -152,16 +152,7 @@ __device__ __forceinline__ void gq_swiglu_store(const GqEpi& E, int N, int row, 
     if (2 * col >= N) return;
     const int dr = E.dst[row];
     const float gam = dr < 0 ? 0.f : E.gamma[dr];
-    const float gs[2] = {g0, g1}, us[2] = {u0, u1};
-    float hv[2];
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const float gv = fminf(gs[e], E.limit);
-        const float uv = us[e];
-        const float uc = uv != uv ? uv : fminf(fmaxf(uv, -E.limit), E.limit);
-        const float sgm = 1.f / (1.f + expf(-gv));
-        hv[e] = ((gv * sgm) * uc) * gam;
-    }
+    const float hv[2] = {fs_swiglu(g0, u0, E.limit) * gam, fs_swiglu(g1, u1, E.limit) * gam};
     *reinterpret_cast<float2*>(E.hf + (size_t)row * E.ldh + col) = make_float2(hv[0], hv[1]);
 }
 
@@ -211,24 +202,8 @@ __device__ __forceinline__ uint4 gq_fp4_unit(uint2 v, u32 w, int grp, const u32*
     return make_uint4(gq_fp4x4(v.x, t.x, t.y), gq_fp4x4(v.x >> 16, t.x, t.y), gq_fp4x4(v.y, t.x, t.y), gq_fp4x4(v.y >> 16, t.x, t.y));
 }
 
-// The fp4 conversion pipeline of both families (DIRECT = fp8 weights, nothing to convert). Start:
-// stages 0 … ST−2 issued, step 0 converted, sreg = the scale words of step 1.
-template <int ST, int UNITS, bool DIRECT, class Issue, class ScaleWord, class Convert>
-__device__ __forceinline__ void gq_pipeline_start(Issue& issue, ScaleWord& scale_word, Convert& convert, u32 (&sreg)[UNITS]) {
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) issue(s);
-    if (!DIRECT) {
-        u32 s0[UNITS];
-#pragma unroll
-        for (int u = 0; u < UNITS; u++) {
-            s0[u] = scale_word(0, u);
-            sreg[u] = scale_word(1, u);
-        }
-        gm_wait<ST - 2>();
-        __syncthreads();
-        convert(0, s0);
-    }
-}
+// The fp4 conversion pipeline of both families (DIRECT = fp8 weights, nothing to convert) starts
+// with common.cuh's conv_pipeline_start.
 
 // Step kt of that pipeline, after its copies were issued: convert step kt + 1 with sreg and load
 // the scale words of step kt + 2 into sreg.
@@ -340,7 +315,7 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
 
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     u32 sreg[UNITS];
-    gq_pipeline_start<ST, UNITS, DIRECT>(issue, scale_word, convert, sreg);
+    conv_pipeline_start<ST, UNITS, DIRECT>(issue, scale_word, convert, sreg);
 
     float ra[MT][2], wc[NT8][2];
     for (int kt = 0; kt < KT; kt++) {
@@ -556,7 +531,7 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     const int row_a = m0 + wg * 64 + wq * 16 + g4;
     u32 sreg[UNITS];
-    gq_pipeline_start<ST, UNITS, DIRECT>(issue, scale_word, convert, sreg);
+    conv_pipeline_start<ST, UNITS, DIRECT>(issue, scale_word, convert, sreg);
 
     for (int kt = 0; kt < KT; kt++) {
         if (DIRECT) gm_wait<ST - 2>();

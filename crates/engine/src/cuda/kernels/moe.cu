@@ -228,11 +228,7 @@ extern "C" __global__ void swiglu_f32(const float* __restrict__ g, const float* 
                                       long long len, float limit) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) {
-        const float gv = fminf(g[i], limit);
-        const float uv = u[i];
-        const float uc = uv != uv ? uv : fminf(fmaxf(uv, -limit), limit);
-        const float sg = 1.f / (1.f + expf(-gv));
-        h[i] = (gv * sg) * uc;
+        h[i] = fs_swiglu(g[i], u[i], limit);
     }
 }
 
