@@ -73,9 +73,10 @@ def post(base, path, body, stream=False):
 MODEL = "flashseek-default"  # replaced by the served name (GET /v1/models) at start
 
 
-# A system prompt long enough (> MIN_FORK_TOKENS = 16 tokens) that repeating a chat, or asking
-# another question under it, reuses a cached GPU sequence: the server copies the shared prefix
-# (GPU fork) instead of recomputing it; shorter shared prefixes are recomputed on purpose.
+# A system prompt long enough (at least MIN_FORK_TOKENS = 16 shared tokens) that repeating a chat,
+# or asking another question under it, reuses a cached GPU sequence: the server copies the shared
+# prefix (GPU fork) instead of recomputing it; shorter shared prefixes are recomputed on purpose.
+MIN_FORK_TOKENS = 16
 SYSTEM = ("You are a careful assistant. Answer in one short sentence, use plain words, "
           "and never repeat the question back to the user.")
 
@@ -154,9 +155,9 @@ def main():
             g = case(name, "/v1/chat/completions", body, chat_text, lp_of=first_logprob)
             cached = ((g.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             report["prefix_cache_cached_tokens"][name] = cached
-            if cached < 16:
+            if cached < MIN_FORK_TOKENS:
                 ok = False
-                print(f"prefix cache: {cached} cached tokens (expected at least 16)  FAIL")
+                print(f"prefix cache: {cached} cached tokens (expected at least {MIN_FORK_TOKENS})  FAIL")
             else:
                 print(f"prefix cache: {cached} cached tokens  ok")
         # Six prompts at once: continuous batching on the GPU.
@@ -179,6 +180,16 @@ def main():
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
+    # A failed copy falls back to taking the cached session (the cached tokens above would not show
+    # it): the server says so in its log.
+    for d, f in logs.items():
+        f.flush()
+    with open(logs[device].name) as f:
+        fork_failures = [l.strip() for l in f if "copying a cached prefix failed" in l]
+    report["fork_failures"] = fork_failures
+    if fork_failures:
+        ok = False
+        print(f"prefix copies failed on the {device} server: {fork_failures[:3]}  FAIL")
     report["pass"] = ok
     with open(out, "w") as f:
         json.dump(report, f, indent=1)

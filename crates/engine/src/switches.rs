@@ -392,6 +392,9 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
+    // BF16_WGMMA acts when TC_LINEAR is not off *or* MOE_GROUPED is on (the grouped MoE runs bf16
+    // GEMMs under any TC_LINEAR but fp8): an alternative these conjunctions cannot state, so it is
+    // not listed.
 ];
 
 /// Why switch `name` has no effect with the current values, if it has none: the first switch it

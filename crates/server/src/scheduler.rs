@@ -518,25 +518,29 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
                 // the cached session otherwise, or when neither works.
                 let reuse = common.min(req.prompt.len().saturating_sub(1));
                 let held = self.cache[i].session.tokens().len();
+                // (the new sequence, whether it copied the cached one's prefix)
                 let spared = if held <= reuse {
                     None
                 } else if reuse >= MIN_FORK_TOKENS {
                     match self.backend.fork_sequence(&self.cache[i].session, reuse, needed) {
-                        Ok(s) => s,
+                        Ok(s) => s.map(|s| (s, true)),
                         Err(e) => {
                             eprintln!("flashseek: warning: copying a cached prefix failed ({e}); the cached session is taken instead");
                             None
                         }
                     }
                 } else if 2 * reuse < held {
-                    self.backend.new_sequence(needed).ok()
+                    self.backend.new_sequence(needed).ok().map(|s| (s, false))
                 } else {
                     None
                 };
                 match spared {
-                    Some(s) => {
-                        self.clock += 1;
-                        self.cache[i].last_used = self.clock;
+                    Some((s, forked)) => {
+                        // A copy used the cached session; a fresh sequence beside it did not.
+                        if forked {
+                            self.clock += 1;
+                            self.cache[i].last_used = self.clock;
+                        }
                         s
                     }
                     None => self.cache.swap_remove(i).session,

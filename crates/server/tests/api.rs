@@ -739,6 +739,39 @@ fn a_shared_prefix_is_copied_so_the_first_conversation_stays_cached() {
 }
 
 #[test]
+fn a_cached_conversation_spared_by_an_unrelated_prompt_is_not_counted_as_used() {
+    // Two cached conversations, A then B, in a cache of two. A short prompt that shares only a few
+    // template tokens with A gets a fresh sequence beside it; that is no use of A, so when the
+    // third session is cached the least recently used — A — goes, and B's follow-up still finds
+    // all of B.
+    let mut cfg = config();
+    cfg.scheduler.prefix_cache_entries = 2;
+    let own = start(cfg);
+    rt().block_on(async {
+        let c = client();
+        let ask = |system: &str, user: &str| json!({"model": "flashseek-default", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}], "max_tokens": 4, "temperature": 0, "ignore_eos": true});
+        let a = post(&c, &chat(&own.url()), &ask("Be brief.", "What is the capital of France? Answer with the city only.")).await.json();
+        let held_a = a["usage"]["total_tokens"].as_u64().unwrap();
+        let b_sys = "You are a patient teacher of geography for children.";
+        let b_user = "Which ocean is the largest one on Earth?";
+        let b = post(&c, &chat(&own.url()), &ask(b_sys, b_user)).await.json();
+        let prompt_b = b["usage"]["prompt_tokens"].as_u64().unwrap();
+        // Shares A's system prompt only (a few tokens): a fresh sequence, A untouched.
+        let o = post(&c, &chat(&own.url()), &ask("Be brief.", "hi")).await.json();
+        let shared = o["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        assert!(shared < flashseek_server::scheduler::MIN_FORK_TOKENS as u64 && 2 * shared < held_a, "{o}");
+        let answer = b["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let follow = json!({"model": "flashseek-default", "messages": [
+            {"role": "system", "content": b_sys}, {"role": "user", "content": b_user},
+            {"role": "assistant", "content": answer}, {"role": "user", "content": "And the smallest?"}],
+            "max_tokens": 2, "temperature": 0, "ignore_eos": true});
+        let b2 = post(&c, &chat(&own.url()), &follow).await.json();
+        let cached_b2 = b2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        assert!(cached_b2 >= prompt_b, "B's follow-up reused {cached_b2} tokens, fewer than B's prompt ({prompt_b}): B was evicted: {b2}");
+    });
+}
+
+#[test]
 fn sized_sequences_limit_the_context_and_are_reused_when_they_fit() {
     let cfg = config();
     let backend = Capped { inner: flashseek_engine::session::CpuBackend { weights: tiny_weights(), forward: cfg.scheduler.forward }, cap: 96, granule: 32 };

@@ -436,6 +436,7 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
         // Ragged in T and N with K a multiple of 64: the wgmma tile runs these too.
         ("fp8", "ragged n", 1000, 1088),
         ("fp4", "ragged n", 1000, 2112),
+        ("bf16", "ragged n", 1030, 832),
     ];
     const TS: [usize; 3] = [64, 200, 1000];
     let tmax = TS[TS.len() - 1];

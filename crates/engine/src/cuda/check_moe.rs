@@ -16,6 +16,9 @@
 //!   product in either family).
 //! - `moe_grouped … masked`: all routing weights 0 → the output equals the shared expert's alone,
 //!   bit for bit (masked routes contribute exact zeros).
+//! - `moe_grouped inter 192 …`: experts of 192 hidden units (output widths that are not multiples
+//!   of the tiles, a down projection ending in half an FP8 scale block): all on, both tiles, fusion
+//!   off and `BF16_WGMMA=off` against the CPU and bit for bit against all on.
 //!
 //! Official numerics (`TC_LINEAR=fp8`, [`Gpu::moe_experts_grouped_q8`]), FP4 and FP8 experts:
 //! - `moe_q8 <fmt> <variant> vs cpu`: against `forward::moe::moe` with `Numerics { act_quant_fp8 }`
@@ -30,7 +33,7 @@
 //! switch off alone (and `BF16_WGMMA=off`: the mma.sync kernels), CUDA events, median after
 //! warm-up, with TFLOP/s of the routed experts.
 
-use super::check::{errors, flag_record, median_ms, random, record, weight, SPLIT_NMSE_TOL};
+use super::check::{errors, flag_record, median_ms, random, record, switch_scope, weight, SPLIT_NMSE_TOL};
 use super::check_mhc::{config, moe_layer};
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::ops_mhc::{GpuExpert, GpuMoeLayer, GpuRouter};
@@ -168,13 +171,15 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             let f0 = first.unwrap_or_default();
             // The mma.sync kernels (BF16_WGMMA=off; where the wgmma ones run, they are the default)
             // against the same reference, and how far the two families are apart.
-            let sync = crate::switches::scoped(&[("BF16_WGMMA", "off")], || gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, MoeOptions::ALL_ON)).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
-            let sync = gpu.download(&sync)?;
-            all &= vs_cpu(out, &format!("moe_grouped {fmt} {act} BF16_WGMMA=off vs cpu"), &shape, &sync, &y_ref, tol);
-            // Measured on H200: the wgmma kernels give the mma.sync kernels' bits (each 16-wide
-            // slice is one tensor-core dot product either way, hi before lo): asserted.
-            let differ = f0.iter().zip(&sync).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            all &= flag_record(out, &format!("moe_grouped {fmt} {act} BF16_WGMMA=off bits"), json!({"differing_values": differ, "of": sync.len(), "vs": "all on", "wgmma_here": gpu.bf16_wgmma(fmt, d) && gpu.bf16_wgmma(fmt, inter)}), differ == 0);
+            if gpu.bf16_wgmma(fmt, d) && gpu.bf16_wgmma(fmt, inter) {
+                let sync = switch_scope(&[("BF16_WGMMA", "off")], || gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, MoeOptions::ALL_ON))?;
+                let sync = gpu.download(&sync)?;
+                all &= vs_cpu(out, &format!("moe_grouped {fmt} {act} BF16_WGMMA=off vs cpu"), &shape, &sync, &y_ref, tol);
+                // Measured on H200: the wgmma kernels give the mma.sync kernels' bits (each 16-wide
+                // slice is one tensor-core dot product either way, hi before lo): asserted.
+                let differ = f0.iter().zip(&sync).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                all &= flag_record(out, &format!("moe_grouped {fmt} {act} BF16_WGMMA=off bits"), json!({"differing_values": differ, "of": sync.len(), "vs": "all on"}), differ == 0);
+            }
             let (nmse, max_abs, _) = errors(&f0, &per_expert);
             println!("moe_grouped {fmt} {act} vs per-expert GPU path: nmse {nmse:.3e} max_abs {max_abs:.3e}");
             out.push(json!({"op": format!("moe_grouped {fmt} {act} vs per-expert"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "informational": true}));
@@ -199,7 +204,49 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             all &= flag_record(out, &format!("moe_grouped {fmt} {act} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}), differ == 0);
         }
     }
+    all &= run_ragged(gpu, seed, &cfg, &f, &routes32, &dids, &dw, out)?;
     all &= run_q8(gpu, seed, &cfg, &f, &routes32, &dids, &dw, &ids, out)?;
+    Ok(all)
+}
+
+/// The same routing with experts of 192 hidden units: the fused gate/up GEMM is 384 wide (the
+/// 128 × 256 wgmma tile's second column tile is half outside) and the down GEMM's K = 192 ends in a
+/// half FP8 scale block. Every format, split and bf16 activations: all on, both tile heights and
+/// fusion off against the CPU and bit for bit against all on, and (sm_90a) the mma.sync kernels bit
+/// for bit.
+#[allow(clippy::too_many_arguments)]
+fn run_ragged(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f32], routes: &[Route], dids: &cudarc::driver::CudaSlice<i32>, dw: &cudarc::driver::CudaSlice<f32>, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let (t, d, e, inter) = (routes.len(), cfg.hidden_size, cfg.n_routed_experts, 192usize);
+    let df = gpu.upload(f)?;
+    let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": cfg.num_experts_per_tok});
+    let mut all = true;
+    for fmt in ["fp4", "fp8", "bf16"] {
+        let (layer, lw) = test_layer(gpu, seed, &format!("moe_ragged.{fmt}"), fmt, e, d, inter)?;
+        let y_ref = moe::moe(cfg, &lw, f, routes, &Numerics::default());
+        for split in [true, false] {
+            let act = if split { "split" } else { "bf16" };
+            let tol = if split { SPLIT_NMSE_TOL } else { GROUPED_BF16_NMSE_TOL };
+            let on = MoeOptions::ALL_ON;
+            let first = gpu.download(&*gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, split, on)?)?;
+            all &= vs_cpu(out, &format!("moe_grouped inter {inter} {fmt} {act} all on vs cpu"), &shape, &first, &y_ref, tol);
+            let mut variants = vec![("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }), ("tile 128", MoeOptions { force_tile_rows: Some(128), ..on }), ("fused off", MoeOptions { fused_swiglu: false, ..on })];
+            let wgmma = gpu.bf16_wgmma(fmt, d) && gpu.bf16_wgmma(fmt, inter);
+            if wgmma {
+                variants.push(("BF16_WGMMA=off", on));
+            }
+            for (vname, opts) in variants {
+                let got = if vname == "BF16_WGMMA=off" {
+                    switch_scope(&[("BF16_WGMMA", "off")], || gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, split, opts))?
+                } else {
+                    gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, split, opts)?
+                };
+                let got = gpu.download(&got)?;
+                all &= vs_cpu(out, &format!("moe_grouped inter {inter} {fmt} {act} {vname} vs cpu"), &shape, &got, &y_ref, tol);
+                let differ = first.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                all &= flag_record(out, &format!("moe_grouped inter {inter} {fmt} {act} {vname} bits"), json!({"differing_values": differ, "of": got.len(), "vs": "all on"}), differ == 0);
+            }
+        }
+    }
     Ok(all)
 }
 
@@ -367,7 +414,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
                 let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, split, opts).map(|_| ()))?;
                 record_time(&format!("grouped {act} {name}"), ms);
             }
-            let ms = crate::switches::scoped(&[("BF16_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, split, on).map(|_| ()))).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
+            let ms = switch_scope(&[("BF16_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, split, on).map(|_| ())))?;
             record_time(&format!("grouped {act} mma.sync all on"), ms);
         }
         for (name, opts) in [("all on", on), ("fused off", MoeOptions { fused_swiglu: false, ..on }), ("adaptive off (128)", MoeOptions { adaptive_tiles: false, ..on }), ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }), ("persistent off", MoeOptions { persistent: false, ..on })] {

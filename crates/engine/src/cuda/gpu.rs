@@ -296,7 +296,7 @@ pub enum GemmTile {
 }
 
 impl GemmTile {
-    /// Every tile (the wgmma ones only where [`Gpu::bf16_wgmma`] allows them).
+    /// Every tile; the wgmma ones run only where [`Gpu::bf16_wgmma`] allows them.
     pub const ALL: [GemmTile; 5] = [GemmTile::Large, GemmTile::Medium, GemmTile::Small, GemmTile::Wgmma, GemmTile::WgmmaWide];
 
     /// The mma.sync tiles (every device and format).
@@ -340,12 +340,13 @@ impl GemmTile {
                 GemmTile::Large => 1.0,
                 GemmTile::Medium => 0.85,
                 GemmTile::Small => 0.8 * (0.45 + 0.55 * (per_sm.clamp(1, 4) - 1) as f64 / 3.0),
-                GemmTile::Wgmma | GemmTile::WgmmaWide => 0.0,
+                // Never asked: choose ranks the mma.sync tiles only.
+                GemmTile::Wgmma | GemmTile::WgmmaWide => 1.0,
             };
             (per_sm * bm * bn) as f64 / eff
         };
         let mut best = GemmTile::Large;
-        for tile in [GemmTile::Medium, GemmTile::Small] {
+        for tile in GemmTile::MMA_SYNC {
             if cost(tile) < cost(best) {
                 best = tile;
             }
@@ -355,7 +356,8 @@ impl GemmTile {
 }
 
 /// Dynamic shared memory of a gemm.cu block (mirrors `GmLayout` there): `stages · (activation tile,
-/// two with `split` + raw weight tile) + 2 bf16 weight tiles + the FP4 table`.
+/// two with `split` + raw weight tile) + 2 bf16 weight tiles + the FP4 table`; for the wgmma tiles
+/// [`wb_smem`] (`GbLayout`).
 pub fn gemm_smem_bytes(format: &str, tile: GemmTile, split: bool) -> usize {
     let (bm, bn, _, _) = tile.shape();
     if tile.is_wgmma() {
@@ -371,12 +373,14 @@ pub fn gemm_smem_bytes(format: &str, tile: GemmTile, split: bool) -> usize {
 /// — and for FP8/FP4 two converted `bn × 128`-byte tiles.
 pub fn wb_smem(format: &str, bm: usize, bn: usize, split: bool) -> usize {
     let planes = if split { 2 } else { 1 };
+    // Raw weight bytes per row and K step (there is no f32 wgmma kernel: its rows would be 256).
     let raw = match format {
-        "bf16" => 128,
+        "fp4" => 32,
         "fp8" => 64,
-        _ => 32,
+        "bf16" => 128,
+        _ => 256,
     };
-    let conv = if format == "bf16" { 0 } else { 2 * bn * 128 };
+    let conv = if format == "fp8" || format == "fp4" { 2 * bn * 128 } else { 0 };
     let stage = bm * 128 * planes + bn * raw;
     let stages = if bm == 64 && split || 1024 + 4 * stage + conv > 232_448 { 3 } else { 4 };
     1024 + stages * stage + conv
@@ -459,7 +463,15 @@ impl Gpu {
         let cubins: Vec<Result<Vec<u8>, CudaError>> = std::thread::scope(|scope| {
             let arch = arch.as_str();
             let jobs: Vec<_> = KERNEL_SOURCES.iter().map(|(file, src)| scope.spawn(move || nvrtc::compile_cached(cache_dir, file, src, arch))).collect();
-            jobs.into_iter().zip(KERNEL_SOURCES).map(|(job, (file, _))| job.join().unwrap_or_else(|_| Err(CudaError::Compile { file: (*file).into(), arch: arch.into(), log: "the compiling thread panicked".into() }))).collect()
+            jobs.into_iter()
+                .zip(KERNEL_SOURCES)
+                .map(|(job, (file, _))| {
+                    job.join().unwrap_or_else(|p| {
+                        let why = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                        Err(CudaError::Compile { file: (*file).into(), arch: arch.into(), log: format!("the compiling thread panicked: {why}") })
+                    })
+                })
+                .collect()
         });
         for ((file, _), cubin) in KERNEL_SOURCES.iter().zip(cubins) {
             let cubin = cubin?;
@@ -734,22 +746,22 @@ impl Gpu {
         }
         let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") });
         let (tt, n, k) = (too_big(t)?, too_big(w.rows)?, too_big(w.cols)?);
-        let (xb, tp, kp) = self.bf16_planes(x, t, w.cols, split)?;
-        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, tp * kp, kp, 0, w, y, w.rows, 0, t)? {
-            return Ok(());
-        }
         let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
-        let tile = match tile {
+        let chosen = match tile {
             Some(tile) if tile.is_wgmma() && !self.bf16_wgmma(fmt, w.cols) => {
                 return Err(CudaError::Unsupported { what: "linear", detail: format!("the wgmma tile with {fmt} weights of input width {} on {} (needs sm_90a, bf16/FP8/FP4, a multiple of 64, BF16_WGMMA on)", w.cols, self.arch) });
             }
             Some(tile) => tile,
             None => self.auto_tile(t, w.rows, fmt, w.cols, sms),
         };
-        let (bm, bn, threads, _) = tile.shape();
+        let (xb, tp, kp) = self.bf16_planes(x, t, w.cols, split)?;
+        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, tp * kp, kp, 0, w, y, w.rows, 0, t)? {
+            return Ok(());
+        }
+        let (bm, bn, threads, _) = chosen.shape();
         let blocks = t.div_ceil(bm) * w.rows.div_ceil(bn);
-        let cfg = LaunchConfig { grid_dim: (too_big(blocks)? as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: gemm_smem_bytes(fmt, tile, split) as u32 };
-        let name = tile.entry(fmt, split);
+        let cfg = LaunchConfig { grid_dim: (too_big(blocks)? as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: gemm_smem_bytes(fmt, chosen, split) as u32 };
+        let name = chosen.entry(fmt, split);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(&name));
         b.arg(&xb);
@@ -763,8 +775,9 @@ impl Gpu {
             _ => b.arg(&null),
         };
         b.arg(y).arg(&tt).arg(&n).arg(&k);
-        // SAFETY: matches the (xb, W, S, y, T, N, K) signature of every gemm_tc entry point; the
-        // dynamic shared memory is the size its layout needs (the kernel traps on less).
+        // SAFETY: matches the (xb, W, S, y, T, N, K) signature of every gemm_tc / gemm_wb entry point
+        // (the wgmma ones only where bf16_wgmma allows them: K % 64 == 0, so Kp = K); the dynamic
+        // shared memory is the size its layout needs (the kernel traps on less).
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
@@ -777,20 +790,23 @@ impl Gpu {
     }
 
     /// The block tile [`Gpu::linear_tc`] picks for `t` tokens, `n` outputs and `fmt` weights of input
-    /// width `k` on `sms` multiprocessors: [`GemmTile::choose`]'s, replaced where
-    /// [`Gpu::bf16_wgmma`] allows it (unless the problem is small enough for the 64 × 64 tile) by
-    /// [`GemmTile::WgmmaWide`] when its grid fills every SM, else [`GemmTile::Wgmma`].
+    /// width `k` on `sms` multiprocessors. Where [`Gpu::bf16_wgmma`] allows the wgmma tiles:
+    /// [`GemmTile::WgmmaWide`] when its grid fills every SM, else [`GemmTile::Small`] if
+    /// [`GemmTile::choose`] picks it, else [`GemmTile::Wgmma`]; elsewhere [`GemmTile::choose`]'s.
+    /// Measured on H200 (`bench/tc_h200.log`, 9b2e6b8): wq_b [32768, 1024] at T = 64 WgmmaWide 0.037
+    /// ms vs Small 0.047 (split 0.047 vs 0.079); wq_a [1024, 4096] at T = 64 Small 0.054 vs Wgmma
+    /// 0.058; at T = 2,048 Wgmma 0.071 vs WgmmaWide 0.113 (a grid of 64 blocks).
     pub fn auto_tile(&self, t: usize, n: usize, fmt: &str, k: usize, sms: usize) -> GemmTile {
-        match GemmTile::choose(t, n, sms) {
-            GemmTile::Small => GemmTile::Small,
-            _ if self.bf16_wgmma(fmt, k) => {
-                if t.div_ceil(128) * n.div_ceil(256) >= sms {
-                    GemmTile::WgmmaWide
-                } else {
-                    GemmTile::Wgmma
-                }
-            }
-            chosen => chosen,
+        let chosen = GemmTile::choose(t, n, sms);
+        if !self.bf16_wgmma(fmt, k) {
+            return chosen;
+        }
+        if t.div_ceil(128) * n.div_ceil(256) >= sms {
+            GemmTile::WgmmaWide
+        } else if chosen == GemmTile::Small {
+            GemmTile::Small
+        } else {
+            GemmTile::Wgmma
         }
     }
 
@@ -910,5 +926,47 @@ impl Gpu {
         // SAFETY: matches the (x, W, S, y, T, N, K) signature of every linear entry point.
         let r = unsafe { b.launch(cfg) };
         drv(&name, r).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every tile's entry point for every format it serves is a listed kernel (the loader looks
+    /// each up by name: a missing one would fail `Gpu::open`), and its shared memory fits a block
+    /// (227 KB on Hopper).
+    #[test]
+    fn every_tile_names_a_listed_kernel_that_fits() {
+        let listed: Vec<&str> = ENTRY_POINTS.iter().flat_map(|(_, names)| names.iter().copied()).collect();
+        for fmt in ["f32", "bf16", "fp8", "fp4"] {
+            for tile in GemmTile::ALL {
+                for split in [false, true] {
+                    if fmt == "f32" && (split || tile.is_wgmma()) {
+                        continue;
+                    }
+                    let name = tile.entry(fmt, split);
+                    assert!(listed.contains(&name.as_str()), "{name} is not a listed entry point");
+                    let smem = gemm_smem_bytes(fmt, tile, split);
+                    assert!(smem <= 232_448, "{name}: {smem} bytes of shared memory");
+                }
+            }
+        }
+        // The wgmma layout's stage rule: 4 stages where they fit, 3 otherwise (largest: FP4 split
+        // 128 × 256 at 230,400 bytes with 4).
+        assert_eq!(wb_smem("fp4", 128, 256, true), 1024 + 4 * (128 * 128 * 2 + 256 * 32) + 2 * 256 * 128);
+        assert_eq!(wb_smem("fp8", 128, 256, true), 1024 + 3 * (128 * 128 * 2 + 256 * 64) + 2 * 256 * 128);
+        assert_eq!(wb_smem("bf16", 64, 128, true), 1024 + 3 * (64 * 128 * 2 + 128 * 128));
+    }
+
+    /// `choose` ranks the mma.sync tiles only and picks the big tile for big problems, the small
+    /// one for few blocks.
+    #[test]
+    fn choose_picks_an_mma_sync_tile() {
+        assert_eq!(GemmTile::choose(8192, 32768, 132), GemmTile::Large);
+        assert_eq!(GemmTile::choose(64, 1024, 132), GemmTile::Small);
+        for (t, n) in [(64, 64), (200, 32768), (2048, 1024), (8192, 4096)] {
+            assert!(!GemmTile::choose(t, n, 132).is_wgmma());
+        }
     }
 }

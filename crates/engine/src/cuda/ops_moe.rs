@@ -4,7 +4,8 @@
 //! SwiGLU fused in its epilogue, one for every expert's down projection scattering rows back to
 //! their (token, slot), then the shared expert and the slot combine (γ applied there in f64, in slot
 //! order, exactly as the per-expert path does). No host synchronisation: the work queue of
-//! non-empty expert tiles is built and read on the device (`gemm.cu` `moe_gemm_*`).
+//! non-empty expert tiles is built and read on the device (`gemm.cu` `moe_gemm_*` on mma.sync, or
+//! `moe_wb_*` on Hopper's wgmma with `BF16_WGMMA`).
 //!
 //! Switches ([`crate::switches`]): `MOE_GROUPED` (this path at all), `MOE_FUSED_SWIGLU` (off: two
 //! plain grouped GEMMs for gate and up, the SwiGLU kernel and a bf16 conversion), `MOE_ADAPTIVE_TILES`
@@ -23,7 +24,8 @@ use super::CudaError;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use flashseek_model::config::Ds4Config;
 
-/// Output columns per block of the grouped GEMM (`BN` of `MOE_GEMM_ENTRY` in gemm.cu).
+/// Output columns per block of the mma.sync grouped GEMM (`BN` of `MOE_GEMM_ENTRY` in gemm.cu; the
+/// wgmma ones: [`moe_gemm_entry_bn`]).
 pub const MOE_GEMM_BN: usize = 128;
 /// Threads of `moe_group_plan` (`MOE_PLAN_THREADS` in moe.cu): the most experts the grouping handles.
 pub const MOE_GROUP_MAX_EXPERTS: usize = 1024;
@@ -47,12 +49,12 @@ pub fn moe_gemm_entry_shape(name: &str) -> (&'static str, usize, bool) {
     (fmt, bm, name.contains("_x2_"))
 }
 
-/// Output columns per block of a grouped GEMM entry point: [`MOE_GEMM_BN`], except the 128-row
-/// wgmma tiles (`moe_wb_<fmt>_128_*`), which are 256 wide.
+/// Output columns per block of a grouped GEMM entry point: [`MOE_GEMM_BN`] for mma.sync, twice the
+/// tile height for wgmma (`moe_wb_<fmt>_<bm>_*`: 64 × 128 and 128 × 256, `BM * 2` in gemm.cu).
 pub fn moe_gemm_entry_bn(name: &str) -> usize {
     let (_, bm, _) = moe_gemm_entry_shape(name);
-    if name.starts_with("moe_wb_") && bm == 128 {
-        256
+    if name.starts_with("moe_wb_") {
+        2 * bm
     } else {
         MOE_GEMM_BN
     }

@@ -1,7 +1,7 @@
 // gemm.cu — tensor-core linear layers for many tokens (prefill): y[t, n] = Σ_k x[t, k] · W[n, k]
 // with bf16 activations (or split ones, x = hi + lo), W dequantized exactly to bf16 in shared
-// memory, and f32 accumulation (mma.sync m16n8k16 bf16 → f32; on sm_90a wgmma m64n128k16, the
-// gemm_wb_* / moe_wb_* kernels at the end of this file). The exact f32 path is linear.cu;
+// memory, and f32 accumulation (mma.sync m16n8k16 bf16 → f32; on sm_90a wgmma m64n128k16 /
+// m64n256k16, the gemm_wb_* / moe_wb_* kernels at the end of this file). The exact f32 path is linear.cu;
 // `Gpu::linear` picks this one for T ≥ 64 as FLASHSEEK_TC_LINEAR says (gpu.rs `TcMode`: split by
 // default, bf16, or 0 = off).
 //
@@ -609,7 +609,8 @@ MOE_GEMM_FMT(fp4, 3)
 // of two swizzled tiles, one step ahead — the conversion of step kt + 1 runs while the tensor cores
 // multiply step kt (keeping one step's wgmma in flight across the loop's barrier instead, with the
 // copies one step less ahead and a second barrier before each conversion, measured slower on H200:
-// 16.02 vs 15.57 ms per Flash MoE layer at T = 8,192, 42e1bba). Per step and warpgroup: 4 × wgmma
+// 20 Flash layers prefill 11,055 vs 11,222 tok/s at 8K, one MoE layer 16.02 ms at T = 8,192 in
+// gpu-check at 42e1bba vs 15.57 in the MoE timings at 9b2e6b8). Per step and warpgroup: 4 × wgmma
 // m64nBNk16 bf16 → f32 (8 with _x2: for each 16-wide slice the hi plane, then the lo plane, as
 // gm_gemm orders its MMAs) accumulating in registers over all of K. Each output is one warpgroup's fixed instruction sequence (deterministic:
 // the same bits for any grid, tile height or SwiGLU fusion); measured on H200 the outputs also equal
@@ -679,7 +680,7 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
     {
         u32 dsz;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
-        if (dsz < (u32)L::TOTAL) __trap();
+        if (dsz < (u32)L::TOTAL || (P.K & 63) != 0) __trap();  // K steps of 64, rows of K values
     }
     const u32 raw0 = gm_smem(gb_sh);
     const u32 base = (raw0 + 1023u) & ~1023u;  // swizzle atoms on 1 KB boundaries
