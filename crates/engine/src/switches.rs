@@ -392,16 +392,26 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
-    // BF16_WGMMA acts when TC_LINEAR is not off *or* MOE_GROUPED is on (the grouped MoE runs bf16
-    // GEMMs under any TC_LINEAR but fp8): an alternative these conjunctions cannot state, so it is
-    // not listed.
 ];
 
+/// Switches that act when *any* of the listed values holds (alternatives [`REQUIRES`] cannot
+/// state): `BF16_WGMMA` runs the tensor-core linears (TC_LINEAR not off) and the grouped MoE.
+pub const REQUIRES_ANY: &[(&str, &[Requirement])] = &[("BF16_WGMMA", &[("TC_LINEAR", &["split", "bf16", "fp8"]), ("MOE_GROUPED", &["on"])])];
+
 /// Why switch `name` has no effect with the current values, if it has none: the first switch it
-/// requires ([`REQUIRES`]) that has another value, e.g. `needs MOE_GROUPED_DECODE=on`.
+/// requires ([`REQUIRES`]) that has another value, e.g. `needs MOE_GROUPED_DECODE=on`, or all of
+/// its alternatives ([`REQUIRES_ANY`]) unmet, e.g. `needs TC_LINEAR=split or bf16 or fp8, or
+/// MOE_GROUPED=on`.
 pub fn inactive_because(name: &str) -> Option<String> {
-    let (_, reqs) = REQUIRES.iter().find(|(n, _)| *n == name)?;
-    reqs.iter().find(|(r, vals)| !vals.contains(&value(r))).map(|(r, vals)| format!("needs {r}={}", vals.join(" or ")))
+    let unmet = |(r, vals): &&Requirement| !vals.contains(&value(r));
+    let say = |(r, vals): &Requirement| format!("{r}={}", vals.join(" or "));
+    if let Some((_, reqs)) = REQUIRES.iter().find(|(n, _)| *n == name) {
+        if let Some(r) = reqs.iter().find(unmet) {
+            return Some(format!("needs {}", say(r)));
+        }
+    }
+    let (_, any) = REQUIRES_ANY.iter().find(|(n, _)| *n == name)?;
+    any.iter().all(|r| unmet(&r)).then(|| format!("needs {}", any.iter().map(say).collect::<Vec<_>>().join(", or ")))
 }
 
 /// Prefill chunk with `LONG_CONTEXT_CHUNK` on (tokens).
@@ -586,7 +596,7 @@ mod tests {
 
     #[test]
     fn requirements_name_registered_values() {
-        for (name, reqs) in REQUIRES {
+        for (name, reqs) in REQUIRES.iter().chain(REQUIRES_ANY) {
             assert!(find(name).is_ok(), "{name}");
             for (r, vals) in *reqs {
                 let s = find(r).unwrap_or_else(|_| panic!("{r}"));
@@ -599,6 +609,11 @@ mod tests {
         assert_eq!(fp8, None);
         let split = scoped(&[("TC_LINEAR", "split")], || (inactive_because("FP8_WGMMA"), inactive_because("LINEAR_CUBLASLT"))).unwrap();
         assert_eq!(split, (Some("needs TC_LINEAR=fp8".into()), None));
+        // Alternatives: BF16_WGMMA acts while either the linears or the grouped MoE use it.
+        let neither = scoped(&[("TC_LINEAR", "off"), ("MOE_GROUPED", "off")], || inactive_because("BF16_WGMMA")).unwrap();
+        assert_eq!(neither.as_deref(), Some("needs TC_LINEAR=split or bf16 or fp8, or MOE_GROUPED=on"));
+        let moe_only = scoped(&[("TC_LINEAR", "off")], || inactive_because("BF16_WGMMA")).unwrap();
+        assert_eq!(moe_only, None);
     }
 
     #[test]
