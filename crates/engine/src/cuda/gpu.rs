@@ -313,6 +313,15 @@ impl GemmTile {
         }
     }
 
+    /// Every (weight format, tile, split activations) gemm.cu has a kernel for: f32 weights only on
+    /// the mma.sync tiles with bf16 activations, the other formats on every tile both ways.
+    pub fn kernels() -> impl Iterator<Item = (&'static str, GemmTile, bool)> {
+        ["f32", "bf16", "fp8", "fp4"]
+            .into_iter()
+            .flat_map(|fmt| GemmTile::ALL.into_iter().flat_map(move |tile| [false, true].into_iter().map(move |split| (fmt, tile, split))))
+            .filter(|(fmt, tile, split)| *fmt != "f32" || !(*split || tile.is_wgmma()))
+    }
+
     /// Whether this is one of the warpgroup-MMA tiles.
     pub fn is_wgmma(self) -> bool {
         matches!(self, GemmTile::Wgmma | GemmTile::WgmmaWide)
@@ -482,18 +491,11 @@ impl Gpu {
             }
         }
         // gemm.cu blocks use more than 48 KB of dynamic shared memory.
-        for fmt in ["f32", "bf16", "fp8", "fp4"] {
-            for tile in GemmTile::ALL {
-                for split in [false, true] {
-                    if fmt == "f32" && (split || tile.is_wgmma()) {
-                        continue;
-                    }
-                    let name = tile.entry(fmt, split);
-                    let bytes = gemm_smem_bytes(fmt, tile, split) as i32;
-                    let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-                    drv(&format!("shared memory of {name}"), functions[name.as_str()].set_attribute(attr, bytes))?;
-                }
-            }
+        for (fmt, tile, split) in GemmTile::kernels() {
+            let name = tile.entry(fmt, split);
+            let bytes = gemm_smem_bytes(fmt, tile, split) as i32;
+            let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            drv(&format!("shared memory of {name}"), functions[name.as_str()].set_attribute(attr, bytes))?;
         }
         {
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
@@ -939,19 +941,16 @@ mod tests {
     #[test]
     fn every_tile_names_a_listed_kernel_that_fits() {
         let listed: Vec<&str> = ENTRY_POINTS.iter().flat_map(|(_, names)| names.iter().copied()).collect();
-        for fmt in ["f32", "bf16", "fp8", "fp4"] {
-            for tile in GemmTile::ALL {
-                for split in [false, true] {
-                    if fmt == "f32" && (split || tile.is_wgmma()) {
-                        continue;
-                    }
-                    let name = tile.entry(fmt, split);
-                    assert!(listed.contains(&name.as_str()), "{name} is not a listed entry point");
-                    let smem = gemm_smem_bytes(fmt, tile, split);
-                    assert!(smem <= 232_448, "{name}: {smem} bytes of shared memory");
-                }
-            }
+        let mut n = 0;
+        for (fmt, tile, split) in GemmTile::kernels() {
+            let name = tile.entry(fmt, split);
+            assert!(listed.contains(&name.as_str()), "{name} is not a listed entry point");
+            let smem = gemm_smem_bytes(fmt, tile, split);
+            assert!(smem <= 232_448, "{name}: {smem} bytes of shared memory");
+            n += 1;
         }
+        // f32: 3 mma.sync tiles; bf16/FP8/FP4: 5 tiles × bf16 and split activations.
+        assert_eq!(n, 3 + 3 * 5 * 2);
         // The wgmma layout's stage rule: 4 stages where they fit, 3 otherwise (largest: FP4 split
         // 128 × 256 at 230,400 bytes with 4).
         assert_eq!(wb_smem("fp4", 128, 256, true), 1024 + 4 * (128 * 128 * 2 + 256 * 32) + 2 * 256 * 128);
