@@ -68,6 +68,9 @@ fn bad_flags_are_clear_errors() {
     let o = run(cache.path(), &["generate", "--prompt", "x", "--device", "tpu"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("--device tpu"), "{}", text(&o.stderr));
+    let o = run(cache.path(), &["generate", "--prompt", "x", "--max-tokens", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("must be at least 1"), "{}", text(&o.stderr));
     // Without a GPU (CI), the CUDA backend fails with a clear error, not a panic.
     let o = run(cache.path(), &["generate", "--prompt", "x", "--device", "cuda", "--max-tokens", "2"]);
     if !o.status.success() {

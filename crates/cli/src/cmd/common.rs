@@ -77,7 +77,7 @@ impl ModelArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Maximum tokens to generate (at least 1).
-    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = parse_positive_count)]
     pub max_tokens: usize,
     /// Sampling temperature; 0 = greedy. DeepSeek recommends 1.0.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
@@ -363,6 +363,18 @@ pub fn generate_text(
         on_text(&(tail + &stops.finish()));
     }
     Ok(stats)
+}
+
+/// A count of at least 1 (`--max-tokens`), with a message that says so instead of clap's
+/// `0 is not in 1..18446744073709551615`.
+///
+/// Errors: text that is not a whole number, or 0.
+pub fn parse_positive_count(v: &str) -> Result<usize, String> {
+    match v.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("expected a whole number of at least 1, got `{v}`")),
+    }
 }
 
 /// Parses a GPU command's `--device`: `N`, `cuda` (device 0) or `cuda:N` (the same spelling as
