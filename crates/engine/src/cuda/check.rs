@@ -335,6 +335,12 @@ pub(crate) fn median_ms(gpu: &Gpu, repeats: usize, mut f: impl FnMut() -> Result
     Ok(times[times.len() / 2])
 }
 
+/// How many values of `a` and `b` differ in their bits (a length difference counts each missing
+/// value): 0 is the "same bits" the checks promise.
+pub(crate) fn differing_bits(a: &[f32], b: &[f32]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count() + a.len().abs_diff(b.len())
+}
+
 /// Prints and appends a pass/fail record without an NMSE.
 /// Runs `f` with switch overrides (errors from the registry become check errors).
 pub(crate) fn switch_scope<R>(overrides: &[(&str, &str)], f: impl FnOnce() -> Result<R, CudaError>) -> Result<R, CudaError> {
@@ -383,7 +389,7 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
         // cuBLAS documents bitwise reproducibility on one GPU model and library version: checked.
         let mut again = gpu.zeros::<f32>(t * rows)?;
         gpu.linear_split_lt(&xb, tp * kp, kp, 0, &gw, &mut again, *rows, 0, *t)?;
-        let same = gpu.download(&again)?.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+        let same = differing_bits(&gpu.download(&again)?, &got) == 0;
         all &= flag_record(out, &format!("linear_split_lt {fmt} {name} repeatable"), json!({"bitwise_equal": same}), same);
         out.push(json!({"op": format!("linear_split_lt {fmt} {name} vs gemm.cu split"), "nmse": nmse, "max_abs": max_abs, "informational": true}));
     }
@@ -474,7 +480,7 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
                     if tile == GemmTile::Large {
                         large[p] = Some(got);
                     } else if let (true, Some(want)) = (tile.is_wgmma(), &large[p]) {
-                        let differ = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                        let differ = differing_bits(&got, want);
                         let x2 = if p == 1 { "_x2" } else { "" };
                         all &= flag_record(out, &format!("linear_tc_{fmt}{x2} {name} {tile:?} bits"), json!({"shape": [t, rows, cols], "differing_values": differ, "of": got.len(), "vs": "Large (mma.sync)"}), differ == 0);
                     }
@@ -492,7 +498,7 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
                 let mut b = gpu.zeros::<f32>(tmax * rows)?;
                 gpu.linear_tc(&dx, &gw, &mut a, tmax, None, split)?;
                 gpu.linear_tc(&dx, &gw, &mut b, tmax, None, split)?;
-                let same = gpu.download(&a)?.iter().zip(gpu.download(&b)?.iter()).all(|(p, q)| p.to_bits() == q.to_bits());
+                let same = differing_bits(&gpu.download(&a)?, &gpu.download(&b)?) == 0;
                 all &= flag_record(out, "linear_tc repeatable", json!({"format": fmt, "split": split, "shape": [tmax, rows, cols], "bitwise_equal": same}), same);
             }
         }

@@ -17,7 +17,7 @@
 //!
 //! Index-set comparisons are exact records: they pass only with zero mismatches.
 
-use super::check::{random, record, record_tol, SPLIT_NMSE_TOL};
+use super::check::{differing_bits, random, record, record_tol, SPLIT_NMSE_TOL};
 
 /// NMSE bound of the fast-exp streaming kernel (`MLA_STREAM_FAST_EXP`) against the CPU and the
 /// precise streaming kernel: `__expf` is within 2 + 1.2·|x| ulp of `expf` (CUDA programming guide,
@@ -277,7 +277,7 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                 if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && kernel != AttentionKernel::StreamFastExp {
                     // The mask path must give the lists' bits.
                     let masked = run(kernel, true)?;
-                    let differing = masked.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    let differing = differing_bits(&masked, &got);
                     all &= record_exact(out, &format!("sparse_attention_mask {kernel:?} {keys_kind:?}"), detail.clone(), differing, got.len(), json!("bits vs the index lists"));
                 }
             }

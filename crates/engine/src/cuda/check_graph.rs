@@ -5,7 +5,7 @@
 //! from one sequence's step to the other's, as in the server's scheduler), with the host time per
 //! step of both ways.
 
-use super::check::flag_record;
+use super::check::{differing_bits, flag_record};
 use super::gpu::Gpu;
 use super::model::{decode_step_gpu, forward_chunk_gpu, GpuModel, GpuSequence};
 use super::CudaError;
@@ -65,7 +65,7 @@ pub fn graph_checks(gpu: &Gpu, gm: &GpuModel, seed: u64, name: &str, prefix: usi
         let before = gpu.graph.stats();
         let graphed = crate::switches::scoped(&graph_switches(true), || run(gpu, gm, &ids, &prefixes, steps)).map_err(sw)??;
         let after = gpu.graph.stats();
-        let differing = plain.0.iter().zip(&graphed.0).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + plain.0.len().abs_diff(graphed.0.len());
+        let differing = differing_bits(&plain.0, &graphed.0);
         let launched = after.launched - before.launched;
         let expected = (steps * prefixes.len()) as u64;
         let detail = json!({

@@ -2,7 +2,7 @@
 //! `tests/fixtures/goldens` (weights rebuilt from their formula), compare per-layer streams and
 //! logits of the one-shot forward, chunked prefill + decode, and greedy generation.
 
-use super::check::{errors, flag_record, record, NMSE_TOL};
+use super::check::{differing_bits, errors, flag_record, record, NMSE_TOL};
 use super::gpu::Gpu;
 use super::model::{decode_step_gpu, forward_chunk_gpu, GpuModel, GpuSequence};
 use super::CudaError;
@@ -123,7 +123,7 @@ fn state_checks(gpu: &Gpu, gm: &GpuModel, w: &ModelWeights, ids: &[u32], prefill
     forward_chunk_gpu(gpu, gm, &mut seq, &formula_ids(seed + 11, prefill + 5, vocab), LogitsFor::None, false)?;
     seq.restore(gpu, gm, &snap)?;
     let again = decode_rest(&mut seq)?;
-    let differing = first.iter().zip(&again).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + first.len().abs_diff(again.len());
+    let differing = differing_bits(&first, &again);
     all &= flag_record(
         out,
         &format!("model {name} snapshot/restore"),

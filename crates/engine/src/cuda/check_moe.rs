@@ -33,7 +33,7 @@
 //! switch off alone (and `BF16_WGMMA=off`: the mma.sync kernels), CUDA events, median after
 //! warm-up, with TFLOP/s of the routed experts.
 
-use super::check::{errors, flag_record, median_ms, random, record, switch_scope, weight, SPLIT_NMSE_TOL};
+use super::check::{differing_bits, errors, flag_record, median_ms, random, record, switch_scope, weight, SPLIT_NMSE_TOL};
 use super::check_mhc::{config, moe_layer};
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::ops_mhc::{GpuExpert, GpuMoeLayer, GpuRouter};
@@ -163,7 +163,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
                 match &first {
                     None => first = Some(got),
                     Some(f0) => {
-                        let differ = f0.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                        let differ = differing_bits(f0, &got);
                         all &= flag_record(out, &format!("moe_grouped {fmt} {act} {vname} bits"), json!({"differing_values": differ, "of": got.len(), "vs": "all on"}), differ == 0);
                     }
                 }
@@ -177,7 +177,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
                 all &= vs_cpu(out, &format!("moe_grouped {fmt} {act} BF16_WGMMA=off vs cpu"), &shape, &sync, &y_ref, tol);
                 // Measured on H200: the wgmma kernels give the mma.sync kernels' bits (each 16-wide
                 // slice is one tensor-core dot product either way, hi before lo): asserted.
-                let differ = f0.iter().zip(&sync).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                let differ = differing_bits(&f0, &sync);
                 all &= flag_record(out, &format!("moe_grouped {fmt} {act} BF16_WGMMA=off bits"), json!({"differing_values": differ, "of": sync.len(), "vs": "all on"}), differ == 0);
             }
             let (nmse, max_abs, _) = errors(&f0, &per_expert);
@@ -200,7 +200,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             // Masked routes: γ = 0 everywhere → exactly the shared expert.
             let masked = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dzero, split, MoeOptions::ALL_ON)?)?;
             let shared = gpu.download(&*gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, false)?)?;
-            let differ = masked.iter().zip(&shared).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            let differ = differing_bits(&masked, &shared);
             all &= flag_record(out, &format!("moe_grouped {fmt} {act} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}), differ == 0);
         }
     }
@@ -242,7 +242,7 @@ fn run_ragged(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f:
                 };
                 let got = gpu.download(&got)?;
                 all &= vs_cpu(out, &format!("moe_grouped inter {inter} {fmt} {act} {vname} vs cpu"), &shape, &got, &y_ref, tol);
-                let differ = first.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                let differ = differing_bits(&first, &got);
                 all &= flag_record(out, &format!("moe_grouped inter {inter} {fmt} {act} {vname} bits"), json!({"differing_values": differ, "of": got.len(), "vs": "all on"}), differ == 0);
             }
         }
@@ -320,7 +320,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
                     first = Some(got);
                 }
                 Some(f0) => {
-                    let differ = f0.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    let differ = differing_bits(f0, &got);
                     all &= flag_record(out, &format!("moe_q8 {fmt} {vname} bits"), json!({"differing_values": differ, "of": got.len(), "vs": "all on"}), differ == 0);
                 }
             }
@@ -351,7 +351,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
         all &= pass;
         let masked = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, &dzero, MoeOptions::ALL_ON)?)?;
         let shared = gpu.download(&*gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, true)?)?;
-        let differ = masked.iter().zip(&shared).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        let differ = differing_bits(&masked, &shared);
         all &= flag_record(out, &format!("moe_q8 {fmt} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "official shared expert alone"}), differ == 0);
     }
     Ok(all)

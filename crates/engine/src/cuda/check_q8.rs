@@ -16,7 +16,7 @@
 //! Timings ([`timings`]): the FP8 GEMM (activation quantisation included) next to cuBLASLt's, the bf16 and
 //! split tensor-core GEMMs at prefill shapes, TFLOP/s against the machine's ~1,450 FP8 dense.
 
-use super::check::{errors, flag_record, median_ms, random, switch_scope, weight};
+use super::check::{differing_bits, errors, flag_record, median_ms, random, switch_scope, weight};
 use super::check_moe::Q8_NMSE_TOL;
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::CudaError;
@@ -63,7 +63,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         let mut dx = gpu.upload(&x)?;
         gpu.act_roundtrip(&mut dx, t, k)?;
         let got = gpu.download(&dx)?;
-        let differ = got.iter().zip(&cpu).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        let differ = differing_bits(&got, &cpu);
         all &= flag_record(out, "act_roundtrip_fp8 vs cpu bits", json!({"shape": [t, k], "differing_values": differ, "of": cpu.len()}), differ == 0);
     }
     // The FP8 GEMM.
@@ -106,14 +106,14 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         if *name == "attn.wq_b" {
             let mut again = gpu.zeros::<f32>(t * rows)?;
             switch_scope(&[("FP8_WGMMA", "off"), ("FP8_CUBLASLT", "off")], || gpu.linear_q8(&qa, &gw, &mut again, *t))?;
-            let same = gpu.download(&again)?.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = differing_bits(&gpu.download(&again)?, &got) == 0;
             all &= flag_record(out, "linear_q8 repeatable", json!({"shape": [t, rows, cols], "bitwise_equal": same}), same);
             let (mut a, mut b) = (gpu.zeros::<f32>(t * rows)?, gpu.zeros::<f32>(t * rows)?);
             switch_scope(&[("FP8_CUBLASLT", "off")], || {
                 gpu.linear_q8(&qa, &gw, &mut a, *t)?;
                 gpu.linear_q8(&qa, &gw, &mut b, *t)
             })?;
-            let same = gpu.download(&a)?.iter().zip(gpu.download(&b)?.iter()).all(|(p, q)| p.to_bits() == q.to_bits());
+            let same = differing_bits(&gpu.download(&a)?, &gpu.download(&b)?) == 0;
             all &= flag_record(out, "linear_w8 repeatable", json!({"shape": [t, rows, cols], "bitwise_equal": same}), same);
         }
         // Few tokens: quantize-dequantize + the exact kernels.
@@ -191,7 +191,7 @@ fn lt_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
         println!("linear_lt fp8 {name} vs linear_w8 (informational): nmse {nmse:.3e} max_abs {max_abs:.3e}");
         let mut again = gpu.zeros::<f32>(t * rows)?;
         gpu.linear_lt(&qa, &gw, &mut again, *t)?;
-        let same = gpu.download(&again)?.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+        let same = differing_bits(&gpu.download(&again)?, &got) == 0;
         all &= flag_record(out, &format!("linear_lt fp8 {name} repeatable"), json!({"bitwise_equal": same}), same);
         out.push(json!({"op": format!("linear_lt fp8 {name} vs linear_w8"), "nmse": nmse, "max_abs": max_abs, "informational": true}));
     }

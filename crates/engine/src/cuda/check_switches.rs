@@ -9,7 +9,7 @@
 //! not judged. `TC_LINEAR=fp8` rows (DeepSeek's official numerics) are compared with the CPU in those
 //! numerics and reported, not judged (see the comment in [`run`]).
 
-use super::check::{errors, NMSE_TOL};
+use super::check::{differing_bits, errors, NMSE_TOL};
 use super::gpu::Gpu;
 use super::model::{decode_step_gpu, forward_chunk_gpu, GpuModel, GpuSequence};
 use super::CudaError;
@@ -122,7 +122,7 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
             all_on_logits = Some(logits.clone());
         }
         if same_bits {
-            let differ = all_on_logits.as_ref().map(|a| a.iter().zip(&logits).filter(|(x, y)| x.to_bits() != y.to_bits()).count());
+            let differ = all_on_logits.as_ref().map(|a| differing_bits(a, &logits));
             bits = json!(differ);
             pass &= differ == Some(0);
         }

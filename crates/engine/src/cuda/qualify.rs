@@ -15,6 +15,7 @@
 //! to `full_matrix_max` tokens; the report says which were skipped.
 
 use super::bench::flash_config;
+use super::check::differing_bits;
 use super::gpu::Gpu;
 use super::model::{decode_step_gpu, prefill_gpu, GpuModel, GpuSequence};
 use super::upload::RandomOfficialSource;
@@ -153,7 +154,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
             let promised = c.exact && !c.official;
             // Fusion, tile height, grid and chunk size promise the all-on run's bits.
             let bits_differ = match (&all_on, c.same_bits_as_all_on) {
-                (Some((al, _)), true) => Some(logits.iter().zip(al).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + logits.len().abs_diff(al.len())),
+                (Some((al, _)), true) => Some(differing_bits(&logits, al)),
                 _ => None,
             };
             let refused = (promised && same == Some(false)) || bits_differ.is_some_and(|n| n > 0);
@@ -191,7 +192,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
         let big = (4 * base).min(target);
         if let Some((al, ag)) = all_on.filter(|_| big != base) {
             let r = one_run(gpu, &model, &ids, Some(big), opts.decode_tokens)?;
-            let differ = r.logits.iter().zip(&al).filter(|(a, b)| a.to_bits() != b.to_bits()).count() + r.logits.len().abs_diff(al.len());
+            let differ = differing_bits(&r.logits, &al);
             let same_ids = r.ids == ag;
             let refused = differ != 0 || !same_ids;
             ok &= !refused;
