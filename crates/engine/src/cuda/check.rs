@@ -560,7 +560,6 @@ fn tc_timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaEr
         ("fp8", "attn.wq_b", 32768, 1024, 64),
     ];
     let mut rows_out = Vec::new();
-    let sms = gpu.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
     for (fmt, name, rows, cols, t) in timed {
         let vals = random(seed, &format!("tctime.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
         let (gw, _) = weight(gpu, fmt, &vals, *rows, *cols)?;
@@ -569,7 +568,7 @@ fn tc_timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaEr
         let flops = 2.0 * (*t * *rows * *cols) as f64;
         let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
         let mut entry = json!({"op": format!("linear_tc_{fmt}"), "weight": name, "tokens": t, "rows": rows, "cols": cols, "flop": flops});
-        let auto = gpu.auto_tile(*t, *rows, fmt, *cols, sms);
+        let auto = gpu.auto_tile(*t, *rows, fmt, *cols);
         let mut line = format!("time tc {fmt} {name:<15} T={t:<5} [{rows}x{cols}]  auto={auto:?}");
         let mut best = f64::INFINITY;
         let tiles: Vec<GemmTile> = GemmTile::ALL.into_iter().filter(|tile| !tile.is_wgmma() || gpu.bf16_wgmma(fmt, *cols)).collect();

@@ -74,6 +74,8 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     /// Target architecture, e.g. `sm_90a`.
     pub arch: String,
+    /// Streaming multiprocessors (read once at [`Gpu::open`]; 132 on an H200 SXM).
+    pub sms: usize,
     functions: HashMap<&'static str, CudaFunction>,
     /// Stage marks while profiling ([`Gpu::profile_start`]): (stage that starts here, event).
     profile: std::sync::Mutex<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
@@ -519,7 +521,8 @@ impl Gpu {
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }
         let graph = super::graph::GraphState::new(ctx.clone());
-        Ok(Gpu { ctx, stream, arch, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph })
+        let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
+        Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph })
     }
 
     /// Records a timing event (`CU_EVENT_DEFAULT`) on the stream.
@@ -748,13 +751,12 @@ impl Gpu {
         }
         let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") });
         let (tt, n, k) = (too_big(t)?, too_big(w.rows)?, too_big(w.cols)?);
-        let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
         let chosen = match tile {
             Some(tile) if tile.is_wgmma() && !self.bf16_wgmma(fmt, w.cols) => {
                 return Err(CudaError::Unsupported { what: "linear", detail: format!("the wgmma tile with {fmt} weights of input width {} on {} (needs sm_90a, bf16/FP8/FP4, a multiple of 64, BF16_WGMMA on)", w.cols, self.arch) });
             }
             Some(tile) => tile,
-            None => self.auto_tile(t, w.rows, fmt, w.cols, sms),
+            None => self.auto_tile(t, w.rows, fmt, w.cols),
         };
         let (xb, tp, kp) = self.bf16_planes(x, t, w.cols, split)?;
         if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, tp * kp, kp, 0, w, y, w.rows, 0, t)? {
@@ -792,13 +794,14 @@ impl Gpu {
     }
 
     /// The block tile [`Gpu::linear_tc`] picks for `t` tokens, `n` outputs and `fmt` weights of input
-    /// width `k` on `sms` multiprocessors. Where [`Gpu::bf16_wgmma`] allows the wgmma tiles:
+    /// width `k` on this device's multiprocessors. Where [`Gpu::bf16_wgmma`] allows the wgmma tiles:
     /// [`GemmTile::WgmmaWide`] when its grid fills every SM, else [`GemmTile::Small`] if
     /// [`GemmTile::choose`] picks it, else [`GemmTile::Wgmma`]; elsewhere [`GemmTile::choose`]'s.
     /// Measured on H200 (`bench/tc_h200.log`, 9b2e6b8): wq_b [32768, 1024] at T = 64 WgmmaWide 0.037
     /// ms vs Small 0.047 (split 0.047 vs 0.079); wq_a [1024, 4096] at T = 64 Small 0.054 vs Wgmma
     /// 0.058; at T = 2,048 Wgmma 0.071 vs WgmmaWide 0.113 (a grid of 64 blocks).
-    pub fn auto_tile(&self, t: usize, n: usize, fmt: &str, k: usize, sms: usize) -> GemmTile {
+    pub fn auto_tile(&self, t: usize, n: usize, fmt: &str, k: usize) -> GemmTile {
+        let sms = self.sms;
         let chosen = GemmTile::choose(t, n, sms);
         if !self.bf16_wgmma(fmt, k) {
             return chosen;

@@ -273,7 +273,7 @@ impl Gpu {
         let threads = if g.bm == 128 { 256 } else { 128 };
         let units = g.max_items * n.div_ceil(bn);
         let blocks = if persistent {
-            let sms = self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
+            let sms = self.sms;
             let per_sm = self.f(fname).occupancy_max_active_blocks_per_multiprocessor(threads, smem, None).unwrap_or(1).max(1) as usize;
             (sms * per_sm).min(units)
         } else {
