@@ -147,3 +147,23 @@ __device__ __forceinline__ void conv_pipeline_start(Issue& issue, ScaleWord& sca
         convert(0, s0);
     }
 }
+
+// Output column n of a GEMM tile → its weight row (every GEMM family: gemm.cu's GmProb, gemm_q8.cu's
+// GqProb, both with W, S, W3, S3). EPI 1 (fused SwiGLU) interleaves the gate W and up W3 rows in
+// blocks of 8 columns; other epilogues read W row n. Rows of `wrow` bytes.
+template <int EPI, class Prob>
+__device__ __forceinline__ const u8* fused_wrow(const Prob& P, int n, size_t wrow) {
+    if (EPI == 1) return ((n >> 3) & 1 ? P.W3 : P.W) + (size_t)((n >> 4) * 8 + (n & 7)) * wrow;
+    return P.W + (size_t)n * wrow;
+}
+
+// The same column's scale base (*s: S, or S3 for an up row) and its row in that matrix.
+template <int EPI, class Prob>
+__device__ __forceinline__ int fused_srow(const Prob& P, int n, const u8*& s) {
+    s = P.S;
+    if (EPI == 1) {
+        s = (n >> 3) & 1 ? P.S3 : P.S;
+        n = (n >> 4) * 8 + (n & 7);
+    }
+    return n;
+}

@@ -1,8 +1,8 @@
 // gemm.cu — tensor-core linear layers for many tokens (prefill): y[t, n] = Σ_k x[t, k] · W[n, k]
 // with bf16 activations (or split ones, x = hi + lo), W dequantized exactly to bf16 in shared
 // memory, and f32 accumulation (mma.sync m16n8k16 bf16 → f32; on sm_90a wgmma m64n128k16 /
-// m64n256k16, the gemm_wb_* / moe_wb_* kernels at the end of this file). The exact f32 path is linear.cu;
-// `Gpu::linear` picks this one for T ≥ 64 as FLASHSEEK_TC_LINEAR says (gpu.rs `TcMode`: split by
+// m64n256k16, the gemm_wb_* / moe_wb_* kernels at the end of this file). The exact f32 path is
+// linear.cu; `Gpu::linear` picks this one for T ≥ 64 as FLASHSEEK_TC_LINEAR says (gpu.rs `TcMode`: split by
 // default, bf16, or 0 = off).
 //
 // Two launches per linear layer:
@@ -144,11 +144,8 @@ struct GmEpi {
 // 8) at input k: FP8 per 128 × 128 block, FP4 per row and 32 inputs.
 template <int FMT, int EPI>
 __device__ __forceinline__ u32 gm_scale_byte(const GmProb& P, int n, int k, int sk) {
-    const u8* s = P.S;
-    if (EPI == 1) {
-        s = (n >> 3) & 1 ? P.S3 : P.S;
-        n = (n >> 4) * 8 + (n & 7);
-    }
+    const u8* s;
+    n = fused_srow<EPI>(P, n, s);
     if (FMT == 2) return __ldg(s + (size_t)(n >> 7) * sk + (k >> 7));
     return __ldg(s + (size_t)n * (P.K >> 5) + (k >> 5));
 }
@@ -230,12 +227,6 @@ __device__ __forceinline__ void gm_gemm(const GmProb& P, const GmEpi& E) {
 
     const u32 as_base = gm_smem(As), rs_base = gm_smem(Rs), bt_base = gm_smem(Bt);
 
-    // Weight row n of the tile's matrix (EPI 1: gate/up interleaved in blocks of 8 rows).
-    auto gm_wrow = [&](int n) -> const u8* {
-        if (EPI == 1) return ((n >> 3) & 1 ? P.W3 : W) + (size_t)((n >> 4) * 8 + (n & 7)) * wrow;
-        return W + (size_t)n * wrow;
-    };
-
     // Copies of K step kt into ring slot kt % ST (always commits a group, empty past the end).
     auto issue = [&](int kt) {
         if (kt < KT) {
@@ -256,7 +247,7 @@ __device__ __forceinline__ void gm_gemm(const GmProb& P, const GmEpi& E) {
                     int r = q / CPR, c = q % CPR;
                     size_t kb = (size_t)kt * RB + c * 16;
                     bool ok = n0 + r < N && kb < wrow;
-                    const u8* src = ok ? gm_wrow(n0 + r) + kb : W;
+                    const u8* src = ok ? fused_wrow<EPI>(P, n0 + r, wrow) + kb : W;
                     gm_cp16(r_dst + r * L::RP + c * 16, src, ok);
                 }
             }
@@ -468,14 +459,20 @@ __device__ __forceinline__ GmProb gm_plain(const u16* x, const u8* W, const u8* 
     return p;
 }
 
-#ifndef FS_GEMM_WGMMA_ONLY
-#define GM_ENTRY(NAME, FMT, BM, BN, WM, WN, SPLIT)                                                                      \
-    extern "C" __global__ void __launch_bounds__(WM * WN * 32, 1)                                                       \
+// An extern "C" plain GEMM entry (xb, W, S, y, T, N, K) of THREADS threads running the tile
+// function TILE (parenthesised: its template arguments hold commas) on gm_plain's BM × BN tile;
+// both families (gemm_tc_*, gemm_wb_*) are declared through it.
+#define GEMM_PLAIN_ENTRY(NAME, THREADS, BM, BN, TILE)                                                                   \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                            \
         NAME(const u16* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S, float* __restrict__ y, int T, \
              int N, int K) {                                                                                            \
         GmEpi e = {y, nullptr, 0, 0, 0.f, nullptr};                                                                     \
-        gm_gemm<FMT, BM, BN, WM, WN, SPLIT, 0>(gm_plain<BM, BN>(x, W, S, T, N, K), e);                                  \
+        TILE(gm_plain<BM, BN>(x, W, S, T, N, K), e);                                                                    \
     }
+
+#ifndef FS_GEMM_WGMMA_ONLY
+#define GM_ENTRY(NAME, FMT, BM, BN, WM, WN, SPLIT) \
+    GEMM_PLAIN_ENTRY(NAME, WM * WN * 32, BM, BN, (gm_gemm<FMT, BM, BN, WM, WN, SPLIT, 0>))
 
 // Every GEMM entry takes (xb, W, S, y, T, N, K); S is ignored (pass 0) for f32 and bf16.
 GM_ENTRY(gemm_tc_f32, 0, 128, 256, 2, 4, false)
@@ -558,17 +555,21 @@ __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, cons
     }
 }
 
-#ifndef FS_GEMM_WGMMA_ONLY
-#define MOE_GEMM_ENTRY(NAME, FMT, BM, WM, WN, SPLIT, EPI)                                                                 \
-    extern "C" __global__ void __launch_bounds__(WM * WN * 32, 1)                                                         \
+// An extern "C" grouped-MoE entry (the moe_gemm argument list) of THREADS threads running RUN, a
+// parenthesised moe_gemm specialisation; both families (moe_gemm_*, moe_wb_*) are declared through it.
+#define MOE_ENTRY(NAME, THREADS, RUN)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                              \
         NAME(const u16* __restrict__ xb, long long lo_plane, const unsigned long long* __restrict__ wtab,                  \
              const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
              const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
              float* __restrict__ y, u16* __restrict__ hb, long long h_lo, int ldh, const int* __restrict__ dst, int N,    \
              int K, float limit) {                                                                                        \
-        moe_gemm<false, FMT, BM, 128, WM, WN, SPLIT, EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb,  \
-                                                           h_lo, ldh, dst, N, K, limit);                                               \
+        RUN(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb, h_lo, ldh, dst, N, K, limit);                  \
     }
+
+#ifndef FS_GEMM_WGMMA_ONLY
+#define MOE_GEMM_ENTRY(NAME, FMT, BM, WM, WN, SPLIT, EPI) \
+    MOE_ENTRY(NAME, WM * WN * 32, (moe_gemm<false, FMT, BM, 128, WM, WN, SPLIT, EPI>))
 
 #define MOE_GEMM_FMT(F, FMT)                                             \
     MOE_GEMM_ENTRY(moe_gemm_##F##_128_plain, FMT, 128, 2, 4, false, 0)   \
@@ -602,21 +603,21 @@ MOE_GEMM_FMT(fp4, 3)
 // Block: WG warpgroups (BM = 64·WG rows) × BN output columns (wgmma m64nBNk16; the wide tile reads
 // each activation tile once per 256 outputs instead of per 128 — measured 15.57 vs 16.22 ms per
 // Flash MoE layer at T = 8,192, 9b2e6b8 vs e96e6c8); one K step = 64 values = one 128-byte row of
-// bf16. Shared memory per stage: the activation tile [BM][64] bf16 per plane (hi, and
-// lo with _x2) in the 128-byte-swizzled K-major layout wgmma reads (common.cuh gw_swz, gw_desc), and
-// the weight tile's raw bytes [BN][64 values]: bf16 weights are copied straight into the swizzled
-// layout; FP8 and FP4 ones are dequantized exactly to bf16 (the values gm_gemm's tiles hold) into one
+// bf16. Shared memory per stage: the activation tile [BM][64] bf16 per plane (hi, and lo with _x2)
+// in the 128-byte-swizzled K-major layout wgmma reads (common.cuh gw_swz, gw_desc), and the weight
+// tile's raw bytes [BN][64 values]: bf16 weights are copied straight into the swizzled layout; FP8
+// and FP4 ones are dequantized exactly to bf16 (the values gm_gemm's tiles hold) into one
 // of two swizzled tiles, one step ahead — the conversion of step kt + 1 runs while the tensor cores
 // multiply step kt (keeping one step's wgmma in flight across the loop's barrier instead, with the
 // copies one step less ahead and a second barrier before each conversion, measured slower on H200:
 // 20 Flash layers prefill 11,055 vs 11,222 tok/s at 8K, one MoE layer 16.02 ms at T = 8,192 in
 // gpu-check at 42e1bba vs 15.57 in the MoE timings at 9b2e6b8). Per step and warpgroup: 4 × wgmma
 // m64nBNk16 bf16 → f32 (8 with _x2: for each 16-wide slice the hi plane, then the lo plane, as
-// gm_gemm orders its MMAs) accumulating in registers over all of K. Each output is one warpgroup's fixed instruction sequence (deterministic:
-// the same bits for any grid, tile height or SwiGLU fusion); measured on H200 the outputs also equal
-// gm_gemm's bit for bit (every 16-wide slice is one tensor-core dot product either way), which
-// gpu-check asserts (`… Wgmma bits`, `moe_grouped … BF16_WGMMA=off bits`). Epilogues as gm_gemm's
-// (gm_swiglu_store, gm_store2).
+// gm_gemm orders its MMAs) accumulating in registers over all of K. Each output is one warpgroup's
+// fixed instruction sequence (deterministic: the same bits for any grid, tile height or SwiGLU
+// fusion); measured on H200 the outputs also equal gm_gemm's bit for bit (every 16-wide slice is one
+// tensor-core dot product either way), which gpu-check asserts (`… Wgmma bits`, `moe_grouped …
+// BF16_WGMMA=off bits`). Epilogues as gm_gemm's (gm_swiglu_store, gm_store2).
 
 template <int FMT, int WG, int BN, bool SPLIT>
 struct GbLayout {
@@ -696,12 +697,6 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
     const size_t wrow = FMT == 1 ? (size_t)K * 2 : FMT == 2 ? (size_t)K : (size_t)K / 2;
     const int sk = (K + 127) >> 7;
 
-    // Weight row n of the tile's matrix (EPI 1: gate/up interleaved in blocks of 8 rows).
-    auto wrow_of = [&](int n) -> const u8* {
-        if (EPI == 1) return ((n >> 3) & 1 ? P.W3 : P.W) + (size_t)((n >> 4) * 8 + (n & 7)) * wrow;
-        return P.W + (size_t)n * wrow;
-    };
-
     // Copies of K step kt into ring slot kt % ST (always commits a group, empty past the end).
     auto issue = [&](int kt) {
         if (kt < KT) {
@@ -719,7 +714,7 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
             for (int i = 0; i < BN * CPR / NT; i++) {
                 const int q = tid + i * NT, r = q / CPR, c = q % CPR;
                 const bool ok = n0 + r < N;
-                const u8* src = ok ? wrow_of(n0 + r) + (size_t)kt * L::RB + c * 16 : P.W;
+                const u8* src = ok ? fused_wrow<EPI>(P, n0 + r, wrow) + (size_t)kt * L::RB + c * 16 : P.W;
                 gm_cp16(b_dst + (DIRECT ? gw_swz(r, c) : (u32)(r * L::RB + c * 16)), src, ok);
             }
         }
@@ -812,13 +807,7 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
 }
 
 #ifdef FS_GEMM_WGMMA_ONLY
-#define GB_ENTRY(NAME, FMT, BN, SPLIT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 1)                                                                \
-        NAME(const u16* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S, float* __restrict__ y, int T, \
-             int N, int K) {                                                                                            \
-        GmEpi e = {y, nullptr, 0, 0, 0.f, nullptr};                                                                     \
-        gb_gemm<FMT, 2, BN, SPLIT, 0>(gm_plain<128, BN>(x, W, S, T, N, K), e);                                          \
-    }
+#define GB_ENTRY(NAME, FMT, BN, SPLIT) GEMM_PLAIN_ENTRY(NAME, 256, 128, BN, (gb_gemm<FMT, 2, BN, SPLIT, 0>))
 
 // gemm_wb_<fmt>[_x2]: 128 × 128 tiles; gemm_wb_<fmt>_w[_x2]: 128 × 256 (half the activation reads
 // per output).
@@ -835,16 +824,7 @@ GB_ENTRY(gemm_wb_bf16_w_x2, 1, 256, true)
 GB_ENTRY(gemm_wb_fp8_w_x2, 2, 256, true)
 GB_ENTRY(gemm_wb_fp4_w_x2, 3, 256, true)
 
-#define MOE_WB_ENTRY(NAME, FMT, BM, SPLIT, EPI)                                                                           \
-    extern "C" __global__ void __launch_bounds__(BM * 2, 1)                                                               \
-        NAME(const u16* __restrict__ xb, long long lo_plane, const unsigned long long* __restrict__ wtab,                  \
-             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
-             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
-             float* __restrict__ y, u16* __restrict__ hb, long long h_lo, int ldh, const int* __restrict__ dst, int N,    \
-             int K, float limit) {                                                                                        \
-        moe_gemm<true, FMT, BM, BM * 2, 0, 0, SPLIT, EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb,  \
-                                                       h_lo, ldh, dst, N, K, limit);                                      \
-    }
+#define MOE_WB_ENTRY(NAME, FMT, BM, SPLIT, EPI) MOE_ENTRY(NAME, BM * 2, (moe_gemm<true, FMT, BM, BM * 2, 0, 0, SPLIT, EPI>))
 
 #define MOE_WB_FMT(F, FMT)                                             \
     MOE_WB_ENTRY(moe_wb_##F##_128_plain, FMT, 128, false, 0)          \

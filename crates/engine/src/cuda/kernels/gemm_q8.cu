@@ -170,24 +170,7 @@ __device__ __forceinline__ void gq_store2(const GqEpi& E, int T, int N, int row,
     }
 }
 
-// Row of output column n in the weight (EPI 1: gate W1 and up W3 rows interleaved in blocks of 8
-// columns) — both kernel families.
-template <int EPI>
-__device__ __forceinline__ const u8* gq_wrow(const GqProb& P, int n, size_t wrow) {
-    if (EPI == 1) return ((n >> 3) & 1 ? P.W3 : P.W) + (size_t)((n >> 4) * 8 + (n & 7)) * wrow;
-    return P.W + (size_t)n * wrow;
-}
-
-// Scale base (*s) and logical weight row of output column n — both kernel families.
-template <int EPI>
-__device__ __forceinline__ int gq_srow(const GqProb& P, int n, const u8*& s) {
-    s = P.S;
-    if (EPI == 1) {
-        s = (n >> 3) & 1 ? P.S3 : P.S;
-        n = (n >> 4) * 8 + (n & 7);
-    }
-    return n;
-}
+// Weight rows and scale rows of output columns: common.cuh fused_wrow / fused_srow.
 
 // One fp4 conversion unit of both families: 8 packed bytes v (16 e2m1 of 32-group `grp` of a row)
 // → 16 e4m3 bytes relative to the largest of the row's four group scales (w: the four ue8m0 scale
@@ -254,8 +237,8 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
     if (FMT == 3) gq_fill_lut(lut, tid, NT);
     const u32 as_base = gm_smem(As), rs_base = gm_smem(Rs), bt_base = gm_smem(Bt);
 
-    auto wrow_of = [&](int n) { return gq_wrow<EPI>(P, n, wrow); };
-    auto srow_of = [&](int n, const u8*& s) { return gq_srow<EPI>(P, n, s); };
+    auto wrow_of = [&](int n) { return fused_wrow<EPI>(P, n, wrow); };
+    auto srow_of = [&](int n, const u8*& s) { return fused_srow<EPI>(P, n, s); };
 
     auto issue = [&](int kt) {
         if (kt < KT) {
@@ -472,8 +455,8 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     const int sg = K >> 5;
     if (FMT == 3) gq_fill_lut(lut, tid, NT);
 
-    auto wrow_of = [&](int n) { return gq_wrow<EPI>(P, n, wrow); };
-    auto srow_of = [&](int n, const u8*& s) { return gq_srow<EPI>(P, n, s); };
+    auto wrow_of = [&](int n) { return fused_wrow<EPI>(P, n, wrow); };
+    auto srow_of = [&](int n, const u8*& s) { return fused_srow<EPI>(P, n, s); };
 
     auto issue = [&](int kt) {
         if (kt < KT) {
