@@ -4,6 +4,7 @@
 //! prefill and batch-1 decode with CUDA events (medians of repeats after warm-up), a per-stage
 //! breakdown against the machine's ceilings, and a labelled linear estimate for 43 layers.
 
+use super::check::{median, switch_scope};
 use super::gpu::Gpu;
 use super::gpu::{elapsed_s, StageTimes};
 use super::model::{decode_step_gpu, forward_chunk_gpu, prefill_gpu, GpuModel, GpuSequence, StageCost};
@@ -163,8 +164,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             seq = Some(s);
         }
         let Some(mut seq) = seq else { continue };
-        prefill_times.sort_by(|a, b| a.total_cmp(b));
-        let prefill_s = prefill_times[prefill_times.len() / 2];
+        let prefill_s = median(&mut prefill_times);
         let mut next = ctx;
         let graphs = super::model::decode_graphs_enabled(gpu);
         let before = gpu.graph.stats();
@@ -176,8 +176,7 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
         let capture_ms = if captures > 0 { Some((after.capture_s - before.capture_s) / captures as f64 * 1e3) } else { None };
         // With graphs on: the same number of steps launched kernel by kernel, for the comparison.
         let plain_s = if graphs {
-            let s = crate::switches::scoped(&[("DECODE_CUDA_GRAPH", "off")], || time_decode(gpu, &model, &mut seq, &ids[next..next + opts.decode_steps]))
-                .map_err(|e| super::CudaError::Unsupported { what: "bench", detail: e.to_string() })??;
+            let s = switch_scope(&[("DECODE_CUDA_GRAPH", "off")], || time_decode(gpu, &model, &mut seq, &ids[next..next + opts.decode_steps]))?;
             next += opts.decode_steps;
             Some(s)
         } else {
@@ -266,8 +265,7 @@ fn time_decode(gpu: &Gpu, model: &GpuModel, seq: &mut GpuSequence, ids: &[u32]) 
         let b = gpu.record_event()?;
         steps.push(elapsed_s(&a, &b)?);
     }
-    steps.sort_by(|a, b| a.total_cmp(b));
-    Ok(steps.get(steps.len() / 2).copied().unwrap_or(f64::NAN))
+    Ok(median(&mut steps))
 }
 
 #[cfg(test)]

@@ -273,8 +273,7 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
             let end = gpu.record_event()?;
             times.push(super::gpu::elapsed_s(&start, &end)? * 1e3);
         }
-        times.sort_by(|a, b| a.total_cmp(b));
-        let single_ms = times[times.len() / 2];
+        let single_ms = median(&mut times);
         let gbps = bytes as f64 / (single_ms * 1e-3) / 1e9;
         let batched_ms = median_ms(gpu, repeats.div_ceil(ws.len()).max(3), || {
             for w in &ws {
@@ -320,6 +319,12 @@ fn report(gpu: &Gpu, seed: u64, all: bool, ops: Vec<Value>, timings: Vec<Value>)
     })
 }
 
+/// The median of `v` (sorted in place; the upper middle value for an even count), NaN when empty.
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// Median time in ms of `f` over `repeats` runs (after one warm-up), CUDA events around each.
 pub(crate) fn median_ms(gpu: &Gpu, repeats: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
     f()?;
@@ -331,8 +336,7 @@ pub(crate) fn median_ms(gpu: &Gpu, repeats: usize, mut f: impl FnMut() -> Result
         let end = gpu.record_event()?;
         times.push(super::gpu::elapsed_s(&start, &end)? * 1e3);
     }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
+    Ok(median(&mut times))
 }
 
 /// How many values of `a` and `b` differ in their bits (a length difference counts each missing

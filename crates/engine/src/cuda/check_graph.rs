@@ -5,7 +5,7 @@
 //! from one sequence's step to the other's, as in the server's scheduler), with the host time per
 //! step of both ways.
 
-use super::check::{differing_bits, flag_record};
+use super::check::{differing_bits, flag_record, median, switch_scope};
 use super::gpu::Gpu;
 use super::model::{decode_step_gpu, forward_chunk_gpu, GpuModel, GpuSequence};
 use super::CudaError;
@@ -40,8 +40,7 @@ fn run(gpu: &Gpu, gm: &GpuModel, ids: &[u32], prefixes: &[usize], steps: usize) 
             logits.extend(l);
         }
     }
-    times.sort_by(f64::total_cmp);
-    Ok((logits, times.get(times.len() / 2).copied().unwrap_or(f64::NAN)))
+    Ok((logits, median(&mut times)))
 }
 
 /// The graph parity records for model `name` (`seed` picks the token ids): one sequence with a
@@ -58,12 +57,11 @@ pub fn graph_checks(gpu: &Gpu, gm: &GpuModel, seed: u64, name: &str, prefix: usi
     }
     let vocab = gm.config.vocab_size;
     let ids = formula_ids(seed + 31, prefix + steps + 1, vocab);
-    let sw = |e: crate::switches::SwitchError| CudaError::Unsupported { what: "graph check", detail: e.to_string() };
     let mut all = true;
     for prefixes in [vec![prefix], vec![prefix, prefix / 2 + 1]] {
-        let plain = crate::switches::scoped(&graph_switches(false), || run(gpu, gm, &ids, &prefixes, steps)).map_err(sw)??;
+        let plain = switch_scope(&graph_switches(false), || run(gpu, gm, &ids, &prefixes, steps))?;
         let before = gpu.graph.stats();
-        let graphed = crate::switches::scoped(&graph_switches(true), || run(gpu, gm, &ids, &prefixes, steps)).map_err(sw)??;
+        let graphed = switch_scope(&graph_switches(true), || run(gpu, gm, &ids, &prefixes, steps))?;
         let after = gpu.graph.stats();
         let differing = differing_bits(&plain.0, &graphed.0);
         let launched = after.launched - before.launched;

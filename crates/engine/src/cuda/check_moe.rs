@@ -335,7 +335,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
             all &= flag_record(out, &format!("moe_q8 {fmt} T={ts} vs cpu"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL}), ok);
         }
         // The mma.sync kernels (FP8_WGMMA=off) against the same reference.
-        let sync = crate::switches::scoped(&[("FP8_WGMMA", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON)).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
+        let sync = switch_scope(&[("FP8_WGMMA", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
         let sync = gpu.download(&sync)?;
         let (nmse, max_abs, ref_max) = errors(&sync, &y_ref);
         let pass = nmse <= Q8_MOE_NMSE_TOL;
@@ -421,7 +421,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, opts).map(|_| ()))?;
             record_time(&format!("grouped fp8 wgmma {name}"), ms);
         }
-        let ms = crate::switches::scoped(&[("FP8_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ()))).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })??;
+        let ms = switch_scope(&[("FP8_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 mma.sync all on", ms);
     }
     Ok(rows)

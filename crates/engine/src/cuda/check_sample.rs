@@ -9,7 +9,7 @@
 //!   seeded top-k / top-p / min-p sampling (the sampler's own test shows the same equality on the
 //!   CPU, `sampler::tests::top_logits_sample_like_the_full_row`).
 
-use super::check::flag_record;
+use super::check::{flag_record, switch_scope};
 use super::gpu::Gpu;
 use super::model::GpuModel;
 use super::session::GpuSession;
@@ -88,7 +88,7 @@ pub fn generate_checks(gpu: &Gpu, gm: &GpuModel, seed: u64, name: &str, out: &mu
     for (label, p) in params {
         let mut runs = Vec::new();
         for on in ["on", "off"] {
-            let tokens = crate::switches::scoped(&[("SAMPLE_ON_DEVICE", on)], || -> Result<Vec<u32>, CudaError> {
+            let tokens = switch_scope(&[("SAMPLE_ON_DEVICE", on)], || -> Result<Vec<u32>, CudaError> {
                 let mut session = GpuSession::new(gpu, gm, prompt.len() + steps + 1).map_err(|e| bad(e.to_string()))?;
                 let mut sampler = Sampler::new(p.clone(), &prompt).map_err(|e| bad(e.to_string()))?;
                 let mut toks = Vec::new();
@@ -98,8 +98,7 @@ pub fn generate_checks(gpu: &Gpu, gm: &GpuModel, seed: u64, name: &str, out: &mu
                 })
                 .map_err(|e| bad(e.to_string()))?;
                 Ok(toks)
-            })
-            .map_err(|e| bad(e.to_string()))??;
+            })?;
             runs.push(tokens);
         }
         let same = runs[0] == runs[1] && runs[0].len() == steps;
