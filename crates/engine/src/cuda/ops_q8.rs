@@ -95,11 +95,13 @@ pub fn q8_smem(format: &str, bm: usize, bn: usize) -> usize {
 }
 
 /// Dynamic shared memory of a wgmma block (`GwLayout` in gemm_q8.cu) of `bm` rows × 128 columns:
-/// 1 KB of alignment slack, 4 stages of (A `bm × 128` + B: FP8 `128 × 128`, FP4 `128 × 64` packed),
-/// and for FP4 two converted `128 × 128` tiles, two rows of 128 weight scales and the table.
+/// 1 KB of alignment slack, 5 stages for 128-row blocks and 4 for 64-row blocks (two fit an SM) of
+/// (A `bm × 128` + B: FP8 `128 × 128`, FP4 `128 × 64` packed), and for FP4 two converted `128 × 128`
+/// tiles, two rows of 128 weight scales and the table.
 pub fn w8_smem(format: &str, bm: usize) -> usize {
     let fp4 = format == "fp4";
-    1024 + 4 * (bm * 128 + if fp4 { 128 * 64 } else { 128 * 128 }) + if fp4 { 2 * 128 * 128 + 2 * 128 * 4 + 72 } else { 0 }
+    let stages = if bm == 128 { 5 } else { 4 };
+    1024 + stages * (bm * 128 + if fp4 { 128 * 64 } else { 128 * 128 }) + if fp4 { 2 * 128 * 128 + 2 * 128 * 4 + 72 } else { 0 }
 }
 
 /// Shared memory of any gemm_q8.cu GEMM entry point (by name).
@@ -421,7 +423,11 @@ mod tests {
         for name in GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_w8_") || n.contains("_q8_")) {
             assert!(smem_of(name) <= 227 * 1024, "{name}");
         }
-        assert_eq!(w8_smem("fp8", 128), 1024 + 4 * 32768);
+        assert_eq!(w8_smem("fp8", 128), 1024 + 5 * 32768);
+        // 64-row blocks: two per SM (228 KB per SM, 1 KB reserved per block).
+        for fmt in ["fp8", "fp4"] {
+            assert!(2 * (w8_smem(fmt, 64) + 1024) <= 228 * 1024, "{fmt}");
+        }
     }
 
     /// Every entry point listed here is one the kernel file defines (and the reverse for the

@@ -136,13 +136,14 @@ __device__ __forceinline__ void gq_fill_lut(u32* lut, int tid, int nt) {
     }
 }
 
-// Four e2m1 nibbles (the low 16 bits of v, element i in nibble i) → four e4m3 bytes via table (t0, t1).
-__device__ __forceinline__ u32 gq_fp4x4(u32 v, u32 t0, u32 t1) {
-    const u32 mag = __byte_perm(t0, t1, v & 0x7777u);
-    u32 s = v & 0x8888u;
-    s = (s | (s << 8)) & 0x00ff00ffu;
-    s = (s | (s << 4)) & 0x0f0f0f0fu;
-    return mag | ((s << 4) & 0x80808080u);
+// Eight e2m1 nibbles w (element i in nibble i) → eight e4m3 bytes (lo: elements 0–3, hi: 4–7) via
+// the magnitude table (t0, t1): one prmt per four magnitudes, one per four signs (nibble i's sign bit,
+// moved to bit 2 of selector nibble i, picks byte 4 = 0x80 or byte 0 = 0; prmt reads only the
+// selector's low 16 bits).
+__device__ __forceinline__ void gq_fp4x8(u32 w, u32 t0, u32 t1, u32& lo, u32& hi) {
+    const u32 m = w & 0x77777777u, s = (w >> 1) & 0x44444444u;
+    lo = __byte_perm(t0, t1, m) | __byte_perm(0u, 0x80808080u, s);
+    hi = __byte_perm(t0, t1, m >> 16) | __byte_perm(0u, 0x80808080u, s >> 16);
 }
 
 // Epilogue 1 of both kernel families: hidden units col, col + 1 of grouped row `row` from their gate
@@ -182,7 +183,10 @@ __device__ __forceinline__ uint4 gq_fp4_unit(uint2 v, u32 w, int grp, const u32*
     const int d = max((int)g - (int)m, -8) + 8;
     const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * d);
     *smax = m;
-    return make_uint4(gq_fp4x4(v.x, t.x, t.y), gq_fp4x4(v.x >> 16, t.x, t.y), gq_fp4x4(v.y, t.x, t.y), gq_fp4x4(v.y >> 16, t.x, t.y));
+    uint4 o;
+    gq_fp4x8(v.x, t.x, t.y, o.x, o.y);
+    gq_fp4x8(v.y, t.x, t.y, o.z, o.w);
+    return o;
 }
 
 // The fp4 conversion pipeline of both families (DIRECT = fp8 weights, nothing to convert) starts
@@ -399,11 +403,9 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
 // Per step and warpgroup: 4 × wgmma m64n128k32 into a fresh partial (scale-d 0 on the first), then
 // acc += partial · s_a · s_w in f32 — DeepSeek's per-128 promotion. wgmma sums its 32 products with
 // its own internal alignment (not IEEE f32), so results differ from gemm_q8 in the last bits.
-// cp.async ring of GW_STAGES stages; each writer fences the generic→async proxy before the barrier
+// cp.async ring of GwLayout::STAGES stages; each writer fences the generic→async proxy before the barrier
 // that precedes the MMAs. Learned from the PTX ISA (wgmma, matrix descriptors, swizzling modes) and
 // DeepSeek's DeepGEMM design; the code is ours. Fences, descriptors and the swizzle: common.cuh.
-
-#define GW_STAGES 4
 
 __device__ __forceinline__ void gw_mma(float (&d)[64], unsigned long long da, unsigned long long db, int scale_d) {
     GW_ASM(
@@ -413,24 +415,45 @@ __device__ __forceinline__ void gw_mma(float (&d)[64], unsigned long long da, un
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// Shared memory of a block: STAGES copy stages (activations BM × 128 e4m3, weights 128 rows × 128
+// e4m3 or 64 packed fp4 bytes), for fp4 two converted e4m3 tiles, their row scales and the table.
+// Five stages for 128-row blocks (one per SM); four for 64-row blocks, so that two fit an SM.
 template <int FMT, int WG>
 struct GwLayout {
     static constexpr int BM = 64 * WG;
+    static constexpr int STAGES = WG == 2 ? 5 : 4;
     static constexpr int A_STAGE = BM * 128;
     static constexpr int B_STAGE = FMT == 2 ? 128 * 128 : 128 * 64;
     static constexpr int BCONV = FMT == 2 ? 0 : 128 * 128;
     static constexpr int WSC = FMT == 2 ? 0 : 2 * 128 * 4;
     static constexpr int LUT = FMT == 3 ? 9 * 8 : 0;
-    static constexpr int TOTAL = 1024 + GW_STAGES * (A_STAGE + B_STAGE) + 2 * BCONV + WSC + LUT;
+    static constexpr int TOTAL = 1024 + STAGES * (A_STAGE + B_STAGE) + 2 * BCONV + WSC + LUT;
 };
 
+// Keeps the compiler from reading wgmma results before the wait that makes them valid (registers
+// written asynchronously are invisible to it).
+template <int N>
+__device__ __forceinline__ void gw_fence_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Per K step (128 values): one barrier, then the four wgmma k32 MMAs of the step are issued first
+// and, while they run, the copies of step kt + STAGES − 1, the fp4 conversion of step kt + 1 (each
+// thread converts the 32-value groups it copied itself, so only its own copies must have landed) and
+// the scale loads; then the wait and the promotion. Per-thread copy addresses are computed once per
+// tile (the step only adds its offset).
 template <int FMT, int WG, int EPI>
 __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     typedef GwLayout<FMT, WG> L;
-    constexpr int NT = 128 * WG, ST = GW_STAGES, BM = L::BM;
+    constexpr int NT = 128 * WG, ST = L::STAGES, BM = L::BM;
     constexpr bool DIRECT = FMT == 2;
-    constexpr int UNITS = DIRECT ? 1 : 128 * 8 / NT;  // fp4: 16-byte output chunks per thread per step
-    static_assert((BM * 8) % NT == 0 && (128 * 8) % NT == 0, "copies must divide among the threads");
+    constexpr int AC = BM * 8 / NT;                         // activation copies per thread per step
+    constexpr int BCPR = DIRECT ? 8 : 4;                    // 16-byte weight copies per row per step
+    constexpr int BC = 128 * BCPR / NT;                     // weight copies per thread per step
+    constexpr int UNITS = DIRECT ? 1 : BC;                  // fp4: 32-value groups converted per thread
+    constexpr int RB = DIRECT ? 128 : 64;                   // weight bytes per row per step
+    static_assert(AC >= 1 && BC >= 1 && (BM * 8) % NT == 0 && (128 * BCPR) % NT == 0, "copies must divide among the threads");
 
     extern __shared__ __align__(16) u8 gw_sh[];
     {
@@ -455,56 +478,65 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     const int sg = K >> 5;
     if (FMT == 3) gq_fill_lut(lut, tid, NT);
 
-    auto wrow_of = [&](int n) { return fused_wrow<EPI>(P, n, wrow); };
-    auto srow_of = [&](int n, const u8*& s) { return fused_srow<EPI>(P, n, s); };
+    // Activation copies: rows tid / 8 + i·NT / 8, chunk tid % 8 (one swizzle pattern for all i).
+    const u8* a_src = P.q + (size_t)(m0 + (tid >> 3)) * K + (tid & 7) * 16;
+    const size_t a_step = (size_t)(NT / 8) * K;
+    const u32 a_off = gw_swz(tid >> 3, tid & 7);
+    // Weight copies: rows tid / BCPR + i·NT / BCPR, chunk tid % BCPR; rows past N copy nothing.
+    const u8* b_src[BC];
+    bool b_ok[BC];
+    const u8* s_row[UNITS];  // fp4: unit u's (= copy u's) row of group scales, null past N
+#pragma unroll
+    for (int i = 0; i < BC; i++) {
+        const int n = n0 + tid / BCPR + i * (NT / BCPR);
+        b_ok[i] = n < N;
+        b_src[i] = b_ok[i] ? fused_wrow<EPI>(P, n, wrow) + (tid % BCPR) * 16 : P.W;
+        if constexpr (!DIRECT) {
+            s_row[i] = nullptr;
+            if (b_ok[i]) {
+                const u8* s;
+                const int sn = fused_srow<EPI>(P, n, s);
+                s_row[i] = s + (size_t)sn * sg;
+            }
+        }
+    }
+    const u32 b_off = DIRECT ? gw_swz(tid / BCPR, tid % BCPR) : (u32)((tid / BCPR) * 64 + (tid % BCPR) * 16);
 
     auto issue = [&](int kt) {
         if (kt < KT) {
             const int slot = kt % ST;
+            const u32 a_dst = as_base + slot * L::A_STAGE + a_off;
 #pragma unroll
-            for (int i = 0; i < BM * 8 / NT; i++) {
-                int qi = tid + i * NT, r = qi >> 3, c = qi & 7;
-                gm_cp16(as_base + slot * L::A_STAGE + gw_swz(r, c), P.q + (size_t)(m0 + r) * K + kt * 128 + c * 16, true);
-            }
-            if (DIRECT) {
+            for (int i = 0; i < AC; i++) gm_cp16(a_dst + i * (NT / 8) * 128, a_src + i * a_step + kt * 128, true);
+            const u32 b_dst = bs_base + slot * L::B_STAGE + b_off;
 #pragma unroll
-                for (int i = 0; i < 128 * 8 / NT; i++) {
-                    int qi = tid + i * NT, r = qi >> 3, c = qi & 7;
-                    bool ok = n0 + r < N;
-                    gm_cp16(bs_base + slot * L::B_STAGE + gw_swz(r, c), ok ? wrow_of(n0 + r) + (size_t)kt * 128 + c * 16 : P.W, ok);
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < 128 * 4 / NT; i++) {
-                    int qi = tid + i * NT, r = qi >> 2, c = qi & 3;
-                    bool ok = n0 + r < N;
-                    gm_cp16(bs_base + slot * L::B_STAGE + r * 64 + c * 16, ok ? wrow_of(n0 + r) + (size_t)kt * 64 + c * 16 : P.W, ok);
-                }
+            for (int i = 0; i < BC; i++) {
+                gm_cp16(b_dst + i * (NT / BCPR) * (DIRECT ? 128 : 64), b_src[i] + (size_t)kt * RB, b_ok[i]);
             }
         }
         gm_commit();
     };
 
-    // fp4: the four group-scale bytes of 128-block kt for the row of conversion unit u.
+    // fp4: the four group-scale bytes of 128-block kt of unit u's row (1.0 each past the end).
     auto scale_word = [&](int kt, int u) -> u32 {
-        int qi = tid + u * NT, r = qi >> 3;
-        int n = n0 + r;
-        if (FMT != 3 || kt >= KT || n >= N) return 0x7f7f7f7fu;
-        const u8* s;
-        n = srow_of(n, s);
-        return __ldg(reinterpret_cast<const u32*>(s + (size_t)n * sg + kt * 4));
+        if (FMT != 3 || kt >= KT || s_row[u] == nullptr) return 0x7f7f7f7fu;
+        return __ldg(reinterpret_cast<const u32*>(s_row[u]) + kt);
     };
 
+    // fp4: unit u = the 32 values this thread copied (row tid / 4 + u·NT / 4, group tid % 4) → 32
+    // e4m3 bytes relative to the row's largest group scale in the block; that scale → wsc.
     auto convert = [&](int kt, const u32* sw) {
         const u8* raw = bs_gen + (kt % ST) * L::B_STAGE;
         u8* dst = bconv + (kt & 1) * L::BCONV;
+        const int g = tid & 3;
 #pragma unroll
         for (int u = 0; u < UNITS; u++) {
-            int qi = tid + u * NT, r = qi >> 3, c = qi & 7;
-            const uint2 v = *reinterpret_cast<const uint2*>(raw + r * 64 + c * 8);
+            const int r = (tid >> 2) + u * (NT / 4);
+            const uint4 v = *reinterpret_cast<const uint4*>(raw + r * 64 + g * 16);
             u32 smax;
-            *reinterpret_cast<uint4*>(dst + gw_swz(r, c)) = gq_fp4_unit(v, sw[u], c >> 1, lut, &smax);
-            if (c == 0) wsc[(kt & 1) * 128 + r] = fs_e8m0((u8)smax);
+            *reinterpret_cast<uint4*>(dst + gw_swz(r, 2 * g)) = gq_fp4_unit(make_uint2(v.x, v.y), sw[u], g, lut, &smax);
+            *reinterpret_cast<uint4*>(dst + gw_swz(r, 2 * g + 1)) = gq_fp4_unit(make_uint2(v.z, v.w), sw[u], g, lut, &smax);
+            if (g == 0) wsc[(kt & 1) * 128 + r] = fs_e8m0((u8)smax);
         }
     };
 
@@ -513,27 +545,27 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     for (int i = 0; i < 64; i++) acc[i] = 0.f;
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     const int row_a = m0 + wg * 64 + wq * 16 + g4;
+    const float* sa_r0 = P.sa + (size_t)row_a * KT;
+    const float* sa_r1 = P.sa + (size_t)(row_a + 8) * KT;
+    // fp8: the block-scale rows of the tile's gate (or only) and up columns.
+    const u8* sw_g = nullptr;
+    const u8* sw_u = nullptr;
+    if (DIRECT) {
+        const u8* s;
+        int n = fused_srow<EPI>(P, min(n0, N - 1), s);
+        sw_g = s + (size_t)(n >> 7) * KT;
+        if (EPI == 1) {
+            n = fused_srow<EPI>(P, min(n0 + 8, N - 1), s);
+            sw_u = s + (size_t)(n >> 7) * KT;
+        }
+    }
     u32 sreg[UNITS];
     conv_pipeline_start<ST, UNITS, DIRECT>(issue, scale_word, convert, sreg);
 
     for (int kt = 0; kt < KT; kt++) {
-        if (DIRECT) gm_wait<ST - 2>();
-        else gm_wait<ST - 3>();
+        gm_wait<ST - 2>();  // step kt has landed (this thread's copies)
         gw_fence_proxy();
         __syncthreads();
-        issue(kt + ST - 1);
-        gq_pipeline_step<UNITS, DIRECT>(kt, KT, scale_word, convert, sreg);
-        const float sa0 = __ldg(P.sa + (size_t)row_a * KT + kt), sa1 = __ldg(P.sa + (size_t)(row_a + 8) * KT + kt);
-        float swg = 1.f, swu = 1.f;  // fp8: block scales of the gate (or only) and up rows
-        if (DIRECT) {
-            const u8* s;
-            int n = srow_of(min(n0, N - 1), s);
-            swg = fs_e8m0(__ldg(s + (size_t)(n >> 7) * KT + kt));
-            if (EPI == 1) {
-                n = srow_of(min(n0 + 8, N - 1), s);
-                swu = fs_e8m0(__ldg(s + (size_t)(n >> 7) * KT + kt));
-            }
-        }
         const u32 a_tile = as_base + (kt % ST) * L::A_STAGE + wg * 64 * 128;
         const u32 b_tile = DIRECT ? bs_base + (kt % ST) * L::B_STAGE : bc_base + (kt & 1) * L::BCONV;
         const unsigned long long da = gw_desc(a_tile), db = gw_desc(b_tile);
@@ -541,16 +573,42 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
         gw_commit();
-        gw_wait0();
+        const float sa0 = __ldg(sa_r0 + kt), sa1 = __ldg(sa_r1 + kt);
+        float swg = 1.f, swu = 1.f;
+        if (DIRECT) {
+            swg = fs_e8m0(__ldg(sw_g + kt));
+            if (EPI == 1) swu = fs_e8m0(__ldg(sw_u + kt));
+        }
+        issue(kt + ST - 1);
+        if (!DIRECT) {
+            u32 snext[UNITS];
 #pragma unroll
-        for (int j = 0; j < 16; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float sw;
-                if (DIRECT) sw = (EPI == 1 && (j & 1)) ? swu : swg;
-                else sw = wsc[(kt & 1) * 128 + j * 8 + c2 + (e & 1)];
-                acc[4 * j + e] = fmaf(tmp[4 * j + e], (e >> 1 ? sa1 : sa0) * sw, acc[4 * j + e]);
+            for (int u = 0; u < UNITS; u++) snext[u] = scale_word(kt + 2, u);
+            if (kt + 1 < KT) {
+                gm_wait<ST - 2>();  // step kt + 1 has landed (this thread's copies: all it converts)
+                convert(kt + 1, sreg);
             }
+#pragma unroll
+            for (int u = 0; u < UNITS; u++) sreg[u] = snext[u];
+        }
+        gw_wait0();
+        gw_fence_regs(tmp);
+        if (DIRECT) {
+            const float f[4] = {sa0 * swg, sa0 * swu, sa1 * swg, sa1 * swu};
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[4 * j + e] = fmaf(tmp[4 * j + e], f[(e >> 1) * 2 + (EPI == 1 && (j & 1))], acc[4 * j + e]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const float2 w = *reinterpret_cast<const float2*>(wsc + (kt & 1) * 128 + j * 8 + c2);
+                acc[4 * j + 0] = fmaf(tmp[4 * j + 0], sa0 * w.x, acc[4 * j + 0]);
+                acc[4 * j + 1] = fmaf(tmp[4 * j + 1], sa0 * w.y, acc[4 * j + 1]);
+                acc[4 * j + 2] = fmaf(tmp[4 * j + 2], sa1 * w.x, acc[4 * j + 2]);
+                acc[4 * j + 3] = fmaf(tmp[4 * j + 3], sa1 * w.y, acc[4 * j + 3]);
+            }
+        }
     }
     gm_wait<0>();
 
