@@ -766,6 +766,7 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
         else gm_wait<ST - 3>();         // step kt + 1 has landed too (its weights are converted below)
         gw_fence_proxy();               // this thread's copies and conversions → the async proxy
         __syncthreads();
+        issue(kt + ST - 1);
         const u32 a_tile = as_base + (kt % ST) * L::A_STAGE + wg * 64 * 128;
         const u32 b_tile = DIRECT ? bs_base + (kt % ST) * L::B_STAGE : bc_base + (kt & 1) * L::BCONV;
         const unsigned long long da = gw_desc(a_tile), db = gw_desc(b_tile);
@@ -776,9 +777,6 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
             if (SPLIT) gb_mma<BN>(acc, gw_desc(a_tile + L::A_PLANE) + 2 * kk, db + 2 * kk);
         }
         gw_commit();
-        // While the MMAs run: the copies of step kt + ST − 1 (into the slot step kt − 1 used, whose
-        // MMAs completed before the barrier) and the conversion of step kt + 1 (into the other tile).
-        issue(kt + ST - 1);
         if (!DIRECT && kt + 1 < KT) {
             convert(kt + 1, sreg);
 #pragma unroll
