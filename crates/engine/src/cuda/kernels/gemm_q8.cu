@@ -485,7 +485,7 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     // Weight copies: rows tid / BCPR + i·NT / BCPR, chunk tid % BCPR; rows past N copy nothing.
     const u8* b_src[BC];
     bool b_ok[BC];
-    const u8* s_row[UNITS];  // fp4: unit u's (= copy u's) row of group scales, null past N
+    const u8* s_row[UNITS] = {};  // fp4: unit u's (= copy u's) row of group scales, null past N
 #pragma unroll
     for (int i = 0; i < BC; i++) {
         const int n = n0 + tid / BCPR + i * (NT / BCPR);
