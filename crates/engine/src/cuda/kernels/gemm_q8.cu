@@ -580,17 +580,8 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
             if (EPI == 1) swu = fs_e8m0(__ldg(sw_u + kt));
         }
         issue(kt + ST - 1);
-        if (!DIRECT) {
-            u32 snext[UNITS];
-#pragma unroll
-            for (int u = 0; u < UNITS; u++) snext[u] = scale_word(kt + 2, u);
-            if (kt + 1 < KT) {
-                gm_wait<ST - 2>();  // step kt + 1 has landed (this thread's copies: all it converts)
-                convert(kt + 1, sreg);
-            }
-#pragma unroll
-            for (int u = 0; u < UNITS; u++) sreg[u] = snext[u];
-        }
+        if (!DIRECT) gm_wait<ST - 2>();  // step kt + 1 has landed (this thread's copies: all it converts)
+        gq_pipeline_step<UNITS, DIRECT>(kt, KT, scale_word, convert, sreg);
         gw_wait0();
         gw_fence_regs(tmp);
         if (DIRECT) {
