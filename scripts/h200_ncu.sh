@@ -1,17 +1,40 @@
 #!/usr/bin/env bash
-# Kernel-level profile of one grouped-MoE layer at T tokens (device machine; Nsight Compute reads
-# the hardware counters only on the Firecracker runtime, see the device tool's KINDS.md):
-#   OUT=DIR FLASHSEEK_BIN=... bash scripts/h200_ncu.sh [T]
-# ncu_all.csv: every kernel of `gpu-check --only moe --moe-tokens T --repeats 1` with its duration,
-# grid, block, registers and shared memory (bench/ncu/moe_layer_T8192_kernels_00123cd.txt is a
-# digest of one). Sections of one launch: scripts/h200_ncu_one.sh.
+# Nsight Compute profiles of the grouped-MoE kernels (device machine; ncu reads the hardware
+# counters only on the Firecracker runtime, see the device tool's KINDS.md), from
+# `gpu-check --only moe --repeats 1 --moe-tokens T`:
+#   OUT=DIR FLASHSEEK_BIN=... bash scripts/h200_ncu.sh all [T]
+#       ncu_all.csv: every kernel with its duration, grid, block, registers and shared memory
+#       (bench/ncu/moe_layer_T8192_kernels_00123cd.txt is a digest of one)
+#   ... bash scripts/h200_ncu.sh one KERNEL SKIP [T]
+#       ncu_KERNEL.txt: the main sections of one launch of KERNEL (SKIP = how many launches of it
+#       come first; find it in ncu_all.csv)
+#   ... bash scripts/h200_ncu.sh stalls
+#       stall_KERNEL.txt: warp stall reasons (cycles per issued instruction, by reason) of the FP8
+#       and the split gate/up GEMMs at T = 8,192 (launch counts as in the digest above)
 set -euo pipefail
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}
-T=${1:-8192}
 export FLASHSEEK_CACHE=${FLASHSEEK_CACHE:-/tmp/fscache}
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-"$NCU" --version | tail -1
-timeout 300 "$NCU" --clock-control none --csv --page raw \
-  --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic \
-  "$B" gpu-check --only moe --repeats 1 --moe-tokens "$T" > "$OUT/ncu_all.csv" 2> "$OUT/ncu_all.err" || echo "ncu all: exit $?"
+one() {  # KERNEL SKIP T FILE SECTION-OPTIONS…
+  local k=$1 skip=$2 t=$3 f=$4
+  shift 4
+  timeout 240 "$NCU" --clock-control none --kernel-name "$k" --launch-skip "$skip" --launch-count 1 "$@" \
+    "$B" gpu-check --only moe --repeats 1 --moe-tokens "$t" > "$OUT/$f" 2>&1 || echo "ncu $k: exit $?"
+}
+case "${1:-}" in
+  all) "$NCU" --version | tail -1
+       timeout 300 "$NCU" --clock-control none --csv --page raw \
+         --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic \
+         "$B" gpu-check --only moe --repeats 1 --moe-tokens "${2:-8192}" > "$OUT/ncu_all.csv" 2> "$OUT/ncu_all.err" || echo "ncu all: exit $?" ;;
+  one) one "$2" "$3" "${4:-8192}" "ncu_$2.txt" --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+         --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section SourceCounters
+       grep -A5 "Section: Warp State" "$OUT/ncu_$2.txt" || true ;;
+  stalls) for k in "moe_w8_fp4_128_swiglu 4" "moe_wb_fp4_128_x2_swiglu 6"; do
+         set -- $k
+         one "$1" "$2" 8192 "stall_$1.txt" --section WarpStateStats --section SchedulerStats --print-details all \
+           --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio'
+         grep -E "^ *Stall " "$OUT/stall_$1.txt" | awk '{print $NF "\t" $0}' | sort -rn | cut -f2 | head -8
+       done ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_ncu.sh all [T] | one KERNEL SKIP [T] | stalls" >&2; exit 2 ;;
+esac
