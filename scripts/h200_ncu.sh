@@ -8,6 +8,10 @@
 #   ... bash scripts/h200_ncu.sh one KERNEL SKIP [T]
 #       ncu_KERNEL.txt: the main sections of one launch of KERNEL (SKIP = how many launches of it
 #       come first; find it in ncu_all.csv)
+#   ... bash scripts/h200_ncu.sh bench LAYERS CONTEXT [NAME-REGEX]
+#       ncu_bench_CONTEXT.csv: every kernel (or those matching NAME-REGEX) of one cold prefill of
+#       `gpu-bench --layers LAYERS --contexts CONTEXT` (switches from the environment, e.g.
+#       FLASHSEEK_TC_LINEAR=fp8) with duration, grid, block, registers and shared memory
 #   ... bash scripts/h200_ncu.sh stalls
 #       stall_KERNEL.txt: warp stall reasons (cycles per issued instruction, by reason) of the FP8
 #       and the split gate/up GEMMs at T = 8,192 (launch counts as in the digest above)
@@ -27,6 +31,10 @@ case "${1:-}" in
        timeout 300 "$NCU" --clock-control none --csv --page raw \
          --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic \
          "$B" gpu-check --only moe --repeats 1 --moe-tokens "${2:-8192}" > "$OUT/ncu_all.csv" 2> "$OUT/ncu_all.err" || echo "ncu all: exit $?" ;;
+  bench) k=(); if [ -n "${4:-}" ]; then k=(--kernel-name "regex:$4"); fi
+       timeout 420 "$NCU" --clock-control none --csv --page raw "${k[@]}" \
+         --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic \
+         "$B" gpu-bench --layers "$2" --contexts "$3" --prefill-repeats 1 --decode-steps 1 > "$OUT/ncu_bench_$3.csv" 2> "$OUT/ncu_bench_$3.err" || echo "ncu bench: exit $?" ;;
   one) one "$2" "$3" "${4:-8192}" "ncu_$2.txt" --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
          --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section SourceCounters
        grep -A5 "Section: Warp State" "$OUT/ncu_$2.txt" || true ;;
@@ -36,5 +44,5 @@ case "${1:-}" in
            --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio'
          grep -E "^ *Stall " "$OUT/stall_$1.txt" | awk '{print $NF "\t" $0}' | sort -rn | cut -f2 | head -8
        done ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_ncu.sh all [T] | one KERNEL SKIP [T] | stalls" >&2; exit 2 ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_ncu.sh all [T] | one KERNEL SKIP [T] | bench LAYERS CONTEXT [NAME-REGEX] | stalls" >&2; exit 2 ;;
 esac
