@@ -23,7 +23,8 @@ pub struct Args {
     /// linear checks and timings; `q8…` = only the FP8-activation (`TC_LINEAR=fp8`) linear checks and
     /// timings; `moe…` = only the grouped MoE parity matrix and timings; `att…` =
     /// only the attention-family checks (attention incl. the mask path and fast exp, compressors,
-    /// indexer incl. the fused top-k) and their timings; `sample…` = only the on-device top-k
+    /// indexer incl. the fused top-k) and their timings; `mhc…` = only the mHC, RMSNorm and RoPE
+    /// checks and their timings at a prefill chunk (the largest `--moe-tokens`); `sample…` = only the on-device top-k
     /// selection of `SAMPLE_ON_DEVICE`; any other text = every check, and only the
     /// decode-linear timings whose label or format contains it.
     #[arg(long)]

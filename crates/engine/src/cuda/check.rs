@@ -135,6 +135,17 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         let timings = super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?;
         return Ok((report(gpu, seed, all, out, timings), all));
     }
+    // `--only mhc`: the mHC kernels, the row norms and RoPE (checks against the CPU, batch
+    // invariance) and their timings at a Flash prefill chunk (the largest `moe_tokens`, default 8,192).
+    if opts.only.as_deref().is_some_and(|o| o.starts_with("mhc")) {
+        if !opts.skip_checks {
+            all &= norm_rope_checks(gpu, seed, &mut out)?;
+            all &= super::check_mhc::run(gpu, seed, &mut out)?;
+        }
+        let t = opts.moe_tokens.iter().copied().max().unwrap_or(8192).max(1);
+        let timings = super::check_mhc::timings(gpu, seed, repeats, t)?;
+        return Ok((report(gpu, seed, all, out, timings), all));
+    }
     // `--only sample`: sampling on the device (top-k selection; generations need the goldens).
     if opts.only.as_deref().is_some_and(|o| o.starts_with("sampl")) {
         all &= super::check_sample::run(gpu, seed, &mut out)?;
@@ -155,38 +166,7 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
     }
     if !opts.skip_checks && !tc_only {
 
-    // RMSNorm: weighted over the hidden size, unweighted per head (spec §3.1).
-    for (rows, n, weighted) in [(64usize, 4096usize, true), (64 * 64, 512, false), (7, 1000, true)] {
-        let x = random(seed, &format!("norm.x.{n}"), rows * n, 3.0);
-        let w: Vec<f32> = random(seed, &format!("norm.w.{n}"), n, 0.5).iter().map(|v| 1.0 + v).collect();
-        let mut cpu = x.clone();
-        if weighted {
-            ops::rms_norm(&mut cpu, &w, 1e-6);
-        } else {
-            ops::rms_norm_unweighted(&mut cpu, n, 1e-6);
-        }
-        let dx = gpu.upload(&x)?;
-        let dw = gpu.upload(&w)?;
-        let mut dy = gpu.zeros::<f32>(rows * n)?;
-        gpu.rms_norm(&dx, weighted.then_some(&dw), &mut dy, rows, n, 1e-6)?;
-        all &= record(&mut out, if weighted { "rms_norm" } else { "rms_norm_unweighted" }, json!([rows, n]), &gpu.download(&dy)?, &cpu);
-    }
-
-    // RoPE with Flash's compress rope (θ 160000 + YaRN) and its inverse (spec §3.2, §4.6).
-    let yarn = Yarn { factor: 16.0, original_max_position_embeddings: 65536.0, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0, truncate: true };
-    let rope = Rope::new(&RopeParams { theta: 160000.0, yarn: Some(yarn) }, 64);
-    let (tokens, heads, hd, pos0) = (16usize, 64usize, 512usize, 100_000usize);
-    let x = random(seed, "rope.x", tokens * heads * hd, 2.0);
-    let inv = gpu.upload(rope.inv_freq())?;
-    for inverse in [false, true] {
-        let mut cpu = x.clone();
-        for (i, head) in cpu.chunks_mut(hd).enumerate() {
-            rope.apply(head, pos0 + i / heads, inverse);
-        }
-        let mut dx = gpu.upload(&x)?;
-        gpu.rope(&mut dx, &inv, &rope, tokens, heads, hd, pos0, inverse)?;
-        all &= record(&mut out, if inverse { "rope_inverse" } else { "rope" }, json!([tokens, heads, hd, pos0]), &gpu.download(&dx)?, &cpu);
-    }
+    all &= norm_rope_checks(gpu, seed, &mut out)?;
 
     // Linear layers in every stored format on Flash shapes (spec §2), several token counts.
     let shapes: &[(&str, &str, usize, usize)] = &[
@@ -345,7 +325,78 @@ pub(crate) fn differing_bits(a: &[f32], b: &[f32]) -> usize {
     a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count() + a.len().abs_diff(b.len())
 }
 
-/// Prints and appends a pass/fail record without an NMSE.
+/// RMSNorm (both kernels: rows of ≤ 1,024 values one warp per row, wider ones one block per row),
+/// RoPE and its inverse, and the fused per-head norm + RoPE, against the CPU (spec §3.1, §3.2, §4.6);
+/// plus the norm's batch invariance (a row's bits alone = in a batch).
+fn norm_rope_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    // RMSNorm: weighted over the hidden size, unweighted per head (spec §3.1).
+    for (rows, n, weighted) in [(64usize, 4096usize, true), (64 * 64, 512, false), (7, 1000, true), (9, 128, true), (5, 1030, true), (3, 130, false)] {
+        let x = random(seed, &format!("norm.x.{n}"), rows * n, 3.0);
+        let w: Vec<f32> = random(seed, &format!("norm.w.{n}"), n, 0.5).iter().map(|v| 1.0 + v).collect();
+        let mut cpu = x.clone();
+        if weighted {
+            ops::rms_norm(&mut cpu, &w, 1e-6);
+        } else {
+            ops::rms_norm_unweighted(&mut cpu, n, 1e-6);
+        }
+        let dx = gpu.upload(&x)?;
+        let dw = gpu.upload(&w)?;
+        let mut dy = gpu.zeros::<f32>(rows * n)?;
+        gpu.rms_norm(&dx, weighted.then_some(&dw), &mut dy, rows, n, 1e-6)?;
+        all &= record(out, if weighted { "rms_norm" } else { "rms_norm_unweighted" }, json!([rows, n]), &gpu.download(&dy)?, &cpu);
+    }
+
+    // RoPE with Flash's compress rope (θ 160000 + YaRN) and its inverse (spec §3.2, §4.6).
+    let yarn = Yarn { factor: 16.0, original_max_position_embeddings: 65536.0, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0, truncate: true };
+    let rope = Rope::new(&RopeParams { theta: 160000.0, yarn: Some(yarn) }, 64);
+    let (tokens, heads, hd, pos0) = (16usize, 64usize, 512usize, 100_000usize);
+    let x = random(seed, "rope.x", tokens * heads * hd, 2.0);
+    let inv = gpu.upload(rope.inv_freq())?;
+    for inverse in [false, true] {
+        let mut cpu = x.clone();
+        for (i, head) in cpu.chunks_mut(hd).enumerate() {
+            rope.apply(head, pos0 + i / heads, inverse);
+        }
+        let mut dx = gpu.upload(&x)?;
+        gpu.rope(&mut dx, &inv, &rope, tokens, heads, hd, pos0, inverse)?;
+        all &= record(out, if inverse { "rope_inverse" } else { "rope" }, json!([tokens, heads, hd, pos0]), &gpu.download(&dx)?, &cpu);
+    }
+
+    // The fused per-head q norm + RoPE (unweighted, 64 heads) and kv norm + RoPE (weighted, 1 head).
+    for (heads, weighted) in [(64usize, false), (1, true)] {
+        let x = random(seed, &format!("normrope.x.{heads}"), tokens * heads * hd, 3.0);
+        let w: Vec<f32> = random(seed, "normrope.w", hd, 0.5).iter().map(|v| 1.0 + v).collect();
+        let mut cpu = x.clone();
+        if weighted {
+            ops::rms_norm(&mut cpu, &w, 1e-6);
+        } else {
+            ops::rms_norm_unweighted(&mut cpu, hd, 1e-6);
+        }
+        for (i, row) in cpu.chunks_mut(hd).enumerate() {
+            rope.apply(row, pos0 + i / heads, false);
+        }
+        let dx = gpu.upload(&x)?;
+        let dw = gpu.upload(&w)?;
+        let mut dy = gpu.zeros::<f32>(tokens * heads * hd)?;
+        gpu.rms_norm_rope(&dx, weighted.then_some(&dw), &mut dy, tokens, heads, hd, 1e-6, &inv, &rope, pos0)?;
+        let got = gpu.download(&dy)?;
+        all &= record(out, &format!("rms_norm+rope heads={heads}"), json!([tokens, heads, hd, pos0]), &got, &cpu);
+        // Same bits as the two kernels one after the other (the shared rotation expression).
+        let mut dz = gpu.zeros::<f32>(tokens * heads * hd)?;
+        gpu.rms_norm(&dx, weighted.then_some(&dw), &mut dz, tokens * heads, hd, 1e-6)?;
+        gpu.rope(&mut dz, &inv, &rope, tokens, heads, hd, pos0, false)?;
+        let differ = differing_bits(&got, &gpu.download(&dz)?);
+        all &= flag_record(out, &format!("rms_norm+rope heads={heads} bits"), json!({"differing_values": differ, "of": got.len(), "vs": "rms_norm then rope"}), differ == 0);
+        // Batch invariance: the first token's rows alone give the same bits.
+        let mut d1 = gpu.zeros::<f32>(heads * hd)?;
+        gpu.rms_norm_rope(&dx, weighted.then_some(&dw), &mut d1, 1, heads, hd, 1e-6, &inv, &rope, pos0)?;
+        let differ = differing_bits(&got[..heads * hd], &gpu.download(&d1)?);
+        all &= flag_record(out, &format!("rms_norm+rope heads={heads} T=1 bits"), json!({"differing_values": differ, "of": heads * hd, "vs": "the same rows in a batch of 16 tokens"}), differ == 0);
+    }
+    Ok(all)
+}
+
 /// Runs `f` with switch overrides (errors from the registry become check errors).
 pub(crate) fn switch_scope<R>(overrides: &[(&str, &str)], f: impl FnOnce() -> Result<R, CudaError>) -> Result<R, CudaError> {
     crate::switches::scoped(overrides, f).map_err(|e| CudaError::Unsupported { what: "switch", detail: e.to_string() })?
@@ -420,6 +471,7 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
     Ok(all)
 }
 
+/// Prints and appends a pass/fail record without an NMSE.
 pub(crate) fn flag_record(out: &mut Vec<Value>, op: &str, detail: Value, ok: bool) -> bool {
     println!("{op:<28} {detail}  {}", if ok { "ok" } else { "FAIL" });
     out.push(json!({"op": op, "detail": detail, "pass": ok}));

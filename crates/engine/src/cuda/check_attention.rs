@@ -37,7 +37,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeSet;
 
 /// Flash's compress rope: θ 160000 + YaRN (factor 16, L0 65536, β 32/1), 64 dims (spec §3.2).
-fn flash_compress_rope() -> Rope {
+pub(crate) fn flash_compress_rope() -> Rope {
     let yarn = Yarn { factor: 16.0, original_max_position_embeddings: 65536.0, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.0, truncate: true };
     Rope::new(&RopeParams { theta: 160000.0, yarn: Some(yarn) }, 64)
 }

@@ -15,7 +15,7 @@
 //! ([`LayerWeights`], [`ModelWeights`]) are filled with the tensors under test and empty matrices for
 //! everything the function does not read.
 
-use super::check::{random, record};
+use super::check::{differing_bits, flag_record, median_ms, random, record};
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter};
 use super::CudaError;
@@ -134,6 +134,15 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
     all &= record(out, "hc_pre u", shape.clone(), &gpu.download(&du)?, &u_ref);
     all &= record(out, "hc_pre post", shape.clone(), &gpu.download(&dpost)?, &post_ref);
     all &= record(out, "hc_pre comb", shape, &gpu.download(&dcomb)?, &comb_ref);
+    // Batch invariance: the last 7 tokens alone (a tile of their own) give the bits they got among 16.
+    let (t7, skip) = (7usize, t - 7);
+    let dx7 = gpu.upload(&x[skip * nd..])?;
+    let (mut du7, mut dpost7, mut dcomb7) = (gpu.zeros::<f32>(t7 * d)?, gpu.zeros::<f32>(t7 * n)?, gpu.zeros::<f32>(t7 * n * n)?);
+    gpu.hc_pre(&gw, &dx7, &mut du7, &mut dpost7, &mut dcomb7, t7, n, d, iters, eps, hc_eps)?;
+    let differ = differing_bits(&gpu.download(&du)?[skip * d..], &gpu.download(&du7)?)
+        + differing_bits(&gpu.download(&dpost)?[skip * n..], &gpu.download(&dpost7)?)
+        + differing_bits(&gpu.download(&dcomb)?[skip * n * n..], &gpu.download(&dcomb7)?);
+    all &= flag_record(out, "hc_pre T=7 bits", json!({"differing_values": differ, "of": t7 * (d + n + n * n), "vs": "the same tokens as the last 7 of 16"}), differ == 0);
 
     // Post, with the CPU's mixes (as f32 on the device) so that it is checked on its own.
     let y = random(seed, "hc.y", t * d, 1.0);
@@ -295,4 +304,49 @@ fn check_moe_layer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
         all &= record(out, name, shape, &gpu.download(&got.out)?, &y_ref);
     }
     Ok(all)
+}
+
+/// Timings of the mHC kernels and the row norms at a Flash prefill chunk (T tokens, n 4, d 4,096):
+/// `hc_pre` (partial pass + finish), `hc_post`, the hidden-size RMSNorm and the fused per-head q
+/// norm + RoPE (64 heads × 512), each with the bytes it must move and the fraction of 4.2 TB/s.
+pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Value>, CudaError> {
+    let (n, d, iters, eps) = (4usize, 4096usize, 20usize, 1e-6f64);
+    let nd = n * d;
+    let mix = (2 + n) * n;
+    let fn_scale = (3.0 / nd as f64).sqrt();
+    let hw = HcWeights {
+        fn_: Matrix { rows: mix, cols: nd, data: random(seed, "hct.fn", mix * nd, fn_scale) },
+        base: random(seed, "hct.base", mix, 0.5),
+        scale: random(seed, "hct.scale", 3, 0.5).iter().map(|v| 1.0 + v).collect(),
+    };
+    let gw = GpuHcWeights::upload(gpu, &hw)?;
+    let mut dx = gpu.upload(&random(seed, "hct.x", t * nd, 1.0))?;
+    let (mut du, mut dpost, mut dcomb) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
+    let mut rows = Vec::new();
+    let mut report = |op: &str, ms: f64, bytes: f64| {
+        let gbps = bytes / (ms * 1e-3) / 1e9;
+        println!("time {op:<28} T={t} {ms:.3} ms  {gbps:.0} GB/s  ({:.0}% of 4.2 TB/s)", 100.0 * gbps / 4200.0);
+        rows.push(json!({"op": op, "tokens": t, "median_ms": ms, "bytes": bytes, "gb_per_s": gbps, "fraction_of_4_2_tb_s": gbps / 4200.0}));
+    };
+    let f4 = 4.0 * t as f64;
+    // pre: x read by the partial pass and again by the finish, u written.
+    let ms = median_ms(gpu, repeats, || gpu.hc_pre(&gw, &dx, &mut du, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6))?;
+    report("hc_pre (n 4, d 4096)", ms, f4 * (2.0 * nd as f64 + d as f64));
+    // post: x read and written, y read.
+    let dy = gpu.upload(&random(seed, "hct.y", t * d, 1.0))?;
+    let ms = median_ms(gpu, repeats, || gpu.hc_post(&mut dx, &dy, &dpost, &dcomb, t, n, d))?;
+    report("hc_post (n 4, d 4096)", ms, f4 * (2.0 * nd as f64 + d as f64));
+    let dw = gpu.upload(&vec![1.0f32; d])?;
+    let mut dn = gpu.zeros::<f32>(t * d)?;
+    let ms = median_ms(gpu, repeats, || gpu.rms_norm(&du, Some(&dw), &mut dn, t, d, 1e-6))?;
+    report("rms_norm (4096)", ms, f4 * 2.0 * d as f64);
+    drop((dx, dn));
+    let (heads, hd) = (64usize, 512usize);
+    let rope = super::check_attention::flash_compress_rope();
+    let inv = gpu.upload(rope.inv_freq())?;
+    let dq = gpu.upload(&random(seed, "hct.q", t * heads * hd, 1.0))?;
+    let mut dqn = gpu.zeros::<f32>(t * heads * hd)?;
+    let ms = median_ms(gpu, repeats, || gpu.rms_norm_rope(&dq, None, &mut dqn, t, heads, hd, 1e-6, &inv, &rope, 4096))?;
+    report("rms_norm+rope (64 × 512)", ms, f4 * 2.0 * (heads * hd) as f64);
+    Ok(rows)
 }

@@ -98,9 +98,19 @@ pub const IDLE_STAGE: &str = "idle";
 /// Time per forward stage from [`Gpu::profile_finish`]: stage name → (milliseconds, marks).
 pub type StageTimes = Vec<(&'static str, f64, usize)>;
 
+/// Widest row [`Gpu::rms_norm`] runs one warp per row (`RN_MAXN` in norm.cu).
+pub const NORM_ROW_MAX: usize = 1024;
+/// Rows per block of `rms_norm_rows_f32` (`RN_ROWS` in norm.cu).
+const NORM_ROWS_PER_BLOCK: usize = 8;
+
+/// Whether rows of width `n` go to `rms_norm_rows_f32` (by width only: batch invariance).
+fn norm_rows_kernel(n: usize) -> bool {
+    n <= NORM_ROW_MAX && n.is_multiple_of(4)
+}
+
 /// The kernel entry points per source file.
 pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
-    ("norm.cu", &["rms_norm_f32"]),
+    ("norm.cu", &["rms_norm_f32", "rms_norm_rows_f32"]),
     ("rope.cu", &["rope_f32"]),
     (
         "linear.cu",
@@ -681,13 +691,69 @@ impl Gpu {
     }
 
     /// RMSNorm of `rows` rows of width `n` (spec §3.1): `y = w ⊙ x / sqrt(mean(x²)+eps)`, unweighted
-    /// when `w` is None.
+    /// when `w` is None. Rows of at most [`NORM_ROW_MAX`] values (a multiple of 4) run one warp per row
+    /// (`rms_norm_rows_f32`), wider ones one block per row (`rms_norm_f32`); the choice depends on `n`
+    /// only, so a row gets the same bits whatever `rows` is.
+    ///
+    /// Errors: `x` or `y` shorter than `rows·n`, `w` shorter than `n`; driver errors.
     pub fn rms_norm(&self, x: &CudaSlice<f32>, w: Option<&CudaSlice<f32>>, y: &mut CudaSlice<f32>, rows: usize, n: usize, eps: f32) -> Result<(), CudaError> {
+        self.rms_norm_impl(x, w, y, rows, n, eps, None)
+    }
+
+    /// [`Gpu::rms_norm`] of `tokens·heads` rows of width `n` followed by [`Gpu::rope`] (forward) on
+    /// each row's trailing `rope.dim` channels, token t at position `pos0 + t` — the per-head q norm
+    /// and the kv norm + RoPE of spec §4.6 — in one pass when `n` ≤ [`NORM_ROW_MAX`] (same rotation
+    /// expression as `rope_f32`), else as the two kernels.
+    ///
+    /// Errors: as [`Gpu::rms_norm`]; `rope.dim` odd or larger than `n`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm_rope(&self, x: &CudaSlice<f32>, w: Option<&CudaSlice<f32>>, y: &mut CudaSlice<f32>, tokens: usize, heads: usize, n: usize, eps: f32, inv_freq: &CudaSlice<f32>, rope: &Rope, pos0: usize) -> Result<(), CudaError> {
+        if rope.dim % 2 != 0 || rope.dim > n || inv_freq.len() < rope.dim / 2 {
+            return Err(CudaError::Unsupported { what: "rms_norm_rope", detail: format!("rope width {} (table of {}) for rows of {n}: needs an even width ≤ the row and a table of width/2", rope.dim, inv_freq.len()) });
+        }
+        if !norm_rows_kernel(n) {
+            self.rms_norm(x, w, y, tokens * heads, n, eps)?;
+            return self.rope(y, inv_freq, rope, tokens, heads, n, pos0, false);
+        }
+        self.rms_norm_impl(x, w, y, tokens * heads, n, eps, Some((inv_freq, heads, rope.dim, pos0)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_impl(&self, x: &CudaSlice<f32>, w: Option<&CudaSlice<f32>>, y: &mut CudaSlice<f32>, rows: usize, n: usize, eps: f32, rope: Option<(&CudaSlice<f32>, usize, usize, usize)>) -> Result<(), CudaError> {
+        let need = rows.checked_mul(n).unwrap_or(usize::MAX);
+        if x.len() < need || y.len() < need || w.is_some_and(|w| w.len() < n) {
+            return Err(CudaError::Unsupported { what: "rms_norm", detail: format!("buffers of {} / {} values (weight {:?}) for {rows} rows of {n}", x.len(), y.len(), w.map(|w| w.len())) });
+        }
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        let (n_i, null) = (n as i32, 0u64);
+        if norm_rows_kernel(n) {
+            let cfg = LaunchConfig { grid_dim: (rows.div_ceil(NORM_ROWS_PER_BLOCK) as u32, 1, 1), block_dim: (32 * NORM_ROWS_PER_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+            let rows_i = i32::try_from(rows).map_err(|_| CudaError::Unsupported { what: "rms_norm", detail: format!("{rows} rows do not fit the kernel's 32-bit index") })?;
+            let (heads, rope_dim, pos0, sign) = match rope {
+                Some((_, h, rd, p)) => (h as i32, rd as i32, p as i32, 1.0f32),
+                None => (1, 0, 0, 1.0f32),
+            };
+            let mut b = self.stream.launch_builder(self.f("rms_norm_rows_f32"));
+            b.arg(x);
+            match w {
+                Some(w) => b.arg(w),
+                None => b.arg(&null),
+            };
+            b.arg(y).arg(&rows_i).arg(&n_i).arg(&eps);
+            match rope {
+                Some((inv, ..)) => b.arg(inv),
+                None => b.arg(&null),
+            };
+            b.arg(&heads).arg(&rope_dim).arg(&pos0).arg(&sign);
+            // SAFETY: argument list matches rms_norm_rows_f32's signature; x and y hold rows·n floats,
+            // w n, inv_freq rope_dim/2 (checked above and by rms_norm_rope).
+            return drv("rms_norm_rows_f32", unsafe { b.launch(cfg) }).map(|_| ());
+        }
         let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let n_i = n as i32;
         let mut b = self.stream.launch_builder(self.f("rms_norm_f32"));
         b.arg(x);
-        let null = 0u64;
         match w {
             Some(w) => b.arg(w),
             None => b.arg(&null),

@@ -21,6 +21,7 @@ use crate::forward::LogitsFor;
 use crate::state::SequenceState;
 use cudarc::driver::CudaSlice;
 use flashseek_model::config::{Ds4Config, LayerKind};
+use flashseek_model::quant;
 
 /// A compressor's weights on the device.
 struct GpuCompressor {
@@ -49,10 +50,26 @@ impl GpuCompressor {
     }
 }
 
+/// The bf16 bits of `v` when every value is exactly a bf16 (the round trip keeps its f32 bits).
+fn exact_bf16(v: &[f32]) -> Option<Vec<u16>> {
+    let bits: Vec<u16> = v.iter().map(|x| quant::f32_to_bf16(*x)).collect();
+    bits.iter().zip(v).all(|(b, x)| quant::bf16_to_f32(*b).to_bits() == x.to_bits()).then_some(bits)
+}
+
+/// `v` as a bf16 matrix when every value is exactly a bf16 ([`exact_bf16`]), else as f32.
+fn f32_or_exact_bf16(gpu: &Gpu, v: &[f32]) -> Result<GpuMatrix, CudaError> {
+    match exact_bf16(v) {
+        Some(bits) => Ok(GpuMatrix::Bf16(gpu.upload(&bits)?)),
+        None => Ok(GpuMatrix::F32(gpu.upload(v)?)),
+    }
+}
+
 struct GpuIndexer {
     wq_b: GpuWeight,
     /// `weights_proj` pre-multiplied by `heads^-1/2` (the CPU scales the product instead; the two
-    /// differ by f32 rounding only).
+    /// differ by f32 rounding only). Stored as bf16 when every scaled value is exactly a bf16 (a
+    /// bf16 checkpoint with a power-of-two scale, e.g. Flash's 64 heads: ×1/8), so that prefill runs
+    /// it on the tensor-core linear like the other bf16 weights; else f32 (the f32 kernel).
     weights_proj: GpuWeight,
     compressor: GpuCompressor,
     heads: usize,
@@ -166,7 +183,7 @@ impl GpuModel {
                         Some(GpuCompressor::upload(gpu, src, &format!("{p}.attn.compressor"), c.head_dim, ratio, true, d)?),
                         Some(GpuIndexer {
                             wq_b: src.matrix(gpu, &format!("{p}.attn.indexer.wq_b.weight"), heads * c.index_head_dim, c.q_lora_rank)?,
-                            weights_proj: GpuWeight { rows: heads, cols: d, data: GpuMatrix::F32(gpu.upload(&wp)?) },
+                            weights_proj: GpuWeight { rows: heads, cols: d, data: f32_or_exact_bf16(gpu, &wp)? },
                             compressor: GpuCompressor::upload(gpu, src, &format!("{p}.attn.indexer.compressor"), c.index_head_dim, ratio, true, d)?,
                             heads,
                             head_dim: c.index_head_dim,
@@ -786,11 +803,9 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         let mut q0 = gpu.zeros::<f32>(t * h * hd)?;
         gpu.linear_q(&qr, &l.wq_b, &mut q0, t)?;
         let mut q = gpu.zeros::<f32>(t * h * hd)?;
-        gpu.rms_norm(&q0, None, &mut q, t * h, hd, eps)?;
-        gpu.rope(&mut q, inv, rope, t, h, hd, pos0, false)?;
+        gpu.rms_norm_rope(&q0, None, &mut q, t, h, hd, eps, inv, rope, pos0)?;
         let mut kv = gpu.zeros::<f32>(t * hd)?;
-        gpu.rms_norm(&kv0, Some(&l.kv_norm), &mut kv, t, hd, eps)?;
-        gpu.rope(&mut kv, inv, rope, t, 1, hd, pos0, false)?;
+        gpu.rms_norm_rope(&kv0, Some(&l.kv_norm), &mut kv, t, 1, hd, eps, inv, rope, pos0)?;
         copy_into(gpu, &kv, t * hd, &mut s.kv, pos0 * hd)?;
         if let (Some(cw), Some(cs)) = (&l.compressor, &mut s.comp) {
             gpu.stage("compressors");
@@ -1020,7 +1035,22 @@ impl GpuModel {
 
 #[cfg(test)]
 mod tests {
-    use super::prefill_chunks;
+    use super::{exact_bf16, prefill_chunks};
+    use flashseek_model::quant;
+
+    #[test]
+    fn weights_proj_goes_to_bf16_only_when_exact() {
+        // A bf16 checkpoint's values times Flash's 64^-1/2 = 1/8 stay bf16 (exponent shift only).
+        let raw: Vec<f32> = (0..4096u32).map(|i| quant::bf16_to_f32(quant::f32_to_bf16(((i as f32) * 0.37).sin() * 0.02))).collect();
+        let scaled: Vec<f32> = raw.iter().map(|v| (*v as f64 * (64f64).powf(-0.5)) as f32).collect();
+        let bits = exact_bf16(&scaled).expect("bf16 values times 1/8 are bf16");
+        assert!(bits.iter().zip(&scaled).all(|(b, v)| quant::bf16_to_f32(*b) == *v));
+        // A non-power-of-two scale (e.g. 48 heads) or f32 weights are not: they stay f32.
+        let scaled48: Vec<f32> = raw.iter().map(|v| (*v as f64 * (48f64).powf(-0.5)) as f32).collect();
+        assert!(exact_bf16(&scaled48).is_none());
+        assert!(exact_bf16(&[0.1f32, 0.5]).is_none());
+        assert_eq!(exact_bf16(&[0.5f32, -2.0, 0.0]), Some(vec![0x3f00, 0xc000, 0x0000]));
+    }
 
     #[test]
     fn short_tails_join_the_previous_chunk() {

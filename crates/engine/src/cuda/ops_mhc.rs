@@ -43,8 +43,10 @@ const HC_THREADS: u32 = 256;
 const HC_SPLIT: usize = 16;
 /// Floats per (token, split) of the partial sums (`HC_PART` in mhc.cu).
 const HC_PART: usize = 32;
-/// Tokens per block of the partial pass (`HC_TT` in mhc.cu).
-const HC_TT: usize = 4;
+/// Tokens per block of the partial pass (`HC_WARPS`·`HC_TT` in mhc.cu: 4 warps of 4 tokens).
+const HC_PARTIAL_TOKENS: usize = 16;
+/// Block size of the partial pass (`HC_PARTIAL_THREADS` in mhc.cu, its `__launch_bounds__`).
+const HC_PARTIAL_THREADS: u32 = 128;
 /// Block size of router_scores_f32 (`MOE_THREADS` in moe.cu).
 const MOE_THREADS: u32 = 256;
 /// Block size of the elementwise and row kernels.
@@ -165,7 +167,7 @@ impl Gpu {
         // SAFETY: uninitialised device memory; hc_mix_partial_f32 writes entries 0..=m of every
         // (token, split), which are the only ones hc_pre_f32 / hc_head_f32 read.
         let mut part = unsafe { self.scratch::<f32>(t * HC_SPLIT * HC_PART) }?;
-        let cfg = LaunchConfig { grid_dim: (t.div_ceil(HC_TT) as u32, HC_SPLIT as u32, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (t.div_ceil(HC_PARTIAL_TOKENS) as u32, HC_SPLIT as u32, 1), block_dim: (HC_PARTIAL_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (t_i, m_i, nd_i) = (t as i32, m as i32, nd as i32);
         let mut b = self.stream.launch_builder(self.f("hc_mix_partial_f32"));
         b.arg(x).arg(fn_).arg(&mut part).arg(&t_i).arg(&m_i).arg(&nd_i);

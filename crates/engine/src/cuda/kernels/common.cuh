@@ -42,6 +42,15 @@ __device__ __forceinline__ float fs_swiglu(float g, float u, float limit) {
     return (gv * sg) * uc;
 }
 
+// One interleaved RoPE pair (spec §3.2): (a, b) rotated by angle ang (cos c, sin s already times the
+// sign), the expression rope_f32 and rms_norm_rows_f32 share so that they round alike.
+__device__ __forceinline__ void fs_rope_pair(float& a, float& b, float ang, float sign) {
+    const float c = cosf(ang), s = sign * sinf(ang);
+    const float a0 = a, b0 = b;
+    a = a0 * c - b0 * s;
+    b = b0 * c + a0 * s;
+}
+
 __device__ __forceinline__ float fs_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

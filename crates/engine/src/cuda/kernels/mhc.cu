@@ -10,13 +10,14 @@
 //
 // hc_mix_partial_f32: x [T, n, d], Φ fn [M, N] → part [T, HC_SPLIT, 32] f32: for split s, part[t, s, i] =
 //   Σ_c Φ[i, c]·x̄_c (i < M) and part[t, s, M] = Σ_c x̄_c² over the s-th of HC_SPLIT equal runs of the
-//   flattened x̄ = x[t] (runs of float4s). Launch: grid (ceil(T / HC_TT), HC_SPLIT) = (ceil(T/4), 16),
-//   block HC_THREADS = 256 (the __launch_bounds__; any multiple of 32 up to it works); static shared
-//   32·4·25·4 B = 12.8 KB. A block serves HC_TT = 4 tokens, so each Φ load is used 4 times.
-//   Each thread sums its float4s c = start + tid, + blockDim, … in f32 in a fixed order; fixed
-//   butterfly warp sums; one thread per value adds the warp partials in warp order. HC_SPLIT is a
-//   constant and a token's sums do not depend on its place in the tile, so a token's result does not
-//   depend on T (batch invariant) and every reduction order is fixed (deterministic).
+//   flattened x̄ = x[t] (runs of float4s). Launch: grid (ceil(T / (HC_WARPS·HC_TT)), HC_SPLIT) =
+//   (ceil(T/16), 16), block HC_PARTIAL_THREADS = 128 (4 warps), no shared memory. Warp w of block b
+//   serves the HC_TT = 4 tokens from (b·HC_WARPS + w)·HC_TT, so each Φ float4 it loads is used 4 times;
+//   its lanes sweep the run (lane ℓ: float4s c0 + ℓ, c0 + ℓ + 32, …) summing each token's M + 1 values
+//   in f32 in that order; then a transposing butterfly over the 32 lanes (hc_lane_sums: 31 shuffles
+//   per token instead of 5 per value) leaves value i's total in lane i. HC_SPLIT is a constant and a
+//   token's sums do not depend on its place in the tile, so a token's result does not depend on T
+//   (batch invariant) and every reduction order is fixed (deterministic).
 // hc_pre_f32: part (above, M = (2+n)·n), x, base [M], scale [3] (α0 pre, α1 post, α2 comb):
 //   D_i = Σ_s part[t, s, i] (split order); ρ = (D_M/N + eps)^(-1/2); m_i = f32(ρ·D_i)
 //   (= Φ·(ρ x̄) up to rounding; the CPU also rounds m to f32).
@@ -46,19 +47,47 @@
 #define HC_SPLIT 16
 #define HC_PART 32  // floats per (token, split) in part: M ≤ 24 sums + the squared norm
 #define HC_THREADS 256
-#define HC_TT 4     // tokens per block of the partial pass
+#define HC_TT 4     // tokens per warp of the partial pass
+#define HC_WARPS 4  // warps per block of the partial pass
+#define HC_PARTIAL_THREADS (32 * HC_WARPS)
 #define HC_FULL 0xffffffffu
 
 __device__ __forceinline__ double hc_sigmoid(double v) { return 1.0 / (1.0 + exp(-v)); }
 
-// Split s of tokens t0 … t0+HC_TT−1: the M dot products and the squared norm over float4 run [c0, c1)
-// of each token's x̄. The Φ loads are shared by the HC_TT tokens of the tile; each token's sums run in
-// the same order whatever the tile, so the result does not depend on T.
+// a[i] summed over the 32 lanes of the warp for every i < 32, lane i getting index i's total:
+// at the step with offset h (16, 8, …, 1) a lane keeps the half of its values whose index has bit h
+// equal to its own lane bit h and adds its partner's (lane ^ h) copy of that half, so after the last
+// step a[0] holds index `lane`. A fixed tree per index (deterministic); 31 shuffles in all. Every lane
+// of the warp calls it.
+template <int H>
+__device__ __forceinline__ void hc_lane_step(float (&a)[32], int lane) {
+    const bool up = (lane & H) != 0;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        const float send = up ? a[i] : a[i + H];
+        const float keep = up ? a[i + H] : a[i];
+        a[i] = keep + __shfl_xor_sync(HC_FULL, send, H);
+    }
+}
+__device__ __forceinline__ float hc_lane_sums(float (&a)[32], int lane) {
+    hc_lane_step<16>(a, lane);
+    hc_lane_step<8>(a, lane);
+    hc_lane_step<4>(a, lane);
+    hc_lane_step<2>(a, lane);
+    hc_lane_step<1>(a, lane);
+    return a[0];
+}
+
+// One warp: split s of tokens t0 … t0 + HC_TT − 1 (those < T): the M dot products and the squared
+// norm over float4 run [c0, c1) of each token's x̄, each Φ load shared by the HC_TT tokens. Each
+// token's sums run in the same order whatever the tile, so the result does not depend on T.
 template <int M>
 __device__ __forceinline__ void hc_partial_impl(const float* __restrict__ x, const float* __restrict__ fn,
-                                                float* __restrict__ part, int T, int N,
-                                                float (*red)[HC_TT][HC_MAXM + 1]) {
-    const int t0 = blockIdx.x * HC_TT, s = blockIdx.y;
+                                                float* __restrict__ part, int T, int N) {
+    static_assert(M + 1 <= 32, "the lane sums hold 32 values");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t0 = (blockIdx.x * HC_WARPS + warp) * HC_TT, s = blockIdx.y;
+    if (t0 >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
     const int tn = min(HC_TT, T - t0);
     const int n4 = N >> 2;
     const int run = (n4 + HC_SPLIT - 1) / HC_SPLIT;
@@ -71,7 +100,8 @@ __device__ __forceinline__ void hc_partial_impl(const float* __restrict__ x, con
     for (int q = 0; q < HC_TT; q++)
 #pragma unroll
         for (int i = 0; i <= M; i++) acc[q][i] = 0.f;
-    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+#pragma unroll 2
+    for (int c = c0 + lane; c < c1; c += 32) {
         float4 v[HC_TT];
 #pragma unroll
         for (int q = 0; q < HC_TT; q++) {
@@ -80,29 +110,19 @@ __device__ __forceinline__ void hc_partial_impl(const float* __restrict__ x, con
         }
 #pragma unroll
         for (int i = 0; i < M; i++) {
-            const float4 w = f4[(size_t)i * n4 + c];
+            const float4 w = __ldg(f4 + (size_t)i * n4 + c);
 #pragma unroll
             for (int q = 0; q < HC_TT; q++)
                 acc[q][i] += (v[q].x * w.x + v[q].y * w.y) + (v[q].z * w.z + v[q].w * w.w);
         }
     }
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int q = 0; q < HC_TT; q++)
+    for (int q = 0; q < HC_TT; q++) {
+        float a[32];
 #pragma unroll
-        for (int i = 0; i <= M; i++) {
-            const float r = fs_warp_sum(acc[q][i]);
-            if (lane == 0) red[warp][q][i] = r;
-        }
-    __syncthreads();
-    const int nw = blockDim.x >> 5;
-    for (int e = threadIdx.x; e < HC_TT * (M + 1); e += blockDim.x) {
-        const int q = e / (M + 1), i = e % (M + 1);
-        if (q < tn) {
-            float r = 0.f;
-            for (int w = 0; w < nw; w++) r += red[w][q][i];
-            part[((size_t)(t0 + q) * HC_SPLIT + s) * HC_PART + i] = r;
-        }
+        for (int i = 0; i < 32; i++) a[i] = i <= M ? acc[q][i <= M ? i : 0] : 0.f;
+        const float r = hc_lane_sums(a, lane);
+        if (q < tn && lane <= M) part[((size_t)(t0 + q) * HC_SPLIT + s) * HC_PART + lane] = r;
     }
 }
 
@@ -247,18 +267,17 @@ __device__ void hc_post_impl(float* __restrict__ x, const float* __restrict__ y,
 }
 
 // M ∈ {1, 2, 3, 4} (head, n = M) or {3, 8, 15, 24} (pre, n = 1..4); N = n·d, N % 4 == 0.
-extern "C" __global__ void __launch_bounds__(HC_THREADS)
+extern "C" __global__ void __launch_bounds__(HC_PARTIAL_THREADS)
 hc_mix_partial_f32(const float* __restrict__ x, const float* __restrict__ fn, float* __restrict__ part, int T, int M,
                    int N) {
-    __shared__ float red[32][HC_TT][HC_MAXM + 1];
     switch (M) {
-        case 1: hc_partial_impl<1>(x, fn, part, T, N, red); break;
-        case 2: hc_partial_impl<2>(x, fn, part, T, N, red); break;
-        case 3: hc_partial_impl<3>(x, fn, part, T, N, red); break;
-        case 4: hc_partial_impl<4>(x, fn, part, T, N, red); break;
-        case 8: hc_partial_impl<8>(x, fn, part, T, N, red); break;
-        case 15: hc_partial_impl<15>(x, fn, part, T, N, red); break;
-        case 24: hc_partial_impl<24>(x, fn, part, T, N, red); break;
+        case 1: hc_partial_impl<1>(x, fn, part, T, N); break;
+        case 2: hc_partial_impl<2>(x, fn, part, T, N); break;
+        case 3: hc_partial_impl<3>(x, fn, part, T, N); break;
+        case 4: hc_partial_impl<4>(x, fn, part, T, N); break;
+        case 8: hc_partial_impl<8>(x, fn, part, T, N); break;
+        case 15: hc_partial_impl<15>(x, fn, part, T, N); break;
+        case 24: hc_partial_impl<24>(x, fn, part, T, N); break;
         default: break;
     }
 }

@@ -12,9 +12,8 @@ extern "C" __global__ void rope_f32(float* __restrict__ x, const float* __restri
     int i = threadIdx.x;
     if (i >= rope_dim / 2) return;
     float* p = x + (size_t)row * head_dim + (head_dim - rope_dim) + 2 * i;
-    float ang = (float)(pos0 + t) * inv_freq[i];
-    float c = cosf(ang), s = sign * sinf(ang);
     float a = p[0], b = p[1];
-    p[0] = a * c - b * s;
-    p[1] = b * c + a * s;
+    fs_rope_pair(a, b, (float)(pos0 + t) * inv_freq[i], sign);
+    p[0] = a;
+    p[1] = b;
 }
