@@ -708,7 +708,7 @@ impl Gpu {
     /// Errors: as [`Gpu::rms_norm`]; `rope.dim` odd or larger than `n`.
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm_rope(&self, x: &CudaSlice<f32>, w: Option<&CudaSlice<f32>>, y: &mut CudaSlice<f32>, tokens: usize, heads: usize, n: usize, eps: f32, inv_freq: &CudaSlice<f32>, rope: &Rope, pos0: usize) -> Result<(), CudaError> {
-        if rope.dim % 2 != 0 || rope.dim > n || inv_freq.len() < rope.dim / 2 {
+        if !rope.dim.is_multiple_of(2) || rope.dim > n || inv_freq.len() < rope.dim / 2 {
             return Err(CudaError::Unsupported { what: "rms_norm_rope", detail: format!("rope width {} (table of {}) for rows of {n}: needs an even width ≤ the row and a table of width/2", rope.dim, inv_freq.len()) });
         }
         if !norm_rows_kernel(n) {
@@ -720,7 +720,7 @@ impl Gpu {
 
     #[allow(clippy::too_many_arguments)]
     fn rms_norm_impl(&self, x: &CudaSlice<f32>, w: Option<&CudaSlice<f32>>, y: &mut CudaSlice<f32>, rows: usize, n: usize, eps: f32, rope: Option<(&CudaSlice<f32>, usize, usize, usize)>) -> Result<(), CudaError> {
-        let need = rows.checked_mul(n).unwrap_or(usize::MAX);
+        let need = rows.saturating_mul(n);
         if x.len() < need || y.len() < need || w.is_some_and(|w| w.len() < n) {
             return Err(CudaError::Unsupported { what: "rms_norm", detail: format!("buffers of {} / {} values (weight {:?}) for {rows} rows of {n}", x.len(), y.len(), w.map(|w| w.len())) });
         }
