@@ -362,6 +362,16 @@ fn norm_rope_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, 
         gpu.rope(&mut dx, &inv, &rope, tokens, heads, hd, pos0, inverse)?;
         all &= record(out, if inverse { "rope_inverse" } else { "rope" }, json!([tokens, heads, hd, pos0]), &gpu.download(&dx)?, &cpu);
     }
+    // Rows not a multiple of the kernel's rows per block (8 at 32 pairs): 3 tokens × 3 heads of 128.
+    let (rt, rh, rhd) = (3usize, 3usize, 128usize);
+    let xr = random(seed, "rope.x.ragged", rt * rh * rhd, 2.0);
+    let mut cpu = xr.clone();
+    for (i, head) in cpu.chunks_mut(rhd).enumerate() {
+        rope.apply(head, 7 + i / rh, false);
+    }
+    let mut dx = gpu.upload(&xr)?;
+    gpu.rope(&mut dx, &inv, &rope, rt, rh, rhd, 7, false)?;
+    all &= record(out, "rope ragged", json!([rt, rh, rhd, 7]), &gpu.download(&dx)?, &cpu);
 
     // The fused per-head q norm + RoPE (unweighted, 64 heads) and kv norm + RoPE (weighted, 1 head).
     for (heads, weighted) in [(64usize, false), (1, true)] {

@@ -767,11 +767,18 @@ impl Gpu {
     /// `x` (`[tokens, heads, head_dim]`), token t at position `pos0 + t` (spec §3.2).
     #[allow(clippy::too_many_arguments)]
     pub fn rope(&self, x: &mut CudaSlice<f32>, inv_freq: &CudaSlice<f32>, rope: &Rope, tokens: usize, heads: usize, head_dim: usize, pos0: usize, inverse: bool) -> Result<(), CudaError> {
-        let cfg = LaunchConfig { grid_dim: ((tokens * heads) as u32, 1, 1), block_dim: ((rope.dim / 2).max(1) as u32, 1, 1), shared_mem_bytes: 0 };
-        let (h, hd, rd, p0) = (heads as i32, head_dim as i32, rope.dim as i32, pos0 as i32);
+        let rows = tokens * heads;
+        if rows == 0 || rope.dim < 2 {
+            return Ok(());
+        }
+        // R rows per block of ≤ 256 threads (rope.dim / 2 pairs per row).
+        let pairs = rope.dim / 2;
+        let per_block = (256 / pairs).max(1);
+        let cfg = LaunchConfig { grid_dim: (rows.div_ceil(per_block) as u32, 1, 1), block_dim: (pairs as u32, per_block as u32, 1), shared_mem_bytes: 0 };
+        let (h, hd, rd, p0, rows_i) = (heads as i32, head_dim as i32, rope.dim as i32, pos0 as i32, rows as i32);
         let sign = if inverse { -1.0f32 } else { 1.0 };
         let mut b = self.stream.launch_builder(self.f("rope_f32"));
-        b.arg(x).arg(inv_freq).arg(&h).arg(&hd).arg(&rd).arg(&p0).arg(&sign);
+        b.arg(x).arg(inv_freq).arg(&h).arg(&hd).arg(&rd).arg(&p0).arg(&sign).arg(&rows_i);
         // SAFETY: matches rope_f32's signature.
         drv("rope_f32", unsafe { b.launch(cfg) }).map(|_| ())
     }

@@ -94,7 +94,7 @@ impl GpuSource for StoredSource<'_> {
 
 /// Random weights in DeepSeek's official format of each tensor (spec §2, §6): FP8 bytes with
 /// ue8m0 scales near 2^-8, FP4 nibbles with scales near 2^-6, BF16/F32 values of a sensible
-/// magnitude. For speed measurements only (the numbers are not a model).
+/// magnitude (BF16 ones rounded to bf16, from `matrix` and `host` alike). For speed measurements only (the numbers are not a model).
 pub struct RandomOfficialSource {
     formats: HashMap<String, OfficialFormat>,
     seed: u64,
@@ -156,7 +156,13 @@ impl GpuSource for RandomOfficialSource {
         let len: usize = shape.iter().product();
         let (off, scale) = crate::testing::value_rule(name, shape);
         let b = self.bytes(name, len, |r| r as u8);
-        Ok(b.iter().map(|v| (off + scale * (*v as f64 / 128.0 - 1.0)) as f32).collect())
+        let v = b.iter().map(|v| (off + scale * (*v as f64 / 128.0 - 1.0)) as f32);
+        // A BF16 tensor (norm weights, weights_proj, …) holds bf16 values, as in a real checkpoint.
+        if self.formats.get(name) == Some(&OfficialFormat::Bf16) {
+            use flashseek_model::quant::{bf16_to_f32, f32_to_bf16};
+            return Ok(v.map(|x| bf16_to_f32(f32_to_bf16(x))).collect());
+        }
+        Ok(v.collect())
     }
     fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<i64>, CudaError> {
         // Row r: experts (b_r + 37·j) mod E, distinct for E a power of two ≥ cols.
