@@ -332,6 +332,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     // pre: x read by the partial pass and again by the finish, u written.
     let ms = median_ms(gpu, repeats, || gpu.hc_pre(&gw, &dx, &mut du, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6))?;
     report("hc_pre (n 4, d 4096)", ms, f4 * (2.0 * nd as f64 + d as f64));
+    // Decode size (one token; Φ stays in L2 between the repeats, unlike a real decode step).
+    let ms1 = median_ms(gpu, repeats, || gpu.hc_pre(&gw, &dx, &mut du, &mut dpost, &mut dcomb, 1, n, d, iters, eps, 1e-6))?;
     // post: x read and written, y read.
     let dy = gpu.upload(&random(seed, "hct.y", t * d, 1.0))?;
     let ms = median_ms(gpu, repeats, || gpu.hc_post(&mut dx, &dy, &dpost, &dcomb, t, n, d))?;
@@ -348,5 +350,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let mut dqn = gpu.zeros::<f32>(t * heads * hd)?;
     let ms = median_ms(gpu, repeats, || gpu.rms_norm_rope(&dq, None, &mut dqn, t, heads, hd, 1e-6, &inv, &rope, 4096))?;
     report("rms_norm+rope (64 × 512)", ms, f4 * 2.0 * (heads * hd) as f64);
+    println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", "hc_pre (n 4, d 4096)", ms1 * 1e3);
+    rows.push(json!({"op": "hc_pre (n 4, d 4096)", "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
     Ok(rows)
 }

@@ -40,7 +40,7 @@ pub const ROUTER_MAX_TOP_K: usize = 16;
 /// Block size of the mHC mix kernels (`HC_THREADS` in mhc.cu, their `__launch_bounds__`).
 const HC_THREADS: u32 = 256;
 /// Splits of the mix dot products per token (`HC_SPLIT` in mhc.cu).
-const HC_SPLIT: usize = 16;
+const HC_SPLIT: usize = 64;
 /// Floats per (token, split) of the partial sums (`HC_PART` in mhc.cu).
 const HC_PART: usize = 32;
 /// Tokens per block of the partial pass (`HC_WARPS`·`HC_TT` in mhc.cu: 4 warps of 4 tokens).
