@@ -343,6 +343,13 @@ impl Lt {
 /// shapes; decode-sized products stay on flashseek's kernels).
 pub const LT_MIN_TOKENS: usize = 256;
 
+/// Fewest output features for which `LINEAR_CUBLASLT` hands a split-activation GEMM to cuBLASLt.
+/// Narrower products (the indexer's `weights_proj`, 64 outputs) stay on gemm.cu, whose bits do not
+/// depend on the token count: measured on the H200 (qualify at 4c78896), with `weights_proj` on
+/// cuBLASLt the logits of 2,048-token chunks differed in bits from 8,192-token ones (the chunk-size
+/// promise of `LONG_CONTEXT_CHUNK`) — the heuristic's choice for a 64-wide output depends on T.
+pub const LT_MIN_ROWS: usize = 128;
+
 impl Gpu {
     /// Whether cuBLASLt is usable, loading it at the first call (and saying once on stderr which
     /// version loaded or why it is unavailable).

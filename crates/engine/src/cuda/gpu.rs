@@ -832,7 +832,7 @@ impl Gpu {
             None => self.auto_tile(t, w.rows, fmt, w.cols),
         };
         let (xb, tp, kp) = self.bf16_planes(x, t, w.cols, split)?;
-        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, tp * kp, kp, 0, w, y, w.rows, 0, t)? {
+        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && w.rows >= super::cublaslt::LT_MIN_ROWS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, tp * kp, kp, 0, w, y, w.rows, 0, t)? {
             return Ok(());
         }
         let (bm, bn, threads, _) = chosen.shape();
