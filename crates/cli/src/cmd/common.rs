@@ -110,16 +110,9 @@ pub struct SamplingArgs {
 
 /// An invalid command-line value found after parsing (sampling values, `--device`): the command
 /// exits with code 2, like clap's own argument errors.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
 
 impl SamplingArgs {
     /// The sampler parameters, with `eos` as a stop token.
