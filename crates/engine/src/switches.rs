@@ -185,7 +185,7 @@ pub const SWITCHES: &[Switch] = &[
         name: "LONG_CONTEXT_CHUNK",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "2,048-token prefill chunks: 8,192-token chunks (every layer's weights read once per 8,192 tokens, MoE tiles fuller); attention and the indexer work per query token and a tail under 64 tokens joins the chunk before it, so any chunk of >= 64 tokens changes no bit of the result",
+        replaces: "2,048-token prefill chunks: 8,192-token chunks (every layer's weights read once per 8,192 tokens, MoE tiles fuller); attention and the indexer work per query token and a tail under 256 tokens joins the chunk before it, so chunks of >= 256 tokens change no bit of the result (measured by qualify)",
         parity: "qualify: all on with 4× the chunk gives the same logits bits and ids; the switch matrix and qualify compare LONG_CONTEXT_CHUNK=off alone with all on bit for bit",
     },
     Switch {

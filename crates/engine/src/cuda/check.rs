@@ -404,6 +404,26 @@ fn norm_rope_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, 
         let differ = differing_bits(&got[..heads * hd], &gpu.download(&d1)?);
         all &= flag_record(out, &format!("rms_norm+rope heads={heads} T=1 bits"), json!({"differing_values": differ, "of": heads * hd, "vs": "the same rows in a batch of 16 tokens"}), differ == 0);
     }
+    // A rotated slice starting inside a float4 ((n − rope_dim) % 4 == 2): rows of 128, RoPE on 62.
+    let rope62 = Rope::new(&RopeParams { theta: 10000.0, yarn: None }, 62);
+    let inv62 = gpu.upload(rope62.inv_freq())?;
+    let (st, sh, sn, sp) = (5usize, 3usize, 128usize, 77usize);
+    let x = random(seed, "normrope.x.62", st * sh * sn, 3.0);
+    let mut cpu = x.clone();
+    ops::rms_norm_unweighted(&mut cpu, sn, 1e-6);
+    for (i, row) in cpu.chunks_mut(sn).enumerate() {
+        rope62.apply(row, sp + i / sh, false);
+    }
+    let dx = gpu.upload(&x)?;
+    let mut dy = gpu.zeros::<f32>(st * sh * sn)?;
+    gpu.rms_norm_rope(&dx, None, &mut dy, st, sh, sn, 1e-6, &inv62, &rope62, sp)?;
+    let got = gpu.download(&dy)?;
+    all &= record(out, "rms_norm+rope rope 62 of 128", json!([st, sh, sn, sp]), &got, &cpu);
+    let mut dz = gpu.zeros::<f32>(st * sh * sn)?;
+    gpu.rms_norm(&dx, None, &mut dz, st * sh, sn, 1e-6)?;
+    gpu.rope(&mut dz, &inv62, &rope62, st, sh, sn, sp, false)?;
+    let differ = differing_bits(&got, &gpu.download(&dz)?);
+    all &= flag_record(out, "rms_norm+rope rope 62 bits", json!({"differing_values": differ, "of": got.len(), "vs": "rms_norm then rope"}), differ == 0);
     Ok(all)
 }
 

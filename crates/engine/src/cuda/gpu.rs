@@ -711,11 +711,15 @@ impl Gpu {
         if !rope.dim.is_multiple_of(2) || rope.dim > n || inv_freq.len() < rope.dim / 2 {
             return Err(CudaError::Unsupported { what: "rms_norm_rope", detail: format!("rope width {} (table of {}) for rows of {n}: needs an even width ≤ the row and a table of width/2", rope.dim, inv_freq.len()) });
         }
+        let rows = tokens.checked_mul(heads).ok_or_else(|| CudaError::Unsupported { what: "rms_norm_rope", detail: format!("{tokens} tokens × {heads} heads overflow") })?;
+        if i32::try_from(pos0.saturating_add(tokens)).is_err() {
+            return Err(CudaError::Unsupported { what: "rms_norm_rope", detail: format!("position {pos0} + {tokens} does not fit the kernel's 32-bit positions") });
+        }
         if !norm_rows_kernel(n) {
-            self.rms_norm(x, w, y, tokens * heads, n, eps)?;
+            self.rms_norm(x, w, y, rows, n, eps)?;
             return self.rope(y, inv_freq, rope, tokens, heads, n, pos0, false);
         }
-        self.rms_norm_impl(x, w, y, tokens * heads, n, eps, Some((inv_freq, heads, rope.dim, pos0)))
+        self.rms_norm_impl(x, w, y, rows, n, eps, Some((inv_freq, heads, rope.dim, pos0)))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -731,8 +735,9 @@ impl Gpu {
         if norm_rows_kernel(n) {
             let cfg = LaunchConfig { grid_dim: (rows.div_ceil(NORM_ROWS_PER_BLOCK) as u32, 1, 1), block_dim: (32 * NORM_ROWS_PER_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
             let rows_i = i32::try_from(rows).map_err(|_| CudaError::Unsupported { what: "rms_norm", detail: format!("{rows} rows do not fit the kernel's 32-bit index") })?;
+            // The kernel's sign argument (−1 would give the inverse rotation): the forward RoPE only.
             let (heads, rope_dim, pos0, sign) = match rope {
-                Some((_, h, rd, p)) => (h as i32, rd as i32, p as i32, 1.0f32),
+                Some((_, h, rd, p)) => (h.max(1) as i32, rd as i32, p as i32, 1.0f32),
                 None => (1, 0, 0, 1.0f32),
             };
             let mut b = self.stream.launch_builder(self.f("rms_norm_rows_f32"));
@@ -765,9 +770,23 @@ impl Gpu {
 
     /// Interleaved RoPE (inverse when `inverse`) on the trailing `rope.dim` channels of each head of
     /// `x` (`[tokens, heads, head_dim]`), token t at position `pos0 + t` (spec §3.2).
+    ///
+    /// Errors: `rope.dim` odd, larger than `head_dim` or than 2,048, a table shorter than
+    /// `rope.dim / 2`, `x` shorter than `tokens·heads·head_dim`, sizes past the kernel's 32-bit
+    /// indices; driver errors.
     #[allow(clippy::too_many_arguments)]
     pub fn rope(&self, x: &mut CudaSlice<f32>, inv_freq: &CudaSlice<f32>, rope: &Rope, tokens: usize, heads: usize, head_dim: usize, pos0: usize, inverse: bool) -> Result<(), CudaError> {
-        let rows = tokens * heads;
+        let bad = |detail: String| CudaError::Unsupported { what: "rope", detail };
+        let rows = tokens.checked_mul(heads).ok_or_else(|| bad(format!("{tokens} tokens × {heads} heads overflow")))?;
+        if !rope.dim.is_multiple_of(2) || rope.dim > head_dim || rope.dim > 2048 || inv_freq.len() < rope.dim / 2 {
+            return Err(bad(format!("rope width {} (table of {}) for heads of {head_dim}: needs an even width ≤ the head (and ≤ 2,048) and a table of width/2", rope.dim, inv_freq.len())));
+        }
+        if x.len() < rows.saturating_mul(head_dim) {
+            return Err(bad(format!("x holds {} values, {rows} rows of {head_dim} needed", x.len())));
+        }
+        if i32::try_from(rows).is_err() || i32::try_from(pos0.saturating_add(tokens)).is_err() {
+            return Err(bad(format!("{rows} rows at position {pos0} do not fit the kernel's 32-bit indices")));
+        }
         if rows == 0 || rope.dim < 2 {
             return Ok(());
         }

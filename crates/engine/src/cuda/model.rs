@@ -925,18 +925,25 @@ pub fn prefill_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, ids: &[u32], 
     Ok(logits)
 }
 
+/// Shortest last prefill chunk: a shorter tail joins the chunk before it. The larger of the token
+/// counts from which the linears take the tensor-core kernels ([`super::gpu::TC_LINEAR_MIN_TOKENS`])
+/// and cuBLASLt ([`super::cublaslt::LT_MIN_TOKENS`]), so that no chunk of a prompt runs a linear on
+/// another kernel (other bits) than the prompt's other chunks would.
+pub const PREFILL_MIN_TAIL: usize = if super::gpu::TC_LINEAR_MIN_TOKENS > super::cublaslt::LT_MIN_TOKENS { super::gpu::TC_LINEAR_MIN_TOKENS } else { super::cublaslt::LT_MIN_TOKENS };
+
 /// `ids` cut into prefill chunks of `chunk` tokens, except that a last piece shorter than
-/// [`super::gpu::TC_LINEAR_MIN_TOKENS`] joins the chunk before it: every chunk of a prompt of at
-/// least that many tokens then runs the same (tensor-core) kernels, whose per-token results do not
-/// depend on the chunk, so any chunk size of at least that many tokens changes no bit of the prefill
-/// (issue 6 §1).
+/// [`PREFILL_MIN_TAIL`] joins the chunk before it: every chunk of a prompt of at least that many
+/// tokens then runs the same kernels, whose per-token results do not depend on the chunk, so chunk
+/// sizes of at least that many tokens change no bit of the prefill (issue 6 §1; measured by
+/// `qualify` for 2,048 / 8,192 / 32,768-token chunks — cuBLASLt picks its algorithm per token count,
+/// which the measurement covers only for the counts it ran).
 pub fn prefill_chunks(ids: &[u32], chunk: usize) -> Vec<&[u32]> {
     let chunk = chunk.max(1);
     let mut out: Vec<&[u32]> = Vec::with_capacity(ids.len().div_ceil(chunk));
     let mut start = 0;
     while start < ids.len() {
         let mut end = (start + chunk).min(ids.len());
-        if ids.len() - end < super::gpu::TC_LINEAR_MIN_TOKENS {
+        if ids.len() - end < PREFILL_MIN_TAIL {
             end = ids.len();
         }
         out.push(&ids[start..end]);
@@ -1061,12 +1068,15 @@ mod tests {
         assert_eq!(lens(10240), vec![10270]);
         assert_eq!(prefill_chunks(&ids[..40], 8192).iter().map(|s| s.len()).collect::<Vec<_>>(), vec![40]);
         assert!(prefill_chunks(&[], 8).is_empty());
+        // A 100-token tail (below cuBLASLt's 256) joins: 6,244 tokens at 2,048.
+        assert_eq!(prefill_chunks(&ids[..6244], 2048).iter().map(|s| s.len()).collect::<Vec<_>>(), vec![2048, 2048, 2148]);
+        assert_eq!(prefill_chunks(&ids[..6400], 2048).iter().map(|s| s.len()).collect::<Vec<_>>(), vec![2048, 2048, 2048, 256]);
         // Every token exactly once, in order.
         for c in [1, 63, 64, 100, 2048, 8192, 20000] {
             let joined: Vec<u32> = prefill_chunks(&ids, c).concat();
             assert_eq!(joined, ids, "chunk {c}");
-            if c >= 64 {
-                assert!(prefill_chunks(&ids, c).iter().all(|s| s.len() >= 64), "chunk {c}");
+            if c >= super::PREFILL_MIN_TAIL {
+                assert!(prefill_chunks(&ids, c).iter().all(|s| s.len() >= super::PREFILL_MIN_TAIL), "chunk {c}");
             }
         }
     }

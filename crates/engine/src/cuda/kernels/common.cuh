@@ -42,8 +42,8 @@ __device__ __forceinline__ float fs_swiglu(float g, float u, float limit) {
     return (gv * sg) * uc;
 }
 
-// One interleaved RoPE pair (spec §3.2): (a, b) rotated by angle ang (cos c, sin s already times the
-// sign), the expression rope_f32 and rms_norm_rows_f32 share so that they round alike.
+// One interleaved RoPE pair (spec §3.2): (a, b) rotated by angle ang, the sine times sign (−1: the
+// inverse); the expression rope_f32 and rms_norm_rows_f32 share so that they round alike.
 __device__ __forceinline__ void fs_rope_pair(float& a, float& b, float ang, float sign) {
     const float c = cosf(ang), s = sign * sinf(ang);
     const float a0 = a, b0 = b;

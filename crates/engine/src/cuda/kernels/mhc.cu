@@ -18,7 +18,8 @@
 //   per token instead of 5 per value) leaves value i's total in lane i. 64 splits (2 float4s per lane
 //   at Flash's N = 16,384) keep a one-token call (decode) spread over 64 warps; measured on the H200
 //   at T = 8,192 (hc_pre, partial + finish) 0.71 ms with 64 splits, 0.63 with 16, 0.78 with 16 and
-//   the loop unrolled twice; at T = 1, 23 µs vs 29 (L2-warm). HC_SPLIT is a constant and a
+//   the loop unrolled twice; at T = 1, 23 µs vs 29 (L2-warm). The price: part holds 8 KiB per token
+//   (64 MiB of scratch at T = 8,192) and the finish adds 64 partials per value. HC_SPLIT is a constant and a
 //   token's sums do not depend on its place in the tile, so a token's result does not depend on T
 //   (batch invariant) and every reduction order is fixed (deterministic).
 // hc_pre_f32: part (above, M = (2+n)·n), x, base [M], scale [3] (α0 pre, α1 post, α2 comb):
