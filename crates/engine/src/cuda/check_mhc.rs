@@ -94,19 +94,24 @@ pub(crate) fn moe_layer(gate: Matrix, router: RouterWeights, shared: ExpertWeigh
     }
 }
 
+/// Random mHC sub-block weights for `n` streams of `d` like a real model's (inputs `{key}.fn`, `.base`,
+/// `.scale`): Φ `[(2+n)·n, n·d]` ~ U(±sqrt(3/(n·d))), b ~ U(±0.5), α ~ 1 + U(±0.5).
+fn random_hc(seed: u64, key: &str, n: usize, d: usize) -> HcWeights {
+    let (nd, mix) = (n * d, (2 + n) * n);
+    HcWeights {
+        fn_: Matrix { rows: mix, cols: nd, data: random(seed, &format!("{key}.fn"), mix * nd, (3.0 / nd as f64).sqrt()) },
+        base: random(seed, &format!("{key}.base"), mix, 0.5),
+        scale: random(seed, &format!("{key}.scale"), 3, 0.5).iter().map(|v| 1.0 + v).collect(),
+    }
+}
+
 /// mHC pre / post / head on Flash shapes (spec §4.2, §4.3, §4.12).
 fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let (t, n, d, iters, eps, hc_eps) = (16usize, 4usize, 4096usize, 20usize, 1e-6f64, 1e-6f64);
     let nd = n * d;
-    let mix = (2 + n) * n;
-    // Weights like a real model's: Φ ~ U(±sqrt(3/(n·d))), b ~ U(±0.5), α ~ 1 + U(±0.5).
     let fn_scale = (3.0 / nd as f64).sqrt();
-    let hw = HcWeights {
-        fn_: Matrix { rows: mix, cols: nd, data: random(seed, "hc.fn", mix * nd, fn_scale) },
-        base: random(seed, "hc.base", mix, 0.5),
-        scale: random(seed, "hc.scale", 3, 0.5).iter().map(|v| 1.0 + v).collect(),
-    };
+    let hw = random_hc(seed, "hc", n, d);
     // Streams with a different magnitude per token (the RMS factor must cancel in the mix logits).
     let mut x = random(seed, "hc.x", t * nd, 1.0);
     for (ti, row) in x.chunks_mut(nd).enumerate() {
@@ -312,13 +317,7 @@ fn check_moe_layer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
 pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Value>, CudaError> {
     let (n, d, iters, eps) = (4usize, 4096usize, 20usize, 1e-6f64);
     let nd = n * d;
-    let mix = (2 + n) * n;
-    let fn_scale = (3.0 / nd as f64).sqrt();
-    let hw = HcWeights {
-        fn_: Matrix { rows: mix, cols: nd, data: random(seed, "hct.fn", mix * nd, fn_scale) },
-        base: random(seed, "hct.base", mix, 0.5),
-        scale: random(seed, "hct.scale", 3, 0.5).iter().map(|v| 1.0 + v).collect(),
-    };
+    let hw = random_hc(seed, "hct", n, d);
     let gw = GpuHcWeights::upload(gpu, &hw)?;
     let mut dx = gpu.upload(&random(seed, "hct.x", t * nd, 1.0))?;
     let (mut du, mut dpost, mut dcomb) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
