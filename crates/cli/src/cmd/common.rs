@@ -39,7 +39,7 @@ pub struct ModelArgs {
     /// tensor cores, so only chunks of >= 64 tokens give bit-identical results to each other.
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
-    /// Backend: `cpu` (the exact reference) or `cuda` / `cuda:N` (GPU N; weights uploaded in their
+    /// Backend: `cpu` (the exact reference) or `cuda` / `cuda:N` / `N` (GPU N; weights uploaded in their
     /// stored formats; kernels as the switches say — `flashseek switches` — exact HF numerics by
     /// default). With `serve`, one GPU runs every sequence (decode steps one after another).
     #[arg(long, default_value = "cpu")]
@@ -62,13 +62,9 @@ pub enum Device {
 impl ModelArgs {
     /// Parses `--device`.
     pub fn device(&self) -> anyhow::Result<Device> {
-        match self.device.as_str() {
+        match self.device.trim() {
             "cpu" => Ok(Device::Cpu),
-            "cuda" => Ok(Device::Cuda(0)),
-            d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => Ok(Device::Cuda(n)),
-                _ => Err(UsageError(format!("--device {d}: expected cpu, cuda or cuda:N")).into()),
-            },
+            d => parse_cuda_device(d).map(Device::Cuda).map_err(|_| UsageError(format!("--device {d}: expected cpu, cuda, cuda:N or N")).into()),
         }
     }
 }
@@ -370,8 +366,8 @@ pub fn parse_positive_count(v: &str) -> Result<usize, String> {
     }
 }
 
-/// Parses a GPU command's `--device`: `N`, `cuda` (device 0) or `cuda:N` (the same spelling as
-/// `--device` of chat/generate/serve, without `cpu`).
+/// Parses a GPU command's `--device`: `N`, `cuda` (device 0) or `cuda:N` (`--device` of
+/// chat/generate/serve takes the same spellings and `cpu`).
 pub fn parse_cuda_device(v: &str) -> Result<usize, String> {
     let t = v.trim();
     let n = if t == "cuda" { Some("0") } else { t.strip_prefix("cuda:").or(Some(t)) };
@@ -409,6 +405,23 @@ mod cli_tests {
         assert_eq!(parse_cuda_device("cuda:3"), Ok(3));
         assert!(parse_cuda_device("cpu").is_err());
         assert!(parse_cuda_device("cuda:x").is_err());
+    }
+
+    #[test]
+    fn backend_device_flag_takes_the_gpu_spellings_and_cpu() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            m: ModelArgs,
+        }
+        let dev = |v: &str| T::try_parse_from(["t", "--device", v]).unwrap().m.device().map_err(|e| e.to_string());
+        assert_eq!(dev("cpu").unwrap(), Device::Cpu);
+        assert_eq!(dev("cuda").unwrap(), Device::Cuda(0));
+        assert_eq!(dev("cuda:2").unwrap(), Device::Cuda(2));
+        assert_eq!(dev("1").unwrap(), Device::Cuda(1));
+        assert_eq!(dev("cuda:abc").unwrap_err(), "--device cuda:abc: expected cpu, cuda, cuda:N or N");
+        assert!(dev("gpu").is_err());
     }
 
     #[test]
