@@ -386,9 +386,9 @@ impl Gpu {
     /// cuBLASLt's bf16 GEMM (switch `LINEAR_CUBLASLT`): `xb` holds gemm.cu's bf16 planes (hi at 0,
     /// lo at `plane`, rows of stride `ldb`; the input columns are `col0 .. col0 + W.cols`). BF16
     /// weights are used as stored, FP8 weights converted to bf16 first (`w_fp8_bf16`, exact: the
-    /// values gemm.cu's tiles hold). Returns whether it ran (`false`: another format, cuBLASLt
-    /// unavailable or without an algorithm; `y` is not written then, though the weight conversion
-    /// may have run).
+    /// values gemm.cu's tiles hold). Returns whether it ran (`false`: another format, fewer than
+    /// [`LT_MIN_ROWS`] outputs, cuBLASLt unavailable or without an algorithm; `y` is not written
+    /// then, though the weight conversion may have run).
     ///
     /// Errors: allocation or launch failures; buffers shorter than the shape.
     #[allow(clippy::too_many_arguments)]
@@ -399,7 +399,7 @@ impl Gpu {
             return Err(CudaError::Unsupported { what: "linear_split_lt", detail: format!("buffers of {} and {} values for {t} rows of [{n}, {k}] (ldb {ldb}, ldd {ldd})", xb.len(), y.len()) });
         }
         let aligned = k.is_multiple_of(16) && ldb.is_multiple_of(8) && col0.is_multiple_of(8) && plane.is_multiple_of(8);
-        if !aligned || !matches!(w.data, GpuMatrix::Bf16(_) | GpuMatrix::Fp8 { .. }) || !self.lt_available() {
+        if !aligned || n < LT_MIN_ROWS || !matches!(w.data, GpuMatrix::Bf16(_) | GpuMatrix::Fp8 { .. }) || !self.lt_available() {
             return Ok(false);
         }
         let s = &self.stream;

@@ -108,6 +108,20 @@ fn norm_rows_kernel(n: usize) -> bool {
     n <= NORM_ROW_MAX && n.is_multiple_of(4)
 }
 
+/// The rows (`tokens·heads`) of a RoPE over rows of `width` values, after the checks `rope_f32` and
+/// `rms_norm_rows_f32` share: an even rotated width ≤ the row and ≤ 2,048 (the block), a table of
+/// width/2 frequencies, rows and positions within the kernels' 32-bit indices.
+fn rope_rows(rope: &Rope, inv_freq: &CudaSlice<f32>, tokens: usize, heads: usize, width: usize, pos0: usize) -> Result<usize, String> {
+    let rows = tokens.checked_mul(heads).ok_or_else(|| format!("{tokens} tokens × {heads} heads overflow"))?;
+    if !rope.dim.is_multiple_of(2) || rope.dim > width || rope.dim > 2048 || inv_freq.len() < rope.dim / 2 {
+        return Err(format!("rope width {} (table of {}) for rows of {width}: needs an even width ≤ the row (and ≤ 2,048) and a table of width/2", rope.dim, inv_freq.len()));
+    }
+    if i32::try_from(rows).is_err() || i32::try_from(pos0.saturating_add(tokens)).is_err() {
+        return Err(format!("{rows} rows at position {pos0} do not fit the kernels' 32-bit indices"));
+    }
+    Ok(rows)
+}
+
 /// The kernel entry points per source file.
 pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
     ("norm.cu", &["rms_norm_f32", "rms_norm_rows_f32"]),
@@ -705,16 +719,10 @@ impl Gpu {
     /// and the kv norm + RoPE of spec §4.6 — in one pass when `n` ≤ [`NORM_ROW_MAX`] (same rotation
     /// expression as `rope_f32`), else as the two kernels.
     ///
-    /// Errors: as [`Gpu::rms_norm`]; `rope.dim` odd or larger than `n`.
+    /// Errors: as [`Gpu::rms_norm`] and [`Gpu::rope`] (the rotated width, its table, 32-bit sizes).
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm_rope(&self, x: &CudaSlice<f32>, w: Option<&CudaSlice<f32>>, y: &mut CudaSlice<f32>, tokens: usize, heads: usize, n: usize, eps: f32, inv_freq: &CudaSlice<f32>, rope: &Rope, pos0: usize) -> Result<(), CudaError> {
-        if !rope.dim.is_multiple_of(2) || rope.dim > n || inv_freq.len() < rope.dim / 2 {
-            return Err(CudaError::Unsupported { what: "rms_norm_rope", detail: format!("rope width {} (table of {}) for rows of {n}: needs an even width ≤ the row and a table of width/2", rope.dim, inv_freq.len()) });
-        }
-        let rows = tokens.checked_mul(heads).ok_or_else(|| CudaError::Unsupported { what: "rms_norm_rope", detail: format!("{tokens} tokens × {heads} heads overflow") })?;
-        if i32::try_from(pos0.saturating_add(tokens)).is_err() {
-            return Err(CudaError::Unsupported { what: "rms_norm_rope", detail: format!("position {pos0} + {tokens} does not fit the kernel's 32-bit positions") });
-        }
+        let rows = rope_rows(rope, inv_freq, tokens, heads, n, pos0).map_err(|detail| CudaError::Unsupported { what: "rms_norm_rope", detail })?;
         if !norm_rows_kernel(n) {
             self.rms_norm(x, w, y, rows, n, eps)?;
             return self.rope(y, inv_freq, rope, tokens, heads, n, pos0, false);
@@ -777,15 +785,9 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn rope(&self, x: &mut CudaSlice<f32>, inv_freq: &CudaSlice<f32>, rope: &Rope, tokens: usize, heads: usize, head_dim: usize, pos0: usize, inverse: bool) -> Result<(), CudaError> {
         let bad = |detail: String| CudaError::Unsupported { what: "rope", detail };
-        let rows = tokens.checked_mul(heads).ok_or_else(|| bad(format!("{tokens} tokens × {heads} heads overflow")))?;
-        if !rope.dim.is_multiple_of(2) || rope.dim > head_dim || rope.dim > 2048 || inv_freq.len() < rope.dim / 2 {
-            return Err(bad(format!("rope width {} (table of {}) for heads of {head_dim}: needs an even width ≤ the head (and ≤ 2,048) and a table of width/2", rope.dim, inv_freq.len())));
-        }
+        let rows = rope_rows(rope, inv_freq, tokens, heads, head_dim, pos0).map_err(bad)?;
         if x.len() < rows.saturating_mul(head_dim) {
             return Err(bad(format!("x holds {} values, {rows} rows of {head_dim} needed", x.len())));
-        }
-        if i32::try_from(rows).is_err() || i32::try_from(pos0.saturating_add(tokens)).is_err() {
-            return Err(bad(format!("{rows} rows at position {pos0} do not fit the kernel's 32-bit indices")));
         }
         if rows == 0 || rope.dim < 2 {
             return Ok(());
@@ -851,7 +853,7 @@ impl Gpu {
             None => self.auto_tile(t, w.rows, fmt, w.cols),
         };
         let (xb, tp, kp) = self.bf16_planes(x, t, w.cols, split)?;
-        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && w.rows >= super::cublaslt::LT_MIN_ROWS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, tp * kp, kp, 0, w, y, w.rows, 0, t)? {
+        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, tp * kp, kp, 0, w, y, w.rows, 0, t)? {
             return Ok(());
         }
         let (bm, bn, threads, _) = chosen.shape();
