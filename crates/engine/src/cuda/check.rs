@@ -353,29 +353,25 @@ fn norm_rope_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, 
     let (tokens, heads, hd, pos0) = (16usize, 64usize, 512usize, 100_000usize);
     let x = random(seed, "rope.x", tokens * heads * hd, 2.0);
     let inv = gpu.upload(rope.inv_freq())?;
-    for inverse in [false, true] {
+    // Also rows not a multiple of the kernel's rows per block (8 at 32 pairs): 3 tokens × 3 heads of 128.
+    let ragged = random(seed, "rope.x.ragged", 3 * 3 * 128, 2.0);
+    for (name, x, tokens, heads, hd, pos0, inverse) in [("rope", &x, tokens, heads, hd, pos0, false), ("rope_inverse", &x, tokens, heads, hd, pos0, true), ("rope ragged", &ragged, 3, 3, 128, 7, false)] {
         let mut cpu = x.clone();
         for (i, head) in cpu.chunks_mut(hd).enumerate() {
             rope.apply(head, pos0 + i / heads, inverse);
         }
-        let mut dx = gpu.upload(&x)?;
+        let mut dx = gpu.upload(x)?;
         gpu.rope(&mut dx, &inv, &rope, tokens, heads, hd, pos0, inverse)?;
-        all &= record(out, if inverse { "rope_inverse" } else { "rope" }, json!([tokens, heads, hd, pos0]), &gpu.download(&dx)?, &cpu);
+        all &= record(out, name, json!([tokens, heads, hd, pos0]), &gpu.download(&dx)?, &cpu);
     }
-    // Rows not a multiple of the kernel's rows per block (8 at 32 pairs): 3 tokens × 3 heads of 128.
-    let (rt, rh, rhd) = (3usize, 3usize, 128usize);
-    let xr = random(seed, "rope.x.ragged", rt * rh * rhd, 2.0);
-    let mut cpu = xr.clone();
-    for (i, head) in cpu.chunks_mut(rhd).enumerate() {
-        rope.apply(head, 7 + i / rh, false);
-    }
-    let mut dx = gpu.upload(&xr)?;
-    gpu.rope(&mut dx, &inv, &rope, rt, rh, rhd, 7, false)?;
-    all &= record(out, "rope ragged", json!([rt, rh, rhd, 7]), &gpu.download(&dx)?, &cpu);
 
-    // The fused per-head q norm + RoPE (unweighted, 64 heads) and kv norm + RoPE (weighted, 1 head).
-    for (heads, weighted) in [(64usize, false), (1, true)] {
-        let x = random(seed, &format!("normrope.x.{heads}"), tokens * heads * hd, 3.0);
+    // The fused norm + RoPE: the per-head q norm (unweighted, 64 heads), the kv norm (weighted, 1
+    // head), and a rotated slice starting inside a float4 ((n − rope_dim) % 4 == 2: RoPE on 62 of 128).
+    let rope62 = Rope::new(&RopeParams { theta: 10000.0, yarn: None }, 62);
+    let inv62 = gpu.upload(rope62.inv_freq())?;
+    let cases = [("heads=64", &rope, &inv, tokens, 64usize, hd, pos0, false), ("heads=1", &rope, &inv, tokens, 1, hd, pos0, true), ("rope 62 of 128", &rope62, &inv62, 5, 3, 128, 77, false)];
+    for (label, rope, inv, tokens, heads, hd, pos0, weighted) in cases {
+        let x = random(seed, &format!("normrope.x.{label}"), tokens * heads * hd, 3.0);
         let w: Vec<f32> = random(seed, "normrope.w", hd, 0.5).iter().map(|v| 1.0 + v).collect();
         let mut cpu = x.clone();
         if weighted {
@@ -389,41 +385,21 @@ fn norm_rope_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, 
         let dx = gpu.upload(&x)?;
         let dw = gpu.upload(&w)?;
         let mut dy = gpu.zeros::<f32>(tokens * heads * hd)?;
-        gpu.rms_norm_rope(&dx, weighted.then_some(&dw), &mut dy, tokens, heads, hd, 1e-6, &inv, &rope, pos0)?;
+        gpu.rms_norm_rope(&dx, weighted.then_some(&dw), &mut dy, tokens, heads, hd, 1e-6, inv, rope, pos0)?;
         let got = gpu.download(&dy)?;
-        all &= record(out, &format!("rms_norm+rope heads={heads}"), json!([tokens, heads, hd, pos0]), &got, &cpu);
+        all &= record(out, &format!("rms_norm+rope {label}"), json!([tokens, heads, hd, pos0]), &got, &cpu);
         // Same bits as the two kernels one after the other (the shared rotation expression).
         let mut dz = gpu.zeros::<f32>(tokens * heads * hd)?;
         gpu.rms_norm(&dx, weighted.then_some(&dw), &mut dz, tokens * heads, hd, 1e-6)?;
-        gpu.rope(&mut dz, &inv, &rope, tokens, heads, hd, pos0, false)?;
+        gpu.rope(&mut dz, inv, rope, tokens, heads, hd, pos0, false)?;
         let differ = differing_bits(&got, &gpu.download(&dz)?);
-        all &= flag_record(out, &format!("rms_norm+rope heads={heads} bits"), json!({"differing_values": differ, "of": got.len(), "vs": "rms_norm then rope"}), differ == 0);
+        all &= flag_record(out, &format!("rms_norm+rope {label} bits"), json!({"differing_values": differ, "of": got.len(), "vs": "rms_norm then rope"}), differ == 0);
         // Batch invariance: the first token's rows alone give the same bits.
         let mut d1 = gpu.zeros::<f32>(heads * hd)?;
-        gpu.rms_norm_rope(&dx, weighted.then_some(&dw), &mut d1, 1, heads, hd, 1e-6, &inv, &rope, pos0)?;
+        gpu.rms_norm_rope(&dx, weighted.then_some(&dw), &mut d1, 1, heads, hd, 1e-6, inv, rope, pos0)?;
         let differ = differing_bits(&got[..heads * hd], &gpu.download(&d1)?);
-        all &= flag_record(out, &format!("rms_norm+rope heads={heads} T=1 bits"), json!({"differing_values": differ, "of": heads * hd, "vs": "the same rows in a batch of 16 tokens"}), differ == 0);
+        all &= flag_record(out, &format!("rms_norm+rope {label} T=1 bits"), json!({"differing_values": differ, "of": heads * hd, "vs": format!("the same rows in a batch of {tokens} tokens")}), differ == 0);
     }
-    // A rotated slice starting inside a float4 ((n − rope_dim) % 4 == 2): rows of 128, RoPE on 62.
-    let rope62 = Rope::new(&RopeParams { theta: 10000.0, yarn: None }, 62);
-    let inv62 = gpu.upload(rope62.inv_freq())?;
-    let (st, sh, sn, sp) = (5usize, 3usize, 128usize, 77usize);
-    let x = random(seed, "normrope.x.62", st * sh * sn, 3.0);
-    let mut cpu = x.clone();
-    ops::rms_norm_unweighted(&mut cpu, sn, 1e-6);
-    for (i, row) in cpu.chunks_mut(sn).enumerate() {
-        rope62.apply(row, sp + i / sh, false);
-    }
-    let dx = gpu.upload(&x)?;
-    let mut dy = gpu.zeros::<f32>(st * sh * sn)?;
-    gpu.rms_norm_rope(&dx, None, &mut dy, st, sh, sn, 1e-6, &inv62, &rope62, sp)?;
-    let got = gpu.download(&dy)?;
-    all &= record(out, "rms_norm+rope rope 62 of 128", json!([st, sh, sn, sp]), &got, &cpu);
-    let mut dz = gpu.zeros::<f32>(st * sh * sn)?;
-    gpu.rms_norm(&dx, None, &mut dz, st * sh, sn, 1e-6)?;
-    gpu.rope(&mut dz, &inv62, &rope62, st, sh, sn, sp, false)?;
-    let differ = differing_bits(&got, &gpu.download(&dz)?);
-    all &= flag_record(out, "rms_norm+rope rope 62 bits", json!({"differing_values": differ, "of": got.len(), "vs": "rms_norm then rope"}), differ == 0);
     Ok(all)
 }
 
@@ -434,8 +410,9 @@ pub(crate) fn switch_scope<R>(overrides: &[(&str, &str)], f: impl FnOnce() -> Re
 
 /// `LINEAR_CUBLASLT`: cuBLASLt's bf16 GEMMs on the split planes ([`Gpu::linear_split_lt`]) against
 /// the CPU (tolerance [`SPLIT_NMSE_TOL`], as gemm.cu's split kernels) and, informationally, against
-/// gemm.cu; formats and shapes it must decline (FP4, K not a multiple of 16); the grouped output
-/// projection ([`Gpu::grouped_linear_lt`], strided rows) against the CPU per group.
+/// gemm.cu; formats and shapes it must decline (FP4, K not a multiple of 16, outputs narrower than
+/// [`super::cublaslt::LT_MIN_ROWS`]); the grouped output projection ([`Gpu::grouped_linear_lt`],
+/// strided rows) against the CPU per group.
 fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let shapes: &[(&str, &str, usize, usize, usize, bool)] = &[
@@ -445,6 +422,7 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
         ("fp8", "ragged", 1000, 1040, 257, true),
         ("fp4", "expert.w1", 2048, 4096, 300, false),
         ("bf16", "ragged", 1030, 776, 300, false),
+        ("bf16", "indexer.weights_proj", 64, 4096, 300, false),
     ];
     for (fmt, name, rows, cols, t, takes) in shapes {
         let vals = random(seed, &format!("lt2.{fmt}.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
