@@ -9,7 +9,7 @@
 #       ncu_KERNEL.txt: the main sections of one launch of KERNEL (SKIP = how many launches of it
 #       come first; find it in ncu_all.csv)
 #   ... bash scripts/h200_ncu.sh bench LAYERS CONTEXT [NAME-REGEX]
-#       ncu_bench_CONTEXT.csv: every kernel (or those matching NAME-REGEX) of one cold prefill of
+#       ncu_bench_CONTEXT.csv: every kernel (or those matching NAME-REGEX) of the prefills and decode steps of
 #       `gpu-bench --layers LAYERS --contexts CONTEXT` (switches from the environment, e.g.
 #       FLASHSEEK_TC_LINEAR=fp8) with duration, grid, block, registers and shared memory
 #   ... bash scripts/h200_ncu.sh stalls
@@ -19,6 +19,8 @@ set -euo pipefail
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}
 export FLASHSEEK_CACHE=${FLASHSEEK_CACHE:-/tmp/fscache}
+# Per-launch metrics of the `all` and `bench` modes.
+LAUNCH_METRICS=gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 one() {  # KERNEL SKIP T FILE SECTION-OPTIONS…
   local k=$1 skip=$2 t=$3 f=$4
@@ -29,11 +31,11 @@ one() {  # KERNEL SKIP T FILE SECTION-OPTIONS…
 case "${1:-}" in
   all) "$NCU" --version | tail -1
        timeout 300 "$NCU" --clock-control none --csv --page raw \
-         --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic \
+         --metrics "$LAUNCH_METRICS" \
          "$B" gpu-check --only moe --repeats 1 --moe-tokens "${2:-8192}" > "$OUT/ncu_all.csv" 2> "$OUT/ncu_all.err" || echo "ncu all: exit $?" ;;
   bench) k=(); if [ -n "${4:-}" ]; then k=(--kernel-name "regex:$4"); fi
        timeout 420 "$NCU" --clock-control none --csv --page raw "${k[@]}" \
-         --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic \
+         --metrics "$LAUNCH_METRICS" \
          "$B" gpu-bench --layers "$2" --contexts "$3" --prefill-repeats 1 --decode-steps 1 > "$OUT/ncu_bench_$3.csv" 2> "$OUT/ncu_bench_$3.err" || echo "ncu bench: exit $?" ;;
   one) one "$2" "$3" "${4:-8192}" "ncu_$2.txt" --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
          --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats --section SourceCounters

@@ -322,7 +322,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let mut dx = gpu.upload(&random(seed, "hct.x", t * nd, 1.0))?;
     let (mut du, mut dpost, mut dcomb) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
     let mut rows = Vec::new();
-    let mut report = |op: &str, ms: f64, bytes: f64| {
+    let report = |rows: &mut Vec<Value>, op: &str, ms: f64, bytes: f64| {
         let gbps = bytes / (ms * 1e-3) / 1e9;
         println!("time {op:<28} T={t} {ms:.3} ms  {gbps:.0} GB/s  ({:.0}% of 4.2 TB/s)", 100.0 * gbps / 4200.0);
         rows.push(json!({"op": op, "tokens": t, "median_ms": ms, "bytes": bytes, "gb_per_s": gbps, "fraction_of_4_2_tb_s": gbps / 4200.0}));
@@ -330,17 +330,19 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let f4 = 4.0 * t as f64;
     // pre: x read by the partial pass and again by the finish, u written.
     let ms = median_ms(gpu, repeats, || gpu.hc_pre(&gw, &dx, &mut du, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6))?;
-    report("hc_pre (n 4, d 4096)", ms, f4 * (2.0 * nd as f64 + d as f64));
+    report(&mut rows, "hc_pre (n 4, d 4096)", ms, f4 * (2.0 * nd as f64 + d as f64));
     // Decode size (one token; Φ stays in L2 between the repeats, unlike a real decode step).
     let ms1 = median_ms(gpu, repeats, || gpu.hc_pre(&gw, &dx, &mut du, &mut dpost, &mut dcomb, 1, n, d, iters, eps, 1e-6))?;
+    println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", "hc_pre (n 4, d 4096)", ms1 * 1e3);
+    rows.push(json!({"op": "hc_pre (n 4, d 4096)", "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
     // post: x read and written, y read.
     let dy = gpu.upload(&random(seed, "hct.y", t * d, 1.0))?;
     let ms = median_ms(gpu, repeats, || gpu.hc_post(&mut dx, &dy, &dpost, &dcomb, t, n, d))?;
-    report("hc_post (n 4, d 4096)", ms, f4 * (2.0 * nd as f64 + d as f64));
+    report(&mut rows, "hc_post (n 4, d 4096)", ms, f4 * (2.0 * nd as f64 + d as f64));
     let dw = gpu.upload(&vec![1.0f32; d])?;
     let mut dn = gpu.zeros::<f32>(t * d)?;
     let ms = median_ms(gpu, repeats, || gpu.rms_norm(&du, Some(&dw), &mut dn, t, d, 1e-6))?;
-    report("rms_norm (4096)", ms, f4 * 2.0 * d as f64);
+    report(&mut rows, "rms_norm (4096)", ms, f4 * 2.0 * d as f64);
     drop((dx, dn));
     let (heads, hd) = (64usize, 512usize);
     let rope = super::check_attention::flash_compress_rope();
@@ -348,8 +350,6 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let dq = gpu.upload(&random(seed, "hct.q", t * heads * hd, 1.0))?;
     let mut dqn = gpu.zeros::<f32>(t * heads * hd)?;
     let ms = median_ms(gpu, repeats, || gpu.rms_norm_rope(&dq, None, &mut dqn, t, heads, hd, 1e-6, &inv, &rope, 4096))?;
-    report("rms_norm+rope (64 × 512)", ms, f4 * 2.0 * (heads * hd) as f64);
-    println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", "hc_pre (n 4, d 4096)", ms1 * 1e3);
-    rows.push(json!({"op": "hc_pre (n 4, d 4096)", "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
+    report(&mut rows, "rms_norm+rope (64 × 512)", ms, f4 * 2.0 * (heads * hd) as f64);
     Ok(rows)
 }

@@ -95,7 +95,8 @@ impl GpuSource for StoredSource<'_> {
 /// Random weights in DeepSeek's official format of each tensor (spec §2, §6): FP8 bytes with
 /// ue8m0 scales near 2^-8, FP4 nibbles with scales near 2^-6, BF16/F32 values of a sensible
 /// magnitude (tensors the official layout lists as BF16 rounded to bf16 by `host` too, as `matrix`
-/// stores every name it does not list as FP8/FP4/F32). For speed measurements only (the numbers are not a model).
+/// stores every name it does not list as FP8/FP4/F32). For speed measurements only (the numbers
+/// are not a model).
 pub struct RandomOfficialSource {
     formats: HashMap<String, OfficialFormat>,
     seed: u64,

@@ -124,7 +124,9 @@ __device__ __forceinline__ void hc_partial_impl(const float* __restrict__ x, con
     for (int q = 0; q < HC_TT; q++) {
         float a[32];
 #pragma unroll
-        for (int i = 0; i < 32; i++) a[i] = i <= M ? acc[q][i <= M ? i : 0] : 0.f;
+        for (int i = 0; i <= M; i++) a[i] = acc[q][i];
+#pragma unroll
+        for (int i = M + 1; i < 32; i++) a[i] = 0.f;
         const float r = hc_lane_sums(a, lane);
         if (q < tn && lane <= M) part[((size_t)(t0 + q) * HC_SPLIT + s) * HC_PART + lane] = r;
     }
