@@ -84,6 +84,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `linear_w8 …` (`--only q8`) and `moe_q8 …` / `moe_q8 … mma.sync` (`--only moe`) records against the CPU in official numerics; the switch matrix (with TC_LINEAR=fp8, reported)",
     },
     Switch {
+        name: "MOE_FP8_WS",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the grouped FP8 wgmma MoE GEMMs of 128-row tiles under TC_LINEAR=fp8 (moe_w8_*_128_*: two warpgroups that each copy, convert FP4 weights, multiply and promote, one block barrier per K step): warp specialisation (moe_ws_*: a producer warpgroup copies and converts into a 5-6 stage ring, two multiply warpgroups wait on mbarriers and promote; the same MMAs and promotion order, so the same bits)",
+        parity: "gpu-check `moe_q8 … MOE_FP8_WS=off bits` (`--only moe`: bitwise equal to moe_w8 on the parity matrix, both formats, every variant) and the `moe_q8 …` records against the CPU in official numerics (they run on it by default); qualify (`MOE_FP8_WS=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8)",
+    },
+    Switch {
         name: "FP8_CUBLASLT",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -388,6 +395,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MOE_ADAPTIVE_TILES", &[("MOE_GROUPED", &["on"])]),
     ("MOE_PERSISTENT", &[("MOE_GROUPED", &["on"])]),
     ("FP8_WGMMA", &[("TC_LINEAR", &["fp8"])]),
+    ("MOE_FP8_WS", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
     ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),
@@ -447,6 +455,9 @@ pub enum Role {
     /// `fp8`, official numerics), a faster inexact kernel (`MLA_STREAM_FAST_EXP`, `INDEXER_FP8`) or
     /// an exact one not on by default.
     Fast,
+    /// The defaults with `TC_LINEAR=fp8` (official numerics): the run that official configurations
+    /// promising the same bits ([`Configuration::same_bits_as_all_on`]) are compared with.
+    OfficialAllOn,
 }
 
 /// One switch configuration of the comparison matrix.
@@ -466,7 +477,8 @@ pub struct Configuration {
     /// `Numerics { act_quant_fp8 }`), not the HF numerics of the baseline: its tokens are not
     /// expected to equal the baseline's.
     pub official: bool,
-    /// The design promises the same bits as [`Role::AllOn`] (MoE fusion, tile height, grid).
+    /// The design promises the same bits as [`Role::AllOn`] (MoE fusion, tile height, grid), or for
+    /// an official configuration as [`Role::OfficialAllOn`] (it runs after that one).
     pub same_bits_as_all_on: bool,
     /// Runs the per-expert MoE or f32 kernels everywhere: slow at long prompts.
     pub slow: bool,
@@ -517,7 +529,10 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("MLA_STREAM_FAST_EXP=on (with the defaults)".into(), vec![("MLA_STREAM_FAST_EXP", "on")], Role::Fast, false, false, false));
     v.push(c("INDEXER_FP8=on (with the defaults)".into(), vec![("INDEXER_FP8", "on")], Role::Fast, false, false, false));
     v.push(c("all on, TC_LINEAR=bf16".into(), vec![("TC_LINEAR", "bf16")], Role::Fast, false, false, false));
-    v.push(c("all on, TC_LINEAR=fp8 (official numerics)".into(), vec![("TC_LINEAR", "fp8")], Role::Fast, false, false, false));
+    v.push(c("all on, TC_LINEAR=fp8 (official numerics)".into(), vec![("TC_LINEAR", "fp8")], Role::OfficialAllOn, false, false, false));
+    // The warp-specialised grouped FP8 MoE runs the same MMAs and promotion as moe_w8: the same bits
+    // as the official all-on run above.
+    v.push(c("MOE_FP8_WS=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WS", "off")], Role::AloneOff, false, true, false));
     v
 }
 
@@ -589,6 +604,10 @@ mod tests {
         }
         assert_eq!(cs.iter().filter(|c| c.role == Role::Baseline).count(), 1);
         assert_eq!(cs.iter().filter(|c| c.role == Role::AllOn).count(), 1);
+        // Official configurations promising bits come after the official all-on run they are compared with.
+        let official_all_on = cs.iter().position(|c| c.role == Role::OfficialAllOn).expect("official all-on run");
+        assert_eq!(cs[official_all_on].overrides, [("TC_LINEAR", "fp8")]);
+        assert!(cs.iter().enumerate().all(|(i, c)| !(c.official && c.same_bits_as_all_on) || i > official_all_on));
         let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on")].iter().any(|o| c.overrides.contains(o));
         assert!(cs.iter().all(|c| c.exact != inexact(c)));
         assert!(cs.iter().filter(|c| c.official).count() >= 3);

@@ -133,6 +133,7 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
             all &= super::check_moe::run(gpu, seed, &mut out)?;
         }
         let timings = super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?;
+        all &= super::check_moe::timing_checks_pass(&timings);
         return Ok((report(gpu, seed, all, out, timings), all));
     }
     // `--only mhc`: the mHC kernels, the row norms and RoPE (checks against the CPU, batch
@@ -278,7 +279,9 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         timings.extend(super::check_q8::timings(gpu, seed, repeats)?);
     }
     if opts.only.is_none() {
-        timings.extend(super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?);
+        let moe = super::check_moe::timings(gpu, seed, repeats, &opts.moe_tokens)?;
+        all &= super::check_moe::timing_checks_pass(&moe);
+        timings.extend(moe);
     }
     if opts.only.is_none() {
         timings.extend(super::check_attention::timings(gpu, seed, repeats, 2048, 8192)?);

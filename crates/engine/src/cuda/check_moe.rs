@@ -349,6 +349,13 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
         println!("moe_q8 {fmt} per-expert vs cpu                        nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e})  {}", if pass { "ok" } else { "FAIL" });
         out.push(json!({"op": format!("moe_q8 {fmt} per-expert vs cpu"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "pass": pass}));
         all &= pass;
+        // The warp-specialised kernels (MOE_FP8_WS, on by default: every record above but tile 64 ran
+        // on them) against moe_w8: the same MMAs and promotion, so the same bits.
+        if let Some(f0) = &first {
+            let ws_off = switch_scope(&[("MOE_FP8_WS", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
+            let differ = differing_bits(f0, &gpu.download(&ws_off)?);
+            all &= flag_record(out, &format!("moe_q8 {fmt} MOE_FP8_WS=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on"}), differ == 0);
+        }
         let masked = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, &dzero, MoeOptions::ALL_ON)?)?;
         let shared = gpu.download(&*gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, true)?)?;
         let differ = differing_bits(&masked, &shared);
@@ -357,7 +364,9 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
     Ok(all)
 }
 
-/// Times one Flash-shaped MoE layer at several token counts (see the module docs).
+/// Times one Flash-shaped MoE layer at several token counts (see the module docs); also checks the
+/// warp-specialised FP8 kernels bit for bit against moe_w8 on those shapes (rows with `"pass"`:
+/// callers fold them into the verdict with [`timing_checks_pass`]).
 pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result<Vec<Value>, CudaError> {
     use super::upload::{GpuSource, RandomOfficialSource};
     let cfg = super::bench::flash_config(1);
@@ -421,8 +430,24 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, opts).map(|_| ()))?;
             record_time(&format!("grouped fp8 wgmma {name}"), ms);
         }
+        let ms = switch_scope(&[("MOE_FP8_WS", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
+        record_time("grouped fp8 wgmma ws off", ms);
         let ms = switch_scope(&[("FP8_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 mma.sync all on", ms);
+        // Flash shapes (K = 4,096: 32 K steps per unit, many units per block) bit for bit: the
+        // warp-specialised kernels against moe_w8.
+        let ws = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on)?)?;
+        let w8 = switch_scope(&[("MOE_FP8_WS", "off")], || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on))?;
+        let differ = differing_bits(&ws, &gpu.download(&*w8)?);
+        let op = format!("moe_q8 flash T={t} MOE_FP8_WS=off bits");
+        let detail = json!({"differing_values": differ, "of": ws.len(), "vs": "all on", "finite": ws.iter().all(|v| v.is_finite())});
+        println!("{op:<28} {detail}  {}", if differ == 0 { "ok" } else { "FAIL" });
+        rows.push(json!({"op": op, "detail": detail, "pass": differ == 0}));
     }
     Ok(rows)
+}
+
+/// Whether every check among timing rows passed (rows without `"pass"` are timings).
+pub fn timing_checks_pass(rows: &[Value]) -> bool {
+    rows.iter().all(|r| r.get("pass").and_then(Value::as_bool) != Some(false))
 }

@@ -539,7 +539,7 @@ impl Gpu {
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }
-        for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_q8_") || n.contains("_w8_")) {
+        for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_q8_") || n.contains("_w8_") || n.contains("_ws_")) {
             let bytes = super::ops_q8::smem_of(name) as i32;
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;

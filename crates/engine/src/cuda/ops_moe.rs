@@ -270,7 +270,7 @@ impl Gpu {
     /// warps for 128-row tiles, 4 for 64): one block per work unit, or with `persistent` as many
     /// blocks as fit the SMs (they walk the queue).
     fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, bn: usize, smem: usize, persistent: bool) -> Result<LaunchConfig, CudaError> {
-        let threads = if g.bm == 128 { 256 } else { 128 };
+        let threads = if fname.starts_with("moe_ws_") { super::ops_q8::WS_THREADS } else if g.bm == 128 { 256 } else { 128 };
         let units = g.max_items * n.div_ceil(bn);
         let blocks = if persistent {
             let sms = self.sms;
@@ -394,10 +394,12 @@ impl Gpu {
         self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, false)
     }
 
-    /// Launches one grouped FP8-activation GEMM `moe_q8_<fmt>_<bm>_<epi>` (gemm_q8.cu).
+    /// Launches one grouped FP8-activation GEMM `moe_<q8|w8|ws>_<fmt>_<bm>_<epi>` (gemm_q8.cu; the
+    /// family from [`super::ops_q8::families_for`] and [`super::ops_q8::moe_family_for`]).
     #[allow(clippy::too_many_arguments)]
     fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, persistent: bool, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
-        let name = format!("{}_{}_{}_{epi}", super::ops_q8::families_for(&self.arch).1, tables.format, g.bm);
+        let family = super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm);
+        let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
         let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };

@@ -57,6 +57,12 @@ pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
     "moe_w8_fp4_64_plain",
     "moe_w8_fp4_64_swiglu",
     "moe_w8_fp4_64_scatter",
+    "moe_ws_fp8_128_plain",
+    "moe_ws_fp8_128_swiglu",
+    "moe_ws_fp8_128_scatter",
+    "moe_ws_fp4_128_plain",
+    "moe_ws_fp4_128_swiglu",
+    "moe_ws_fp4_128_scatter",
     "moe_gather_q8",
     "scale_rows_by_route",
     "lt_scales",
@@ -72,6 +78,20 @@ pub fn families_for(arch: &str) -> (&'static str, &'static str) {
         ("gemm_q8", "moe_q8")
     }
 }
+
+/// The grouped FP8 GEMM family for `bm`-row tiles: the warp-specialised `moe_ws` kernels when the
+/// switch `MOE_FP8_WS` is on (the default) and `family` is `moe_w8` with 128-row tiles, else
+/// `family` itself.
+pub fn moe_family_for(family: &'static str, bm: usize) -> &'static str {
+    if family == "moe_w8" && bm == 128 && crate::switches::on("MOE_FP8_WS") {
+        "moe_ws"
+    } else {
+        family
+    }
+}
+
+/// Threads per block of the `moe_ws` kernels: two multiply warpgroups and one producer.
+pub const WS_THREADS: u32 = 384;
 
 /// Output columns per block of every gemm_q8.cu GEMM.
 pub const Q8_BN: usize = 128;
@@ -104,10 +124,25 @@ pub fn w8_smem(format: &str, bm: usize) -> usize {
     1024 + stages * (bm * 128 + if fp4 { 128 * 64 } else { 128 * 128 }) + if fp4 { 2 * 128 * 128 + 2 * 128 * 4 + 72 } else { 0 }
 }
 
+/// Dynamic shared memory of a warp-specialised block (`GwsLayout` in gemm_q8.cu): 1 KB of
+/// alignment slack, then FP4: 5 stages of 44,032 bytes (A 128 × 128, converted B 128 × 128, packed B
+/// 128 × 64, 512 scale words, 128 row scales), FP8: 6 stages of 32,768 (A and B 128 × 128); the
+/// full and empty barriers (8 bytes each per stage) and, for FP4, the 72-byte table.
+pub fn ws_smem(format: &str) -> usize {
+    if format == "fp4" {
+        1024 + 5 * 44032 + 2 * 5 * 8 + 72
+    } else {
+        1024 + 6 * 32768 + 2 * 6 * 8
+    }
+}
+
 /// Shared memory of any gemm_q8.cu GEMM entry point (by name).
 pub fn smem_of(name: &str) -> usize {
     let fmt = if name.contains("fp8") { "fp8" } else { "fp4" };
     let bm = if name.contains("_64_") { 64 } else { 128 };
+    if name.starts_with("moe_ws_") {
+        return ws_smem(fmt);
+    }
     if name.starts_with("gemm_w8_") || name.starts_with("moe_w8_") {
         w8_smem(fmt, bm)
     } else {
@@ -404,6 +439,14 @@ mod tests {
     }
 
     #[test]
+    fn warp_specialised_moe_only_for_128_row_wgmma_tiles() {
+        assert_eq!(moe_family_for("moe_w8", 128), "moe_ws");
+        assert_eq!(moe_family_for("moe_w8", 64), "moe_w8");
+        assert_eq!(moe_family_for("moe_q8", 128), "moe_q8");
+        crate::switches::scoped(&[("MOE_FP8_WS", "off")], || assert_eq!(moe_family_for("moe_w8", 128), "moe_w8")).unwrap();
+    }
+
+    #[test]
     fn fold_rule() {
         assert!(fp4_fold_exact(&[121, 121, 121, 121, 120, 127, 119, 126], 128));
         assert!(fp4_fold_exact(&[100, 108, 104, 101], 128));
@@ -420,9 +463,10 @@ mod tests {
             }
         }
         assert_eq!(q8_smem("fp8", 128, 128), 4 * (128 * 80 * 2));
-        for name in GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_w8_") || n.contains("_q8_")) {
+        for name in GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_w8_") || n.contains("_q8_") || n.contains("_ws_")) {
             assert!(smem_of(name) <= 227 * 1024, "{name}");
         }
+        assert_eq!(ws_smem("fp4"), 221_336);
         assert_eq!(w8_smem("fp8", 128), 1024 + 5 * 32768);
         // 64-row blocks: two per SM (228 KB per SM, 1 KB reserved per block).
         for fmt in ["fp8", "fp4"] {
@@ -437,11 +481,12 @@ mod tests {
         let src = include_str!("kernels/gemm_q8.cu");
         for n in GEMM_Q8_ENTRY_POINTS {
             let direct = src.contains(&format!("void {n}(")) || src.contains(&format!("FP8_GEMM_ENTRY({n},"));
+            let ws = n.starts_with("moe_ws_") && src.contains(&format!("MOE_WS_ENTRY({n},"));
             let moe = ["q8", "w8"].iter().find_map(|fam| n.strip_prefix(&format!("moe_{fam}_")).map(|r| (fam, r))).map(|(fam, r)| {
                 let f = if r.starts_with("fp8") { "fp8" } else { "fp4" };
                 src.contains(&format!("MOE_FP8_FMT({fam}, {}, {f},", *fam == "w8")) && src.contains(&format!("moe_##P##_##F##{}", &r[3..]))
             });
-            assert!(direct || moe == Some(true), "{n} is not defined in gemm_q8.cu");
+            assert!(direct || ws || moe == Some(true), "{n} is not defined in gemm_q8.cu");
         }
     }
 }

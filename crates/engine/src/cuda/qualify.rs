@@ -138,6 +138,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
         }
         let mut baseline: Option<(Vec<f32>, Vec<u32>)> = None;
         let mut all_on: Option<(Vec<f32>, Vec<u32>)> = None;
+        let mut official_all_on: Option<Vec<f32>> = None;
         for c in configurations() {
             if c.slow && target > opts.full_matrix_max {
                 rows.push(json!({"context": target, "config": c.label, "skipped": format!("slow configuration: runs only up to {} tokens", opts.full_matrix_max)}));
@@ -152,9 +153,11 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
             };
             // TC_LINEAR=fp8 runs DeepSeek's official numerics: its tokens are compared, not promised.
             let promised = c.exact && !c.official;
-            // Fusion, tile height, grid and chunk size promise the all-on run's bits.
-            let bits_differ = match (&all_on, c.same_bits_as_all_on) {
-                (Some((al, _)), true) => Some(differing_bits(&logits, al)),
+            // Fusion, tile height, grid and chunk size promise the all-on run's bits (an official
+            // configuration: the official all-on run's).
+            let reference = if c.official { official_all_on.as_ref() } else { all_on.as_ref().map(|(al, _)| al) };
+            let bits_differ = match (reference, c.same_bits_as_all_on) {
+                (Some(al), true) => Some(differing_bits(&logits, al)),
                 _ => None,
             };
             let refused = (promised && same == Some(false)) || bits_differ.is_some_and(|n| n > 0);
@@ -181,6 +184,9 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
             }));
             if c.role == Role::Baseline {
                 baseline = Some((logits.clone(), gen.clone()));
+            }
+            if c.role == Role::OfficialAllOn {
+                official_all_on = Some(logits.clone());
             }
             if c.role == Role::AllOn {
                 all_on = Some((logits, gen));

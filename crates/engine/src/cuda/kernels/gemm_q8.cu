@@ -702,6 +702,283 @@ MOE_FP8_FMT(q8, false, fp4, 3)
 MOE_FP8_FMT(w8, true, fp8, 2)
 MOE_FP8_FMT(w8, true, fp4, 3)
 
+// ---------------------------------------------------------------------------------------------
+// moe_ws_<fmt>_128_<epi>(…): the grouped MoE of moe_w8_<fmt>_128_<epi> (same arguments, same
+// outputs bit for bit: the same four wgmma k32 per K step and warpgroup, the same promotion) with
+// warp specialisation (switch MOE_FP8_WS). Block of 384 threads: warpgroups 0 and 1 multiply (64
+// token rows each) and promote; warpgroup 2 produces. The producer copies each K step's activation
+// tile and weight tile (fp4: the packed bytes and, per thread, the scale word of the row it
+// converts) into a ring of GwsLayout::STAGES stages with cp.async, converts fp4 weights to e4m3
+// (gq_fp4_unit) GWS_LAG steps behind its copies, and marks the stage full on an mbarrier (128
+// arrivals, after fence.proxy.async so that wgmma sees the data); each consumer warp waits on it,
+// multiplies, promotes and releases the stage on a second mbarrier (8 arrivals). Nothing else
+// synchronises the block: the multiply warpgroups run free of the copies and the conversion, and
+// the ring runs across the block's units, so the next unit's copies overlap this one's epilogue.
+// Producer and consumers walk the same unit sequence (persistent grid-stride over the queue).
+// Learned from the PTX ISA (mbarrier, wgmma, proxy fences) and DeepGEMM's producer/consumer
+// design; the code is ours.
+
+#define GWS_LAG_FP4 3
+
+__device__ __forceinline__ void gws_bar_init(u32 bar, u32 count) {
+    GW_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void gws_arrive(u32 bar) {
+    GW_ASM("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` of barrier bar has completed.
+__device__ __forceinline__ void gws_wait(u32 bar, u32 parity) {
+    GW_ASM("{\n.reg .pred p;\nGWS_WAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra GWS_WAIT_%=;\n}\n" ::"r"(bar), "r"(parity)
+           : "memory");
+}
+// 4-byte cp.async (src-size 0: zero fill).
+__device__ __forceinline__ void gws_cp4(u32 dst, const void* src, bool valid) {
+    int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+
+// One stage: A [128][128] e4m3 (swizzled); fp4: converted B [128][128] e4m3 (swizzled), packed B
+// [128][64], one scale word per producer thread and unit (512 × 4 bytes), row scales [128] f32;
+// fp8: B [128][128] e4m3 (swizzled). Then the full and empty barriers and the fp4 table.
+template <int FMT>
+struct GwsLayout {
+    static constexpr bool FP4 = FMT == 3;
+    static constexpr int STAGES = FP4 ? 5 : 6;
+    static constexpr int A = 0, BC = 16384, BR = 32768, SW = 40960, WSC = 43008;
+    static constexpr int STAGE = FP4 ? 44032 : 32768;  // multiples of 1024 (swizzle atoms)
+    static constexpr int BARS = STAGES * STAGE;
+    static constexpr int LUT = BARS + 2 * STAGES * 8;
+    static constexpr int TOTAL = 1024 + LUT + (FP4 ? 72 : 0);
+};
+
+template <int FMT, int EPI>
+__device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
+                                       const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, const int* n_items,
+                                       float* y, float* hf, int ldh, const int* dst, const float* gamma, int N, int K, float limit) {
+    typedef GwsLayout<FMT> L;
+    constexpr int ST = L::STAGES;
+    constexpr bool FP4 = FMT == 3;
+    extern __shared__ __align__(16) u8 gws_sh[];
+    {
+        u32 dsz;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
+        if (dsz < (u32)L::TOTAL) __trap();
+    }
+    const u32 raw0 = gm_smem(gws_sh);
+    const u32 base = (raw0 + 1023u) & ~1023u;
+    u8* gbase = gws_sh + (base - raw0);
+    const u32 full0 = base + L::BARS, empty0 = full0 + ST * 8;
+    u32* lut = reinterpret_cast<u32*>(gbase + L::LUT);
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            gws_bar_init(full0 + 8 * s, 128);
+            gws_bar_init(empty0 + 8 * s, 8);
+        }
+    }
+    if (FP4) gq_fill_lut(lut, tid, 384);
+    __syncthreads();
+
+    const int tiles_n = (N + 127) / 128;
+    const int total = *n_items * tiles_n;
+    const int KT = K >> 7;
+    GqEpi E = {y, hf, ldh, limit, dst, gamma};
+    auto prob = [&](int w) {
+        const int it = w / tiles_n, ex = items[2 * it];
+        GqProb p;
+        p.q = q;
+        p.sa = sa;
+        p.W = reinterpret_cast<const u8*>(wtab[ex]);
+        p.S = reinterpret_cast<const u8*>(stab[ex]);
+        p.W3 = EPI == 1 ? reinterpret_cast<const u8*>(w3tab[ex]) : nullptr;
+        p.S3 = EPI == 1 ? reinterpret_cast<const u8*>(s3tab[ex]) : nullptr;
+        p.m0 = items[2 * it + 1];
+        p.n0 = (w % tiles_n) * 128;
+        p.T = 0x7fffffff;
+        p.N = N;
+        p.K = K;
+        return p;
+    };
+
+    if (tid >= 256) {
+        // Producer warpgroup.
+        const int p = tid - 256;
+        constexpr int LAG = FP4 ? GWS_LAG_FP4 : ST - 2;
+        constexpr int BCP = FP4 ? 4 : 8;  // weight copies per thread per step (16 bytes each)
+        const size_t wrow = FP4 ? (size_t)K / 2 : (size_t)K;
+        const int sg = K >> 5;
+        int j = 0, jc = 0;  // steps copied, steps marked full
+        // Mark step jc full: its copies (and fp4: its conversion) are this thread's to finish.
+        auto finish = [&](bool drain) {
+            if (drain) gm_wait<0>();
+            else gm_wait<LAG>();
+            const int s = jc % ST;
+            if constexpr (FP4) {
+                const u8* st = gbase + s * L::STAGE;
+                const int g = p & 3;
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int r = (p >> 2) + 32 * u;
+                    const uint4 v = *reinterpret_cast<const uint4*>(st + L::BR + r * 64 + g * 16);
+                    const u32 sw = *reinterpret_cast<const u32*>(st + L::SW + (u * 128 + p) * 4);
+                    u8* bc = gbase + s * L::STAGE + L::BC;
+                    u32 smax;
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = gq_fp4_unit(make_uint2(v.x, v.y), sw, g, lut, &smax);
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = gq_fp4_unit(make_uint2(v.z, v.w), sw, g, lut, &smax);
+                    if (g == 0) reinterpret_cast<float*>(gbase + s * L::STAGE + L::WSC)[r] = fs_e8m0((u8)smax);
+                }
+            }
+            gw_fence_proxy();
+            gws_arrive(full0 + 8 * s);
+            jc++;
+        };
+        for (int w = blockIdx.x; w < total; w += gridDim.x) {
+            const GqProb P = prob(w);
+            // Activation copies: rows p / 8 + 16 i, chunk p % 8.
+            const u8* a_src = P.q + (size_t)(P.m0 + (p >> 3)) * K + (p & 7) * 16;
+            const u32 a_off = gw_swz(p >> 3, p & 7);
+            // Weight copies: fp4 rows p / 4 + 32 i, 16-byte group p % 4 (+ that row's scale word);
+            // fp8 rows p / 8 + 16 i, chunk p % 8. Rows past N copy zeros.
+            const u8* b_src[BCP];
+            const u8* s_src[FP4 ? 4 : 1];
+            bool b_ok[BCP];
+#pragma unroll
+            for (int i = 0; i < BCP; i++) {
+                const int r = FP4 ? (p >> 2) + 32 * i : (p >> 3) + 16 * i;
+                const int n = P.n0 + r;
+                b_ok[i] = n < N;
+                b_src[i] = b_ok[i] ? fused_wrow<EPI>(P, n, wrow) + (FP4 ? (p & 3) : (p & 7)) * 16 : P.W;
+                if constexpr (FP4) {
+                    s_src[i] = P.S;
+                    if (b_ok[i]) {
+                        const u8* s;
+                        const int sn = fused_srow<EPI>(P, n, s);
+                        s_src[i] = s + (size_t)sn * sg;
+                    }
+                }
+            }
+            for (int kt = 0; kt < KT; kt++) {
+                const int s = j % ST;
+                gws_wait(empty0 + 8 * s, ((j / ST) & 1) ^ 1);
+                const u32 sb = base + s * L::STAGE;
+#pragma unroll
+                for (int i = 0; i < 8; i++) gm_cp16(sb + L::A + a_off + i * 16 * 128, a_src + (size_t)i * 16 * K + kt * 128, true);
+#pragma unroll
+                for (int i = 0; i < BCP; i++) {
+                    if constexpr (FP4) {
+                        const int r = (p >> 2) + 32 * i;
+                        gm_cp16(sb + L::BR + r * 64 + (p & 3) * 16, b_src[i] + (size_t)kt * 64, b_ok[i]);
+                        gws_cp4(sb + L::SW + (i * 128 + p) * 4, s_src[i] + kt * 4, b_ok[i]);
+                    } else {
+                        const int r = (p >> 3) + 16 * i;
+                        gm_cp16(sb + gw_swz(r, p & 7) + 16384, b_src[i] + (size_t)kt * 128, b_ok[i]);
+                    }
+                }
+                gm_commit();
+                j++;
+                if (j - jc > LAG) finish(false);
+            }
+        }
+        while (jc < j) finish(true);
+        return;
+    }
+
+    // Consumer warpgroups 0 and 1.
+    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const int g4 = lane >> 2, c2 = (lane & 3) * 2;
+    int j = 0;
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+        const GqProb P = prob(w);
+        const int n0 = P.n0;
+        const int row_a = P.m0 + wg * 64 + wq * 16 + g4;
+        const float* sa_r0 = P.sa + (size_t)row_a * KT;
+        const float* sa_r1 = P.sa + (size_t)(row_a + 8) * KT;
+        const u8* sw_g = nullptr;
+        const u8* sw_u = nullptr;
+        if (!FP4) {
+            const u8* s;
+            int n = fused_srow<EPI>(P, min(n0, N - 1), s);
+            sw_g = s + (size_t)(n >> 7) * KT;
+            if (EPI == 1) {
+                n = fused_srow<EPI>(P, min(n0 + 8, N - 1), s);
+                sw_u = s + (size_t)(n >> 7) * KT;
+            }
+        }
+        float acc[64], tmp[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[i] = 0.f;
+        for (int kt = 0; kt < KT; kt++) {
+            const int s = j % ST;
+            const u32 sb = base + s * L::STAGE;
+            const float sa0 = __ldg(sa_r0 + kt), sa1 = __ldg(sa_r1 + kt);
+            float swg = 1.f, swu = 1.f;
+            if (!FP4) {
+                swg = fs_e8m0(__ldg(sw_g + kt));
+                if (EPI == 1) swu = fs_e8m0(__ldg(sw_u + kt));
+            }
+            gws_wait(full0 + 8 * s, (j / ST) & 1);
+            __syncwarp();  // converged for the .aligned wgmma instructions
+            const unsigned long long da = gw_desc(sb + L::A + wg * 64 * 128), db = gw_desc(sb + (FP4 ? L::BC : 16384));
+            gw_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
+            gw_commit();
+            gw_wait0();
+            gw_fence_regs(tmp);
+            if (!FP4) {
+                const float f[4] = {sa0 * swg, sa0 * swu, sa1 * swg, sa1 * swu};
+#pragma unroll
+                for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[4 * jj + e] = fmaf(tmp[4 * jj + e], f[(e >> 1) * 2 + (EPI == 1 && (jj & 1))], acc[4 * jj + e]);
+            } else {
+                const float* wsc = reinterpret_cast<const float*>(gbase + s * L::STAGE + L::WSC);
+#pragma unroll
+                for (int jj = 0; jj < 16; jj++) {
+                    const float2 wv = *reinterpret_cast<const float2*>(wsc + jj * 8 + c2);
+                    acc[4 * jj + 0] = fmaf(tmp[4 * jj + 0], sa0 * wv.x, acc[4 * jj + 0]);
+                    acc[4 * jj + 1] = fmaf(tmp[4 * jj + 1], sa0 * wv.y, acc[4 * jj + 1]);
+                    acc[4 * jj + 2] = fmaf(tmp[4 * jj + 2], sa1 * wv.x, acc[4 * jj + 2]);
+                    acc[4 * jj + 3] = fmaf(tmp[4 * jj + 3], sa1 * wv.y, acc[4 * jj + 3]);
+                }
+            }
+            __syncwarp();
+            if (lane == 0) gws_arrive(empty0 + 8 * s);
+            j++;
+        }
+        if constexpr (EPI == 1) {
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    gq_swiglu_store(E, N, row_a + 8 * h, (n0 >> 1) + 8 * jj + c2, acc[4 * (2 * jj) + 2 * h], acc[4 * (2 * jj) + 2 * h + 1],
+                                    acc[4 * (2 * jj + 1) + 2 * h], acc[4 * (2 * jj + 1) + 2 * h + 1]);
+        } else {
+#pragma unroll
+            for (int jj = 0; jj < 16; jj++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) gq_store2<EPI>(E, 0x7fffffff, N, row_a + 8 * h, n0 + jj * 8 + c2, acc[4 * jj + 2 * h], acc[4 * jj + 2 * h + 1]);
+        }
+    }
+}
+
+#define MOE_WS_ENTRY(NAME, FMT, EPI)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                                                  \
+        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,         \
+             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
+             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
+             float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                         \
+             const float* __restrict__ gamma, int N, int K, float limit) {                                                \
+        moe_ws<FMT, EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit);           \
+    }
+
+MOE_WS_ENTRY(moe_ws_fp8_128_plain, 2, 0)
+MOE_WS_ENTRY(moe_ws_fp8_128_swiglu, 2, 1)
+MOE_WS_ENTRY(moe_ws_fp8_128_scatter, 2, 2)
+MOE_WS_ENTRY(moe_ws_fp4_128_plain, 3, 0)
+MOE_WS_ENTRY(moe_ws_fp4_128_swiglu, 3, 1)
+MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
+
 // moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E): grouped rows of per-token quantized
 // activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows), xsa [R, Kp/128] (1 for padding).
 // Grid-stride over (row, 16-byte column group); any grid, block 256.
