@@ -90,8 +90,9 @@ pub fn moe_family_for(family: &'static str, bm: usize) -> &'static str {
     }
 }
 
-/// Threads per block of the `moe_ws` kernels: two multiply warpgroups and one producer.
-pub const WS_THREADS: u32 = 384;
+/// Threads per block of the `moe_ws` kernels: two multiply warpgroups and two producers
+/// (`GWS_THREADS` in gemm_q8.cu).
+pub const WS_THREADS: u32 = 512;
 
 /// Output columns per block of every gemm_q8.cu GEMM.
 pub const Q8_BN: usize = 128;

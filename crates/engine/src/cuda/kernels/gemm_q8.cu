@@ -705,12 +705,14 @@ MOE_FP8_FMT(w8, true, fp4, 3)
 // ---------------------------------------------------------------------------------------------
 // moe_ws_<fmt>_128_<epi>(…): the grouped MoE of moe_w8_<fmt>_128_<epi> (same arguments, same
 // outputs bit for bit: the same four wgmma k32 per K step and warpgroup, the same promotion) with
-// warp specialisation (switch MOE_FP8_WS). Block of 384 threads: warpgroups 0 and 1 multiply (64
-// token rows each) and promote; warpgroup 2 produces. The producer copies each K step's activation
+// warp specialisation (switch MOE_FP8_WS). Block of 512 threads: warpgroups 0 and 1 multiply (64
+// token rows each) and promote; warpgroups 2 and 3 produce, with 40 registers per thread so that
+// the multiply warpgroups get 216 (setmaxnreg). The producers copy each K step's activation
 // tile and weight tile (fp4: the packed bytes and, per thread, the scale word of the row it
 // converts) into a ring of GwsLayout::STAGES stages with cp.async, converts fp4 weights to e4m3
-// (gq_fp4_unit) GWS_LAG steps behind its copies, and marks the stage full on an mbarrier (128
-// arrivals, after fence.proxy.async so that wgmma sees the data); each consumer warp waits on it,
+// (gq_fp4_unit) GWS_LAG_FP4 steps behind their copies (fp8: STAGES − 2), and mark the stage full
+// on an mbarrier (one arrival per producer thread, after fence.proxy.async so that wgmma sees the
+// data); each consumer warp waits on it,
 // multiplies, promotes and releases the stage on a second mbarrier (8 arrivals). Nothing else
 // synchronises the block: the multiply warpgroups run free of the copies and the conversion, and
 // the ring runs across the block's units, so the next unit's copies overlap this one's epilogue.
@@ -719,6 +721,8 @@ MOE_FP8_FMT(w8, true, fp4, 3)
 // design; the code is ours.
 
 #define GWS_LAG_FP4 3
+#define GWS_PRODUCERS 256                     // producer threads (two warpgroups)
+#define GWS_THREADS (256 + GWS_PRODUCERS)
 
 __device__ __forceinline__ void gws_bar_init(u32 bar, u32 count) {
     GW_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -730,11 +734,6 @@ __device__ __forceinline__ void gws_arrive(u32 bar) {
 __device__ __forceinline__ void gws_wait(u32 bar, u32 parity) {
     GW_ASM("{\n.reg .pred p;\nGWS_WAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra GWS_WAIT_%=;\n}\n" ::"r"(bar), "r"(parity)
            : "memory");
-}
-// 4-byte cp.async (src-size 0: zero fill).
-__device__ __forceinline__ void gws_cp4(u32 dst, const void* src, bool valid) {
-    int n = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
 
 // One stage: A [128][128] e4m3 (swizzled); fp4: converted B [128][128] e4m3 (swizzled), packed B
@@ -772,11 +771,11 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            gws_bar_init(full0 + 8 * s, 128);
+            gws_bar_init(full0 + 8 * s, GWS_PRODUCERS);
             gws_bar_init(empty0 + 8 * s, 8);
         }
     }
-    if (FP4) gq_fill_lut(lut, tid, 384);
+    if (FP4) gq_fill_lut(lut, tid, GWS_THREADS);
     __syncthreads();
 
     const int tiles_n = (N + 127) / 128;
@@ -801,13 +800,27 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
     };
 
     if (tid >= 256) {
-        // Producer warpgroup.
+        // Producer warpgroups: registers handed to the multiply warpgroups.
+        GW_ASM("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
         const int p = tid - 256;
+        constexpr int NP = GWS_PRODUCERS;
         constexpr int LAG = FP4 ? GWS_LAG_FP4 : ST - 2;
-        constexpr int BCP = FP4 ? 4 : 8;  // weight copies per thread per step (16 bytes each)
+        constexpr int AC = 1024 / NP;                  // activation copies per thread per step
+        constexpr int BCP = (FP4 ? 512 : 1024) / NP;  // weight copies per thread per step (16 bytes each)
         const size_t wrow = FP4 ? (size_t)K / 2 : (size_t)K;
         const int sg = K >> 5;
         int j = 0, jc = 0;  // steps copied, steps marked full
+        // fp4: the scale words of the last step copied, loaded with plain loads (a 4-byte cp.async
+        // per thread costs 32 shared-memory wavefronts) and stored into its stage one step later,
+        // before that step is converted (GWS_LAG_FP4 ≥ 1 steps later).
+        u32 pend[FP4 ? BCP : 1];
+        int pend_stage = -1;
+        auto store_pending = [&] {
+            if (FP4 && pend_stage >= 0) {
+#pragma unroll
+                for (int i = 0; i < BCP; i++) *reinterpret_cast<u32*>(gbase + pend_stage * L::STAGE + L::SW + (i * NP + p) * 4) = pend[i];
+            }
+        };
         // Mark step jc full: its copies (and fp4: its conversion) are this thread's to finish.
         auto finish = [&](bool drain) {
             if (drain) gm_wait<0>();
@@ -817,15 +830,23 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
                 const u8* st = gbase + s * L::STAGE;
                 const int g = p & 3;
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int r = (p >> 2) + 32 * u;
+                for (int u = 0; u < BCP; u++) {
+                    const int r = (p >> 2) + (NP / 4) * u;
                     const uint4 v = *reinterpret_cast<const uint4*>(st + L::BR + r * 64 + g * 16);
-                    const u32 sw = *reinterpret_cast<const u32*>(st + L::SW + (u * 128 + p) * 4);
+                    const u32 sw = *reinterpret_cast<const u32*>(st + L::SW + (u * NP + p) * 4);
                     u8* bc = gbase + s * L::STAGE + L::BC;
-                    u32 smax;
-                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = gq_fp4_unit(make_uint2(v.x, v.y), sw, g, lut, &smax);
-                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = gq_fp4_unit(make_uint2(v.z, v.w), sw, g, lut, &smax);
-                    if (g == 0) reinterpret_cast<float*>(gbase + s * L::STAGE + L::WSC)[r] = fs_e8m0((u8)smax);
+                    // gq_fp4_unit's conversion, the scale word decoded once for the unit's 32 values.
+                    const u32 m = max(max(sw & 0xffu, (sw >> 8) & 0xffu), max((sw >> 16) & 0xffu, sw >> 24));
+                    const int d = max((int)((sw >> (8 * g)) & 0xffu) - (int)m, -8) + 8;
+                    const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * d);
+                    uint4 o0, o1;
+                    gq_fp4x8(v.x, t.x, t.y, o0.x, o0.y);
+                    gq_fp4x8(v.y, t.x, t.y, o0.z, o0.w);
+                    gq_fp4x8(v.z, t.x, t.y, o1.x, o1.y);
+                    gq_fp4x8(v.w, t.x, t.y, o1.z, o1.w);
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o0;
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o1;
+                    if (g == 0) reinterpret_cast<float*>(gbase + s * L::STAGE + L::WSC)[r] = fs_e8m0((u8)m);
                 }
             }
             gw_fence_proxy();
@@ -834,17 +855,17 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
         };
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
             const GqProb P = prob(w);
-            // Activation copies: rows p / 8 + 16 i, chunk p % 8.
+            // Activation copies: rows p / 8 + (NP / 8) i, chunk p % 8.
             const u8* a_src = P.q + (size_t)(P.m0 + (p >> 3)) * K + (p & 7) * 16;
             const u32 a_off = gw_swz(p >> 3, p & 7);
-            // Weight copies: fp4 rows p / 4 + 32 i, 16-byte group p % 4 (+ that row's scale word);
-            // fp8 rows p / 8 + 16 i, chunk p % 8. Rows past N copy zeros.
+            // Weight copies: fp4 rows p / 4 + (NP / 4) i, 16-byte group p % 4 (+ that row's scale
+            // word); fp8 rows p / 8 + (NP / 8) i, chunk p % 8. Rows past N copy zeros.
             const u8* b_src[BCP];
-            const u8* s_src[FP4 ? 4 : 1];
+            const u8* s_src[FP4 ? BCP : 1];
             bool b_ok[BCP];
 #pragma unroll
             for (int i = 0; i < BCP; i++) {
-                const int r = FP4 ? (p >> 2) + 32 * i : (p >> 3) + 16 * i;
+                const int r = FP4 ? (p >> 2) + (NP / 4) * i : (p >> 3) + (NP / 8) * i;
                 const int n = P.n0 + r;
                 b_ok[i] = n < N;
                 b_src[i] = b_ok[i] ? fused_wrow<EPI>(P, n, wrow) + (FP4 ? (p & 3) : (p & 7)) * 16 : P.W;
@@ -862,28 +883,35 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
                 gws_wait(empty0 + 8 * s, ((j / ST) & 1) ^ 1);
                 const u32 sb = base + s * L::STAGE;
 #pragma unroll
-                for (int i = 0; i < 8; i++) gm_cp16(sb + L::A + a_off + i * 16 * 128, a_src + (size_t)i * 16 * K + kt * 128, true);
+                for (int i = 0; i < AC; i++) gm_cp16(sb + L::A + a_off + i * (NP / 8) * 128, a_src + (size_t)i * (NP / 8) * K + kt * 128, true);
 #pragma unroll
                 for (int i = 0; i < BCP; i++) {
                     if constexpr (FP4) {
-                        const int r = (p >> 2) + 32 * i;
+                        const int r = (p >> 2) + (NP / 4) * i;
                         gm_cp16(sb + L::BR + r * 64 + (p & 3) * 16, b_src[i] + (size_t)kt * 64, b_ok[i]);
-                        gws_cp4(sb + L::SW + (i * 128 + p) * 4, s_src[i] + kt * 4, b_ok[i]);
                     } else {
-                        const int r = (p >> 3) + 16 * i;
+                        const int r = (p >> 3) + (NP / 8) * i;
                         gm_cp16(sb + gw_swz(r, p & 7) + 16384, b_src[i] + (size_t)kt * 128, b_ok[i]);
                     }
                 }
                 gm_commit();
+                if constexpr (FP4) {
+                    store_pending();
+#pragma unroll
+                    for (int i = 0; i < BCP; i++) pend[i] = b_ok[i] ? __ldg(reinterpret_cast<const u32*>(s_src[i]) + kt) : 0u;
+                    pend_stage = s;
+                }
                 j++;
                 if (j - jc > LAG) finish(false);
             }
         }
+        store_pending();
         while (jc < j) finish(true);
         return;
     }
 
     // Consumer warpgroups 0 and 1.
+    GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
     const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     int j = 0;
@@ -904,47 +932,72 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
                 sw_u = s + (size_t)(n >> 7) * KT;
             }
         }
-        float acc[64], tmp[64];
+        float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[i] = 0.f;
-        for (int kt = 0; kt < KT; kt++) {
-            const int s = j % ST;
+        // Step kt's four MMAs into t (stage of step j0 + kt).
+        auto mma = [&](float (&t)[64], int jj_) {
+            const int s = jj_ % ST;
             const u32 sb = base + s * L::STAGE;
-            const float sa0 = __ldg(sa_r0 + kt), sa1 = __ldg(sa_r1 + kt);
-            float swg = 1.f, swu = 1.f;
-            if (!FP4) {
-                swg = fs_e8m0(__ldg(sw_g + kt));
-                if (EPI == 1) swu = fs_e8m0(__ldg(sw_u + kt));
-            }
-            gws_wait(full0 + 8 * s, (j / ST) & 1);
+            gws_wait(full0 + 8 * s, (jj_ / ST) & 1);
             __syncwarp();  // converged for the .aligned wgmma instructions
             const unsigned long long da = gw_desc(sb + L::A + wg * 64 * 128), db = gw_desc(sb + (FP4 ? L::BC : 16384));
             gw_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
+            for (int kk = 0; kk < 4; kk++) gw_mma(t, da + 2 * kk, db + 2 * kk, kk);
             gw_commit();
-            gw_wait0();
-            gw_fence_regs(tmp);
+        };
+        // Step kt's scales: activation rows row_a and row_a + 8, fp8 weight blocks (gate, up).
+        struct Sc {
+            float a0, a1, wg, wu;
+        };
+        auto scales = [&](int kt) {
+            Sc c = {1.f, 1.f, 1.f, 1.f};
+            if (kt < KT) {
+                c.a0 = __ldg(sa_r0 + kt);
+                c.a1 = __ldg(sa_r1 + kt);
+                if (!FP4) {
+                    c.wg = fs_e8m0(__ldg(sw_g + kt));
+                    if (EPI == 1) c.wu = fs_e8m0(__ldg(sw_u + kt));
+                }
+            }
+            return c;
+        };
+        // acc += step kt's partial t · s_a · s_w (gw_gemm's order), then the stage is released.
+        auto promote = [&](float (&t)[64], const Sc& c, int jj_) {
+            const int s = jj_ % ST;
+            const float sa0 = c.a0, sa1 = c.a1;
             if (!FP4) {
+                const float swg = c.wg, swu = c.wu;
                 const float f[4] = {sa0 * swg, sa0 * swu, sa1 * swg, sa1 * swu};
 #pragma unroll
-                for (int jj = 0; jj < 16; jj++)
+                for (int q = 0; q < 16; q++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) acc[4 * jj + e] = fmaf(tmp[4 * jj + e], f[(e >> 1) * 2 + (EPI == 1 && (jj & 1))], acc[4 * jj + e]);
+                    for (int e = 0; e < 4; e++) acc[4 * q + e] = fmaf(t[4 * q + e], f[(e >> 1) * 2 + (EPI == 1 && (q & 1))], acc[4 * q + e]);
             } else {
                 const float* wsc = reinterpret_cast<const float*>(gbase + s * L::STAGE + L::WSC);
 #pragma unroll
-                for (int jj = 0; jj < 16; jj++) {
-                    const float2 wv = *reinterpret_cast<const float2*>(wsc + jj * 8 + c2);
-                    acc[4 * jj + 0] = fmaf(tmp[4 * jj + 0], sa0 * wv.x, acc[4 * jj + 0]);
-                    acc[4 * jj + 1] = fmaf(tmp[4 * jj + 1], sa0 * wv.y, acc[4 * jj + 1]);
-                    acc[4 * jj + 2] = fmaf(tmp[4 * jj + 2], sa1 * wv.x, acc[4 * jj + 2]);
-                    acc[4 * jj + 3] = fmaf(tmp[4 * jj + 3], sa1 * wv.y, acc[4 * jj + 3]);
+                for (int q = 0; q < 16; q++) {
+                    const float2 wv = *reinterpret_cast<const float2*>(wsc + q * 8 + c2);
+                    acc[4 * q + 0] = fmaf(t[4 * q + 0], sa0 * wv.x, acc[4 * q + 0]);
+                    acc[4 * q + 1] = fmaf(t[4 * q + 1], sa0 * wv.y, acc[4 * q + 1]);
+                    acc[4 * q + 2] = fmaf(t[4 * q + 2], sa1 * wv.x, acc[4 * q + 2]);
+                    acc[4 * q + 3] = fmaf(t[4 * q + 3], sa1 * wv.y, acc[4 * q + 3]);
                 }
             }
             __syncwarp();
             if (lane == 0) gws_arrive(empty0 + 8 * s);
-            j++;
+        };
+        // The scales' global loads run a step ahead of their use.
+        float tmp[64];
+        Sc cur = scales(0);
+        for (int kt = 0; kt < KT; kt++, j++) {
+            const Sc next = scales(kt + 1);
+            mma(tmp, j);
+            gw_wait0();
+            gw_fence_regs(tmp);
+            promote(tmp, cur, j);
+            cur = next;
         }
         if constexpr (EPI == 1) {
 #pragma unroll
@@ -963,7 +1016,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
 }
 
 #define MOE_WS_ENTRY(NAME, FMT, EPI)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(384, 1)                                                                  \
+    extern "C" __global__ void __launch_bounds__(GWS_THREADS, 1)                                                          \
         NAME(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,         \
              const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
              const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
