@@ -710,7 +710,7 @@ MOE_FP8_FMT(w8, true, fp4, 3)
 // the multiply warpgroups get 216 (setmaxnreg). The producers copy each K step's activation
 // tile and weight tile (fp4: the packed bytes and, per thread, the scale word of the row it
 // converts) into a ring of GwsLayout::STAGES stages with cp.async, converts fp4 weights to e4m3
-// (gq_fp4_unit) GWS_LAG_FP4 steps behind their copies (fp8: STAGES − 2), and mark the stage full
+// (gq_fp4_unit) GWS_LAG steps behind their copies (fp8: the same lag, no conversion), and mark the stage full
 // on an mbarrier (one arrival per producer thread, after fence.proxy.async so that wgmma sees the
 // data); each consumer warp waits on it,
 // multiplies, promotes and releases the stage on a second mbarrier (8 arrivals). Nothing else
@@ -720,7 +720,11 @@ MOE_FP8_FMT(w8, true, fp4, 3)
 // Learned from the PTX ISA (mbarrier, wgmma, proxy fences) and DeepGEMM's producer/consumer
 // design; the code is ours.
 
-#define GWS_LAG_FP4 3
+// Steps between a stage's copies and its conversion / full mark: each stage in that window is not
+// yet ready for the multiply warpgroups, so a short lag leaves more of the ring to absorb jitter.
+#ifndef GWS_LAG
+#define GWS_LAG 2
+#endif
 #define GWS_PRODUCERS 256                     // producer threads (two warpgroups)
 #define GWS_THREADS (256 + GWS_PRODUCERS)
 
@@ -748,6 +752,18 @@ struct GwsLayout {
     static constexpr int BARS = STAGES * STAGE;
     static constexpr int LUT = BARS + 2 * STAGES * 8;
     static constexpr int TOTAL = 1024 + LUT + (FP4 ? 72 : 0);
+};
+
+// A position in the ring: stage and the parity of its round (the phase its barriers are in).
+template <int ST>
+struct GwsRing {
+    int s = 0, ph = 0;
+    __device__ __forceinline__ void next() {
+        if (++s == ST) {
+            s = 0;
+            ph ^= 1;
+        }
+    }
 };
 
 template <int FMT, int EPI>
@@ -804,15 +820,17 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
         GW_ASM("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
         const int p = tid - 256;
         constexpr int NP = GWS_PRODUCERS;
-        constexpr int LAG = FP4 ? GWS_LAG_FP4 : ST - 2;
+        constexpr int LAG = GWS_LAG;
+        static_assert(LAG >= 1 && LAG <= ST - 1, "the lag must leave the ring room (no deadlock)");
         constexpr int AC = 1024 / NP;                  // activation copies per thread per step
         constexpr int BCP = (FP4 ? 512 : 1024) / NP;  // weight copies per thread per step (16 bytes each)
         const size_t wrow = FP4 ? (size_t)K / 2 : (size_t)K;
         const int sg = K >> 5;
-        int j = 0, jc = 0;  // steps copied, steps marked full
+        int j = 0, jc = 0;        // steps copied, steps marked full
+        GwsRing<ST> cp, cv;       // their ring positions
         // fp4: the scale words of the last step copied, loaded with plain loads (a 4-byte cp.async
         // per thread costs 32 shared-memory wavefronts) and stored into its stage one step later,
-        // before that step is converted (GWS_LAG_FP4 ≥ 1 steps later).
+        // before that step is converted (GWS_LAG ≥ 1 steps later).
         u32 pend[FP4 ? BCP : 1];
         int pend_stage = -1;
         auto store_pending = [&] {
@@ -825,7 +843,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
         auto finish = [&](bool drain) {
             if (drain) gm_wait<0>();
             else gm_wait<LAG>();
-            const int s = jc % ST;
+            const int s = cv.s;
             if constexpr (FP4) {
                 const u8* st = gbase + s * L::STAGE;
                 const int g = p & 3;
@@ -852,6 +870,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
             gw_fence_proxy();
             gws_arrive(full0 + 8 * s);
             jc++;
+            cv.next();
         };
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
             const GqProb P = prob(w);
@@ -879,8 +898,8 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
                 }
             }
             for (int kt = 0; kt < KT; kt++) {
-                const int s = j % ST;
-                gws_wait(empty0 + 8 * s, ((j / ST) & 1) ^ 1);
+                const int s = cp.s;
+                gws_wait(empty0 + 8 * s, cp.ph ^ 1);
                 const u32 sb = base + s * L::STAGE;
 #pragma unroll
                 for (int i = 0; i < AC; i++) gm_cp16(sb + L::A + a_off + i * (NP / 8) * 128, a_src + (size_t)i * (NP / 8) * K + kt * 128, true);
@@ -902,6 +921,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
                     pend_stage = s;
                 }
                 j++;
+                cp.next();
                 if (j - jc > LAG) finish(false);
             }
         }
@@ -914,7 +934,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
     GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
     const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
-    int j = 0;
+    GwsRing<ST> ring;
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
         const GqProb P = prob(w);
         const int n0 = P.n0;
@@ -935,18 +955,6 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
         float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[i] = 0.f;
-        // Step kt's four MMAs into t (stage of step j0 + kt).
-        auto mma = [&](float (&t)[64], int jj_) {
-            const int s = jj_ % ST;
-            const u32 sb = base + s * L::STAGE;
-            gws_wait(full0 + 8 * s, (jj_ / ST) & 1);
-            __syncwarp();  // converged for the .aligned wgmma instructions
-            const unsigned long long da = gw_desc(sb + L::A + wg * 64 * 128), db = gw_desc(sb + (FP4 ? L::BC : 16384));
-            gw_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) gw_mma(t, da + 2 * kk, db + 2 * kk, kk);
-            gw_commit();
-        };
         // Step kt's scales: activation rows row_a and row_a + 8, fp8 weight blocks (gate, up).
         struct Sc {
             float a0, a1, wg, wu;
@@ -964,8 +972,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
             return c;
         };
         // acc += step kt's partial t · s_a · s_w (gw_gemm's order), then the stage is released.
-        auto promote = [&](float (&t)[64], const Sc& c, int jj_) {
-            const int s = jj_ % ST;
+        auto promote = [&](float (&t)[64], const Sc& c, int s) {
             const float sa0 = c.a0, sa1 = c.a1;
             if (!FP4) {
                 const float swg = c.wg, swu = c.wu;
@@ -991,12 +998,19 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
         // The scales' global loads run a step ahead of their use.
         float tmp[64];
         Sc cur = scales(0);
-        for (int kt = 0; kt < KT; kt++, j++) {
+        for (int kt = 0; kt < KT; kt++, ring.next()) {
             const Sc next = scales(kt + 1);
-            mma(tmp, j);
+            const u32 sb = base + ring.s * L::STAGE;
+            gws_wait(full0 + 8 * ring.s, ring.ph);
+            __syncwarp();  // converged for the .aligned wgmma instructions
+            const unsigned long long da = gw_desc(sb + L::A + wg * 64 * 128), db = gw_desc(sb + (FP4 ? L::BC : 16384));
+            gw_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
+            gw_commit();
             gw_wait0();
             gw_fence_regs(tmp);
-            promote(tmp, cur, j);
+            promote(tmp, cur, ring.s);
             cur = next;
         }
         if constexpr (EPI == 1) {
