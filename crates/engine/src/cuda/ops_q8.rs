@@ -439,6 +439,18 @@ mod tests {
         crate::switches::scoped(&[("FP8_WGMMA", "off")], || assert_eq!(families_for("sm_90a"), ("gemm_q8", "moe_q8"))).unwrap();
     }
 
+    /// The launch's block size and shared memory are the kernel's (`GWS_THREADS`, `GwsLayout`).
+    #[test]
+    fn warp_specialised_launch_matches_the_source() {
+        let src = include_str!("kernels/gemm_q8.cu");
+        assert!(src.contains("#define GWS_PRODUCERS 256 ") && src.contains("#define GWS_THREADS (256 + GWS_PRODUCERS)"));
+        assert_eq!(WS_THREADS, 512);
+        assert!(src.contains("__launch_bounds__(GWS_THREADS, 1)"));
+        // GwsLayout: 1 KB slack + stages + 2 barriers per stage (+ the fp4 table).
+        assert!(src.contains("static constexpr int STAGES = FP4 ? 5 : 6;") && src.contains("static constexpr int STAGE = FP4 ? 44032 : 32768;"));
+        assert_eq!(ws_smem("fp8"), 1024 + 6 * 32768 + 96);
+    }
+
     #[test]
     fn warp_specialised_moe_only_for_128_row_wgmma_tiles() {
         assert_eq!(moe_family_for("moe_w8", 128), "moe_ws");

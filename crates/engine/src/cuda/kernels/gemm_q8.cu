@@ -31,6 +31,8 @@
 //     gamma[dst[row]], 0 for padding rows: the official kernel quantizes γ·h, spec §10.1 / OFF-M),
 //     then act_quant_fp8 prepares the down projection's input; scatter: y[dst[row], col].
 //     bm 128: 8 warps (2 × 4); bm 64: 4 warps (2 × 2), warp tile 32 × 64.
+//   moe_w8_…: the same on Hopper's wgmma (switch FP8_WGMMA, below); moe_ws_<fmt>_128_<epi>: its
+//     128-row tiles warp-specialised, the same bits (switch MOE_FP8_WS, below).
 //
 //   lt_scales(sa, T, KB, sat, sw, NB, swf): the scale layouts cuBLASLt's block-scaled FP8 GEMM reads
 //     (switch FP8_CUBLASLT, ops_q8.rs / cublaslt.rs): activation scales sa [≥ T, KB] (act_quant_fp8)
@@ -705,26 +707,24 @@ MOE_FP8_FMT(w8, true, fp4, 3)
 // ---------------------------------------------------------------------------------------------
 // moe_ws_<fmt>_128_<epi>(…): the grouped MoE of moe_w8_<fmt>_128_<epi> (same arguments, same
 // outputs bit for bit: the same four wgmma k32 per K step and warpgroup, the same promotion) with
-// warp specialisation (switch MOE_FP8_WS). Block of 512 threads: warpgroups 0 and 1 multiply (64
-// token rows each) and promote; warpgroups 2 and 3 produce, with 40 registers per thread so that
-// the multiply warpgroups get 216 (setmaxnreg). The producers copy each K step's activation
-// tile and weight tile (fp4: the packed bytes and, per thread, the scale word of the row it
-// converts) into a ring of GwsLayout::STAGES stages with cp.async, converts fp4 weights to e4m3
-// (gq_fp4_unit) GWS_LAG steps behind their copies (fp8: the same lag, no conversion), and mark the stage full
-// on an mbarrier (one arrival per producer thread, after fence.proxy.async so that wgmma sees the
-// data); each consumer warp waits on it,
-// multiplies, promotes and releases the stage on a second mbarrier (8 arrivals). Nothing else
-// synchronises the block: the multiply warpgroups run free of the copies and the conversion, and
-// the ring runs across the block's units, so the next unit's copies overlap this one's epilogue.
-// Producer and consumers walk the same unit sequence (persistent grid-stride over the queue).
-// Learned from the PTX ISA (mbarrier, wgmma, proxy fences) and DeepGEMM's producer/consumer
-// design; the code is ours.
+// warp specialisation (switch MOE_FP8_WS). Block of GWS_THREADS = 512: warpgroups 0 and 1 multiply
+// (64 token rows each) and promote; warpgroups 2 and 3 produce, with 40 registers per thread so
+// that the multiply warpgroups get 216 (setmaxnreg). Per K step the producers copy the activation
+// tile and the weight tile (fp4: packed) into a ring of GwsLayout::STAGES stages with cp.async;
+// fp4: load the rows' scale words with plain loads and store them into the stage a step later;
+// GWS_LAG steps behind their copies convert fp4 weights to e4m3 (gq_fp4_unit's conversion) and
+// mark the stage full on an mbarrier (one arrival per producer thread, after fence.proxy.async so
+// that wgmma sees the data). Each multiply warp waits on it, multiplies, promotes and releases the
+// stage on a second mbarrier (one arrival per warp). Nothing else synchronises the block, and the
+// ring runs across the block's units, so the next unit's copies overlap this one's epilogue.
+// Producers and multiply warpgroups walk the same unit sequence (grid-stride over the queue).
+// Learned from the PTX ISA (mbarrier, wgmma, setmaxnreg, proxy fences) and DeepGEMM's
+// producer/consumer design; the code is ours.
 
-// Steps between a stage's copies and its conversion / full mark: each stage in that window is not
-// yet ready for the multiply warpgroups, so a short lag leaves more of the ring to absorb jitter.
-#ifndef GWS_LAG
+// Steps between a stage's copies and its conversion / full mark: every stage in that window is
+// unavailable to the multiply warpgroups, so the lag is as short as the copies' latency allows
+// (2: measured against 3 and 1, bench/moe_ws_variants_h200.log).
 #define GWS_LAG 2
-#endif
 #define GWS_PRODUCERS 256                     // producer threads (two warpgroups)
 #define GWS_THREADS (256 + GWS_PRODUCERS)
 
