@@ -432,12 +432,82 @@ struct GwLayout {
     static constexpr int TOTAL = 1024 + STAGES * (A_STAGE + B_STAGE) + 2 * BCONV + WSC + LUT;
 };
 
+// The 1 KB-aligned start of a block's dynamic shared memory (swizzle atoms) as a shared address
+// (returned) and a generic pointer (gbase); traps when the launch gave less than `total` bytes.
+__device__ __forceinline__ u32 gw_smem_base(u8* sh, int total, u8*& gbase) {
+    u32 dsz;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
+    if (dsz < (u32)total) __trap();
+    const u32 raw0 = gm_smem(sh);
+    const u32 base = (raw0 + 1023u) & ~1023u;
+    gbase = sh + (base - raw0);
+    return base;
+}
+
 // Keeps the compiler from reading wgmma results before the wait that makes them valid (registers
 // written asynchronously are invisible to it).
 template <int N>
 __device__ __forceinline__ void gw_fence_regs(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// acc += one K step's partial tmp · s_a · s_w in f32 — the per-128 promotion of gw_gemm and
+// moe_ws (the thread's rows row_a, row_a + 8: sa0, sa1). DIRECT (fp8 weights): the block scales swg
+// (the tile's gate or only rows) and swu (EPI 1's up rows, odd 8-column groups); fp4: the step's
+// per-column scales wsc[0 .. 127].
+template <bool DIRECT, int EPI>
+__device__ __forceinline__ void gw_promote(float (&acc)[64], const float (&tmp)[64], float sa0, float sa1, float swg, float swu, const float* wsc,
+                                           int c2) {
+    if (DIRECT) {
+        const float f[4] = {sa0 * swg, sa0 * swu, sa1 * swg, sa1 * swu};
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[4 * j + e] = fmaf(tmp[4 * j + e], f[(e >> 1) * 2 + (EPI == 1 && (j & 1))], acc[4 * j + e]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const float2 w = *reinterpret_cast<const float2*>(wsc + j * 8 + c2);
+            acc[4 * j + 0] = fmaf(tmp[4 * j + 0], sa0 * w.x, acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(tmp[4 * j + 1], sa0 * w.y, acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(tmp[4 * j + 2], sa1 * w.x, acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(tmp[4 * j + 3], sa1 * w.y, acc[4 * j + 3]);
+        }
+    }
+}
+
+// fp8 weights: the rows of 128-block scales (one byte per K step) of a tile's gate (or only)
+// columns, sw_g, and for EPI 1 of its up columns, sw_u (gw_gemm, moe_ws).
+template <int EPI>
+__device__ __forceinline__ void gw_fp8_scale_rows(const GqProb& P, const u8*& sw_g, const u8*& sw_u) {
+    const int KT = P.K >> 7;
+    const u8* s;
+    int n = fused_srow<EPI>(P, min(P.n0, P.N - 1), s);
+    sw_g = s + (size_t)(n >> 7) * KT;
+    if (EPI == 1) {
+        n = fused_srow<EPI>(P, min(P.n0 + 8, P.N - 1), s);
+        sw_u = s + (size_t)(n >> 7) * KT;
+    }
+}
+
+// A warpgroup tile's epilogue (gw_gemm, moe_ws): the thread's accumulators (rows row_a, row_a + 8;
+// 16 column pairs from n0 + c2) through epilogue EPI (rows ≥ T are not stored by EPI 0).
+template <int EPI>
+__device__ __forceinline__ void gw_store(const GqEpi& E, int T, int N, int row_a, int n0, int c2, const float (&acc)[64]) {
+    if constexpr (EPI == 1) {
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                gq_swiglu_store(E, N, row_a + 8 * h, (n0 >> 1) + 8 * jj + c2, acc[4 * (2 * jj) + 2 * h], acc[4 * (2 * jj) + 2 * h + 1],
+                                acc[4 * (2 * jj + 1) + 2 * h], acc[4 * (2 * jj + 1) + 2 * h + 1]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) gq_store2<EPI>(E, T, N, row_a + 8 * h, n0 + j * 8 + c2, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
 }
 
 // Per K step (128 values): one barrier, then the four wgmma k32 MMAs of the step are issued first
@@ -458,14 +528,8 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     static_assert(AC >= 1 && BC >= 1 && (BM * 8) % NT == 0 && (128 * BCPR) % NT == 0, "copies must divide among the threads");
 
     extern __shared__ __align__(16) u8 gw_sh[];
-    {
-        u32 dsz;
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
-        if (dsz < (u32)L::TOTAL) __trap();
-    }
-    const u32 raw0 = gm_smem(gw_sh);
-    const u32 base = (raw0 + 1023u) & ~1023u;
-    u8* gbase = gw_sh + (base - raw0);
+    u8* gbase;
+    const u32 base = gw_smem_base(gw_sh, L::TOTAL, gbase);
     const u32 as_base = base, bs_base = base + ST * L::A_STAGE, bc_base = bs_base + ST * L::B_STAGE;
     const u8* bs_gen = gbase + ST * L::A_STAGE;
     u8* bconv = gbase + ST * (L::A_STAGE + L::B_STAGE);
@@ -552,15 +616,7 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
     // fp8: the block-scale rows of the tile's gate (or only) and up columns.
     const u8* sw_g = nullptr;
     const u8* sw_u = nullptr;
-    if (DIRECT) {
-        const u8* s;
-        int n = fused_srow<EPI>(P, min(n0, N - 1), s);
-        sw_g = s + (size_t)(n >> 7) * KT;
-        if (EPI == 1) {
-            n = fused_srow<EPI>(P, min(n0 + 8, N - 1), s);
-            sw_u = s + (size_t)(n >> 7) * KT;
-        }
-    }
+    if (DIRECT) gw_fp8_scale_rows<EPI>(P, sw_g, sw_u);
     u32 sreg[UNITS];
     conv_pipeline_start<ST, UNITS, DIRECT>(issue, scale_word, convert, sreg);
 
@@ -586,38 +642,10 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
         gq_pipeline_step<UNITS, DIRECT>(kt, KT, scale_word, convert, sreg);
         gw_wait0();
         gw_fence_regs(tmp);
-        if (DIRECT) {
-            const float f[4] = {sa0 * swg, sa0 * swu, sa1 * swg, sa1 * swu};
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[4 * j + e] = fmaf(tmp[4 * j + e], f[(e >> 1) * 2 + (EPI == 1 && (j & 1))], acc[4 * j + e]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const float2 w = *reinterpret_cast<const float2*>(wsc + (kt & 1) * 128 + j * 8 + c2);
-                acc[4 * j + 0] = fmaf(tmp[4 * j + 0], sa0 * w.x, acc[4 * j + 0]);
-                acc[4 * j + 1] = fmaf(tmp[4 * j + 1], sa0 * w.y, acc[4 * j + 1]);
-                acc[4 * j + 2] = fmaf(tmp[4 * j + 2], sa1 * w.x, acc[4 * j + 2]);
-                acc[4 * j + 3] = fmaf(tmp[4 * j + 3], sa1 * w.y, acc[4 * j + 3]);
-            }
-        }
+        gw_promote<DIRECT, EPI>(acc, tmp, sa0, sa1, swg, swu, wsc + (kt & 1) * 128, c2);
     }
     gm_wait<0>();
-
-    if constexpr (EPI == 1) {
-#pragma unroll
-        for (int jj = 0; jj < 8; jj++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                gq_swiglu_store(E, N, row_a + 8 * h, (n0 >> 1) + 8 * jj + c2, acc[4 * (2 * jj) + 2 * h], acc[4 * (2 * jj) + 2 * h + 1],
-                                acc[4 * (2 * jj + 1) + 2 * h], acc[4 * (2 * jj + 1) + 2 * h + 1]);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 16; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) gq_store2<EPI>(E, P.T, N, row_a + 8 * h, n0 + j * 8 + c2, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-    }
+    gw_store<EPI>(E, P.T, N, row_a, n0, c2, acc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -651,6 +679,28 @@ FP8_GEMM_ENTRY(gemm_q8_fp4, false, 3)
 FP8_GEMM_ENTRY(gemm_w8_fp8, true, 2)
 FP8_GEMM_ENTRY(gemm_w8_fp4, true, 3)
 
+// Unit w of the grouped MoE's queue (item w / tiles_n: an expert and its 128- or 64-row tile of
+// grouped rows; column tile w % tiles_n) as a GEMM problem over that expert's weights.
+template <int EPI>
+__device__ __forceinline__ GqProb gq_moe_unit(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
+                                              const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, int tiles_n,
+                                              int N, int K, int w) {
+    const int it = w / tiles_n, ex = items[2 * it];
+    GqProb p;
+    p.q = q;
+    p.sa = sa;
+    p.W = reinterpret_cast<const u8*>(wtab[ex]);
+    p.S = reinterpret_cast<const u8*>(stab[ex]);
+    p.W3 = EPI == 1 ? reinterpret_cast<const u8*>(w3tab[ex]) : nullptr;
+    p.S3 = EPI == 1 ? reinterpret_cast<const u8*>(s3tab[ex]) : nullptr;
+    p.m0 = items[2 * it + 1];
+    p.n0 = (w % tiles_n) * 128;
+    p.T = 0x7fffffff;
+    p.N = N;
+    p.K = K;
+    return p;
+}
+
 // The grouped MoE over the on-device queue of (expert, row tile) items (gemm.cu moe_gemm).
 template <bool WGMMA, int FMT, int BM, int EPI>
 __device__ __forceinline__ void moe_fp8(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
@@ -661,21 +711,7 @@ __device__ __forceinline__ void moe_fp8(const u8* q, const float* sa, const unsi
     const int total = *n_items * tiles_n;
     GqEpi e = {y, hf, ldh, limit, dst, gamma};
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
-        const int it = w / tiles_n, pn = w % tiles_n;
-        const int ex = items[2 * it];
-        GqProb p;
-        p.q = q;
-        p.sa = sa;
-        p.W = reinterpret_cast<const u8*>(wtab[ex]);
-        p.S = reinterpret_cast<const u8*>(stab[ex]);
-        p.W3 = EPI == 1 ? reinterpret_cast<const u8*>(w3tab[ex]) : nullptr;
-        p.S3 = EPI == 1 ? reinterpret_cast<const u8*>(s3tab[ex]) : nullptr;
-        p.m0 = items[2 * it + 1];
-        p.n0 = pn * 128;
-        p.T = 0x7fffffff;
-        p.N = N;
-        p.K = K;
-        fp8_tile<WGMMA, FMT, BM, EPI>(p, e);
+        fp8_tile<WGMMA, FMT, BM, EPI>(gq_moe_unit<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, tiles_n, N, K, w), e);
         __syncthreads();  // the next unit refills shared memory other warps may still be reading
     }
 }
@@ -774,14 +810,8 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
     constexpr int ST = L::STAGES;
     constexpr bool FP4 = FMT == 3;
     extern __shared__ __align__(16) u8 gws_sh[];
-    {
-        u32 dsz;
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
-        if (dsz < (u32)L::TOTAL) __trap();
-    }
-    const u32 raw0 = gm_smem(gws_sh);
-    const u32 base = (raw0 + 1023u) & ~1023u;
-    u8* gbase = gws_sh + (base - raw0);
+    u8* gbase;
+    const u32 base = gw_smem_base(gws_sh, L::TOTAL, gbase);
     const u32 full0 = base + L::BARS, empty0 = full0 + ST * 8;
     u32* lut = reinterpret_cast<u32*>(gbase + L::LUT);
     const int tid = threadIdx.x;
@@ -798,22 +828,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
     const int total = *n_items * tiles_n;
     const int KT = K >> 7;
     GqEpi E = {y, hf, ldh, limit, dst, gamma};
-    auto prob = [&](int w) {
-        const int it = w / tiles_n, ex = items[2 * it];
-        GqProb p;
-        p.q = q;
-        p.sa = sa;
-        p.W = reinterpret_cast<const u8*>(wtab[ex]);
-        p.S = reinterpret_cast<const u8*>(stab[ex]);
-        p.W3 = EPI == 1 ? reinterpret_cast<const u8*>(w3tab[ex]) : nullptr;
-        p.S3 = EPI == 1 ? reinterpret_cast<const u8*>(s3tab[ex]) : nullptr;
-        p.m0 = items[2 * it + 1];
-        p.n0 = (w % tiles_n) * 128;
-        p.T = 0x7fffffff;
-        p.N = N;
-        p.K = K;
-        return p;
-    };
+    auto prob = [&](int w) { return gq_moe_unit<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, tiles_n, N, K, w); };
 
     if (tid >= 256) {
         // Producer warpgroups: registers handed to the multiply warpgroups.
@@ -943,15 +958,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
         const float* sa_r1 = P.sa + (size_t)(row_a + 8) * KT;
         const u8* sw_g = nullptr;
         const u8* sw_u = nullptr;
-        if (!FP4) {
-            const u8* s;
-            int n = fused_srow<EPI>(P, min(n0, N - 1), s);
-            sw_g = s + (size_t)(n >> 7) * KT;
-            if (EPI == 1) {
-                n = fused_srow<EPI>(P, min(n0 + 8, N - 1), s);
-                sw_u = s + (size_t)(n >> 7) * KT;
-            }
-        }
+        if (!FP4) gw_fp8_scale_rows<EPI>(P, sw_g, sw_u);
         float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[i] = 0.f;
@@ -971,30 +978,6 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
             }
             return c;
         };
-        // acc += step kt's partial t · s_a · s_w (gw_gemm's order), then the stage is released.
-        auto promote = [&](float (&t)[64], const Sc& c, int s) {
-            const float sa0 = c.a0, sa1 = c.a1;
-            if (!FP4) {
-                const float swg = c.wg, swu = c.wu;
-                const float f[4] = {sa0 * swg, sa0 * swu, sa1 * swg, sa1 * swu};
-#pragma unroll
-                for (int q = 0; q < 16; q++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) acc[4 * q + e] = fmaf(t[4 * q + e], f[(e >> 1) * 2 + (EPI == 1 && (q & 1))], acc[4 * q + e]);
-            } else {
-                const float* wsc = reinterpret_cast<const float*>(gbase + s * L::STAGE + L::WSC);
-#pragma unroll
-                for (int q = 0; q < 16; q++) {
-                    const float2 wv = *reinterpret_cast<const float2*>(wsc + q * 8 + c2);
-                    acc[4 * q + 0] = fmaf(t[4 * q + 0], sa0 * wv.x, acc[4 * q + 0]);
-                    acc[4 * q + 1] = fmaf(t[4 * q + 1], sa0 * wv.y, acc[4 * q + 1]);
-                    acc[4 * q + 2] = fmaf(t[4 * q + 2], sa1 * wv.x, acc[4 * q + 2]);
-                    acc[4 * q + 3] = fmaf(t[4 * q + 3], sa1 * wv.y, acc[4 * q + 3]);
-                }
-            }
-            __syncwarp();
-            if (lane == 0) gws_arrive(empty0 + 8 * s);
-        };
         // The scales' global loads run a step ahead of their use.
         float tmp[64];
         Sc cur = scales(0);
@@ -1010,22 +993,12 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
             gw_commit();
             gw_wait0();
             gw_fence_regs(tmp);
-            promote(tmp, cur, ring.s);
+            gw_promote<!FP4, EPI>(acc, tmp, cur.a0, cur.a1, cur.wg, cur.wu, reinterpret_cast<const float*>(gbase + ring.s * L::STAGE + L::WSC), c2);
+            __syncwarp();
+            if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
             cur = next;
         }
-        if constexpr (EPI == 1) {
-#pragma unroll
-            for (int jj = 0; jj < 8; jj++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    gq_swiglu_store(E, N, row_a + 8 * h, (n0 >> 1) + 8 * jj + c2, acc[4 * (2 * jj) + 2 * h], acc[4 * (2 * jj) + 2 * h + 1],
-                                    acc[4 * (2 * jj + 1) + 2 * h], acc[4 * (2 * jj + 1) + 2 * h + 1]);
-        } else {
-#pragma unroll
-            for (int jj = 0; jj < 16; jj++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) gq_store2<EPI>(E, 0x7fffffff, N, row_a + 8 * h, n0 + jj * 8 + c2, acc[4 * jj + 2 * h], acc[4 * jj + 2 * h + 1]);
-        }
+        gw_store<EPI>(E, 0x7fffffff, N, row_a, n0, c2, acc);
     }
 }
 
