@@ -758,8 +758,8 @@ MOE_FP8_FMT(w8, true, fp4, 3)
 // producer/consumer design; the code is ours.
 
 // Steps between a stage's copies and its conversion / full mark: every stage in that window is
-// unavailable to the multiply warpgroups, so the lag is as short as the copies' latency allows
-// (2: measured against 3 and 1, bench/moe_ws_variants_h200.log).
+// unavailable to the multiply warpgroups, so a short lag leaves more ready stages. 2 was faster
+// than 3; 1 was 1.4% faster on one run but not qualified (bench/moe_ws_variants_h200.log).
 #define GWS_LAG 2
 #define GWS_PRODUCERS 256                     // producer threads (two warpgroups)
 #define GWS_THREADS (256 + GWS_PRODUCERS)
