@@ -87,8 +87,8 @@ pub const SWITCHES: &[Switch] = &[
         name: "MOE_FP8_WS",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "the grouped FP8 wgmma MoE GEMMs of 128-row tiles under TC_LINEAR=fp8 (moe_w8_*_128_*: two warpgroups that each copy, convert FP4 weights, multiply and promote, one block barrier per K step): warp specialisation (moe_ws_*: a producer warpgroup copies and converts into a 5-6 stage ring, two multiply warpgroups wait on mbarriers and promote; the same MMAs and promotion order, so the same bits)",
-        parity: "gpu-check `moe_q8 … MOE_FP8_WS=off bits` (`--only moe`: bitwise equal to moe_w8 on the parity matrix, both formats, every variant) and the `moe_q8 …` records against the CPU in official numerics (they run on it by default); qualify (`MOE_FP8_WS=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8)",
+        replaces: "the grouped FP8 wgmma MoE GEMMs of 128-row tiles under TC_LINEAR=fp8 (moe_w8_*_128_*: two warpgroups that each copy, convert FP4 weights, multiply and promote, one block barrier per K step): warp specialisation (moe_ws_*: two producer warpgroups copy and convert into a 5-6 stage ring, two multiply warpgroups wait on mbarriers and promote, registers moved to them with setmaxnreg; the same MMAs and promotion order, so the same bits)",
+        parity: "gpu-check (`--only moe`) `moe_q8 <fmt> MOE_FP8_WS=off bits` (bitwise equal to moe_w8 on the parity layer, both formats; the other `moe_q8 …` records run on it by default: against the CPU in official numerics and bit for bit against all on) and `moe_q8 flash T=… MOE_FP8_WS=off bits` (Flash shapes with 128-row tiles forced, so that moe_ws runs at every listed token count); qualify (`MOE_FP8_WS=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8); the switch matrix row checks only the plumbing (its 200-token prefill takes 64-row tiles)",
     },
     Switch {
         name: "FP8_CUBLASLT",
@@ -451,9 +451,9 @@ pub enum Role {
     AllOn,
     /// One optimisation off, the others at their defaults.
     AloneOff,
-    /// The defaults plus an off-by-default variant: another `TC_LINEAR` mode (the inexact `bf16`, or
-    /// `fp8`, official numerics), a faster inexact kernel (`MLA_STREAM_FAST_EXP`, `INDEXER_FP8`) or
-    /// an exact one not on by default.
+    /// The defaults plus an off-by-default variant: another `TC_LINEAR` mode (the inexact `bf16`;
+    /// `fp8` alone is [`Role::OfficialAllOn`]), a faster inexact kernel (`MLA_STREAM_FAST_EXP`,
+    /// `INDEXER_FP8`) or an exact one not on by default.
     Fast,
     /// The defaults with `TC_LINEAR=fp8` (official numerics): the run that official configurations
     /// promising the same bits ([`Configuration::same_bits_as_all_on`]) are compared with.
@@ -605,6 +605,7 @@ mod tests {
         assert_eq!(cs.iter().filter(|c| c.role == Role::Baseline).count(), 1);
         assert_eq!(cs.iter().filter(|c| c.role == Role::AllOn).count(), 1);
         // Official configurations promising bits come after the official all-on run they are compared with.
+        assert_eq!(cs.iter().filter(|c| c.role == Role::OfficialAllOn).count(), 1);
         let official_all_on = cs.iter().position(|c| c.role == Role::OfficialAllOn).expect("official all-on run");
         assert_eq!(cs[official_all_on].overrides, [("TC_LINEAR", "fp8")]);
         assert!(cs.iter().enumerate().all(|(i, c)| !(c.official && c.same_bits_as_all_on) || i > official_all_on));

@@ -27,11 +27,15 @@
 //!   the other side of an e4m3 rounding boundary moves by one e4m3 step.
 //! - `moe_q8 … bits` (every variant equals all-on), `moe_q8 <fmt> per-expert vs cpu` (the per-expert
 //!   path under `TC_LINEAR=fp8`), `moe_q8 <fmt> masked` (γ = 0 → the official shared expert alone).
+//! - `moe_q8 <fmt> MOE_FP8_WS=off bits`: the 128-row-tile kernels without warp specialisation
+//!   (`moe_w8`) give the all-on (`moe_ws`) bits.
 //!
 //! Timings (`timings`): one MoE layer at Flash shapes (256 FP4 experts of [2048, 4096], FP8 shared
 //! expert, top-6, random routing) for several token counts: per-expert path vs grouped with each
 //! switch off alone (and `BF16_WGMMA=off`: the mma.sync kernels), CUDA events, median after
-//! warm-up, with TFLOP/s of the routed experts.
+//! warm-up, with TFLOP/s of the routed experts. With them one check per token count,
+//! `moe_q8 flash T=… MOE_FP8_WS=off bits` (`moe_ws` against `moe_w8`, 128-row tiles forced): a row
+//! with `"pass"`, folded into gpu-check's verdict by [`timing_checks_pass`].
 
 use super::check::{differing_bits, errors, flag_record, median_ms, random, record, switch_scope, weight, SPLIT_NMSE_TOL};
 use super::check_mhc::{config, moe_layer};
@@ -349,8 +353,9 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
         println!("moe_q8 {fmt} per-expert vs cpu                        nmse {nmse:.3e}  max_abs {max_abs:.3e}  (ref max {ref_max:.3e})  {}", if pass { "ok" } else { "FAIL" });
         out.push(json!({"op": format!("moe_q8 {fmt} per-expert vs cpu"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "pass": pass}));
         all &= pass;
-        // The warp-specialised kernels (MOE_FP8_WS, on by default: every record above but tile 64 ran
-        // on them) against moe_w8: the same MMAs and promotion, so the same bits.
+        // The warp-specialised kernels (MOE_FP8_WS, on by default: the records above with 128-row
+        // tiles ran on them — not tile 64, T=1 / T=3, mma.sync or per-expert) against moe_w8: the
+        // same MMAs and promotion, so the same bits.
         if let Some(f0) = &first {
             let ws_off = switch_scope(&[("MOE_FP8_WS", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
             let differ = differing_bits(f0, &gpu.download(&ws_off)?);
@@ -435,12 +440,14 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         let ms = switch_scope(&[("FP8_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 mma.sync all on", ms);
         // Flash shapes (K = 4,096: 32 K steps per unit, many units per block) bit for bit: the
-        // warp-specialised kernels against moe_w8.
-        let ws = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on)?)?;
-        let w8 = switch_scope(&[("MOE_FP8_WS", "off")], || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on))?;
+        // warp-specialised kernels against moe_w8, with 128-row tiles forced (the adaptive rule
+        // takes 64-row tiles, which moe_ws leaves to moe_w8, below 4,096 tokens).
+        let t128 = MoeOptions { force_tile_rows: Some(128), ..on };
+        let ws = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t128)?)?;
+        let w8 = switch_scope(&[("MOE_FP8_WS", "off")], || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t128))?;
         let differ = differing_bits(&ws, &gpu.download(&*w8)?);
         let op = format!("moe_q8 flash T={t} MOE_FP8_WS=off bits");
-        let detail = json!({"differing_values": differ, "of": ws.len(), "vs": "all on", "finite": ws.iter().all(|v| v.is_finite())});
+        let detail = json!({"differing_values": differ, "of": ws.len(), "vs": "all on, both with 128-row tiles", "finite": ws.iter().all(|v| v.is_finite())});
         println!("{op:<28} {detail}  {}", if differ == 0 { "ok" } else { "FAIL" });
         rows.push(json!({"op": op, "detail": detail, "pass": differ == 0}));
     }

@@ -7,7 +7,10 @@
 //! promises to give the same bits (MoE fusion, tile height, persistent grid) are also compared bit
 //! for bit with the all-on run. `TC_LINEAR=bf16` is not exact by design: its rows are reported,
 //! not judged. `TC_LINEAR=fp8` rows (DeepSeek's official numerics) are compared with the CPU in those
-//! numerics and reported, not judged (see the comment in [`run`]).
+//! numerics and reported, not judged (see the comment in [`run`]) — except a row that promises the
+//! official all-on run's bits (`MOE_FP8_WS=off`), judged on those bits. At this model's 200-token
+//! prefill the grouped MoE takes 64-row tiles, which `MOE_FP8_WS` leaves to `moe_w8`: that row
+//! checks the switch's plumbing, the kernel itself is checked by `gpu-check --only moe`.
 
 use super::check::{differing_bits, errors, NMSE_TOL};
 use super::gpu::Gpu;
@@ -145,7 +148,7 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
             "op": format!("switches {label}"), "overrides": overrides.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>(),
             "prefill_tokens": len, "logits_nmse": nmse, "logits_max_abs": max_abs, "top1_agreement": agree,
             "greedy_steps": steps, "greedy_prompt": prompt_len, "greedy_tokens_equal": same, "greedy_worst_step_nmse": worst,
-            "differing_bits_vs_all_on": bits, "exactness_promised": exact,
+            "differing_bits_vs_all_on": bits, "bits_reference": if !same_bits { "-" } else if official { "all on, TC_LINEAR=fp8" } else { "all on (defaults)" }, "exactness_promised": exact,
             "reference": if official { "cpu, official numerics (act_quant_fp8)" } else { "cpu, HF numerics" },
             "layer_streams_nmse": layer_nmse, "cpu_official_vs_hf_logits_nmse": if official { json!(numerics_gap) } else { Value::Null },
             "judged_on": if official && same_bits { "logits bits equal to the official all-on run's" } else if official { "reported: e4m3 rounding amplifies last-bit differences end to end; judged per GEMM (q8 records) and per MoE layer (moe_q8 records)" } else if exact { "logits NMSE, top-1 ≥ 99%, greedy tokens equal" } else { "reported" },

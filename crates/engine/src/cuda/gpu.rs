@@ -81,6 +81,10 @@ pub struct Gpu {
     profile: std::sync::Mutex<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
     /// cuBLASLt for `FP8_CUBLASLT`, created at first use (`Err` = why it is unavailable).
     pub(crate) lt: std::sync::Mutex<Option<Result<super::cublaslt::Lt, String>>>,
+    /// Whether the warp-specialised `moe_ws_*` kernels compiled to the register count their
+    /// `setmaxnreg` split assumes ([`super::ops_q8::WS_REGS`]); otherwise `MOE_FP8_WS` falls back to
+    /// `moe_w8` (said once at [`Gpu::open`]).
+    pub(crate) moe_ws_ok: bool,
 }
 
 /// Seconds from event `a` to event `b` (both recorded on one stream; waits for `b`).
@@ -544,9 +548,19 @@ impl Gpu {
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }
+        // moe_ws_*: 512 threads at WS_REGS registers each, split by setmaxnreg into 40 (producers)
+        // and 216 (multiply warpgroups); with any other count the increase could wait forever.
+        let mut moe_ws_ok = true;
+        for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.starts_with("moe_ws_")) {
+            let regs = drv(&format!("registers of {name}"), functions[name].num_regs())?;
+            if regs != super::ops_q8::WS_REGS && moe_ws_ok {
+                eprintln!("MOE_FP8_WS: {name} compiled to {regs} registers per thread, not the {} its setmaxnreg split assumes; the grouped FP8 MoE uses moe_w8", super::ops_q8::WS_REGS);
+                moe_ws_ok = false;
+            }
+        }
         let graph = super::graph::GraphState::new(ctx.clone());
         let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
-        Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph })
+        Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph, moe_ws_ok })
     }
 
     /// Records a timing event (`CU_EVENT_DEFAULT`) on the stream.

@@ -267,8 +267,8 @@ impl Gpu {
     }
 
     /// Launch geometry of a grouped GEMM over `g`'s tile queue with `n` outputs (`bn` per block, 8
-    /// warps for 128-row tiles, 4 for 64): one block per work unit, or with `persistent` as many
-    /// blocks as fit the SMs (they walk the queue).
+    /// warps for 128-row tiles, 4 for 64, 16 for the warp-specialised `moe_ws_*`): one block per
+    /// work unit, or with `persistent` as many blocks as fit the SMs (they walk the queue).
     fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, bn: usize, smem: usize, persistent: bool) -> Result<LaunchConfig, CudaError> {
         let threads = if fname.starts_with("moe_ws_") { super::ops_q8::WS_THREADS } else if g.bm == 128 { 256 } else { 128 };
         let units = g.max_items * n.div_ceil(bn);
@@ -398,7 +398,7 @@ impl Gpu {
     /// family from [`super::ops_q8::families_for`] and [`super::ops_q8::moe_family_for`]).
     #[allow(clippy::too_many_arguments)]
     fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, persistent: bool, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
-        let family = super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm);
+        let family = super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok);
         let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
         let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));

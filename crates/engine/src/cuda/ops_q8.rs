@@ -80,10 +80,11 @@ pub fn families_for(arch: &str) -> (&'static str, &'static str) {
 }
 
 /// The grouped FP8 GEMM family for `bm`-row tiles: the warp-specialised `moe_ws` kernels when the
-/// switch `MOE_FP8_WS` is on (the default) and `family` is `moe_w8` with 128-row tiles, else
+/// switch `MOE_FP8_WS` is on (the default), `family` is `moe_w8` with 128-row tiles and the kernels
+/// compiled as their register split needs (`ws_ok`, [`super::gpu::Gpu`]'s check at open), else
 /// `family` itself.
-pub fn moe_family_for(family: &'static str, bm: usize) -> &'static str {
-    if family == "moe_w8" && bm == 128 && crate::switches::on("MOE_FP8_WS") {
+pub fn moe_family_for(family: &'static str, bm: usize, ws_ok: bool) -> &'static str {
+    if family == "moe_w8" && bm == 128 && ws_ok && crate::switches::on("MOE_FP8_WS") {
         "moe_ws"
     } else {
         family
@@ -93,6 +94,10 @@ pub fn moe_family_for(family: &'static str, bm: usize) -> &'static str {
 /// Threads per block of the `moe_ws` kernels: two multiply warpgroups and two producers
 /// (`GWS_THREADS` in gemm_q8.cu).
 pub const WS_THREADS: u32 = 512;
+
+/// Registers per thread the `moe_ws` kernels must be compiled to (`__launch_bounds__(512, 1)`: the
+/// whole register file): their `setmaxnreg` split 256 × 40 + 256 × 216 = 512 × 128 rests on it.
+pub const WS_REGS: i32 = 128;
 
 /// Output columns per block of every gemm_q8.cu GEMM.
 pub const Q8_BN: usize = 128;
@@ -434,7 +439,7 @@ mod tests {
 
     #[test]
     fn wgmma_only_on_sm90a() {
-        assert_eq!(families_for("sm_90a"), ("gemm_w8", "moe_w8"));
+        crate::switches::scoped(&[("FP8_WGMMA", "on")], || assert_eq!(families_for("sm_90a"), ("gemm_w8", "moe_w8"))).unwrap();
         assert_eq!(families_for("sm_100"), ("gemm_q8", "moe_q8"));
         crate::switches::scoped(&[("FP8_WGMMA", "off")], || assert_eq!(families_for("sm_90a"), ("gemm_q8", "moe_q8"))).unwrap();
     }
@@ -453,10 +458,14 @@ mod tests {
 
     #[test]
     fn warp_specialised_moe_only_for_128_row_wgmma_tiles() {
-        assert_eq!(moe_family_for("moe_w8", 128), "moe_ws");
-        assert_eq!(moe_family_for("moe_w8", 64), "moe_w8");
-        assert_eq!(moe_family_for("moe_q8", 128), "moe_q8");
-        crate::switches::scoped(&[("MOE_FP8_WS", "off")], || assert_eq!(moe_family_for("moe_w8", 128), "moe_w8")).unwrap();
+        crate::switches::scoped(&[("MOE_FP8_WS", "on")], || {
+            assert_eq!(moe_family_for("moe_w8", 128, true), "moe_ws");
+            assert_eq!(moe_family_for("moe_w8", 128, false), "moe_w8", "registers not as the split needs");
+            assert_eq!(moe_family_for("moe_w8", 64, true), "moe_w8");
+            assert_eq!(moe_family_for("moe_q8", 128, true), "moe_q8");
+        })
+        .unwrap();
+        crate::switches::scoped(&[("MOE_FP8_WS", "off")], || assert_eq!(moe_family_for("moe_w8", 128, true), "moe_w8")).unwrap();
     }
 
     #[test]

@@ -160,7 +160,9 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 (Some(al), true) => Some(differing_bits(&logits, al)),
                 _ => None,
             };
-            let refused = (promised && same == Some(false)) || bits_differ.is_some_and(|n| n > 0);
+            // A promise of bits with no reference run before it cannot be checked: refused.
+            let unchecked = c.same_bits_as_all_on && reference.is_none();
+            let refused = (promised && same == Some(false)) || bits_differ.is_some_and(|n| n > 0) || unchecked;
             ok &= !refused;
             let prefill_tok_s = target as f64 / prefill;
             let decode_tok_s = opts.decode_tokens as f64 / decode.max(1e-12);
@@ -171,7 +173,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 ttft,
                 &sha[..12],
                 nmse.map(|v| format!("{v:.2e}")).unwrap_or_else(|| "-".into()),
-                if refused { "  REFUSED: tokens (or promised bits) differ" } else { "" }
+                if unchecked { "  REFUSED: no reference run for its promised bits" } else if refused { "  REFUSED: tokens (or promised bits) differ" } else { "" }
             );
             rows.push(json!({
                 "context": target, "prompt_tokens": ids.len(), "config": c.label,
@@ -180,7 +182,8 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 "ttft_s": ttft, "decode_tokens": opts.decode_tokens, "decode_tok_s": decode_tok_s,
                 "decode_tok_s_43_layer_estimate": decode_tok_s * n_layers / 43.0,
                 "generated_ids_sha256": sha, "logits_nmse_vs_baseline": nmse, "ids_equal_baseline": same,
-                "exactness_promised": promised, "official_numerics": c.official, "logits_bits_differing_vs_all_on": bits_differ, "refused": refused,
+                "exactness_promised": promised, "official_numerics": c.official, "logits_bits_differing_vs_all_on": bits_differ,
+                "bits_reference": if c.same_bits_as_all_on { if c.official { "all on, TC_LINEAR=fp8" } else { "all on (defaults)" } } else { "-" }, "refused": refused,
             }));
             if c.role == Role::Baseline {
                 baseline = Some((logits.clone(), gen.clone()));

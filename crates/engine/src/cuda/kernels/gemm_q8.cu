@@ -783,7 +783,7 @@ template <int FMT>
 struct GwsLayout {
     static constexpr bool FP4 = FMT == 3;
     static constexpr int STAGES = FP4 ? 5 : 6;
-    static constexpr int A = 0, BC = 16384, BR = 32768, SW = 40960, WSC = 43008;
+    static constexpr int A = 0, B = 16384, BC = 16384, BR = 32768, SW = 40960, WSC = 43008;  // B (fp8), BC (fp4): the same place
     static constexpr int STAGE = FP4 ? 44032 : 32768;  // multiples of 1024 (swizzle atoms)
     static constexpr int BARS = STAGES * STAGE;
     static constexpr int LUT = BARS + 2 * STAGES * 8;
@@ -810,6 +810,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
     constexpr int ST = L::STAGES;
     constexpr bool FP4 = FMT == 3;
     extern __shared__ __align__(16) u8 gws_sh[];
+    if (blockDim.x != GWS_THREADS) __trap();  // without its producers the ring would never fill
     u8* gbase;
     const u32 base = gw_smem_base(gws_sh, L::TOTAL, gbase);
     const u32 full0 = base + L::BARS, empty0 = full0 + ST * 8;
@@ -925,12 +926,13 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
                         gm_cp16(sb + L::BR + r * 64 + (p & 3) * 16, b_src[i] + (size_t)kt * 64, b_ok[i]);
                     } else {
                         const int r = (p >> 3) + (NP / 8) * i;
-                        gm_cp16(sb + gw_swz(r, p & 7) + 16384, b_src[i] + (size_t)kt * 128, b_ok[i]);
+                        gm_cp16(sb + L::B + gw_swz(r, p & 7), b_src[i] + (size_t)kt * 128, b_ok[i]);
                     }
                 }
                 gm_commit();
                 if constexpr (FP4) {
                     store_pending();
+                    // Rows past N: scale word 0 (gw_gemm: 1.0 each); their columns are never stored.
 #pragma unroll
                     for (int i = 0; i < BCP; i++) pend[i] = b_ok[i] ? __ldg(reinterpret_cast<const u32*>(s_src[i]) + kt) : 0u;
                     pend_stage = s;
@@ -964,7 +966,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
         for (int i = 0; i < 64; i++) acc[i] = 0.f;
         // Step kt's scales: activation rows row_a and row_a + 8, fp8 weight blocks (gate, up).
         struct Sc {
-            float a0, a1, wg, wu;
+            float a0, a1, swg, swu;
         };
         auto scales = [&](int kt) {
             Sc c = {1.f, 1.f, 1.f, 1.f};
@@ -972,8 +974,8 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
                 c.a0 = __ldg(sa_r0 + kt);
                 c.a1 = __ldg(sa_r1 + kt);
                 if (!FP4) {
-                    c.wg = fs_e8m0(__ldg(sw_g + kt));
-                    if (EPI == 1) c.wu = fs_e8m0(__ldg(sw_u + kt));
+                    c.swg = fs_e8m0(__ldg(sw_g + kt));
+                    if (EPI == 1) c.swu = fs_e8m0(__ldg(sw_u + kt));
                 }
             }
             return c;
@@ -986,14 +988,14 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
             const u32 sb = base + ring.s * L::STAGE;
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-            const unsigned long long da = gw_desc(sb + L::A + wg * 64 * 128), db = gw_desc(sb + (FP4 ? L::BC : 16384));
+            const unsigned long long da = gw_desc(sb + L::A + wg * 64 * 128), db = gw_desc(sb + (FP4 ? L::BC : L::B));
             gw_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
             gw_commit();
             gw_wait0();
             gw_fence_regs(tmp);
-            gw_promote<!FP4, EPI>(acc, tmp, cur.a0, cur.a1, cur.wg, cur.wu, reinterpret_cast<const float*>(gbase + ring.s * L::STAGE + L::WSC), c2);
+            gw_promote<!FP4, EPI>(acc, tmp, cur.a0, cur.a1, cur.swg, cur.swu, reinterpret_cast<const float*>(gbase + ring.s * L::STAGE + L::WSC), c2);
             __syncwarp();
             if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
             cur = next;
