@@ -175,16 +175,22 @@ __device__ __forceinline__ void gq_store2(const GqEpi& E, int T, int N, int row,
 
 // Weight rows and scale rows of output columns: common.cuh fused_wrow / fused_srow.
 
-// One fp4 conversion unit of both families: 8 packed bytes v (16 e2m1 of 32-group `grp` of a row)
-// → 16 e4m3 bytes relative to the largest of the row's four group scales (w: the four ue8m0 scale
-// bytes of its 128-block); *smax gets that largest byte.
-__device__ __forceinline__ uint4 gq_fp4_unit(uint2 v, u32 w, int grp, const u32* lut, u32* smax) {
+// The conversion table row of 32-group `grp` of a row's 128-block (w: its four ue8m0 scale bytes):
+// e4m3 magnitudes times 2^(s_grp − s_max); *smax gets the largest byte s_max.
+__device__ __forceinline__ uint2 gq_fp4_table(u32 w, int grp, const u32* lut, u32* smax) {
     const u32 b0 = w & 0xffu, b1 = (w >> 8) & 0xffu, b2 = (w >> 16) & 0xffu, b3 = w >> 24;
     const u32 m = max(max(b0, b1), max(b2, b3));
     const u32 g = (w >> (8 * grp)) & 0xffu;
     const int d = max((int)g - (int)m, -8) + 8;
-    const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * d);
     *smax = m;
+    return *reinterpret_cast<const uint2*>(lut + 2 * d);
+}
+
+// One fp4 conversion unit of both families: 8 packed bytes v (16 e2m1 of 32-group `grp` of a row)
+// → 16 e4m3 bytes relative to the largest of the row's four group scales (w: the four ue8m0 scale
+// bytes of its 128-block); *smax gets that largest byte.
+__device__ __forceinline__ uint4 gq_fp4_unit(uint2 v, u32 w, int grp, const u32* lut, u32* smax) {
+    const uint2 t = gq_fp4_table(w, grp, lut, smax);
     uint4 o;
     gq_fp4x8(v.x, t.x, t.y, o.x, o.y);
     gq_fp4x8(v.y, t.x, t.y, o.z, o.w);
@@ -870,9 +876,8 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
                     const u32 sw = *reinterpret_cast<const u32*>(st + L::SW + (u * NP + p) * 4);
                     u8* bc = gbase + s * L::STAGE + L::BC;
                     // gq_fp4_unit's conversion, the scale word decoded once for the unit's 32 values.
-                    const u32 m = max(max(sw & 0xffu, (sw >> 8) & 0xffu), max((sw >> 16) & 0xffu, sw >> 24));
-                    const int d = max((int)((sw >> (8 * g)) & 0xffu) - (int)m, -8) + 8;
-                    const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * d);
+                    u32 m;
+                    const uint2 t = gq_fp4_table(sw, g, lut, &m);
                     uint4 o0, o1;
                     gq_fp4x8(v.x, t.x, t.y, o0.x, o0.y);
                     gq_fp4x8(v.y, t.x, t.y, o0.z, o0.w);
