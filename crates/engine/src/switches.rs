@@ -484,6 +484,17 @@ pub struct Configuration {
     pub slow: bool,
 }
 
+/// The run whose logits bits a configuration promises, as reports name it: `all on (defaults)`, for
+/// an official configuration `all on, TC_LINEAR=fp8` ([`Role::OfficialAllOn`]), `-` without a promise
+/// ([`Configuration::same_bits_as_all_on`]).
+pub fn bits_reference(same_bits_as_all_on: bool, official: bool) -> &'static str {
+    match (same_bits_as_all_on, official) {
+        (false, _) => "-",
+        (true, true) => "all on, TC_LINEAR=fp8",
+        (true, false) => "all on (defaults)",
+    }
+}
+
 /// The comparison matrix: all off, each optimisation alone on, all on, each switch alone off, and
 /// all on with `TC_LINEAR=bf16`.
 pub fn configurations() -> Vec<Configuration> {

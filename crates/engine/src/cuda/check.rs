@@ -333,16 +333,21 @@ pub(crate) fn differing_bits(a: &[f32], b: &[f32]) -> usize {
 /// plus the norm's batch invariance (a row's bits alone = in a batch).
 fn norm_rope_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
+    // The CPU reference: rows of n, weighted by w or unweighted.
+    let cpu_norm = |x: &[f32], w: &[f32], n: usize, weighted: bool| {
+        let mut y = x.to_vec();
+        if weighted {
+            ops::rms_norm(&mut y, w, 1e-6);
+        } else {
+            ops::rms_norm_unweighted(&mut y, n, 1e-6);
+        }
+        y
+    };
     // RMSNorm: weighted over the hidden size, unweighted per head (spec §3.1).
     for (rows, n, weighted) in [(64usize, 4096usize, true), (64 * 64, 512, false), (7, 1000, true), (9, 128, true), (5, 1030, true), (3, 130, false)] {
         let x = random(seed, &format!("norm.x.{n}"), rows * n, 3.0);
         let w: Vec<f32> = random(seed, &format!("norm.w.{n}"), n, 0.5).iter().map(|v| 1.0 + v).collect();
-        let mut cpu = x.clone();
-        if weighted {
-            ops::rms_norm(&mut cpu, &w, 1e-6);
-        } else {
-            ops::rms_norm_unweighted(&mut cpu, n, 1e-6);
-        }
+        let cpu = cpu_norm(&x, &w, n, weighted);
         let dx = gpu.upload(&x)?;
         let dw = gpu.upload(&w)?;
         let mut dy = gpu.zeros::<f32>(rows * n)?;
@@ -376,12 +381,7 @@ fn norm_rope_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, 
     for (label, rope, inv, tokens, heads, hd, pos0, weighted) in cases {
         let x = random(seed, &format!("normrope.x.{label}"), tokens * heads * hd, 3.0);
         let w: Vec<f32> = random(seed, "normrope.w", hd, 0.5).iter().map(|v| 1.0 + v).collect();
-        let mut cpu = x.clone();
-        if weighted {
-            ops::rms_norm(&mut cpu, &w, 1e-6);
-        } else {
-            ops::rms_norm_unweighted(&mut cpu, hd, 1e-6);
-        }
+        let mut cpu = cpu_norm(&x, &w, hd, weighted);
         for (i, row) in cpu.chunks_mut(hd).enumerate() {
             rope.apply(row, pos0 + i / heads, false);
         }

@@ -446,10 +446,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         let ws = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t128)?)?;
         let w8 = switch_scope(&[("MOE_FP8_WS", "off")], || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t128))?;
         let differ = differing_bits(&ws, &gpu.download(&*w8)?);
-        let op = format!("moe_q8 flash T={t} MOE_FP8_WS=off bits");
         let detail = json!({"differing_values": differ, "of": ws.len(), "vs": "all on, both with 128-row tiles", "finite": ws.iter().all(|v| v.is_finite())});
-        println!("{op:<28} {detail}  {}", if differ == 0 { "ok" } else { "FAIL" });
-        rows.push(json!({"op": op, "detail": detail, "pass": differ == 0}));
+        flag_record(&mut rows, &format!("moe_q8 flash T={t} MOE_FP8_WS=off bits"), detail, differ == 0);
     }
     Ok(rows)
 }

@@ -148,7 +148,7 @@ pub fn run(gpu: &Gpu, dir: &Path, steps: usize, out: &mut Vec<Value>) -> Result<
             "op": format!("switches {label}"), "overrides": overrides.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>(),
             "prefill_tokens": len, "logits_nmse": nmse, "logits_max_abs": max_abs, "top1_agreement": agree,
             "greedy_steps": steps, "greedy_prompt": prompt_len, "greedy_tokens_equal": same, "greedy_worst_step_nmse": worst,
-            "differing_bits_vs_all_on": bits, "bits_reference": if !same_bits { "-" } else if official { "all on, TC_LINEAR=fp8" } else { "all on (defaults)" }, "exactness_promised": exact,
+            "differing_bits_vs_all_on": bits, "bits_reference": crate::switches::bits_reference(same_bits, official), "exactness_promised": exact,
             "reference": if official { "cpu, official numerics (act_quant_fp8)" } else { "cpu, HF numerics" },
             "layer_streams_nmse": layer_nmse, "cpu_official_vs_hf_logits_nmse": if official { json!(numerics_gap) } else { Value::Null },
             "judged_on": if official && same_bits { "logits bits equal to the official all-on run's" } else if official { "reported: e4m3 rounding amplifies last-bit differences end to end; judged per GEMM (q8 records) and per MoE layer (moe_q8 records)" } else if exact { "logits NMSE, top-1 ≥ 99%, greedy tokens equal" } else { "reported" },

@@ -757,11 +757,12 @@ impl Gpu {
         if norm_rows_kernel(n) {
             let cfg = LaunchConfig { grid_dim: (rows.div_ceil(NORM_ROWS_PER_BLOCK) as u32, 1, 1), block_dim: (32 * NORM_ROWS_PER_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
             let rows_i = i32::try_from(rows).map_err(|_| CudaError::Unsupported { what: "rms_norm", detail: format!("{rows} rows do not fit the kernel's 32-bit index") })?;
-            // The kernel's sign argument (−1 would give the inverse rotation): the forward RoPE only.
-            let (heads, rope_dim, pos0, sign) = match rope {
-                Some((_, h, rd, p)) => (h.max(1) as i32, rd as i32, p as i32, 1.0f32),
-                None => (1, 0, 0, 1.0f32),
+            let (heads, rope_dim, pos0) = match rope {
+                Some((_, h, rd, p)) => (h.max(1) as i32, rd as i32, p as i32),
+                None => (1, 0, 0),
             };
+            // The kernel's sign argument (−1 would give the inverse rotation): the forward RoPE only.
+            let sign = 1.0f32;
             let mut b = self.stream.launch_builder(self.f("rms_norm_rows_f32"));
             b.arg(x);
             match w {

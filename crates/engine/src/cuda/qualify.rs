@@ -183,7 +183,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 "decode_tok_s_43_layer_estimate": decode_tok_s * n_layers / 43.0,
                 "generated_ids_sha256": sha, "logits_nmse_vs_baseline": nmse, "ids_equal_baseline": same,
                 "exactness_promised": promised, "official_numerics": c.official, "logits_bits_differing_vs_all_on": bits_differ,
-                "bits_reference": if c.same_bits_as_all_on { if c.official { "all on, TC_LINEAR=fp8" } else { "all on (defaults)" } } else { "-" }, "refused": refused,
+                "bits_reference": crate::switches::bits_reference(c.same_bits_as_all_on, c.official), "refused": refused,
             }));
             if c.role == Role::Baseline {
                 baseline = Some((logits.clone(), gen.clone()));
