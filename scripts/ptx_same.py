@@ -7,7 +7,10 @@ options, then reports per `extern "C"` entry whether the PTX is identical, the s
 instructions once register numbers and labels are normalised (a reordering), or different (with the
 instructions only one side has).
 
-Usage: python3 scripts/ptx_same.py OLD.cu NEW.cu        e.g. OLD from `git show REV:path > old.cu`
+Usage: python3 scripts/ptx_same.py [--define NAME] OLD.cu NEW.cu [OLD_COMMON.cuh]
+  e.g. OLD from `git show REV:path > old.cu`. Both versions are prefixed with the current
+  kernels/common.cuh, or the old one with OLD_COMMON.cuh when the change moved code into it.
+  --define NAME compiles both with `#define NAME 1` (FS_GEMM_WGMMA_ONLY: gemm.cu's wgmma half).
 Exit code 1 when any entry differs beyond a reordering.
 """
 import collections
@@ -59,12 +62,18 @@ def instructions(body):
 
 
 def main():
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    prefix = ""
+    if len(args) >= 2 and args[0] == "--define":
+        prefix = f"#define {args[1]} 1\n"
+        args = args[2:]
+    if len(args) not in (2, 3):
         sys.exit(__doc__)
     lib = nvrtc()
     common = open(f"{ROOT}/crates/engine/src/cuda/kernels/common.cuh").read()
-    a = entries(ptx(lib, common + "\n" + open(sys.argv[1]).read(), "old.cu"))
-    b = entries(ptx(lib, common + "\n" + open(sys.argv[2]).read(), "new.cu"))
+    old_common = open(args[2]).read() if len(args) == 3 else common
+    a = entries(ptx(lib, prefix + old_common + "\n" + open(args[0]).read(), "old.cu"))
+    b = entries(ptx(lib, prefix + common + "\n" + open(args[1]).read(), "new.cu"))
     bad = 0
     for k in sorted(set(a) | set(b)):
         if k not in a or k not in b:

@@ -16,9 +16,12 @@
 //!   product in either family).
 //! - `moe_grouped … masked`: all routing weights 0 → the output equals the shared expert's alone,
 //!   bit for bit (masked routes contribute exact zeros).
+//! - `moe_grouped fp4 split MOE_BF16_WS=off bits`: the 128-row-tile FP4 split kernels without warp
+//!   specialisation (`moe_wb`) give the all-on (`moe_wbs`) bits.
 //! - `moe_grouped inter 192 …`: experts of 192 hidden units (output widths that are not multiples
 //!   of the tiles, a down projection ending in half an FP8 scale block): all on, both tiles, fusion
-//!   off and `BF16_WGMMA=off` against the CPU and bit for bit against all on.
+//!   off, `BF16_WGMMA=off` and (FP4, split) `MOE_BF16_WS=off` against the CPU and bit for bit
+//!   against all on.
 //!
 //! Official numerics (`TC_LINEAR=fp8`, [`Gpu::moe_experts_grouped_q8`]), FP4 and FP8 experts:
 //! - `moe_q8 <fmt> <variant> vs cpu`: against `forward::moe::moe` with `Numerics { act_quant_fp8 }`
@@ -33,9 +36,10 @@
 //! Timings (`timings`): one MoE layer at Flash shapes (256 FP4 experts of [2048, 4096], FP8 shared
 //! expert, top-6, random routing) for several token counts: per-expert path vs grouped with each
 //! switch off alone (and `BF16_WGMMA=off`: the mma.sync kernels), CUDA events, median after
-//! warm-up, with TFLOP/s of the routed experts. With them one check per token count,
-//! `moe_q8 flash T=… MOE_FP8_WS=off bits` (`moe_ws` against `moe_w8`, 128-row tiles forced): a row
-//! with `"pass"`, folded into gpu-check's verdict by [`timing_checks_pass`].
+//! warm-up, with TFLOP/s of the routed experts. With them two checks per token count,
+//! `moe_q8 flash T=… MOE_FP8_WS=off bits` (`moe_ws` against `moe_w8`) and `moe_grouped flash T=…
+//! MOE_BF16_WS=off bits` (`moe_wbs` against `moe_wb`), 128-row tiles forced: rows with `"pass"`,
+//! folded into gpu-check's verdict by [`timing_checks_pass`].
 
 use super::check::{differing_bits, errors, flag_record, median_ms, random, record, switch_scope, weight, SPLIT_NMSE_TOL};
 use super::check_mhc::{config, moe_layer};
@@ -183,6 +187,13 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
                 // slice is one tensor-core dot product either way, hi before lo): asserted.
                 let differ = differing_bits(&f0, &sync);
                 all &= flag_record(out, &format!("moe_grouped {fmt} {act} BF16_WGMMA=off bits"), json!({"differing_values": differ, "of": sync.len(), "vs": "all on"}), differ == 0);
+                // The warp-specialised kernels (MOE_BF16_WS, on by default: FP4, split, 128-row tiles —
+                // all on above ran on them) against moe_wb: the same MMAs on the same values.
+                if fmt == "fp4" && split {
+                    let wb = switch_scope(&[("MOE_BF16_WS", "off")], || gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, MoeOptions::ALL_ON))?;
+                    let differ = differing_bits(&f0, &gpu.download(&wb)?);
+                    all &= flag_record(out, &format!("moe_grouped {fmt} {act} MOE_BF16_WS=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on"}), differ == 0);
+                }
             }
             let (nmse, max_abs, _) = errors(&f0, &per_expert);
             println!("moe_grouped {fmt} {act} vs per-expert GPU path: nmse {nmse:.3e} max_abs {max_abs:.3e}");
@@ -237,10 +248,13 @@ fn run_ragged(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f:
             let wgmma = gpu.bf16_wgmma(fmt, d) && gpu.bf16_wgmma(fmt, inter);
             if wgmma {
                 variants.push(("BF16_WGMMA=off", on));
+                if fmt == "fp4" && split {
+                    variants.push(("MOE_BF16_WS=off", on));
+                }
             }
             for (vname, opts) in variants {
-                let got = if vname == "BF16_WGMMA=off" {
-                    switch_scope(&[("BF16_WGMMA", "off")], || gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, split, opts))?
+                let got = if let Some(sw) = vname.strip_suffix("=off") {
+                    switch_scope(&[(sw, "off")], || gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, split, opts))?
                 } else {
                     gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, split, opts)?
                 };
@@ -430,6 +444,10 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
             }
             let ms = switch_scope(&[("BF16_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, split, on).map(|_| ())))?;
             record_time(&format!("grouped {act} mma.sync all on"), ms);
+            if split {
+                let ms = switch_scope(&[("MOE_BF16_WS", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, split, on).map(|_| ())))?;
+                record_time("grouped split ws off", ms);
+            }
         }
         for (name, opts) in [("all on", on), ("fused off", MoeOptions { fused_swiglu: false, ..on }), ("adaptive off (128)", MoeOptions { adaptive_tiles: false, ..on }), ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }), ("persistent off", MoeOptions { persistent: false, ..on })] {
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, opts).map(|_| ()))?;
@@ -448,6 +466,12 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         let differ = differing_bits(&ws, &gpu.download(&*w8)?);
         let detail = json!({"differing_values": differ, "of": ws.len(), "vs": "all on, both with 128-row tiles", "finite": ws.iter().all(|v| v.is_finite())});
         flag_record(&mut rows, &format!("moe_q8 flash T={t} MOE_FP8_WS=off bits"), detail, differ == 0);
+        // The same for the exact default's warp-specialised kernels (moe_wbs against moe_wb).
+        let wbs = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, t128)?)?;
+        let wb = switch_scope(&[("MOE_BF16_WS", "off")], || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, t128))?;
+        let differ = differing_bits(&wbs, &gpu.download(&*wb)?);
+        let detail = json!({"differing_values": differ, "of": wbs.len(), "vs": "all on, both with 128-row tiles", "finite": wbs.iter().all(|v| v.is_finite())});
+        flag_record(&mut rows, &format!("moe_grouped flash T={t} MOE_BF16_WS=off bits"), detail, differ == 0);
     }
     Ok(rows)
 }

@@ -267,6 +267,9 @@ pub(crate) const GEMM_WB_ENTRY_POINTS: &[&str] = &[
     "moe_wb_fp4_64_x2_plain",
     "moe_wb_fp4_64_x2_swiglu",
     "moe_wb_fp4_64_x2_scatter",
+    "moe_wbs_fp4_128_x2_plain",
+    "moe_wbs_fp4_128_x2_swiglu",
+    "moe_wbs_fp4_128_x2_scatter",
 ];
 
 /// Token count from which [`Gpu::linear`] uses the tensor-core GEMM (gemm.cu).

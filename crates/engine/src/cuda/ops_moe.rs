@@ -36,34 +36,60 @@ fn bad(detail: impl Into<String>) -> CudaError {
     CudaError::Unsupported { what: "grouped moe", detail: detail.into() }
 }
 
-/// The grouped GEMM entry points of gemm.cu: mma.sync `moe_gemm_<fmt>_<bm>[_x2]_<epi>` and wgmma
-/// `moe_wb_<fmt>_<bm>[_x2]_<epi>` (switch `BF16_WGMMA`; the program `gemm_wb.cu`).
+/// The grouped GEMM entry points of gemm.cu: mma.sync `moe_gemm_<fmt>_<bm>[_x2]_<epi>`, wgmma
+/// `moe_wb_<fmt>_<bm>[_x2]_<epi>` (switch `BF16_WGMMA`; the program `gemm_wb.cu`) and the
+/// warp-specialised `moe_wbs_fp4_128_x2_<epi>` (switch `MOE_BF16_WS`, same program).
 pub fn moe_gemm_entry_points() -> impl Iterator<Item = &'static str> {
-    GEMM_ENTRY_POINTS.iter().chain(GEMM_WB_ENTRY_POINTS).copied().filter(|n| n.starts_with("moe_gemm_") || n.starts_with("moe_wb_"))
+    GEMM_ENTRY_POINTS.iter().chain(GEMM_WB_ENTRY_POINTS).copied().filter(|n| n.starts_with("moe_gemm_") || n.starts_with("moe_wb_") || n.starts_with("moe_wbs_"))
 }
 
-/// `(format, tile rows, split)` of a grouped GEMM entry point name (either family).
+/// Threads per block of the warp-specialised `moe_wbs_*` kernels: two multiply warpgroups and one
+/// producer warpgroup (`GBS_THREADS` in gemm.cu).
+pub const WBS_THREADS: u32 = 384;
+
+/// Dynamic shared memory of a `moe_wbs_*` block (`GbsLayout` in gemm.cu): 1 KB of alignment slack,
+/// 3 stages of 73,728 bytes (activation planes hi and lo 128 × 64 bf16, converted weights 256 × 64
+/// bf16, packed FP4 weights 256 × 32 bytes) and a full and an empty barrier (8 bytes each) per stage.
+pub const WBS_SMEM: usize = 1024 + 3 * 73_728 + 2 * 3 * 8;
+
+/// The grouped GEMM family for a launch that [`Gpu::bf16_wgmma`] allows on wgmma (`wgmma`):
+/// `moe_wbs` (switch `MOE_BF16_WS`, on by default) for FP4 experts with split activations and
+/// 128-row tiles, else `moe_wb`; without wgmma `moe_gemm`.
+pub fn moe_gemm_family(wgmma: bool, format: &str, bm: usize, split: bool) -> &'static str {
+    if !wgmma {
+        "moe_gemm"
+    } else if format == "fp4" && split && bm == 128 && crate::switches::on("MOE_BF16_WS") {
+        "moe_wbs"
+    } else {
+        "moe_wb"
+    }
+}
+
+/// `(format, tile rows, split)` of a grouped GEMM entry point name (any family).
 pub fn moe_gemm_entry_shape(name: &str) -> (&'static str, usize, bool) {
-    let fmt = ["bf16", "fp8", "fp4"].into_iter().find(|f| name.starts_with(&format!("moe_gemm_{f}_")) || name.starts_with(&format!("moe_wb_{f}_"))).unwrap_or("fp4");
+    let fmt = ["bf16", "fp8", "fp4"].into_iter().find(|f| ["moe_gemm", "moe_wb", "moe_wbs"].iter().any(|fam| name.starts_with(&format!("{fam}_{f}_")))).unwrap_or("fp4");
     let bm = if name.contains("_64_") { 64 } else { 128 };
     (fmt, bm, name.contains("_x2_"))
 }
 
 /// Output columns per block of a grouped GEMM entry point: [`MOE_GEMM_BN`] for mma.sync, twice the
-/// tile height for wgmma (`moe_wb_<fmt>_<bm>_*`: 64 × 128 and 128 × 256, `BM * 2` in gemm.cu).
+/// tile height for wgmma (`moe_wb_<fmt>_<bm>_*`: 64 × 128 and 128 × 256, `BM * 2` in gemm.cu;
+/// `moe_wbs_*`: 128 × 256).
 pub fn moe_gemm_entry_bn(name: &str) -> usize {
     let (_, bm, _) = moe_gemm_entry_shape(name);
-    if name.starts_with("moe_wb_") {
+    if name.starts_with("moe_wb_") || name.starts_with("moe_wbs_") {
         2 * bm
     } else {
         MOE_GEMM_BN
     }
 }
 
-/// Dynamic shared memory of a grouped GEMM entry point (by name; either family).
+/// Dynamic shared memory of a grouped GEMM entry point (by name; any family).
 pub fn moe_gemm_entry_smem(name: &str) -> usize {
     let (fmt, bm, split) = moe_gemm_entry_shape(name);
-    if name.starts_with("moe_wb_") {
+    if name.starts_with("moe_wbs_") {
+        WBS_SMEM
+    } else if name.starts_with("moe_wb_") {
         wb_smem(fmt, bm, moe_gemm_entry_bn(name), split)
     } else {
         gemm_smem_for(fmt, bm, MOE_GEMM_BN, split)
@@ -267,10 +293,19 @@ impl Gpu {
     }
 
     /// Launch geometry of a grouped GEMM over `g`'s tile queue with `n` outputs (`bn` per block, 8
-    /// warps for 128-row tiles, 4 for 64, 16 for the warp-specialised `moe_ws_*`): one block per
-    /// work unit, or with `persistent` as many blocks as fit the SMs (they walk the queue).
+    /// warps for 128-row tiles, 4 for 64, 16 for the warp-specialised `moe_ws_*`, 12 for
+    /// `moe_wbs_*`): one block per work unit, or with `persistent` as many blocks as fit the SMs
+    /// (they walk the queue).
     fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, bn: usize, smem: usize, persistent: bool) -> Result<LaunchConfig, CudaError> {
-        let threads = if fname.starts_with("moe_ws_") { super::ops_q8::WS_THREADS } else if g.bm == 128 { 256 } else { 128 };
+        let threads = if fname.starts_with("moe_ws_") {
+            super::ops_q8::WS_THREADS
+        } else if fname.starts_with("moe_wbs_") {
+            WBS_THREADS
+        } else if g.bm == 128 {
+            256
+        } else {
+            128
+        };
         let units = g.max_items * n.div_ceil(bn);
         let blocks = if persistent {
             let sms = self.sms;
@@ -282,8 +317,9 @@ impl Gpu {
         Ok(LaunchConfig { grid_dim: (u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 })
     }
 
-    /// Launches one grouped GEMM: `moe_wb_<fmt>_<bm>[_x2]_<epi>` where [`Gpu::bf16_wgmma`] allows it
-    /// for this input width `k`, else `moe_gemm_<fmt>_<bm>[_x2]_<epi>`.
+    /// Launches one grouped GEMM: `moe_wb_<fmt>_<bm>[_x2]_<epi>` (or `moe_wbs_…`, see
+    /// [`moe_gemm_family`]) where [`Gpu::bf16_wgmma`] allows it for this input width `k`, else
+    /// `moe_gemm_<fmt>_<bm>[_x2]_<epi>`.
     #[allow(clippy::too_many_arguments)]
     fn moe_gemm(
         &self,
@@ -302,7 +338,7 @@ impl Gpu {
         k: usize,
         limit: f32,
     ) -> Result<(), CudaError> {
-        let family = if self.bf16_wgmma(tables.format, k) { "moe_wb" } else { "moe_gemm" };
+        let family = moe_gemm_family(self.bf16_wgmma(tables.format, k), tables.format, g.bm, split);
         let name = format!("{family}_{}_{}{}_{epi}", tables.format, g.bm, if split { "_x2" } else { "" });
         let Some(fname) = moe_gemm_entry_points().find(|x| *x == name) else {
             return Err(bad(format!("no kernel {name}")));
@@ -501,16 +537,20 @@ mod tests {
     }
 
     /// Every grouped GEMM entry point parses to a family, format, tile and split, all 36
-    /// combinations exist once per family, and every block's shared memory fits a Hopper SM (227 KB
-    /// per block); the 64-row wgmma blocks fit two per SM (228 KB, 1 KB reserved per block).
+    /// combinations exist once per family (moe_wbs: FP4, split, 128 rows only), and every block's
+    /// shared memory fits a Hopper SM (227 KB per block); the 64-row wgmma blocks fit two per SM
+    /// (228 KB, 1 KB reserved per block).
     #[test]
     fn grouped_gemm_entry_points_are_complete() {
         let names: Vec<&str> = moe_gemm_entry_points().collect();
-        assert_eq!(names.len(), 72);
+        assert_eq!(names.len(), 75);
         let mut seen = std::collections::HashSet::new();
         for n in &names {
             let (fmt, bm, split) = moe_gemm_entry_shape(n);
-            let family = if n.starts_with("moe_wb_") { "moe_wb" } else { "moe_gemm" };
+            let family = ["moe_wbs", "moe_wb", "moe_gemm"].into_iter().find(|f| n.starts_with(&format!("{f}_"))).expect("a family prefix");
+            if family == "moe_wbs" {
+                assert_eq!((fmt, bm, split, moe_gemm_entry_bn(n)), ("fp4", 128, true, 256), "{n}");
+            }
             let epi = ["plain", "swiglu", "scatter"].into_iter().find(|e| n.ends_with(e)).expect("an epilogue suffix");
             assert_eq!(*n, format!("{family}_{fmt}_{bm}{}_{epi}", if split { "_x2" } else { "" }));
             assert!(seen.insert((family, fmt, bm, split, epi)));
@@ -520,5 +560,27 @@ mod tests {
                 assert!(2 * (smem + 1024) <= 228 * 1024, "{n}: {smem}");
             }
         }
+    }
+
+    /// The launch's block size and shared memory are the kernel's (`GBS_THREADS`, `GbsLayout`), and
+    /// the family rule sends only FP4 split 128-row wgmma launches to moe_wbs.
+    #[test]
+    fn warp_specialised_bf16_moe_matches_the_source() {
+        let src = include_str!("kernels/gemm.cu");
+        assert!(src.contains("#define GBS_PRODUCERS 128") && src.contains("#define GBS_THREADS (256 + GBS_PRODUCERS)"));
+        assert_eq!(WBS_THREADS, 384);
+        assert!(src.contains("__launch_bounds__(GBS_THREADS, 1)"));
+        assert!(src.contains("static constexpr int STAGES = 3;") && src.contains("static constexpr int STAGE = 73728;"));
+        assert!(src.contains("static constexpr int TOTAL = 1024 + BARS + 2 * STAGES * 8;"));
+        assert_eq!(WBS_SMEM, 222_256);
+        crate::switches::scoped(&[("MOE_BF16_WS", "on")], || {
+            assert_eq!(moe_gemm_family(true, "fp4", 128, true), "moe_wbs");
+            assert_eq!(moe_gemm_family(true, "fp4", 64, true), "moe_wb");
+            assert_eq!(moe_gemm_family(true, "fp4", 128, false), "moe_wb");
+            assert_eq!(moe_gemm_family(true, "fp8", 128, true), "moe_wb");
+            assert_eq!(moe_gemm_family(false, "fp4", 128, true), "moe_gemm");
+        })
+        .unwrap();
+        crate::switches::scoped(&[("MOE_BF16_WS", "off")], || assert_eq!(moe_gemm_family(true, "fp4", 128, true), "moe_wb")).unwrap();
     }
 }

@@ -137,6 +137,52 @@ __device__ __forceinline__ unsigned long long gw_desc(u32 a) {
 // Byte offset of 16-byte chunk c of row r in a swizzled tile of 128-byte rows.
 __device__ __forceinline__ u32 gw_swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
 
+// The 1 KB-aligned start of a block's dynamic shared memory (swizzle atoms) as a shared address
+// (returned) and a generic pointer (gbase); traps when the launch gave less than `total` bytes.
+__device__ __forceinline__ u32 gw_smem_base(u8* sh, int total, u8*& gbase) {
+    u32 dsz;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
+    if (dsz < (u32)total) __trap();
+    const u32 raw0 = gm_smem(sh);
+    const u32 base = (raw0 + 1023u) & ~1023u;
+    gbase = sh + (base - raw0);
+    return base;
+}
+
+// Keeps the compiler from reading wgmma results before the wait that makes them valid (registers
+// written asynchronously are invisible to it).
+template <int N>
+__device__ __forceinline__ void gw_fence_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// mbarriers (shared::cta): init with an arrival count, arrive, and wait for a phase's completion
+// (warp-specialised kernels: gemm_q8.cu moe_ws, gemm.cu moe_wbs).
+__device__ __forceinline__ void gws_bar_init(u32 bar, u32 count) {
+    GW_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void gws_arrive(u32 bar) {
+    GW_ASM("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` of barrier bar has completed.
+__device__ __forceinline__ void gws_wait(u32 bar, u32 parity) {
+    GW_ASM("{\n.reg .pred p;\nGWS_WAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra GWS_WAIT_%=;\n}\n" ::"r"(bar), "r"(parity)
+           : "memory");
+}
+
+// A position in the ring: stage and the parity of its round (the phase its barriers are in).
+template <int ST>
+struct GwsRing {
+    int s = 0, ph = 0;
+    __device__ __forceinline__ void next() {
+        if (++s == ST) {
+            s = 0;
+            ph ^= 1;
+        }
+    }
+};
+
 // Start of a ring of ST copy stages whose weight tiles are converted in shared memory one step
 // ahead (gemm_q8.cu's FP4 → e4m3, gemm.cu's wgmma FP8/FP4 → bf16; DIRECT = nothing to convert):
 // stages 0 … ST−2 issued, step 0 converted, sreg = the scale words of step 1.

@@ -525,6 +525,29 @@ GM_ENTRY(gemm_tc_fp4_s_x2, 3, 64, 64, 2, 2, true)
 template <int FMT, int WG, int BN, bool SPLIT, int EPI>
 __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E);  // below
 
+// Work unit w of the queue (item w / tiles_n: expert and first grouped row; column tile w % tiles_n
+// of BN outputs) as a tile problem (moe_gemm, moe_wbs).
+template <int FMT, int BN, int EPI>
+__device__ __forceinline__ GmProb gm_moe_unit(const u16* xb, long long lo_plane, const unsigned long long* wtab, const unsigned long long* stab,
+                                              const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, int tiles_n,
+                                              int N, int K, int w) {
+    const int it = w / tiles_n, pn = w % tiles_n;
+    const int ex = items[2 * it], row0 = items[2 * it + 1];
+    GmProb p;
+    p.xb = xb;
+    p.lo_plane = (size_t)lo_plane;
+    p.W = reinterpret_cast<const u8*>(wtab[ex]);
+    p.S = FMT >= 2 ? reinterpret_cast<const u8*>(stab[ex]) : nullptr;
+    p.W3 = EPI == 1 ? reinterpret_cast<const u8*>(w3tab[ex]) : nullptr;
+    p.S3 = EPI == 1 && FMT >= 2 ? reinterpret_cast<const u8*>(s3tab[ex]) : nullptr;
+    p.m0 = row0;
+    p.n0 = pn * BN;
+    p.T = 0x7fffffff;
+    p.N = N;
+    p.K = K;
+    return p;
+}
+
 // WGMMA: the tile is gb_gemm's (BM / 64 warpgroups × BN; WM, WN unused), else gm_gemm's.
 template <bool WGMMA, int FMT, int BM, int BN, int WM, int WN, bool SPLIT, int EPI>
 __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, const unsigned long long* wtab,
@@ -535,20 +558,7 @@ __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, cons
     const int total = *n_items * tiles_n;
     GmEpi e = {y, hb, (size_t)h_lo, ldh, limit, dst};
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
-        const int it = w / tiles_n, pn = w % tiles_n;
-        const int ex = items[2 * it], row0 = items[2 * it + 1];
-        GmProb p;
-        p.xb = xb;
-        p.lo_plane = (size_t)lo_plane;
-        p.W = reinterpret_cast<const u8*>(wtab[ex]);
-        p.S = FMT >= 2 ? reinterpret_cast<const u8*>(stab[ex]) : nullptr;
-        p.W3 = EPI == 1 ? reinterpret_cast<const u8*>(w3tab[ex]) : nullptr;
-        p.S3 = EPI == 1 && FMT >= 2 ? reinterpret_cast<const u8*>(s3tab[ex]) : nullptr;
-        p.m0 = row0;
-        p.n0 = pn * BN;
-        p.T = 0x7fffffff;
-        p.N = N;
-        p.K = K;
+        const GmProb p = gm_moe_unit<FMT, BN, EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, tiles_n, N, K, w);
         if constexpr (WGMMA) gb_gemm<FMT, BM / 64, BN, SPLIT, EPI>(p, e);
         else gm_gemm<FMT, BM, BN, WM, WN, SPLIT, EPI>(p, e);
         __syncthreads();  // the next unit refills shared memory other warps may still be reading
@@ -663,6 +673,29 @@ __device__ __forceinline__ void gb_e2m1x8(u32 w, u32* o) {
         const u32 s = w >> (16 * h);  // sign bits of the four values at bits 3, 7, 11, 15
         o[2 * h] = __byte_perm(lb, hb, 0x5140u) | ((s << 12) & 0x8000u) | ((s << 24) & 0x80000000u);
         o[2 * h + 1] = __byte_perm(lb, hb, 0x7362u) | ((s << 4) & 0x8000u) | ((s << 16) & 0x80000000u);
+    }
+}
+
+// A warpgroup tile's epilogue (gb_gemm, moe_wbs): the thread's accumulators acc[4j + e] hold row
+// row_a + 8·(e >> 1), column n0 + 8j + c2 + (e & 1); stored as gm_gemm's epilogues do.
+template <int BN, bool SPLIT, int EPI>
+__device__ __forceinline__ void gb_epilogue(const GmEpi& E, const GmProb& P, const float (&acc)[BN / 2], int row_a, int c2) {
+    const int n0 = P.n0, N = P.N;
+    if constexpr (EPI == 1) {
+#pragma unroll
+        for (int jj = 0; jj < BN / 16; jj++) {
+            const int col = (n0 >> 1) + 8 * jj + c2;
+            if (2 * col >= N) continue;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                gm_swiglu_store<SPLIT>(E, row_a + 8 * h, col, acc[8 * jj + 2 * h], acc[8 * jj + 2 * h + 1], acc[8 * jj + 4 + 2 * h],
+                                       acc[8 * jj + 4 + 2 * h + 1]);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) gm_store2<EPI>(E, P.T, N, row_a + 8 * h, n0 + 8 * j + c2, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
 }
 
@@ -785,25 +818,7 @@ __device__ __forceinline__ void gb_gemm(const GmProb& P, const GmEpi& E) {
         gw_wait0();
     }
     gm_wait<0>();
-
-    const int g4 = lane >> 2, c2 = (lane & 3) * 2;
-    const int row_a = m0 + wg * 64 + wq * 16 + g4;  // acc[4j + e]: row row_a + 8·(e >> 1), column 8j + c2 + (e & 1)
-    if constexpr (EPI == 1) {
-#pragma unroll
-        for (int jj = 0; jj < BN / 16; jj++) {
-            const int col = (n0 >> 1) + 8 * jj + c2;
-            if (2 * col >= N) continue;
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                gm_swiglu_store<SPLIT>(E, row_a + 8 * h, col, acc[8 * jj + 2 * h], acc[8 * jj + 2 * h + 1], acc[8 * jj + 4 + 2 * h],
-                                       acc[8 * jj + 4 + 2 * h + 1]);
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) gm_store2<EPI>(E, P.T, N, row_a + 8 * h, n0 + 8 * j + c2, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-    }
+    gb_epilogue<BN, SPLIT, EPI>(E, P, acc, m0 + wg * 64 + wq * 16 + (lane >> 2), (lane & 3) * 2);
 }
 
 #ifdef FS_GEMM_WGMMA_ONLY
@@ -843,4 +858,201 @@ GB_ENTRY(gemm_wb_fp4_w_x2, 3, 256, true)
 MOE_WB_FMT(bf16, 1)
 MOE_WB_FMT(fp8, 2)
 MOE_WB_FMT(fp4, 3)
+
+// ---------------------------------------------------------------------------------------------
+// moe_wbs_fp4_128_x2_<epi>(…): the grouped MoE of moe_wb_fp4_128_x2_<epi> — FP4 experts, split
+// activations, 128 × 256 tiles; the exact default's routed experts — with the same arguments and
+// the same outputs bit for bit (each warpgroup issues the same wgmma m64n256k16 sequence per K step:
+// for each 16-wide slice hi, then lo; the weights converted to the same bf16 values by the same
+// gb_e2m1x8 and scale multiply), warp-specialised (switch MOE_BF16_WS). Block of GBS_THREADS = 384:
+// warpgroups 0 and 1 multiply (64 token rows each), warpgroup 2 produces; at one block per SM every
+// thread may hold 168 registers, enough for the 128 accumulators of m64n256 (no setmaxnreg: a
+// 512-thread block would leave 128 per thread at compile time, too few for that instruction).
+// Per K step of 64 values the producers copy both activation planes and
+// the packed FP4 weight rows of the 256 outputs into a ring of GbsLayout::STAGES stages with
+// cp.async, load the rows' scale bytes with plain loads, and one step later (GBS_LAG) convert the
+// weights to the swizzled bf16 tile wgmma reads, fence.proxy.async and arrive on the stage's full
+// mbarrier (one arrival per producer thread). Each multiply warp waits on it; its warpgroup issues
+// the 8 MMAs, waits for them (the other warpgroup's MMAs keep the tensor cores busy meanwhile) and
+// releases the stage on the empty mbarrier (one arrival per warp). Accumulators stay in registers
+// over all of K (no promotion: bf16 products are exact in f32). No block barrier after the start;
+// the ring runs across the block's units, so the next unit's copies overlap this one's epilogue.
+// Learned from the PTX ISA (mbarrier, wgmma, setmaxnreg, proxy fences) and DeepGEMM's
+// producer/consumer design; the code is ours (the same structure as gemm_q8.cu moe_ws).
+#define GBS_PRODUCERS 128
+#define GBS_THREADS (256 + GBS_PRODUCERS)
+// Steps between a stage's copies and its conversion. With 3 stages 1 is the only lag that lets the
+// producers convert step kt + 1 while the tensor cores multiply step kt (2 would wait for step kt's
+// release before converting kt + 1).
+#define GBS_LAG 1
+
+// One stage: A hi [128][64] bf16 and A lo [128][64] (swizzled), the converted B [256][64] bf16
+// (swizzled), the packed FP4 B [256][32]; 72 KB, so 3 stages fit. Then the full and empty barriers.
+struct GbsLayout {
+    static constexpr int STAGES = 3;
+    static constexpr int A = 0, A_LO = 16384, BC = 32768, BR = 65536;
+    static constexpr int STAGE = 73728;  // a multiple of 1024 (swizzle atoms)
+    static constexpr int BARS = STAGES * STAGE;
+    static constexpr int TOTAL = 1024 + BARS + 2 * STAGES * 8;
+    static_assert(TOTAL <= 232448, "a block's shared memory");
+};
+
+template <int EPI>
+__device__ __forceinline__ void moe_wbs(const u16* xb, long long lo_plane, const unsigned long long* wtab, const unsigned long long* stab,
+                                        const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, const int* n_items,
+                                        float* y, u16* hb, long long h_lo, int ldh, const int* dst, int N, int K, float limit) {
+    typedef GbsLayout L;
+    constexpr int ST = L::STAGES, BN = 256;
+    extern __shared__ __align__(16) u8 gbs_sh[];
+    // Without its producers the ring would never fill; K steps of 64 values.
+    if (blockDim.x != GBS_THREADS || (K & 63) != 0) __trap();
+    u8* gbase;
+    const u32 base = gw_smem_base(gbs_sh, L::TOTAL, gbase);
+    const u32 full0 = base + L::BARS, empty0 = full0 + ST * 8;
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            gws_bar_init(full0 + 8 * s, GBS_PRODUCERS);
+            gws_bar_init(empty0 + 8 * s, 8);
+        }
+    }
+    __syncthreads();
+
+    const int tiles_n = (N + BN - 1) / BN;
+    const int total = *n_items * tiles_n;
+    const int KT = K >> 6;
+    auto prob = [&](int w) { return gm_moe_unit<3, BN, EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, tiles_n, N, K, w); };
+
+    if (tid >= 256) {
+        // The producer warpgroup.
+        const int p = tid - 256;
+        constexpr int NP = GBS_PRODUCERS;
+        static_assert(GBS_LAG == 1, "the scale bytes are held in registers for exactly one step");
+        static_assert(NP == 128, "copy and conversion assignment below");
+        const int sg = K >> 5;        // scale bytes per weight row
+        const size_t wrow = K >> 1;   // packed bytes per weight row
+        // This thread's weight units (fused column rows r_u = p / 2 + 64 u, half h = p % 2 of the
+        // step's 64 values: 16 packed bytes, one scale byte): copied, scale-loaded and converted by
+        // the same thread, so only the full barrier orders them for the multiply warps.
+        const int h = p & 1;
+        int j = 0, jc = 0;    // steps copied, steps converted and marked full
+        GwsRing<ST> cp, cv;   // their ring positions
+        u32 pend[4] = {127u, 127u, 127u, 127u};  // scale bytes of the last step copied (units 0 … 3)
+        // Converts step jc (copied one step ago; its scale bytes are pend) and marks it full.
+        auto finish = [&](bool drain) {
+            if (drain) gm_wait<0>();
+            else gm_wait<GBS_LAG>();
+            const u8* st = gbase + cv.s * L::STAGE;
+            u8* bc = gbase + cv.s * L::STAGE + L::BC;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int r = (p >> 1) + 64 * u;
+                const uint4 v = *reinterpret_cast<const uint4*>(st + L::BR + r * 32 + h * 16);
+                u32 f = gm_e8m0_bf16(pend[u]);
+                f |= f << 16;
+                const u32 vw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    u32 o[4];
+                    gb_e2m1x8(vw[i], o);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[e] = gm_mul2(o[e], f);
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 4 * h + i)) = make_uint4(o[0], o[1], o[2], o[3]);
+                }
+            }
+            gw_fence_proxy();
+            gws_arrive(full0 + 8 * cv.s);
+            jc++;
+            cv.next();
+        };
+        for (int w = blockIdx.x; w < total; w += gridDim.x) {
+            const GmProb P = prob(w);
+            // Activation copies: rows p / 8 + 16 i, chunk p % 8, both planes.
+            const u16* a_src = P.xb + (size_t)(P.m0 + (p >> 3)) * K + (p & 7) * 8;
+            const u32 a_off = gw_swz(p >> 3, p & 7);
+            // Weight rows past N copy zeros with scale byte 127 (1.0), as gb_gemm's.
+            const u8* b_src[4];
+            const u8* s_src[4];
+            bool b_ok[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int n = P.n0 + (p >> 1) + 64 * u;
+                b_ok[u] = n < N;
+                b_src[u] = b_ok[u] ? fused_wrow<EPI>(P, n, wrow) + h * 16 : P.W;
+                s_src[u] = P.S;
+                if (b_ok[u]) {
+                    const u8* s;
+                    const int sn = fused_srow<EPI>(P, n, s);
+                    s_src[u] = s + (size_t)sn * sg + h;
+                }
+            }
+            for (int kt = 0; kt < KT; kt++) {
+                const int s = cp.s;
+                gws_wait(empty0 + 8 * s, cp.ph ^ 1);
+                const u32 sb = base + s * L::STAGE;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const u16* src = a_src + (size_t)i * 16 * K + kt * 64;
+                    gm_cp16(sb + L::A + a_off + i * 16 * 128, src, true);
+                    gm_cp16(sb + L::A_LO + a_off + i * 16 * 128, src + P.lo_plane, true);
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) gm_cp16(sb + L::BR + ((p >> 1) + 64 * u) * 32 + h * 16, b_src[u] + (size_t)kt * 32, b_ok[u]);
+                gm_commit();
+                j++;
+                cp.next();
+                // The previous step's conversion uses pend (loaded a step ago) before it takes this
+                // step's scale bytes.
+                if (j - jc > GBS_LAG) finish(false);
+#pragma unroll
+                for (int u = 0; u < 4; u++) pend[u] = b_ok[u] ? (u32)__ldg(s_src[u] + 2 * kt) : 127u;
+            }
+        }
+        while (jc < j) finish(true);
+        return;
+    }
+
+    // Multiply warpgroups 0 and 1.
+    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const GmEpi E = {y, hb, (size_t)h_lo, ldh, limit, dst};
+    GwsRing<ST> ring;
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+        const GmProb P = prob(w);
+        float acc[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
+        for (int kt = 0; kt < KT; kt++, ring.next()) {
+            const u32 sb = base + ring.s * L::STAGE;
+            gws_wait(full0 + 8 * ring.s, ring.ph);
+            __syncwarp();  // converged for the .aligned wgmma instructions
+            const unsigned long long da = gw_desc(sb + L::A + wg * 64 * 128), dl = gw_desc(sb + L::A_LO + wg * 64 * 128), db = gw_desc(sb + L::BC);
+            gw_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                gb_mma<BN>(acc, da + 2 * kk, db + 2 * kk);
+                gb_mma<BN>(acc, dl + 2 * kk, db + 2 * kk);
+            }
+            gw_commit();
+            gw_wait0();
+            __syncwarp();
+            if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
+        }
+        gw_fence_regs(acc);
+        gb_epilogue<BN, true, EPI>(E, P, acc, P.m0 + wg * 64 + wq * 16 + (lane >> 2), (lane & 3) * 2);
+    }
+}
+
+#define MOE_WBS_ENTRY(NAME, EPI)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GBS_THREADS, 1)                                                          \
+        NAME(const u16* __restrict__ xb, long long lo_plane, const unsigned long long* __restrict__ wtab,                  \
+             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
+             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
+             float* __restrict__ y, u16* __restrict__ hb, long long h_lo, int ldh, const int* __restrict__ dst, int N,    \
+             int K, float limit) {                                                                                        \
+        moe_wbs<EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb, h_lo, ldh, dst, N, K, limit);        \
+    }
+
+MOE_WBS_ENTRY(moe_wbs_fp4_128_x2_plain, 0)
+MOE_WBS_ENTRY(moe_wbs_fp4_128_x2_swiglu, 1)
+MOE_WBS_ENTRY(moe_wbs_fp4_128_x2_scatter, 2)
 #endif  // FS_GEMM_WGMMA_ONLY

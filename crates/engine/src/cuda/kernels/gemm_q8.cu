@@ -438,26 +438,6 @@ struct GwLayout {
     static constexpr int TOTAL = 1024 + STAGES * (A_STAGE + B_STAGE) + 2 * BCONV + WSC + LUT;
 };
 
-// The 1 KB-aligned start of a block's dynamic shared memory (swizzle atoms) as a shared address
-// (returned) and a generic pointer (gbase); traps when the launch gave less than `total` bytes.
-__device__ __forceinline__ u32 gw_smem_base(u8* sh, int total, u8*& gbase) {
-    u32 dsz;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
-    if (dsz < (u32)total) __trap();
-    const u32 raw0 = gm_smem(sh);
-    const u32 base = (raw0 + 1023u) & ~1023u;
-    gbase = sh + (base - raw0);
-    return base;
-}
-
-// Keeps the compiler from reading wgmma results before the wait that makes them valid (registers
-// written asynchronously are invisible to it).
-template <int N>
-__device__ __forceinline__ void gw_fence_regs(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 // acc += one K step's partial tmp · s_a · s_w in f32 — the per-128 promotion of gw_gemm and
 // moe_ws (the thread's rows row_a, row_a + 8: sa0, sa1). DIRECT (fp8 weights): the block scales swg
 // (the tile's gate or only rows) and swu (EPI 1's up rows, odd 8-column groups); fp4: the step's
@@ -770,18 +750,6 @@ MOE_FP8_FMT(w8, true, fp4, 3)
 #define GWS_PRODUCERS 256                     // producer threads (two warpgroups)
 #define GWS_THREADS (256 + GWS_PRODUCERS)
 
-__device__ __forceinline__ void gws_bar_init(u32 bar, u32 count) {
-    GW_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void gws_arrive(u32 bar) {
-    GW_ASM("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-// Waits until the phase of parity `parity` of barrier bar has completed.
-__device__ __forceinline__ void gws_wait(u32 bar, u32 parity) {
-    GW_ASM("{\n.reg .pred p;\nGWS_WAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra GWS_WAIT_%=;\n}\n" ::"r"(bar), "r"(parity)
-           : "memory");
-}
-
 // One stage: A [128][128] e4m3 (swizzled); fp4: converted B [128][128] e4m3 (swizzled), packed B
 // [128][64], one scale word per producer thread and unit (512 × 4 bytes), row scales [128] f32;
 // fp8: B [128][128] e4m3 (swizzled). Then the full and empty barriers and the fp4 table.
@@ -794,18 +762,6 @@ struct GwsLayout {
     static constexpr int BARS = STAGES * STAGE;
     static constexpr int LUT = BARS + 2 * STAGES * 8;
     static constexpr int TOTAL = 1024 + LUT + (FP4 ? 72 : 0);
-};
-
-// A position in the ring: stage and the parity of its round (the phase its barriers are in).
-template <int ST>
-struct GwsRing {
-    int s = 0, ph = 0;
-    __device__ __forceinline__ void next() {
-        if (++s == ST) {
-            s = 0;
-            ph ^= 1;
-        }
-    }
 };
 
 template <int FMT, int EPI>
