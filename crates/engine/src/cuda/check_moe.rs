@@ -99,25 +99,27 @@ fn designed_routes(seed: u64, t: usize, k: usize, e: usize) -> Vec<Route> {
         .collect()
 }
 
-fn expert_in(gpu: &Gpu, seed: u64, key: &str, fmt: &str, d: usize, inter: usize) -> Result<(GpuExpert, ExpertWeights), CudaError> {
-    let (w1, c1) = weight(gpu, fmt, &random(seed, &format!("{key}.w1"), inter * d, (3.0 / d as f64).sqrt()), inter, d)?;
-    let (w2, c2) = weight(gpu, fmt, &random(seed, &format!("{key}.w2"), d * inter, (3.0 / inter as f64).sqrt()), d, inter)?;
-    let (w3, c3) = weight(gpu, fmt, &random(seed, &format!("{key}.w3"), inter * d, (3.0 / d as f64).sqrt()), inter, d)?;
+/// One random expert in `fmt` (weights of magnitude ~`gain`·sqrt(3 / fan-in)).
+fn expert_in(gpu: &Gpu, seed: u64, key: &str, fmt: &str, d: usize, inter: usize, gain: f64) -> Result<(GpuExpert, ExpertWeights), CudaError> {
+    let (w1, c1) = weight(gpu, fmt, &random(seed, &format!("{key}.w1"), inter * d, gain * (3.0 / d as f64).sqrt()), inter, d)?;
+    let (w2, c2) = weight(gpu, fmt, &random(seed, &format!("{key}.w2"), d * inter, gain * (3.0 / inter as f64).sqrt()), d, inter)?;
+    let (w3, c3) = weight(gpu, fmt, &random(seed, &format!("{key}.w3"), inter * d, gain * (3.0 / d as f64).sqrt()), inter, d)?;
     Ok((GpuExpert { w1, w2, w3 }, ExpertWeights { w1: c1, w2: c2, w3: c3 }))
 }
 
-/// A MoE layer of `e` random experts in `fmt` (d × inter, keys `<key>.e<x>`) and an FP8 shared
-/// expert (`<key>.shared`), on the GPU and as the CPU reference's weights (no gate: the checks route
-/// by hand).
-fn test_layer(gpu: &Gpu, seed: u64, key: &str, fmt: &str, e: usize, d: usize, inter: usize) -> Result<(GpuMoeLayer, crate::weights::LayerWeights), CudaError> {
+/// A MoE layer of `e` random experts in `fmt` (d × inter, keys `<key>.e<x>`, weights scaled by
+/// `gain`) and an FP8 shared expert (`<key>.shared`), on the GPU and as the CPU reference's weights
+/// (no gate: the checks route by hand).
+#[allow(clippy::too_many_arguments)]
+fn test_layer(gpu: &Gpu, seed: u64, key: &str, fmt: &str, e: usize, d: usize, inter: usize, gain: f64) -> Result<(GpuMoeLayer, crate::weights::LayerWeights), CudaError> {
     let mut g_experts = Vec::new();
     let mut c_experts = Vec::new();
     for x in 0..e {
-        let (g, c) = expert_in(gpu, seed, &format!("{key}.e{x}"), fmt, d, inter)?;
+        let (g, c) = expert_in(gpu, seed, &format!("{key}.e{x}"), fmt, d, inter, gain)?;
         g_experts.push(g);
         c_experts.push(c);
     }
-    let (g_shared, c_shared) = expert_in(gpu, seed, &format!("{key}.shared"), "fp8", d, inter)?;
+    let (g_shared, c_shared) = expert_in(gpu, seed, &format!("{key}.shared"), "fp8", d, inter, 1.0)?;
     let layer = GpuMoeLayer {
         gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros_owned::<f32>(1)?) },
         router: GpuRouter::Score { bias: gpu.zeros_owned::<f32>(e)? },
@@ -157,7 +159,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     let dw = gpu.upload(&gammas)?;
     let dzero = gpu.zeros::<f32>(t * k)?;
     for fmt in ["fp4", "fp8", "bf16"] {
-        let (layer, lw) = test_layer(gpu, seed, &format!("moe_grouped.{fmt}"), fmt, e, d, inter)?;
+        let (layer, lw) = test_layer(gpu, seed, &format!("moe_grouped.{fmt}"), fmt, e, d, inter, 1.0)?;
         let y_ref = moe::moe(&cfg, &lw, &f, &routes32, &Numerics::default());
         let per_expert = gpu.download(&*gpu.moe_experts(&cfg, &layer, &df, t, &ids, &dw, false)?)?;
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k, "tokens_per_expert": counts});
@@ -219,8 +221,34 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             all &= flag_record(out, &format!("moe_grouped {fmt} {act} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}), differ == 0);
         }
     }
+    all &= run_large_scales(gpu, seed, &cfg, &f, &routes32, &dids, &dw, out)?;
     all &= run_ragged(gpu, seed, &cfg, &f, &routes32, &dids, &dw, out)?;
     all &= run_q8(gpu, seed, &cfg, &f, &routes32, &dids, &dw, &ids, out)?;
+    Ok(all)
+}
+
+/// FP4 experts whose scale bytes exceed 128 (weights 2^12 times larger, inputs 2^12 times smaller),
+/// where `moe_wbs`'s conversion takes its second multiply (2^(s−1) is no bf16 there): split
+/// activations, all on against the CPU (NMSE ≤ 1e-8) and bit for bit against `MOE_BF16_WS=off`
+/// (`moe_wb`); the record gives the largest scale byte.
+#[allow(clippy::too_many_arguments)]
+fn run_large_scales(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f32], routes: &[Route], dids: &cudarc::driver::CudaSlice<i32>, dw: &cudarc::driver::CudaSlice<f32>, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let (t, d, e, inter) = (routes.len(), cfg.hidden_size, cfg.n_routed_experts, 256usize);
+    let gain = 4096.0;
+    let f: Vec<f32> = f.iter().map(|v| v / gain as f32).collect();
+    let df = gpu.upload(&f)?;
+    let (layer, lw) = test_layer(gpu, seed, "moe_large_scales.fp4", "fp4", e, d, inter, gain)?;
+    // The largest scale byte of one expert's gate weights, quantised as test_layer quantises them.
+    let w1 = random(seed, "moe_large_scales.fp4.e6.w1", inter * d, gain * (3.0 / d as f64).sqrt());
+    let (_, scales) = flashseek_model::quant::quantize_fp4_grouped(&w1, inter, d, 32).map_err(|e| CudaError::Unsupported { what: "quantize", detail: e.to_string() })?;
+    let max_scale = scales.iter().copied().max().unwrap_or(0);
+    let y_ref = moe::moe(cfg, &lw, &f, routes, &Numerics::default());
+    let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": cfg.num_experts_per_tok, "weight_gain": gain, "max_scale_byte": max_scale});
+    let on = gpu.download(&*gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, true, MoeOptions::ALL_ON)?)?;
+    let mut all = vs_cpu(out, "moe_grouped fp4 split scales > 128 vs cpu", &shape, &on, &y_ref, SPLIT_NMSE_TOL);
+    let wb = switch_scope(&[("MOE_BF16_WS", "off")], || gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, true, MoeOptions::ALL_ON))?;
+    let differ = differing_bits(&on, &gpu.download(&wb)?);
+    all &= flag_record(out, "moe_grouped fp4 split scales > 128 MOE_BF16_WS=off bits", json!({"differing_values": differ, "of": on.len(), "vs": "all on", "max_scale_byte": max_scale}), differ == 0 && max_scale > 128);
     Ok(all)
 }
 
@@ -236,7 +264,7 @@ fn run_ragged(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f:
     let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": cfg.num_experts_per_tok});
     let mut all = true;
     for fmt in ["fp4", "fp8", "bf16"] {
-        let (layer, lw) = test_layer(gpu, seed, &format!("moe_ragged.{fmt}"), fmt, e, d, inter)?;
+        let (layer, lw) = test_layer(gpu, seed, &format!("moe_ragged.{fmt}"), fmt, e, d, inter, 1.0)?;
         let y_ref = moe::moe(cfg, &lw, f, routes, &Numerics::default());
         for split in [true, false] {
             let act = if split { "split" } else { "bf16" };
@@ -317,7 +345,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
     let dzero = gpu.zeros::<f32>(t * k)?;
     let official = Numerics { act_quant_fp8: true, ..Default::default() };
     for fmt in ["fp4", "fp8"] {
-        let (layer, lw) = test_layer(gpu, seed, &format!("moe_q8.{fmt}"), fmt, e, d, inter)?;
+        let (layer, lw) = test_layer(gpu, seed, &format!("moe_q8.{fmt}"), fmt, e, d, inter, 1.0)?;
         let y_ref = moe::moe(cfg, &lw, f, routes, &official);
         let y_hf = moe::moe(cfg, &lw, f, routes, &Numerics::default());
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k});

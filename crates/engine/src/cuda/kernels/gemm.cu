@@ -897,6 +897,15 @@ struct GbsLayout {
     static_assert(TOTAL <= 232448, "a block's shared memory");
 };
 
+// Two e2m1 nibbles (byte b: the even value in the low nibble) as a bf16x2 word of value · 2^-126,
+// exact: each magnitude's 3 bits (e, m) become the bf16 exponent's low two bits and the mantissa's
+// top bit — 2^(e−127)·(1 + m/2) for e ≥ 1, the subnormal m·2^-127 for e = 0, i.e. the e2m1 value
+// 2^(e−1)·(1 + m/2) (e = 0: m/2) times 2^-126 — and the signs bits 15 and 31. One multiply places
+// both magnitudes (b·2^6 + b·2^18: the copies do not overlap, so nothing carries; the mask keeps
+// the wanted ones), a second both signs (b·2^12 + b·2^24). Checked against gb_e2m1x8 followed by
+// the scale multiply for every byte and scale (the same bf16 bits).
+__device__ __forceinline__ u32 gbs_e2m1x2(u32 b) { return ((b * 0x00040040u) & 0x01C001C0u) | ((b * 0x01001000u) & 0x80008000u); }
+
 template <int EPI>
 __device__ __forceinline__ void moe_wbs(const u16* xb, long long lo_plane, const unsigned long long* wtab, const unsigned long long* stab,
                                         const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, const int* n_items,
@@ -948,17 +957,30 @@ __device__ __forceinline__ void moe_wbs(const u16* xb, long long lo_plane, const
             for (int u = 0; u < 4; u++) {
                 const int r = (p >> 1) + 64 * u;
                 const uint4 v = *reinterpret_cast<const uint4*>(st + L::BR + r * 32 + h * 16);
-                u32 f = gm_e8m0_bf16(pend[u]);
-                f |= f << 16;
                 const u32 vw[4] = {v.x, v.y, v.z, v.w};
+                // gbs_e2m1x2 gives value · 2^-126; times 2^126 · 2^(s−127) = 2^(s−1), one multiply
+                // while 2^(s−1) is a bf16 (s ≤ 128: every real scale), else 2^126 (exact) and then
+                // gb_gemm's own multiply by 2^(s−127) (the same operation, so the same inf / NaN).
+                // (The second multiply is a branch taken by the whole warp or skipped by it: the
+                // predicated form would issue it for every value.)
+                const u32 sc = pend[u];
+                const bool one = sc <= 128u;
+                u32 f = one ? (sc + 126u) << 7 : 0x7E80u;
+                f |= f << 16;
+                u32 o[16];
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    u32 o[4];
-                    gb_e2m1x8(vw[i], o);
+                for (int i = 0; i < 16; i++) o[i] = gm_mul2(gbs_e2m1x2(__byte_perm(vw[i >> 2], 0u, 0x4440u | (i & 3))), f);
+                if (!__all_sync(0xffffffffu, one)) {
+                    u32 g = gm_e8m0_bf16(sc);
+                    g |= g << 16;
+                    if (!one) {
 #pragma unroll
-                    for (int e = 0; e < 4; e++) o[e] = gm_mul2(o[e], f);
-                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 4 * h + i)) = make_uint4(o[0], o[1], o[2], o[3]);
+                        for (int i = 0; i < 16; i++) o[i] = gm_mul2(o[i], g);
+                    }
                 }
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 4 * h + i)) = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
             }
             gw_fence_proxy();
             gws_arrive(full0 + 8 * cv.s);
