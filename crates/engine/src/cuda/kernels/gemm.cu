@@ -989,6 +989,9 @@ __device__ __forceinline__ void moe_wbs(const u16* xb, long long lo_plane, const
         };
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
             const GmProb P = prob(w);
+            // Activation copies: rows p / 8 + 16 i, chunk p % 8, both planes.
+            const u16* a_src = P.xb + (size_t)(P.m0 + (p >> 3)) * K + (p & 7) * 8;
+            const u32 a_off = gw_swz(p >> 3, p & 7);
             // Weight rows past N copy zeros with scale byte 127 (1.0), as gb_gemm's.
             const u8* b_src[4];
             const u8* s_src[4];
@@ -1010,6 +1013,12 @@ __device__ __forceinline__ void moe_wbs(const u16* xb, long long lo_plane, const
                 gws_wait(empty0 + 8 * s, cp.ph ^ 1);
                 const u32 sb = base + s * L::STAGE;
 #pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const u16* src = a_src + (size_t)i * 16 * K + kt * 64;
+                    gm_cp16(sb + L::A + a_off + i * 16 * 128, src, true);
+                    gm_cp16(sb + L::A_LO + a_off + i * 16 * 128, src + P.lo_plane, true);
+                }
+#pragma unroll
                 for (int u = 0; u < 4; u++) gm_cp16(sb + L::BR + ((p >> 1) + 64 * u) * 32 + h * 16, b_src[u] + (size_t)kt * 32, b_ok[u]);
                 gm_commit();
                 j++;
@@ -1025,34 +1034,9 @@ __device__ __forceinline__ void moe_wbs(const u16* xb, long long lo_plane, const
         return;
     }
 
-    // Multiply warpgroups 0 and 1. Each also copies its own 64 activation rows (both planes: only
-    // its own MMAs read them) ST steps ahead, into the stage it has just released: a copy cursor
-    // (unit cw, step ckt) that walks the same unit sequence, one cp.async group per step (empty
-    // past the end, so that the wait below always leaves ST − 1 groups pending).
+    // Multiply warpgroups 0 and 1.
     const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
-    const int t = tid & 127;
     const GmEpi E = {y, hb, (size_t)h_lo, ldh, limit, dst};
-    int cw = blockIdx.x, ckt = 0;
-    const u16* ca = nullptr;  // this thread's first activation row of unit cw (row t / 8, chunk t % 8)
-    const u32 a_off = L::A + gw_swz(wg * 64 + (t >> 3), t & 7);
-    auto copy_a = [&](u32 sb) {
-        if (cw < total) {
-            if (ckt == 0) ca = xb + (size_t)(items[2 * (cw / tiles_n) + 1] + wg * 64 + (t >> 3)) * K + (t & 7) * 8;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const u16* src = ca + (size_t)i * 16 * K + ckt * 64;
-                gm_cp16(sb + a_off + i * 16 * 128, src, true);
-                gm_cp16(sb + a_off + (L::A_LO - L::A) + i * 16 * 128, src + lo_plane, true);
-            }
-            if (++ckt == KT) {
-                ckt = 0;
-                cw += gridDim.x;
-            }
-        }
-        gm_commit();
-    };
-#pragma unroll
-    for (int s = 0; s < ST; s++) copy_a(base + s * L::STAGE);
     GwsRing<ST> ring;
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
         const GmProb P = prob(w);
@@ -1061,9 +1045,6 @@ __device__ __forceinline__ void moe_wbs(const u16* xb, long long lo_plane, const
         for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
         for (int kt = 0; kt < KT; kt++, ring.next()) {
             const u32 sb = base + ring.s * L::STAGE;
-            gm_wait<ST - 1>();  // this thread's activation copies of this step have landed
-            gw_fence_proxy();   // → the async proxy
-            GW_ASM("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // and the warpgroup's other threads'
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
             const unsigned long long da = gw_desc(sb + L::A + wg * 64 * 128), dl = gw_desc(sb + L::A_LO + wg * 64 * 128), db = gw_desc(sb + L::BC);
@@ -1076,8 +1057,7 @@ __device__ __forceinline__ void moe_wbs(const u16* xb, long long lo_plane, const
             gw_commit();
             gw_wait0();
             __syncwarp();
-            if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the weight half of the stage is free again
-            copy_a(sb);  // and this warpgroup's activation rows take step + ST
+            if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
         }
         gw_fence_regs(acc);
         gb_epilogue<BN, true, EPI>(E, P, acc, P.m0 + wg * 64 + wq * 16 + (lane >> 2), (lane & 3) * 2);
