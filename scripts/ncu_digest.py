@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
-"""Digest of an Nsight Compute source-level CSV of a moe_ws_* launch (gemm_q8.cu, switch MOE_FP8_WS):
-stall samples and executed instructions per role (multiply warpgroups, producer warpgroups, the
-out-of-line mbarrier retry loops), per K step, and the top stall locations.
+"""Digest of an Nsight Compute source-level CSV of a warp-specialised MoE launch — moe_ws_* (gemm_q8.cu,
+switch MOE_FP8_WS) or moe_wbs_* (gemm.cu, switch MOE_BF16_WS): stall samples and executed
+instructions per role (multiply warpgroups, producer warpgroups, the out-of-line mbarrier retry
+loops), per K step, and the top stall locations.
+
+moe_ws: the roles are the code between the two setmaxnreg instructions (multiply) and after them
+(producers); K steps = the executions of one QGMMA. moe_wbs (no setmaxnreg): multiply = the code
+before the first EXIT, producer = up to the last EXIT; per warp and K step = instructions /
+(block K steps × warps of the role: 8 multiply, 4 producer), block K steps = HGMMA executions / 64
+(8 per step and warp, 8 multiply warps).
 
   ncu --kernel-name moe_ws_fp4_128_swiglu --launch-count 1 --section SourceCounters \\
       --section WarpStateStats --page source --print-source sass --csv flashseek gpu-check ... > src.csv
@@ -17,11 +24,20 @@ h = rows[0]
 R = [dict(zip(h, r)) for r in rows[1:] if len(r) == len(h)]
 num = lambda x: float(x.replace(',', '')) if x.replace(',', '').replace('.', '').isdigit() else 0.0
 tot = sum(num(r['Warp Stall Sampling (All Samples)']) for r in R)
-inc = [k for k, r in enumerate(R) if 'USETMAXREG.TRY_ALLOC' in r['Source']][0]
-dec = [k for k, r in enumerate(R) if 'USETMAXREG.DEALLOC' in r['Source']][0]
-end = [k for k, r in enumerate(R) if r['Source'].strip() == 'EXIT'][-1] + 1  # then the out-of-line mbarrier retry loops
-steps = max(num(r['Instructions Executed']) for r in R if 'QGMMA' in r['Source'])
-print(f"kernel instructions {len(R)}, stall samples {tot:.0f}; per-warp K steps (QGMMA executions) {steps:.0f}")
+exits = [k for k, r in enumerate(R) if r['Source'].strip() == 'EXIT']
+end = exits[-1] + 1  # then the out-of-line mbarrier retry loops
+if any('USETMAXREG' in r['Source'] for r in R):  # moe_ws
+    inc = [k for k, r in enumerate(R) if 'USETMAXREG.TRY_ALLOC' in r['Source']][0]
+    dec = [k for k, r in enumerate(R) if 'USETMAXREG.DEALLOC' in r['Source']][0]
+    steps = max(num(r['Instructions Executed']) for r in R if 'QGMMA' in r['Source'])
+    per = {'multiply warpgroups': steps, 'producer warpgroups': steps, 'mbarrier retry loops (both)': steps}
+    print(f"kernel instructions {len(R)}, stall samples {tot:.0f}; per-warp K steps (QGMMA executions) {steps:.0f}")
+else:  # moe_wbs
+    inc, dec = 0, exits[0] + 1
+    block_steps = sum(num(r['Instructions Executed']) for r in R if 'HGMMA' in r['Source']) / 64
+    steps = 8 * block_steps
+    per = {'multiply warpgroups': 8 * block_steps, 'producer warpgroups': 4 * block_steps, 'mbarrier retry loops (both)': 12 * block_steps}
+    print(f"kernel instructions {len(R)}, stall samples {tot:.0f}; block K steps (HGMMA executions / 64) {block_steps:.0f}")
 for name, (a, b) in {'multiply warpgroups': (inc, dec), 'producer warpgroups': (dec, end), 'mbarrier retry loops (both)': (end, len(R))}.items():
     s = sum(num(r['Warp Stall Sampling (All Samples)']) for r in R[a:b])
     c = collections.Counter()
@@ -32,7 +48,7 @@ for name, (a, b) in {'multiply warpgroups': (inc, dec), 'producer warpgroups': (
                 c[k] += num(r[k])
         src = r['Source'].split()
         op = src[1] if src[0].startswith('@') else src[0]
-        ops[op.split('.')[0]] += num(r['Instructions Executed']) / steps
+        ops[op.split('.')[0]] += num(r['Instructions Executed']) / per[name]
     ins = sum(ops.values())
     print(f"{name}: {100 * s / tot:.1f}% of samples, {ins:.0f} instructions per warp per K step; stalls {[(k, round(100 * v / s, 1)) for k, v in c.most_common(5)]}")
     print(f"  instructions per warp per K step by opcode: {[(k, round(v, 1)) for k, v in ops.most_common(12)]}")

@@ -10,8 +10,9 @@
 //! Switches ([`crate::switches`]): `MOE_GROUPED` (this path at all), `MOE_FUSED_SWIGLU` (off: two
 //! plain grouped GEMMs for gate and up, the SwiGLU kernel and a bf16 conversion), `MOE_ADAPTIVE_TILES`
 //! (64-row tiles when experts see few tokens; off: always 128), `MOE_PERSISTENT` (a grid of a few
-//! blocks per SM walking the queue; off: one block per work unit). The activations are split
-//! (hi + lo bf16) unless `TC_LINEAR=bf16` (then plain bf16, inexact).
+//! blocks per SM walking the queue; off: one block per work unit), `MOE_BF16_WS` (FP4 experts, split
+//! activations, 128-row tiles: the warp-specialised `moe_wbs_*`; off: `moe_wb_*`). The activations
+//! are split (hi + lo bf16) unless `TC_LINEAR=bf16` (then plain bf16, inexact).
 //!
 //! Design learned from the grouped-GEMM idea in DeepSeek's DeepGEMM and from lucebox's adaptive
 //! MoE tiles (`../shared/research/`); the code is ours.

@@ -1,7 +1,7 @@
 // gemm.cu — tensor-core linear layers for many tokens (prefill): y[t, n] = Σ_k x[t, k] · W[n, k]
 // with bf16 activations (or split ones, x = hi + lo), W dequantized exactly to bf16 in shared
 // memory, and f32 accumulation (mma.sync m16n8k16 bf16 → f32; on sm_90a wgmma m64n128k16 /
-// m64n256k16, the gemm_wb_* / moe_wb_* kernels at the end of this file). The exact f32 path is
+// m64n256k16, the gemm_wb_* / moe_wb_* / moe_wbs_* kernels at the end of this file). The exact f32 path is
 // linear.cu; `Gpu::linear` picks this one for T ≥ 64 as FLASHSEEK_TC_LINEAR says (gpu.rs `TcMode`: split by
 // default, bf16, or 0 = off).
 //
@@ -610,6 +610,8 @@ MOE_GEMM_FMT(fp4, 3)
 //                                                      (_w: 128 × 256)
 //   moe_wb_<fmt>_<bm>[_x2]_<epi>(…)                 — as moe_gemm_<fmt>_<bm>[_x2]_<epi>, block tile
 //                                                      64 × 128 (bm 64) or 128 × 256 (bm 128)
+//   moe_wbs_fp4_128_x2_<epi>(…)                     — moe_wb_fp4_128_x2_<epi> warp-specialised
+//                                                      (switch MOE_BF16_WS; after moe_wb below)
 // Block: WG warpgroups (BM = 64·WG rows) × BN output columns (wgmma m64nBNk16; the wide tile reads
 // each activation tile once per 256 outputs instead of per 128 — measured 15.57 vs 16.22 ms per
 // Flash MoE layer at T = 8,192, 9b2e6b8 vs e96e6c8); one K step = 64 values = one 128-byte row of
@@ -863,8 +865,8 @@ MOE_WB_FMT(fp4, 3)
 // moe_wbs_fp4_128_x2_<epi>(…): the grouped MoE of moe_wb_fp4_128_x2_<epi> — FP4 experts, split
 // activations, 128 × 256 tiles; the exact default's routed experts — with the same arguments and
 // the same outputs bit for bit (each warpgroup issues the same wgmma m64n256k16 sequence per K step:
-// for each 16-wide slice hi, then lo; the weights converted to the same bf16 values by the same
-// gb_e2m1x8 and scale multiply), warp-specialised (switch MOE_BF16_WS). Block of GBS_THREADS = 384:
+// for each 16-wide slice hi, then lo, on the same bf16 weight values — gbs_e2m1x2 below computes
+// them another way, exactly), warp-specialised (switch MOE_BF16_WS). Block of GBS_THREADS = 384:
 // warpgroups 0 and 1 multiply (64 token rows each), warpgroup 2 produces; at one block per SM every
 // thread may hold 168 registers, enough for the 128 accumulators of m64n256 (no setmaxnreg: a
 // 512-thread block would leave 128 per thread at compile time, too few for that instruction).
@@ -873,12 +875,15 @@ MOE_WB_FMT(fp4, 3)
 // cp.async, load the rows' scale bytes with plain loads, and one step later (GBS_LAG) convert the
 // weights to the swizzled bf16 tile wgmma reads, fence.proxy.async and arrive on the stage's full
 // mbarrier (one arrival per producer thread). Each multiply warp waits on it; its warpgroup issues
-// the 8 MMAs, waits for them (the other warpgroup's MMAs keep the tensor cores busy meanwhile) and
-// releases the stage on the empty mbarrier (one arrival per warp). Accumulators stay in registers
+// the 8 MMAs, waits for them and releases the stage on the empty mbarrier (one arrival per warp;
+// the two warpgroups share the tensor cores, so one's MMAs may run while the other waits). Accumulators stay in registers
 // over all of K (no promotion: bf16 products are exact in f32). No block barrier after the start;
 // the ring runs across the block's units, so the next unit's copies overlap this one's epilogue.
 // Learned from the PTX ISA (mbarrier, wgmma, setmaxnreg, proxy fences) and DeepGEMM's
-// producer/consumer design; the code is ours (the same structure as gemm_q8.cu moe_ws).
+// producer/consumer design; the code is ours (the same structure as gemm_q8.cu moe_ws). Measured
+// on H200 (bench/moe_wbs_variants_h200.log): one Flash MoE layer at T = 8,192 13.13 ms vs 15.56 with
+// moe_wb; the multiply warps then wait on their own MMAs in half of their stall samples (their
+// shared-memory operands: the split reads each weight slice twice).
 #define GBS_PRODUCERS 128
 #define GBS_THREADS (256 + GBS_PRODUCERS)
 // Steps between a stage's copies and its conversion. With 3 stages 1 is the only lag that lets the
