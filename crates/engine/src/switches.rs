@@ -95,7 +95,7 @@ pub const SWITCHES: &[Switch] = &[
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "the grouped bf16 wgmma MoE GEMMs of the exact default (split activations, FP4 experts, 128 x 256 tiles: moe_wb_fp4_128_x2_*, two warpgroups that each copy, convert FP4 weights to bf16 and multiply, one block barrier per K step): warp specialisation (moe_wbs_fp4_128_x2_*: one producer warpgroup copies both activation planes and the packed weights into a 3-stage ring and converts them a step later, two multiply warpgroups wait on mbarriers; the same MMAs in the same order on the same bf16 values, so the same bits)",
-        parity: "gpu-check (`--only moe`) `moe_grouped fp4 split MOE_BF16_WS=off bits` and `moe_grouped inter 192 fp4 split MOE_BF16_WS=off bits` (bitwise equal to moe_wb on the parity layers; the other `moe_grouped fp4 split …` records with 128-row tiles run on it by default: against the CPU at NMSE <= 1e-8 and bit for bit against all on) and `moe_grouped flash T=… MOE_BF16_WS=off bits` (Flash shapes with 128-row tiles forced); qualify and the switch matrix (`MOE_BF16_WS=off alone`: the same logits bits as all on; the matrix's 200-token prefill takes 64-row tiles, so its row checks only the plumbing)",
+        parity: "gpu-check (`--only moe`) `moe_grouped fp4 split MOE_BF16_WS=off bits`, `moe_grouped fp4 split scales > 128 …` (scale bytes above 128 on every third weight row, also with a grid of 7 blocks) and `moe_grouped inter 192 fp4 split MOE_BF16_WS=off bits` (bitwise equal to moe_wb on the parity layers; the other `moe_grouped fp4 split …` records with 128-row tiles run on it by default: against the CPU at NMSE <= 1e-8 and bit for bit against all on) and `moe_grouped flash T=… MOE_BF16_WS=off bits` (Flash shapes with 128-row tiles forced); qualify and the switch matrix (`MOE_BF16_WS=off alone`: the same logits bits as all on; the matrix's 200-token prefill takes 64-row tiles, so its row checks only the plumbing)",
     },
     Switch {
         name: "FP8_CUBLASLT",
@@ -403,7 +403,8 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MOE_PERSISTENT", &[("MOE_GROUPED", &["on"])]),
     ("FP8_WGMMA", &[("TC_LINEAR", &["fp8"])]),
     ("MOE_FP8_WS", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
-    ("MOE_BF16_WS", &[("TC_LINEAR", &["split"]), ("BF16_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
+    // Under TC_LINEAR=off the grouped MoE still runs split activations (ops_mhc.rs moe_forward).
+    ("MOE_BF16_WS", &[("TC_LINEAR", &["split", "off"]), ("BF16_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
     ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),

@@ -4,7 +4,7 @@
 //! d 512, inter 256, 1,000 tokens whose routing gives experts 0, 1, 2, 9, 16, 64 and 1,000 tokens
 //! (and ~545 to the other nine), slot order shuffled per token:
 //! - `moe_grouped <fmt> <act> vs cpu`: every switch variant (all on; fused SwiGLU off; 64-row and
-//!   128-row tiles; persistent off) against `forward::moe::moe` (exact numerics) on the dequantized
+//!   128-row tiles; persistent off; a grid of 7 blocks, each walking many work units) against `forward::moe::moe` (exact numerics) on the dequantized
 //!   weights. Tolerance: NMSE ≤ 1e-8 with split activations ([`super::check::SPLIT_NMSE_TOL`]),
 //!   ≤ 5e-4 with bf16 activations (issue 6's bound; bf16 rounds x to 8 bits).
 //! - `moe_grouped … bits`: every variant gives the same bits as the all-on one (the design promises
@@ -17,7 +17,10 @@
 //! - `moe_grouped … masked`: all routing weights 0 → the output equals the shared expert's alone,
 //!   bit for bit (masked routes contribute exact zeros).
 //! - `moe_grouped fp4 split MOE_BF16_WS=off bits`: the 128-row-tile FP4 split kernels without warp
-//!   specialisation (`moe_wb`) give the all-on (`moe_wbs`) bits.
+//!   specialisation (`moe_wb`) give the all-on (`moe_wbs`) bits (`moe_wbs_ran` says whether it ran).
+//! - `moe_grouped fp4 split scales > 128 …`: every third weight row 2^12 times larger, so that scale
+//!   bytes above 128 (`moe_wbs`'s second multiply) mix with smaller ones in a warp: against the CPU,
+//!   and bit for bit `MOE_BF16_WS=off` and a grid of 7 blocks against all on.
 //! - `moe_grouped inter 192 …`: experts of 192 hidden units (output widths that are not multiples
 //!   of the tiles, a down projection ending in half an FP8 scale block): all on, both tiles, fusion
 //!   off, `BF16_WGMMA=off` and (FP4, split) `MOE_BF16_WS=off` against the CPU and bit for bit
@@ -99,19 +102,29 @@ fn designed_routes(seed: u64, t: usize, k: usize, e: usize) -> Vec<Route> {
         .collect()
 }
 
-/// One random expert in `fmt` (weights of magnitude ~`gain`·sqrt(3 / fan-in)).
-fn expert_in(gpu: &Gpu, seed: u64, key: &str, fmt: &str, d: usize, inter: usize, gain: f64) -> Result<(GpuExpert, ExpertWeights), CudaError> {
-    let (w1, c1) = weight(gpu, fmt, &random(seed, &format!("{key}.w1"), inter * d, gain * (3.0 / d as f64).sqrt()), inter, d)?;
-    let (w2, c2) = weight(gpu, fmt, &random(seed, &format!("{key}.w2"), d * inter, gain * (3.0 / inter as f64).sqrt()), d, inter)?;
-    let (w3, c3) = weight(gpu, fmt, &random(seed, &format!("{key}.w3"), inter * d, gain * (3.0 / d as f64).sqrt()), inter, d)?;
+/// Random weights `[rows, cols]` of magnitude ~sqrt(3 / cols), row r scaled by `gain(r)`.
+fn gained(seed: u64, key: &str, rows: usize, cols: usize, gain: &dyn Fn(usize) -> f64) -> Vec<f32> {
+    let mut w = random(seed, key, rows * cols, (3.0 / cols as f64).sqrt());
+    for (r, row) in w.chunks_mut(cols).enumerate() {
+        let g = gain(r) as f32;
+        row.iter_mut().for_each(|v| *v *= g);
+    }
+    w
+}
+
+/// One random expert in `fmt` (weights of magnitude ~sqrt(3 / fan-in), row r scaled by `gain(r)`).
+fn expert_in(gpu: &Gpu, seed: u64, key: &str, fmt: &str, d: usize, inter: usize, gain: &dyn Fn(usize) -> f64) -> Result<(GpuExpert, ExpertWeights), CudaError> {
+    let (w1, c1) = weight(gpu, fmt, &gained(seed, &format!("{key}.w1"), inter, d, gain), inter, d)?;
+    let (w2, c2) = weight(gpu, fmt, &gained(seed, &format!("{key}.w2"), d, inter, gain), d, inter)?;
+    let (w3, c3) = weight(gpu, fmt, &gained(seed, &format!("{key}.w3"), inter, d, gain), inter, d)?;
     Ok((GpuExpert { w1, w2, w3 }, ExpertWeights { w1: c1, w2: c2, w3: c3 }))
 }
 
-/// A MoE layer of `e` random experts in `fmt` (d × inter, keys `<key>.e<x>`, weights scaled by
-/// `gain`) and an FP8 shared expert (`<key>.shared`), on the GPU and as the CPU reference's weights
+/// A MoE layer of `e` random experts in `fmt` (d × inter, keys `<key>.e<x>`, weight row r scaled by
+/// `gain(r)`) and an FP8 shared expert (`<key>.shared`), on the GPU and as the CPU reference's weights
 /// (no gate: the checks route by hand).
 #[allow(clippy::too_many_arguments)]
-fn test_layer(gpu: &Gpu, seed: u64, key: &str, fmt: &str, e: usize, d: usize, inter: usize, gain: f64) -> Result<(GpuMoeLayer, crate::weights::LayerWeights), CudaError> {
+fn test_layer(gpu: &Gpu, seed: u64, key: &str, fmt: &str, e: usize, d: usize, inter: usize, gain: &dyn Fn(usize) -> f64) -> Result<(GpuMoeLayer, crate::weights::LayerWeights), CudaError> {
     let mut g_experts = Vec::new();
     let mut c_experts = Vec::new();
     for x in 0..e {
@@ -119,7 +132,7 @@ fn test_layer(gpu: &Gpu, seed: u64, key: &str, fmt: &str, e: usize, d: usize, in
         g_experts.push(g);
         c_experts.push(c);
     }
-    let (g_shared, c_shared) = expert_in(gpu, seed, &format!("{key}.shared"), "fp8", d, inter, 1.0)?;
+    let (g_shared, c_shared) = expert_in(gpu, seed, &format!("{key}.shared"), "fp8", d, inter, &|_| 1.0)?;
     let layer = GpuMoeLayer {
         gate: GpuWeight { rows: 0, cols: 0, data: GpuMatrix::F32(gpu.zeros_owned::<f32>(1)?) },
         router: GpuRouter::Score { bias: gpu.zeros_owned::<f32>(e)? },
@@ -140,6 +153,7 @@ fn variants() -> Vec<(&'static str, MoeOptions)> {
         ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }),
         ("tile 128", MoeOptions { force_tile_rows: Some(128), ..on }),
         ("persistent off", MoeOptions { persistent: false, ..on }),
+        ("grid of 7 blocks", MoeOptions { max_blocks: Some(7), ..on }),
         ("tile 64 unfused, one block per unit", MoeOptions { force_tile_rows: Some(64), fused_swiglu: false, persistent: false, ..on }),
     ]
 }
@@ -159,7 +173,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     let dw = gpu.upload(&gammas)?;
     let dzero = gpu.zeros::<f32>(t * k)?;
     for fmt in ["fp4", "fp8", "bf16"] {
-        let (layer, lw) = test_layer(gpu, seed, &format!("moe_grouped.{fmt}"), fmt, e, d, inter, 1.0)?;
+        let (layer, lw) = test_layer(gpu, seed, &format!("moe_grouped.{fmt}"), fmt, e, d, inter, &|_| 1.0)?;
         let y_ref = moe::moe(&cfg, &lw, &f, &routes32, &Numerics::default());
         let per_expert = gpu.download(&*gpu.moe_experts(&cfg, &layer, &df, t, &ids, &dw, false)?)?;
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k, "tokens_per_expert": counts});
@@ -194,7 +208,8 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
                 if fmt == "fp4" && split {
                     let wb = switch_scope(&[("MOE_BF16_WS", "off")], || gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, split, MoeOptions::ALL_ON))?;
                     let differ = differing_bits(&f0, &gpu.download(&wb)?);
-                    all &= flag_record(out, &format!("moe_grouped {fmt} {act} MOE_BF16_WS=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on"}), differ == 0);
+                    let ran = wbs_runs(gpu, d, inter, t * k, e, MoeOptions::ALL_ON);
+                    all &= flag_record(out, &format!("moe_grouped {fmt} {act} MOE_BF16_WS=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on", "moe_wbs_ran": ran}), differ == 0);
                 }
             }
             let (nmse, max_abs, _) = errors(&f0, &per_expert);
@@ -227,29 +242,45 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     Ok(all)
 }
 
-/// FP4 experts whose scale bytes exceed 128 (weights 2^12 times larger, inputs 2^12 times smaller),
-/// where `moe_wbs`'s conversion takes its second multiply (2^(s−1) is no bf16 there): split
-/// activations, all on against the CPU (NMSE ≤ 1e-8) and bit for bit against `MOE_BF16_WS=off`
-/// (`moe_wb`); the record gives the largest scale byte.
+/// FP4 experts whose scale bytes exceed 128 where `moe_wbs`'s conversion takes its second multiply
+/// (2^(s−1) is no bf16 there): every third weight row 2^12 times larger (inputs 2^12 times
+/// smaller), so that lanes of one warp disagree on the branch. Split activations, all on against
+/// the CPU (NMSE ≤ 1e-8) and bit for bit against `MOE_BF16_WS=off` (`moe_wb`), also with a grid of
+/// 7 blocks (each walks many work units, the ring running across them); the records give the
+/// smallest and largest scale byte.
 #[allow(clippy::too_many_arguments)]
 fn run_large_scales(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f32], routes: &[Route], dids: &cudarc::driver::CudaSlice<i32>, dw: &cudarc::driver::CudaSlice<f32>, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let (t, d, e, inter) = (routes.len(), cfg.hidden_size, cfg.n_routed_experts, 256usize);
-    let gain = 4096.0;
-    let f: Vec<f32> = f.iter().map(|v| v / gain as f32).collect();
+    let gain = |r: usize| if r.is_multiple_of(3) { 4096.0 } else { 1.0 };
+    let f: Vec<f32> = f.iter().map(|v| v / 4096.0).collect();
     let df = gpu.upload(&f)?;
-    let (layer, lw) = test_layer(gpu, seed, "moe_large_scales.fp4", "fp4", e, d, inter, gain)?;
-    // The largest scale byte of one expert's gate weights, quantised as test_layer quantises them.
-    let w1 = random(seed, "moe_large_scales.fp4.e6.w1", inter * d, gain * (3.0 / d as f64).sqrt());
+    let (layer, lw) = test_layer(gpu, seed, "moe_large_scales.fp4", "fp4", e, d, inter, &gain)?;
+    // The scale bytes of one expert's gate weights, quantised as test_layer quantises them.
+    let w1 = gained(seed, "moe_large_scales.fp4.e6.w1", inter, d, &gain);
     let (_, scales) = flashseek_model::quant::quantize_fp4_grouped(&w1, inter, d, 32).map_err(|e| CudaError::Unsupported { what: "quantize", detail: e.to_string() })?;
-    let max_scale = scales.iter().copied().max().unwrap_or(0);
+    let (min_scale, max_scale) = (scales.iter().copied().min().unwrap_or(0), scales.iter().copied().max().unwrap_or(0));
     let y_ref = moe::moe(cfg, &lw, &f, routes, &Numerics::default());
-    let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": cfg.num_experts_per_tok, "weight_gain": gain, "max_scale_byte": max_scale});
+    let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": cfg.num_experts_per_tok, "weight_gain": "4096 on every third row", "scale_bytes": [min_scale, max_scale]});
     let on = gpu.download(&*gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, true, MoeOptions::ALL_ON)?)?;
     let mut all = vs_cpu(out, "moe_grouped fp4 split scales > 128 vs cpu", &shape, &on, &y_ref, SPLIT_NMSE_TOL);
+    let ran = wbs_runs(gpu, d, inter, t * cfg.num_experts_per_tok, e, MoeOptions::ALL_ON);
     let wb = switch_scope(&[("MOE_BF16_WS", "off")], || gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, true, MoeOptions::ALL_ON))?;
-    let differ = differing_bits(&on, &gpu.download(&wb)?);
-    all &= flag_record(out, "moe_grouped fp4 split scales > 128 MOE_BF16_WS=off bits", json!({"differing_values": differ, "of": on.len(), "vs": "all on", "max_scale_byte": max_scale}), differ == 0 && max_scale > 128);
+    let wb = gpu.download(&wb)?;
+    let grid7 = gpu.download(&*gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, true, MoeOptions { max_blocks: Some(7), ..MoeOptions::ALL_ON })?)?;
+    for (name, got) in [("MOE_BF16_WS=off", &wb), ("grid of 7 blocks", &grid7)] {
+        let differ = differing_bits(&on, got);
+        let detail = json!({"differing_values": differ, "of": on.len(), "vs": "all on", "scale_bytes": [min_scale, max_scale], "moe_wbs_ran": ran});
+        all &= flag_record(out, &format!("moe_grouped fp4 split scales > 128 {name} bits"), detail, differ == 0 && max_scale > 128 && min_scale <= 128);
+    }
     Ok(all)
+}
+
+/// Whether the split grouped MoE of `tk` routed pairs over `e` FP4 experts (d, inter) runs
+/// `moe_wbs` here with `opts` (wgmma allowed, `MOE_BF16_WS` on, 128-row tiles): the records that
+/// compare it with `moe_wb` say so.
+fn wbs_runs(gpu: &Gpu, d: usize, inter: usize, tk: usize, e: usize, opts: MoeOptions) -> bool {
+    let wgmma = gpu.bf16_wgmma("fp4", d) && gpu.bf16_wgmma("fp4", inter);
+    super::ops_moe::moe_gemm_family(wgmma, "fp4", opts.tile_rows(tk, e, true, wgmma), true) == "moe_wbs"
 }
 
 /// The same routing with experts of 192 hidden units: the fused gate/up GEMM is 384 wide (the
@@ -264,7 +295,7 @@ fn run_ragged(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f:
     let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": cfg.num_experts_per_tok});
     let mut all = true;
     for fmt in ["fp4", "fp8", "bf16"] {
-        let (layer, lw) = test_layer(gpu, seed, &format!("moe_ragged.{fmt}"), fmt, e, d, inter, 1.0)?;
+        let (layer, lw) = test_layer(gpu, seed, &format!("moe_ragged.{fmt}"), fmt, e, d, inter, &|_| 1.0)?;
         let y_ref = moe::moe(cfg, &lw, f, routes, &Numerics::default());
         for split in [true, false] {
             let act = if split { "split" } else { "bf16" };
@@ -345,7 +376,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
     let dzero = gpu.zeros::<f32>(t * k)?;
     let official = Numerics { act_quant_fp8: true, ..Default::default() };
     for fmt in ["fp4", "fp8"] {
-        let (layer, lw) = test_layer(gpu, seed, &format!("moe_q8.{fmt}"), fmt, e, d, inter, 1.0)?;
+        let (layer, lw) = test_layer(gpu, seed, &format!("moe_q8.{fmt}"), fmt, e, d, inter, &|_| 1.0)?;
         let y_ref = moe::moe(cfg, &lw, f, routes, &official);
         let y_hf = moe::moe(cfg, &lw, f, routes, &Numerics::default());
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k});
@@ -498,7 +529,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         let wbs = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, t128)?)?;
         let wb = switch_scope(&[("MOE_BF16_WS", "off")], || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, t128))?;
         let differ = differing_bits(&wbs, &gpu.download(&*wb)?);
-        let detail = json!({"differing_values": differ, "of": wbs.len(), "vs": "all on, both with 128-row tiles", "finite": wbs.iter().all(|v| v.is_finite())});
+        let ran = wbs_runs(gpu, d, inter, t * k, e, t128);
+        let detail = json!({"differing_values": differ, "of": wbs.len(), "vs": "all on, both with 128-row tiles", "finite": wbs.iter().all(|v| v.is_finite()), "moe_wbs_ran": ran});
         flag_record(&mut rows, &format!("moe_grouped flash T={t} MOE_BF16_WS=off bits"), detail, differ == 0);
     }
     Ok(rows)

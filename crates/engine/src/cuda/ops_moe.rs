@@ -110,6 +110,9 @@ pub struct MoeOptions {
     pub persistent: bool,
     /// Forces the tile height (64 or 128; checks use it to cover both tiles on one routing).
     pub force_tile_rows: Option<usize>,
+    /// Caps the grid at this many blocks (checks use it so that every block walks several work
+    /// units; the result is the same bits for any grid).
+    pub max_blocks: Option<usize>,
 }
 
 impl MoeOptions {
@@ -122,11 +125,12 @@ impl MoeOptions {
             adaptive_tiles: on("MOE_ADAPTIVE_TILES"),
             persistent: on("MOE_PERSISTENT"),
             force_tile_rows: None,
+            max_blocks: None,
         }
     }
 
     /// Every optimisation on (the defaults).
-    pub const ALL_ON: MoeOptions = MoeOptions { grouped: true, fused_swiglu: true, adaptive_tiles: true, persistent: true, force_tile_rows: None };
+    pub const ALL_ON: MoeOptions = MoeOptions { grouped: true, fused_swiglu: true, adaptive_tiles: true, persistent: true, force_tile_rows: None, max_blocks: None };
 
     /// Tile height for `tk` routed pairs over `e` experts with split (`split`) or bf16 activations,
     /// on the wgmma kernels (`wgmma`) or mma.sync ones. Adaptive: 64-row tiles when the average
@@ -296,8 +300,8 @@ impl Gpu {
     /// Launch geometry of a grouped GEMM over `g`'s tile queue with `n` outputs (`bn` per block, 8
     /// warps for 128-row tiles, 4 for 64, 16 for the warp-specialised `moe_ws_*`, 12 for
     /// `moe_wbs_*`): one block per work unit, or with `persistent` as many blocks as fit the SMs
-    /// (they walk the queue).
-    fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, bn: usize, smem: usize, persistent: bool) -> Result<LaunchConfig, CudaError> {
+    /// (they walk the queue); at most `max_blocks` either way.
+    fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, bn: usize, smem: usize, (persistent, max_blocks): (bool, Option<usize>)) -> Result<LaunchConfig, CudaError> {
         let threads = if fname.starts_with("moe_ws_") {
             super::ops_q8::WS_THREADS
         } else if fname.starts_with("moe_wbs_") {
@@ -315,6 +319,7 @@ impl Gpu {
         } else {
             units
         };
+        let blocks = max_blocks.map_or(blocks, |m| blocks.min(m));
         Ok(LaunchConfig { grid_dim: (u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 })
     }
 
@@ -328,7 +333,7 @@ impl Gpu {
         tables: &GpuExpertTables,
         epi: &str,
         split: bool,
-        persistent: bool,
+        grid: (bool, Option<usize>),
         xb: &CudaSlice<u16>,
         lo_plane: usize,
         w: (&CudaSlice<u64>, &CudaSlice<u64>),
@@ -344,7 +349,7 @@ impl Gpu {
         let Some(fname) = moe_gemm_entry_points().find(|x| *x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
-        let cfg = self.moe_launch_config(fname, g, n, moe_gemm_entry_bn(fname), moe_gemm_entry_smem(fname), persistent)?;
+        let cfg = self.moe_launch_config(fname, g, n, moe_gemm_entry_bn(fname), moe_gemm_entry_smem(fname), grid)?;
         let (lo, n_i, k_i) = (lo_plane as i64, n as i32, k as i32);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));
@@ -408,12 +413,12 @@ impl Gpu {
         // SAFETY: rows < R are written by the gate/up stage; rows ≥ R are never read.
         let mut hb = unsafe { self.scratch::<u16>(h_lo * planes) }?;
         if opts.fused_swiglu {
-            self.moe_gemm(&g, tables, "swiglu", split, opts.persistent, &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hb, h_lo, inter)), 2 * inter, d, limit)?;
+            self.moe_gemm(&g, tables, "swiglu", split, (opts.persistent, opts.max_blocks), &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hb, h_lo, inter)), 2 * inter, d, limit)?;
         } else {
             let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
             let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
-            self.moe_gemm(&g, tables, "plain", split, opts.persistent, &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, inter, d, limit)?;
-            self.moe_gemm(&g, tables, "plain", split, opts.persistent, &xb, g.r_cap * d, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, inter, d, limit)?;
+            self.moe_gemm(&g, tables, "plain", split, (opts.persistent, opts.max_blocks), &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, inter, d, limit)?;
+            self.moe_gemm(&g, tables, "plain", split, (opts.persistent, opts.max_blocks), &xb, g.r_cap * d, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, inter, d, limit)?;
             let mut yh = self.zeros::<f32>(g.r_cap * inter)?;
             self.swiglu(&yg, &yu, &mut yh, g.r_cap * inter, limit)?;
             let quads = g.r_cap * inter / 4;
@@ -426,7 +431,7 @@ impl Gpu {
         }
         // Down projection, rows scattered to their (token, slot).
         let mut slot_out = self.zeros::<f32>(tk * d)?;
-        self.moe_gemm(&g, tables, "scatter", split, opts.persistent, &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
+        self.moe_gemm(&g, tables, "scatter", split, (opts.persistent, opts.max_blocks), &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
         // Shared expert over all tokens, then the combine.
         self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, false)
     }
@@ -434,13 +439,13 @@ impl Gpu {
     /// Launches one grouped FP8-activation GEMM `moe_<q8|w8|ws>_<fmt>_<bm>_<epi>` (gemm_q8.cu; the
     /// family from [`super::ops_q8::families_for`] and [`super::ops_q8::moe_family_for`]).
     #[allow(clippy::too_many_arguments)]
-    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, persistent: bool, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
+    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, grid: (bool, Option<usize>), xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
         let family = super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok);
         let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
         let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
-        let cfg = self.moe_launch_config(fname, g, n, super::ops_q8::Q8_BN, super::ops_q8::smem_of(fname), persistent)?;
+        let cfg = self.moe_launch_config(fname, g, n, super::ops_q8::Q8_BN, super::ops_q8::smem_of(fname), grid)?;
         let (n_i, k_i) = (n as i32, k as i32);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));
@@ -501,18 +506,18 @@ impl Gpu {
         // h·γ as f32 [r_cap, inter] (rows past R stay zero).
         let mut hf = self.zeros::<f32>(g.r_cap * inter)?;
         if opts.fused_swiglu {
-            self.moe_q8(&g, tables, "swiglu", opts.persistent, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
+            self.moe_q8(&g, tables, "swiglu", (opts.persistent, opts.max_blocks), &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
         } else {
             let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
             let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
-            self.moe_q8(&g, tables, "plain", opts.persistent, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, weights, inter, d, limit)?;
-            self.moe_q8(&g, tables, "plain", opts.persistent, &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, weights, inter, d, limit)?;
+            self.moe_q8(&g, tables, "plain", (opts.persistent, opts.max_blocks), &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, weights, inter, d, limit)?;
+            self.moe_q8(&g, tables, "plain", (opts.persistent, opts.max_blocks), &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, weights, inter, d, limit)?;
             self.swiglu(&yg, &yu, &mut hf, g.r_cap * inter, limit)?;
             self.scale_rows_by_route(&mut hf, &g.row_dst.slice(..), weights, g.r_cap, inter)?;
         }
         let hq = self.act_quant(&hf, g.r_cap, inter)?;
         let mut slot_out = self.zeros::<f32>(tk * d)?;
-        self.moe_q8(&g, tables, "scatter", opts.persistent, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, weights, d, inter, limit)?;
+        self.moe_q8(&g, tables, "scatter", (opts.persistent, opts.max_blocks), &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, weights, d, inter, limit)?;
         self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, true)
     }
 }
@@ -563,6 +568,37 @@ mod tests {
         }
     }
 
+    /// moe_wbs's FP4 → bf16 conversion (gemm.cu `gbs_e2m1x2` and the scale multiply in `moe_wbs`)
+    /// gives gb_gemm's bf16 bits (`gb_e2m1x8`'s values times `gm_e8m0_bf16`'s 2^(s − 127)) for every
+    /// byte (two nibbles) and every scale byte: a mirror of both in Rust, each bf16 multiply an f32
+    /// product rounded to bf16 (the products are exact or overflow alike; NaN compared as NaN), and
+    /// the kernel source checked to hold the mirrored constants.
+    #[test]
+    fn wbs_fp4_conversion_matches_gb_gemm() {
+        use flashseek_model::quant::{bf16_to_f32, f32_to_bf16};
+        let src = include_str!("kernels/gemm.cu");
+        assert!(src.contains("return ((b * 0x00040040u) & 0x01C001C0u) | ((b * 0x01001000u) & 0x80008000u);"));
+        assert!(src.contains("u32 f = one ? (sc + 126u) << 7 : 0x7E80u;") && src.contains("const bool one = sc <= 128u;"));
+        assert!(src.contains("return e == 0u ? 0x0040u : e == 255u ? 0x7fc0u : (e << 7);"));
+        let mul = |a: u16, b: u16| f32_to_bf16(bf16_to_f32(a) * bf16_to_f32(b));
+        let e8m0 = |s: u32| -> u16 { if s == 0 { 0x0040 } else if s == 255 { 0x7fc0 } else { (s << 7) as u16 } };
+        const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        let reference = |nib: u32, s: u32| {
+            let v = if nib & 8 != 0 { -E2M1[(nib & 7) as usize] } else { E2M1[(nib & 7) as usize] };
+            mul(f32_to_bf16(v), e8m0(s))
+        };
+        let same = |a: u16, b: u16| a == b || (bf16_to_f32(a).is_nan() && bf16_to_f32(b).is_nan());
+        for s in 0u32..256 {
+            for byte in 0u32..256 {
+                let w = (byte.wrapping_mul(0x0004_0040) & 0x01C0_01C0) | (byte.wrapping_mul(0x0100_1000) & 0x8000_8000);
+                for (half, nib) in [(w as u16, byte & 15), ((w >> 16) as u16, byte >> 4)] {
+                    let fast = if s <= 128 { mul(half, ((s + 126) << 7) as u16) } else { mul(mul(half, 0x7E80), e8m0(s)) };
+                    assert!(same(fast, reference(nib, s)), "byte {byte:#04x} scale {s}: {fast:#06x} vs {:#06x}", reference(nib, s));
+                }
+            }
+        }
+    }
+
     /// The launch's block size and shared memory are the kernel's (`GBS_THREADS`, `GbsLayout`), and
     /// the family rule sends only FP4 split 128-row wgmma launches to moe_wbs.
     #[test]
@@ -570,7 +606,7 @@ mod tests {
         let src = include_str!("kernels/gemm.cu");
         assert!(src.contains("#define GBS_PRODUCERS 128") && src.contains("#define GBS_THREADS (256 + GBS_PRODUCERS)"));
         assert_eq!(WBS_THREADS, 384);
-        assert!(src.contains("__launch_bounds__(GBS_THREADS, 1)"));
+        assert!(src.contains("MOE_ENTRY(NAME, GBS_THREADS, moe_wbs<EPI>)") && src.contains("__launch_bounds__(THREADS, 1)"));
         assert!(src.contains("static constexpr int STAGES = 3;") && src.contains("static constexpr int STAGE = 73728;"));
         assert!(src.contains("static constexpr int TOTAL = 1024 + BARS + 2 * STAGES * 8;"));
         assert_eq!(WBS_SMEM, 222_256);

@@ -566,7 +566,7 @@ __device__ __forceinline__ void moe_gemm(const u16* xb, long long lo_plane, cons
 }
 
 // An extern "C" grouped-MoE entry (the moe_gemm argument list) of THREADS threads running RUN, a
-// parenthesised moe_gemm specialisation; both families (moe_gemm_*, moe_wb_*) are declared through it.
+// parenthesised moe_gemm specialisation; every family (moe_gemm_*, moe_wb_*, moe_wbs_*) is declared through it.
 #define MOE_ENTRY(NAME, THREADS, RUN)                                                                                     \
     extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                              \
         NAME(const u16* __restrict__ xb, long long lo_plane, const unsigned long long* __restrict__ wtab,                  \
@@ -886,9 +886,9 @@ MOE_WB_FMT(fp4, 3)
 // shared-memory operands: the split reads each weight slice twice).
 #define GBS_PRODUCERS 128
 #define GBS_THREADS (256 + GBS_PRODUCERS)
-// Steps between a stage's copies and its conversion. With 3 stages 1 is the only lag that lets the
-// producers convert step kt + 1 while the tensor cores multiply step kt (2 would wait for step kt's
-// release before converting kt + 1).
+// Steps between a stage's copies and its conversion. With 3 stages a lag of 1 lets the producers
+// convert step kt + 1 while the tensor cores multiply step kt with a step of copy latency hidden
+// (2 would wait for step kt's release before converting kt + 1; 0 would hide none).
 #define GBS_LAG 1
 
 // One stage: A hi [128][64] bf16 and A lo [128][64] (swizzled), the converted B [256][64] bf16
@@ -907,8 +907,8 @@ struct GbsLayout {
 // top bit — 2^(e−127)·(1 + m/2) for e ≥ 1, the subnormal m·2^-127 for e = 0, i.e. the e2m1 value
 // 2^(e−1)·(1 + m/2) (e = 0: m/2) times 2^-126 — and the signs bits 15 and 31. One multiply places
 // both magnitudes (b·2^6 + b·2^18: the copies do not overlap, so nothing carries; the mask keeps
-// the wanted ones), a second both signs (b·2^12 + b·2^24). Checked against gb_e2m1x8 followed by
-// the scale multiply for every byte and scale (the same bf16 bits).
+// the wanted ones), a second both signs (b·2^12 + b·2^24). The same bf16 bits as gb_e2m1x8 followed
+// by the scale multiply for every byte and scale (ops_moe.rs wbs_fp4_conversion_matches_gb_gemm).
 __device__ __forceinline__ u32 gbs_e2m1x2(u32 b) { return ((b * 0x00040040u) & 0x01C001C0u) | ((b * 0x01001000u) & 0x80008000u); }
 
 template <int EPI>
@@ -964,7 +964,7 @@ __device__ __forceinline__ void moe_wbs(const u16* xb, long long lo_plane, const
                 const uint4 v = *reinterpret_cast<const uint4*>(st + L::BR + r * 32 + h * 16);
                 const u32 vw[4] = {v.x, v.y, v.z, v.w};
                 // gbs_e2m1x2 gives value · 2^-126; times 2^126 · 2^(s−127) = 2^(s−1), one multiply
-                // while 2^(s−1) is a bf16 (s ≤ 128: every real scale), else 2^126 (exact) and then
+                // while 2^(s−1) is a bf16 (s ≤ 128: groups whose largest value is at most 12), else 2^126 (exact) and then
                 // gb_gemm's own multiply by 2^(s−127) (the same operation, so the same inf / NaN).
                 // (The second multiply is a branch taken by the whole warp or skipped by it: the
                 // predicated form would issue it for every value.)
@@ -1069,15 +1069,7 @@ __device__ __forceinline__ void moe_wbs(const u16* xb, long long lo_plane, const
     }
 }
 
-#define MOE_WBS_ENTRY(NAME, EPI)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(GBS_THREADS, 1)                                                          \
-        NAME(const u16* __restrict__ xb, long long lo_plane, const unsigned long long* __restrict__ wtab,                  \
-             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
-             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
-             float* __restrict__ y, u16* __restrict__ hb, long long h_lo, int ldh, const int* __restrict__ dst, int N,    \
-             int K, float limit) {                                                                                        \
-        moe_wbs<EPI>(xb, lo_plane, wtab, stab, w3tab, s3tab, items, n_items, y, hb, h_lo, ldh, dst, N, K, limit);        \
-    }
+#define MOE_WBS_ENTRY(NAME, EPI) MOE_ENTRY(NAME, GBS_THREADS, moe_wbs<EPI>)
 
 MOE_WBS_ENTRY(moe_wbs_fp4_128_x2_plain, 0)
 MOE_WBS_ENTRY(moe_wbs_fp4_128_x2_swiglu, 1)
