@@ -964,8 +964,9 @@ __device__ __forceinline__ void moe_wbs(const u16* xb, long long lo_plane, const
                 const uint4 v = *reinterpret_cast<const uint4*>(st + L::BR + r * 32 + h * 16);
                 const u32 vw[4] = {v.x, v.y, v.z, v.w};
                 // gbs_e2m1x2 gives value · 2^-126; times 2^126 · 2^(s−127) = 2^(s−1), one multiply
-                // while 2^(s−1) is a bf16 (s ≤ 128: groups whose largest value is at most 12), else 2^126 (exact) and then
-                // gb_gemm's own multiply by 2^(s−127) (the same operation, so the same inf / NaN).
+                // while 2^(s−1) is a bf16 (s ≤ 128: groups whose largest value is at most 12),
+                // else 2^126 (exact) and then gb_gemm's own multiply by 2^(s−127) (the same
+                // operation, so the same inf / NaN).
                 // (The second multiply is a branch taken by the whole warp or skipped by it: the
                 // predicated form would issue it for every value.)
                 const u32 sc = pend[u];
