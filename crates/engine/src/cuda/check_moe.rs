@@ -247,7 +247,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
 /// smaller), so that lanes of one warp disagree on the branch. Split activations, all on against
 /// the CPU (NMSE ≤ 1e-8) and bit for bit against `MOE_BF16_WS=off` (`moe_wb`), also with a grid of
 /// 7 blocks (each walks many work units, the ring running across them); the records give the
-/// smallest and largest scale byte.
+/// smallest and largest scale byte of the routed experts.
 #[allow(clippy::too_many_arguments)]
 fn run_large_scales(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f32], routes: &[Route], dids: &cudarc::driver::CudaSlice<i32>, dw: &cudarc::driver::CudaSlice<f32>, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let (t, d, e, inter) = (routes.len(), cfg.hidden_size, cfg.n_routed_experts, 256usize);
@@ -255,10 +255,15 @@ fn run_large_scales(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Conf
     let f: Vec<f32> = f.iter().map(|v| v / 4096.0).collect();
     let df = gpu.upload(&f)?;
     let (layer, lw) = test_layer(gpu, seed, "moe_large_scales.fp4", "fp4", e, d, inter, &gain)?;
-    // The scale bytes of one expert's gate weights, quantised as test_layer quantises them.
-    let w1 = gained(seed, "moe_large_scales.fp4.e6.w1", inter, d, &gain);
-    let (_, scales) = flashseek_model::quant::quantize_fp4_grouped(&w1, inter, d, 32).map_err(|e| CudaError::Unsupported { what: "quantize", detail: e.to_string() })?;
-    let (min_scale, max_scale) = (scales.iter().copied().min().unwrap_or(0), scales.iter().copied().max().unwrap_or(0));
+    // The scale bytes the kernels read: every routed expert's matrices, as uploaded.
+    let (mut min_scale, mut max_scale) = (u8::MAX, 0u8);
+    for m in layer.experts.iter().flat_map(|x| [&x.w1, &x.w2, &x.w3]) {
+        if let GpuMatrix::Fp4 { scales, .. } = &m.data {
+            for b in gpu.download(scales)? {
+                (min_scale, max_scale) = (min_scale.min(b), max_scale.max(b));
+            }
+        }
+    }
     let y_ref = moe::moe(cfg, &lw, &f, routes, &Numerics::default());
     let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": cfg.num_experts_per_tok, "weight_gain": "4096 on every third row", "scale_bytes": [min_scale, max_scale]});
     let on = gpu.download(&*gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, true, MoeOptions::ALL_ON)?)?;
@@ -520,18 +525,21 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         // warp-specialised kernels against moe_w8, with 128-row tiles forced (the adaptive rule
         // takes 64-row tiles, which moe_ws leaves to moe_w8, below 4,096 tokens).
         let t128 = MoeOptions { force_tile_rows: Some(128), ..on };
-        let ws = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t128)?)?;
-        let w8 = switch_scope(&[("MOE_FP8_WS", "off")], || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t128))?;
-        let differ = differing_bits(&ws, &gpu.download(&*w8)?);
-        let detail = json!({"differing_values": differ, "of": ws.len(), "vs": "all on, both with 128-row tiles", "finite": ws.iter().all(|v| v.is_finite())});
-        flag_record(&mut rows, &format!("moe_q8 flash T={t} MOE_FP8_WS=off bits"), detail, differ == 0);
-        // The same for the exact default's warp-specialised kernels (moe_wbs against moe_wb).
-        let wbs = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, t128)?)?;
-        let wb = switch_scope(&[("MOE_BF16_WS", "off")], || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, t128))?;
-        let differ = differing_bits(&wbs, &gpu.download(&*wb)?);
-        let ran = wbs_runs(gpu, d, inter, t * k, e, t128);
-        let detail = json!({"differing_values": differ, "of": wbs.len(), "vs": "all on, both with 128-row tiles", "finite": wbs.iter().all(|v| v.is_finite()), "moe_wbs_ran": ran});
-        flag_record(&mut rows, &format!("moe_grouped flash T={t} MOE_BF16_WS=off bits"), detail, differ == 0);
+        // Both warp-specialised families against their plain twins: official numerics (moe_ws vs
+        // moe_w8) and the exact default (moe_wbs vs moe_wb, which also says whether moe_wbs ran).
+        type Run<'a> = &'a dyn Fn() -> Result<super::graph::DevBuf<f32>, CudaError>;
+        let q8: Run = &|| gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t128);
+        let split: Run = &|| gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, t128);
+        for (op, switch, run, ran) in [("moe_q8", "MOE_FP8_WS", q8, None), ("moe_grouped", "MOE_BF16_WS", split, Some(wbs_runs(gpu, d, inter, t * k, e, t128)))] {
+            let ws = gpu.download(&*run()?)?;
+            let plain = switch_scope(&[(switch, "off")], run)?;
+            let differ = differing_bits(&ws, &gpu.download(&*plain)?);
+            let mut detail = json!({"differing_values": differ, "of": ws.len(), "vs": "all on, both with 128-row tiles", "finite": ws.iter().all(|v| v.is_finite())});
+            if let Some(ran) = ran {
+                detail["moe_wbs_ran"] = json!(ran);
+            }
+            flag_record(&mut rows, &format!("{op} flash T={t} {switch}=off bits"), detail, differ == 0);
+        }
     }
     Ok(rows)
 }

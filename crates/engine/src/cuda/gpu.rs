@@ -546,19 +546,19 @@ impl Gpu {
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
         }
+        // moe_ws_*: 512 threads at WS_REGS registers each, split by setmaxnreg into 40 (producers)
+        // and 216 (multiply warpgroups); with any other count the increase could wait forever.
+        let mut moe_ws_ok = true;
         for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_q8_") || n.contains("_w8_") || n.contains("_ws_")) {
             let bytes = super::ops_q8::smem_of(name) as i32;
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
-        }
-        // moe_ws_*: 512 threads at WS_REGS registers each, split by setmaxnreg into 40 (producers)
-        // and 216 (multiply warpgroups); with any other count the increase could wait forever.
-        let mut moe_ws_ok = true;
-        for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.starts_with("moe_ws_")) {
-            let regs = drv(&format!("registers of {name}"), functions[name].num_regs())?;
-            if regs != super::ops_q8::WS_REGS && moe_ws_ok {
-                eprintln!("MOE_FP8_WS: {name} compiled to {regs} registers per thread, not the {} its setmaxnreg split assumes; the grouped FP8 MoE uses moe_w8", super::ops_q8::WS_REGS);
-                moe_ws_ok = false;
+            if name.starts_with("moe_ws_") && moe_ws_ok {
+                let regs = drv(&format!("registers of {name}"), functions[name].num_regs())?;
+                if regs != super::ops_q8::WS_REGS {
+                    eprintln!("MOE_FP8_WS: {name} compiled to {regs} registers per thread, not the {} its setmaxnreg split assumes; the grouped FP8 MoE uses moe_w8", super::ops_q8::WS_REGS);
+                    moe_ws_ok = false;
+                }
             }
         }
         let graph = super::graph::GraphState::new(ctx.clone());
