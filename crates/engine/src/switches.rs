@@ -154,6 +154,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `indexer_topk_stream …` records (lists identical to scores + top-k, exact); qualify (same bits as all on at 8K/32K/128K; the switch matrix's 200-token prompts are below its 256-token minimum)",
     },
     Switch {
+        name: "INDEXER_WGMMA",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "indexer_topk_stream (scores on mma.sync, two tokens per block, a block barrier per 64-key tile): indexer_topk_wgmma — the keys split into bf16 hi/lo tiles once per call, copied by cp.async.bulk into a 4-stage ring; four tokens per block, each warpgroup multiplies its token's 64 heads on wgmma (queries in registers; the same three products per 16 dims in the same order) and selects on its own buffer with warpgroup barriers (sm_90a; with INDEXER_STREAM_TOPK, 64 heads of 128, chunks of >= 256 tokens)",
+        parity: "gpu-check `indexer_topk_wgmma …` records (lists identical to indexer_scores_tc + indexer_topk on the cases of `indexer_topk_stream …`) and `indexer_scores_wgmma …` (scores vs the CPU at NMSE <= 1e-8 and bit for bit vs indexer_scores_tc); qualify (`INDEXER_WGMMA=off alone`: same bits as all on at 8K/32K/128K; the switch matrix's 200-token prompts are below its 256-token minimum)",
+    },
+    Switch {
         name: "INDEXER_FP8",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
@@ -409,6 +416,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
+    ("INDEXER_WGMMA", &[("INDEXER_STREAM_TOPK", &["on"]), ("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
 ];
 
 /// Switches that act when *any* of the listed values holds (alternatives [`REQUIRES`] cannot
@@ -531,6 +539,7 @@ pub fn configurations() -> Vec<Configuration> {
         ("LONG_CONTEXT_CHUNK", true),
         ("DIRECT_INDEXER_TOPK", true),
         ("INDEXER_STREAM_TOPK", true),
+        ("INDEXER_WGMMA", true),
     ] {
         v.push(c(format!("{name}=off alone"), vec![(name, "off")], Role::AloneOff, true, same_bits, matches!(name, "MOE_GROUPED" | "TC_LINEAR")));
     }

@@ -133,6 +133,17 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
     let mut didx = gpu.zeros::<i32>((off[tokens] as usize).max(1))?;
     let ms_topk = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_topk(&dsc, &doff, &mut didx, &ishape, TOPK))?;
     let ms_stream = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_topk_stream(&dq, &dk, &dw, &doff, &mut didx, &ishape, TOPK))?;
+    if gpu.arch == "sm_90a" {
+        // INDEXER_WGMMA: the key split included (as in the forward).
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_topk_wgmma(&dq, &dk, &dw, &doff, &mut didx, &ishape, TOPK))?;
+        let tf = flops / (ms * 1e-3) / 1e12;
+        println!("time indexer_topk_wgmma T={tokens} entries={n} {ms:.2} ms {tf:.1} TFLOP/s (incl. the key split) | indexer_topk_stream {ms_stream:.2} ms");
+        rows.push(json!({"op": "indexer_topk_wgmma", "kernel": "fused wgmma", "tokens": tokens, "entries": n, "k": TOPK, "median_ms": ms, "tflop_per_s": tf}));
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_scores_wgmma(&dq, &dk, &dw, &mut dsc, &ishape))?;
+        let tf = flops / (ms * 1e-3) / 1e12;
+        println!("time indexer_scores wgmma T={tokens} entries={n} {ms:.2} ms  {tf:.1} TFLOP/s (incl. the key split)");
+        rows.push(json!({"op": "indexer_scores", "kernel": "wgmma", "tokens": tokens, "entries": n, "median_ms": ms, "tflop_per_s": tf}));
+    }
     // INDEXER_FP8: the quantisation of queries and keys included (as in the forward).
     let ms_fp8 = super::check::median_ms(gpu, repeats.clamp(1, 10), || {
         let q8 = gpu.act_quant(&dq, tokens * ih, ihd)?;
@@ -374,12 +385,17 @@ fn gpu_topk(gpu: &Gpu, dscores: &CudaSlice<f32>, shape: &IndexerShape, k: usize)
     Ok((0..shape.tokens).map(|t| idx[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect()).collect())
 }
 
-/// The fused streaming selection ([`Gpu::indexer_topk_stream`]) as per-query lists.
-fn gpu_topk_stream(gpu: &Gpu, dq: &CudaSlice<f32>, dkeys: &CudaSlice<f32>, dw: &CudaSlice<f32>, shape: &IndexerShape, k: usize) -> Result<Vec<Vec<usize>>, CudaError> {
+/// The fused streaming selection ([`Gpu::indexer_topk_stream`], or with `wgmma`
+/// [`Gpu::indexer_topk_wgmma`]) as per-query lists.
+fn gpu_topk_stream(gpu: &Gpu, dq: &CudaSlice<f32>, dkeys: &CudaSlice<f32>, dw: &CudaSlice<f32>, shape: &IndexerShape, k: usize, wgmma: bool) -> Result<Vec<Vec<usize>>, CudaError> {
     let off = topk_offsets(shape.pos0, shape.tokens, shape.ratio, shape.n_entries, k)?;
     let doff = gpu.upload(&off)?;
     let mut didx = gpu.zeros::<i32>((off[shape.tokens] as usize).max(1))?;
-    gpu.indexer_topk_stream(dq, dkeys, dw, &doff, &mut didx, shape, k)?;
+    if wgmma {
+        gpu.indexer_topk_wgmma(dq, dkeys, dw, &doff, &mut didx, shape, k)?;
+    } else {
+        gpu.indexer_topk_stream(dq, dkeys, dw, &doff, &mut didx, shape, k)?;
+    }
     let idx = gpu.download(&didx)?;
     Ok((0..shape.tokens).map(|t| idx[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect()).collect())
 }
@@ -391,12 +407,15 @@ fn list_mismatches(got: &[Vec<usize>], want: &[Vec<usize>]) -> (usize, usize) {
     (bad, want.iter().map(Vec::len).sum())
 }
 
-/// `INDEXER_STREAM_TOPK`: the fused kernel's lists must equal `indexer_scores_tc` + `indexer_topk`
-/// exactly (same entries, same order) — random keys, keys whose scores rise or fall with the index
+/// `INDEXER_STREAM_TOPK` and (sm_90a) `INDEXER_WGMMA`: each fused kernel's lists must equal
+/// `indexer_scores_tc` + `indexer_topk` exactly (same entries, same order), and the wgmma scores
+/// `indexer_scores_tc`'s bit for bit — random keys, keys whose scores rise or fall with the index
 /// (every key enters the buffer: a cut every ~1,400 keys), identical keys (every score ties: the
 /// lowest indices win), with k = 16, 512 and the largest k; N = 20,000 so the buffer is cut many
 /// times, and T = 5 (a block's second token missing) at positions where the visible counts differ.
 fn check_indexer_stream(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    // INDEXER_WGMMA's kernels exist on sm_90a only.
+    let wgmma = gpu.arch == "sm_90a";
     const HEADS: usize = 64;
     const HD: usize = 128;
     const RATIO: usize = 4;
@@ -419,11 +438,19 @@ fn check_indexer_stream(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bo
         let dkeys = gpu.upload(&keys)?;
         let mut dscores = gpu.zeros::<f32>(tokens * N)?;
         gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, true)?;
+        if wgmma {
+            all &= check_wgmma_score_bits(gpu, out, &format!("{kind} keys"), (&dq, &dkeys, &dw, &dscores), &shape)?;
+        }
         for k in [16usize, 512, super::ops_attention::INDEXER_STREAM_MAX_K] {
             let want = gpu_topk(gpu, &dscores, &shape, k)?;
-            let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k)?;
+            let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k, false)?;
             let (bad, compared) = list_mismatches(&got, &want);
             all &= record_exact(out, &format!("indexer_topk_stream ({kind} keys)"), json!({"T": tokens, "N": N, "k": k, "pos0": pos0}), bad, compared, json!("lists vs indexer_scores_tc + indexer_topk"));
+            if wgmma {
+                let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k, true)?;
+                let (bad, compared) = list_mismatches(&got, &want);
+                all &= record_exact(out, &format!("indexer_topk_wgmma ({kind} keys)"), json!({"T": tokens, "N": N, "k": k, "pos0": pos0}), bad, compared, json!("lists vs indexer_scores_tc + indexer_topk"));
+            }
         }
         if kind == "random" {
             all &= check_indexer_fp8(gpu, out, &q, &weights, &keys, (&dq, &dkeys, &dw, &dscores), &shape)?;
@@ -440,14 +467,62 @@ fn check_indexer_stream(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bo
         let shape = IndexerShape { tokens, heads: HEADS, head_dim: HD, n_entries: n, ratio: RATIO, pos0 };
         let mut dscores = gpu.zeros::<f32>(tokens * n)?;
         gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, true)?;
+        if wgmma {
+            all &= check_wgmma_score_bits(gpu, out, "short rows", (&dq, &dkeys, &dw, &dscores), &shape)?;
+        }
         for k in [16usize, 512] {
             let want = gpu_topk(gpu, &dscores, &shape, k)?;
-            let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k)?;
+            for wg in [false, true] {
+                if wg && !wgmma {
+                    continue;
+                }
+                let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k, wg)?;
+                let (bad, compared) = list_mismatches(&got, &want);
+                let op = if wg { "indexer_topk_wgmma (short rows)" } else { "indexer_topk_stream (short rows)" };
+                all &= record_exact(out, op, json!({"T": tokens, "N": n, "k": k, "pos0": pos0}), bad, compared, json!("lists vs indexer_scores_tc + indexer_topk"));
+            }
+        }
+    }
+    // INDEXER_WGMMA with many blocks: 1,030 tokens (258 blocks, the last with 2 tokens) whose
+    // visible counts run from 1,792 to 2,049 of N = 2,100 random keys (every block streams
+    // 28–33 tiles through the 4-stage ring), k = 512 and 2,000 (a token past k then every token).
+    if wgmma {
+        let (tokens, n, pos0) = (1030usize, 2100usize, 7168usize);
+        let keys = random(seed, "idxs.many.keys", n * HD, 1.7);
+        let q = random(seed, "idxs.many.q", tokens * HEADS * HD, 1.7);
+        let w: Vec<f32> = random(seed, "idxs.many.w", tokens * HEADS, 1.0).iter().map(|v| (*v as f64 * wscale) as f32).collect();
+        let (dq, dw, dkeys) = (gpu.upload(&q)?, gpu.upload(&w)?, gpu.upload(&keys)?);
+        let shape = IndexerShape { tokens, heads: HEADS, head_dim: HD, n_entries: n, ratio: RATIO, pos0 };
+        let mut dscores = gpu.zeros::<f32>(tokens * n)?;
+        gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, true)?;
+        all &= check_wgmma_score_bits(gpu, out, "many blocks", (&dq, &dkeys, &dw, &dscores), &shape)?;
+        for k in [512usize, 1800] {
+            let want = gpu_topk(gpu, &dscores, &shape, k)?;
+            let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k, true)?;
             let (bad, compared) = list_mismatches(&got, &want);
-            all &= record_exact(out, "indexer_topk_stream (short rows)", json!({"T": tokens, "N": n, "k": k, "pos0": pos0}), bad, compared, json!("lists vs indexer_scores_tc + indexer_topk"));
+            all &= record_exact(out, "indexer_topk_wgmma (many blocks)", json!({"T": tokens, "N": n, "k": k, "pos0": pos0}), bad, compared, json!("lists vs indexer_scores_tc + indexer_topk"));
         }
     }
     Ok(all)
+}
+
+/// `INDEXER_WGMMA`'s scores ([`Gpu::indexer_scores_wgmma`]) bit for bit against
+/// `indexer_scores_tc`'s (`dev.3`, from the same queries, keys and weights): the same three
+/// products per 16 dims in the same order on both kinds of tensor-core instruction.
+fn check_wgmma_score_bits(
+    gpu: &Gpu,
+    out: &mut Vec<Value>,
+    case: &str,
+    dev: (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    shape: &IndexerShape,
+) -> Result<bool, CudaError> {
+    let (dq, dkeys, dw, dtc) = dev;
+    let mut dwg = gpu.zeros::<f32>(shape.tokens * shape.n_entries)?;
+    gpu.indexer_scores_wgmma(dq, dkeys, dw, &mut dwg, shape)?;
+    let (a, b) = (gpu.download(&dwg)?, gpu.download(dtc)?);
+    let bad = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    let shape_json = json!({"T": shape.tokens, "N": shape.n_entries, "pos0": shape.pos0});
+    Ok(record_exact(out, &format!("indexer_scores_wgmma bits ({case})"), shape_json, bad, a.len(), json!("scores vs indexer_scores_tc, bit for bit (−inf past visible included)")))
 }
 
 /// `INDEXER_FP8`: the FP8 streaming selection against the selection rule on the CPU's f64 scores of
@@ -538,16 +613,30 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
     let dkeys = gpu.upload(&keys)?;
     let wscale = (HEADS as f64).powf(-0.5);
     // Positions 2385..2391 see 596–597 of the 600 entries (so the mask is exercised); 60..62 see 15.
-    // Each case on the f32 kernel and on the tensor-core one (odd T: a block's second token missing).
-    for (pos0, tokens, tc) in [(2385usize, 6usize, false), (60, 2, false), (2385, 6, true), (60, 2, true), (1001, 5, true)] {
-        let kname = if tc { "indexer_scores_tc" } else { "indexer_scores" };
+    // Each case on the f32 kernel, the tensor-core one (odd T: a block's second token missing) and
+    // on sm_90a the wgmma one (T = 5, 6: a block of 4 tokens with 1 or 2 more).
+    let wgmma = gpu.arch == "sm_90a";
+    let mut cases = vec![(2385usize, 6usize, "f32"), (60, 2, "f32"), (2385, 6, "tc"), (60, 2, "tc"), (1001, 5, "tc")];
+    if wgmma {
+        cases.extend([(2385usize, 6usize, "wgmma"), (60, 2, "wgmma"), (1001, 5, "wgmma")]);
+    }
+    for (pos0, tokens, kernel) in cases {
+        let kname = match kernel {
+            "tc" => "indexer_scores_tc",
+            "wgmma" => "indexer_scores_wgmma",
+            _ => "indexer_scores",
+        };
         let q = random(seed, &format!("idx.q.{pos0}"), tokens * HEADS * HD, 1.7);
         let weights: Vec<f32> = random(seed, &format!("idx.w.{pos0}"), tokens * HEADS, 1.0).iter().map(|v| (*v as f64 * wscale) as f32).collect();
         let (dq, dw) = (gpu.upload(&q)?, gpu.upload(&weights)?);
         let iq = indexer::IndexQueries { heads: HEADS, head_dim: HD, q, weights };
         let shape = IndexerShape { tokens, heads: HEADS, head_dim: HD, n_entries: N, ratio: RATIO, pos0 };
         let mut dscores = gpu.zeros::<f32>(tokens * N)?;
-        gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, tc)?;
+        if kernel == "wgmma" {
+            gpu.indexer_scores_wgmma(&dq, &dkeys, &dw, &mut dscores, &shape)?;
+        } else {
+            gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, kernel == "tc")?;
+        }
         let got = gpu.download(&dscores)?;
         // Visible scores vs the reference; the rest must be −inf.
         let (mut g, mut r) = (Vec::new(), Vec::new());

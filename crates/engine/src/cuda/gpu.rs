@@ -540,6 +540,10 @@ impl Gpu {
             for name in ["indexer_topk_stream", "indexer_topk_stream_fp8"] {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
+            let bytes = super::ops_attention::INDEXER_WGMMA_SMEM as i32;
+            for name in ["indexer_topk_wgmma", "indexer_scores_wgmma"] {
+                drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
+            }
         }
         for name in super::ops_moe::moe_gemm_entry_points() {
             let bytes = super::ops_moe::moe_gemm_entry_smem(name) as i32;

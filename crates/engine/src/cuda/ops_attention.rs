@@ -55,7 +55,7 @@ impl AttentionKernel {
 /// Entry points of `kernels/compressor.cu`.
 pub const COMPRESSOR_ENTRY_POINTS: &[&str] = &["add_position_bias_f32", "compressor_pool_f32", "rope_positions_f32"];
 /// Entry points of `kernels/indexer.cu`.
-pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32", "indexer_topk_stream", "indexer_topk_stream_fp8", "indexer_topk_mask_u8", "logits_topk_f32"];
+pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32", "indexer_topk_stream", "indexer_topk_stream_fp8", "indexer_keys_split", "indexer_topk_wgmma", "indexer_scores_wgmma", "indexer_topk_mask_u8", "logits_topk_f32"];
 
 /// Largest head dim `sparse_attention_f32` supports (`ATT_MAXC`).
 pub const ATTENTION_MAX_HEAD_DIM: usize = 1024;
@@ -66,6 +66,15 @@ pub const INDEXER_MAX_QUERY: usize = 8192;
 /// Dynamic shared memory of `indexer_topk_stream` (`ITS_SMEM` in indexer.cu: two buffers of
 /// `ITS_CAP` = 2,048 (u32 key, i32 index) pairs).
 pub const INDEXER_STREAM_SMEM: usize = 2 * 2048 * 8;
+
+/// Dynamic shared memory of `indexer_topk_wgmma` / `indexer_scores_wgmma` (`IwgLayout::TOTAL` in
+/// indexer.cu): 1 KB alignment slack, a ring of 4 key tiles of 32 KB, per warpgroup (4) a buffer of
+/// 2,048 (key, index) pairs (16 KB), head-group partials (1 KB), a histogram (1 KB), scan sums and
+/// state (160 B), then 8 mbarriers.
+pub const INDEXER_WGMMA_SMEM: usize = 1024 + 4 * 32768 + 4 * (2048 * 8 + 4 * 64 * 4 + 256 * 4 + 32 * 4 + 8 * 4) + 8 * 8;
+
+/// Bytes of one 64-key tile of `indexer_keys_split`'s split-bf16 keys (`IWG_TILE`).
+const INDEXER_WGMMA_TILE: usize = 32768;
 
 /// Fewest query tokens for which [`Gpu::indexer_select`] runs the streaming kernels: they take one
 /// block per token pair, so below ~one wave of blocks on an H200 (132 SMs) the score matrix (one
@@ -702,8 +711,9 @@ impl Gpu {
     /// the device), for a 64 × 128 indexer with `k ≤` [`INDEXER_STREAM_MAX_K`] and at least
     /// [`INDEXER_STREAM_MIN_TOKENS`] query tokens (prefill chunks; decode steps take the last path):
     /// with `INDEXER_FP8` on, FP8 scores ([`Gpu::indexer_topk_stream_fp8`], not exact); else with
-    /// `INDEXER_STREAM_TOPK` and `INDEXER_TC` on, the fused streaming kernel
-    /// ([`Gpu::indexer_topk_stream`], no score matrix). Otherwise [`Gpu::indexer_scores`] into a
+    /// `INDEXER_STREAM_TOPK` and `INDEXER_TC` on, the fused streaming kernel, no score matrix
+    /// ([`Gpu::indexer_topk_wgmma`] where [`Gpu::indexer_wgmma`] holds, else
+    /// [`Gpu::indexer_topk_stream`]). Otherwise [`Gpu::indexer_scores`] into a
     /// `[T, N]` f32 buffer it allocates, then [`Gpu::indexer_topk`]. The exact paths give the same
     /// lists (checked bit for bit by gpu-check).
     ///
@@ -729,6 +739,9 @@ impl Gpu {
             return self.indexer_topk_stream_fp8(&q8, &k8, weights, offsets, idx, shape, k);
         }
         if fits && crate::switches::on("INDEXER_STREAM_TOPK") && crate::switches::on("INDEXER_TC") {
+            if self.indexer_wgmma() {
+                return self.indexer_topk_wgmma(q, keys, weights, offsets, idx, shape, k);
+            }
             return self.indexer_topk_stream(q, keys, weights, offsets, idx, shape, k);
         }
         let mut scores = self.zeros::<f32>(shape.tokens * shape.n_entries)?;
@@ -767,6 +780,104 @@ impl Gpu {
         let cfg = l.cfg;
         // SAFETY: matches indexer_topk_stream; sizes checked above; offsets are the caller's
         // topk_offsets (documented); the kernel gets its dynamic shared memory (it traps on less).
+        launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// Whether [`Gpu::indexer_select`] runs [`Gpu::indexer_topk_wgmma`]: the `INDEXER_WGMMA`
+    /// switch is on and the device is sm_90a (wgmma exists nowhere else).
+    pub fn indexer_wgmma(&self) -> bool {
+        self.arch == "sm_90a" && crate::switches::on("INDEXER_WGMMA")
+    }
+
+    /// The index keys `[N, 128]` f32 as `indexer_keys_split` writes them for the wgmma kernels:
+    /// `ceil(N/64)` tiles of 32 KB, split bf16 (hi, lo) in the 128-byte-swizzled K-major layout,
+    /// keys past N zero (kernels/indexer.cu). A temporary buffer ([`Gpu::scratch`]).
+    ///
+    /// Errors: short keys, sizes beyond i32, driver errors.
+    fn indexer_keys_split(&self, keys: &CudaSlice<f32>, n: usize) -> Result<DevBuf<u8>, CudaError> {
+        const W: &str = "indexer_keys_split";
+        ensure(W, keys.len() >= n * 128, || format!("keys hold {} values, need N·128 = {}", keys.len(), n * 128))?;
+        let tiles = n.div_ceil(64);
+        let (n_i, tiles_i) = (int(W, "N", n)?, int(W, "tiles·1024", tiles * 1024).map(|_| tiles as i32)?);
+        // SAFETY: the kernel writes every byte of every tile (zeros past N).
+        let mut kt = unsafe { self.scratch::<u8>((tiles * INDEXER_WGMMA_TILE).max(1))? };
+        let cfg = LaunchConfig { grid_dim: ((tiles * 1024).div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f(W));
+        b.arg(keys).arg(&mut kt).arg(&n_i).arg(&tiles_i);
+        // SAFETY: matches indexer_keys_split; keys hold N·128 values (checked), kt tiles·32 KB bytes.
+        launched(W, unsafe { b.launch(cfg) }.map(|_| ()))?;
+        Ok(kt)
+    }
+
+    /// `INDEXER_WGMMA` (issue 6 §3): [`Gpu::indexer_topk_stream`]'s selection with the scores on
+    /// wgmma (sm_90a), four tokens per block: the keys are first split into bf16 hi/lo tiles
+    /// ([`Gpu::indexer_keys_split`], 32 KB per 64 keys, a temporary), then each warpgroup multiplies
+    /// its token's 64 heads (queries in registers) with each key tile copied by cp.async.bulk into a
+    /// 4-stage ring — per score the same three products per 16 dims in the same order as
+    /// `indexer_scores_tc` — and selects as `indexer_topk_stream` on its own buffer. Arguments and
+    /// lists as [`Gpu::indexer_topk_stream`]; gpu-check compares the lists with `indexer_scores_tc` +
+    /// [`Gpu::indexer_topk`] and the scores ([`Gpu::indexer_scores_wgmma`]) with both score kernels.
+    ///
+    /// Launch: grid `ceil(T/4)`, block 512, dynamic shared memory [`INDEXER_WGMMA_SMEM`].
+    ///
+    /// Errors: as [`Gpu::indexer_topk_stream`]; [`CudaError::Unsupported`] on a device other than
+    /// sm_90a.
+    #[allow(clippy::too_many_arguments)]
+    pub fn indexer_topk_wgmma(
+        &self,
+        q: &CudaSlice<f32>,
+        keys: &CudaSlice<f32>,
+        weights: &CudaSlice<f32>,
+        offsets: &CudaSlice<i32>,
+        idx: &mut CudaSlice<i32>,
+        shape: &IndexerShape,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        const W: &str = "indexer_topk_wgmma";
+        ensure(W, self.arch == "sm_90a", || format!("needs sm_90a (wgmma), the device is {}", self.arch))?;
+        ensure(W, shape.tokens == 0 || shape.n_entries == 0 || q.len() >= shape.tokens * shape.heads * shape.head_dim, || format!("q holds {} values, need T·heads·hd = {}", q.len(), shape.tokens * shape.heads * shape.head_dim))?;
+        let Some(mut l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
+        let kt = self.indexer_keys_split(keys, shape.n_entries)?;
+        l.cfg = LaunchConfig { grid_dim: (shape.tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 };
+        let mut b = self.stream.launch_builder(self.f(W));
+        b.arg(q).arg(&kt).arg(weights).arg(offsets).arg(idx);
+        l.push(&mut b);
+        let cfg = l.cfg;
+        // SAFETY: matches indexer_topk_wgmma; kt holds ceil(N/64) tiles (every tile the kernel
+        // reads: up to the largest visible count ≤ N); other sizes checked above; the kernel gets
+        // its dynamic shared memory (it traps on less).
+        launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// The scores of [`Gpu::indexer_topk_wgmma`] into `scores` `[T, N]` (−inf past the visible
+    /// entries), as [`Gpu::indexer_scores`]: for gpu-check's comparison with `indexer_scores_f32`
+    /// (NMSE) and `indexer_scores_tc` (bits). 64 heads of 128, sm_90a.
+    ///
+    /// Launch: grid `ceil(T/4)`, block 512, dynamic shared memory [`INDEXER_WGMMA_SMEM`].
+    ///
+    /// Errors: [`CudaError::Unsupported`] for another shape or device, zero ratio, short buffers,
+    /// or sizes beyond i32.
+    pub fn indexer_scores_wgmma(&self, q: &CudaSlice<f32>, keys: &CudaSlice<f32>, weights: &CudaSlice<f32>, scores: &mut CudaSlice<f32>, shape: &IndexerShape) -> Result<(), CudaError> {
+        const W: &str = "indexer_scores_wgmma";
+        let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
+        ensure(W, self.arch == "sm_90a", || format!("needs sm_90a (wgmma), the device is {}", self.arch))?;
+        ensure(W, heads == 64 && hd == 128, || format!("needs 64 heads of 128, got {heads} of {hd}"))?;
+        if tokens == 0 || n == 0 {
+            return Ok(());
+        }
+        ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
+        ensure(W, q.len() >= tokens * heads * hd, || format!("q holds {} values, need T·heads·hd = {}", q.len(), tokens * heads * hd))?;
+        ensure(W, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
+        ensure(W, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
+        int(W, "T·N", tokens * n)?;
+        let (h_i, hd_i, n_i, r_i, p_i, t_i) = (int(W, "heads", heads)?, int(W, "hd", hd)?, int(W, "N", n)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?, int(W, "tokens", tokens)?);
+        let scale = (hd as f64).powf(-0.5) as f32;
+        let kt = self.indexer_keys_split(keys, n)?;
+        let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 };
+        let mut b = self.stream.launch_builder(self.f(W));
+        b.arg(q).arg(&kt).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i);
+        // SAFETY: matches indexer_scores_wgmma; sizes checked above; kt from indexer_keys_split for
+        // these N keys; the kernel gets its dynamic shared memory (it traps on less).
         launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
     }
 

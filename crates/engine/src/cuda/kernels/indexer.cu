@@ -334,44 +334,60 @@ __device__ __forceinline__ u32 fs_order_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Block-wide exclusive prefix sum of v (blockDim.x a multiple of 32, ≤ 1024); *total gets the block
-// sum. Every thread of the block must call it (it synchronizes); wsum holds ≥ 32 ints.
-__device__ __forceinline__ int fs_block_excl_scan(int v, int* wsum, int* total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+// The threads that run a selection together (fs_block_excl_scan, fs_radix_kth, fs_compact_top):
+// the whole block (FsBlock, __syncthreads) or one warpgroup of 128 threads (FsWarpGroup: named
+// barrier 1 + id, so the warpgroups of a block select independently).
+struct FsBlock {
+    __device__ __forceinline__ unsigned tid() const { return threadIdx.x; }
+    __device__ __forceinline__ unsigned size() const { return blockDim.x; }
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+};
+struct FsWarpGroup {
+    int id;
+    __device__ __forceinline__ unsigned tid() const { return threadIdx.x & 127u; }
+    __device__ __forceinline__ unsigned size() const { return 128u; }
+    __device__ __forceinline__ void sync() const { asm volatile("bar.sync %0, 128;" ::"r"(1 + id) : "memory"); }
+};
+
+// Group-wide exclusive prefix sum of v (group size a multiple of 32, ≤ 1024); *total gets the
+// group's sum. Every thread of the group must call it (it synchronizes); wsum holds ≥ 32 ints.
+template <class G = FsBlock>
+__device__ __forceinline__ int fs_block_excl_scan(int v, int* wsum, int* total, G grp = G()) {
+    const int lane = grp.tid() & 31, warp = grp.tid() >> 5, nwarps = grp.size() >> 5;
     int x = v;
     for (int o = 1; o < 32; o <<= 1) {
         int y = __shfl_up_sync(0xffffffffu, x, o);
         if (lane >= o) x += y;
     }
     if (lane == 31) wsum[warp] = x;
-    __syncthreads();
+    grp.sync();
     int before = 0, all = 0;
     for (int i = 0; i < nwarps; i++) {
         int s = wsum[i];
         if (i < warp) before += s;
         all += s;
     }
-    __syncthreads();  // wsum is reused by the next call
+    grp.sync();  // wsum is reused by the next call
     *total = all;
     return before + x - v;
 }
 
 // Radix select of the k-th largest of n keys key_of(j) (order-preserving u32, j < n, k ≤ n): 4 MSB
 // passes of 256-bin shared histograms (integer atomics). Returns K; *want_out = how many keys == K
-// belong to the top k (≥ 1). Every thread of the block calls it (it synchronizes).
-template <class KeyOf>
-__device__ __forceinline__ u32 fs_radix_kth(KeyOf key_of, int n, int k, int* hist, u32* s_prefix, int* s_want, int* want_out) {
-    const int tid = threadIdx.x;
+// belong to the top k (≥ 1). Every thread of the group calls it (it synchronizes).
+template <class KeyOf, class G = FsBlock>
+__device__ __forceinline__ u32 fs_radix_kth(KeyOf key_of, int n, int k, int* hist, u32* s_prefix, int* s_want, int* want_out, G grp = G()) {
+    const int tid = grp.tid();
     u32 prefix = 0u, mask = 0u;
     int want = k;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        for (int j = tid; j < n; j += blockDim.x) {
+        for (int i = tid; i < 256; i += grp.size()) hist[i] = 0;
+        grp.sync();
+        for (int j = tid; j < n; j += grp.size()) {
             const u32 key = key_of(j);
             if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
         }
-        __syncthreads();
+        grp.sync();
         if (tid == 0) {
             int above = 0, d = 255;
             for (; d > 0; d--) {
@@ -381,11 +397,11 @@ __device__ __forceinline__ u32 fs_radix_kth(KeyOf key_of, int n, int k, int* his
             *s_prefix = prefix | ((u32)d << shift);
             *s_want = want - above;
         }
-        __syncthreads();
+        grp.sync();
         prefix = *s_prefix;
         want = *s_want;
         mask |= 255u << shift;
-        __syncthreads();  // everyone has read s_prefix/s_want and hist before the next pass
+        grp.sync();  // everyone has read s_prefix/s_want and hist before the next pass
     }
     *want_out = want;
     return prefix;
@@ -393,28 +409,29 @@ __device__ __forceinline__ u32 fs_radix_kth(KeyOf key_of, int n, int k, int* his
 
 // The top k of n keys in position order: keeps key_of(j) > K and the `want` first keys == K
 // ((K, want) from fs_radix_kth), calling keep(at, key, val) with at = the rank among the kept
-// (ascending in j) and val = val_of(j). Block-wide exclusive scans over chunks of blockDim; every
-// thread calls it. Keys and values of a chunk are read before its scans (which synchronize) and
-// keep() runs after them, so keep may overwrite positions ≤ j (in-place compaction).
-template <class KeyOf, class ValOf, class Keep>
-__device__ __forceinline__ void fs_compact_top(KeyOf key_of, ValOf val_of, int n, u32 K, int want, int* wsum, Keep keep) {
+// (ascending in j) and val = val_of(j). Group-wide exclusive scans over chunks of the group's
+// size; every thread of the group calls it. Keys and values of a chunk are read before its scans
+// (which synchronize) and keep() runs after them, so keep may overwrite positions ≤ j (in-place
+// compaction).
+template <class KeyOf, class ValOf, class Keep, class G = FsBlock>
+__device__ __forceinline__ void fs_compact_top(KeyOf key_of, ValOf val_of, int n, u32 K, int want, int* wsum, Keep keep, G grp = G()) {
     int eq_base = 0, sel_base = 0;
-    for (int b0 = 0; b0 < n; b0 += blockDim.x) {  // block-uniform trip count
-        const int j = b0 + threadIdx.x;
+    for (int b0 = 0; b0 < n; b0 += grp.size()) {  // group-uniform trip count
+        const int j = b0 + grp.tid();
         const bool in = j < n;
         const u32 key = in ? key_of(j) : 0u;
         const int val = in ? val_of(j) : 0;
         const int gt = (in && key > K) ? 1 : 0;
         const int eq = (in && key == K) ? 1 : 0;
         int eq_total, sel_total;
-        const int eq_rank = eq_base + fs_block_excl_scan(eq, wsum, &eq_total);
+        const int eq_rank = eq_base + fs_block_excl_scan(eq, wsum, &eq_total, grp);
         const int sel = (gt || (eq && eq_rank < want)) ? 1 : 0;
-        const int at = sel_base + fs_block_excl_scan(sel, wsum, &sel_total);
+        const int at = sel_base + fs_block_excl_scan(sel, wsum, &sel_total, grp);
         if (sel) keep(at, key, val);
         eq_base += eq_total;
         sel_base += sel_total;
     }
-    __syncthreads();
+    grp.sync();
 }
 
 extern "C" __global__ void __launch_bounds__(IDX_TOPK_THREADS)
@@ -648,6 +665,261 @@ indexer_topk_stream_fp8(const u8* __restrict__ q8, const float* __restrict__ sq,
                         const float* __restrict__ sk, const float* __restrict__ w, const int* __restrict__ offsets,
                         int* __restrict__ idx, int heads, int hd, int n, int ratio, int pos0, float scale, int T, int topk) {
     its_body<true>(nullptr, q8, sq, nullptr, k8, sk, w, offsets, idx, heads, hd, n, ratio, pos0, scale, T, topk);
+}
+
+// ---------------------------------------------------------------------------------------------
+// indexer_topk_wgmma (switch INDEXER_WGMMA, sm_90a): indexer_topk_stream's selection with the
+//   scores on wgmma instead of mma.sync, four tokens per block.
+//   indexer_keys_split first writes the keys [N, 128] f32 as split bf16 (hi = bf16(x), lo =
+//   bf16(x − hi), as itc_store) in the layout wgmma reads: 64-key tiles of IWG_TILE = 32 KB, each
+//   [plane hi/lo][dims 0–63 / 64–127][64 keys × 128 B, 128-byte swizzled (gw_swz)], keys past N zero.
+//   indexer_topk_wgmma: block = IWG_NWG = 4 warpgroups, warpgroup w = token t0 + w (its 64 heads are
+//   the wgmma's 64 rows; warp q of it holds heads 16q … 16q + 15 as split-bf16 A fragments in
+//   registers, ItcQuery). Thread 0 copies key tiles with cp.async.bulk into a ring of IWG_STAGES
+//   stages (full mbarrier: expect_tx; empty: one arrival per warp of the block after its wgmmas
+//   completed). Per tile a warpgroup runs, for each of the 8 k-steps of 16 dims, wgmma m64n64k16
+//   hi·hi, hi·lo, lo·hi — per accumulator the products and their order of itc_mma — then
+//   itc_heads_sum, the four head groups in group order (itc_total's sum) times scale, and the
+//   streaming selection of its_body on its own buffer (ITS_CAP pairs, cut to the top k by
+//   fs_radix_kth + fs_compact_top on the warpgroup, FsWarpGroup: named barriers, no block barrier
+//   in the loop). Tiles past a token's own visible range skip the products; tokens with at most k
+//   visible entries get 0 … visible − 1.
+//   indexer_scores_wgmma: the same scores written to scores [T, N] (−inf past visible) instead of
+//   selected (gpu-check compares them with indexer_scores_f32 / _tc).
+//   Arguments: indexer_topk_stream's with kt (from indexer_keys_split) for k; the scores variant
+//   takes scores [T, N] instead of offsets, idx and k. Launch: grid ceil(T / 4), block 512, dynamic
+//   shared memory IWG_SMEM. Requires 64 heads of 128 and (selection) 1 ≤ k ≤ ITS_CAP − 2·ITC_KT;
+//   traps otherwise. Deterministic (fixed orders, integer atomics only).
+//   indexer_keys_split: k [N, 128] f32 → kt [tiles · IWG_TILE] bytes; grid ceil(tiles · 1024 / 256),
+//   block 256 (one thread per key and 8 dims).
+#define IWG_NWG 4
+#define IWG_THREADS (128 * IWG_NWG)
+#define IWG_TILE 32768
+#define IWG_STAGES 4
+struct IwgLayout {
+    static constexpr int RING = 0;                                    // IWG_STAGES × IWG_TILE
+    static constexpr int BKEY = RING + IWG_STAGES * IWG_TILE;         // [NWG][ITS_CAP] u32
+    static constexpr int BIDX = BKEY + IWG_NWG * ITS_CAP * 4;         // [NWG][ITS_CAP] i32
+    static constexpr int PART = BIDX + IWG_NWG * ITS_CAP * 4;         // [NWG][4][64] f32
+    static constexpr int HIST = PART + IWG_NWG * 4 * ITC_KT * 4;      // [NWG][256] i32
+    static constexpr int WSUM = HIST + IWG_NWG * 256 * 4;             // [NWG][32] i32
+    static constexpr int MISC = WSUM + IWG_NWG * 32 * 4;              // [NWG][8]: cnt, have_thr, thr, prefix, want, bal[2]
+    static constexpr int BARS = MISC + IWG_NWG * 8 * 4;               // full[STAGES], empty[STAGES]
+    static constexpr int TOTAL = 1024 + BARS + 2 * IWG_STAGES * 8;    // + 1 KB alignment slack
+    static_assert(TOTAL <= 232448, "a block's shared memory");
+};
+#define IWG_SMEM (IwgLayout::TOTAL)
+
+extern "C" __global__ void __launch_bounds__(256)
+indexer_keys_split(const float* __restrict__ k, u8* __restrict__ kt, int n, int tiles) {
+    const int i = blockIdx.x * 256 + threadIdx.x;
+    if (i >= tiles * ITC_KT * 16) return;
+    const int row = i >> 4, c = i & 15;  // key row, dims 8c … 8c + 7
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+    if (row < n) {
+        const float4* src = reinterpret_cast<const float4*>(k + (size_t)row * 128) + 2 * c;
+        a = src[0];
+        b = src[1];
+    }
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    u32 hi[4], lo[4];
+#pragma unroll
+    for (int p = 0; p < 4; p++) {  // itc_store's split of each pair
+        const u32 h = gm_bf16x2(v[2 * p], v[2 * p + 1]);
+        hi[p] = h;
+        lo[p] = gm_bf16x2(v[2 * p] - __uint_as_float(h << 16), v[2 * p + 1] - __uint_as_float(h & 0xffff0000u));
+    }
+    u8* dst = kt + (size_t)(row >> 6) * IWG_TILE + (c >> 3) * 8192 + gw_swz(row & 63, c & 7);
+    *reinterpret_cast<uint4*>(dst) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *reinterpret_cast<uint4*>(dst + 16384) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+}
+
+// wgmma m64n64k16 bf16 × bf16 → f32, A from registers (ItcQuery fragments), B K-major from shared
+// memory (descriptor db); d[j][e] as itc_mma's acc (rows g / g + 8 of the warp's 16, key 8j + c2 + (e & 1)).
+__device__ __forceinline__ void iwg_mma(float (&d)[8][4], const u32 (&a)[4], unsigned long long db) {
+    GW_ASM("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
+           : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+__device__ __forceinline__ void iwg_fence_acc(float (&d)[8][4]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+// One IWG_TILE copy global → shared stage (cp.async.bulk), completing on mbarrier bar (which
+// expects the bytes from this arrival).
+__device__ __forceinline__ void iwg_copy_tile(u32 dst, const u8* src, u32 bar) {
+    GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "n"(IWG_TILE) : "memory");
+    GW_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "n"(IWG_TILE), "r"(bar) : "memory");
+}
+
+template <bool SCORES>
+__device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* __restrict__ kt, const float* __restrict__ w,
+                                         const int* __restrict__ offsets, int* __restrict__ idx, float* __restrict__ scores,
+                                         int heads, int hd, int n, int ratio, int pos0, float scale, int T, int topk) {
+    typedef IwgLayout L;
+    constexpr int ST = IWG_STAGES;
+    extern __shared__ __align__(16) u8 iwg_sh[];
+    if (blockDim.x != IWG_THREADS || heads != 64 || hd != 128 || (!SCORES && (topk < 1 || topk > ITS_CAP - 2 * ITC_KT))) __trap();
+    u8* gbase;
+    const u32 base = gw_smem_base(iwg_sh, L::TOTAL, gbase);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const int r = tid & 127, g = lane >> 2, c2 = (lane & 3) * 2;
+    const FsWarpGroup grp{wg};
+    const int t0 = blockIdx.x * IWG_NWG, t = t0 + wg;
+    const int last = min(T, t0 + IWG_NWG) - 1;  // the block's last token: the widest visible range
+    const bool valid = t < T;                    // warpgroup-uniform
+    const int vis = valid ? min((pos0 + t + 1) / ratio, n) : 0;
+    const int vis_max = min((pos0 + last + 1) / ratio, n);
+    const bool sel = valid && (SCORES ? vis > 0 : vis > topk);
+    if (valid && !sel && !SCORES) {
+        int* dst = idx + offsets[t];
+        for (int j = r; j < vis; j += 128) dst[j] = j;
+    }
+    if (SCORES && valid) {
+        for (int e = vis + r; e < n; e += 128) scores[(size_t)t * n + e] = __int_as_float(0xff800000);
+    }
+    if (SCORES ? vis_max == 0 : vis_max <= topk) return;  // block-uniform: no token selects
+    u32* bkey = reinterpret_cast<u32*>(gbase + L::BKEY) + wg * ITS_CAP;
+    int* bidx = reinterpret_cast<int*>(gbase + L::BIDX) + wg * ITS_CAP;
+    float(*part)[4][ITC_KT] = reinterpret_cast<float(*)[4][ITC_KT]>(gbase + L::PART + wg * 4 * ITC_KT * 4);
+    int* hist = reinterpret_cast<int*>(gbase + L::HIST) + wg * 256;
+    int* wsum = reinterpret_cast<int*>(gbase + L::WSUM) + wg * 32;
+    int* misc = reinterpret_cast<int*>(gbase + L::MISC) + wg * 8;  // cnt, have_thr, thr, prefix, want, bal[2]
+    const u32 full0 = base + L::BARS, empty0 = full0 + 8 * ST;
+    const int ntiles = (vis_max + ITC_KT - 1) / ITC_KT;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            gws_bar_init(full0 + 8 * s, 1);
+            gws_bar_init(empty0 + 8 * s, IWG_THREADS / 32);
+        }
+        GW_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    if (r == 0) {
+        misc[0] = 0;
+        misc[1] = 0;
+    }
+    __syncthreads();
+    // Tile i goes to stage i % ST; from round 1 on it waits until every warp released the stage's
+    // previous tile (i − ST).
+    auto issue = [&](int i) {
+        const int s = i % ST;
+        if (i >= ST) gws_wait(empty0 + 8 * s, ((i / ST) - 1) & 1);
+        iwg_copy_tile(base + s * IWG_TILE, kt + (size_t)i * IWG_TILE, full0 + 8 * s);
+    };
+    if (tid == 0)
+        for (int i = 0; i < min(ST - 1, ntiles); i++) issue(i);
+
+    ItcQuery Q;
+    itc_load_query(Q, q, w, valid ? t : last, wq, g, c2);
+    for (int i = 0; i < ntiles; i++) {
+        if (tid == 0 && i + ST - 1 < ntiles) issue(i + ST - 1);
+        const int s = i % ST, j0 = i * ITC_KT;
+        const bool work = sel && j0 < vis;  // warpgroup-uniform
+        if (!SCORES && work) {
+            grp.sync();  // cnt of the previous tile
+            if (misc[0] > ITS_CAP - ITC_KT) {
+                // Cut this token's buffer to its top k (in place, index order kept).
+                int want;
+                const u32 K = fs_radix_kth([bkey](int j) { return bkey[j]; }, misc[0], topk, hist, reinterpret_cast<u32*>(misc + 3), misc + 4, &want, grp);
+                fs_compact_top([bkey](int j) { return bkey[j]; }, [bidx](int j) { return bidx[j]; }, misc[0], K, want, wsum,
+                               [bkey, bidx](int at, u32 key, int e) {
+                                   bkey[at] = key;
+                                   bidx[at] = e;
+                               },
+                               grp);
+                if (r == 0) {
+                    misc[0] = topk;
+                    misc[1] = 1;
+                    misc[2] = (int)K;
+                }
+                grp.sync();
+            }
+        }
+        gws_wait(full0 + 8 * s, (i / ST) & 1);
+        float acc[8][4];
+        itc_zero(acc);
+        if (work) {
+            const u32 sb = base + s * IWG_TILE;
+            __syncwarp();
+            gw_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                const unsigned long long dh = gw_desc(sb + (kk >> 2) * 8192) + 2 * (kk & 3);
+                const unsigned long long dl = gw_desc(sb + 16384 + (kk >> 2) * 8192) + 2 * (kk & 3);
+                iwg_mma(acc, Q.qh[kk], dh);
+                iwg_mma(acc, Q.qh[kk], dl);
+                iwg_mma(acc, Q.ql[kk], dh);
+            }
+            gw_commit();
+            gw_wait0();
+            iwg_fence_acc(acc);
+        }
+        __syncwarp();
+        if (lane == 0) gws_arrive(empty0 + 8 * s);  // this warp is done with the stage
+        if (!work) continue;                        // warpgroup-uniform
+        itc_heads_sum(acc, Q.w0, Q.w1, part, 0, wq, g, c2);
+        grp.sync();
+        bool cand = false;
+        u32 key = 0u;
+        if (r < ITC_KT) {
+            const int e = j0 + r;
+            if (e < vis) {
+                const float score = itc_total(part, 0, r, scale);
+                if constexpr (SCORES) {
+                    scores[(size_t)t * n + e] = score;
+                } else {
+                    key = fs_order_key(score);
+                    cand = !misc[1] || key > (u32)misc[2];
+                }
+            }
+        }
+        if constexpr (SCORES) {
+            grp.sync();  // part is rewritten by the next tile
+        } else {
+            const u32 b = __ballot_sync(0xffffffffu, cand);
+            if (lane == 0 && wq < 2) misc[5 + wq] = (int)b;
+            grp.sync();
+            if (cand) {
+                const int at = misc[0] + (wq == 1 ? __popc((u32)misc[5]) : 0) + __popc(b & ((1u << lane) - 1u));
+                bkey[at] = key;
+                bidx[at] = j0 + r;
+            }
+            grp.sync();
+            if (r == 0) misc[0] += __popc((u32)misc[5]) + __popc((u32)misc[6]);
+        }
+    }
+    if (SCORES || !sel) return;  // warpgroup-uniform
+    grp.sync();
+    const int cnt = misc[0];
+    if (cnt > topk) {
+        int want;
+        const u32 K = fs_radix_kth([bkey](int j) { return bkey[j]; }, cnt, topk, hist, reinterpret_cast<u32*>(misc + 3), misc + 4, &want, grp);
+        fs_compact_top([bkey](int j) { return bkey[j]; }, [bidx](int j) { return bidx[j]; }, cnt, K, want, wsum,
+                       [bkey, bidx](int at, u32 key, int e) {
+                           bkey[at] = key;
+                           bidx[at] = e;
+                       },
+                       grp);
+    }
+    int* dst = idx + offsets[t];
+    for (int j = r; j < topk; j += 128) dst[j] = bidx[j];
+}
+
+extern "C" __global__ void __launch_bounds__(IWG_THREADS, 1)
+indexer_topk_wgmma(const float* __restrict__ q, const u8* __restrict__ kt, const float* __restrict__ w,
+                   const int* __restrict__ offsets, int* __restrict__ idx, int heads, int hd, int n, int ratio,
+                   int pos0, float scale, int T, int topk) {
+    iwg_body<false>(q, kt, w, offsets, idx, nullptr, heads, hd, n, ratio, pos0, scale, T, topk);
+}
+
+extern "C" __global__ void __launch_bounds__(IWG_THREADS, 1)
+indexer_scores_wgmma(const float* __restrict__ q, const u8* __restrict__ kt, const float* __restrict__ w,
+                     float* __restrict__ scores, int heads, int hd, int n, int ratio, int pos0, float scale, int T) {
+    iwg_body<true>(q, kt, w, nullptr, nullptr, scores, heads, hd, n, ratio, pos0, scale, T, 1);
 }
 
 // indexer_topk_mask_u8: the mask path of DIRECT_INDEXER_TOPK=off (issue 6 §2). offsets [T + 1] and
