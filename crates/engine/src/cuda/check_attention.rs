@@ -100,7 +100,15 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
     let mut dout = gpu.zeros::<f32>(tokens * H * C)?;
     let flops = 4.0 * (H * C) as f64 * cands as f64;
     let mut rows = Vec::new();
-    for (kernel, masked) in [(AttentionKernel::Exact, false), (AttentionKernel::Stream, false), (AttentionKernel::StreamFastExp, false), (AttentionKernel::Stream, true)] {
+    for (kernel, masked) in [
+        (AttentionKernel::Exact, false),
+        (AttentionKernel::Stream, false),
+        (AttentionKernel::StreamFastExp, false),
+        (AttentionKernel::Stream, true),
+        (AttentionKernel::StreamHalf, false),
+        (AttentionKernel::StreamHalfFastExp, false),
+        (AttentionKernel::StreamHalf, true),
+    ] {
         let keys = if masked { &ck_mask } else { &ck };
         let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_with(&dq, &dkv, Some(keys), &dsinks, &inv, &rope, &mut dout, &shape, kernel))?;
         let tf = flops / (ms * 1e-3) / 1e12;
@@ -152,6 +160,24 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
     })?;
     println!("time indexer_topk_stream_fp8 T={tokens} entries={n} {ms_fp8:.2} ms {:.1} TFLOP/s (incl. quantisation)", flops / (ms_fp8 * 1e-3) / 1e12);
     rows.push(json!({"op": "indexer_topk_stream_fp8", "kernel": "fused fp8", "tokens": tokens, "entries": n, "k": TOPK, "median_ms": ms_fp8, "tflop_per_s": flops / (ms_fp8 * 1e-3) / 1e12}));
+    // The shortest chunks the streaming paths take (INDEXER_STREAM_MIN_TOKENS): the score matrix
+    // + radix top-k, indexer_topk_stream and indexer_topk_wgmma at 256 … 1,024 tokens, same context.
+    for t_small in [256usize, 512, 1024] {
+        let p0 = 131072 - t_small;
+        let shp = IndexerShape { tokens: t_small, heads: ih, head_dim: ihd, n_entries: n, ratio: 4, pos0: p0 };
+        let off = topk_offsets(p0, t_small, 4, n, TOPK)?;
+        let doff = gpu.upload(&off)?;
+        let mut didx = gpu.zeros::<i32>((off[t_small] as usize).max(1))?;
+        let mut dsc_small = gpu.zeros::<f32>(t_small * n)?;
+        let ms_matrix = super::check::median_ms(gpu, repeats.clamp(1, 10), || {
+            gpu.indexer_scores_with(&dq, &dk, &dw, &mut dsc_small, &shp, true)?;
+            gpu.indexer_topk(&dsc_small, &doff, &mut didx, &shp, TOPK)
+        })?;
+        let ms_st = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_topk_stream(&dq, &dk, &dw, &doff, &mut didx, &shp, TOPK))?;
+        let ms_wg = if gpu.arch == "sm_90a" { super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_topk_wgmma(&dq, &dk, &dw, &doff, &mut didx, &shp, TOPK))? } else { f64::NAN };
+        println!("time indexer selection T={t_small} entries={n}: score matrix + top-k {ms_matrix:.2} ms | indexer_topk_stream {ms_st:.2} ms | indexer_topk_wgmma {ms_wg:.2} ms");
+        rows.push(json!({"op": "indexer_selection_short_chunk", "tokens": t_small, "entries": n, "k": TOPK, "matrix_ms": ms_matrix, "stream_ms": ms_st, "wgmma_ms": ms_wg}));
+    }
     let score_mb = (tokens * n * 4) as f64 / 1e6;
     println!("time indexer_topk T={tokens} entries={n} radix over the score matrix {ms_topk:.2} ms (+ scores above, {score_mb:.0} MB matrix) | fused streaming {ms_stream:.2} ms {:.1} TFLOP/s (no matrix)", flops / (ms_stream * 1e-3) / 1e12);
     rows.push(json!({"op": "indexer_topk", "kernel": "radix over scores", "tokens": tokens, "entries": n, "k": TOPK, "median_ms": ms_topk, "score_matrix_mb": score_mb}));
@@ -271,7 +297,7 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
             };
             let detail = json!({"T": tokens, "H": H, "c": C, "pos0": pos0, "ratio": ratio, "entries": n_entries, "listed": n_listed});
             let mut stream = Vec::new();
-            for kernel in [AttentionKernel::Exact, AttentionKernel::Stream, AttentionKernel::StreamFastExp] {
+            for kernel in [AttentionKernel::Exact, AttentionKernel::Stream, AttentionKernel::StreamFastExp, AttentionKernel::StreamHalf, AttentionKernel::StreamHalfFastExp] {
                 let got = run(kernel, false)?;
                 all &= match kernel {
                     AttentionKernel::Exact => record(out, &format!("sparse_attention {keys_kind:?}"), detail.clone(), &got, &cpu),
@@ -281,11 +307,18 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                         let vs_cpu = record_tol(out, &format!("sparse_attention_fast_exp {keys_kind:?}"), detail.clone(), &got, &cpu, FAST_EXP_NMSE_TOL);
                         vs_cpu & record_tol(out, &format!("sparse_attention_fast_exp vs stream {keys_kind:?}"), detail.clone(), &got, &stream, FAST_EXP_NMSE_TOL)
                     }
+                    // MLA_STREAM_HALF_HEADS: against the CPU at the split tolerance, and against the
+                    // one-block kernel (same tolerance: both carry f32-level error).
+                    AttentionKernel::StreamHalf => {
+                        let vs_cpu = record_tol(out, &format!("sparse_attention_half {keys_kind:?}"), detail.clone(), &got, &cpu, SPLIT_NMSE_TOL);
+                        vs_cpu & record_tol(out, &format!("sparse_attention_half vs stream {keys_kind:?}"), detail.clone(), &got, &stream, SPLIT_NMSE_TOL)
+                    }
+                    AttentionKernel::StreamHalfFastExp => record_tol(out, &format!("sparse_attention_half fast_exp {keys_kind:?}"), detail.clone(), &got, &cpu, FAST_EXP_NMSE_TOL),
                 };
                 if kernel == AttentionKernel::Stream {
                     stream = got.clone();
                 }
-                if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && kernel != AttentionKernel::StreamFastExp {
+                if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && matches!(kernel, AttentionKernel::Exact | AttentionKernel::Stream | AttentionKernel::StreamHalf) {
                     // The mask path must give the lists' bits.
                     let masked = run(kernel, true)?;
                     let differing = differing_bits(&masked, &got);
@@ -483,24 +516,34 @@ fn check_indexer_stream(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bo
             }
         }
     }
-    // INDEXER_WGMMA with many blocks: 1,030 tokens (258 blocks, the last with 2 tokens) whose
-    // visible counts run from 1,792 to 2,049 of N = 2,100 random keys (every block streams
-    // 28–33 tiles through the 4-stage ring), k = 512 and 2,000 (a token past k then every token).
+    // INDEXER_WGMMA over many blocks and at the edges of its tile and block arithmetic:
+    // - 1,030 tokens (258 blocks, the last with 2 tokens), visible counts 1,792 … 2,049 of
+    //   N = 2,100 (every block streams 29–33 tiles through the 4-stage ring), k = 512 and 1,800
+    //   (the first ~32 tokens get identity lists, the rest select);
+    // - N = 2,048 (a multiple of 64: the last tile ends the split keys exactly) with the last of 7
+    //   tokens seeing every key (the forward's usual case) and a last block of 3 selecting tokens;
+    // - ratio 1: the four tokens of a block differ by one visible key each, N = 1,000 reached by
+    //   the last of 9 tokens.
     if wgmma {
-        let (tokens, n, pos0) = (1030usize, 2100usize, 7168usize);
-        let keys = random(seed, "idxs.many.keys", n * HD, 1.7);
-        let q = random(seed, "idxs.many.q", tokens * HEADS * HD, 1.7);
-        let w: Vec<f32> = random(seed, "idxs.many.w", tokens * HEADS, 1.0).iter().map(|v| (*v as f64 * wscale) as f32).collect();
-        let (dq, dw, dkeys) = (gpu.upload(&q)?, gpu.upload(&w)?, gpu.upload(&keys)?);
-        let shape = IndexerShape { tokens, heads: HEADS, head_dim: HD, n_entries: n, ratio: RATIO, pos0 };
-        let mut dscores = gpu.zeros::<f32>(tokens * n)?;
-        gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, true)?;
-        all &= check_wgmma_score_bits(gpu, out, "many blocks", (&dq, &dkeys, &dw, &dscores), &shape)?;
-        for k in [512usize, 1800] {
-            let want = gpu_topk(gpu, &dscores, &shape, k)?;
-            let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k, true)?;
-            let (bad, compared) = list_mismatches(&got, &want);
-            all &= record_exact(out, "indexer_topk_wgmma (many blocks)", json!({"T": tokens, "N": n, "k": k, "pos0": pos0}), bad, compared, json!("lists vs indexer_scores_tc + indexer_topk"));
+        for (tokens, n, pos0, ratio, ks, label) in [
+            (1030usize, 2100usize, 7168usize, RATIO, [512usize, 1800], "many blocks"),
+            (7, 2048, RATIO * 2048 - 7, RATIO, [16, 512], "N = 2048, last token sees all"),
+            (9, 1000, 991, 1, [16, 512], "ratio 1"),
+        ] {
+            let keys = random(seed, &format!("idxs.edge.keys.{label}"), n * HD, 1.7);
+            let q = random(seed, &format!("idxs.edge.q.{label}"), tokens * HEADS * HD, 1.7);
+            let w: Vec<f32> = random(seed, &format!("idxs.edge.w.{label}"), tokens * HEADS, 1.0).iter().map(|v| (*v as f64 * wscale) as f32).collect();
+            let (dq, dw, dkeys) = (gpu.upload(&q)?, gpu.upload(&w)?, gpu.upload(&keys)?);
+            let shape = IndexerShape { tokens, heads: HEADS, head_dim: HD, n_entries: n, ratio, pos0 };
+            let mut dscores = gpu.zeros::<f32>(tokens * n)?;
+            gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, true)?;
+            all &= check_wgmma_score_bits(gpu, out, label, (&dq, &dkeys, &dw, &dscores), &shape)?;
+            for k in ks {
+                let want = gpu_topk(gpu, &dscores, &shape, k)?;
+                let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k, true)?;
+                let (bad, compared) = list_mismatches(&got, &want);
+                all &= record_exact(out, &format!("indexer_topk_wgmma ({label})"), json!({"T": tokens, "N": n, "k": k, "pos0": pos0, "ratio": ratio}), bad, compared, json!("lists vs indexer_scores_tc + indexer_topk"));
+            }
         }
     }
     Ok(all)
@@ -616,9 +659,10 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
     // Each case on the f32 kernel, the tensor-core one (odd T: a block's second token missing) and
     // on sm_90a the wgmma one (T = 5, 6: a block of 4 tokens with 1 or 2 more).
     let wgmma = gpu.arch == "sm_90a";
-    let mut cases = vec![(2385usize, 6usize, "f32"), (60, 2, "f32"), (2385, 6, "tc"), (60, 2, "tc"), (1001, 5, "tc")];
+    // (0, 3): no token sees an entry (rows of −inf; the wgmma kernel's block returns before its ring).
+    let mut cases = vec![(2385usize, 6usize, "f32"), (60, 2, "f32"), (2385, 6, "tc"), (60, 2, "tc"), (1001, 5, "tc"), (0, 3, "tc")];
     if wgmma {
-        cases.extend([(2385usize, 6usize, "wgmma"), (60, 2, "wgmma"), (1001, 5, "wgmma")]);
+        cases.extend([(2385usize, 6usize, "wgmma"), (60, 2, "wgmma"), (1001, 5, "wgmma"), (0, 3, "wgmma")]);
     }
     for (pos0, tokens, kernel) in cases {
         let kname = match kernel {

@@ -16,11 +16,16 @@ use crate::sampler::TopLogits;
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
 /// Entry points of `kernels/attention.cu`.
-pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32", "sparse_attention_tc", "sparse_attention_tc_fast_exp"];
+pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32", "sparse_attention_tc", "sparse_attention_tc_fast_exp", "sparse_attention_tc_h32", "sparse_attention_tc_h32_fast_exp"];
 
 /// Dynamic shared memory of `sparse_attention_tc` (`ATC_SMEM` in attention.cu: Q and K tiles as
 /// split bf16 with 520-element rows, partial logits, row pointers).
 pub const ATTENTION_TC_SMEM: usize = 2 * 64 * 520 * 2 + 2 * 32 * 520 * 2 + 8 * 32 * 16 * 4 + 32 * 8;
+
+/// Dynamic shared memory of `sparse_attention_tc_h32` (`ATH_SMEM` in attention.cu: 32 heads' Q and a
+/// 16-candidate tile as split bf16 with 520-element rows, partial logits, row pointers): two blocks
+/// fit an SM.
+pub const ATTENTION_H32_SMEM: usize = 2 * 32 * 520 * 2 + 2 * 16 * 520 * 2 + 8 * 32 * 8 * 4 + 32 * 8;
 
 /// Which attention kernel runs ([`Gpu::sparse_attention_with`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +40,12 @@ pub enum AttentionKernel {
     /// of a few ulp per exponential; gpu-check reports its NMSE and max-abs against both the CPU
     /// and [`AttentionKernel::Stream`]).
     StreamFastExp,
+    /// `sparse_attention_tc_h32` (switch `MLA_STREAM_HALF_HEADS`): [`AttentionKernel::Stream`] with
+    /// two blocks of 32 heads per token and 16-candidate tiles, so two blocks fit an SM (f32-level
+    /// error like it, other summation order: not its bits).
+    StreamHalf,
+    /// `sparse_attention_tc_h32_fast_exp`: [`AttentionKernel::StreamHalf`] with `__expf`.
+    StreamHalfFastExp,
 }
 
 impl AttentionKernel {
@@ -42,10 +53,11 @@ impl AttentionKernel {
     /// `head_dim`.
     pub fn from_switches(heads: usize, head_dim: usize) -> Self {
         if crate::switches::on("MLA_STREAM_TOPK") && heads == 64 && head_dim == 512 {
-            if crate::switches::on("MLA_STREAM_FAST_EXP") {
-                AttentionKernel::StreamFastExp
-            } else {
-                AttentionKernel::Stream
+            match (crate::switches::on("MLA_STREAM_HALF_HEADS"), crate::switches::on("MLA_STREAM_FAST_EXP")) {
+                (false, false) => AttentionKernel::Stream,
+                (false, true) => AttentionKernel::StreamFastExp,
+                (true, false) => AttentionKernel::StreamHalf,
+                (true, true) => AttentionKernel::StreamHalfFastExp,
             }
         } else {
             AttentionKernel::Exact
@@ -77,13 +89,15 @@ pub const INDEXER_WGMMA_SMEM: usize = 1024 + 4 * 32768 + 4 * (2048 * 8 + 4 * 64 
 const INDEXER_WGMMA_TILE: usize = 32768;
 
 /// Fewest query tokens for which [`Gpu::indexer_select`] runs the streaming kernels: they take one
-/// block per token pair, so below ~one wave of blocks on an H200 (132 SMs) the score matrix (one
-/// block per 512 keys and token pair) keeps the GPU busier. Measured at T = 1 (decode, 128K
-/// context, 20 Flash layers): streaming 36.9 ms per token vs 24.5 ms with the score matrix.
+/// block per token pair (`indexer_topk_stream`) or per four tokens (`indexer_topk_wgmma`, one block
+/// per SM), so below ~one wave of blocks on an H200 (132 SMs) the score matrix (one block per 512
+/// keys and token pair) keeps the GPU busier. Measured at T = 1 (decode, 128K context, 20 Flash
+/// layers): streaming 36.9 ms per token vs 24.5 ms with the score matrix; gpu-check times the
+/// three paths at 256, 512 and 1,024 tokens (`indexer selection T=…`).
 pub const INDEXER_STREAM_MIN_TOKENS: usize = 256;
 
-/// Largest top-k of `indexer_topk_stream` (`ITS_CAP − 2·ITC_KT`: a buffer must take one more
-/// 64-key tile per token after a cut).
+/// Largest top-k of `indexer_topk_stream` and `indexer_topk_wgmma` (`ITS_CAP − 2·ITC_KT`: a buffer
+/// must take one more 64-key tile per token after a cut).
 pub const INDEXER_STREAM_MAX_K: usize = 2048 - 128;
 
 /// Largest grid y dimension (tokens of the indexer scores, entries of one pooling launch).
@@ -385,6 +399,11 @@ impl Gpu {
             AttentionKernel::Stream | AttentionKernel::StreamFastExp => {
                 let name = if kernel == AttentionKernel::Stream { "sparse_attention_tc" } else { "sparse_attention_tc_fast_exp" };
                 (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTENTION_TC_SMEM as u32 })
+            }
+            AttentionKernel::StreamHalf | AttentionKernel::StreamHalfFastExp => {
+                ensure(W, tokens <= i32::MAX as usize / 2, || format!("{tokens} tokens: grid 2T too large"))?;
+                let name = if kernel == AttentionKernel::StreamHalf { "sparse_attention_tc_h32" } else { "sparse_attention_tc_h32_fast_exp" };
+                (name, LaunchConfig { grid_dim: (2 * tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTENTION_H32_SMEM as u32 })
             }
         };
         let mut b = self.stream.launch_builder(self.f(name));
@@ -836,6 +855,7 @@ impl Gpu {
         const W: &str = "indexer_topk_wgmma";
         ensure(W, self.arch == "sm_90a", || format!("needs sm_90a (wgmma), the device is {}", self.arch))?;
         ensure(W, shape.tokens == 0 || shape.n_entries == 0 || q.len() >= shape.tokens * shape.heads * shape.head_dim, || format!("q holds {} values, need T·heads·hd = {}", q.len(), shape.tokens * shape.heads * shape.head_dim))?;
+        ensure(W, shape.tokens == 0 || shape.n_entries == 0 || keys.len() >= shape.n_entries * shape.head_dim, || format!("keys hold {} values, need N·hd = {}", keys.len(), shape.n_entries * shape.head_dim))?;
         let Some(mut l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
         let kt = self.indexer_keys_split(keys, shape.n_entries)?;
         l.cfg = LaunchConfig { grid_dim: (shape.tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 };
@@ -979,5 +999,38 @@ mod smem_tests {
         let smem = 2 * h * pitch * 2 + 2 * tile * pitch * 2 + 8 * 32 * 16 * 4 + tile * 8;
         assert_eq!(super::ATTENTION_TC_SMEM, smem);
         assert!(smem <= 227 * 1024);
+        // The two-block variant: its own defines, and two blocks (each with 1 KB reserved by the
+        // driver and 16 bytes of static shared memory) within an SM's 228 KB.
+        let (h2, tile2) = (def("ATH_H"), def("ATH_TILE"));
+        let smem2 = 2 * h2 * pitch * 2 + 2 * tile2 * pitch * 2 + 8 * 32 * 8 * 4 + 32 * 8;
+        assert_eq!(super::ATTENTION_H32_SMEM, smem2);
+        assert!(2 * (smem2 + 1024 + 16) <= 228 * 1024);
+    }
+
+    /// `INDEXER_WGMMA_SMEM` is `IwgLayout::TOTAL` (its fields recomputed from indexer.cu's defines
+    /// and the layout's own expressions) and fits a block.
+    #[test]
+    fn indexer_wgmma_shared_memory_matches_the_kernel() {
+        let src = include_str!("kernels/indexer.cu");
+        let def = |name: &str| -> usize {
+            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
+            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
+        };
+        let (nwg, tile, stages, cap, kt) = (def("IWG_NWG"), def("IWG_TILE"), def("IWG_STAGES"), def("ITS_CAP"), def("ITC_KT"));
+        for expr in [
+            "BKEY = RING + IWG_STAGES * IWG_TILE;",
+            "BIDX = BKEY + IWG_NWG * ITS_CAP * 4;",
+            "PART = BIDX + IWG_NWG * ITS_CAP * 4;",
+            "HIST = PART + IWG_NWG * 4 * ITC_KT * 4;",
+            "WSUM = HIST + IWG_NWG * 256 * 4;",
+            "MISC = WSUM + IWG_NWG * 32 * 4;",
+            "BARS = MISC + IWG_NWG * 8 * 4;",
+            "TOTAL = 1024 + BARS + 2 * IWG_STAGES * 8;",
+        ] {
+            assert!(src.contains(&format!("static constexpr int {expr}")), "IwgLayout changed ({expr}): update this test");
+        }
+        let bars = stages * tile + 2 * nwg * cap * 4 + nwg * 4 * kt * 4 + nwg * 256 * 4 + nwg * 32 * 4 + nwg * 8 * 4;
+        assert_eq!(super::INDEXER_WGMMA_SMEM, 1024 + bars + 2 * stages * 8);
+        assert!(super::INDEXER_WGMMA_SMEM <= 227 * 1024);
     }
 }

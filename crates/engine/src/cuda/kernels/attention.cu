@@ -507,3 +507,247 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
 extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc(ATC_ARGS) { atc_body<false>(ATC_PASS); }
 // MLA_STREAM_FAST_EXP: the same kernel with __expf in the online softmax.
 extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc_fast_exp(ATC_ARGS) { atc_body<true>(ATC_PASS); }
+
+// ---------------------------------------------------------------------------------------------
+// sparse_attention_tc_h32 — sparse_attention_tc's attention (same arguments, candidates, sink and
+// inverse RoPE) with two blocks per query token, 32 heads each, so that two blocks fit an SM
+// (switch MLA_STREAM_HALF_HEADS; 64 heads of 512). Block b = 2t + hh takes token t, heads
+// 32·hh … 32·hh + 31; each K=V row is read by both blocks of its token. Per tile of ATH_TILE = 16
+// candidates the rows are converted to split bf16 in shared memory as in sparse_attention_tc.
+//   Warps: 8 = 2 head groups (16 heads) × 4 channel quarters (128 channels). A warp computes the
+//   partial S over its quarter (mma.sync m16n8k16, hi·hi, hi·lo, lo·hi per 16 channels), the four
+//   quarters' partials are summed through shared memory in quarter order ((q0 + q1) + q2) + q3 —
+//   the same sum in every warp of the head group, so identical S, maxima and denominators — then
+//   online softmax as sparse_attention_tc (per 16 candidates) and O[16 heads, 128 channels] += P·K
+//   (64 f32 accumulators per thread). Epilogue as sparse_attention_tc. f32-level error like it, but
+//   other sums (quarters, 16-candidate steps): not its bits.
+// Launch: grid (2T), block ATH_THREADS = 256, dynamic shared memory ATH_SMEM bytes (Q hi/lo
+// [32][520] bf16, K hi/lo [16][520], partials 8·32·8 f32, 32 row pointers); 2 blocks per SM.
+// sparse_attention_tc_h32_fast_exp: the same with __expf (MLA_STREAM_FAST_EXP).
+#define ATH_H 32
+#define ATH_TILE 16
+#define ATH_THREADS 256
+#define ATH_LB 4
+#define ATH_QPLANE (ATH_H * ATC_PITCH)
+#define ATH_KPLANE (ATH_TILE * ATC_PITCH)
+#define ATH_SMEM (2 * ATH_QPLANE * 2 + 2 * ATH_KPLANE * 2 + 8 * 32 * 8 * 4 + 32 * 8)
+
+template <bool FAST_EXP>
+__device__ __forceinline__ void ath_body(const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,
+                                         const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
+                                         const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
+                                         int H, int c, int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries,
+                                         float scale) {
+    extern __shared__ __align__(16) u8 ath_sh[];
+    __shared__ int att_cursor;
+    {
+        u32 dsz;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dsz));
+        if (dsz < (u32)ATH_SMEM || H != ATC_H || c != ATC_C || blockDim.x != ATH_THREADS) __trap();
+    }
+    u16* Qs = reinterpret_cast<u16*>(ath_sh);
+    u16* Ks = Qs + 2 * ATH_QPLANE;
+    float* part = reinterpret_cast<float*>(Ks + 2 * ATH_KPLANE);
+    const float** rowp = reinterpret_cast<const float**>(part + 8 * 32 * 8);
+
+    const int t = blockIdx.x >> 1, hh = blockIdx.x & 1;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wh = warp >> 2, wd = warp & 3;  // head group, channel quarter
+    const int g = lane >> 2, c2 = (lane & 3) * 2;
+    const int pos = pos0 + t;
+    const int lo = max(0, pos - window + 1);
+    const int n_win = pos - lo + 1;
+    const AttComp cc = att_comp(comp_off, comp_mask, t, n_entries, &att_cursor);
+    const int n_cand = n_win + cc.n_comp;
+
+    // Q of this token's 32 heads → split bf16 planes.
+    {
+        const float4* q4 = reinterpret_cast<const float4*>(q + ((size_t)t * ATC_H + ATH_H * hh) * ATC_C);
+#pragma unroll 1
+        for (int b = 0; b < ATH_H * ATC_C / 4 / ATH_THREADS; b += ATH_LB) {
+            float4 v[ATH_LB];
+#pragma unroll
+            for (int u = 0; u < ATH_LB; u++) v[u] = q4[tid + ATH_THREADS * (b + u)];
+#pragma unroll
+            for (int u = 0; u < ATH_LB; u++) {
+                const int i = tid + ATH_THREADS * (b + u), r = i >> 7, col = (i & 127) * 4;
+                atc_split4(v[u], Qs + r * ATC_PITCH + col, Qs + ATH_QPLANE + r * ATC_PITCH + col);
+            }
+        }
+    }
+    const int h0 = ATH_H * hh + 16 * wh + g;  // heads of rows g and g + 8
+    float m[2] = {sinks[h0], sinks[h0 + 8]};
+    float den[2] = {1.f, 1.f};
+    float o[16][4];
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.f;
+
+    const u32 qs = gm_smem(Qs), ks = gm_smem(Ks);
+    for (int base = 0; base < n_cand; base += ATH_TILE) {  // block-uniform trip count
+        const int nt = min(ATH_TILE, n_cand - base);
+        if (warp == 0) att_tile_rows(rowp, lane, base, nt, ATC_C, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, cc.c_begin, cc.mrow, cc.n_vis, &att_cursor);
+        __syncthreads();  // rowp ready; Q stored (first tile)
+#pragma unroll 1
+        for (int b = 0; b < ATH_TILE * ATC_C / 4 / ATH_THREADS; b += ATH_LB) {
+            float4 v[ATH_LB];
+#pragma unroll
+            for (int u = 0; u < ATH_LB; u++) {
+                const int i = tid + ATH_THREADS * (b + u);
+                const float* p = rowp[i >> 7];
+                v[u] = p != nullptr ? __ldg(reinterpret_cast<const float4*>(p) + (i & 127)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < ATH_LB; u++) {
+                const int i = tid + ATH_THREADS * (b + u), r = i >> 7, col = (i & 127) * 4;
+                atc_split4(v[u], Ks + r * ATC_PITCH + col, Ks + ATH_KPLANE + r * ATC_PITCH + col);
+            }
+        }
+        __syncthreads();
+
+        // Partial S over channels [128·wd, 128·wd + 128).
+        float s[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] = 0.f;
+#pragma unroll 2
+        for (int kk = 0; kk < 128; kk += 16) {
+            const int k0 = 128 * wd + kk;
+            u32 ah[4], al[4];
+            const u32 qa = qs + ((16 * wh + (lane & 15)) * ATC_PITCH + k0 + (lane >> 4) * 8) * 2;
+            gm_ldsm4(qa, ah[0], ah[1], ah[2], ah[3]);
+            gm_ldsm4(qa + ATH_QPLANE * 2, al[0], al[1], al[2], al[3]);
+            const int row = (lane & 7) + ((lane >> 4) << 3);
+            const u32 kb = ks + (row * ATC_PITCH + k0 + ((lane >> 3) & 1) * 8) * 2;
+            u32 bh[4], bl[4];
+            gm_ldsm4(kb, bh[0], bh[1], bh[2], bh[3]);
+            gm_ldsm4(kb + ATH_KPLANE * 2, bl[0], bl[1], bl[2], bl[3]);
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                gm_mma(s[x], ah, bh[2 * x], bh[2 * x + 1]);
+                gm_mma(s[x], ah, bl[2 * x], bl[2 * x + 1]);
+                gm_mma(s[x], al, bh[2 * x], bh[2 * x + 1]);
+            }
+        }
+        // The four quarters' partials (slot (warp, lane) ↔ the same elements in each quarter's warp),
+        // summed in quarter order by every warp of the head group.
+        float* mine = part + (warp * 32 + lane) * 8;
+#pragma unroll
+        for (int i = 0; i < 8; i++) mine[i] = s[i >> 2][i & 3];
+        __syncthreads();
+        {
+            const float* p0 = part + ((4 * wh + 0) * 32 + lane) * 8;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float v = p0[i] + p0[32 * 8 + i];
+                v += p0[2 * 32 * 8 + i];
+                v += p0[3 * 32 * 8 + i];
+                s[i >> 2][i & 3] = v;
+            }
+        }
+
+        // Online softmax per row (e < 2: row g, else g + 8); columns 8j + c2 + (e & 1).
+        float tmax[2] = {ATT_NEG_INF, ATT_NEG_INF};
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = 8 * j + c2 + (e & 1);
+                const bool ok = col < nt && rowp[col] != nullptr;
+                const float l = ok ? s[j][e] * scale : ATT_NEG_INF;
+                s[j][e] = l;
+                tmax[e >> 1] = fmaxf(tmax[e >> 1], l);
+            }
+        float corr[2], psum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
+            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
+            const float m_new = fmaxf(m[r], tmax[r]);
+            corr[r] = (m_new == m[r]) ? 1.f : atc_exp<FAST_EXP>(m[r] - m_new);
+            m[r] = m_new;
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float l = s[j][e];
+                const float p = l == ATT_NEG_INF ? 0.f : atc_exp<FAST_EXP>(l - m[e >> 1]);
+                s[j][e] = p;
+                psum[e >> 1] += p;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 1);
+            psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 2);
+            den[r] = den[r] * corr[r] + psum[r];
+        }
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+        // O[16 heads, the quarter's 128 channels] += P · K, P as split A fragments (k = the 16 candidates).
+        {
+            u32 ph[4], pl[4];
+#pragma unroll
+            for (int x = 0; x < 2; x++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const float a = s[x][2 * r], b = s[x][2 * r + 1];
+                    const u32 hh2 = gm_bf16x2(a, b);
+                    ph[2 * x + r] = hh2;
+                    pl[2 * x + r] = gm_bf16x2(a - __uint_as_float(hh2 << 16), b - __uint_as_float(hh2 & 0xffff0000u));
+                }
+#pragma unroll
+            for (int np = 0; np < 8; np++) {
+                const int row = (lane & 7) + ((lane >> 3) & 1) * 8;
+                const u32 kb = ks + (row * ATC_PITCH + 128 * wd + 16 * np + (lane >> 4) * 8) * 2;
+                u32 bh[4], bl[4];
+                gm_ldsm4_trans(kb, bh[0], bh[1], bh[2], bh[3]);
+                gm_ldsm4_trans(kb + ATH_KPLANE * 2, bl[0], bl[1], bl[2], bl[3]);
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    gm_mma(o[2 * np + x], ph, bh[2 * x], bh[2 * x + 1]);
+                    gm_mma(o[2 * np + x], ph, bl[2 * x], bl[2 * x + 1]);
+                    gm_mma(o[2 * np + x], pl, bh[2 * x], bh[2 * x + 1]);
+                }
+            }
+        }
+        __syncthreads();  // Ks, part and rowp are rewritten by the next tile
+    }
+
+    // o / den, inverse RoPE on the trailing rope_dim channels, f32 stores (sparse_attention_tc's).
+    const float inv[2] = {1.f / den[0], 1.f / den[1]};
+    const int r0 = ATC_C - rope_dim;
+    const float fpos = (float)pos;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int col = 128 * wd + 8 * j + c2;
+        float cs = 1.f, sn = 0.f;
+        const bool rot = col >= r0;
+        if (rot) {
+            const float ang = fpos * inv_freq[(col - r0) >> 1];
+            cs = cosf(ang);
+            sn = -sinf(ang);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float a = o[j][2 * r] * inv[r], b = o[j][2 * r + 1] * inv[r];
+            if (rot) {
+                const float a2 = a * cs - b * sn, b2 = b * cs + a * sn;
+                a = a2;
+                b = b2;
+            }
+            *reinterpret_cast<float2*>(out + ((size_t)t * ATC_H + h0 + 8 * r) * ATC_C + col) = make_float2(a, b);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATH_THREADS, 2) sparse_attention_tc_h32(ATC_ARGS) { ath_body<false>(ATC_PASS); }
+// MLA_STREAM_HALF_HEADS with MLA_STREAM_FAST_EXP.
+extern "C" __global__ void __launch_bounds__(ATH_THREADS, 2) sparse_attention_tc_h32_fast_exp(ATC_ARGS) { ath_body<true>(ATC_PASS); }
