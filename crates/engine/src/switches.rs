@@ -126,13 +126,6 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `sparse_attention_stream …` records vs the CPU reference (NMSE, max-abs), every whole-model check, the switch matrix",
     },
     Switch {
-        name: "MLA_STREAM_HALF_HEADS",
-        values: &["off", "on"],
-        aliases: ON_OFF_ALIASES,
-        replaces: "one streaming attention block per token (sparse_attention_tc: 64 heads, 32-candidate tiles, 216 KB of shared memory, one block per SM): two blocks per token of 32 heads each with 16-candidate tiles (sparse_attention_tc_h32: 108 KB, two blocks per SM; each K=V row read by both blocks of its token); the same products, other summation order (channel quarters, 16-candidate softmax steps): f32-level error, not the same bits; off by default until qualified",
-        parity: "gpu-check `sparse_attention_half …` records (vs the CPU at NMSE <= 1e-8 on every candidate kind, vs sparse_attention_tc reported, the mask path bit for bit vs the lists, the fast-exp variant vs the CPU); the switch matrix (`MLA_STREAM_HALF_HEADS=on (with the defaults)`, judged against the baseline)",
-    },
-    Switch {
         name: "MLA_STREAM_FAST_EXP",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
@@ -422,7 +415,6 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
     ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),
-    ("MLA_STREAM_HALF_HEADS", &[("MLA_STREAM_TOPK", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
     ("INDEXER_WGMMA", &[("INDEXER_STREAM_TOPK", &["on"]), ("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
 ];
@@ -566,9 +558,6 @@ pub fn configurations() -> Vec<Configuration> {
     // defaults.
     v.push(c("MLA_STREAM_FAST_EXP=on (with the defaults)".into(), vec![("MLA_STREAM_FAST_EXP", "on")], Role::Fast, false, false, false));
     v.push(c("INDEXER_FP8=on (with the defaults)".into(), vec![("INDEXER_FP8", "on")], Role::Fast, false, false, false));
-    // MLA_STREAM_HALF_HEADS is exact (f32-level) but off by default until qualified: judged against
-    // the baseline like the exact rows, other bits than all on.
-    v.push(c("MLA_STREAM_HALF_HEADS=on (with the defaults)".into(), vec![("MLA_STREAM_HALF_HEADS", "on")], Role::Fast, true, false, false));
     v.push(c("all on, TC_LINEAR=bf16".into(), vec![("TC_LINEAR", "bf16")], Role::Fast, false, false, false));
     v.push(c("all on, TC_LINEAR=fp8 (official numerics)".into(), vec![("TC_LINEAR", "fp8")], Role::OfficialAllOn, false, false, false));
     // The warp-specialised grouped FP8 MoE runs the same MMAs and promotion as moe_w8: the same bits

@@ -100,15 +100,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
     let mut dout = gpu.zeros::<f32>(tokens * H * C)?;
     let flops = 4.0 * (H * C) as f64 * cands as f64;
     let mut rows = Vec::new();
-    for (kernel, masked) in [
-        (AttentionKernel::Exact, false),
-        (AttentionKernel::Stream, false),
-        (AttentionKernel::StreamFastExp, false),
-        (AttentionKernel::Stream, true),
-        (AttentionKernel::StreamHalf, false),
-        (AttentionKernel::StreamHalfFastExp, false),
-        (AttentionKernel::StreamHalf, true),
-    ] {
+    for (kernel, masked) in [(AttentionKernel::Exact, false), (AttentionKernel::Stream, false), (AttentionKernel::StreamFastExp, false), (AttentionKernel::Stream, true)] {
         let keys = if masked { &ck_mask } else { &ck };
         let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_with(&dq, &dkv, Some(keys), &dsinks, &inv, &rope, &mut dout, &shape, kernel))?;
         let tf = flops / (ms * 1e-3) / 1e12;
@@ -297,7 +289,7 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
             };
             let detail = json!({"T": tokens, "H": H, "c": C, "pos0": pos0, "ratio": ratio, "entries": n_entries, "listed": n_listed});
             let mut stream = Vec::new();
-            for kernel in [AttentionKernel::Exact, AttentionKernel::Stream, AttentionKernel::StreamFastExp, AttentionKernel::StreamHalf, AttentionKernel::StreamHalfFastExp] {
+            for kernel in [AttentionKernel::Exact, AttentionKernel::Stream, AttentionKernel::StreamFastExp] {
                 let got = run(kernel, false)?;
                 all &= match kernel {
                     AttentionKernel::Exact => record(out, &format!("sparse_attention {keys_kind:?}"), detail.clone(), &got, &cpu),
@@ -307,18 +299,11 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                         let vs_cpu = record_tol(out, &format!("sparse_attention_fast_exp {keys_kind:?}"), detail.clone(), &got, &cpu, FAST_EXP_NMSE_TOL);
                         vs_cpu & record_tol(out, &format!("sparse_attention_fast_exp vs stream {keys_kind:?}"), detail.clone(), &got, &stream, FAST_EXP_NMSE_TOL)
                     }
-                    // MLA_STREAM_HALF_HEADS: against the CPU at the split tolerance, and against the
-                    // one-block kernel (same tolerance: both carry f32-level error).
-                    AttentionKernel::StreamHalf => {
-                        let vs_cpu = record_tol(out, &format!("sparse_attention_half {keys_kind:?}"), detail.clone(), &got, &cpu, SPLIT_NMSE_TOL);
-                        vs_cpu & record_tol(out, &format!("sparse_attention_half vs stream {keys_kind:?}"), detail.clone(), &got, &stream, SPLIT_NMSE_TOL)
-                    }
-                    AttentionKernel::StreamHalfFastExp => record_tol(out, &format!("sparse_attention_half fast_exp {keys_kind:?}"), detail.clone(), &got, &cpu, FAST_EXP_NMSE_TOL),
                 };
                 if kernel == AttentionKernel::Stream {
                     stream = got.clone();
                 }
-                if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && matches!(kernel, AttentionKernel::Exact | AttentionKernel::Stream | AttentionKernel::StreamHalf) {
+                if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && kernel != AttentionKernel::StreamFastExp {
                     // The mask path must give the lists' bits.
                     let masked = run(kernel, true)?;
                     let differing = differing_bits(&masked, &got);

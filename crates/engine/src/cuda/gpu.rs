@@ -536,10 +536,6 @@ impl Gpu {
             for name in ["sparse_attention_tc", "sparse_attention_tc_fast_exp"] {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
-            let bytes = super::ops_attention::ATTENTION_H32_SMEM as i32;
-            for name in ["sparse_attention_tc_h32", "sparse_attention_tc_h32_fast_exp"] {
-                drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
-            }
             let bytes = super::ops_attention::INDEXER_STREAM_SMEM as i32;
             for name in ["indexer_topk_stream", "indexer_topk_stream_fp8"] {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;

@@ -16,16 +16,11 @@ use crate::sampler::TopLogits;
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
 /// Entry points of `kernels/attention.cu`.
-pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32", "sparse_attention_tc", "sparse_attention_tc_fast_exp", "sparse_attention_tc_h32", "sparse_attention_tc_h32_fast_exp"];
+pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32", "sparse_attention_tc", "sparse_attention_tc_fast_exp"];
 
 /// Dynamic shared memory of `sparse_attention_tc` (`ATC_SMEM` in attention.cu: Q and K tiles as
 /// split bf16 with 520-element rows, partial logits, row pointers).
 pub const ATTENTION_TC_SMEM: usize = 2 * 64 * 520 * 2 + 2 * 32 * 520 * 2 + 8 * 32 * 16 * 4 + 32 * 8;
-
-/// Dynamic shared memory of `sparse_attention_tc_h32` (`ATH_SMEM` in attention.cu: 32 heads' Q and a
-/// 16-candidate tile as split bf16 with 520-element rows, partial logits, row pointers): two blocks
-/// fit an SM.
-pub const ATTENTION_H32_SMEM: usize = 2 * 32 * 520 * 2 + 2 * 16 * 520 * 2 + 8 * 32 * 8 * 4 + 32 * 8;
 
 /// Which attention kernel runs ([`Gpu::sparse_attention_with`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,12 +35,6 @@ pub enum AttentionKernel {
     /// of a few ulp per exponential; gpu-check reports its NMSE and max-abs against both the CPU
     /// and [`AttentionKernel::Stream`]).
     StreamFastExp,
-    /// `sparse_attention_tc_h32` (switch `MLA_STREAM_HALF_HEADS`): [`AttentionKernel::Stream`] with
-    /// two blocks of 32 heads per token and 16-candidate tiles, so two blocks fit an SM (f32-level
-    /// error like it, other summation order: not its bits).
-    StreamHalf,
-    /// `sparse_attention_tc_h32_fast_exp`: [`AttentionKernel::StreamHalf`] with `__expf`.
-    StreamHalfFastExp,
 }
 
 impl AttentionKernel {
@@ -53,11 +42,10 @@ impl AttentionKernel {
     /// `head_dim`.
     pub fn from_switches(heads: usize, head_dim: usize) -> Self {
         if crate::switches::on("MLA_STREAM_TOPK") && heads == 64 && head_dim == 512 {
-            match (crate::switches::on("MLA_STREAM_HALF_HEADS"), crate::switches::on("MLA_STREAM_FAST_EXP")) {
-                (false, false) => AttentionKernel::Stream,
-                (false, true) => AttentionKernel::StreamFastExp,
-                (true, false) => AttentionKernel::StreamHalf,
-                (true, true) => AttentionKernel::StreamHalfFastExp,
+            if crate::switches::on("MLA_STREAM_FAST_EXP") {
+                AttentionKernel::StreamFastExp
+            } else {
+                AttentionKernel::Stream
             }
         } else {
             AttentionKernel::Exact
@@ -399,11 +387,6 @@ impl Gpu {
             AttentionKernel::Stream | AttentionKernel::StreamFastExp => {
                 let name = if kernel == AttentionKernel::Stream { "sparse_attention_tc" } else { "sparse_attention_tc_fast_exp" };
                 (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTENTION_TC_SMEM as u32 })
-            }
-            AttentionKernel::StreamHalf | AttentionKernel::StreamHalfFastExp => {
-                ensure(W, tokens <= i32::MAX as usize / 2, || format!("{tokens} tokens: grid 2T too large"))?;
-                let name = if kernel == AttentionKernel::StreamHalf { "sparse_attention_tc_h32" } else { "sparse_attention_tc_h32_fast_exp" };
-                (name, LaunchConfig { grid_dim: (2 * tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTENTION_H32_SMEM as u32 })
             }
         };
         let mut b = self.stream.launch_builder(self.f(name));
@@ -999,12 +982,6 @@ mod smem_tests {
         let smem = 2 * h * pitch * 2 + 2 * tile * pitch * 2 + 8 * 32 * 16 * 4 + tile * 8;
         assert_eq!(super::ATTENTION_TC_SMEM, smem);
         assert!(smem <= 227 * 1024);
-        // The two-block variant: its own defines, and two blocks (each with 1 KB reserved by the
-        // driver and 16 bytes of static shared memory) within an SM's 228 KB.
-        let (h2, tile2) = (def("ATH_H"), def("ATH_TILE"));
-        let smem2 = 2 * h2 * pitch * 2 + 2 * tile2 * pitch * 2 + 8 * 32 * 8 * 4 + 32 * 8;
-        assert_eq!(super::ATTENTION_H32_SMEM, smem2);
-        assert!(2 * (smem2 + 1024 + 16) <= 228 * 1024);
     }
 
     /// `INDEXER_WGMMA_SMEM` is `IwgLayout::TOTAL` (its fields recomputed from indexer.cu's defines
