@@ -255,6 +255,16 @@ impl StreamTopkLaunch {
     }
 }
 
+/// The f32 index queries (`[T, heads, hd]`) and keys (`[N, hd]`) of [`Gpu::indexer_topk_stream`]
+/// and [`Gpu::indexer_topk_wgmma`] are long enough (nothing to check when T or N is zero).
+fn check_queries_keys(what: &'static str, q: &CudaSlice<f32>, keys: &CudaSlice<f32>, shape: &IndexerShape) -> Result<(), CudaError> {
+    if shape.tokens == 0 || shape.n_entries == 0 {
+        return Ok(());
+    }
+    ensure(what, q.len() >= shape.tokens * shape.heads * shape.head_dim, || format!("q holds {} values, need T·heads·hd = {}", q.len(), shape.tokens * shape.heads * shape.head_dim))?;
+    ensure(what, keys.len() >= shape.n_entries * shape.head_dim, || format!("keys hold {} values, need N·hd = {}", keys.len(), shape.n_entries * shape.head_dim))
+}
+
 /// Checks of [`Gpu::indexer_topk_stream`] and [`Gpu::indexer_topk_stream_fp8`] (shape, k, the
 /// weights, offsets and lists) and their launch; None when there is nothing to do (T or N zero).
 fn stream_topk_launch(
@@ -773,8 +783,7 @@ impl Gpu {
         k: usize,
     ) -> Result<(), CudaError> {
         const W: &str = "indexer_topk_stream";
-        ensure(W, shape.tokens == 0 || shape.n_entries == 0 || q.len() >= shape.tokens * shape.heads * shape.head_dim, || format!("q holds {} values, need T·heads·hd = {}", q.len(), shape.tokens * shape.heads * shape.head_dim))?;
-        ensure(W, shape.tokens == 0 || shape.n_entries == 0 || keys.len() >= shape.n_entries * shape.head_dim, || format!("keys hold {} values, need N·hd = {}", keys.len(), shape.n_entries * shape.head_dim))?;
+        check_queries_keys(W, q, keys, shape)?;
         let Some(l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
         let mut b = self.stream.launch_builder(self.f(W));
         b.arg(q).arg(keys).arg(weights).arg(offsets).arg(idx);
@@ -837,8 +846,7 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         const W: &str = "indexer_topk_wgmma";
         ensure(W, self.arch == "sm_90a", || format!("needs sm_90a (wgmma), the device is {}", self.arch))?;
-        ensure(W, shape.tokens == 0 || shape.n_entries == 0 || q.len() >= shape.tokens * shape.heads * shape.head_dim, || format!("q holds {} values, need T·heads·hd = {}", q.len(), shape.tokens * shape.heads * shape.head_dim))?;
-        ensure(W, shape.tokens == 0 || shape.n_entries == 0 || keys.len() >= shape.n_entries * shape.head_dim, || format!("keys hold {} values, need N·hd = {}", keys.len(), shape.n_entries * shape.head_dim))?;
+        check_queries_keys(W, q, keys, shape)?;
         let Some(mut l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
         let kt = self.indexer_keys_split(keys, shape.n_entries)?;
         l.cfg = LaunchConfig { grid_dim: (shape.tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 };
