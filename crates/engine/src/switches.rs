@@ -423,16 +423,18 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
 /// state): `BF16_WGMMA` runs the tensor-core linears (TC_LINEAR not off) and the grouped MoE.
 pub const REQUIRES_ANY: &[(&str, &[Requirement])] = &[("BF16_WGMMA", &[("TC_LINEAR", &["split", "bf16", "fp8"]), ("MOE_GROUPED", &["on"])])];
 
-/// Why switch `name` has no effect with the current values, if it has none: the first switch it
-/// requires ([`REQUIRES`]) that has another value, e.g. `needs MOE_GROUPED_DECODE=on`, or all of
-/// its alternatives ([`REQUIRES_ANY`]) unmet, e.g. `needs TC_LINEAR=split or bf16 or fp8, or
+/// Why switch `name` has no effect with the current values, if it has none: every switch it
+/// requires ([`REQUIRES`]) that has another value, in the order listed, e.g. `needs
+/// MOE_GROUPED_DECODE=on` or `needs INDEXER_STREAM_TOPK=on and INDEXER_TC=on`, or all of its
+/// alternatives ([`REQUIRES_ANY`]) unmet, e.g. `needs TC_LINEAR=split or bf16 or fp8, or
 /// MOE_GROUPED=on`.
 pub fn inactive_because(name: &str) -> Option<String> {
     let unmet = |(r, vals): &&Requirement| !vals.contains(&value(r));
     let say = |(r, vals): &Requirement| format!("{r}={}", vals.join(" or "));
     if let Some((_, reqs)) = REQUIRES.iter().find(|(n, _)| *n == name) {
-        if let Some(r) = reqs.iter().find(unmet) {
-            return Some(format!("needs {}", say(r)));
+        let missing: Vec<String> = reqs.iter().filter(unmet).map(say).collect();
+        if !missing.is_empty() {
+            return Some(format!("needs {}", missing.join(" and ")));
         }
     }
     let (_, any) = REQUIRES_ANY.iter().find(|(n, _)| *n == name)?;
@@ -659,6 +661,9 @@ mod tests {
         assert_eq!(fp8, None);
         let split = scoped(&[("TC_LINEAR", "split")], || (inactive_because("FP8_WGMMA"), inactive_because("LINEAR_CUBLASLT"))).unwrap();
         assert_eq!(split, (Some("needs TC_LINEAR=fp8".into()), None));
+        // Every unmet requirement is named, in the order listed.
+        let two = scoped(&[("INDEXER_TC", "off"), ("INDEXER_FP8", "on")], || inactive_because("INDEXER_WGMMA")).unwrap();
+        assert_eq!(two.as_deref(), Some("needs INDEXER_TC=on and INDEXER_FP8=off"));
         // Alternatives: BF16_WGMMA acts while either the linears or the grouped MoE use it.
         let neither = scoped(&[("TC_LINEAR", "off"), ("MOE_GROUPED", "off")], || inactive_because("BF16_WGMMA")).unwrap();
         assert_eq!(neither.as_deref(), Some("needs TC_LINEAR=split or bf16 or fp8, or MOE_GROUPED=on"));
