@@ -157,7 +157,7 @@ pub const SWITCHES: &[Switch] = &[
         name: "INDEXER_WGMMA",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "indexer_topk_stream (scores on mma.sync, two tokens per block, block barriers in every 64-key tile): indexer_topk_wgmma — the keys split into bf16 hi/lo tiles once per call, copied by cp.async.bulk into a 4-stage ring; four tokens per block, each warpgroup multiplies its token's 64 heads on wgmma (queries in registers; the same three products per 16 dims in the same order) and selects on its own buffer with warpgroup barriers (sm_90a; with INDEXER_STREAM_TOPK, 64 heads of 128, chunks of >= 256 tokens)",
+        replaces: "indexer_topk_stream (scores on mma.sync, two tokens per block, block barriers in every 64-key tile): indexer_topk_wgmma — the keys split into bf16 hi/lo tiles once per call, copied by cp.async.bulk into a 4-stage ring; four tokens per block, each warpgroup multiplies its token's 64 heads on wgmma (queries in registers; the same three products per 16 dims in the same order) and selects on its own buffer with warpgroup barriers (sm_90a; with INDEXER_STREAM_TOPK, i.e. INDEXER_TC on and INDEXER_FP8 off, 64 heads of 128, chunks of >= 256 tokens)",
         parity: "gpu-check `indexer_topk_wgmma …` records (lists identical to indexer_scores_tc + indexer_topk on the cases of `indexer_topk_stream …`) and `indexer_scores_wgmma …` (scores vs the CPU at NMSE <= 1e-4, measured ~1e-11, and bit for bit vs indexer_scores_tc); qualify (`INDEXER_WGMMA=off alone`: same bits as all on at 8K/32K/128K; the switch matrix's 200-token prompts are below its 256-token minimum)",
     },
     Switch {
