@@ -257,8 +257,9 @@ impl StreamTopkLaunch {
     }
 }
 
-/// The f32 index queries (`[T, heads, hd]`) and keys (`[N, hd]`) of [`Gpu::indexer_topk_stream`]
-/// and [`Gpu::indexer_topk_wgmma`] are long enough (nothing to check when T or N is zero).
+/// The f32 index queries (`[T, heads, hd]`) and keys (`[N, hd]`) of [`Gpu::indexer_topk_stream`],
+/// [`Gpu::indexer_topk_wgmma`] and [`Gpu::indexer_scores_wgmma`] are long enough (nothing to check
+/// when T or N is zero).
 fn check_queries_keys(what: &'static str, q: &CudaSlice<f32>, keys: &CudaSlice<f32>, shape: &IndexerShape) -> Result<(), CudaError> {
     if shape.tokens == 0 || shape.n_entries == 0 {
         return Ok(());
@@ -879,7 +880,7 @@ impl Gpu {
             return Ok(());
         }
         ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
-        ensure(W, q.len() >= tokens * heads * hd, || format!("q holds {} values, need T·heads·hd = {}", q.len(), tokens * heads * hd))?;
+        check_queries_keys(W, q, keys, shape)?;
         ensure(W, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
         ensure(W, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
         int(W, "T·N", tokens * n)?;
