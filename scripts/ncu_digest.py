@@ -13,17 +13,49 @@ before the first EXIT, producer = up to the last EXIT; per warp and K step = ins
   ncu --kernel-name moe_ws_fp4_128_swiglu --launch-count 1 --section SourceCounters \\
       --section WarpStateStats --page source --print-source sass --csv flashseek gpu-check ... > src.csv
   python3 scripts/ncu_digest.py src.csv
+
+Any other kernel (e.g. sparse_attention_tc, bench/ncu/sparse_attention_*_T2048_*.txt):
+  python3 scripts/ncu_digest.py --any src.csv
+prints the whole kernel's stall reasons, stall samples and executed instructions by opcode, and the
+top stall locations.
 """
 # Digest of an Nsight Compute source-level CSV of moe_ws_*: samples and executed instructions per
 # role (consumer = multiply warpgroups, producer), top stall locations.
 import csv, collections, sys
-lines = open(sys.argv[1]).read().splitlines()
+generic = '--any' in sys.argv[1:]
+lines = open([a for a in sys.argv[1:] if a != '--any'][0]).read().splitlines()
 i = [k for k, l in enumerate(lines) if l.startswith('"Address"')][0]
 rows = list(csv.reader(lines[i:]))
 h = rows[0]
 R = [dict(zip(h, r)) for r in rows[1:] if len(r) == len(h)]
 num = lambda x: float(x.replace(',', '')) if x.replace(',', '').replace('.', '').isdigit() else 0.0
 tot = sum(num(r['Warp Stall Sampling (All Samples)']) for r in R)
+if generic:
+    stalls = [k for k in h if k.startswith('stall_') and 'Not Issued' not in k]
+    agg = {k: sum(num(r[k]) for r in R) for k in stalls}
+    all_st = sum(agg.values()) or 1.0
+    print(f"kernel instructions {len(R)}, stall samples {tot:.0f}")
+    print("stall reasons (share of all samples):")
+    for k, v in sorted(agg.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"  {k:24s} {100 * v / all_st:5.1f}%")
+    samples, executed = collections.Counter(), collections.Counter()
+    for r in R:
+        src = r['Source'].split()
+        if not src:
+            continue
+        op = (src[1] if src[0].startswith('@') else src[0]).split('.')[0]
+        samples[op] += num(r['Warp Stall Sampling (All Samples)'])
+        executed[op] += num(r['Instructions Executed'])
+    print("samples by opcode (share, warp instructions executed):")
+    for op, v in samples.most_common(14):
+        print(f"  {op:12s} {100 * v / (tot or 1.0):5.1f}%  {executed[op]:.3g}")
+    print("top stall locations (share of all samples, top reasons):")
+    for r in sorted(R, key=lambda r: -num(r['Warp Stall Sampling (All Samples)']))[:12]:
+        top = sorted([(num(r[x]), x) for x in stalls], reverse=True)[:2]
+        print(f"  {100 * num(r['Warp Stall Sampling (All Samples)']) / (tot or 1.0):5.1f}%  {r['Source'][:62]:62} {[x for _, x in top]}")
+    sys.exit(0)
+if not any('USETMAXREG' in r['Source'] for r in R) and not any('HGMMA' in r['Source'] for r in R):
+    sys.exit("not a warp-specialised MoE kernel (no setmaxnreg, no HGMMA): use --any for a whole-kernel digest")
 exits = [k for k, r in enumerate(R) if r['Source'].strip() == 'EXIT']
 end = exits[-1] + 1  # then the out-of-line mbarrier retry loops
 if any('USETMAXREG' in r['Source'] for r in R):  # moe_ws
