@@ -525,19 +525,28 @@ logits_topk_f32(const float* __restrict__ logits, int V, int k, int* __restrict_
 #define ITS_CAP 2048
 #define ITS_SMEM (2 * ITS_CAP * 8)
 
+// Cuts a buffer of n (order key, entry index) pairs bk / bi to its top k in place, index order
+// kept (fs_radix_kth + fs_compact_top on group grp); returns the k-th key K. Every thread of the
+// group calls it.
+template <class G = FsBlock>
+__device__ __forceinline__ u32 fs_cut_pairs(u32* bk, int* bi, int n, int k, int* hist, int* wsum, u32* s_prefix, int* s_want, G grp = G()) {
+    auto key_of = [bk](int j) { return bk[j]; };
+    int want;
+    const u32 K = fs_radix_kth(key_of, n, k, hist, s_prefix, s_want, &want, grp);
+    fs_compact_top(
+        key_of, [bi](int j) { return bi[j]; }, n, K, want, wsum,
+        [bk, bi](int at, u32 key, int e) {
+            bk[at] = key;
+            bi[at] = e;
+        },
+        grp);
+    return K;
+}
+
 // Cuts buffer ti to its top k (in place, index order kept) and sets its threshold.
 __device__ __forceinline__ void its_cut(u32* bkey, int* bidx, int* cnt, u32* thr, int* have_thr, int ti, int k,
                                         int* hist, int* wsum, u32* s_prefix, int* s_want) {
-    u32* bk = bkey + ti * ITS_CAP;
-    int* bi = bidx + ti * ITS_CAP;
-    const int n = cnt[ti];
-    auto key_of = [bk](int j) { return bk[j]; };
-    int want;
-    const u32 K = fs_radix_kth(key_of, n, k, hist, s_prefix, s_want, &want);
-    fs_compact_top(key_of, [bi](int j) { return bi[j]; }, n, K, want, wsum, [bk, bi](int at, u32 key, int e) {
-        bk[at] = key;
-        bi[at] = e;
-    });
+    const u32 K = fs_cut_pairs(bkey + ti * ITS_CAP, bidx + ti * ITS_CAP, cnt[ti], k, hist, wsum, s_prefix, s_want);
     if (threadIdx.x == 0) {
         cnt[ti] = k;
         thr[ti] = K;
@@ -742,13 +751,6 @@ __device__ __forceinline__ void iwg_mma(float (&d)[8][4], const u32 (&a)[4], uns
            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-__device__ __forceinline__ void iwg_fence_acc(float (&d)[8][4]) {
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[j][e])::"memory");
-}
-
 // One IWG_TILE copy global → shared stage (cp.async.bulk), completing on mbarrier bar (which
 // expects the bytes from this arrival).
 __device__ __forceinline__ void iwg_copy_tile(u32 dst, const u8* src, u32 bar) {
@@ -823,14 +825,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
             grp.sync();  // cnt of the previous tile
             if (misc[0] > ITS_CAP - ITC_KT) {
                 // Cut this token's buffer to its top k (in place, index order kept).
-                int want;
-                const u32 K = fs_radix_kth([bkey](int j) { return bkey[j]; }, misc[0], topk, hist, reinterpret_cast<u32*>(misc + 3), misc + 4, &want, grp);
-                fs_compact_top([bkey](int j) { return bkey[j]; }, [bidx](int j) { return bidx[j]; }, misc[0], K, want, wsum,
-                               [bkey, bidx](int at, u32 key, int e) {
-                                   bkey[at] = key;
-                                   bidx[at] = e;
-                               },
-                               grp);
+                const u32 K = fs_cut_pairs(bkey, bidx, misc[0], topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
                 if (r == 0) {
                     misc[0] = topk;
                     misc[1] = 1;
@@ -856,7 +851,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
             }
             gw_commit();
             gw_wait0();
-            iwg_fence_acc(acc);
+            gw_fence_regs(reinterpret_cast<float(&)[32]>(acc));
         }
         __syncwarp();
         if (lane == 0) gws_arrive(empty0 + 8 * s);  // this warp is done with the stage
@@ -894,17 +889,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
     }
     if (SCORES || !sel) return;  // warpgroup-uniform
     grp.sync();
-    const int cnt = misc[0];
-    if (cnt > topk) {
-        int want;
-        const u32 K = fs_radix_kth([bkey](int j) { return bkey[j]; }, cnt, topk, hist, reinterpret_cast<u32*>(misc + 3), misc + 4, &want, grp);
-        fs_compact_top([bkey](int j) { return bkey[j]; }, [bidx](int j) { return bidx[j]; }, cnt, K, want, wsum,
-                       [bkey, bidx](int at, u32 key, int e) {
-                           bkey[at] = key;
-                           bidx[at] = e;
-                       },
-                       grp);
-    }
+    if (misc[0] > topk) fs_cut_pairs(bkey, bidx, misc[0], topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
     int* dst = idx + offsets[t];
     for (int j = r; j < topk; j += 128) dst[j] = bidx[j];
 }
