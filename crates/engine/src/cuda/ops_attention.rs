@@ -257,15 +257,39 @@ impl StreamTopkLaunch {
     }
 }
 
-/// The f32 index queries (`[T, heads, hd]`) and keys (`[N, hd]`) of [`Gpu::indexer_topk_stream`],
-/// [`Gpu::indexer_topk_wgmma`] and [`Gpu::indexer_scores_wgmma`] are long enough (nothing to check
-/// when T or N is zero).
+/// The f32 index queries (`[T, heads, hd]`) and keys (`[N, hd]`) of the indexer kernels are long
+/// enough (nothing to check when T or N is zero).
 fn check_queries_keys(what: &'static str, q: &CudaSlice<f32>, keys: &CudaSlice<f32>, shape: &IndexerShape) -> Result<(), CudaError> {
     if shape.tokens == 0 || shape.n_entries == 0 {
         return Ok(());
     }
     ensure(what, q.len() >= shape.tokens * shape.heads * shape.head_dim, || format!("q holds {} values, need T·heads·hd = {}", q.len(), shape.tokens * shape.heads * shape.head_dim))?;
     ensure(what, keys.len() >= shape.n_entries * shape.head_dim, || format!("keys hold {} values, need N·hd = {}", keys.len(), shape.n_entries * shape.head_dim))
+}
+
+/// The common launch arguments of the indexer score kernels (`indexer_scores_f32`, `_tc`,
+/// `_wgmma`): `heads, hd, N, ratio, pos0` as i32 and `scale = hd^−1/2`.
+struct ScoresArgs {
+    ints: [i32; 5],
+    scale: f32,
+}
+
+/// Checks shared by [`Gpu::indexer_scores_with`] and [`Gpu::indexer_scores_wgmma`] (head dim and
+/// query width limits, ratio, the lengths of q, keys, weights and scores, i32 sizes) and their
+/// common arguments; None when there is nothing to do (T or N zero).
+fn scores_args(what: &'static str, q: &CudaSlice<f32>, keys: &CudaSlice<f32>, weights: &CudaSlice<f32>, scores: &CudaSlice<f32>, shape: &IndexerShape) -> Result<Option<ScoresArgs>, CudaError> {
+    let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
+    if tokens == 0 || n == 0 {
+        return Ok(None);
+    }
+    ensure(what, hd > 0 && hd.is_multiple_of(4) && hd <= INDEXER_MAX_HEAD_DIM, || format!("index head dim {hd}: need a multiple of 4 in 4..={INDEXER_MAX_HEAD_DIM}"))?;
+    ensure(what, heads >= 1 && heads * hd <= INDEXER_MAX_QUERY, || format!("heads·hd = {}·{hd} exceeds {INDEXER_MAX_QUERY}", heads))?;
+    ensure(what, ratio >= 1, || "ratio must be ≥ 1".into())?;
+    check_queries_keys(what, q, keys, shape)?;
+    ensure(what, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
+    ensure(what, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
+    let ints = [int(what, "heads", heads)?, int(what, "hd", hd)?, int(what, "N", n)?, int(what, "ratio", ratio)?, int(what, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?];
+    Ok(Some(ScoresArgs { ints, scale: (hd as f64).powf(-0.5) as f32 }))
 }
 
 /// Checks of [`Gpu::indexer_topk_stream`] and [`Gpu::indexer_topk_stream_fp8`] (shape, k, the
@@ -613,20 +637,9 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         const W: &str = "indexer_scores";
         ensure(W, !tc || (shape.heads == 64 && shape.head_dim == 128), || format!("the tensor-core scores need 64 heads of 128, got {} of {}", shape.heads, shape.head_dim))?;
-        let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
-        if tokens == 0 || n == 0 {
-            return Ok(());
-        }
-        ensure(W, hd > 0 && hd.is_multiple_of(4) && hd <= INDEXER_MAX_HEAD_DIM, || format!("index head dim {hd}: need a multiple of 4 in 4..={INDEXER_MAX_HEAD_DIM}"))?;
-        ensure(W, heads >= 1 && heads * hd <= INDEXER_MAX_QUERY, || format!("heads·hd = {}·{hd} exceeds {INDEXER_MAX_QUERY}", heads))?;
+        let Some(ScoresArgs { ints: [h_i, hd_i, n_i, r_i, p_i], scale }) = scores_args(W, q, keys, weights, scores, shape)? else { return Ok(()) };
+        let (tokens, n) = (shape.tokens, shape.n_entries);
         ensure(W, tokens <= MAX_GRID_Y, || format!("{tokens} tokens in one launch (max {MAX_GRID_Y})"))?;
-        ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
-        ensure(W, q.len() >= tokens * heads * hd, || format!("q holds {} values, need T·heads·hd = {}", q.len(), tokens * heads * hd))?;
-        ensure(W, keys.len() >= n * hd, || format!("keys hold {} values, need N·hd = {}", keys.len(), n * hd))?;
-        ensure(W, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
-        ensure(W, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
-        let (h_i, hd_i, n_i, r_i, p_i) = (int(W, "heads", heads)?, int(W, "hd", hd)?, int(W, "N", n)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?);
-        let scale = (hd as f64).powf(-0.5) as f32;
         if tc {
             let t_i = int(W, "tokens", tokens)?;
             let cfg = LaunchConfig { grid_dim: (n.div_ceil(512) as u32, tokens.div_ceil(2) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
@@ -873,19 +886,12 @@ impl Gpu {
     /// or sizes beyond i32.
     pub fn indexer_scores_wgmma(&self, q: &CudaSlice<f32>, keys: &CudaSlice<f32>, weights: &CudaSlice<f32>, scores: &mut CudaSlice<f32>, shape: &IndexerShape) -> Result<(), CudaError> {
         const W: &str = "indexer_scores_wgmma";
-        let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
         ensure(W, self.arch == "sm_90a", || format!("needs sm_90a (wgmma), the device is {}", self.arch))?;
-        ensure(W, heads == 64 && hd == 128, || format!("needs 64 heads of 128, got {heads} of {hd}"))?;
-        if tokens == 0 || n == 0 {
-            return Ok(());
-        }
-        ensure(W, ratio >= 1, || "ratio must be ≥ 1".into())?;
-        check_queries_keys(W, q, keys, shape)?;
-        ensure(W, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
-        ensure(W, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
+        ensure(W, shape.heads == 64 && shape.head_dim == 128, || format!("needs 64 heads of 128, got {} of {}", shape.heads, shape.head_dim))?;
+        let Some(ScoresArgs { ints: [h_i, hd_i, n_i, r_i, p_i], scale }) = scores_args(W, q, keys, weights, scores, shape)? else { return Ok(()) };
+        let (tokens, n) = (shape.tokens, shape.n_entries);
         int(W, "T·N", tokens * n)?;
-        let (h_i, hd_i, n_i, r_i, p_i, t_i) = (int(W, "heads", heads)?, int(W, "hd", hd)?, int(W, "N", n)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?, int(W, "tokens", tokens)?);
-        let scale = (hd as f64).powf(-0.5) as f32;
+        let t_i = int(W, "tokens", tokens)?;
         let kt = self.indexer_keys_split(keys, n)?;
         let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 };
         let mut b = self.stream.launch_builder(self.f(W));
