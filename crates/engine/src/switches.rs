@@ -126,6 +126,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `sparse_attention_stream …` records vs the CPU reference (NMSE, max-abs), every whole-model check, the switch matrix",
     },
     Switch {
+        name: "MLA_SPLIT_OUT",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the streaming attention's f32 output [T, 64, 512] converted to split bf16 planes by gemm_x_bf16 for the grouped output projection on cuBLASLt (wo_a, LINEAR_CUBLASLT): the attention kernel writes the planes itself (the same split of the same values, so the same bits), one pass over 4 bytes per value less",
+        parity: "gpu-check (`--only attention`) `sparse_attention split planes …` (the kernel's planes against gemm_x_bf16's split of its own f32 output, bit for bit, both streaming kernels, sliding / HCA / CSA cases, nothing written past the planes); qualify and the switch matrix (`MLA_SPLIT_OUT=off alone`: the same logits bits as all on)",
+    },
+    Switch {
         name: "MLA_STREAM_FAST_EXP",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
@@ -415,6 +422,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
     ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),
+    ("MLA_SPLIT_OUT", &[("MLA_STREAM_TOPK", &["on"]), ("LINEAR_CUBLASLT", &["on"]), ("TC_LINEAR", &["split", "fp8"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
     ("INDEXER_WGMMA", &[("INDEXER_STREAM_TOPK", &["on"]), ("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
 ];
@@ -542,6 +550,7 @@ pub fn configurations() -> Vec<Configuration> {
         ("DIRECT_INDEXER_TOPK", true),
         ("INDEXER_STREAM_TOPK", true),
         ("INDEXER_WGMMA", true),
+        ("MLA_SPLIT_OUT", true),
     ] {
         v.push(c(format!("{name}=off alone"), vec![(name, "off")], Role::AloneOff, true, same_bits, matches!(name, "MOE_GROUPED" | "TC_LINEAR")));
     }

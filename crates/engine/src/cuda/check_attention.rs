@@ -26,7 +26,7 @@ use super::check::{differing_bits, random, record, record_tol, SPLIT_NMSE_TOL};
 /// the variant is broken, not slightly imprecise.
 const FAST_EXP_NMSE_TOL: f64 = 1e-8;
 use super::gpu::Gpu;
-use super::ops_attention::{hca_candidates, AttentionKernel, hca_offsets, topk_offsets, visible_entries, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
+use super::ops_attention::{hca_candidates, AttentionKernel, AttentionOut, hca_offsets, topk_offsets, visible_entries, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::CudaError;
 use crate::cpu::rope::Rope;
 use crate::forward::{attention, compressor, indexer};
@@ -266,25 +266,28 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
             // (Sliding has no lists and HCA identity no indices: upload one placeholder value.)
             let nonempty = |v: &Vec<i32>| if v.is_empty() { vec![0] } else { v.clone() };
             let (doff, didx) = (gpu.upload(&nonempty(&off))?, gpu.upload(&nonempty(&idx))?);
-            let run = |kernel: AttentionKernel, masked: bool| -> Result<Vec<f32>, CudaError> {
-                let mut dout = gpu.zeros::<f32>(tokens * H * C)?;
+            let run_to = |kernel: AttentionKernel, masked: bool, dout: &mut AttentionOut<'_>| -> Result<(), CudaError> {
                 match keys_kind {
-                    Keys::Sliding => gpu.sparse_attention_with(&dq, &dkv, None, &dsinks, inv, rope, &mut dout, &shape, kernel)?,
+                    Keys::Sliding => gpu.sparse_attention_to_with(&dq, &dkv, None, &dsinks, inv, rope, dout, &shape, kernel),
                     Keys::HcaIdentity => {
                         let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: None, mask: None };
-                        gpu.sparse_attention_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, &mut dout, &shape, kernel)?
+                        gpu.sparse_attention_to_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
                     }
                     Keys::HcaExplicit | Keys::Csa if !masked => {
                         let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: Some(&didx), mask: None };
-                        gpu.sparse_attention_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, &mut dout, &shape, kernel)?
+                        gpu.sparse_attention_to_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
                     }
                     Keys::HcaExplicit | Keys::Csa => {
                         let mask = gpu.topk_mask(&doff, &didx, tokens, n_entries.max(1))?;
                         let vis = gpu.upload(&hca_offsets(pos0, tokens, ratio, n_entries)?)?;
                         let ck = CompressedKeys { entries: &dentries, offsets: &vis, indices: None, mask: Some(&mask) };
-                        gpu.sparse_attention_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, &mut dout, &shape, kernel)?
+                        gpu.sparse_attention_to_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
                     }
                 }
+            };
+            let run = |kernel: AttentionKernel, masked: bool| -> Result<Vec<f32>, CudaError> {
+                let mut dout = gpu.zeros::<f32>(tokens * H * C)?;
+                run_to(kernel, masked, &mut AttentionOut::F32(&mut dout))?;
                 gpu.download(&dout)
             };
             let detail = json!({"T": tokens, "H": H, "c": C, "pos0": pos0, "ratio": ratio, "entries": n_entries, "listed": n_listed});
@@ -302,6 +305,19 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                 };
                 if kernel == AttentionKernel::Stream {
                     stream = got.clone();
+                }
+                if kernel != AttentionKernel::Exact {
+                    // MLA_SPLIT_OUT: the kernel's split bf16 planes against gemm_x_bf16's split of
+                    // its own f32 output, bit for bit (planes with padding past the lo plane, so
+                    // that a write outside the two planes would show).
+                    let n = tokens * H * C;
+                    let mut dplanes = gpu.upload(&vec![0x7fc1u16; 2 * n + 64])?;
+                    run_to(kernel, false, &mut AttentionOut::SplitPlanes { planes: &mut dplanes, plane: n })?;
+                    let planes = gpu.download(&dplanes)?;
+                    let (xb, tp, kp) = gpu.bf16_planes(&gpu.upload(&got)?, tokens, H * C, true)?;
+                    let want = gpu.download(&xb)?;
+                    let differing = (0..n).filter(|&i| planes[i] != want[i] || planes[n + i] != want[tp * kp + i]).count() + planes[2 * n..].iter().filter(|&&v| v != 0x7fc1).count();
+                    all &= record_exact(out, &format!("sparse_attention split planes {kernel:?} {keys_kind:?}"), detail.clone(), differing, 2 * n, json!("bits vs gemm_x_bf16's split of the f32 output"));
                 }
                 if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && kernel != AttentionKernel::StreamFastExp {
                     // The mask path must give the lists' bits.

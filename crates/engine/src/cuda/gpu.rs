@@ -969,8 +969,22 @@ impl Gpu {
             return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("{groups} group weights of [{r}, {gin}] for {} inputs and {} outputs of {t} tokens", o.len(), z.len()) });
         }
         let (xb, tp, kp) = self.bf16_planes(o, t, groups * gin, true)?;
+        self.grouped_linear_lt_planes(&xb, tp * kp, kp, wo_a, z, t)
+    }
+
+    /// [`Gpu::grouped_linear_lt`] from split bf16 planes the caller made (e.g. the attention
+    /// kernel's [`super::ops_attention::AttentionOut::SplitPlanes`]): hi rows of `ldb` ≥ G·gin values from
+    /// element 0, lo rows from element `plane`. Returns how many leading groups it computed.
+    ///
+    /// Errors: buffers shorter than the shapes, a group weight not `[r, gin]`, launch failures.
+    pub fn grouped_linear_lt_planes(&self, xb: &CudaSlice<u16>, plane: usize, ldb: usize, wo_a: &[GpuWeight], z: &mut CudaSlice<f32>, t: usize) -> Result<usize, CudaError> {
+        let Some(w0) = wo_a.first() else { return Ok(0) };
+        let (gin, r, groups) = (w0.cols, w0.rows, wo_a.len());
+        if wo_a.iter().any(|w| w.cols != gin || w.rows != r) || z.len() < t * groups * r || ldb < groups * gin {
+            return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("{groups} group weights of [{r}, {gin}] for rows of {ldb} inputs and {} outputs of {t} tokens", z.len()) });
+        }
         for (g, w) in wo_a.iter().enumerate() {
-            if !self.linear_split_lt(&xb, tp * kp, kp, g * gin, w, z, groups * r, g * r, t)? {
+            if !self.linear_split_lt(xb, plane, ldb, g * gin, w, z, groups * r, g * r, t)? {
                 return Ok(g);
             }
         }

@@ -12,7 +12,7 @@
 use super::drv;
 use super::graph::DevBuf;
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
-use super::ops_attention::{hca_offsets, topk_offsets, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
+use super::ops_attention::{hca_offsets, topk_offsets, AttentionKernel, AttentionOut, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter};
 use super::upload::GpuSource;
 use super::CudaError;
@@ -812,15 +812,12 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             compress_chunk(gpu, m, cw, cs, &a, t, pos0)?;
         }
         gpu.stage("attention");
-        let mut o = gpu.zeros::<f32>(t * h * hd)?;
         let shape = AttentionShape { tokens: t, heads: h, head_dim: hd, pos0, window: c.sliding_window, kv_base: 0 };
-        match (l.kind, &l.compressor, &s.comp) {
-            (LayerKind::Sliding, _, _) => gpu.sparse_attention(&q, &s.kv, None, &l.sinks, inv, rope, &mut o, &shape)?,
-            (LayerKind::Hca { ratio }, Some(_), Some(cs)) => {
-                let offsets = gpu.stage_upload(&hca_offsets(pos0, t, ratio, cs.n_entries)?)?;
-                let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: None, mask: None };
-                gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
-            }
+        // The compressed candidates: (CSR offsets, entry lists or None for identity, mask path).
+        type Lists = (DevBuf<i32>, Option<DevBuf<i32>>, Option<DevBuf<u8>>);
+        let lists: Option<Lists> = match (l.kind, &l.compressor, &s.comp) {
+            (LayerKind::Sliding, _, _) => None,
+            (LayerKind::Hca { ratio }, Some(_), Some(cs)) => Some((gpu.stage_upload(&hca_offsets(pos0, t, ratio, cs.n_entries)?)?, None, None)),
             (LayerKind::Csa { ratio }, Some(_), Some(cs)) => {
                 let (iw, is) = match (&l.indexer, &mut s.idx) {
                     (Some(iw), Some(is)) => (iw, is),
@@ -842,30 +839,62 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
                 gpu.indexer_select(&iq, &is.entries, &wts, &offsets, &mut idx, &ishape, c.index_topk)?;
                 gpu.stage("attention");
                 if crate::switches::on("DIRECT_INDEXER_TOPK") {
-                    let keys = CompressedKeys { entries: &cs.entries, offsets: &offsets, indices: Some(&idx), mask: None };
-                    gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
+                    Some((offsets, Some(idx), None))
                 } else {
                     // The mask path (issue 6 §2): a [T, entries] byte mask, attention over the
                     // visible entries it marks (same candidates, same order, same bits).
                     let mask = gpu.topk_mask(&offsets, &idx, t, cs.entries.len() / hd)?;
-                    let visible = gpu.stage_upload(&hca_offsets(pos0, t, ratio, is.n_entries)?)?;
-                    let keys = CompressedKeys { entries: &cs.entries, offsets: &visible, indices: None, mask: Some(&mask) };
-                    gpu.sparse_attention(&q, &s.kv, Some(&keys), &l.sinks, inv, rope, &mut o, &shape)?
+                    Some((gpu.stage_upload(&hca_offsets(pos0, t, ratio, is.n_entries)?)?, None, Some(mask)))
                 }
             }
             _ => return Err(CudaError::Unsupported { what: "forward", detail: "compressed layer without a compressor".into() }),
-        }
-        // §4.7 grouped output projection: group g takes heads g·H/G.. of every token.
-        gpu.stage("projections");
+        };
+        let keys = match (&lists, &s.comp) {
+            (Some((offsets, idx, mask)), Some(cs)) => Some(CompressedKeys { entries: &cs.entries, offsets, indices: idx.as_deref(), mask: mask.as_deref() }),
+            _ => None,
+        };
+        let attend = |out: &mut AttentionOut<'_>| gpu.sparse_attention_to(&q, &s.kv, keys.as_ref(), &l.sinks, inv, rope, out, &shape);
+        // §4.7 grouped output projection (group g takes heads g·H/G.. of every token) on cuBLASLt
+        // takes split bf16 planes of the attention output: the streaming kernel writes them itself
+        // (bit for bit gemm_x_bf16's split of its f32 output), saving that conversion pass.
         let (groups, r) = (c.o_groups, c.o_lora_rank);
         let gin = h * hd / groups;
         debug_assert_eq!(l.wo_a.len(), groups);
-        let mut z = gpu.zeros::<f32>(t * groups * r)?;
         let lt = t >= super::cublaslt::LT_MIN_TOKENS
             && matches!(super::gpu::tc_linear_mode(), super::gpu::TcMode::Split | super::gpu::TcMode::Fp8)
             && crate::switches::on("LINEAR_CUBLASLT");
-        let done = if lt { gpu.grouped_linear_lt(&o, &l.wo_a, &mut z, t)? } else { 0 };
-        gpu.grouped_linear_gather(&o, &l.wo_a[done..], done, &mut z, t, gin)?;
+        let planes_out = lt && crate::switches::on("MLA_SPLIT_OUT") && AttentionKernel::from_switches(h, hd) != AttentionKernel::Exact && gpu.lt_available();
+        let mut z = gpu.zeros::<f32>(t * groups * r)?;
+        let (mut o, done) = if planes_out {
+            let n = t * h * hd;
+            // SAFETY: the streaming kernel writes both planes' T·H·c values (the only ones read).
+            let mut planes = unsafe { gpu.scratch::<u16>(2 * n) }?;
+            attend(&mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n })?;
+            gpu.stage("projections");
+            let done = gpu.grouped_linear_lt_planes(&planes, n, h * hd, &l.wo_a, &mut z, t)?;
+            (None, done)
+        } else {
+            let mut o = gpu.zeros::<f32>(t * h * hd)?;
+            attend(&mut AttentionOut::F32(&mut o))?;
+            gpu.stage("projections");
+            let done = if lt { gpu.grouped_linear_lt(&o, &l.wo_a, &mut z, t)? } else { 0 };
+            (Some(o), done)
+        };
+        if done < groups {
+            // cuBLASLt declined a group: the rest on gemm.cu from the f32 output (recomputed when
+            // only the planes were written).
+            let o = match o.take() {
+                Some(o) => o,
+                None => {
+                    gpu.stage("attention");
+                    let mut o = gpu.zeros::<f32>(t * h * hd)?;
+                    attend(&mut AttentionOut::F32(&mut o))?;
+                    gpu.stage("projections");
+                    o
+                }
+            };
+            gpu.grouped_linear_gather(&o, &l.wo_a[done..], done, &mut z, t, gin)?;
+        }
         let mut y = gpu.zeros::<f32>(t * d)?;
         gpu.linear_q(&z, &l.wo_b, &mut y, t)?;
         gpu.stage("mhc+norms");

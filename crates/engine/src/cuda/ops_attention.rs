@@ -174,6 +174,23 @@ pub struct AttentionShape {
     pub kv_base: usize,
 }
 
+/// Where [`Gpu::sparse_attention_to`] writes the attention output.
+pub enum AttentionOut<'a> {
+    /// f32 `[T, H, c]`.
+    F32(&'a mut CudaSlice<f32>),
+    /// The split bf16 planes that [`Gpu::bf16_planes`] (`split`) makes from that f32 output, for
+    /// the grouped output projection (§4.7, [`Gpu::grouped_linear_lt_planes`]): hi at elements
+    /// `0 .. T·H·c`, lo from element `plane` (≥ T·H·c), row t at `t·H·c`; nothing else is written.
+    /// The streaming kernel only (`MLA_STREAM_TOPK`, 64 heads of 512): attention.cu splits each
+    /// value as gemm.cu `gemm_x_bf16` does, so the planes are bit for bit those of the f32 output.
+    SplitPlanes {
+        /// u16 bf16 bits, at least `plane + T·H·c` of them.
+        planes: &'a mut CudaSlice<u16>,
+        /// Offset of the lo plane, in elements.
+        plane: usize,
+    },
+}
+
 /// The compressed candidates of a [`Gpu::sparse_attention`] call.
 pub struct CompressedKeys<'a> {
     /// Entries `[n_entries, c]` (`n_entries = len / c`).
@@ -372,6 +389,47 @@ impl Gpu {
         shape: &AttentionShape,
         kernel: AttentionKernel,
     ) -> Result<(), CudaError> {
+        self.sparse_attention_to_with(q, kv, comp, sinks, inv_freq, rope, &mut AttentionOut::F32(out), shape, kernel)
+    }
+
+    /// [`Gpu::sparse_attention`] into `out`: f32, or the split bf16 planes of the output
+    /// ([`AttentionOut::SplitPlanes`], which needs the streaming kernel:
+    /// [`AttentionKernel::from_switches`] must give [`AttentionKernel::Stream`] or
+    /// [`AttentionKernel::StreamFastExp`] for the shape, else an error).
+    ///
+    /// Errors: as [`Gpu::sparse_attention`]; planes shorter than `plane + T·H·c` or `plane` below
+    /// `T·H·c`; planes with the f32 kernel.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sparse_attention_to(
+        &self,
+        q: &CudaSlice<f32>,
+        kv: &CudaSlice<f32>,
+        comp: Option<&CompressedKeys<'_>>,
+        sinks: &CudaSlice<f32>,
+        inv_freq: &CudaSlice<f32>,
+        rope: &Rope,
+        out: &mut AttentionOut<'_>,
+        shape: &AttentionShape,
+    ) -> Result<(), CudaError> {
+        let kernel = AttentionKernel::from_switches(shape.heads, shape.head_dim);
+        self.sparse_attention_to_with(q, kv, comp, sinks, inv_freq, rope, out, shape, kernel)
+    }
+
+    /// [`Gpu::sparse_attention_to`] on the kernel the caller picks (split-plane output needs a
+    /// streaming one).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sparse_attention_to_with(
+        &self,
+        q: &CudaSlice<f32>,
+        kv: &CudaSlice<f32>,
+        comp: Option<&CompressedKeys<'_>>,
+        sinks: &CudaSlice<f32>,
+        inv_freq: &CudaSlice<f32>,
+        rope: &Rope,
+        out: &mut AttentionOut<'_>,
+        shape: &AttentionShape,
+        kernel: AttentionKernel,
+    ) -> Result<(), CudaError> {
         const W: &str = "sparse_attention";
         ensure(W, kernel == AttentionKernel::Exact || (shape.heads == 64 && shape.head_dim == 512), || {
             format!("the streaming kernel needs 64 heads of 512, got {} of {}", shape.heads, shape.head_dim)
@@ -388,7 +446,15 @@ impl Gpu {
         ensure(W, window >= 1, || "window must be ≥ 1".into())?;
         ensure(W, sinks.len() >= heads, || format!("sinks hold {} values for {heads} heads", sinks.len()))?;
         let n = tokens * heads * c;
-        ensure(W, q.len() >= n && out.len() >= n, || format!("q ({}) and out ({}) must hold T·H·c = {n} values", q.len(), out.len()))?;
+        let out_len = match out {
+            AttentionOut::F32(o) => o.len(),
+            AttentionOut::SplitPlanes { planes, plane } => {
+                ensure(W, kernel != AttentionKernel::Exact, || "split-plane output needs the streaming kernel (MLA_STREAM_TOPK=on, 64 heads of 512)".into())?;
+                ensure(W, *plane >= n && planes.len() >= *plane + n, || format!("planes of {} values with the lo plane at {plane} cannot hold two planes of T·H·c = {n}", planes.len()))?;
+                n
+            }
+        };
+        ensure(W, q.len() >= n && out_len >= n, || format!("q ({}) and out ({out_len}) must hold T·H·c = {n} values", q.len()))?;
         ensure(W, kv.len().is_multiple_of(c), || format!("kv length {} is not a multiple of head_dim {c}", kv.len()))?;
         let kv_rows = kv.len() / c;
         let first = (pos0 + 1).saturating_sub(window);
@@ -444,10 +510,26 @@ impl Gpu {
                 b.arg(&null).arg(&null).arg(&null).arg(&null);
             }
         }
-        b.arg(sinks).arg(inv_freq).arg(out);
+        b.arg(sinks).arg(inv_freq);
+        let (o32, planes, plane_i) = match out {
+            AttentionOut::F32(o) => (Some(&mut **o), None, 0i64),
+            AttentionOut::SplitPlanes { planes, plane } => (None, Some(&mut **planes), *plane as i64),
+        };
+        match o32 {
+            Some(o) => b.arg(o),
+            None => b.arg(&null), // out: unused
+        };
         b.arg(&h_i).arg(&c_i).arg(&rd_i).arg(&p0_i).arg(&w_i).arg(&kb_i).arg(&kr_i).arg(&n_entries).arg(&scale);
+        if kernel != AttentionKernel::Exact {
+            match planes {
+                Some(p) => b.arg(p),
+                None => b.arg(&null),
+            };
+            b.arg(&plane_i);
+        }
         // SAFETY: the argument list matches the signature the attention kernels share (pointers incl.
-        // the optional mask, then nine i32 and one f32); buffer sizes and the window coverage were
+        // the optional mask, then nine i32 and one f32; the streaming kernels then the planes pointer,
+        // null for f32 output, and the lo plane's offset as i64); buffer sizes and the window coverage were
         // checked above; the streaming kernels get their full dynamic shared memory (they trap on less).
         launched(name, unsafe { b.launch(cfg) }.map(|_| ()))
     }
