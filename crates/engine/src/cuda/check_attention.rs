@@ -108,6 +108,16 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
         println!("time sparse_attention {kernel:?} ({path}) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
         rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "path": path, "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
     }
+    // MLA_SPLIT_OUT: the streaming kernel writing the split bf16 planes instead of f32.
+    {
+        let n = tokens * H * C;
+        // SAFETY: the kernel writes both planes' n values; nothing reads them.
+        let mut planes = unsafe { gpu.scratch::<u16>(2 * n) }?;
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_to_with(&dq, &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, AttentionKernel::Stream))?;
+        let tf = flops / (ms * 1e-3) / 1e12;
+        println!("time sparse_attention Stream (lists, split bf16 planes out) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
+        rows.push(json!({"op": "sparse_attention", "kernel": "Stream", "path": "lists", "output": "split planes", "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
+    }
     let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.topk_mask(&doff, &didx, tokens, n_entries.max(1)).map(|_| ()))?;
     println!("time topk_mask T={tokens} entries={n_entries} {ms:.3} ms (allocation + zeroing + scatter)");
     rows.push(json!({"op": "topk_mask", "tokens": tokens, "entries": n_entries, "median_ms": ms}));

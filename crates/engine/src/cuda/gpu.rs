@@ -533,7 +533,7 @@ impl Gpu {
         {
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             let bytes = super::ops_attention::ATTENTION_TC_SMEM as i32;
-            for name in ["sparse_attention_tc", "sparse_attention_tc_fast_exp"] {
+            for name in super::ops_attention::ATTENTION_TC_KERNELS {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
             let bytes = super::ops_attention::INDEXER_STREAM_SMEM as i32;

@@ -16,7 +16,11 @@ use crate::sampler::TopLogits;
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
 /// Entry points of `kernels/attention.cu`.
-pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32", "sparse_attention_tc", "sparse_attention_tc_fast_exp"];
+pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32", "sparse_attention_tc", "sparse_attention_tc_fast_exp", "sparse_attention_tc_split", "sparse_attention_tc_fast_exp_split"];
+
+/// The streaming attention kernels (dynamic shared memory [`ATTENTION_TC_SMEM`]): f32 output, and
+/// the `_split` ones that write [`AttentionOut::SplitPlanes`].
+pub const ATTENTION_TC_KERNELS: [&str; 4] = ["sparse_attention_tc", "sparse_attention_tc_fast_exp", "sparse_attention_tc_split", "sparse_attention_tc_fast_exp_split"];
 
 /// Dynamic shared memory of `sparse_attention_tc` (`ATC_SMEM` in attention.cu: Q and K tiles as
 /// split bf16 with 520-element rows, partial logits, row pointers).
@@ -488,7 +492,8 @@ impl Gpu {
         let (name, cfg) = match kernel {
             AttentionKernel::Exact => ("sparse_attention_f32", LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }),
             AttentionKernel::Stream | AttentionKernel::StreamFastExp => {
-                let name = if kernel == AttentionKernel::Stream { "sparse_attention_tc" } else { "sparse_attention_tc_fast_exp" };
+                let split = matches!(out, AttentionOut::SplitPlanes { .. });
+                let name = ATTENTION_TC_KERNELS[usize::from(kernel != AttentionKernel::Stream) + 2 * usize::from(split)];
                 (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTENTION_TC_SMEM as u32 })
             }
         };

@@ -252,10 +252,10 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
 //   (a + b = b + a exactly, so both hold identical S, maxima and denominators), then each
 //   accumulates O for its 16 heads × 256 channels (128 f32 registers per thread).
 //   Epilogue: O / denominator, inverse RoPE on the trailing rope_dim channels (pairs held by one
-//   thread; same f32 angle formula as the f32 kernel), f32 stores into out — or, with planes ≠
-//   null, the output's split bf16 planes for the grouped output projection (gemm.cu gemm_x_bf16's
-//   split of the same values, element e = (t·64 + h)·512 + col: hi at planes[e], lo at
-//   planes[plane + e]; out unused), saving that conversion's pass over the output.
+//   thread; same f32 angle formula as the f32 kernel), f32 stores into out — or, in the _split
+//   entry points (switch MLA_SPLIT_OUT), the output's split bf16 planes for the grouped output
+//   projection (gemm.cu gemm_x_bf16's split of the same values, element e = (t·64 + h)·512 + col:
+//   hi at planes[e], lo at planes[plane + e]; out unused), saving that conversion's pass.
 // Launch: grid (T), block ATC_THREADS = 256, dynamic shared memory ATC_SMEM bytes (Q hi/lo
 // [64][520] bf16, K hi/lo [32][520], partials 8·32·16 f32, 32 row pointers).
 // sparse_attention_tc_fast_exp (switch MLA_STREAM_FAST_EXP) is the same kernel with __expf (the
@@ -287,7 +287,7 @@ __device__ __forceinline__ float atc_exp(float x) {
     return FAST_EXP ? __expf(x) : expf(x);
 }
 
-template <bool FAST_EXP>
+template <bool FAST_EXP, bool SPLIT_OUT>
 __device__ __forceinline__ void atc_body(const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,
                                          const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
                                          const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
@@ -496,12 +496,21 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
                 b = b2;
             }
             const size_t e = ((size_t)t * ATC_H + h0 + 8 * r) * ATC_C + col;
-            if (planes == nullptr) {
+            if (!SPLIT_OUT) {
                 *reinterpret_cast<float2*>(out + e) = make_float2(a, b);
-            } else {  // gemm_x_bf16's split of the same two values
+            } else {
+                // gemm_x_bf16's split of the same two values; lanes 2i and 2i + 1 (columns col ..
+                // col + 3) swap halves so that the even lane stores the four hi values and the odd
+                // lane the four lo values, 8 bytes each (the f32 path's store count).
                 const u32 hh = gm_bf16x2(a, b);
-                *reinterpret_cast<u32*>(planes + e) = hh;
-                *reinterpret_cast<u32*>(planes + plane + e) = gm_bf16x2(a - __uint_as_float(hh << 16), b - __uint_as_float(hh & 0xffff0000u));
+                const u32 ll = gm_bf16x2(a - __uint_as_float(hh << 16), b - __uint_as_float(hh & 0xffff0000u));
+                const bool odd = lane & 1;
+                const u32 got = __shfl_xor_sync(0xffffffffu, odd ? hh : ll, 1);
+                if (odd) {
+                    *reinterpret_cast<uint2*>(planes + plane + e - 2) = make_uint2(got, ll);
+                } else {
+                    *reinterpret_cast<uint2*>(planes + e) = make_uint2(hh, got);
+                }
             }
         }
     }
@@ -514,6 +523,9 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
         int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries, float scale, u16* __restrict__ planes, long long plane
 #define ATC_PASS q, kv, entries, comp_off, comp_idx, comp_mask, sinks, inv_freq, out, H, c, rope_dim, pos0, window, kv_base, kv_rows, n_entries, scale, planes, plane
 
-extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc(ATC_ARGS) { atc_body<false>(ATC_PASS); }
+extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc(ATC_ARGS) { atc_body<false, false>(ATC_PASS); }
 // MLA_STREAM_FAST_EXP: the same kernel with __expf in the online softmax.
-extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc_fast_exp(ATC_ARGS) { atc_body<true>(ATC_PASS); }
+extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc_fast_exp(ATC_ARGS) { atc_body<true, false>(ATC_PASS); }
+// MLA_SPLIT_OUT: both with the split bf16 planes as output (planes, plane; out unused).
+extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc_split(ATC_ARGS) { atc_body<false, true>(ATC_PASS); }
+extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc_fast_exp_split(ATC_ARGS) { atc_body<true, true>(ATC_PASS); }
