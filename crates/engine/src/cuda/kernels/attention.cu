@@ -271,6 +271,12 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
 #define ATC_QPLANE (ATC_H * ATC_PITCH)
 #define ATC_KPLANE (ATC_TILE * ATC_PITCH)
 #define ATC_SMEM (2 * ATC_QPLANE * 2 + 2 * ATC_KPLANE * 2 + 8 * 32 * 16 * 4 + ATC_TILE * 8)
+// SPLIT_OUT staging after the last tile (reusing Q and K): per warp hi and lo rows of its 16 heads ×
+// 256 channels, pitch 264 bf16 (rows 528 bytes apart: the fragment stores of 8 rows × 4 lanes hit
+// 32 distinct banks; 16-byte aligned row chunks).
+#define ATC_STAGE_PITCH 264
+#define ATC_STAGE_WARP (2 * 16 * ATC_STAGE_PITCH)
+static_assert(8 * ATC_STAGE_WARP * 2 <= ATC_SMEM, "the SPLIT_OUT staging must fit the block's shared memory");
 
 // f32x4 → split bf16 planes at hi[0..3], lo[0..3] (8-byte stores).
 __device__ __forceinline__ void atc_split4(float4 v, u16* hi, u16* lo) {
@@ -473,7 +479,10 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
         __syncthreads();  // Ks, part and rowp are rewritten by the next tile
     }
 
-    // o / den, inverse RoPE on the trailing rope_dim channels, f32 stores.
+    // o / den, inverse RoPE on the trailing rope_dim channels, f32 stores (or, SPLIT_OUT, the split
+    // planes staged per warp in the freed shared memory, then stored as whole rows).
+    u16* stage = reinterpret_cast<u16*>(atc_sh) + warp * ATC_STAGE_WARP;
+    if (SPLIT_OUT) __syncthreads();  // every warp is past its last read of Qs and Ks
     const float inv[2] = {1.f / den[0], 1.f / den[1]};
     const int r0 = ATC_C - rope_dim;
     const float fpos = (float)pos;
@@ -495,23 +504,27 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
                 a = a2;
                 b = b2;
             }
-            const size_t e = ((size_t)t * ATC_H + h0 + 8 * r) * ATC_C + col;
             if (!SPLIT_OUT) {
-                *reinterpret_cast<float2*>(out + e) = make_float2(a, b);
+                *reinterpret_cast<float2*>(out + ((size_t)t * ATC_H + h0 + 8 * r) * ATC_C + col) = make_float2(a, b);
             } else {
-                // gemm_x_bf16's split of the same two values; lanes 2i and 2i + 1 (columns col ..
-                // col + 3) swap halves so that the even lane stores the four hi values and the odd
-                // lane the four lo values, 8 bytes each (the f32 path's store count).
+                // gemm_x_bf16's split of the same two values, into the warp's staging rows (row
+                // g + 8r of its 16 heads, column col − 256·wd of its 256).
                 const u32 hh = gm_bf16x2(a, b);
                 const u32 ll = gm_bf16x2(a - __uint_as_float(hh << 16), b - __uint_as_float(hh & 0xffff0000u));
-                const bool odd = lane & 1;
-                const u32 got = __shfl_xor_sync(0xffffffffu, odd ? hh : ll, 1);
-                if (odd) {
-                    *reinterpret_cast<uint2*>(planes + plane + e - 2) = make_uint2(got, ll);
-                } else {
-                    *reinterpret_cast<uint2*>(planes + e) = make_uint2(hh, got);
-                }
+                u16* s = stage + (g + 8 * r) * ATC_STAGE_PITCH + 8 * j + c2;
+                *reinterpret_cast<u32*>(s) = hh;
+                *reinterpret_cast<u32*>(s + 16 * ATC_STAGE_PITCH) = ll;
             }
+        }
+    }
+    if (SPLIT_OUT) {
+        __syncwarp();
+        // Each of the warp's 16 rows per plane: 32 lanes × 16 bytes = its 256 columns.
+#pragma unroll 4
+        for (int i = 0; i < 32; i++) {
+            const int p = i >> 4, lr = i & 15;
+            const uint4 v = *reinterpret_cast<const uint4*>(stage + (p * 16 + lr) * ATC_STAGE_PITCH + 8 * lane);
+            *reinterpret_cast<uint4*>(planes + p * plane + ((size_t)t * ATC_H + 16 * wh + lr) * ATC_C + 256 * wd + 8 * lane) = v;
         }
     }
 }
