@@ -102,7 +102,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
     let mut rows = Vec::new();
     for (kernel, masked) in [(AttentionKernel::Exact, false), (AttentionKernel::Stream, false), (AttentionKernel::StreamFastExp, false), (AttentionKernel::Stream, true)] {
         let keys = if masked { &ck_mask } else { &ck };
-        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_with(&dq, &dkv, Some(keys), &dsinks, &inv, &rope, &mut dout, &shape, kernel))?;
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(&dq, &dkv, Some(keys), &dsinks, &inv, &rope, &mut AttentionOut::F32(&mut dout), &shape, kernel))?;
         let tf = flops / (ms * 1e-3) / 1e12;
         let path = if masked { "mask" } else { "lists" };
         println!("time sparse_attention {kernel:?} ({path}) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
@@ -113,7 +113,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
         let n = tokens * H * C;
         // SAFETY: the kernel writes both planes' n values; nothing reads them.
         let mut planes = unsafe { gpu.scratch::<u16>(2 * n) }?;
-        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_to_with(&dq, &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, AttentionKernel::Stream))?;
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(&dq, &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, AttentionKernel::Stream))?;
         let tf = flops / (ms * 1e-3) / 1e12;
         println!("time sparse_attention Stream (lists, split bf16 planes out) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
         rows.push(json!({"op": "sparse_attention", "kernel": "Stream", "path": "lists", "output": "split planes", "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
@@ -278,20 +278,20 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
             let (doff, didx) = (gpu.upload(&nonempty(&off))?, gpu.upload(&nonempty(&idx))?);
             let run_to = |kernel: AttentionKernel, masked: bool, dout: &mut AttentionOut<'_>| -> Result<(), CudaError> {
                 match keys_kind {
-                    Keys::Sliding => gpu.sparse_attention_to_with(&dq, &dkv, None, &dsinks, inv, rope, dout, &shape, kernel),
+                    Keys::Sliding => gpu.sparse_attention_into(&dq, &dkv, None, &dsinks, inv, rope, dout, &shape, kernel),
                     Keys::HcaIdentity => {
                         let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: None, mask: None };
-                        gpu.sparse_attention_to_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
+                        gpu.sparse_attention_into(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
                     }
                     Keys::HcaExplicit | Keys::Csa if !masked => {
                         let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: Some(&didx), mask: None };
-                        gpu.sparse_attention_to_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
+                        gpu.sparse_attention_into(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
                     }
                     Keys::HcaExplicit | Keys::Csa => {
                         let mask = gpu.topk_mask(&doff, &didx, tokens, n_entries.max(1))?;
                         let vis = gpu.upload(&hca_offsets(pos0, tokens, ratio, n_entries)?)?;
                         let ck = CompressedKeys { entries: &dentries, offsets: &vis, indices: None, mask: Some(&mask) };
-                        gpu.sparse_attention_to_with(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
+                        gpu.sparse_attention_into(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
                     }
                 }
             };

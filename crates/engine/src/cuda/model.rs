@@ -853,7 +853,8 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             (Some((offsets, idx, mask)), Some(cs)) => Some(CompressedKeys { entries: &cs.entries, offsets, indices: idx.as_deref(), mask: mask.as_deref() }),
             _ => None,
         };
-        let attend = |out: &mut AttentionOut<'_>| gpu.sparse_attention_to(&q, &s.kv, keys.as_ref(), &l.sinks, inv, rope, out, &shape);
+        let kernel = AttentionKernel::from_switches(h, hd);
+        let attend = |out: &mut AttentionOut<'_>| gpu.sparse_attention_into(&q, &s.kv, keys.as_ref(), &l.sinks, inv, rope, out, &shape, kernel);
         // §4.7 grouped output projection (group g takes heads g·H/G.. of every token) on cuBLASLt
         // takes split bf16 planes of the attention output: the streaming kernel writes them itself
         // (bit for bit gemm_x_bf16's split of its f32 output), saving that conversion pass.
@@ -863,7 +864,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         let lt = t >= super::cublaslt::LT_MIN_TOKENS
             && matches!(super::gpu::tc_linear_mode(), super::gpu::TcMode::Split | super::gpu::TcMode::Fp8)
             && crate::switches::on("LINEAR_CUBLASLT");
-        let planes_out = lt && crate::switches::on("MLA_SPLIT_OUT") && AttentionKernel::from_switches(h, hd) != AttentionKernel::Exact && gpu.lt_available();
+        let planes_out = lt && crate::switches::on("MLA_SPLIT_OUT") && kernel != AttentionKernel::Exact && gpu.lt_available();
         let mut z = gpu.zeros::<f32>(t * groups * r)?;
         let (mut o, done) = if planes_out {
             let n = t * h * hd;

@@ -26,7 +26,7 @@ pub const ATTENTION_TC_KERNELS: [&str; 4] = ["sparse_attention_tc", "sparse_atte
 /// split bf16 with 520-element rows, partial logits, row pointers).
 pub const ATTENTION_TC_SMEM: usize = 2 * 64 * 520 * 2 + 2 * 32 * 520 * 2 + 8 * 32 * 16 * 4 + 32 * 8;
 
-/// Which attention kernel runs ([`Gpu::sparse_attention_with`]).
+/// Which attention kernel runs ([`Gpu::sparse_attention_into`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
     /// `sparse_attention_f32`: one block per (token, head), f32 CUDA cores (the exact path).
@@ -178,7 +178,7 @@ pub struct AttentionShape {
     pub kv_base: usize,
 }
 
-/// Where [`Gpu::sparse_attention_to`] writes the attention output.
+/// Where [`Gpu::sparse_attention_into`] writes the attention output.
 pub enum AttentionOut<'a> {
     /// f32 `[T, H, c]`.
     F32(&'a mut CudaSlice<f32>),
@@ -375,54 +375,17 @@ impl Gpu {
         shape: &AttentionShape,
     ) -> Result<(), CudaError> {
         let kernel = AttentionKernel::from_switches(shape.heads, shape.head_dim);
-        self.sparse_attention_with(q, kv, comp, sinks, inv_freq, rope, out, shape, kernel)
+        self.sparse_attention_into(q, kv, comp, sinks, inv_freq, rope, &mut AttentionOut::F32(out), shape, kernel)
     }
 
-    /// [`Gpu::sparse_attention`] on the kernel the caller picks ([`AttentionKernel::Stream`] needs
-    /// H = 64 and c = 512: an error otherwise).
-    #[allow(clippy::too_many_arguments)]
-    pub fn sparse_attention_with(
-        &self,
-        q: &CudaSlice<f32>,
-        kv: &CudaSlice<f32>,
-        comp: Option<&CompressedKeys<'_>>,
-        sinks: &CudaSlice<f32>,
-        inv_freq: &CudaSlice<f32>,
-        rope: &Rope,
-        out: &mut CudaSlice<f32>,
-        shape: &AttentionShape,
-        kernel: AttentionKernel,
-    ) -> Result<(), CudaError> {
-        self.sparse_attention_to_with(q, kv, comp, sinks, inv_freq, rope, &mut AttentionOut::F32(out), shape, kernel)
-    }
-
-    /// [`Gpu::sparse_attention`] into `out`: f32, or the split bf16 planes of the output
-    /// ([`AttentionOut::SplitPlanes`], which needs the streaming kernel:
-    /// [`AttentionKernel::from_switches`] must give [`AttentionKernel::Stream`] or
-    /// [`AttentionKernel::StreamFastExp`] for the shape, else an error).
+    /// [`Gpu::sparse_attention`] on the kernel the caller picks ([`AttentionKernel::Stream`] and
+    /// [`AttentionKernel::StreamFastExp`] need H = 64 and c = 512) into `out`: f32, or the split
+    /// bf16 planes of the output ([`AttentionOut::SplitPlanes`], streaming kernels only).
     ///
-    /// Errors: as [`Gpu::sparse_attention`]; planes shorter than `plane + T·H·c` or `plane` below
-    /// `T·H·c`; planes with the f32 kernel.
+    /// Errors: as [`Gpu::sparse_attention`]; a streaming kernel for another shape; planes shorter
+    /// than `plane + T·H·c` or `plane` below `T·H·c`; planes with the f32 kernel.
     #[allow(clippy::too_many_arguments)]
-    pub fn sparse_attention_to(
-        &self,
-        q: &CudaSlice<f32>,
-        kv: &CudaSlice<f32>,
-        comp: Option<&CompressedKeys<'_>>,
-        sinks: &CudaSlice<f32>,
-        inv_freq: &CudaSlice<f32>,
-        rope: &Rope,
-        out: &mut AttentionOut<'_>,
-        shape: &AttentionShape,
-    ) -> Result<(), CudaError> {
-        let kernel = AttentionKernel::from_switches(shape.heads, shape.head_dim);
-        self.sparse_attention_to_with(q, kv, comp, sinks, inv_freq, rope, out, shape, kernel)
-    }
-
-    /// [`Gpu::sparse_attention_to`] on the kernel the caller picks (split-plane output needs a
-    /// streaming one).
-    #[allow(clippy::too_many_arguments)]
-    pub fn sparse_attention_to_with(
+    pub fn sparse_attention_into(
         &self,
         q: &CudaSlice<f32>,
         kv: &CudaSlice<f32>,
