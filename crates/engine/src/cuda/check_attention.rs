@@ -318,16 +318,20 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                 }
                 if kernel != AttentionKernel::Exact {
                     // MLA_SPLIT_OUT: the kernel's split bf16 planes against gemm_x_bf16's split of
-                    // its own f32 output, bit for bit (planes with padding past the lo plane, so
-                    // that a write outside the two planes would show).
-                    let n = tokens * H * C;
-                    let mut dplanes = gpu.upload(&vec![0x7fc1u16; 2 * n + 64])?;
-                    run_to(kernel, false, &mut AttentionOut::SplitPlanes { planes: &mut dplanes, plane: n })?;
+                    // its own f32 output, bit for bit. The lo plane starts 64 values past the hi
+                    // plane's end and 64 more follow it: every value of those gaps must keep its
+                    // sentinel (no write outside the planes, the lo plane placed by `plane`).
+                    let (n, gap) = (tokens * H * C, 64usize);
+                    let mut dplanes = gpu.upload(&vec![0x7fc1u16; 2 * n + 2 * gap])?;
+                    run_to(kernel, false, &mut AttentionOut::SplitPlanes { planes: &mut dplanes, plane: n + gap })?;
                     let planes = gpu.download(&dplanes)?;
                     let (xb, tp, kp) = gpu.bf16_planes(&gpu.upload(&got)?, tokens, H * C, true)?;
                     let want = gpu.download(&xb)?;
-                    let differing = (0..n).filter(|&i| planes[i] != want[i] || planes[n + i] != want[tp * kp + i]).count() + planes[2 * n..].iter().filter(|&&v| v != 0x7fc1).count();
-                    all &= record_exact(out, &format!("sparse_attention split planes {kernel:?} {keys_kind:?}"), detail.clone(), differing, 2 * n, json!("bits vs gemm_x_bf16's split of the f32 output"));
+                    let hi = (0..n).filter(|&i| planes[i] != want[i]).count();
+                    let lo = (0..n).filter(|&i| planes[n + gap + i] != want[tp * kp + i]).count();
+                    let outside = planes[n..n + gap].iter().chain(&planes[2 * n + gap..]).filter(|&&v| v != 0x7fc1).count();
+                    let differing = hi + lo + outside;
+                    all &= record_exact(out, &format!("sparse_attention split planes {kernel:?} {keys_kind:?}"), detail.clone(), differing, 2 * n + 2 * gap, json!("bits vs gemm_x_bf16's split of the f32 output (hi and lo planes), sentinels in the 64-value gaps around the lo plane"));
                 }
                 if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && kernel != AttentionKernel::StreamFastExp {
                     // The mask path must give the lists' bits.

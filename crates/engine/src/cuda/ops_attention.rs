@@ -184,7 +184,8 @@ pub enum AttentionOut<'a> {
     F32(&'a mut CudaSlice<f32>),
     /// The split bf16 planes that [`Gpu::bf16_planes`] (`split`) makes from that f32 output, for
     /// the grouped output projection (§4.7, [`Gpu::grouped_linear_lt_planes`]): hi at elements
-    /// `0 .. T·H·c`, lo from element `plane` (≥ T·H·c), row t at `t·H·c`; nothing else is written.
+    /// `0 .. T·H·c`, lo from element `plane` (≥ T·H·c, a multiple of 8), row t at `t·H·c`; nothing
+    /// else is written.
     /// The streaming kernel only (`MLA_STREAM_TOPK`, 64 heads of 512): attention.cu splits each
     /// value as gemm.cu `gemm_x_bf16` does, so the planes are bit for bit those of the f32 output.
     SplitPlanes {
@@ -383,7 +384,7 @@ impl Gpu {
     /// bf16 planes of the output ([`AttentionOut::SplitPlanes`], streaming kernels only).
     ///
     /// Errors: as [`Gpu::sparse_attention`]; a streaming kernel for another shape; planes shorter
-    /// than `plane + T·H·c` or `plane` below `T·H·c`; planes with the f32 kernel.
+    /// than `plane + T·H·c`, `plane` below `T·H·c` or not a multiple of 8; planes with the f32 kernel.
     #[allow(clippy::too_many_arguments)]
     pub fn sparse_attention_into(
         &self,
@@ -418,6 +419,7 @@ impl Gpu {
             AttentionOut::SplitPlanes { planes, plane } => {
                 ensure(W, kernel != AttentionKernel::Exact, || "split-plane output needs the streaming kernel (MLA_STREAM_TOPK=on, 64 heads of 512)".into())?;
                 ensure(W, *plane >= n && planes.len() >= *plane + n, || format!("planes of {} values with the lo plane at {plane} cannot hold two planes of T·H·c = {n}", planes.len()))?;
+                ensure(W, plane.is_multiple_of(8), || format!("the lo plane's offset {plane} must be a multiple of 8 (16-byte row stores)"))?;
                 n
             }
         };
