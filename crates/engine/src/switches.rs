@@ -130,7 +130,7 @@ pub const SWITCHES: &[Switch] = &[
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "the streaming attention's f32 output [T, 64, 512] converted to split bf16 planes by gemm_x_bf16 for the grouped output projection on cuBLASLt (wo_a, LINEAR_CUBLASLT): the attention kernel writes the planes itself (the same split of the same values, so the same bits), one pass over 4 bytes per value less",
-        parity: "gpu-check (`--only attention`) `sparse_attention split planes …` (the kernel's planes against gemm_x_bf16's split of its own f32 output, bit for bit, both streaming kernels, sliding / HCA / CSA cases, nothing written past the planes); qualify and the switch matrix (`MLA_SPLIT_OUT=off alone`: the same logits bits as all on)",
+        parity: "gpu-check (`--only attention`) `sparse_attention split planes …` (the kernel's planes against gemm_x_bf16's split of its own f32 output, bit for bit, both streaming kernels, sliding / HCA / CSA cases, the lo plane placed by its offset, nothing written outside the planes); qualify (`MLA_SPLIT_OUT=off alone`: the same logits bits as all on); the switch matrix row checks only the plumbing (its 200-token prompts are below cuBLASLt's 256-token minimum)",
     },
     Switch {
         name: "MLA_STREAM_FAST_EXP",
