@@ -282,8 +282,7 @@ static_assert(8 * ATC_STAGE_WARP * 2 <= ATC_SMEM, "the SPLIT_OUT staging must fi
 __device__ __forceinline__ void atc_split4(float4 v, u16* hi, u16* lo) {
     const u32 h0 = gm_bf16x2(v.x, v.y), h1 = gm_bf16x2(v.z, v.w);
     *reinterpret_cast<uint2*>(hi) = make_uint2(h0, h1);
-    const u32 l0 = gm_bf16x2(v.x - __uint_as_float(h0 << 16), v.y - __uint_as_float(h0 & 0xffff0000u));
-    const u32 l1 = gm_bf16x2(v.z - __uint_as_float(h1 << 16), v.w - __uint_as_float(h1 & 0xffff0000u));
+    const u32 l0 = gm_bf16x2_lo(v.x, v.y, h0), l1 = gm_bf16x2_lo(v.z, v.w, h1);
     *reinterpret_cast<uint2*>(lo) = make_uint2(l0, l1);
 }
 
@@ -459,7 +458,7 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
                     const float a = s[2 * kc + x][2 * r], b = s[2 * kc + x][2 * r + 1];
                     const u32 hh = gm_bf16x2(a, b);
                     ph[2 * x + r] = hh;
-                    pl[2 * x + r] = gm_bf16x2(a - __uint_as_float(hh << 16), b - __uint_as_float(hh & 0xffff0000u));
+                    pl[2 * x + r] = gm_bf16x2_lo(a, b, hh);
                 }
 #pragma unroll
             for (int np = 0; np < 16; np++) {
@@ -510,7 +509,7 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
                 // gemm_x_bf16's split of the same two values, into the warp's staging rows (row
                 // g + 8r of its 16 heads, column col − 256·wd of its 256).
                 const u32 hh = gm_bf16x2(a, b);
-                const u32 ll = gm_bf16x2(a - __uint_as_float(hh << 16), b - __uint_as_float(hh & 0xffff0000u));
+                const u32 ll = gm_bf16x2_lo(a, b, hh);
                 u16* s = stage + (g + 8 * r) * ATC_STAGE_PITCH + 8 * j + c2;
                 *reinterpret_cast<u32*>(s) = hh;
                 *reinterpret_cast<u32*>(s + 16 * ATC_STAGE_PITCH) = ll;

@@ -104,6 +104,13 @@ __device__ __forceinline__ u32 gm_bf16x2(float lo, float hi) {
     return r;
 }
 
+// The lo half of the split bf16 of two f32 values a, b whose hi half is h = gm_bf16x2(a, b):
+// bf16x2(a − hi_a, b − hi_b) (the differences are exact in f32), so that x ≈ hi + lo with about 16
+// significant bits — the second plane of every split-bf16 operand.
+__device__ __forceinline__ u32 gm_bf16x2_lo(float a, float b, u32 h) {
+    return gm_bf16x2(a - __uint_as_float(h << 16), b - __uint_as_float(h & 0xffff0000u));
+}
+
 __device__ __forceinline__ void gm_ldsm4_trans(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)

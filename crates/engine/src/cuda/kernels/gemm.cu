@@ -159,8 +159,7 @@ __device__ __forceinline__ void gm_swiglu_store(const GmEpi& E, int row, int col
     u16* dst = E.hb + (size_t)row * E.ldh + col;
     *reinterpret_cast<u32*>(dst) = hi;
     if (SPLIT) {
-        const float l0 = hv[0] - __uint_as_float(hi << 16), l1 = hv[1] - __uint_as_float(hi & 0xffff0000u);
-        *reinterpret_cast<u32*>(dst + E.h_lo) = gm_bf16x2(l0, l1);
+        *reinterpret_cast<u32*>(dst + E.h_lo) = gm_bf16x2_lo(hv[0], hv[1], hi);
     }
 }
 
@@ -407,9 +406,7 @@ extern "C" __global__ void gemm_x_bf16(const float* __restrict__ x, u16* __restr
         u32 h0 = gm_bf16x2(v.x, v.y), h1 = gm_bf16x2(v.z, v.w);
         *reinterpret_cast<uint2*>(xb + (size_t)t * Kp + k) = make_uint2(h0, h1);
         if (split) {
-            float l0 = v.x - __uint_as_float(h0 << 16), l1 = v.y - __uint_as_float(h0 & 0xffff0000u);
-            float l2 = v.z - __uint_as_float(h1 << 16), l3 = v.w - __uint_as_float(h1 & 0xffff0000u);
-            *reinterpret_cast<uint2*>(xb + total * 4 + (size_t)t * Kp + k) = make_uint2(gm_bf16x2(l0, l1), gm_bf16x2(l2, l3));
+            *reinterpret_cast<uint2*>(xb + total * 4 + (size_t)t * Kp + k) = make_uint2(gm_bf16x2_lo(v.x, v.y, h0), gm_bf16x2_lo(v.z, v.w, h1));
         }
     }
 }

@@ -119,7 +119,7 @@ __device__ __forceinline__ void itc_load_query(ItcQuery& Q, const float* __restr
             const float2 v = *reinterpret_cast<const float2*>(src);
             const u32 h = gm_bf16x2(v.x, v.y);
             Q.qh[kk][r] = h;
-            Q.ql[kk][r] = gm_bf16x2(v.x - __uint_as_float(h << 16), v.y - __uint_as_float(h & 0xffff0000u));
+            Q.ql[kk][r] = gm_bf16x2_lo(v.x, v.y, h);
         }
     }
     Q.w0 = wt[16 * hg + g];
@@ -153,8 +153,7 @@ __device__ __forceinline__ void itc_store(const ItcKeys& K, u16* ks, int tid) {
         u16* lo = hi + ITC_KT * ITC_PITCH;
         const u32 h0 = gm_bf16x2(v.x, v.y), h1 = gm_bf16x2(v.z, v.w);
         *reinterpret_cast<uint2*>(hi) = make_uint2(h0, h1);
-        *reinterpret_cast<uint2*>(lo) = make_uint2(gm_bf16x2(v.x - __uint_as_float(h0 << 16), v.y - __uint_as_float(h0 & 0xffff0000u)),
-                                                   gm_bf16x2(v.z - __uint_as_float(h1 << 16), v.w - __uint_as_float(h1 & 0xffff0000u)));
+        *reinterpret_cast<uint2*>(lo) = make_uint2(gm_bf16x2_lo(v.x, v.y, h0), gm_bf16x2_lo(v.z, v.w, h1));
     }
 }
 
@@ -736,7 +735,7 @@ indexer_keys_split(const float* __restrict__ k, u8* __restrict__ kt, int n, int 
     for (int p = 0; p < 4; p++) {  // itc_store's split of each pair
         const u32 h = gm_bf16x2(v[2 * p], v[2 * p + 1]);
         hi[p] = h;
-        lo[p] = gm_bf16x2(v[2 * p] - __uint_as_float(h << 16), v[2 * p + 1] - __uint_as_float(h & 0xffff0000u));
+        lo[p] = gm_bf16x2_lo(v[2 * p], v[2 * p + 1], h);
     }
     u8* dst = kt + (size_t)(row >> 6) * IWG_TILE + (c >> 3) * 8192 + gw_swz(row & 63, c & 7);
     *reinterpret_cast<uint4*>(dst) = make_uint4(hi[0], hi[1], hi[2], hi[3]);

@@ -145,7 +145,7 @@ extern "C" __global__ void moe_gather_bf16(const float* __restrict__ f, const in
         for (int j = 0; j < 2; j++) {
             const u32 hb = gm_bf16x2(v[2 * j], v[2 * j + 1]);
             h[j] = hb;
-            l[j] = gm_bf16x2(v[2 * j] - __uint_as_float(hb << 16), v[2 * j + 1] - __uint_as_float(hb & 0xffff0000u));
+            l[j] = gm_bf16x2_lo(v[2 * j], v[2 * j + 1], hb);
         }
         u16* dst = xb + r * Kp + c;
         *reinterpret_cast<uint2*>(dst) = make_uint2(h[0], h[1]);
