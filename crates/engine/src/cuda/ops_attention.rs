@@ -258,10 +258,9 @@ pub struct IndexerShape {
     pub pos0: usize,
 }
 
-/// The scalar arguments and launch geometry the two streaming top-k kernels share.
+/// The scalar arguments and launch geometry the streaming top-k kernels share.
 struct StreamTopkLaunch {
-    ints: [i32; 5],
-    scale: f32,
+    args: ScoresArgs,
     tail: [i32; 2],
     cfg: LaunchConfig,
 }
@@ -269,10 +268,10 @@ struct StreamTopkLaunch {
 impl StreamTopkLaunch {
     /// Pushes `heads, hd, n, ratio, pos0, scale, T, k` (the kernels' trailing arguments).
     fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
-        for v in &self.ints {
+        for v in &self.args.ints {
             b.arg(v);
         }
-        b.arg(&self.scale);
+        b.arg(&self.args.scale);
         for v in &self.tail {
             b.arg(v);
         }
@@ -289,18 +288,28 @@ fn check_queries_keys(what: &'static str, q: &CudaSlice<f32>, keys: &CudaSlice<f
     ensure(what, keys.len() >= shape.n_entries * shape.head_dim, || format!("keys hold {} values, need N·hd = {}", keys.len(), shape.n_entries * shape.head_dim))
 }
 
-/// The common launch arguments of the indexer score kernels (`indexer_scores_f32`, `_tc`,
-/// `_wgmma`): `heads, hd, N, ratio, pos0` as i32 and `scale = hd^−1/2`.
+/// The common launch arguments of the indexer score and streaming top-k kernels
+/// (`indexer_scores_f32`, `_tc`, `_wgmma`, `indexer_topk_stream`, `_fp8`, `indexer_topk_wgmma`):
+/// `heads, hd, N, ratio, pos0` as i32 and `scale = hd^−1/2`.
 struct ScoresArgs {
     ints: [i32; 5],
     scale: f32,
+}
+
+impl ScoresArgs {
+    /// From `shape`. Errors: a size beyond i32 (`pos0 + T` stands for every position).
+    fn new(what: &'static str, shape: &IndexerShape) -> Result<Self, CudaError> {
+        let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
+        let ints = [int(what, "heads", heads)?, int(what, "hd", hd)?, int(what, "N", n)?, int(what, "ratio", ratio)?, int(what, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?];
+        Ok(ScoresArgs { ints, scale: (hd as f64).powf(-0.5) as f32 })
+    }
 }
 
 /// Checks shared by [`Gpu::indexer_scores_with`] and [`Gpu::indexer_scores_wgmma`] (head dim and
 /// query width limits, ratio, the lengths of q, keys, weights and scores, i32 sizes) and their
 /// common arguments; None when there is nothing to do (T or N zero).
 fn scores_args(what: &'static str, q: &CudaSlice<f32>, keys: &CudaSlice<f32>, weights: &CudaSlice<f32>, scores: &CudaSlice<f32>, shape: &IndexerShape) -> Result<Option<ScoresArgs>, CudaError> {
-    let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
+    let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, .. } = *shape;
     if tokens == 0 || n == 0 {
         return Ok(None);
     }
@@ -310,8 +319,7 @@ fn scores_args(what: &'static str, q: &CudaSlice<f32>, keys: &CudaSlice<f32>, we
     check_queries_keys(what, q, keys, shape)?;
     ensure(what, weights.len() >= tokens * heads, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * heads))?;
     ensure(what, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
-    let ints = [int(what, "heads", heads)?, int(what, "hd", hd)?, int(what, "N", n)?, int(what, "ratio", ratio)?, int(what, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?];
-    Ok(Some(ScoresArgs { ints, scale: (hd as f64).powf(-0.5) as f32 }))
+    ScoresArgs::new(what, shape).map(Some)
 }
 
 /// Checks of [`Gpu::indexer_topk_stream`] and [`Gpu::indexer_topk_stream_fp8`] (shape, k, the
@@ -336,10 +344,10 @@ fn stream_topk_launch(
     let total: usize = (0..tokens).map(|t| visible_entries(pos0 + t, ratio, n).min(k)).sum();
     ensure(what, idx.len() >= total, || format!("idx holds {} values, the lists need {total}", idx.len()))?;
     int(what, "total list length", total)?;
-    let ints = [int(what, "heads", heads)?, int(what, "hd", hd)?, int(what, "N", n)?, int(what, "ratio", ratio)?, int(what, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?];
+    let args = ScoresArgs::new(what, shape)?;
     let tail = [int(what, "tokens", tokens)?, int(what, "k", k)?];
     let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(2) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: INDEXER_STREAM_SMEM as u32 };
-    Ok(Some(StreamTopkLaunch { ints, scale: (hd as f64).powf(-0.5) as f32, tail, cfg }))
+    Ok(Some(StreamTopkLaunch { args, tail, cfg }))
 }
 
 impl Gpu {

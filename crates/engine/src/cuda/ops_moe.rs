@@ -299,9 +299,9 @@ impl Gpu {
 
     /// Launch geometry of a grouped GEMM over `g`'s tile queue with `n` outputs (`bn` per block, 8
     /// warps for 128-row tiles, 4 for 64, 16 for the warp-specialised `moe_ws_*`, 12 for
-    /// `moe_wbs_*`): one block per work unit, or with `persistent` as many blocks as fit the SMs
-    /// (they walk the queue); at most `max_blocks` either way.
-    fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, bn: usize, smem: usize, (persistent, max_blocks): (bool, Option<usize>)) -> Result<LaunchConfig, CudaError> {
+    /// `moe_wbs_*`): one block per work unit, or with `opts.persistent` as many blocks as fit the
+    /// SMs (they walk the queue); at most `opts.max_blocks` either way.
+    fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, bn: usize, smem: usize, opts: MoeOptions) -> Result<LaunchConfig, CudaError> {
         let threads = if fname.starts_with("moe_ws_") {
             super::ops_q8::WS_THREADS
         } else if fname.starts_with("moe_wbs_") {
@@ -312,14 +312,14 @@ impl Gpu {
             128
         };
         let units = g.max_items * n.div_ceil(bn);
-        let blocks = if persistent {
+        let blocks = if opts.persistent {
             let sms = self.sms;
             let per_sm = self.f(fname).occupancy_max_active_blocks_per_multiprocessor(threads, smem, None).unwrap_or(1).max(1) as usize;
             (sms * per_sm).min(units)
         } else {
             units
         };
-        let blocks = max_blocks.map_or(blocks, |m| blocks.min(m));
+        let blocks = opts.max_blocks.map_or(blocks, |m| blocks.min(m));
         Ok(LaunchConfig { grid_dim: (u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 })
     }
 
@@ -333,7 +333,7 @@ impl Gpu {
         tables: &GpuExpertTables,
         epi: &str,
         split: bool,
-        grid: (bool, Option<usize>),
+        opts: MoeOptions,
         xb: &CudaSlice<u16>,
         lo_plane: usize,
         w: (&CudaSlice<u64>, &CudaSlice<u64>),
@@ -349,7 +349,7 @@ impl Gpu {
         let Some(fname) = moe_gemm_entry_points().find(|x| *x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
-        let cfg = self.moe_launch_config(fname, g, n, moe_gemm_entry_bn(fname), moe_gemm_entry_smem(fname), grid)?;
+        let cfg = self.moe_launch_config(fname, g, n, moe_gemm_entry_bn(fname), moe_gemm_entry_smem(fname), opts)?;
         let (lo, n_i, k_i) = (lo_plane as i64, n as i32, k as i32);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));
@@ -413,12 +413,12 @@ impl Gpu {
         // SAFETY: rows < R are written by the gate/up stage; rows ≥ R are never read.
         let mut hb = unsafe { self.scratch::<u16>(h_lo * planes) }?;
         if opts.fused_swiglu {
-            self.moe_gemm(&g, tables, "swiglu", split, (opts.persistent, opts.max_blocks), &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hb, h_lo, inter)), 2 * inter, d, limit)?;
+            self.moe_gemm(&g, tables, "swiglu", split, opts, &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hb, h_lo, inter)), 2 * inter, d, limit)?;
         } else {
             let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
             let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
-            self.moe_gemm(&g, tables, "plain", split, (opts.persistent, opts.max_blocks), &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, inter, d, limit)?;
-            self.moe_gemm(&g, tables, "plain", split, (opts.persistent, opts.max_blocks), &xb, g.r_cap * d, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, inter, d, limit)?;
+            self.moe_gemm(&g, tables, "plain", split, opts, &xb, g.r_cap * d, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, inter, d, limit)?;
+            self.moe_gemm(&g, tables, "plain", split, opts, &xb, g.r_cap * d, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, inter, d, limit)?;
             let mut yh = self.zeros::<f32>(g.r_cap * inter)?;
             self.swiglu(&yg, &yu, &mut yh, g.r_cap * inter, limit)?;
             let quads = g.r_cap * inter / 4;
@@ -431,7 +431,7 @@ impl Gpu {
         }
         // Down projection, rows scattered to their (token, slot).
         let mut slot_out = self.zeros::<f32>(tk * d)?;
-        self.moe_gemm(&g, tables, "scatter", split, (opts.persistent, opts.max_blocks), &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
+        self.moe_gemm(&g, tables, "scatter", split, opts, &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
         // Shared expert over all tokens, then the combine.
         self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, false)
     }
@@ -439,13 +439,13 @@ impl Gpu {
     /// Launches one grouped FP8-activation GEMM `moe_<q8|w8|ws>_<fmt>_<bm>_<epi>` (gemm_q8.cu; the
     /// family from [`super::ops_q8::families_for`] and [`super::ops_q8::moe_family_for`]).
     #[allow(clippy::too_many_arguments)]
-    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, grid: (bool, Option<usize>), xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
+    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
         let family = super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok);
         let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
         let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };
-        let cfg = self.moe_launch_config(fname, g, n, super::ops_q8::Q8_BN, super::ops_q8::smem_of(fname), grid)?;
+        let cfg = self.moe_launch_config(fname, g, n, super::ops_q8::Q8_BN, super::ops_q8::smem_of(fname), opts)?;
         let (n_i, k_i) = (n as i32, k as i32);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));
@@ -506,18 +506,18 @@ impl Gpu {
         // h·γ as f32 [r_cap, inter] (rows past R stay zero).
         let mut hf = self.zeros::<f32>(g.r_cap * inter)?;
         if opts.fused_swiglu {
-            self.moe_q8(&g, tables, "swiglu", (opts.persistent, opts.max_blocks), &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
+            self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
         } else {
             let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
             let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
-            self.moe_q8(&g, tables, "plain", (opts.persistent, opts.max_blocks), &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, weights, inter, d, limit)?;
-            self.moe_q8(&g, tables, "plain", (opts.persistent, opts.max_blocks), &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, weights, inter, d, limit)?;
+            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, weights, inter, d, limit)?;
+            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, weights, inter, d, limit)?;
             self.swiglu(&yg, &yu, &mut hf, g.r_cap * inter, limit)?;
             self.scale_rows_by_route(&mut hf, &g.row_dst.slice(..), weights, g.r_cap, inter)?;
         }
         let hq = self.act_quant(&hf, g.r_cap, inter)?;
         let mut slot_out = self.zeros::<f32>(tk * d)?;
-        self.moe_q8(&g, tables, "scatter", (opts.persistent, opts.max_blocks), &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, weights, d, inter, limit)?;
+        self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, weights, d, inter, limit)?;
         self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, true)
     }
 }
