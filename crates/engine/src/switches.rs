@@ -133,6 +133,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only attention`) `sparse_attention split planes …` (the kernel's planes against gemm_x_bf16's split of its own f32 output, bit for bit, both streaming kernels, sliding / HCA / CSA cases, the lo plane placed by its offset, nothing written outside the planes); qualify (`MLA_SPLIT_OUT=off alone`: the same logits bits as all on); the switch matrix row checks only the plumbing (its 200-token prompts are below cuBLASLt's 256-token minimum)",
     },
     Switch {
+        name: "MLA_FUSED_Q_NORM",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the per-head q RMSNorm + RoPE pass (rms_norm_rows_f32: the wq_b output [T, 64, 512] read and the normed queries written, 8 bytes per value) before the streaming attention (MLA_STREAM_TOPK): the attention kernel reads the raw wq_b output and norms and rotates each head while it stages Q, computing that kernel's bits",
+        parity: "gpu-check (`--only attention`) `sparse_attention fused q norm …` (raw queries against rms_norm_rope's output fed to the kernel, bit for bit, f32 and split-plane output, both streaming kernels, sliding / HCA / CSA cases); qualify and the switch matrix (`MLA_FUSED_Q_NORM=off alone`: the same logits bits as all on)",
+    },
+    Switch {
         name: "MLA_STREAM_FAST_EXP",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
@@ -423,6 +430,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),
     ("MLA_SPLIT_OUT", &[("MLA_STREAM_TOPK", &["on"]), ("LINEAR_CUBLASLT", &["on"]), ("TC_LINEAR", &["split", "fp8"])]),
+    ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
     ("INDEXER_WGMMA", &[("INDEXER_STREAM_TOPK", &["on"]), ("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
 ];
@@ -551,6 +559,7 @@ pub fn configurations() -> Vec<Configuration> {
         ("INDEXER_STREAM_TOPK", true),
         ("INDEXER_WGMMA", true),
         ("MLA_SPLIT_OUT", true),
+        ("MLA_FUSED_Q_NORM", true),
     ] {
         v.push(c(format!("{name}=off alone"), vec![(name, "off")], Role::AloneOff, true, same_bits, matches!(name, "MOE_GROUPED" | "TC_LINEAR")));
     }

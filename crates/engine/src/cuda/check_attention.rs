@@ -26,7 +26,7 @@ use super::check::{differing_bits, random, record, record_tol, SPLIT_NMSE_TOL};
 /// the variant is broken, not slightly imprecise.
 const FAST_EXP_NMSE_TOL: f64 = 1e-8;
 use super::gpu::Gpu;
-use super::ops_attention::{hca_candidates, AttentionKernel, AttentionOut, hca_offsets, topk_offsets, visible_entries, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
+use super::ops_attention::{hca_candidates, AttentionKernel, AttentionOut, AttentionQuery, hca_offsets, topk_offsets, visible_entries, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::CudaError;
 use crate::cpu::rope::Rope;
 use crate::forward::{attention, compressor, indexer};
@@ -102,7 +102,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
     let mut rows = Vec::new();
     for (kernel, masked) in [(AttentionKernel::Exact, false), (AttentionKernel::Stream, false), (AttentionKernel::StreamFastExp, false), (AttentionKernel::Stream, true)] {
         let keys = if masked { &ck_mask } else { &ck };
-        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(&dq, &dkv, Some(keys), &dsinks, &inv, &rope, &mut AttentionOut::F32(&mut dout), &shape, kernel))?;
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Normed(&dq), &dkv, Some(keys), &dsinks, &inv, &rope, &mut AttentionOut::F32(&mut dout), &shape, kernel))?;
         let tf = flops / (ms * 1e-3) / 1e12;
         let path = if masked { "mask" } else { "lists" };
         println!("time sparse_attention {kernel:?} ({path}) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
@@ -113,10 +113,21 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
         let n = tokens * H * C;
         // SAFETY: the kernel writes both planes' n values; nothing reads them.
         let mut planes = unsafe { gpu.scratch::<u16>(2 * n) }?;
-        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(&dq, &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, AttentionKernel::Stream))?;
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Normed(&dq), &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, AttentionKernel::Stream))?;
         let tf = flops / (ms * 1e-3) / 1e12;
         println!("time sparse_attention Stream (lists, split bf16 planes out) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
         rows.push(json!({"op": "sparse_attention", "kernel": "Stream", "path": "lists", "output": "split planes", "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
+        // MLA_FUSED_Q_NORM: the same from raw queries (the kernel norms and rotates them), and the
+        // pass over the queries it removes.
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Raw { q: &dq, eps: 1e-6 }, &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, AttentionKernel::Stream))?;
+        let tf = flops / (ms * 1e-3) / 1e12;
+        println!("time sparse_attention Stream (lists, split bf16 planes out, fused q norm) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
+        rows.push(json!({"op": "sparse_attention", "kernel": "Stream", "path": "lists", "output": "split planes", "query": "raw (fused q norm)", "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
+        // SAFETY: rms_norm_rope writes all n values; nothing reads them.
+        let mut qn = unsafe { gpu.scratch::<f32>(n) }?;
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.rms_norm_rope(&dq, None, &mut qn, tokens, H, C, 1e-6, &inv, &rope, pos0))?;
+        println!("time rms_norm_rope (per-head q RMSNorm + RoPE: the pass MLA_FUSED_Q_NORM removes) T={tokens} {ms:.3} ms");
+        rows.push(json!({"op": "rms_norm_rope", "tokens": tokens, "heads": H, "head_dim": C, "median_ms": ms}));
     }
     let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.topk_mask(&doff, &didx, tokens, n_entries.max(1)).map(|_| ()))?;
     println!("time topk_mask T={tokens} entries={n_entries} {ms:.3} ms (allocation + zeroing + scatter)");
@@ -205,6 +216,8 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
     const C: usize = 512;
     const WINDOW: usize = 128;
     const TOPK: usize = 512;
+    // The q RMSNorm epsilon of DeepSeek-V4 (config rms_norm_eps).
+    const Q_EPS: f32 = 1e-6;
     let mut all = true;
     let sinks = random(seed, "attn.sinks", H, 2.0);
     let dsinks = gpu.upload(&sinks)?;
@@ -215,6 +228,10 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
         let kv = random(seed, &format!("attn.kv.{pos0}"), kv_rows * C, 1.7);
         let q = random(seed, &format!("attn.q.{pos0}"), tokens * H * C, 1.7);
         let (dq, dkv) = (gpu.upload(&q)?, gpu.upload(&kv)?);
+        // Raw queries (a wq_b output) and their per-head RMSNorm + RoPE (MLA_FUSED_Q_NORM's check).
+        let dq_raw = gpu.upload(&random(seed, &format!("attn.q_raw.{pos0}"), tokens * H * C, 3.0))?;
+        let mut dq_normed = gpu.zeros::<f32>(tokens * H * C)?;
+        gpu.rms_norm_rope(&dq_raw, None, &mut dq_normed, tokens, H, C, Q_EPS, inv, rope, pos0)?;
         for keys_kind in [Keys::Sliding, Keys::HcaIdentity, Keys::HcaExplicit, Keys::Csa] {
             let ratio = match keys_kind {
                 Keys::Sliding => 1,
@@ -276,25 +293,26 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
             // (Sliding has no lists and HCA identity no indices: upload one placeholder value.)
             let nonempty = |v: &Vec<i32>| if v.is_empty() { vec![0] } else { v.clone() };
             let (doff, didx) = (gpu.upload(&nonempty(&off))?, gpu.upload(&nonempty(&idx))?);
-            let run_to = |kernel: AttentionKernel, masked: bool, dout: &mut AttentionOut<'_>| -> Result<(), CudaError> {
+            let run_query_to = |query: AttentionQuery<'_>, kernel: AttentionKernel, masked: bool, dout: &mut AttentionOut<'_>| -> Result<(), CudaError> {
                 match keys_kind {
-                    Keys::Sliding => gpu.sparse_attention_into(&dq, &dkv, None, &dsinks, inv, rope, dout, &shape, kernel),
+                    Keys::Sliding => gpu.sparse_attention_into(query, &dkv, None, &dsinks, inv, rope, dout, &shape, kernel),
                     Keys::HcaIdentity => {
                         let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: None, mask: None };
-                        gpu.sparse_attention_into(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
+                        gpu.sparse_attention_into(query, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
                     }
                     Keys::HcaExplicit | Keys::Csa if !masked => {
                         let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: Some(&didx), mask: None };
-                        gpu.sparse_attention_into(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
+                        gpu.sparse_attention_into(query, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
                     }
                     Keys::HcaExplicit | Keys::Csa => {
                         let mask = gpu.topk_mask(&doff, &didx, tokens, n_entries.max(1))?;
                         let vis = gpu.upload(&hca_offsets(pos0, tokens, ratio, n_entries)?)?;
                         let ck = CompressedKeys { entries: &dentries, offsets: &vis, indices: None, mask: Some(&mask) };
-                        gpu.sparse_attention_into(&dq, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
+                        gpu.sparse_attention_into(query, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
                     }
                 }
             };
+            let run_to = |kernel: AttentionKernel, masked: bool, dout: &mut AttentionOut<'_>| run_query_to(AttentionQuery::Normed(&dq), kernel, masked, dout);
             let run = |kernel: AttentionKernel, masked: bool| -> Result<Vec<f32>, CudaError> {
                 let mut dout = gpu.zeros::<f32>(tokens * H * C)?;
                 run_to(kernel, masked, &mut AttentionOut::F32(&mut dout))?;
@@ -332,6 +350,28 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                     let outside = planes[n..n + gap].iter().chain(&planes[2 * n + gap..]).filter(|&&v| v != 0x7fc1).count();
                     let differing = hi + lo + outside;
                     all &= record_exact(out, &format!("sparse_attention split planes {kernel:?} {keys_kind:?}"), detail.clone(), differing, 2 * n + 2 * gap, json!("bits vs gemm_x_bf16's split of the f32 output (hi and lo planes), sentinels in the 64-value gaps around the lo plane"));
+                }
+                if kernel != AttentionKernel::Exact {
+                    // MLA_FUSED_Q_NORM: the kernel normalising and rotating raw queries itself must
+                    // give the bits of rms_norm_rope's output fed to it, f32 and split-plane output.
+                    let n = tokens * H * C;
+                    let f32_from = |query: AttentionQuery<'_>| -> Result<Vec<f32>, CudaError> {
+                        let mut dout = gpu.upload(&vec![f32::NAN; n])?;
+                        run_query_to(query, kernel, false, &mut AttentionOut::F32(&mut dout))?;
+                        gpu.download(&dout)
+                    };
+                    let normed = f32_from(AttentionQuery::Normed(&dq_normed))?;
+                    let fused = f32_from(AttentionQuery::Raw { q: &dq_raw, eps: Q_EPS })?;
+                    let planes_from = |query: AttentionQuery<'_>| -> Result<Vec<u16>, CudaError> {
+                        let mut dplanes = gpu.upload(&vec![0x7fc1u16; 2 * n])?;
+                        run_query_to(query, kernel, false, &mut AttentionOut::SplitPlanes { planes: &mut dplanes, plane: n })?;
+                        gpu.download(&dplanes)
+                    };
+                    let planes_normed = planes_from(AttentionQuery::Normed(&dq_normed))?;
+                    let planes_fused = planes_from(AttentionQuery::Raw { q: &dq_raw, eps: Q_EPS })?;
+                    let differing = differing_bits(&fused, &normed) + planes_fused.iter().zip(&planes_normed).filter(|(a, b)| a != b).count();
+                    let finite = normed.iter().all(|v| v.is_finite());
+                    all &= record_exact(out, &format!("sparse_attention fused q norm {kernel:?} {keys_kind:?}"), detail.clone(), differing + usize::from(!finite), 3 * n, json!("bits vs rms_norm_rope's queries (f32 output, then both split planes)"));
                 }
                 if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && kernel != AttentionKernel::StreamFastExp {
                     // The mask path must give the lists' bits.

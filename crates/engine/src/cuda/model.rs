@@ -12,7 +12,7 @@
 use super::drv;
 use super::graph::DevBuf;
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
-use super::ops_attention::{hca_offsets, topk_offsets, AttentionKernel, AttentionOut, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
+use super::ops_attention::{hca_offsets, topk_offsets, AttentionKernel, AttentionOut, AttentionQuery, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter};
 use super::upload::GpuSource;
 use super::CudaError;
@@ -684,8 +684,9 @@ pub fn decode_step_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, id: u32) 
 fn compress_chunk(gpu: &Gpu, m: &GpuModel, cw: &GpuCompressor, cs: &mut GpuCompState, a: &CudaSlice<f32>, t: usize, pos0: usize) -> Result<(), CudaError> {
     let c = &m.config;
     let out = cw.wkv.rows;
-    let mut kv = gpu.zeros::<f32>(t * out)?;
-    let mut lg = gpu.zeros::<f32>(t * out)?;
+    // SAFETY (both): every value is written by the linear below before anything reads it.
+    let mut kv = unsafe { gpu.scratch::<f32>(t * out) }?;
+    let mut lg = unsafe { gpu.scratch::<f32>(t * out) }?;
     gpu.linear(a, &cw.wkv, &mut kv, t)?;
     gpu.linear(a, &cw.wgate, &mut lg, t)?;
     gpu.add_position_bias(&mut lg, &cw.ape, t, cw.ratio, pos0)?;
@@ -792,19 +793,38 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         // Attention sub-block (§4.2, §4.5–§4.7).
         gpu.stage("mhc+norms");
         gpu.hc_pre(&l.hc_attn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
-        let mut a = gpu.zeros::<f32>(t * d)?;
+        // SAFETY: written by the RMSNorm below (as each temporary marked so: the op after it
+        // writes all of its T rows).
+        let mut a = unsafe { gpu.scratch::<f32>(t * d) }?;
         gpu.rms_norm(&u, Some(&l.attn_norm), &mut a, t, d, eps)?;
         gpu.stage("projections");
-        let mut qr0 = gpu.zeros::<f32>(t * c.q_lora_rank)?;
-        let mut kv0 = gpu.zeros::<f32>(t * hd)?;
+        // SAFETY (qr0, kv0): written by the linears below.
+        let mut qr0 = unsafe { gpu.scratch::<f32>(t * c.q_lora_rank) }?;
+        let mut kv0 = unsafe { gpu.scratch::<f32>(t * hd) }?;
         gpu.linear_q_multi(&a, t, &mut [(&l.wq_a, &mut qr0), (&l.wkv, &mut kv0)])?;
-        let mut qr = gpu.zeros::<f32>(t * c.q_lora_rank)?;
+        // SAFETY: written by the RMSNorm below.
+        let mut qr = unsafe { gpu.scratch::<f32>(t * c.q_lora_rank) }?;
         gpu.rms_norm(&qr0, Some(&l.q_norm), &mut qr, t, c.q_lora_rank, eps)?;
-        let mut q0 = gpu.zeros::<f32>(t * h * hd)?;
+        // SAFETY: written by the linear below.
+        let mut q0 = unsafe { gpu.scratch::<f32>(t * h * hd) }?;
         gpu.linear_q(&qr, &l.wq_b, &mut q0, t)?;
-        let mut q = gpu.zeros::<f32>(t * h * hd)?;
-        gpu.rms_norm_rope(&q0, None, &mut q, t, h, hd, eps, inv, rope, pos0)?;
-        let mut kv = gpu.zeros::<f32>(t * hd)?;
+        // The per-head q RMSNorm + RoPE (§4.6): its own pass, or (MLA_FUSED_Q_NORM) done by the
+        // streaming attention kernel while it stages Q, the same bits.
+        let kernel = AttentionKernel::from_switches(h, hd);
+        let q = if kernel != AttentionKernel::Exact && crate::switches::on("MLA_FUSED_Q_NORM") {
+            None
+        } else {
+            // SAFETY: written by the per-head RMSNorm + RoPE below.
+            let mut q = unsafe { gpu.scratch::<f32>(t * h * hd) }?;
+            gpu.rms_norm_rope(&q0, None, &mut q, t, h, hd, eps, inv, rope, pos0)?;
+            Some(q)
+        };
+        let query = match &q {
+            Some(q) => AttentionQuery::Normed(q),
+            None => AttentionQuery::Raw { q: &q0, eps },
+        };
+        // SAFETY: written by the RMSNorm + RoPE below.
+        let mut kv = unsafe { gpu.scratch::<f32>(t * hd) }?;
         gpu.rms_norm_rope(&kv0, Some(&l.kv_norm), &mut kv, t, 1, hd, eps, inv, rope, pos0)?;
         copy_into(gpu, &kv, t * hd, &mut s.kv, pos0 * hd)?;
         if let (Some(cw), Some(cs)) = (&l.compressor, &mut s.comp) {
@@ -826,10 +846,12 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
                 gpu.stage("compressors");
                 compress_chunk(gpu, m, &iw.compressor, is, &a, t, pos0)?;
                 gpu.stage("indexer");
-                let mut iq = gpu.zeros::<f32>(t * iw.heads * iw.head_dim)?;
+                // SAFETY: written by the linear below.
+                let mut iq = unsafe { gpu.scratch::<f32>(t * iw.heads * iw.head_dim) }?;
                 gpu.linear_q(&qr, &iw.wq_b, &mut iq, t)?;
                 gpu.rope(&mut iq, &m.inv_compress, &m.rope_compress, t, iw.heads, iw.head_dim, pos0, false)?;
-                let mut wts = gpu.zeros::<f32>(t * iw.heads)?;
+                // SAFETY: written by the linear below.
+                let mut wts = unsafe { gpu.scratch::<f32>(t * iw.heads) }?;
                 gpu.linear(&a, &iw.weights_proj, &mut wts, t)?;
                 let ishape = IndexerShape { tokens: t, heads: iw.heads, head_dim: iw.head_dim, n_entries: is.n_entries, ratio, pos0 };
                 let offs = topk_offsets(pos0, t, ratio, is.n_entries, c.index_topk)?;
@@ -853,8 +875,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             (Some((offsets, idx, mask)), Some(cs)) => Some(CompressedKeys { entries: &cs.entries, offsets, indices: idx.as_deref(), mask: mask.as_deref() }),
             _ => None,
         };
-        let kernel = AttentionKernel::from_switches(h, hd);
-        let attend = |out: &mut AttentionOut<'_>| gpu.sparse_attention_into(&q, &s.kv, keys.as_ref(), &l.sinks, inv, rope, out, &shape, kernel);
+        let attend = |out: &mut AttentionOut<'_>| gpu.sparse_attention_into(query, &s.kv, keys.as_ref(), &l.sinks, inv, rope, out, &shape, kernel);
         // §4.7 grouped output projection (group g takes heads g·H/G.. of every token) on cuBLASLt
         // takes split bf16 planes of the attention output: the streaming kernel writes them itself
         // (bit for bit gemm_x_bf16's split of its f32 output), saving that conversion pass.
@@ -871,14 +892,18 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             let mut planes = unsafe { gpu.scratch::<u16>(2 * n) }?;
             attend(&mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n })?;
             gpu.stage("projections");
-            let mut z = gpu.zeros::<f32>(t * groups * r)?;
+            // SAFETY: every group's columns of all T rows are written by cuBLASLt or, for the groups it
+            // declines, by grouped_linear_gather below.
+            let mut z = unsafe { gpu.scratch::<f32>(t * groups * r) }?;
             let done = gpu.grouped_linear_lt_planes(&planes, n, h * hd, &l.wo_a, &mut z, t)?;
             (None, z, done)
         } else {
             let mut o = gpu.zeros::<f32>(t * h * hd)?;
             attend(&mut AttentionOut::F32(&mut o))?;
             gpu.stage("projections");
-            let mut z = gpu.zeros::<f32>(t * groups * r)?;
+            // SAFETY: every group's columns of all T rows are written by cuBLASLt or, for the groups it
+            // declines, by grouped_linear_gather below.
+            let mut z = unsafe { gpu.scratch::<f32>(t * groups * r) }?;
             let done = if lt { gpu.grouped_linear_lt(&o, &l.wo_a, &mut z, t)? } else { 0 };
             (Some(o), z, done)
         };
@@ -897,13 +922,15 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             };
             gpu.grouped_linear_gather(&o, &l.wo_a[done..], done, &mut z, t, gin)?;
         }
-        let mut y = gpu.zeros::<f32>(t * d)?;
+        // SAFETY: written by the linear below.
+        let mut y = unsafe { gpu.scratch::<f32>(t * d) }?;
         gpu.linear_q(&z, &l.wo_b, &mut y, t)?;
         gpu.stage("mhc+norms");
         gpu.hc_post(&mut x, &y, &post, &comb, t, n, d)?;
         // MoE sub-block (§4.11).
         gpu.hc_pre(&l.hc_ffn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
-        let mut f = gpu.zeros::<f32>(t * d)?;
+        // SAFETY: written by the RMSNorm below.
+        let mut f = unsafe { gpu.scratch::<f32>(t * d) }?;
         gpu.rms_norm(&u, Some(&l.ffn_norm), &mut f, t, d, eps)?;
         gpu.stage("moe");
         let moe = gpu.moe_forward(c, &l.moe, &f, ids_dev, t)?;

@@ -178,6 +178,24 @@ pub struct AttentionShape {
     pub kv_base: usize,
 }
 
+/// The queries [`Gpu::sparse_attention_into`] reads.
+#[derive(Clone, Copy)]
+pub enum AttentionQuery<'a> {
+    /// `[T, H, c]` f32, already through the per-head RMSNorm and RoPE (spec §4.6, e.g.
+    /// [`Gpu::rms_norm_rope`]).
+    Normed(&'a CudaSlice<f32>),
+    /// `[T, H, c]` f32, the raw `wq_b` output: the streaming kernel applies the per-head unweighted
+    /// RMSNorm (epsilon `eps`, ≥ 0) and the RoPE at each token's position while it stages Q (switch
+    /// `MLA_FUSED_Q_NORM`), computing what [`Gpu::rms_norm_rope`] (`rms_norm_rows_f32`) writes bit for
+    /// bit. The streaming kernel only (`MLA_STREAM_TOPK`, 64 heads of 512).
+    Raw {
+        /// The un-normed queries.
+        q: &'a CudaSlice<f32>,
+        /// The RMSNorm epsilon (the config's `rms_norm_eps`).
+        eps: f32,
+    },
+}
+
 /// Where [`Gpu::sparse_attention_into`] writes the attention output.
 pub enum AttentionOut<'a> {
     /// f32 `[T, H, c]`.
@@ -384,19 +402,21 @@ impl Gpu {
         shape: &AttentionShape,
     ) -> Result<(), CudaError> {
         let kernel = AttentionKernel::from_switches(shape.heads, shape.head_dim);
-        self.sparse_attention_into(q, kv, comp, sinks, inv_freq, rope, &mut AttentionOut::F32(out), shape, kernel)
+        self.sparse_attention_into(AttentionQuery::Normed(q), kv, comp, sinks, inv_freq, rope, &mut AttentionOut::F32(out), shape, kernel)
     }
 
     /// [`Gpu::sparse_attention`] on the kernel the caller picks ([`AttentionKernel::Stream`] and
-    /// [`AttentionKernel::StreamFastExp`] need H = 64 and c = 512) into `out`: f32, or the split
-    /// bf16 planes of the output ([`AttentionOut::SplitPlanes`], streaming kernels only).
+    /// [`AttentionKernel::StreamFastExp`] need H = 64 and c = 512) from normed or raw queries
+    /// ([`AttentionQuery`]) into `out`: f32, or the split bf16 planes of the output
+    /// ([`AttentionOut::SplitPlanes`], streaming kernels only).
     ///
     /// Errors: as [`Gpu::sparse_attention`]; a streaming kernel for another shape; planes shorter
-    /// than `plane + T·H·c`, `plane` below `T·H·c` or not a multiple of 8; planes with the f32 kernel.
+    /// than `plane + T·H·c`, `plane` below `T·H·c` or not a multiple of 8; planes or raw queries
+    /// with the f32 kernel; a negative or non-finite epsilon.
     #[allow(clippy::too_many_arguments)]
     pub fn sparse_attention_into(
         &self,
-        q: &CudaSlice<f32>,
+        query: AttentionQuery<'_>,
         kv: &CudaSlice<f32>,
         comp: Option<&CompressedKeys<'_>>,
         sinks: &CudaSlice<f32>,
@@ -421,6 +441,14 @@ impl Gpu {
         ensure(W, inv_freq.len() >= rope.dim / 2, || format!("inv_freq holds {} values, rope needs {}", inv_freq.len(), rope.dim / 2))?;
         ensure(W, window >= 1, || "window must be ≥ 1".into())?;
         ensure(W, sinks.len() >= heads, || format!("sinks hold {} values for {heads} heads", sinks.len()))?;
+        let (q, q_eps) = match query {
+            AttentionQuery::Normed(q) => (q, -1f32),
+            AttentionQuery::Raw { q, eps } => {
+                ensure(W, kernel != AttentionKernel::Exact, || "raw queries need the streaming kernel (MLA_STREAM_TOPK=on, 64 heads of 512)".into())?;
+                ensure(W, eps.is_finite() && eps >= 0.0, || format!("the q RMSNorm epsilon must be finite and ≥ 0, got {eps}"))?;
+                (q, eps)
+            }
+        };
         let n = tokens * heads * c;
         let out_len = match out {
             AttentionOut::F32(o) => o.len(),
@@ -503,11 +531,12 @@ impl Gpu {
                 Some(p) => b.arg(p),
                 None => b.arg(&null),
             };
-            b.arg(&plane_i);
+            b.arg(&plane_i).arg(&q_eps);
         }
         // SAFETY: the argument list matches the signature the attention kernels share (pointers incl.
         // the optional mask, then nine i32 and one f32; the streaming kernels then the planes pointer,
-        // null for f32 output, and the lo plane's offset as i64); buffer sizes and the window coverage were
+        // null for f32 output, the lo plane's offset as i64 and the q-norm epsilon as f32, negative
+        // for normed queries); buffer sizes and the window coverage were
         // checked above; the streaming kernels get their full dynamic shared memory (they trap on less).
         launched(name, unsafe { b.launch(cfg) }.map(|_| ()))
     }

@@ -470,7 +470,8 @@ impl Gpu {
             return Err(bad(W, format!("gate is [{}, {}], expected [{e}, {d}]", layer.gate.rows, layer.gate.cols)));
         }
         need(W, "f", f.len(), t * d)?;
-        let mut logits = self.zeros::<f32>(t * e)?;
+        // SAFETY: written by the linear below.
+        let mut logits = unsafe { self.scratch::<f32>(t * e) }?;
         self.linear(f, &layer.gate, &mut logits, t)?;
         let mut experts = self.zeros::<i32>(t * k)?;
         let mut weights = self.zeros::<f32>(t * k)?;
@@ -567,10 +568,12 @@ impl Gpu {
     /// Errors: an expert whose shapes do not agree, short buffers, or any launcher error.
     pub(crate) fn shared_expert(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, d: usize, limit: f32, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let sh_inter = layer.shared.w1.rows;
-        let mut sg = self.zeros::<f32>(t * sh_inter)?;
-        let mut su = self.zeros::<f32>(t * sh_inter)?;
-        let mut sh = self.zeros::<f32>(t * sh_inter)?;
-        let mut shared = self.zeros::<f32>(t * d)?;
+        // SAFETY (all four): expert_ffn writes every value of their first t rows (its linears and
+        // SwiGLU), the only ones read.
+        let mut sg = unsafe { self.scratch::<f32>(t * sh_inter) }?;
+        let mut su = unsafe { self.scratch::<f32>(t * sh_inter) }?;
+        let mut sh = unsafe { self.scratch::<f32>(t * sh_inter) }?;
+        let mut shared = unsafe { self.scratch::<f32>(t * d) }?;
         self.expert_ffn(&layer.shared, f, t, limit, &mut sg, &mut su, &mut sh, &mut shared, official, None)?;
         Ok(shared)
     }
@@ -582,7 +585,8 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let shared = self.shared_expert(layer, f, t, d, limit, official)?;
-        let mut out = self.zeros::<f32>(t * d)?;
+        // SAFETY: moe_combine writes all t·d values.
+        let mut out = unsafe { self.scratch::<f32>(t * d) }?;
         let ones;
         let w = if official {
             ones = self.stage_upload(&vec![1f32; (t * k).max(1)])?;

@@ -256,6 +256,10 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
 //   entry points (switch MLA_SPLIT_OUT), the output's split bf16 planes for the grouped output
 //   projection (gemm.cu gemm_x_bf16's split of the same values, element e = (t·64 + h)·512 + col:
 //   hi at planes[e], lo at planes[plane + e]; out unused), saving that conversion's pass.
+//   Last argument q_eps: negative = q holds normed, rotated queries (as sparse_attention_f32);
+//   ≥ 0 (switch MLA_FUSED_Q_NORM) = q is the raw wq_b output and the kernel applies the per-head
+//   unweighted RMSNorm with epsilon q_eps and the RoPE at the token's position while staging Q,
+//   bit for bit what norm.cu rms_norm_rows_f32 writes for them (the separate pass goes).
 // Launch: grid (T), block ATC_THREADS = 256, dynamic shared memory ATC_SMEM bytes (Q hi/lo
 // [64][520] bf16, K hi/lo [32][520], partials 8·32·16 f32, 32 row pointers).
 // sparse_attention_tc_fast_exp (switch MLA_STREAM_FAST_EXP) is the same kernel with __expf (the
@@ -297,7 +301,7 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
                                          const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
                                          const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
                                          int H, int c, int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries,
-                                         float scale, u16* __restrict__ planes, long long plane) {
+                                         float scale, u16* __restrict__ planes, long long plane, float q_eps) {
     extern __shared__ __align__(16) u8 atc_sh[];
     __shared__ int att_cursor;
     {
@@ -322,7 +326,41 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
 
     // Q of this token → split bf16 planes (loads in batches of ATC_LB per thread, so their latencies
     // overlap instead of adding up).
-    {
+    if (q_eps >= 0.f) {
+        // MLA_FUSED_Q_NORM: q is the raw wq_b output. Warp w takes heads w, w + 8, …, two at a time,
+        // and computes rms_norm_rows_f32's bits for each: lane ℓ's float4s ℓ, ℓ + 32, ℓ + 64, ℓ + 96
+        // squared in that order (fs_sq4; that kernel's zero float4s past the row add +0), the same
+        // butterfly, x·r, then fs_rope_pair on the trailing rope_dim channels at this token's
+        // position — then the same split into Qs as below.
+        const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
+        const int rs = ATC_C - rope_dim;
+        const float fpos = (float)pos;
+#pragma unroll 1
+        for (int hb = warp; hb < ATC_H; hb += 16) {
+            float4 v[2][4];
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) v[u][k] = q4[(hb + 8 * u) * (ATC_C / 4) + lane + 32 * k];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                float ss = 0.f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) ss += fs_sq4(v[u][k]);
+                ss = fs_warp_sum(ss);
+                const float r = rsqrtf(ss / (float)c + q_eps);
+                const int row = hb + 8 * u;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int e = 4 * (lane + 32 * k);
+                    float4 o = make_float4(v[u][k].x * r, v[u][k].y * r, v[u][k].z * r, v[u][k].w * r);
+                    if (e >= rs) fs_rope_pair(o.x, o.y, fpos * inv_freq[(e - rs) >> 1], 1.f);
+                    if (e + 2 >= rs) fs_rope_pair(o.z, o.w, fpos * inv_freq[(e + 2 - rs) >> 1], 1.f);
+                    atc_split4(o, Qs + row * ATC_PITCH + e, Qs + ATC_QPLANE + row * ATC_PITCH + e);
+                }
+            }
+        }
+    } else {
         const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
 #pragma unroll 1
         for (int b = 0; b < ATC_H * ATC_C / 4 / ATC_THREADS; b += ATC_LB) {
@@ -532,8 +570,9 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
     const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,                  \
         const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,      \
         const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out, int H, int c, \
-        int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries, float scale, u16* __restrict__ planes, long long plane
-#define ATC_PASS q, kv, entries, comp_off, comp_idx, comp_mask, sinks, inv_freq, out, H, c, rope_dim, pos0, window, kv_base, kv_rows, n_entries, scale, planes, plane
+        int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries, float scale, u16* __restrict__ planes, long long plane, \
+        float q_eps
+#define ATC_PASS q, kv, entries, comp_off, comp_idx, comp_mask, sinks, inv_freq, out, H, c, rope_dim, pos0, window, kv_base, kv_rows, n_entries, scale, planes, plane, q_eps
 
 extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc(ATC_ARGS) { atc_body<false, false>(ATC_PASS); }
 // MLA_STREAM_FAST_EXP: the same kernel with __expf in the online softmax.

@@ -51,6 +51,10 @@ __device__ __forceinline__ void fs_rope_pair(float& a, float& b, float ang, floa
     b = b0 * c + a0 * s;
 }
 
+// The squares of a float4 summed pairwise, (x² + y²) + (z² + w²): rms_norm_rows_f32's per-float4
+// term, shared with the attention kernel's fused q norm (MLA_FUSED_Q_NORM) so both sum alike.
+__device__ __forceinline__ float fs_sq4(float4 v) { return (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w); }
+
 __device__ __forceinline__ float fs_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

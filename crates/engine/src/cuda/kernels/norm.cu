@@ -51,7 +51,7 @@ rms_norm_rows_f32(const float* __restrict__ x, const float* __restrict__ w, floa
     for (int k = 0; k < RN_V; k++) {
         const int c = lane + 32 * k;
         v[k] = c < n4 ? xr[c] : make_float4(0.f, 0.f, 0.f, 0.f);
-        s += (v[k].x * v[k].x + v[k].y * v[k].y) + (v[k].z * v[k].z + v[k].w * v[k].w);
+        s += fs_sq4(v[k]);
     }
     s = fs_warp_sum(s);
     const float r = rsqrtf(s / (float)n + eps);
