@@ -330,11 +330,18 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
         // MLA_FUSED_Q_NORM: q is the raw wq_b output. Warp w takes heads w, w + 8, …, two at a time,
         // and computes rms_norm_rows_f32's bits for each: lane ℓ's float4s ℓ, ℓ + 32, ℓ + 64, ℓ + 96
         // squared in that order (fs_sq4; that kernel's zero float4s past the row add +0), the same
-        // butterfly, x·r, then fs_rope_pair on the trailing rope_dim channels at this token's
-        // position — then the same split into Qs as below.
+        // butterfly, x·r, then fs_rope_pair's rotation of the trailing rope_dim channels at this
+        // token's position — then the same split into Qs as below. The token's rope_dim / 2
+        // (cos, sin) pairs are computed once (the same cosf / sinf of the same f32 angle) into the
+        // K tiles' shared memory, unused until the first tile.
         const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
         const int rs = ATC_C - rope_dim;
-        const float fpos = (float)pos;
+        float2* cs = reinterpret_cast<float2*>(Ks);
+        for (int i = tid; i < rope_dim / 2; i += ATC_THREADS) {
+            const float ang = (float)pos * inv_freq[i];
+            cs[i] = make_float2(cosf(ang), sinf(ang));
+        }
+        __syncthreads();
 #pragma unroll 1
         for (int hb = warp; hb < ATC_H; hb += 16) {
             float4 v[2][4];
@@ -354,8 +361,14 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
                 for (int k = 0; k < 4; k++) {
                     const int e = 4 * (lane + 32 * k);
                     float4 o = make_float4(v[u][k].x * r, v[u][k].y * r, v[u][k].z * r, v[u][k].w * r);
-                    if (e >= rs) fs_rope_pair(o.x, o.y, fpos * inv_freq[(e - rs) >> 1], 1.f);
-                    if (e + 2 >= rs) fs_rope_pair(o.z, o.w, fpos * inv_freq[(e + 2 - rs) >> 1], 1.f);
+                    if (e >= rs) {
+                        const float2 r0 = cs[(e - rs) >> 1];
+                        fs_rope_rot(o.x, o.y, r0.x, r0.y);
+                    }
+                    if (e + 2 >= rs) {
+                        const float2 r1 = cs[(e + 2 - rs) >> 1];
+                        fs_rope_rot(o.z, o.w, r1.x, r1.y);
+                    }
                     atc_split4(o, Qs + row * ATC_PITCH + e, Qs + ATC_QPLANE + row * ATC_PITCH + e);
                 }
             }
