@@ -15,6 +15,12 @@
 #   ... bash scripts/h200_ncu.sh stalls
 #       stall_KERNEL.txt: warp stall reasons (cycles per issued instruction, by reason) of the FP8
 #       and the split gate/up GEMMs at T = 8,192 (launch counts as in the digest above)
+#   ... bash scripts/h200_ncu.sh stalls-prefill [CONTEXT]
+#       prefill_stall_KERNEL.txt: the same sections (plus speed of light and source counters) for the
+#       first launch, in one `gpu-bench --layers 4` prefill of CONTEXT (8,192) tokens, of each of
+#       the default prefill's heaviest kernels: the warp-specialised gate/up GEMMs of both numerics
+#       (moe_wbs_fp4_128_x2_swiglu exact, moe_ws_fp4_128_swiglu with TC_LINEAR=fp8) and the
+#       streaming attention with split-plane output
 set -euo pipefail
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}
@@ -46,5 +52,14 @@ case "${1:-}" in
            --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio'
          grep -E "^ *Stall " "$OUT/stall_$1.txt" | awk '{print $NF "\t" $0}' | sort -rn | cut -f2 | head -8
        done ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_ncu.sh all [T] | one KERNEL SKIP [T] | bench LAYERS CONTEXT [NAME-REGEX] | stalls" >&2; exit 2 ;;
+  stalls-prefill) c=${2:-8192}
+       for k in "moe_wbs_fp4_128_x2_swiglu split" "moe_ws_fp4_128_swiglu fp8" "sparse_attention_tc_split split"; do
+         set -- $k
+         FLASHSEEK_TC_LINEAR=$2 timeout 240 "$NCU" --clock-control none --kernel-name "$1" --launch-skip 0 --launch-count 1 \
+           --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section SourceCounters --print-details all \
+           --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio' \
+           "$B" gpu-bench --layers 4 --contexts "$c" --prefill-repeats 1 --decode-steps 1 > "$OUT/prefill_stall_$1.txt" 2>&1 || echo "ncu $1: exit $?"
+         grep -E "^ *Stall " "$OUT/prefill_stall_$1.txt" | awk '{print $NF "\t" $0}' | sort -rn | cut -f2 | head -8
+       done ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_ncu.sh all [T] | one KERNEL SKIP [T] | bench LAYERS CONTEXT [NAME-REGEX] | stalls | stalls-prefill [CONTEXT]" >&2; exit 2 ;;
 esac
