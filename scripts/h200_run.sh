@@ -4,6 +4,7 @@
 #
 #   FLASHSEEK_COMMIT=$(git rev-parse HEAD) cargo build --release
 #   mkdir -p .devbin && cp target/release/flashseek .devbin/ && strip .devbin/flashseek
+#   # .devbin/ is git-ignored: name it in the device call's carry list
 #   # device: bash scripts/h200_run.sh STEP   (outputs under $OUT)
 #
 # Steps (H200 wall times of 2026-11-30; a fresh machine first compiles every kernel, 25 s with the
