@@ -350,11 +350,9 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                     let outside = planes[n..n + gap].iter().chain(&planes[2 * n + gap..]).filter(|&&v| v != 0x7fc1).count();
                     let differing = hi + lo + outside;
                     all &= record_exact(out, &format!("sparse_attention split planes {kernel:?} {keys_kind:?}"), detail.clone(), differing, 2 * n + 2 * gap, json!("bits vs gemm_x_bf16's split of the f32 output (hi and lo planes), sentinels in the 64-value gaps around the lo plane"));
-                }
-                if kernel != AttentionKernel::Exact {
+
                     // MLA_FUSED_Q_NORM: the kernel normalising and rotating raw queries itself must
                     // give the bits of rms_norm_rope's output fed to it, f32 and split-plane output.
-                    let n = tokens * H * C;
                     let f32_from = |query: AttentionQuery<'_>| -> Result<Vec<f32>, CudaError> {
                         let mut dout = gpu.upload(&vec![f32::NAN; n])?;
                         run_query_to(query, kernel, false, &mut AttentionOut::F32(&mut dout))?;

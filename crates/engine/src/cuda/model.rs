@@ -886,26 +886,23 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             && matches!(super::gpu::tc_linear_mode(), super::gpu::TcMode::Split | super::gpu::TcMode::Fp8)
             && crate::switches::on("LINEAR_CUBLASLT");
         let planes_out = lt && crate::switches::on("MLA_SPLIT_OUT") && kernel != AttentionKernel::Exact && gpu.lt_available();
-        let (mut o, mut z, done) = if planes_out {
+        // SAFETY: every group's columns of all T rows are written by cuBLASLt or, for the groups it
+        // declines, by grouped_linear_gather below.
+        let mut z = unsafe { gpu.scratch::<f32>(t * groups * r) }?;
+        let (mut o, done) = if planes_out {
             let n = t * h * hd;
             // SAFETY: the streaming kernel writes both planes' T·H·c values (the only ones read).
             let mut planes = unsafe { gpu.scratch::<u16>(2 * n) }?;
             attend(&mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n })?;
             gpu.stage("projections");
-            // SAFETY: every group's columns of all T rows are written by cuBLASLt or, for the groups it
-            // declines, by grouped_linear_gather below.
-            let mut z = unsafe { gpu.scratch::<f32>(t * groups * r) }?;
             let done = gpu.grouped_linear_lt_planes(&planes, n, h * hd, &l.wo_a, &mut z, t)?;
-            (None, z, done)
+            (None, done)
         } else {
             let mut o = gpu.zeros::<f32>(t * h * hd)?;
             attend(&mut AttentionOut::F32(&mut o))?;
             gpu.stage("projections");
-            // SAFETY: every group's columns of all T rows are written by cuBLASLt or, for the groups it
-            // declines, by grouped_linear_gather below.
-            let mut z = unsafe { gpu.scratch::<f32>(t * groups * r) }?;
             let done = if lt { gpu.grouped_linear_lt(&o, &l.wo_a, &mut z, t)? } else { 0 };
-            (Some(o), z, done)
+            (Some(o), done)
         };
         if done < groups {
             // cuBLASLt declined a group: the rest on gemm.cu from the f32 output (recomputed when

@@ -225,10 +225,7 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
                 int d = 4 * ci + 2 * pr;  // pair (d, d+1)
                 if (d >= r0) {
                     float ang = fpos * inv_freq[(d - r0) >> 1];
-                    float cs = cosf(ang), sn = -sinf(ang);
-                    float a = v[2 * pr], b = v[2 * pr + 1];
-                    v[2 * pr] = a * cs - b * sn;
-                    v[2 * pr + 1] = b * cs + a * sn;
+                    fs_rope_rot(v[2 * pr], v[2 * pr + 1], cosf(ang), -sinf(ang));
                 }
             }
             o4[ci] = make_float4(v[0], v[1], v[2], v[3]);
@@ -326,6 +323,7 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
 
     // Q of this token → split bf16 planes (loads in batches of ATC_LB per thread, so their latencies
     // overlap instead of adding up).
+    const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
     if (q_eps >= 0.f) {
         // MLA_FUSED_Q_NORM: q is the raw wq_b output. Warp w takes heads w, w + 8, …, two at a time,
         // and computes rms_norm_rows_f32's bits for each: lane ℓ's float4s ℓ, ℓ + 32, ℓ + 64, ℓ + 96
@@ -334,7 +332,6 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
         // token's position — then the same split into Qs as below. The token's rope_dim / 2
         // (cos, sin) pairs are computed once (the same cosf / sinf of the same f32 angle) into the
         // K tiles' shared memory, unused until the first tile.
-        const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
         const int rs = ATC_C - rope_dim;
         float2* cs = reinterpret_cast<float2*>(Ks);
         for (int i = tid; i < rope_dim / 2; i += ATC_THREADS) {
@@ -374,7 +371,6 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
             }
         }
     } else {
-        const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
 #pragma unroll 1
         for (int b = 0; b < ATC_H * ATC_C / 4 / ATC_THREADS; b += ATC_LB) {
             float4 v[ATC_LB];
@@ -549,11 +545,7 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float a = o[j][2 * r] * inv[r], b = o[j][2 * r + 1] * inv[r];
-            if (rot) {
-                const float a2 = a * cs - b * sn, b2 = b * cs + a * sn;
-                a = a2;
-                b = b2;
-            }
+            if (rot) fs_rope_rot(a, b, cs, sn);
             if (!SPLIT_OUT) {
                 *reinterpret_cast<float2*>(out + ((size_t)t * ATC_H + h0 + 8 * r) * ATC_C + col) = make_float2(a, b);
             } else {

@@ -42,15 +42,16 @@ __device__ __forceinline__ float fs_swiglu(float g, float u, float limit) {
     return (gv * sg) * uc;
 }
 
-// One interleaved RoPE pair (spec §3.2): (a, b) rotated by angle ang, the sine times sign (−1: the
-// inverse); the expression rope_f32 and rms_norm_rows_f32 share so that they round alike.
-// The rotation of one RoPE pair by an angle with cosine c and (signed) sine s.
+// The rotation of one interleaved RoPE pair (a, b) by an angle with cosine c and (signed) sine s:
+// the expression every RoPE in the kernels shares so that they round alike.
 __device__ __forceinline__ void fs_rope_rot(float& a, float& b, float c, float s) {
     const float a0 = a, b0 = b;
     a = a0 * c - b0 * s;
     b = b0 * c + a0 * s;
 }
 
+// One interleaved RoPE pair (spec §3.2): (a, b) rotated by angle ang, the sine times sign (−1: the
+// inverse); rope_f32 and rms_norm_rows_f32 use it.
 __device__ __forceinline__ void fs_rope_pair(float& a, float& b, float ang, float sign) {
     fs_rope_rot(a, b, cosf(ang), sign * sinf(ang));
 }
