@@ -19,7 +19,7 @@
 #       prefill_stall_KERNEL.txt: the same sections (plus speed of light and source counters) for the
 #       first launch, in one `gpu-bench --layers 4` prefill of CONTEXT (8,192) tokens, of each of
 #       the default prefill's heaviest kernels: the warp-specialised gate/up GEMMs of both numerics
-#       (moe_wbs_fp4_128_x2_swiglu exact, moe_ws_fp4_128_swiglu with TC_LINEAR=fp8) and the
+#       (moe_wbs_fp4_128_x2_swiglu exact, moe_wt_fp4_256_swiglu with TC_LINEAR=fp8) and the
 #       streaming attention with split-plane output
 set -euo pipefail
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
@@ -53,7 +53,7 @@ case "${1:-}" in
          grep -E "^ *Stall " "$OUT/stall_$1.txt" | awk '{print $NF "\t" $0}' | sort -rn | cut -f2 | head -8
        done ;;
   stalls-prefill) c=${2:-8192}
-       for k in "moe_wbs_fp4_128_x2_swiglu split" "moe_ws_fp4_128_swiglu fp8" "sparse_attention_tc_split split"; do
+       for k in "moe_wbs_fp4_128_x2_swiglu split" "moe_wt_fp4_256_swiglu fp8" "sparse_attention_tc_split split"; do
          set -- $k
          FLASHSEEK_TC_LINEAR=$2 timeout 240 "$NCU" --clock-control none --kernel-name "$1" --launch-skip 0 --launch-count 1 \
            --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section SourceCounters --print-details all \

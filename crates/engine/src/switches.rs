@@ -91,6 +91,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only moe`) `moe_q8 <fmt> MOE_FP8_WS=off bits` (bitwise equal to moe_w8 on the parity layer, both formats; the other `moe_q8 …` records run on it by default: against the CPU in official numerics and bit for bit against all on) and `moe_q8 flash T=… MOE_FP8_WS=off bits` (Flash shapes with 128-row tiles forced, so that moe_ws runs at every listed token count); qualify (`MOE_FP8_WS=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8); the switch matrix row checks only the plumbing (its 200-token prefill takes 64-row tiles)",
     },
     Switch {
+        name: "MOE_FP8_WT",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the grouped FP8 MoE's 128-row tiles (moe_ws_fp4_128_*) for FP4 experts under TC_LINEAR=fp8 when experts hold >= 128 routed pairs on average (a Flash prefill chunk of 8,192 tokens: 192): 256-row tiles (moe_wt_fp4_256_*: one producer warpgroup converts each weight tile once per 256 token rows instead of once per 128 and copies the activations, stored pre-swizzled in 64-row blocks by the gather and the activation quantizer, with one cp.async.bulk per 64-row sub-tile; two multiply warpgroups run moe_ws's MMAs and promotion per sub-tile and skip sub-tiles of padding rows alone; so the same bits)",
+        parity: "gpu-check (`--only moe`) `moe_q8 fp4 MOE_FP8_WT=off bits` (bitwise equal to moe_ws on the parity layer; the other `moe_q8 fp4 …` records of 1,000 tokens run on it by default: against the CPU in official numerics and bit for bit against all on, which includes the forced 128-row tile) and `moe_q8 flash T=… MOE_FP8_WT=off bits` (Flash shapes with 256-row tiles forced against 128-row tiles, so that moe_wt runs at every listed token count); qualify (`MOE_FP8_WT=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8); the switch matrix row checks only the plumbing (its 200-token prefill has fewer than 128 pairs per expert)",
+    },
+    Switch {
         name: "MOE_BF16_WS",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -424,6 +431,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MOE_PERSISTENT", &[("MOE_GROUPED", &["on"])]),
     ("FP8_WGMMA", &[("TC_LINEAR", &["fp8"])]),
     ("MOE_FP8_WS", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
+    ("MOE_FP8_WT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     // Under TC_LINEAR=off the grouped MoE still runs split activations (ops_mhc.rs moe_forward).
     ("MOE_BF16_WS", &[("TC_LINEAR", &["split", "off"]), ("BF16_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
@@ -583,6 +591,8 @@ pub fn configurations() -> Vec<Configuration> {
     // The warp-specialised grouped FP8 MoE runs the same MMAs and promotion as moe_w8: the same bits
     // as the official all-on run above.
     v.push(c("MOE_FP8_WS=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WS", "off")], Role::AloneOff, false, true, false));
+    // The 256-row tiles run moe_ws's MMAs and promotion per 64-row sub-tile: the same bits again.
+    v.push(c("MOE_FP8_WT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WT", "off")], Role::AloneOff, false, true, false));
     v
 }
 

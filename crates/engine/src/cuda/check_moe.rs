@@ -35,13 +35,16 @@
 //!   path under `TC_LINEAR=fp8`), `moe_q8 <fmt> masked` (γ = 0 → the official shared expert alone).
 //! - `moe_q8 <fmt> MOE_FP8_WS=off bits`: the 128-row-tile kernels without warp specialisation
 //!   (`moe_w8`) give the all-on (`moe_ws`) bits.
+//! - `moe_q8 fp4 MOE_FP8_WT=off bits`: the 128-row tiles (`moe_ws`) give the all-on bits of the
+//!   256-row tiles (`moe_wt`; `moe_wt_ran` must be true: 375 pairs per expert on average).
 //!
 //! Timings (`timings`): one MoE layer at Flash shapes (256 FP4 experts of [2048, 4096], FP8 shared
 //! expert, top-6, random routing) for several token counts: per-expert path vs grouped with each
 //! switch off alone (and `BF16_WGMMA=off`: the mma.sync kernels), CUDA events, median after
-//! warm-up, with TFLOP/s of the routed experts. With them two checks per token count,
+//! warm-up, with TFLOP/s of the routed experts. With them three checks per token count,
 //! `moe_q8 flash T=… MOE_FP8_WS=off bits` (`moe_ws` against `moe_w8`) and `moe_grouped flash T=…
-//! MOE_BF16_WS=off bits` (`moe_wbs` against `moe_wb`), 128-row tiles forced: rows with `"pass"`,
+//! MOE_BF16_WS=off bits` (`moe_wbs` against `moe_wb`), 128-row tiles forced, and `moe_q8 flash T=…
+//! MOE_FP8_WT=off bits` (`moe_wt` with 256-row tiles forced against `moe_ws`): rows with `"pass"`,
 //! folded into gpu-check's verdict by [`timing_checks_pass`].
 
 use super::check::{differing_bits, errors, flag_record, median_ms, random, record, switch_scope, weight, SPLIT_NMSE_TOL};
@@ -438,6 +441,14 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
             let ws_off = switch_scope(&[("MOE_FP8_WS", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
             let differ = differing_bits(f0, &gpu.download(&ws_off)?);
             all &= flag_record(out, &format!("moe_q8 {fmt} MOE_FP8_WS=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on"}), differ == 0);
+            // The 256-row tiles (MOE_FP8_WT, FP4 only; the all-on records above ran on them, the
+            // forced 128-row tile on moe_ws) against moe_ws: the same MMAs per 64-row sub-tile.
+            if fmt == "fp4" {
+                let ran = gpu.moe_wt_runs(fmt, t * k, e, MoeOptions::ALL_ON);
+                let wt_off = switch_scope(&[("MOE_FP8_WT", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
+                let differ = differing_bits(f0, &gpu.download(&wt_off)?);
+                all &= flag_record(out, &format!("moe_q8 {fmt} MOE_FP8_WT=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on", "moe_wt_ran": ran}), differ == 0 && ran);
+            }
         }
         let masked = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, &dzero, MoeOptions::ALL_ON)?)?;
         let shared = gpu.download(&*gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, true)?)?;
@@ -519,6 +530,11 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         }
         let ms = switch_scope(&[("MOE_FP8_WS", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 wgmma ws off", ms);
+        let ms = switch_scope(&[("MOE_FP8_WT", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
+        record_time("grouped fp8 wgmma wt off", ms);
+        let t256 = MoeOptions { force_tile_rows: Some(256), ..on };
+        let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t256).map(|_| ()))?;
+        record_time("grouped fp8 wgmma tile 256", ms);
         let ms = switch_scope(&[("FP8_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 mma.sync all on", ms);
         // Flash shapes (K = 4,096: 32 K steps per unit, many units per block) bit for bit: the
@@ -530,15 +546,26 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         type Run<'a> = &'a dyn Fn() -> Result<super::graph::DevBuf<f32>, CudaError>;
         let q8: Run = &|| gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t128);
         let split: Run = &|| gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, t128);
-        for (op, switch, run, ran) in [("moe_q8", "MOE_FP8_WS", q8, None), ("moe_grouped", "MOE_BF16_WS", split, Some(wbs_runs(gpu, d, inter, t * k, e, t128)))] {
+        // And the 256-row tiles (moe_wt, forced) against moe_ws's 128-row ones (the same forcing
+        // with MOE_FP8_WT off gives 128).
+        let q8_256: Run = &|| gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t256);
+        type Ran<'a> = Option<(&'a str, bool)>;
+        let runs: [(&str, &str, Run, &str, Ran); 3] = [
+            ("moe_q8", "MOE_FP8_WS", q8, "all on, both with 128-row tiles", None),
+            ("moe_grouped", "MOE_BF16_WS", split, "all on, both with 128-row tiles", Some(("moe_wbs_ran", wbs_runs(gpu, d, inter, t * k, e, t128)))),
+            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", gpu.moe_wt_runs("fp4", t * k, e, t256)))),
+        ];
+        for (op, switch, run, vs, ran) in runs {
             let ws = gpu.download(&*run()?)?;
             let plain = switch_scope(&[(switch, "off")], run)?;
             let differ = differing_bits(&ws, &gpu.download(&*plain)?);
-            let mut detail = json!({"differing_values": differ, "of": ws.len(), "vs": "all on, both with 128-row tiles", "finite": ws.iter().all(|v| v.is_finite())});
-            if let Some(ran) = ran {
-                detail["moe_wbs_ran"] = json!(ran);
+            let mut detail = json!({"differing_values": differ, "of": ws.len(), "vs": vs, "finite": ws.iter().all(|v| v.is_finite())});
+            if let Some((key, ran)) = ran {
+                detail[key] = json!(ran);
             }
-            flag_record(&mut rows, &format!("{op} flash T={t} {switch}=off bits"), detail, differ == 0);
+            // moe_wt must have run for its record to say anything (moe_wbs's says whether it ran).
+            let ran_needed = ran.is_none_or(|(key, r)| key != "moe_wt_ran" || r);
+            flag_record(&mut rows, &format!("{op} flash T={t} {switch}=off bits"), detail, differ == 0 && ran_needed);
         }
     }
     Ok(rows)

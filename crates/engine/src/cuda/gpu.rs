@@ -85,6 +85,10 @@ pub struct Gpu {
     /// `setmaxnreg` split assumes ([`super::ops_q8::WS_REGS`]); otherwise `MOE_FP8_WS` falls back to
     /// `moe_w8` (said once at [`Gpu::open`]).
     pub(crate) moe_ws_ok: bool,
+    /// Whether the `moe_wt_*` kernels were compiled to the registers per thread their `setmaxnreg`
+    /// split assumes ([`super::ops_q8::WT_REGS`]); otherwise `MOE_FP8_WT` falls back to 128-row
+    /// tiles (said at start).
+    pub(crate) moe_wt_ok: bool,
 }
 
 /// Seconds from event `a` to event `b` (both recorded on one stream; waits for `b`).
@@ -553,7 +557,8 @@ impl Gpu {
         // moe_ws_*: 512 threads at WS_REGS registers each, split by setmaxnreg into 40 (producers)
         // and 216 (multiply warpgroups); with any other count the increase could wait forever.
         let mut moe_ws_ok = true;
-        for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_q8_") || n.contains("_w8_") || n.contains("_ws_")) {
+        let mut moe_wt_ok = true;
+        for name in super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().filter(|n| n.contains("_q8_") || n.contains("_w8_") || n.contains("_ws_") || n.contains("_wt_")) {
             let bytes = super::ops_q8::smem_of(name) as i32;
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
@@ -564,10 +569,18 @@ impl Gpu {
                     moe_ws_ok = false;
                 }
             }
+            // moe_wt_*: 384 threads at WT_REGS, split into 56 (producer) and 224 (multiply).
+            if name.starts_with("moe_wt_") && moe_wt_ok {
+                let regs = drv(&format!("registers of {name}"), functions[name].num_regs())?;
+                if regs != super::ops_q8::WT_REGS {
+                    eprintln!("MOE_FP8_WT: {name} compiled to {regs} registers per thread, not the {} its setmaxnreg split assumes; the grouped FP8 MoE keeps 128-row tiles", super::ops_q8::WT_REGS);
+                    moe_wt_ok = false;
+                }
+            }
         }
         let graph = super::graph::GraphState::new(ctx.clone());
         let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
-        Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph, moe_ws_ok })
+        Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph, moe_ws_ok, moe_wt_ok })
     }
 
     /// Records a timing event (`CU_EVENT_DEFAULT`) on the stream.

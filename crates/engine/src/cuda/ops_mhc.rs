@@ -395,14 +395,22 @@ impl Gpu {
 
     /// `out[t] = Σ_slot γ[t, slot]·slot_out[t, slot] (slot order) + shared[t]` for `t` tokens of width
     /// `d`: `slot_out` `[t, k, d]` holds the unscaled routed outputs `W2·h`, `weights` `[t, k]` the γ
-    /// (applied here, after W2, as in exact mode), `shared` `[t, d]` the shared expert (optional).
+    /// (applied here, after W2, as in exact mode; `None`: γ = 1, for the official order where γ came
+    /// before W2), `shared` `[t, d]` the shared expert (optional). With `experts` = (`[t, k]` expert
+    /// ids, E), slots whose expert lies outside 0..E count as zeros and are not read (the grouped
+    /// paths never write them).
     ///
     /// Errors: a buffer too short.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine(&self, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, shared: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>, t: usize, k: usize, d: usize) -> Result<(), CudaError> {
+    pub fn moe_combine(&self, slot_out: &CudaSlice<f32>, weights: Option<&CudaSlice<f32>>, experts: Option<(&CudaSlice<i32>, usize)>, shared: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>, t: usize, k: usize, d: usize) -> Result<(), CudaError> {
         const W: &str = "moe_combine";
         need(W, "slot_out", slot_out.len(), t * k * d)?;
-        need(W, "weights", weights.len(), t * k)?;
+        if let Some(w) = weights {
+            need(W, "weights", w.len(), t * k)?;
+        }
+        if let Some((x, _)) = experts {
+            need(W, "experts", x.len(), t * k)?;
+        }
         if let Some(s) = shared {
             need(W, "shared", s.len(), t * d)?;
         }
@@ -412,14 +420,23 @@ impl Gpu {
         }
         let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (k_i, d_i) = (int(W, "k", k)?, int(W, "d", d)?);
+        let e_i = int(W, "experts", experts.map_or(0, |(_, e)| e))?;
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f("moe_combine_f32"));
-        b.arg(slot_out).arg(weights);
+        b.arg(slot_out);
+        match weights {
+            Some(w) => b.arg(w),
+            None => b.arg(&null),
+        };
+        match experts {
+            Some((x, _)) => b.arg(x),
+            None => b.arg(&null),
+        };
         match shared {
             Some(s) => b.arg(s),
             None => b.arg(&null),
         };
-        b.arg(out).arg(&k_i).arg(&d_i);
+        b.arg(out).arg(&k_i).arg(&d_i).arg(&e_i);
         // SAFETY: matches moe_combine_f32's signature; buffers checked above.
         drv("moe_combine_f32", unsafe { b.launch(cfg) }).map(|_| ())
     }
@@ -559,7 +576,7 @@ impl Gpu {
             self.expert_ffn(&layer.experts[x], &xs, m, limit, &mut g, &mut u, &mut h, &mut y, official, official.then_some((&dst, weights)))?;
             self.scatter_rows(&y, &dst, &mut slot_out, t * k, d)?;
         }
-        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, official)
+        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, None, official)
     }
 
     /// The shared expert of `layer` over the first `t` rows of `f` (`[t, d]`; SwiGLU limit `limit`),
@@ -581,20 +598,15 @@ impl Gpu {
     /// The end of every MoE path: the shared expert over all `t` tokens, then [`Gpu::moe_combine`]
     /// of the routed outputs `slot_out` (`[t·k, d]`) with γ = `weights` (`[t, k]`); with `official`
     /// (DeepSeek's numerics, γ already applied before W2) the shared expert's inputs are
-    /// FP8-quantized and γ = 1 here. Returns the MoE output `[t, d]`.
+    /// FP8-quantized and γ = 1 here. `experts` (ids `[t, k]`, E): the grouped paths' routing, whose
+    /// slots of ids outside 0..E they leave unwritten (`slot_out` need not be zero-filled). Returns
+    /// the MoE output `[t, d]`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, official: bool) -> Result<DevBuf<f32>, CudaError> {
+    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, experts: Option<(&CudaSlice<i32>, usize)>, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let shared = self.shared_expert(layer, f, t, d, limit, official)?;
         // SAFETY: moe_combine writes all t·d values.
         let mut out = unsafe { self.scratch::<f32>(t * d) }?;
-        let ones;
-        let w = if official {
-            ones = self.stage_upload(&vec![1f32; (t * k).max(1)])?;
-            &ones
-        } else {
-            weights
-        };
-        self.moe_combine(slot_out, w, Some(&shared), &mut out, t, k, d)?;
+        self.moe_combine(slot_out, (!official).then_some(weights), experts, Some(&shared), &mut out, t, k, d)?;
         Ok(out)
     }
 

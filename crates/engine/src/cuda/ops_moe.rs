@@ -108,7 +108,8 @@ pub struct MoeOptions {
     pub adaptive_tiles: bool,
     /// `MOE_PERSISTENT`: persistent grid over the tile queue.
     pub persistent: bool,
-    /// Forces the tile height (64 or 128; checks use it to cover both tiles on one routing).
+    /// Forces the tile height (64 or 128; checks use it to cover both tiles on one routing; 256
+    /// where the FP8 path can take `moe_wt`'s 256-row tiles, [`super::ops_q8::wt_tiles`], else 128).
     pub force_tile_rows: Option<usize>,
     /// Caps the grid at this many blocks (checks use it so that every block walks several work
     /// units; the result is the same bits for any grid).
@@ -247,6 +248,13 @@ impl Gpu {
         Ok(layer.tables.get().and_then(Option::as_ref))
     }
 
+    /// Whether [`Gpu::moe_experts_grouped_q8`] runs `tk` routed pairs over `e` experts of weight
+    /// format `format` on the 256-row `moe_wt` kernels with `opts` ([`super::ops_q8::wt_tiles`] on
+    /// this device).
+    pub(crate) fn moe_wt_runs(&self, format: &str, tk: usize, e: usize, opts: MoeOptions) -> bool {
+        super::ops_q8::wt_tiles(format, super::ops_q8::families_for(&self.arch).1, self.moe_wt_ok, opts.force_tile_rows, opts.adaptive_tiles, tk, e)
+    }
+
     /// Count, plan and fill: groups the `tk` pairs of `experts` (device, `[tk]`) by expert.
     fn moe_group(&self, experts: &CudaSlice<i32>, tk: usize, k: usize, e: usize, bm: usize) -> Result<Grouping, CudaError> {
         let active = e.min(tk);
@@ -304,6 +312,8 @@ impl Gpu {
     fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, bn: usize, smem: usize, opts: MoeOptions) -> Result<LaunchConfig, CudaError> {
         let threads = if fname.starts_with("moe_ws_") {
             super::ops_q8::WS_THREADS
+        } else if fname.starts_with("moe_wt_") {
+            super::ops_q8::WT_THREADS
         } else if fname.starts_with("moe_wbs_") {
             WBS_THREADS
         } else if g.bm == 128 {
@@ -430,17 +440,20 @@ impl Gpu {
             drv("gemm_x_bf16", unsafe { b.launch(cfg) })?;
         }
         // Down projection, rows scattered to their (token, slot).
-        let mut slot_out = self.zeros::<f32>(tk * d)?;
+        // SAFETY: the scatter writes every (token, slot) row whose expert is in 0..E; the combine
+        // reads no other (it is given the expert ids).
+        let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
         self.moe_gemm(&g, tables, "scatter", split, opts, &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
         // Shared expert over all tokens, then the combine.
-        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, false)
+        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, Some((experts, e)), false)
     }
 
     /// Launches one grouped FP8-activation GEMM `moe_<q8|w8|ws>_<fmt>_<bm>_<epi>` (gemm_q8.cu; the
     /// family from [`super::ops_q8::families_for`] and [`super::ops_q8::moe_family_for`]).
     #[allow(clippy::too_many_arguments)]
     fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
-        let family = super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok);
+        // 256-row tiles exist only as moe_wt (FP4; chosen by ops_q8::wt_tiles).
+        let family = if g.bm == 256 { "moe_wt" } else { super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok) };
         let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
         let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
@@ -467,7 +480,8 @@ impl Gpu {
         }
         b.arg(&ldh).arg(&g.row_dst).arg(gamma).arg(&n_i).arg(&k_i).arg(&limit);
         // SAFETY: matches moe_q8's signature; xq/xsa hold r_cap rows of Kp = k bytes / k/128 scales
-        // (moe_gather_q8 or act_quant), items come from moe_group_plan, the tables hold E addresses of
+        // (moe_gather_q8 or act_quant; for moe_wt in their tiled layout, r_cap a multiple of 128 and
+        // every tile's rows within one expert's, dst ≥ 0 first), items come from moe_group_plan, the tables hold E addresses of
         // weights checked by GpuExpertTables::build (q8), y/hf are sized by the caller for r_cap
         // (plain, swiglu) or T·k (scatter) rows; gamma holds T·k weights indexed by row_dst.
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
@@ -487,7 +501,8 @@ impl Gpu {
         let tk = t * k;
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
-        let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, false, false))?;
+        let wt = self.moe_wt_runs(tables.format, tk, e, opts);
+        let g = self.moe_group(experts, tk, k, e, if wt { 256 } else { opts.tile_rows(tk, e, false, false) })?;
         let qa = self.act_quant(f, t, d)?;
         let kb = d / super::ops_q8::Q8_BLOCK;
         // SAFETY: rows < R are written by moe_gather_q8; rows ≥ R are never read (no item covers them).
@@ -497,14 +512,19 @@ impl Gpu {
         {
             let chunks = g.r_cap * d / 16;
             let lc = LaunchConfig { grid_dim: (chunks.div_ceil(256).min(132 * 16) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let (d_i, e_i) = (d as i32, e as i32);
+            let (d_i, e_i, tiled) = (d as i32, e as i32, wt as i32);
             let mut b = self.stream.launch_builder(self.f("moe_gather_q8"));
-            b.arg(&qa.q).arg(&qa.sa).arg(&g.row_tok).arg(&g.offsets).arg(&mut xq).arg(&mut xsa).arg(&d_i).arg(&e_i);
-            // SAFETY: moe_gather_q8(q [t↑128, d], sa [.., d/128], row_tok, offsets [E+1], xq [r_cap, d], xsa [r_cap, d/128], Kp = d, E).
+            b.arg(&qa.q).arg(&qa.sa).arg(&g.row_tok).arg(&g.offsets).arg(&mut xq).arg(&mut xsa).arg(&d_i).arg(&e_i).arg(&tiled);
+            // SAFETY: moe_gather_q8(q [t↑128, d], sa [.., d/128], row_tok, offsets [E+1], xq [r_cap, d] (tiled: the
+            // same bytes in gq_tiled's order, r_cap a multiple of 128), xsa [r_cap, d/128], Kp = d, E, tiled).
             drv("moe_gather_q8", unsafe { b.launch(lc) })?;
         }
-        // h·γ as f32 [r_cap, inter] (rows past R stay zero).
-        let mut hf = self.zeros::<f32>(g.r_cap * inter)?;
+        // h·γ as f32 [r_cap, inter].
+        // SAFETY: the fused gate/up writes every row of every tile (γ = 0 for padding rows) except
+        // moe_wt's sub-tiles of padding rows alone, which the down projection skips as well; the
+        // unfused path writes all r_cap rows (swiglu over the zero-filled yg / yu). Rows ≥ R are
+        // quantized by act_quant but read by no tile.
+        let mut hf = unsafe { self.scratch::<f32>(g.r_cap * inter) }?;
         if opts.fused_swiglu {
             self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
         } else {
@@ -515,10 +535,12 @@ impl Gpu {
             self.swiglu(&yg, &yu, &mut hf, g.r_cap * inter, limit)?;
             self.scale_rows_by_route(&mut hf, &g.row_dst.slice(..), weights, g.r_cap, inter)?;
         }
-        let hq = self.act_quant(&hf, g.r_cap, inter)?;
-        let mut slot_out = self.zeros::<f32>(tk * d)?;
+        let hq = self.act_quant_layout(&hf, g.r_cap, inter, wt)?;
+        // SAFETY: as in moe_experts_grouped: every routed (token, slot) row is scattered to, and the
+        // combine reads no other.
+        let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
         self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, weights, d, inter, limit)?;
-        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, true)
+        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, Some((experts, e)), true)
     }
 }
 

@@ -63,6 +63,9 @@ pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
     "moe_ws_fp4_128_plain",
     "moe_ws_fp4_128_swiglu",
     "moe_ws_fp4_128_scatter",
+    "moe_wt_fp4_256_plain",
+    "moe_wt_fp4_256_swiglu",
+    "moe_wt_fp4_256_scatter",
     "moe_gather_q8",
     "scale_rows_by_route",
     "lt_scales",
@@ -94,6 +97,36 @@ pub fn moe_family_for(family: &'static str, bm: usize, ws_ok: bool) -> &'static 
 /// Threads per block of the `moe_ws` kernels: two multiply warpgroups and two producers
 /// (`GWS_THREADS` in gemm_q8.cu).
 pub const WS_THREADS: u32 = 512;
+
+/// Whether the grouped FP8 MoE takes 256-row tiles on the `moe_wt` kernels (switch `MOE_FP8_WT`,
+/// on by default): FP4 experts, the wgmma family, the kernels compiled as their register split
+/// needs (`wt_ok`, [`super::gpu::Gpu`]'s check at open), and either 256-row tiles forced
+/// (`force` ≥ 256) or, with adaptive tiles and no forced size, at least
+/// [`WT_MIN_TOKENS_PER_EXPERT`] routed pairs per expert on average (`tk` pairs over `e` experts).
+pub fn wt_tiles(format: &str, family: &str, wt_ok: bool, force: Option<usize>, adaptive: bool, tk: usize, e: usize) -> bool {
+    format == "fp4"
+        && family == "moe_w8"
+        && wt_ok
+        && crate::switches::on("MOE_FP8_WT")
+        && match force {
+            Some(bm) => bm >= 256,
+            None => adaptive && tk >= WT_MIN_TOKENS_PER_EXPERT * e.max(1),
+        }
+}
+
+/// Average routed pairs per expert from which the `moe_wt` kernels' 256-row tiles are taken (a
+/// Flash prefill chunk of 8,192 tokens has 192): above 128 an expert's rows span two 128-row tiles,
+/// each of which converts the expert's weights again. Not tuned further (only 8,192-token chunks
+/// measured).
+pub const WT_MIN_TOKENS_PER_EXPERT: usize = 128;
+
+/// Threads per block of the `moe_wt` kernels: two multiply warpgroups and one producer
+/// (`GWT_THREADS` in gemm_q8.cu).
+pub const WT_THREADS: u32 = 384;
+
+/// Registers per thread the `moe_wt` kernels must be compiled to (`__launch_bounds__(384, 1)`):
+/// their `setmaxnreg` split 128 × 56 + 256 × 224 = 64,512 = 384 × 168 rests on it.
+pub const WT_REGS: i32 = 168;
 
 /// Registers per thread the `moe_ws` kernels must be compiled to (`__launch_bounds__(512, 1)`: the
 /// whole register file): their `setmaxnreg` split 256 × 40 + 256 × 216 = 512 × 128 rests on it.
@@ -142,8 +175,17 @@ pub fn ws_smem(format: &str) -> usize {
     }
 }
 
+/// Dynamic shared memory of a `moe_wt` block (`GwtLayout` in gemm_q8.cu): 1 KB of alignment slack,
+/// 4 stages of 49,152 bytes (A 256 × 128, converted B 128 × 128), their row scales (4 × 512), a
+/// packed-weight ring of 3 steps (8,192 bytes each) and its scale words (3 × 2,048), the full and
+/// empty barriers (8 bytes each per stage) and the 72-byte table.
+pub const WT_SMEM: usize = 1024 + 4 * 49152 + 4 * 512 + 3 * 8192 + 3 * 2048 + 2 * 4 * 8 + 72;
+
 /// Shared memory of any gemm_q8.cu GEMM entry point (by name).
 pub fn smem_of(name: &str) -> usize {
+    if name.starts_with("moe_wt_") {
+        return WT_SMEM;
+    }
     let fmt = if name.contains("fp8") { "fp8" } else { "fp4" };
     let bm = if name.contains("_64_") { 64 } else { 128 };
     if name.starts_with("moe_ws_") {
@@ -195,7 +237,7 @@ pub struct QuantizedActs {
 }
 
 impl Gpu {
-    fn act_quant_launch(&self, x: &CudaSlice<f32>, q: Option<(&mut CudaSlice<u8>, &mut CudaSlice<f32>)>, t: usize, k: usize, tp: usize) -> Result<(), CudaError> {
+    fn act_quant_launch(&self, x: &CudaSlice<f32>, q: Option<(&mut CudaSlice<u8>, &mut CudaSlice<f32>)>, t: usize, k: usize, tp: usize, tiled: bool) -> Result<(), CudaError> {
         let kb = k.div_ceil(Q8_BLOCK);
         let warps = if q.is_some() { tp * kb } else { t * kb };
         if warps == 0 {
@@ -210,7 +252,7 @@ impl Gpu {
         let rt: i32;
         match q {
             Some((q, sa)) => {
-                rt = 0;
+                rt = if tiled { 2 } else { 0 };
                 b.arg(q).arg(sa);
             }
             None => {
@@ -219,8 +261,9 @@ impl Gpu {
             }
         }
         b.arg(&t_i).arg(&k_i).arg(&tp_i).arg(&rt);
-        // SAFETY: matches act_quant_fp8(x, q, sa, T, K, Tp, roundtrip); x holds T·K floats (checked by
-        // the callers), q Tp·Kp bytes and sa Tp·Kp/128 floats when quantizing.
+        // SAFETY: matches act_quant_fp8(x, q, sa, T, K, Tp, mode); x holds T·K floats (checked by
+        // the callers), q Tp·Kp bytes and sa Tp·Kp/128 floats when quantizing (tiled: the same bytes
+        // in gq_tiled's order, Tp a multiple of 128).
         drv("act_quant_fp8", unsafe { b.launch(cfg) }).map(|_| ())
     }
 
@@ -229,6 +272,14 @@ impl Gpu {
     ///
     /// Errors: `x` shorter than `t·k`, sizes beyond 32-bit indexing, launch failures.
     pub fn act_quant(&self, x: &CudaSlice<f32>, t: usize, k: usize) -> Result<QuantizedActs, CudaError> {
+        self.act_quant_layout(x, t, k, false)
+    }
+
+    /// [`Gpu::act_quant`] with the e4m3 values in `moe_wt`'s tiled layout when `tiled` (gemm_q8.cu
+    /// `gq_tiled`: 64-row × 128-byte swizzled blocks; the scales stay `[rows, k/128]`).
+    ///
+    /// Errors: as [`Gpu::act_quant`].
+    pub(crate) fn act_quant_layout(&self, x: &CudaSlice<f32>, t: usize, k: usize, tiled: bool) -> Result<QuantizedActs, CudaError> {
         if x.len() < t * k {
             return Err(bad(format!("{} values for {t} rows of {k}", x.len())));
         }
@@ -237,7 +288,7 @@ impl Gpu {
         let mut q = unsafe { self.scratch::<u8>(rows * kp) }?;
         // SAFETY: as above, one scale per (row, block).
         let mut sa = unsafe { self.scratch::<f32>(rows * kp / Q8_BLOCK) }?;
-        self.act_quant_launch(x, Some((&mut q, &mut sa)), t, k, rows)?;
+        self.act_quant_launch(x, Some((&mut q, &mut sa)), t, k, rows, tiled)?;
         Ok(QuantizedActs { q, sa, rows, kp })
     }
 
@@ -250,7 +301,7 @@ impl Gpu {
             return Err(bad(format!("{} values for {t} rows of {k}", x.len())));
         }
         let xr: &CudaSlice<f32> = x;
-        self.act_quant_launch(xr, None, t, k, t)
+        self.act_quant_launch(xr, None, t, k, t, false)
     }
 
     /// The FP8 GEMM `y[t, n] = Σ_b sa[t, b]·sw[n, b]·Σ_{k∈b} q[t, k]·w[n, k]` for `t` rows of `qa`
@@ -468,6 +519,38 @@ mod tests {
         crate::switches::scoped(&[("MOE_FP8_WS", "off")], || assert_eq!(moe_family_for("moe_w8", 128, true), "moe_w8")).unwrap();
     }
 
+    /// The `moe_wt` launch constants are the kernel's (`GWT_THREADS`, `GwtLayout`, the setmaxnreg
+    /// split), and its 256-row tiles are taken only as [`wt_tiles`] says.
+    #[test]
+    fn tiled_moe_launch_matches_the_source() {
+        let src = include_str!("kernels/gemm_q8.cu");
+        assert!(src.contains("#define GWT_PRODUCERS 128") && src.contains("#define GWT_THREADS (256 + GWT_PRODUCERS)") && src.contains("#define GWT_LAG 2"));
+        assert_eq!(WT_THREADS, 384);
+        assert!(src.contains("__launch_bounds__(GWT_THREADS, 1)"));
+        assert!(src.contains("setmaxnreg.dec.sync.aligned.u32 56;") && src.contains("setmaxnreg.inc.sync.aligned.u32 224;"));
+        const { assert!(128 * 56 + 256 * 224 == 384 * WT_REGS) };
+        assert!(src.contains("static constexpr int STAGES = 4, RAW = GWT_LAG + 1;") && src.contains("static constexpr int A = 0, BC = 32768, STAGE = 49152;"));
+        assert_eq!(WT_SMEM, 230_536);
+        const { assert!(WT_SMEM <= 227 * 1024) };
+        assert_eq!(smem_of("moe_wt_fp4_256_swiglu"), WT_SMEM);
+        for epi in ["plain", "swiglu", "scatter"] {
+            assert!(GEMM_Q8_ENTRY_POINTS.contains(&format!("moe_wt_fp4_256_{epi}").as_str()));
+        }
+        crate::switches::scoped(&[("MOE_FP8_WT", "on")], || {
+            // 8,192 tokens × top-6 over 256 experts: 192 per expert.
+            assert!(wt_tiles("fp4", "moe_w8", true, None, true, 8192 * 6, 256));
+            assert!(!wt_tiles("fp4", "moe_w8", true, None, true, 4096 * 6, 256), "96 per expert");
+            assert!(!wt_tiles("fp4", "moe_w8", true, None, false, 8192 * 6, 256), "adaptive tiles off");
+            assert!(wt_tiles("fp4", "moe_w8", true, Some(256), false, 6, 256), "forced");
+            assert!(!wt_tiles("fp4", "moe_w8", true, Some(128), true, 8192 * 6, 256), "128 forced");
+            assert!(!wt_tiles("fp8", "moe_w8", true, None, true, 8192 * 6, 256), "FP8 experts");
+            assert!(!wt_tiles("fp4", "moe_q8", true, None, true, 8192 * 6, 256), "mma.sync family");
+            assert!(!wt_tiles("fp4", "moe_w8", false, None, true, 8192 * 6, 256), "registers not as the split needs");
+        })
+        .unwrap();
+        crate::switches::scoped(&[("MOE_FP8_WT", "off")], || assert!(!wt_tiles("fp4", "moe_w8", true, Some(256), true, 8192 * 6, 256))).unwrap();
+    }
+
     #[test]
     fn fold_rule() {
         assert!(fp4_fold_exact(&[121, 121, 121, 121, 120, 127, 119, 126], 128));
@@ -503,7 +586,7 @@ mod tests {
         let src = include_str!("kernels/gemm_q8.cu");
         for n in GEMM_Q8_ENTRY_POINTS {
             let direct = src.contains(&format!("void {n}(")) || src.contains(&format!("FP8_GEMM_ENTRY({n},"));
-            let ws = n.starts_with("moe_ws_") && src.contains(&format!("MOE_WS_ENTRY({n},"));
+            let ws = (n.starts_with("moe_ws_") && src.contains(&format!("MOE_WS_ENTRY({n},"))) || (n.starts_with("moe_wt_") && src.contains(&format!("MOE_WT_ENTRY({n},")));
             let moe = ["q8", "w8"].iter().find_map(|fam| n.strip_prefix(&format!("moe_{fam}_")).map(|r| (fam, r))).map(|(fam, r)| {
                 let f = if r.starts_with("fp8") { "fp8" } else { "fp4" };
                 src.contains(&format!("MOE_FP8_FMT({fam}, {}, {f},", *fam == "w8")) && src.contains(&format!("moe_##P##_##F##{}", &r[3..]))

@@ -4,12 +4,13 @@
 // (wq_a, wq_b, wkv, wo_b, indexer wq_b, shared and routed w1/w3/w2) here; the CPU reference of
 // this path is `forward::Numerics { act_quant_fp8: true }`.
 //
-//   act_quant_fp8(x, q, sa, T, K, Tp, roundtrip): per row t < T and 128-column block b (the last
+//   act_quant_fp8(x, q, sa, T, K, Tp, mode): per row t < T and 128-column block b (the last
 //     block shorter when K is not a multiple of 128): amax = max(max|x|, 1e-4),
 //     s = 2^ceil(log2(amax/448)) (the official bit trick on the f32 quotient), q = e4m3(x/s) (round
 //     to nearest even, saturating at ±448). q [Tp, Kp] bytes (Kp = K rounded up to 128), sa [Tp, Kp/128]
-//     f32 = s; rows ≥ T and columns ≥ K get q = 0, sa = 1. roundtrip ≠ 0: x [T, K] ← e4m3(x/s)·s in
-//     place instead (q, sa untouched; T rows only). One warp per (row, block), any grid, block 256.
+//     f32 = s; rows ≥ T and columns ≥ K get q = 0, sa = 1. mode 1 (roundtrip): x [T, K] ← e4m3(x/s)·s
+//     in place instead (q, sa untouched; T rows only); mode 2: q in gq_tiled's layout (Tp a multiple
+//     of 64; the input of moe_wt). One warp per (row, block), any grid, block 256.
 //
 //   gemm_q8_<fmt>(q, sa, W, S, y, T, N, K): y[t, n] = Σ_blocks sa[t, b]·sw[n, b]·Σ_{k in b} q[t, k]·w[n, k]
 //     with mma.sync m16n8k32 e4m3 × e4m3 → f32 for the 32-wide partials, promoted into f32
@@ -32,7 +33,8 @@
 //     then act_quant_fp8 prepares the down projection's input; scatter: y[dst[row], col].
 //     bm 128: 8 warps (2 × 4); bm 64: 4 warps (2 × 2), warp tile 32 × 64.
 //   moe_w8_…: the same on Hopper's wgmma (switch FP8_WGMMA, below); moe_ws_<fmt>_128_<epi>: its
-//     128-row tiles warp-specialised, the same bits (switch MOE_FP8_WS, below).
+//     128-row tiles warp-specialised, the same bits (switch MOE_FP8_WS, below); moe_wt_fp4_256_<epi>:
+//     FP4 experts in 256-row tiles with tiled activations, the same bits (switch MOE_FP8_WT, below).
 //
 //   lt_scales(sa, T, KB, sat, sw, NB, swf): the scale layouts cuBLASLt's block-scaled FP8 GEMM reads
 //     (switch FP8_CUBLASLT, ops_q8.rs / cublaslt.rs): activation scales sa [≥ T, KB] (act_quant_fp8)
@@ -58,9 +60,17 @@ __device__ __forceinline__ u32 gq_e4m3x2(float lo, float hi) {
 // 2^e as f32 for e in [-126, 127].
 __device__ __forceinline__ float gq_pow2(int e) { return __uint_as_float((u32)(e + 127) << 23); }
 
+// Byte offset of element (row r, column k) of the tiled activation layout with KT 128-column
+// blocks per row: block (r / 64, k / 128) at ((r / 64)·KT + k / 128)·8192, inside it gw_swz's
+// 128-byte-swizzled rows.
+__device__ __forceinline__ size_t gq_tiled(long long r, int k, int KT) {
+    return ((size_t)(r >> 6) * KT + (k >> 7)) * 8192 + gw_swz((int)(r & 63), (k & 127) >> 4) + (k & 15);
+}
+
 extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__ q, float* __restrict__ sa, int T, int K, int Tp,
-                                         int roundtrip) {
+                                         int mode) {
     const int Kp = (K + 127) & ~127, KB = Kp >> 7;
+    const bool roundtrip = mode == 1;
     const int lane = threadIdx.x & 31;
     const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
     const long long total = (long long)(roundtrip ? T : Tp) * KB;
@@ -92,7 +102,7 @@ extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__
                     if (c0 + j < K) x[(size_t)t * K + c0 + j] = fs_e4m3((u8)(pk >> (8 * j))) * s;
             }
         } else {
-            *reinterpret_cast<u32*>(q + (size_t)t * Kp + c0) = (t < T) ? (lo | (hi << 16)) : 0u;
+            *reinterpret_cast<u32*>(q + (mode == 2 ? gq_tiled(t, c0, KB) : (size_t)t * Kp + c0)) = (t < T) ? (lo | (hi << 16)) : 0u;
             if (lane == 0) sa[(size_t)t * KB + b] = t < T ? s : 1.f;
         }
     }
@@ -982,9 +992,262 @@ MOE_WS_ENTRY(moe_ws_fp4_128_plain, 3, 0)
 MOE_WS_ENTRY(moe_ws_fp4_128_swiglu, 3, 1)
 MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 
-// moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E): grouped rows of per-token quantized
-// activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows), xsa [R, Kp/128] (1 for padding).
-// Grid-stride over (row, 16-byte column group); any grid, block 256.
+// ---------------------------------------------------------------------------------------------
+// moe_wt_fp4_256_<epi>(…): the grouped MoE of moe_ws_fp4_128_<epi> for FP4 experts in 256-row tiles
+// (switch MOE_FP8_WT; same arguments, same outputs bit for bit) with the activations q in the tiled
+// layout (gq_tiled: 64-row × 128-byte blocks, swizzled as wgmma reads them; written by moe_gather_q8
+// and act_quant_fp8 in their tiled modes). Block of GWT_THREADS = 384: warpgroups 0 and 1 multiply
+// 128 token rows each as two 64-row sub-tiles (per K step and sub-tile moe_ws's four wgmma
+// m64n128k32 and its promotion, into one accumulator set per sub-tile), warpgroup 2 produces with
+// 40 registers per thread so that the multiply warpgroups get 232 (setmaxnreg). Per K step the
+// producer's thread 0 announces the stage's activation bytes on its full barrier and copies each
+// live sub-tile (one whose first row is a routed pair, dst ≥ 0: an expert's padding rows come
+// last) with one 8 KB cp.async.bulk; every producer thread copies its 4 × 16 packed weight bytes
+// into its own place in a separate ring of GWT_LAG + 1 steps (cp.async) and loads its scale words,
+// and GWT_LAG steps later converts those 128 values (gq_fp4_unit's conversion) into the stage and
+// arrives. Sub-tiles of padding rows alone are neither copied, multiplied nor stored. So each
+// weight tile is converted once per 256 token rows instead of once per 128, the activations cost
+// the producer one instruction per sub-tile, and a tile multiplies only the 64-row sub-tiles that
+// hold routed rows. Learned from the PTX ISA (cp.async.bulk, mbarrier transaction counts) and
+// DeepGEMM's producer/consumer design; the code is ours.
+
+#define GWT_LAG 2
+#define GWT_PRODUCERS 128
+#define GWT_THREADS (256 + GWT_PRODUCERS)
+
+// Shared memory: STAGES stages of A (four 64-row sub-tiles, 32 KB) and the converted B [128][128]
+// e4m3 (16 KB), both swizzled; the stages' row scales [128] f32; the packed-weight ring (RAW steps
+// of [128][64] bytes) and its scale words (RAW × 4 × 128 u32, one per producer thread and unit);
+// the full and empty barriers; the fp4 table.
+struct GwtLayout {
+    static constexpr int STAGES = 4, RAW = GWT_LAG + 1;
+    static constexpr int A = 0, BC = 32768, STAGE = 49152;
+    static constexpr int WSC = STAGES * STAGE;
+    static constexpr int BR = WSC + STAGES * 512;
+    static constexpr int SW = BR + RAW * 8192;
+    static constexpr int BARS = SW + RAW * 2048;
+    static constexpr int LUT = BARS + 2 * STAGES * 8;
+    static constexpr int TOTAL = 1024 + LUT + 72;
+};
+
+template <int EPI>
+__device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
+                                       const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, const int* n_items,
+                                       float* y, float* hf, int ldh, const int* dst, const float* gamma, int N, int K, float limit) {
+    typedef GwtLayout L;
+    constexpr int ST = L::STAGES, RAW = L::RAW, NP = GWT_PRODUCERS, LAG = GWT_LAG;
+    static_assert(LAG >= 1 && LAG <= ST - 1, "the lag must leave the ring room (no deadlock)");
+    extern __shared__ __align__(16) u8 gwt_sh[];
+    if (blockDim.x != GWT_THREADS) __trap();  // without its producer the ring would never fill
+    u8* gbase;
+    const u32 base = gw_smem_base(gwt_sh, L::TOTAL, gbase);
+    const u32 full0 = base + L::BARS, empty0 = full0 + ST * 8;
+    u32* lut = reinterpret_cast<u32*>(gbase + L::LUT);
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) {
+            gws_bar_init(full0 + 8 * s, NP + 1);  // each producer thread after converting, and thread 0's byte count
+            gws_bar_init(empty0 + 8 * s, 8);
+        }
+        GW_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    gq_fill_lut(lut, tid, GWT_THREADS);
+    __syncthreads();
+
+    const int tiles_n = (N + 127) / 128;
+    const int total = *n_items * tiles_n;
+    const int KT = K >> 7;
+    GqEpi E = {y, hf, ldh, limit, dst, gamma};
+    auto prob = [&](int w) { return gq_moe_unit<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, tiles_n, N, K, w); };
+    auto live = [&](int m0, int st) { return __ldg(dst + m0 + 64 * st) >= 0; };
+
+    if (tid >= 256) {
+        GW_ASM("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
+        const int p = tid - 256, g = p & 3;
+        const size_t wrow = (size_t)K / 2;
+        const int sg = K >> 5;
+        int j = 0, jc = 0;   // steps copied, steps converted
+        GwsRing<ST> cp, cv;  // their stages
+        // The scale words of the last step copied, loaded with plain loads and stored into the
+        // thread's own words of its raw slot one step later (before that step is converted).
+        u32 pend[4];
+        int pend_slot = -1;
+        auto store_pending = [&] {
+            if (pend_slot >= 0) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) *reinterpret_cast<u32*>(gbase + L::SW + pend_slot * 2048 + (u * NP + p) * 4) = pend[u];
+            }
+        };
+        // Converts step jc (its packed bytes are this thread's own copies) into its stage and arrives.
+        auto finish = [&](bool drain) {
+            if (drain) gm_wait<0>();
+            else gm_wait<LAG>();
+            const int slot = jc % RAW;
+            const u8* raw = gbase + L::BR + slot * 8192;
+            u8* bc = gbase + cv.s * L::STAGE + L::BC;
+            float* wsc = reinterpret_cast<float*>(gbase + L::WSC + cv.s * 512);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int r = (p >> 2) + 32 * u;
+                const uint4 v = *reinterpret_cast<const uint4*>(raw + r * 64 + g * 16);
+                const u32 sw = *reinterpret_cast<const u32*>(gbase + L::SW + slot * 2048 + (u * NP + p) * 4);
+                u32 m;
+                const uint2 t = gq_fp4_table(sw, g, lut, &m);
+                uint4 o0, o1;
+                gq_fp4x8(v.x, t.x, t.y, o0.x, o0.y);
+                gq_fp4x8(v.y, t.x, t.y, o0.z, o0.w);
+                gq_fp4x8(v.z, t.x, t.y, o1.x, o1.y);
+                gq_fp4x8(v.w, t.x, t.y, o1.z, o1.w);
+                *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o0;
+                *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o1;
+                if (g == 0) wsc[r] = fs_e8m0((u8)m);
+            }
+            gw_fence_proxy();
+            gws_arrive(full0 + 8 * cv.s);
+            jc++;
+            cv.next();
+        };
+        for (int w = blockIdx.x; w < total; w += gridDim.x) {
+            const GqProb P = prob(w);
+            int nlive = 1;
+#pragma unroll
+            for (int st = 1; st < 4; st++) nlive += live(P.m0, st);
+            const u8* a_src = P.q + (size_t)(P.m0 >> 6) * KT * 8192;
+            // Weight rows p / 4 + 32 u, 16-byte group p % 4 (+ that row's scale words). Rows past N copy zeros.
+            const u8* b_src[4];
+            const u8* s_src[4];
+            bool b_ok[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int n = P.n0 + (p >> 2) + 32 * u;
+                b_ok[u] = n < N;
+                b_src[u] = b_ok[u] ? fused_wrow<EPI>(P, n, wrow) + g * 16 : P.W;
+                s_src[u] = P.S;
+                if (b_ok[u]) {
+                    const u8* s;
+                    const int sn = fused_srow<EPI>(P, n, s);
+                    s_src[u] = s + (size_t)sn * sg;
+                }
+            }
+            for (int kt = 0; kt < KT; kt++) {
+                const int s = cp.s;
+                gws_wait(empty0 + 8 * s, cp.ph ^ 1);
+                if (p == 0) {
+                    const u32 bar = full0 + 8 * s, bytes = (u32)nlive * 8192u;
+                    GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+                    for (int st = 0; st < nlive; st++)
+                        GW_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 8192, [%2];" ::"r"(base + s * L::STAGE + L::A + st * 8192),
+                               "l"(a_src + ((size_t)st * KT + kt) * 8192), "r"(bar)
+                               : "memory");
+                }
+                const int slot = j % RAW;
+#pragma unroll
+                for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)kt * 64, b_ok[u]);
+                gm_commit();
+                store_pending();
+                // Rows past N: scale word 0; their columns are never stored.
+#pragma unroll
+                for (int u = 0; u < 4; u++) pend[u] = b_ok[u] ? __ldg(reinterpret_cast<const u32*>(s_src[u]) + kt) : 0u;
+                pend_slot = slot;
+                j++;
+                cp.next();
+                if (j - jc > LAG) finish(false);
+            }
+        }
+        store_pending();
+        while (jc < j) finish(true);
+        return;
+    }
+
+    // Multiply warpgroups 0 and 1: rows m0 + 128 wg … + 127 as sub-tiles 2 wg and 2 wg + 1.
+    GW_ASM("setmaxnreg.inc.sync.aligned.u32 224;" ::: "memory");
+    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const int g4 = lane >> 2, c2 = (lane & 3) * 2;
+    GwsRing<ST> ring;
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+        const GqProb P = prob(w);
+        const bool l0 = live(P.m0, 2 * wg), l1 = live(P.m0, 2 * wg + 1);
+        const int row0 = P.m0 + wg * 128 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 in sub-tile 1)
+        const float* sa0 = P.sa + (size_t)row0 * KT;
+        float acc0[64], acc1[64], tmp[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) {
+            acc0[i] = 0.f;
+            acc1[i] = 0.f;
+        }
+        // Step kt's activation scales (rows row0, row0 + 8, row0 + 64, row0 + 72), loaded a step ahead.
+        struct Sc {
+            float a0, a1, b0, b1;
+        };
+        auto scales = [&](int kt) {
+            Sc c = {1.f, 1.f, 1.f, 1.f};
+            if (kt < KT) {
+                if (l0) {
+                    c.a0 = __ldg(sa0 + kt);
+                    c.a1 = __ldg(sa0 + 8 * KT + kt);
+                }
+                if (l1) {
+                    c.b0 = __ldg(sa0 + 64 * KT + kt);
+                    c.b1 = __ldg(sa0 + 72 * KT + kt);
+                }
+            }
+            return c;
+        };
+        Sc cur = scales(0);
+        for (int kt = 0; kt < KT; kt++, ring.next()) {
+            const Sc next = scales(kt + 1);
+            const u32 sb = base + ring.s * L::STAGE;
+            gws_wait(full0 + 8 * ring.s, ring.ph);
+            __syncwarp();  // converged for the .aligned wgmma instructions
+            const float* wsc = reinterpret_cast<const float*>(gbase + L::WSC + ring.s * 512);
+            const unsigned long long db = gw_desc(sb + L::BC);
+            if (l0) {
+                const unsigned long long da = gw_desc(sb + L::A + (2 * wg) * 8192);
+                gw_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
+                gw_commit();
+                gw_wait0();
+                gw_fence_regs(tmp);
+                gw_promote<false, EPI>(acc0, tmp, cur.a0, cur.a1, 1.f, 1.f, wsc, c2);
+            }
+            if (l1) {
+                const unsigned long long da = gw_desc(sb + L::A + (2 * wg + 1) * 8192);
+                gw_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
+                gw_commit();
+                gw_wait0();
+                gw_fence_regs(tmp);
+                gw_promote<false, EPI>(acc1, tmp, cur.b0, cur.b1, 1.f, 1.f, wsc, c2);
+            }
+            __syncwarp();
+            if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
+            cur = next;
+        }
+        if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
+        if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
+    }
+}
+
+#define MOE_WT_ENTRY(NAME, EPI)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(GWT_THREADS, 1)                                                          \
+        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,         \
+             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
+             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
+             float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                         \
+             const float* __restrict__ gamma, int N, int K, float limit) {                                                \
+        moe_wt<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit);                \
+    }
+
+MOE_WT_ENTRY(moe_wt_fp4_256_plain, 0)
+MOE_WT_ENTRY(moe_wt_fp4_256_swiglu, 1)
+MOE_WT_ENTRY(moe_wt_fp4_256_scatter, 2)
+
+// moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E, tiled): grouped rows of per-token quantized
+// activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows; tiled ≠ 0: in gq_tiled's layout,
+// R a multiple of 64), xsa [R, Kp/128] (1 for padding). Grid-stride over (row, 16-byte column
+// group); any grid, block 256.
 extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB, float* __restrict__ sat, const u8* __restrict__ sw,
                                      int NB, float* __restrict__ swf) {
     const int KBp = (KB + 3) & ~3;
@@ -1001,7 +1264,8 @@ extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB
 }
 
 extern "C" __global__ void moe_gather_q8(const u8* __restrict__ q, const float* __restrict__ sa, const int* __restrict__ row_tok,
-                                         const int* __restrict__ offsets, u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int E) {
+                                         const int* __restrict__ offsets, u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int E,
+                                         int tiled) {
     const long long R = offsets[E];
     const int q16 = Kp / 16, KB = Kp >> 7;
     const long long total = R * q16;
@@ -1011,7 +1275,7 @@ extern "C" __global__ void moe_gather_q8(const u8* __restrict__ q, const float* 
         const int tok = row_tok[r];
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (tok >= 0) v = *reinterpret_cast<const uint4*>(q + (size_t)tok * Kp + c * 16);
-        *reinterpret_cast<uint4*>(xq + r * Kp + c * 16) = v;
+        *reinterpret_cast<uint4*>(xq + (tiled ? gq_tiled(r, c * 16, KB) : r * Kp + c * 16)) = v;
         if ((c & 7) == 0) xsa[r * KB + (c >> 3)] = tok >= 0 ? sa[(size_t)tok * KB + (c >> 3)] : 1.f;
     }
 }

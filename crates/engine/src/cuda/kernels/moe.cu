@@ -28,7 +28,10 @@
 //
 // moe_combine_f32: out[t, i] = Σ_{s<k} γ[t, s]·slot_out[t, s, i] (slot order) + shared[t, i], in f64, then f32.
 //   slot_out [T, k, d] holds the UNscaled routed outputs W2·h; γ = weights [T, k] is applied here (HF order:
-//   after W2). shared [T, d] may be nullptr (no shared expert). Launch: grid (T, ceil(d / 256)), block 256.
+//   after W2; weights nullptr: γ = 1, the official order where γ came before W2). experts [T, k] (may be
+//   nullptr): a slot whose expert is outside 0..E was never written (the grouped paths leave it
+//   unrouted) and counts as 0, γ·0 (NaN γ stays NaN). shared [T, d] may be nullptr (no shared expert).
+//   Launch: grid (T, ceil(d / 256)), block 256.
 
 // Grouping for the grouped MoE GEMM (gemm.cu moe_gemm_*; host glue ops_moe.rs), deterministic
 // (integer counts, stable order, no atomics). Pairs i = token·k + slot of experts [T·k]:
@@ -256,13 +259,17 @@ extern "C" __global__ void scatter_rows_f32(const float* __restrict__ src, const
 }
 
 extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, const float* __restrict__ weights,
-                                           const float* __restrict__ shared, float* __restrict__ out, int k, int d) {
+                                           const int* __restrict__ experts, const float* __restrict__ shared,
+                                           float* __restrict__ out, int k, int d, int E) {
     const int t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= d) return;
     double acc = 0.0;
-    for (int s = 0; s < k; s++)
-        acc += (double)weights[(size_t)t * k + s] * (double)slot_out[((size_t)t * k + s) * d + i];
+    for (int s = 0; s < k; s++) {
+        const size_t ts = (size_t)t * k + s;
+        const bool routed = experts == nullptr || (experts[ts] >= 0 && experts[ts] < E);
+        acc += (weights ? (double)weights[ts] : 1.0) * (routed ? (double)slot_out[ts * d + i] : 0.0);
+    }
     if (shared) acc += (double)shared[(size_t)t * d + i];
     out[(size_t)t * d + i] = (float)acc;
 }
