@@ -37,6 +37,9 @@
 //!   (`moe_w8`) give the all-on (`moe_ws`) bits.
 //! - `moe_q8 fp4 MOE_FP8_WT=off bits`: the 128-row tiles (`moe_ws`) give the all-on bits of the
 //!   256-row tiles (`moe_wt`; `moe_wt_ran` must be true: 375 pairs per expert on average).
+//! - `moe_q8 fp4 block scales` / `moe_q8 fp4 scales > 128 … block scales`: `fp4_block_smax`'s
+//!   tables byte for byte against the host's rule, and its verdict (tables for the parity layer;
+//!   none for the layer whose rows 2^12 apart share blocks, which keeps 128-row tiles).
 //!
 //! Timings (`timings`): one MoE layer at Flash shapes (256 FP4 experts of [2048, 4096], FP8 shared
 //! expert, top-6, random routing) for several token counts: per-expert path vs grouped with each
@@ -267,10 +270,12 @@ fn run_large_scales(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Conf
             }
         }
     }
+    // Rows 2^12 apart share blocks: no block scale tables, so the FP8 path keeps 128-row tiles.
+    let mut all = check_block_smax(gpu, &layer, "fp4 scales > 128 (12 binades within a block)", false, out)?;
     let y_ref = moe::moe(cfg, &lw, &f, routes, &Numerics::default());
     let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": cfg.num_experts_per_tok, "weight_gain": "4096 on every third row", "scale_bytes": [min_scale, max_scale]});
     let on = gpu.download(&*gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, true, MoeOptions::ALL_ON)?)?;
-    let mut all = vs_cpu(out, "moe_grouped fp4 split scales > 128 vs cpu", &shape, &on, &y_ref, SPLIT_NMSE_TOL);
+    all &= vs_cpu(out, "moe_grouped fp4 split scales > 128 vs cpu", &shape, &on, &y_ref, SPLIT_NMSE_TOL);
     let ran = wbs_runs(gpu, d, inter, t * cfg.num_experts_per_tok, e, MoeOptions::ALL_ON);
     let wb = switch_scope(&[("MOE_BF16_WS", "off")], || gpu.moe_experts_grouped(cfg, &layer, &df, t, dids, dw, true, MoeOptions::ALL_ON))?;
     let wb = gpu.download(&wb)?;
@@ -385,6 +390,9 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
     let official = Numerics { act_quant_fp8: true, ..Default::default() };
     for fmt in ["fp4", "fp8"] {
         let (layer, lw) = test_layer(gpu, seed, &format!("moe_q8.{fmt}"), fmt, e, d, inter, &|_| 1.0)?;
+        if fmt == "fp4" {
+            all &= check_block_smax(gpu, &layer, fmt, true, out)?;
+        }
         let y_ref = moe::moe(cfg, &lw, f, routes, &official);
         let y_hf = moe::moe(cfg, &lw, f, routes, &Numerics::default());
         let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k});
@@ -444,7 +452,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
             // The 256-row tiles (MOE_FP8_WT, FP4 only; the all-on records above ran on them, the
             // forced 128-row tile on moe_ws) against moe_ws: the same MMAs per 64-row sub-tile.
             if fmt == "fp4" {
-                let ran = gpu.moe_wt_runs(fmt, t * k, e, MoeOptions::ALL_ON);
+                let ran = gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, MoeOptions::ALL_ON));
                 let wt_off = switch_scope(&[("MOE_FP8_WT", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
                 let differ = differing_bits(f0, &gpu.download(&wt_off)?);
                 all &= flag_record(out, &format!("moe_q8 {fmt} MOE_FP8_WT=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on", "moe_wt_ran": ran}), differ == 0 && ran);
@@ -456,6 +464,43 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
         all &= flag_record(out, &format!("moe_q8 {fmt} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "official shared expert alone"}), differ == 0);
     }
     Ok(all)
+}
+
+/// `fp4_block_smax` (the `moe_wt` kernels' block scales, [`super::ops_moe::GpuExpertTables`])
+/// against the same rule on the host: every 128 × 128 block's largest group scale byte of w1, w3 and
+/// w2 from the uploaded FP4 scales, and the verdict (tables only when every group scale lies within
+/// 8 binades of its block's largest and none is 255). `expect_fold`: what this layer must give.
+fn check_block_smax(gpu: &Gpu, layer: &GpuMoeLayer, label: &str, expect_fold: bool, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let Some(tables) = gpu.moe_tables(layer)? else {
+        return Ok(flag_record(out, &format!("moe_q8 {label} block scales"), json!({"error": "no grouped tables"}), false));
+    };
+    let (mut want, mut fold, mut differ, mut n) = ([Vec::new(), Vec::new(), Vec::new()], true, 0usize, 0usize);
+    for ex in &layer.experts {
+        for (i, m) in [&ex.w1, &ex.w3, &ex.w2].into_iter().enumerate() {
+            let GpuMatrix::Fp4 { scales, .. } = &m.data else {
+                return Ok(flag_record(out, &format!("moe_q8 {label} block scales"), json!({"error": "not FP4"}), false));
+            };
+            let sc = gpu.download(scales)?;
+            let (rows, groups) = (m.rows, m.cols / 32);
+            for nb in 0..rows.div_ceil(128) {
+                for kb in 0..m.cols / 128 {
+                    let block = (nb * 128..rows.min(nb * 128 + 128)).flat_map(|r| sc[r * groups + 4 * kb..r * groups + 4 * kb + 4].to_vec());
+                    let (mx, mn) = block.fold((0u8, u8::MAX), |(a, b), v| (a.max(v), b.min(v)));
+                    fold &= mx != 255 && mx - mn <= 8;
+                    want[i].push(mx);
+                }
+            }
+        }
+    }
+    if let Some(got) = &tables.block_smax {
+        for (g, w) in got.iter().zip(&want) {
+            let g = gpu.download(g)?;
+            n += w.len();
+            differ += g.iter().zip(w).filter(|(a, b)| a != b).count() + g.len().abs_diff(w.len());
+        }
+    }
+    let ok = tables.block_smax.is_some() == fold && fold == expect_fold && differ == 0;
+    Ok(flag_record(out, &format!("moe_q8 {label} block scales"), json!({"tables": tables.block_smax.is_some(), "host_rule": fold, "expected": expect_fold, "differing_bytes": differ, "of": n}), ok))
 }
 
 /// Times one Flash-shaped MoE layer at several token counts (see the module docs); also checks the
@@ -553,7 +598,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         let runs: [(&str, &str, Run, &str, Ran); 3] = [
             ("moe_q8", "MOE_FP8_WS", q8, "all on, both with 128-row tiles", None),
             ("moe_grouped", "MOE_BF16_WS", split, "all on, both with 128-row tiles", Some(("moe_wbs_ran", wbs_runs(gpu, d, inter, t * k, e, t128)))),
-            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", gpu.moe_wt_runs("fp4", t * k, e, t256)))),
+            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, t256))))),
         ];
         for (op, switch, run, vs, ran) in runs {
             let ws = gpu.download(&*run()?)?;

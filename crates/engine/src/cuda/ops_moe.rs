@@ -164,6 +164,11 @@ pub struct GpuExpertTables {
     /// Whether the FP8-activation kernels (gemm_q8.cu) can run every expert exactly
     /// ([`super::ops_q8::q8_capable`] for all of w1, w3, w2).
     pub q8: bool,
+    /// FP4 experts under [`Self::q8`]: the largest group scale byte of every 128 × 128 block of
+    /// w1, w3 and w2 (gemm_q8.cu `fp4_block_smax`, `[E][ceil(rows/128)][cols/128]` each) when every
+    /// group scale of every block lies within 8 binades of it (the `moe_wt` kernels' exactness
+    /// condition), else `None`.
+    pub(crate) block_smax: Option<[CudaSlice<u8>; 3]>,
     w1: CudaSlice<u64>,
     s1: CudaSlice<u64>,
     w3: CudaSlice<u64>,
@@ -210,18 +215,35 @@ impl GpuExpertTables {
         }
         let [w1, s1, w3, s3, w2, s2] = t;
         let q8 = experts.iter().all(|ex| [&ex.w1, &ex.w3, &ex.w2].into_iter().all(super::ops_q8::q8_capable));
-        Ok(Some(GpuExpertTables {
-            format: fmt.unwrap_or("bf16"),
-            inter,
-            d,
-            q8,
-            w1: gpu.upload(&w1)?,
-            s1: gpu.upload(&s1)?,
-            w3: gpu.upload(&w3)?,
-            s3: gpu.upload(&s3)?,
-            w2: gpu.upload(&w2)?,
-            s2: gpu.upload(&s2)?,
-        }))
+        let format = fmt.unwrap_or("bf16");
+        let (s1, s3, s2) = (gpu.upload(&s1)?, gpu.upload(&s3)?, gpu.upload(&s2)?);
+        let block_smax = if format == "fp4" && q8 { Self::block_smax(gpu, experts.len(), [(&s1, inter, d), (&s3, inter, d), (&s2, d, inter)])? } else { None };
+        Ok(Some(GpuExpertTables { format, inter, d, q8, block_smax, w1: gpu.upload(&w1)?, s1, w3: gpu.upload(&w3)?, s3, w2: gpu.upload(&w2)?, s2 }))
+    }
+
+    /// The block scale tables of [`Self::block_smax`] for FP4 matrices given as (scale address
+    /// table `[E]`, rows, cols; cols a multiple of 128), or `None` when some block's group scales
+    /// span more than 8 binades (or hold a NaN byte). Synchronises once (reads the verdict).
+    fn block_smax(gpu: &Gpu, e: usize, mats: [(&CudaSlice<u64>, usize, usize); 3]) -> Result<Option<[CudaSlice<u8>; 3]>, CudaError> {
+        let mut flag = gpu.zeros_owned::<i32>(1)?;
+        let mut outs = Vec::with_capacity(3);
+        for (stab, rows, cols) in mats {
+            let (nb, kb) = (rows.div_ceil(128), cols / 128);
+            let mut out = gpu.zeros_owned::<u8>((e * nb * kb).max(1))?;
+            let (n_i, k_i) = (i32::try_from(rows).map_err(|_| bad(format!("{rows} rows")))?, i32::try_from(cols).map_err(|_| bad(format!("{cols} columns")))?);
+            let cfg = LaunchConfig { grid_dim: (e as u32, nb as u32, 1), block_dim: (kb.clamp(32, 128) as u32, 1, 1), shared_mem_bytes: 0 };
+            let mut b = gpu.stream.launch_builder(gpu.f("fp4_block_smax"));
+            b.arg(stab).arg(&n_i).arg(&k_i).arg(&mut out).arg(&mut flag);
+            // SAFETY: fp4_block_smax(stab [E] addresses of [rows, cols/32] scale bytes (the experts'
+            // uploaded FP4 scales, checked by build), N = rows, K = cols (a multiple of 128: q8),
+            // out [E·ceil(rows/128)·cols/128], bad [1]); grid (E, ceil(rows/128)).
+            drv("fp4_block_smax", unsafe { b.launch(cfg) })?;
+            outs.push(out);
+        }
+        if gpu.download(&flag)?.first() != Some(&0) {
+            return Ok(None);
+        }
+        Ok(outs.try_into().ok())
     }
 }
 
@@ -248,11 +270,11 @@ impl Gpu {
         Ok(layer.tables.get().and_then(Option::as_ref))
     }
 
-    /// Whether [`Gpu::moe_experts_grouped_q8`] runs `tk` routed pairs over `e` experts of weight
-    /// format `format` on the 256-row `moe_wt` kernels with `opts` ([`super::ops_q8::wt_tiles`] on
-    /// this device).
-    pub(crate) fn moe_wt_runs(&self, format: &str, tk: usize, e: usize, opts: MoeOptions) -> bool {
-        super::ops_q8::wt_tiles(format, super::ops_q8::families_for(&self.arch).1, self.moe_wt_ok, opts.force_tile_rows, opts.adaptive_tiles, tk, e)
+    /// Whether [`Gpu::moe_experts_grouped_q8`] runs `tk` routed pairs over `e` experts with
+    /// `tables` on the 256-row `moe_wt` kernels with `opts` ([`super::ops_q8::wt_tiles`] on this
+    /// device).
+    pub(crate) fn moe_wt_runs(&self, tables: &GpuExpertTables, tk: usize, e: usize, opts: MoeOptions) -> bool {
+        super::ops_q8::wt_tiles(tables.format, tables.block_smax.is_some(), super::ops_q8::families_for(&self.arch).1, self.moe_wt_ok, opts.force_tile_rows, opts.adaptive_tiles, tk, e)
     }
 
     /// Count, plan and fill: groups the `tk` pairs of `experts` (device, `[tk]`) by expert.
@@ -451,7 +473,7 @@ impl Gpu {
     /// Launches one grouped FP8-activation GEMM `moe_<q8|w8|ws>_<fmt>_<bm>_<epi>` (gemm_q8.cu; the
     /// family from [`super::ops_q8::families_for`] and [`super::ops_q8::moe_family_for`]).
     #[allow(clippy::too_many_arguments)]
-    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
+    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
         // 256-row tiles exist only as moe_wt (FP4; chosen by ops_q8::wt_tiles).
         let family = if g.bm == 256 { "moe_wt" } else { super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok) };
         let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
@@ -479,11 +501,17 @@ impl Gpu {
             }
         }
         b.arg(&ldh).arg(&g.row_dst).arg(gamma).arg(&n_i).arg(&k_i).arg(&limit);
+        if family == "moe_wt" {
+            // The block scale tables of the gate (or only) and up matrices: indices into block_smax.
+            let bs = tables.block_smax.as_ref().ok_or_else(|| bad("moe_wt without block scale tables"))?;
+            b.arg(&bs[blocks.0]).arg(&bs[blocks.1]);
+        }
         // SAFETY: matches moe_q8's signature; xq/xsa hold r_cap rows of Kp = k bytes / k/128 scales
         // (moe_gather_q8 or act_quant; for moe_wt in their tiled layout, r_cap a multiple of 128 and
         // every tile's rows within one expert's, dst ≥ 0 first), items come from moe_group_plan, the tables hold E addresses of
         // weights checked by GpuExpertTables::build (q8), y/hf are sized by the caller for r_cap
-        // (plain, swiglu) or T·k (scatter) rows; gamma holds T·k weights indexed by row_dst.
+        // (plain, swiglu) or T·k (scatter) rows; gamma holds T·k weights indexed by row_dst; moe_wt:
+        // the two tables of GpuExpertTables::block_smax for w and w3 ([E][ceil(rows/128)][k/128]).
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
@@ -501,7 +529,7 @@ impl Gpu {
         let tk = t * k;
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
-        let wt = self.moe_wt_runs(tables.format, tk, e, opts);
+        let wt = self.moe_wt_runs(tables, tk, e, opts);
         let g = self.moe_group(experts, tk, k, e, if wt { 256 } else { opts.tile_rows(tk, e, false, false) })?;
         let qa = self.act_quant(f, t, d)?;
         let kb = d / super::ops_q8::Q8_BLOCK;
@@ -526,12 +554,12 @@ impl Gpu {
         // quantized by act_quant but read by no tile.
         let mut hf = unsafe { self.scratch::<f32>(g.r_cap * inter) }?;
         if opts.fused_swiglu {
-            self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
+            self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
         } else {
             let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
             let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
-            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), Some(&mut yg), None, weights, inter, d, limit)?;
-            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, weights, inter, d, limit)?;
+            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), (0, 0), Some(&mut yg), None, weights, inter, d, limit)?;
+            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), (1, 1), Some(&mut yu), None, weights, inter, d, limit)?;
             self.swiglu(&yg, &yu, &mut hf, g.r_cap * inter, limit)?;
             self.scale_rows_by_route(&mut hf, &g.row_dst.slice(..), weights, g.r_cap, inter)?;
         }
@@ -539,7 +567,7 @@ impl Gpu {
         // SAFETY: as in moe_experts_grouped: every routed (token, slot) row is scattered to, and the
         // combine reads no other.
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
-        self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, weights, d, inter, limit)?;
+        self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut slot_out), None, weights, d, inter, limit)?;
         self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, Some((experts, e)), true)
     }
 }

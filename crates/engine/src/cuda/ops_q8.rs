@@ -66,6 +66,7 @@ pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
     "moe_wt_fp4_256_plain",
     "moe_wt_fp4_256_swiglu",
     "moe_wt_fp4_256_scatter",
+    "fp4_block_smax",
     "moe_gather_q8",
     "scale_rows_by_route",
     "lt_scales",
@@ -99,12 +100,15 @@ pub fn moe_family_for(family: &'static str, bm: usize, ws_ok: bool) -> &'static 
 pub const WS_THREADS: u32 = 512;
 
 /// Whether the grouped FP8 MoE takes 256-row tiles on the `moe_wt` kernels (switch `MOE_FP8_WT`,
-/// on by default): FP4 experts, the wgmma family, the kernels compiled as their register split
-/// needs (`wt_ok`, [`super::gpu::Gpu`]'s check at open), and either 256-row tiles forced
-/// (`force` ≥ 256) or, with adaptive tiles and no forced size, at least
+/// on by default): FP4 experts whose 128 × 128 blocks convert exactly relative to their largest
+/// group scale (`block_fold`, [`super::ops_moe::GpuExpertTables`]), the wgmma family, the kernels
+/// compiled as their register split needs (`wt_ok`, [`super::gpu::Gpu`]'s check at open), and
+/// either 256-row tiles forced (`force` ≥ 256) or, with adaptive tiles and no forced size, at least
 /// [`WT_MIN_TOKENS_PER_EXPERT`] routed pairs per expert on average (`tk` pairs over `e` experts).
-pub fn wt_tiles(format: &str, family: &str, wt_ok: bool, force: Option<usize>, adaptive: bool, tk: usize, e: usize) -> bool {
+#[allow(clippy::too_many_arguments)]
+pub fn wt_tiles(format: &str, block_fold: bool, family: &str, wt_ok: bool, force: Option<usize>, adaptive: bool, tk: usize, e: usize) -> bool {
     format == "fp4"
+        && block_fold
         && family == "moe_w8"
         && wt_ok
         && crate::switches::on("MOE_FP8_WT")
@@ -176,10 +180,10 @@ pub fn ws_smem(format: &str) -> usize {
 }
 
 /// Dynamic shared memory of a `moe_wt` block (`GwtLayout` in gemm_q8.cu): 1 KB of alignment slack,
-/// 4 stages of 49,152 bytes (A 256 × 128, converted B 128 × 128), their row scales (4 × 512), a
-/// packed-weight ring of 3 steps (8,192 bytes each) and its scale words (3 × 2,048), the full and
-/// empty barriers (8 bytes each per stage) and the 72-byte table.
-pub const WT_SMEM: usize = 1024 + 4 * 49152 + 4 * 512 + 3 * 8192 + 3 * 2048 + 2 * 4 * 8 + 72;
+/// 4 stages of 49,152 bytes (A 256 × 128, converted B 128 × 128), a packed-weight ring of 3 steps
+/// (8,192 bytes each) and its words (3 × 2,560: four scale words and the block scales per producer
+/// thread), the full and empty barriers (8 bytes each per stage) and the 72-byte table.
+pub const WT_SMEM: usize = 1024 + 4 * 49152 + 3 * 8192 + 3 * 2560 + 2 * 4 * 8 + 72;
 
 /// Shared memory of any gemm_q8.cu GEMM entry point (by name).
 pub fn smem_of(name: &str) -> usize {
@@ -530,7 +534,8 @@ mod tests {
         assert!(src.contains("setmaxnreg.dec.sync.aligned.u32 56;") && src.contains("setmaxnreg.inc.sync.aligned.u32 224;"));
         const { assert!(128 * 56 + 256 * 224 == 384 * WT_REGS) };
         assert!(src.contains("static constexpr int STAGES = 4, RAW = GWT_LAG + 1;") && src.contains("static constexpr int A = 0, BC = 32768, STAGE = 49152;"));
-        assert_eq!(WT_SMEM, 230_536);
+        assert!(src.contains("static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;"));
+        assert_eq!(WT_SMEM, 230_024);
         const { assert!(WT_SMEM <= 227 * 1024) };
         assert_eq!(smem_of("moe_wt_fp4_256_swiglu"), WT_SMEM);
         for epi in ["plain", "swiglu", "scatter"] {
@@ -538,17 +543,18 @@ mod tests {
         }
         crate::switches::scoped(&[("MOE_FP8_WT", "on")], || {
             // 8,192 tokens × top-6 over 256 experts: 192 per expert.
-            assert!(wt_tiles("fp4", "moe_w8", true, None, true, 8192 * 6, 256));
-            assert!(!wt_tiles("fp4", "moe_w8", true, None, true, 4096 * 6, 256), "96 per expert");
-            assert!(!wt_tiles("fp4", "moe_w8", true, None, false, 8192 * 6, 256), "adaptive tiles off");
-            assert!(wt_tiles("fp4", "moe_w8", true, Some(256), false, 6, 256), "forced");
-            assert!(!wt_tiles("fp4", "moe_w8", true, Some(128), true, 8192 * 6, 256), "128 forced");
-            assert!(!wt_tiles("fp8", "moe_w8", true, None, true, 8192 * 6, 256), "FP8 experts");
-            assert!(!wt_tiles("fp4", "moe_q8", true, None, true, 8192 * 6, 256), "mma.sync family");
-            assert!(!wt_tiles("fp4", "moe_w8", false, None, true, 8192 * 6, 256), "registers not as the split needs");
+            assert!(wt_tiles("fp4", true, "moe_w8", true, None, true, 8192 * 6, 256));
+            assert!(!wt_tiles("fp4", true, "moe_w8", true, None, true, 4096 * 6, 256), "96 per expert");
+            assert!(!wt_tiles("fp4", true, "moe_w8", true, None, false, 8192 * 6, 256), "adaptive tiles off");
+            assert!(wt_tiles("fp4", true, "moe_w8", true, Some(256), false, 6, 256), "forced");
+            assert!(!wt_tiles("fp4", true, "moe_w8", true, Some(128), true, 8192 * 6, 256), "128 forced");
+            assert!(!wt_tiles("fp8", true, "moe_w8", true, None, true, 8192 * 6, 256), "FP8 experts");
+            assert!(!wt_tiles("fp4", false, "moe_w8", true, Some(256), true, 8192 * 6, 256), "a block's scales span more than 8 binades");
+            assert!(!wt_tiles("fp4", true, "moe_q8", true, None, true, 8192 * 6, 256), "mma.sync family");
+            assert!(!wt_tiles("fp4", true, "moe_w8", false, None, true, 8192 * 6, 256), "registers not as the split needs");
         })
         .unwrap();
-        crate::switches::scoped(&[("MOE_FP8_WT", "off")], || assert!(!wt_tiles("fp4", "moe_w8", true, Some(256), true, 8192 * 6, 256))).unwrap();
+        crate::switches::scoped(&[("MOE_FP8_WT", "off")], || assert!(!wt_tiles("fp4", true, "moe_w8", true, Some(256), true, 8192 * 6, 256))).unwrap();
     }
 
     #[test]

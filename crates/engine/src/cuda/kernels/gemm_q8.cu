@@ -993,39 +993,71 @@ MOE_WS_ENTRY(moe_ws_fp4_128_swiglu, 3, 1)
 MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 
 // ---------------------------------------------------------------------------------------------
-// moe_wt_fp4_256_<epi>(…): the grouped MoE of moe_ws_fp4_128_<epi> for FP4 experts in 256-row tiles
-// (switch MOE_FP8_WT; same arguments, same outputs bit for bit) with the activations q in the tiled
-// layout (gq_tiled: 64-row × 128-byte blocks, swizzled as wgmma reads them; written by moe_gather_q8
-// and act_quant_fp8 in their tiled modes). Block of GWT_THREADS = 384: warpgroups 0 and 1 multiply
-// 128 token rows each as two 64-row sub-tiles (per K step and sub-tile moe_ws's four wgmma
-// m64n128k32 and its promotion, into one accumulator set per sub-tile), warpgroup 2 produces with
-// 40 registers per thread so that the multiply warpgroups get 232 (setmaxnreg). Per K step the
-// producer's thread 0 announces the stage's activation bytes on its full barrier and copies each
-// live sub-tile (one whose first row is a routed pair, dst ≥ 0: an expert's padding rows come
-// last) with one 8 KB cp.async.bulk; every producer thread copies its 4 × 16 packed weight bytes
-// into its own place in a separate ring of GWT_LAG + 1 steps (cp.async) and loads its scale words,
-// and GWT_LAG steps later converts those 128 values (gq_fp4_unit's conversion) into the stage and
-// arrives. Sub-tiles of padding rows alone are neither copied, multiplied nor stored. So each
-// weight tile is converted once per 256 token rows instead of once per 128, the activations cost
-// the producer one instruction per sub-tile, and a tile multiplies only the 64-row sub-tiles that
-// hold routed rows. Learned from the PTX ISA (cp.async.bulk, mbarrier transaction counts) and
-// DeepGEMM's producer/consumer design; the code is ours.
+// moe_wt_fp4_256_<epi>(…, bsg, bsu): the grouped MoE of moe_ws_fp4_128_<epi> for FP4 experts in
+// 256-row tiles (switch MOE_FP8_WT; moe_ws's arguments and two more, the same outputs bit for bit)
+// with the activations q in the tiled layout (gq_tiled: 64-row × 128-byte blocks, swizzled as wgmma
+// reads them; written by moe_gather_q8 and act_quant_fp8 in their tiled modes) and the FP4 weights
+// converted to e4m3 relative to the largest group scale of their 128 × 128 block (bsg: the tables
+// of fp4_block_smax for W / W1, bsu: for W3, [E][ceil(rows / 128)][K / 128] bytes) instead of
+// their row's: the converted values differ from moe_ws's by a power of two per column, which the
+// f32 promotion multiplies back exactly (the tensor cores' sums scale with them, as measured for
+// MOE_FP4_TO_FP8), and the promotion needs one weight scale per tile and step (gw_promote's FP8
+// form) instead of one per column. The host takes these kernels only where every group scale of a
+// block lies within 8 binades of its largest (exact e4m3; DeepSeek's converter re-expresses FP4
+// experts with 128 × 128 block scales, spec §6).
+// Block of GWT_THREADS = 384: warpgroups 0 and 1 multiply 128 token rows each as two 64-row
+// sub-tiles (per K step and sub-tile moe_ws's four wgmma m64n128k32 and its promotion, into one
+// accumulator set per sub-tile), warpgroup 2 produces with 56 registers per thread so that the
+// multiply warpgroups get 224 (setmaxnreg). Per K step the producer's thread 0 announces the
+// stage's activation bytes on its full barrier and copies each live sub-tile (one whose first row
+// is a routed pair, dst ≥ 0: an expert's padding rows come last) with one 8 KB cp.async.bulk;
+// every producer thread copies its 4 × 16 packed weight bytes into its own place in a separate
+// ring of GWT_LAG + 1 steps (cp.async) and loads its scale words and the step's block scales, and
+// GWT_LAG steps later converts those 128 values into the stage and arrives. Sub-tiles of padding
+// rows alone are neither copied, multiplied nor stored. So each weight tile is converted once per
+// 256 token rows instead of once per 128, the activations cost the producer one instruction per
+// sub-tile, and a tile multiplies only the 64-row sub-tiles that hold routed rows. Learned from the
+// PTX ISA (cp.async.bulk, mbarrier transaction counts) and DeepGEMM's producer/consumer design;
+// the code is ours.
 
 #define GWT_LAG 2
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
 
+// fp4_block_smax(stab, N, K, out, bad): for expert e (grid x), 128-row block nb (grid y, NB =
+// gridDim.y = ceil(N / 128)) and 128-column block kb (threads): out[(e·NB + nb)·KB + kb] = the
+// largest ue8m0 group scale byte of rows nb·128 … min(N, nb·128 + 128) − 1, groups 4 kb … 4 kb + 3
+// of stab[e] ([N, K/32] bytes; K a multiple of 128); *bad |= 1 when some group scale of the block
+// lies more than 8 binades below it or it is 255 (NaN). Any block size.
+extern "C" __global__ void fp4_block_smax(const unsigned long long* __restrict__ stab, int N, int K, u8* __restrict__ out, int* __restrict__ bad) {
+    const int e = blockIdx.x, nb = blockIdx.y, NB = gridDim.y, KB = K >> 7, sg = K >> 5;
+    const u8* s = reinterpret_cast<const u8*>(stab[e]);
+    for (int kb = threadIdx.x; kb < KB; kb += blockDim.x) {
+        u32 mx = 0u, mn = 255u;
+        for (int r = nb * 128; r < min(N, nb * 128 + 128); r++) {
+            const u32 w = __ldg(reinterpret_cast<const u32*>(s + (size_t)r * sg) + kb);
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const u32 v = (w >> (8 * b)) & 0xffu;
+                mx = max(mx, v);
+                mn = min(mn, v);
+            }
+        }
+        out[((size_t)e * NB + nb) * KB + kb] = (u8)mx;
+        if (mx == 255u || mn + 8u < mx) atomicOr(bad, 1);
+    }
+}
+
 // Shared memory: STAGES stages of A (four 64-row sub-tiles, 32 KB) and the converted B [128][128]
-// e4m3 (16 KB), both swizzled; the stages' row scales [128] f32; the packed-weight ring (RAW steps
-// of [128][64] bytes) and its scale words (RAW × 4 × 128 u32, one per producer thread and unit);
-// the full and empty barriers; the fp4 table.
+// e4m3 (16 KB), both swizzled; the packed-weight ring (RAW steps of [128][64] bytes) and its words
+// (RAW × 5 × 128 u32: per producer thread its four units' scale words and the step's block
+// scales); the full and empty barriers; the fp4 table.
 struct GwtLayout {
     static constexpr int STAGES = 4, RAW = GWT_LAG + 1;
     static constexpr int A = 0, BC = 32768, STAGE = 49152;
-    static constexpr int WSC = STAGES * STAGE;
-    static constexpr int BR = WSC + STAGES * 512;
-    static constexpr int SW = BR + RAW * 8192;
-    static constexpr int BARS = SW + RAW * 2048;
+    static constexpr int BR = STAGES * STAGE;
+    static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;
+    static constexpr int BARS = SW + RAW * SW_SLOT;
     static constexpr int LUT = BARS + 2 * STAGES * 8;
     static constexpr int TOTAL = 1024 + LUT + 72;
 };
@@ -1033,7 +1065,8 @@ struct GwtLayout {
 template <int EPI>
 __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
                                        const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, const int* n_items,
-                                       float* y, float* hf, int ldh, const int* dst, const float* gamma, int N, int K, float limit) {
+                                       float* y, float* hf, int ldh, const int* dst, const float* gamma, int N, int K, float limit,
+                                       const u8* bsg, const u8* bsu) {
     typedef GwtLayout L;
     constexpr int ST = L::STAGES, RAW = L::RAW, NP = GWT_PRODUCERS, LAG = GWT_LAG;
     static_assert(LAG >= 1 && LAG <= ST - 1, "the lag must leave the ring room (no deadlock)");
@@ -1057,9 +1090,17 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     const int tiles_n = (N + 127) / 128;
     const int total = *n_items * tiles_n;
     const int KT = K >> 7;
+    // Weight rows of the tile's matrices (EPI 1: W1 and W3 of N / 2 rows each) in 128-row blocks.
+    const int NBW = ((EPI == 1 ? N / 2 : N) + 127) >> 7;
     GqEpi E = {y, hf, ldh, limit, dst, gamma};
     auto prob = [&](int w) { return gq_moe_unit<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, tiles_n, N, K, w); };
     auto live = [&](int m0, int st) { return __ldg(dst + m0 + 64 * st) >= 0; };
+    // Offset of unit w's block scales (step 0) in bsg / bsu: its expert, the 128-row block of its
+    // weight rows (EPI 1: the tile's 128 columns are 64 rows of W1 and of W3, in one block of each).
+    auto block_row = [&](int w, int n0) {
+        const int nb = (EPI == 1 ? n0 >> 1 : n0) >> 7;
+        return ((size_t)items[2 * (w / tiles_n)] * NBW + nb) * KT;
+    };
 
     if (tid >= 256) {
         GW_ASM("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
@@ -1068,14 +1109,15 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const int sg = K >> 5;
         int j = 0, jc = 0;   // steps copied, steps converted
         GwsRing<ST> cp, cv;  // their stages
-        // The scale words of the last step copied, loaded with plain loads and stored into the
-        // thread's own words of its raw slot one step later (before that step is converted).
-        u32 pend[4];
+        // The scale words of the last step copied (and its block scales, gate | up << 8), loaded
+        // with plain loads and stored into the thread's own words of its raw slot one step later
+        // (before that step is converted).
+        u32 pend[5];
         int pend_slot = -1;
         auto store_pending = [&] {
             if (pend_slot >= 0) {
 #pragma unroll
-                for (int u = 0; u < 4; u++) *reinterpret_cast<u32*>(gbase + L::SW + pend_slot * 2048 + (u * NP + p) * 4) = pend[u];
+                for (int u = 0; u < 5; u++) *reinterpret_cast<u32*>(gbase + L::SW + pend_slot * L::SW_SLOT + (u * NP + p) * 4) = pend[u];
             }
         };
         // Converts step jc (its packed bytes are this thread's own copies) into its stage and arrives.
@@ -1084,15 +1126,17 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             else gm_wait<LAG>();
             const int slot = jc % RAW;
             const u8* raw = gbase + L::BR + slot * 8192;
+            const u32* words = reinterpret_cast<const u32*>(gbase + L::SW + slot * L::SW_SLOT);
             u8* bc = gbase + cv.s * L::STAGE + L::BC;
-            float* wsc = reinterpret_cast<float*>(gbase + L::WSC + cv.s * 512);
+            const u32 bm = words[4 * NP + p];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 const int r = (p >> 2) + 32 * u;
                 const uint4 v = *reinterpret_cast<const uint4*>(raw + r * 64 + g * 16);
-                const u32 sw = *reinterpret_cast<const u32*>(gbase + L::SW + slot * 2048 + (u * NP + p) * 4);
-                u32 m;
-                const uint2 t = gq_fp4_table(sw, g, lut, &m);
+                // The group's e4m3 magnitudes times 2^(s_grp − s_block) (gq_fp4_table's table rows).
+                const u32 smax = EPI == 1 && ((r >> 3) & 1) ? bm >> 8 : bm & 0xffu;
+                const int dd = max((int)((words[u * NP + p] >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
+                const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * dd);
                 uint4 o0, o1;
                 gq_fp4x8(v.x, t.x, t.y, o0.x, o0.y);
                 gq_fp4x8(v.y, t.x, t.y, o0.z, o0.w);
@@ -1100,7 +1144,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 gq_fp4x8(v.w, t.x, t.y, o1.z, o1.w);
                 *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o0;
                 *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o1;
-                if (g == 0) wsc[r] = fs_e8m0((u8)m);
             }
             gw_fence_proxy();
             gws_arrive(full0 + 8 * cv.s);
@@ -1113,6 +1156,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #pragma unroll
             for (int st = 1; st < 4; st++) nlive += live(P.m0, st);
             const u8* a_src = P.q + (size_t)(P.m0 >> 6) * KT * 8192;
+            const size_t brow = block_row(w, P.n0);
             // Weight rows p / 4 + 32 u, 16-byte group p % 4 (+ that row's scale words). Rows past N copy zeros.
             const u8* b_src[4];
             const u8* s_src[4];
@@ -1148,6 +1192,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 // Rows past N: scale word 0; their columns are never stored.
 #pragma unroll
                 for (int u = 0; u < 4; u++) pend[u] = b_ok[u] ? __ldg(reinterpret_cast<const u32*>(s_src[u]) + kt) : 0u;
+                pend[4] = (u32)__ldg(bsg + brow + kt) | (EPI == 1 ? (u32)__ldg(bsu + brow + kt) << 8 : 0u);
                 pend_slot = slot;
                 j++;
                 cp.next();
@@ -1169,18 +1214,21 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const bool l0 = live(P.m0, 2 * wg), l1 = live(P.m0, 2 * wg + 1);
         const int row0 = P.m0 + wg * 128 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 in sub-tile 1)
         const float* sa0 = P.sa + (size_t)row0 * KT;
+        const u8* swg = bsg + block_row(w, P.n0);
+        const u8* swu = bsu + block_row(w, P.n0);
         float acc0[64], acc1[64], tmp[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) {
             acc0[i] = 0.f;
             acc1[i] = 0.f;
         }
-        // Step kt's activation scales (rows row0, row0 + 8, row0 + 64, row0 + 72), loaded a step ahead.
+        // Step kt's scales: activation rows row0, row0 + 8, row0 + 64, row0 + 72, the tile's block
+        // scales (gate or only, up); loaded a step ahead.
         struct Sc {
-            float a0, a1, b0, b1;
+            float a0, a1, b0, b1, wg, wu;
         };
         auto scales = [&](int kt) {
-            Sc c = {1.f, 1.f, 1.f, 1.f};
+            Sc c = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
             if (kt < KT) {
                 if (l0) {
                     c.a0 = __ldg(sa0 + kt);
@@ -1190,6 +1238,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                     c.b0 = __ldg(sa0 + 64 * KT + kt);
                     c.b1 = __ldg(sa0 + 72 * KT + kt);
                 }
+                c.wg = fs_e8m0(__ldg(swg + kt));
+                if (EPI == 1) c.wu = fs_e8m0(__ldg(swu + kt));
             }
             return c;
         };
@@ -1199,7 +1249,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             const u32 sb = base + ring.s * L::STAGE;
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-            const float* wsc = reinterpret_cast<const float*>(gbase + L::WSC + ring.s * 512);
             const unsigned long long db = gw_desc(sb + L::BC);
             if (l0) {
                 const unsigned long long da = gw_desc(sb + L::A + (2 * wg) * 8192);
@@ -1209,7 +1258,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 gw_commit();
                 gw_wait0();
                 gw_fence_regs(tmp);
-                gw_promote<false, EPI>(acc0, tmp, cur.a0, cur.a1, 1.f, 1.f, wsc, c2);
+                gw_promote<true, EPI>(acc0, tmp, cur.a0, cur.a1, cur.wg, cur.wu, nullptr, c2);
             }
             if (l1) {
                 const unsigned long long da = gw_desc(sb + L::A + (2 * wg + 1) * 8192);
@@ -1219,7 +1268,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 gw_commit();
                 gw_wait0();
                 gw_fence_regs(tmp);
-                gw_promote<false, EPI>(acc1, tmp, cur.b0, cur.b1, 1.f, 1.f, wsc, c2);
+                gw_promote<true, EPI>(acc1, tmp, cur.b0, cur.b1, cur.wg, cur.wu, nullptr, c2);
             }
             __syncwarp();
             if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
@@ -1236,8 +1285,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
              const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
              const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
              float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                         \
-             const float* __restrict__ gamma, int N, int K, float limit) {                                                \
-        moe_wt<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit);                \
+             const float* __restrict__ gamma, int N, int K, float limit, const u8* __restrict__ bsg,                      \
+             const u8* __restrict__ bsu) {                                                                                \
+        moe_wt<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu);      \
     }
 
 MOE_WT_ENTRY(moe_wt_fp4_256_plain, 0)
