@@ -1069,7 +1069,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                                        const u8* bsg, const u8* bsu) {
     typedef GwtLayout L;
     constexpr int ST = L::STAGES, RAW = L::RAW, NP = GWT_PRODUCERS, LAG = GWT_LAG;
-    static_assert(LAG >= 1 && LAG <= ST - 1, "the lag must leave the ring room (no deadlock)");
+    static_assert(LAG >= 1, "the copies run ahead of the conversion");
     extern __shared__ __align__(16) u8 gwt_sh[];
     if (blockDim.x != GWT_THREADS) __trap();  // without its producer the ring would never fill
     u8* gbase;
@@ -1107,75 +1107,79 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const int p = tid - 256, g = p & 3;
         const size_t wrow = (size_t)K / 2;
         const int sg = K >> 5;
-        int j = 0, jc = 0;   // steps copied, steps converted
-        GwsRing<ST> cp, cv;  // their stages
-        // The scale words of the last step copied (and its block scales, gate | up << 8), loaded
-        // with plain loads and stored into the thread's own words of its raw slot one step later
-        // (before that step is converted).
+        // The block's steps: its units (grid-stride) × KT. The packed weights of step j + LAG are
+        // copied (into raw slot (j + LAG) % RAW) before step j's stage is awaited, so the copies run
+        // LAG steps ahead of the conversion whatever the ring of stages holds.
+        const int units = blockIdx.x < total ? (total - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+        const int steps = units * KT;
+        // Copy side: unit cw (grid-stride index), step ck within it, steps issued jn.
+        int cw = blockIdx.x, ck = 0, jn = 0;
+        const u8* b_src[4];
+        const u8* s_src[4];
+        u32 b_ok = 0;
+        size_t cbrow = 0;
+        auto copy_unit = [&] {
+            const GqProb P = prob(cw);
+            cbrow = block_row(cw, P.n0);
+            b_ok = 0;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int n = P.n0 + (p >> 2) + 32 * u;
+                const bool ok = n < N;
+                b_ok |= (u32)ok << u;
+                // Weight row p / 4 + 32 u, 16-byte group p % 4 (+ that row's scale words). Rows past N copy zeros.
+                b_src[u] = ok ? fused_wrow<EPI>(P, n, wrow) + g * 16 : P.W;
+                s_src[u] = P.S;
+                if (ok) {
+                    const u8* sp;
+                    const int sn = fused_srow<EPI>(P, n, sp);
+                    s_src[u] = sp + (size_t)sn * sg;
+                }
+            }
+        };
+        if (steps > 0) copy_unit();
+        // The scale words of the last step issued (and its block scales, gate | up << 8), loaded
+        // with plain loads and stored into the thread's own words of that step's raw slot when the
+        // next copy is issued (before that step is converted).
         u32 pend[5];
         int pend_slot = -1;
-        auto store_pending = [&] {
+        auto issue = [&] {
             if (pend_slot >= 0) {
 #pragma unroll
                 for (int u = 0; u < 5; u++) *reinterpret_cast<u32*>(gbase + L::SW + pend_slot * L::SW_SLOT + (u * NP + p) * 4) = pend[u];
+                pend_slot = -1;
             }
-        };
-        // Converts step jc (its packed bytes are this thread's own copies) into its stage and arrives.
-        auto finish = [&](bool drain) {
-            if (drain) gm_wait<0>();
-            else gm_wait<LAG>();
-            const int slot = jc % RAW;
-            const u8* raw = gbase + L::BR + slot * 8192;
-            const u32* words = reinterpret_cast<const u32*>(gbase + L::SW + slot * L::SW_SLOT);
-            u8* bc = gbase + cv.s * L::STAGE + L::BC;
-            const u32 bm = words[4 * NP + p];
+            if (jn < steps) {
+                const int slot = jn % RAW;
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int r = (p >> 2) + 32 * u;
-                const uint4 v = *reinterpret_cast<const uint4*>(raw + r * 64 + g * 16);
-                // The group's e4m3 magnitudes times 2^(s_grp − s_block) (gq_fp4_table's table rows).
-                const u32 smax = EPI == 1 && ((r >> 3) & 1) ? bm >> 8 : bm & 0xffu;
-                const int dd = max((int)((words[u * NP + p] >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
-                const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * dd);
-                uint4 o0, o1;
-                gq_fp4x8(v.x, t.x, t.y, o0.x, o0.y);
-                gq_fp4x8(v.y, t.x, t.y, o0.z, o0.w);
-                gq_fp4x8(v.z, t.x, t.y, o1.x, o1.y);
-                gq_fp4x8(v.w, t.x, t.y, o1.z, o1.w);
-                *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o0;
-                *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o1;
+                for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)ck * 64, (b_ok >> u) & 1u);
+                // Rows past N: scale word 0; their columns are never stored.
+#pragma unroll
+                for (int u = 0; u < 4; u++) pend[u] = (b_ok >> u) & 1u ? __ldg(reinterpret_cast<const u32*>(s_src[u]) + ck) : 0u;
+                pend[4] = (u32)__ldg(bsg + cbrow + ck) | (EPI == 1 ? (u32)__ldg(bsu + cbrow + ck) << 8 : 0u);
+                pend_slot = slot;
+                jn++;
+                if (++ck == KT) {
+                    ck = 0;
+                    cw += gridDim.x;
+                    if (jn < steps) copy_unit();
+                }
             }
-            gw_fence_proxy();
-            gws_arrive(full0 + 8 * cv.s);
-            jc++;
-            cv.next();
+            gm_commit();  // an empty group past the last step keeps wait_group's count
         };
+        for (int i = 0; i < LAG; i++) issue();
+        GwsRing<ST> ring;
+        int j = 0;  // steps converted
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
             const GqProb P = prob(w);
             int nlive = 1;
 #pragma unroll
             for (int st = 1; st < 4; st++) nlive += live(P.m0, st);
             const u8* a_src = P.q + (size_t)(P.m0 >> 6) * KT * 8192;
-            const size_t brow = block_row(w, P.n0);
-            // Weight rows p / 4 + 32 u, 16-byte group p % 4 (+ that row's scale words). Rows past N copy zeros.
-            const u8* b_src[4];
-            const u8* s_src[4];
-            bool b_ok[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int n = P.n0 + (p >> 2) + 32 * u;
-                b_ok[u] = n < N;
-                b_src[u] = b_ok[u] ? fused_wrow<EPI>(P, n, wrow) + g * 16 : P.W;
-                s_src[u] = P.S;
-                if (b_ok[u]) {
-                    const u8* s;
-                    const int sn = fused_srow<EPI>(P, n, s);
-                    s_src[u] = s + (size_t)sn * sg;
-                }
-            }
-            for (int kt = 0; kt < KT; kt++) {
-                const int s = cp.s;
-                gws_wait(empty0 + 8 * s, cp.ph ^ 1);
+            for (int kt = 0; kt < KT; kt++, j++, ring.next()) {
+                issue();  // step j + LAG
+                const int s = ring.s;
+                gws_wait(empty0 + 8 * s, ring.ph ^ 1);
                 if (p == 0) {
                     const u32 bar = full0 + 8 * s, bytes = (u32)nlive * 8192u;
                     GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
@@ -1184,23 +1188,34 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                                "l"(a_src + ((size_t)st * KT + kt) * 8192), "r"(bar)
                                : "memory");
                 }
+                // Step j's packed bytes are this thread's own copies, LAG groups back.
+                gm_wait<LAG>();
                 const int slot = j % RAW;
+                const u8* raw = gbase + L::BR + slot * 8192;
+                const u32* words = reinterpret_cast<const u32*>(gbase + L::SW + slot * L::SW_SLOT);
+                u8* bc = gbase + s * L::STAGE + L::BC;
+                const u32 bm = words[4 * NP + p];
 #pragma unroll
-                for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)kt * 64, b_ok[u]);
-                gm_commit();
-                store_pending();
-                // Rows past N: scale word 0; their columns are never stored.
-#pragma unroll
-                for (int u = 0; u < 4; u++) pend[u] = b_ok[u] ? __ldg(reinterpret_cast<const u32*>(s_src[u]) + kt) : 0u;
-                pend[4] = (u32)__ldg(bsg + brow + kt) | (EPI == 1 ? (u32)__ldg(bsu + brow + kt) << 8 : 0u);
-                pend_slot = slot;
-                j++;
-                cp.next();
-                if (j - jc > LAG) finish(false);
+                for (int u = 0; u < 4; u++) {
+                    const int r = (p >> 2) + 32 * u;
+                    const uint4 v = *reinterpret_cast<const uint4*>(raw + r * 64 + g * 16);
+                    // The group's e4m3 magnitudes times 2^(s_grp − s_block) (gq_fp4_table's table rows).
+                    const u32 smax = EPI == 1 && ((r >> 3) & 1) ? bm >> 8 : bm & 0xffu;
+                    const int dd = max((int)((words[u * NP + p] >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
+                    const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * dd);
+                    uint4 o0, o1;
+                    gq_fp4x8(v.x, t.x, t.y, o0.x, o0.y);
+                    gq_fp4x8(v.y, t.x, t.y, o0.z, o0.w);
+                    gq_fp4x8(v.z, t.x, t.y, o1.x, o1.y);
+                    gq_fp4x8(v.w, t.x, t.y, o1.z, o1.w);
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o0;
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o1;
+                }
+                gw_fence_proxy();
+                gws_arrive(full0 + 8 * s);
             }
         }
-        store_pending();
-        while (jc < j) finish(true);
+        gm_wait<0>();
         return;
     }
 
