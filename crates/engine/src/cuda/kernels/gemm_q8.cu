@@ -1238,12 +1238,14 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             acc1[i] = 0.f;
         }
         // Step kt's scales: activation rows row0, row0 + 8, row0 + 64, row0 + 72, the tile's block
-        // scales (gate or only, up); loaded a step ahead.
+        // scale bytes (gate or only, up); loaded a step ahead, the bytes decoded where they are used
+        // (so that nothing waits on the loads before the step's MMAs).
         struct Sc {
-            float a0, a1, b0, b1, wg, wu;
+            float a0, a1, b0, b1;
+            u32 wg, wu;
         };
         auto scales = [&](int kt) {
-            Sc c = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
+            Sc c = {1.f, 1.f, 1.f, 1.f, 127u, 127u};
             if (kt < KT) {
                 if (l0) {
                     c.a0 = __ldg(sa0 + kt);
@@ -1253,8 +1255,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                     c.b0 = __ldg(sa0 + 64 * KT + kt);
                     c.b1 = __ldg(sa0 + 72 * KT + kt);
                 }
-                c.wg = fs_e8m0(__ldg(swg + kt));
-                if (EPI == 1) c.wu = fs_e8m0(__ldg(swu + kt));
+                c.wg = __ldg(swg + kt);
+                if (EPI == 1) c.wu = __ldg(swu + kt);
             }
             return c;
         };
@@ -1273,7 +1275,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 gw_commit();
                 gw_wait0();
                 gw_fence_regs(tmp);
-                gw_promote<true, EPI>(acc0, tmp, cur.a0, cur.a1, cur.wg, cur.wu, nullptr, c2);
+                gw_promote<true, EPI>(acc0, tmp, cur.a0, cur.a1, fs_e8m0((u8)cur.wg), fs_e8m0((u8)cur.wu), nullptr, c2);
             }
             if (l1) {
                 const unsigned long long da = gw_desc(sb + L::A + (2 * wg + 1) * 8192);
@@ -1283,7 +1285,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 gw_commit();
                 gw_wait0();
                 gw_fence_regs(tmp);
-                gw_promote<true, EPI>(acc1, tmp, cur.b0, cur.b1, cur.wg, cur.wu, nullptr, c2);
+                gw_promote<true, EPI>(acc1, tmp, cur.b0, cur.b1, fs_e8m0((u8)cur.wg), fs_e8m0((u8)cur.wu), nullptr, c2);
             }
             __syncwarp();
             if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
