@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Digest of an Nsight Compute source-level CSV of a warp-specialised MoE launch — moe_ws_* (gemm_q8.cu,
-switch MOE_FP8_WS) or moe_wbs_* (gemm.cu, switch MOE_BF16_WS): stall samples and executed
+"""Digest of an Nsight Compute source-level CSV of a warp-specialised MoE launch — moe_ws_* or moe_wt_*
+(gemm_q8.cu, switches MOE_FP8_WS / MOE_FP8_WT) or moe_wbs_* (gemm.cu, switch MOE_BF16_WS): stall samples and executed
 instructions per role (multiply warpgroups, producer warpgroups, the out-of-line mbarrier retry
 loops), per K step, and the top stall locations.
 
-moe_ws: the roles are the code between the two setmaxnreg instructions (multiply) and after them
-(producers); K steps = the executions of one QGMMA. moe_wbs (no setmaxnreg): multiply = the code
+moe_ws / moe_wt: the roles are the code between the two setmaxnreg instructions (multiply) and after
+them (producers); K steps = the executions of one QGMMA (moe_wt: the first sub-tile's, so a step's
+figures cover both of a warpgroup's sub-tiles). moe_wbs (no setmaxnreg): multiply = the code
 before the first EXIT, producer = up to the last EXIT; per warp and K step = instructions /
 (block K steps × warps of the role: 8 multiply, 4 producer), block K steps = HGMMA executions / 64
 (8 per step and warp, 8 multiply warps).
