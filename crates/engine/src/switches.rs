@@ -88,7 +88,7 @@ pub const SWITCHES: &[Switch] = &[
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "the grouped FP8 wgmma MoE GEMMs of 128-row tiles under TC_LINEAR=fp8 (moe_w8_*_128_*: two warpgroups that each copy, convert FP4 weights, multiply and promote, one block barrier per K step): warp specialisation (moe_ws_*: two producer warpgroups copy and convert into a 5-6 stage ring, two multiply warpgroups wait on mbarriers and promote, registers moved to them with setmaxnreg; the same MMAs and promotion order, so the same bits)",
-        parity: "gpu-check (`--only moe`) `moe_q8 <fmt> MOE_FP8_WS=off bits` (bitwise equal to moe_w8 on the parity layer, both formats; the other `moe_q8 …` records run on it by default: against the CPU in official numerics and bit for bit against all on) and `moe_q8 flash T=… MOE_FP8_WS=off bits` (Flash shapes with 128-row tiles forced, so that moe_ws runs at every listed token count); qualify (`MOE_FP8_WS=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8); the switch matrix row checks only the plumbing (its 200-token prefill takes 64-row tiles)",
+        parity: "gpu-check (`--only moe`) `moe_q8 <fmt> MOE_FP8_WS=off bits` (bitwise equal to moe_w8 on the parity layer, both formats; FP4 all on runs moe_wt there, which MOE_FP8_WS=off turns off too; the other `moe_q8 …` records run on it by default: against the CPU in official numerics and bit for bit against all on) and `moe_q8 flash T=… MOE_FP8_WS=off bits` (Flash shapes with 128-row tiles forced, so that moe_ws runs at every listed token count); qualify (`MOE_FP8_WS=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8); the switch matrix row checks only the plumbing (its 200-token prefill takes 64-row tiles)",
     },
     Switch {
         name: "MOE_FP8_WT",
@@ -431,7 +431,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MOE_PERSISTENT", &[("MOE_GROUPED", &["on"])]),
     ("FP8_WGMMA", &[("TC_LINEAR", &["fp8"])]),
     ("MOE_FP8_WS", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
-    ("MOE_FP8_WT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
+    ("MOE_FP8_WT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"])]),
     // Under TC_LINEAR=off the grouped MoE still runs split activations (ops_mhc.rs moe_forward).
     ("MOE_BF16_WS", &[("TC_LINEAR", &["split", "off"]), ("BF16_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),

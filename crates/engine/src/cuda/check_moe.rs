@@ -443,8 +443,8 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
         out.push(json!({"op": format!("moe_q8 {fmt} per-expert vs cpu"), "shape": shape, "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "pass": pass}));
         all &= pass;
         // The warp-specialised kernels (MOE_FP8_WS, on by default: the records above with 128-row
-        // tiles ran on them — not tile 64, T=1 / T=3, mma.sync or per-expert) against moe_w8: the
-        // same MMAs and promotion, so the same bits.
+        // tiles ran on them — not tile 64, T=1 / T=3, mma.sync or per-expert; FP4 all on runs moe_wt,
+        // which needs MOE_FP8_WS) against moe_w8: the same MMAs and promotion, so the same bits.
         if let Some(f0) = &first {
             let ws_off = switch_scope(&[("MOE_FP8_WS", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
             let differ = differing_bits(f0, &gpu.download(&ws_off)?);
@@ -594,22 +594,23 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         // And the 256-row tiles (moe_wt, forced) against moe_ws's 128-row ones (the same forcing
         // with MOE_FP8_WT off gives 128).
         let q8_256: Run = &|| gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t256);
-        type Ran<'a> = Option<(&'a str, bool)>;
+        // (the key saying whether the switched kernel ran, its value, and whether the record needs it
+        // to have run: moe_wt's compares nothing otherwise).
+        type Ran<'a> = Option<(&'a str, bool, bool)>;
         let runs: [(&str, &str, Run, &str, Ran); 3] = [
             ("moe_q8", "MOE_FP8_WS", q8, "all on, both with 128-row tiles", None),
-            ("moe_grouped", "MOE_BF16_WS", split, "all on, both with 128-row tiles", Some(("moe_wbs_ran", wbs_runs(gpu, d, inter, t * k, e, t128)))),
-            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, t256))))),
+            ("moe_grouped", "MOE_BF16_WS", split, "all on, both with 128-row tiles", Some(("moe_wbs_ran", wbs_runs(gpu, d, inter, t * k, e, t128), false))),
+            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, t256)), true))),
         ];
         for (op, switch, run, vs, ran) in runs {
             let ws = gpu.download(&*run()?)?;
             let plain = switch_scope(&[(switch, "off")], run)?;
             let differ = differing_bits(&ws, &gpu.download(&*plain)?);
             let mut detail = json!({"differing_values": differ, "of": ws.len(), "vs": vs, "finite": ws.iter().all(|v| v.is_finite())});
-            if let Some((key, ran)) = ran {
-                detail[key] = json!(ran);
+            if let Some((key, r, _)) = ran {
+                detail[key] = json!(r);
             }
-            // moe_wt must have run for its record to say anything (moe_wbs's says whether it ran).
-            let ran_needed = ran.is_none_or(|(key, r)| key != "moe_wt_ran" || r);
+            let ran_needed = ran.is_none_or(|(_, r, required)| r || !required);
             flag_record(&mut rows, &format!("{op} flash T={t} {switch}=off bits"), detail, differ == 0 && ran_needed);
         }
     }

@@ -217,14 +217,14 @@ impl GpuExpertTables {
         let q8 = experts.iter().all(|ex| [&ex.w1, &ex.w3, &ex.w2].into_iter().all(super::ops_q8::q8_capable));
         let format = fmt.unwrap_or("bf16");
         let (s1, s3, s2) = (gpu.upload(&s1)?, gpu.upload(&s3)?, gpu.upload(&s2)?);
-        let block_smax = if format == "fp4" && q8 { Self::block_smax(gpu, experts.len(), [(&s1, inter, d), (&s3, inter, d), (&s2, d, inter)])? } else { None };
+        let block_smax = if format == "fp4" && q8 { Self::build_block_smax(gpu, experts.len(), [(&s1, inter, d), (&s3, inter, d), (&s2, d, inter)])? } else { None };
         Ok(Some(GpuExpertTables { format, inter, d, q8, block_smax, w1: gpu.upload(&w1)?, s1, w3: gpu.upload(&w3)?, s3, w2: gpu.upload(&w2)?, s2 }))
     }
 
     /// The block scale tables of [`Self::block_smax`] for FP4 matrices given as (scale address
     /// table `[E]`, rows, cols; cols a multiple of 128), or `None` when some block's group scales
     /// span more than 8 binades (or hold a NaN byte). Synchronises once (reads the verdict).
-    fn block_smax(gpu: &Gpu, e: usize, mats: [(&CudaSlice<u64>, usize, usize); 3]) -> Result<Option<[CudaSlice<u8>; 3]>, CudaError> {
+    fn build_block_smax(gpu: &Gpu, e: usize, mats: [(&CudaSlice<u64>, usize, usize); 3]) -> Result<Option<[CudaSlice<u8>; 3]>, CudaError> {
         let mut flag = gpu.zeros_owned::<i32>(1)?;
         let mut outs = Vec::with_capacity(3);
         for (stab, rows, cols) in mats {
@@ -329,7 +329,7 @@ impl Gpu {
 
     /// Launch geometry of a grouped GEMM over `g`'s tile queue with `n` outputs (`bn` per block, 8
     /// warps for 128-row tiles, 4 for 64, 16 for the warp-specialised `moe_ws_*`, 12 for
-    /// `moe_wbs_*`): one block per work unit, or with `opts.persistent` as many blocks as fit the
+    /// `moe_wbs_*` and `moe_wt_*`): one block per work unit, or with `opts.persistent` as many blocks as fit the
     /// SMs (they walk the queue); at most `opts.max_blocks` either way.
     fn moe_launch_config(&self, fname: &str, g: &Grouping, n: usize, bn: usize, smem: usize, opts: MoeOptions) -> Result<LaunchConfig, CudaError> {
         let threads = if fname.starts_with("moe_ws_") {
@@ -418,7 +418,8 @@ impl Gpu {
     ///
     /// Errors: a layer that cannot run grouped (see [`GpuExpertTables::build`]), shapes that
     /// disagree with `cfg`, or any launch error. Expert ids outside 0..E are not grouped: their
-    /// slots stay zero (the router marks such tokens with NaN weights, which reach the output).
+    /// slots are never written and the combine counts them as zeros (the router marks such tokens
+    /// with NaN weights, which reach the output).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_experts_grouped(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, split: bool, opts: MoeOptions) -> Result<DevBuf<f32>, CudaError> {
         let (tables, d, e, k) = self.grouped_inputs(cfg, layer, f, t, experts, weights, false)?;
@@ -470,8 +471,10 @@ impl Gpu {
         self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, Some((experts, e)), false)
     }
 
-    /// Launches one grouped FP8-activation GEMM `moe_<q8|w8|ws>_<fmt>_<bm>_<epi>` (gemm_q8.cu; the
-    /// family from [`super::ops_q8::families_for`] and [`super::ops_q8::moe_family_for`]).
+    /// Launches one grouped FP8-activation GEMM `moe_<q8|w8|ws|wt>_<fmt>_<bm>_<epi>` (gemm_q8.cu; the
+    /// family from [`super::ops_q8::families_for`] and [`super::ops_q8::moe_family_for`], or `moe_wt`
+    /// for 256-row tiles, whose block scale tables `blocks` indexes in
+    /// [`GpuExpertTables::block_smax`]: gate (or only) and up matrix, 0 = w1, 1 = w3, 2 = w2).
     #[allow(clippy::too_many_arguments)]
     fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
         // 256-row tiles exist only as moe_wt (FP4; chosen by ops_q8::wt_tiles).

@@ -100,7 +100,8 @@ pub fn moe_family_for(family: &'static str, bm: usize, ws_ok: bool) -> &'static 
 pub const WS_THREADS: u32 = 512;
 
 /// Whether the grouped FP8 MoE takes 256-row tiles on the `moe_wt` kernels (switch `MOE_FP8_WT`,
-/// on by default): FP4 experts whose 128 × 128 blocks convert exactly relative to their largest
+/// on by default; like `moe_ws` it needs `MOE_FP8_WS`, so that `MOE_FP8_WS=off` runs `moe_w8`
+/// everywhere): FP4 experts whose 128 × 128 blocks convert exactly relative to their largest
 /// group scale (`block_fold`, [`super::ops_moe::GpuExpertTables`]), the wgmma family, the kernels
 /// compiled as their register split needs (`wt_ok`, [`super::gpu::Gpu`]'s check at open), and
 /// either 256-row tiles forced (`force` ≥ 256) or, with adaptive tiles and no forced size, at least
@@ -111,6 +112,7 @@ pub fn wt_tiles(format: &str, block_fold: bool, family: &str, wt_ok: bool, force
         && block_fold
         && family == "moe_w8"
         && wt_ok
+        && crate::switches::on("MOE_FP8_WS")
         && crate::switches::on("MOE_FP8_WT")
         && match force {
             Some(bm) => bm >= 256,
@@ -230,7 +232,8 @@ pub fn q8_capable(w: &GpuWeight) -> bool {
 /// Activations quantized for gemm_q8.cu: e4m3 `q` `[rows, kp]` and f32 scales `sa` `[rows, kp/128]`
 /// (rows past the valid ones are zero with scale 1).
 pub struct QuantizedActs {
-    /// e4m3 bytes `[rows, kp]`.
+    /// e4m3 bytes `[rows, kp]` (with [`Self::tiled`]: the same bytes in gemm_q8.cu `gq_tiled`'s
+    /// order, which only the `moe_wt` kernels read).
     pub q: DevBuf<u8>,
     /// Power-of-two scale per row and 128-block.
     pub sa: DevBuf<f32>,
@@ -238,6 +241,8 @@ pub struct QuantizedActs {
     pub rows: usize,
     /// Input width rounded up to 128.
     pub kp: usize,
+    /// Whether `q` is in the tiled layout ([`Gpu::act_quant_layout`]); the plain GEMMs refuse it.
+    pub tiled: bool,
 }
 
 impl Gpu {
@@ -293,7 +298,7 @@ impl Gpu {
         // SAFETY: as above, one scale per (row, block).
         let mut sa = unsafe { self.scratch::<f32>(rows * kp / Q8_BLOCK) }?;
         self.act_quant_launch(x, Some((&mut q, &mut sa)), t, k, rows, tiled)?;
-        Ok(QuantizedActs { q, sa, rows, kp })
+        Ok(QuantizedActs { q, sa, rows, kp, tiled })
     }
 
     /// FP8 quantize-dequantize of `t` rows of `x` (`[t, k]`) in place, per 128 features (spec §6,
@@ -315,6 +320,9 @@ impl Gpu {
     pub fn linear_q8(&self, qa: &QuantizedActs, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
         if !q8_capable(w) {
             return Err(bad(format!("weight [{}, {}] is not FP8 or foldable FP4 with a width multiple of 128", w.rows, w.cols)));
+        }
+        if qa.tiled {
+            return Err(bad("activations in the tiled layout (moe_wt's input) given to a plain FP8 GEMM"));
         }
         if qa.kp != w.cols || qa.rows < t.div_ceil(128) * 128 || y.len() < t * w.rows {
             return Err(bad(format!("activations [{}, {}] and {} outputs for {t} tokens of [{}, {}]", qa.rows, qa.kp, y.len(), w.rows, w.cols)));
@@ -555,6 +563,7 @@ mod tests {
         })
         .unwrap();
         crate::switches::scoped(&[("MOE_FP8_WT", "off")], || assert!(!wt_tiles("fp4", true, "moe_w8", true, Some(256), true, 8192 * 6, 256))).unwrap();
+        crate::switches::scoped(&[("MOE_FP8_WT", "on"), ("MOE_FP8_WS", "off")], || assert!(!wt_tiles("fp4", true, "moe_w8", true, Some(256), true, 8192 * 6, 256), "MOE_FP8_WS=off: moe_w8 everywhere")).unwrap();
     }
 
     #[test]

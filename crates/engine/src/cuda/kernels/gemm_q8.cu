@@ -1311,10 +1311,6 @@ MOE_WT_ENTRY(moe_wt_fp4_256_plain, 0)
 MOE_WT_ENTRY(moe_wt_fp4_256_swiglu, 1)
 MOE_WT_ENTRY(moe_wt_fp4_256_scatter, 2)
 
-// moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E, tiled): grouped rows of per-token quantized
-// activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows; tiled ≠ 0: in gq_tiled's layout,
-// R a multiple of 64), xsa [R, Kp/128] (1 for padding). Grid-stride over (row, 16-byte column
-// group); any grid, block 256.
 extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB, float* __restrict__ sat, const u8* __restrict__ sw,
                                      int NB, float* __restrict__ swf) {
     const int KBp = (KB + 3) & ~3;
@@ -1330,6 +1326,10 @@ extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB
     }
 }
 
+// moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E, tiled): grouped rows of per-token quantized
+// activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows; tiled ≠ 0: in gq_tiled's layout,
+// R a multiple of 64), xsa [R, Kp/128] (1 for padding). Grid-stride over (row, 16-byte column
+// group); any grid, block 256.
 extern "C" __global__ void moe_gather_q8(const u8* __restrict__ q, const float* __restrict__ sa, const int* __restrict__ row_tok,
                                          const int* __restrict__ offsets, u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int E,
                                          int tiled) {
