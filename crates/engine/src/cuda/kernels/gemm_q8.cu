@@ -1172,6 +1172,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         int j = 0;  // steps converted
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
             const GqProb P = prob(w);
+            // The live sub-tiles are a prefix: a tile's rows are one expert's (items start at its
+            // bm-aligned offset), whose padding rows come last (moe_group_fill), and its first row
+            // is routed (no item covers padding alone). The multiply warpgroups test each one.
             int nlive = 1;
 #pragma unroll
             for (int st = 1; st < 4; st++) nlive += live(P.m0, st);
