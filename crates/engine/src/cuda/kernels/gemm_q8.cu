@@ -207,6 +207,19 @@ __device__ __forceinline__ uint4 gq_fp4_unit(uint2 v, u32 w, int grp, const u32*
     return o;
 }
 
+// The warp-specialised kernels' conversion unit (moe_ws, moe_wt): 16 packed bytes v (32 e2m1 of
+// 32-group g of weight row r) through the magnitude table row t into the swizzled e4m3 tile bc
+// (16-byte chunks 2g and 2g + 1 of row r).
+__device__ __forceinline__ void gq_fp4x32_store(uint4 v, uint2 t, u8* bc, int r, int g) {
+    uint4 o0, o1;
+    gq_fp4x8(v.x, t.x, t.y, o0.x, o0.y);
+    gq_fp4x8(v.y, t.x, t.y, o0.z, o0.w);
+    gq_fp4x8(v.z, t.x, t.y, o1.x, o1.y);
+    gq_fp4x8(v.w, t.x, t.y, o1.z, o1.w);
+    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o0;
+    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o1;
+}
+
 // The fp4 conversion pipeline of both families (DIRECT = fp8 weights, nothing to convert) starts
 // with common.cuh's conv_pipeline_start.
 
@@ -843,14 +856,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
                     u8* bc = gbase + s * L::STAGE + L::BC;
                     // gq_fp4_unit's conversion, the scale word decoded once for the unit's 32 values.
                     u32 m;
-                    const uint2 t = gq_fp4_table(sw, g, lut, &m);
-                    uint4 o0, o1;
-                    gq_fp4x8(v.x, t.x, t.y, o0.x, o0.y);
-                    gq_fp4x8(v.y, t.x, t.y, o0.z, o0.w);
-                    gq_fp4x8(v.z, t.x, t.y, o1.x, o1.y);
-                    gq_fp4x8(v.w, t.x, t.y, o1.z, o1.w);
-                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o0;
-                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o1;
+                    gq_fp4x32_store(v, gq_fp4_table(sw, g, lut, &m), bc, r, g);
                     if (g == 0) reinterpret_cast<float*>(gbase + s * L::STAGE + L::WSC)[r] = fs_e8m0((u8)m);
                 }
             }
@@ -1205,14 +1211,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                     // The group's e4m3 magnitudes times 2^(s_grp − s_block) (gq_fp4_table's table rows).
                     const u32 smax = EPI == 1 && ((r >> 3) & 1) ? bm >> 8 : bm & 0xffu;
                     const int dd = max((int)((words[u * NP + p] >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
-                    const uint2 t = *reinterpret_cast<const uint2*>(lut + 2 * dd);
-                    uint4 o0, o1;
-                    gq_fp4x8(v.x, t.x, t.y, o0.x, o0.y);
-                    gq_fp4x8(v.y, t.x, t.y, o0.z, o0.w);
-                    gq_fp4x8(v.z, t.x, t.y, o1.x, o1.y);
-                    gq_fp4x8(v.w, t.x, t.y, o1.z, o1.w);
-                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o0;
-                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o1;
+                    gq_fp4x32_store(v, *reinterpret_cast<const uint2*>(lut + 2 * dd), bc, r, g);
                 }
                 gw_fence_proxy();
                 gws_arrive(full0 + 8 * s);
