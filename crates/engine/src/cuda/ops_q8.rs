@@ -566,6 +566,35 @@ mod tests {
         crate::switches::scoped(&[("MOE_FP8_WT", "on"), ("MOE_FP8_WS", "off")], || assert!(!wt_tiles("fp4", true, "moe_w8", true, Some(256), true, 8192 * 6, 256), "MOE_FP8_WS=off: moe_w8 everywhere")).unwrap();
     }
 
+    /// gemm_q8.cu's tiled activation layout (`gq_tiled`, mirrored here with common.cuh's `gw_swz`)
+    /// is a permutation of the row-major bytes in which the 64 rows × 128 columns that `moe_wt`
+    /// copies with one `cp.async.bulk` (block (r / 64)·KT + k / 128) are the 8,192 contiguous bytes
+    /// of that block, each 128-byte row holding its own row's bytes with the 16-byte chunks in the
+    /// 128-byte swizzle wgmma reads (chunk c at c ^ (row & 7)).
+    #[test]
+    fn tiled_layout_is_the_bulk_copied_swizzled_blocks() {
+        let q8 = include_str!("kernels/gemm_q8.cu");
+        let common = include_str!("kernels/common.cuh");
+        assert!(q8.contains("return ((size_t)(r >> 6) * KT + (k >> 7)) * 8192 + gw_swz((int)(r & 63), (k & 127) >> 4) + (k & 15);"));
+        assert!(common.contains("__device__ __forceinline__ u32 gw_swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }"));
+        let gw_swz = |r: usize, c: usize| r * 128 + ((c ^ (r & 7)) << 4);
+        let tiled = |r: usize, k: usize, kt: usize| ((r >> 6) * kt + (k >> 7)) * 8192 + gw_swz(r & 63, (k & 127) >> 4) + (k & 15);
+        let (rows, kp) = (192usize, 512usize);
+        let kt = kp / 128;
+        let mut seen = vec![false; rows * kp];
+        for r in 0..rows {
+            for k in 0..kp {
+                let o = tiled(r, k, kt);
+                assert!(!std::mem::replace(&mut seen[o], true), "({r}, {k}) lands on a taken byte");
+                let block = (r / 64) * kt + k / 128;
+                assert_eq!(o / 8192, block, "({r}, {k}) outside its bulk-copied block");
+                assert_eq!((o % 8192) / 128, r % 64, "({r}, {k}) outside its row of the block");
+                assert_eq!((o % 128) / 16, ((k % 128) / 16) ^ (r % 8), "({r}, {k}) not in its swizzled chunk");
+            }
+        }
+        assert!(seen.iter().all(|b| *b));
+    }
+
     #[test]
     fn fold_rule() {
         assert!(fp4_fold_exact(&[121, 121, 121, 121, 120, 127, 119, 126], 128));
