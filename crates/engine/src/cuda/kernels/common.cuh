@@ -187,6 +187,18 @@ __device__ __forceinline__ void gws_wait(u32 bar, u32 parity) {
            : "memory");
 }
 
+// Makes the barriers just initialised visible to the async proxy (cp.async.bulk's transaction
+// counts) before any thread uses them.
+__device__ __forceinline__ void gws_bar_init_fence() { GW_ASM("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+// One cp.async.bulk of BYTES (a multiple of 16) from global src to shared dst, completing on
+// mbarrier bar, whose current phase must expect the bytes (mbarrier.arrive.expect_tx) (gemm_q8.cu
+// moe_wt, indexer.cu indexer_topk_wgmma).
+template <int BYTES>
+__device__ __forceinline__ void gws_bulk_copy(u32 dst, const void* src, u32 bar) {
+    GW_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "n"(BYTES), "r"(bar) : "memory");
+}
+
 // A position in the ring: stage and the parity of its round (the phase its barriers are in).
 template <int ST>
 struct GwsRing {

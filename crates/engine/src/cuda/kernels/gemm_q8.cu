@@ -1088,7 +1088,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             gws_bar_init(full0 + 8 * s, NP + 1);  // each producer thread after converting, and thread 0's byte count
             gws_bar_init(empty0 + 8 * s, 8);
         }
-        GW_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
+        gws_bar_init_fence();
     }
     gq_fill_lut(lut, tid, GWT_THREADS);
     __syncthreads();
@@ -1192,10 +1192,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 if (p == 0) {
                     const u32 bar = full0 + 8 * s, bytes = (u32)nlive * 8192u;
                     GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-                    for (int st = 0; st < nlive; st++)
-                        GW_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 8192, [%2];" ::"r"(base + s * L::STAGE + L::A + st * 8192),
-                               "l"(a_src + ((size_t)st * KT + kt) * 8192), "r"(bar)
-                               : "memory");
+                    for (int st = 0; st < nlive; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + st * 8192, a_src + ((size_t)st * KT + kt) * 8192, bar);
                 }
                 // Step j's packed bytes are this thread's own copies, LAG groups back.
                 gm_wait<LAG>();
@@ -1231,8 +1228,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const bool l0 = live(P.m0, 2 * wg), l1 = live(P.m0, 2 * wg + 1);
         const int row0 = P.m0 + wg * 128 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 in sub-tile 1)
         const float* sa0 = P.sa + (size_t)row0 * KT;
-        const u8* swg = bsg + block_row(w, P.n0);
-        const u8* swu = bsu + block_row(w, P.n0);
+        const size_t brow = block_row(w, P.n0);
+        const u8* swg = bsg + brow;
+        const u8* swu = bsu + brow;
         float acc0[64], acc1[64], tmp[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) {

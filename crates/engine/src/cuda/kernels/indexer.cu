@@ -754,7 +754,7 @@ __device__ __forceinline__ void iwg_mma(float (&d)[8][4], const u32 (&a)[4], uns
 // expects the bytes from this arrival).
 __device__ __forceinline__ void iwg_copy_tile(u32 dst, const u8* src, u32 bar) {
     GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "n"(IWG_TILE) : "memory");
-    GW_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "n"(IWG_TILE), "r"(bar) : "memory");
+    gws_bulk_copy<IWG_TILE>(dst, src, bar);
 }
 
 template <bool SCORES>
@@ -797,7 +797,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
             gws_bar_init(full0 + 8 * s, 1);
             gws_bar_init(empty0 + 8 * s, IWG_THREADS / 32);
         }
-        GW_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
+        gws_bar_init_fence();
     }
     if (r == 0) {
         misc[0] = 0;
