@@ -446,6 +446,21 @@ __device__ __forceinline__ void gw_mma(float (&d)[64], unsigned long long da, un
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// One K step (128) of a warpgroup's 64 × 128 tile: four wgmma m64n128k32 into a fresh partial d
+// (scale-d 0 on the first), committed as one group (gw_gemm, moe_ws, moe_wt).
+__device__ __forceinline__ void gw_issue_k128(float (&d)[64], unsigned long long da, unsigned long long db) {
+    gw_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) gw_mma(d, da + 2 * kk, db + 2 * kk, kk);
+    gw_commit();
+}
+
+// Waits for the warpgroup's wgmma groups and makes the partial d readable.
+__device__ __forceinline__ void gw_wait_partial(float (&d)[64]) {
+    gw_wait0();
+    gw_fence_regs(d);
+}
+
 // Shared memory of a block: STAGES copy stages (activations BM × 128 e4m3, weights 128 rows × 128
 // e4m3 or 64 packed fp4 bytes), for fp4 two converted e4m3 tiles, their row scales and the table.
 // Five stages for 128-row blocks (one per SM); four for 64-row blocks, so that two fit an SM.
@@ -635,11 +650,7 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
         __syncthreads();
         const u32 a_tile = as_base + (kt % ST) * L::A_STAGE + wg * 64 * 128;
         const u32 b_tile = DIRECT ? bs_base + (kt % ST) * L::B_STAGE : bc_base + (kt & 1) * L::BCONV;
-        const unsigned long long da = gw_desc(a_tile), db = gw_desc(b_tile);
-        gw_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
-        gw_commit();
+        gw_issue_k128(tmp, gw_desc(a_tile), gw_desc(b_tile));
         const float sa0 = __ldg(sa_r0 + kt), sa1 = __ldg(sa_r1 + kt);
         float swg = 1.f, swu = 1.f;
         if (DIRECT) {
@@ -649,8 +660,7 @@ __device__ __forceinline__ void gw_gemm(const GqProb& P, const GqEpi& E) {
         issue(kt + ST - 1);
         if (!DIRECT) gm_wait<ST - 2>();  // step kt + 1 has landed (this thread's copies: all it converts)
         gq_pipeline_step<UNITS, DIRECT>(kt, KT, scale_word, convert, sreg);
-        gw_wait0();
-        gw_fence_regs(tmp);
+        gw_wait_partial(tmp);
         gw_promote<DIRECT, EPI>(acc, tmp, sa0, sa1, swg, swu, wsc + (kt & 1) * 128, c2);
     }
     gm_wait<0>();
@@ -965,13 +975,8 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
             const u32 sb = base + ring.s * L::STAGE;
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-            const unsigned long long da = gw_desc(sb + L::A + wg * 64 * 128), db = gw_desc(sb + (FP4 ? L::BC : L::B));
-            gw_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
-            gw_commit();
-            gw_wait0();
-            gw_fence_regs(tmp);
+            gw_issue_k128(tmp, gw_desc(sb + L::A + wg * 64 * 128), gw_desc(sb + (FP4 ? L::BC : L::B)));
+            gw_wait_partial(tmp);
             gw_promote<!FP4, EPI>(acc, tmp, cur.a0, cur.a1, cur.swg, cur.swu, reinterpret_cast<const float*>(gbase + ring.s * L::STAGE + L::WSC), c2);
             __syncwarp();
             if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
@@ -1266,27 +1271,14 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             const u32 sb = base + ring.s * L::STAGE;
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-            const unsigned long long db = gw_desc(sb + L::BC);
-            if (l0) {
-                const unsigned long long da = gw_desc(sb + L::A + (2 * wg) * 8192);
-                gw_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
-                gw_commit();
-                gw_wait0();
-                gw_fence_regs(tmp);
-                gw_promote<true, EPI>(acc0, tmp, cur.a0, cur.a1, fs_e8m0((u8)cur.wg), fs_e8m0((u8)cur.wu), nullptr, c2);
-            }
-            if (l1) {
-                const unsigned long long da = gw_desc(sb + L::A + (2 * wg + 1) * 8192);
-                gw_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) gw_mma(tmp, da + 2 * kk, db + 2 * kk, kk);
-                gw_commit();
-                gw_wait0();
-                gw_fence_regs(tmp);
-                gw_promote<true, EPI>(acc1, tmp, cur.b0, cur.b1, fs_e8m0((u8)cur.wg), fs_e8m0((u8)cur.wu), nullptr, c2);
-            }
+            // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1).
+            auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
+                gw_issue_k128(tmp, gw_desc(sb + L::A + (2 * wg + st) * 8192), gw_desc(sb + L::BC));
+                gw_wait_partial(tmp);
+                gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0((u8)cur.wg), fs_e8m0((u8)cur.wu), nullptr, c2);
+            };
+            if (l0) multiply(acc0, 0, cur.a0, cur.a1);
+            if (l1) multiply(acc1, 1, cur.b0, cur.b1);
             __syncwarp();
             if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
             cur = next;
