@@ -154,6 +154,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `sparse_attention_fast_exp …` records (NMSE and max-abs vs the CPU reference and vs the precise streaming kernel), the switch matrix and qualify (reported, not judged)",
     },
     Switch {
+        name: "MLA_BF16",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the streaming attention's split-bf16 products (three mma.sync per fragment, f32-level error; MLA_STREAM_TOPK) by DeepSeek's own attention numerics (OFF-K sparse_attn_kernel: Q, K=V and P rounded to bf16, f32 accumulation) on one wgmma product per fragment, the rows copied into shared memory by a dedicated warpgroup from bf16 copies made once per call (sm_90a; elsewhere the split kernels); not exact, off by default",
+        parity: "gpu-check (`--only attention`) `sparse_attention_bf16 …` records (NMSE and max-abs vs the CPU reference and vs the split kernel, tolerance 1e-4: bf16 rounding of Q, K=V and P), `sparse_attention split planes StreamBf16 …`, `sparse_attention fused q norm StreamBf16 …` and `sparse_attention_mask StreamBf16 …` (bit for bit, as for the split kernels); the switch matrix and qualify (reported, not judged)",
+    },
+    Switch {
         name: "DIRECT_INDEXER_TOPK",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -437,6 +444,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
     ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),
+    ("MLA_BF16", &[("MLA_STREAM_TOPK", &["on"])]),
     ("MLA_SPLIT_OUT", &[("MLA_STREAM_TOPK", &["on"]), ("LINEAR_CUBLASLT", &["on"]), ("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
@@ -496,7 +504,7 @@ pub enum Role {
     AloneOff,
     /// The defaults plus an off-by-default variant: another `TC_LINEAR` mode (the inexact `bf16`;
     /// `fp8` alone is [`Role::OfficialAllOn`]), a faster inexact kernel (`MLA_STREAM_FAST_EXP`,
-    /// `INDEXER_FP8`) or an exact one not on by default.
+    /// `INDEXER_FP8`, `MLA_BF16`) or an exact one not on by default.
     Fast,
     /// The defaults with `TC_LINEAR=fp8` (official numerics): the run that official configurations
     /// promising the same bits ([`Configuration::same_bits_as_all_on`]) are compared with.
@@ -513,7 +521,7 @@ pub struct Configuration {
     /// Its place in the matrix.
     pub role: Role,
     /// The design promises its reference's tokens end to end (everything but `TC_LINEAR=bf16`,
-    /// `MLA_STREAM_FAST_EXP=on`, `INDEXER_FP8=on` and `TC_LINEAR=fp8`; the latter's parity is judged per GEMM and per
+    /// `MLA_STREAM_FAST_EXP=on`, `INDEXER_FP8=on`, `MLA_BF16=on` and `TC_LINEAR=fp8`; the latter's parity is judged per GEMM and per
     /// MoE layer, see `forward::tests::official_numerics_amplify_last_bit_differences`).
     pub exact: bool,
     /// Its reference is DeepSeek's official numerics (`TC_LINEAR=fp8`: the CPU forward with
@@ -586,6 +594,9 @@ pub fn configurations() -> Vec<Configuration> {
     // defaults.
     v.push(c("MLA_STREAM_FAST_EXP=on (with the defaults)".into(), vec![("MLA_STREAM_FAST_EXP", "on")], Role::Fast, false, false, false));
     v.push(c("INDEXER_FP8=on (with the defaults)".into(), vec![("INDEXER_FP8", "on")], Role::Fast, false, false, false));
+    // MLA_BF16 (off by default, not exact): on with the defaults, and with the official numerics
+    // whose attention (OFF-K) it follows.
+    v.push(c("MLA_BF16=on (with the defaults)".into(), vec![("MLA_BF16", "on")], Role::Fast, false, false, false));
     v.push(c("all on, TC_LINEAR=bf16".into(), vec![("TC_LINEAR", "bf16")], Role::Fast, false, false, false));
     v.push(c("all on, TC_LINEAR=fp8 (official numerics)".into(), vec![("TC_LINEAR", "fp8")], Role::OfficialAllOn, false, false, false));
     // The warp-specialised grouped FP8 MoE runs the same MMAs and promotion as moe_w8: the same bits
@@ -593,6 +604,7 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("MOE_FP8_WS=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WS", "off")], Role::AloneOff, false, true, false));
     // The 256-row tiles run moe_ws's MMAs and promotion per 64-row sub-tile: the same bits again.
     v.push(c("MOE_FP8_WT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WT", "off")], Role::AloneOff, false, true, false));
+    v.push(c("MLA_BF16=on (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on")], Role::Fast, false, false, false));
     v
 }
 
@@ -669,7 +681,7 @@ mod tests {
         let official_all_on = cs.iter().position(|c| c.role == Role::OfficialAllOn).expect("official all-on run");
         assert_eq!(cs[official_all_on].overrides, [("TC_LINEAR", "fp8")]);
         assert!(cs.iter().enumerate().all(|(i, c)| !(c.official && c.same_bits_as_all_on) || i > official_all_on));
-        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on")].iter().any(|o| c.overrides.contains(o));
+        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16", "on")].iter().any(|o| c.overrides.contains(o));
         assert!(cs.iter().all(|c| c.exact != inexact(c)));
         assert!(cs.iter().filter(|c| c.official).count() >= 3);
     }

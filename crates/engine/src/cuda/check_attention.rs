@@ -25,6 +25,12 @@ use super::check::{differing_bits, random, record, record_tol, SPLIT_NMSE_TOL};
 /// terms too small to matter), so the bound is the split-bf16 one's order; a failure here means
 /// the variant is broken, not slightly imprecise.
 const FAST_EXP_NMSE_TOL: f64 = 1e-8;
+
+/// NMSE bound of the bf16 streaming kernel (`MLA_BF16`) against the CPU and the split kernel: Q,
+/// K=V and P rounded to bf16 (relative error ≤ 2⁻⁹ each, about 2⁻⁹/√3 rms) give output errors of
+/// order 1e-3 relative, NMSE ~1e-6; the bound leaves two orders of magnitude, while a broken
+/// layout or pipeline gives NMSE ~1.
+const BF16_ATT_NMSE_TOL: f64 = 1e-4;
 use super::gpu::Gpu;
 use super::ops_attention::{hca_candidates, AttentionKernel, AttentionOut, AttentionQuery, hca_offsets, topk_offsets, visible_entries, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::CudaError;
@@ -100,7 +106,11 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
     let mut dout = gpu.zeros::<f32>(tokens * H * C)?;
     let flops = 4.0 * (H * C) as f64 * cands as f64;
     let mut rows = Vec::new();
-    for (kernel, masked) in [(AttentionKernel::Exact, false), (AttentionKernel::Stream, false), (AttentionKernel::StreamFastExp, false), (AttentionKernel::Stream, true)] {
+    let mut kernels = vec![(AttentionKernel::Exact, false), (AttentionKernel::Stream, false), (AttentionKernel::StreamFastExp, false), (AttentionKernel::Stream, true)];
+    if gpu.attention_bf16_ok() {
+        kernels.extend([(AttentionKernel::StreamBf16, false), (AttentionKernel::StreamBf16, true)]);
+    }
+    for (kernel, masked) in kernels {
         let keys = if masked { &ck_mask } else { &ck };
         let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Normed(&dq), &dkv, Some(keys), &dsinks, &inv, &rope, &mut AttentionOut::F32(&mut dout), &shape, kernel))?;
         let tf = flops / (ms * 1e-3) / 1e12;
@@ -113,16 +123,22 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
         let n = tokens * H * C;
         // SAFETY: the kernel writes both planes' n values; nothing reads them.
         let mut planes = unsafe { gpu.scratch::<u16>(2 * n) }?;
-        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Normed(&dq), &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, AttentionKernel::Stream))?;
-        let tf = flops / (ms * 1e-3) / 1e12;
-        println!("time sparse_attention Stream (lists, split bf16 planes out) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
-        rows.push(json!({"op": "sparse_attention", "kernel": "Stream", "path": "lists", "output": "split planes", "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
-        // MLA_FUSED_Q_NORM: the same from raw queries (the kernel norms and rotates them), and the
-        // pass over the queries it removes.
-        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Raw { q: &dq, eps: 1e-6 }, &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, AttentionKernel::Stream))?;
-        let tf = flops / (ms * 1e-3) / 1e12;
-        println!("time sparse_attention Stream (lists, split bf16 planes out, fused q norm) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
-        rows.push(json!({"op": "sparse_attention", "kernel": "Stream", "path": "lists", "output": "split planes", "query": "raw (fused q norm)", "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
+        let mut streams = vec![AttentionKernel::Stream];
+        if gpu.attention_bf16_ok() {
+            streams.push(AttentionKernel::StreamBf16);
+        }
+        for kernel in streams {
+            let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Normed(&dq), &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, kernel))?;
+            let tf = flops / (ms * 1e-3) / 1e12;
+            println!("time sparse_attention {kernel:?} (lists, split bf16 planes out) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
+            rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "path": "lists", "output": "split planes", "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
+            // MLA_FUSED_Q_NORM: the same from raw queries (the kernel norms and rotates them), and the
+            // pass over the queries it removes.
+            let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Raw { q: &dq, eps: 1e-6 }, &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, kernel))?;
+            let tf = flops / (ms * 1e-3) / 1e12;
+            println!("time sparse_attention {kernel:?} (lists, split bf16 planes out, fused q norm) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
+            rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "path": "lists", "output": "split planes", "query": "raw (fused q norm)", "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
+        }
         // SAFETY: rms_norm_rope writes all n values; nothing reads them.
         let mut qn = unsafe { gpu.scratch::<f32>(n) }?;
         let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.rms_norm_rope(&dq, None, &mut qn, tokens, H, C, 1e-6, &inv, &rope, pos0))?;
@@ -320,15 +336,24 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
             };
             let detail = json!({"T": tokens, "H": H, "c": C, "pos0": pos0, "ratio": ratio, "entries": n_entries, "listed": n_listed});
             let mut stream = Vec::new();
-            for kernel in [AttentionKernel::Exact, AttentionKernel::Stream, AttentionKernel::StreamFastExp] {
+            let mut kernels = vec![AttentionKernel::Exact, AttentionKernel::Stream, AttentionKernel::StreamFastExp];
+            if gpu.attention_bf16_ok() {
+                kernels.push(AttentionKernel::StreamBf16);
+            }
+            for kernel in kernels {
                 let got = run(kernel, false)?;
                 all &= match kernel {
                     AttentionKernel::Exact => record(out, &format!("sparse_attention {keys_kind:?}"), detail.clone(), &got, &cpu),
                     AttentionKernel::Stream => record_tol(out, &format!("sparse_attention_stream {keys_kind:?}"), detail.clone(), &got, &cpu, SPLIT_NMSE_TOL),
-                    AttentionKernel::StreamFastExp => {
+                    AttentionKernel::StreamFastExp | AttentionKernel::StreamBf16FastExp => {
                         // Reported against the CPU and against the precise streaming kernel.
                         let vs_cpu = record_tol(out, &format!("sparse_attention_fast_exp {keys_kind:?}"), detail.clone(), &got, &cpu, FAST_EXP_NMSE_TOL);
                         vs_cpu & record_tol(out, &format!("sparse_attention_fast_exp vs stream {keys_kind:?}"), detail.clone(), &got, &stream, FAST_EXP_NMSE_TOL)
+                    }
+                    AttentionKernel::StreamBf16 => {
+                        // OFF-K's numerics: against the CPU and against the split kernel.
+                        let vs_cpu = record_tol(out, &format!("sparse_attention_bf16 {keys_kind:?}"), detail.clone(), &got, &cpu, BF16_ATT_NMSE_TOL);
+                        vs_cpu & record_tol(out, &format!("sparse_attention_bf16 vs stream {keys_kind:?}"), detail.clone(), &got, &stream, BF16_ATT_NMSE_TOL)
                     }
                 };
                 if kernel == AttentionKernel::Stream {
@@ -371,7 +396,7 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                     let finite = normed.iter().all(|v| v.is_finite());
                     all &= record_exact(out, &format!("sparse_attention fused q norm {kernel:?} {keys_kind:?}"), detail.clone(), differing + usize::from(!finite), 3 * n, json!("bits vs rms_norm_rope's queries (f32 output, then both split planes)"));
                 }
-                if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && kernel != AttentionKernel::StreamFastExp {
+                if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && !matches!(kernel, AttentionKernel::StreamFastExp | AttentionKernel::StreamBf16FastExp) {
                     // The mask path must give the lists' bits.
                     let masked = run(kernel, true)?;
                     let differing = differing_bits(&masked, &got);

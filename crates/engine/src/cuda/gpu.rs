@@ -89,6 +89,9 @@ pub struct Gpu {
     /// split assumes ([`super::ops_q8::WT_REGS`]); otherwise `MOE_FP8_WT` falls back to 128-row
     /// tiles (said at start).
     pub(crate) moe_wt_ok: bool,
+    /// The bf16 wgmma attention kernels (`sparse_attention_wg*`, switch `MLA_BF16`) can run: sm_90a
+    /// and compiled to [`super::ops_attention::ATTENTION_WG_REGS`] registers (their setmaxnreg split).
+    pub(crate) attention_wg_ok: bool,
 }
 
 /// Seconds from event `a` to event `b` (both recorded on one stream; waits for `b`).
@@ -540,6 +543,10 @@ impl Gpu {
             for name in super::ops_attention::ATTENTION_TC_KERNELS {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
+            let bytes = super::ops_attention::ATTENTION_WG_SMEM as i32;
+            for name in super::ops_attention::ATTENTION_WG_KERNELS {
+                drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
+            }
             let bytes = super::ops_attention::INDEXER_STREAM_SMEM as i32;
             for name in ["indexer_topk_stream", "indexer_topk_stream_fp8"] {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
@@ -578,9 +585,25 @@ impl Gpu {
                 }
             }
         }
+        // sparse_attention_wg*: 384 threads at ATTENTION_WG_REGS, split into 56 (copy) and 224 (multiply).
+        let mut attention_wg_ok = arch == "sm_90a";
+        for name in super::ops_attention::ATTENTION_WG_KERNELS {
+            let regs = drv(&format!("registers of {name}"), functions[name].num_regs())?;
+            if attention_wg_ok && regs != super::ops_attention::ATTENTION_WG_REGS {
+                eprintln!("MLA_BF16: {name} compiled to {regs} registers per thread, not the {} its setmaxnreg split assumes; attention keeps the split-bf16 kernels", super::ops_attention::ATTENTION_WG_REGS);
+                attention_wg_ok = false;
+            }
+        }
         let graph = super::graph::GraphState::new(ctx.clone());
         let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
-        Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph, moe_ws_ok, moe_wt_ok })
+        Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph, moe_ws_ok, moe_wt_ok, attention_wg_ok })
+    }
+
+    /// Whether the bf16 wgmma attention kernels (switch `MLA_BF16`) run on this device (sm_90a, and
+    /// compiled to the register count their setmaxnreg split assumes); elsewhere `MLA_BF16` keeps
+    /// the split-bf16 streaming kernels.
+    pub fn attention_bf16_ok(&self) -> bool {
+        self.attention_wg_ok
     }
 
     /// Records a timing event (`CU_EVENT_DEFAULT`) on the stream.

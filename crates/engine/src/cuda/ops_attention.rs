@@ -16,11 +16,36 @@ use crate::sampler::TopLogits;
 use cudarc::driver::{CudaSlice, DriverError, LaunchConfig, PushKernelArg};
 
 /// Entry points of `kernels/attention.cu`.
-pub const ATTENTION_ENTRY_POINTS: &[&str] = &["sparse_attention_f32", "sparse_attention_tc", "sparse_attention_tc_fast_exp", "sparse_attention_tc_split", "sparse_attention_tc_fast_exp_split"];
+pub const ATTENTION_ENTRY_POINTS: &[&str] = &[
+    "sparse_attention_f32",
+    "sparse_attention_tc",
+    "sparse_attention_tc_fast_exp",
+    "sparse_attention_tc_split",
+    "sparse_attention_tc_fast_exp_split",
+    "sparse_attention_wg",
+    "sparse_attention_wg_fast_exp",
+    "sparse_attention_wg_split",
+    "sparse_attention_wg_fast_exp_split",
+];
 
 /// The streaming attention kernels (dynamic shared memory [`ATTENTION_TC_SMEM`]): f32 output, and
 /// the `_split` ones that write [`AttentionOut::SplitPlanes`].
 pub const ATTENTION_TC_KERNELS: [&str; 4] = ["sparse_attention_tc", "sparse_attention_tc_fast_exp", "sparse_attention_tc_split", "sparse_attention_tc_fast_exp_split"];
+
+/// The bf16 wgmma streaming kernels (switch `MLA_BF16`; dynamic shared memory
+/// [`ATTENTION_WG_SMEM`], 384 threads): f32 output and precise exp, fast exp, then the `_split` ones.
+pub const ATTENTION_WG_KERNELS: [&str; 4] = ["sparse_attention_wg", "sparse_attention_wg_fast_exp", "sparse_attention_wg_split", "sparse_attention_wg_fast_exp_split"];
+
+/// Dynamic shared memory of `sparse_attention_wg` (`AwgLayout::TOTAL` in attention.cu): Q (64 KB),
+/// a ring of `AWG_ST` = 3 K=V tiles of 32 KB, the partial-logit exchange (32 KB), the stages'
+/// candidate masks (16 B), two tiles of row pointers (512 B), 6 mbarriers, 1 KB alignment slack.
+pub const ATTENTION_WG_SMEM: usize = 65536 + 3 * 32768 + 2 * 2 * 128 * 16 * 4 + 16 + 2 * 32 * 8 + 2 * 3 * 8 + 1024;
+
+/// Registers per thread `sparse_attention_wg*` must compile to: its setmaxnreg split (128 copy
+/// threads at 56, 256 multiply threads at 224) adds up to 384 threads at this count.
+pub const ATTENTION_WG_REGS: i32 = 168;
+
+const _: () = assert!(128 * 56 + 256 * 224 == 384 * ATTENTION_WG_REGS as usize && ATTENTION_WG_SMEM <= 227 * 1024);
 
 /// Dynamic shared memory of `sparse_attention_tc` (`ATC_SMEM` in attention.cu: Q and K tiles as
 /// split bf16 with 520-element rows, partial logits, row pointers).
@@ -39,21 +64,37 @@ pub enum AttentionKernel {
     /// of a few ulp per exponential; gpu-check reports its NMSE and max-abs against both the CPU
     /// and [`AttentionKernel::Stream`]).
     StreamFastExp,
+    /// `sparse_attention_wg` (switches `MLA_STREAM_TOPK` + `MLA_BF16`, sm_90a): the streaming
+    /// attention in OFF-K's numerics — Q, K=V and P rounded to bf16, f32 accumulation, one wgmma
+    /// product — from bf16 copies of the rows the launcher makes (not exact: gpu-check reports its
+    /// NMSE and max-abs against the CPU and [`AttentionKernel::Stream`]).
+    StreamBf16,
+    /// `sparse_attention_wg_fast_exp`: [`AttentionKernel::StreamBf16`] with `__expf` (switch
+    /// `MLA_STREAM_FAST_EXP` too).
+    StreamBf16FastExp,
 }
 
 impl AttentionKernel {
-    /// The kernel the `MLA_STREAM_TOPK` and `MLA_STREAM_FAST_EXP` switches select for `heads` ×
-    /// `head_dim`.
-    pub fn from_switches(heads: usize, head_dim: usize) -> Self {
+    /// The kernel the `MLA_STREAM_TOPK`, `MLA_BF16` and `MLA_STREAM_FAST_EXP` switches select for
+    /// `heads` × `head_dim`; `bf16_ok`: the device runs the bf16 kernels ([`Gpu::attention_bf16_ok`]),
+    /// else `MLA_BF16` falls back to the split kernels.
+    pub fn from_switches(heads: usize, head_dim: usize, bf16_ok: bool) -> Self {
         if crate::switches::on("MLA_STREAM_TOPK") && heads == 64 && head_dim == 512 {
-            if crate::switches::on("MLA_STREAM_FAST_EXP") {
-                AttentionKernel::StreamFastExp
-            } else {
-                AttentionKernel::Stream
+            let fast = crate::switches::on("MLA_STREAM_FAST_EXP");
+            match (bf16_ok && crate::switches::on("MLA_BF16"), fast) {
+                (true, true) => AttentionKernel::StreamBf16FastExp,
+                (true, false) => AttentionKernel::StreamBf16,
+                (false, true) => AttentionKernel::StreamFastExp,
+                (false, false) => AttentionKernel::Stream,
             }
         } else {
             AttentionKernel::Exact
         }
+    }
+
+    /// Whether this is one of the bf16 wgmma kernels (`MLA_BF16`).
+    pub fn is_bf16(self) -> bool {
+        matches!(self, AttentionKernel::StreamBf16 | AttentionKernel::StreamBf16FastExp)
     }
 }
 /// Entry points of `kernels/compressor.cu`.
@@ -401,7 +442,7 @@ impl Gpu {
         out: &mut CudaSlice<f32>,
         shape: &AttentionShape,
     ) -> Result<(), CudaError> {
-        let kernel = AttentionKernel::from_switches(shape.heads, shape.head_dim);
+        let kernel = AttentionKernel::from_switches(shape.heads, shape.head_dim, self.attention_bf16_ok());
         self.sparse_attention_into(AttentionQuery::Normed(q), kv, comp, sinks, inv_freq, rope, &mut AttentionOut::F32(out), shape, kernel)
     }
 
@@ -490,19 +531,51 @@ impl Gpu {
                 ensure(W, mask.len() >= need, || format!("mask holds {} bytes, need T·n_entries = {need}", mask.len()))?;
             }
         }
+        let split = matches!(out, AttentionOut::SplitPlanes { .. });
         let (name, cfg) = match kernel {
             AttentionKernel::Exact => ("sparse_attention_f32", LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }),
             AttentionKernel::Stream | AttentionKernel::StreamFastExp => {
-                let split = matches!(out, AttentionOut::SplitPlanes { .. });
                 let name = ATTENTION_TC_KERNELS[usize::from(kernel != AttentionKernel::Stream) + 2 * usize::from(split)];
                 (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTENTION_TC_SMEM as u32 })
             }
+            AttentionKernel::StreamBf16 | AttentionKernel::StreamBf16FastExp => {
+                ensure(W, self.attention_bf16_ok(), || format!("the bf16 attention kernels (MLA_BF16) need sm_90a and {ATTENTION_WG_REGS} registers per thread; this device is {}", self.arch))?;
+                let name = ATTENTION_WG_KERNELS[usize::from(kernel == AttentionKernel::StreamBf16FastExp) + 2 * usize::from(split)];
+                (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes: ATTENTION_WG_SMEM as u32 })
+            }
+        };
+        // MLA_BF16: the kernel reads bf16 copies of the rows it can use — the window rows of this
+        // chunk (positions `first` .. pos0 + T) and every entry — each rounded once here.
+        let bf16_rows = if kernel.is_bf16() {
+            let first = (pos0 + 1).saturating_sub(window).max(kv_base);
+            let rows = pos0 + tokens - first;
+            let kvb = self.bf16_rows(&kv.slice((first - kv_base) * c..(pos0 + tokens - kv_base) * c), rows, c)?;
+            let entb = match comp {
+                Some(ck) if n_entries > 0 => Some(self.bf16_rows(&ck.entries.slice(..), n_entries as usize, c)?),
+                _ => None,
+            };
+            Some((kvb, entb, int(W, "first window row", first)?, int(W, "window rows", rows)?))
+        } else {
+            None
+        };
+        let (kb_i, kr_i) = match &bf16_rows {
+            Some((_, _, first, rows)) => (*first, *rows),
+            None => (kb_i, kr_i),
         };
         let mut b = self.stream.launch_builder(self.f(name));
-        b.arg(q).arg(kv);
+        b.arg(q);
+        match &bf16_rows {
+            Some((kvb, _, _, _)) => b.arg(kvb),
+            None => b.arg(kv),
+        };
         match comp {
             Some(ck) => {
-                b.arg(ck.entries).arg(ck.offsets);
+                match &bf16_rows {
+                    Some((_, Some(entb), _, _)) => b.arg(entb),
+                    Some((_, None, _, _)) => b.arg(&null),
+                    None => b.arg(ck.entries),
+                };
+                b.arg(ck.offsets);
                 match ck.indices {
                     Some(i) => b.arg(i),
                     None => b.arg(&null),
@@ -536,9 +609,37 @@ impl Gpu {
         // SAFETY: the argument list matches the signature the attention kernels share (pointers incl.
         // the optional mask, then nine i32 and one f32; the streaming kernels then the planes pointer,
         // null for f32 output, the lo plane's offset as i64 and the q-norm epsilon as f32, negative
-        // for normed queries); buffer sizes and the window coverage were
-        // checked above; the streaming kernels get their full dynamic shared memory (they trap on less).
+        // for normed queries; the bf16 kernels' kv and entries are the bf16 copies of the same rows,
+        // kv from the chunk's first window row, with that base and row count); buffer sizes and the
+        // window coverage were checked above; the streaming kernels get their full dynamic shared
+        // memory (they trap on less).
         launched(name, unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// `rows` rows of `c` f32 values (`x`, row-major) rounded to bf16 (round to nearest even) in a
+    /// new buffer `[rows, c]` (gemm_x_bf16 without its lo plane), for the bf16 attention kernels.
+    ///
+    /// Errors: `c` not a multiple of 32, `x` shorter than `rows·c`, sizes beyond 32-bit indexing,
+    /// allocation or launch failures.
+    fn bf16_rows(&self, x: &cudarc::driver::CudaView<'_, f32>, rows: usize, c: usize) -> Result<DevBuf<u16>, CudaError> {
+        const W: &str = "sparse_attention";
+        ensure(W, c.is_multiple_of(32) && x.len() >= rows * c, || format!("{} values for {rows} bf16 rows of {c}", x.len()))?;
+        let (r_i, c_i) = (int(W, "rows", rows)?, int(W, "head_dim", c)?);
+        int(W, "row values", rows * c)?;
+        // SAFETY: gemm_x_bf16 writes all rows·c values (Tp = rows, Kp = c, split 0).
+        let mut xb = unsafe { self.scratch::<u16>((rows * c).max(1)) }?;
+        if rows == 0 {
+            return Ok(xb);
+        }
+        let quads = rows * c / 4;
+        let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("gemm_x_bf16"));
+        let split = 0i32;
+        b.arg(x).arg(&mut xb).arg(&r_i).arg(&c_i).arg(&r_i).arg(&split);
+        // SAFETY: matches gemm_x_bf16(x, xb, T, K, Tp, split) with T = Tp = rows, K = Kp = c: x holds
+        // rows·c floats, xb rows·c bf16.
+        launched("gemm_x_bf16", unsafe { b.launch(cfg) }.map(|_| ()))?;
+        Ok(xb)
     }
 
     /// Adds the compressor position bias in place (spec §4.8 step 2 / §4.9): `logit[t, :] +=
@@ -1088,6 +1189,41 @@ mod smem_tests {
         let smem = 2 * h * pitch * 2 + 2 * tile * pitch * 2 + 8 * 32 * 16 * 4 + tile * 8;
         assert_eq!(super::ATTENTION_TC_SMEM, smem);
         assert!(smem <= 227 * 1024);
+    }
+
+    /// `ATTENTION_WG_SMEM` is `AwgLayout::TOTAL` (its fields recomputed from attention.cu's
+    /// defines and the layout's own expressions) and the launcher's kernel table names the entry
+    /// points in the order it indexes them (fast exp + 1, split output + 2).
+    #[test]
+    fn bf16_attention_shared_memory_matches_the_kernel() {
+        let src = include_str!("kernels/attention.cu");
+        let def = |name: &str| -> usize {
+            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
+            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
+        };
+        let (threads, stages) = (def("AWG_THREADS"), def("AWG_ST"));
+        assert_eq!(threads, 384);
+        for expr in [
+            "Q = 0;",
+            "STAGE = 32768;",
+            "K = 65536;",
+            "PART = K + AWG_ST * STAGE;",
+            "VALID = PART + 2 * 2 * 128 * 16 * 4;",
+            "ROWP = VALID + 16;",
+            "BARS = ROWP + 2 * 32 * 8;",
+            "TOTAL = BARS + 2 * AWG_ST * 8 + 1024;",
+        ] {
+            assert!(src.contains(&format!("static constexpr int {expr}")), "AwgLayout changed: {expr}");
+        }
+        let part = 65536 + stages * 32768;
+        let total = part + 2 * 2 * 128 * 16 * 4 + 16 + 2 * 32 * 8 + 2 * stages * 8 + 1024;
+        assert_eq!(super::ATTENTION_WG_SMEM, total);
+        for (i, name) in super::ATTENTION_WG_KERNELS.iter().enumerate() {
+            assert_eq!(name.contains("fast_exp"), i & 1 == 1, "{name}");
+            assert_eq!(name.ends_with("_split"), i & 2 == 2, "{name}");
+            assert!(super::ATTENTION_ENTRY_POINTS.contains(name), "{name}");
+            assert!(src.contains(&format!("__launch_bounds__(AWG_THREADS, 1) {name}(AWG_ARGS)")), "{name}");
+        }
     }
 
     /// `INDEXER_WGMMA_SMEM` is `IwgLayout::TOTAL` (its fields recomputed from indexer.cu's defines

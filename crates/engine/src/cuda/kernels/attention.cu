@@ -47,11 +47,13 @@
 // row pointer of candidate base + j in rowp[j] (null: no row, weight 0). Mask mode (mrow non-null):
 // the tile's compressed slots take the next set bytes of mrow[0 .. n_vis) in ascending order,
 // scanned 32 at a time with a ballot from *cursor (shared, advanced here; tiles run in order).
-__device__ __forceinline__ void att_tile_rows(const float** rowp, int lane, int base, int nt, int c, int lo, int n_win,
-                                              const float* kv, int kv_base, int kv_rows, const float* entries,
+// Rows of element type E: f32, or the bf16 copies of sparse_attention_wg.
+template <class E>
+__device__ __forceinline__ void att_tile_rows(const E** rowp, int lane, int base, int nt, int c, int lo, int n_win,
+                                              const E* kv, int kv_base, int kv_rows, const E* entries,
                                               int n_entries, const int* comp_idx, int c_begin, const u8* mrow,
                                               int n_vis, int* cursor) {
-    const float* p = nullptr;
+    const E* p = nullptr;
     const int j = base + lane;
     if (lane < nt) {
         if (j < n_win) {
@@ -293,6 +295,170 @@ __device__ __forceinline__ float atc_exp(float x) {
     return FAST_EXP ? __expf(x) : expf(x);
 }
 
+// Q of token t (64 heads × c = 512) staged by NT = 256 threads through store(row, col, float4) (col a
+// multiple of 4), both streaming kernels. q_eps < 0: q holds normed, rotated queries, loaded in
+// batches of ATC_LB float4 per thread (their latencies overlap instead of adding up). q_eps ≥ 0
+// (MLA_FUSED_Q_NORM): q is the raw wq_b output. Warp w takes heads w, w + 8, …, two at a time, and
+// computes rms_norm_rows_f32's bits for each: lane ℓ's float4s ℓ, ℓ + 32, ℓ + 64, ℓ + 96 squared in
+// that order (fs_sq4; that kernel's zero float4s past the row add +0), the same butterfly, x·r,
+// then fs_rope_pair's rotation of the trailing rope_dim channels at this token's position. The
+// token's rope_dim / 2 (cos, sin) pairs are computed once (the same cosf / sinf of the same f32
+// angle) into cs (shared, rope_dim / 2 float2, free until the first tile); sync() joins the NT
+// threads after that.
+template <class Store, class Sync>
+__device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, int c, float q_eps, int rope_dim, int pos, const float* __restrict__ inv_freq,
+                                            float2* cs, int tid, Store store, Sync sync) {
+    constexpr int NT = 256;
+    const int lane = tid & 31, warp = tid >> 5;
+    const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
+    if (q_eps >= 0.f) {
+        const int rs = ATC_C - rope_dim;
+        for (int i = tid; i < rope_dim / 2; i += NT) {
+            const float ang = (float)pos * inv_freq[i];
+            cs[i] = make_float2(cosf(ang), sinf(ang));
+        }
+        sync();
+#pragma unroll 1
+        for (int hb = warp; hb < ATC_H; hb += 16) {
+            float4 v[2][4];
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) v[u][k] = q4[(hb + 8 * u) * (ATC_C / 4) + lane + 32 * k];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                float ss = 0.f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) ss += fs_sq4(v[u][k]);
+                ss = fs_warp_sum(ss);
+                const float r = rsqrtf(ss / (float)c + q_eps);
+                const int row = hb + 8 * u;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int e = 4 * (lane + 32 * k);
+                    float4 o = make_float4(v[u][k].x * r, v[u][k].y * r, v[u][k].z * r, v[u][k].w * r);
+                    if (e >= rs) {
+                        const float2 r0 = cs[(e - rs) >> 1];
+                        fs_rope_rot(o.x, o.y, r0.x, r0.y);
+                    }
+                    if (e + 2 >= rs) {
+                        const float2 r1 = cs[(e + 2 - rs) >> 1];
+                        fs_rope_rot(o.z, o.w, r1.x, r1.y);
+                    }
+                    store(row, e, o);
+                }
+            }
+        }
+    } else {
+#pragma unroll 1
+        for (int b = 0; b < ATC_H * ATC_C / 4 / NT; b += ATC_LB) {
+            float4 v[ATC_LB];
+#pragma unroll
+            for (int u = 0; u < ATC_LB; u++) v[u] = q4[tid + NT * (b + u)];
+#pragma unroll
+            for (int u = 0; u < ATC_LB; u++) {
+                const int i = tid + NT * (b + u);
+                store(i >> 7, (i & 127) * 4, v[u]);
+            }
+        }
+    }
+}
+
+// The online-softmax update of one 32-candidate tile for this thread's two head rows (both
+// streaming kernels): s holds the tile's raw logits in the m16n8 accumulator layout (s[j][e]: row
+// g for e < 2, else g + 8; column 8j + c2 + (e & 1)); ok(col) says whether candidate col has a row.
+// Scales them, takes each row's tile max over its 4 lanes, the new running max m, the factor corr
+// that rescales what was accumulated, and replaces s by P = exp(l − m) (0 for missing candidates),
+// adding its row sums to den (den·corr + Σ P).
+template <bool FAST_EXP, class Ok>
+__device__ __forceinline__ void atc_softmax(float (&s)[4][4], float (&m)[2], float (&den)[2], float (&corr)[2], float scale, int c2, Ok ok) {
+    float tmax[2] = {ATT_NEG_INF, ATT_NEG_INF};
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float l = ok(8 * j + c2 + (e & 1)) ? s[j][e] * scale : ATT_NEG_INF;
+            s[j][e] = l;
+            tmax[e >> 1] = fmaxf(tmax[e >> 1], l);
+        }
+    float psum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
+        tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
+        const float m_new = fmaxf(m[r], tmax[r]);
+        corr[r] = (m_new == m[r]) ? 1.f : atc_exp<FAST_EXP>(m[r] - m_new);
+        m[r] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float l = s[j][e];
+            const float p = l == ATT_NEG_INF ? 0.f : atc_exp<FAST_EXP>(l - m[e >> 1]);
+            s[j][e] = p;
+            psum[e >> 1] += p;
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 1);
+        psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 2);
+        den[r] = den[r] * corr[r] + psum[r];
+    }
+}
+
+// o / den, inverse RoPE on the trailing rope_dim channels, f32 stores into out (both streaming
+// kernels) — or, SPLIT_OUT, the split planes staged per warp in stage (ATC_STAGE_WARP u16 of freed
+// shared memory; the caller synchronises before), then stored as whole rows. This thread holds
+// heads 16·wh + g (+ 8) × channels 256·wd + 8j + c2 (+ 1), j < 32, in the accumulator layout.
+template <bool SPLIT_OUT>
+__device__ __forceinline__ void atc_epilogue(float (&o)[32][4], const float (&den)[2], int wh, int wd, int lane, int t, int pos, int rope_dim,
+                                             const float* __restrict__ inv_freq, float* __restrict__ out, u16* __restrict__ planes, long long plane,
+                                             u16* stage) {
+    const int g = lane >> 2, c2 = (lane & 3) * 2;
+    const int h0 = 16 * wh + g;
+    const float inv[2] = {1.f / den[0], 1.f / den[1]};
+    const int r0 = ATC_C - rope_dim;
+    const float fpos = (float)pos;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        const int col = 256 * wd + 8 * j + c2;
+        float cs = 1.f, sn = 0.f;
+        const bool rot = col >= r0;
+        if (rot) {
+            const float ang = fpos * inv_freq[(col - r0) >> 1];
+            cs = cosf(ang);
+            sn = -sinf(ang);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float a = o[j][2 * r] * inv[r], b = o[j][2 * r + 1] * inv[r];
+            if (rot) fs_rope_rot(a, b, cs, sn);
+            if (!SPLIT_OUT) {
+                *reinterpret_cast<float2*>(out + ((size_t)t * ATC_H + h0 + 8 * r) * ATC_C + col) = make_float2(a, b);
+            } else {
+                // gemm_x_bf16's split of the same two values, into the warp's staging rows (row
+                // g + 8r of its 16 heads, column col − 256·wd of its 256).
+                const u32 hh = gm_bf16x2(a, b);
+                const u32 ll = gm_bf16x2_lo(a, b, hh);
+                u16* s = stage + (g + 8 * r) * ATC_STAGE_PITCH + 8 * j + c2;
+                *reinterpret_cast<u32*>(s) = hh;
+                *reinterpret_cast<u32*>(s + 16 * ATC_STAGE_PITCH) = ll;
+            }
+        }
+    }
+    if (SPLIT_OUT) {
+        __syncwarp();
+        // Each of the warp's 16 rows per plane: 32 lanes × 16 bytes = its 256 columns.
+#pragma unroll 4
+        for (int i = 0; i < 32; i++) {
+            const int p = i >> 4, lr = i & 15;
+            const uint4 v = *reinterpret_cast<const uint4*>(stage + (p * 16 + lr) * ATC_STAGE_PITCH + 8 * lane);
+            *reinterpret_cast<uint4*>(planes + p * plane + ((size_t)t * ATC_H + 16 * wh + lr) * ATC_C + 256 * wd + 8 * lane) = v;
+        }
+    }
+}
+
 template <bool FAST_EXP, bool SPLIT_OUT>
 __device__ __forceinline__ void atc_body(const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,
                                          const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
@@ -321,68 +487,11 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
     const AttComp cc = att_comp(comp_off, comp_mask, t, n_entries, &att_cursor);
     const int n_cand = n_win + cc.n_comp;
 
-    // Q of this token → split bf16 planes (loads in batches of ATC_LB per thread, so their latencies
-    // overlap instead of adding up).
-    const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
-    if (q_eps >= 0.f) {
-        // MLA_FUSED_Q_NORM: q is the raw wq_b output. Warp w takes heads w, w + 8, …, two at a time,
-        // and computes rms_norm_rows_f32's bits for each: lane ℓ's float4s ℓ, ℓ + 32, ℓ + 64, ℓ + 96
-        // squared in that order (fs_sq4; that kernel's zero float4s past the row add +0), the same
-        // butterfly, x·r, then fs_rope_pair's rotation of the trailing rope_dim channels at this
-        // token's position — then the same split into Qs as below. The token's rope_dim / 2
-        // (cos, sin) pairs are computed once (the same cosf / sinf of the same f32 angle) into the
-        // K tiles' shared memory, unused until the first tile.
-        const int rs = ATC_C - rope_dim;
-        float2* cs = reinterpret_cast<float2*>(Ks);
-        for (int i = tid; i < rope_dim / 2; i += ATC_THREADS) {
-            const float ang = (float)pos * inv_freq[i];
-            cs[i] = make_float2(cosf(ang), sinf(ang));
-        }
-        __syncthreads();
-#pragma unroll 1
-        for (int hb = warp; hb < ATC_H; hb += 16) {
-            float4 v[2][4];
-#pragma unroll
-            for (int u = 0; u < 2; u++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) v[u][k] = q4[(hb + 8 * u) * (ATC_C / 4) + lane + 32 * k];
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                float ss = 0.f;
-#pragma unroll
-                for (int k = 0; k < 4; k++) ss += fs_sq4(v[u][k]);
-                ss = fs_warp_sum(ss);
-                const float r = rsqrtf(ss / (float)c + q_eps);
-                const int row = hb + 8 * u;
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int e = 4 * (lane + 32 * k);
-                    float4 o = make_float4(v[u][k].x * r, v[u][k].y * r, v[u][k].z * r, v[u][k].w * r);
-                    if (e >= rs) {
-                        const float2 r0 = cs[(e - rs) >> 1];
-                        fs_rope_rot(o.x, o.y, r0.x, r0.y);
-                    }
-                    if (e + 2 >= rs) {
-                        const float2 r1 = cs[(e + 2 - rs) >> 1];
-                        fs_rope_rot(o.z, o.w, r1.x, r1.y);
-                    }
-                    atc_split4(o, Qs + row * ATC_PITCH + e, Qs + ATC_QPLANE + row * ATC_PITCH + e);
-                }
-            }
-        }
-    } else {
-#pragma unroll 1
-        for (int b = 0; b < ATC_H * ATC_C / 4 / ATC_THREADS; b += ATC_LB) {
-            float4 v[ATC_LB];
-#pragma unroll
-            for (int u = 0; u < ATC_LB; u++) v[u] = q4[tid + ATC_THREADS * (b + u)];
-#pragma unroll
-            for (int u = 0; u < ATC_LB; u++) {
-                const int i = tid + ATC_THREADS * (b + u), r = i >> 7, col = (i & 127) * 4;
-                atc_split4(v[u], Qs + r * ATC_PITCH + col, Qs + ATC_QPLANE + r * ATC_PITCH + col);
-            }
-        }
-    }
+    // Q of this token → split bf16 planes (the (cos, sin) pairs of MLA_FUSED_Q_NORM in the K tiles'
+    // shared memory, unused until the first tile).
+    atc_stage_q(q, t, c, q_eps, rope_dim, pos, inv_freq, reinterpret_cast<float2*>(Ks), tid,
+                [&](int row, int e, float4 v) { atc_split4(v, Qs + row * ATC_PITCH + e, Qs + ATC_QPLANE + row * ATC_PITCH + e); },
+                [] { __syncthreads(); });
     const int h0 = 16 * wh + g;  // heads of rows g and g + 8
     float m[2] = {sinks[h0], sinks[h0 + 8]};
     float den[2] = {1.f, 1.f};
@@ -451,42 +560,8 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
 #pragma unroll
         for (int i = 0; i < 16; i++) s[i >> 2][i & 3] += other[i];
 
-        // Online softmax per row (e < 2: row g, else g + 8); columns 8j + c2 + (e & 1).
-        float tmax[2] = {ATT_NEG_INF, ATT_NEG_INF};
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = 8 * j + c2 + (e & 1);
-                const bool ok = col < nt && rowp[col] != nullptr;
-                const float l = ok ? s[j][e] * scale : ATT_NEG_INF;
-                s[j][e] = l;
-                tmax[e >> 1] = fmaxf(tmax[e >> 1], l);
-            }
-        float corr[2], psum[2] = {0.f, 0.f};
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
-            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
-            const float m_new = fmaxf(m[r], tmax[r]);
-            corr[r] = (m_new == m[r]) ? 1.f : atc_exp<FAST_EXP>(m[r] - m_new);
-            m[r] = m_new;
-        }
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float l = s[j][e];
-                const float p = l == ATT_NEG_INF ? 0.f : atc_exp<FAST_EXP>(l - m[e >> 1]);
-                s[j][e] = p;
-                psum[e >> 1] += p;
-            }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 1);
-            psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 2);
-            den[r] = den[r] * corr[r] + psum[r];
-        }
+        float corr[2];
+        atc_softmax<FAST_EXP>(s, m, den, corr, scale, c2, [&](int col) { return col < nt && rowp[col] != nullptr; });
 #pragma unroll
         for (int j = 0; j < 32; j++) {
             o[j][0] *= corr[0];
@@ -525,50 +600,9 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
         __syncthreads();  // Ks, part and rowp are rewritten by the next tile
     }
 
-    // o / den, inverse RoPE on the trailing rope_dim channels, f32 stores (or, SPLIT_OUT, the split
-    // planes staged per warp in the freed shared memory, then stored as whole rows).
-    u16* stage = reinterpret_cast<u16*>(atc_sh) + warp * ATC_STAGE_WARP;
-    if (SPLIT_OUT) __syncthreads();  // every warp is past its last read of Qs and Ks
-    const float inv[2] = {1.f / den[0], 1.f / den[1]};
-    const int r0 = ATC_C - rope_dim;
-    const float fpos = (float)pos;
-#pragma unroll
-    for (int j = 0; j < 32; j++) {
-        const int col = 256 * wd + 8 * j + c2;
-        float cs = 1.f, sn = 0.f;
-        const bool rot = col >= r0;
-        if (rot) {
-            const float ang = fpos * inv_freq[(col - r0) >> 1];
-            cs = cosf(ang);
-            sn = -sinf(ang);
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float a = o[j][2 * r] * inv[r], b = o[j][2 * r + 1] * inv[r];
-            if (rot) fs_rope_rot(a, b, cs, sn);
-            if (!SPLIT_OUT) {
-                *reinterpret_cast<float2*>(out + ((size_t)t * ATC_H + h0 + 8 * r) * ATC_C + col) = make_float2(a, b);
-            } else {
-                // gemm_x_bf16's split of the same two values, into the warp's staging rows (row
-                // g + 8r of its 16 heads, column col − 256·wd of its 256).
-                const u32 hh = gm_bf16x2(a, b);
-                const u32 ll = gm_bf16x2_lo(a, b, hh);
-                u16* s = stage + (g + 8 * r) * ATC_STAGE_PITCH + 8 * j + c2;
-                *reinterpret_cast<u32*>(s) = hh;
-                *reinterpret_cast<u32*>(s + 16 * ATC_STAGE_PITCH) = ll;
-            }
-        }
-    }
-    if (SPLIT_OUT) {
-        __syncwarp();
-        // Each of the warp's 16 rows per plane: 32 lanes × 16 bytes = its 256 columns.
-#pragma unroll 4
-        for (int i = 0; i < 32; i++) {
-            const int p = i >> 4, lr = i & 15;
-            const uint4 v = *reinterpret_cast<const uint4*>(stage + (p * 16 + lr) * ATC_STAGE_PITCH + 8 * lane);
-            *reinterpret_cast<uint4*>(planes + p * plane + ((size_t)t * ATC_H + 16 * wh + lr) * ATC_C + 256 * wd + 8 * lane) = v;
-        }
-    }
+    // SPLIT_OUT stages in the freed shared memory once every warp is past its last read of Qs and Ks.
+    if (SPLIT_OUT) __syncthreads();
+    atc_epilogue<SPLIT_OUT>(o, den, wh, wd, lane, t, pos, rope_dim, inv_freq, out, planes, plane, reinterpret_cast<u16*>(atc_sh) + warp * ATC_STAGE_WARP);
 }
 
 #define ATC_ARGS                                                                                                  \
@@ -585,3 +619,253 @@ extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc
 // MLA_SPLIT_OUT: both with the split bf16 planes as output (planes, plane; out unused).
 extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc_split(ATC_ARGS) { atc_body<false, true>(ATC_PASS); }
 extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc_fast_exp_split(ATC_ARGS) { atc_body<true, true>(ATC_PASS); }
+
+// ---------------------------------------------------------------------------------------------
+// sparse_attention_wg — switch MLA_BF16 (issue 6 §4): the streaming attention of sparse_attention_tc
+// (same candidates, sink, online softmax, inverse RoPE and epilogue) in DeepSeek's own numerics for
+// it — OFF-K's sparse_attn_kernel: Q and K=V in bf16, P rounded to bf16 for P·V, f32 accumulation —
+// with one product per fragment on wgmma instead of three on mma.sync. Not exact: gpu-check reports
+// its NMSE and max-abs error against the CPU and the split kernel.
+//   kv, entries: bf16 copies of the K=V rows (the launcher rounds each f32 row once, gemm_x_bf16);
+//   row r of kv is position kv_base + r; every other argument as sparse_attention_tc.
+//   Block of AWG_THREADS = 384 threads per query token: warpgroups 0 and 1 multiply (channels 256w …
+//   256w + 255 of O; setmaxnreg 224), warpgroup 2 copies (setmaxnreg 56).
+//   Copy warpgroup, per tile of 32 candidates: its warp 0 builds the row pointers (att_tile_rows),
+//   the warpgroup copies the 32 rows × 1 KB with cp.async (16 B each; zero-filled for missing rows)
+//   into a stage of a ring of AWG_ST in the K-major 128-byte-swizzled layout (8 column blocks of 64
+//   channels × 32 rows × 128 B), and once those copies have landed (it waits one tile later) fences
+//   them for the async proxy and arrives on the stage's full barrier; the stage's candidate mask
+//   (bit j: candidate j has a row) goes with it.
+//   Multiply warpgroup w: S_w = Q[:, 256w ..] · K[:, 256w ..]ᵀ on 16 wgmma m64n32k16 (Q staged once
+//   in the same layout, 64 rows), partial S exchanged through shared memory (two buffers, alternate
+//   tiles) and added (a + b = b + a: both warpgroups hold the same S, maxima and denominators),
+//   atc_softmax, P as bf16 A fragments from registers, O += P · V on 2 wgmma m64n256k16 with V = the
+//   same stage read MN-major (LBO 4 KB between 64-channel column blocks, SBO 1 KB between 8-row
+//   groups; PTX ISA "Shared Memory Matrix Layout"); the stage is released after the next tile's
+//   wait. Epilogue: atc_epilogue (f32 out or, SPLIT_OUT, the split planes).
+// Launch: grid (T), block 384, dynamic shared memory AwgLayout::TOTAL. sm_90a only (wgmma).
+// sparse_attention_wg_fast_exp (with MLA_STREAM_FAST_EXP): __expf in the softmax; the _split entry
+// points write the split planes (MLA_SPLIT_OUT). Deterministic: fixed MMA and reduction order.
+// Learned from the PTX ISA (wgmma, matrix descriptors, cp.async, mbarrier) and the OFF-K kernel's
+// numerics (spec §0); the code is ours.
+
+#define AWG_THREADS 384
+#define AWG_ST 3
+struct AwgLayout {
+    static constexpr int Q = 0;                                // 8 column blocks × 64 rows × 128 B
+    static constexpr int STAGE = 32768;                        // 8 column blocks × 32 rows × 128 B
+    static constexpr int K = 65536;                            // AWG_ST stages
+    static constexpr int PART = K + AWG_ST * STAGE;            // [2 buffers][2 warpgroups][128 threads][16] f32
+    static constexpr int VALID = PART + 2 * 2 * 128 * 16 * 4;  // AWG_ST candidate masks (u32)
+    static constexpr int ROWP = VALID + 16;                    // [2 tiles][32] row pointers (copy warpgroup)
+    static constexpr int BARS = ROWP + 2 * 32 * 8;             // full[AWG_ST], empty[AWG_ST]
+    static constexpr int TOTAL = BARS + 2 * AWG_ST * 8 + 1024; // + slack to align the base to 1 KB
+};
+static_assert(8 * ATC_STAGE_WARP * 2 <= AwgLayout::BARS, "the SPLIT_OUT staging must fit below the barriers");
+
+// Matrix descriptor of an MN-major 128-byte-swizzled bf16 tile at shared address a whose 64-element
+// column blocks are 4 KB apart (leading byte offset) and whose 8-row groups are 1 KB apart (stride
+// byte offset).
+__device__ __forceinline__ unsigned long long awg_desc_mn(u32 a) {
+    return (unsigned long long)((a & 0x3FFFFu) >> 4) | (256ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void awg_bar_multiply() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+__device__ __forceinline__ void awg_bar_copy() { asm volatile("bar.sync 2, 128;" ::: "memory"); }
+
+template <int A, int B>
+__device__ __forceinline__ void awg_fence_regs(float (&d)[A][B]) {
+#pragma unroll
+    for (int i = 0; i < A; i++)
+#pragma unroll
+        for (int j = 0; j < B; j++) asm volatile("" : "+f"(d[i][j])::"memory");
+}
+
+// S[64 × 32] += A · Bᵀ on wgmma m64n32k16 (bf16 → f32): A and B K-major 128-byte-swizzled tiles in
+// shared memory (descriptors da, db); s in the accumulator layout (s[j][e]: row 16·warp + g (e < 2)
+// or + 8, column 8j + c2 + (e & 1)).
+__device__ __forceinline__ void awg_mma_s(float (&s)[4][4], unsigned long long da, unsigned long long db) {
+    GW_ASM("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1, 0, 0;\n"
+           : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]), "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3])
+           : "l"(da), "l"(db));
+}
+
+// O[64 × 256] += P · V on wgmma m64n256k16 (bf16 → f32): P from registers (a: the m16n8k16 A
+// fragment of this warp's 16 rows, k = 16 candidates), V an MN-major 128-byte-swizzled tile in shared
+// memory (descriptor db, transposed: imm-trans-b = 1); o in the accumulator layout (o[j][e]: row
+// 16·warp + g (e < 2) or + 8, column 8j + c2 + (e & 1)).
+__device__ __forceinline__ void awg_mma_o(float (&o)[32][4], const u32 (&a)[4], unsigned long long db) {
+    GW_ASM("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, 1, 1, 1, 1;\n"
+           : "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]), "+f"(o[1][2]), "+f"(o[1][3]), "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]), "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]), "+f"(o[4][0]), "+f"(o[4][1]), "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]), "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]), "+f"(o[7][2]), "+f"(o[7][3]), "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]), "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]), "+f"(o[10][0]), "+f"(o[10][1]), "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]), "+f"(o[11][2]), "+f"(o[11][3]), "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]), "+f"(o[12][3]), "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]), "+f"(o[14][0]), "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]), "+f"(o[15][1]), "+f"(o[15][2]), "+f"(o[15][3]), "+f"(o[16][0]), "+f"(o[16][1]), "+f"(o[16][2]), "+f"(o[16][3]), "+f"(o[17][0]), "+f"(o[17][1]), "+f"(o[17][2]), "+f"(o[17][3]), "+f"(o[18][0]), "+f"(o[18][1]), "+f"(o[18][2]), "+f"(o[18][3]), "+f"(o[19][0]), "+f"(o[19][1]), "+f"(o[19][2]), "+f"(o[19][3]), "+f"(o[20][0]), "+f"(o[20][1]), "+f"(o[20][2]), "+f"(o[20][3]), "+f"(o[21][0]), "+f"(o[21][1]), "+f"(o[21][2]), "+f"(o[21][3]), "+f"(o[22][0]), "+f"(o[22][1]), "+f"(o[22][2]), "+f"(o[22][3]), "+f"(o[23][0]), "+f"(o[23][1]), "+f"(o[23][2]), "+f"(o[23][3]), "+f"(o[24][0]), "+f"(o[24][1]), "+f"(o[24][2]), "+f"(o[24][3]), "+f"(o[25][0]), "+f"(o[25][1]), "+f"(o[25][2]), "+f"(o[25][3]), "+f"(o[26][0]), "+f"(o[26][1]), "+f"(o[26][2]), "+f"(o[26][3]), "+f"(o[27][0]), "+f"(o[27][1]), "+f"(o[27][2]), "+f"(o[27][3]), "+f"(o[28][0]), "+f"(o[28][1]), "+f"(o[28][2]), "+f"(o[28][3]), "+f"(o[29][0]), "+f"(o[29][1]), "+f"(o[29][2]), "+f"(o[29][3]), "+f"(o[30][0]), "+f"(o[30][1]), "+f"(o[30][2]), "+f"(o[30][3]), "+f"(o[31][0]), "+f"(o[31][1]), "+f"(o[31][2]), "+f"(o[31][3])
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+template <bool FAST_EXP, bool SPLIT_OUT>
+__device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16* __restrict__ kv, const u16* __restrict__ entries,
+                                         const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
+                                         const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
+                                         int H, int c, int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries,
+                                         float scale, u16* __restrict__ planes, long long plane, float q_eps) {
+    typedef AwgLayout L;
+    extern __shared__ __align__(16) u8 awg_sh[];
+    __shared__ int att_cursor;
+    if (blockDim.x != AWG_THREADS || H != ATC_H || c != ATC_C) __trap();
+    u8* gbase;
+    const u32 base = gw_smem_base(awg_sh, L::TOTAL, gbase);
+    const u32 full0 = base + L::BARS, empty0 = full0 + AWG_ST * 8;
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < AWG_ST; s++) {
+            gws_bar_init(full0 + 8 * s, 128);   // every copy thread, once its copies have landed
+            gws_bar_init(empty0 + 8 * s, 256);  // every multiply thread, once its MMAs on it are done
+        }
+        gws_bar_init_fence();
+    }
+    const int t = blockIdx.x;
+    const int pos = pos0 + t;
+    const int lo = max(0, pos - window + 1);
+    const int n_win = pos - lo + 1;
+    const AttComp cc = att_comp(comp_off, comp_mask, t, n_entries, &att_cursor);  // synchronises: barriers ready
+    const int n_cand = n_win + cc.n_comp;
+    const int n_tiles = (n_cand + ATC_TILE - 1) / ATC_TILE;
+    u32* valid = reinterpret_cast<u32*>(gbase + L::VALID);
+
+    if (tid >= 256) {
+        GW_ASM("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
+        const int p = tid - 256, lane = tid & 31;
+        const int k = p & 63, r0 = p >> 6;  // this thread's 16-byte chunk of rows r0, r0 + 2, … of a tile
+        for (int i = 0; i <= n_tiles; i++) {
+            if (i < n_tiles) {
+                const int s = i % AWG_ST;
+                if (i >= AWG_ST) gws_wait(empty0 + 8 * s, ((i / AWG_ST) - 1) & 1);
+                const u16** rp = reinterpret_cast<const u16**>(gbase + L::ROWP) + 32 * (i & 1);
+                const int b0 = i * ATC_TILE;
+                if (p < 32) att_tile_rows(rp, lane, b0, min(ATC_TILE, n_cand - b0), ATC_C, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, cc.c_begin, cc.mrow, cc.n_vis, &att_cursor);
+                awg_bar_copy();  // rp ready (read until the barrier of tile i + 1: two buffers)
+                if (p == 0) {
+                    u32 vm = 0;
+                    for (int j = 0; j < ATC_TILE; j++) vm |= (rp[j] != nullptr ? 1u : 0u) << j;
+                    valid[s] = vm;
+                }
+                const u32 sb = base + L::K + s * L::STAGE + (k >> 3) * 4096;
+#pragma unroll
+                for (int u = 0; u < ATC_TILE / 2; u++) {
+                    const int r = r0 + 2 * u;
+                    const u16* src = rp[r];
+                    gm_cp16(sb + gw_swz(r, k & 7), src != nullptr ? src + 8 * k : kv, src != nullptr);
+                }
+                gm_commit();
+                gm_wait<1>();  // tile i − 1's copies have landed
+            } else {
+                gm_wait<0>();
+            }
+            if (i >= 1) {
+                gw_fence_proxy();
+                gws_arrive(full0 + 8 * ((i - 1) % AWG_ST));
+            }
+        }
+        return;
+    }
+
+    GW_ASM("setmaxnreg.inc.sync.aligned.u32 224;" ::: "memory");
+    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const int g = lane >> 2, c2 = (lane & 3) * 2, ct = tid & 127;
+    // Q → bf16 in the K-major swizzled layout (the (cos, sin) pairs of MLA_FUSED_Q_NORM in the
+    // partials' shared memory, unused until the first tile), then made visible to wgmma.
+    u8* qg = gbase + L::Q;
+    atc_stage_q(
+        q, t, c, q_eps, rope_dim, pos, inv_freq, reinterpret_cast<float2*>(gbase + L::PART), tid,
+        [&](int row, int e, float4 v) {
+            *reinterpret_cast<uint2*>(qg + (e >> 6) * 8192 + gw_swz(row, (e & 63) >> 3) + (e & 7) * 2) = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
+        },
+        [] { awg_bar_multiply(); });
+    gw_fence_proxy();
+    awg_bar_multiply();
+
+    const int h0 = 16 * wq + g;  // heads of rows g and g + 8
+    float m[2] = {sinks[h0], sinks[h0 + 8]};
+    float den[2] = {1.f, 1.f};
+    float o[32][4];
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.f;
+    float* part = reinterpret_cast<float*>(gbase + L::PART);
+
+    for (int i = 0; i < n_tiles; i++) {  // block-uniform trip count
+        const int s = i % AWG_ST;
+        const u32 sb = base + L::K + s * L::STAGE;
+        gws_wait(full0 + 8 * s, (i / AWG_ST) & 1);
+        float sa[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sa[j][e] = 0.f;
+        gw_fence();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) {
+            const u32 cb = 4 * wg + (kk >> 2), ko = (kk & 3) * 32;
+            awg_mma_s(sa, gw_desc(base + L::Q + cb * 8192 + ko), gw_desc(sb + cb * 4096 + ko));
+        }
+        gw_commit();
+        gw_wait0();  // this tile's S and the previous tile's P · V
+        awg_fence_regs(sa);
+        awg_fence_regs(o);
+        if (i >= 1) gws_arrive(empty0 + 8 * ((i - 1) % AWG_ST));
+        // Exchange partials with the other warpgroup (thread ct there holds the same elements).
+        float4* mine = reinterpret_cast<float4*>(part + (((i & 1) * 2 + wg) * 128 + ct) * 16);
+        const float4* other = reinterpret_cast<const float4*>(part + (((i & 1) * 2 + (wg ^ 1)) * 128 + ct) * 16);
+#pragma unroll
+        for (int j = 0; j < 4; j++) mine[j] = make_float4(sa[j][0], sa[j][1], sa[j][2], sa[j][3]);
+        awg_bar_multiply();
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float4 v = other[j];
+            sa[j][0] += v.x;
+            sa[j][1] += v.y;
+            sa[j][2] += v.z;
+            sa[j][3] += v.w;
+        }
+        const u32 vm = valid[s];
+        float corr[2];
+        atc_softmax<FAST_EXP>(sa, m, den, corr, scale, c2, [&](int col) { return ((vm >> col) & 1u) != 0u; });
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+        // O[64 heads, this warpgroup's 256 channels] += P · V, P as bf16 A fragments (k = candidates 16·kc ..).
+        gw_fence();
+#pragma unroll
+        for (int kc = 0; kc < 2; kc++) {
+            u32 a[4];
+#pragma unroll
+            for (int x = 0; x < 2; x++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) a[2 * x + r] = gm_bf16x2(sa[2 * kc + x][2 * r], sa[2 * kc + x][2 * r + 1]);
+            awg_mma_o(o, a, awg_desc_mn(sb + 4 * wg * 4096 + kc * 2048));
+        }
+        gw_commit();
+    }
+    gw_wait0();
+    awg_fence_regs(o);
+
+    // SPLIT_OUT stages in the freed shared memory once both multiply warpgroups are past their MMAs
+    // (the copy warpgroup has finished: every stage it wrote was awaited).
+    if (SPLIT_OUT) awg_bar_multiply();
+    atc_epilogue<SPLIT_OUT>(o, den, wq, wg, lane, t, pos, rope_dim, inv_freq, out, planes, plane, reinterpret_cast<u16*>(gbase) + warp * ATC_STAGE_WARP);
+}
+
+#define AWG_ARGS                                                                                                  \
+    const float* __restrict__ q, const u16* __restrict__ kv, const u16* __restrict__ entries,                      \
+        const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,      \
+        const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out, int H, int c, \
+        int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries, float scale, u16* __restrict__ planes, long long plane, \
+        float q_eps
+
+extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg(AWG_ARGS) { awg_body<false, false>(ATC_PASS); }
+extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_fast_exp(AWG_ARGS) { awg_body<true, false>(ATC_PASS); }
+extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_split(AWG_ARGS) { awg_body<false, true>(ATC_PASS); }
+extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_fast_exp_split(AWG_ARGS) { awg_body<true, true>(ATC_PASS); }
