@@ -128,16 +128,22 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
             streams.push(AttentionKernel::StreamBf16);
         }
         for kernel in streams {
-            let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Normed(&dq), &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, kernel))?;
+            // The split kernel writes both planes, the bf16 one its bf16 output (the hi plane).
+            let output = if kernel.is_bf16() { "bf16" } else { "split planes" };
+            let mut run = |query: AttentionQuery<'_>| -> Result<(), CudaError> {
+                let mut o = if kernel.is_bf16() { AttentionOut::Bf16(&mut planes) } else { AttentionOut::SplitPlanes { planes: &mut planes, plane: n } };
+                gpu.sparse_attention_into(query, &dkv, Some(&ck), &dsinks, &inv, &rope, &mut o, &shape, kernel)
+            };
+            let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || run(AttentionQuery::Normed(&dq)))?;
             let tf = flops / (ms * 1e-3) / 1e12;
-            println!("time sparse_attention {kernel:?} (lists, split bf16 planes out) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
-            rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "path": "lists", "output": "split planes", "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
+            println!("time sparse_attention {kernel:?} (lists, {output} out) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
+            rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "path": "lists", "output": output, "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
             // MLA_FUSED_Q_NORM: the same from raw queries (the kernel norms and rotates them), and the
             // pass over the queries it removes.
-            let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Raw { q: &dq, eps: 1e-6 }, &dkv, Some(&ck), &dsinks, &inv, &rope, &mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n }, &shape, kernel))?;
+            let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || run(AttentionQuery::Raw { q: &dq, eps: 1e-6 }))?;
             let tf = flops / (ms * 1e-3) / 1e12;
-            println!("time sparse_attention {kernel:?} (lists, split bf16 planes out, fused q norm) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
-            rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "path": "lists", "output": "split planes", "query": "raw (fused q norm)", "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
+            println!("time sparse_attention {kernel:?} (lists, {output} out, fused q norm) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
+            rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "path": "lists", "output": output, "query": "raw (fused q norm)", "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
         }
         // SAFETY: rms_norm_rope writes all n values; nothing reads them.
         let mut qn = unsafe { gpu.scratch::<f32>(n) }?;
@@ -212,6 +218,16 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
     rows.push(json!({"op": "indexer_topk", "kernel": "radix over scores", "tokens": tokens, "entries": n, "k": TOPK, "median_ms": ms_topk, "score_matrix_mb": score_mb}));
     rows.push(json!({"op": "indexer_topk_stream", "kernel": "fused", "tokens": tokens, "entries": n, "k": TOPK, "median_ms": ms_stream, "tflop_per_s": flops / (ms_stream * 1e-3) / 1e12}));
     Ok(rows)
+}
+
+/// The output `kernel` writes for the grouped output projection: the split planes (hi at 0, lo at
+/// `plane`), or for the bf16 kernels the bf16 output alone.
+fn planes_out(kernel: AttentionKernel, planes: &mut CudaSlice<u16>, plane: usize) -> AttentionOut<'_> {
+    if kernel.is_bf16() {
+        AttentionOut::Bf16(planes)
+    } else {
+        AttentionOut::SplitPlanes { planes, plane }
+    }
 }
 
 /// Candidate source of an attention check case.
@@ -363,18 +379,28 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                     // MLA_SPLIT_OUT: the kernel's split bf16 planes against gemm_x_bf16's split of
                     // its own f32 output, bit for bit. The lo plane starts 64 values past the hi
                     // plane's end and 64 more follow it: every value of those gaps must keep its
-                    // sentinel (no write outside the planes, the lo plane placed by `plane`).
+                    // sentinel (no write outside the planes, the lo plane placed by `plane`). The
+                    // bf16 kernels: their bf16 output against the hi plane, the rest untouched.
                     let (n, gap) = (tokens * H * C, 64usize);
                     let mut dplanes = gpu.upload(&vec![0x7fc1u16; 2 * n + 2 * gap])?;
-                    run_to(kernel, false, &mut AttentionOut::SplitPlanes { planes: &mut dplanes, plane: n + gap })?;
+                    run_to(kernel, false, &mut planes_out(kernel, &mut dplanes, n + gap))?;
                     let planes = gpu.download(&dplanes)?;
                     let (xb, tp, kp) = gpu.bf16_planes(&gpu.upload(&got)?, tokens, H * C, true)?;
                     let want = gpu.download(&xb)?;
                     let hi = (0..n).filter(|&i| planes[i] != want[i]).count();
-                    let lo = (0..n).filter(|&i| planes[n + gap + i] != want[tp * kp + i]).count();
-                    let outside = planes[n..n + gap].iter().chain(&planes[2 * n + gap..]).filter(|&&v| v != 0x7fc1).count();
+                    let (lo, outside) = if kernel.is_bf16() {
+                        (0, planes[n..].iter().filter(|&&v| v != 0x7fc1).count())
+                    } else {
+                        let lo = (0..n).filter(|&i| planes[n + gap + i] != want[tp * kp + i]).count();
+                        (lo, planes[n..n + gap].iter().chain(&planes[2 * n + gap..]).filter(|&&v| v != 0x7fc1).count())
+                    };
                     let differing = hi + lo + outside;
-                    all &= record_exact(out, &format!("sparse_attention split planes {kernel:?} {keys_kind:?}"), detail.clone(), differing, 2 * n + 2 * gap, json!("bits vs gemm_x_bf16's split of the f32 output (hi and lo planes), sentinels in the 64-value gaps around the lo plane"));
+                    let what = if kernel.is_bf16() {
+                        "bits vs gemm_x_bf16's hi plane of the f32 output (the output rounded to bf16), sentinels in every value after it"
+                    } else {
+                        "bits vs gemm_x_bf16's split of the f32 output (hi and lo planes), sentinels in the 64-value gaps around the lo plane"
+                    };
+                    all &= record_exact(out, &format!("sparse_attention split planes {kernel:?} {keys_kind:?}"), detail.clone(), differing, 2 * n + 2 * gap, json!(what));
 
                     // MLA_FUSED_Q_NORM: the kernel normalising and rotating raw queries itself must
                     // give the bits of rms_norm_rope's output fed to it, f32 and split-plane output.
@@ -387,7 +413,7 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                     let fused = f32_from(AttentionQuery::Raw { q: &dq_raw, eps: Q_EPS })?;
                     let planes_from = |query: AttentionQuery<'_>| -> Result<Vec<u16>, CudaError> {
                         let mut dplanes = gpu.upload(&vec![0x7fc1u16; 2 * n])?;
-                        run_query_to(query, kernel, false, &mut AttentionOut::SplitPlanes { planes: &mut dplanes, plane: n })?;
+                        run_query_to(query, kernel, false, &mut planes_out(kernel, &mut dplanes, n))?;
                         gpu.download(&dplanes)
                     };
                     let planes_normed = planes_from(AttentionQuery::Normed(&dq_normed))?;

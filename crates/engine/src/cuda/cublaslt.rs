@@ -384,7 +384,8 @@ impl Gpu {
 
     /// The split-activation product `y[t, out0 + n] (row stride ldd) = W·hi + W·lo` through
     /// cuBLASLt's bf16 GEMM (switch `LINEAR_CUBLASLT`): `xb` holds gemm.cu's bf16 planes (hi at 0,
-    /// lo at `plane`, rows of stride `ldb`; the input columns are `col0 .. col0 + W.cols`). BF16
+    /// lo at `plane`, rows of stride `ldb`; the input columns are `col0 .. col0 + W.cols`); with
+    /// `plane` None the activations are the hi plane alone (bf16 activations: `y = W·hi`). BF16
     /// weights are used as stored, FP8 weights converted to bf16 first (`w_fp8_bf16`, exact: the
     /// values gemm.cu's tiles hold). Returns whether it ran (`false`: another format, fewer than
     /// [`LT_MIN_ROWS`] outputs, cuBLASLt unavailable or without an algorithm; `y` is not written
@@ -392,13 +393,14 @@ impl Gpu {
     ///
     /// Errors: allocation or launch failures; buffers shorter than the shape.
     #[allow(clippy::too_many_arguments)]
-    pub fn linear_split_lt(&self, xb: &CudaSlice<u16>, plane: usize, ldb: usize, col0: usize, w: &GpuWeight, y: &mut CudaSlice<f32>, ldd: usize, out0: usize, t: usize) -> Result<bool, CudaError> {
+    pub fn linear_split_lt(&self, xb: &CudaSlice<u16>, plane: Option<usize>, ldb: usize, col0: usize, w: &GpuWeight, y: &mut CudaSlice<f32>, ldd: usize, out0: usize, t: usize) -> Result<bool, CudaError> {
         let (n, k) = (w.rows, w.cols);
-        let fits = |t: usize| xb.len() >= plane + (t - 1) * ldb + col0 + k && y.len() >= (t - 1) * ldd + out0 + n && col0 + k <= ldb && out0 + n <= ldd && plane >= t * ldb;
+        let lo_at = plane.unwrap_or(0);
+        let fits = |t: usize| xb.len() >= lo_at + (t - 1) * ldb + col0 + k && y.len() >= (t - 1) * ldd + out0 + n && col0 + k <= ldb && out0 + n <= ldd && (plane.is_none() || lo_at >= t * ldb);
         if t == 0 || n == 0 || !fits(t) {
             return Err(CudaError::Unsupported { what: "linear_split_lt", detail: format!("buffers of {} and {} values for {t} rows of [{n}, {k}] (ldb {ldb}, ldd {ldd})", xb.len(), y.len()) });
         }
-        let aligned = k.is_multiple_of(16) && ldb.is_multiple_of(8) && col0.is_multiple_of(8) && plane.is_multiple_of(8);
+        let aligned = k.is_multiple_of(16) && ldb.is_multiple_of(8) && col0.is_multiple_of(8) && lo_at.is_multiple_of(8);
         if !aligned || n < LT_MIN_ROWS || !matches!(w.data, GpuMatrix::Bf16(_) | GpuMatrix::Fp8 { .. }) || !self.lt_available() {
             return Ok(false);
         }
@@ -432,6 +434,7 @@ impl Gpu {
         if !unsafe { self.lt_matmul(&hi, shape) }? {
             return Ok(false);
         }
+        let Some(plane) = plane else { return Ok(true) };
         let lo = LtOperands { x: x0 + 2 * plane as u64, beta: 1.0, ..hi };
         // SAFETY: as above; the lo plane starts `plane` elements after the hi plane.
         if !unsafe { self.lt_matmul(&lo, shape) }? {

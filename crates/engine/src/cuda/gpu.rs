@@ -911,7 +911,7 @@ impl Gpu {
             None => self.auto_tile(t, w.rows, fmt, w.cols),
         };
         let (xb, tp, kp) = self.bf16_planes(x, t, w.cols, split)?;
-        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, tp * kp, kp, 0, w, y, w.rows, 0, t)? {
+        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, Some(tp * kp), kp, 0, w, y, w.rows, 0, t)? {
             return Ok(());
         }
         let (bm, bn, threads, _) = chosen.shape();
@@ -992,28 +992,30 @@ impl Gpu {
     }
 
     /// The grouped output projection (spec §4.7) through cuBLASLt (switch `LINEAR_CUBLASLT`, split
-    /// activations): `o` `[t, G·gin]` converted to bf16 planes once, then for each group g
+    /// activations, or with `split` false the activations rounded to bf16 — `MLA_BF16`'s OFF-M
+    /// numerics): `o` `[t, G·gin]` converted to bf16 planes once, then for each group g
     /// `z[:, g·r ..] = W_oa[g] · o[:, g·gin ..]` by [`Gpu::linear_split_lt`] with strided rows — no
     /// gather or scatter. Returns how many leading groups it computed (cuBLASLt may decline a group
     /// whose slices are less aligned than the first's): [`Gpu::grouped_linear_gather`] does the rest.
     ///
     /// Errors: buffers shorter than the shapes, a group weight not `[r, gin]`, launch failures.
-    pub fn grouped_linear_lt(&self, o: &CudaSlice<f32>, wo_a: &[GpuWeight], z: &mut CudaSlice<f32>, t: usize) -> Result<usize, CudaError> {
+    pub fn grouped_linear_lt(&self, o: &CudaSlice<f32>, wo_a: &[GpuWeight], z: &mut CudaSlice<f32>, t: usize, split: bool) -> Result<usize, CudaError> {
         let Some(w0) = wo_a.first() else { return Ok(0) };
         let (gin, r, groups) = (w0.cols, w0.rows, wo_a.len());
         if wo_a.iter().any(|w| w.cols != gin || w.rows != r) || z.len() < t * groups * r || o.len() < t * groups * gin {
             return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("{groups} group weights of [{r}, {gin}] for {} inputs and {} outputs of {t} tokens", o.len(), z.len()) });
         }
-        let (xb, tp, kp) = self.bf16_planes(o, t, groups * gin, true)?;
-        self.grouped_linear_lt_planes(&xb, tp * kp, kp, wo_a, z, t)
+        let (xb, tp, kp) = self.bf16_planes(o, t, groups * gin, split)?;
+        self.grouped_linear_lt_planes(&xb, split.then_some(tp * kp), kp, wo_a, z, t)
     }
 
     /// [`Gpu::grouped_linear_lt`] from split bf16 planes the caller made (e.g. the attention
     /// kernel's [`super::ops_attention::AttentionOut::SplitPlanes`]): hi rows of `ldb` ≥ G·gin values from
-    /// element 0, lo rows from element `plane`. Returns how many leading groups it computed.
+    /// element 0, lo rows from element `plane` (None: bf16 activations, the hi plane alone, e.g.
+    /// [`super::ops_attention::AttentionOut::Bf16`]). Returns how many leading groups it computed.
     ///
     /// Errors: buffers shorter than the shapes, a group weight not `[r, gin]`, launch failures.
-    pub fn grouped_linear_lt_planes(&self, xb: &CudaSlice<u16>, plane: usize, ldb: usize, wo_a: &[GpuWeight], z: &mut CudaSlice<f32>, t: usize) -> Result<usize, CudaError> {
+    pub fn grouped_linear_lt_planes(&self, xb: &CudaSlice<u16>, plane: Option<usize>, ldb: usize, wo_a: &[GpuWeight], z: &mut CudaSlice<f32>, t: usize) -> Result<usize, CudaError> {
         let Some(w0) = wo_a.first() else { return Ok(0) };
         let (gin, r, groups) = (w0.cols, w0.rows, wo_a.len());
         if wo_a.iter().any(|w| w.cols != gin || w.rows != r) || z.len() < t * groups * r || ldb < groups * gin {

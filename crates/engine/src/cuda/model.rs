@@ -886,22 +886,30 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             && matches!(super::gpu::tc_linear_mode(), super::gpu::TcMode::Split | super::gpu::TcMode::Fp8)
             && crate::switches::on("LINEAR_CUBLASLT");
         let planes_out = lt && crate::switches::on("MLA_SPLIT_OUT") && kernel != AttentionKernel::Exact && gpu.lt_available();
+        // MLA_BF16 (OFF-M's numerics): the attention output is bf16, so wo_a multiplies it once (no
+        // lo plane).
+        let split = !kernel.is_bf16();
         // SAFETY: every group's columns of all T rows are written by cuBLASLt or, for the groups it
         // declines, by grouped_linear_gather below.
         let mut z = unsafe { gpu.scratch::<f32>(t * groups * r) }?;
         let (mut o, done) = if planes_out {
             let n = t * h * hd;
-            // SAFETY: the streaming kernel writes both planes' T·H·c values (the only ones read).
-            let mut planes = unsafe { gpu.scratch::<u16>(2 * n) }?;
-            attend(&mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n })?;
+            // SAFETY: the streaming kernel writes the T·H·c values of each plane it has (the only
+            // ones read).
+            let mut planes = unsafe { gpu.scratch::<u16>(if split { 2 * n } else { n }) }?;
+            if split {
+                attend(&mut AttentionOut::SplitPlanes { planes: &mut planes, plane: n })?;
+            } else {
+                attend(&mut AttentionOut::Bf16(&mut planes))?;
+            }
             gpu.stage("projections");
-            let done = gpu.grouped_linear_lt_planes(&planes, n, h * hd, &l.wo_a, &mut z, t)?;
+            let done = gpu.grouped_linear_lt_planes(&planes, split.then_some(n), h * hd, &l.wo_a, &mut z, t)?;
             (None, done)
         } else {
             let mut o = gpu.zeros::<f32>(t * h * hd)?;
             attend(&mut AttentionOut::F32(&mut o))?;
             gpu.stage("projections");
-            let done = if lt { gpu.grouped_linear_lt(&o, &l.wo_a, &mut z, t)? } else { 0 };
+            let done = if lt { gpu.grouped_linear_lt(&o, &l.wo_a, &mut z, t, split)? } else { 0 };
             (Some(o), done)
         };
         if done < groups {

@@ -24,8 +24,8 @@ pub const ATTENTION_ENTRY_POINTS: &[&str] = &[
     "sparse_attention_tc_fast_exp_split",
     "sparse_attention_wg",
     "sparse_attention_wg_fast_exp",
-    "sparse_attention_wg_split",
-    "sparse_attention_wg_fast_exp_split",
+    "sparse_attention_wg_bf16_out",
+    "sparse_attention_wg_fast_exp_bf16_out",
 ];
 
 /// The streaming attention kernels (dynamic shared memory [`ATTENTION_TC_SMEM`]): f32 output, and
@@ -33,8 +33,9 @@ pub const ATTENTION_ENTRY_POINTS: &[&str] = &[
 pub const ATTENTION_TC_KERNELS: [&str; 4] = ["sparse_attention_tc", "sparse_attention_tc_fast_exp", "sparse_attention_tc_split", "sparse_attention_tc_fast_exp_split"];
 
 /// The bf16 wgmma streaming kernels (switch `MLA_BF16`; dynamic shared memory
-/// [`ATTENTION_WG_SMEM`], 384 threads): f32 output and precise exp, fast exp, then the `_split` ones.
-pub const ATTENTION_WG_KERNELS: [&str; 4] = ["sparse_attention_wg", "sparse_attention_wg_fast_exp", "sparse_attention_wg_split", "sparse_attention_wg_fast_exp_split"];
+/// [`ATTENTION_WG_SMEM`], 384 threads): f32 output and precise exp, fast exp, then the `_bf16_out`
+/// ones that write [`AttentionOut::Bf16`].
+pub const ATTENTION_WG_KERNELS: [&str; 4] = ["sparse_attention_wg", "sparse_attention_wg_fast_exp", "sparse_attention_wg_bf16_out", "sparse_attention_wg_fast_exp_bf16_out"];
 
 /// Dynamic shared memory of `sparse_attention_wg` (`AwgLayout::TOTAL` in attention.cu): Q (64 KB),
 /// a ring of `AWG_ST` = 3 K=V tiles of 32 KB, the partial-logit exchange (32 KB), the stages'
@@ -253,6 +254,11 @@ pub enum AttentionOut<'a> {
         /// Offset of the lo plane, in elements.
         plane: usize,
     },
+    /// The output rounded to bf16 `[T, H, c]` (u16 bits; round to nearest even — the hi plane of
+    /// [`AttentionOut::SplitPlanes`] alone), for the grouped output projection on bf16 activations
+    /// ([`Gpu::grouped_linear_lt_planes`] without a lo plane). The bf16 kernels only
+    /// ([`AttentionKernel::StreamBf16`]: OFF-K's attention writes its output in bf16).
+    Bf16(&'a mut CudaSlice<u16>),
 }
 
 /// The compressed candidates of a [`Gpu::sparse_attention`] call.
@@ -446,14 +452,15 @@ impl Gpu {
         self.sparse_attention_into(AttentionQuery::Normed(q), kv, comp, sinks, inv_freq, rope, &mut AttentionOut::F32(out), shape, kernel)
     }
 
-    /// [`Gpu::sparse_attention`] on the kernel the caller picks ([`AttentionKernel::Stream`] and
-    /// [`AttentionKernel::StreamFastExp`] need H = 64 and c = 512) from normed or raw queries
-    /// ([`AttentionQuery`]) into `out`: f32, or the split bf16 planes of the output
-    /// ([`AttentionOut::SplitPlanes`], streaming kernels only).
+    /// [`Gpu::sparse_attention`] on the kernel the caller picks (the streaming ones need H = 64 and
+    /// c = 512, the bf16 ones also [`Gpu::attention_bf16_ok`]) from normed or raw queries
+    /// ([`AttentionQuery`]) into `out`: f32, the split bf16 planes of the output
+    /// ([`AttentionOut::SplitPlanes`], split streaming kernels only) or the output in bf16
+    /// ([`AttentionOut::Bf16`], bf16 kernels only).
     ///
-    /// Errors: as [`Gpu::sparse_attention`]; a streaming kernel for another shape; planes shorter
-    /// than `plane + T·H·c`, `plane` below `T·H·c` or not a multiple of 8; planes or raw queries
-    /// with the f32 kernel; a negative or non-finite epsilon.
+    /// Errors: as [`Gpu::sparse_attention`]; a streaming kernel for another shape or (bf16) device;
+    /// planes shorter than `plane + T·H·c`, `plane` below `T·H·c` or not a multiple of 8; an output
+    /// the kernel does not write; raw queries with the f32 kernel; a negative or non-finite epsilon.
     #[allow(clippy::too_many_arguments)]
     pub fn sparse_attention_into(
         &self,
@@ -493,8 +500,12 @@ impl Gpu {
         let n = tokens * heads * c;
         let out_len = match out {
             AttentionOut::F32(o) => o.len(),
+            AttentionOut::Bf16(o) => {
+                ensure(W, kernel.is_bf16(), || "bf16 output needs the bf16 streaming kernel (MLA_BF16=on, 64 heads of 512)".into())?;
+                o.len()
+            }
             AttentionOut::SplitPlanes { planes, plane } => {
-                ensure(W, kernel != AttentionKernel::Exact, || "split-plane output needs the streaming kernel (MLA_STREAM_TOPK=on, 64 heads of 512)".into())?;
+                ensure(W, matches!(kernel, AttentionKernel::Stream | AttentionKernel::StreamFastExp), || "split-plane output needs the split streaming kernel (MLA_STREAM_TOPK=on, MLA_BF16=off, 64 heads of 512)".into())?;
                 ensure(W, *plane >= n && planes.len() >= *plane + n, || format!("planes of {} values with the lo plane at {plane} cannot hold two planes of T·H·c = {n}", planes.len()))?;
                 ensure(W, plane.is_multiple_of(8), || format!("the lo plane's offset {plane} must be a multiple of 8 (16-byte row stores)"))?;
                 n
@@ -531,7 +542,7 @@ impl Gpu {
                 ensure(W, mask.len() >= need, || format!("mask holds {} bytes, need T·n_entries = {need}", mask.len()))?;
             }
         }
-        let split = matches!(out, AttentionOut::SplitPlanes { .. });
+        let split = matches!(out, AttentionOut::SplitPlanes { .. } | AttentionOut::Bf16(_));
         let (name, cfg) = match kernel {
             AttentionKernel::Exact => ("sparse_attention_f32", LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }),
             AttentionKernel::Stream | AttentionKernel::StreamFastExp => {
@@ -593,6 +604,7 @@ impl Gpu {
         let (o32, planes, plane_i) = match out {
             AttentionOut::F32(o) => (Some(&mut **o), None, 0i64),
             AttentionOut::SplitPlanes { planes, plane } => (None, Some(&mut **planes), *plane as i64),
+            AttentionOut::Bf16(o) => (None, Some(&mut **o), 0i64),
         };
         match o32 {
             Some(o) => b.arg(o),
@@ -1220,7 +1232,7 @@ mod smem_tests {
         assert_eq!(super::ATTENTION_WG_SMEM, total);
         for (i, name) in super::ATTENTION_WG_KERNELS.iter().enumerate() {
             assert_eq!(name.contains("fast_exp"), i & 1 == 1, "{name}");
-            assert_eq!(name.ends_with("_split"), i & 2 == 2, "{name}");
+            assert_eq!(name.ends_with("_bf16_out"), i & 2 == 2, "{name}");
             assert!(super::ATTENTION_ENTRY_POINTS.contains(name), "{name}");
             assert!(src.contains(&format!("__launch_bounds__(AWG_THREADS, 1) {name}(AWG_ARGS)")), "{name}");
         }

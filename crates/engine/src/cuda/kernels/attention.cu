@@ -409,9 +409,10 @@ __device__ __forceinline__ void atc_softmax(float (&s)[4][4], float (&m)[2], flo
 
 // o / den, inverse RoPE on the trailing rope_dim channels, f32 stores into out (both streaming
 // kernels) — or, SPLIT_OUT, the split planes staged per warp in stage (ATC_STAGE_WARP u16 of freed
-// shared memory; the caller synchronises before), then stored as whole rows. This thread holds
+// shared memory; the caller synchronises before), then stored as whole rows; with LO false the hi
+// plane alone (the output rounded to bf16: sparse_attention_wg's bf16 output). This thread holds
 // heads 16·wh + g (+ 8) × channels 256·wd + 8j + c2 (+ 1), j < 32, in the accumulator layout.
-template <bool SPLIT_OUT>
+template <bool SPLIT_OUT, bool LO = true>
 __device__ __forceinline__ void atc_epilogue(float (&o)[32][4], const float (&den)[2], int wh, int wd, int lane, int t, int pos, int rope_dim,
                                              const float* __restrict__ inv_freq, float* __restrict__ out, u16* __restrict__ planes, long long plane,
                                              u16* stage) {
@@ -443,7 +444,7 @@ __device__ __forceinline__ void atc_epilogue(float (&o)[32][4], const float (&de
                 const u32 ll = gm_bf16x2_lo(a, b, hh);
                 u16* s = stage + (g + 8 * r) * ATC_STAGE_PITCH + 8 * j + c2;
                 *reinterpret_cast<u32*>(s) = hh;
-                *reinterpret_cast<u32*>(s + 16 * ATC_STAGE_PITCH) = ll;
+                if (LO) *reinterpret_cast<u32*>(s + 16 * ATC_STAGE_PITCH) = ll;
             }
         }
     }
@@ -451,7 +452,7 @@ __device__ __forceinline__ void atc_epilogue(float (&o)[32][4], const float (&de
         __syncwarp();
         // Each of the warp's 16 rows per plane: 32 lanes × 16 bytes = its 256 columns.
 #pragma unroll 4
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < (LO ? 32 : 16); i++) {
             const int p = i >> 4, lr = i & 15;
             const uint4 v = *reinterpret_cast<const uint4*>(stage + (p * 16 + lr) * ATC_STAGE_PITCH + 8 * lane);
             *reinterpret_cast<uint4*>(planes + p * plane + ((size_t)t * ATC_H + 16 * wh + lr) * ATC_C + 256 * wd + 8 * lane) = v;
@@ -642,10 +643,12 @@ extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc
 //   atc_softmax, P as bf16 A fragments from registers, O += P · V on 2 wgmma m64n256k16 with V = the
 //   same stage read MN-major (LBO 4 KB between 64-channel column blocks, SBO 1 KB between 8-row
 //   groups; PTX ISA "Shared Memory Matrix Layout"); the stage is released after the next tile's
-//   wait. Epilogue: atc_epilogue (f32 out or, SPLIT_OUT, the split planes).
+//   wait. Epilogue: atc_epilogue (f32 out or, BF16_OUT, the output rounded to bf16 — the hi plane
+//   of sparse_attention_tc's split planes alone, at planes[(t·64 + h)·512 + col]; OFF-K's output is
+//   bf16 — for the grouped output projection's single bf16 product).
 // Launch: grid (T), block 384, dynamic shared memory AwgLayout::TOTAL. sm_90a only (wgmma).
-// sparse_attention_wg_fast_exp (with MLA_STREAM_FAST_EXP): __expf in the softmax; the _split entry
-// points write the split planes (MLA_SPLIT_OUT). Deterministic: fixed MMA and reduction order.
+// sparse_attention_wg_fast_exp (with MLA_STREAM_FAST_EXP): __expf in the softmax; the _bf16_out
+// entry points write the bf16 output (MLA_SPLIT_OUT). Deterministic: fixed MMA and reduction order.
 // Learned from the PTX ISA (wgmma, matrix descriptors, cp.async, mbarrier) and the OFF-K kernel's
 // numerics (spec §0); the code is ours.
 
@@ -661,7 +664,7 @@ struct AwgLayout {
     static constexpr int BARS = ROWP + 2 * 32 * 8;             // full[AWG_ST], empty[AWG_ST]
     static constexpr int TOTAL = BARS + 2 * AWG_ST * 8 + 1024; // + slack to align the base to 1 KB
 };
-static_assert(8 * ATC_STAGE_WARP * 2 <= AwgLayout::BARS, "the SPLIT_OUT staging must fit below the barriers");
+static_assert(8 * ATC_STAGE_WARP * 2 <= AwgLayout::BARS, "the BF16_OUT staging must fit below the barriers");
 
 // Matrix descriptor of an MN-major 128-byte-swizzled bf16 tile at shared address a whose 64-element
 // column blocks are 4 KB apart (leading byte offset) and whose 8-row groups are 1 KB apart (stride
@@ -700,7 +703,7 @@ __device__ __forceinline__ void awg_mma_o(float (&o)[32][4], const u32 (&a)[4], 
            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-template <bool FAST_EXP, bool SPLIT_OUT>
+template <bool FAST_EXP, bool BF16_OUT>
 __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16* __restrict__ kv, const u16* __restrict__ entries,
                                          const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
                                          const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
@@ -852,10 +855,10 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
     gw_wait0();
     awg_fence_regs(o);
 
-    // SPLIT_OUT stages in the freed shared memory once both multiply warpgroups are past their MMAs
+    // BF16_OUT stages in the freed shared memory once both multiply warpgroups are past their MMAs
     // (the copy warpgroup has finished: every stage it wrote was awaited).
-    if (SPLIT_OUT) awg_bar_multiply();
-    atc_epilogue<SPLIT_OUT>(o, den, wq, wg, lane, t, pos, rope_dim, inv_freq, out, planes, plane, reinterpret_cast<u16*>(gbase) + warp * ATC_STAGE_WARP);
+    if (BF16_OUT) awg_bar_multiply();
+    atc_epilogue<BF16_OUT, false>(o, den, wq, wg, lane, t, pos, rope_dim, inv_freq, out, planes, plane, reinterpret_cast<u16*>(gbase) + warp * ATC_STAGE_WARP);
 }
 
 #define AWG_ARGS                                                                                                  \
@@ -867,5 +870,5 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
 
 extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg(AWG_ARGS) { awg_body<false, false>(ATC_PASS); }
 extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_fast_exp(AWG_ARGS) { awg_body<true, false>(ATC_PASS); }
-extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_split(AWG_ARGS) { awg_body<false, true>(ATC_PASS); }
-extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_fast_exp_split(AWG_ARGS) { awg_body<true, true>(ATC_PASS); }
+extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_bf16_out(AWG_ARGS) { awg_body<false, true>(ATC_PASS); }
+extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_fast_exp_bf16_out(AWG_ARGS) { awg_body<true, true>(ATC_PASS); }
