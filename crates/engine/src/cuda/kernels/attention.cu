@@ -633,7 +633,7 @@ extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc
 //   256w + 255 of O; setmaxnreg 224), warpgroup 2 copies (setmaxnreg 56).
 //   Copy warpgroup, per tile of 32 candidates: its warp 0 builds the row pointers (att_tile_rows),
 //   the warpgroup copies the 32 rows × 1 KB with cp.async (16 B each; zero-filled for missing rows)
-//   into a stage of a ring of AWG_ST in the K-major 128-byte-swizzled layout (8 column blocks of 64
+//   into a stage of a ring of AWG_ST = 4 in the K-major 128-byte-swizzled layout (8 column blocks of 64
 //   channels × 32 rows × 128 B), and once those copies have landed (it waits one tile later) fences
 //   them for the async proxy and arrives on the stage's full barrier; the stage's candidate mask
 //   (bit j: candidate j has a row) goes with it.
@@ -644,7 +644,7 @@ extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc
 //   same stage read MN-major (LBO 4 KB between 64-channel column blocks, SBO 1 KB between 8-row
 //   groups; PTX ISA "Shared Memory Matrix Layout"). Software-pipelined as FlashAttention-3's
 //   intra-warpgroup overlap: tile i's exchange and softmax run while P · V of tile i − 1 is on the
-//   tensor cores (two stages read at once, the third being filled). Epilogue: atc_epilogue (f32 out or, BF16_OUT, the output rounded to bf16 — the hi plane
+//   tensor cores (two stages read at once, two more being filled). Epilogue: atc_epilogue (f32 out or, BF16_OUT, the output rounded to bf16 — the hi plane
 //   of sparse_attention_tc's split planes alone, at planes[(t·64 + h)·512 + col]; OFF-K's output is
 //   bf16 — for the grouped output projection's single bf16 product).
 // Launch: grid (T), block 384, dynamic shared memory AwgLayout::TOTAL. sm_90a only (wgmma).
@@ -654,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc
 // numerics (spec §0); the code is ours.
 
 #define AWG_THREADS 384
-#define AWG_ST 3
+#define AWG_ST 4
 struct AwgLayout {
     static constexpr int Q = 0;                                // 8 column blocks × 64 rows × 128 B
     static constexpr int STAGE = 32768;                        // 8 column blocks × 32 rows × 128 B
@@ -746,11 +746,12 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
         for (int i = 0; i <= n_tiles; i++) {
             if (i < n_tiles) {
                 const int s = i % AWG_ST;
-                if (i >= AWG_ST) gws_wait(empty0 + 8 * s, ((i / AWG_ST) - 1) & 1);
+                // Row pointers first (their index loads overlap the wait for the stage).
                 const u16** rp = reinterpret_cast<const u16**>(gbase + L::ROWP) + 32 * (i & 1);
                 const int b0 = i * ATC_TILE;
                 if (p < 32) att_tile_rows(rp, lane, b0, min(ATC_TILE, n_cand - b0), ATC_C, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, cc.c_begin, cc.mrow, cc.n_vis, &att_cursor);
                 awg_bar_copy();  // rp ready (read until the barrier of tile i + 1: two buffers)
+                if (i >= AWG_ST) gws_wait(empty0 + 8 * s, ((i / AWG_ST) - 1) & 1);
                 if (p == 0) {
                     u32 vm = 0;
                     for (int j = 0; j < ATC_TILE; j++) vm |= (rp[j] != nullptr ? 1u : 0u) << j;
