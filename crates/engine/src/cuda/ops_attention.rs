@@ -38,9 +38,9 @@ pub const ATTENTION_TC_KERNELS: [&str; 4] = ["sparse_attention_tc", "sparse_atte
 pub const ATTENTION_WG_KERNELS: [&str; 4] = ["sparse_attention_wg", "sparse_attention_wg_fast_exp", "sparse_attention_wg_bf16_out", "sparse_attention_wg_fast_exp_bf16_out"];
 
 /// Dynamic shared memory of `sparse_attention_wg` (`AwgLayout::TOTAL` in attention.cu): Q (64 KB),
-/// a ring of `AWG_ST` = 4 K=V tiles of 32 KB, the partial-logit exchange (32 KB), the stages'
-/// candidate masks (16 B), two tiles of row pointers (512 B), 8 mbarriers, 1 KB alignment slack.
-pub const ATTENTION_WG_SMEM: usize = 65536 + 4 * 32768 + 2 * 2 * 128 * 16 * 4 + 16 + 2 * 32 * 8 + 2 * 4 * 8 + 1024;
+/// a ring of `AWG_ST` = 3 K=V tiles of 32 KB, the partial-logit exchange (32 KB), the stages'
+/// candidate masks (16 B), two tiles of row pointers (512 B), 6 mbarriers, 1 KB alignment slack.
+pub const ATTENTION_WG_SMEM: usize = 65536 + 3 * 32768 + 2 * 2 * 128 * 16 * 4 + 16 + 2 * 32 * 8 + 2 * 3 * 8 + 1024;
 
 /// Registers per thread `sparse_attention_wg*` must compile to: its setmaxnreg split (128 copy
 /// threads at 56, 256 multiply threads at 224) adds up to 384 threads at this count.

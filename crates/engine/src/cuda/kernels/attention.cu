@@ -633,7 +633,7 @@ extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc
 //   256w + 255 of O; setmaxnreg 224), warpgroup 2 copies (setmaxnreg 56).
 //   Copy warpgroup, per tile of 32 candidates: its warp 0 builds the row pointers (att_tile_rows),
 //   the warpgroup copies the 32 rows × 1 KB with cp.async (16 B each; zero-filled for missing rows)
-//   into a stage of a ring of AWG_ST = 4 in the K-major 128-byte-swizzled layout (8 column blocks of 64
+//   into a stage of a ring of AWG_ST in the K-major 128-byte-swizzled layout (8 column blocks of 64
 //   channels × 32 rows × 128 B), and once those copies have landed (it waits one tile later) fences
 //   them for the async proxy and arrives on the stage's full barrier; the stage's candidate mask
 //   (bit j: candidate j has a row) goes with it.
@@ -643,8 +643,10 @@ extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc
 //   atc_softmax, P as bf16 A fragments from registers, O += P · V on 2 wgmma m64n256k16 with V = the
 //   same stage read MN-major (LBO 4 KB between 64-channel column blocks, SBO 1 KB between 8-row
 //   groups; PTX ISA "Shared Memory Matrix Layout"); the stage is released after the next tile's
-//   wait. (FlashAttention-3's intra-warpgroup overlap — tile i's softmax while P · V of tile i − 1
-//   runs — measured slower here: 1.12 vs 0.96 ms at T = 2,048, Flash CSA shape, H200.) Epilogue: atc_epilogue (f32 out or, BF16_OUT, the output rounded to bf16 — the hi plane
+//   wait. Tried and measured slower on H200 (T = 2,048, Flash CSA shape; this loop 0.96 ms):
+//   FlashAttention-3's intra-warpgroup overlap (tile i's softmax while P · V of tile i − 1 runs)
+//   1.31 ms with 3 stages, 1.12 ms with 4; this loop with 4 stages and the row pointers built
+//   before the stage wait 1.00 ms. Epilogue: atc_epilogue (f32 out or, BF16_OUT, the output rounded to bf16 — the hi plane
 //   of sparse_attention_tc's split planes alone, at planes[(t·64 + h)·512 + col]; OFF-K's output is
 //   bf16 — for the grouped output projection's single bf16 product).
 // Launch: grid (T), block 384, dynamic shared memory AwgLayout::TOTAL. sm_90a only (wgmma).
@@ -654,7 +656,7 @@ extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc
 // numerics (spec §0); the code is ours.
 
 #define AWG_THREADS 384
-#define AWG_ST 4
+#define AWG_ST 3
 struct AwgLayout {
     static constexpr int Q = 0;                                // 8 column blocks × 64 rows × 128 B
     static constexpr int STAGE = 32768;                        // 8 column blocks × 32 rows × 128 B
@@ -685,15 +687,13 @@ __device__ __forceinline__ void awg_fence_regs(float (&d)[A][B]) {
         for (int j = 0; j < B; j++) asm volatile("" : "+f"(d[i][j])::"memory");
 }
 
-// S[64 × 32] = (acc ? S : 0) + A · Bᵀ on wgmma m64n32k16 (bf16 → f32): A and B K-major
-// 128-byte-swizzled tiles in shared memory (descriptors da, db); acc = 0 ignores S's old values
-// (scale-d false), so no instruction writes the accumulators before the first step. s in the
-// accumulator layout (s[j][e]: row 16·warp + g (e < 2) or + 8, column 8j + c2 + (e & 1)).
-__device__ __forceinline__ void awg_mma_s(float (&s)[4][4], unsigned long long da, unsigned long long db, int acc) {
-    GW_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-           "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+// S[64 × 32] += A · Bᵀ on wgmma m64n32k16 (bf16 → f32): A and B K-major 128-byte-swizzled tiles in
+// shared memory (descriptors da, db); s in the accumulator layout (s[j][e]: row 16·warp + g (e < 2)
+// or + 8, column 8j + c2 + (e & 1)).
+__device__ __forceinline__ void awg_mma_s(float (&s)[4][4], unsigned long long da, unsigned long long db) {
+    GW_ASM("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1, 0, 0;\n"
            : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]), "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3])
-           : "l"(da), "l"(db), "r"(acc));
+           : "l"(da), "l"(db));
 }
 
 // O[64 × 256] += P · V on wgmma m64n256k16 (bf16 → f32): P from registers (a: the m16n8k16 A
@@ -743,12 +743,11 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
         for (int i = 0; i <= n_tiles; i++) {
             if (i < n_tiles) {
                 const int s = i % AWG_ST;
-                // Row pointers first (their index loads overlap the wait for the stage).
+                if (i >= AWG_ST) gws_wait(empty0 + 8 * s, ((i / AWG_ST) - 1) & 1);
                 const u16** rp = reinterpret_cast<const u16**>(gbase + L::ROWP) + 32 * (i & 1);
                 const int b0 = i * ATC_TILE;
                 if (p < 32) att_tile_rows(rp, lane, b0, min(ATC_TILE, n_cand - b0), ATC_C, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, cc.c_begin, cc.mrow, cc.n_vis, &att_cursor);
                 awg_bar_copy();  // rp ready (read until the barrier of tile i + 1: two buffers)
-                if (i >= AWG_ST) gws_wait(empty0 + 8 * s, ((i / AWG_ST) - 1) & 1);
                 if (p == 0) {
                     u32 vm = 0;
                     for (int j = 0; j < ATC_TILE; j++) vm |= (rp[j] != nullptr ? 1u : 0u) << j;
@@ -801,14 +800,18 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
 
     for (int i = 0; i < n_tiles; i++) {  // block-uniform trip count
         const int s = i % AWG_ST;
-        const u32 st = base + L::K + s * L::STAGE;
+        const u32 sb = base + L::K + s * L::STAGE;
         gws_wait(full0 + 8 * s, (i / AWG_ST) & 1);
         float sa[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sa[j][e] = 0.f;
         gw_fence();
 #pragma unroll
         for (int kk = 0; kk < 16; kk++) {
             const u32 cb = 4 * wg + (kk >> 2), ko = (kk & 3) * 32;
-            awg_mma_s(sa, gw_desc(base + L::Q + cb * 8192 + ko), gw_desc(st + cb * 4096 + ko), kk);
+            awg_mma_s(sa, gw_desc(base + L::Q + cb * 8192 + ko), gw_desc(sb + cb * 4096 + ko));
         }
         gw_commit();
         gw_wait0();  // this tile's S and the previous tile's P · V
@@ -848,7 +851,7 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
             for (int x = 0; x < 2; x++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) a[2 * x + r] = gm_bf16x2(sa[2 * kc + x][2 * r], sa[2 * kc + x][2 * r + 1]);
-            awg_mma_o(o, a, awg_desc_mn(st + 4 * wg * 4096 + kc * 2048));
+            awg_mma_o(o, a, awg_desc_mn(sb + 4 * wg * 4096 + kc * 2048));
         }
         gw_commit();
     }
