@@ -5,7 +5,10 @@
 //! - `sparse_attention_f32` vs [`attention::attend`] (H 64, c 512, rope 64, window 128) for queries
 //!   at positions 198..202 and 4998..5001, with sliding (no compressed keys), HCA (ratio 128, every
 //!   visible entry, both identity and explicit lists) and CSA (ratio 4, the indexer-style list:
-//!   every visible entry below 512, else 512 of them) candidates and random sinks;
+//!   every visible entry below 512, else 512 of them) candidates and random sinks; the streaming
+//!   kernels on the same cases (split-bf16 at [`SPLIT_NMSE_TOL`], fast exp, and on sm_90a the bf16
+//!   kernel of `MLA_BF16` at `BF16_ATT_NMSE_TOL`, also against the split kernel), their
+//!   split-plane or bf16 output, fused q norm and mask path bit for bit;
 //! - `add_position_bias_f32` vs the f32 add of [`compressor::project`], and the pooled entries
 //!   (`compressor_pool_f32` + `rms_norm_f32` + `rope_positions_f32`) vs
 //!   [`compressor::window_slots`] + [`compressor::pool`], for CSA (ratio 4, width 512, overlap) and
