@@ -558,7 +558,7 @@ impl Gpu {
         // MLA_BF16: the kernel reads bf16 copies of the rows it can use — the window rows of this
         // chunk (positions `first` .. pos0 + T) and every entry — each rounded once here.
         let bf16_rows = if kernel.is_bf16() {
-            let first = (pos0 + 1).saturating_sub(window).max(kv_base);
+            let first = (pos0 + 1).saturating_sub(window); // ≥ kv_base: checked above
             let rows = pos0 + tokens - first;
             let kvb = self.bf16_rows(&kv.slice((first - kv_base) * c..(pos0 + tokens - kv_base) * c), rows, c)?;
             let entb = match comp {

@@ -407,6 +407,29 @@ __device__ __forceinline__ void atc_softmax(float (&s)[4][4], float (&m)[2], flo
     }
 }
 
+// The online-softmax state of this thread's two head rows h0 and h0 + 8 (both streaming kernels):
+// running maxima from the sinks, denominators 1 (the sink's term), O zero.
+__device__ __forceinline__ void atc_state_init(const float* __restrict__ sinks, int h0, float (&m)[2], float (&den)[2], float (&o)[32][4]) {
+    m[0] = sinks[h0];
+    m[1] = sinks[h0 + 8];
+    den[0] = den[1] = 1.f;
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.f;
+}
+
+// O rows scaled by the softmax's corr (row g: elements 0, 1; row g + 8: elements 2, 3).
+__device__ __forceinline__ void atc_rescale(float (&o)[32][4], const float (&corr)[2]) {
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        o[j][0] *= corr[0];
+        o[j][1] *= corr[0];
+        o[j][2] *= corr[1];
+        o[j][3] *= corr[1];
+    }
+}
+
 // o / den, inverse RoPE on the trailing rope_dim channels, f32 stores into out (both streaming
 // kernels) — or, SPLIT_OUT, the split planes staged per warp in stage (ATC_STAGE_WARP u16 of freed
 // shared memory; the caller synchronises before), then stored as whole rows; with LO false the hi
@@ -493,14 +516,8 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
     atc_stage_q(q, t, c, q_eps, rope_dim, pos, inv_freq, reinterpret_cast<float2*>(Ks), tid,
                 [&](int row, int e, float4 v) { atc_split4(v, Qs + row * ATC_PITCH + e, Qs + ATC_QPLANE + row * ATC_PITCH + e); },
                 [] { __syncthreads(); });
-    const int h0 = 16 * wh + g;  // heads of rows g and g + 8
-    float m[2] = {sinks[h0], sinks[h0 + 8]};
-    float den[2] = {1.f, 1.f};
-    float o[32][4];
-#pragma unroll
-    for (int j = 0; j < 32; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) o[j][e] = 0.f;
+    float m[2], den[2], o[32][4];
+    atc_state_init(sinks, 16 * wh + g, m, den, o);
 
     const u32 qs = gm_smem(Qs), ks = gm_smem(Ks);
     for (int base = 0; base < n_cand; base += ATC_TILE) {  // block-uniform trip count
@@ -563,13 +580,7 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
 
         float corr[2];
         atc_softmax<FAST_EXP>(s, m, den, corr, scale, c2, [&](int col) { return col < nt && rowp[col] != nullptr; });
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            o[j][0] *= corr[0];
-            o[j][1] *= corr[0];
-            o[j][2] *= corr[1];
-            o[j][3] *= corr[1];
-        }
+        atc_rescale(o, corr);
         // O[16 heads, 256 channels] += P · K, P as split A fragments (k = candidates 16·kc ..).
 #pragma unroll
         for (int kc = 0; kc < 2; kc++) {
@@ -788,14 +799,8 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
     gw_fence_proxy();
     awg_bar_multiply();
 
-    const int h0 = 16 * wq + g;  // heads of rows g and g + 8
-    float m[2] = {sinks[h0], sinks[h0 + 8]};
-    float den[2] = {1.f, 1.f};
-    float o[32][4];
-#pragma unroll
-    for (int j = 0; j < 32; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) o[j][e] = 0.f;
+    float m[2], den[2], o[32][4];
+    atc_state_init(sinks, 16 * wq + g, m, den, o);
     float* part = reinterpret_cast<float*>(gbase + L::PART);
 
     for (int i = 0; i < n_tiles; i++) {  // block-uniform trip count
@@ -835,13 +840,7 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
         const u32 vm = valid[s];
         float corr[2];
         atc_softmax<FAST_EXP>(sa, m, den, corr, scale, c2, [&](int col) { return ((vm >> col) & 1u) != 0u; });
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            o[j][0] *= corr[0];
-            o[j][1] *= corr[0];
-            o[j][2] *= corr[1];
-            o[j][3] *= corr[1];
-        }
+        atc_rescale(o, corr);
         // O[64 heads, this warpgroup's 256 channels] += P · V, P as bf16 A fragments (k = candidates 16·kc ..).
         gw_fence();
 #pragma unroll
