@@ -414,6 +414,25 @@ pub fn value_of(name: &str) -> (&'static str, Origin) {
     *resolved().get(name).unwrap_or_else(|| panic!("switch {name} is not registered"))
 }
 
+/// The command line that reproduces this process's switch values, for reports' `command` field:
+/// `FLASHSEEK_<NAME>=<value>` for each switch set through the environment (those set by
+/// `--switch` are among the arguments), then `args` (the process's arguments), space-separated.
+pub fn reproducible_command(args: impl IntoIterator<Item = String>) -> String {
+    let env: Vec<(String, &str)> = SWITCHES
+        .iter()
+        .filter_map(|s| {
+            let (v, origin) = value_of(s.name);
+            (origin == Origin::Env).then(|| (s.env_var(), v))
+        })
+        .collect();
+    with_env_prefix(&env, args)
+}
+
+/// `NAME=value` for each pair, then the arguments, space-separated.
+fn with_env_prefix(env: &[(String, &str)], args: impl IntoIterator<Item = String>) -> String {
+    env.iter().map(|(n, v)| format!("{n}={v}")).chain(args).collect::<Vec<_>>().join(" ")
+}
+
 /// The value of switch `name` (see [`value_of`]).
 pub fn value(name: &str) -> &'static str {
     value_of(name).0
@@ -625,6 +644,14 @@ mod tests {
             assert!(s.env_var().starts_with("FLASHSEEK_"));
             assert!(!s.replaces.is_empty() && !s.parity.is_empty());
         }
+    }
+
+    #[test]
+    fn reproducible_commands_put_environment_switches_first() {
+        let env = [("FLASHSEEK_TC_LINEAR".to_string(), "fp8"), ("FLASHSEEK_MLA_BF16".to_string(), "on")];
+        let args = ["flashseek", "gpu-bench", "--layers", "20"].map(String::from);
+        assert_eq!(with_env_prefix(&env, args.clone()), "FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on flashseek gpu-bench --layers 20");
+        assert_eq!(with_env_prefix(&[], args), "flashseek gpu-bench --layers 20");
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_prefill_secs: args.max_prefill_secs,
     };
     let mut report = bench::run(&gpu, &opts)?;
-    report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
+    report["command"] = flashseek_engine::switches::reproducible_command(std::env::args()).into();
     report["commit"] = option_env!("FLASHSEEK_COMMIT").unwrap_or("unknown (set FLASHSEEK_COMMIT when building)").into();
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;

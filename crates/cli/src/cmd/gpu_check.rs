@@ -85,7 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None
     };
     let (mut report, ok) = check::run(&gpu, seed, &check::CheckOptions { repeats: args.repeats, skip_checks: args.skip_checks, only: args.only.clone(), goldens: (!args.skip_models && args.goldens.is_dir()).then(|| args.goldens.clone()), greedy_steps: args.greedy_steps, stored_model, moe_tokens: args.moe_tokens.clone(), switch_model })?;
-    report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
+    report["command"] = flashseek_engine::switches::reproducible_command(std::env::args()).into();
     report["commit"] = option_env!("FLASHSEEK_COMMIT").unwrap_or("unknown (set FLASHSEEK_COMMIT when building)").into();
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;

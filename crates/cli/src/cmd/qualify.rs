@@ -49,7 +49,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let gpu = Gpu::open(args.device, &flashseek_engine::default_model::cache_root().join("kernels"))?;
     let opts = qualify::QualifyOptions { layers: args.layers, contexts: args.contexts.clone(), chunk: args.chunk, decode_tokens: args.decode_tokens, full_matrix_max: args.full_matrix_max };
     let (mut report, ok) = qualify::run(&gpu, &opts)?;
-    report["command"] = std::env::args().collect::<Vec<_>>().join(" ").into();
+    report["command"] = flashseek_engine::switches::reproducible_command(std::env::args()).into();
     report["commit"] = option_env!("FLASHSEEK_COMMIT").unwrap_or("unknown (set FLASHSEEK_COMMIT when building)").into();
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)?).map_err(|e| anyhow::anyhow!("{}: {e}", json_path.display()))?;
     let svg = args.out.join("qualify.svg");
