@@ -158,7 +158,7 @@ pub const SWITCHES: &[Switch] = &[
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
         replaces: "the streaming attention's split-bf16 products (three mma.sync per fragment, f32-level error; MLA_STREAM_TOPK) by DeepSeek's own attention numerics (OFF-K sparse_attn_kernel: Q, K=V and P rounded to bf16, f32 accumulation) on one wgmma product per fragment, the rows copied into shared memory by a dedicated warpgroup from bf16 copies made once per call (sm_90a; elsewhere the split kernels); where wo_a runs on cuBLASLt (>= 256 tokens) the output is bf16 and wo_a one bf16 product on it; not exact, off by default",
-        parity: "gpu-check (`--only attention`) `sparse_attention_bf16 …` records (NMSE and max-abs vs the CPU reference and vs the split kernel, tolerance 1e-4: bf16 rounding of Q, K=V and P), `sparse_attention split planes StreamBf16 …`, `sparse_attention fused q norm StreamBf16 …` and `sparse_attention_mask StreamBf16 …` (bit for bit, as for the split kernels), `sparse_attention_bf16_fast_exp …` (with MLA_STREAM_FAST_EXP); the switch matrix and qualify (reported, not judged)",
+        parity: "gpu-check (`--only attention`) `sparse_attention_bf16 …` records (NMSE and max-abs vs the CPU reference and vs the split kernel, tolerance 1e-4: bf16 rounding of Q, K=V and P; and vs the CPU's replay of those numerics, forward::attention::attend_bf16, tolerance 1e-7), `sparse_attention split planes StreamBf16 …`, `sparse_attention fused q norm StreamBf16 …` and `sparse_attention_mask StreamBf16 …` (bit for bit, as for the split kernels), `sparse_attention_bf16_fast_exp …` (with MLA_STREAM_FAST_EXP); the switch matrix and qualify (reported, not judged)",
     },
     Switch {
         name: "DIRECT_INDEXER_TOPK",

@@ -8,7 +8,8 @@
 //!   every visible entry below 512, else 512 of them) candidates and random sinks; the streaming
 //!   kernels on the same cases (split-bf16 at [`SPLIT_NMSE_TOL`], fast exp, and on sm_90a the bf16
 //!   kernels of `MLA_BF16`, precise and fast exp, at `BF16_ATT_NMSE_TOL`, also against the split
-//!   and the precise bf16 kernel), their
+//!   and the precise bf16 kernel, and the precise one at `BF16_EMU_NMSE_TOL` against
+//!   [`attention::attend_bf16`], the CPU replay of its numerics), their
 //!   split-plane or bf16 output, fused q norm and mask path bit for bit;
 //! - `add_position_bias_f32` vs the f32 add of [`compressor::project`], and the pooled entries
 //!   (`compressor_pool_f32` + `rms_norm_f32` + `rope_positions_f32`) vs
@@ -35,6 +36,13 @@ const FAST_EXP_NMSE_TOL: f64 = 1e-8;
 /// order 1e-3 relative, NMSE ~1e-6; the bound leaves two orders of magnitude, while a broken
 /// layout or pipeline gives NMSE ~1.
 const BF16_ATT_NMSE_TOL: f64 = 1e-4;
+
+/// NMSE bound of the bf16 streaming kernel against [`attention::attend_bf16`], the CPU replay of
+/// its numerics: they differ in the order of the f32 sums only, which moves a logit by ~1e-7
+/// relative and so flips the bf16 rounding of a few weights P (~2.5e-4 of them; each by 2⁻⁸
+/// relative): NMSE of order 1e-9. A kernel that skipped a rounding (of Q, K=V or P) or mishandled
+/// the tiles' running max would sit near the 1e-5 of the exact comparison.
+const BF16_EMU_NMSE_TOL: f64 = 1e-7;
 use super::gpu::Gpu;
 use super::ops_attention::{hca_candidates, AttentionKernel, AttentionOut, AttentionQuery, hca_offsets, topk_offsets, visible_entries, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::CudaError;
@@ -378,9 +386,20 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                         vs_cpu & record_tol(out, &format!("sparse_attention_bf16_fast_exp vs bf16 {keys_kind:?}"), detail.clone(), &got, &bf16, BF16_ATT_NMSE_TOL)
                     }
                     AttentionKernel::StreamBf16 => {
-                        // OFF-K's numerics: against the CPU and against the split kernel.
+                        // OFF-K's numerics: against the CPU and against the split kernel, then
+                        // against the CPU's replay of those numerics (attend_bf16).
                         let vs_cpu = record_tol(out, &format!("sparse_attention_bf16 {keys_kind:?}"), detail.clone(), &got, &cpu, BF16_ATT_NMSE_TOL);
-                        vs_cpu & record_tol(out, &format!("sparse_attention_bf16 vs stream {keys_kind:?}"), detail.clone(), &got, &stream, BF16_ATT_NMSE_TOL)
+                        let vs_stream = record_tol(out, &format!("sparse_attention_bf16 vs stream {keys_kind:?}"), detail.clone(), &got, &stream, BF16_ATT_NMSE_TOL);
+                        let replay: Vec<f32> = (0..tokens)
+                            .into_par_iter()
+                            .flat_map_iter(|t| {
+                                let pos = pos0 + t;
+                                let mut keys: Vec<&[f32]> = attention::window_range(pos, WINDOW).map(|j| &kv[(j - kv_base) * C..(j - kv_base + 1) * C]).collect();
+                                keys.extend(lists[t].iter().map(|e| &entries[e * C..(e + 1) * C]));
+                                attention::attend_bf16(&q[t * H * C..(t + 1) * H * C], &keys, &sinks, C, rope, pos, attention::BF16_ATTENTION_TILE)
+                            })
+                            .collect();
+                        vs_cpu & vs_stream & record_tol(out, &format!("sparse_attention_bf16 vs replay {keys_kind:?}"), detail.clone(), &got, &replay, BF16_EMU_NMSE_TOL)
                     }
                 };
                 if kernel == AttentionKernel::Stream {
