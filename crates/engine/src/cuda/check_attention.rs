@@ -307,15 +307,12 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                 })
                 .collect();
             // CPU reference: window rows in position order, then the list's entries.
-            let cpu: Vec<f32> = (0..tokens)
-                .into_par_iter()
-                .flat_map_iter(|t| {
-                    let pos = pos0 + t;
-                    let mut keys: Vec<&[f32]> = attention::window_range(pos, WINDOW).map(|j| &kv[(j - kv_base) * C..(j - kv_base + 1) * C]).collect();
-                    keys.extend(lists[t].iter().map(|e| &entries[e * C..(e + 1) * C]));
-                    attention::attend(&q[t * H * C..(t + 1) * H * C], &keys, &sinks, C, rope, pos)
-                })
-                .collect();
+            let keys_of = |t: usize| -> Vec<&[f32]> {
+                let mut keys: Vec<&[f32]> = attention::window_range(pos0 + t, WINDOW).map(|j| &kv[(j - kv_base) * C..(j - kv_base + 1) * C]).collect();
+                keys.extend(lists[t].iter().map(|e| &entries[e * C..(e + 1) * C]));
+                keys
+            };
+            let cpu: Vec<f32> = (0..tokens).into_par_iter().flat_map_iter(|t| attention::attend(&q[t * H * C..(t + 1) * H * C], &keys_of(t), &sinks, C, rope, pos0 + t)).collect();
             // GPU: each kernel on the lists; on CSA also through the mask path (DIRECT_INDEXER_TOPK=off).
             let shape = AttentionShape { tokens, heads: H, head_dim: C, pos0, window: WINDOW, kv_base };
             let dentries = gpu.upload(&entries[..n_entries.max(1) * C])?;
@@ -392,12 +389,7 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                         let vs_stream = record_tol(out, &format!("sparse_attention_bf16 vs stream {keys_kind:?}"), detail.clone(), &got, &stream, BF16_ATT_NMSE_TOL);
                         let replay: Vec<f32> = (0..tokens)
                             .into_par_iter()
-                            .flat_map_iter(|t| {
-                                let pos = pos0 + t;
-                                let mut keys: Vec<&[f32]> = attention::window_range(pos, WINDOW).map(|j| &kv[(j - kv_base) * C..(j - kv_base + 1) * C]).collect();
-                                keys.extend(lists[t].iter().map(|e| &entries[e * C..(e + 1) * C]));
-                                attention::attend_bf16(&q[t * H * C..(t + 1) * H * C], &keys, &sinks, C, rope, pos, attention::BF16_ATTENTION_TILE)
-                            })
+                            .flat_map_iter(|t| attention::attend_bf16(&q[t * H * C..(t + 1) * H * C], &keys_of(t), &sinks, C, rope, pos0 + t, attention::BF16_ATTENTION_TILE))
                             .collect();
                         vs_cpu & vs_stream & record_tol(out, &format!("sparse_attention_bf16 vs replay {keys_kind:?}"), detail.clone(), &got, &replay, BF16_EMU_NMSE_TOL)
                     }

@@ -5,7 +5,7 @@ use super::drv;
 use super::graph::DevBuf;
 use super::{guard, nvrtc, CudaError, KERNEL_SOURCES};
 use crate::cpu::rope::Rope;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -973,22 +973,44 @@ impl Gpu {
     ///
     /// Errors: `x` shorter than `t·k`, sizes beyond 32-bit indexing, allocation or launch failures.
     pub fn bf16_planes(&self, x: &CudaSlice<f32>, t: usize, k: usize, split: bool) -> Result<(DevBuf<u16>, usize, usize), CudaError> {
-        let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") });
         if x.len() < t * k {
             return Err(CudaError::Unsupported { what: "linear", detail: format!("{} inputs for {t} rows of {k}", x.len()) });
         }
         let (tp, kp) = (t.div_ceil(128).max(1) * 128, k.div_ceil(32) * 32);
-        let (tt, k_i, tp_i) = (too_big(t)?, too_big(k)?, too_big(tp)?);
         // SAFETY: every element is written by gemm_x_bf16 below before anything reads it.
         let mut xb = unsafe { self.scratch::<u16>(tp * kp * if split { 2 } else { 1 }) }?;
+        self.x_bf16_into(&x.slice(..), &mut xb, t, k, tp, split)?;
+        Ok((xb, tp, kp))
+    }
+
+    /// Launches gemm.cu's `gemm_x_bf16`, the one launcher of that kernel (the linears' bf16
+    /// planes, the MoE's SwiGLU output, the bf16 attention's rows): rows `0..t` of `x` (`[t, k]`
+    /// f32) rounded to bf16 into `xb` as rows of `Kp` (k rounded up to 32) values, rows `t..tp` and
+    /// columns `k..Kp` zero; with `split` the lo plane `x − bf16(x)` follows at `tp·Kp`. Grid-stride
+    /// over float4s, block 256.
+    ///
+    /// Errors: `x` shorter than `t·k`, `xb` shorter than the planes, `tp < t`, sizes beyond 32-bit
+    /// indexing, launch failures.
+    pub(crate) fn x_bf16_into(&self, x: &CudaView<'_, f32>, xb: &mut DevBuf<u16>, t: usize, k: usize, tp: usize, split: bool) -> Result<(), CudaError> {
+        let kp = k.div_ceil(32) * 32;
+        let planes = if split { 2 } else { 1 };
+        if x.len() < t * k || tp < t || xb.len() < tp * kp * planes {
+            return Err(CudaError::Unsupported { what: "gemm_x_bf16", detail: format!("{} inputs for {t} rows of {k} into {} bf16 values ({tp} rows of {kp}, {planes} planes)", x.len(), xb.len()) });
+        }
+        let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "gemm_x_bf16", detail: format!("{v} does not fit the kernel's 32-bit index") });
+        let (tt, k_i, tp_i) = (too_big(t)?, too_big(k)?, too_big(tp)?);
+        if tp == 0 || kp == 0 {
+            return Ok(());
+        }
         let quads = tp * kp / 4;
         let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("gemm_x_bf16"));
         let split_i = split as i32;
-        b.arg(x).arg(&mut xb).arg(&tt).arg(&k_i).arg(&tp_i).arg(&split_i);
-        // SAFETY: matches gemm_x_bf16(x, xb, T, K, Tp, split); x holds T·K floats, xb (1 + split)·Tp·Kp bf16.
+        b.arg(x).arg(xb).arg(&tt).arg(&k_i).arg(&tp_i).arg(&split_i);
+        // SAFETY: matches gemm_x_bf16(x, xb, T, K, Tp, split); x holds T·K floats, xb (1 + split)·Tp·Kp
+        // bf16 (checked above).
         drv("gemm_x_bf16", unsafe { b.launch(cfg) })?;
-        Ok((xb, tp, kp))
+        Ok(())
     }
 
     /// The grouped output projection (spec §4.7) through cuBLASLt (switch `LINEAR_CUBLASLT`, split

@@ -542,16 +542,16 @@ impl Gpu {
                 ensure(W, mask.len() >= need, || format!("mask holds {} bytes, need T·n_entries = {need}", mask.len()))?;
             }
         }
-        let split = matches!(out, AttentionOut::SplitPlanes { .. } | AttentionOut::Bf16(_));
+        let plane_out = matches!(out, AttentionOut::SplitPlanes { .. } | AttentionOut::Bf16(_));
         let (name, cfg) = match kernel {
             AttentionKernel::Exact => ("sparse_attention_f32", LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }),
             AttentionKernel::Stream | AttentionKernel::StreamFastExp => {
-                let name = ATTENTION_TC_KERNELS[usize::from(kernel != AttentionKernel::Stream) + 2 * usize::from(split)];
+                let name = ATTENTION_TC_KERNELS[usize::from(kernel != AttentionKernel::Stream) + 2 * usize::from(plane_out)];
                 (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: ATTENTION_TC_SMEM as u32 })
             }
             AttentionKernel::StreamBf16 | AttentionKernel::StreamBf16FastExp => {
                 ensure(W, self.attention_bf16_ok(), || format!("the bf16 attention kernels (MLA_BF16) need sm_90a and {ATTENTION_WG_REGS} registers per thread; this device is {}", self.arch))?;
-                let name = ATTENTION_WG_KERNELS[usize::from(kernel == AttentionKernel::StreamBf16FastExp) + 2 * usize::from(split)];
+                let name = ATTENTION_WG_KERNELS[usize::from(kernel == AttentionKernel::StreamBf16FastExp) + 2 * usize::from(plane_out)];
                 (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes: ATTENTION_WG_SMEM as u32 })
             }
         };
@@ -636,21 +636,10 @@ impl Gpu {
     fn bf16_rows(&self, x: &cudarc::driver::CudaView<'_, f32>, rows: usize, c: usize) -> Result<DevBuf<u16>, CudaError> {
         const W: &str = "sparse_attention";
         ensure(W, c.is_multiple_of(32) && x.len() >= rows * c, || format!("{} values for {rows} bf16 rows of {c}", x.len()))?;
-        let (r_i, c_i) = (int(W, "rows", rows)?, int(W, "head_dim", c)?);
         int(W, "row values", rows * c)?;
         // SAFETY: gemm_x_bf16 writes all rows·c values (Tp = rows, Kp = c, split 0).
         let mut xb = unsafe { self.scratch::<u16>((rows * c).max(1)) }?;
-        if rows == 0 {
-            return Ok(xb);
-        }
-        let quads = rows * c / 4;
-        let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.stream.launch_builder(self.f("gemm_x_bf16"));
-        let split = 0i32;
-        b.arg(x).arg(&mut xb).arg(&r_i).arg(&c_i).arg(&r_i).arg(&split);
-        // SAFETY: matches gemm_x_bf16(x, xb, T, K, Tp, split) with T = Tp = rows, K = Kp = c: x holds
-        // rows·c floats, xb rows·c bf16.
-        launched("gemm_x_bf16", unsafe { b.launch(cfg) }.map(|_| ()))?;
+        self.x_bf16_into(x, &mut xb, rows, c, rows, false)?;
         Ok(xb)
     }
 
@@ -1193,14 +1182,17 @@ mod smem_tests {
     #[test]
     fn streaming_attention_shared_memory_matches_the_kernel() {
         let src = include_str!("kernels/attention.cu");
-        let def = |name: &str| -> usize {
-            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
-            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
-        };
+        let def = |name: &str| define(src, name);
         let (h, tile, pitch) = (def("ATC_H"), def("ATC_TILE"), def("ATC_PITCH"));
         let smem = 2 * h * pitch * 2 + 2 * tile * pitch * 2 + 8 * 32 * 16 * 4 + tile * 8;
         assert_eq!(super::ATTENTION_TC_SMEM, smem);
         assert!(smem <= 227 * 1024);
+    }
+
+    /// The value of `#define NAME value` in kernel source `src` (panics when absent).
+    fn define(src: &str, name: &str) -> usize {
+        let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
+        line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
     }
 
     /// `ATTENTION_WG_SMEM` is `AwgLayout::TOTAL` (its fields recomputed from attention.cu's
@@ -1209,10 +1201,7 @@ mod smem_tests {
     #[test]
     fn bf16_attention_shared_memory_matches_the_kernel() {
         let src = include_str!("kernels/attention.cu");
-        let def = |name: &str| -> usize {
-            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
-            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
-        };
+        let def = |name: &str| define(src, name);
         let (threads, stages) = (def("AWG_THREADS"), def("AWG_ST"));
         assert_eq!(threads, 384);
         for expr in [
@@ -1243,10 +1232,7 @@ mod smem_tests {
     #[test]
     fn indexer_wgmma_shared_memory_matches_the_kernel() {
         let src = include_str!("kernels/indexer.cu");
-        let def = |name: &str| -> usize {
-            let line = src.lines().find(|l| l.starts_with(&format!("#define {name} "))).unwrap_or_else(|| panic!("{name} not defined"));
-            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name}: {line}"))
-        };
+        let def = |name: &str| define(src, name);
         let (nwg, tile, stages, cap, kt) = (def("IWG_NWG"), def("IWG_TILE"), def("IWG_STAGES"), def("ITS_CAP"), def("ITC_KT"));
         for expr in [
             "BKEY = RING + IWG_STAGES * IWG_TILE;",

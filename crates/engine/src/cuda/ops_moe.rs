@@ -454,13 +454,8 @@ impl Gpu {
             self.moe_gemm(&g, tables, "plain", split, opts, &xb, g.r_cap * d, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), Some(&mut yu), None, inter, d, limit)?;
             let mut yh = self.zeros::<f32>(g.r_cap * inter)?;
             self.swiglu(&yg, &yu, &mut yh, g.r_cap * inter, limit)?;
-            let quads = g.r_cap * inter / 4;
-            let cfg = LaunchConfig { grid_dim: (quads.div_ceil(256).min(132 * 32) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let (r_i, k_i, sp) = (g.r_cap as i32, inter as i32, split as i32);
-            let mut b = self.stream.launch_builder(self.f("gemm_x_bf16"));
-            b.arg(&yh).arg(&mut hb).arg(&r_i).arg(&k_i).arg(&r_i).arg(&sp);
-            // SAFETY: gemm_x_bf16(x [r_cap, inter], xb [r_cap, inter] (+ plane at r_cap·inter), T = Tp = r_cap, K = inter, split).
-            drv("gemm_x_bf16", unsafe { b.launch(cfg) })?;
+            // hb [r_cap, inter] (+ plane at r_cap·inter): T = Tp = r_cap, K = Kp = inter.
+            self.x_bf16_into(&yh.slice(..), &mut hb, g.r_cap, inter, g.r_cap, split)?;
         }
         // Down projection, rows scattered to their (token, slot).
         // SAFETY: the scatter writes every (token, slot) row whose expert is in 0..E; the combine
