@@ -17,6 +17,8 @@
 #   tc        tensor-core linear checks + timings (gemm.cu: mma.sync and wgmma tiles, cuBLASLt)
 #   q8        FP8-activation linear checks + timings (TC_LINEAR=fp8)  ~60 s
 #   bench-fp8 the bench step with TC_LINEAR=fp8 (official numerics) ~100 s
+#   bench-fp8-bf16att-idx8  bench-fp8-bf16att with INDEXER_FP8=on (FP8 indexer scores, as the
+#             serving stacks' FP8 indexer cache)                        ~110 s
 #   bench-lt  the bench step with LINEAR_CUBLASLT=on (cuBLASLt bf16 GEMMs for the split linears) ~145 s
 #   bench-fp8-lt  bench-fp8 with FP8_CUBLASLT=on and LINEAR_CUBLASLT=on                ~100 s
 #   attention the attention/compressor/indexer checks + timings     ~40 s
@@ -52,6 +54,8 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8.log" ;;
   bench-fp8-bf16att) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_bf16att.json" > "$OUT/gpu_bench_h200_20layers_fp8_bf16att.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8_bf16att.log" ;;
+  bench-fp8-bf16att-idx8) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.json" > "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.log" 2>&1
+         grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.log" ;;
   bench-lt) FLASHSEEK_LINEAR_CUBLASLT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_lt.json" > "$OUT/gpu_bench_h200_20layers_lt.log" 2>&1
          grep -E "uploaded|context|cuBLASLt" "$OUT/gpu_bench_h200_20layers_lt.log" ;;
   bench-fp8-lt) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_FP8_CUBLASLT=on FLASHSEEK_LINEAR_CUBLASLT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_lt.json" > "$OUT/gpu_bench_h200_20layers_fp8_lt.log" 2>&1
@@ -64,5 +68,5 @@ case "${1:-}" in
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_graph.log" ;;
   bench-decode-base) timeout 400 "$B" gpu-bench --layers 20 --contexts 8192,131072 --prefill-repeats 1 --decode-steps 32 --out "$OUT/gpu_bench_h200_20layers_decode_base.json" > "$OUT/gpu_bench_h200_20layers_decode_base.log" 2>&1
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_base.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-lt|bench-fp8-lt|attention|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-lt|bench-fp8-lt|attention|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
 esac

@@ -185,8 +185,8 @@ pub const SWITCHES: &[Switch] = &[
         name: "INDEXER_WGMMA",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "indexer_topk_stream (scores on mma.sync, two tokens per block, block barriers in every 64-key tile): indexer_topk_wgmma — the keys split into bf16 hi/lo tiles once per call, copied by cp.async.bulk into a 4-stage ring; four tokens per block, each warpgroup multiplies its token's 64 heads on wgmma (queries in registers; the same three products per 16 dims in the same order) and selects on its own buffer with warpgroup barriers (sm_90a; with INDEXER_STREAM_TOPK, i.e. INDEXER_TC on and INDEXER_FP8 off, 64 heads of 128, chunks of >= 256 tokens)",
-        parity: "gpu-check `indexer_topk_wgmma …` records (lists identical to indexer_scores_tc + indexer_topk on the cases of `indexer_topk_stream …`) and `indexer_scores_wgmma …` (scores vs the CPU at NMSE <= 1e-4, measured ~1e-11, and bit for bit vs indexer_scores_tc); qualify (`INDEXER_WGMMA=off alone`: same bits as all on at 8K/32K/128K; the switch matrix's 200-token prompts are below its 256-token minimum)",
+        replaces: "indexer_topk_stream (scores on mma.sync, two tokens per block, block barriers in every 64-key tile): indexer_topk_wgmma — the keys split into bf16 hi/lo tiles once per call, copied by cp.async.bulk into a 4-stage ring; four tokens per block, each warpgroup multiplies its token's 64 heads on wgmma (queries in registers; the same three products per 16 dims in the same order) and selects on its own buffer with warpgroup barriers (sm_90a; with INDEXER_STREAM_TOPK, i.e. INDEXER_TC on and INDEXER_FP8 off, 64 heads of 128, chunks of >= 256 tokens). With INDEXER_FP8 on it replaces indexer_topk_stream_fp8 likewise: indexer_topk_wgmma_fp8, the e4m3 keys in 8 KB tiles, one wgmma m64n64k32 e4m3 per 32 dims",
+        parity: "gpu-check `indexer_topk_wgmma …` records (lists identical to indexer_scores_tc + indexer_topk on the cases of `indexer_topk_stream …`) and `indexer_scores_wgmma …` (scores vs the CPU at NMSE <= 1e-4, measured ~1e-11, and bit for bit vs indexer_scores_tc); with INDEXER_FP8, `indexer_topk_wgmma_fp8 …` (as `indexer_topk_stream_fp8 …`: the selection rule on the CPU's f64 scores of the quantized values, up to near ties; entries differing from indexer_topk_stream_fp8 reported) and `indexer_scores_wgmma_fp8 …` (vs those scores, NMSE <= 1e-6); qualify (`INDEXER_WGMMA=off alone`: same bits as all on at 8K/32K/128K; the switch matrix's 200-token prompts are below its 256-token minimum)",
     },
     Switch {
         name: "INDEXER_FP8",
@@ -467,12 +467,16 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MLA_SPLIT_OUT", &[("MLA_STREAM_TOPK", &["on"]), ("LINEAR_CUBLASLT", &["on"]), ("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
-    ("INDEXER_WGMMA", &[("INDEXER_STREAM_TOPK", &["on"]), ("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
 ];
 
 /// Switches that act when *any* of the listed values holds (alternatives [`REQUIRES`] cannot
-/// state): `BF16_WGMMA` runs the tensor-core linears (TC_LINEAR not off) and the grouped MoE.
-pub const REQUIRES_ANY: &[(&str, &[Requirement])] = &[("BF16_WGMMA", &[("TC_LINEAR", &["split", "bf16", "fp8"]), ("MOE_GROUPED", &["on"])])];
+/// state); an alternative `X=on` holds only while X itself acts. `BF16_WGMMA` runs the tensor-core
+/// linears (TC_LINEAR not off) and the grouped MoE; `INDEXER_WGMMA` the exact streaming top-k
+/// (`INDEXER_STREAM_TOPK` acting: `INDEXER_TC` on, `INDEXER_FP8` off) and the FP8 one.
+pub const REQUIRES_ANY: &[(&str, &[Requirement])] = &[
+    ("BF16_WGMMA", &[("TC_LINEAR", &["split", "bf16", "fp8"]), ("MOE_GROUPED", &["on"])]),
+    ("INDEXER_WGMMA", &[("INDEXER_STREAM_TOPK", &["on"]), ("INDEXER_FP8", &["on"])]),
+];
 
 /// Why switch `name` has no effect with the current values, if it has none: every switch it
 /// requires ([`REQUIRES`]) that has another value, in the order listed, e.g. `needs
@@ -489,7 +493,16 @@ pub fn inactive_because(name: &str) -> Option<String> {
         }
     }
     let (_, any) = REQUIRES_ANY.iter().find(|(n, _)| *n == name)?;
-    any.iter().all(|r| unmet(&r)).then(|| format!("needs {}", any.iter().map(say).collect::<Vec<_>>().join(", or ")))
+    // An alternative X=on that is set but does not act says why (REQUIRES_ANY lists no cycles).
+    let why_not = |r: &Requirement| -> Option<String> {
+        if unmet(&r) {
+            return Some(say(r));
+        }
+        let on_but_idle = r.1 == ["on"] && r.0 != name;
+        on_but_idle.then(|| inactive_because(r.0)).flatten().map(|w| format!("{} acting ({w})", say(r)))
+    };
+    let reasons: Vec<String> = any.iter().map(why_not).collect::<Option<Vec<_>>>()?;
+    Some(format!("needs {}", reasons.join(", or ")))
 }
 
 /// Prefill chunk with `LONG_CONTEXT_CHUNK` on (tokens).
@@ -729,8 +742,16 @@ mod tests {
         let split = scoped(&[("TC_LINEAR", "split")], || (inactive_because("FP8_WGMMA"), inactive_because("LINEAR_CUBLASLT"))).unwrap();
         assert_eq!(split, (Some("needs TC_LINEAR=fp8".into()), None));
         // Every unmet requirement is named, in the order listed.
-        let two = scoped(&[("INDEXER_TC", "off"), ("INDEXER_FP8", "on")], || inactive_because("INDEXER_WGMMA")).unwrap();
+        let two = scoped(&[("INDEXER_TC", "off"), ("INDEXER_FP8", "on")], || inactive_because("INDEXER_STREAM_TOPK")).unwrap();
         assert_eq!(two.as_deref(), Some("needs INDEXER_TC=on and INDEXER_FP8=off"));
+        // INDEXER_WGMMA runs the FP8 scores whatever INDEXER_TC says, the exact ones only while
+        // INDEXER_STREAM_TOPK acts; a set but idle alternative says why it is idle.
+        let fp8 = scoped(&[("INDEXER_TC", "off"), ("INDEXER_FP8", "on")], || inactive_because("INDEXER_WGMMA")).unwrap();
+        assert_eq!(fp8, None);
+        let idle = scoped(&[("INDEXER_TC", "off")], || inactive_because("INDEXER_WGMMA")).unwrap();
+        assert_eq!(idle.as_deref(), Some("needs INDEXER_STREAM_TOPK=on acting (needs INDEXER_TC=on), or INDEXER_FP8=on"));
+        let neither = scoped(&[("INDEXER_STREAM_TOPK", "off")], || inactive_because("INDEXER_WGMMA")).unwrap();
+        assert_eq!(neither.as_deref(), Some("needs INDEXER_STREAM_TOPK=on, or INDEXER_FP8=on"));
         // Alternatives: BF16_WGMMA acts while either the linears or the grouped MoE use it.
         let neither = scoped(&[("TC_LINEAR", "off"), ("MOE_GROUPED", "off")], || inactive_because("BF16_WGMMA")).unwrap();
         assert_eq!(neither.as_deref(), Some("needs TC_LINEAR=split or bf16 or fp8, or MOE_GROUPED=on"));

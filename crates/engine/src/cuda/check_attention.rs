@@ -207,6 +207,22 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
     })?;
     println!("time indexer_topk_stream_fp8 T={tokens} entries={n} {ms_fp8:.2} ms {:.1} TFLOP/s (incl. quantisation)", flops / (ms_fp8 * 1e-3) / 1e12);
     rows.push(json!({"op": "indexer_topk_stream_fp8", "kernel": "fused fp8", "tokens": tokens, "entries": n, "k": TOPK, "median_ms": ms_fp8, "tflop_per_s": flops / (ms_fp8 * 1e-3) / 1e12}));
+    if gpu.arch == "sm_90a" {
+        // INDEXER_FP8 with INDEXER_WGMMA: the quantisation (keys in the tiled layout) included.
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || {
+            let q8 = gpu.act_quant(&dq, tokens * ih, ihd)?;
+            let k8t = gpu.act_quant_layout(&dk, n, ihd, true)?;
+            gpu.indexer_topk_wgmma_fp8(&q8, &k8t, &dw, &doff, &mut didx, &ishape, TOPK)
+        })?;
+        let tf = flops / (ms * 1e-3) / 1e12;
+        println!("time indexer_topk_wgmma_fp8 T={tokens} entries={n} {ms:.2} ms {tf:.1} TFLOP/s (incl. quantisation) | indexer_topk_stream_fp8 {ms_fp8:.2} ms");
+        rows.push(json!({"op": "indexer_topk_wgmma_fp8", "kernel": "fused wgmma fp8", "tokens": tokens, "entries": n, "k": TOPK, "median_ms": ms, "tflop_per_s": tf}));
+        let q8 = gpu.act_quant(&dq, tokens * ih, ihd)?;
+        let k8t = gpu.act_quant_layout(&dk, n, ihd, true)?;
+        let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_topk_wgmma_fp8(&q8, &k8t, &dw, &doff, &mut didx, &ishape, TOPK))?;
+        println!("time indexer_topk_wgmma_fp8 kernel alone T={tokens} entries={n} {ms:.2} ms {:.1} TFLOP/s", flops / (ms * 1e-3) / 1e12);
+        rows.push(json!({"op": "indexer_topk_wgmma_fp8", "kernel": "kernel alone (operands quantized once)", "tokens": tokens, "entries": n, "k": TOPK, "median_ms": ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12}));
+    }
     // The shortest chunks the streaming paths take (INDEXER_STREAM_MIN_TOKENS): the score matrix
     // + radix top-k, indexer_topk_stream and indexer_topk_wgmma at 256 … 1,024 tokens, same context.
     for t_small in [256usize, 512, 1024] {
@@ -615,7 +631,7 @@ fn check_indexer_stream(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bo
             }
         }
         if kind == "random" {
-            all &= check_indexer_fp8(gpu, out, &q, &weights, &keys, (&dq, &dkeys, &dw, &dscores), &shape)?;
+            all &= check_indexer_fp8(gpu, out, "random keys", &q, &weights, &keys, (&dq, &dkeys, &dw, &dscores), &shape, &[16, 512])?;
         }
     }
     // Short rows: every visible entry (identity lists) and a tail past the keys that exist.
@@ -667,6 +683,7 @@ fn check_indexer_stream(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bo
             let mut dscores = gpu.zeros::<f32>(tokens * n)?;
             gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, true)?;
             all &= check_wgmma_score_bits(gpu, out, label, (&dq, &dkeys, &dw, &dscores), &shape)?;
+            all &= check_indexer_fp8(gpu, out, label, &q, &w, &keys, (&dq, &dkeys, &dw, &dscores), &shape, &ks)?;
             for k in ks {
                 let want = gpu_topk(gpu, &dscores, &shape, k)?;
                 let got = gpu_topk_stream(gpu, &dq, &dkeys, &dw, &shape, k, true)?;
@@ -697,21 +714,29 @@ fn check_wgmma_score_bits(
     Ok(record_exact(out, &format!("indexer_scores_wgmma bits ({case})"), shape_json, bad, a.len(), json!("scores vs indexer_scores_tc, bit for bit (−inf past visible included)")))
 }
 
-/// `INDEXER_FP8`: the FP8 streaming selection against the selection rule on the CPU's f64 scores of
-/// the same quantize-dequantized queries and keys (`act_quant_fp8_roundtrip`, bit-identical to the
-/// GPU's quantisation), allowing only boundary near ties (|s − s_k| ≤ 1e-5·max|s|); the agreement
-/// with the exact selection (split-bf16 scores) is reported with each record.
+/// `INDEXER_FP8`: the FP8 streaming selection ([`Gpu::indexer_topk_stream_fp8`] and on sm_90a
+/// [`Gpu::indexer_topk_wgmma_fp8`]) against the selection rule on the CPU's f64 scores of the same
+/// quantize-dequantized queries and keys (`act_quant_fp8_roundtrip`, bit-identical to the GPU's
+/// quantisation), allowing only boundary near ties (|s − s_k| ≤ 1e-5·max|s|); the agreement with the
+/// exact selection (split-bf16 scores, `dev.3`) is reported with each record, and for the wgmma
+/// kernel the entries its lists differ from `indexer_topk_stream_fp8`'s. On sm_90a the wgmma
+/// kernel's scores ([`Gpu::indexer_scores_wgmma_fp8`]) are held to the CPU's at NMSE ≤
+/// [`INDEXER_FP8_SCORES_NMSE_TOL`] (FP8 products are exact; the tensor cores' accumulation is not).
+#[allow(clippy::too_many_arguments)]
 fn check_indexer_fp8(
     gpu: &Gpu,
     out: &mut Vec<Value>,
+    case: &str,
     q: &[f32],
     weights: &[f32],
     keys: &[f32],
     dev: (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     shape: &IndexerShape,
+    ks: &[usize],
 ) -> Result<bool, CudaError> {
     let (dq, dkeys, dw, dscores) = dev;
     let IndexerShape { tokens, heads, head_dim: hd, n_entries: n, ratio, pos0 } = *shape;
+    let wgmma = gpu.arch == "sm_90a";
     let bad_q = |e: flashseek_model::quant::QuantError| CudaError::Unsupported { what: "check_indexer_fp8", detail: e.to_string() };
     let mut qd = q.to_vec();
     flashseek_model::quant::act_quant_fp8_roundtrip(&mut qd, hd).map_err(bad_q)?;
@@ -731,49 +756,78 @@ fn check_indexer_fp8(
         .collect();
     let q8 = gpu.act_quant(dq, tokens * heads, hd)?;
     let k8 = gpu.act_quant(dkeys, n, hd)?;
+    let k8t = if wgmma { Some(gpu.act_quant_layout(dkeys, n, hd, true)?) } else { None };
+    let shape_json = |k: usize| json!({"T": tokens, "N": n, "k": k, "pos0": pos0, "ratio": ratio});
     let mut all = true;
-    for k in [16usize, 512] {
+    if let Some(k8t) = &k8t {
+        let mut dwg = gpu.zeros::<f32>(tokens * n)?;
+        gpu.indexer_scores_wgmma_fp8(&q8, k8t, dw, &mut dwg, shape)?;
+        let got = gpu.download(&dwg)?;
+        // −inf past the visible entries must match exactly; the finite scores by NMSE.
+        let (mut g, mut r, mut inf_bad) = (Vec::new(), Vec::new(), 0usize);
+        for (a, b) in got.iter().zip(&ref_scores) {
+            if b.is_finite() {
+                g.push(*a);
+                r.push(*b as f32);
+            } else {
+                inf_bad += usize::from(*a != f32::NEG_INFINITY);
+            }
+        }
+        all &= super::check::record_tol(out, &format!("indexer_scores_wgmma_fp8 ({case})"), json!({"T": tokens, "N": n, "pos0": pos0, "ratio": ratio}), &g, &r, INDEXER_FP8_SCORES_NMSE_TOL);
+        all &= record_exact(out, &format!("indexer_scores_wgmma_fp8 mask ({case})"), json!({"T": tokens, "N": n, "pos0": pos0}), inf_bad, got.len() - g.len(), json!("entries past the visible ones must be -inf"));
+    }
+    for &k in ks {
         let off = topk_offsets(pos0, tokens, ratio, n, k)?;
         let doff = gpu.upload(&off)?;
         let mut didx = gpu.zeros::<i32>((off[tokens] as usize).max(1))?;
         gpu.indexer_topk_stream_fp8(&q8, &k8, dw, &doff, &mut didx, shape, k)?;
-        let flat = gpu.download(&didx)?;
+        let stream = gpu.download(&didx)?;
         let exact = gpu_topk(gpu, dscores, shape, k)?;
-        let (mut unexplained, mut near_ties, mut shared, mut compared) = (0usize, 0usize, 0usize, 0usize);
-        for (t, ex) in exact.iter().enumerate() {
-            let got: Vec<usize> = flat[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect();
-            let row = &ref_scores[t * n..(t + 1) * n];
-            let vis = visible_entries(pos0 + t, ratio, n);
-            let mut order: Vec<usize> = (0..vis).collect();
-            order.sort_by(|a, b| row[*b].total_cmp(&row[*a]).then(a.cmp(b)));
-            let mut want = order[..k.min(vis)].to_vec();
-            want.sort_unstable();
-            compared += want.len();
-            unexplained += usize::from(got.windows(2).any(|p| p[0] >= p[1]));
-            let kth = want.iter().map(|w| row[*w]).fold(f64::INFINITY, f64::min);
-            let amax = row.iter().filter(|s| s.is_finite()).fold(0f64, |m, s| m.max(s.abs()));
-            for w in differing(&got, &want) {
-                if row.get(w).is_some_and(|s| (s - kth).abs() <= 1e-5 * amax) {
-                    near_ties += 1;
-                } else {
-                    unexplained += 1;
-                }
-            }
-            let exact_set: BTreeSet<usize> = ex.iter().copied().collect();
-            shared += got.iter().filter(|g| exact_set.contains(g)).count();
+        let lists = |flat: &[i32]| -> Vec<Vec<usize>> { (0..tokens).map(|t| flat[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect()).collect() };
+        let mut kernels = vec![("indexer_topk_stream_fp8", lists(&stream))];
+        if let Some(k8t) = &k8t {
+            gpu.indexer_topk_wgmma_fp8(&q8, k8t, dw, &doff, &mut didx, shape, k)?;
+            kernels.push(("indexer_topk_wgmma_fp8", lists(&gpu.download(&didx)?)));
         }
-        let agreement = shared as f64 / compared.max(1) as f64;
-        all &= record_exact(
-            out,
-            "indexer_topk_stream_fp8 (random keys)",
-            json!({"T": tokens, "N": n, "k": k, "pos0": pos0}),
-            unexplained,
-            compared,
-            json!({"near_tie_swaps": near_ties, "agreement_with_exact_selection": agreement}),
-        );
+        for (name, got_lists) in &kernels {
+            let (mut unexplained, mut near_ties, mut shared, mut compared) = (0usize, 0usize, 0usize, 0usize);
+            for (t, (ex, got)) in exact.iter().zip(got_lists).enumerate() {
+                let row = &ref_scores[t * n..(t + 1) * n];
+                let vis = visible_entries(pos0 + t, ratio, n);
+                let mut order: Vec<usize> = (0..vis).collect();
+                order.sort_by(|a, b| row[*b].total_cmp(&row[*a]).then(a.cmp(b)));
+                let mut want = order[..k.min(vis)].to_vec();
+                want.sort_unstable();
+                compared += want.len();
+                unexplained += usize::from(got.windows(2).any(|p| p[0] >= p[1]));
+                let kth = want.iter().map(|w| row[*w]).fold(f64::INFINITY, f64::min);
+                let amax = row.iter().filter(|s| s.is_finite()).fold(0f64, |m, s| m.max(s.abs()));
+                for w in differing(got, &want) {
+                    if row.get(w).is_some_and(|s| (s - kth).abs() <= 1e-5 * amax) {
+                        near_ties += 1;
+                    } else {
+                        unexplained += 1;
+                    }
+                }
+                let exact_set: BTreeSet<usize> = ex.iter().copied().collect();
+                shared += got.iter().filter(|g| exact_set.contains(g)).count();
+            }
+            let agreement = shared as f64 / compared.max(1) as f64;
+            let mut detail = json!({"near_tie_swaps": near_ties, "agreement_with_exact_selection": agreement});
+            if *name == "indexer_topk_wgmma_fp8" {
+                detail["entries_differing_from_indexer_topk_stream_fp8"] = json!(list_mismatches(got_lists, &kernels[0].1).0);
+            }
+            all &= record_exact(out, &format!("{name} ({case})"), shape_json(k), unexplained, compared, detail);
+        }
     }
     Ok(all)
 }
+
+/// NMSE bound of [`Gpu::indexer_scores_wgmma_fp8`]'s scores against the CPU's f64 scores of the same
+/// quantized values: the e4m3 products are exact, the FP8 tensor cores' accumulation is not full
+/// f32 (DeepSeek-V3 report §3.3.2: about 14 bits retained), so a relative error of ~1e-4 per dot
+/// product is allowed for (NMSE ~1e-8) with margin.
+const INDEXER_FP8_SCORES_NMSE_TOL: f64 = 1e-6;
 
 fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     const HEADS: usize = 64;

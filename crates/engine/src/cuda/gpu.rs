@@ -552,7 +552,7 @@ impl Gpu {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
             let bytes = super::ops_attention::INDEXER_WGMMA_SMEM as i32;
-            for name in ["indexer_topk_wgmma", "indexer_scores_wgmma"] {
+            for name in super::ops_attention::INDEXER_WGMMA_KERNELS {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
         }

@@ -101,7 +101,7 @@ impl AttentionKernel {
 /// Entry points of `kernels/compressor.cu`.
 pub const COMPRESSOR_ENTRY_POINTS: &[&str] = &["add_position_bias_f32", "compressor_pool_f32", "rope_positions_f32"];
 /// Entry points of `kernels/indexer.cu`.
-pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32", "indexer_topk_stream", "indexer_topk_stream_fp8", "indexer_keys_split", "indexer_topk_wgmma", "indexer_scores_wgmma", "indexer_topk_mask_u8", "logits_topk_f32"];
+pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32", "indexer_topk_stream", "indexer_topk_stream_fp8", "indexer_keys_split", "indexer_topk_wgmma", "indexer_scores_wgmma", "indexer_topk_wgmma_fp8", "indexer_scores_wgmma_fp8", "indexer_topk_mask_u8", "logits_topk_f32"];
 
 /// Largest head dim `sparse_attention_f32` supports (`ATT_MAXC`).
 pub const ATTENTION_MAX_HEAD_DIM: usize = 1024;
@@ -113,7 +113,11 @@ pub const INDEXER_MAX_QUERY: usize = 8192;
 /// `ITS_CAP` = 2,048 (u32 key, i32 index) pairs).
 pub const INDEXER_STREAM_SMEM: usize = 2 * 2048 * 8;
 
-/// Dynamic shared memory of `indexer_topk_wgmma` / `indexer_scores_wgmma` (`IwgLayout::TOTAL` in
+/// The wgmma indexer kernels (sm_90a; [`INDEXER_WGMMA_SMEM`] each): split-bf16 and FP8 scores,
+/// selection and scores-only.
+pub const INDEXER_WGMMA_KERNELS: &[&str] = &["indexer_topk_wgmma", "indexer_scores_wgmma", "indexer_topk_wgmma_fp8", "indexer_scores_wgmma_fp8"];
+
+/// Dynamic shared memory of the [`INDEXER_WGMMA_KERNELS`] (`IwgLayout::TOTAL` in
 /// indexer.cu): 1 KB alignment slack, a ring of 4 key tiles of 32 KB, per warpgroup (4) a buffer of
 /// 2,048 (key, index) pairs (16 KB), head-group partials (1 KB), a histogram (1 KB), scan sums and
 /// state (160 B), then 8 mbarriers.
@@ -341,6 +345,17 @@ impl StreamTopkLaunch {
             b.arg(v);
         }
     }
+}
+
+/// The quantized operands of the FP8 wgmma indexer kernels: `q8` plain `[≥ T·64, 128]`, `k8t` in
+/// the tiled layout with whole 64-key tiles for the N keys (nothing to check when T or N is zero).
+fn check_fp8_wgmma_operands(what: &'static str, q8: &super::ops_q8::QuantizedActs, k8t: &super::ops_q8::QuantizedActs, shape: &IndexerShape) -> Result<(), CudaError> {
+    let (tokens, n, hd) = (shape.tokens, shape.n_entries, shape.head_dim);
+    if tokens == 0 || n == 0 {
+        return Ok(());
+    }
+    ensure(what, !q8.tiled && q8.kp == hd && q8.rows >= tokens * shape.heads, || format!("q8 is [{}, {}]{}, need plain ≥ [{}, {hd}]", q8.rows, q8.kp, if q8.tiled { " tiled" } else { "" }, tokens * shape.heads))?;
+    ensure(what, k8t.tiled && k8t.kp == hd && k8t.rows >= n.div_ceil(64) * 64, || format!("k8t is [{}, {}]{}, need tiled ≥ [{}, {hd}]", k8t.rows, k8t.kp, if k8t.tiled { " tiled" } else { " plain" }, n.div_ceil(64) * 64))
 }
 
 /// The f32 index queries (`[T, heads, hd]`) and keys (`[N, hd]`) of the indexer kernels are long
@@ -929,7 +944,8 @@ impl Gpu {
     /// The indexer's selection (spec §4.10 steps 4–6) into `idx` (`offsets` = [`topk_offsets`] on
     /// the device), for a 64 × 128 indexer with `k ≤` [`INDEXER_STREAM_MAX_K`] and at least
     /// [`INDEXER_STREAM_MIN_TOKENS`] query tokens (prefill chunks; decode steps take the last path):
-    /// with `INDEXER_FP8` on, FP8 scores ([`Gpu::indexer_topk_stream_fp8`], not exact); else with
+    /// with `INDEXER_FP8` on, FP8 scores ([`Gpu::indexer_topk_wgmma_fp8`] where
+    /// [`Gpu::indexer_wgmma`] holds, else [`Gpu::indexer_topk_stream_fp8`]; not exact); else with
     /// `INDEXER_STREAM_TOPK` and `INDEXER_TC` on, the fused streaming kernel, no score matrix
     /// ([`Gpu::indexer_topk_wgmma`] where [`Gpu::indexer_wgmma`] holds, else
     /// [`Gpu::indexer_topk_stream`]). Otherwise [`Gpu::indexer_scores`] into a
@@ -954,7 +970,11 @@ impl Gpu {
         let fits = shape.heads == 64 && shape.head_dim == 128 && k <= INDEXER_STREAM_MAX_K && shape.tokens >= INDEXER_STREAM_MIN_TOKENS;
         if fits && crate::switches::on("INDEXER_FP8") {
             let q8 = self.act_quant(q, shape.tokens * shape.heads, shape.head_dim)?;
-            let k8 = self.act_quant(keys, shape.n_entries, shape.head_dim)?;
+            let wgmma = self.indexer_wgmma();
+            let k8 = self.act_quant_layout(keys, shape.n_entries, shape.head_dim, wgmma)?;
+            if wgmma {
+                return self.indexer_topk_wgmma_fp8(&q8, &k8, weights, offsets, idx, shape, k);
+            }
             return self.indexer_topk_stream_fp8(&q8, &k8, weights, offsets, idx, shape, k);
         }
         if fits && crate::switches::on("INDEXER_STREAM_TOPK") && crate::switches::on("INDEXER_TC") {
@@ -1127,6 +1147,75 @@ impl Gpu {
         // SAFETY: matches indexer_topk_stream_fp8; the quantized buffers hold ≥ T·64 and ≥ N rows
         // of 128 bytes with one scale each (kp = 128); other sizes checked above; the kernel gets
         // its dynamic shared memory (it traps on less).
+        launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// `INDEXER_FP8` with `INDEXER_WGMMA` (sm_90a): [`Gpu::indexer_topk_stream_fp8`]'s scores and
+    /// selection in [`Gpu::indexer_topk_wgmma`]'s pipeline — four tokens per block, key tiles by
+    /// cp.async.bulk, one wgmma m64n64k32 e4m3 per 32 dims (4 per 64-key tile instead of 24
+    /// split-bf16 m64n64k16). `q8`: the index queries through [`Gpu::act_quant`]; `k8t`: the keys
+    /// through [`Gpu::act_quant_layout`] with `tiled` (64-key tiles of 8 KB, the layout the kernel
+    /// copies as is). Not exact (FP8 scores); gpu-check holds its lists to the selection rule on the
+    /// CPU's f64 scores of the quantized values and its scores
+    /// ([`Gpu::indexer_scores_wgmma_fp8`]) to those scores.
+    ///
+    /// Launch: as [`Gpu::indexer_topk_wgmma`].
+    ///
+    /// Errors: as [`Gpu::indexer_topk_stream_fp8`]; untiled keys or tiled queries; a device other
+    /// than sm_90a.
+    #[allow(clippy::too_many_arguments)]
+    pub fn indexer_topk_wgmma_fp8(
+        &self,
+        q8: &super::ops_q8::QuantizedActs,
+        k8t: &super::ops_q8::QuantizedActs,
+        weights: &CudaSlice<f32>,
+        offsets: &CudaSlice<i32>,
+        idx: &mut CudaSlice<i32>,
+        shape: &IndexerShape,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        const W: &str = "indexer_topk_wgmma_fp8";
+        ensure(W, self.arch == "sm_90a", || format!("needs sm_90a (wgmma), the device is {}", self.arch))?;
+        check_fp8_wgmma_operands(W, q8, k8t, shape)?;
+        let Some(mut l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
+        l.cfg = LaunchConfig { grid_dim: (shape.tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 };
+        let mut b = self.stream.launch_builder(self.f(W));
+        b.arg(&q8.q).arg(&q8.sa).arg(&k8t.q).arg(&k8t.sa).arg(weights).arg(offsets).arg(idx);
+        l.push(&mut b);
+        let cfg = l.cfg;
+        // SAFETY: matches indexer_topk_wgmma_fp8; q8 holds ≥ T·64 rows of 128 bytes with one scale
+        // each, k8t ≥ ceil(N/64)·64 tiled rows (every tile the kernel reads) with one scale each
+        // (checked); other sizes checked above; the kernel gets its dynamic shared memory.
+        launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// The scores of [`Gpu::indexer_topk_wgmma_fp8`] into `scores` `[T, N]` (−inf past the visible
+    /// entries), for gpu-check's comparison with the CPU's scores of the quantized values.
+    /// Arguments as [`Gpu::indexer_topk_wgmma_fp8`].
+    ///
+    /// Launch: as [`Gpu::indexer_scores_wgmma`].
+    ///
+    /// Errors: as [`Gpu::indexer_topk_wgmma_fp8`]; short weights or scores.
+    pub fn indexer_scores_wgmma_fp8(&self, q8: &super::ops_q8::QuantizedActs, k8t: &super::ops_q8::QuantizedActs, weights: &CudaSlice<f32>, scores: &mut CudaSlice<f32>, shape: &IndexerShape) -> Result<(), CudaError> {
+        const W: &str = "indexer_scores_wgmma_fp8";
+        ensure(W, self.arch == "sm_90a", || format!("needs sm_90a (wgmma), the device is {}", self.arch))?;
+        ensure(W, shape.heads == 64 && shape.head_dim == 128, || format!("needs 64 heads of 128, got {} of {}", shape.heads, shape.head_dim))?;
+        let (tokens, n) = (shape.tokens, shape.n_entries);
+        if tokens == 0 || n == 0 {
+            return Ok(());
+        }
+        check_fp8_wgmma_operands(W, q8, k8t, shape)?;
+        ensure(W, shape.ratio >= 1, || "ratio must be ≥ 1".into())?;
+        ensure(W, weights.len() >= tokens * 64, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * 64))?;
+        ensure(W, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
+        int(W, "T·N", tokens * n)?;
+        let ScoresArgs { ints: [h_i, hd_i, n_i, r_i, p_i], scale } = ScoresArgs::new(W, shape)?;
+        let t_i = int(W, "tokens", tokens)?;
+        let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 };
+        let mut b = self.stream.launch_builder(self.f(W));
+        b.arg(&q8.q).arg(&q8.sa).arg(&k8t.q).arg(&k8t.sa).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i);
+        // SAFETY: matches indexer_scores_wgmma_fp8; sizes checked above; the kernel gets its
+        // dynamic shared memory (it traps on less).
         launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
     }
 

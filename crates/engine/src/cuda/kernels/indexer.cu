@@ -703,6 +703,7 @@ indexer_topk_stream_fp8(const u8* __restrict__ q8, const float* __restrict__ sq,
 #define IWG_NWG 4
 #define IWG_THREADS (128 * IWG_NWG)
 #define IWG_TILE 32768
+#define IWG8_TILE 8192  // the FP8 kernels' 64-key tile (64 keys × 128 e4m3), in a stage of IWG_TILE bytes
 #define IWG_STAGES 4
 struct IwgLayout {
     static constexpr int RING = 0;                                    // IWG_STAGES × IWG_TILE
@@ -750,19 +751,32 @@ __device__ __forceinline__ void iwg_mma(float (&d)[8][4], const u32 (&a)[4], uns
            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-// One IWG_TILE copy global → shared stage (cp.async.bulk), completing on mbarrier bar (which
+// One tile's copy (IWG_TILE or IWG8_TILE bytes) global → shared stage (cp.async.bulk), completing on mbarrier bar (which
 // expects the bytes from this arrival).
+template <int BYTES>
 __device__ __forceinline__ void iwg_copy_tile(u32 dst, const u8* src, u32 bar) {
-    GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "n"(IWG_TILE) : "memory");
-    gws_bulk_copy<IWG_TILE>(dst, src, bar);
+    GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "n"(BYTES) : "memory");
+    gws_bulk_copy<BYTES>(dst, src, bar);
 }
 
-template <bool SCORES>
-__device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* __restrict__ kt, const float* __restrict__ w,
+// wgmma m64n64k32 e4m3 × e4m3 → f32, A from registers (ItcQuery8 fragments: the A layout of
+// mma.sync m16n8k32 per warp), B K-major from shared memory; d as iwg_mma's.
+__device__ __forceinline__ void iwg_mma8(float (&d)[8][4], const u32 (&a)[4], unsigned long long db) {
+    GW_ASM("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1;\n"
+           : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// FP8 = INDEXER_FP8's scores (q8/sq, kt = the tiled e4m3 keys, sk), else the split-bf16 ones (q,
+// kt = indexer_keys_split's tiles).
+template <bool SCORES, bool FP8>
+__device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* __restrict__ q8, const float* __restrict__ sq,
+                                         const u8* __restrict__ kt, const float* __restrict__ sk, const float* __restrict__ w,
                                          const int* __restrict__ offsets, int* __restrict__ idx, float* __restrict__ scores,
                                          int heads, int hd, int n, int ratio, int pos0, float scale, int T, int topk) {
     typedef IwgLayout L;
     constexpr int ST = IWG_STAGES;
+    constexpr int TILE = FP8 ? IWG8_TILE : IWG_TILE;  // bytes of one 64-key tile (a stage holds IWG_TILE)
     extern __shared__ __align__(16) u8 iwg_sh[];
     if (blockDim.x != IWG_THREADS || heads != 64 || hd != 128 || (!SCORES && (topk < 1 || topk > ITS_CAP - 2 * ITC_KT))) __trap();
     u8* gbase;
@@ -809,13 +823,18 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
     auto issue = [&](int i) {
         const int s = i % ST;
         if (i >= ST) gws_wait(empty0 + 8 * s, ((i / ST) - 1) & 1);
-        iwg_copy_tile(base + s * IWG_TILE, kt + (size_t)i * IWG_TILE, full0 + 8 * s);
+        iwg_copy_tile<TILE>(base + s * IWG_TILE, kt + (size_t)i * TILE, full0 + 8 * s);
     };
     if (tid == 0)
         for (int i = 0; i < min(ST - 1, ntiles); i++) issue(i);
 
     ItcQuery Q;
-    itc_load_query(Q, q, w, valid ? t : last, wq, g, c2);
+    ItcQuery8 Q8;
+    if constexpr (FP8) {
+        itc8_load_query(Q8, q8, sq, w, valid ? t : last, wq, g, lane);
+    } else {
+        itc_load_query(Q, q, w, valid ? t : last, wq, g, c2);
+    }
     for (int i = 0; i < ntiles; i++) {
         if (tid == 0 && i + ST - 1 < ntiles) issue(i + ST - 1);
         const int s = i % ST, j0 = i * ITC_KT;
@@ -840,13 +859,18 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
             const u32 sb = base + s * IWG_TILE;
             __syncwarp();
             gw_fence();
+            if constexpr (FP8) {
 #pragma unroll
-            for (int kk = 0; kk < 8; kk++) {
-                const unsigned long long dh = gw_desc(sb + (kk >> 2) * 8192) + 2 * (kk & 3);
-                const unsigned long long dl = gw_desc(sb + 16384 + (kk >> 2) * 8192) + 2 * (kk & 3);
-                iwg_mma(acc, Q.qh[kk], dh);
-                iwg_mma(acc, Q.qh[kk], dl);
-                iwg_mma(acc, Q.ql[kk], dh);
+                for (int kk = 0; kk < 4; kk++) iwg_mma8(acc, Q8.a[kk], gw_desc(sb) + 2 * kk);  // dims 32kk … 32kk + 31
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < 8; kk++) {
+                    const unsigned long long dh = gw_desc(sb + (kk >> 2) * 8192) + 2 * (kk & 3);
+                    const unsigned long long dl = gw_desc(sb + 16384 + (kk >> 2) * 8192) + 2 * (kk & 3);
+                    iwg_mma(acc, Q.qh[kk], dh);
+                    iwg_mma(acc, Q.qh[kk], dl);
+                    iwg_mma(acc, Q.ql[kk], dh);
+                }
             }
             gw_commit();
             gw_wait0();
@@ -855,14 +879,19 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
         __syncwarp();
         if (lane == 0) gws_arrive(empty0 + 8 * s);  // this warp is done with the stage
         if (!work) continue;                        // warpgroup-uniform
-        itc_heads_sum(acc, Q.w0, Q.w1, part, 0, wq, g, c2);
+        if constexpr (FP8) {
+            itc_heads_sum(acc, Q8.w0, Q8.w1, part, 0, wq, g, c2);
+        } else {
+            itc_heads_sum(acc, Q.w0, Q.w1, part, 0, wq, g, c2);
+        }
         grp.sync();
         bool cand = false;
         u32 key = 0u;
         if (r < ITC_KT) {
             const int e = j0 + r;
             if (e < vis) {
-                const float score = itc_total(part, 0, r, scale);
+                float score = itc_total(part, 0, r, scale);
+                if constexpr (FP8) score *= sk[e];  // its_body<true>'s order
                 if constexpr (SCORES) {
                     scores[(size_t)t * n + e] = score;
                 } else {
@@ -897,13 +926,35 @@ extern "C" __global__ void __launch_bounds__(IWG_THREADS, 1)
 indexer_topk_wgmma(const float* __restrict__ q, const u8* __restrict__ kt, const float* __restrict__ w,
                    const int* __restrict__ offsets, int* __restrict__ idx, int heads, int hd, int n, int ratio,
                    int pos0, float scale, int T, int topk) {
-    iwg_body<false>(q, kt, w, offsets, idx, nullptr, heads, hd, n, ratio, pos0, scale, T, topk);
+    iwg_body<false, false>(q, nullptr, nullptr, kt, nullptr, w, offsets, idx, nullptr, heads, hd, n, ratio, pos0, scale, T, topk);
 }
 
 extern "C" __global__ void __launch_bounds__(IWG_THREADS, 1)
 indexer_scores_wgmma(const float* __restrict__ q, const u8* __restrict__ kt, const float* __restrict__ w,
                      float* __restrict__ scores, int heads, int hd, int n, int ratio, int pos0, float scale, int T) {
-    iwg_body<true>(q, kt, w, nullptr, nullptr, scores, heads, hd, n, ratio, pos0, scale, T, 1);
+    iwg_body<true, false>(q, nullptr, nullptr, kt, nullptr, w, nullptr, nullptr, scores, heads, hd, n, ratio, pos0, scale, T, 1);
+}
+
+// indexer_topk_wgmma_fp8 / indexer_scores_wgmma_fp8 (INDEXER_FP8 with INDEXER_WGMMA, sm_90a): the
+//   scores of indexer_topk_stream_fp8 (q8/sq: act_quant_fp8 of the index queries, one scale per head
+//   row, folded into the head weight; sk: the keys' scales; score = scale · sk[j] · Σ_h
+//   (w_h·sq_h)·max(q8_h·k8_j, 0)) in indexer_topk_wgmma's pipeline: per 64-key tile one wgmma
+//   m64n64k32 e4m3 per 32 dims (4 instead of 24 split-bf16 m64n64k16). kt: the e4m3 keys in
+//   act_quant_fp8's tiled layout (mode 2, gemm_q8.cu gq_tiled with K = 128: IWG8_TILE = 8 KB per 64
+//   keys, 64 rows of 128 bytes, 16-byte chunk c of key r at gw_swz(r, c); rows past N zero), sk its
+//   scales. Arguments otherwise and launch as indexer_topk_wgmma / indexer_scores_wgmma.
+extern "C" __global__ void __launch_bounds__(IWG_THREADS, 1)
+indexer_topk_wgmma_fp8(const u8* __restrict__ q8, const float* __restrict__ sq, const u8* __restrict__ kt,
+                       const float* __restrict__ sk, const float* __restrict__ w, const int* __restrict__ offsets,
+                       int* __restrict__ idx, int heads, int hd, int n, int ratio, int pos0, float scale, int T, int topk) {
+    iwg_body<false, true>(nullptr, q8, sq, kt, sk, w, offsets, idx, nullptr, heads, hd, n, ratio, pos0, scale, T, topk);
+}
+
+extern "C" __global__ void __launch_bounds__(IWG_THREADS, 1)
+indexer_scores_wgmma_fp8(const u8* __restrict__ q8, const float* __restrict__ sq, const u8* __restrict__ kt,
+                         const float* __restrict__ sk, const float* __restrict__ w, float* __restrict__ scores, int heads,
+                         int hd, int n, int ratio, int pos0, float scale, int T) {
+    iwg_body<true, true>(nullptr, q8, sq, kt, sk, w, nullptr, nullptr, scores, heads, hd, n, ratio, pos0, scale, T, 1);
 }
 
 // indexer_topk_mask_u8: the mask path of DIRECT_INDEXER_TOPK=off (issue 6 §2). offsets [T + 1] and
