@@ -717,7 +717,10 @@ fn check_wgmma_score_bits(
 /// `INDEXER_FP8`: the FP8 streaming selection ([`Gpu::indexer_topk_stream_fp8`] and on sm_90a
 /// [`Gpu::indexer_topk_wgmma_fp8`]) against the selection rule on the CPU's f64 scores of the same
 /// quantize-dequantized queries and keys (`act_quant_fp8_roundtrip`, bit-identical to the GPU's
-/// quantisation), allowing only boundary near ties (|s − s_k| ≤ 1e-5·max|s|); the agreement with the
+/// quantisation), allowing only boundary near ties (|s − s_k| ≤ 1e-5·max|s|, for the wgmma kernel
+/// at least twice its largest score error on the same inputs: `mma.sync` accumulates the e4m3
+/// products in f32 (none of its swaps needed more on H200), wgmma with its own narrower internal
+/// alignment (about 1e-4 of the largest score)); the agreement with the
 /// exact selection (split-bf16 scores, `dev.3`) is reported with each record, and for the wgmma
 /// kernel the entries its lists differ from `indexer_topk_stream_fp8`'s. On sm_90a the wgmma
 /// kernel's scores ([`Gpu::indexer_scores_wgmma_fp8`]) are held to the CPU's at NMSE ≤
@@ -759,6 +762,9 @@ fn check_indexer_fp8(
     let k8t = if wgmma { Some(gpu.act_quant_layout(dkeys, n, hd, true)?) } else { None };
     let shape_json = |k: usize| json!({"T": tokens, "N": n, "k": k, "pos0": pos0, "ratio": ratio});
     let mut all = true;
+    // The wgmma kernel's largest score error on these inputs (its selection may swap entries whose
+    // scores lie within twice of it of the k-th).
+    let mut wg_err = 0f64;
     if let Some(k8t) = &k8t {
         let mut dwg = gpu.zeros::<f32>(tokens * n)?;
         gpu.indexer_scores_wgmma_fp8(&q8, k8t, dw, &mut dwg, shape)?;
@@ -769,6 +775,7 @@ fn check_indexer_fp8(
             if b.is_finite() {
                 g.push(*a);
                 r.push(*b as f32);
+                wg_err = wg_err.max((*a as f64 - b).abs());
             } else {
                 inf_bad += usize::from(*a != f32::NEG_INFINITY);
             }
@@ -790,6 +797,7 @@ fn check_indexer_fp8(
             kernels.push(("indexer_topk_wgmma_fp8", lists(&gpu.download(&didx)?)));
         }
         for (name, got_lists) in &kernels {
+            let wg = *name == "indexer_topk_wgmma_fp8";
             let (mut unexplained, mut near_ties, mut shared, mut compared) = (0usize, 0usize, 0usize, 0usize);
             for (t, (ex, got)) in exact.iter().zip(got_lists).enumerate() {
                 let row = &ref_scores[t * n..(t + 1) * n];
@@ -802,8 +810,9 @@ fn check_indexer_fp8(
                 unexplained += usize::from(got.windows(2).any(|p| p[0] >= p[1]));
                 let kth = want.iter().map(|w| row[*w]).fold(f64::INFINITY, f64::min);
                 let amax = row.iter().filter(|s| s.is_finite()).fold(0f64, |m, s| m.max(s.abs()));
+                let band = if wg { (1e-5 * amax).max(2.0 * wg_err) } else { 1e-5 * amax };
                 for w in differing(got, &want) {
-                    if row.get(w).is_some_and(|s| (s - kth).abs() <= 1e-5 * amax) {
+                    if row.get(w).is_some_and(|s| (s - kth).abs() <= band) {
                         near_ties += 1;
                     } else {
                         unexplained += 1;
@@ -814,8 +823,9 @@ fn check_indexer_fp8(
             }
             let agreement = shared as f64 / compared.max(1) as f64;
             let mut detail = json!({"near_tie_swaps": near_ties, "agreement_with_exact_selection": agreement});
-            if *name == "indexer_topk_wgmma_fp8" {
+            if wg {
                 detail["entries_differing_from_indexer_topk_stream_fp8"] = json!(list_mismatches(got_lists, &kernels[0].1).0);
+                detail["near_tie_band_max_abs"] = json!(2.0 * wg_err);
             }
             all &= record_exact(out, &format!("{name} ({case})"), shape_json(k), unexplained, compared, detail);
         }

@@ -759,12 +759,12 @@ __device__ __forceinline__ void iwg_copy_tile(u32 dst, const u8* src, u32 bar) {
     gws_bulk_copy<BYTES>(dst, src, bar);
 }
 
-// wgmma m64n64k32 e4m3 × e4m3 → f32, A from registers (ItcQuery8 fragments: the A layout of
-// mma.sync m16n8k32 per warp), B K-major from shared memory; d as iwg_mma's.
-__device__ __forceinline__ void iwg_mma8(float (&d)[8][4], const u32 (&a)[4], unsigned long long db) {
-    GW_ASM("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1;\n"
+// wgmma m64n64k32 e4m3 × e4m3 → f32, both operands K-major from shared memory (descriptors da:
+// 64 keys, db: 64 heads); d[j][e] = row (key) 16·warp + g + 8·(e >> 1), column (head) 8j + c2 + (e & 1).
+__device__ __forceinline__ void iwg_mma8(float (&d)[8][4], unsigned long long da, unsigned long long db) {
+    GW_ASM("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1;\n"
            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+           : "l"(da), "l"(db));
 }
 
 // FP8 = INDEXER_FP8's scores (q8/sq, kt = the tiled e4m3 keys, sk), else the split-bf16 ones (q,
@@ -817,6 +817,28 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
         misc[0] = 0;
         misc[1] = 0;
     }
+    // FP8: the token's e4m3 queries [64 heads][128] as the product's B operand (128-byte-swizzled,
+    // K-major) in the free upper part of ring slot wg (the FP8 tiles fill 8 KB of each IWG_TILE
+    // slot), and the head weights w_h·s_q,h of the 16 heads (8j + c2 + e) this thread's columns hold.
+    const u32 qsm = base + wg * IWG_TILE + IWG8_TILE;
+    float wf[8][2];
+    if constexpr (FP8) {
+        const int tq = valid ? t : last;
+        const u8* src = q8 + (size_t)tq * 64 * 128;
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const int id = r + 128 * m, h = id >> 3, c = id & 7;
+            *reinterpret_cast<uint4*>(gbase + wg * IWG_TILE + IWG8_TILE + gw_swz(h, c)) = *reinterpret_cast<const uint4*>(src + h * 128 + 16 * c);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const size_t hr = (size_t)tq * 64 + 8 * j + c2 + e;
+                wf[j][e] = w[hr] * sq[hr];
+            }
+        gw_fence_proxy();  // the generic stores above, before wgmma reads them (async proxy)
+    }
     __syncthreads();
     // Tile i goes to stage i % ST; from round 1 on it waits until every warp released the stage's
     // previous tile (i − ST).
@@ -829,17 +851,23 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
         for (int i = 0; i < min(ST - 1, ntiles); i++) issue(i);
 
     ItcQuery Q;
-    ItcQuery8 Q8;
-    if constexpr (FP8) {
-        itc8_load_query(Q8, q8, sq, w, valid ? t : last, wq, g, lane);
-    } else {
-        itc_load_query(Q, q, w, valid ? t : last, wq, g, c2);
-    }
+    if constexpr (!FP8) itc_load_query(Q, q, w, valid ? t : last, wq, g, c2);
+    int cnt8 = 0;  // FP8: the buffer's count, kept by every thread (misc[0] in the other path)
     for (int i = 0; i < ntiles; i++) {
         if (tid == 0 && i + ST - 1 < ntiles) issue(i + ST - 1);
         const int s = i % ST, j0 = i * ITC_KT;
         const bool work = sel && j0 < vis;  // warpgroup-uniform
-        if (!SCORES && work) {
+        if (FP8 && !SCORES && work && cnt8 > ITS_CAP - ITC_KT) {
+            grp.sync();  // the previous tiles' appends
+            const u32 K = fs_cut_pairs(bkey, bidx, cnt8, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
+            if (r == 0) {
+                misc[1] = 1;
+                misc[2] = (int)K;
+            }
+            grp.sync();
+            cnt8 = topk;
+        }
+        if (!FP8 && !SCORES && work) {
             grp.sync();  // cnt of the previous tile
             if (misc[0] > ITS_CAP - ITC_KT) {
                 // Cut this token's buffer to its top k (in place, index order kept).
@@ -861,7 +889,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
             gw_fence();
             if constexpr (FP8) {
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) iwg_mma8(acc, Q8.a[kk], gw_desc(sb) + 2 * kk);  // dims 32kk … 32kk + 31
+                for (int kk = 0; kk < 4; kk++) iwg_mma8(acc, gw_desc(sb) + 2 * kk, gw_desc(qsm) + 2 * kk);  // dims 32kk … 32kk + 31
             } else {
 #pragma unroll
                 for (int kk = 0; kk < 8; kk++) {
@@ -880,18 +908,65 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
         if (lane == 0) gws_arrive(empty0 + 8 * s);  // this warp is done with the stage
         if (!work) continue;                        // warpgroup-uniform
         if constexpr (FP8) {
-            itc_heads_sum(acc, Q8.w0, Q8.w1, part, 0, wq, g, c2);
-        } else {
-            itc_heads_sum(acc, Q.w0, Q.w1, part, 0, wq, g, c2);
+            // Rows are keys: Σ over the thread's 16 heads of w·max(S, 0) for keys g and g + 8 of the
+            // warp's 16, then over the 4 lanes of a row (xor 1, 2); lane l < 16 takes key 16·wq + l.
+            float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    v0 = fmaf(wf[j][e], fmaxf(acc[j][e], 0.f), v0);
+                    v1 = fmaf(wf[j][e], fmaxf(acc[j][2 + e], 0.f), v1);
+                }
+            v0 += __shfl_xor_sync(0xffffffffu, v0, 1);
+            v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
+            v0 += __shfl_xor_sync(0xffffffffu, v0, 2);
+            v1 += __shfl_xor_sync(0xffffffffu, v1, 2);
+            const float a0 = __shfl_sync(0xffffffffu, v0, 4 * (lane & 7)), a1 = __shfl_sync(0xffffffffu, v1, 4 * (lane & 7));
+            const int e = j0 + 16 * wq + lane;
+            bool cand = false;
+            u32 key = 0u;
+            if (lane < 16 && e < vis) {
+                const float score = (lane < 8 ? a0 : a1) * scale * sk[e];
+                if constexpr (SCORES) {
+                    scores[(size_t)t * n + e] = score;
+                } else {
+                    key = fs_order_key(score);
+                    cand = !misc[1] || key > (u32)misc[2];
+                }
+            }
+            if constexpr (!SCORES) {
+                // Appended in index order (warps, then lanes), one warpgroup barrier per tile: the
+                // ballots go to part, alternating halves by tile (a warp writing tile i + 1's half has
+                // passed tile i's barrier, after every read of tile i − 1's); the appends of
+                // successive tiles go to disjoint slots, and a cut first waits for all of them.
+                int* bal = reinterpret_cast<int*>(part) + 4 * (i & 1);
+                const u32 b = __ballot_sync(0xffffffffu, cand);
+                if (lane == 0) bal[wq] = (int)b;
+                grp.sync();
+                int before = cnt8;
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const int c = __popc((u32)bal[x]);
+                    before += x < wq ? c : 0;
+                    cnt8 += c;
+                }
+                if (cand) {
+                    const int at = before + __popc(b & ((1u << lane) - 1u));
+                    bkey[at] = key;
+                    bidx[at] = e;
+                }
+            }
+            continue;
         }
+        itc_heads_sum(acc, Q.w0, Q.w1, part, 0, wq, g, c2);
         grp.sync();
         bool cand = false;
         u32 key = 0u;
         if (r < ITC_KT) {
             const int e = j0 + r;
             if (e < vis) {
-                float score = itc_total(part, 0, r, scale);
-                if constexpr (FP8) score *= sk[e];  // its_body<true>'s order
+                const float score = itc_total(part, 0, r, scale);
                 if constexpr (SCORES) {
                     scores[(size_t)t * n + e] = score;
                 } else {
@@ -917,7 +992,8 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
     }
     if (SCORES || !sel) return;  // warpgroup-uniform
     grp.sync();
-    if (misc[0] > topk) fs_cut_pairs(bkey, bidx, misc[0], topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
+    const int count = FP8 ? cnt8 : misc[0];
+    if (count > topk) fs_cut_pairs(bkey, bidx, count, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
     int* dst = idx + offsets[t];
     for (int j = r; j < topk; j += 128) dst[j] = bidx[j];
 }
