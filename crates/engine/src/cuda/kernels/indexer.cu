@@ -761,10 +761,12 @@ __device__ __forceinline__ void iwg_copy_tile(u32 dst, const u8* src, u32 bar) {
 
 // wgmma m64n64k32 e4m3 × e4m3 → f32, both operands K-major from shared memory (descriptors da:
 // 64 keys, db: 64 heads); d[j][e] = row (key) 16·warp + g + 8·(e >> 1), column (head) 8j + c2 + (e & 1).
-__device__ __forceinline__ void iwg_mma8(float (&d)[8][4], unsigned long long da, unsigned long long db) {
-    GW_ASM("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1;\n"
+// scale_d 0 overwrites d (the first product of a tile).
+__device__ __forceinline__ void iwg_mma8(float (&d)[8][4], unsigned long long da, unsigned long long db, int scale_d) {
+    GW_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+           "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1;\n}\n"
            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-           : "l"(da), "l"(db));
+           : "l"(da), "l"(db), "r"(scale_d));
 }
 
 // FP8 = INDEXER_FP8's scores (q8/sq, kt = the tiled e4m3 keys, sk), else the split-bf16 ones (q,
@@ -850,47 +852,134 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
     if (tid == 0)
         for (int i = 0; i < min(ST - 1, ntiles); i++) issue(i);
 
-    ItcQuery Q;
-    if constexpr (!FP8) itc_load_query(Q, q, w, valid ? t : last, wq, g, c2);
     int cnt8 = 0;  // FP8: the buffer's count, kept by every thread (misc[0] in the other path)
-    for (int i = 0; i < ntiles; i++) {
-        if (tid == 0 && i + ST - 1 < ntiles) issue(i + ST - 1);
-        const int s = i % ST, j0 = i * ITC_KT;
-        const bool work = sel && j0 < vis;  // warpgroup-uniform
-        if (FP8 && !SCORES && work && cnt8 > ITS_CAP - ITC_KT) {
-            grp.sync();  // the previous tiles' appends
-            const u32 K = fs_cut_pairs(bkey, bidx, cnt8, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
-            if (r == 0) {
-                misc[1] = 1;
-                misc[2] = (int)K;
-            }
-            grp.sync();
-            cnt8 = topk;
-        }
-        if (!FP8 && !SCORES && work) {
-            grp.sync();  // cnt of the previous tile
-            if (misc[0] > ITS_CAP - ITC_KT) {
-                // Cut this token's buffer to its top k (in place, index order kept).
-                const u32 K = fs_cut_pairs(bkey, bidx, misc[0], topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
-                if (r == 0) {
-                    misc[0] = topk;
-                    misc[1] = 1;
-                    misc[2] = (int)K;
-                }
-                grp.sync();
-            }
-        }
-        gws_wait(full0 + 8 * s, (i / ST) & 1);
-        float acc[8][4];
-        itc_zero(acc);
-        if (work) {
-            const u32 sb = base + s * IWG_TILE;
+    if constexpr (FP8) {
+        // Two accumulators: tile i + 1's products run while tile i's scores are summed and selected.
+        // No wgmma is issued under a branch (ptxas would serialise them all, C7518 / C7520): every
+        // warpgroup multiplies every tile of the block (a token past its visible range discards
+        // them), and the steps come in pairs, a last odd one followed by a step past the tiles
+        // that multiplies the last tile again (its stage holds it: nothing is copied after it).
+        float acc_a[8][4], acc_b[8][4];
+        auto works = [&](int i) { return sel && i * ITC_KT < vis; };  // warpgroup-uniform, falls once
+        // Waits for tile min(i, ntiles − 1) and issues its four products into acc (one group).
+        auto products = [&](int i, float(&acc)[8][4]) {
+            const int ii = min(i, ntiles - 1);
+            gws_wait(full0 + 8 * (ii % ST), (ii / ST) & 1);
             __syncwarp();
             gw_fence();
-            if constexpr (FP8) {
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) iwg_mma8(acc, gw_desc(sb) + 2 * kk, gw_desc(qsm) + 2 * kk);  // dims 32kk … 32kk + 31
-            } else {
+            for (int kk = 0; kk < 4; kk++) iwg_mma8(acc, gw_desc(base + (ii % ST) * IWG_TILE) + 2 * kk, gw_desc(qsm) + 2 * kk, kk);  // dims 32kk … 32kk + 31
+            gw_commit();
+        };
+        // Step i: tile i's products are complete (waited at the end of step i − 1); tile i + 1's
+        // are issued, tile i's scores summed and selected while they run, then waited for (nothing
+        // is in flight across steps: ptxas would serialise the products otherwise, C7514).
+        auto step = [&](int i, float(&acc)[8][4], float(&next)[8][4]) {
+            if (tid == 0 && i + ST - 1 < ntiles) issue(i + ST - 1);
+            const int j0 = i * ITC_KT, e = j0 + 16 * wq + lane;
+            const bool mine = works(i) && lane < 16 && e < vis;
+            const float ske = mine ? __ldg(sk + e) : 0.f;  // loaded while the products run
+            __syncwarp();
+            if (lane == 0 && i < ntiles) gws_arrive(empty0 + 8 * (i % ST));  // this warp is done with the stage
+            products(i + 1, next);
+            if (works(i)) {
+                if (!SCORES && cnt8 > ITS_CAP - ITC_KT) {
+                    grp.sync();  // the previous tiles' appends
+                    const u32 K = fs_cut_pairs(bkey, bidx, cnt8, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
+                    if (r == 0) {
+                        misc[1] = 1;
+                        misc[2] = (int)K;
+                    }
+                    grp.sync();
+                    cnt8 = topk;
+                }
+                // Rows are keys: Σ over the thread's 16 heads of w·max(S, 0) for keys g and g + 8 of the
+                // warp's 16, then over the 4 lanes of a row (xor 1, 2); lane l < 16 takes key 16·wq + l.
+                float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        v0 = fmaf(wf[j][x], fmaxf(acc[j][x], 0.f), v0);
+                        v1 = fmaf(wf[j][x], fmaxf(acc[j][2 + x], 0.f), v1);
+                    }
+                v0 += __shfl_xor_sync(0xffffffffu, v0, 1);
+                v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
+                v0 += __shfl_xor_sync(0xffffffffu, v0, 2);
+                v1 += __shfl_xor_sync(0xffffffffu, v1, 2);
+                const float a0 = __shfl_sync(0xffffffffu, v0, 4 * (lane & 7)), a1 = __shfl_sync(0xffffffffu, v1, 4 * (lane & 7));
+                bool cand = false;
+                u32 key = 0u;
+                if (mine) {
+                    const float score = (lane < 8 ? a0 : a1) * scale * ske;
+                    if constexpr (SCORES) {
+                        scores[(size_t)t * n + e] = score;
+                    } else {
+                        key = fs_order_key(score);
+                        cand = !misc[1] || key > (u32)misc[2];
+                    }
+                }
+                if constexpr (!SCORES) {
+                    // Appended in index order (warps, then lanes), one warpgroup barrier per tile: the
+                    // ballots go to part, alternating halves by tile (a warp writing tile i + 1's half has
+                    // passed tile i's barrier, after every read of tile i − 1's); the appends of
+                    // successive tiles go to disjoint slots, and a cut first waits for all of them.
+                    int* bal = reinterpret_cast<int*>(part) + 4 * (i & 1);
+                    const u32 b = __ballot_sync(0xffffffffu, cand);
+                    if (lane == 0) bal[wq] = (int)b;
+                    grp.sync();
+                    int before = cnt8;
+#pragma unroll
+                    for (int x = 0; x < 4; x++) {
+                        const int c = __popc((u32)bal[x]);
+                        before += x < wq ? c : 0;
+                        cnt8 += c;
+                    }
+                    if (cand) {
+                        const int at = before + __popc(b & ((1u << lane) - 1u));
+                        bkey[at] = key;
+                        bidx[at] = e;
+                    }
+                }
+            }
+            gw_wait0();
+            gw_fence_regs(reinterpret_cast<float(&)[32]>(next));
+        };
+
+        products(0, acc_a);
+        gw_wait0();
+        gw_fence_regs(reinterpret_cast<float(&)[32]>(acc_a));
+        for (int i = 0; i < ntiles; i += 2) {
+            step(i, acc_a, acc_b);
+            step(i + 1, acc_b, acc_a);
+        }
+    } else {
+        ItcQuery Q;
+        itc_load_query(Q, q, w, valid ? t : last, wq, g, c2);
+        for (int i = 0; i < ntiles; i++) {
+            if (tid == 0 && i + ST - 1 < ntiles) issue(i + ST - 1);
+            const int s = i % ST, j0 = i * ITC_KT;
+            const bool work = sel && j0 < vis;  // warpgroup-uniform
+            if (!SCORES && work) {
+                grp.sync();  // cnt of the previous tile
+                if (misc[0] > ITS_CAP - ITC_KT) {
+                    // Cut this token's buffer to its top k (in place, index order kept).
+                    const u32 K = fs_cut_pairs(bkey, bidx, misc[0], topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
+                    if (r == 0) {
+                        misc[0] = topk;
+                        misc[1] = 1;
+                        misc[2] = (int)K;
+                    }
+                    grp.sync();
+                }
+            }
+            gws_wait(full0 + 8 * s, (i / ST) & 1);
+            float acc[8][4];
+            itc_zero(acc);
+            if (work) {
+                const u32 sb = base + s * IWG_TILE;
+                __syncwarp();
+                gw_fence();
 #pragma unroll
                 for (int kk = 0; kk < 8; kk++) {
                     const unsigned long long dh = gw_desc(sb + (kk >> 2) * 8192) + 2 * (kk & 3);
@@ -899,95 +988,43 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
                     iwg_mma(acc, Q.qh[kk], dl);
                     iwg_mma(acc, Q.ql[kk], dh);
                 }
+                gw_commit();
+                gw_wait0();
+                gw_fence_regs(reinterpret_cast<float(&)[32]>(acc));
             }
-            gw_commit();
-            gw_wait0();
-            gw_fence_regs(reinterpret_cast<float(&)[32]>(acc));
-        }
-        __syncwarp();
-        if (lane == 0) gws_arrive(empty0 + 8 * s);  // this warp is done with the stage
-        if (!work) continue;                        // warpgroup-uniform
-        if constexpr (FP8) {
-            // Rows are keys: Σ over the thread's 16 heads of w·max(S, 0) for keys g and g + 8 of the
-            // warp's 16, then over the 4 lanes of a row (xor 1, 2); lane l < 16 takes key 16·wq + l.
-            float v0 = 0.f, v1 = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    v0 = fmaf(wf[j][e], fmaxf(acc[j][e], 0.f), v0);
-                    v1 = fmaf(wf[j][e], fmaxf(acc[j][2 + e], 0.f), v1);
-                }
-            v0 += __shfl_xor_sync(0xffffffffu, v0, 1);
-            v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
-            v0 += __shfl_xor_sync(0xffffffffu, v0, 2);
-            v1 += __shfl_xor_sync(0xffffffffu, v1, 2);
-            const float a0 = __shfl_sync(0xffffffffu, v0, 4 * (lane & 7)), a1 = __shfl_sync(0xffffffffu, v1, 4 * (lane & 7));
-            const int e = j0 + 16 * wq + lane;
+            __syncwarp();
+            if (lane == 0) gws_arrive(empty0 + 8 * s);  // this warp is done with the stage
+            if (!work) continue;                        // warpgroup-uniform
+            itc_heads_sum(acc, Q.w0, Q.w1, part, 0, wq, g, c2);
+            grp.sync();
             bool cand = false;
             u32 key = 0u;
-            if (lane < 16 && e < vis) {
-                const float score = (lane < 8 ? a0 : a1) * scale * sk[e];
-                if constexpr (SCORES) {
-                    scores[(size_t)t * n + e] = score;
-                } else {
-                    key = fs_order_key(score);
-                    cand = !misc[1] || key > (u32)misc[2];
+            if (r < ITC_KT) {
+                const int e = j0 + r;
+                if (e < vis) {
+                    const float score = itc_total(part, 0, r, scale);
+                    if constexpr (SCORES) {
+                        scores[(size_t)t * n + e] = score;
+                    } else {
+                        key = fs_order_key(score);
+                        cand = !misc[1] || key > (u32)misc[2];
+                    }
                 }
             }
-            if constexpr (!SCORES) {
-                // Appended in index order (warps, then lanes), one warpgroup barrier per tile: the
-                // ballots go to part, alternating halves by tile (a warp writing tile i + 1's half has
-                // passed tile i's barrier, after every read of tile i − 1's); the appends of
-                // successive tiles go to disjoint slots, and a cut first waits for all of them.
-                int* bal = reinterpret_cast<int*>(part) + 4 * (i & 1);
+            if constexpr (SCORES) {
+                grp.sync();  // part is rewritten by the next tile
+            } else {
                 const u32 b = __ballot_sync(0xffffffffu, cand);
-                if (lane == 0) bal[wq] = (int)b;
+                if (lane == 0 && wq < 2) misc[5 + wq] = (int)b;
                 grp.sync();
-                int before = cnt8;
-#pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    const int c = __popc((u32)bal[x]);
-                    before += x < wq ? c : 0;
-                    cnt8 += c;
-                }
                 if (cand) {
-                    const int at = before + __popc(b & ((1u << lane) - 1u));
+                    const int at = misc[0] + (wq == 1 ? __popc((u32)misc[5]) : 0) + __popc(b & ((1u << lane) - 1u));
                     bkey[at] = key;
-                    bidx[at] = e;
+                    bidx[at] = j0 + r;
                 }
+                grp.sync();
+                if (r == 0) misc[0] += __popc((u32)misc[5]) + __popc((u32)misc[6]);
             }
-            continue;
-        }
-        itc_heads_sum(acc, Q.w0, Q.w1, part, 0, wq, g, c2);
-        grp.sync();
-        bool cand = false;
-        u32 key = 0u;
-        if (r < ITC_KT) {
-            const int e = j0 + r;
-            if (e < vis) {
-                const float score = itc_total(part, 0, r, scale);
-                if constexpr (SCORES) {
-                    scores[(size_t)t * n + e] = score;
-                } else {
-                    key = fs_order_key(score);
-                    cand = !misc[1] || key > (u32)misc[2];
-                }
-            }
-        }
-        if constexpr (SCORES) {
-            grp.sync();  // part is rewritten by the next tile
-        } else {
-            const u32 b = __ballot_sync(0xffffffffu, cand);
-            if (lane == 0 && wq < 2) misc[5 + wq] = (int)b;
-            grp.sync();
-            if (cand) {
-                const int at = misc[0] + (wq == 1 ? __popc((u32)misc[5]) : 0) + __popc(b & ((1u << lane) - 1u));
-                bkey[at] = key;
-                bidx[at] = j0 + r;
-            }
-            grp.sync();
-            if (r == 0) misc[0] += __popc((u32)misc[5]) + __popc((u32)misc[6]);
         }
     }
     if (SCORES || !sel) return;  // warpgroup-uniform
