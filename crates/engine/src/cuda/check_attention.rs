@@ -222,6 +222,16 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
         let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_topk_wgmma_fp8(&q8, &k8t, &dw, &doff, &mut didx, &ishape, TOPK))?;
         println!("time indexer_topk_wgmma_fp8 kernel alone T={tokens} entries={n} {ms:.2} ms {:.1} TFLOP/s", flops / (ms * 1e-3) / 1e12);
         rows.push(json!({"op": "indexer_topk_wgmma_fp8", "kernel": "kernel alone (operands quantized once)", "tokens": tokens, "entries": n, "k": TOPK, "median_ms": ms, "tflop_per_s": flops / (ms * 1e-3) / 1e12}));
+        // What the selection costs: the same pipeline writing the scores instead (268 MB), and
+        // selecting the top 16 (fewer candidates and cuts once the threshold is high).
+        let ms_sc = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_scores_wgmma_fp8(&q8, &k8t, &dw, &mut dsc, &ishape))?;
+        let off16 = topk_offsets(ipos0, tokens, 4, n, 16)?;
+        let doff16 = gpu.upload(&off16)?;
+        let mut didx16 = gpu.zeros::<i32>((off16[tokens] as usize).max(1))?;
+        let ms16 = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.indexer_topk_wgmma_fp8(&q8, &k8t, &dw, &doff16, &mut didx16, &ishape, 16))?;
+        println!("time indexer_scores_wgmma_fp8 T={tokens} entries={n} {ms_sc:.2} ms (scores written, no selection) | indexer_topk_wgmma_fp8 k=16 {ms16:.2} ms");
+        rows.push(json!({"op": "indexer_scores_wgmma_fp8", "kernel": "scores only", "tokens": tokens, "entries": n, "median_ms": ms_sc}));
+        rows.push(json!({"op": "indexer_topk_wgmma_fp8", "kernel": "kernel alone, k = 16", "tokens": tokens, "entries": n, "k": 16, "median_ms": ms16}));
     }
     // The shortest chunks the streaming paths take (INDEXER_STREAM_MIN_TOKENS): the score matrix
     // + radix top-k, indexer_topk_stream and indexer_topk_wgmma at 256 … 1,024 tokens, same context.
