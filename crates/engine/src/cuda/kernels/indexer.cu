@@ -703,8 +703,11 @@ indexer_topk_stream_fp8(const u8* __restrict__ q8, const float* __restrict__ sq,
 #define IWG_NWG 4
 #define IWG_THREADS (128 * IWG_NWG)
 #define IWG_TILE 32768
-#define IWG8_TILE 8192  // the FP8 kernels' 64-key tile (64 keys × 128 e4m3), in a stage of IWG_TILE bytes
 #define IWG_STAGES 4
+// The FP8 kernels' ring in the same RING bytes: IWG8_STAGES stages of one 64-key tile (64 keys ×
+// 128 e4m3 = IWG8_TILE), then the warpgroups' staged queries (IWG_NWG × IWG8_TILE).
+#define IWG8_TILE 8192
+#define IWG8_STAGES 12
 struct IwgLayout {
     static constexpr int RING = 0;                                    // IWG_STAGES × IWG_TILE
     static constexpr int BKEY = RING + IWG_STAGES * IWG_TILE;         // [NWG][ITS_CAP] u32
@@ -713,9 +716,10 @@ struct IwgLayout {
     static constexpr int HIST = PART + IWG_NWG * 4 * ITC_KT * 4;      // [NWG][256] i32
     static constexpr int WSUM = HIST + IWG_NWG * 256 * 4;             // [NWG][32] i32
     static constexpr int MISC = WSUM + IWG_NWG * 32 * 4;              // [NWG][8]: cnt, have_thr, thr, prefix, want, bal[2]
-    static constexpr int BARS = MISC + IWG_NWG * 8 * 4;               // full[STAGES], empty[STAGES]
-    static constexpr int TOTAL = 1024 + BARS + 2 * IWG_STAGES * 8;    // + 1 KB alignment slack
+    static constexpr int BARS = MISC + IWG_NWG * 8 * 4;               // full[ST], empty[ST] (ST ≤ IWG8_STAGES)
+    static constexpr int TOTAL = 1024 + BARS + 2 * IWG8_STAGES * 8;   // + 1 KB alignment slack
     static_assert(TOTAL <= 232448, "a block's shared memory");
+    static_assert(IWG8_STAGES >= IWG_STAGES && (IWG8_STAGES + IWG_NWG) * IWG8_TILE <= IWG_STAGES * IWG_TILE, "the FP8 ring and queries fit RING");
 };
 #define IWG_SMEM (IwgLayout::TOTAL)
 
@@ -777,8 +781,8 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
                                          const int* __restrict__ offsets, int* __restrict__ idx, float* __restrict__ scores,
                                          int heads, int hd, int n, int ratio, int pos0, float scale, int T, int topk) {
     typedef IwgLayout L;
-    constexpr int ST = IWG_STAGES;
-    constexpr int TILE = FP8 ? IWG8_TILE : IWG_TILE;  // bytes of one 64-key tile (a stage holds IWG_TILE)
+    constexpr int ST = FP8 ? IWG8_STAGES : IWG_STAGES;
+    constexpr int TILE = FP8 ? IWG8_TILE : IWG_TILE;  // bytes of one 64-key tile = one stage
     extern __shared__ __align__(16) u8 iwg_sh[];
     if (blockDim.x != IWG_THREADS || heads != 64 || hd != 128 || (!SCORES && (topk < 1 || topk > ITS_CAP - 2 * ITC_KT))) __trap();
     u8* gbase;
@@ -820,9 +824,9 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
         misc[1] = 0;
     }
     // FP8: the token's e4m3 queries [64 heads][128] as the product's B operand (128-byte-swizzled,
-    // K-major) in the free upper part of ring slot wg (the FP8 tiles fill 8 KB of each IWG_TILE
-    // slot), and the head weights w_h·s_q,h of the 16 heads (8j + c2 + e) this thread's columns hold.
-    const u32 qsm = base + wg * IWG_TILE + IWG8_TILE;
+    // K-major) after the FP8 ring, and the head weights w_h·s_q,h of the 16 heads (8j + c2 + e) this
+    // thread's columns hold.
+    const u32 qsm = base + (IWG8_STAGES + wg) * IWG8_TILE;
     float wf[8][2];
     if constexpr (FP8) {
         const int tq = valid ? t : last;
@@ -830,7 +834,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             const int id = r + 128 * m, h = id >> 3, c = id & 7;
-            *reinterpret_cast<uint4*>(gbase + wg * IWG_TILE + IWG8_TILE + gw_swz(h, c)) = *reinterpret_cast<const uint4*>(src + h * 128 + 16 * c);
+            *reinterpret_cast<uint4*>(gbase + (IWG8_STAGES + wg) * IWG8_TILE + gw_swz(h, c)) = *reinterpret_cast<const uint4*>(src + h * 128 + 16 * c);
         }
 #pragma unroll
         for (int j = 0; j < 8; j++)
@@ -847,7 +851,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
     auto issue = [&](int i) {
         const int s = i % ST;
         if (i >= ST) gws_wait(empty0 + 8 * s, ((i / ST) - 1) & 1);
-        iwg_copy_tile<TILE>(base + s * IWG_TILE, kt + (size_t)i * TILE, full0 + 8 * s);
+        iwg_copy_tile<TILE>(base + s * TILE, kt + (size_t)i * TILE, full0 + 8 * s);
     };
     if (tid == 0)
         for (int i = 0; i < min(ST - 1, ntiles); i++) issue(i);
@@ -868,7 +872,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
             __syncwarp();
             gw_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) iwg_mma8(acc, gw_desc(base + (ii % ST) * IWG_TILE) + 2 * kk, gw_desc(qsm) + 2 * kk, kk);  // dims 32kk … 32kk + 31
+            for (int kk = 0; kk < 4; kk++) iwg_mma8(acc, gw_desc(base + (ii % ST) * TILE) + 2 * kk, gw_desc(qsm) + 2 * kk, kk);  // dims 32kk … 32kk + 31
             gw_commit();
         };
         // Step i: tile i's products are complete (waited at the end of step i − 1); tile i + 1's
