@@ -637,6 +637,8 @@ pub fn configurations() -> Vec<Configuration> {
     // The 256-row tiles run moe_ws's MMAs and promotion per 64-row sub-tile: the same bits again.
     v.push(c("MOE_FP8_WT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WT", "off")], Role::AloneOff, false, true, false));
     v.push(c("MLA_BF16=on (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on")], Role::Fast, false, false, false));
+    // The serving stacks' numerics: FP8 GEMMs, bf16 attention, FP8 indexer scores (spec §9).
+    v.push(c("INDEXER_FP8=on (with TC_LINEAR=fp8 and MLA_BF16=on)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on")], Role::Fast, false, false, false));
     v
 }
 
