@@ -22,6 +22,7 @@
 #   bench-lt  the bench step with LINEAR_CUBLASLT=on (cuBLASLt bf16 GEMMs for the split linears) ~145 s
 #   bench-fp8-lt  bench-fp8 with FP8_CUBLASLT=on and LINEAR_CUBLASLT=on                ~100 s
 #   attention the attention/compressor/indexer checks + timings     ~40 s
+#   mhc       the mHC / norm / RoPE checks + timings (gpu-check --only mhc)  ~30 s
 #   serve     serve --device cuda vs serve --device cpu over HTTP (scripts/serve_parity.py) ~60 s
 #   bench-decode  20 layers at 8K/128K: decode with MOE_GROUPED_DECODE and DECODE_CUDA_GRAPH on (and
 #             the same steps without graphs), 32 steps each
@@ -60,6 +61,8 @@ case "${1:-}" in
          grep -E "uploaded|context|cuBLASLt" "$OUT/gpu_bench_h200_20layers_lt.log" ;;
   bench-fp8-lt) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_FP8_CUBLASLT=on FLASHSEEK_LINEAR_CUBLASLT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_lt.json" > "$OUT/gpu_bench_h200_20layers_fp8_lt.log" 2>&1
          grep -E "uploaded|context|cuBLASLt" "$OUT/gpu_bench_h200_20layers_fp8_lt.log" ;;
+  mhc) timeout 200 "$B" gpu-check --only mhc --repeats 10 --out "$OUT/mhc_h200.json" > "$OUT/mhc_h200.log" 2>&1
+         grep -E "^time|FAIL" "$OUT/mhc_h200.log" ;;
   attention) timeout 300 "$B" gpu-check --only attention --repeats 10 --out "$OUT/attention_h200.json" > "$OUT/attention_h200.log" 2>&1
          grep -E "^time|FAIL" "$OUT/attention_h200.log" ;;
   serve) timeout 400 python3 scripts/serve_parity.py "$B" "$OUT/serve_parity_h200.json" --device cuda > "$OUT/serve_parity_h200.log" 2>&1
@@ -68,5 +71,5 @@ case "${1:-}" in
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_graph.log" ;;
   bench-decode-base) timeout 400 "$B" gpu-bench --layers 20 --contexts 8192,131072 --prefill-repeats 1 --decode-steps 32 --out "$OUT/gpu_bench_h200_20layers_decode_base.json" > "$OUT/gpu_bench_h200_20layers_decode_base.log" 2>&1
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_base.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-lt|bench-fp8-lt|attention|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-lt|bench-fp8-lt|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
 esac

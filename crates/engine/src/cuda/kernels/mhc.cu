@@ -288,6 +288,113 @@ hc_mix_partial_f32(const float* __restrict__ x, const float* __restrict__ fn, fl
     }
 }
 
+// hc_mix_partial_tc (switch HC_MIX_TC): hc_mix_partial_f32's part (the same [T, HC_SPLIT, HC_PART]
+//   layout and split runs, entries 0 … M) with the M ≤ 24 dot products on tensor cores in 3xTF32:
+//   x̄ and Φ split as hi = tf32(v), lo = tf32(v − hi), and per 8 dimensions mma.sync m16n8k8
+//   lo·hi, hi·lo, hi·hi into f32 accumulators (the dropped lo·lo term and the TF32 roundings leave
+//   about 2^-21 of each product: f32-level, the error of CUTLASS's 3xTF32 f32 emulation). Warp w of
+//   block b takes the HCT_ROWS = 16 tokens from (b·HCT_WARPS + w)·16 (rows g and g + 8 of the MMA),
+//   the outputs are the columns (3 tiles of 8: Φ rows ≥ M read as 0); each thread loads one float4 of
+//   its two tokens and of its three Φ rows per 16 dimensions (dimensions 4c … 4c + 3 of the 16: the
+//   first MMA of the pair takes the .x/.y, the second the .z/.w, as its k = c and c + 4 — the same
+//   assignment for x̄ and Φ, so each product pairs equal dimensions); the squared norm is summed in
+//   f32 per thread, then over the 4 lanes of a row. A token's sums do not depend on its row in the
+//   tile or on T (batch invariant); every order is fixed (deterministic).
+//   Requires N % (HC_SPLIT · 16) == 0 (whole 16-wide chunks per split) and M ≤ 24; the host uses
+//   hc_mix_partial_f32 otherwise. Launch: grid (ceil(T / (16·HCT_WARPS)), HC_SPLIT), block 32·HCT_WARPS.
+#define HCT_WARPS 4
+#define HCT_THREADS (32 * HCT_WARPS)
+
+__device__ __forceinline__ u32 hct_tf32(float v) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+// v = hi + lo as two TF32 values (the low 13 bits of each are zero).
+__device__ __forceinline__ void hct_split(float v, u32& hi, u32& lo) {
+    hi = hct_tf32(v);
+    lo = hct_tf32(v - __uint_as_float(hi));
+}
+
+__device__ __forceinline__ void hct_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+extern "C" __global__ void __launch_bounds__(HCT_THREADS)
+hc_mix_partial_tc(const float* __restrict__ x, const float* __restrict__ fn, float* __restrict__ part, int T, int M,
+                  int N) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int t0 = (blockIdx.x * HCT_WARPS + warp) * 16, s = blockIdx.y;
+    if (t0 >= T || M > 24) return;  // warp-uniform; no block-wide synchronisation
+    const int run = N / HC_SPLIT, k0 = s * run;
+    const bool v0 = t0 + g < T, v1 = t0 + g + 8 < T;
+    const float4* x0 = reinterpret_cast<const float4*>(x + (size_t)(v0 ? t0 + g : t0) * N + k0) + c;
+    const float4* x1 = reinterpret_cast<const float4*>(x + (size_t)(v1 ? t0 + g + 8 : t0) * N + k0) + c;
+    const float4* f[3];
+    bool fv[3];
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+        fv[j] = 8 * j + g < M;
+        f[j] = reinterpret_cast<const float4*>(fn + (size_t)(fv[j] ? 8 * j + g : 0) * N + k0) + c;
+    }
+    const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+    float acc[3][4];
+#pragma unroll
+    for (int j = 0; j < 3; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+    float sq0 = 0.f, sq1 = 0.f;
+#pragma unroll 2
+    for (int k = 0; k < run / 4; k += 4) {  // 16 dimensions: float4 k + c of the run
+        const float4 a = v0 ? __ldg(x0 + k) : z4, b = v1 ? __ldg(x1 + k) : z4;
+        float4 w[3];
+#pragma unroll
+        for (int j = 0; j < 3; j++) w[j] = fv[j] ? __ldg(f[j] + k) : z4;
+        sq0 += (a.x * a.x + a.y * a.y) + (a.z * a.z + a.w * a.w);
+        sq1 += (b.x * b.x + b.y * b.y) + (b.z * b.z + b.w * b.w);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            u32 ah[4], al[4];
+            hct_split(h ? a.z : a.x, ah[0], al[0]);  // row g, k = c
+            hct_split(h ? b.z : b.x, ah[1], al[1]);  // row g + 8, k = c
+            hct_split(h ? a.w : a.y, ah[2], al[2]);  // row g, k = c + 4
+            hct_split(h ? b.w : b.y, ah[3], al[3]);  // row g + 8, k = c + 4
+#pragma unroll
+            for (int j = 0; j < 3; j++) {
+                u32 bh0, bl0, bh1, bl1;
+                hct_split(h ? w[j].z : w[j].x, bh0, bl0);  // k = c, column g
+                hct_split(h ? w[j].w : w[j].y, bh1, bl1);  // k = c + 4
+                hct_mma(acc[j], al, bh0, bh1);
+                hct_mma(acc[j], ah, bl0, bl1);
+                hct_mma(acc[j], ah, bh0, bh1);
+            }
+        }
+    }
+    sq0 += __shfl_xor_sync(HC_FULL, sq0, 1);
+    sq1 += __shfl_xor_sync(HC_FULL, sq1, 1);
+    sq0 += __shfl_xor_sync(HC_FULL, sq0, 2);
+    sq1 += __shfl_xor_sync(HC_FULL, sq1, 2);
+    float* p0 = part + ((size_t)(t0 + g) * HC_SPLIT + s) * HC_PART;
+    float* p1 = part + ((size_t)(t0 + g + 8) * HC_SPLIT + s) * HC_PART;
+#pragma unroll
+    for (int j = 0; j < 3; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int o = 8 * j + 2 * c + e;
+            if (o < M) {
+                if (v0) p0[o] = acc[j][e];
+                if (v1) p1[o] = acc[j][2 + e];
+            }
+        }
+    if (c == 0) {
+        if (v0) p0[M] = sq0;
+        if (v1) p1[M] = sq1;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(HC_THREADS)
 hc_pre_f32(const float* __restrict__ part, const float* __restrict__ x, const float* __restrict__ base,
            const float* __restrict__ scale, float* __restrict__ u, float* __restrict__ post, float* __restrict__ comb,
