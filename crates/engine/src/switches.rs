@@ -196,13 +196,6 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `indexer_topk_stream_fp8 …` records (selection vs the rule on the CPU's f64 scores of the quantized values, up to near ties; agreement with the exact selection reported); qualify (logits NMSE reported; the switch matrix's 200-token prompts are below its 256-token minimum)",
     },
     Switch {
-        name: "HC_MIX_TC",
-        values: &["on", "off"],
-        aliases: ON_OFF_ALIASES,
-        replaces: "hc_mix_partial_f32 (the mHC mix dot products Φ·x̄ of hc_pre and hc_head on f32 CUDA cores, 4 tokens per warp): hc_mix_partial_tc — the same split-K partial sums on tensor cores in 3xTF32 (x̄ and Φ split into TF32 hi + lo, lo·hi + hi·lo + hi·hi per 8 dims, f32 accumulation: f32-level error), 16 tokens per warp (mix values <= 24, n·d a multiple of 1,024)",
-        parity: "gpu-check `hc_pre …` and `hc_head+norm` records (`--only mhc`: vs the CPU, on and off), `hc_mix_partial_tc vs f32 …` (the mix values of both kernels, NMSE <= 1e-12), `hc_pre T=7 bits` (batch invariance, on); qualify and the switch matrix (`HC_MIX_TC=off alone`: same tokens, logits NMSE reported)",
-    },
-    Switch {
         name: "MOE_GROUPED",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -588,13 +581,13 @@ pub fn bits_reference(same_bits_as_all_on: bool, official: bool) -> &'static str
 /// The comparison matrix: all off, each optimisation alone on, all on, each switch alone off, and
 /// all on with `TC_LINEAR=bf16`.
 pub fn configurations() -> Vec<Configuration> {
-    const OFF: [(&str, &str); 5] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("INDEXER_TC", "off"), ("MOE_GROUPED", "off"), ("HC_MIX_TC", "off")];
+    const OFF: [(&str, &str); 4] = [("TC_LINEAR", "off"), ("MLA_STREAM_TOPK", "off"), ("INDEXER_TC", "off"), ("MOE_GROUPED", "off")];
     let c = |label: String, overrides: Vec<(&'static str, &'static str)>, role, exact, same_bits_as_all_on, slow| {
         let official = overrides.contains(&("TC_LINEAR", "fp8"));
         Configuration { label, overrides, role, exact, official, same_bits_as_all_on, slow }
     };
     let mut v = vec![c("all off (baseline: exact kernels)".into(), OFF.to_vec(), Role::Baseline, true, false, true)];
-    for (name, value) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("TC_LINEAR", "fp8"), ("MLA_STREAM_TOPK", "on"), ("INDEXER_TC", "on"), ("MOE_GROUPED", "on"), ("HC_MIX_TC", "on")] {
+    for (name, value) in [("TC_LINEAR", "split"), ("TC_LINEAR", "bf16"), ("TC_LINEAR", "fp8"), ("MLA_STREAM_TOPK", "on"), ("INDEXER_TC", "on"), ("MOE_GROUPED", "on")] {
         let mut o = OFF.to_vec();
         o.push((name, value));
         v.push(c(format!("{name}={value} alone"), o, Role::AloneOn, value != "bf16" && value != "fp8", false, true));
@@ -605,7 +598,6 @@ pub fn configurations() -> Vec<Configuration> {
         ("MLA_STREAM_TOPK", false),
         ("INDEXER_TC", false),
         ("MOE_GROUPED", false),
-        ("HC_MIX_TC", false),
         ("MOE_FUSED_SWIGLU", true),
         ("MOE_ADAPTIVE_TILES", true),
         ("MOE_PERSISTENT", true),

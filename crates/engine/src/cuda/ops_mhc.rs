@@ -16,7 +16,7 @@ use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use flashseek_model::config::{Ds4Config, ScoringFunc};
 
 /// Entry points of `kernels/mhc.cu`.
-pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_mix_partial_tc", "hc_pre_f32", "hc_post_f32", "hc_head_f32"];
+pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_pre_f32", "hc_post_f32", "hc_head_f32"];
 /// Entry points of `kernels/moe.cu`.
 pub const MOE_ENTRY_POINTS: &[&str] = &[
     "router_scores_f32",
@@ -47,21 +47,10 @@ const HC_PART: usize = 32;
 const HC_PARTIAL_TOKENS: usize = 16;
 /// Block size of the partial pass (`HC_PARTIAL_THREADS` in mhc.cu, its `__launch_bounds__`).
 const HC_PARTIAL_THREADS: u32 = 128;
-/// Tokens per block of `hc_mix_partial_tc` (16 per warp, `HCT_WARPS` = 4 warps).
-const HCT_TOKENS: usize = 64;
-/// Block size of `hc_mix_partial_tc` (`HCT_THREADS` in mhc.cu).
-const HCT_THREADS: u32 = 128;
 /// Block size of router_scores_f32 (`MOE_THREADS` in moe.cu).
 const MOE_THREADS: u32 = 256;
 /// Block size of the elementwise and row kernels.
 const ROW_THREADS: u32 = 256;
-
-/// Whether the mHC mix partial pass runs on tensor cores (`hc_mix_partial_tc`): the `HC_MIX_TC`
-/// switch is on, at most 24 mix values (`m`), and the flattened streams (`nd`) split into
-/// `HC_SPLIT` runs of whole 16-wide chunks.
-pub fn hc_mix_tc_applies(m: usize, nd: usize) -> bool {
-    crate::switches::on("HC_MIX_TC") && m <= 24 && nd.is_multiple_of(HC_SPLIT * 16)
-}
 
 fn bad(what: &'static str, detail: impl Into<String>) -> CudaError {
     CudaError::Unsupported { what, detail: detail.into() }
@@ -173,25 +162,18 @@ pub struct GpuMoeOutput {
 impl Gpu {
     /// Split-K partial sums of the `m` mix dot products `Φ·x̄` and of `x̄²` over each token's flattened
     /// streams (`nd` = n·d values; `fn_` is `[m, nd]`): returns `part` `[t, HC_SPLIT, HC_PART]`, which
-    /// hc_pre_f32 / hc_head_f32 sum in split order. With `HC_MIX_TC` on (and `m` ≤ 24, `nd` a multiple
-    /// of 1,024) on tensor cores in 3xTF32 (`hc_mix_partial_tc`), else on f32 CUDA cores
-    /// (`hc_mix_partial_f32`). Callers have validated the shapes (`t` ≥ 1).
+    /// hc_pre_f32 / hc_head_f32 sum in split order. Callers have validated the shapes (`t` ≥ 1).
     fn hc_mix_partial(&self, x: &CudaSlice<f32>, fn_: &CudaSlice<f32>, m: usize, t: usize, nd: usize) -> Result<DevBuf<f32>, CudaError> {
-        // SAFETY: uninitialised device memory; both kernels write entries 0..=m of every
+        // SAFETY: uninitialised device memory; hc_mix_partial_f32 writes entries 0..=m of every
         // (token, split), which are the only ones hc_pre_f32 / hc_head_f32 read.
         let mut part = unsafe { self.scratch::<f32>(t * HC_SPLIT * HC_PART) }?;
-        let tc = hc_mix_tc_applies(m, nd);
-        let (name, cfg) = if tc {
-            ("hc_mix_partial_tc", LaunchConfig { grid_dim: (t.div_ceil(HCT_TOKENS) as u32, HC_SPLIT as u32, 1), block_dim: (HCT_THREADS, 1, 1), shared_mem_bytes: 0 })
-        } else {
-            ("hc_mix_partial_f32", LaunchConfig { grid_dim: (t.div_ceil(HC_PARTIAL_TOKENS) as u32, HC_SPLIT as u32, 1), block_dim: (HC_PARTIAL_THREADS, 1, 1), shared_mem_bytes: 0 })
-        };
+        let cfg = LaunchConfig { grid_dim: (t.div_ceil(HC_PARTIAL_TOKENS) as u32, HC_SPLIT as u32, 1), block_dim: (HC_PARTIAL_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (t_i, m_i, nd_i) = (t as i32, m as i32, nd as i32);
-        let mut b = self.stream.launch_builder(self.f(name));
+        let mut b = self.stream.launch_builder(self.f("hc_mix_partial_f32"));
         b.arg(x).arg(fn_).arg(&mut part).arg(&t_i).arg(&m_i).arg(&nd_i);
-        // SAFETY: matches both kernels' signature; x holds t·nd and fn_ m·nd values (checked by the
-        // callers), part t·HC_SPLIT·HC_PART; the TC kernel's shape limits checked above.
-        drv(name, unsafe { b.launch(cfg) })?;
+        // SAFETY: matches hc_mix_partial_f32's signature; x holds t·nd and fn_ m·nd values (checked by
+        // the callers), part t·HC_SPLIT·HC_PART.
+        drv("hc_mix_partial_f32", unsafe { b.launch(cfg) })?;
         Ok(part)
     }
 
@@ -199,7 +181,7 @@ impl Gpu {
     /// (`[(2+n)·n, n·d]`), b, α (`[3]`), writes the sub-block input `u` (`[t, d]`), `post` (`[t, n]`) and
     /// the Sinkhorn-normalised `comb` (`[t, n, n]`, `C[j][k]` at `j·n + k`; `iters` iterations).
     /// `eps` is `rms_norm_eps` (the RMS factor of the flattened streams), `hc_eps` the mHC eps.
-    /// Two launches: hc_mix_partial_f32 or _tc (split-K mix dot products, [`hc_mix_tc_applies`]), then hc_pre_f32 (coefficients,
+    /// Two launches: hc_mix_partial_f32 (split-K mix dot products), then hc_pre_f32 (coefficients,
     /// Sinkhorn, `u`). Deterministic and batch invariant (a token's result does not depend on `t`).
     ///
     /// Errors: `n` outside 1..=4, `d` not a multiple of 4, or a buffer of the wrong size.
