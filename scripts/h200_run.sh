@@ -17,6 +17,7 @@
 #   tc        tensor-core linear checks + timings (gemm.cu: mma.sync and wgmma tiles, cuBLASLt)
 #   q8        FP8-activation linear checks + timings (TC_LINEAR=fp8)  ~60 s
 #   bench-fp8 the bench step with TC_LINEAR=fp8 (official numerics) ~100 s
+#   bench-fp8-bf16att  the bench step with TC_LINEAR=fp8 and MLA_BF16=on                ~110 s
 #   bench-fp8-bf16att-idx8  bench-fp8-bf16att with INDEXER_FP8=on (FP8 indexer scores, as the
 #             serving stacks' FP8 indexer cache)                        ~110 s
 #   bench-lt  the bench step with LINEAR_CUBLASLT=on (cuBLASLt bf16 GEMMs for the split linears) ~145 s

@@ -186,7 +186,7 @@ pub const SWITCHES: &[Switch] = &[
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "indexer_topk_stream (scores on mma.sync, two tokens per block, block barriers in every 64-key tile): indexer_topk_wgmma — the keys split into bf16 hi/lo tiles once per call, copied by cp.async.bulk into a 4-stage ring; four tokens per block, each warpgroup multiplies its token's 64 heads on wgmma (queries in registers; the same three products per 16 dims in the same order) and selects on its own buffer with warpgroup barriers (sm_90a; with INDEXER_STREAM_TOPK, i.e. INDEXER_TC on and INDEXER_FP8 off, 64 heads of 128, chunks of >= 256 tokens). With INDEXER_FP8 on it replaces indexer_topk_stream_fp8 likewise: indexer_topk_wgmma_fp8, the e4m3 keys in 8 KB tiles, one wgmma m64n64k32 e4m3 per 32 dims",
-        parity: "gpu-check `indexer_topk_wgmma …` records (lists identical to indexer_scores_tc + indexer_topk on the cases of `indexer_topk_stream …`) and `indexer_scores_wgmma …` (scores vs the CPU at NMSE <= 1e-4, measured ~1e-11, and bit for bit vs indexer_scores_tc); with INDEXER_FP8, `indexer_topk_wgmma_fp8 …` (as `indexer_topk_stream_fp8 …`: the selection rule on the CPU's f64 scores of the quantized values, up to near ties; entries differing from indexer_topk_stream_fp8 reported) and `indexer_scores_wgmma_fp8 …` (vs those scores, NMSE <= 1e-6); qualify (`INDEXER_WGMMA=off alone`: same bits as all on at 8K/32K/128K; the switch matrix's 200-token prompts are below its 256-token minimum)",
+        parity: "gpu-check `indexer_topk_wgmma …` records (lists identical to indexer_scores_tc + indexer_topk on the cases of `indexer_topk_stream …`) and `indexer_scores_wgmma …` (scores vs the CPU at NMSE <= 1e-4, measured ~1e-11, and bit for bit vs indexer_scores_tc); with INDEXER_FP8, `indexer_topk_wgmma_fp8 …` (as `indexer_topk_stream_fp8 …`: the selection rule on the CPU's f64 scores of the quantized values, up to near ties; entries in only one of its and indexer_topk_stream_fp8's lists reported), `indexer_scores_wgmma_fp8 …` (vs those scores, NMSE <= 1e-7, max-abs <= 5e-4 of the largest) and `indexer_topk_wgmma_fp8 exact …` (lists identical to indexer_topk on its own scores, on every case of `indexer_topk_stream …`); qualify (`INDEXER_WGMMA=off alone`: same bits as all on at 8K/32K/128K; the switch matrix's 200-token prompts are below its 256-token minimum)",
     },
     Switch {
         name: "INDEXER_FP8",
@@ -480,9 +480,11 @@ pub const REQUIRES_ANY: &[(&str, &[Requirement])] = &[
 
 /// Why switch `name` has no effect with the current values, if it has none: every switch it
 /// requires ([`REQUIRES`]) that has another value, in the order listed, e.g. `needs
-/// MOE_GROUPED_DECODE=on` or `needs INDEXER_STREAM_TOPK=on and INDEXER_TC=on`, or all of its
-/// alternatives ([`REQUIRES_ANY`]) unmet, e.g. `needs TC_LINEAR=split or bf16 or fp8, or
-/// MOE_GROUPED=on`.
+/// MOE_GROUPED_DECODE=on` or `needs INDEXER_TC=on and INDEXER_FP8=off` (a [`REQUIRES`] entry asks
+/// only for the value, not that the named switch acts itself), or all of its alternatives
+/// ([`REQUIRES_ANY`]) unmet, e.g. `needs TC_LINEAR=split or bf16 or fp8, or MOE_GROUPED=on`; an
+/// alternative `X=on` that is set while X does not act reads `X=on acting (<why X does not>)`,
+/// e.g. `needs INDEXER_STREAM_TOPK=on acting (needs INDEXER_TC=on), or INDEXER_FP8=on`.
 pub fn inactive_because(name: &str) -> Option<String> {
     let unmet = |(r, vals): &&Requirement| !vals.contains(&value(r));
     let say = |(r, vals): &Requirement| format!("{r}={}", vals.join(" or "));
@@ -754,6 +756,21 @@ mod tests {
         assert_eq!(idle.as_deref(), Some("needs INDEXER_STREAM_TOPK=on acting (needs INDEXER_TC=on), or INDEXER_FP8=on"));
         let neither = scoped(&[("INDEXER_STREAM_TOPK", "off")], || inactive_because("INDEXER_WGMMA")).unwrap();
         assert_eq!(neither.as_deref(), Some("needs INDEXER_STREAM_TOPK=on, or INDEXER_FP8=on"));
+        // inactive_because follows "=on" alternatives of REQUIRES_ANY into their own alternatives:
+        // that chain must end (no switch reached again), or it would recurse forever.
+        for (name, _) in REQUIRES_ANY {
+            let mut seen = vec![*name];
+            let mut frontier = vec![*name];
+            while let Some(n) = frontier.pop() {
+                for (r, vals) in REQUIRES_ANY.iter().filter(|(m, _)| *m == n).flat_map(|(_, alts)| alts.iter()) {
+                    if *vals == ["on"] && *r != n {
+                        assert!(!seen.contains(r), "REQUIRES_ANY cycle through {r} from {name}");
+                        seen.push(r);
+                        frontier.push(r);
+                    }
+                }
+            }
+        }
         // Alternatives: BF16_WGMMA acts while either the linears or the grouped MoE use it.
         let neither = scoped(&[("TC_LINEAR", "off"), ("MOE_GROUPED", "off")], || inactive_because("BF16_WGMMA")).unwrap();
         assert_eq!(neither.as_deref(), Some("needs TC_LINEAR=split or bf16 or fp8, or MOE_GROUPED=on"));

@@ -1022,8 +1022,9 @@ impl Gpu {
         launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
     }
 
-    /// Whether [`Gpu::indexer_select`] runs [`Gpu::indexer_topk_wgmma`]: the `INDEXER_WGMMA`
-    /// switch is on and the device is sm_90a (wgmma exists nowhere else).
+    /// Whether [`Gpu::indexer_select`] runs the wgmma kernels ([`Gpu::indexer_topk_wgmma`], or with
+    /// `INDEXER_FP8` [`Gpu::indexer_topk_wgmma_fp8`]): the `INDEXER_WGMMA` switch is on and the
+    /// device is sm_90a (wgmma exists nowhere else).
     pub fn indexer_wgmma(&self) -> bool {
         self.arch == "sm_90a" && crate::switches::on("INDEXER_WGMMA")
     }
@@ -1137,8 +1138,8 @@ impl Gpu {
         const W: &str = "indexer_topk_stream_fp8";
         let (tokens, n, hd) = (shape.tokens, shape.n_entries, shape.head_dim);
         if tokens > 0 && n > 0 {
-            ensure(W, q8.kp == hd && q8.rows >= tokens * shape.heads, || format!("q8 is [{}, {}], need ≥ [{}, {hd}]", q8.rows, q8.kp, tokens * shape.heads))?;
-            ensure(W, k8.kp == hd && k8.rows >= n, || format!("k8 is [{}, {}], need ≥ [{n}, {hd}]", k8.rows, k8.kp))?;
+            ensure(W, !q8.tiled && q8.kp == hd && q8.rows >= tokens * shape.heads, || format!("q8 is [{}, {}]{}, need plain ≥ [{}, {hd}]", q8.rows, q8.kp, if q8.tiled { " tiled" } else { "" }, tokens * shape.heads))?;
+            ensure(W, !k8.tiled && k8.kp == hd && k8.rows >= n, || format!("k8 is [{}, {}]{}, need plain ≥ [{n}, {hd}]", k8.rows, k8.kp, if k8.tiled { " tiled" } else { "" }))?;
         }
         let Some(l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
         let mut b = self.stream.launch_builder(self.f(W));

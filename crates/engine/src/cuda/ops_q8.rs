@@ -233,7 +233,7 @@ pub fn q8_capable(w: &GpuWeight) -> bool {
 /// (rows past the valid ones are zero with scale 1).
 pub struct QuantizedActs {
     /// e4m3 bytes `[rows, kp]` (with [`Self::tiled`]: the same bytes in gemm_q8.cu `gq_tiled`'s
-    /// order, which only the `moe_wt` kernels read).
+    /// order, which only the `moe_wt` kernels and `indexer_topk_wgmma_fp8` / `_scores_` read).
     pub q: DevBuf<u8>,
     /// Power-of-two scale per row and 128-block.
     pub sa: DevBuf<f32>,
@@ -285,7 +285,8 @@ impl Gpu {
     }
 
     /// [`Gpu::act_quant`] with the e4m3 values in `moe_wt`'s tiled layout when `tiled` (gemm_q8.cu
-    /// `gq_tiled`: 64-row × 128-byte swizzled blocks; the scales stay `[rows, k/128]`).
+    /// `gq_tiled`: 64-row × 128-byte swizzled blocks; the scales stay `[rows, k/128]`; with k = 128 also
+    /// the key tiles of `indexer_topk_wgmma_fp8`).
     ///
     /// Errors: as [`Gpu::act_quant`].
     pub(crate) fn act_quant_layout(&self, x: &CudaSlice<f32>, t: usize, k: usize, tiled: bool) -> Result<QuantizedActs, CudaError> {

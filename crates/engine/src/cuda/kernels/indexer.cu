@@ -690,8 +690,8 @@ indexer_topk_stream_fp8(const u8* __restrict__ q8, const float* __restrict__ sq,
 //   itc_heads_sum, the four head groups in group order (itc_total's sum) times scale, and the
 //   streaming selection of its_body on its own buffer (ITS_CAP pairs, cut to the top k by
 //   fs_radix_kth + fs_compact_top on the warpgroup, FsWarpGroup: named barriers, no block barrier
-//   in the loop). Tiles past a token's own visible range skip the products; tokens with at most k
-//   visible entries get 0 … visible − 1.
+//   in the loop). Tiles past a token's own visible range skip the products (the FP8 kernels below
+//   multiply them and discard the scores); tokens with at most k visible entries get 0 … visible − 1.
 //   indexer_scores_wgmma: the same scores written to scores [T, N] (−inf past visible) instead of
 //   selected (gpu-check compares them with indexer_scores_f32 / _tc).
 //   Arguments: indexer_topk_stream's with kt (from indexer_keys_split) for k; the scores variant
@@ -764,7 +764,8 @@ __device__ __forceinline__ void iwg_copy_tile(u32 dst, const u8* src, u32 bar) {
 }
 
 // wgmma m64n64k32 e4m3 × e4m3 → f32, both operands K-major from shared memory (descriptors da:
-// 64 keys, db: 64 heads); d[j][e] = row (key) 16·warp + g + 8·(e >> 1), column (head) 8j + c2 + (e & 1).
+// 64 keys, db: 64 heads); d[j][e] = row (key) 16·wq + g + 8·(e >> 1) (wq: the warp within the
+// warpgroup), column (head) 8j + c2 + (e & 1).
 // scale_d 0 overwrites d (the first product of a tile).
 __device__ __forceinline__ void iwg_mma8(float (&d)[8][4], unsigned long long da, unsigned long long db, int scale_d) {
     GW_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -825,7 +826,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
     }
     // FP8: the token's e4m3 queries [64 heads][128] as the product's B operand (128-byte-swizzled,
     // K-major) after the FP8 ring, and the head weights w_h·s_q,h of the 16 heads (8j + c2 + e) this
-    // thread's columns hold.
+    // thread's columns hold (both unused, and compiled away, in the split-bf16 kernels).
     const u32 qsm = base + (IWG8_STAGES + wg) * IWG8_TILE;
     float wf[8][2];
     if constexpr (FP8) {
@@ -856,13 +857,15 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
     if (tid == 0)
         for (int i = 0; i < min(ST - 1, ntiles); i++) issue(i);
 
-    int cnt8 = 0;  // FP8: the buffer's count, kept by every thread (misc[0] in the other path)
+    int cnt8 = 0;  // FP8: the buffer's count, kept by every thread (misc[0] in the other path, unused here)
     if constexpr (FP8) {
         // Two accumulators: tile i + 1's products run while tile i's scores are summed and selected.
         // No wgmma is issued under a branch (ptxas would serialise them all, C7518 / C7520): every
         // warpgroup multiplies every tile of the block (a token past its visible range discards
-        // them), and the steps come in pairs, a last odd one followed by a step past the tiles
-        // that multiplies the last tile again (its stage holds it: nothing is copied after it).
+        // them), and the steps come in pairs: the last real step and, for an odd tile count, a
+        // step past the tiles each multiply the last tile again (1 or 2 redundant groups; its stage
+        // still holds it: nothing is copied after it) and discard the result.
+        // acc_a / acc_b need no zeroing: a tile's first product overwrites them (scale-d 0).
         float acc_a[8][4], acc_b[8][4];
         auto works = [&](int i) { return sel && i * ITC_KT < vis; };  // warpgroup-uniform, falls once
         // Waits for tile min(i, ntiles − 1) and issues its four products into acc (one group).
