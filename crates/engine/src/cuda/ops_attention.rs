@@ -348,15 +348,24 @@ impl StreamTopkLaunch {
     }
 }
 
-/// The quantized operands of the FP8 wgmma indexer kernels: `q8` plain `[≥ T·64, 128]`, `k8t` in
-/// the tiled layout with whole 64-key tiles for the N keys (nothing to check when T or N is zero).
-fn check_fp8_wgmma_operands(what: &'static str, q8: &super::ops_q8::QuantizedActs, k8t: &super::ops_q8::QuantizedActs, shape: &IndexerShape) -> Result<(), CudaError> {
+/// The quantized operands of the FP8 indexer kernels: `q8` plain `[≥ T·heads, hd]`; `k8` plain
+/// `[≥ N, hd]`, or with `tiled` (the wgmma kernels) in the tiled layout with whole 64-key tiles for
+/// the N keys (nothing to check when T or N is zero).
+fn check_fp8_operands(what: &'static str, q8: &super::ops_q8::QuantizedActs, k8: &super::ops_q8::QuantizedActs, shape: &IndexerShape, tiled: bool) -> Result<(), CudaError> {
     let (tokens, n, hd) = (shape.tokens, shape.n_entries, shape.head_dim);
     if tokens == 0 || n == 0 {
         return Ok(());
     }
-    ensure(what, !q8.tiled && q8.kp == hd && q8.rows >= tokens * shape.heads, || format!("q8 is [{}, {}]{}, need plain ≥ [{}, {hd}]", q8.rows, q8.kp, if q8.tiled { " tiled" } else { "" }, tokens * shape.heads))?;
-    ensure(what, k8t.tiled && k8t.kp == hd && k8t.rows >= n.div_ceil(64) * 64, || format!("k8t is [{}, {}]{}, need tiled ≥ [{}, {hd}]", k8t.rows, k8t.kp, if k8t.tiled { " tiled" } else { " plain" }, n.div_ceil(64) * 64))
+    let layout = |t: bool| if t { "tiled" } else { "plain" };
+    ensure(what, !q8.tiled && q8.kp == hd && q8.rows >= tokens * shape.heads, || format!("q8 is {} [{}, {}], need plain ≥ [{}, {hd}]", layout(q8.tiled), q8.rows, q8.kp, tokens * shape.heads))?;
+    let rows = if tiled { n.div_ceil(64) * 64 } else { n };
+    ensure(what, k8.tiled == tiled && k8.kp == hd && k8.rows >= rows, || format!("k8 is {} [{}, {}], need {} ≥ [{rows}, {hd}]", layout(k8.tiled), k8.rows, k8.kp, layout(tiled)))
+}
+
+/// Launch of the wgmma indexer kernels ([`INDEXER_WGMMA_KERNELS`]): four tokens per block, one
+/// warpgroup each (512 threads), dynamic shared memory [`INDEXER_WGMMA_SMEM`].
+fn wgmma_indexer_cfg(tokens: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 }
 }
 
 /// The f32 index queries (`[T, heads, hd]`) and keys (`[N, hd]`) of the indexer kernels are long
@@ -1078,7 +1087,7 @@ impl Gpu {
         check_queries_keys(W, q, keys, shape)?;
         let Some(mut l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
         let kt = self.indexer_keys_split(keys, shape.n_entries)?;
-        l.cfg = LaunchConfig { grid_dim: (shape.tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 };
+        l.cfg = wgmma_indexer_cfg(shape.tokens);
         let mut b = self.stream.launch_builder(self.f(W));
         b.arg(q).arg(&kt).arg(weights).arg(offsets).arg(idx);
         l.push(&mut b);
@@ -1106,7 +1115,7 @@ impl Gpu {
         int(W, "T·N", tokens * n)?;
         let t_i = int(W, "tokens", tokens)?;
         let kt = self.indexer_keys_split(keys, n)?;
-        let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 };
+        let cfg = wgmma_indexer_cfg(tokens);
         let mut b = self.stream.launch_builder(self.f(W));
         b.arg(q).arg(&kt).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i);
         // SAFETY: matches indexer_scores_wgmma; sizes checked above; kt from indexer_keys_split for
@@ -1136,20 +1145,34 @@ impl Gpu {
         k: usize,
     ) -> Result<(), CudaError> {
         const W: &str = "indexer_topk_stream_fp8";
-        let (tokens, n, hd) = (shape.tokens, shape.n_entries, shape.head_dim);
-        if tokens > 0 && n > 0 {
-            ensure(W, !q8.tiled && q8.kp == hd && q8.rows >= tokens * shape.heads, || format!("q8 is [{}, {}]{}, need plain ≥ [{}, {hd}]", q8.rows, q8.kp, if q8.tiled { " tiled" } else { "" }, tokens * shape.heads))?;
-            ensure(W, !k8.tiled && k8.kp == hd && k8.rows >= n, || format!("k8 is [{}, {}]{}, need plain ≥ [{n}, {hd}]", k8.rows, k8.kp, if k8.tiled { " tiled" } else { "" }))?;
-        }
+        check_fp8_operands(W, q8, k8, shape, false)?;
         let Some(l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
-        let mut b = self.stream.launch_builder(self.f(W));
+        self.launch_fp8_topk(W, q8, k8, weights, offsets, idx, &l)
+    }
+
+    /// Launches FP8 selection kernel `name` (`indexer_topk_stream_fp8` or `indexer_topk_wgmma_fp8`)
+    /// with the arguments both take — q8, its scales, k8, its scales, weights, offsets, idx, then
+    /// `l`'s trailing ones — on `l.cfg`. The caller checked every buffer for that kernel
+    /// ([`check_fp8_operands`], [`stream_topk_launch`]).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_fp8_topk(
+        &self,
+        name: &'static str,
+        q8: &super::ops_q8::QuantizedActs,
+        k8: &super::ops_q8::QuantizedActs,
+        weights: &CudaSlice<f32>,
+        offsets: &CudaSlice<i32>,
+        idx: &mut CudaSlice<i32>,
+        l: &StreamTopkLaunch,
+    ) -> Result<(), CudaError> {
+        let mut b = self.stream.launch_builder(self.f(name));
         b.arg(&q8.q).arg(&q8.sa).arg(&k8.q).arg(&k8.sa).arg(weights).arg(offsets).arg(idx);
         l.push(&mut b);
-        let cfg = l.cfg;
-        // SAFETY: matches indexer_topk_stream_fp8; the quantized buffers hold ≥ T·64 and ≥ N rows
-        // of 128 bytes with one scale each (kp = 128); other sizes checked above; the kernel gets
-        // its dynamic shared memory (it traps on less).
-        launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
+        // SAFETY: matches both kernels' signature; the quantized buffers hold ≥ T·64 query rows and
+        // the keys' rows (≥ N, tiled: ≥ ceil(N/64)·64, every tile the wgmma kernel reads) of 128
+        // bytes with one scale each, other sizes checked by stream_topk_launch (the callers' checks);
+        // the kernel gets its dynamic shared memory (it traps on less).
+        launched(name, unsafe { b.launch(l.cfg) }.map(|_| ()))
     }
 
     /// `INDEXER_FP8` with `INDEXER_WGMMA` (sm_90a): [`Gpu::indexer_topk_stream_fp8`]'s scores and
@@ -1178,17 +1201,10 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         const W: &str = "indexer_topk_wgmma_fp8";
         ensure(W, self.arch == "sm_90a", || format!("needs sm_90a (wgmma), the device is {}", self.arch))?;
-        check_fp8_wgmma_operands(W, q8, k8t, shape)?;
+        check_fp8_operands(W, q8, k8t, shape, true)?;
         let Some(mut l) = stream_topk_launch(W, shape, k, weights, offsets, idx)? else { return Ok(()) };
-        l.cfg = LaunchConfig { grid_dim: (shape.tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 };
-        let mut b = self.stream.launch_builder(self.f(W));
-        b.arg(&q8.q).arg(&q8.sa).arg(&k8t.q).arg(&k8t.sa).arg(weights).arg(offsets).arg(idx);
-        l.push(&mut b);
-        let cfg = l.cfg;
-        // SAFETY: matches indexer_topk_wgmma_fp8; q8 holds ≥ T·64 rows of 128 bytes with one scale
-        // each, k8t ≥ ceil(N/64)·64 tiled rows (every tile the kernel reads) with one scale each
-        // (checked); other sizes checked above; the kernel gets its dynamic shared memory.
-        launched(W, unsafe { b.launch(cfg) }.map(|_| ()))
+        l.cfg = wgmma_indexer_cfg(shape.tokens);
+        self.launch_fp8_topk(W, q8, k8t, weights, offsets, idx, &l)
     }
 
     /// The scores of [`Gpu::indexer_topk_wgmma_fp8`] into `scores` `[T, N]` (−inf past the visible
@@ -1206,14 +1222,14 @@ impl Gpu {
         if tokens == 0 || n == 0 {
             return Ok(());
         }
-        check_fp8_wgmma_operands(W, q8, k8t, shape)?;
+        check_fp8_operands(W, q8, k8t, shape, true)?;
         ensure(W, shape.ratio >= 1, || "ratio must be ≥ 1".into())?;
         ensure(W, weights.len() >= tokens * 64, || format!("weights hold {} values, need T·heads = {}", weights.len(), tokens * 64))?;
         ensure(W, scores.len() >= tokens * n, || format!("scores hold {} values, need T·N = {}", scores.len(), tokens * n))?;
         int(W, "T·N", tokens * n)?;
         let ScoresArgs { ints: [h_i, hd_i, n_i, r_i, p_i], scale } = ScoresArgs::new(W, shape)?;
         let t_i = int(W, "tokens", tokens)?;
-        let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(4) as u32, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: INDEXER_WGMMA_SMEM as u32 };
+        let cfg = wgmma_indexer_cfg(tokens);
         let mut b = self.stream.launch_builder(self.f(W));
         b.arg(&q8.q).arg(&q8.sa).arg(&k8t.q).arg(&k8t.sa).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i);
         // SAFETY: matches indexer_scores_wgmma_fp8; sizes checked above; the kernel gets its
