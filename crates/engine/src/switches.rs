@@ -185,7 +185,7 @@ pub const SWITCHES: &[Switch] = &[
         name: "INDEXER_WGMMA",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "indexer_topk_stream (scores on mma.sync, two tokens per block, block barriers in every 64-key tile): indexer_topk_wgmma — the keys split into bf16 hi/lo tiles once per call, copied by cp.async.bulk into a 4-stage ring; four tokens per block, each warpgroup multiplies its token's 64 heads on wgmma (queries in registers; the same three products per 16 dims in the same order) and selects on its own buffer with warpgroup barriers (sm_90a; with INDEXER_STREAM_TOPK, i.e. INDEXER_TC on and INDEXER_FP8 off, 64 heads of 128, chunks of >= 256 tokens). With INDEXER_FP8 on it replaces indexer_topk_stream_fp8 likewise: indexer_topk_wgmma_fp8, the e4m3 keys in 8 KB tiles, one wgmma m64n64k32 e4m3 per 32 dims",
+        replaces: "indexer_topk_stream (scores on mma.sync, two tokens per block, block barriers in every 64-key tile): indexer_topk_wgmma — the keys split into bf16 hi/lo tiles once per call, copied by cp.async.bulk into a 4-stage ring; four tokens per block, each warpgroup multiplies its token's 64 heads on wgmma (queries in registers; the same three products per 16 dims in the same order) and selects on its own buffer with warpgroup barriers (sm_90a, 64 heads of 128, chunks of >= 256 tokens; for the exact scores it needs INDEXER_STREAM_TOPK acting: INDEXER_TC on, INDEXER_FP8 off). With INDEXER_FP8 on it replaces indexer_topk_stream_fp8 instead: indexer_topk_wgmma_fp8, the e4m3 keys in 8 KB tiles, one wgmma m64n64k32 e4m3 per 32 dims",
         parity: "gpu-check `indexer_topk_wgmma …` records (lists identical to indexer_scores_tc + indexer_topk on the cases of `indexer_topk_stream …`) and `indexer_scores_wgmma …` (scores vs the CPU at NMSE <= 1e-4, measured ~1e-11, and bit for bit vs indexer_scores_tc); with INDEXER_FP8, `indexer_topk_wgmma_fp8 …` (as `indexer_topk_stream_fp8 …`: the selection rule on the CPU's f64 scores of the quantized values, up to near ties; entries in only one of its and indexer_topk_stream_fp8's lists reported), `indexer_scores_wgmma_fp8 …` (vs those scores, NMSE <= 1e-7, max-abs <= 5e-4 of the largest) and `indexer_topk_wgmma_fp8 exact …` (lists identical to indexer_topk on its own scores, on every case of `indexer_topk_stream …`); qualify (`INDEXER_WGMMA=off alone`: same bits as all on at 8K/32K/128K; the switch matrix's 200-token prompts are below its 256-token minimum)",
     },
     Switch {
@@ -302,7 +302,7 @@ pub enum Origin {
 ///
 /// Errors: syntax, unknown switch, value not accepted, or values already resolved.
 pub fn set_override(spec: &str) -> Result<(), SwitchError> {
-    let (name, value) = spec.split_once('=').ok_or_else(|| SwitchError::Syntax(spec.to_string()))?;
+    let (name, value) = spec.split_once('=').filter(|(n, _)| !n.trim().is_empty()).ok_or_else(|| SwitchError::Syntax(spec.to_string()))?;
     let s = find(name)?;
     let v = s.normalise(value).ok_or_else(|| bad_value(s, value, format!("--switch {spec}")))?;
     if RESOLVED.get().is_some() {
@@ -483,8 +483,8 @@ pub const REQUIRES_ANY: &[(&str, &[Requirement])] = &[
 /// MOE_GROUPED_DECODE=on` or `needs INDEXER_TC=on and INDEXER_FP8=off` (a [`REQUIRES`] entry asks
 /// only for the value, not that the named switch acts itself), or all of its alternatives
 /// ([`REQUIRES_ANY`]) unmet, e.g. `needs TC_LINEAR=split or bf16 or fp8, or MOE_GROUPED=on`; an
-/// alternative `X=on` that is set while X does not act reads `X=on acting (<why X does not>)`,
-/// e.g. `needs INDEXER_STREAM_TOPK=on acting (needs INDEXER_TC=on), or INDEXER_FP8=on`.
+/// alternative `X=on` that is set while X does not act reads `X=on (set, but idle: <why>)`,
+/// e.g. `needs INDEXER_STREAM_TOPK=on (set, but idle: needs INDEXER_TC=on), or INDEXER_FP8=on`.
 pub fn inactive_because(name: &str) -> Option<String> {
     let unmet = |(r, vals): &&Requirement| !vals.contains(&value(r));
     let say = |(r, vals): &Requirement| format!("{r}={}", vals.join(" or "));
@@ -501,7 +501,7 @@ pub fn inactive_because(name: &str) -> Option<String> {
             return Some(say(r));
         }
         let on_but_idle = r.1 == ["on"] && r.0 != name;
-        on_but_idle.then(|| inactive_because(r.0)).flatten().map(|w| format!("{} acting ({w})", say(r)))
+        on_but_idle.then(|| inactive_because(r.0)).flatten().map(|w| format!("{} (set, but idle: {w})", say(r)))
     };
     let reasons: Vec<String> = any.iter().map(why_not).collect::<Option<Vec<_>>>()?;
     Some(format!("needs {}", reasons.join(", or ")))
@@ -753,7 +753,7 @@ mod tests {
         let fp8 = scoped(&[("INDEXER_TC", "off"), ("INDEXER_FP8", "on")], || inactive_because("INDEXER_WGMMA")).unwrap();
         assert_eq!(fp8, None);
         let idle = scoped(&[("INDEXER_TC", "off")], || inactive_because("INDEXER_WGMMA")).unwrap();
-        assert_eq!(idle.as_deref(), Some("needs INDEXER_STREAM_TOPK=on acting (needs INDEXER_TC=on), or INDEXER_FP8=on"));
+        assert_eq!(idle.as_deref(), Some("needs INDEXER_STREAM_TOPK=on (set, but idle: needs INDEXER_TC=on), or INDEXER_FP8=on"));
         let neither = scoped(&[("INDEXER_STREAM_TOPK", "off")], || inactive_because("INDEXER_WGMMA")).unwrap();
         assert_eq!(neither.as_deref(), Some("needs INDEXER_STREAM_TOPK=on, or INDEXER_FP8=on"));
         // inactive_because follows "=on" alternatives of REQUIRES_ANY into their own alternatives:
@@ -787,6 +787,7 @@ mod tests {
     #[test]
     fn flag_errors_are_clear() {
         assert_eq!(set_override("MOE_GROUPED"), Err(SwitchError::Syntax("MOE_GROUPED".into())));
+        assert_eq!(set_override("=on"), Err(SwitchError::Syntax("=on".into())));
         let e = set_override("MOE_GROUPED=maybe").unwrap_err();
         assert!(e.to_string().contains("accepted: on, off (also 1 = on"), "{e}");
         assert_eq!(find("TC_LINEAR").unwrap().normalise("true"), Some("split"));
