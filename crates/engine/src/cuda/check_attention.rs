@@ -563,29 +563,31 @@ fn differing(a: &[usize], b: &[usize]) -> Vec<usize> {
     sa.symmetric_difference(&sb).copied().collect()
 }
 
-/// Runs the GPU top-k on device scores and returns the per-query lists.
-fn gpu_topk(gpu: &Gpu, dscores: &CudaSlice<f32>, shape: &IndexerShape, k: usize) -> Result<Vec<Vec<usize>>, CudaError> {
+/// Runs a selection kernel, `launch(offsets, idx)`, for `shape` and `k` into fresh device lists
+/// ([`topk_offsets`]) and returns them per query.
+fn gpu_lists(
+    gpu: &Gpu,
+    shape: &IndexerShape,
+    k: usize,
+    launch: impl FnOnce(&CudaSlice<i32>, &mut CudaSlice<i32>) -> Result<(), CudaError>,
+) -> Result<Vec<Vec<usize>>, CudaError> {
     let off = topk_offsets(shape.pos0, shape.tokens, shape.ratio, shape.n_entries, k)?;
     let doff = gpu.upload(&off)?;
     let mut didx = gpu.zeros::<i32>((off[shape.tokens] as usize).max(1))?;
-    gpu.indexer_topk(dscores, &doff, &mut didx, shape, k)?;
+    launch(&doff, &mut didx)?;
     let idx = gpu.download(&didx)?;
     Ok((0..shape.tokens).map(|t| idx[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect()).collect())
+}
+
+/// Runs the GPU top-k on device scores and returns the per-query lists.
+fn gpu_topk(gpu: &Gpu, dscores: &CudaSlice<f32>, shape: &IndexerShape, k: usize) -> Result<Vec<Vec<usize>>, CudaError> {
+    gpu_lists(gpu, shape, k, |off, idx| gpu.indexer_topk(dscores, off, idx, shape, k))
 }
 
 /// The fused streaming selection ([`Gpu::indexer_topk_stream`], or with `wgmma`
 /// [`Gpu::indexer_topk_wgmma`]) as per-query lists.
 fn gpu_topk_stream(gpu: &Gpu, dq: &CudaSlice<f32>, dkeys: &CudaSlice<f32>, dw: &CudaSlice<f32>, shape: &IndexerShape, k: usize, wgmma: bool) -> Result<Vec<Vec<usize>>, CudaError> {
-    let off = topk_offsets(shape.pos0, shape.tokens, shape.ratio, shape.n_entries, k)?;
-    let doff = gpu.upload(&off)?;
-    let mut didx = gpu.zeros::<i32>((off[shape.tokens] as usize).max(1))?;
-    if wgmma {
-        gpu.indexer_topk_wgmma(dq, dkeys, dw, &doff, &mut didx, shape, k)?;
-    } else {
-        gpu.indexer_topk_stream(dq, dkeys, dw, &doff, &mut didx, shape, k)?;
-    }
-    let idx = gpu.download(&didx)?;
-    Ok((0..shape.tokens).map(|t| idx[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect()).collect())
+    gpu_lists(gpu, shape, k, |off, idx| if wgmma { gpu.indexer_topk_wgmma(dq, dkeys, dw, off, idx, shape, k) } else { gpu.indexer_topk_stream(dq, dkeys, dw, off, idx, shape, k) })
 }
 
 /// `INDEXER_FP8` on wgmma, exact: [`Gpu::indexer_topk_wgmma_fp8`]'s lists must equal
@@ -602,12 +604,7 @@ fn check_fp8_wgmma_lists(gpu: &Gpu, out: &mut Vec<Value>, case: &str, dq: &CudaS
     let mut all = true;
     for &k in ks {
         let want = gpu_topk(gpu, &dsc, shape, k)?;
-        let off = topk_offsets(shape.pos0, shape.tokens, shape.ratio, shape.n_entries, k)?;
-        let doff = gpu.upload(&off)?;
-        let mut didx = gpu.zeros::<i32>((off[shape.tokens] as usize).max(1))?;
-        gpu.indexer_topk_wgmma_fp8(&q8, &k8t, dw, &doff, &mut didx, shape, k)?;
-        let flat = gpu.download(&didx)?;
-        let got: Vec<Vec<usize>> = (0..shape.tokens).map(|t| flat[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect()).collect();
+        let got = gpu_lists(gpu, shape, k, |off, idx| gpu.indexer_topk_wgmma_fp8(&q8, &k8t, dw, off, idx, shape, k))?;
         let (bad, compared) = list_mismatches(&got, &want);
         let sh = json!({"T": shape.tokens, "N": shape.n_entries, "k": k, "pos0": shape.pos0, "ratio": shape.ratio});
         all &= record_exact(out, &format!("indexer_topk_wgmma_fp8 exact ({case})"), sh, bad, compared, json!("lists vs indexer_scores_wgmma_fp8 + indexer_topk"));
@@ -832,20 +829,14 @@ fn check_indexer_fp8(
         all &= record_exact(out, &format!("indexer_scores_wgmma_fp8 mask ({case})"), json!({"T": tokens, "N": n, "pos0": pos0}), inf_bad, got.len() - g.len(), json!("entries past the visible ones must be -inf"));
     }
     for &k in ks {
-        let off = topk_offsets(pos0, tokens, ratio, n, k)?;
-        let doff = gpu.upload(&off)?;
-        let mut didx = gpu.zeros::<i32>((off[tokens] as usize).max(1))?;
-        gpu.indexer_topk_stream_fp8(&q8, &k8, dw, &doff, &mut didx, shape, k)?;
-        let stream = gpu.download(&didx)?;
         let exact = gpu_topk(gpu, dscores, shape, k)?;
-        let lists = |flat: &[i32]| -> Vec<Vec<usize>> { (0..tokens).map(|t| flat[off[t] as usize..off[t + 1] as usize].iter().map(|v| *v as usize).collect()).collect() };
-        let mut kernels = vec![("indexer_topk_stream_fp8", lists(&stream))];
+        // (name, whether it is the wgmma kernel, its lists)
+        let mut kernels = vec![("indexer_topk_stream_fp8", false, gpu_lists(gpu, shape, k, |off, idx| gpu.indexer_topk_stream_fp8(&q8, &k8, dw, off, idx, shape, k))?)];
         if let Some(k8t) = &k8t {
-            gpu.indexer_topk_wgmma_fp8(&q8, k8t, dw, &doff, &mut didx, shape, k)?;
-            kernels.push(("indexer_topk_wgmma_fp8", lists(&gpu.download(&didx)?)));
+            kernels.push(("indexer_topk_wgmma_fp8", true, gpu_lists(gpu, shape, k, |off, idx| gpu.indexer_topk_wgmma_fp8(&q8, k8t, dw, off, idx, shape, k))?));
         }
-        for (name, got_lists) in &kernels {
-            let wg = *name == "indexer_topk_wgmma_fp8";
+        for (name, wg, got_lists) in &kernels {
+            let wg = *wg;
             let (mut unexplained, mut near_ties, mut shared, mut compared) = (0usize, 0usize, 0usize, 0usize);
             for (t, (ex, got)) in exact.iter().zip(got_lists).enumerate() {
                 let row = &ref_scores[t * n..(t + 1) * n];
@@ -873,7 +864,7 @@ fn check_indexer_fp8(
             let mut detail = json!({"near_tie_swaps": near_ties, "agreement_with_exact_selection": agreement});
             if wg {
                 // Entries in one list and not the other, over all tokens (each swap counts 2).
-                let differ: usize = got_lists.iter().zip(&kernels[0].1).map(|(a, b)| differing(a, b).len()).sum();
+                let differ: usize = got_lists.iter().zip(&kernels[0].2).map(|(a, b)| differing(a, b).len()).sum();
                 detail["entries_in_one_list_only_vs_indexer_topk_stream_fp8"] = json!(differ);
                 detail["near_tie_band_floor"] = json!(2.0 * wg_err);
             }

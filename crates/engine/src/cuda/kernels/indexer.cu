@@ -856,8 +856,20 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
     };
     if (tid == 0)
         for (int i = 0; i < min(ST - 1, ntiles); i++) issue(i);
+    // Cuts this token's buffer of `count` pairs to its top k (in place, index order kept) and sets
+    // its threshold (misc: count = k, have_thr, thr); the warpgroup must have passed a barrier after
+    // the last appends. Ends with a warpgroup barrier.
+    auto cut = [&](int count) {
+        const u32 K = fs_cut_pairs(bkey, bidx, count, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
+        if (r == 0) {
+            misc[0] = topk;
+            misc[1] = 1;
+            misc[2] = (int)K;
+        }
+        grp.sync();
+    };
 
-    int cnt8 = 0;  // FP8: the buffer's count, kept by every thread (misc[0] in the other path, unused here)
+    int cnt8 = 0;  // FP8: the buffer's count, kept by every thread (misc[0] in the other path)
     if constexpr (FP8) {
         // Two accumulators: tile i + 1's products run while tile i's scores are summed and selected.
         // No wgmma is issued under a branch (ptxas would serialise them all, C7518 / C7520): every
@@ -892,12 +904,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
             if (works(i)) {
                 if (!SCORES && cnt8 > ITS_CAP - ITC_KT) {
                     grp.sync();  // the previous tiles' appends
-                    const u32 K = fs_cut_pairs(bkey, bidx, cnt8, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
-                    if (r == 0) {
-                        misc[1] = 1;
-                        misc[2] = (int)K;
-                    }
-                    grp.sync();
+                    cut(cnt8);
                     cnt8 = topk;
                 }
                 // Rows are keys: Σ over the thread's 16 heads of w·max(S, 0) for keys g and g + 8 of the
@@ -969,16 +976,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
             const bool work = sel && j0 < vis;  // warpgroup-uniform
             if (!SCORES && work) {
                 grp.sync();  // cnt of the previous tile
-                if (misc[0] > ITS_CAP - ITC_KT) {
-                    // Cut this token's buffer to its top k (in place, index order kept).
-                    const u32 K = fs_cut_pairs(bkey, bidx, misc[0], topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
-                    if (r == 0) {
-                        misc[0] = topk;
-                        misc[1] = 1;
-                        misc[2] = (int)K;
-                    }
-                    grp.sync();
-                }
+                if (misc[0] > ITS_CAP - ITC_KT) cut(misc[0]);
             }
             gws_wait(full0 + 8 * s, (i / ST) & 1);
             float acc[8][4];
