@@ -103,6 +103,13 @@ impl TensorSource for FormulaSource {
     }
 }
 
+/// Normalised mean squared error of `got` against `reference`: Σ(got − ref)² / Σ ref², in f64 (the
+/// tests' tolerance measure; an all-zero reference divides by 1e-300).
+pub fn nmse(got: &[f32], reference: &[f32]) -> f64 {
+    let (num, den) = got.iter().zip(reference).fold((0f64, 0f64), |(n, d), (x, y)| (n + (*x as f64 - *y as f64).powi(2), d + (*y as f64).powi(2)));
+    num / den.max(1e-300)
+}
+
 /// Index of the largest value (the first on ties; NaN never wins): greedy decoding in the checks.
 pub fn argmax(x: &[f32]) -> usize {
     let mut best = 0;

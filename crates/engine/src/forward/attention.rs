@@ -159,12 +159,8 @@ pub fn window_range(pos: usize, window: usize) -> std::ops::Range<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::nmse;
     use flashseek_model::config::RopeParams;
-
-    fn nmse(a: &[f32], b: &[f32]) -> f64 {
-        let (num, den) = a.iter().zip(b).fold((0f64, 0f64), |(n, d), (x, y)| (n + (*x as f64 - *y as f64).powi(2), d + (*y as f64).powi(2)));
-        num / den.max(1e-300)
-    }
 
     fn values(seed: u64, n: usize, amp: f32) -> Vec<f32> {
         (0..n as u64).map(|i| crate::testing::uniform(seed, i) as f32 * amp).collect()

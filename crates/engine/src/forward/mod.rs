@@ -340,7 +340,7 @@ fn attention_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{formula_ids, FormulaSource};
+    use crate::testing::{formula_ids, nmse, FormulaSource};
     use flashseek_model::config::Ds4Config;
 
     /// A small config with power-of-two indexer heads and 128-multiple widths, so every official
@@ -362,11 +362,6 @@ mod tests {
         ModelWeights::load(&cfg, &FormulaSource { seed: 5, n_experts: 4 }).unwrap()
     }
 
-    fn nmse(a: &[f32], b: &[f32]) -> f64 {
-        let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
-        let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-        num / den
-    }
 
     #[test]
     fn act_in_is_the_fp8_roundtrip_per_128_block() {
