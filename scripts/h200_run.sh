@@ -20,6 +20,9 @@
 #   bench-fp8-bf16att  the bench step with TC_LINEAR=fp8 and MLA_BF16=on                ~110 s
 #   bench-fp8-bf16att-idx8  bench-fp8-bf16att with INDEXER_FP8=on (FP8 indexer scores, as the
 #             serving stacks' FP8 indexer cache)                        ~110 s
+#   bench-chunks  bench-fp8-bf16att-idx8 at 32K and 128K with 16,384- and 32,768-token prefill chunks
+#             (chunk size is a pure performance knob: LONG_CONTEXT_CHUNK), and the Flash MoE layer timed
+#             at those token counts                                   ~330 s
 #   bench-lt  the bench step with LINEAR_CUBLASLT=on (cuBLASLt bf16 GEMMs for the split linears) ~145 s
 #   bench-fp8-lt  bench-fp8 with FP8_CUBLASLT=on and LINEAR_CUBLASLT=on                ~100 s
 #   attention the attention/compressor/indexer checks + timings     ~40 s
@@ -58,6 +61,13 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8_bf16att.log" ;;
   bench-fp8-bf16att-idx8) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.json" > "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.log" ;;
+  bench-chunks)
+    for c in 16384 32768; do
+      FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on timeout 280 "$B" gpu-bench --layers 20 --contexts 32768,131072 --chunk $c --prefill-repeats 2 --decode-steps 4 --out "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8_chunk$c.json" > "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8_chunk$c.log" 2>&1
+      grep -E "uploaded|context|prefill moe" "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8_chunk$c.log"
+    done
+    timeout 200 "$B" gpu-check --only moe --skip-checks --repeats 5 --moe-tokens 8192,16384,32768 --out "$OUT/moe_chunks_h200.json" > "$OUT/moe_chunks_h200.log" 2>&1
+    grep -E "fp8 wgmma all on|split all on" "$OUT/moe_chunks_h200.log" ;;
   bench-lt) FLASHSEEK_LINEAR_CUBLASLT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_lt.json" > "$OUT/gpu_bench_h200_20layers_lt.log" 2>&1
          grep -E "uploaded|context|cuBLASLt" "$OUT/gpu_bench_h200_20layers_lt.log" ;;
   bench-fp8-lt) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_FP8_CUBLASLT=on FLASHSEEK_LINEAR_CUBLASLT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_lt.json" > "$OUT/gpu_bench_h200_20layers_fp8_lt.log" 2>&1
@@ -72,5 +82,5 @@ case "${1:-}" in
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_graph.log" ;;
   bench-decode-base) timeout 400 "$B" gpu-bench --layers 20 --contexts 8192,131072 --prefill-repeats 1 --decode-steps 32 --out "$OUT/gpu_bench_h200_20layers_decode_base.json" > "$OUT/gpu_bench_h200_20layers_decode_base.log" 2>&1
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_base.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-lt|bench-fp8-lt|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-chunks|bench-lt|bench-fp8-lt|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
 esac
