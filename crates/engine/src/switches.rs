@@ -234,8 +234,8 @@ pub const SWITCHES: &[Switch] = &[
         name: "LONG_CONTEXT_CHUNK",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "2,048-token prefill chunks: 8,192-token chunks (every layer's weights read once per 8,192 tokens, MoE tiles fuller); attention and the indexer work per query token and a tail under 256 tokens joins the chunk before it, so chunks of >= 256 tokens change no bit of the result (measured by qualify)",
-        parity: "qualify: all on with 4× the chunk gives the same logits bits and ids; the switch matrix and qualify compare LONG_CONTEXT_CHUNK=off alone with all on bit for bit",
+        replaces: "2,048-token prefill chunks: 32,768-token chunks (every layer's weights read once per 32,768 tokens, MoE tiles fuller; `serve` caps its per-step prefill budget at 8,192); attention and the indexer work per query token and a tail under 256 tokens joins the chunk before it, so chunks of >= 256 tokens change no bit of the result (measured by qualify)",
+        parity: "qualify: all on with a quarter of the chunk gives the same logits bits and ids; the switch matrix and qualify compare LONG_CONTEXT_CHUNK=off alone with all on bit for bit",
     },
     Switch {
         name: "MOE_PERSISTENT",
@@ -507,21 +507,35 @@ pub fn inactive_because(name: &str) -> Option<String> {
     Some(format!("needs {}", reasons.join(", or ")))
 }
 
-/// Prefill chunk with `LONG_CONTEXT_CHUNK` on (tokens).
-pub const LONG_CONTEXT_CHUNK_TOKENS: usize = 8192;
+/// Prefill chunk with `LONG_CONTEXT_CHUNK` on (tokens). Measured on the H200 (20 Flash layers,
+/// `TC_LINEAR=fp8 MLA_BF16=on INDEXER_FP8=on`, `bench/gpu_bench_h200_20layers_fp8_bf16att_idx8*`):
+/// 24,448 / 26,536 / 27,296 prefill tok/s at 32K and 21,308 / 22,812 / 23,508 at 128K with 8,192-,
+/// 16,384- and 32,768-token chunks; the grouped MoE layer alone 413 / 437 / 460 TFLOP/s at those
+/// token counts (`bench/moe_chunks_h200.json`).
+pub const LONG_CONTEXT_CHUNK_TOKENS: usize = 32768;
 /// Prefill chunk with `LONG_CONTEXT_CHUNK` off (tokens).
 pub const SHORT_CONTEXT_CHUNK_TOKENS: usize = 2048;
+/// The most prompt tokens `serve` prefills per scheduler step by default (with `LONG_CONTEXT_CHUNK`
+/// on): a step's prefill delays every running sequence's next token, so the server keeps the
+/// budget of the serving stacks' chunked prefill (vLLM's `max_num_batched_tokens`, SGLang's
+/// `chunked_prefill_size`: a few thousand to 16K tokens) rather than the 32,768-token chunk that
+/// is fastest for one prompt alone (`--prefill-chunk` sets it).
+pub const SERVE_PREFILL_CHUNK_TOKENS: usize = 8192;
 
 /// The prefill chunk the switches ask for: [`LONG_CONTEXT_CHUNK_TOKENS`] with `LONG_CONTEXT_CHUNK`
-/// on (default), else [`SHORT_CONTEXT_CHUNK_TOKENS`]. Measured on H200 (one Flash MoE layer,
-/// `bench/moe_grouped_h200.json`): 8,192 tokens in one chunk 14.4 ms vs 4 × 4.8 ms in 2,048-token
-/// chunks (FP8 wgmma).
+/// on (default), else [`SHORT_CONTEXT_CHUNK_TOKENS`].
 pub fn prefill_chunk_tokens() -> usize {
     if on("LONG_CONTEXT_CHUNK") {
         LONG_CONTEXT_CHUNK_TOKENS
     } else {
         SHORT_CONTEXT_CHUNK_TOKENS
     }
+}
+
+/// `serve`'s default prefill budget per scheduler step on CUDA: [`prefill_chunk_tokens`] capped at
+/// [`SERVE_PREFILL_CHUNK_TOKENS`] (8,192 with `LONG_CONTEXT_CHUNK` on, 2,048 with it off).
+pub fn serve_prefill_chunk_tokens() -> usize {
+    prefill_chunk_tokens().min(SERVE_PREFILL_CHUNK_TOKENS)
 }
 
 /// Which configurations of the switches the parity matrix (`gpu-check --only switches`) and the
@@ -669,6 +683,14 @@ mod tests {
         let args = ["flashseek", "gpu-bench", "--layers", "20"].map(String::from);
         assert_eq!(with_env_prefix(&env, args.clone()), "FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on flashseek gpu-bench --layers 20");
         assert_eq!(with_env_prefix(&[], args), "flashseek gpu-bench --layers 20");
+    }
+
+    #[test]
+    fn prefill_chunks_follow_the_switch_and_serve_caps_its_budget() {
+        let (one, serve) = scoped(&[("LONG_CONTEXT_CHUNK", "on")], || (prefill_chunk_tokens(), serve_prefill_chunk_tokens())).unwrap();
+        assert_eq!((one, serve), (LONG_CONTEXT_CHUNK_TOKENS, SERVE_PREFILL_CHUNK_TOKENS));
+        let (one, serve) = scoped(&[("LONG_CONTEXT_CHUNK", "off")], || (prefill_chunk_tokens(), serve_prefill_chunk_tokens())).unwrap();
+        assert_eq!((one, serve), (SHORT_CONTEXT_CHUNK_TOKENS, SHORT_CONTEXT_CHUNK_TOKENS));
     }
 
     #[test]

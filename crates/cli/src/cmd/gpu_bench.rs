@@ -19,7 +19,7 @@ pub struct Args {
     /// Prompt lengths, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "512,2048")]
     pub contexts: Vec<usize>,
-    /// Tokens per prefill chunk (default: 8,192, or 2,048 with `--switch LONG_CONTEXT_CHUNK=off`).
+    /// Tokens per prefill chunk (default: 32,768, or 2,048 with `--switch LONG_CONTEXT_CHUNK=off`).
     #[arg(long)]
     pub chunk: Option<usize>,
     /// Decode steps timed per context.

@@ -17,7 +17,7 @@ pub struct Args {
     /// Prompt lengths in tokens, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "8192,32768,131072")]
     pub contexts: Vec<usize>,
-    /// Prefill chunk (tokens; default: each configuration's LONG_CONTEXT_CHUNK, 8,192 or 2,048).
+    /// Prefill chunk (tokens; default: each configuration's LONG_CONTEXT_CHUNK, 32,768 or 2,048).
     #[arg(long)]
     pub chunk: Option<usize>,
     /// Greedy tokens generated after each prefill.

@@ -61,7 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let on_gpu = m.gpu.is_some();
     let prefill_chunk = match args.model.prefill_chunk {
         Some(c) => c,
-        None if on_gpu => flashseek_engine::switches::prefill_chunk_tokens(),
+        None if on_gpu => flashseek_engine::switches::serve_prefill_chunk_tokens(),
         None => super::common::CPU_PREFILL_CHUNK,
     };
     let cfg = ServerConfig {
