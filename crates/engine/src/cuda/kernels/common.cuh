@@ -18,6 +18,14 @@ __device__ __forceinline__ float fs_e8m0(u8 e) {
     return __uint_as_float(((u32)e) << 23);
 }
 
+// fs_e8m0 without branches (selects), for a byte in the low 8 bits of e: the same values.
+__device__ __forceinline__ float fs_e8m0_sel(u32 e) {
+    u32 b = e << 23;
+    b = e == 0u ? 0x00400000u : b;
+    b = e == 255u ? 0x7fc00000u : b;
+    return __uint_as_float(b);
+}
+
 __device__ __forceinline__ float fs_e4m3(u8 v) {
     u32 s = v >> 7, e = (v >> 3) & 15u, m = v & 7u;
     float r;

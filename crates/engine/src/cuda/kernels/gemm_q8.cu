@@ -455,6 +455,26 @@ __device__ __forceinline__ void gw_issue_k128(float (&d)[64], unsigned long long
     gw_commit();
 }
 
+// gw_mma / gw_issue_k128 with each descriptor given by its low word (gw_desc_lo: start address
+// >> 4 and the leading offset; the high word — stride 1024 B, 128-byte swizzle — is gw_desc's
+// constant 0x40000040, written into the instruction): with warp-uniform addresses the compiler
+// builds the descriptors in uniform registers, a few instructions per MMA instead of ~12
+// (moe_ws, moe_wt; the same descriptors, so the same products).
+__device__ __forceinline__ void gw_mma_lo(float (&d)[64], u32 alo, u32 blo, int scale_d) {
+    GW_ASM(
+        "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %66, 0;\nmov.b64 da, {%64, 0x40000040};\nmov.b64 db, {%65, 0x40000040};\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, da, db, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(alo), "r"(blo), "r"(scale_d));
+}
+__device__ __forceinline__ u32 gw_desc_lo(u32 a) { return ((a & 0x3FFFFu) >> 4) | (1u << 16); }
+__device__ __forceinline__ void gw_issue_k128_lo(float (&d)[64], u32 alo, u32 blo) {
+    gw_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) gw_mma_lo(d, alo + 2 * kk, blo + 2 * kk, kk);
+    gw_commit();
+}
+
 // Waits for the warpgroup's wgmma groups and makes the partial d readable.
 __device__ __forceinline__ void gw_wait_partial(float (&d)[64]) {
     gw_wait0();
@@ -936,7 +956,8 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
 
     // Consumer warpgroups 0 and 1.
     GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
-    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const int lane = tid & 31, warp = tid >> 5, wq = warp & 3;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform for the compiler (gw_mma_lo)
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     GwsRing<ST> ring;
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
@@ -955,15 +976,13 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
         struct Sc {
             float a0, a1, swg, swu;
         };
+        // Without branches: the step past the last reads the last step's scales (unused).
         auto scales = [&](int kt) {
-            Sc c = {1.f, 1.f, 1.f, 1.f};
-            if (kt < KT) {
-                c.a0 = __ldg(sa_r0 + kt);
-                c.a1 = __ldg(sa_r1 + kt);
-                if (!FP4) {
-                    c.swg = fs_e8m0(__ldg(sw_g + kt));
-                    if (EPI == 1) c.swu = fs_e8m0(__ldg(sw_u + kt));
-                }
+            const int k = min(kt, KT - 1);
+            Sc c = {__ldg(sa_r0 + k), __ldg(sa_r1 + k), 1.f, 1.f};
+            if (!FP4) {
+                c.swg = fs_e8m0_sel(__ldg(sw_g + k));
+                if (EPI == 1) c.swu = fs_e8m0_sel(__ldg(sw_u + k));
             }
             return c;
         };
@@ -975,7 +994,7 @@ __device__ __forceinline__ void moe_ws(const u8* q, const float* sa, const unsig
             const u32 sb = base + ring.s * L::STAGE;
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-            gw_issue_k128(tmp, gw_desc(sb + L::A + wg * 64 * 128), gw_desc(sb + (FP4 ? L::BC : L::B)));
+            gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + wg * 64 * 128), gw_desc_lo(sb + (FP4 ? L::BC : L::B)));
             gw_wait_partial(tmp);
             gw_promote<!FP4, EPI>(acc, tmp, cur.a0, cur.a1, cur.swg, cur.swu, reinterpret_cast<const float*>(gbase + ring.s * L::STAGE + L::WSC), c2);
             __syncwarp();
@@ -1225,7 +1244,10 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 
     // Multiply warpgroups 0 and 1: rows m0 + 128 wg … + 127 as sub-tiles 2 wg and 2 wg + 1.
     GW_ASM("setmaxnreg.inc.sync.aligned.u32 224;" ::: "memory");
-    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const int lane = tid & 31, warp = tid >> 5, wq = warp & 3;
+    // The warpgroup index, broadcast from lane 0 so that the compiler sees a warp-uniform value and
+    // builds the wgmma descriptors in uniform registers.
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     GwsRing<ST> ring;
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
@@ -1249,21 +1271,16 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             float a0, a1, b0, b1;
             u32 wg, wu;
         };
+        // Without branches: a sub-tile that is not live reads the scales of the tile's first rows
+        // (always routed) and the step past the last reads the last step's; neither is used.
+        const float* safe = P.sa + (size_t)(P.m0 + wq * 16 + g4) * KT;
+        const float* pa0 = l0 ? sa0 : safe;
+        const float* pa1 = l0 ? sa0 + 8 * KT : safe;
+        const float* pb0 = l1 ? sa0 + 64 * KT : safe;
+        const float* pb1 = l1 ? sa0 + 72 * KT : safe;
         auto scales = [&](int kt) {
-            Sc c = {1.f, 1.f, 1.f, 1.f, 127u, 127u};
-            if (kt < KT) {
-                if (l0) {
-                    c.a0 = __ldg(sa0 + kt);
-                    c.a1 = __ldg(sa0 + 8 * KT + kt);
-                }
-                if (l1) {
-                    c.b0 = __ldg(sa0 + 64 * KT + kt);
-                    c.b1 = __ldg(sa0 + 72 * KT + kt);
-                }
-                c.wg = __ldg(swg + kt);
-                if (EPI == 1) c.wu = __ldg(swu + kt);
-            }
-            return c;
+            const int k = min(kt, KT - 1);
+            return Sc{__ldg(pa0 + k), __ldg(pa1 + k), __ldg(pb0 + k), __ldg(pb1 + k), __ldg(swg + k), EPI == 1 ? __ldg(swu + k) : 127u};
         };
         Sc cur = scales(0);
         for (int kt = 0; kt < KT; kt++, ring.next()) {
@@ -1273,9 +1290,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             __syncwarp();  // converged for the .aligned wgmma instructions
             // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1).
             auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
-                gw_issue_k128(tmp, gw_desc(sb + L::A + (2 * wg + st) * 8192), gw_desc(sb + L::BC));
+                gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (2 * wg + st) * 8192), gw_desc_lo(sb + L::BC));
                 gw_wait_partial(tmp);
-                gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0((u8)cur.wg), fs_e8m0((u8)cur.wu), nullptr, c2);
+                gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu), nullptr, c2);
             };
             if (l0) multiply(acc0, 0, cur.a0, cur.a1);
             if (l1) multiply(acc1, 1, cur.b0, cur.b1);
