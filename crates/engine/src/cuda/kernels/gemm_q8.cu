@@ -210,12 +210,15 @@ __device__ __forceinline__ uint4 gq_fp4_unit(uint2 v, u32 w, int grp, const u32*
 // The warp-specialised kernels' conversion unit (moe_ws, moe_wt): 16 packed bytes v (32 e2m1 of
 // 32-group g of weight row r) through the magnitude table row t into the swizzled e4m3 tile bc
 // (16-byte chunks 2g and 2g + 1 of row r).
-__device__ __forceinline__ void gq_fp4x32_store(uint4 v, uint2 t, u8* bc, int r, int g) {
-    uint4 o0, o1;
+__device__ __forceinline__ void gq_fp4x32(uint4 v, uint2 t, uint4& o0, uint4& o1) {
     gq_fp4x8(v.x, t.x, t.y, o0.x, o0.y);
     gq_fp4x8(v.y, t.x, t.y, o0.z, o0.w);
     gq_fp4x8(v.z, t.x, t.y, o1.x, o1.y);
     gq_fp4x8(v.w, t.x, t.y, o1.z, o1.w);
+}
+__device__ __forceinline__ void gq_fp4x32_store(uint4 v, uint2 t, u8* bc, int r, int g) {
+    uint4 o0, o1;
+    gq_fp4x32(v, t, o0, o1);
     *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o0;
     *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o1;
 }
@@ -1037,13 +1040,14 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // experts with 128 × 128 block scales, spec §6).
 // Block of GWT_THREADS = 384: warpgroups 0 and 1 multiply 128 token rows each as two 64-row
 // sub-tiles (per K step and sub-tile moe_ws's four wgmma m64n128k32 and its promotion, into one
-// accumulator set per sub-tile), warpgroup 2 produces with 56 registers per thread so that the
-// multiply warpgroups get 224 (setmaxnreg). Per K step the producer's thread 0 announces the
+// accumulator set per sub-tile), warpgroup 2 produces with 80 registers per thread so that the
+// multiply warpgroups get 216 (setmaxnreg). Per K step the producer's thread 0 announces the
 // stage's activation bytes on its full barrier and copies each live sub-tile (one whose first row
 // is a routed pair, dst ≥ 0: an expert's padding rows come last) with one 8 KB cp.async.bulk;
 // every producer thread copies its 4 × 16 packed weight bytes into its own place in a separate
 // ring of GWT_LAG + 1 steps (cp.async) and loads its scale words and the step's block scales, and
-// GWT_LAG steps later converts those 128 values into the stage and arrives. Sub-tiles of padding
+// GWT_LAG steps later converts those 128 values (into registers, all four units' loads first,
+// before it awaits the stage; then stores them into the stage) and arrives. Sub-tiles of padding
 // rows alone are neither copied, multiplied nor stored. So each weight tile is converted once per
 // 256 token rows instead of once per 128, the activations cost the producer one instruction per
 // sub-tile, and a tile multiplies only the 64-row sub-tiles that hold routed rows. Learned from the
@@ -1133,7 +1137,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     };
 
     if (tid >= 256) {
-        GW_ASM("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
+        GW_ASM("setmaxnreg.dec.sync.aligned.u32 80;" ::: "memory");
         const int p = tid - 256, g = p & 3;
         const size_t wrow = (size_t)K / 2;
         const int sg = K >> 5;
@@ -1212,27 +1216,42 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             for (int kt = 0; kt < KT; kt++, j++, ring.next()) {
                 issue();  // step j + LAG
                 const int s = ring.s;
+                // Step j's packed bytes are this thread's own copies, LAG groups back. They are
+                // converted into registers before the stage is awaited (the ring of packed bytes is
+                // separate), so only the stores wait for the multiply warpgroups.
+                gm_wait<LAG>();
+                const int slot = j % RAW;
+                const u8* raw = gbase + L::BR + slot * 8192;
+                const u32* words = reinterpret_cast<const u32*>(gbase + L::SW + slot * L::SW_SLOT);
+                const u32 bm = words[4 * NP + p];
+                // All four units' packed bytes and table rows are loaded before any is converted, so
+                // that their shared-memory latencies overlap.
+                uint4 v[4];
+                uint2 tb[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int r = (p >> 2) + 32 * u;
+                    v[u] = *reinterpret_cast<const uint4*>(raw + r * 64 + g * 16);
+                    // The group's e4m3 magnitudes times 2^(s_grp − s_block) (gq_fp4_table's table rows).
+                    const u32 smax = EPI == 1 && ((r >> 3) & 1) ? bm >> 8 : bm & 0xffu;
+                    const int dd = max((int)((words[u * NP + p] >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
+                    tb[u] = *reinterpret_cast<const uint2*>(lut + 2 * dd);
+                }
+                uint4 o[4][2];
+#pragma unroll
+                for (int u = 0; u < 4; u++) gq_fp4x32(v[u], tb[u], o[u][0], o[u][1]);
                 gws_wait(empty0 + 8 * s, ring.ph ^ 1);
                 if (p == 0) {
                     const u32 bar = full0 + 8 * s, bytes = (u32)nlive * 8192u;
                     GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
                     for (int st = 0; st < nlive; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + st * 8192, a_src + ((size_t)st * KT + kt) * 8192, bar);
                 }
-                // Step j's packed bytes are this thread's own copies, LAG groups back.
-                gm_wait<LAG>();
-                const int slot = j % RAW;
-                const u8* raw = gbase + L::BR + slot * 8192;
-                const u32* words = reinterpret_cast<const u32*>(gbase + L::SW + slot * L::SW_SLOT);
                 u8* bc = gbase + s * L::STAGE + L::BC;
-                const u32 bm = words[4 * NP + p];
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     const int r = (p >> 2) + 32 * u;
-                    const uint4 v = *reinterpret_cast<const uint4*>(raw + r * 64 + g * 16);
-                    // The group's e4m3 magnitudes times 2^(s_grp − s_block) (gq_fp4_table's table rows).
-                    const u32 smax = EPI == 1 && ((r >> 3) & 1) ? bm >> 8 : bm & 0xffu;
-                    const int dd = max((int)((words[u * NP + p] >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
-                    gq_fp4x32_store(v, *reinterpret_cast<const uint2*>(lut + 2 * dd), bc, r, g);
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o[u][0];
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o[u][1];
                 }
                 gw_fence_proxy();
                 gws_arrive(full0 + 8 * s);
@@ -1243,7 +1262,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     }
 
     // Multiply warpgroups 0 and 1: rows m0 + 128 wg … + 127 as sub-tiles 2 wg and 2 wg + 1.
-    GW_ASM("setmaxnreg.inc.sync.aligned.u32 224;" ::: "memory");
+    GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
     const int lane = tid & 31, warp = tid >> 5, wq = warp & 3;
     // The warpgroup index, broadcast from lane 0 so that the compiler sees a warp-uniform value and
     // builds the wgmma descriptors in uniform registers.
