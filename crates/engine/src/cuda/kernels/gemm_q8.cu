@@ -1137,7 +1137,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     };
 
     if (tid >= 256) {
-        GW_ASM("setmaxnreg.dec.sync.aligned.u32 80;" ::: "memory");
+        GW_ASM("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
         const int p = tid - 256, g = p & 3;
         const size_t wrow = (size_t)K / 2;
         const int sg = K >> 5;
