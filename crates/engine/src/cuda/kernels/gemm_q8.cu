@@ -149,13 +149,16 @@ __device__ __forceinline__ void gq_fill_lut(u32* lut, int tid, int nt) {
 }
 
 // Eight e2m1 nibbles w (element i in nibble i) → eight e4m3 bytes (lo: elements 0–3, hi: 4–7) via
-// the magnitude table (t0, t1): one prmt per four magnitudes, one per four signs (nibble i's sign bit,
-// moved to bit 2 of selector nibble i, picks byte 4 = 0x80 or byte 0 = 0; prmt reads only the
-// selector's low 16 bits).
+// the magnitude table (t0, t1; every byte < 0x80): one prmt per four magnitudes (prmt reads only the
+// selector's low 16 bits), one per four signs and one lop3 to merge them. The signs: element i's
+// sign is bit 4i + 3 of w, i.e. bit 7 of byte i/2 of w << 4 (i even) or of w (i odd), so a byte
+// permutation of (w << 4, w) puts each under its output byte's bit 7 (0x5140: elements 0–3,
+// 0x7362: 4–7). The same bytes as two prmts through (0, 0x80808080) on the shifted sign bits (the
+// form before 2026-12-01), in fewer instructions.
 __device__ __forceinline__ void gq_fp4x8(u32 w, u32 t0, u32 t1, u32& lo, u32& hi) {
-    const u32 m = w & 0x77777777u, s = (w >> 1) & 0x44444444u;
-    lo = __byte_perm(t0, t1, m) | __byte_perm(0u, 0x80808080u, s);
-    hi = __byte_perm(t0, t1, m >> 16) | __byte_perm(0u, 0x80808080u, s >> 16);
+    const u32 m = w & 0x77777777u, a = w << 4;
+    lo = (__byte_perm(a, w, 0x5140u) & 0x80808080u) | __byte_perm(t0, t1, m);
+    hi = (__byte_perm(a, w, 0x7362u) & 0x80808080u) | __byte_perm(t0, t1, m >> 16);
 }
 
 // Epilogue 1 of both kernel families: hidden units col, col + 1 of grouped row `row` from their gate
