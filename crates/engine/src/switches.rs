@@ -508,10 +508,11 @@ pub fn inactive_because(name: &str) -> Option<String> {
 }
 
 /// Prefill chunk with `LONG_CONTEXT_CHUNK` on (tokens). Measured on the H200 (20 Flash layers,
-/// `TC_LINEAR=fp8 MLA_BF16=on INDEXER_FP8=on`, `bench/gpu_bench_h200_20layers_fp8_bf16att_idx8*`):
-/// 24,448 / 26,536 / 27,296 prefill tok/s at 32K and 21,308 / 22,812 / 23,508 at 128K with 8,192-,
-/// 16,384- and 32,768-token chunks; the grouped MoE layer alone 413 / 437 / 460 TFLOP/s at those
-/// token counts (`bench/moe_chunks_h200.json`).
+/// `TC_LINEAR=fp8 MLA_BF16=on INDEXER_FP8=on`): 24,448 / 26,536 / 27,296 prefill tok/s at 32K and
+/// 21,308 / 22,812 / 23,508 at 128K with 8,192-, 16,384- and 32,768-token chunks (the first at
+/// 15c1d3c, the others at 6fcd719: `bench/gpu_bench_h200_20layers_fp8_bf16att_idx8_chunk*`); the
+/// grouped MoE layer alone 413 / 437 / 460 TFLOP/s at those token counts
+/// (`bench/moe_chunks_h200.json`). docs/SWITCHES.md `LONG_CONTEXT_CHUNK` has the citations.
 pub const LONG_CONTEXT_CHUNK_TOKENS: usize = 32768;
 /// Prefill chunk with `LONG_CONTEXT_CHUNK` off (tokens).
 pub const SHORT_CONTEXT_CHUNK_TOKENS: usize = 2048;
