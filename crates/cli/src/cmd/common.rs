@@ -35,9 +35,10 @@ pub struct ModelArgs {
     #[arg(long)]
     pub official_numerics: bool,
     /// Tokens per prefill chunk (default: 512 on the CPU; on CUDA the `LONG_CONTEXT_CHUNK` switch,
-    /// 32,768 or 2,048, and for `serve` at most 8,192 per scheduler step). On CUDA, chunks under 256
-    /// tokens run other kernels (the exact f32 ones, gemm.cu instead of cuBLASLt), so only chunks of
-    /// >= 256 tokens give bit-identical results to each other.
+    /// 32,768 or 2,048, and for `serve` at most 8,192 per scheduler step). On CUDA, chunks under 64
+    /// tokens run the linears on the exact f32 kernels and chunks of 64–255 tokens on gemm.cu's
+    /// tensor-core kernels instead of cuBLASLt, so only chunks of >= 256 tokens give bit-identical
+    /// results to each other.
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
     /// Backend: `cpu` (the exact reference) or `cuda` / `cuda:N` / `N` (GPU N; weights uploaded in their

@@ -576,7 +576,7 @@ impl Gpu {
                     moe_ws_ok = false;
                 }
             }
-            // moe_wt_*: 384 threads at WT_REGS, split into 56 (producer) and 224 (multiply).
+            // moe_wt_*: 384 threads at WT_REGS, split into 72 (producer) and 216 (multiply).
             if name.starts_with("moe_wt_") && moe_wt_ok {
                 let regs = drv(&format!("registers of {name}"), functions[name].num_regs())?;
                 if regs != super::ops_q8::WT_REGS {

@@ -121,9 +121,9 @@ pub fn wt_tiles(format: &str, block_fold: bool, family: &str, wt_ok: bool, force
 }
 
 /// Average routed pairs per expert from which the `moe_wt` kernels' 256-row tiles are taken (a
-/// Flash prefill chunk of 8,192 tokens has 192): above 128 an expert's rows span two 128-row tiles,
-/// each of which converts the expert's weights again. Not tuned further (only 8,192-token chunks
-/// measured).
+/// Flash prefill chunk of 8,192 tokens has 192, one of 32,768 — the default — 768): above 128 an
+/// expert's rows span two 128-row tiles, each of which converts the expert's weights again. The
+/// threshold is not tuned (at 2,048 tokens, 48 per expert, 256-row tiles were slower).
 pub const WT_MIN_TOKENS_PER_EXPERT: usize = 128;
 
 /// Threads per block of the `moe_wt` kernels: two multiply warpgroups and one producer
@@ -131,7 +131,8 @@ pub const WT_MIN_TOKENS_PER_EXPERT: usize = 128;
 pub const WT_THREADS: u32 = 384;
 
 /// Registers per thread the `moe_wt` kernels must be compiled to (`__launch_bounds__(384, 1)`):
-/// their `setmaxnreg` split 128 × 56 + 256 × 224 = 64,512 = 384 × 168 rests on it.
+/// their `setmaxnreg` split 128 × 72 + 256 × 216 = 64,512 = 384 × 168 rests on it (the multiply
+/// warpgroups' `setmaxnreg.inc` draws on the registers the producer's `dec` gave back).
 pub const WT_REGS: i32 = 168;
 
 /// Registers per thread the `moe_ws` kernels must be compiled to (`__launch_bounds__(512, 1)`: the
@@ -540,8 +541,10 @@ mod tests {
         assert!(src.contains("#define GWT_PRODUCERS 128") && src.contains("#define GWT_THREADS (256 + GWT_PRODUCERS)") && src.contains("#define GWT_LAG 2"));
         assert_eq!(WT_THREADS, 384);
         assert!(src.contains("__launch_bounds__(GWT_THREADS, 1)"));
-        assert!(src.contains("setmaxnreg.dec.sync.aligned.u32 56;") && src.contains("setmaxnreg.inc.sync.aligned.u32 224;"));
-        const { assert!(128 * 56 + 256 * 224 == 384 * WT_REGS) };
+        // setmaxnreg.inc draws on the registers the block holds: the split must sum to what the
+        // launch gave (an 80 / 216 split, 1,024 over, left a multiply warpgroup waiting forever).
+        assert!(src.contains("setmaxnreg.dec.sync.aligned.u32 72;") && src.contains("setmaxnreg.inc.sync.aligned.u32 216;"));
+        const { assert!(128 * 72 + 256 * 216 == 384 * WT_REGS) };
         assert!(src.contains("static constexpr int STAGES = 4, RAW = GWT_LAG + 1;") && src.contains("static constexpr int A = 0, BC = 32768, STAGE = 49152;"));
         assert!(src.contains("static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;"));
         assert_eq!(WT_SMEM, 230_024);
@@ -594,6 +597,80 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|b| *b));
+    }
+
+    /// `__byte_perm(x, y, s)` as the CUDA documentation defines it: output byte k is byte
+    /// `s[4k+2 .. 4k]` of the eight bytes (x: 0–3, y: 4–7), replaced by copies of that byte's
+    /// sign bit when `s` bit 4k + 3 is set; only the selector's low 16 bits count.
+    fn byte_perm(x: u32, y: u32, s: u32) -> u32 {
+        let bytes = ((y as u64) << 32) | x as u64;
+        (0..4).fold(0u32, |acc, k| {
+            let n = (s >> (4 * k)) & 0xf;
+            let mut b = ((bytes >> (8 * (n & 7))) & 0xff) as u32;
+            if n & 8 != 0 {
+                b = if b & 0x80 != 0 { 0xff } else { 0 };
+            }
+            acc | (b << (8 * k))
+        })
+    }
+
+    /// gemm_q8.cu's FP4 → e4m3 conversion (`gq_fp4x8` with the table rows of `gq_fill_lut`), as
+    /// written there, turns every e2m1 nibble into the e4m3 byte of its value times 2^d, the
+    /// sign included, for every table row d = −8 … 0 (its form before 2026-12-01 took the
+    /// signs through shifted selectors; both are compared with the e2m1 values here).
+    #[test]
+    fn fp4_to_e4m3_conversion_is_exact() {
+        use flashseek_model::quant::{e2m1_to_f32, e4m3_to_f32, f32_to_e4m3};
+        let src = include_str!("kernels/gemm_q8.cu");
+        assert!(src.contains("const u32 m = w & 0x77777777u, a = w << 4;"));
+        assert!(src.contains("lo = (__byte_perm(a, w, 0x5140u) & 0x80808080u) | __byte_perm(t0, t1, m);"));
+        assert!(src.contains("hi = (__byte_perm(a, w, 0x7362u) & 0x80808080u) | __byte_perm(t0, t1, m >> 16);"));
+        assert!(src.contains("const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};"));
+        let convert = |w: u32, t0: u32, t1: u32| {
+            let (m, a) = (w & 0x7777_7777, w << 4);
+            let lo = (byte_perm(a, w, 0x5140) & 0x8080_8080) | byte_perm(t0, t1, m);
+            let hi = (byte_perm(a, w, 0x7362) & 0x8080_8080) | byte_perm(t0, t1, m >> 16);
+            (lo, hi)
+        };
+        let mut x = 0x9e37_79b9u32;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        for d in -8i32..=0 {
+            let f = 2f32.powi(d);
+            let mag = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0].map(|v| f32_to_e4m3(v * f) as u32);
+            let t0 = mag[0] | mag[1] << 8 | mag[2] << 16 | mag[3] << 24;
+            let t1 = mag[4] | mag[5] << 8 | mag[6] << 16 | mag[7] << 24;
+            let words = (0..2000).map(|_| next()).collect::<Vec<_>>().into_iter().chain([0, u32::MAX, 0x8888_8888, 0x7777_7777, 0x0123_4567, 0xfedc_ba98]);
+            for w in words {
+                let (lo, hi) = convert(w, t0, t1);
+                for i in 0..8 {
+                    let byte = (if i < 4 { lo >> (8 * i) } else { hi >> (8 * (i - 4)) }) as u8;
+                    let want = e2m1_to_f32(((w >> (4 * i)) & 0xf) as u8) * f;
+                    let got = e4m3_to_f32(byte);
+                    assert!(got == want && got.is_sign_negative() == want.is_sign_negative(), "d {d}, word {w:#010x}, element {i}: {got} vs {want}");
+                }
+            }
+        }
+    }
+
+    /// common.cuh's branch-free `fs_e8m0_sel` (the `moe_ws` / `moe_wt` multiply warpgroups' block
+    /// scales), as written there, decodes every byte as the CPU's `ue8m0_to_f32` (2^-127 for 0,
+    /// NaN for 255).
+    #[test]
+    fn branch_free_e8m0_decode_is_the_cpu_one() {
+        let src = include_str!("kernels/common.cuh");
+        assert!(src.contains("u32 b = e << 23;\n    b = e == 0u ? 0x00400000u : b;\n    b = e == 255u ? 0x7fc00000u : b;\n    return __uint_as_float(b);"));
+        for e in 0u32..=255 {
+            let mut b = e << 23;
+            b = if e == 0 { 0x0040_0000 } else { b };
+            b = if e == 255 { 0x7fc0_0000 } else { b };
+            let (got, want) = (f32::from_bits(b), flashseek_model::quant::ue8m0_to_f32(e as u8));
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "byte {e}: {got} vs {want}");
+        }
     }
 
     #[test]

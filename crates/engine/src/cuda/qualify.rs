@@ -10,8 +10,9 @@
 //!
 //! Refusals (the run fails): a prompt whose token count differs from the target, a configuration
 //! that promises exactness (all but `TC_LINEAR=bf16`) whose generated ids differ from the
-//! baseline's, and a run with all switches on and a 4× larger prefill chunk whose logits differ in
-//! any bit (or whose ids differ) from the default chunk's (chunk size is a performance knob only). The slow configurations (the baseline, "alone on", `MOE_GROUPED` off, `TC_LINEAR` off) run only up
+//! baseline's, and a run with all switches on and a quarter of the prefill chunk
+//! ([`invariance_chunk`]) whose logits differ in any bit (or whose ids differ) from the default
+//! chunk's (chunk size is a performance knob only). The slow configurations (the baseline, "alone on", `MOE_GROUPED` off, `TC_LINEAR` off) run only up
 //! to `full_matrix_max` tokens; the report says which were skipped.
 
 use super::bench::flash_config;
@@ -196,11 +197,13 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
             }
         }
         // Chunk size is a pure performance knob (issue 6 §1): all on with a quarter of the chunk
-        // (of the prompt, when that is shorter; at least the 256-token tail minimum) must give the
-        // same logits bits and the same ids.
+        // must give the same logits bits and the same ids.
         let base = opts.chunk.unwrap_or_else(crate::switches::prefill_chunk_tokens);
-        let small = (base.min(target) / 4).max(super::model::PREFILL_MIN_TAIL);
-        if let Some((al, ag)) = all_on.filter(|_| small < base.min(target)) {
+        let small = invariance_chunk(base, target);
+        if small.is_none() {
+            println!("qualify {target:>6} chunk invariance not checked: no chunk of >= {} tokens smaller than {} splits the prompt", super::model::PREFILL_MIN_TAIL, base.min(target));
+        }
+        if let (Some(small), Some((al, ag))) = (small, all_on) {
             let r = one_run(gpu, &model, &ids, Some(small), opts.decode_tokens)?;
             let differ = differing_bits(&r.logits, &al);
             let same_ids = r.ids == ag;
@@ -210,7 +213,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 "qualify {target:>6} {:<32} prefill {:>8.0} tok/s  logits bits differing from chunk {}: {differ}  ids {}{}",
                 format!("all on, chunk {small}"),
                 target as f64 / r.prefill,
-                base,
+                base.min(target),
                 if same_ids { "equal" } else { "DIFFER" },
                 if refused { "  REFUSED: chunk size changed the result" } else { "" }
             );
@@ -279,9 +282,37 @@ pub fn chart_svg(report: &Value) -> String {
     )
 }
 
+/// The chunk qualify compares with the default chunk `base` at a `target`-token prompt: a quarter
+/// of the chunk that actually runs (`base`, or the prompt when that is shorter), at least
+/// [`super::model::PREFILL_MIN_TAIL`] tokens (shorter pieces run other kernels); `None` when that is
+/// not smaller than the chunk that runs or would not split the prompt (a tail under the minimum
+/// joins the chunk before it, so the prompt must hold the chunk plus the minimum).
+pub fn invariance_chunk(base: usize, target: usize) -> Option<usize> {
+    let min = super::model::PREFILL_MIN_TAIL;
+    let runs = base.min(target);
+    let small = (runs / 4).max(min);
+    (small < runs && target >= small + min).then_some(small)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The chunk-invariance check's chunk: a quarter of the chunk that runs, never under the tail
+    /// minimum, none when nothing smaller is left.
+    #[test]
+    fn invariance_chunk_is_a_quarter_of_the_running_chunk() {
+        assert_eq!(invariance_chunk(32768, 131072), Some(8192));
+        assert_eq!(invariance_chunk(32768, 32768), Some(8192));
+        assert_eq!(invariance_chunk(32768, 8192), Some(2048), "a prompt shorter than the chunk runs in one piece");
+        assert_eq!(invariance_chunk(2048, 8192), Some(512));
+        assert_eq!(invariance_chunk(512, 8192), Some(256), "never under the tail minimum");
+        assert_eq!(invariance_chunk(256, 8192), None, "nothing smaller than the minimum");
+        assert_eq!(invariance_chunk(32768, 300), None, "256 + a 44-token tail is one chunk");
+        assert_eq!(invariance_chunk(32768, 511), None);
+        assert_eq!(invariance_chunk(32768, 512), Some(256));
+        assert_eq!(invariance_chunk(32768, 1000), Some(256));
+    }
 
     /// The qualification prompts have exactly the target lengths, decode back to the chat format,
     /// and a target below the empty prompt is refused.

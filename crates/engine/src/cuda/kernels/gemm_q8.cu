@@ -1043,8 +1043,9 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // experts with 128 × 128 block scales, spec §6).
 // Block of GWT_THREADS = 384: warpgroups 0 and 1 multiply 128 token rows each as two 64-row
 // sub-tiles (per K step and sub-tile moe_ws's four wgmma m64n128k32 and its promotion, into one
-// accumulator set per sub-tile), warpgroup 2 produces with 80 registers per thread so that the
-// multiply warpgroups get 216 (setmaxnreg). Per K step the producer's thread 0 announces the
+// accumulator set per sub-tile), warpgroup 2 produces with 72 registers per thread so that the
+// multiply warpgroups get 216 (setmaxnreg: the split must sum to the 384 × 168 the launch gives,
+// since the multiply warpgroups' raise draws on what the producer released). Per K step the producer's thread 0 announces the
 // stage's activation bytes on its full barrier and copies each live sub-tile (one whose first row
 // is a routed pair, dst ≥ 0: an expert's padding rows come last) with one 8 KB cp.async.bulk;
 // every producer thread copies its 4 × 16 packed weight bytes into its own place in a separate
