@@ -215,8 +215,19 @@ async fn run_parts(
     let Parts { state, sched, engine } = parts;
     let app = router(state);
     let closer = sched.clone();
+    let watch = sched.clone();
+    // The engine thread ending on its own (a panic) shuts the server down too, so that it exits
+    // with an error a supervisor sees instead of answering 503 for ever.
+    let engine_died = async move {
+        while !watch.engine_stopped() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
     let signal = async move {
-        shutdown.await;
+        tokio::select! {
+            _ = shutdown => {}
+            _ = engine_died => eprintln!("flashseek: the engine thread stopped; shutting down"),
+        }
         closer.close();
         tokio::spawn(async move {
             tokio::time::sleep(drain).await;
@@ -228,8 +239,10 @@ async fn run_parts(
     sched.close();
     sched.cancel_all();
     drop(sched);
-    let _ = tokio::task::spawn_blocking(move || engine.join()).await;
-    r
+    match tokio::task::spawn_blocking(move || engine.join()).await {
+        Ok(Err(_)) => r.and(Err(std::io::Error::other("the engine thread panicked"))),
+        _ => r,
+    }
 }
 
 /// Binds `cfg.host:cfg.port` and serves the CPU reference until SIGINT/SIGTERM.
@@ -298,6 +311,11 @@ impl RunningServer {
     /// `http://addr`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Whether the server has stopped on its own (its engine thread ended: see `run_parts`).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
     }
 
     /// Triggers a graceful shutdown and waits for it.

@@ -42,6 +42,12 @@ pub struct SchedulerConfig {
     pub max_queue: usize,
     /// Tokens per prefill chunk (one chunk per loop iteration).
     pub prefill_chunk: usize,
+    /// Smallest piece of a prompt one step prefills, unless the prompt's rest is shorter: a rest
+    /// under it joins the piece before it (that step may exceed its budget by less than this), and
+    /// a sequence whose share of a step's budget would be smaller waits for the next step. 1 for
+    /// the CPU (every piece size gives the same bits); `PREFILL_MIN_TAIL` (256) for CUDA, whose
+    /// shorter pieces run other kernels (so a prompt's pieces run the same kernels alone or batched).
+    pub min_prefill_piece: usize,
     /// Finished sequences kept for prefix reuse (0 = no prefix cache).
     pub prefix_cache_entries: usize,
     /// Forward-pass options of the CPU backend (the `Arc<ModelWeights>` entry points of the crate
@@ -56,6 +62,7 @@ impl Default for SchedulerConfig {
             state_budget_bytes: 8 << 30,
             max_queue: 256,
             prefill_chunk: 256,
+            min_prefill_piece: 1,
             prefix_cache_entries: 4,
             forward: ForwardOptions::default(),
         }
@@ -204,6 +211,11 @@ impl SchedulerHandle {
             return Err(SubmitError::ShuttingDown);
         }
         Ok(())
+    }
+
+    /// The engine thread has ended (after a shutdown, or because it panicked).
+    pub fn engine_stopped(&self) -> bool {
+        self.shared.stopped.load(Ordering::SeqCst)
     }
 
     /// Refuses new requests from now on (in-flight ones continue).
@@ -607,16 +619,18 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
     }
 
     /// Prefills at most `prefill_chunk` prompt tokens in all, oldest sequences first (a short
-    /// prompt takes what it needs and the next one gets the rest of the budget).
+    /// prompt takes what it needs and the next one gets the rest of the budget), in pieces of at
+    /// least `min_prefill_piece` tokens ([`piece_end`]).
     fn prefill_chunk(&mut self) {
-        let mut budget = self.cfg.prefill_chunk.max(1);
+        let full = self.cfg.prefill_chunk.max(1);
+        let mut budget = full;
         for s in self.running.iter_mut() {
             if budget == 0 {
                 break;
             }
             let Phase::Prefill { done } = s.phase else { continue };
-            let end = (done + budget).min(s.req.prompt.len());
-            budget -= end - done;
+            let Some(end) = piece_end(done, s.req.prompt.len(), budget, budget == full, self.cfg.min_prefill_piece) else { continue };
+            budget = budget.saturating_sub(end - done);
             let t = Instant::now();
             let r = s.session.prefill(&s.req.prompt[done..end]);
             self.metrics.prefill(end - done, t.elapsed().as_secs_f64());
@@ -798,5 +812,42 @@ impl<S: ServedSequence> Seq<'_, S> {
             .min()
             .map(|(_, _, s)| s.clone())
             .unwrap_or_default()
+    }
+}
+
+/// End of the piece of a prompt of `len` tokens, `done` of them prefilled, that a step with
+/// `budget` tokens left prefills: as much as the budget allows, but a rest of the prompt under
+/// `min_piece` joins the piece (the step overruns its budget by less than `min_piece`), and a piece
+/// under `min_piece` that leaves more of the prompt waits (`None`) unless the sequence has the
+/// whole step's budget (`first`: progress is guaranteed whatever the settings). Overflow-safe for
+/// any budget.
+pub fn piece_end(done: usize, len: usize, budget: usize, first: bool, min_piece: usize) -> Option<usize> {
+    let mut end = done.saturating_add(budget).min(len);
+    if len - end < min_piece {
+        end = len;
+    } else if end - done < min_piece && !first {
+        return None;
+    }
+    Some(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::piece_end;
+
+    /// Pieces follow the budget, a short rest joins the piece before it, a small share of a step
+    /// waits unless it is the step's first, and no budget overflows.
+    #[test]
+    fn prefill_pieces_keep_the_minimum_and_never_overflow() {
+        assert_eq!(piece_end(6, 10, usize::MAX, true, 1), Some(10), "a huge budget after a cached prefix");
+        assert_eq!(piece_end(6, 10, usize::MAX, false, 256), Some(10));
+        assert_eq!(piece_end(0, 20_000, 8192, true, 256), Some(8192));
+        assert_eq!(piece_end(16_384, 20_000, 8192, true, 256), Some(20_000));
+        assert_eq!(piece_end(0, 8300, 8192, true, 256), Some(8300), "a 108-token rest joins the piece");
+        assert_eq!(piece_end(4900, 5000, 50, false, 256), Some(5000), "the rest joins even past the budget");
+        assert_eq!(piece_end(0, 5000, 100, false, 256), None, "a 100-token share waits for the next step");
+        assert_eq!(piece_end(0, 5000, 100, true, 256), Some(100), "the step's first sequence always progresses");
+        assert_eq!(piece_end(0, 5000, 100, false, 1), Some(100), "the CPU takes any piece");
+        assert_eq!(piece_end(0, 200, 8192, false, 256), Some(200), "a short prompt is one piece");
     }
 }

@@ -804,3 +804,46 @@ fn sized_sequences_limit_the_context_and_are_reused_when_they_fit() {
         assert!(cached >= prompt.min(8), "cached {cached} of a {prompt}-token first prompt: {b}");
     });
 }
+
+/// A backend whose sequences panic on their first prefill: the engine thread dies.
+struct Broken(Capped);
+
+impl flashseek_engine::session::Backend for Broken {
+    type Seq<'a> = flashseek_engine::session::Session<'a>;
+    fn config(&self) -> &flashseek_model::config::Ds4Config {
+        self.0.config()
+    }
+    fn max_sequence_len(&self) -> usize {
+        self.0.max_sequence_len()
+    }
+    fn capacity_for(&self, needed: usize) -> usize {
+        self.0.capacity_for(needed)
+    }
+    fn new_sequence(&self, _needed: usize) -> Result<Self::Seq<'_>, flashseek_engine::session::SessionError> {
+        panic!("a broken backend (test)")
+    }
+    fn parallel_decode(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_dead_engine_shuts_the_server_down_with_an_error() {
+    // Found by a fresh-user trial: after the engine thread panicked the server answered 503 for
+    // ever and exited 0 on SIGINT, so no supervisor would restart it.
+    let cfg = config();
+    let inner = Capped { inner: flashseek_engine::session::CpuBackend { weights: tiny_weights(), forward: cfg.scheduler.forward }, cap: 96, granule: 32 };
+    let s = flashseek_server::spawn_backend(cfg, std::sync::Arc::new(Broken(inner)), tokenizer()).unwrap();
+    rt().block_on(async {
+        let c = client();
+        let r = post(&c, &chat(&s.url()), &json!({"model": "flashseek-default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})).await;
+        assert_eq!(r.status, 503, "{}", r.body);
+    });
+    let t = std::time::Instant::now();
+    while !s.is_finished() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(20), "the server kept running without its engine");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let e = s.shutdown().expect_err("a dead engine is an error");
+    assert!(e.to_string().contains("engine thread panicked"), "{e}");
+}

@@ -35,7 +35,8 @@ pub struct ModelArgs {
     #[arg(long)]
     pub official_numerics: bool,
     /// Tokens per prefill chunk (default: 512 on the CPU; on CUDA the `LONG_CONTEXT_CHUNK` switch,
-    /// 32,768 or 2,048, and for `serve` at most 8,192 per scheduler step). On CUDA, chunks under 64
+    /// 32,768 or 2,048 — for `serve` 8,192 or 2,048, there a budget per scheduler step that the
+    /// prompts being prefilled share; a value given here is used as given). On CUDA, chunks under 64
     /// tokens run the linears on the exact f32 kernels and chunks of 64–255 tokens on gemm.cu's
     /// tensor-core kernels instead of cuBLASLt, so only chunks of >= 256 tokens give bit-identical
     /// results to each other.
