@@ -71,6 +71,12 @@ fn bad_flags_are_clear_errors() {
     let o = run(cache.path(), &["generate", "--prompt", "x", "--max-tokens", "0"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("must be at least 1"), "{}", text(&o.stderr));
+    // The GPU commands' and serve's argument errors too (checked before any GPU is opened).
+    for args in [&["gpu-bench", "--chunk", "0"][..], &["qualify", "--chunk", "0"], &["gpu-check", "--repeats", "0"], &["gpu-bench", "--layers", "50"], &["serve", "--max-queue", "0"]] {
+        let o = run(cache.path(), args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
+        assert!(text(&o.stderr).starts_with("error: --"), "{args:?}: {}", text(&o.stderr));
+    }
     // Without a GPU (CI), the CUDA backend fails with a clear error, not a panic.
     let o = run(cache.path(), &["generate", "--prompt", "x", "--device", "cuda", "--max-tokens", "2"]);
     if !o.status.success() {

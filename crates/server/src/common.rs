@@ -125,6 +125,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad(None, "The request body is empty; expected a JSON object."));
     }
+    // serde decodes a struct from an array of its fields in order too; an API request is an object.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad(None, "The request body must be a JSON object ({...})."));
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(de) {
         Ok(v) => Ok(v),

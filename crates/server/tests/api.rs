@@ -337,6 +337,10 @@ fn bad_input_gets_shaped_4xx() {
         expect_error(&c, &u, b"".to_vec(), 400, false).await;
         expect_error(&c, &u, b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(), 400, false).await;
         expect_error(&c, &u, b"[1, 2]".to_vec(), 400, false).await;
+        // An array with one element per field is not a request either (serde would take it).
+        let fields = [json!([{"role": "user", "content": "hi"}])].into_iter().chain(std::iter::repeat_n(Value::Null, 40)).collect::<Vec<_>>();
+        let v = expect_error(&c, &u, serde_json::to_vec(&fields).unwrap(), 400, false).await;
+        assert!(v["error"]["message"].as_str().unwrap().contains("JSON object"), "{v}");
         // Wrong field types name the field.
         let v = expect_error(&c, &u, ok(json!({"temperature": "hot"})), 400, false).await;
         assert_eq!(v["error"]["param"], "temperature");

@@ -42,16 +42,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         super::common::check_writable(out).map_err(|e| anyhow::anyhow!("--out: {e}"))?;
     }
     if args.contexts.is_empty() || args.contexts.contains(&0) {
-        anyhow::bail!("--contexts needs positive token counts");
+        return Err(super::common::UsageError("--contexts needs positive token counts".into()).into());
     }
     if args.config.is_none() && !(1..=43).contains(&args.layers) {
-        anyhow::bail!("--layers {}: DeepSeek-V4-Flash has 1 to 43 layers", args.layers);
+        return Err(super::common::UsageError(format!("--layers {}: DeepSeek-V4-Flash has 1 to 43 layers", args.layers)).into());
     }
     if args.chunk == Some(0) {
-        anyhow::bail!("--chunk must be at least 1");
+        return Err(super::common::UsageError("--chunk must be at least 1".into()).into());
     }
     if args.prefill_repeats == 0 {
-        anyhow::bail!("--prefill-repeats must be at least 1");
+        return Err(super::common::UsageError("--prefill-repeats must be at least 1".into()).into());
     }
     let config = match &args.config {
         Some(p) => Some(flashseek_model::config::Ds4Config::from_file(p)?),

@@ -61,7 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         super::common::check_writable(out).map_err(|e| anyhow::anyhow!("--out: {e}"))?;
     }
     if args.repeats == 0 {
-        anyhow::bail!("--repeats must be at least 1");
+        return Err(super::common::UsageError("--repeats must be at least 1".into()).into());
     }
     let cache = flashseek_engine::default_model::cache_root().join("kernels");
     let t = std::time::Instant::now();

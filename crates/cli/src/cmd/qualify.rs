@@ -35,13 +35,13 @@ pub struct Args {
 /// Runs `qualify`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.contexts.is_empty() || args.contexts.contains(&0) {
-        anyhow::bail!("--contexts needs positive token counts");
+        return Err(super::common::UsageError("--contexts needs positive token counts".into()).into());
     }
     if !(1..=43).contains(&args.layers) {
-        anyhow::bail!("--layers {}: DeepSeek-V4-Flash has 1 to 43 layers", args.layers);
+        return Err(super::common::UsageError(format!("--layers {}: DeepSeek-V4-Flash has 1 to 43 layers", args.layers)).into());
     }
     if args.chunk == Some(0) {
-        anyhow::bail!("--chunk must be at least 1");
+        return Err(super::common::UsageError("--chunk must be at least 1".into()).into());
     }
     std::fs::create_dir_all(&args.out).map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;
     let json_path = args.out.join("qualify.json");

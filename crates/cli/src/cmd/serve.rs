@@ -46,6 +46,10 @@ pub struct Args {
 
 /// Runs `serve`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.max_queue == 0 {
+        // Every request waits in the queue until the engine admits it: 0 would refuse them all.
+        return Err(super::common::UsageError("--max-queue must be at least 1 (every request passes through the queue)".into()).into());
+    }
     let names = if args.served_model_name.is_empty() {
         vec![match &args.model.model {
             Some(dir) => std::fs::canonicalize(dir)
