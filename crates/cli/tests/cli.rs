@@ -72,7 +72,7 @@ fn bad_flags_are_clear_errors() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("must be at least 1"), "{}", text(&o.stderr));
     // The GPU commands' and serve's argument errors too (checked before any GPU is opened).
-    for args in [&["gpu-bench", "--chunk", "0"][..], &["qualify", "--chunk", "0"], &["gpu-check", "--repeats", "0"], &["gpu-bench", "--layers", "50"], &["serve", "--max-queue", "0"]] {
+    for args in [&["gpu-bench", "--chunk", "0"][..], &["qualify", "--chunk", "0"], &["gpu-check", "--repeats", "0"], &["gpu-bench", "--layers", "50"], &["serve", "--max-queue", "0"], &["serve", "--max-body-bytes", "0"]] {
         let o = run(cache.path(), args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
         assert!(text(&o.stderr).starts_with("error: --"), "{args:?}: {}", text(&o.stderr));

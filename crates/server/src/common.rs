@@ -119,6 +119,8 @@ pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body, lim
 
 /// Parses a JSON body as `T` (errors: invalid UTF-8, malformed JSON, wrong field types).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // A UTF-8 byte-order mark may precede JSON text, and parsers may ignore it (RFC 8259 §8.1).
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     if let Err(e) = std::str::from_utf8(bytes) {
         return Err(ApiError::bad(None, format!("The request body is not valid UTF-8 ({e}).")));
     }
@@ -130,8 +132,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         return Err(ApiError::bad(None, "The request body must be a JSON object ({...})."));
     }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    match serde_path_to_error::deserialize::<_, T>(de) {
-        Ok(v) => Ok(v),
+    match serde_path_to_error::deserialize::<_, T>(&mut *de) {
+        // One object and nothing after it but whitespace.
+        Ok(v) => match de.end() {
+            Ok(()) => Ok(v),
+            Err(e) => Err(ApiError::bad(None, format!("Malformed JSON in the request body: text after the JSON object ({e})."))),
+        },
         Err(e) => {
             let path = e.path().to_string();
             let inner = e.into_inner();

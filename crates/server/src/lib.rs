@@ -206,6 +206,10 @@ pub async fn serve_on(
     run_parts(listener, parts(&cfg, backend, tokenizer), cfg.drain_timeout, shutdown).await
 }
 
+/// How long after the drain timeout a shutdown still waits for connections (a client idling in the
+/// middle of a request head or body), before it drops them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 async fn run_parts(
     listener: tokio::net::TcpListener,
     parts: Parts,
@@ -223,18 +227,35 @@ async fn run_parts(
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     };
+    let (fired_tx, fired_rx) = tokio::sync::oneshot::channel::<()>();
     let signal = async move {
         tokio::select! {
             _ = shutdown => {}
             _ = engine_died => eprintln!("flashseek: the engine thread stopped; shutting down"),
         }
+        let _ = fired_tx.send(());
         closer.close();
         tokio::spawn(async move {
             tokio::time::sleep(drain).await;
             closer.cancel_all();
         });
     };
-    let r = axum::serve(listener, app).with_graceful_shutdown(signal).await;
+    // Graceful shutdown waits for every connection, also one whose client sent half a request
+    // head and went quiet (hyper waits for it): past the drain and a grace period the rest are dropped.
+    let served = axum::serve(listener, app).with_graceful_shutdown(signal);
+    let deadline = async move {
+        match fired_rx.await {
+            Ok(()) => tokio::time::sleep(drain + SHUTDOWN_GRACE).await,
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    let r = tokio::select! {
+        r = async { served.await } => r,
+        _ = deadline => {
+            eprintln!("flashseek: connections still open {} s after the drain; closing them", SHUTDOWN_GRACE.as_secs());
+            Ok(())
+        }
+    };
     // Every connection is done: nothing in flight can still want its result.
     sched.close();
     sched.cancel_all();

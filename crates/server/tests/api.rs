@@ -851,3 +851,39 @@ fn a_dead_engine_shuts_the_server_down_with_an_error() {
     let e = s.shutdown().expect_err("a dead engine is an error");
     assert!(e.to_string().contains("engine thread panicked"), "{e}");
 }
+
+#[test]
+fn shutdown_does_not_wait_for_a_half_sent_request_for_ever() {
+    // Found by a break-it pass: a client that sent half a request head and went quiet held the
+    // graceful shutdown open for as long as it kept the connection (hyper waits for it).
+    use std::io::Write;
+    let mut cfg = config();
+    cfg.drain_timeout = std::time::Duration::from_secs(1);
+    let s = start(cfg);
+    let mut half = std::net::TcpStream::connect(s.addr).unwrap();
+    half.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let t = std::time::Instant::now();
+    s.shutdown().unwrap();
+    let took = t.elapsed();
+    assert!(took < std::time::Duration::from_secs(1) + flashseek_server::SHUTDOWN_GRACE + std::time::Duration::from_secs(3), "shutdown took {took:?}");
+    drop(half);
+}
+
+#[test]
+fn a_body_is_one_json_object() {
+    let s = shared();
+    rt().block_on(async {
+        let c = client();
+        let body = json!({"model": "flashseek-default", "prompt": "hi", "max_tokens": 2}).to_string();
+        let url = format!("{}/v1/completions", s.url());
+        // Text or a second object after the object is malformed; a byte-order mark before it is not.
+        for bad in [format!("{body} trailing"), format!("{body}{body}")] {
+            let r = send(&c, "POST", &url, bad.into_bytes(), &[]).await;
+            assert_eq!(r.status, 400, "{}", r.body);
+            assert!(r.body.contains("after the JSON object"), "{}", r.body);
+        }
+        let r = send(&c, "POST", &url, [b"\xEF\xBB\xBF".as_slice(), body.as_bytes(), b"\n  "].concat(), &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    });
+}

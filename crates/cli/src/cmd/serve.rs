@@ -46,6 +46,9 @@ pub struct Args {
 
 /// Runs `serve`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.max_body_bytes == 0 {
+        return Err(super::common::UsageError("--max-body-bytes must be at least 1 (0 would answer every request 413)".into()).into());
+    }
     if args.max_queue == 0 {
         // Every request waits in the queue until the engine admits it: 0 would refuse them all.
         return Err(super::common::UsageError("--max-queue must be at least 1 (every request passes through the queue)".into()).into());
