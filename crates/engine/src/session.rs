@@ -124,6 +124,13 @@ pub trait Backend: Sync {
     /// Whether different sequences' decode steps may run on different threads at once (the CPU:
     /// yes; one GPU stream: no).
     fn parallel_decode(&self) -> bool;
+    /// Smallest prompt piece a server step should prefill on this backend (unless the prompt's rest
+    /// is shorter): pieces at least this long run the same kernels whatever their length, so a
+    /// prompt gets the same results whether it is prefilled alone or sharing steps with others.
+    /// The CPU reference: 1 (any piece); CUDA: `cuda::model::PREFILL_MIN_TAIL`.
+    fn min_prefill_piece(&self) -> usize {
+        1
+    }
 }
 
 /// Tokens to allocate for a sequence that can grow to `needed`: `needed` rounded up to a multiple of

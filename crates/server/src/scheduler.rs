@@ -42,12 +42,6 @@ pub struct SchedulerConfig {
     pub max_queue: usize,
     /// Tokens per prefill chunk (one chunk per loop iteration).
     pub prefill_chunk: usize,
-    /// Smallest piece of a prompt one step prefills, unless the prompt's rest is shorter: a rest
-    /// under it joins the piece before it (that step may exceed its budget by less than this), and
-    /// a sequence whose share of a step's budget would be smaller waits for the next step. 1 for
-    /// the CPU (every piece size gives the same bits); `PREFILL_MIN_TAIL` (256) for CUDA, whose
-    /// shorter pieces run other kernels (so a prompt's pieces run the same kernels alone or batched).
-    pub min_prefill_piece: usize,
     /// Finished sequences kept for prefix reuse (0 = no prefix cache).
     pub prefix_cache_entries: usize,
     /// Forward-pass options of the CPU backend (the `Arc<ModelWeights>` entry points of the crate
@@ -62,7 +56,6 @@ impl Default for SchedulerConfig {
             state_budget_bytes: 8 << 30,
             max_queue: 256,
             prefill_chunk: 256,
-            min_prefill_piece: 1,
             prefix_cache_entries: 4,
             forward: ForwardOptions::default(),
         }
@@ -620,7 +613,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
 
     /// Prefills at most `prefill_chunk` prompt tokens in all, oldest sequences first (a short
     /// prompt takes what it needs and the next one gets the rest of the budget), in pieces of at
-    /// least `min_prefill_piece` tokens ([`piece_end`]).
+    /// least the backend's `min_prefill_piece` tokens ([`piece_end`]).
     fn prefill_chunk(&mut self) {
         let full = self.cfg.prefill_chunk.max(1);
         let mut budget = full;
@@ -629,7 +622,7 @@ impl<'w, 't, B: Backend> Engine<'w, 't, B> {
                 break;
             }
             let Phase::Prefill { done } = s.phase else { continue };
-            let Some(end) = piece_end(done, s.req.prompt.len(), budget, budget == full, self.cfg.min_prefill_piece) else { continue };
+            let Some(end) = piece_end(done, s.req.prompt.len(), budget, budget == full, self.backend.min_prefill_piece()) else { continue };
             budget = budget.saturating_sub(end - done);
             let t = Instant::now();
             let r = s.session.prefill(&s.req.prompt[done..end]);

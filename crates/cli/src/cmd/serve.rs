@@ -84,8 +84,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             state_budget_bytes: args.state_budget_mib.saturating_mul(1 << 20),
             max_queue: args.max_queue,
             prefill_chunk,
-            // On CUDA, pieces under PREFILL_MIN_TAIL tokens run other kernels (other bits).
-            min_prefill_piece: if on_gpu { flashseek_engine::cuda::model::PREFILL_MIN_TAIL } else { 1 },
             prefix_cache_entries: args.prefix_cache,
             forward: m.forward,
         },

@@ -233,4 +233,8 @@ impl Backend for GpuBackend {
     fn parallel_decode(&self) -> bool {
         false
     }
+    fn min_prefill_piece(&self) -> usize {
+        // Shorter pieces run their linears on other kernels (other bits).
+        super::model::PREFILL_MIN_TAIL
+    }
 }
