@@ -227,36 +227,32 @@ async fn run_parts(
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     };
-    let (fired_tx, fired_rx) = tokio::sync::oneshot::channel::<()>();
+    // Graceful shutdown waits for every connection, also one whose client sent half a request
+    // head and went quiet (hyper waits for it): after the drain in-flight requests are cancelled,
+    // and a grace period later the connections still open are dropped.
+    let (expired_tx, expired) = tokio::sync::oneshot::channel::<()>();
     let signal = async move {
         tokio::select! {
             _ = shutdown => {}
             _ = engine_died => eprintln!("flashseek: the engine thread stopped; shutting down"),
         }
-        let _ = fired_tx.send(());
         closer.close();
         tokio::spawn(async move {
             tokio::time::sleep(drain).await;
             closer.cancel_all();
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+            let _ = expired_tx.send(());
         });
     };
-    // Graceful shutdown waits for every connection, also one whose client sent half a request
-    // head and went quiet (hyper waits for it): past the drain and a grace period the rest are dropped.
     let served = axum::serve(listener, app).with_graceful_shutdown(signal);
-    let deadline = async move {
-        match fired_rx.await {
-            Ok(()) => tokio::time::sleep(drain + SHUTDOWN_GRACE).await,
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
     let r = tokio::select! {
         r = async { served.await } => r,
-        _ = deadline => {
+        Ok(()) = expired => {
             eprintln!("flashseek: connections still open {} s after the drain; closing them", SHUTDOWN_GRACE.as_secs());
             Ok(())
         }
     };
-    // Every connection is done: nothing in flight can still want its result.
+    // Every connection is done or dropped: nothing in flight can still want its result.
     sched.close();
     sched.cancel_all();
     drop(sched);
