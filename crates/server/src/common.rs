@@ -124,12 +124,11 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if let Err(e) = std::str::from_utf8(bytes) {
         return Err(ApiError::bad(None, format!("The request body is not valid UTF-8 ({e}).")));
     }
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad(None, "The request body is empty; expected a JSON object."));
-    }
     // serde decodes a struct from an array of its fields in order too; an API request is an object.
-    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(ApiError::bad(None, "The request body must be a JSON object ({...})."));
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => return Err(ApiError::bad(None, "The request body is empty; expected a JSON object.")),
+        Some(b'{') => {}
+        Some(_) => return Err(ApiError::bad(None, "The request body must be a JSON object ({...}).")),
     }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(&mut *de) {
