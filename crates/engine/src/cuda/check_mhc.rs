@@ -162,6 +162,8 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
     gpu.hc_post(&mut dx2, &dy, &dpost_ref, &dcomb_ref, t, n, d)?;
     all &= record(out, "hc_post", json!([t, n, d]), &gpu.download(&dx2)?, &x_ref);
 
+    all &= check_hc_fused(gpu, seed, &gw, &x, &y, &u_ref, &post_ref, &comb_ref, &x_ref, out)?;
+
     // Head collapse + final RMSNorm (the reference does both).
     let mut cfg = config(d, 16, 4, ScoringFunc::SqrtSoftplus, 10.0);
     cfg.hc_mult = n;
@@ -183,6 +185,121 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
     let mut dhn = gpu.zeros::<f32>(t * d)?;
     gpu.rms_norm(&dh, Some(&dnorm), &mut dhn, t, d, eps as f32)?;
     all &= record(out, "hc_head+norm", json!([t, n, d]), &gpu.download(&dhn)?, &h_ref);
+    Ok(all)
+}
+
+/// MHC_FUSED on the inputs of [`check_hc`]: the fused pre + RMSNorm against the CPU reference (its
+/// u normed by [`ops::rms_norm`]), the fused post against hc_post_f32 and the fused finish against
+/// hc_pre_f32 + rms_norm_f32 bit for bit, the partials the post computes against those of its own
+/// output, and batch invariance.
+#[allow(clippy::too_many_arguments)]
+fn check_hc_fused(gpu: &Gpu, seed: u64, gw: &GpuHcWeights, x: &[f32], y: &[f32], u_ref: &[f32], post_ref: &[f32], comb_ref: &[f32], x_post_ref: &[f32], out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let (t, n, iters, eps, hc_eps) = (16usize, 4usize, 20usize, 1e-6f64, 1e-6f64);
+    let d = u_ref.len() / t;
+    let nd = n * d;
+    let norm_eps = 1e-6f32;
+    let nw: Vec<f32> = random(seed, "hc.norm", d, 0.25).iter().map(|v| 1.0 + v).collect();
+    let dnw = gpu.upload(&nw)?;
+    let mut a_ref = u_ref.to_vec();
+    a_ref.chunks_mut(d).for_each(|r| ops::rms_norm(r, &nw, norm_eps as f64));
+    let shape = json!([t, n, d, iters]);
+    // Pre from the channel-block partials of x (the first pre of a forward).
+    let mut dx = gpu.upload(x)?;
+    let (mut da, mut dpost, mut dcomb) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
+    let mix = gpu.hc_post_mix(&mut dx, None, gw, t, n, d)?;
+    gpu.hc_pre_norm(gw, &mix, &dx, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+    all &= record(out, "hc_pre fused normed u", shape.clone(), &gpu.download(&da)?, &a_ref);
+    all &= record(out, "hc_pre fused post", shape.clone(), &gpu.download(&dpost)?, post_ref);
+    all &= record(out, "hc_pre fused comb", shape.clone(), &gpu.download(&dcomb)?, comb_ref);
+    let untouched = differing_bits(&gpu.download(&dx)?, x);
+    all &= flag_record(out, "hc_post_mix without post: x unchanged", json!({"differing_values": untouched, "of": t * nd}), untouched == 0);
+    // Batch invariance: the last 7 tokens alone.
+    let (t7, skip) = (7usize, t - 7);
+    let mut dx7 = gpu.upload(&x[skip * nd..])?;
+    let (mut da7, mut dpost7, mut dcomb7) = (gpu.zeros::<f32>(t7 * d)?, gpu.zeros::<f32>(t7 * n)?, gpu.zeros::<f32>(t7 * n * n)?);
+    let mix7 = gpu.hc_post_mix(&mut dx7, None, gw, t7, n, d)?;
+    gpu.hc_pre_norm(gw, &mix7, &dx7, Some(&dnw), &mut da7, &mut dpost7, &mut dcomb7, t7, n, d, iters, eps, hc_eps, norm_eps)?;
+    let differ = differing_bits(&gpu.download(&da)?[skip * d..], &gpu.download(&da7)?)
+        + differing_bits(&gpu.download(&dpost)?[skip * n..], &gpu.download(&dpost7)?)
+        + differing_bits(&gpu.download(&dcomb)?[skip * n * n..], &gpu.download(&dcomb7)?);
+    all &= flag_record(out, "hc_pre fused T=7 bits", json!({"differing_values": differ, "of": t7 * (d + n + n * n), "vs": "the same tokens as the last 7 of 16"}), differ == 0);
+    // The finish + norm against hc_pre_f32 + rms_norm_f32 on the same (64-split) partials.
+    let split = gpu.hc_split_partials(&dx, gw, t, n, d)?;
+    gpu.hc_pre_norm(gw, &split, &dx, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+    let (mut du2, mut dpost2, mut dcomb2, mut da2) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?, gpu.zeros::<f32>(t * d)?);
+    gpu.hc_pre(gw, &dx, &mut du2, &mut dpost2, &mut dcomb2, t, n, d, iters, eps, hc_eps)?;
+    gpu.rms_norm(&du2, Some(&dnw), &mut da2, t, d, norm_eps)?;
+    let differ = differing_bits(&gpu.download(&da)?, &gpu.download(&da2)?)
+        + differing_bits(&gpu.download(&dpost)?, &gpu.download(&dpost2)?)
+        + differing_bits(&gpu.download(&dcomb)?, &gpu.download(&dcomb2)?);
+    all &= flag_record(out, "hc_pre_norm bits", json!({"differing_values": differ, "of": t * (d + n + n * n), "vs": "hc_pre_f32 + rms_norm_f32 on the same partials"}), differ == 0);
+    // The post: the streams as hc_post_f32 writes them, bit for bit, and the partials it computes as
+    // those of its output computed on their own (both post variants).
+    let dy = gpu.upload(y)?;
+    let dpost_ref = gpu.upload(post_ref)?;
+    let dcomb_ref = gpu.upload(comb_ref)?;
+    let mut dxp = gpu.upload(x)?;
+    gpu.hc_post(&mut dxp, &dy, &dpost_ref, &dcomb_ref, t, n, d)?;
+    let xp = gpu.download(&dxp)?;
+    all &= record(out, "hc_post (MHC_FUSED check input)", json!([t, n, d]), &xp, x_post_ref);
+    let alone = gpu.hc_post_mix(&mut dxp, None, gw, t, n, d)?;
+    let (mut da_alone, mut dpa, mut dca) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
+    gpu.hc_pre_norm(gw, &alone, &dxp, Some(&dnw), &mut da_alone, &mut dpa, &mut dca, t, n, d, iters, eps, hc_eps, norm_eps)?;
+    let a_alone = gpu.download(&da_alone)?;
+    for entry in ["hc_post_mix_f32", "hc_post_mix_tt2_f32"] {
+        let mut dxf = gpu.upload(x)?;
+        let mixp = gpu.hc_post_mix_entry(entry, &mut dxf, Some((&dy, &dpost_ref, &dcomb_ref)), gw, t, n, d)?;
+        let xbits = differing_bits(&gpu.download(&dxf)?, &xp);
+        all &= flag_record(out, &format!("{entry} x bits"), json!({"differing_values": xbits, "of": t * nd, "vs": "hc_post_f32"}), xbits == 0);
+        gpu.hc_pre_norm(gw, &mixp, &dxf, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+        let pbits = differing_bits(&gpu.download(&da)?, &a_alone);
+        all &= flag_record(out, &format!("{entry} partials bits"), json!({"differing_values": pbits, "of": t * d, "vs": "the partials of hc_post_f32's output (normed pre output compared)"}), pbits == 0);
+    }
+    all &= check_hc_fused_wide(gpu, seed, out)?;
+    Ok(all)
+}
+
+/// MHC_FUSED's other shapes: 3 streams of width 4,100 (the wide finish, hc_pre_norm_wide_f32, and a
+/// last channel block of 4 channels), 5 tokens: pre + norm and post against the CPU reference, the
+/// post's streams against hc_post_f32 bit for bit.
+fn check_hc_fused_wide(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let (t, n, d, iters, eps, hc_eps, norm_eps) = (5usize, 3usize, 4100usize, 20usize, 1e-6f64, 1e-6f64, 1e-6f32);
+    let nd = n * d;
+    let hw = random_hc(seed, "hcw", n, d);
+    let gw = GpuHcWeights::upload(gpu, &hw)?;
+    let x = random(seed, "hcw.x", t * nd, 1.0);
+    let y = random(seed, "hcw.y", t * d, 1.0);
+    let nw: Vec<f32> = random(seed, "hcw.norm", d, 0.25).iter().map(|v| 1.0 + v).collect();
+    let (mut a_ref, mut post_ref, mut comb_ref, mut x_ref) = (Vec::new(), Vec::new(), Vec::new(), x.clone());
+    for (ti, xt) in x_ref.chunks_mut(nd).enumerate() {
+        let (mut u, m) = mhc::hc_pre(&hw, xt, n, iters, eps, hc_eps);
+        ops::rms_norm(&mut u, &nw, norm_eps as f64);
+        a_ref.extend(u);
+        post_ref.extend(m.post.iter().map(|v| *v as f32));
+        comb_ref.extend(m.comb.iter().map(|v| *v as f32));
+        let mf = mhc::HcMix { post: m.post.iter().map(|v| *v as f32 as f64).collect(), comb: m.comb.iter().map(|v| *v as f32 as f64).collect() };
+        mhc::hc_post(&mf, xt, &y[ti * d..(ti + 1) * d], n);
+    }
+    let shape = json!([t, n, d, iters]);
+    let dnw = gpu.upload(&nw)?;
+    let mut dx = gpu.upload(&x)?;
+    let (mut da, mut dpost, mut dcomb) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
+    let mix = gpu.hc_post_mix(&mut dx, None, &gw, t, n, d)?;
+    gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+    all &= record(out, "hc_pre fused normed u (wide)", shape.clone(), &gpu.download(&da)?, &a_ref);
+    all &= record(out, "hc_pre fused post (wide)", shape.clone(), &gpu.download(&dpost)?, &post_ref);
+    all &= record(out, "hc_pre fused comb (wide)", shape, &gpu.download(&dcomb)?, &comb_ref);
+    // The post with the device's own post / comb.
+    let dy = gpu.upload(&y)?;
+    let mut dref = gpu.upload(&x)?;
+    gpu.hc_post(&mut dref, &dy, &dpost, &dcomb, t, n, d)?;
+    let _ = gpu.hc_post_mix(&mut dx, Some((&dy, &dpost, &dcomb)), &gw, t, n, d)?;
+    let got = gpu.download(&dx)?;
+    all &= record(out, "hc_post_mix x (wide)", json!([t, n, d]), &got, &x_ref);
+    let bits = differing_bits(&got, &gpu.download(&dref)?);
+    all &= flag_record(out, "hc_post_mix_f32 x bits (wide)", json!({"differing_values": bits, "of": t * nd, "vs": "hc_post_f32"}), bits == 0);
     Ok(all)
 }
 
@@ -343,6 +460,23 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let mut dn = gpu.zeros::<f32>(t * d)?;
     let ms = median_ms(gpu, repeats, || gpu.rms_norm(&du, Some(&dw), &mut dn, t, d, 1e-6))?;
     report(&mut rows, "rms_norm (4096)", ms, f4 * 2.0 * d as f64);
+    // MHC_FUSED: the post that also computes the next pre's partials (x read and written, y read,
+    // 25 partials per 128 channels written), and the finish that norms u (x read, partials read,
+    // the normed u written). Together they replace hc_post + hc_pre + rms_norm.
+    let parts = (d.div_ceil(128) * 32) as f64;
+    for entry in ["hc_post_mix_f32", "hc_post_mix_tt2_f32"] {
+        let ms = median_ms(gpu, repeats, || gpu.hc_post_mix_entry(entry, &mut dx, Some((&dy, &dpost, &dcomb)), &gw, t, n, d).map(|_| ()))?;
+        report(&mut rows, &format!("{entry} (n 4, d 4096)"), ms, f4 * (2.0 * nd as f64 + d as f64 + parts));
+        let ms1 = median_ms(gpu, repeats, || gpu.hc_post_mix_entry(entry, &mut dx, Some((&dy, &dpost, &dcomb)), &gw, 1, n, d).map(|_| ()))?;
+        println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", entry, ms1 * 1e3);
+        rows.push(json!({"op": entry, "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
+    }
+    let mix = gpu.hc_post_mix(&mut dx, None, &gw, t, n, d)?;
+    let ms = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dw), &mut dn, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6, 1e-6))?;
+    report(&mut rows, "hc_pre_norm (n 4, d 4096)", ms, f4 * (nd as f64 + d as f64 + parts));
+    let ms1 = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dw), &mut dn, &mut dpost, &mut dcomb, 1, n, d, iters, eps, 1e-6, 1e-6))?;
+    println!("time {:<28} T=1 {:.1} us", "hc_pre_norm (n 4, d 4096)", ms1 * 1e3);
+    rows.push(json!({"op": "hc_pre_norm (n 4, d 4096)", "tokens": 1, "median_ms": ms1}));
     drop((dx, dn));
     let (heads, hd) = (64usize, 512usize);
     let rope = super::check_attention::flash_compress_rope();

@@ -785,18 +785,30 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
     let mut x = gpu.zeros::<f32>(t * n * d)?;
     gpu.gather_rows(&m.embed, c.vocab_size, &rows.slice(0..t * n), &mut x, d)?;
     let mut layer_streams = Vec::new();
-    let mut u = gpu.zeros::<f32>(t * d)?;
+    // MHC_FUSED: each pre's mix partials come from the post before it (the first from the embedded
+    // streams), and the pre's finish writes the sub-block's normed input directly.
+    let fused_mhc = crate::switches::on("MHC_FUSED") && d <= super::ops_mhc::HC_NORM_MAX_D;
+    let mut mix = match (fused_mhc, m.layers.first()) {
+        (true, Some(l0)) => Some(gpu.hc_post_mix(&mut x, None, &l0.hc_attn, t, n, d)?),
+        _ => None,
+    };
+    let mut u = gpu.zeros::<f32>(if fused_mhc { 1 } else { t * d })?;
     let mut post = gpu.zeros::<f32>(t * n)?;
     let mut comb = gpu.zeros::<f32>(t * n * n)?;
-    for (l, s) in m.layers.iter().zip(seq.layers.iter_mut()) {
+    for (li, (l, s)) in m.layers.iter().zip(seq.layers.iter_mut()).enumerate() {
         let (rope, inv) = if l.kind.uses_compress_rope() { (&m.rope_compress, &m.inv_compress) } else { (&m.rope_main, &m.inv_main) };
         // Attention sub-block (§4.2, §4.5–§4.7).
         gpu.stage("mhc+norms");
-        gpu.hc_pre(&l.hc_attn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
-        // SAFETY: written by the RMSNorm below (as each temporary marked so: the op after it
-        // writes all of its T rows).
+        // SAFETY: written by the RMSNorm below or by hc_pre_norm (as each temporary marked so: the
+        // op after it writes all of its T rows).
         let mut a = unsafe { gpu.scratch::<f32>(t * d) }?;
-        gpu.rms_norm(&u, Some(&l.attn_norm), &mut a, t, d, eps)?;
+        match mix.take() {
+            Some(p) => gpu.hc_pre_norm(&l.hc_attn, &p, &x, Some(&l.attn_norm), &mut a, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?,
+            None => {
+                gpu.hc_pre(&l.hc_attn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
+                gpu.rms_norm(&u, Some(&l.attn_norm), &mut a, t, d, eps)?;
+            }
+        }
         gpu.stage("projections");
         // SAFETY (qr0, kv0): written by the linears below.
         let mut qr0 = unsafe { gpu.scratch::<f32>(t * c.q_lora_rank) }?;
@@ -931,16 +943,26 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         let mut y = unsafe { gpu.scratch::<f32>(t * d) }?;
         gpu.linear_q(&z, &l.wo_b, &mut y, t)?;
         gpu.stage("mhc+norms");
-        gpu.hc_post(&mut x, &y, &post, &comb, t, n, d)?;
-        // MoE sub-block (§4.11).
-        gpu.hc_pre(&l.hc_ffn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
-        // SAFETY: written by the RMSNorm below.
+        // SAFETY: written by the RMSNorm below or by hc_pre_norm.
         let mut f = unsafe { gpu.scratch::<f32>(t * d) }?;
-        gpu.rms_norm(&u, Some(&l.ffn_norm), &mut f, t, d, eps)?;
+        if fused_mhc {
+            // MoE sub-block (§4.11): its pre's partials from the attention sub-block's post.
+            let p = gpu.hc_post_mix(&mut x, Some((&y, &post, &comb)), &l.hc_ffn, t, n, d)?;
+            gpu.hc_pre_norm(&l.hc_ffn, &p, &x, Some(&l.ffn_norm), &mut f, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?;
+        } else {
+            gpu.hc_post(&mut x, &y, &post, &comb, t, n, d)?;
+            // MoE sub-block (§4.11).
+            gpu.hc_pre(&l.hc_ffn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
+            gpu.rms_norm(&u, Some(&l.ffn_norm), &mut f, t, d, eps)?;
+        }
         gpu.stage("moe");
         let moe = gpu.moe_forward(c, &l.moe, &f, ids_dev, t)?;
         gpu.stage("mhc+norms");
-        gpu.hc_post(&mut x, &moe.out, &post, &comb, t, n, d)?;
+        // With MHC_FUSED the post also computes the next layer's attention pre partials.
+        match m.layers.get(li + 1) {
+            Some(next) if fused_mhc => mix = Some(gpu.hc_post_mix(&mut x, Some((&moe.out, &post, &comb)), &next.hc_attn, t, n, d)?),
+            _ => gpu.hc_post(&mut x, &moe.out, &post, &comb, t, n, d)?,
+        }
         if record_streams {
             layer_streams.push(gpu.download(&x)?);
         }

@@ -16,7 +16,7 @@ use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use flashseek_model::config::{Ds4Config, ScoringFunc};
 
 /// Entry points of `kernels/mhc.cu`.
-pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_pre_f32", "hc_post_f32", "hc_head_f32"];
+pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_pre_f32", "hc_post_f32", "hc_head_f32", "hc_post_mix_f32", "hc_post_mix_tt2_f32", "hc_pre_norm_f32", "hc_pre_norm_wide_f32"];
 /// Entry points of `kernels/moe.cu`.
 pub const MOE_ENTRY_POINTS: &[&str] = &[
     "router_scores_f32",
@@ -47,6 +47,17 @@ const HC_PART: usize = 32;
 const HC_PARTIAL_TOKENS: usize = 16;
 /// Block size of the partial pass (`HC_PARTIAL_THREADS` in mhc.cu, its `__launch_bounds__`).
 const HC_PARTIAL_THREADS: u32 = 128;
+/// Channels per block of hc_post_mix_f32 (`HCX_CW` in mhc.cu, one per thread and its block size):
+/// a token's MHC_FUSED mix partials are `ceil(d / HC_MIX_CHANNELS)` channel blocks.
+const HC_MIX_CHANNELS: usize = 128;
+/// Tokens per block of hc_post_mix_f32 (`HCX_TOKENS` in mhc.cu).
+const HC_MIX_TOKENS: usize = 64;
+/// Widest hidden size hc_pre_norm_f32 handles (16 channels per thread of `HC_THREADS`); up to
+/// [`HC_NORM_MAX_D`] runs hc_pre_norm_wide_f32 (`HCN_V` = 32 per thread).
+const HC_NORM_NARROW_D: usize = 16 * HC_THREADS as usize;
+/// Widest hidden size the fused pre + RMSNorm (`MHC_FUSED`) handles (`HCN_V`·`HC_THREADS` in mhc.cu);
+/// wider models run [`Gpu::hc_pre`] and [`Gpu::rms_norm`].
+pub const HC_NORM_MAX_D: usize = 32 * HC_THREADS as usize;
 /// Block size of router_scores_f32 (`MOE_THREADS` in moe.cu).
 const MOE_THREADS: u32 = 256;
 /// Block size of the elementwise and row kernels.
@@ -92,6 +103,18 @@ impl GpuHcWeights {
     pub fn upload(gpu: &Gpu, w: &HcWeights) -> Result<Self, CudaError> {
         Ok(GpuHcWeights { fn_: gpu.upload(&w.fn_.data)?, base: gpu.upload(&w.base)?, scale: gpu.upload(&w.scale)? })
     }
+}
+
+/// The mix partial sums of one mHC pre in channel blocks (`MHC_FUSED`), from [`Gpu::hc_post_mix`]:
+/// `part` `[t, blocks, 32]` f32 holds, for each token and block of `HC_MIX_CHANNELS` channels (all n
+/// streams), the `m` sums `Σ Φ[o, ·]·x̄` and the squared norm `Σ x̄²` at index `m`; [`Gpu::hc_pre_norm`]
+/// adds the blocks in order. (gpu-check also builds them from hc_mix_partial_f32's 64 splits.)
+pub struct HcMixPartials {
+    part: DevBuf<f32>,
+    blocks: usize,
+    m: usize,
+    t: usize,
+    d: usize,
 }
 
 /// One SwiGLU expert on the device (spec §4.11): w1/w3 `[inter, d]`, w2 `[d, inter]`, any stored format.
@@ -245,6 +268,141 @@ impl Gpu {
         b.arg(x).arg(y).arg(post).arg(comb).arg(&n_i).arg(&d_i);
         // SAFETY: matches hc_post_f32's signature; buffers checked above.
         drv("hc_post_f32", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// `MHC_FUSED`, first half: the mHC post of one sub-block (spec §4.3, in place on `x` `[t, n, d]`,
+    /// as [`Gpu::hc_post`] computes it, bit for bit) when `post` = `Some((y, post, comb))`, then the mix
+    /// partial sums of the NEXT sub-block's pre (spec §4.2: Φ = `next.fn_` `[(2+n)·n, n·d]`) over the
+    /// streams just written, so the pre does not read the streams once more for them. With `post` =
+    /// `None` only the partials of `x` (the first pre of a forward). One launch (hc_post_mix_f32: a
+    /// block per 128 channels × 64 tokens, Φ in registers). Every token's partials are summed in a
+    /// fixed order that does not depend on `t` (batch invariant, deterministic).
+    ///
+    /// Errors: `n` outside 1..=4, `d` not a multiple of 4, or a buffer of the wrong size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn hc_post_mix(&self, x: &mut CudaSlice<f32>, post: Option<(&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
+        self.hc_post_mix_entry("hc_post_mix_f32", x, post, next, t, n, d)
+    }
+
+    /// [`Gpu::hc_post_mix`] through entry point `entry` (`hc_post_mix_f32`, or the variant
+    /// `hc_post_mix_tt2_f32` that issues the loads of 2 tokens at a time, timed by gpu-check).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn hc_post_mix_entry(&self, entry: &'static str, x: &mut CudaSlice<f32>, post: Option<(&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
+        const W: &str = "hc_post_mix";
+        hc_dims(W, n, d)?;
+        let m = (2 + n) * n;
+        exact(W, "fn", next.fn_.len(), m * n * d)?;
+        need(W, "x", x.len(), t * n * d)?;
+        if let Some((y, p, c)) = post {
+            need(W, "y", y.len(), t * d)?;
+            need(W, "post", p.len(), t * n)?;
+            need(W, "comb", c.len(), t * n * n)?;
+        }
+        let blocks = d.div_ceil(HC_MIX_CHANNELS);
+        // SAFETY: uninitialised device memory; hc_post_mix_f32 writes entries 0..=m of every (token,
+        // block), the only ones hc_pre_norm_f32 reads.
+        let mut part = unsafe { self.scratch::<f32>((t * blocks * HC_PART).max(1)) }?;
+        if t > 0 {
+            let grid_y = u32::try_from(t.div_ceil(HC_MIX_TOKENS)).map_err(|_| bad(W, format!("{t} tokens")))?;
+            let cfg = LaunchConfig { grid_dim: (blocks as u32, grid_y, 1), block_dim: (HC_MIX_CHANNELS as u32, 1, 1), shared_mem_bytes: 0 };
+            let (t_i, n_i, d_i, has) = (int(W, "tokens", t)?, n as i32, d as i32, i32::from(post.is_some()));
+            let null = 0u64;
+            let mut b = self.stream.launch_builder(self.f(entry));
+            b.arg(&mut *x);
+            match post {
+                Some((y, p, c)) => b.arg(y).arg(p).arg(c),
+                None => b.arg(&null).arg(&null).arg(&null),
+            };
+            b.arg(&next.fn_).arg(&mut part).arg(&t_i).arg(&n_i).arg(&d_i).arg(&has);
+            // SAFETY: matches the entry's signature (hc_post_mix_f32 / _tt2_f32); x holds t·n·d values,
+            // y/post/comb (read only when has_post) their t rows, fn m·n·d, part t·blocks·HC_PART.
+            drv(entry, unsafe { b.launch(cfg) })?;
+        }
+        Ok(HcMixPartials { part, blocks, m, t, d })
+    }
+
+    /// The partials of [`Gpu::hc_pre`]'s own first pass (hc_mix_partial_f32, 64 splits per token) as
+    /// [`HcMixPartials`], so that gpu-check can give [`Gpu::hc_pre_norm`] and hc_pre_f32 the same sums.
+    ///
+    /// Errors: as [`Gpu::hc_pre`].
+    pub(crate) fn hc_split_partials(&self, x: &CudaSlice<f32>, w: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
+        const W: &str = "hc_split_partials";
+        hc_dims(W, n, d)?;
+        let m = (2 + n) * n;
+        exact(W, "fn", w.fn_.len(), m * n * d)?;
+        need(W, "x", x.len(), t * n * d)?;
+        int(W, "tokens", t)?;
+        let part = if t == 0 {
+            // SAFETY: never read (no token).
+            unsafe { self.scratch::<f32>(1) }?
+        } else {
+            self.hc_mix_partial(x, &w.fn_, m, t, n * d)?
+        };
+        Ok(HcMixPartials { part, blocks: HC_SPLIT, m, t, d })
+    }
+
+    /// `MHC_FUSED`, second half: the mHC pre of a sub-block (spec §4.2) from the partials `mix` of
+    /// [`Gpu::hc_post_mix`] (made with this sub-block's Φ, for at least `t` tokens), followed by the
+    /// sub-block's RMSNorm (spec §4.5 / §4.11 input norm, weight `norm` `[d]`, `norm_eps`): writes
+    /// `out` = RMSNorm(u) `[t, d]` (u itself stays in registers), `post` `[t, n]` and `comb`
+    /// `[t, n, n]`. Given the same partials it computes the bits of hc_pre_f32 followed by
+    /// [`Gpu::rms_norm`] (same expressions, same reduction order). One launch, a block per token.
+    ///
+    /// Errors: `n` outside 1..=4, `d` not a multiple of 4 or above [`HC_NORM_MAX_D`], partials for
+    /// another mix size or fewer tokens, or a buffer of the wrong size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn hc_pre_norm(
+        &self,
+        w: &GpuHcWeights,
+        mix: &HcMixPartials,
+        x: &CudaSlice<f32>,
+        norm: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<f32>,
+        post: &mut CudaSlice<f32>,
+        comb: &mut CudaSlice<f32>,
+        t: usize,
+        n: usize,
+        d: usize,
+        iters: usize,
+        eps: f64,
+        hc_eps: f64,
+        norm_eps: f32,
+    ) -> Result<(), CudaError> {
+        const W: &str = "hc_pre_norm";
+        hc_dims(W, n, d)?;
+        if d > HC_NORM_MAX_D {
+            return Err(bad(W, format!("hidden size {d} above the {HC_NORM_MAX_D} the fused norm holds")));
+        }
+        let m = (2 + n) * n;
+        if mix.m != m || mix.t < t || mix.d != d {
+            return Err(bad(W, format!("partials of {} mixes for {} tokens of width {}; need {m} for {t} of width {d}", mix.m, mix.t, mix.d)));
+        }
+        exact(W, "fn", w.fn_.len(), m * n * d)?;
+        exact(W, "base", w.base.len(), m)?;
+        exact(W, "scale", w.scale.len(), 3)?;
+        need(W, "x", x.len(), t * n * d)?;
+        need(W, "out", out.len(), t * d)?;
+        need(W, "post", post.len(), t * n)?;
+        need(W, "comb", comb.len(), t * n * n)?;
+        if let Some(nw) = norm {
+            need(W, "norm", nw.len(), d)?;
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let entry = if d <= HC_NORM_NARROW_D { "hc_pre_norm_f32" } else { "hc_pre_norm_wide_f32" };
+        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (s_i, n_i, d_i, it_i, null) = (mix.blocks as i32, n as i32, d as i32, int(W, "iters", iters)?, 0u64);
+        let mut b = self.stream.launch_builder(self.f(entry));
+        b.arg(&mix.part).arg(&s_i).arg(x).arg(&w.base).arg(&w.scale);
+        match norm {
+            Some(nw) => b.arg(nw),
+            None => b.arg(&null),
+        };
+        b.arg(out).arg(post).arg(comb).arg(&n_i).arg(&d_i).arg(&it_i).arg(&eps).arg(&hc_eps).arg(&norm_eps);
+        // SAFETY: matches hc_pre_norm_f32 / _wide_f32's signature; every buffer was checked to hold
+        // what the grid reads and writes (part: t·blocks·HC_PART from hc_post_mix).
+        drv(entry, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
     /// Hyper-head collapse for `t` tokens (spec §4.12 step 1, no Sinkhorn): `h = Σ_j π_j X[j]` (`[t, d]`)

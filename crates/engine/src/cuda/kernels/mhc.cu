@@ -327,3 +327,232 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
         default: break;
     }
 }
+
+// ---------------------------------------------------------------------------------------------------
+// MHC_FUSED: the mix partials of a sub-block's pre computed where the streams are written (by the
+// previous sub-block's post), and the pre's finish followed by the sub-block's RMSNorm in one kernel.
+//
+// hc_post_mix_f32: x [T, n, d] (in place when post is on), y [T, d], post [T, n], comb [T, n, n],
+//   Φ fn [M, N] of the NEXT pre (M = (2+n)·n), part [T, nb, HC_PART] with nb = ceil(d / HCX_CW).
+//   Block b.x owns channels i = b.x·HCX_CW + threadIdx.x (one per thread, all n streams) of the
+//   tokens [b.y·HCX_TOKENS, …) and holds its M·n Φ values in registers for all of them. Per token:
+//   - with post (has_post ≠ 0): x'[k][i] = post_k·y[i] + Σ_j comb[j][k]·x[j][i] in f64, exactly
+//     hc_post_f32's expression (the coefficients staged in shared memory as f64), written in place;
+//     without post x' = x (the first pre of a forward);
+//   - the M mix products Σ_k Φ[o][k·d + i]·x'[k][i] (k in order, f32) and Σ_k x'[k][i]², summed over
+//     the warp's 32 channels by hc_lane_sums and over the block's HCX_CW / 32 warps in warp order:
+//     part[t, b.x, o] (o < M) and part[t, b.x, M] (the squared norm).
+//   A token's partials run in the same order whatever T and its place in the tile (batch invariant).
+//   Loads of HCX_TT tokens are issued together. Launch: grid (nb, ceil(T / HCX_TOKENS)), block
+//   HCX_CW, static shared memory ≤ 12 KiB.
+// hc_pre_norm_f32: part [T, S, HC_PART] (S partials per token: HC_SPLIT from hc_mix_partial_f32 or
+//   nb from hc_post_mix_f32), x, base, scale as hc_pre_f32, the RMSNorm weight w [d] (or null), out
+//   [T, d]: hc_pre_f32's coefficients, post and comb from the S partials summed in order, then
+//   u = Σ_j pre_j·x[t, j] (f64 → f32, hc_pre_f32's expression) kept in registers and
+//   out = w ⊙ u / sqrt(mean(u²) + norm_eps) with rms_norm_f32's reduction (thread i sums channels
+//   i, i + 256, …; warp sums; warp 0 sums the warps): the bits of hc_pre_f32 then rms_norm_f32 on
+//   the same partials. d ≤ HCN_V·HC_THREADS. Launch: grid (T), block HC_THREADS.
+
+#define HCX_CW 128     // channels (threads) per block of hc_post_mix_f32
+#define HCX_TT 4       // most tokens whose loads are issued together (hc_post_mix_f32: 4; _tt2: 2)
+#define HCX_TOKENS 64  // tokens per block of hc_post_mix_f32
+#define HCN_V 32       // channels per thread of hc_pre_norm_f32 (d ≤ 8,192)
+#define HC_NC (HC_MAXN + HC_MAXN * HC_MAXN)  // post and comb coefficients per token
+
+template <int NN, bool POST, int TT>
+__device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const float* __restrict__ y,
+                                                 const float* __restrict__ post, const float* __restrict__ comb,
+                                                 const float* __restrict__ fn, float* __restrict__ part, int T, int d,
+                                                 double (*cf)[HC_NC], float (*red)[HCX_CW / 32][HC_PART]) {
+    constexpr int M = (2 + NN) * NN;
+    constexpr int NC = NN + NN * NN;  // post_k then C[j][k] per token (HC_NC ≥ NC)
+    static_assert(M + 1 <= 32, "the lane sums hold 32 values");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int i = blockIdx.x * HCX_CW + threadIdx.x;
+    const bool live = i < d;
+    const int nb = gridDim.x;
+    const size_t N = (size_t)NN * d;
+    float phi[M][NN];
+#pragma unroll
+    for (int o = 0; o < M; o++)
+#pragma unroll
+        for (int k = 0; k < NN; k++) phi[o][k] = live ? __ldg(fn + (size_t)o * N + (size_t)k * d + i) : 0.f;
+    const int tb = blockIdx.y * HCX_TOKENS;
+    const int te = min(T, tb + HCX_TOKENS);
+    if (POST) {
+        for (int e = threadIdx.x; e < (te - tb) * NC; e += blockDim.x) {
+            const int q = e / NC, c = e % NC;
+            const int t = tb + q;
+            cf[q][c] = c < NN ? (double)post[(size_t)t * NN + c] : (double)comb[(size_t)t * NN * NN + (c - NN)];
+        }
+        __syncthreads();
+    }
+#pragma unroll 1
+    for (int t0 = tb; t0 < te; t0 += TT) {
+        float xv[TT][NN], yv[TT];
+#pragma unroll
+        for (int q = 0; q < TT; q++) {
+            const bool ok = live && t0 + q < te;
+            const float* xt = x + (size_t)(t0 + q) * N + i;
+#pragma unroll
+            for (int k = 0; k < NN; k++) xv[q][k] = ok ? xt[(size_t)k * d] : 0.f;
+            yv[q] = (POST && ok) ? y[(size_t)(t0 + q) * d + i] : 0.f;
+        }
+#pragma unroll
+        for (int q = 0; q < TT; q++) {
+            const bool ok = live && t0 + q < te;
+            float xn[NN];
+            if (POST) {
+                const double* c = cf[t0 + q - tb < HCX_TOKENS ? t0 + q - tb : 0];
+                double old[NN];
+#pragma unroll
+                for (int j = 0; j < NN; j++) old[j] = (double)xv[q][j];
+                const double yi = (double)yv[q];
+                float* xt = x + (size_t)(t0 + q) * N + i;
+#pragma unroll
+                for (int k = 0; k < NN; k++) {
+                    double s = c[k] * yi;
+#pragma unroll
+                    for (int j = 0; j < NN; j++) s += c[NN + j * NN + k] * old[j];
+                    xn[k] = (float)s;
+                    if (ok) xt[(size_t)k * d] = xn[k];
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < NN; k++) xn[k] = xv[q][k];
+            }
+            float a[32];
+#pragma unroll
+            for (int o = 0; o < M; o++) {
+                float s = phi[o][0] * xn[0];
+#pragma unroll
+                for (int k = 1; k < NN; k++) s += phi[o][k] * xn[k];
+                a[o] = s;
+            }
+            {
+                float s = xn[0] * xn[0];
+#pragma unroll
+                for (int k = 1; k < NN; k++) s += xn[k] * xn[k];
+                a[M] = s;
+            }
+#pragma unroll
+            for (int o = M + 1; o < 32; o++) a[o] = 0.f;
+            const float r = hc_lane_sums(a, lane);
+            if (lane <= M) red[q][warp][lane] = r;
+        }
+        __syncthreads();
+        if (threadIdx.x < TT * 32) {
+            const int q = threadIdx.x >> 5, o = threadIdx.x & 31;
+            if (o <= M && t0 + q < te) {
+                float s = red[q][0][o];
+#pragma unroll
+                for (int w = 1; w < HCX_CW / 32; w++) s += red[q][w][o];
+                part[((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART + o] = s;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <int NN, int V>
+__device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const float* __restrict__ x,
+                                 const float* __restrict__ base, const float* __restrict__ scale,
+                                 const float* __restrict__ w, float* __restrict__ out, float* __restrict__ post,
+                                 float* __restrict__ comb, int d, int iters, double eps, double hc_eps, float norm_eps,
+                                 float* tot, double* coef, float* red) {
+    constexpr int M = (2 + NN) * NN;
+    const int t = blockIdx.x;
+    const int N = NN * d;
+    if (threadIdx.x <= M) {
+        const float* p = part + (size_t)t * S * HC_PART + threadIdx.x;
+        float r = 0.f;
+        for (int s = 0; s < S; s++) r += p[s * HC_PART];
+        tot[threadIdx.x] = r;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32)
+        hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
+                          hc_eps);
+    __syncthreads();
+    const float* xt = x + (size_t)t * N;
+    float uv[V];
+    float s = 0.f;
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int i = threadIdx.x + v * HC_THREADS;
+        uv[v] = 0.f;
+        if (i < d) {
+            double a = 0.0;
+#pragma unroll
+            for (int j = 0; j < NN; j++) a += coef[j] * (double)xt[(size_t)j * d + i];
+            uv[v] = (float)a;
+            s += uv[v] * uv[v];
+        }
+    }
+    s = fs_warp_sum(s);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (HC_THREADS >> 5) ? red[threadIdx.x] : 0.f;
+        v = fs_warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float r = rsqrtf(red[0] / (float)d + norm_eps);
+    float* ot = out + (size_t)t * d;
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int i = threadIdx.x + v * HC_THREADS;
+        if (i < d) ot[i] = (w ? w[i] : 1.f) * (uv[v] * r);
+    }
+}
+
+// has_post: 0 = mix only (x read), 1 = post then mix (x updated in place). n ∈ 1..4.
+#define HCX_ENTRY(NAME, TT, BOUNDS)                                                                                   \
+    extern "C" __global__ void BOUNDS NAME(float* __restrict__ x, const float* __restrict__ y,                        \
+                                           const float* __restrict__ post, const float* __restrict__ comb,            \
+                                           const float* __restrict__ fn, float* __restrict__ part, int T, int n,      \
+                                           int d, int has_post) {                                                     \
+        __shared__ double cf[HCX_TOKENS][HC_NC];                                                                      \
+        __shared__ float red[TT][HCX_CW / 32][HC_PART];                                                               \
+        switch (n) {                                                                                                  \
+            case 1: if (has_post) hc_post_mix_impl<1, true, TT>(x, y, post, comb, fn, part, T, d, cf, red);          \
+                    else hc_post_mix_impl<1, false, TT>(x, y, post, comb, fn, part, T, d, cf, red); break;           \
+            case 2: if (has_post) hc_post_mix_impl<2, true, TT>(x, y, post, comb, fn, part, T, d, cf, red);          \
+                    else hc_post_mix_impl<2, false, TT>(x, y, post, comb, fn, part, T, d, cf, red); break;           \
+            case 3: if (has_post) hc_post_mix_impl<3, true, TT>(x, y, post, comb, fn, part, T, d, cf, red);          \
+                    else hc_post_mix_impl<3, false, TT>(x, y, post, comb, fn, part, T, d, cf, red); break;           \
+            case 4: if (has_post) hc_post_mix_impl<4, true, TT>(x, y, post, comb, fn, part, T, d, cf, red);          \
+                    else hc_post_mix_impl<4, false, TT>(x, y, post, comb, fn, part, T, d, cf, red); break;           \
+            default: break;                                                                                           \
+        }                                                                                                             \
+    }
+HCX_ENTRY(hc_post_mix_f32, 4, __launch_bounds__(HCX_CW))
+HCX_ENTRY(hc_post_mix_tt2_f32, 2, __launch_bounds__(HCX_CW, 3))
+#undef HCX_ENTRY
+
+// hc_pre_norm_f32: d ≤ 16·HC_THREADS (16 channels per thread); hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS.
+#define HCN_ENTRY(NAME, V)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(HC_THREADS)                                                          \
+    NAME(const float* __restrict__ part, int S, const float* __restrict__ x, const float* __restrict__ base,         \
+         const float* __restrict__ scale, const float* __restrict__ w, float* __restrict__ out,                      \
+         float* __restrict__ post, float* __restrict__ comb, int n, int d, int iters, double eps, double hc_eps,      \
+         float norm_eps) {                                                                                            \
+        __shared__ float tot[HC_MAXM + 1];                                                                            \
+        __shared__ double coef[HC_MAXN];                                                                              \
+        __shared__ float red[32];                                                                                     \
+        switch (n) {                                                                                                  \
+            case 1: hc_pre_norm_impl<1, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
+                                           norm_eps, tot, coef, red); break;                                          \
+            case 2: hc_pre_norm_impl<2, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
+                                           norm_eps, tot, coef, red); break;                                          \
+            case 3: hc_pre_norm_impl<3, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
+                                           norm_eps, tot, coef, red); break;                                          \
+            case 4: hc_pre_norm_impl<4, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
+                                           norm_eps, tot, coef, red); break;                                          \
+            default: break;                                                                                           \
+        }                                                                                                             \
+    }
+HCN_ENTRY(hc_pre_norm_f32, 16)
+HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V)
+#undef HCN_ENTRY
