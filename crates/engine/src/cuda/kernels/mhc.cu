@@ -359,24 +359,53 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 #define HCN_V 32       // channels per thread of hc_pre_norm_f32 (d ≤ 8,192)
 #define HC_NC (HC_MAXN + HC_MAXN * HC_MAXN)  // post and comb coefficients per token
 
+// One step of the transposing butterfly over lane bit OFF of hc_post_mix_f32's 8 values: a lane keeps
+// the half of its H·2 values selected by its bit OFF and adds its partner's copy of that half.
+template <int H, int OFF>
+__device__ __forceinline__ void hcx_step(float (&a)[8], int lane) {
+    const bool up = (lane & OFF) != 0;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        const float send = up ? a[i] : a[i + H];
+        const float keep = up ? a[i + H] : a[i];
+        a[i] = keep + __shfl_xor_sync(HC_FULL, send, OFF);
+    }
+}
+
+// Lane ℓ = 4q + g of a warp (q = ℓ >> 2 the channel quad, g = ℓ & 3 the output group) owns channel
+// c0 + ℓ: it loads and (POST) updates that channel's n streams, then gets the other three channels
+// of its quad from their lanes (shuffles), so that it holds x' for channels c0 + 4q … c0 + 4q + 3.
+// It multiplies them by Φ rows g·OPG … g·OPG + OPG − 1 (OPG = ceil(M / 4); 4·n·OPG values kept in
+// registers) and adds its own channel's squares as value OPG; the 8 lanes of group g then sum their
+// OPG + 1 values over the quads (a transposing butterfly on lane bits 4, 3, 2: lane 4q + g ends with
+// value q), and the warps' sums are added in warp order (the squared norm: warps, then groups).
 template <int NN, bool POST, int TT>
 __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const float* __restrict__ y,
                                                  const float* __restrict__ post, const float* __restrict__ comb,
                                                  const float* __restrict__ fn, float* __restrict__ part, int T, int d,
-                                                 double (*cf)[HC_NC], float (*red)[HCX_CW / 32][HC_PART]) {
+                                                 double (*cf)[HC_NC], float (*red)[HCX_CW / 32][32]) {
     constexpr int M = (2 + NN) * NN;
+    constexpr int OPG = (M + 3) / 4;  // Φ rows per output group
     constexpr int NC = NN + NN * NN;  // post_k then C[j][k] per token (HC_NC ≥ NC)
-    static_assert(M + 1 <= 32, "the lane sums hold 32 values");
+    static_assert(OPG + 1 <= 8, "a group's values fit the 8-value butterfly");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int i = blockIdx.x * HCX_CW + threadIdx.x;
+    const int g = lane & 3, quad0 = lane & ~3;
+    const int cw = blockIdx.x * HCX_CW + warp * 32;  // the warp's first channel
+    const int i = cw + lane;
     const bool live = i < d;
     const int nb = gridDim.x;
     const size_t N = (size_t)NN * d;
-    float phi[M][NN];
+    // phi[r][k][c]: Φ[g·OPG + r, k·d + cw + quad0 + c] (0 past M or d).
+    float phi[OPG][NN][4];
 #pragma unroll
-    for (int o = 0; o < M; o++)
+    for (int r = 0; r < OPG; r++)
 #pragma unroll
-        for (int k = 0; k < NN; k++) phi[o][k] = live ? __ldg(fn + (size_t)o * N + (size_t)k * d + i) : 0.f;
+        for (int k = 0; k < NN; k++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int o = g * OPG + r, ch = cw + quad0 + c;
+                phi[r][k][c] = (o < M && ch < d) ? __ldg(fn + (size_t)o * N + (size_t)k * d + ch) : 0.f;
+            }
     const int tb = blockIdx.y * HCX_TOKENS;
     const int te = min(T, tb + HCX_TOKENS);
     if (POST) {
@@ -421,32 +450,52 @@ __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const fl
 #pragma unroll
                 for (int k = 0; k < NN; k++) xn[k] = xv[q][k];
             }
-            float a[32];
+            // x' of the quad's four channels (this lane's own at c = g).
+            float xq[NN][4];
 #pragma unroll
-            for (int o = 0; o < M; o++) {
-                float s = phi[o][0] * xn[0];
+            for (int k = 0; k < NN; k++)
 #pragma unroll
-                for (int k = 1; k < NN; k++) s += phi[o][k] * xn[k];
-                a[o] = s;
+                for (int c = 0; c < 4; c++) xq[k][c] = __shfl_sync(HC_FULL, xn[k], quad0 + c);
+            float a[8];
+#pragma unroll
+            for (int r = 0; r < OPG; r++) {
+                float s = phi[r][0][0] * xq[0][0];
+#pragma unroll
+                for (int k = 0; k < NN; k++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        if (k != 0 || c != 0) s += phi[r][k][c] * xq[k][c];
+                a[r] = s;
             }
             {
                 float s = xn[0] * xn[0];
 #pragma unroll
                 for (int k = 1; k < NN; k++) s += xn[k] * xn[k];
-                a[M] = s;
+                a[OPG] = s;
             }
 #pragma unroll
-            for (int o = M + 1; o < 32; o++) a[o] = 0.f;
-            const float r = hc_lane_sums(a, lane);
-            if (lane <= M) red[q][warp][lane] = r;
+            for (int r = OPG + 1; r < 8; r++) a[r] = 0.f;
+            hcx_step<4, 16>(a, lane);
+            hcx_step<2, 8>(a, lane);
+            hcx_step<1, 4>(a, lane);
+            red[q][warp][lane] = a[0];  // value (lane >> 2) of group g
         }
         __syncthreads();
         if (threadIdx.x < TT * 32) {
             const int q = threadIdx.x >> 5, o = threadIdx.x & 31;
             if (o <= M && t0 + q < te) {
-                float s = red[q][0][o];
+                float s = 0.f;
+                if (o < M) {
+                    const int idx = 4 * (o % OPG) + o / OPG;
+                    s = red[q][0][idx];
 #pragma unroll
-                for (int w = 1; w < HCX_CW / 32; w++) s += red[q][w][o];
+                    for (int w = 1; w < HCX_CW / 32; w++) s += red[q][w][idx];
+                } else {
+#pragma unroll
+                    for (int w = 0; w < HCX_CW / 32; w++)
+#pragma unroll
+                        for (int gg = 0; gg < 4; gg++) s += red[q][w][4 * OPG + gg];
+                }
                 part[((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART + o] = s;
             }
         }
@@ -514,7 +563,7 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
                                            const float* __restrict__ fn, float* __restrict__ part, int T, int n,      \
                                            int d, int has_post) {                                                     \
         __shared__ double cf[HCX_TOKENS][HC_NC];                                                                      \
-        __shared__ float red[TT][HCX_CW / 32][HC_PART];                                                               \
+        __shared__ float red[TT][HCX_CW / 32][32];                                                               \
         switch (n) {                                                                                                  \
             case 1: if (has_post) hc_post_mix_impl<1, true, TT>(x, y, post, comb, fn, part, T, d, cf, red);          \
                     else hc_post_mix_impl<1, false, TT>(x, y, post, comb, fn, part, T, d, cf, red); break;           \
