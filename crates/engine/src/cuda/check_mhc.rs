@@ -247,9 +247,10 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, gw: &GpuHcWeights, x: &[f32], y: &[f32],
     let (mut da_alone, mut dpa, mut dca) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
     gpu.hc_pre_norm(gw, &alone, &dxp, Some(&dnw), &mut da_alone, &mut dpa, &mut dca, t, n, d, iters, eps, hc_eps, norm_eps)?;
     let a_alone = gpu.download(&da_alone)?;
-    for entry in ["hc_post_mix_f32", "hc_post_mix_tt2_f32"] {
+    {
+        let entry = "hc_post_mix_f32";
         let mut dxf = gpu.upload(x)?;
-        let mixp = gpu.hc_post_mix_entry(entry, &mut dxf, Some((&dy, &dpost_ref, &dcomb_ref)), gw, t, n, d)?;
+        let mixp = gpu.hc_post_mix(&mut dxf, Some((&dy, &dpost_ref, &dcomb_ref)), gw, t, n, d)?;
         let xbits = differing_bits(&gpu.download(&dxf)?, &xp);
         all &= flag_record(out, &format!("{entry} x bits"), json!({"differing_values": xbits, "of": t * nd, "vs": "hc_post_f32"}), xbits == 0);
         gpu.hc_pre_norm(gw, &mixp, &dxf, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
@@ -463,14 +464,14 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     // MHC_FUSED: the post that also computes the next pre's partials (x read and written, y read,
     // 25 partials per 128 channels written), and the finish that norms u (x read, partials read,
     // the normed u written). Together they replace hc_post + hc_pre + rms_norm.
-    let parts = (d.div_ceil(128) * 32) as f64;
-    for entry in ["hc_post_mix_f32", "hc_post_mix_tt2_f32"] {
-        let ms = median_ms(gpu, repeats, || gpu.hc_post_mix_entry(entry, &mut dx, Some((&dy, &dpost, &dcomb)), &gw, t, n, d).map(|_| ()))?;
-        report(&mut rows, &format!("{entry} (n 4, d 4096)"), ms, f4 * (2.0 * nd as f64 + d as f64 + parts));
-        let ms1 = median_ms(gpu, repeats, || gpu.hc_post_mix_entry(entry, &mut dx, Some((&dy, &dpost, &dcomb)), &gw, 1, n, d).map(|_| ()))?;
-        println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", entry, ms1 * 1e3);
-        rows.push(json!({"op": entry, "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
-    }
+    let parts = (d.div_ceil(64) * 25) as f64;
+    let ms = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, Some((&dy, &dpost, &dcomb)), &gw, t, n, d).map(|_| ()))?;
+    report(&mut rows, "hc_post_mix (n 4, d 4096)", ms, f4 * (2.0 * nd as f64 + d as f64 + parts));
+    let ms1 = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, Some((&dy, &dpost, &dcomb)), &gw, 1, n, d).map(|_| ()))?;
+    println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", "hc_post_mix (n 4, d 4096)", ms1 * 1e3);
+    rows.push(json!({"op": "hc_post_mix (n 4, d 4096)", "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
+    let ms = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, None, &gw, t, n, d).map(|_| ()))?;
+    report(&mut rows, "hc_post_mix, mix only", ms, f4 * (nd as f64 + parts));
     let mix = gpu.hc_post_mix(&mut dx, None, &gw, t, n, d)?;
     let ms = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dw), &mut dn, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6, 1e-6))?;
     report(&mut rows, "hc_pre_norm (n 4, d 4096)", ms, f4 * (nd as f64 + d as f64 + parts));

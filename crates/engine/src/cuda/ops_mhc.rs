@@ -16,7 +16,7 @@ use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use flashseek_model::config::{Ds4Config, ScoringFunc};
 
 /// Entry points of `kernels/mhc.cu`.
-pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_pre_f32", "hc_post_f32", "hc_head_f32", "hc_post_mix_f32", "hc_post_mix_tt2_f32", "hc_pre_norm_f32", "hc_pre_norm_wide_f32"];
+pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_pre_f32", "hc_post_f32", "hc_head_f32", "hc_post_mix_f32", "hc_pre_norm_f32", "hc_pre_norm_wide_f32"];
 /// Entry points of `kernels/moe.cu`.
 pub const MOE_ENTRY_POINTS: &[&str] = &[
     "router_scores_f32",
@@ -47,11 +47,13 @@ const HC_PART: usize = 32;
 const HC_PARTIAL_TOKENS: usize = 16;
 /// Block size of the partial pass (`HC_PARTIAL_THREADS` in mhc.cu, its `__launch_bounds__`).
 const HC_PARTIAL_THREADS: u32 = 128;
-/// Channels per block of hc_post_mix_f32 (`HCX_CW` in mhc.cu, one per thread and its block size):
-/// a token's MHC_FUSED mix partials are `ceil(d / HC_MIX_CHANNELS)` channel blocks.
-const HC_MIX_CHANNELS: usize = 128;
-/// Tokens per block of hc_post_mix_f32 (`HCX_TOKENS` in mhc.cu).
-const HC_MIX_TOKENS: usize = 64;
+/// Channels per block of hc_post_mix_f32 (`HCX_RUN` in mhc.cu, two per lane): a token's MHC_FUSED
+/// mix partials are `ceil(d / HC_MIX_RUN)` channel runs.
+const HC_MIX_RUN: usize = 64;
+/// Tokens per block of hc_post_mix_f32 (`HCX_WARPS`·`HCX_TT` in mhc.cu: 4 warps of 4 tokens).
+const HC_MIX_TOKENS: usize = 16;
+/// Block size of hc_post_mix_f32 (`HCX_THREADS` in mhc.cu, its `__launch_bounds__`).
+const HC_MIX_THREADS: u32 = 128;
 /// Widest hidden size hc_pre_norm_f32 handles (16 channels per thread of `HC_THREADS`); up to
 /// [`HC_NORM_MAX_D`] runs hc_pre_norm_wide_f32 (`HCN_V` = 32 per thread).
 const HC_NORM_NARROW_D: usize = 16 * HC_THREADS as usize;
@@ -106,7 +108,7 @@ impl GpuHcWeights {
 }
 
 /// The mix partial sums of one mHC pre in channel blocks (`MHC_FUSED`), from [`Gpu::hc_post_mix`]:
-/// `part` `[t, blocks, 32]` f32 holds, for each token and block of `HC_MIX_CHANNELS` channels (all n
+/// `part` `[t, blocks, 32]` f32 holds, for each token and run of `HC_MIX_RUN` channels (all n
 /// streams), the `m` sums `Σ Φ[o, ·]·x̄` and the squared norm `Σ x̄²` at index `m`; [`Gpu::hc_pre_norm`]
 /// adds the blocks in order. (gpu-check also builds them from hc_mix_partial_f32's 64 splits.)
 pub struct HcMixPartials {
@@ -275,19 +277,12 @@ impl Gpu {
     /// partial sums of the NEXT sub-block's pre (spec §4.2: Φ = `next.fn_` `[(2+n)·n, n·d]`) over the
     /// streams just written, so the pre does not read the streams once more for them. With `post` =
     /// `None` only the partials of `x` (the first pre of a forward). One launch (hc_post_mix_f32: a
-    /// block per 128 channels × 64 tokens, Φ in registers). Every token's partials are summed in a
+    /// block per 64 channels × 16 tokens, a warp per 4 tokens). Every token's partials are summed in a
     /// fixed order that does not depend on `t` (batch invariant, deterministic).
     ///
     /// Errors: `n` outside 1..=4, `d` not a multiple of 4, or a buffer of the wrong size.
     #[allow(clippy::too_many_arguments)]
     pub fn hc_post_mix(&self, x: &mut CudaSlice<f32>, post: Option<(&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
-        self.hc_post_mix_entry("hc_post_mix_f32", x, post, next, t, n, d)
-    }
-
-    /// [`Gpu::hc_post_mix`] through entry point `entry` (`hc_post_mix_f32`, or the variant
-    /// `hc_post_mix_tt2_f32` that issues the loads of 2 tokens at a time, timed by gpu-check).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn hc_post_mix_entry(&self, entry: &'static str, x: &mut CudaSlice<f32>, post: Option<(&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
         const W: &str = "hc_post_mix";
         hc_dims(W, n, d)?;
         let m = (2 + n) * n;
@@ -298,25 +293,25 @@ impl Gpu {
             need(W, "post", p.len(), t * n)?;
             need(W, "comb", c.len(), t * n * n)?;
         }
-        let blocks = d.div_ceil(HC_MIX_CHANNELS);
+        let blocks = d.div_ceil(HC_MIX_RUN);
         // SAFETY: uninitialised device memory; hc_post_mix_f32 writes entries 0..=m of every (token,
         // block), the only ones hc_pre_norm_f32 reads.
         let mut part = unsafe { self.scratch::<f32>((t * blocks * HC_PART).max(1)) }?;
         if t > 0 {
             let grid_y = u32::try_from(t.div_ceil(HC_MIX_TOKENS)).map_err(|_| bad(W, format!("{t} tokens")))?;
-            let cfg = LaunchConfig { grid_dim: (blocks as u32, grid_y, 1), block_dim: (HC_MIX_CHANNELS as u32, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig { grid_dim: (blocks as u32, grid_y, 1), block_dim: (HC_MIX_THREADS, 1, 1), shared_mem_bytes: 0 };
             let (t_i, n_i, d_i, has) = (int(W, "tokens", t)?, n as i32, d as i32, i32::from(post.is_some()));
             let null = 0u64;
-            let mut b = self.stream.launch_builder(self.f(entry));
+            let mut b = self.stream.launch_builder(self.f("hc_post_mix_f32"));
             b.arg(&mut *x);
             match post {
                 Some((y, p, c)) => b.arg(y).arg(p).arg(c),
                 None => b.arg(&null).arg(&null).arg(&null),
             };
             b.arg(&next.fn_).arg(&mut part).arg(&t_i).arg(&n_i).arg(&d_i).arg(&has);
-            // SAFETY: matches the entry's signature (hc_post_mix_f32 / _tt2_f32); x holds t·n·d values,
-            // y/post/comb (read only when has_post) their t rows, fn m·n·d, part t·blocks·HC_PART.
-            drv(entry, unsafe { b.launch(cfg) })?;
+            // SAFETY: matches hc_post_mix_f32's signature; x holds t·n·d values, y/post/comb (read
+            // only when has_post) their t rows, fn m·n·d, part t·blocks·HC_PART.
+            drv("hc_post_mix_f32", unsafe { b.launch(cfg) })?;
         }
         Ok(HcMixPartials { part, blocks, m, t, d })
     }

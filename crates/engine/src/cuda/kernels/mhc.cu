@@ -353,153 +353,109 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 //   i, i + 256, …; warp sums; warp 0 sums the warps): the bits of hc_pre_f32 then rms_norm_f32 on
 //   the same partials. d ≤ HCN_V·HC_THREADS. Launch: grid (T), block HC_THREADS.
 
-#define HCX_CW 128     // channels (threads) per block of hc_post_mix_f32
-#define HCX_TT 4       // most tokens whose loads are issued together (hc_post_mix_f32: 4; _tt2: 2)
-#define HCX_TOKENS 64  // tokens per block of hc_post_mix_f32
+#define HCX_RUN 64     // channels per block of hc_post_mix_f32 (two per lane)
+#define HCX_TT 4       // tokens per warp of hc_post_mix_f32
+#define HCX_WARPS 4    // warps per block of hc_post_mix_f32
+#define HCX_THREADS (32 * HCX_WARPS)
 #define HCN_V 32       // channels per thread of hc_pre_norm_f32 (d ≤ 8,192)
 #define HC_NC (HC_MAXN + HC_MAXN * HC_MAXN)  // post and comb coefficients per token
 
-// One step of the transposing butterfly over lane bit OFF of hc_post_mix_f32's 8 values: a lane keeps
-// the half of its H·2 values selected by its bit OFF and adds its partner's copy of that half.
-template <int H, int OFF>
-__device__ __forceinline__ void hcx_step(float (&a)[8], int lane) {
-    const bool up = (lane & OFF) != 0;
-#pragma unroll
-    for (int i = 0; i < H; i++) {
-        const float send = up ? a[i] : a[i + H];
-        const float keep = up ? a[i + H] : a[i];
-        a[i] = keep + __shfl_xor_sync(HC_FULL, send, OFF);
-    }
-}
-
-// Lane ℓ = 4q + g of a warp (q = ℓ >> 2 the channel quad, g = ℓ & 3 the output group) owns channel
-// c0 + ℓ: it loads and (POST) updates that channel's n streams, then gets the other three channels
-// of its quad from their lanes (shuffles), so that it holds x' for channels c0 + 4q … c0 + 4q + 3.
-// It multiplies them by Φ rows g·OPG … g·OPG + OPG − 1 (OPG = ceil(M / 4); 4·n·OPG values kept in
-// registers) and adds its own channel's squares as value OPG; the 8 lanes of group g then sum their
-// OPG + 1 values over the quads (a transposing butterfly on lane bits 4, 3, 2: lane 4q + g ends with
-// value q), and the warps' sums are added in warp order (the squared norm: warps, then groups).
-template <int NN, bool POST, int TT>
+// Warp w of block (b.x, b.y) serves tokens t0 … t0 + HCX_TT − 1, t0 = (b.y·HCX_WARPS + w)·HCX_TT,
+// and channels c0 … c0 + HCX_RUN − 1, c0 = b.x·HCX_RUN, of all n streams: lane ℓ owns channels
+// c0 + 2ℓ and c0 + 2ℓ + 1 (float2 loads and stores). Each Φ pair it loads (Φ[o, k·d + c0 + 2ℓ …],
+// from L1/L2: the block's four warps share the slice) is used for the warp's HCX_TT tokens. Per
+// token the lane sums, for each o < M, the 2·n products over its channels (stream k in order, the
+// pair's first channel first) and its channels' squares, and hc_lane_sums adds the 32 lanes.
+template <int NN, bool POST>
 __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const float* __restrict__ y,
                                                  const float* __restrict__ post, const float* __restrict__ comb,
-                                                 const float* __restrict__ fn, float* __restrict__ part, int T, int d,
-                                                 double (*cf)[HC_NC], float (*red)[HCX_CW / 32][32]) {
+                                                 const float* __restrict__ fn, float* __restrict__ part, int T, int d) {
     constexpr int M = (2 + NN) * NN;
-    constexpr int OPG = (M + 3) / 4;  // Φ rows per output group
-    constexpr int NC = NN + NN * NN;  // post_k then C[j][k] per token (HC_NC ≥ NC)
-    static_assert(OPG + 1 <= 8, "a group's values fit the 8-value butterfly");
+    static_assert(M + 1 <= 32, "the lane sums hold 32 values");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane & 3, quad0 = lane & ~3;
-    const int cw = blockIdx.x * HCX_CW + warp * 32;  // the warp's first channel
-    const int i = cw + lane;
-    const bool live = i < d;
+    const int t0 = (blockIdx.y * HCX_WARPS + warp) * HCX_TT;
+    if (t0 >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
+    const int tn = min(HCX_TT, T - t0);
     const int nb = gridDim.x;
+    const int i = blockIdx.x * HCX_RUN + 2 * lane;  // d is even: a lane's pair is whole or past d
+    const bool live = i < d;
     const size_t N = (size_t)NN * d;
-    // phi[r][k][c]: Φ[g·OPG + r, k·d + cw + quad0 + c] (0 past M or d).
-    float phi[OPG][NN][4];
+    float2 xv[HCX_TT][NN];
 #pragma unroll
-    for (int r = 0; r < OPG; r++)
+    for (int q = 0; q < HCX_TT; q++) {
+        const bool ok = live && q < tn;
+        const float* xt = x + (size_t)(t0 + q) * N + i;
 #pragma unroll
         for (int k = 0; k < NN; k++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int o = g * OPG + r, ch = cw + quad0 + c;
-                phi[r][k][c] = (o < M && ch < d) ? __ldg(fn + (size_t)o * N + (size_t)k * d + ch) : 0.f;
-            }
-    const int tb = blockIdx.y * HCX_TOKENS;
-    const int te = min(T, tb + HCX_TOKENS);
-    if (POST) {
-        for (int e = threadIdx.x; e < (te - tb) * NC; e += blockDim.x) {
-            const int q = e / NC, c = e % NC;
-            const int t = tb + q;
-            cf[q][c] = c < NN ? (double)post[(size_t)t * NN + c] : (double)comb[(size_t)t * NN * NN + (c - NN)];
-        }
-        __syncthreads();
+            xv[q][k] = ok ? *reinterpret_cast<const float2*>(xt + (size_t)k * d) : make_float2(0.f, 0.f);
     }
-#pragma unroll 1
-    for (int t0 = tb; t0 < te; t0 += TT) {
-        float xv[TT][NN], yv[TT];
+    if (POST) {
+        float2 yv[HCX_TT];
 #pragma unroll
-        for (int q = 0; q < TT; q++) {
-            const bool ok = live && t0 + q < te;
-            const float* xt = x + (size_t)(t0 + q) * N + i;
+        for (int q = 0; q < HCX_TT; q++)
+            yv[q] = (live && q < tn) ? *reinterpret_cast<const float2*>(y + (size_t)(t0 + q) * d + i)
+                                     : make_float2(0.f, 0.f);
 #pragma unroll
-            for (int k = 0; k < NN; k++) xv[q][k] = ok ? xt[(size_t)k * d] : 0.f;
-            yv[q] = (POST && ok) ? y[(size_t)(t0 + q) * d + i] : 0.f;
-        }
+        for (int q = 0; q < HCX_TT; q++) {
+            const int t = t0 + (q < tn ? q : 0);
+            const float* pt = post + (size_t)t * NN;
+            const float* ct = comb + (size_t)t * NN * NN;
+            // hc_post_f32's expression per channel.
+            double o0[NN], o1[NN];
 #pragma unroll
-        for (int q = 0; q < TT; q++) {
-            const bool ok = live && t0 + q < te;
-            float xn[NN];
-            if (POST) {
-                const double* c = cf[t0 + q - tb < HCX_TOKENS ? t0 + q - tb : 0];
-                double old[NN];
+            for (int j = 0; j < NN; j++) {
+                o0[j] = (double)xv[q][j].x;
+                o1[j] = (double)xv[q][j].y;
+            }
+            const double y0 = (double)yv[q].x, y1 = (double)yv[q].y;
+            float* xt = x + (size_t)(t0 + q) * N + i;
 #pragma unroll
-                for (int j = 0; j < NN; j++) old[j] = (double)xv[q][j];
-                const double yi = (double)yv[q];
-                float* xt = x + (size_t)(t0 + q) * N + i;
+            for (int k = 0; k < NN; k++) {
+                const double pk = (double)pt[k];
+                double s0 = pk * y0, s1 = pk * y1;
 #pragma unroll
-                for (int k = 0; k < NN; k++) {
-                    double s = c[k] * yi;
-#pragma unroll
-                    for (int j = 0; j < NN; j++) s += c[NN + j * NN + k] * old[j];
-                    xn[k] = (float)s;
-                    if (ok) xt[(size_t)k * d] = xn[k];
+                for (int j = 0; j < NN; j++) {
+                    const double c = (double)ct[j * NN + k];
+                    s0 += c * o0[j];
+                    s1 += c * o1[j];
                 }
-            } else {
-#pragma unroll
-                for (int k = 0; k < NN; k++) xn[k] = xv[q][k];
-            }
-            // x' of the quad's four channels (this lane's own at c = g).
-            float xq[NN][4];
-#pragma unroll
-            for (int k = 0; k < NN; k++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) xq[k][c] = __shfl_sync(HC_FULL, xn[k], quad0 + c);
-            float a[8];
-#pragma unroll
-            for (int r = 0; r < OPG; r++) {
-                float s = phi[r][0][0] * xq[0][0];
-#pragma unroll
-                for (int k = 0; k < NN; k++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++)
-                        if (k != 0 || c != 0) s += phi[r][k][c] * xq[k][c];
-                a[r] = s;
-            }
-            {
-                float s = xn[0] * xn[0];
-#pragma unroll
-                for (int k = 1; k < NN; k++) s += xn[k] * xn[k];
-                a[OPG] = s;
-            }
-#pragma unroll
-            for (int r = OPG + 1; r < 8; r++) a[r] = 0.f;
-            hcx_step<4, 16>(a, lane);
-            hcx_step<2, 8>(a, lane);
-            hcx_step<1, 4>(a, lane);
-            red[q][warp][lane] = a[0];  // value (lane >> 2) of group g
-        }
-        __syncthreads();
-        if (threadIdx.x < TT * 32) {
-            const int q = threadIdx.x >> 5, o = threadIdx.x & 31;
-            if (o <= M && t0 + q < te) {
-                float s = 0.f;
-                if (o < M) {
-                    const int idx = 4 * (o % OPG) + o / OPG;
-                    s = red[q][0][idx];
-#pragma unroll
-                    for (int w = 1; w < HCX_CW / 32; w++) s += red[q][w][idx];
-                } else {
-#pragma unroll
-                    for (int w = 0; w < HCX_CW / 32; w++)
-#pragma unroll
-                        for (int gg = 0; gg < 4; gg++) s += red[q][w][4 * OPG + gg];
-                }
-                part[((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART + o] = s;
+                xv[q][k] = make_float2((float)s0, (float)s1);
+                if (live && q < tn) *reinterpret_cast<float2*>(xt + (size_t)k * d) = xv[q][k];
             }
         }
-        __syncthreads();
+    }
+    float acc[HCX_TT][M + 1];
+#pragma unroll
+    for (int q = 0; q < HCX_TT; q++) {
+        float s = 0.f;
+#pragma unroll
+        for (int k = 0; k < NN; k++) s += xv[q][k].x * xv[q][k].x + xv[q][k].y * xv[q][k].y;
+        acc[q][M] = s;
+    }
+#pragma unroll
+    for (int o = 0; o < M; o++) {
+        float2 w[NN];
+#pragma unroll
+        for (int k = 0; k < NN; k++)
+            w[k] = live ? __ldg(reinterpret_cast<const float2*>(fn + (size_t)o * N + (size_t)k * d + i))
+                        : make_float2(0.f, 0.f);
+#pragma unroll
+        for (int q = 0; q < HCX_TT; q++) {
+            float s = 0.f;
+#pragma unroll
+            for (int k = 0; k < NN; k++) s += w[k].x * xv[q][k].x + w[k].y * xv[q][k].y;
+            acc[q][o] = s;
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < HCX_TT; q++) {
+        float a[32];
+#pragma unroll
+        for (int o = 0; o <= M; o++) a[o] = acc[q][o];
+#pragma unroll
+        for (int o = M + 1; o < 32; o++) a[o] = 0.f;
+        const float r = hc_lane_sums(a, lane);
+        if (q < tn && lane <= M) part[((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART + lane] = r;
     }
 }
 
@@ -510,8 +466,19 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
                                  float* __restrict__ comb, int d, int iters, double eps, double hc_eps, float norm_eps,
                                  float* tot, double* coef, float* red) {
     constexpr int M = (2 + NN) * NN;
+    constexpr bool PREFETCH = V <= 16;  // the streams loaded before the coefficients (V·NN registers)
     const int t = blockIdx.x;
     const int N = NN * d;
+    const float* xt = x + (size_t)t * N;
+    float xr[PREFETCH ? V : 1][NN];
+    if (PREFETCH) {
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            const int i = threadIdx.x + v * HC_THREADS;
+#pragma unroll
+            for (int j = 0; j < NN; j++) xr[PREFETCH ? v : 0][j] = i < d ? xt[(size_t)j * d + i] : 0.f;
+        }
+    }
     if (threadIdx.x <= M) {
         const float* p = part + (size_t)t * S * HC_PART + threadIdx.x;
         float r = 0.f;
@@ -523,7 +490,6 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
         hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
                           hc_eps);
     __syncthreads();
-    const float* xt = x + (size_t)t * N;
     float uv[V];
     float s = 0.f;
 #pragma unroll
@@ -533,7 +499,7 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
         if (i < d) {
             double a = 0.0;
 #pragma unroll
-            for (int j = 0; j < NN; j++) a += coef[j] * (double)xt[(size_t)j * d + i];
+            for (int j = 0; j < NN; j++) a += coef[j] * (double)(PREFETCH ? xr[PREFETCH ? v : 0][j] : xt[(size_t)j * d + i]);
             uv[v] = (float)a;
             s += uv[v] * uv[v];
         }
@@ -557,28 +523,22 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
 }
 
 // has_post: 0 = mix only (x read), 1 = post then mix (x updated in place). n ∈ 1..4.
-#define HCX_ENTRY(NAME, TT, BOUNDS)                                                                                   \
-    extern "C" __global__ void BOUNDS NAME(float* __restrict__ x, const float* __restrict__ y,                        \
-                                           const float* __restrict__ post, const float* __restrict__ comb,            \
-                                           const float* __restrict__ fn, float* __restrict__ part, int T, int n,      \
-                                           int d, int has_post) {                                                     \
-        __shared__ double cf[HCX_TOKENS][HC_NC];                                                                      \
-        __shared__ float red[TT][HCX_CW / 32][32];                                                               \
-        switch (n) {                                                                                                  \
-            case 1: if (has_post) hc_post_mix_impl<1, true, TT>(x, y, post, comb, fn, part, T, d, cf, red);          \
-                    else hc_post_mix_impl<1, false, TT>(x, y, post, comb, fn, part, T, d, cf, red); break;           \
-            case 2: if (has_post) hc_post_mix_impl<2, true, TT>(x, y, post, comb, fn, part, T, d, cf, red);          \
-                    else hc_post_mix_impl<2, false, TT>(x, y, post, comb, fn, part, T, d, cf, red); break;           \
-            case 3: if (has_post) hc_post_mix_impl<3, true, TT>(x, y, post, comb, fn, part, T, d, cf, red);          \
-                    else hc_post_mix_impl<3, false, TT>(x, y, post, comb, fn, part, T, d, cf, red); break;           \
-            case 4: if (has_post) hc_post_mix_impl<4, true, TT>(x, y, post, comb, fn, part, T, d, cf, red);          \
-                    else hc_post_mix_impl<4, false, TT>(x, y, post, comb, fn, part, T, d, cf, red); break;           \
-            default: break;                                                                                           \
-        }                                                                                                             \
+extern "C" __global__ void __launch_bounds__(HCX_THREADS, 3)
+hc_post_mix_f32(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ post,
+                const float* __restrict__ comb, const float* __restrict__ fn, float* __restrict__ part, int T, int n,
+                int d, int has_post) {
+    switch (n) {
+        case 1: if (has_post) hc_post_mix_impl<1, true>(x, y, post, comb, fn, part, T, d);
+                else hc_post_mix_impl<1, false>(x, y, post, comb, fn, part, T, d); break;
+        case 2: if (has_post) hc_post_mix_impl<2, true>(x, y, post, comb, fn, part, T, d);
+                else hc_post_mix_impl<2, false>(x, y, post, comb, fn, part, T, d); break;
+        case 3: if (has_post) hc_post_mix_impl<3, true>(x, y, post, comb, fn, part, T, d);
+                else hc_post_mix_impl<3, false>(x, y, post, comb, fn, part, T, d); break;
+        case 4: if (has_post) hc_post_mix_impl<4, true>(x, y, post, comb, fn, part, T, d);
+                else hc_post_mix_impl<4, false>(x, y, post, comb, fn, part, T, d); break;
+        default: break;
     }
-HCX_ENTRY(hc_post_mix_f32, 4, __launch_bounds__(HCX_CW))
-HCX_ENTRY(hc_post_mix_tt2_f32, 2, __launch_bounds__(HCX_CW, 3))
-#undef HCX_ENTRY
+}
 
 // hc_pre_norm_f32: d ≤ 16·HC_THREADS (16 channels per thread); hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS.
 #define HCN_ENTRY(NAME, V)                                                                                            \
