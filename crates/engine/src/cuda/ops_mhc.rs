@@ -814,3 +814,36 @@ fn hc_dims(what: &'static str, n: usize, d: usize) -> Result<(), CudaError> {
     }
     int(what, "n·d", n * d).map(|_| ())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The launch constants here are the kernel's: a mismatch would give blocks the wrong size or
+    /// partial buffers the wrong stride (the kernels index with their own defines).
+    #[test]
+    fn mhc_launch_constants_match_the_source() {
+        let src = include_str!("kernels/mhc.cu");
+        for (define, value) in [
+            ("HC_SPLIT", HC_SPLIT),
+            ("HC_PART", HC_PART),
+            ("HC_THREADS", HC_THREADS as usize),
+            ("HC_MAXN", HC_MAX_STREAMS),
+            ("HCX_RUN", HC_MIX_RUN),
+            ("HCN_V", HC_NORM_MAX_D / HC_THREADS as usize),
+        ] {
+            assert!(src.contains(&format!("#define {define} {value} ")) || src.contains(&format!("#define {define} {value}\n")), "{define} = {value}");
+        }
+        assert!(src.contains("#define HCX_TT 4 ") && src.contains("#define HCX_WARPS 4 ") && src.contains("#define HCX_THREADS (32 * HCX_WARPS)"));
+        assert_eq!(HC_MIX_TOKENS, 4 * 4);
+        assert_eq!(HC_MIX_THREADS, 32 * 4);
+        assert_eq!(HC_PARTIAL_TOKENS, 16);
+        assert!(src.contains("__launch_bounds__(HCX_THREADS, 3)"));
+        // hc_pre_norm_f32 keeps 16 channels per thread, the wide entry HCN_V.
+        assert!(src.contains("HCN_ENTRY(hc_pre_norm_f32, 16)") && src.contains("HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V)"));
+        assert_eq!(HC_NORM_NARROW_D, 16 * 256);
+        for e in MHC_ENTRY_POINTS {
+            assert!(src.contains(&format!("{e}(")) || src.contains(&format!("HCN_ENTRY({e},")), "{e}");
+        }
+    }
+}

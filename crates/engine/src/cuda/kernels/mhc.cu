@@ -333,32 +333,33 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 // previous sub-block's post), and the pre's finish followed by the sub-block's RMSNorm in one kernel.
 //
 // hc_post_mix_f32: x [T, n, d] (in place when post is on), y [T, d], post [T, n], comb [T, n, n],
-//   Φ fn [M, N] of the NEXT pre (M = (2+n)·n), part [T, nb, HC_PART] with nb = ceil(d / HCX_CW).
-//   Block b.x owns channels i = b.x·HCX_CW + threadIdx.x (one per thread, all n streams) of the
-//   tokens [b.y·HCX_TOKENS, …) and holds its M·n Φ values in registers for all of them. Per token:
+//   Φ fn [M, N] of the NEXT pre (M = (2+n)·n), part [T, nb, HC_PART] with nb = ceil(d / HCX_RUN).
+//   Per token, for its run of HCX_RUN channels (all n streams):
 //   - with post (has_post ≠ 0): x'[k][i] = post_k·y[i] + Σ_j comb[j][k]·x[j][i] in f64, exactly
-//     hc_post_f32's expression (the coefficients staged in shared memory as f64), written in place;
-//     without post x' = x (the first pre of a forward);
-//   - the M mix products Σ_k Φ[o][k·d + i]·x'[k][i] (k in order, f32) and Σ_k x'[k][i]², summed over
-//     the warp's 32 channels by hc_lane_sums and over the block's HCX_CW / 32 warps in warp order:
-//     part[t, b.x, o] (o < M) and part[t, b.x, M] (the squared norm).
+//     hc_post_f32's expression, written in place; without post x' = x (the first pre of a forward);
+//   - the M mix products Σ Φ[o, k·d + i]·x'[k][i] and the squared norm Σ x'[k][i]² over the run:
+//     part[t, run, o] (o < M) and part[t, run, M].
+//   The partial pass's mapping (hc_mix_partial_f32): a warp per HCX_TT tokens, Φ from L1/L2 shared by
+//   them, one hc_lane_sums per token. Measured on the H200 at T = 8,192 (n 4, d 4,096, 2026-12-01):
+//   0.657 ms, against 0.327 (hc_post_f32) + ~0.42 (hc_mix_partial_f32); a first form with a block per
+//   128 channels × 64 tokens and Φ in registers (180 registers, 8 warps per SM) took 0.78–0.99 ms.
 //   A token's partials run in the same order whatever T and its place in the tile (batch invariant).
-//   Loads of HCX_TT tokens are issued together. Launch: grid (nb, ceil(T / HCX_TOKENS)), block
-//   HCX_CW, static shared memory ≤ 12 KiB.
+//   Launch: grid (nb, ceil(T / (HCX_WARPS·HCX_TT))), block HCX_THREADS (at most 168 registers: 3 blocks
+//   per SM), no shared memory.
 // hc_pre_norm_f32: part [T, S, HC_PART] (S partials per token: HC_SPLIT from hc_mix_partial_f32 or
 //   nb from hc_post_mix_f32), x, base, scale as hc_pre_f32, the RMSNorm weight w [d] (or null), out
 //   [T, d]: hc_pre_f32's coefficients, post and comb from the S partials summed in order, then
 //   u = Σ_j pre_j·x[t, j] (f64 → f32, hc_pre_f32's expression) kept in registers and
 //   out = w ⊙ u / sqrt(mean(u²) + norm_eps) with rms_norm_f32's reduction (thread i sums channels
 //   i, i + 256, …; warp sums; warp 0 sums the warps): the bits of hc_pre_f32 then rms_norm_f32 on
-//   the same partials. d ≤ HCN_V·HC_THREADS. Launch: grid (T), block HC_THREADS.
+//   the same partials. d ≤ HCN_V·HC_THREADS. Launch: grid (T), block HC_THREADS. (Loading the streams
+//   into registers before the coefficients, 102 registers, took 0.48 ms at T = 8,192 instead of 0.28.)
 
 #define HCX_RUN 64     // channels per block of hc_post_mix_f32 (two per lane)
 #define HCX_TT 4       // tokens per warp of hc_post_mix_f32
 #define HCX_WARPS 4    // warps per block of hc_post_mix_f32
 #define HCX_THREADS (32 * HCX_WARPS)
 #define HCN_V 32       // channels per thread of hc_pre_norm_f32 (d ≤ 8,192)
-#define HC_NC (HC_MAXN + HC_MAXN * HC_MAXN)  // post and comb coefficients per token
 
 // Warp w of block (b.x, b.y) serves tokens t0 … t0 + HCX_TT − 1, t0 = (b.y·HCX_WARPS + w)·HCX_TT,
 // and channels c0 … c0 + HCX_RUN − 1, c0 = b.x·HCX_RUN, of all n streams: lane ℓ owns channels
@@ -466,19 +467,8 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
                                  float* __restrict__ comb, int d, int iters, double eps, double hc_eps, float norm_eps,
                                  float* tot, double* coef, float* red) {
     constexpr int M = (2 + NN) * NN;
-    constexpr bool PREFETCH = V <= 16;  // the streams loaded before the coefficients (V·NN registers)
     const int t = blockIdx.x;
     const int N = NN * d;
-    const float* xt = x + (size_t)t * N;
-    float xr[PREFETCH ? V : 1][NN];
-    if (PREFETCH) {
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            const int i = threadIdx.x + v * HC_THREADS;
-#pragma unroll
-            for (int j = 0; j < NN; j++) xr[PREFETCH ? v : 0][j] = i < d ? xt[(size_t)j * d + i] : 0.f;
-        }
-    }
     if (threadIdx.x <= M) {
         const float* p = part + (size_t)t * S * HC_PART + threadIdx.x;
         float r = 0.f;
@@ -490,6 +480,7 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
         hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
                           hc_eps);
     __syncthreads();
+    const float* xt = x + (size_t)t * N;
     float uv[V];
     float s = 0.f;
 #pragma unroll
@@ -499,7 +490,7 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
         if (i < d) {
             double a = 0.0;
 #pragma unroll
-            for (int j = 0; j < NN; j++) a += coef[j] * (double)(PREFETCH ? xr[PREFETCH ? v : 0][j] : xt[(size_t)j * d + i]);
+            for (int j = 0; j < NN; j++) a += coef[j] * (double)xt[(size_t)j * d + i];
             uv[v] = (float)a;
             s += uv[v] * uv[v];
         }
