@@ -367,23 +367,19 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 // from L1/L2: the block's four warps share the slice) is used for the warp's HCX_TT tokens. Per
 // token the lane sums, for each o < M, the 2·n products over its channels (stream k in order, the
 // pair's first channel first) and its channels' squares, and hc_lane_sums adds the 32 lanes.
-template <int NN, bool POST>
-__device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const float* __restrict__ y,
-                                                 const float* __restrict__ post, const float* __restrict__ comb,
-                                                 const float* __restrict__ fn, float* __restrict__ part, int T, int d) {
+// Tokens t0 … t0 + tn − 1 (tn ≤ TT) of one warp: a token's sums do not depend on TT or tn.
+template <int NN, bool POST, int TT>
+__device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const float* __restrict__ y,
+                                                   const float* __restrict__ post, const float* __restrict__ comb,
+                                                   const float* __restrict__ fn, float* __restrict__ part, int t0,
+                                                   int tn, int d, int i, bool live, int lane) {
     constexpr int M = (2 + NN) * NN;
     static_assert(M + 1 <= 32, "the lane sums hold 32 values");
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int t0 = (blockIdx.y * HCX_WARPS + warp) * HCX_TT;
-    if (t0 >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
-    const int tn = min(HCX_TT, T - t0);
     const int nb = gridDim.x;
-    const int i = blockIdx.x * HCX_RUN + 2 * lane;  // d is even: a lane's pair is whole or past d
-    const bool live = i < d;
     const size_t N = (size_t)NN * d;
-    float2 xv[HCX_TT][NN];
+    float2 xv[TT][NN];
 #pragma unroll
-    for (int q = 0; q < HCX_TT; q++) {
+    for (int q = 0; q < TT; q++) {
         const bool ok = live && q < tn;
         const float* xt = x + (size_t)(t0 + q) * N + i;
 #pragma unroll
@@ -391,13 +387,13 @@ __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const fl
             xv[q][k] = ok ? *reinterpret_cast<const float2*>(xt + (size_t)k * d) : make_float2(0.f, 0.f);
     }
     if (POST) {
-        float2 yv[HCX_TT];
+        float2 yv[TT];
 #pragma unroll
-        for (int q = 0; q < HCX_TT; q++)
+        for (int q = 0; q < TT; q++)
             yv[q] = (live && q < tn) ? *reinterpret_cast<const float2*>(y + (size_t)(t0 + q) * d + i)
                                      : make_float2(0.f, 0.f);
 #pragma unroll
-        for (int q = 0; q < HCX_TT; q++) {
+        for (int q = 0; q < TT; q++) {
             const int t = t0 + (q < tn ? q : 0);
             const float* pt = post + (size_t)t * NN;
             const float* ct = comb + (size_t)t * NN * NN;
@@ -425,9 +421,9 @@ __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const fl
             }
         }
     }
-    float acc[HCX_TT][M + 1];
+    float acc[TT][M + 1];
 #pragma unroll
-    for (int q = 0; q < HCX_TT; q++) {
+    for (int q = 0; q < TT; q++) {
         float s = 0.f;
 #pragma unroll
         for (int k = 0; k < NN; k++) s += xv[q][k].x * xv[q][k].x + xv[q][k].y * xv[q][k].y;
@@ -441,7 +437,7 @@ __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const fl
             w[k] = live ? __ldg(reinterpret_cast<const float2*>(fn + (size_t)o * N + (size_t)k * d + i))
                         : make_float2(0.f, 0.f);
 #pragma unroll
-        for (int q = 0; q < HCX_TT; q++) {
+        for (int q = 0; q < TT; q++) {
             float s = 0.f;
 #pragma unroll
             for (int k = 0; k < NN; k++) s += w[k].x * xv[q][k].x + w[k].y * xv[q][k].y;
@@ -449,7 +445,7 @@ __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const fl
         }
     }
 #pragma unroll
-    for (int q = 0; q < HCX_TT; q++) {
+    for (int q = 0; q < TT; q++) {
         float a[32];
 #pragma unroll
         for (int o = 0; o <= M; o++) a[o] = acc[q][o];
@@ -457,6 +453,35 @@ __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const fl
         for (int o = M + 1; o < 32; o++) a[o] = 0.f;
         const float r = hc_lane_sums(a, lane);
         if (q < tn && lane <= M) part[((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART + lane] = r;
+    }
+}
+
+// The one-token form on its own (not inlined: inlined beside the four-token form it made the kernel
+// spill at its 168 registers).
+template <int NN, bool POST>
+__device__ __noinline__ void hc_post_mix_one(float* __restrict__ x, const float* __restrict__ y,
+                                             const float* __restrict__ post, const float* __restrict__ comb,
+                                             const float* __restrict__ fn, float* __restrict__ part, int t, int d,
+                                             int i, bool live, int lane) {
+    hc_post_mix_tokens<NN, POST, 1>(x, y, post, comb, fn, part, t, 1, d, i, live, lane);
+}
+
+template <int NN, bool POST>
+__device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const float* __restrict__ y,
+                                                 const float* __restrict__ post, const float* __restrict__ comb,
+                                                 const float* __restrict__ fn, float* __restrict__ part, int T, int d) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t0 = (blockIdx.y * HCX_WARPS + warp) * HCX_TT;
+    if (t0 >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
+    const int tn = min(HCX_TT, T - t0);
+    const int i = blockIdx.x * HCX_RUN + 2 * lane;  // d is even: a lane's pair is whole or past d
+    const bool live = i < d;
+    if (tn == HCX_TT) {
+        hc_post_mix_tokens<NN, POST, HCX_TT>(x, y, post, comb, fn, part, t0, tn, d, i, live, lane);
+    } else {
+        // Fewer tokens (a decode step, the last warp): one at a time, so that no lane loads or sums
+        // for absent tokens (the same sums per token).
+        for (int q = 0; q < tn; q++) hc_post_mix_one<NN, POST>(x, y, post, comb, fn, part, t0 + q, d, i, live, lane);
     }
 }
 
