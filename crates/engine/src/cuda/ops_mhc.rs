@@ -57,8 +57,6 @@ const HC_MIX_THREADS: u32 = 128;
 /// Widest hidden size hc_pre_norm_f32 handles (16 channels per thread of `HC_THREADS`); up to
 /// [`HC_NORM_MAX_D`] runs hc_pre_norm_wide_f32 (`HCN_V` = 32 per thread).
 const HC_NORM_NARROW_D: usize = 16 * HC_THREADS as usize;
-/// Tokens per block of hc_pre_norm_f32 (`HCN_TOK` in mhc.cu: a warp's coefficients each).
-const HC_NORM_TOKENS: usize = 8;
 /// Widest hidden size the fused pre + RMSNorm (`MHC_FUSED`) handles (`HCN_V`·`HC_THREADS` in mhc.cu);
 /// wider models run [`Gpu::hc_pre`] and [`Gpu::rms_norm`].
 pub const HC_NORM_MAX_D: usize = 32 * HC_THREADS as usize;
@@ -343,8 +341,7 @@ impl Gpu {
     /// sub-block's RMSNorm (spec §4.5 / §4.11 input norm, weight `norm` `[d]`, `norm_eps`): writes
     /// `out` = RMSNorm(u) `[t, d]` (u itself stays in registers), `post` `[t, n]` and `comb`
     /// `[t, n, n]`. Given the same partials it computes the bits of hc_pre_f32 followed by
-    /// [`Gpu::rms_norm`] (same expressions, same reduction order). One launch, a block per 8 tokens
-    /// (their coefficients and Sinkhorn iterations a warp each, then their outputs one by one).
+    /// [`Gpu::rms_norm`] (same expressions, same reduction order). One launch, a block per token.
     ///
     /// Errors: `n` outside 1..=4, `d` not a multiple of 4 or above [`HC_NORM_MAX_D`], partials for
     /// another mix size or fewer tokens, or a buffer of the wrong size.
@@ -389,8 +386,7 @@ impl Gpu {
             return Ok(());
         }
         let entry = if d <= HC_NORM_NARROW_D { "hc_pre_norm_f32" } else { "hc_pre_norm_wide_f32" };
-        let t_i = int(W, "tokens", t)?;
-        let cfg = LaunchConfig { grid_dim: (t.div_ceil(HC_NORM_TOKENS) as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (s_i, n_i, d_i, it_i, null) = (mix.blocks as i32, n as i32, d as i32, int(W, "iters", iters)?, 0u64);
         let mut b = self.stream.launch_builder(self.f(entry));
         b.arg(&mix.part).arg(&s_i).arg(x).arg(&w.base).arg(&w.scale);
@@ -398,7 +394,7 @@ impl Gpu {
             Some(nw) => b.arg(nw),
             None => b.arg(&null),
         };
-        b.arg(out).arg(post).arg(comb).arg(&t_i).arg(&n_i).arg(&d_i).arg(&it_i).arg(&eps).arg(&hc_eps).arg(&norm_eps);
+        b.arg(out).arg(post).arg(comb).arg(&n_i).arg(&d_i).arg(&it_i).arg(&eps).arg(&hc_eps).arg(&norm_eps);
         // SAFETY: matches hc_pre_norm_f32 / _wide_f32's signature; every buffer was checked to hold
         // what the grid reads and writes (part: t·blocks·HC_PART from hc_post_mix).
         drv(entry, unsafe { b.launch(cfg) }).map(|_| ())
@@ -843,11 +839,8 @@ mod tests {
         assert_eq!(HC_MIX_THREADS, 32 * 4);
         assert_eq!(HC_PARTIAL_TOKENS, 16);
         assert!(src.contains("__launch_bounds__(HCX_THREADS, 3)"));
-        // hc_pre_norm_f32 keeps 16 channels per thread, the wide entry HCN_V; a warp per token's
-        // coefficients.
-        assert!(src.contains("HCN_ENTRY(hc_pre_norm_f32, 16, 3)") && src.contains("HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V, 1)"));
-        assert!(src.contains(&format!("#define HCN_TOK {HC_NORM_TOKENS} ")));
-        assert_eq!(HC_NORM_TOKENS, HC_THREADS as usize / 32);
+        // hc_pre_norm_f32 keeps 16 channels per thread, the wide entry HCN_V.
+        assert!(src.contains("HCN_ENTRY(hc_pre_norm_f32, 16)") && src.contains("HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V)"));
         assert_eq!(HC_NORM_NARROW_D, 16 * 256);
         for e in MHC_ENTRY_POINTS {
             assert!(src.contains(&format!("{e}(")) || src.contains(&format!("HCN_ENTRY({e},")), "{e}");

@@ -352,19 +352,14 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 //   u = Σ_j pre_j·x[t, j] (f64 → f32, hc_pre_f32's expression) kept in registers and
 //   out = w ⊙ u / sqrt(mean(u²) + norm_eps) with rms_norm_f32's reduction (thread i sums channels
 //   i, i + 256, …; warp sums; warp 0 sums the warps): the bits of hc_pre_f32 then rms_norm_f32 on
-//   the same partials. d ≤ HCN_V·HC_THREADS. A block serves HCN_TOK tokens: warp j sums token j's
-//   partials and runs its coefficients and Sinkhorn iterations (all the block's tokens at once, where
-//   a block per token left 7 of its 8 warps waiting on warp 0: 0.30 ms at T = 8,192, 80 % of cycles
-//   without an eligible warp), then the block computes the tokens' outputs one after the other.
-//   Launch: grid (ceil(T / HCN_TOK)), block HC_THREADS. (Loading the streams into registers before
-//   the coefficients, one token per block and 102 registers, took 0.48 ms instead of 0.28.)
+//   the same partials. d ≤ HCN_V·HC_THREADS. Launch: grid (T), block HC_THREADS. (Loading the streams
+//   into registers before the coefficients, 102 registers, took 0.48 ms at T = 8,192 instead of 0.28.)
 
 #define HCX_RUN 64     // channels per block of hc_post_mix_f32 (two per lane)
 #define HCX_TT 4       // tokens per warp of hc_post_mix_f32
 #define HCX_WARPS 4    // warps per block of hc_post_mix_f32
 #define HCX_THREADS (32 * HCX_WARPS)
-#define HCN_V 32       // channels per thread of hc_pre_norm_wide_f32 (d ≤ 8,192)
-#define HCN_TOK 8      // tokens per block of hc_pre_norm_f32 (one warp each for the coefficients)
+#define HCN_V 32       // channels per thread of hc_pre_norm_f32 (d ≤ 8,192)
 
 // Warp w of block (b.x, b.y) serves tokens t0 … t0 + HCX_TT − 1, t0 = (b.y·HCX_WARPS + w)·HCX_TT,
 // and channels c0 … c0 + HCX_RUN − 1, c0 = b.x·HCX_RUN, of all n streams: lane ℓ owns channels
@@ -494,61 +489,52 @@ template <int NN, int V>
 __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const float* __restrict__ x,
                                  const float* __restrict__ base, const float* __restrict__ scale,
                                  const float* __restrict__ w, float* __restrict__ out, float* __restrict__ post,
-                                 float* __restrict__ comb, int T, int d, int iters, double eps, double hc_eps,
-                                 float norm_eps, float (*tot)[HC_MAXM + 1], double (*coef)[HC_MAXN], float* red) {
+                                 float* __restrict__ comb, int d, int iters, double eps, double hc_eps, float norm_eps,
+                                 float* tot, double* coef, float* red) {
     constexpr int M = (2 + NN) * NN;
+    const int t = blockIdx.x;
     const int N = NN * d;
-    const int tb = blockIdx.x * HCN_TOK;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    // Warp j: token tb + j's totals (lane i sums value i over the S partials in order), then its
-    // coefficients and Sinkhorn (hc_pre_f32's, for every token of the block at once).
-    const int tw = tb + warp;
-    if (warp < HCN_TOK && tw < T && lane <= M) {
-        const float* p = part + (size_t)tw * S * HC_PART + lane;
+    if (threadIdx.x <= M) {
+        const float* p = part + (size_t)t * S * HC_PART + threadIdx.x;
         float r = 0.f;
         for (int s = 0; s < S; s++) r += p[s * HC_PART];
-        tot[warp][lane] = r;
+        tot[threadIdx.x] = r;
     }
     __syncthreads();
-    if (warp < HCN_TOK && tw < T)
-        hc_pre_coeffs<NN>(tot[warp], base, scale, post + (size_t)tw * NN, comb + (size_t)tw * NN * NN, coef[warp], N,
-                          iters, eps, hc_eps);
+    if (threadIdx.x < 32)
+        hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
+                          hc_eps);
     __syncthreads();
-    // Then the block's tokens one after the other: u, its RMSNorm (rms_norm_f32's order), the output.
-    for (int j = 0; j < HCN_TOK && tb + j < T; j++) {
-        const int t = tb + j;
-        const float* xt = x + (size_t)t * N;
-        float uv[V];
-        float s = 0.f;
+    const float* xt = x + (size_t)t * N;
+    float uv[V];
+    float s = 0.f;
 #pragma unroll
-        for (int v = 0; v < V; v++) {
-            const int i = threadIdx.x + v * HC_THREADS;
-            uv[v] = 0.f;
-            if (i < d) {
-                double a = 0.0;
+    for (int v = 0; v < V; v++) {
+        const int i = threadIdx.x + v * HC_THREADS;
+        uv[v] = 0.f;
+        if (i < d) {
+            double a = 0.0;
 #pragma unroll
-                for (int jj = 0; jj < NN; jj++) a += coef[j][jj] * (double)xt[(size_t)jj * d + i];
-                uv[v] = (float)a;
-                s += uv[v] * uv[v];
-            }
+            for (int j = 0; j < NN; j++) a += coef[j] * (double)xt[(size_t)j * d + i];
+            uv[v] = (float)a;
+            s += uv[v] * uv[v];
         }
-        float* rj = red + (j & 1) * 32;  // alternate halves: the next token's sums do not overwrite this one's total early
-        s = fs_warp_sum(s);
-        if (lane == 0) rj[warp] = s;
-        __syncthreads();
-        if (threadIdx.x < 32) {
-            float v = threadIdx.x < (HC_THREADS >> 5) ? rj[threadIdx.x] : 0.f;
-            v = fs_warp_sum(v);
-            if (threadIdx.x == 0) rj[0] = v;
-        }
-        __syncthreads();
-        const float r = rsqrtf(rj[0] / (float)d + norm_eps);
-        float* ot = out + (size_t)t * d;
+    }
+    s = fs_warp_sum(s);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (HC_THREADS >> 5) ? red[threadIdx.x] : 0.f;
+        v = fs_warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float r = rsqrtf(red[0] / (float)d + norm_eps);
+    float* ot = out + (size_t)t * d;
 #pragma unroll
-        for (int v = 0; v < V; v++) {
-            const int i = threadIdx.x + v * HC_THREADS;
-            if (i < d) ot[i] = (w ? w[i] : 1.f) * (uv[v] * r);
-        }
+    for (int v = 0; v < V; v++) {
+        const int i = threadIdx.x + v * HC_THREADS;
+        if (i < d) ot[i] = (w ? w[i] : 1.f) * (uv[v] * r);
     }
 }
 
@@ -571,27 +557,27 @@ hc_post_mix_f32(float* __restrict__ x, const float* __restrict__ y, const float*
 }
 
 // hc_pre_norm_f32: d ≤ 16·HC_THREADS (16 channels per thread); hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS.
-#define HCN_ENTRY(NAME, V, MINB)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(HC_THREADS, MINB)                                                    \
+#define HCN_ENTRY(NAME, V)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(HC_THREADS)                                                          \
     NAME(const float* __restrict__ part, int S, const float* __restrict__ x, const float* __restrict__ base,         \
          const float* __restrict__ scale, const float* __restrict__ w, float* __restrict__ out,                      \
-         float* __restrict__ post, float* __restrict__ comb, int T, int n, int d, int iters, double eps,             \
-         double hc_eps, float norm_eps) {                                                                             \
-        __shared__ float tot[HCN_TOK][HC_MAXM + 1];                                                                   \
-        __shared__ double coef[HCN_TOK][HC_MAXN];                                                                     \
-        __shared__ float red[64];                                                                                     \
+         float* __restrict__ post, float* __restrict__ comb, int n, int d, int iters, double eps, double hc_eps,      \
+         float norm_eps) {                                                                                            \
+        __shared__ float tot[HC_MAXM + 1];                                                                            \
+        __shared__ double coef[HC_MAXN];                                                                              \
+        __shared__ float red[32];                                                                                     \
         switch (n) {                                                                                                  \
-            case 1: hc_pre_norm_impl<1, V>(part, S, x, base, scale, w, out, post, comb, T, d, iters, eps, hc_eps,    \
+            case 1: hc_pre_norm_impl<1, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
                                            norm_eps, tot, coef, red); break;                                          \
-            case 2: hc_pre_norm_impl<2, V>(part, S, x, base, scale, w, out, post, comb, T, d, iters, eps, hc_eps,    \
+            case 2: hc_pre_norm_impl<2, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
                                            norm_eps, tot, coef, red); break;                                          \
-            case 3: hc_pre_norm_impl<3, V>(part, S, x, base, scale, w, out, post, comb, T, d, iters, eps, hc_eps,    \
+            case 3: hc_pre_norm_impl<3, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
                                            norm_eps, tot, coef, red); break;                                          \
-            case 4: hc_pre_norm_impl<4, V>(part, S, x, base, scale, w, out, post, comb, T, d, iters, eps, hc_eps,    \
+            case 4: hc_pre_norm_impl<4, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
                                            norm_eps, tot, coef, red); break;                                          \
             default: break;                                                                                           \
         }                                                                                                             \
     }
-HCN_ENTRY(hc_pre_norm_f32, 16, 3)
-HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V, 1)
+HCN_ENTRY(hc_pre_norm_f32, 16)
+HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V)
 #undef HCN_ENTRY
