@@ -261,46 +261,75 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, gw: &GpuHcWeights, x: &[f32], y: &[f32],
     Ok(all)
 }
 
-/// MHC_FUSED's other shapes: 3 streams of width 4,100 (the wide finish, hc_pre_norm_wide_f32, and a
-/// last channel block of 4 channels), 5 tokens: pre + norm and post against the CPU reference, the
-/// post's streams against hc_post_f32 bit for bit.
+/// MHC_FUSED's other shapes, each against the CPU reference (pre + norm, post) and bit for bit
+/// against the unfused kernels where they promise it: (n 3, d 4,100, T 5: the wide finish
+/// hc_pre_norm_wide_f32 and a last channel run of 4 channels), (n 1, d 8,192, T 3: the widest
+/// hidden size, warps of fewer than 4 tokens only), (n 2, d 1,000, T 9: a narrow row, a last warp
+/// of one token). Also: partials made with another Φ are refused.
 fn check_hc_fused_wide(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
-    let (t, n, d, iters, eps, hc_eps, norm_eps) = (5usize, 3usize, 4100usize, 20usize, 1e-6f64, 1e-6f64, 1e-6f32);
-    let nd = n * d;
-    let hw = random_hc(seed, "hcw", n, d);
-    let gw = GpuHcWeights::upload(gpu, &hw)?;
-    let x = random(seed, "hcw.x", t * nd, 1.0);
-    let y = random(seed, "hcw.y", t * d, 1.0);
-    let nw: Vec<f32> = random(seed, "hcw.norm", d, 0.25).iter().map(|v| 1.0 + v).collect();
-    let (mut a_ref, mut post_ref, mut comb_ref, mut x_ref) = (Vec::new(), Vec::new(), Vec::new(), x.clone());
-    for (ti, xt) in x_ref.chunks_mut(nd).enumerate() {
-        let (mut u, m) = mhc::hc_pre(&hw, xt, n, iters, eps, hc_eps);
-        ops::rms_norm(&mut u, &nw, norm_eps as f64);
-        a_ref.extend(u);
-        post_ref.extend(m.post.iter().map(|v| *v as f32));
-        comb_ref.extend(m.comb.iter().map(|v| *v as f32));
-        let mf = mhc::HcMix { post: m.post.iter().map(|v| *v as f32 as f64).collect(), comb: m.comb.iter().map(|v| *v as f32 as f64).collect() };
-        mhc::hc_post(&mf, xt, &y[ti * d..(ti + 1) * d], n);
+    let (iters, eps, hc_eps, norm_eps) = (20usize, 1e-6f64, 1e-6f64, 1e-6f32);
+    for (n, d, t) in [(3usize, 4100usize, 5usize), (1, 8192, 3), (2, 1000, 9)] {
+        let nd = n * d;
+        let key = format!("hcw{n}_{d}");
+        let hw = random_hc(seed, &key, n, d);
+        let gw = GpuHcWeights::upload(gpu, &hw)?;
+        let x = random(seed, &format!("{key}.x"), t * nd, 1.0);
+        let y = random(seed, &format!("{key}.y"), t * d, 1.0);
+        let nw: Vec<f32> = random(seed, &format!("{key}.norm"), d, 0.25).iter().map(|v| 1.0 + v).collect();
+        let (mut a_ref, mut post_ref, mut comb_ref, mut x_ref) = (Vec::new(), Vec::new(), Vec::new(), x.clone());
+        for (ti, xt) in x_ref.chunks_mut(nd).enumerate() {
+            let (mut u, m) = mhc::hc_pre(&hw, xt, n, iters, eps, hc_eps);
+            ops::rms_norm(&mut u, &nw, norm_eps as f64);
+            a_ref.extend(u);
+            post_ref.extend(m.post.iter().map(|v| *v as f32));
+            comb_ref.extend(m.comb.iter().map(|v| *v as f32));
+            let mf = mhc::HcMix { post: m.post.iter().map(|v| *v as f32 as f64).collect(), comb: m.comb.iter().map(|v| *v as f32 as f64).collect() };
+            mhc::hc_post(&mf, xt, &y[ti * d..(ti + 1) * d], n);
+        }
+        let shape = json!([t, n, d, iters]);
+        let dnw = gpu.upload(&nw)?;
+        let mut dx = gpu.upload(&x)?;
+        let (mut da, mut dpost, mut dcomb) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
+        let mix = gpu.hc_post_mix(&mut dx, None, &gw, t, n, d)?;
+        gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+        all &= record(out, &format!("hc_pre fused normed u (n {n}, d {d})"), shape.clone(), &gpu.download(&da)?, &a_ref);
+        all &= record(out, &format!("hc_pre fused post (n {n}, d {d})"), shape.clone(), &gpu.download(&dpost)?, &post_ref);
+        all &= record(out, &format!("hc_pre fused comb (n {n}, d {d})"), shape.clone(), &gpu.download(&dcomb)?, &comb_ref);
+        if d > 1024 {
+            // Gpu::rms_norm runs rms_norm_f32 above 1,024 values a row: the finish's bits on the
+            // unfused kernels' own partials.
+            let split = gpu.hc_split_partials(&dx, &gw, t, n, d)?;
+            gpu.hc_pre_norm(&gw, &split, &dx, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+            let (mut du2, mut dp2, mut dc2, mut da2) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?, gpu.zeros::<f32>(t * d)?);
+            gpu.hc_pre(&gw, &dx, &mut du2, &mut dp2, &mut dc2, t, n, d, iters, eps, hc_eps)?;
+            gpu.rms_norm(&du2, Some(&dnw), &mut da2, t, d, norm_eps)?;
+            let differ = differing_bits(&gpu.download(&da)?, &gpu.download(&da2)?)
+                + differing_bits(&gpu.download(&dpost)?, &gpu.download(&dp2)?)
+                + differing_bits(&gpu.download(&dcomb)?, &gpu.download(&dc2)?);
+            all &= flag_record(out, &format!("hc_pre_norm bits (n {n}, d {d})"), json!({"differing_values": differ, "of": t * (d + n + n * n), "vs": "hc_pre_f32 + rms_norm_f32 on the same partials"}), differ == 0);
+        }
+        // The post with the device's own post / comb, and its partials against those of its
+        // output computed on their own.
+        let dy = gpu.upload(&y)?;
+        let mut dref = gpu.upload(&x)?;
+        gpu.hc_post(&mut dref, &dy, &dpost, &dcomb, t, n, d)?;
+        let withpost = gpu.hc_post_mix(&mut dx, Some((&dy, &dpost, &dcomb)), &gw, t, n, d)?;
+        let got = gpu.download(&dx)?;
+        all &= record(out, &format!("hc_post_mix x (n {n}, d {d})"), json!([t, n, d]), &got, &x_ref);
+        let bits = differing_bits(&got, &gpu.download(&dref)?);
+        all &= flag_record(out, &format!("hc_post_mix_f32 x bits (n {n}, d {d})"), json!({"differing_values": bits, "of": t * nd, "vs": "hc_post_f32"}), bits == 0);
+        let alone = gpu.hc_post_mix(&mut dref, None, &gw, t, n, d)?;
+        let (mut db, mut dpb, mut dcb) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
+        gpu.hc_pre_norm(&gw, &withpost, &dx, None, &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+        gpu.hc_pre_norm(&gw, &alone, &dref, None, &mut db, &mut dpb, &mut dcb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+        let pbits = differing_bits(&gpu.download(&da)?, &gpu.download(&db)?) + differing_bits(&gpu.download(&dcomb)?, &gpu.download(&dcb)?);
+        all &= flag_record(out, &format!("hc_post_mix_f32 partials bits (n {n}, d {d})"), json!({"differing_values": pbits, "of": t * (d + n * n), "vs": "the partials of hc_post_f32's output (unweighted normed pre output and comb compared)"}), pbits == 0);
+        // Partials made with another Φ of the same shape are refused.
+        let other = GpuHcWeights::upload(gpu, &random_hc(seed, &format!("{key}.other"), n, d))?;
+        let refused = gpu.hc_pre_norm(&other, &alone, &dref, None, &mut db, &mut dpb, &mut dcb, t, n, d, iters, eps, hc_eps, norm_eps).is_err();
+        all &= flag_record(out, &format!("hc_pre_norm refuses another Φ's partials (n {n}, d {d})"), json!({"refused": refused}), refused);
     }
-    let shape = json!([t, n, d, iters]);
-    let dnw = gpu.upload(&nw)?;
-    let mut dx = gpu.upload(&x)?;
-    let (mut da, mut dpost, mut dcomb) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
-    let mix = gpu.hc_post_mix(&mut dx, None, &gw, t, n, d)?;
-    gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
-    all &= record(out, "hc_pre fused normed u (wide)", shape.clone(), &gpu.download(&da)?, &a_ref);
-    all &= record(out, "hc_pre fused post (wide)", shape.clone(), &gpu.download(&dpost)?, &post_ref);
-    all &= record(out, "hc_pre fused comb (wide)", shape, &gpu.download(&dcomb)?, &comb_ref);
-    // The post with the device's own post / comb.
-    let dy = gpu.upload(&y)?;
-    let mut dref = gpu.upload(&x)?;
-    gpu.hc_post(&mut dref, &dy, &dpost, &dcomb, t, n, d)?;
-    let _ = gpu.hc_post_mix(&mut dx, Some((&dy, &dpost, &dcomb)), &gw, t, n, d)?;
-    let got = gpu.download(&dx)?;
-    all &= record(out, "hc_post_mix x (wide)", json!([t, n, d]), &got, &x_ref);
-    let bits = differing_bits(&got, &gpu.download(&dref)?);
-    all &= flag_record(out, "hc_post_mix_f32 x bits (wide)", json!({"differing_values": bits, "of": t * nd, "vs": "hc_post_f32"}), bits == 0);
     Ok(all)
 }
 
@@ -462,7 +491,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let ms = median_ms(gpu, repeats, || gpu.rms_norm(&du, Some(&dw), &mut dn, t, d, 1e-6))?;
     report(&mut rows, "rms_norm (4096)", ms, f4 * 2.0 * d as f64);
     // MHC_FUSED: the post that also computes the next pre's partials (x read and written, y read,
-    // 25 partials per 128 channels written), and the finish that norms u (x read, partials read,
+    // 25 partials per 64 channels written), and the finish that norms u (x read, partials read,
     // the normed u written). Together they replace hc_post + hc_pre + rms_norm.
     let parts = (d.div_ceil(64) * 25) as f64;
     let ms = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, Some((&dy, &dpost, &dcomb)), &gw, t, n, d).map(|_| ()))?;

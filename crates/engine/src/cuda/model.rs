@@ -792,7 +792,8 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         (true, Some(l0)) => Some(gpu.hc_post_mix(&mut x, None, &l0.hc_attn, t, n, d)?),
         _ => None,
     };
-    let mut u = gpu.zeros::<f32>(if fused_mhc { 1 } else { t * d })?;
+    // u (the pre's output before its RMSNorm) only without MHC_FUSED.
+    let mut u = if fused_mhc { None } else { Some(gpu.zeros::<f32>(t * d)?) };
     let mut post = gpu.zeros::<f32>(t * n)?;
     let mut comb = gpu.zeros::<f32>(t * n * n)?;
     for (li, (l, s)) in m.layers.iter().zip(seq.layers.iter_mut()).enumerate() {
@@ -805,8 +806,9 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         match mix.take() {
             Some(p) => gpu.hc_pre_norm(&l.hc_attn, &p, &x, Some(&l.attn_norm), &mut a, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?,
             None => {
-                gpu.hc_pre(&l.hc_attn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
-                gpu.rms_norm(&u, Some(&l.attn_norm), &mut a, t, d, eps)?;
+                let u = u.as_mut().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED: no partials for a pre".into() })?;
+                gpu.hc_pre(&l.hc_attn, &x, u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
+                gpu.rms_norm(u, Some(&l.attn_norm), &mut a, t, d, eps)?;
             }
         }
         gpu.stage("projections");
@@ -950,10 +952,11 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             let p = gpu.hc_post_mix(&mut x, Some((&y, &post, &comb)), &l.hc_ffn, t, n, d)?;
             gpu.hc_pre_norm(&l.hc_ffn, &p, &x, Some(&l.ffn_norm), &mut f, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?;
         } else {
+            let u = u.as_mut().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED off without a u buffer".into() })?;
             gpu.hc_post(&mut x, &y, &post, &comb, t, n, d)?;
             // MoE sub-block (§4.11).
-            gpu.hc_pre(&l.hc_ffn, &x, &mut u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
-            gpu.rms_norm(&u, Some(&l.ffn_norm), &mut f, t, d, eps)?;
+            gpu.hc_pre(&l.hc_ffn, &x, u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
+            gpu.rms_norm(u, Some(&l.ffn_norm), &mut f, t, d, eps)?;
         }
         gpu.stage("moe");
         let moe = gpu.moe_forward(c, &l.moe, &f, ids_dev, t)?;

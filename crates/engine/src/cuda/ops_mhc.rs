@@ -117,6 +117,16 @@ pub struct HcMixPartials {
     m: usize,
     t: usize,
     d: usize,
+    /// Device address of the Φ the partials were made with: [`Gpu::hc_pre_norm`] refuses another
+    /// sub-block's (the attention and MoE pre's Φ have the same shape).
+    phi: u64,
+}
+
+/// The device address of a sub-block's Φ (identifies it; no synchronisation is involved, the
+/// context tracks no events).
+fn phi_address(gpu: &Gpu, w: &GpuHcWeights) -> u64 {
+    use cudarc::driver::DevicePtr;
+    w.fn_.device_ptr(&gpu.stream).0
 }
 
 /// One SwiGLU expert on the device (spec §4.11): w1/w3 `[inter, d]`, w2 `[d, inter]`, any stored format.
@@ -226,15 +236,7 @@ impl Gpu {
         hc_eps: f64,
     ) -> Result<(), CudaError> {
         const W: &str = "hc_pre";
-        hc_dims(W, n, d)?;
-        let mix = (2 + n) * n;
-        exact(W, "fn", w.fn_.len(), mix * n * d)?;
-        exact(W, "base", w.base.len(), mix)?;
-        exact(W, "scale", w.scale.len(), 3)?;
-        need(W, "x", x.len(), t * n * d)?;
-        need(W, "u", u.len(), t * d)?;
-        need(W, "post", post.len(), t * n)?;
-        need(W, "comb", comb.len(), t * n * n)?;
+        let mix = pre_shapes(W, w, x, ("u", u.len()), post, comb, t, n, d)?;
         if t == 0 {
             return Ok(());
         }
@@ -298,7 +300,11 @@ impl Gpu {
         // block), the only ones hc_pre_norm_f32 reads.
         let mut part = unsafe { self.scratch::<f32>((t * blocks * HC_PART).max(1)) }?;
         if t > 0 {
-            let grid_y = u32::try_from(t.div_ceil(HC_MIX_TOKENS)).map_err(|_| bad(W, format!("{t} tokens")))?;
+            let grid_y = t.div_ceil(HC_MIX_TOKENS);
+            if grid_y > 65_535 {
+                return Err(bad(W, format!("{t} tokens: at most {} per call (the grid's y dimension)", 65_535 * HC_MIX_TOKENS)));
+            }
+            let grid_y = grid_y as u32;
             let cfg = LaunchConfig { grid_dim: (blocks as u32, grid_y, 1), block_dim: (HC_MIX_THREADS, 1, 1), shared_mem_bytes: 0 };
             let (t_i, n_i, d_i, has) = (int(W, "tokens", t)?, n as i32, d as i32, i32::from(post.is_some()));
             let null = 0u64;
@@ -313,7 +319,7 @@ impl Gpu {
             // only when has_post) their t rows, fn m·n·d, part t·blocks·HC_PART.
             drv("hc_post_mix_f32", unsafe { b.launch(cfg) })?;
         }
-        Ok(HcMixPartials { part, blocks, m, t, d })
+        Ok(HcMixPartials { part, blocks, m, t, d, phi: phi_address(self, next) })
     }
 
     /// The partials of [`Gpu::hc_pre`]'s own first pass (hc_mix_partial_f32, 64 splits per token) as
@@ -333,7 +339,7 @@ impl Gpu {
         } else {
             self.hc_mix_partial(x, &w.fn_, m, t, n * d)?
         };
-        Ok(HcMixPartials { part, blocks: HC_SPLIT, m, t, d })
+        Ok(HcMixPartials { part, blocks: HC_SPLIT, m, t, d, phi: phi_address(self, w) })
     }
 
     /// `MHC_FUSED`, second half: the mHC pre of a sub-block (spec §4.2) from the partials `mix` of
@@ -341,7 +347,9 @@ impl Gpu {
     /// sub-block's RMSNorm (spec §4.5 / §4.11 input norm, weight `norm` `[d]`, `norm_eps`): writes
     /// `out` = RMSNorm(u) `[t, d]` (u itself stays in registers), `post` `[t, n]` and `comb`
     /// `[t, n, n]`. Given the same partials it computes the bits of hc_pre_f32 followed by
-    /// [`Gpu::rms_norm`] (same expressions, same reduction order). One launch, a block per token.
+    /// rms_norm_f32 (same expressions, same reduction order) — what [`Gpu::rms_norm`] runs for
+    /// d > 1,024; narrower rows go to rms_norm_rows_f32, whose order differs. One launch, a block per
+    /// token.
     ///
     /// Errors: `n` outside 1..=4, `d` not a multiple of 4 or above [`HC_NORM_MAX_D`], partials for
     /// another mix size or fewer tokens, or a buffer of the wrong size.
@@ -364,21 +372,16 @@ impl Gpu {
         norm_eps: f32,
     ) -> Result<(), CudaError> {
         const W: &str = "hc_pre_norm";
-        hc_dims(W, n, d)?;
+        let m = pre_shapes(W, w, x, ("out", out.len()), post, comb, t, n, d)?;
         if d > HC_NORM_MAX_D {
             return Err(bad(W, format!("hidden size {d} above the {HC_NORM_MAX_D} the fused norm holds")));
         }
-        let m = (2 + n) * n;
         if mix.m != m || mix.t < t || mix.d != d {
             return Err(bad(W, format!("partials of {} mixes for {} tokens of width {}; need {m} for {t} of width {d}", mix.m, mix.t, mix.d)));
         }
-        exact(W, "fn", w.fn_.len(), m * n * d)?;
-        exact(W, "base", w.base.len(), m)?;
-        exact(W, "scale", w.scale.len(), 3)?;
-        need(W, "x", x.len(), t * n * d)?;
-        need(W, "out", out.len(), t * d)?;
-        need(W, "post", post.len(), t * n)?;
-        need(W, "comb", comb.len(), t * n * n)?;
+        if mix.phi != phi_address(self, w) {
+            return Err(bad(W, "partials made with another sub-block's Φ"));
+        }
         if let Some(nw) = norm {
             need(W, "norm", nw.len(), d)?;
         }
@@ -807,6 +810,24 @@ impl Gpu {
     }
 }
 
+/// The shapes an mHC pre checks ([`Gpu::hc_pre`], [`Gpu::hc_pre_norm`]): `n` and `d` (as
+/// [`hc_dims`]), Φ `[(2+n)·n, n·d]`, b `[(2+n)·n]`, α `[3]` exactly, and at least `t` tokens of streams
+/// `x`, of the output (`out`: its name and length, `[t, d]`), `post` and `comb`. Returns the mix size
+/// (2+n)·n.
+#[allow(clippy::too_many_arguments)]
+fn pre_shapes(what: &'static str, w: &GpuHcWeights, x: &CudaSlice<f32>, out: (&str, usize), post: &CudaSlice<f32>, comb: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<usize, CudaError> {
+    hc_dims(what, n, d)?;
+    let mix = (2 + n) * n;
+    exact(what, "fn", w.fn_.len(), mix * n * d)?;
+    exact(what, "base", w.base.len(), mix)?;
+    exact(what, "scale", w.scale.len(), 3)?;
+    need(what, "x", x.len(), t * n * d)?;
+    need(what, out.0, out.1, t * d)?;
+    need(what, "post", post.len(), t * n)?;
+    need(what, "comb", comb.len(), t * n * n)?;
+    Ok(mix)
+}
+
 /// Common mHC shape checks: 1 ≤ n ≤ 4, d a positive multiple of 4, n·d within 32 bits.
 fn hc_dims(what: &'static str, n: usize, d: usize) -> Result<(), CudaError> {
     if n == 0 || n > HC_MAX_STREAMS || d == 0 || !d.is_multiple_of(4) {
@@ -837,7 +858,9 @@ mod tests {
         assert!(src.contains("#define HCX_TT 4 ") && src.contains("#define HCX_WARPS 4 ") && src.contains("#define HCX_THREADS (32 * HCX_WARPS)"));
         assert_eq!(HC_MIX_TOKENS, 4 * 4);
         assert_eq!(HC_MIX_THREADS, 32 * 4);
-        assert_eq!(HC_PARTIAL_TOKENS, 16);
+        assert!(src.contains("#define HC_TT 4 ") && src.contains("#define HC_WARPS 4 ") && src.contains("#define HC_PARTIAL_THREADS (32 * HC_WARPS)"));
+        assert_eq!(HC_PARTIAL_TOKENS, 4 * 4);
+        assert_eq!(HC_PARTIAL_THREADS, 32 * 4);
         assert!(src.contains("__launch_bounds__(HCX_THREADS, 3)"));
         // hc_pre_norm_f32 keeps 16 channels per thread, the wide entry HCN_V.
         assert!(src.contains("HCN_ENTRY(hc_pre_norm_f32, 16)") && src.contains("HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V)"));

@@ -82,6 +82,19 @@ __device__ __forceinline__ float hc_lane_sums(float (&a)[32], int lane) {
     return a[0];
 }
 
+// One token's M + 1 per-lane sums (acc) added over the warp's 32 lanes by hc_lane_sums; lane i ≤ M
+// writes value i's total to dst[i] when store is set. Every lane of the warp calls it.
+template <int M>
+__device__ __forceinline__ void hc_store_lane_sums(const float (&acc)[M + 1], int lane, bool store, float* __restrict__ dst) {
+    float a[32];
+#pragma unroll
+    for (int i = 0; i <= M; i++) a[i] = acc[i];
+#pragma unroll
+    for (int i = M + 1; i < 32; i++) a[i] = 0.f;
+    const float r = hc_lane_sums(a, lane);
+    if (store && lane <= M) dst[lane] = r;
+}
+
 // One warp: split s of tokens t0 … t0 + HC_TT − 1 (those < T): the M dot products and the squared
 // norm over float4 run [c0, c1) of each token's x̄, each Φ load shared by the HC_TT tokens. Each
 // token's sums run in the same order whatever the tile, so the result does not depend on T.
@@ -121,15 +134,8 @@ __device__ __forceinline__ void hc_partial_impl(const float* __restrict__ x, con
         }
     }
 #pragma unroll
-    for (int q = 0; q < HC_TT; q++) {
-        float a[32];
-#pragma unroll
-        for (int i = 0; i <= M; i++) a[i] = acc[q][i];
-#pragma unroll
-        for (int i = M + 1; i < 32; i++) a[i] = 0.f;
-        const float r = hc_lane_sums(a, lane);
-        if (q < tn && lane <= M) part[((size_t)(t0 + q) * HC_SPLIT + s) * HC_PART + lane] = r;
-    }
+    for (int q = 0; q < HC_TT; q++)
+        hc_store_lane_sums<M>(acc[q], lane, q < tn, part + ((size_t)(t0 + q) * HC_SPLIT + s) * HC_PART);
 }
 
 // tot[i] = Σ_s part[t, s, i] in split order, for i ≤ M (tot[M]: the squared norm). Every thread must
@@ -340,9 +346,10 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 //   - the M mix products Σ Φ[o, k·d + i]·x'[k][i] and the squared norm Σ x'[k][i]² over the run:
 //     part[t, run, o] (o < M) and part[t, run, M].
 //   The partial pass's mapping (hc_mix_partial_f32): a warp per HCX_TT tokens, Φ from L1/L2 shared by
-//   them, one hc_lane_sums per token. Measured on the H200 at T = 8,192 (n 4, d 4,096, 2026-12-01):
-//   0.657 ms, against 0.327 (hc_post_f32) + ~0.42 (hc_mix_partial_f32); a first form with a block per
-//   128 channels × 64 tokens and Φ in registers (180 registers, 8 warps per SM) took 0.78–0.99 ms.
+//   them, one hc_lane_sums per token. Measured on the H200 at T = 8,192 (n 4, d 4,096, 2026-12-01,
+//   bench/mhc_h200.log): 0.670 ms, against 0.330 (hc_post_f32) + ~0.42 (hc_mix_partial_f32). Forms not
+//   kept (bench/mhc_variants_h200.log): a thread per channel with its Φ values in registers (165–209
+//   registers, 8–12 warps per SM) 0.89–0.99 ms; lanes in quads with an 8-value butterfly 0.79 ms.
 //   A token's partials run in the same order whatever T and its place in the tile (batch invariant).
 //   Launch: grid (nb, ceil(T / (HCX_WARPS·HCX_TT))), block HCX_THREADS (at most 168 registers: 3 blocks
 //   per SM), no shared memory.
@@ -352,8 +359,10 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 //   u = Σ_j pre_j·x[t, j] (f64 → f32, hc_pre_f32's expression) kept in registers and
 //   out = w ⊙ u / sqrt(mean(u²) + norm_eps) with rms_norm_f32's reduction (thread i sums channels
 //   i, i + 256, …; warp sums; warp 0 sums the warps): the bits of hc_pre_f32 then rms_norm_f32 on
-//   the same partials. d ≤ HCN_V·HC_THREADS. Launch: grid (T), block HC_THREADS. (Loading the streams
-//   into registers before the coefficients, 102 registers, took 0.48 ms at T = 8,192 instead of 0.28.)
+//   the same partials. d ≤ 16·HC_THREADS (hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS). Launch: grid (T),
+//   block HC_THREADS. (Loading the streams
+//   into registers before the coefficients, 102 registers, took 0.48 ms at T = 8,192 instead of 0.30;
+//   a block per 8 tokens with a warp per token's coefficients, 0.33.)
 
 #define HCX_RUN 64     // channels per block of hc_post_mix_f32 (two per lane)
 #define HCX_TT 4       // tokens per warp of hc_post_mix_f32
@@ -445,15 +454,8 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
         }
     }
 #pragma unroll
-    for (int q = 0; q < TT; q++) {
-        float a[32];
-#pragma unroll
-        for (int o = 0; o <= M; o++) a[o] = acc[q][o];
-#pragma unroll
-        for (int o = M + 1; o < 32; o++) a[o] = 0.f;
-        const float r = hc_lane_sums(a, lane);
-        if (q < tn && lane <= M) part[((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART + lane] = r;
-    }
+    for (int q = 0; q < TT; q++)
+        hc_store_lane_sums<M>(acc[q], lane, q < tn, part + ((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART);
 }
 
 // The one-token form on its own (not inlined: inlined beside the four-token form it made the kernel
