@@ -118,6 +118,36 @@ pub async fn read_json<T: DeserializeOwned>(headers: &HeaderMap, body: Body, lim
 }
 
 /// Parses a JSON body as `T` (errors: invalid UTF-8, malformed JSON, wrong field types).
+/// `#[serde(deserialize_with = …)]` for an optional nested object such as `stream_options`: serde
+/// would also read a struct from an array of its fields in order (`"stream_options": [true]`), which
+/// an API request must not do. `null` or absent is `None`; anything but an object is refused with
+/// what it was.
+pub fn object_or_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    use serde::de::Error;
+    use serde::Deserialize;
+    match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(v @ Value::Object(_)) => T::deserialize(v).map(Some).map_err(D::Error::custom),
+        Some(v) => Err(D::Error::custom(format!("expected an object, got {}", json_kind(&v)))),
+    }
+}
+
+/// "an array", "a string", … for messages about a JSON value.
+pub fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     // A UTF-8 byte-order mark may precede JSON text, and parsers may ignore it (RFC 8259 §8.1).
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);

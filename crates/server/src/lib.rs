@@ -203,18 +203,22 @@ pub async fn serve_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let backend = cpu(&cfg, weights);
-    run_parts(listener, parts(&cfg, backend, tokenizer), cfg.drain_timeout, shutdown).await
+    run_parts(listener, parts(&cfg, backend, tokenizer), cfg.drain_timeout, shutdown, std::future::pending()).await
 }
 
 /// How long after the drain timeout a shutdown still waits for connections (a client idling in the
 /// middle of a request head or body), before it drops them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// Serves until `shutdown`; then drains for `drain`, cancels what is left and drops connections
+/// still open `SHUTDOWN_GRACE` later. `force` completing after `shutdown` (a second Ctrl-C) ends the
+/// drain and the grace at once.
 async fn run_parts(
     listener: tokio::net::TcpListener,
     parts: Parts,
     drain: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    force: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let Parts { state, sched, engine } = parts;
     let app = router(state);
@@ -238,9 +242,20 @@ async fn run_parts(
         }
         closer.close();
         tokio::spawn(async move {
-            tokio::time::sleep(drain).await;
+            tokio::pin!(force);
+            let forced = tokio::select! {
+                _ = tokio::time::sleep(drain) => false,
+                _ = &mut force => true,
+            };
             closer.cancel_all();
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
+            if forced {
+                eprintln!("flashseek: second signal; cancelling in-flight requests and closing connections now");
+            } else {
+                tokio::select! {
+                    _ = tokio::time::sleep(SHUTDOWN_GRACE) => {}
+                    _ = &mut force => {}
+                }
+            }
             let _ = expired_tx.send(());
         });
     };
@@ -277,7 +292,21 @@ pub async fn serve_backend<B: Backend + Send + 'static>(cfg: ServerConfig, backe
     let addr = listener.local_addr()?;
     eprintln!("flashseek: serving `{}` on http://{addr} (OpenAI: /v1/chat/completions, /v1/completions; Anthropic: /v1/messages)", cfg.model_names.first().map(String::as_str).unwrap_or("flashseek-default"));
     let drain = cfg.drain_timeout;
-    run_parts(listener, parts(&cfg, backend, tokenizer), drain, shutdown_signal()).await
+    // The first SIGINT/SIGTERM starts the graceful shutdown, a second one cuts it short.
+    let (first_tx, first) = tokio::sync::oneshot::channel::<()>();
+    let (second_tx, second) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = first_tx.send(());
+        termination_signal().await;
+        let _ = second_tx.send(());
+    });
+    let (first, second) = (async move { let _ = first.await; }, async move {
+        if second.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    });
+    run_parts(listener, parts(&cfg, backend, tokenizer), drain, first, second).await
 }
 
 /// [`serve`] on a new multi-threaded runtime, blocking until shutdown.
@@ -291,8 +320,15 @@ pub fn serve_backend_blocking<B: Backend + Send + 'static>(cfg: ServerConfig, ba
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve_backend(cfg, backend, tokenizer))
 }
 
-/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+/// Completes on SIGINT (Ctrl-C) or SIGTERM, saying that the server finishes in-flight requests (a
+/// second signal stops at once: see [`serve_backend`]).
 pub async fn shutdown_signal() {
+    termination_signal().await;
+    eprintln!("flashseek: shutting down (finishing in-flight requests; Ctrl-C again to stop now)");
+}
+
+/// Completes on the next SIGINT (Ctrl-C) or SIGTERM.
+async fn termination_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -311,7 +347,6 @@ pub async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    eprintln!("flashseek: shutting down (finishing in-flight requests)");
 }
 
 /// A server running on a background thread (see [`spawn`]).
@@ -321,6 +356,7 @@ pub struct RunningServer {
     /// Its metrics (for tests).
     pub metrics: Arc<Metrics>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    force: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
 }
 
@@ -337,6 +373,23 @@ impl RunningServer {
 
     /// Triggers a graceful shutdown and waits for it.
     pub fn shutdown(mut self) -> std::io::Result<()> {
+        self.stop_and_join()
+    }
+
+    /// Starts a graceful shutdown (the first SIGINT of `serve`) without waiting for it.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+
+    /// Cuts a graceful shutdown short (the second SIGINT of `serve`): in-flight requests are
+    /// cancelled and connections dropped now; then waits for the server to stop.
+    pub fn force_shutdown(mut self) -> std::io::Result<()> {
+        self.begin_shutdown();
+        if let Some(f) = self.force.take() {
+            let _ = f.send(());
+        }
         self.stop_and_join()
     }
 
@@ -372,11 +425,19 @@ pub fn spawn_backend<B: Backend + Send + 'static>(cfg: ServerConfig, backend: Ar
     let parts = parts(&cfg, backend, tokenizer);
     let metrics = parts.state.metrics.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (force_tx, force_rx) = tokio::sync::oneshot::channel::<()>();
     let drain = cfg.drain_timeout;
     let thread = std::thread::Builder::new().name("flashseek-http".into()).spawn(move || {
-        rt.block_on(run_parts(listener, parts, drain, async move {
+        let stop = async move {
             let _ = rx.await;
-        }))
+        };
+        // A dropped sender (no force) must not read as a force.
+        let force = async move {
+            if force_rx.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        rt.block_on(run_parts(listener, parts, drain, stop, force))
     })?;
-    Ok(RunningServer { addr, metrics, stop: Some(tx), thread: Some(thread) })
+    Ok(RunningServer { addr, metrics, stop: Some(tx), force: Some(force_tx), thread: Some(thread) })
 }

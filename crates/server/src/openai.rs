@@ -28,6 +28,7 @@ struct ChatRequest {
     model: Option<String>,
     messages: Vec<Value>,
     stream: Option<bool>,
+    #[serde(default, deserialize_with = "object_or_null")]
     stream_options: Option<StreamOptions>,
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
@@ -57,6 +58,7 @@ struct CompletionRequest {
     model: Option<String>,
     prompt: Value,
     stream: Option<bool>,
+    #[serde(default, deserialize_with = "object_or_null")]
     stream_options: Option<StreamOptions>,
     max_tokens: Option<i64>,
     temperature: Option<f64>,
@@ -209,7 +211,17 @@ async fn prepare_chat(st: &AppState, req: ChatRequest, arrived: Instant) -> Resu
         }
         _ => None,
     };
-    let response_format = req.response_format.filter(|r| r.get("type").and_then(Value::as_str) != Some("text") && !r.is_null());
+    let response_format = match req.response_format {
+        None | Some(Value::Null) => None,
+        Some(r) => match r.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object" | "json_schema") => Some(r),
+            _ => {
+                let got = if r.is_object() { "an object without a \"type\" of \"text\", \"json_object\" or \"json_schema\"" } else { json_kind(&r) };
+                return Err(ApiError::field("response_format", format!("`response_format` must be an object such as {{\"type\": \"json_object\"}}; got {got}.")));
+            }
+        },
+    };
     attach_to_system(&mut messages, tools, response_format);
     let tok = st.tokenizer.clone();
     let prompt = tokio::task::spawn_blocking(move || render(&tok, &messages, mode, effort))

@@ -378,9 +378,14 @@ fn bad_input_gets_shaped_4xx() {
             ("min_p", json!(2)), ("top_k", json!(-7)), ("top_logprobs", json!(50)), ("stop", json!([""])),
             ("stop", json!(5)), ("seed", json!("x")), ("reasoning_effort", json!("extreme")),
             ("thinking", json!({"type": "maybe"})), ("tool_choice", json!(7)), ("tools", json!([{"type": "function"}])),
-            ("stream", json!("yes"))] {
+            ("stream", json!("yes")), ("stream_options", json!([true])), ("stream_options", json!("usage")),
+            ("response_format", json!("json")), ("response_format", json!({"type": "yaml"})), ("response_format", json!([{"type": "json_object"}]))] {
             let v = expect_error(&c, &u, ok(json!({k: v})), 400, false).await;
             assert!(v["error"]["param"].as_str().unwrap_or("").starts_with(k) || k == "top_logprobs", "{k}: {v}");
+        }
+        // The response formats OpenAI names are taken (text adds nothing to the prompt).
+        for rf in [json!({"type": "text"}), json!({"type": "json_object"}), json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}), Value::Null] {
+            assert_eq!(send(&c, "POST", &u, ok(json!({"response_format": rf.clone()})), &[]).await.status, 200, "{rf}");
         }
         // Oversize bodies → 413 (with and without Content-Length).
         let big = format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "a".repeat(100 << 10));
@@ -886,4 +891,43 @@ fn a_body_is_one_json_object() {
         let r = send(&c, "POST", &url, [b"\xEF\xBB\xBF".as_slice(), body.as_bytes(), b"\n  "].concat(), &[]).await;
         assert_eq!(r.status, 200, "{}", r.body);
     });
+}
+
+/// A second signal during the drain (`RunningServer::force_shutdown`, serve's second Ctrl-C)
+/// cancels what is in flight and stops the server at once instead of after the drain timeout.
+#[test]
+fn a_second_signal_cuts_the_drain_short() {
+    let mut cfg = config();
+    cfg.drain_timeout = Duration::from_secs(300);
+    let mut s = start(cfg);
+    let url = s.url();
+    let r = rt();
+    let c = client();
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4000, "ignore_eos": true, "stream": true});
+    let mut st = r.block_on(open_stream(&c, &chat(&url), &body));
+    r.block_on(async { st.next().await.unwrap() });
+    s.begin_shutdown();
+    // The drain goes on: more tokens arrive after the first signal.
+    let during = r.block_on(async {
+        let mut n = 0;
+        while n < 5 {
+            tokio::time::timeout(Duration::from_secs(60), st.next()).await.expect("tokens during the drain").expect("stream open");
+            n += 1;
+        }
+        n
+    });
+    assert_eq!(during, 5);
+    let t0 = std::time::Instant::now();
+    s.force_shutdown().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(30), "stopped after {:?}", t0.elapsed());
+    // The stream ends without its 4,000 tokens.
+    let events = r.block_on(async {
+        let mut ev = Vec::new();
+        while let Ok(Some(e)) = tokio::time::timeout(Duration::from_secs(30), st.next()).await {
+            ev.push(e);
+        }
+        ev
+    });
+    let (content, _, finish, _) = chat_stream_text(&events.iter().filter(|(n, _)| n.as_deref() != Some(":")).cloned().collect::<Vec<_>>());
+    assert_ne!(finish.as_deref(), Some("length"), "the request ran to its end: {} chars", content.len());
 }

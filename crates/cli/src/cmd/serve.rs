@@ -39,7 +39,8 @@ pub struct Args {
     /// Finished sequences kept for prefix reuse (0 = off).
     #[arg(long, default_value_t = 4)]
     pub prefix_cache: usize,
-    /// On SIGINT/SIGTERM, seconds in-flight requests may take to finish before they are cancelled.
+    /// On SIGINT/SIGTERM, seconds in-flight requests may take to finish before they are cancelled
+    /// (a second signal cancels them at once).
     #[arg(long, default_value_t = 30)]
     pub drain_timeout: u64,
 }
