@@ -193,8 +193,9 @@ fn parts<B: Backend + Send + 'static>(cfg: &ServerConfig, backend: Arc<B>, token
     Parts { state, sched, engine }
 }
 
-/// Serves on `listener` until `shutdown` completes, then refuses new requests (503), lets
-/// in-flight ones finish for up to `drain_timeout`, cancels the rest, and stops the engine.
+/// Serves on `listener` until `shutdown` completes, then stops accepting connections (a request
+/// that reaches the scheduler after that, on a connection already open, gets 503), lets in-flight
+/// ones finish for up to `drain_timeout`, cancels the rest, and stops the engine.
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     cfg: ServerConfig,
@@ -210,9 +211,13 @@ pub async fn serve_on(
 /// middle of a request head or body), before it drops them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// After a second shutdown signal: how long cancelled requests may take to send their last event
+/// before the connections still open are dropped.
+pub const FORCE_GRACE: Duration = Duration::from_secs(1);
+
 /// Serves until `shutdown`; then drains for `drain`, cancels what is left and drops connections
-/// still open `SHUTDOWN_GRACE` later. `force` completing after `shutdown` (a second Ctrl-C) ends the
-/// drain and the grace at once.
+/// still open `SHUTDOWN_GRACE` later. `force` completing after `shutdown` (a second Ctrl-C) cancels
+/// at once and drops the connections still open `FORCE_GRACE` later.
 async fn run_parts(
     listener: tokio::net::TcpListener,
     parts: Parts,
@@ -234,7 +239,8 @@ async fn run_parts(
     // Graceful shutdown waits for every connection, also one whose client sent half a request
     // head and went quiet (hyper waits for it): after the drain in-flight requests are cancelled,
     // and a grace period later the connections still open are dropped.
-    let (expired_tx, expired) = tokio::sync::oneshot::channel::<()>();
+    // Sends whether a second signal cut the drain short.
+    let (expired_tx, expired) = tokio::sync::oneshot::channel::<bool>();
     let signal = async move {
         tokio::select! {
             _ = shutdown => {}
@@ -249,21 +255,26 @@ async fn run_parts(
             };
             closer.cancel_all();
             if forced {
-                eprintln!("flashseek: second signal; cancelling in-flight requests and closing connections now");
+                // The cancelled streams still write their last event; connections left after
+                // FORCE_GRACE are dropped.
+                eprintln!("flashseek: second signal; cancelling in-flight requests now");
+                tokio::time::sleep(FORCE_GRACE).await;
             } else {
                 tokio::select! {
                     _ = tokio::time::sleep(SHUTDOWN_GRACE) => {}
                     _ = &mut force => {}
                 }
             }
-            let _ = expired_tx.send(());
+            let _ = expired_tx.send(forced);
         });
     };
     let served = axum::serve(listener, app).with_graceful_shutdown(signal);
     let r = tokio::select! {
         r = async { served.await } => r,
-        Ok(()) = expired => {
-            eprintln!("flashseek: connections still open {} s after the drain; closing them", SHUTDOWN_GRACE.as_secs());
+        Ok(forced) = expired => {
+            if !forced {
+                eprintln!("flashseek: connections still open {} s after the drain; closing them", SHUTDOWN_GRACE.as_secs());
+            }
             Ok(())
         }
     };

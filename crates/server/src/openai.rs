@@ -215,7 +215,12 @@ async fn prepare_chat(st: &AppState, req: ChatRequest, arrived: Instant) -> Resu
         None | Some(Value::Null) => None,
         Some(r) => match r.get("type").and_then(Value::as_str) {
             Some("text") => None,
-            Some("json_object" | "json_schema") => Some(r),
+            Some("json_object") => Some(r),
+            // As OpenAI's API: the schema object with its name.
+            Some("json_schema") if r.get("json_schema").and_then(|j| j.get("name")).is_some_and(Value::is_string) => Some(r),
+            Some("json_schema") => {
+                return Err(ApiError::field("response_format.json_schema", "`response_format` of type \"json_schema\" needs `json_schema`: {\"name\": ..., \"schema\": {...}}."));
+            }
             _ => {
                 let got = if r.is_object() { "an object without a \"type\" of \"text\", \"json_object\" or \"json_schema\"" } else { json_kind(&r) };
                 return Err(ApiError::field("response_format", format!("`response_format` must be an object such as {{\"type\": \"json_object\"}}; got {got}.")));

@@ -379,7 +379,8 @@ fn bad_input_gets_shaped_4xx() {
             ("stop", json!(5)), ("seed", json!("x")), ("reasoning_effort", json!("extreme")),
             ("thinking", json!({"type": "maybe"})), ("tool_choice", json!(7)), ("tools", json!([{"type": "function"}])),
             ("stream", json!("yes")), ("stream_options", json!([true])), ("stream_options", json!("usage")),
-            ("response_format", json!("json")), ("response_format", json!({"type": "yaml"})), ("response_format", json!([{"type": "json_object"}]))] {
+            ("response_format", json!("json")), ("response_format", json!({"type": "yaml"})), ("response_format", json!([{"type": "json_object"}])),
+            ("response_format", json!({"type": "json_schema"})), ("response_format", json!({"type": "json_schema", "json_schema": "oops"}))] {
             let v = expect_error(&c, &u, ok(json!({k: v})), 400, false).await;
             assert!(v["error"]["param"].as_str().unwrap_or("").starts_with(k) || k == "top_logprobs", "{k}: {v}");
         }

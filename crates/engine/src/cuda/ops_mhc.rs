@@ -282,7 +282,8 @@ impl Gpu {
     /// block per 64 channels × 16 tokens, a warp per 4 tokens). Every token's partials are summed in a
     /// fixed order that does not depend on `t` (batch invariant, deterministic).
     ///
-    /// Errors: `n` outside 1..=4, `d` not a multiple of 4, or a buffer of the wrong size.
+    /// Errors: `n` outside 1..=4, `d` not a multiple of 4, a buffer of the wrong size, or more than
+    /// 65,535 × 16 tokens (the grid).
     #[allow(clippy::too_many_arguments)]
     pub fn hc_post_mix(&self, x: &mut CudaSlice<f32>, post: Option<(&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
         const W: &str = "hc_post_mix";
