@@ -16,3 +16,17 @@ pub mod checkpoint;
 pub mod config;
 pub mod quant;
 pub mod tokenizer;
+
+/// "an object", "an array", "a string", … (or "null"): a JSON value's kind for error messages
+/// (checkpoint headers here, API requests in the server).
+pub fn json_kind(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

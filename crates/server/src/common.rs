@@ -136,17 +136,7 @@ where
     }
 }
 
-/// "an array", "a string", … for messages about a JSON value.
-pub fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+pub use flashseek_model::json_kind;
 
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     // A UTF-8 byte-order mark may precede JSON text, and parsers may ignore it (RFC 8259 §8.1).

@@ -89,7 +89,7 @@ pub(crate) fn parse_header(file: &Path, bytes: &[u8]) -> Result<Vec<RawTensor>, 
     let Value::Object(map) = json else {
         return Err(bad_header(
             file,
-            format!("expected a JSON object at top level, found {}", kind(&json)),
+            format!("expected a JSON object at top level, found {}", crate::json_kind(&json)),
         ));
     };
     let mut out = Vec::with_capacity(map.len());
@@ -100,7 +100,7 @@ pub(crate) fn parse_header(file: &Path, bytes: &[u8]) -> Result<Vec<RawTensor>, 
         let Value::Object(entry) = entry else {
             return Err(bad_header(
                 file,
-                format!("tensor `{name}`: expected an object, found {}", kind(entry)),
+                format!("tensor `{name}`: expected an object, found {}", crate::json_kind(entry)),
             ));
         };
         let dtype = match entry.get("dtype") {
@@ -110,7 +110,7 @@ pub(crate) fn parse_header(file: &Path, bytes: &[u8]) -> Result<Vec<RawTensor>, 
                     file,
                     format!(
                         "tensor `{name}`: expected string field \"dtype\", found {}",
-                        other.map_or("nothing", kind)
+                        other.map_or("nothing", crate::json_kind)
                     ),
                 ))
             }
@@ -125,7 +125,7 @@ pub(crate) fn parse_header(file: &Path, bytes: &[u8]) -> Result<Vec<RawTensor>, 
                     file,
                     format!(
                         "tensor `{name}`: expected array field \"shape\", found {}",
-                        other.map_or("nothing", kind)
+                        other.map_or("nothing", crate::json_kind)
                     ),
                 ))
             }
@@ -197,16 +197,6 @@ pub(crate) fn parse_header(file: &Path, bytes: &[u8]) -> Result<Vec<RawTensor>, 
     Ok(out)
 }
 
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
 
 /// Writes tensors, already in their stored form, to one `.safetensors` file at `path`.
 ///
