@@ -83,16 +83,17 @@ __device__ __forceinline__ float hc_lane_sums(float (&a)[32], int lane) {
 }
 
 // One token's M + 1 per-lane sums (acc) added over the warp's 32 lanes by hc_lane_sums; lane i ≤ M
-// writes value i's total to dst[i] when store is set. Every lane of the warp calls it.
-template <int M>
-__device__ __forceinline__ void hc_store_lane_sums(const float (&acc)[M + 1], int lane, bool store, float* __restrict__ dst) {
+// writes value i's total to dst()[i] when store is set (dst yields the row's address only then: an
+// address computed ahead of the sums made hc_post_mix_f32 spill). Every lane of the warp calls it.
+template <int M, class Dst>
+__device__ __forceinline__ void hc_store_lane_sums(const float (&acc)[M + 1], int lane, bool store, Dst dst) {
     float a[32];
 #pragma unroll
     for (int i = 0; i <= M; i++) a[i] = acc[i];
 #pragma unroll
     for (int i = M + 1; i < 32; i++) a[i] = 0.f;
     const float r = hc_lane_sums(a, lane);
-    if (store && lane <= M) dst[lane] = r;
+    if (store && lane <= M) dst()[lane] = r;
 }
 
 // One warp: split s of tokens t0 … t0 + HC_TT − 1 (those < T): the M dot products and the squared
@@ -135,16 +136,16 @@ __device__ __forceinline__ void hc_partial_impl(const float* __restrict__ x, con
     }
 #pragma unroll
     for (int q = 0; q < HC_TT; q++)
-        hc_store_lane_sums<M>(acc[q], lane, q < tn, part + ((size_t)(t0 + q) * HC_SPLIT + s) * HC_PART);
+        hc_store_lane_sums<M>(acc[q], lane, q < tn, [&] { return part + ((size_t)(t0 + q) * HC_SPLIT + s) * HC_PART; });
 }
 
-// tot[i] = Σ_s part[t, s, i] in split order, for i ≤ M (tot[M]: the squared norm). Every thread must
-// reach it (it synchronises); ends with tot visible to all.
-__device__ __forceinline__ void hc_totals(const float* __restrict__ part, int M, float* tot) {
+// tot[i] = Σ_s part[t, s, i] over the S partials of token t = blockIdx.x in order, for i ≤ M
+// (tot[M]: the squared norm). Every thread must reach it (it synchronises); ends with tot visible to all.
+__device__ __forceinline__ void hc_totals(const float* __restrict__ part, int S, int M, float* tot) {
     if (threadIdx.x <= M) {
-        const float* p = part + (size_t)blockIdx.x * HC_SPLIT * HC_PART + threadIdx.x;
+        const float* p = part + (size_t)blockIdx.x * S * HC_PART + threadIdx.x;
         float r = 0.f;
-        for (int s = 0; s < HC_SPLIT; s++) r += p[s * HC_PART];
+        for (int s = 0; s < S; s++) r += p[s * HC_PART];
         tot[threadIdx.x] = r;
     }
     __syncthreads();
@@ -231,7 +232,7 @@ __device__ void hc_pre_impl(const float* __restrict__ part, const float* __restr
     constexpr int M = (2 + NN) * NN;
     const int t = blockIdx.x;
     const int N = NN * d;
-    hc_totals(part, M, tot);
+    hc_totals(part, HC_SPLIT, M, tot);
     if (threadIdx.x < 32)
         hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
                           hc_eps);
@@ -246,7 +247,7 @@ __device__ void hc_head_impl(const float* __restrict__ part, const float* __rest
     constexpr int M = NN;
     const int t = blockIdx.x;
     const int N = NN * d;
-    hc_totals(part, M, tot);
+    hc_totals(part, HC_SPLIT, M, tot);
     if (threadIdx.x == 0) {
         const double a = scale[0];
 #pragma unroll
@@ -455,7 +456,7 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
     }
 #pragma unroll
     for (int q = 0; q < TT; q++)
-        hc_store_lane_sums<M>(acc[q], lane, q < tn, part + ((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART);
+        hc_store_lane_sums<M>(acc[q], lane, q < tn, [&] { return part + ((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART; });
 }
 
 // The one-token form on its own (not inlined: inlined beside the four-token form it made the kernel
@@ -496,13 +497,7 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
     constexpr int M = (2 + NN) * NN;
     const int t = blockIdx.x;
     const int N = NN * d;
-    if (threadIdx.x <= M) {
-        const float* p = part + (size_t)t * S * HC_PART + threadIdx.x;
-        float r = 0.f;
-        for (int s = 0; s < S; s++) r += p[s * HC_PART];
-        tot[threadIdx.x] = r;
-    }
-    __syncthreads();
+    hc_totals(part, S, M, tot);
     if (threadIdx.x < 32)
         hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
                           hc_eps);
