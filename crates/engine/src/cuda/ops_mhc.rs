@@ -287,10 +287,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn hc_post_mix(&self, x: &mut CudaSlice<f32>, post: Option<(&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
         const W: &str = "hc_post_mix";
-        hc_dims(W, n, d)?;
-        let m = (2 + n) * n;
-        exact(W, "fn", next.fn_.len(), m * n * d)?;
-        need(W, "x", x.len(), t * n * d)?;
+        let m = mix_shapes(W, &next.fn_, x, t, n, d)?;
         if let Some((y, p, c)) = post {
             need(W, "y", y.len(), t * d)?;
             need(W, "post", p.len(), t * n)?;
@@ -329,10 +326,7 @@ impl Gpu {
     /// Errors: as [`Gpu::hc_pre`].
     pub(crate) fn hc_split_partials(&self, x: &CudaSlice<f32>, w: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
         const W: &str = "hc_split_partials";
-        hc_dims(W, n, d)?;
-        let m = (2 + n) * n;
-        exact(W, "fn", w.fn_.len(), m * n * d)?;
-        need(W, "x", x.len(), t * n * d)?;
+        let m = mix_shapes(W, &w.fn_, x, t, n, d)?;
         int(W, "tokens", t)?;
         let part = if t == 0 {
             // SAFETY: never read (no token).
@@ -811,21 +805,27 @@ impl Gpu {
     }
 }
 
-/// The shapes an mHC pre checks ([`Gpu::hc_pre`], [`Gpu::hc_pre_norm`]): `n` and `d` (as
-/// [`hc_dims`]), Φ `[(2+n)·n, n·d]`, b `[(2+n)·n]`, α `[3]` exactly, and at least `t` tokens of streams
-/// `x`, of the output (`out`: its name and length, `[t, d]`), `post` and `comb`. Returns the mix size
-/// (2+n)·n.
+/// The shapes an mHC pre checks ([`Gpu::hc_pre`], [`Gpu::hc_pre_norm`]): [`mix_shapes`], b
+/// `[(2+n)·n]` and α `[3]` exactly, and at least `t` tokens of the output (`out`: its name and
+/// length, `[t, d]`), `post` and `comb`. Returns the mix size (2+n)·n.
 #[allow(clippy::too_many_arguments)]
 fn pre_shapes(what: &'static str, w: &GpuHcWeights, x: &CudaSlice<f32>, out: (&str, usize), post: &CudaSlice<f32>, comb: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<usize, CudaError> {
-    hc_dims(what, n, d)?;
-    let mix = (2 + n) * n;
-    exact(what, "fn", w.fn_.len(), mix * n * d)?;
+    let mix = mix_shapes(what, &w.fn_, x, t, n, d)?;
     exact(what, "base", w.base.len(), mix)?;
     exact(what, "scale", w.scale.len(), 3)?;
-    need(what, "x", x.len(), t * n * d)?;
     need(what, out.0, out.1, t * d)?;
     need(what, "post", post.len(), t * n)?;
     need(what, "comb", comb.len(), t * n * n)?;
+    Ok(mix)
+}
+
+/// The shapes every mix of a pre needs: `n` and `d` (as [`hc_dims`]), its Φ `fn_` exactly
+/// `[(2+n)·n, n·d]` and at least `t` tokens of streams `x`. Returns the mix size (2+n)·n.
+fn mix_shapes(what: &'static str, fn_: &CudaSlice<f32>, x: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<usize, CudaError> {
+    hc_dims(what, n, d)?;
+    let mix = (2 + n) * n;
+    exact(what, "fn", fn_.len(), mix * n * d)?;
+    need(what, "x", x.len(), t * n * d)?;
     Ok(mix)
 }
 
