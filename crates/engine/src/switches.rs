@@ -242,7 +242,7 @@ pub const SWITCHES: &[Switch] = &[
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
         replaces: "the mHC pre as its own two passes over the streams (hc_mix_partial_f32: the (2+n)·n mix dot products and the squared norm in 64 splits per token; hc_pre_f32: coefficients, Sinkhorn, u) and the sub-block's input RMSNorm as a third kernel (rms_norm_f32 reading u): the previous sub-block's post computes the next pre's mix partials over the streams it writes (hc_post_mix_f32, partials per 64-channel run, the post's bits unchanged), and the pre's finish norms u in registers (hc_pre_norm_f32: the bits of hc_pre_f32 + rms_norm_f32 on the same partials); hidden size <= 8,192",
-        parity: "gpu-check (`--only mhc`) `hc_pre fused …` records vs the CPU reference (u normed, post, comb), `hc_post_mix x bits` (= hc_post_f32), `hc_pre_norm bits` (= hc_pre_f32 + rms_norm_f32 on the same partials), batch invariance (T=7 bits), other stream counts and widths; the switch matrix and qualify (`MHC_FUSED=off alone`: exact, other bits: the mix sums run in another order, and for rows of <= 1,024 values the norm's too)",
+        parity: "gpu-check (`--only mhc`) `hc_pre fused …` records vs the CPU reference (u normed, post, comb), `hc_post_mix_f32 x bits` (= hc_post_f32), `hc_pre_norm bits` (= hc_pre_f32 + rms_norm_f32 on the same partials), batch invariance (T=7 bits), other stream counts and widths; the switch matrix and qualify (`MHC_FUSED=off alone`: exact, other bits: the mix sums run in another order, and for rows of <= 1,024 values the norm's too)",
     },
     Switch {
         name: "MOE_PERSISTENT",
