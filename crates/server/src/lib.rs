@@ -303,21 +303,9 @@ pub async fn serve_backend<B: Backend + Send + 'static>(cfg: ServerConfig, backe
     let addr = listener.local_addr()?;
     eprintln!("flashseek: serving `{}` on http://{addr} (OpenAI: /v1/chat/completions, /v1/completions; Anthropic: /v1/messages)", cfg.model_names.first().map(String::as_str).unwrap_or("flashseek-default"));
     let drain = cfg.drain_timeout;
-    // The first SIGINT/SIGTERM starts the graceful shutdown, a second one cuts it short.
-    let (first_tx, first) = tokio::sync::oneshot::channel::<()>();
-    let (second_tx, second) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = first_tx.send(());
-        termination_signal().await;
-        let _ = second_tx.send(());
-    });
-    let (first, second) = (async move { let _ = first.await; }, async move {
-        if second.await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    });
-    run_parts(listener, parts(&cfg, backend, tokenizer), drain, first, second).await
+    // The first SIGINT/SIGTERM starts the graceful shutdown, a second one cuts it short (run_parts
+    // polls `force` only once the shutdown has begun, so it waits for the next signal).
+    run_parts(listener, parts(&cfg, backend, tokenizer), drain, shutdown_signal(), termination_signal()).await
 }
 
 /// [`serve`] on a new multi-threaded runtime, blocking until shutdown.
