@@ -378,11 +378,15 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 // token the lane sums, for each o < M, the 2·n products over its channels (stream k in order, the
 // pair's first channel first) and its channels' squares, and hc_lane_sums adds the 32 lanes.
 // Tokens t0 … t0 + tn − 1 (tn ≤ TT) of one warp: a token's sums do not depend on TT or tn.
-template <int NN, bool POST, int TT>
+// post_on is a run-time flag, not a template parameter, so that both forms share one sequence for the
+// sums: as two instantiations the compiler fused different products of `a·b + c·d` (by where the
+// operands came from), and at n 1 the partials of the with- and without-post forms differed (H200,
+// 2026-12-01); written-out fmaf / __fmul_rn forms made the four-token form spill.
+template <int NN, int TT>
 __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const float* __restrict__ y,
                                                    const float* __restrict__ post, const float* __restrict__ comb,
                                                    const float* __restrict__ fn, float* __restrict__ part, int t0,
-                                                   int tn, int d, int i, bool live, int lane) {
+                                                   int tn, int d, int i, bool live, int lane, bool post_on) {
     constexpr int M = (2 + NN) * NN;
     static_assert(M + 1 <= 32, "the lane sums hold 32 values");
     const int nb = gridDim.x;
@@ -396,7 +400,7 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
         for (int k = 0; k < NN; k++)
             xv[q][k] = ok ? *reinterpret_cast<const float2*>(xt + (size_t)k * d) : make_float2(0.f, 0.f);
     }
-    if (POST) {
+    if (post_on) {  // warp-uniform
         float2 yv[TT];
 #pragma unroll
         for (int q = 0; q < TT; q++)
@@ -461,18 +465,19 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
 
 // The one-token form on its own (not inlined: inlined beside the four-token form it made the kernel
 // spill at its 168 registers).
-template <int NN, bool POST>
+template <int NN>
 __device__ __noinline__ void hc_post_mix_one(float* __restrict__ x, const float* __restrict__ y,
                                              const float* __restrict__ post, const float* __restrict__ comb,
                                              const float* __restrict__ fn, float* __restrict__ part, int t, int d,
-                                             int i, bool live, int lane) {
-    hc_post_mix_tokens<NN, POST, 1>(x, y, post, comb, fn, part, t, 1, d, i, live, lane);
+                                             int i, bool live, int lane, bool post_on) {
+    hc_post_mix_tokens<NN, 1>(x, y, post, comb, fn, part, t, 1, d, i, live, lane, post_on);
 }
 
-template <int NN, bool POST>
+template <int NN>
 __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const float* __restrict__ y,
                                                  const float* __restrict__ post, const float* __restrict__ comb,
-                                                 const float* __restrict__ fn, float* __restrict__ part, int T, int d) {
+                                                 const float* __restrict__ fn, float* __restrict__ part, int T, int d,
+                                                 bool post_on) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int t0 = (blockIdx.y * HCX_WARPS + warp) * HCX_TT;
     if (t0 >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
@@ -480,11 +485,11 @@ __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const fl
     const int i = blockIdx.x * HCX_RUN + 2 * lane;  // d is even: a lane's pair is whole or past d
     const bool live = i < d;
     if (tn == HCX_TT) {
-        hc_post_mix_tokens<NN, POST, HCX_TT>(x, y, post, comb, fn, part, t0, tn, d, i, live, lane);
+        hc_post_mix_tokens<NN, HCX_TT>(x, y, post, comb, fn, part, t0, tn, d, i, live, lane, post_on);
     } else {
         // Fewer tokens (a decode step, the last warp): one at a time, so that no lane loads or sums
         // for absent tokens (the same sums per token).
-        for (int q = 0; q < tn; q++) hc_post_mix_one<NN, POST>(x, y, post, comb, fn, part, t0 + q, d, i, live, lane);
+        for (int q = 0; q < tn; q++) hc_post_mix_one<NN>(x, y, post, comb, fn, part, t0 + q, d, i, live, lane, post_on);
     }
 }
 
@@ -541,14 +546,10 @@ hc_post_mix_f32(float* __restrict__ x, const float* __restrict__ y, const float*
                 const float* __restrict__ comb, const float* __restrict__ fn, float* __restrict__ part, int T, int n,
                 int d, int has_post) {
     switch (n) {
-        case 1: if (has_post) hc_post_mix_impl<1, true>(x, y, post, comb, fn, part, T, d);
-                else hc_post_mix_impl<1, false>(x, y, post, comb, fn, part, T, d); break;
-        case 2: if (has_post) hc_post_mix_impl<2, true>(x, y, post, comb, fn, part, T, d);
-                else hc_post_mix_impl<2, false>(x, y, post, comb, fn, part, T, d); break;
-        case 3: if (has_post) hc_post_mix_impl<3, true>(x, y, post, comb, fn, part, T, d);
-                else hc_post_mix_impl<3, false>(x, y, post, comb, fn, part, T, d); break;
-        case 4: if (has_post) hc_post_mix_impl<4, true>(x, y, post, comb, fn, part, T, d);
-                else hc_post_mix_impl<4, false>(x, y, post, comb, fn, part, T, d); break;
+        case 1: hc_post_mix_impl<1>(x, y, post, comb, fn, part, T, d, has_post != 0); break;
+        case 2: hc_post_mix_impl<2>(x, y, post, comb, fn, part, T, d, has_post != 0); break;
+        case 3: hc_post_mix_impl<3>(x, y, post, comb, fn, part, T, d, has_post != 0); break;
+        case 4: hc_post_mix_impl<4>(x, y, post, comb, fn, part, T, d, has_post != 0); break;
         default: break;
     }
 }
