@@ -701,7 +701,7 @@ fn check_indexer_stream(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bo
     }
     // INDEXER_WGMMA over many blocks and at the edges of its tile and block arithmetic:
     // - 1,030 tokens (258 blocks, the last with 2 tokens), visible counts 1,792 … 2,049 of
-    //   N = 2,100 (every block streams 29–33 tiles through the 4-stage ring, 12 stages for the FP8
+    //   N = 2,100 (every block streams 29–33 tiles through the 4-stage ring, 8 stages for the FP8
     //   kernel), k = 512 and 1,800
     //   (the first ~32 tokens get identity lists, the rest select);
     // - N = 2,048 (a multiple of 64: the last tile ends the split keys exactly) with the last of 7

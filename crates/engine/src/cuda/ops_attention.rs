@@ -118,11 +118,11 @@ pub const INDEXER_STREAM_SMEM: usize = 2 * 2048 * 8;
 pub const INDEXER_WGMMA_KERNELS: &[&str] = &["indexer_topk_wgmma", "indexer_scores_wgmma", "indexer_topk_wgmma_fp8", "indexer_scores_wgmma_fp8"];
 
 /// Dynamic shared memory of the [`INDEXER_WGMMA_KERNELS`] (`IwgLayout::TOTAL` in
-/// indexer.cu): 1 KB alignment slack, a ring of 4 key tiles of 32 KB (the FP8 kernels: 12 tiles of
+/// indexer.cu): 1 KB alignment slack, a ring of 4 key tiles of 32 KB (the FP8 kernels: 8 tiles of
 /// 8 KB and the 4 tokens' e4m3 queries, 8 KB each), per warpgroup (4) a buffer of 2,048 (key, index)
 /// pairs (16 KB), head-group partials (1 KB), a histogram (1 KB), scan sums and state (160 B), then
-/// room for 24 mbarriers (the split-bf16 kernels use 8).
-pub const INDEXER_WGMMA_SMEM: usize = 1024 + 4 * 32768 + 4 * (2048 * 8 + 4 * 64 * 4 + 256 * 4 + 32 * 4 + 8 * 4) + 2 * 12 * 8;
+/// room for 16 mbarriers (the split-bf16 kernels use 8).
+pub const INDEXER_WGMMA_SMEM: usize = 1024 + 4 * 32768 + 4 * (2048 * 8 + 4 * 64 * 4 + 256 * 4 + 32 * 4 + 8 * 4) + 2 * 8 * 8;
 
 const _: () = assert!(INDEXER_WGMMA_SMEM <= 227 * 1024, "indexer_topk_wgmma's shared memory must fit a Hopper block");
 

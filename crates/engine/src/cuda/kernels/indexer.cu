@@ -371,35 +371,100 @@ __device__ __forceinline__ int fs_block_excl_scan(int v, int* wsum, int* total, 
     return before + x - v;
 }
 
-// Radix select of the k-th largest of n keys key_of(j) (order-preserving u32, j < n, k ≤ n): 4 MSB
-// passes of 256-bin shared histograms (integer atomics). Returns K; *want_out = how many keys == K
-// belong to the top k (≥ 1). Every thread of the group calls it (it synchronizes).
-template <class KeyOf, class G = FsBlock>
+// Radix select of the k-th largest of n keys key_of(j) (order-preserving u32, j < n, k ≤ n): MSB
+// passes of 8-bit digits over 256-bin shared histograms (integer atomics). Returns K; *want_out =
+// how many keys == K belong to the top k (≥ 1). Every thread of the group calls it (it synchronizes).
+// The digit holding the k-th key is found by the group's first warp (lane ℓ sums bins 8ℓ … 8ℓ + 7,
+// a suffix sum over the lanes picks the lane, that lane walks its 8 bins): the digit and count of a
+// walk from bin 255 down, in ~20 steps instead of up to 256. COMMON (for short buffers whose keys
+// share their high bits, e.g. the indexer's candidates above a threshold): a first pass takes the
+// keys' minimum and maximum, and the digits start at their highest differing bit — fewer passes, and
+// the first one's keys spread over the bins instead of queueing on one bin's atomics. The same K and
+// count either way (they are defined by the keys alone).
+template <bool COMMON = false, class KeyOf, class G = FsBlock>
 __device__ __forceinline__ u32 fs_radix_kth(KeyOf key_of, int n, int k, int* hist, u32* s_prefix, int* s_want, int* want_out, G grp = G()) {
     const int tid = grp.tid();
     u32 prefix = 0u, mask = 0u;
     int want = k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
+    int top = 31;  // the highest bit the digits still have to cover
+    if constexpr (COMMON) {
+        u32 lo = 0xffffffffu, hi = 0u;
+        for (int j = tid; j < n; j += grp.size()) {
+            const u32 key = key_of(j);
+            lo = min(lo, key);
+            hi = max(hi, key);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+            hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+        }
+        const int nw = grp.size() >> 5;
+        if ((tid & 31) == 0) {
+            hist[2 * (tid >> 5)] = (int)lo;
+            hist[2 * (tid >> 5) + 1] = (int)hi;
+        }
+        grp.sync();
+        for (int w = 0; w < nw; w++) {
+            lo = min(lo, (u32)hist[2 * w]);
+            hi = max(hi, (u32)hist[2 * w + 1]);
+        }
+        grp.sync();  // hist is zeroed by the first pass
+        if (lo == hi) {  // every key equal (n ≥ k ≥ 1): the k-th is that key, k of them wanted
+            *want_out = k;
+            return lo;
+        }
+        top = 31 - __clz(lo ^ hi);
+        mask = top == 31 ? 0u : ~((2u << top) - 1u);
+        prefix = lo & mask;
+    }
+    for (; top >= 0; top -= 8) {
+        const int shift = max(top - 7, 0);
+        const u32 dmask = (2u << (top - shift)) - 1u;  // the digit's bits (8, or fewer in the last pass)
         for (int i = tid; i < 256; i += grp.size()) hist[i] = 0;
         grp.sync();
         for (int j = tid; j < n; j += grp.size()) {
             const u32 key = key_of(j);
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & dmask], 1);
         }
         grp.sync();
-        if (tid == 0) {
-            int above = 0, d = 255;
-            for (; d > 0; d--) {
-                if (above + hist[d] >= want) break;
-                above += hist[d];
+        if (tid < 32) {
+            int c[8], lane_sum = 0;
+#pragma unroll
+            for (int b = 0; b < 8; b++) {
+                c[b] = hist[8 * tid + b];
+                lane_sum += c[b];
             }
-            *s_prefix = prefix | ((u32)d << shift);
-            *s_want = want - above;
+            int suffix = lane_sum;  // Σ over lanes ≥ this one
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_down_sync(0xffffffffu, suffix, o);
+                if (tid + o < 32) suffix += y;
+            }
+            const u32 reach = __ballot_sync(0xffffffffu, suffix >= want);
+            const int L = reach ? 31 - __clz((int)reach) : 0;  // the highest lane whose suffix reaches want
+            if (tid == L) {
+                int above = suffix - lane_sum, d = 0;  // Σ over the bins above this lane's
+                bool found = false;
+#pragma unroll
+                for (int b = 7; b > 0; b--) {  // unrolled: c stays in registers
+                    if (!found) {
+                        if (above + c[b] >= want) {
+                            d = b;
+                            found = true;
+                        } else {
+                            above += c[b];
+                        }
+                    }
+                }
+                *s_prefix = prefix | ((u32)(8 * L + d) << shift);
+                *s_want = want - above;
+            }
         }
         grp.sync();
         prefix = *s_prefix;
         want = *s_want;
-        mask |= 255u << shift;
+        mask |= dmask << shift;
         grp.sync();  // everyone has read s_prefix/s_want and hist before the next pass
     }
     *want_out = want;
@@ -408,13 +473,14 @@ __device__ __forceinline__ u32 fs_radix_kth(KeyOf key_of, int n, int k, int* his
 
 // The top k of n keys in position order: keeps key_of(j) > K and the `want` first keys == K
 // ((K, want) from fs_radix_kth), calling keep(at, key, val) with at = the rank among the kept
-// (ascending in j) and val = val_of(j). Group-wide exclusive scans over chunks of the group's
-// size; every thread of the group calls it. Keys and values of a chunk are read before its scans
-// (which synchronize) and keep() runs after them, so keep may overwrite positions ≤ j (in-place
-// compaction).
+// (ascending in j) and val = val_of(j). One group-wide exclusive scan per chunk of the group's size,
+// of the counts of keys > K and == K packed in one int (16 bits each: a chunk holds ≤ 1,024 keys):
+// a key's rank among the kept is (keys > K before it) + min(keys == K before it, want). Every thread
+// of the group calls it. Keys and values of a chunk are read before its scan (which synchronizes)
+// and keep() runs after it, so keep may overwrite positions ≤ j (in-place compaction).
 template <class KeyOf, class ValOf, class Keep, class G = FsBlock>
 __device__ __forceinline__ void fs_compact_top(KeyOf key_of, ValOf val_of, int n, u32 K, int want, int* wsum, Keep keep, G grp = G()) {
-    int eq_base = 0, sel_base = 0;
+    int eq_base = 0, gt_base = 0;
     for (int b0 = 0; b0 < n; b0 += grp.size()) {  // group-uniform trip count
         const int j = b0 + grp.tid();
         const bool in = j < n;
@@ -422,13 +488,12 @@ __device__ __forceinline__ void fs_compact_top(KeyOf key_of, ValOf val_of, int n
         const int val = in ? val_of(j) : 0;
         const int gt = (in && key > K) ? 1 : 0;
         const int eq = (in && key == K) ? 1 : 0;
-        int eq_total, sel_total;
-        const int eq_rank = eq_base + fs_block_excl_scan(eq, wsum, &eq_total, grp);
-        const int sel = (gt || (eq && eq_rank < want)) ? 1 : 0;
-        const int at = sel_base + fs_block_excl_scan(sel, wsum, &sel_total, grp);
-        if (sel) keep(at, key, val);
-        eq_base += eq_total;
-        sel_base += sel_total;
+        int total;
+        const int before = fs_block_excl_scan(gt | (eq << 16), wsum, &total, grp);
+        const int gt_rank = gt_base + (before & 0xffff), eq_rank = eq_base + (before >> 16);
+        if (gt || (eq && eq_rank < want)) keep(gt_rank + min(eq_rank, want), key, val);
+        gt_base += total & 0xffff;
+        eq_base += total >> 16;
     }
     grp.sync();
 }
@@ -525,13 +590,14 @@ logits_topk_f32(const float* __restrict__ logits, int V, int k, int* __restrict_
 #define ITS_SMEM (2 * ITS_CAP * 8)
 
 // Cuts a buffer of n (order key, entry index) pairs bk / bi to its top k in place, index order
-// kept (fs_radix_kth + fs_compact_top on group grp); returns the k-th key K. Every thread of the
-// group calls it.
-template <class G = FsBlock>
+// kept (fs_radix_kth<COMMON> + fs_compact_top on group grp); returns the k-th key K. Every thread of
+// the group calls it. COMMON: see fs_radix_kth (the split-bf16 wgmma kernel, at its 128 registers,
+// spilled with it).
+template <bool COMMON = true, class G = FsBlock>
 __device__ __forceinline__ u32 fs_cut_pairs(u32* bk, int* bi, int n, int k, int* hist, int* wsum, u32* s_prefix, int* s_want, G grp = G()) {
     auto key_of = [bk](int j) { return bk[j]; };
     int want;
-    const u32 K = fs_radix_kth(key_of, n, k, hist, s_prefix, s_want, &want, grp);
+    const u32 K = fs_radix_kth<COMMON>(key_of, n, k, hist, s_prefix, s_want, &want, grp);
     fs_compact_top(
         key_of, [bi](int j) { return bi[j]; }, n, K, want, wsum,
         [bk, bi](int at, u32 key, int e) {
@@ -707,7 +773,7 @@ indexer_topk_stream_fp8(const u8* __restrict__ q8, const float* __restrict__ sq,
 // The FP8 kernels' ring in the same RING bytes: IWG8_STAGES stages of one 64-key tile (64 keys ×
 // 128 e4m3 = IWG8_TILE), then the warpgroups' staged queries (IWG_NWG × IWG8_TILE).
 #define IWG8_TILE 8192
-#define IWG8_STAGES 12
+#define IWG8_STAGES 8
 struct IwgLayout {
     static constexpr int RING = 0;                                    // IWG_STAGES × IWG_TILE
     static constexpr int BKEY = RING + IWG_STAGES * IWG_TILE;         // [NWG][ITS_CAP] u32
@@ -871,13 +937,16 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
 
     int cnt8 = 0;  // FP8: the buffer's count, kept by every thread (misc[0] in the other path)
     if constexpr (FP8) {
-        // Two accumulators: tile i + 1's products run while tile i's scores are summed and selected.
+        // Two accumulators: tile i + 1's products run while tile i's scores are summed.
         // No wgmma is issued under a branch (ptxas would serialise them all, C7518 / C7520): every
         // warpgroup multiplies every tile of the block (a token past its visible range discards
         // them), and the steps come in pairs: the last real step and, for an odd tile count, a
         // step past the tiles each multiply the last tile again (1 or 2 redundant groups; its stage
         // still holds it: nothing is copied after it) and discard the result.
         // acc_a / acc_b need no zeroing: a tile's first product overwrites them (scale-d 0).
+        // The selection runs once per pair of tiles (one ballot and one warpgroup barrier for 128
+        // keys): lanes 0–15 of warp wq hold key 16·wq + lane of the pair's first tile, lanes 16–31
+        // key 16·wq + lane − 16 of its second, and the pair's candidates are appended in index order.
         float acc_a[8][4], acc_b[8][4];
         auto works = [&](int i) { return sel && i * ITC_KT < vis; };  // warpgroup-uniform, falls once
         // Waits for tile min(i, ntiles − 1) and issues its four products into acc (one group).
@@ -890,69 +959,90 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
             for (int kk = 0; kk < 4; kk++) iwg_mma8(acc, gw_desc(base + (ii % ST) * TILE) + 2 * kk, gw_desc(qsm) + 2 * kk, kk);  // dims 32kk … 32kk + 31
             gw_commit();
         };
-        // Step i: tile i's products are complete (waited at the end of step i − 1); tile i + 1's
-        // are issued, tile i's scores summed and selected while they run, then waited for (nothing
-        // is in flight across steps: ptxas would serialise the products otherwise, C7514).
+        // Rows are keys: Σ over the thread's 16 heads of w·max(S, 0) for keys g and g + 8 of the
+        // warp's 16, then over the 4 lanes of a row (xor 1, 2); every lane gets key (lane & 15)'s sum.
+        auto heads_sum = [&](const float(&acc)[8][4]) -> float {
+            float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    v0 = fmaf(wf[j][x], fmaxf(acc[j][x], 0.f), v0);
+                    v1 = fmaf(wf[j][x], fmaxf(acc[j][2 + x], 0.f), v1);
+                }
+            v0 += __shfl_xor_sync(0xffffffffu, v0, 1);
+            v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
+            v0 += __shfl_xor_sync(0xffffffffu, v0, 2);
+            v1 += __shfl_xor_sync(0xffffffffu, v1, 2);
+            const float a0 = __shfl_sync(0xffffffffu, v0, 4 * (lane & 7)), a1 = __shfl_sync(0xffffffffu, v1, 4 * (lane & 7));
+            return (lane & 8) ? a1 : a0;
+        };
+        float sc = 0.f, ske = 0.f;  // this lane's key of the pair: its head sum, its key scale
+        int e = 0;                  // … and its index
+        bool mine = false;          // … and whether it is visible to the token
+        // Step i (tile i's products complete, waited at the end of step i − 1): tile i + 1's are
+        // issued, tile i's heads summed while they run, and at the pair's second step the pair's
+        // keys selected; then the products are waited for (nothing is in flight across steps:
+        // ptxas would serialise the products otherwise, C7514).
         auto step = [&](int i, float(&acc)[8][4], float(&next)[8][4]) {
+            const bool second = (i & 1) != 0;
+            const int p = i & ~1;  // the pair's first tile
             if (tid == 0 && i + ST - 1 < ntiles) issue(i + ST - 1);
-            const int j0 = i * ITC_KT, e = j0 + 16 * wq + lane;
-            const bool mine = works(i) && lane < 16 && e < vis;
-            const float ske = mine ? __ldg(sk + e) : 0.f;  // loaded while the products run
+            if (!second) {
+                e = (p + (lane >> 4)) * ITC_KT + 16 * wq + (lane & 15);
+                mine = sel && e < vis;
+                ske = mine ? __ldg(sk + e) : 0.f;  // loaded while the products run
+            }
             __syncwarp();
             if (lane == 0 && i < ntiles) gws_arrive(empty0 + 8 * (i % ST));  // this warp is done with the stage
             products(i + 1, next);
-            if (works(i)) {
-                if (!SCORES && cnt8 > ITS_CAP - ITC_KT) {
-                    grp.sync();  // the previous tiles' appends
-                    cut(cnt8);
-                    cnt8 = topk;
-                }
-                // Rows are keys: Σ over the thread's 16 heads of w·max(S, 0) for keys g and g + 8 of the
-                // warp's 16, then over the 4 lanes of a row (xor 1, 2); lane l < 16 takes key 16·wq + l.
-                float v0 = 0.f, v1 = 0.f;
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-#pragma unroll
-                    for (int x = 0; x < 2; x++) {
-                        v0 = fmaf(wf[j][x], fmaxf(acc[j][x], 0.f), v0);
-                        v1 = fmaf(wf[j][x], fmaxf(acc[j][2 + x], 0.f), v1);
+            if (works(p)) {  // warpgroup-uniform
+                const float v = heads_sum(acc);
+                if ((lane >= 16) == second) sc = v;
+                if (second) {
+                    if (!SCORES && cnt8 > ITS_CAP - 2 * ITC_KT) {
+                        grp.sync();  // the previous pairs' appends
+                        cut(cnt8);
+                        cnt8 = topk;
                     }
-                v0 += __shfl_xor_sync(0xffffffffu, v0, 1);
-                v1 += __shfl_xor_sync(0xffffffffu, v1, 1);
-                v0 += __shfl_xor_sync(0xffffffffu, v0, 2);
-                v1 += __shfl_xor_sync(0xffffffffu, v1, 2);
-                const float a0 = __shfl_sync(0xffffffffu, v0, 4 * (lane & 7)), a1 = __shfl_sync(0xffffffffu, v1, 4 * (lane & 7));
-                bool cand = false;
-                u32 key = 0u;
-                if (mine) {
-                    const float score = (lane < 8 ? a0 : a1) * scale * ske;
-                    if constexpr (SCORES) {
-                        scores[(size_t)t * n + e] = score;
-                    } else {
-                        key = fs_order_key(score);
-                        cand = !misc[1] || key > (u32)misc[2];
+                    bool cand = false;
+                    u32 key = 0u;
+                    if (mine) {
+                        const float score = sc * scale * ske;
+                        if constexpr (SCORES) {
+                            scores[(size_t)t * n + e] = score;
+                        } else {
+                            key = fs_order_key(score);
+                            cand = !misc[1] || key > (u32)misc[2];
+                        }
                     }
-                }
-                if constexpr (!SCORES) {
-                    // Appended in index order (warps, then lanes), one warpgroup barrier per tile: the
-                    // ballots go to part, alternating halves by tile (a warp writing tile i + 1's half has
-                    // passed tile i's barrier, after every read of tile i − 1's); the appends of
-                    // successive tiles go to disjoint slots, and a cut first waits for all of them.
-                    int* bal = reinterpret_cast<int*>(part) + 4 * (i & 1);
-                    const u32 b = __ballot_sync(0xffffffffu, cand);
-                    if (lane == 0) bal[wq] = (int)b;
-                    grp.sync();
-                    int before = cnt8;
+                    if constexpr (!SCORES) {
+                        // Appended in index order (the first tile's keys by warp, then the second's),
+                        // one warpgroup barrier per pair: the ballots go to part, alternating halves by
+                        // pair (a warp writing pair P's half has passed pair P − 1's barrier, after every
+                        // read of pair P − 2's); the appends of successive pairs go to disjoint slots,
+                        // and a cut first waits for all of them.
+                        int* bal = reinterpret_cast<int*>(part) + 4 * ((p >> 1) & 1);
+                        const u32 b = __ballot_sync(0xffffffffu, cand);
+                        if (lane == 0) bal[wq] = (int)b;
+                        grp.sync();
+                        int lo_before = 0, lo_all = 0, hi_before = 0, all = 0;
 #pragma unroll
-                    for (int x = 0; x < 4; x++) {
-                        const int c = __popc((u32)bal[x]);
-                        before += x < wq ? c : 0;
-                        cnt8 += c;
-                    }
-                    if (cand) {
-                        const int at = before + __popc(b & ((1u << lane) - 1u));
-                        bkey[at] = key;
-                        bidx[at] = e;
+                        for (int x = 0; x < 4; x++) {
+                            const u32 c = (u32)bal[x];
+                            const int lo = __popc(c & 0xffffu), hi = __popc(c >> 16);
+                            lo_before += x < wq ? lo : 0;
+                            hi_before += x < wq ? hi : 0;
+                            lo_all += lo;
+                            all += lo + hi;
+                        }
+                        if (cand) {
+                            const u32 below = b & ((1u << lane) - 1u);
+                            const int at = cnt8 + (lane < 16 ? lo_before + __popc(below) : lo_all + hi_before + __popc(below & 0xffff0000u));
+                            bkey[at] = key;
+                            bidx[at] = e;
+                        }
+                        cnt8 += all;
                     }
                 }
             }
