@@ -591,8 +591,8 @@ logits_topk_f32(const float* __restrict__ logits, int V, int k, int* __restrict_
 
 // Cuts a buffer of n (order key, entry index) pairs bk / bi to its top k in place, index order
 // kept (fs_radix_kth<COMMON> + fs_compact_top on group grp); returns the k-th key K. Every thread of
-// the group calls it. COMMON: see fs_radix_kth (the split-bf16 wgmma kernel, at its 128 registers,
-// spilled with it).
+// the group calls it. COMMON: see fs_radix_kth (every caller takes it; the split-bf16
+// indexer_topk_wgmma, at its 128 registers, spills 16 bytes with it and 48 without).
 template <bool COMMON = true, class G = FsBlock>
 __device__ __forceinline__ u32 fs_cut_pairs(u32* bk, int* bi, int n, int k, int* hist, int* wsum, u32* s_prefix, int* s_want, G grp = G()) {
     auto key_of = [bk](int j) { return bk[j]; };
