@@ -377,7 +377,7 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 // from L1/L2: the block's four warps share the slice) is used for the warp's HCX_TT tokens. Per
 // token the lane sums, for each o < M, the 2·n products over its channels (stream k in order, the
 // pair's first channel first) and its channels' squares, and hc_lane_sums adds the 32 lanes.
-// Tokens t0 … t0 + tn − 1 (tn ≤ TT) of one warp: a token's sums do not depend on TT or tn.
+// Tokens t0 … t0 + tn − 1 (tn ≤ TT) of one warp: a token's sums do not depend on tn (TT is always HCX_TT).
 // post_on is a run-time flag, not a template parameter, so that both forms share one sequence for the
 // sums: as two instantiations the compiler fused different products of `a·b + c·d` (by where the
 // operands came from), and at n 1 the partials of the with- and without-post forms differed (H200,
@@ -463,16 +463,6 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
         hc_store_lane_sums<M>(acc[q], lane, q < tn, [&] { return part + ((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART; });
 }
 
-// The one-token form on its own (not inlined: inlined beside the four-token form it made the kernel
-// spill at its 168 registers).
-template <int NN>
-__device__ __noinline__ void hc_post_mix_one(float* __restrict__ x, const float* __restrict__ y,
-                                             const float* __restrict__ post, const float* __restrict__ comb,
-                                             const float* __restrict__ fn, float* __restrict__ part, int t, int d,
-                                             int i, bool live, int lane, bool post_on) {
-    hc_post_mix_tokens<NN, 1>(x, y, post, comb, fn, part, t, 1, d, i, live, lane, post_on);
-}
-
 template <int NN>
 __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const float* __restrict__ y,
                                                  const float* __restrict__ post, const float* __restrict__ comb,
@@ -484,13 +474,11 @@ __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const fl
     const int tn = min(HCX_TT, T - t0);
     const int i = blockIdx.x * HCX_RUN + 2 * lane;  // d is even: a lane's pair is whole or past d
     const bool live = i < d;
-    if (tn == HCX_TT) {
-        hc_post_mix_tokens<NN, HCX_TT>(x, y, post, comb, fn, part, t0, tn, d, i, live, lane, post_on);
-    } else {
-        // Fewer tokens (a decode step, the last warp): one at a time, so that no lane loads or sums
-        // for absent tokens (the same sums per token).
-        for (int q = 0; q < tn; q++) hc_post_mix_one<NN>(x, y, post, comb, fn, part, t0 + q, d, i, live, lane, post_on);
-    }
+    // Every warp, a full one or the last with fewer tokens (a decode step), runs the one four-token
+    // sequence (absent tokens load zeros and store nothing): a one-token form was a second
+    // instantiation, which NVVM contracted differently at n 1 (the last 7 of 10 tokens alone differed
+    // in 1,539 values, H200 2026-12-01), so a token's sums depended on its place in the batch.
+    hc_post_mix_tokens<NN, HCX_TT>(x, y, post, comb, fn, part, t0, tn, d, i, live, lane, post_on);
 }
 
 template <int NN, int V>
