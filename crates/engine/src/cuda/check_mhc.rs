@@ -193,8 +193,8 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
 /// MHC_FUSED (spec §4.2 / §4.3 as hc_post_mix_f32 + hc_pre_norm_f32 compute them), on fresh random
 /// inputs for each shape, against the CPU reference (pre + RMSNorm, post) and bit for bit against the
 /// unfused kernels where they promise it, with batch invariance at every shape (the last 7 tokens
-/// alone; T − 7 is not a multiple of 4, so some token moves between a four-token and a one-token
-/// warp): (n 4, d 4,096, T 16: Flash), (n 3, d 4,100, T 13: the wide finish hc_pre_norm_wide_f32 and
+/// alone; T − 7 is not a multiple of 4, so some token moves between a full warp of four tokens and
+/// the last warp of fewer): (n 4, d 4,096, T 16: Flash), (n 3, d 4,100, T 13: the wide finish hc_pre_norm_wide_f32 and
 /// a last channel run of 4 channels), (n 1, d 8,192, T 10: the widest hidden size), (n 2, d 1,000,
 /// T 9: a narrow row, a last warp of one token). Also: the mix alone
 /// leaves the streams as they were, the with- and without-post forms give the same partials for the
