@@ -157,6 +157,10 @@ __device__ __forceinline__ void gw_wait0() { GW_ASM("wgmma.wait_group.sync.align
 __device__ __forceinline__ unsigned long long gw_desc(u32 a) {
     return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
+// gw_desc's low word (start address >> 4, leading offset 1); its high word is the constant
+// 0x40000040, which the *_lo wgmma wrappers (gemm_q8.cu gw_mma_lo, indexer.cu iwg_mma8_lo) write into
+// the instruction, so that the compiler keeps warp-uniform descriptors in uniform registers.
+__device__ __forceinline__ u32 gw_desc_lo(u32 a) { return ((a & 0x3FFFFu) >> 4) | (1u << 16); }
 
 // Byte offset of 16-byte chunk c of row r in a swizzled tile of 128-byte rows.
 __device__ __forceinline__ u32 gw_swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }

@@ -473,25 +473,36 @@ __device__ __forceinline__ u32 fs_radix_kth(KeyOf key_of, int n, int k, int* his
 
 // The top k of n keys in position order: keeps key_of(j) > K and the `want` first keys == K
 // ((K, want) from fs_radix_kth), calling keep(at, key, val) with at = the rank among the kept
-// (ascending in j) and val = val_of(j). One group-wide exclusive scan per chunk of the group's size,
-// of the counts of keys > K and == K packed in one int (16 bits each: a chunk holds ≤ 1,024 keys):
-// a key's rank among the kept is (keys > K before it) + min(keys == K before it, want). Every thread
-// of the group calls it. Keys and values of a chunk are read before its scan (which synchronizes)
-// and keep() runs after it, so keep may overwrite positions ≤ j (in-place compaction).
-template <class KeyOf, class ValOf, class Keep, class G = FsBlock>
+// (ascending in j) and val = val_of(j). Chunks of FS_COMPACT_E keys per thread (consecutive, so the
+// threads' order is the keys'), one group-wide exclusive scan per chunk of the counts of keys > K
+// and == K packed in one int (16 bits each: a chunk holds ≤ 4,096 keys): a key's rank among the
+// kept is (keys > K before it) + min(keys == K before it, want). Every thread of the group calls
+// it. Keys and values of a chunk are read before its scan (which synchronizes) and keep() runs after
+// it, so keep may overwrite positions ≤ j (in-place compaction).
+#define FS_COMPACT_E 4
+template <int E = FS_COMPACT_E, class KeyOf, class ValOf, class Keep, class G = FsBlock>
 __device__ __forceinline__ void fs_compact_top(KeyOf key_of, ValOf val_of, int n, u32 K, int want, int* wsum, Keep keep, G grp = G()) {
     int eq_base = 0, gt_base = 0;
-    for (int b0 = 0; b0 < n; b0 += grp.size()) {  // group-uniform trip count
-        const int j = b0 + grp.tid();
-        const bool in = j < n;
-        const u32 key = in ? key_of(j) : 0u;
-        const int val = in ? val_of(j) : 0;
-        const int gt = (in && key > K) ? 1 : 0;
-        const int eq = (in && key == K) ? 1 : 0;
+    for (int b0 = 0; b0 < n; b0 += E * (int)grp.size()) {  // group-uniform trip count
+        const int j0 = b0 + E * (int)grp.tid();
+        u32 key[E];
+        int val[E], flag[E], mine = 0;  // flag: 1 for a key > K, 0x10000 for a key == K
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const bool in = j0 + e < n;
+            key[e] = in ? key_of(j0 + e) : 0u;
+            val[e] = in ? val_of(j0 + e) : 0;
+            flag[e] = !in ? 0 : key[e] > K ? 1 : key[e] == K ? 0x10000 : 0;
+            mine += flag[e];
+        }
         int total;
-        const int before = fs_block_excl_scan(gt | (eq << 16), wsum, &total, grp);
-        const int gt_rank = gt_base + (before & 0xffff), eq_rank = eq_base + (before >> 16);
-        if (gt || (eq && eq_rank < want)) keep(gt_rank + min(eq_rank, want), key, val);
+        int before = fs_block_excl_scan(mine, wsum, &total, grp);
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const int gt_rank = gt_base + (before & 0xffff), eq_rank = eq_base + (before >> 16);
+            if (flag[e] == 1 || (flag[e] != 0 && eq_rank < want)) keep(gt_rank + min(eq_rank, want), key[e], val[e]);
+            before += flag[e];
+        }
         gt_base += total & 0xffff;
         eq_base += total >> 16;
     }
@@ -591,14 +602,13 @@ logits_topk_f32(const float* __restrict__ logits, int V, int k, int* __restrict_
 
 // Cuts a buffer of n (order key, entry index) pairs bk / bi to its top k in place, index order
 // kept (fs_radix_kth<COMMON> + fs_compact_top on group grp); returns the k-th key K. Every thread of
-// the group calls it. COMMON: see fs_radix_kth (every caller takes it; the split-bf16
-// indexer_topk_wgmma, at its 128 registers, spills 16 bytes with it and 48 without).
-template <bool COMMON = true, class G = FsBlock>
+// the group calls it. COMMON: see fs_radix_kth; E: fs_compact_top's keys per thread.
+template <bool COMMON = true, int E = FS_COMPACT_E, class G = FsBlock>
 __device__ __forceinline__ u32 fs_cut_pairs(u32* bk, int* bi, int n, int k, int* hist, int* wsum, u32* s_prefix, int* s_want, G grp = G()) {
     auto key_of = [bk](int j) { return bk[j]; };
     int want;
     const u32 K = fs_radix_kth<COMMON>(key_of, n, k, hist, s_prefix, s_want, &want, grp);
-    fs_compact_top(
+    fs_compact_top<E>(
         key_of, [bi](int j) { return bi[j]; }, n, K, want, wsum,
         [bk, bi](int at, u32 key, int e) {
             bk[at] = key;
@@ -606,6 +616,12 @@ __device__ __forceinline__ u32 fs_cut_pairs(u32* bk, int* bi, int n, int k, int*
         },
         grp);
     return K;
+}
+
+// fs_cut_pairs on a warpgroup, out of line: the split-bf16 indexer_topk_wgmma (its queries held in
+// registers, 128 of them) spilled in its per-tile loop with the cut inlined.
+__device__ __noinline__ u32 fs_cut_pairs_wg(u32* bk, int* bi, int n, int k, int* hist, int* wsum, u32* s_prefix, int* s_want, int wg) {
+    return fs_cut_pairs(bk, bi, n, k, hist, wsum, s_prefix, s_want, FsWarpGroup{wg});
 }
 
 // Cuts buffer ti to its top k (in place, index order kept) and sets its threshold.
@@ -829,15 +845,17 @@ __device__ __forceinline__ void iwg_copy_tile(u32 dst, const u8* src, u32 bar) {
     gws_bulk_copy<BYTES>(dst, src, bar);
 }
 
-// wgmma m64n64k32 e4m3 × e4m3 → f32, both operands K-major from shared memory (descriptors da:
-// 64 keys, db: 64 heads); d[j][e] = row (key) 16·wq + g + 8·(e >> 1) (wq: the warp within the
-// warpgroup), column (head) 8j + c2 + (e & 1).
-// scale_d 0 overwrites d (the first product of a tile).
-__device__ __forceinline__ void iwg_mma8(float (&d)[8][4], unsigned long long da, unsigned long long db, int scale_d) {
-    GW_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-           "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1;\n}\n"
+// wgmma m64n64k32 e4m3 × e4m3 → f32, both operands K-major from shared memory, each descriptor
+// given by its low word (gw_desc_lo; alo: 64 keys, blo: 64 heads; the high word 0x40000040 is
+// written into the instruction, so that warp-uniform addresses stay in uniform registers instead of
+// being rebuilt and moved for every product); d[j][e] = row (key) 16·wq + g + 8·(e >> 1) (wq: the
+// warp within the warpgroup), column (head) 8j + c2 + (e & 1). scale_d 0 overwrites d (the first
+// product of a tile).
+__device__ __forceinline__ void iwg_mma8_lo(float (&d)[8][4], u32 alo, u32 blo, int scale_d) {
+    GW_ASM("{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %34, 0;\nmov.b64 da, {%32, 0x40000040};\nmov.b64 db, {%33, 0x40000040};\n"
+           "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, da, db, p, 1, 1;\n}\n"
            : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-           : "l"(da), "l"(db), "r"(scale_d));
+           : "r"(alo), "r"(blo), "r"(scale_d));
 }
 
 // FP8 = INDEXER_FP8's scores (q8/sq, kt = the tiled e4m3 keys, sk), else the split-bf16 ones (q,
@@ -893,7 +911,8 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
     // FP8: the token's e4m3 queries [64 heads][128] as the product's B operand (128-byte-swizzled,
     // K-major) after the FP8 ring, and the head weights w_h·s_q,h of the 16 heads (8j + c2 + e) this
     // thread's columns hold (both unused, and compiled away, in the split-bf16 kernels).
-    const u32 qsm = base + (IWG8_STAGES + wg) * IWG8_TILE;
+    // (wg broadcast from lane 0: warp-uniform for the compiler, so the descriptor stays uniform.)
+    const u32 qsm = base + (IWG8_STAGES + __shfl_sync(0xffffffffu, wg, 0)) * IWG8_TILE;
     float wf[8][2];
     if constexpr (FP8) {
         const int tq = valid ? t : last;
@@ -926,7 +945,9 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
     // its threshold (misc: count = k, have_thr, thr); the warpgroup must have passed a barrier after
     // the last appends. Ends with a warpgroup barrier.
     auto cut = [&](int count) {
-        const u32 K = fs_cut_pairs(bkey, bidx, count, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
+        u32 K;
+        if constexpr (FP8) K = fs_cut_pairs(bkey, bidx, count, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
+        else K = fs_cut_pairs_wg(bkey, bidx, count, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp.id);
         if (r == 0) {
             misc[0] = topk;
             misc[1] = 1;
@@ -956,7 +977,7 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
             __syncwarp();
             gw_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) iwg_mma8(acc, gw_desc(base + (ii % ST) * TILE) + 2 * kk, gw_desc(qsm) + 2 * kk, kk);  // dims 32kk … 32kk + 31
+            for (int kk = 0; kk < 4; kk++) iwg_mma8_lo(acc, gw_desc_lo(base + (ii % ST) * TILE) + 2 * kk, gw_desc_lo(qsm) + 2 * kk, kk);  // dims 32kk … 32kk + 31
             gw_commit();
         };
         // Rows are keys: Σ over the thread's 16 heads of w·max(S, 0) for keys g and g + 8 of the
@@ -1125,7 +1146,10 @@ __device__ __forceinline__ void iwg_body(const float* __restrict__ q, const u8* 
     if (SCORES || !sel) return;  // warpgroup-uniform
     grp.sync();
     const int count = FP8 ? cnt8 : misc[0];
-    if (count > topk) fs_cut_pairs(bkey, bidx, count, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
+    if (count > topk) {
+        if constexpr (FP8) fs_cut_pairs(bkey, bidx, count, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp);
+        else fs_cut_pairs_wg(bkey, bidx, count, topk, hist, wsum, reinterpret_cast<u32*>(misc + 3), misc + 4, grp.id);
+    }
     int* dst = idx + offsets[t];
     for (int j = r; j < topk; j += 128) dst[j] = bidx[j];
 }
