@@ -348,7 +348,7 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 //     part[t, run, o] (o < M) and part[t, run, M].
 //   The partial pass's mapping (hc_mix_partial_f32): a warp per HCX_TT tokens, Φ from L1/L2 shared by
 //   them, one hc_lane_sums per token. Measured on the H200 at T = 8,192 (n 4, d 4,096, 2026-12-01,
-//   bench/mhc_h200.log): 0.670 ms, against 0.330 (hc_post_f32) + ~0.42 (hc_mix_partial_f32). Forms not
+//   36b2b8a, `git show 92a8136:bench/mhc_h200.log`): 0.670 ms, against 0.330 (hc_post_f32) + ~0.42 (hc_mix_partial_f32). Forms not
 //   kept (bench/mhc_variants_h200.log): a thread per channel with its Φ values in registers (165–209
 //   registers, 8–12 warps per SM) 0.89–0.99 ms; lanes in quads with an 8-value butterfly 0.79 ms.
 //   A token's partials run in the same order whatever T and its place in the tile (batch invariant).
