@@ -479,8 +479,9 @@ __device__ __forceinline__ u32 fs_radix_kth(KeyOf key_of, int n, int k, int* his
 // kept is (keys > K before it) + min(keys == K before it, want). Every thread of the group calls
 // it. Keys and values of a chunk are read before its scan (which synchronizes) and keep() runs after
 // it, so keep may overwrite positions ≤ j (in-place compaction). The callers reading global memory
-// (indexer_topk_f32, logits_topk_f32) take E = 1: with 4 their lanes read 16 bytes apart, and the
-// radix top-k over a score matrix took 0.94 ms instead of 0.87 (H200, ae2d22f vs 24ac732).
+// (indexer_topk_f32, logits_topk_f32) take 4 too: the radix top-k over a 2,048 × 32,768 score matrix
+// took 0.94 ms with 4 and 1.04 with 1 (H200, ae2d22f and 03cd713; 0.87 at 24ac732 with 1: run-to-run
+// spread of ~10 % on this timing).
 #define FS_COMPACT_E 4
 template <int E = FS_COMPACT_E, class KeyOf, class ValOf, class Keep, class G = FsBlock>
 __device__ __forceinline__ void fs_compact_top(KeyOf key_of, ValOf val_of, int n, u32 K, int want, int* wsum, Keep keep, G grp = G()) {
@@ -532,7 +533,7 @@ indexer_topk_f32(const float* __restrict__ scores, const int* __restrict__ offse
     auto key_of = [row](int j) { return fs_order_key(row[j]); };
     int want;
     const u32 K = fs_radix_kth(key_of, visible, k, hist, &s_prefix, &s_want, &want);
-    fs_compact_top<1>(key_of, [](int j) { return j; }, visible, K, want, wsum, [dst](int at, u32, int j) { dst[at] = j; });
+    fs_compact_top(key_of, [](int j) { return j; }, visible, K, want, wsum, [dst](int at, u32, int j) { dst[at] = j; });
 }
 
 // logits_topk_f32: sampling on the device (issue 5 §3; sampler.rs `TopLogits`, `Gpu::logits_top`):
@@ -575,7 +576,7 @@ logits_topk_f32(const float* __restrict__ logits, int V, int k, int* __restrict_
     const u32 K = fs_radix_kth(key_of, V, kk, hist, &s_prefix, &s_want, &want);
     int* oid = ids + (size_t)blockIdx.x * k;
     float* oval = vals + (size_t)blockIdx.x * k;
-    fs_compact_top<1>(key_of, [](int j) { return j; }, V, K, want, wsum, [oid, oval, row](int at, u32, int j) {
+    fs_compact_top(key_of, [](int j) { return j; }, V, K, want, wsum, [oid, oval, row](int at, u32, int j) {
         oid[at] = j;
         oval[at] = row[j];
     });
