@@ -160,20 +160,39 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         Err(e) => {
             let path = e.path().to_string();
             let inner = e.into_inner();
+            let text = json_terms(&inner.to_string());
             if inner.is_data() && path != "." {
-                Err(ApiError::field(&path, format!("Invalid value for `{path}`: {inner}")))
+                Err(ApiError::field(&path, format!("Invalid value for `{path}`: {text}")))
             } else if inner.is_data() {
-                Err(ApiError::bad(None, format!("Invalid request: {inner}")))
+                Err(ApiError::bad(None, format!("Invalid request: {text}")))
             } else {
-                Err(ApiError::bad(None, format!("Malformed JSON in the request body: {inner}")))
+                Err(ApiError::bad(None, format!("Malformed JSON in the request body: {text}")))
             }
         }
     }
 }
 
+/// serde's messages name the Rust type a field decodes to (`expected i64`, `expected f64`); a client
+/// sent JSON, so they say the JSON kind instead (`expected an integer`, `expected a number`).
+fn json_terms(msg: &str) -> String {
+    const TERMS: [(&str, &str); 10] = [
+        ("expected i64", "expected an integer"),
+        ("expected i32", "expected an integer"),
+        ("expected u64", "expected a non-negative integer"),
+        ("expected u32", "expected a non-negative integer"),
+        ("expected u16", "expected a non-negative integer"),
+        ("expected u8", "expected a non-negative integer"),
+        ("expected usize", "expected a non-negative integer"),
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+        ("expected a boolean", "expected true or false"),
+    ];
+    TERMS.iter().fold(msg.to_string(), |m, (rust, json)| m.replace(rust, json))
+}
+
 /// A field that is a string or a list of strings (`stop`).
 #[derive(Debug, Clone, serde::Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or an array of strings")]
 pub enum OneOrMany {
     /// One string.
     One(String),

@@ -344,6 +344,15 @@ fn bad_input_gets_shaped_4xx() {
         // Wrong field types name the field.
         let v = expect_error(&c, &u, ok(json!({"temperature": "hot"})), 400, false).await;
         assert_eq!(v["error"]["param"], "temperature");
+        // … in JSON's terms, not Rust's (`expected f64`, `untagged enum OneOrMany`).
+        let message = |v: &Value| v["error"]["message"].as_str().unwrap_or("").to_string();
+        assert!(message(&v).contains("expected a number") && !message(&v).contains("f64"), "{v}");
+        let v = expect_error(&c, &u, ok(json!({"max_tokens": "ten"})), 400, false).await;
+        assert_eq!(v["error"]["param"], "max_tokens");
+        assert!(message(&v).contains("an integer") && !message(&v).contains("i64") && !message(&v).contains("u32"), "{v}");
+        let v = expect_error(&c, &u, ok(json!({"stop": 5})), 400, false).await;
+        assert_eq!(v["error"]["param"], "stop");
+        assert!(message(&v).contains("a string or an array of strings") && !message(&v).contains("OneOrMany"), "{v}");
         let v = expect_error(&c, &u, ok(json!({"max_tokens": 1.5})), 400, false).await;
         assert_eq!(v["error"]["param"], "max_tokens");
         expect_error(&c, &u, br#"{"messages": "hi"}"#.to_vec(), 400, false).await;
