@@ -73,6 +73,23 @@ __device__ __forceinline__ float fs_warp_sum(float v) {
     return v;
 }
 
+// s summed over the block of nwarps warps (blockDim.x / 32): each warp's fs_warp_sum, then warp 0
+// sums the warps' totals in warp order; every thread gets the total. red holds ≥ 32 floats, and
+// every thread of the block must call it (it synchronises). rms_norm_f32 and hc_pre_norm_f32 share
+// it, so their norms sum alike.
+__device__ __forceinline__ float fs_block_sum(float s, float* red, unsigned nwarps) {
+    s = fs_warp_sum(s);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < nwarps ? red[threadIdx.x] : 0.f;
+        v = fs_warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    return red[0];
+}
+
 // Tensor-core and async-copy helpers (gemm.cu, attention.cu): shared-memory addresses, cp.async,
 // ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 → f32, f32 pairs → bf16x2.
 __device__ __forceinline__ u32 gm_smem(const void* p) {

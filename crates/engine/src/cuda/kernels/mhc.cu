@@ -157,16 +157,20 @@ __device__ __forceinline__ double hc_logit(const float* tot, int M, int i, int N
     return (double)(float)(r * (double)tot[i]);
 }
 
-// out[i] = Σ_j coef[j]·xt[j·d + i] in f64, for all i < d (strided over the block).
+// Σ_j coef[j]·xt[j·d + i] in f64, rounded to f32: channel i of the combined streams.
+template <int NN>
+__device__ __forceinline__ float hc_combine_one(const float* __restrict__ xt, const double* coef, int i, int d) {
+    double s = 0.0;
+#pragma unroll
+    for (int j = 0; j < NN; j++) s += coef[j] * (double)xt[(size_t)j * d + i];
+    return (float)s;
+}
+
+// out[i] = hc_combine_one(i) for all i < d (strided over the block).
 template <int NN>
 __device__ __forceinline__ void hc_combine_streams(const float* __restrict__ xt, const double* coef,
                                                    float* __restrict__ out, int d) {
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        double s = 0.0;
-#pragma unroll
-        for (int j = 0; j < NN; j++) s += coef[j] * (double)xt[(size_t)j * d + i];
-        out[i] = (float)s;
-    }
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = hc_combine_one<NN>(xt, coef, i, d);
 }
 
 // Σ over row j (lanes j·4 + k', k' < NN) or column k (lanes j'·4 + k, j' < NN) of the value each
@@ -224,19 +228,30 @@ __device__ __forceinline__ void hc_pre_coeffs(const float* tot, const float* __r
     if (valid) comb_t[j * NN + k] = (float)c;
 }
 
+// The pre's coefficients for token t = blockIdx.x from its S partials (hc_totals, then warp 0's
+// hc_pre_coeffs over N = n·d values: post and comb written, the stream weights in coef), visible to the whole block on
+// return; hc_pre_f32 and hc_pre_norm_f32 share it. Every thread of the block must call it.
+template <int NN>
+__device__ __forceinline__ void hc_pre_begin(const float* __restrict__ part, int S, const float* __restrict__ base,
+                                             const float* __restrict__ scale, float* __restrict__ post,
+                                             float* __restrict__ comb, int N, int iters, double eps, double hc_eps,
+                                             float* tot, double* coef) {
+    const int t = blockIdx.x;
+    hc_totals(part, S, (2 + NN) * NN, tot);
+    if (threadIdx.x < 32)
+        hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
+                          hc_eps);
+    __syncthreads();
+}
+
 template <int NN>
 __device__ void hc_pre_impl(const float* __restrict__ part, const float* __restrict__ x, const float* __restrict__ base,
                             const float* __restrict__ scale, float* __restrict__ u, float* __restrict__ post,
                             float* __restrict__ comb, int d, int iters, double eps, double hc_eps, float* tot,
                             double* coef) {
-    constexpr int M = (2 + NN) * NN;
     const int t = blockIdx.x;
     const int N = NN * d;
-    hc_totals(part, HC_SPLIT, M, tot);
-    if (threadIdx.x < 32)
-        hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
-                          hc_eps);
-    __syncthreads();
+    hc_pre_begin<NN>(part, HC_SPLIT, base, scale, post, comb, N, iters, eps, hc_eps, tot, coef);
     hc_combine_streams<NN>(x + (size_t)t * N, coef, u + (size_t)t * d, d);
 }
 
@@ -356,10 +371,10 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 //   per SM), no shared memory.
 // hc_pre_norm_f32: part [T, S, HC_PART] (S partials per token: HC_SPLIT from hc_mix_partial_f32 or
 //   nb from hc_post_mix_f32), x, base, scale as hc_pre_f32, the RMSNorm weight w [d] (or null), out
-//   [T, d]: hc_pre_f32's coefficients, post and comb from the S partials summed in order, then
-//   u = Σ_j pre_j·x[t, j] (f64 → f32, hc_pre_f32's expression) kept in registers and
+//   [T, d]: hc_pre_f32's coefficients (hc_pre_begin), post and comb from the S partials summed in
+//   order, then u = Σ_j pre_j·x[t, j] (hc_combine_one, hc_pre_f32's expression) kept in registers and
 //   out = w ⊙ u / sqrt(mean(u²) + norm_eps) with rms_norm_f32's reduction (thread i sums channels
-//   i, i + 256, …; warp sums; warp 0 sums the warps): the bits of hc_pre_f32 then rms_norm_f32 on
+//   i, i + 256, …; then fs_block_sum): the bits of hc_pre_f32 then rms_norm_f32 on
 //   the same partials. d ≤ 16·HC_THREADS (hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS). Launch: grid (T),
 //   block HC_THREADS. (Loading the streams
 //   into registers before the coefficients, 102 registers, took 0.48 ms at T = 8,192 instead of 0.30;
@@ -487,14 +502,9 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
                                  const float* __restrict__ w, float* __restrict__ out, float* __restrict__ post,
                                  float* __restrict__ comb, int d, int iters, double eps, double hc_eps, float norm_eps,
                                  float* tot, double* coef, float* red) {
-    constexpr int M = (2 + NN) * NN;
     const int t = blockIdx.x;
     const int N = NN * d;
-    hc_totals(part, S, M, tot);
-    if (threadIdx.x < 32)
-        hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
-                          hc_eps);
-    __syncthreads();
+    hc_pre_begin<NN>(part, S, base, scale, post, comb, N, iters, eps, hc_eps, tot, coef);
     const float* xt = x + (size_t)t * N;
     float uv[V];
     float s = 0.f;
@@ -503,23 +513,11 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
         const int i = threadIdx.x + v * HC_THREADS;
         uv[v] = 0.f;
         if (i < d) {
-            double a = 0.0;
-#pragma unroll
-            for (int j = 0; j < NN; j++) a += coef[j] * (double)xt[(size_t)j * d + i];
-            uv[v] = (float)a;
+            uv[v] = hc_combine_one<NN>(xt, coef, i, d);
             s += uv[v] * uv[v];
         }
     }
-    s = fs_warp_sum(s);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (HC_THREADS >> 5) ? red[threadIdx.x] : 0.f;
-        v = fs_warp_sum(v);
-        if (threadIdx.x == 0) red[0] = v;
-    }
-    __syncthreads();
-    const float r = rsqrtf(red[0] / (float)d + norm_eps);
+    const float r = rsqrtf(fs_block_sum(s, red, HC_THREADS >> 5) / (float)d + norm_eps);
     float* ot = out + (size_t)t * d;
 #pragma unroll
     for (int v = 0; v < V; v++) {
