@@ -19,7 +19,7 @@
 
 use super::check::{differing_bits, flag_record, median_ms, random, record};
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
-use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter};
+use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter, HcPostCoefs};
 use super::CudaError;
 use crate::cpu::ops;
 use crate::default_model::default_config;
@@ -131,7 +131,7 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
         comb_ref.extend(m.comb.iter().map(|v| *v as f32));
         mixes.push(m);
     }
-    let gw = GpuHcWeights::upload(gpu, &hw)?;
+    let gw = GpuHcWeights::upload(gpu, &hw, n)?;
     let dx = gpu.upload(&x)?;
     let mut du = gpu.zeros::<f32>(t * d)?;
     let mut dpost = gpu.zeros::<f32>(t * n)?;
@@ -180,7 +180,7 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
         head: none(),
     };
     let h_ref: Vec<f32> = x.chunks(nd).flat_map(|xt| head::collapse(&mw, xt)).collect();
-    let gh = GpuHcWeights { fn_: gpu.upload(&mw.hc_head_fn.data)?, base: gpu.upload(&mw.hc_head_base)?, scale: gpu.upload(&mw.hc_head_scale)? };
+    let gh = GpuHcWeights::from_host(gpu, &mw.hc_head_fn.data, &mw.hc_head_base, &mw.hc_head_scale, n)?;
     let mut dh = gpu.zeros::<f32>(t * d)?;
     gpu.hc_head(&gh, &dx, &mut dh, t, n, d, eps, hc_eps)?;
     let dnorm = gpu.upload(&mw.norm)?;
@@ -206,7 +206,7 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
         let nd = n * d;
         let key = format!("hcw{n}_{d}");
         let hw = random_hc(seed, &key, n, d);
-        let gw = GpuHcWeights::upload(gpu, &hw)?;
+        let gw = GpuHcWeights::upload(gpu, &hw, n)?;
         // A different magnitude per token (the RMS factor must cancel in the mix logits).
         let mut x = random(seed, &format!("{key}.x"), t * nd, 1.0);
         for (ti, row) in x.chunks_mut(nd).enumerate() {
@@ -230,7 +230,7 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
         let mut dx = gpu.upload(&x)?;
         let (mut da, mut dpost, mut dcomb) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
         let mix = gpu.hc_post_mix(&mut dx, None, &gw, t, n, d)?;
-        gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+        let mut coefs = gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
         all &= record(out, &format!("hc_pre fused normed u (n {n}, d {d})"), shape.clone(), &gpu.download(&da)?, &a_ref);
         all &= record(out, &format!("hc_pre fused post (n {n}, d {d})"), shape.clone(), &gpu.download(&dpost)?, &post_ref);
         all &= record(out, &format!("hc_pre fused comb (n {n}, d {d})"), shape.clone(), &gpu.download(&dcomb)?, &comb_ref);
@@ -252,7 +252,7 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
             // Gpu::rms_norm runs rms_norm_f32 above 1,024 values a row: the finish's bits on the
             // unfused kernels' own partials.
             let split = gpu.hc_split_partials(&dx, &gw, t, n, d)?;
-            gpu.hc_pre_norm(&gw, &split, &dx, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+            coefs = gpu.hc_pre_norm(&gw, &split, &dx, Some(&dnw), &mut da, &mut dpost, &mut dcomb, t, n, d, iters, eps, hc_eps, norm_eps)?;
             let (mut du2, mut dp2, mut dc2, mut da2) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?, gpu.zeros::<f32>(t * d)?);
             gpu.hc_pre(&gw, &dx, &mut du2, &mut dp2, &mut dc2, t, n, d, iters, eps, hc_eps)?;
             gpu.rms_norm(&du2, Some(&dnw), &mut da2, t, d, norm_eps)?;
@@ -266,7 +266,11 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
         let dy = gpu.upload(&y)?;
         let mut dref = gpu.upload(&x)?;
         gpu.hc_post(&mut dref, &dy, &dpost, &dcomb, t, n, d)?;
-        let withpost = gpu.hc_post_mix(&mut dx, Some((&dy, &dpost, &dcomb)), &gw, t, n, d)?;
+        // The records hold post and comb exactly (as built from the f32 values on the host).
+        let host_rec = HcPostCoefs::from_f32(gpu, &dpost, &dcomb, t, n)?;
+        let rec_bits = coefs.differing_post_comb(gpu, &host_rec)?;
+        all &= flag_record(out, &format!("hc_pre_norm post/comb records (n {n}, d {d})"), json!({"differing_values": rec_bits, "of": t * (n + n * n), "vs": "post and comb as f32, widened on the host"}), rec_bits == 0);
+        let withpost = gpu.hc_post_mix(&mut dx, Some((&dy, &coefs)), &gw, t, n, d)?;
         let got = gpu.download(&dx)?;
         all &= record(out, &format!("hc_post_mix x (n {n}, d {d})"), json!([t, n, d]), &got, &x_ref);
         let bits = differing_bits(&got, &gpu.download(&dref)?);
@@ -278,7 +282,7 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
         let pbits = differing_bits(&gpu.download(&da)?, &gpu.download(&db)?) + differing_bits(&gpu.download(&dcomb)?, &gpu.download(&dcb)?);
         all &= flag_record(out, &format!("hc_post_mix_f32 partials bits (n {n}, d {d})"), json!({"differing_values": pbits, "of": t * (d + n * n), "vs": "the partials of hc_post_f32's output (unweighted normed pre output and comb compared)"}), pbits == 0);
         // Partials made with another Φ of the same shape are refused.
-        let other = GpuHcWeights::upload(gpu, &random_hc(seed, &format!("{key}.other"), n, d))?;
+        let other = GpuHcWeights::upload(gpu, &random_hc(seed, &format!("{key}.other"), n, d), n)?;
         let refused = gpu.hc_pre_norm(&other, &alone, &dref, None, &mut db, &mut dpb, &mut dcb, t, n, d, iters, eps, hc_eps, norm_eps).is_err();
         all &= flag_record(out, &format!("hc_pre_norm refuses another Φ's partials (n {n}, d {d})"), json!({"refused": refused}), refused);
     }
@@ -417,7 +421,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let (n, d, iters, eps) = (4usize, 4096usize, 20usize, 1e-6f64);
     let nd = n * d;
     let hw = random_hc(seed, "hct", n, d);
-    let gw = GpuHcWeights::upload(gpu, &hw)?;
+    let gw = GpuHcWeights::upload(gpu, &hw, n)?;
     let mut dx = gpu.upload(&random(seed, "hct.x", t * nd, 1.0))?;
     let (mut du, mut dpost, mut dcomb) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
     let mut rows = Vec::new();
@@ -446,17 +450,18 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     // 25 partials per 64 channels written), and the finish that norms u (x read, partials read,
     // the normed u written). Together they replace hc_post + hc_pre + rms_norm.
     let parts = (d.div_ceil(64) * 25) as f64;
-    let ms = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, Some((&dy, &dpost, &dcomb)), &gw, t, n, d).map(|_| ()))?;
+    let coefs = HcPostCoefs::from_f32(gpu, &dpost, &dcomb, t, n)?;
+    let ms = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, Some((&dy, &coefs)), &gw, t, n, d).map(|_| ()))?;
     report(&mut rows, "hc_post_mix (n 4, d 4096)", ms, f4 * (2.0 * nd as f64 + d as f64 + parts));
-    let ms1 = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, Some((&dy, &dpost, &dcomb)), &gw, 1, n, d).map(|_| ()))?;
+    let ms1 = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, Some((&dy, &coefs)), &gw, 1, n, d).map(|_| ()))?;
     println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", "hc_post_mix (n 4, d 4096)", ms1 * 1e3);
     rows.push(json!({"op": "hc_post_mix (n 4, d 4096)", "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
     let ms = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, None, &gw, t, n, d).map(|_| ()))?;
     report(&mut rows, "hc_post_mix, mix only", ms, f4 * (nd as f64 + parts));
     let mix = gpu.hc_post_mix(&mut dx, None, &gw, t, n, d)?;
-    let ms = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dw), &mut dn, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6, 1e-6))?;
+    let ms = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dw), &mut dn, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
     report(&mut rows, "hc_pre_norm (n 4, d 4096)", ms, f4 * (nd as f64 + d as f64 + parts));
-    let ms1 = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dw), &mut dn, &mut dpost, &mut dcomb, 1, n, d, iters, eps, 1e-6, 1e-6))?;
+    let ms1 = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dw), &mut dn, &mut dpost, &mut dcomb, 1, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
     println!("time {:<28} T=1 {:.1} us", "hc_pre_norm (n 4, d 4096)", ms1 * 1e3);
     rows.push(json!({"op": "hc_pre_norm (n 4, d 4096)", "tokens": 1, "median_ms": ms1}));
     drop((dx, dn));

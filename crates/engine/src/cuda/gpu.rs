@@ -556,6 +556,12 @@ impl Gpu {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
         }
+        {
+            // hc_post_mix_f32: its warps' lane-sum rows, above the 48 KB of static shared memory.
+            let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            let bytes = super::ops_mhc::HC_MIX_SMEM as i32;
+            drv("shared memory of hc_post_mix_f32", functions["hc_post_mix_f32"].set_attribute(attr, bytes))?;
+        }
         for name in super::ops_moe::moe_gemm_entry_points() {
             let bytes = super::ops_moe::moe_gemm_entry_smem(name) as i32;
             let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;

@@ -163,11 +163,7 @@ impl GpuModel {
         let hcd = c.num_attention_heads * c.head_dim;
         let hc = |p: &str| -> Result<GpuHcWeights, CudaError> {
             let mix = (2 + n) * n;
-            Ok(GpuHcWeights {
-                fn_: gpu.upload(&src.host(&format!("{p}_fn"), &[mix, n * d])?)?,
-                base: gpu.upload(&src.host(&format!("{p}_base"), &[mix])?)?,
-                scale: gpu.upload(&src.host(&format!("{p}_scale"), &[3])?)?,
-            })
+            GpuHcWeights::from_host(gpu, &src.host(&format!("{p}_fn"), &[mix, n * d])?, &src.host(&format!("{p}_base"), &[mix])?, &src.host(&format!("{p}_scale"), &[3])?, n)
         };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for (l, kind) in c.layer_kinds.iter().enumerate() {
@@ -239,11 +235,7 @@ impl GpuModel {
             config: c.clone(),
             embed: gpu.upload(&src.host("embed.weight", &[c.vocab_size, d])?)?,
             layers,
-            hc_head: GpuHcWeights {
-                fn_: gpu.upload(&src.host("hc_head_fn", &[n, n * d])?)?,
-                base: gpu.upload(&src.host("hc_head_base", &[n])?)?,
-                scale: gpu.upload(&src.host("hc_head_scale", &[1])?)?,
-            },
+            hc_head: GpuHcWeights::from_host(gpu, &src.host("hc_head_fn", &[n, n * d])?, &src.host("hc_head_base", &[n])?, &src.host("hc_head_scale", &[1])?, n)?,
             norm: gpu.upload(&src.host("norm.weight", &[d])?)?,
             head: src.matrix(gpu, "head.weight", c.vocab_size, d)?,
             inv_main: gpu.upload(rope_main.inv_freq())?,
@@ -796,6 +788,8 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
     let mut u = if fused_mhc { None } else { Some(gpu.zeros::<f32>(t * d)?) };
     let mut post = gpu.zeros::<f32>(t * n)?;
     let mut comb = gpu.zeros::<f32>(t * n * n)?;
+    // MHC_FUSED: the last fused pre's coefficients as doubles, for the post of its sub-block.
+    let mut coefs = None;
     for (li, (l, s)) in m.layers.iter().zip(seq.layers.iter_mut()).enumerate() {
         let (rope, inv) = if l.kind.uses_compress_rope() { (&m.rope_compress, &m.inv_compress) } else { (&m.rope_main, &m.inv_main) };
         // Attention sub-block (§4.2, §4.5–§4.7).
@@ -804,7 +798,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         // op after it writes all of its T rows).
         let mut a = unsafe { gpu.scratch::<f32>(t * d) }?;
         match mix.take() {
-            Some(p) => gpu.hc_pre_norm(&l.hc_attn, &p, &x, Some(&l.attn_norm), &mut a, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?,
+            Some(p) => coefs = Some(gpu.hc_pre_norm(&l.hc_attn, &p, &x, Some(&l.attn_norm), &mut a, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?),
             None => {
                 let u = u.as_mut().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED: no partials for a pre".into() })?;
                 gpu.hc_pre(&l.hc_attn, &x, u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
@@ -949,8 +943,9 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         let mut f = unsafe { gpu.scratch::<f32>(t * d) }?;
         if fused_mhc {
             // MoE sub-block (§4.11): its pre's partials from the attention sub-block's post.
-            let p = gpu.hc_post_mix(&mut x, Some((&y, &post, &comb)), &l.hc_ffn, t, n, d)?;
-            gpu.hc_pre_norm(&l.hc_ffn, &p, &x, Some(&l.ffn_norm), &mut f, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?;
+            let ca = coefs.take().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED: no coefficients for a post".into() })?;
+            let p = gpu.hc_post_mix(&mut x, Some((&y, &ca)), &l.hc_ffn, t, n, d)?;
+            coefs = Some(gpu.hc_pre_norm(&l.hc_ffn, &p, &x, Some(&l.ffn_norm), &mut f, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?);
         } else {
             let u = u.as_mut().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED off without a u buffer".into() })?;
             gpu.hc_post(&mut x, &y, &post, &comb, t, n, d)?;
@@ -963,7 +958,10 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         gpu.stage("mhc+norms");
         // With MHC_FUSED the post also computes the next layer's attention pre partials.
         match m.layers.get(li + 1) {
-            Some(next) if fused_mhc => mix = Some(gpu.hc_post_mix(&mut x, Some((&moe.out, &post, &comb)), &next.hc_attn, t, n, d)?),
+            Some(next) if fused_mhc => {
+                let cf = coefs.take().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED: no coefficients for a post".into() })?;
+                mix = Some(gpu.hc_post_mix(&mut x, Some((&moe.out, &cf)), &next.hc_attn, t, n, d)?);
+            }
             _ => gpu.hc_post(&mut x, &moe.out, &post, &comb, t, n, d)?,
         }
         if record_streams {

@@ -16,7 +16,7 @@ use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use flashseek_model::config::{Ds4Config, ScoringFunc};
 
 /// Entry points of `kernels/mhc.cu`.
-pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_pre_f32", "hc_post_f32", "hc_head_f32", "hc_post_mix_f32", "hc_pre_norm_f32", "hc_pre_norm_wide_f32"];
+pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_pre_f32", "hc_post_f32", "hc_head_f32", "hc_post_mix_f32", "hc_pre_coef_f32", "hc_pre_norm_f32", "hc_pre_norm_wide_f32"];
 /// Entry points of `kernels/moe.cu`.
 pub const MOE_ENTRY_POINTS: &[&str] = &[
     "router_scores_f32",
@@ -54,6 +54,14 @@ const HC_MIX_RUN: usize = 64;
 const HC_MIX_TOKENS: usize = 16;
 /// Block size of hc_post_mix_f32 (`HCX_THREADS` in mhc.cu, its `__launch_bounds__`).
 const HC_MIX_THREADS: u32 = 128;
+/// Dynamic shared memory of hc_post_mix_f32 in bytes (`HCX_SMEM` in mhc.cu: each of its 4 warps'
+/// lane-sum rows, 4 tokens × 25 rows × 36 floats); set as the function's limit when the kernels load.
+pub(crate) const HC_MIX_SMEM: usize = 4 * 4 * 25 * 36 * 4;
+/// Doubles per token of a coefficient record ([`HcPostCoefs`]; `HC_REC` in mhc.cu): pre at 0, post
+/// at 4, comb at 8.
+const HC_REC: usize = 24;
+/// Tokens (a warp each) per block of hc_pre_coef_f32 (`HCC_WARPS` in mhc.cu).
+const HC_COEF_TOKENS: usize = 8;
 /// Widest hidden size hc_pre_norm_f32 handles (16 channels per thread of `HC_THREADS`); up to
 /// [`HC_NORM_MAX_D`] runs hc_pre_norm_wide_f32 (`HCN_V` = 32 per thread).
 const HC_NORM_NARROW_D: usize = 16 * HC_THREADS as usize;
@@ -94,6 +102,8 @@ fn int(what: &'static str, name: &str, v: usize) -> Result<i32, CudaError> {
 pub struct GpuHcWeights {
     /// Φ: `[(2+n)·n, n·d]` for a sub-block, `[n, n·d]` for the head; f32 row-major.
     pub fn_: CudaSlice<f32>,
+    /// A sub-block's Φ in channel runs ([`hc_phi_runs`]) for hc_post_mix_f32; `None` for the head.
+    pub fn_runs: Option<CudaSlice<f32>>,
     /// Biases b: `[(2+n)·n]` or `[n]`.
     pub base: CudaSlice<f32>,
     /// Scales α: `[3]` (pre, post, comb) or `[1]`.
@@ -101,10 +111,56 @@ pub struct GpuHcWeights {
 }
 
 impl GpuHcWeights {
-    /// Uploads CPU-side mHC weights (sub-block: `fn_` [(2+n)·n, n·d], base, scale [3]).
-    pub fn upload(gpu: &Gpu, w: &HcWeights) -> Result<Self, CudaError> {
-        Ok(GpuHcWeights { fn_: gpu.upload(&w.fn_.data)?, base: gpu.upload(&w.base)?, scale: gpu.upload(&w.scale)? })
+    /// Uploads CPU-side mHC weights (sub-block: `fn_` [(2+n)·n, n·d], base, scale [3]; the head:
+    /// `fn_` [n, n·d], base [n], scale [1]).
+    ///
+    /// Errors: `fn_` not `[(2+n)·n or n, n·d]` for the `base` it comes with (n = `hc_mult`), device
+    /// allocation or copy failures.
+    pub fn upload(gpu: &Gpu, w: &HcWeights, n: usize) -> Result<Self, CudaError> {
+        Self::from_host(gpu, &w.fn_.data, &w.base, &w.scale, n)
     }
+
+    /// The weights from host slices for `n` streams: Φ `fn_` row-major `[m, n·d]`, base b `[m]`,
+    /// scale α, with m = `base.len()` either (2+n)·n (a sub-block) or n (the head). A sub-block's Φ is
+    /// also stored in runs for hc_post_mix_f32 ([`hc_phi_runs`]; 1.5 MiB more per sub-block at
+    /// Flash's n 4, d 4,096).
+    ///
+    /// Errors: n outside 1..=4, m neither (2+n)·n nor n, `fn_` not m rows of n·d (d > 0); device
+    /// allocation or copy failures.
+    pub fn from_host(gpu: &Gpu, fn_: &[f32], base: &[f32], scale: &[f32], n: usize) -> Result<Self, CudaError> {
+        const W: &str = "mHC weights";
+        let m = base.len();
+        if n == 0 || n > HC_MAX_STREAMS || (m != (2 + n) * n && m != n) {
+            return Err(bad(W, format!("{m} biases for n = {n} streams: expected (2+n)·n (a sub-block) or n (the head), 1 ≤ n ≤ {HC_MAX_STREAMS}")));
+        }
+        if fn_.is_empty() || !fn_.len().is_multiple_of(m * n) {
+            return Err(bad(W, format!("Φ holds {} values, not {m} rows of n·d with n = {n}", fn_.len())));
+        }
+        let d = fn_.len() / (m * n);
+        let fn_runs = if m == (2 + n) * n { Some(gpu.upload(&hc_phi_runs(fn_, m, n, d))?) } else { None };
+        Ok(GpuHcWeights { fn_: gpu.upload(fn_)?, fn_runs, base: gpu.upload(base)?, scale: gpu.upload(scale)? })
+    }
+}
+
+/// A sub-block's Φ `[m, n·d]` (row-major, stream k's channel i at column k·d + i) rearranged in runs
+/// of `HC_MIX_RUN` channels for hc_post_mix_f32: `[ceil(d / 64)][m][n][64]`, run b holding
+/// Φ[o, k·d + 64·b + c] at ((b·m + o)·n + k)·64 + c and zeros past d, so that a block's warp reads its
+/// lanes' pairs at fixed offsets from one address (measured: 1,984 instructions per warp and four
+/// tokens at Flash's n 4 against 3,104 with the offsets computed per load, with the other changes of
+/// the same commit).
+pub fn hc_phi_runs(fn_: &[f32], m: usize, n: usize, d: usize) -> Vec<f32> {
+    let nb = d.div_ceil(HC_MIX_RUN);
+    let mut out = vec![0f32; nb * m * n * HC_MIX_RUN];
+    for b in 0..nb {
+        let c1 = HC_MIX_RUN.min(d - b * HC_MIX_RUN);
+        for o in 0..m {
+            for k in 0..n {
+                let src = &fn_[o * n * d + k * d + b * HC_MIX_RUN..][..c1];
+                out[((b * m + o) * n + k) * HC_MIX_RUN..][..c1].copy_from_slice(src);
+            }
+        }
+    }
+    out
 }
 
 /// The mix partial sums of one mHC pre in channel blocks (`MHC_FUSED`), from [`Gpu::hc_post_mix`]:
@@ -120,6 +176,56 @@ pub struct HcMixPartials {
     /// Device address of the Φ the partials were made with: [`Gpu::hc_pre_norm`] refuses another
     /// sub-block's (the attention and MoE pre's Φ have the same shape).
     phi: u64,
+}
+
+/// The coefficients of one mHC pre as doubles (`MHC_FUSED`), from [`Gpu::hc_pre_norm`]: a record of
+/// `HC_REC` = 24 f64 per token — the stream weights of the pre at 0, post at 4, comb at 8 (C[j][k] at
+/// 8 + j·n + k) — post and comb being exactly the f32 values written to the pre's `post` / `comb`.
+/// [`Gpu::hc_post_mix`] loads them instead of converting 20 floats per lane and token (the f32 → f64
+/// conversions were the busiest pipe of its post: 16 per clock and SM on Hopper).
+pub struct HcPostCoefs {
+    rec: DevBuf<f64>,
+    t: usize,
+    n: usize,
+}
+
+impl HcPostCoefs {
+    /// A record from post `[t, n]` and comb `[t, n, n]` (f32, on the device) through the host, with
+    /// zero pre weights: what gpu-check gives [`Gpu::hc_post_mix`] for coefficients made elsewhere.
+    ///
+    /// Errors: n outside 1..=4, buffers shorter than `t` tokens, device copies.
+    pub(crate) fn from_f32(gpu: &Gpu, post: &CudaSlice<f32>, comb: &CudaSlice<f32>, t: usize, n: usize) -> Result<Self, CudaError> {
+        const W: &str = "HcPostCoefs::from_f32";
+        if n == 0 || n > HC_MAX_STREAMS {
+            return Err(bad(W, format!("n = {n} streams (need 1 ≤ n ≤ {HC_MAX_STREAMS})")));
+        }
+        need(W, "post", post.len(), t * n)?;
+        need(W, "comb", comb.len(), t * n * n)?;
+        let (p, c) = (gpu.download(post)?, gpu.download(comb)?);
+        let mut rec = vec![0f64; (t * HC_REC).max(1)];
+        for ti in 0..t {
+            let r = &mut rec[ti * HC_REC..(ti + 1) * HC_REC];
+            r[4..4 + n].iter_mut().zip(&p[ti * n..(ti + 1) * n]).for_each(|(o, v)| *o = *v as f64);
+            r[8..8 + n * n].iter_mut().zip(&c[ti * n * n..(ti + 1) * n * n]).for_each(|(o, v)| *o = *v as f64);
+        }
+        Ok(HcPostCoefs { rec: DevBuf::plain(gpu.upload(&rec)?), t, n })
+    }
+
+    /// How many post and comb entries differ in their bits from `other`'s over the tokens and streams
+    /// both hold (gpu-check: the records against [`HcPostCoefs::from_f32`] of the f32 outputs).
+    ///
+    /// Errors: device copies.
+    pub(crate) fn differing_post_comb(&self, gpu: &Gpu, other: &HcPostCoefs) -> Result<usize, CudaError> {
+        let (a, b) = (gpu.download(&self.rec)?, gpu.download(&other.rec)?);
+        let (t, n) = (self.t.min(other.t), self.n.min(other.n));
+        let mut differ = 0;
+        for ti in 0..t {
+            let (ra, rb) = (&a[ti * HC_REC..(ti + 1) * HC_REC], &b[ti * HC_REC..(ti + 1) * HC_REC]);
+            let idx = (4..4 + n).chain(8..8 + n * n);
+            differ += idx.filter(|&i| ra[i].to_bits() != rb[i].to_bits()).count();
+        }
+        Ok(differ)
+    }
 }
 
 /// The device address of a sub-block's Φ (identifies it; no synchronisation is involved, the
@@ -275,27 +381,33 @@ impl Gpu {
     }
 
     /// `MHC_FUSED`, first half: the mHC post of one sub-block (spec §4.3, in place on `x` `[t, n, d]`,
-    /// as [`Gpu::hc_post`] computes it, bit for bit) when `post` = `Some((y, post, comb))`, then the mix
-    /// partial sums of the NEXT sub-block's pre (spec §4.2: Φ = `next.fn_` `[(2+n)·n, n·d]`) over the
-    /// streams just written, so the pre does not read the streams once more for them. With `post` =
-    /// `None` only the partials of `x` (the first pre of a forward). One launch (hc_post_mix_f32: a
-    /// block per 64 channels × 16 tokens, a warp per 4 tokens). Every token's partials are summed in a
-    /// fixed order that does not depend on `t` (batch invariant, deterministic).
+    /// as [`Gpu::hc_post`] computes it, bit for bit) when `post` = `Some((y, coefs))` (`y` `[t, d]`,
+    /// `coefs` the sub-block pre's [`HcPostCoefs`]), then the mix partial sums of the NEXT sub-block's
+    /// pre (spec §4.2: Φ of `next`, `[(2+n)·n, n·d]`, read in its channel runs) over the streams just
+    /// written, so the pre does not read the streams once more for them. With `post` = `None` only the
+    /// partials of `x` (the first pre of a forward). One launch (hc_post_mix_f32: a block per 64
+    /// channels × 16 tokens, a warp per 4 tokens, `HC_MIX_SMEM` bytes of shared memory). Every token's
+    /// partials are summed in a fixed order that does not depend on `t` (batch invariant,
+    /// deterministic).
     ///
-    /// Errors: `n` outside 1..=4, `d` not a multiple of 4, a buffer of the wrong size, or more than
+    /// Errors: `n` outside 1..=4, `d` not a multiple of 4, a buffer of the wrong size, coefficients
+    /// for another `n` or fewer tokens, `next` without channel runs (the head's weights), or more than
     /// 65,535 × 16 tokens (the grid).
     #[allow(clippy::too_many_arguments)]
-    pub fn hc_post_mix(&self, x: &mut CudaSlice<f32>, post: Option<(&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
+    pub fn hc_post_mix(&self, x: &mut CudaSlice<f32>, post: Option<(&CudaSlice<f32>, &HcPostCoefs)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
         const W: &str = "hc_post_mix";
         let m = mix_shapes(W, &next.fn_, x, t, n, d)?;
-        if let Some((y, p, c)) = post {
-            need(W, "y", y.len(), t * d)?;
-            need(W, "post", p.len(), t * n)?;
-            need(W, "comb", c.len(), t * n * n)?;
-        }
+        let runs = next.fn_runs.as_ref().ok_or_else(|| bad(W, "Φ without channel runs (the head's weights, not a sub-block's)"))?;
         let blocks = d.div_ceil(HC_MIX_RUN);
+        exact(W, "Φ runs", runs.len(), blocks * m * n * HC_MIX_RUN)?;
+        if let Some((y, c)) = post {
+            need(W, "y", y.len(), t * d)?;
+            if c.n != n || c.t < t {
+                return Err(bad(W, format!("coefficients for {} tokens of {} streams; need {t} of {n}", c.t, c.n)));
+            }
+        }
         // SAFETY: uninitialised device memory; hc_post_mix_f32 writes entries 0..=m of every (token,
-        // block), the only ones hc_pre_norm_f32 reads.
+        // block), the only ones hc_pre_coef_f32 reads.
         let mut part = unsafe { self.scratch::<f32>((t * blocks * HC_PART).max(1)) }?;
         if t > 0 {
             let grid_y = t.div_ceil(HC_MIX_TOKENS);
@@ -303,18 +415,18 @@ impl Gpu {
                 return Err(bad(W, format!("{t} tokens: at most {} per call (the grid's y dimension)", 65_535 * HC_MIX_TOKENS)));
             }
             let grid_y = grid_y as u32;
-            let cfg = LaunchConfig { grid_dim: (blocks as u32, grid_y, 1), block_dim: (HC_MIX_THREADS, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig { grid_dim: (blocks as u32, grid_y, 1), block_dim: (HC_MIX_THREADS, 1, 1), shared_mem_bytes: HC_MIX_SMEM as u32 };
             let (t_i, n_i, d_i, has) = (int(W, "tokens", t)?, n as i32, d as i32, i32::from(post.is_some()));
             let null = 0u64;
             let mut b = self.stream.launch_builder(self.f("hc_post_mix_f32"));
             b.arg(&mut *x);
             match post {
-                Some((y, p, c)) => b.arg(y).arg(p).arg(c),
-                None => b.arg(&null).arg(&null).arg(&null),
+                Some((y, c)) => b.arg(y).arg(&c.rec),
+                None => b.arg(&null).arg(&null),
             };
-            b.arg(&next.fn_).arg(&mut part).arg(&t_i).arg(&n_i).arg(&d_i).arg(&has);
-            // SAFETY: matches hc_post_mix_f32's signature; x holds t·n·d values, y/post/comb (read
-            // only when has_post) their t rows, fn m·n·d, part t·blocks·HC_PART.
+            b.arg(runs).arg(&mut part).arg(&t_i).arg(&n_i).arg(&d_i).arg(&has);
+            // SAFETY: matches hc_post_mix_f32's signature; x holds t·n·d values, y and the records
+            // (read only when has_post) their t rows, the Φ runs blocks·m·n·64, part t·blocks·HC_PART.
             drv("hc_post_mix_f32", unsafe { b.launch(cfg) })?;
         }
         Ok(HcMixPartials { part, blocks, m, t, d, phi: phi_address(self, next) })
@@ -341,13 +453,14 @@ impl Gpu {
     /// [`Gpu::hc_post_mix`] (made with this sub-block's Φ, for at least `t` tokens), followed by the
     /// sub-block's RMSNorm (spec §4.5 / §4.11 input norm, weight `norm` `[d]`, `norm_eps`): writes
     /// `out` = RMSNorm(u) `[t, d]` (u itself stays in registers), `post` `[t, n]` and `comb`
-    /// `[t, n, n]`. Given the same partials it computes the bits of hc_pre_f32 followed by
-    /// rms_norm_f32 (same expressions, same reduction order) — what [`Gpu::rms_norm`] runs for
-    /// d > 1,024; narrower rows go to rms_norm_rows_f32, whose order differs. One launch, a block per
-    /// token.
+    /// `[t, n, n]`, and returns the coefficients as doubles for the sub-block's [`Gpu::hc_post_mix`].
+    /// Given the same partials it computes the bits of hc_pre_f32 followed by rms_norm_f32 (same
+    /// expressions, same reduction order) — what [`Gpu::rms_norm`] runs for d > 1,024; narrower rows
+    /// go to rms_norm_rows_f32, whose order differs. Two launches: hc_pre_coef_f32 (a warp per token:
+    /// totals, coefficients, Sinkhorn) and hc_pre_norm_f32 (a block per token: u and its norm).
     ///
     /// Errors: `n` outside 1..=4, `d` not a multiple of 4 or above [`HC_NORM_MAX_D`], partials for
-    /// another mix size or fewer tokens, or a buffer of the wrong size.
+    /// another mix size, fewer tokens or another sub-block's Φ, or a buffer of the wrong size.
     #[allow(clippy::too_many_arguments)]
     pub fn hc_pre_norm(
         &self,
@@ -365,7 +478,7 @@ impl Gpu {
         eps: f64,
         hc_eps: f64,
         norm_eps: f32,
-    ) -> Result<(), CudaError> {
+    ) -> Result<HcPostCoefs, CudaError> {
         const W: &str = "hc_pre_norm";
         let m = pre_shapes(W, w, x, ("out", out.len()), post, comb, t, n, d)?;
         if d > HC_NORM_MAX_D {
@@ -380,22 +493,32 @@ impl Gpu {
         if let Some(nw) = norm {
             need(W, "norm", nw.len(), d)?;
         }
-        if t == 0 {
-            return Ok(());
+        // SAFETY: uninitialised device memory; hc_pre_coef_f32 writes the pre (0..n), post (4..4+n)
+        // and comb (8..8+n·n) entries of every token's record, the only ones read.
+        let mut rec = unsafe { self.scratch::<f64>((t * HC_REC).max(1)) }?;
+        if t > 0 {
+            let (t_i, s_i, n_i, d_i, it_i, null) = (int(W, "tokens", t)?, mix.blocks as i32, n as i32, d as i32, int(W, "iters", iters)?, 0u64);
+            let cfg = LaunchConfig { grid_dim: (t.div_ceil(HC_COEF_TOKENS) as u32, 1, 1), block_dim: (32 * HC_COEF_TOKENS as u32, 1, 1), shared_mem_bytes: 0 };
+            let mut b = self.stream.launch_builder(self.f("hc_pre_coef_f32"));
+            b.arg(&mix.part).arg(&s_i).arg(&w.base).arg(&w.scale).arg(&mut *post).arg(&mut *comb).arg(&mut rec);
+            b.arg(&t_i).arg(&n_i).arg(&d_i).arg(&it_i).arg(&eps).arg(&hc_eps);
+            // SAFETY: matches hc_pre_coef_f32's signature; part holds t·blocks·HC_PART (from
+            // hc_post_mix), post t·n, comb t·n·n, rec t·HC_REC.
+            drv("hc_pre_coef_f32", unsafe { b.launch(cfg) })?;
+            let entry = if d <= HC_NORM_NARROW_D { "hc_pre_norm_f32" } else { "hc_pre_norm_wide_f32" };
+            let cfg = LaunchConfig { grid_dim: (t_i as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
+            let mut b = self.stream.launch_builder(self.f(entry));
+            b.arg(&rec).arg(x);
+            match norm {
+                Some(nw) => b.arg(nw),
+                None => b.arg(&null),
+            };
+            b.arg(out).arg(&n_i).arg(&d_i).arg(&norm_eps);
+            // SAFETY: matches hc_pre_norm_f32 / _wide_f32's signature; rec written above for t
+            // tokens, x holds t·n·d, out t·d, norm d values.
+            drv(entry, unsafe { b.launch(cfg) })?;
         }
-        let entry = if d <= HC_NORM_NARROW_D { "hc_pre_norm_f32" } else { "hc_pre_norm_wide_f32" };
-        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let (s_i, n_i, d_i, it_i, null) = (mix.blocks as i32, n as i32, d as i32, int(W, "iters", iters)?, 0u64);
-        let mut b = self.stream.launch_builder(self.f(entry));
-        b.arg(&mix.part).arg(&s_i).arg(x).arg(&w.base).arg(&w.scale);
-        match norm {
-            Some(nw) => b.arg(nw),
-            None => b.arg(&null),
-        };
-        b.arg(out).arg(post).arg(comb).arg(&n_i).arg(&d_i).arg(&it_i).arg(&eps).arg(&hc_eps).arg(&norm_eps);
-        // SAFETY: matches hc_pre_norm_f32 / _wide_f32's signature; every buffer was checked to hold
-        // what the grid reads and writes (part: t·blocks·HC_PART from hc_post_mix).
-        drv(entry, unsafe { b.launch(cfg) }).map(|_| ())
+        Ok(HcPostCoefs { rec, t, n })
     }
 
     /// Hyper-head collapse for `t` tokens (spec §4.12 step 1, no Sinkhorn): `h = Σ_j π_j X[j]` (`[t, d]`)
@@ -841,6 +964,34 @@ fn hc_dims(what: &'static str, n: usize, d: usize) -> Result<(), CudaError> {
 mod tests {
     use super::*;
 
+    /// hc_phi_runs puts Φ[o, k·d + 64·b + c] at ((b·m + o)·n + k)·64 + c and zeros past d (d = 100:
+    /// a last run of 36 channels).
+    #[test]
+    fn phi_runs_layout() {
+        let (m, n, d) = (8usize, 2usize, 100usize);
+        let fn_: Vec<f32> = (0..m * n * d).map(|i| i as f32 + 0.5).collect();
+        let r = hc_phi_runs(&fn_, m, n, d);
+        assert_eq!(r.len(), 2 * m * n * 64);
+        let mut seen = 0;
+        for b in 0..2 {
+            for o in 0..m {
+                for k in 0..n {
+                    for c in 0..64 {
+                        let got = r[((b * m + o) * n + k) * 64 + c];
+                        let i = 64 * b + c;
+                        if i < d {
+                            assert_eq!(got, fn_[o * n * d + k * d + i], "b {b} o {o} k {k} c {c}");
+                            seen += 1;
+                        } else {
+                            assert_eq!(got, 0.0, "padding b {b} o {o} k {k} c {c}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(seen, fn_.len());
+    }
+
     /// The launch constants here are the kernel's: a mismatch would give blocks the wrong size or
     /// partial buffers the wrong stride (the kernels index with their own defines).
     #[test]
@@ -852,6 +1003,11 @@ mod tests {
             ("HC_THREADS", HC_THREADS as usize),
             ("HC_MAXN", HC_MAX_STREAMS),
             ("HCX_RUN", HC_MIX_RUN),
+            ("HC_REC", HC_REC),
+            ("HC_REC_POST", 4),
+            ("HC_REC_COMB", 8),
+            ("HCC_WARPS", HC_COEF_TOKENS),
+            ("HCX_LD", 36),
             ("HCN_V", HC_NORM_MAX_D / HC_THREADS as usize),
         ] {
             assert!(src.contains(&format!("#define {define} {value} ")) || src.contains(&format!("#define {define} {value}\n")), "{define} = {value}");
@@ -863,6 +1019,8 @@ mod tests {
         assert_eq!(HC_PARTIAL_TOKENS, 4 * 4);
         assert_eq!(HC_PARTIAL_THREADS, 32 * 4);
         assert!(src.contains("__launch_bounds__(HCX_THREADS, 3)"));
+        assert!(src.contains("#define HCX_SMEM (HCX_WARPS * HCX_TT * (HC_MAXM + 1) * HCX_LD * 4)") && src.contains("#define HC_MAXM 24 "));
+        assert_eq!(HC_MIX_SMEM, 4 * 4 * (24 + 1) * 36 * 4);
         // hc_pre_norm_f32 keeps 16 channels per thread, the wide entry HCN_V.
         assert!(src.contains("HCN_ENTRY(hc_pre_norm_f32, 16)") && src.contains("HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V)"));
         assert_eq!(HC_NORM_NARROW_D, 16 * 256);

@@ -55,6 +55,9 @@
 #define HC_WARPS 4  // warps per block of the partial pass
 #define HC_PARTIAL_THREADS (32 * HC_WARPS)
 #define HC_FULL 0xffffffffu
+#define HC_REC 24       // doubles per token of a coefficient record (hc_pre_coef_f32): pre at 0, post at
+#define HC_REC_POST 4   // HC_REC_POST, comb at HC_REC_COMB (C[j][k] at HC_REC_COMB + j·n + k); the f32
+#define HC_REC_COMB 8   // post and comb exactly, as doubles
 
 __device__ __forceinline__ double hc_sigmoid(double v) { return 1.0 / (1.0 + exp(-v)); }
 
@@ -197,7 +200,7 @@ template <int NN>
 __device__ __forceinline__ void hc_pre_coeffs(const float* tot, const float* __restrict__ base,
                                               const float* __restrict__ scale, float* __restrict__ post_t,
                                               float* __restrict__ comb_t, double* coef, int N, int iters, double eps,
-                                              double hc_eps) {
+                                              double hc_eps, double* __restrict__ rec_t = nullptr) {
     constexpr int M = (2 + NN) * NN;
     const int lane = threadIdx.x & 31;
     const int j = lane / HC_MAXN, k = lane % HC_MAXN;
@@ -205,7 +208,9 @@ __device__ __forceinline__ void hc_pre_coeffs(const float* tot, const float* __r
     if (lane < NN) {
         coef[lane] = hc_sigmoid(hc_logit(tot, M, lane, N, eps) * (double)scale[0] + (double)base[lane]) + hc_eps;
     } else if (lane < 2 * NN) {
-        post_t[lane - NN] = (float)(2.0 * hc_sigmoid(hc_logit(tot, M, lane, N, eps) * (double)scale[1] + (double)base[lane]));
+        const float pv = (float)(2.0 * hc_sigmoid(hc_logit(tot, M, lane, N, eps) * (double)scale[1] + (double)base[lane]));
+        post_t[lane - NN] = pv;
+        if (rec_t) rec_t[HC_REC_POST + lane - NN] = (double)pv;
     }
     const int q = 2 * NN + j * NN + k;
     const double v = valid ? hc_logit(tot, M, q, N, eps) * (double)scale[2] + (double)base[q] : 0.0;
@@ -225,7 +230,11 @@ __device__ __forceinline__ void hc_pre_coeffs(const float* tot, const float* __r
         cs = hc_col_sum<NN>(c, k);
         c = valid ? c / (cs + hc_eps) : 0.0;
     }
-    if (valid) comb_t[j * NN + k] = (float)c;
+    if (valid) {
+        const float cv = (float)c;
+        comb_t[j * NN + k] = cv;
+        if (rec_t) rec_t[HC_REC_COMB + j * NN + k] = (double)cv;
+    }
 }
 
 // The pre's coefficients for token t = blockIdx.x from its S partials (hc_totals, then warp 0's
@@ -384,6 +393,9 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 #define HCX_TT 4       // tokens per warp of hc_post_mix_f32
 #define HCX_WARPS 4    // warps per block of hc_post_mix_f32
 #define HCX_THREADS (32 * HCX_WARPS)
+#define HCX_LD 36      // floats per lane-sum row: 32 lanes' values + 4 (16-byte rows; conflict-free reads)
+#define HCX_SMEM (HCX_WARPS * HCX_TT * (HC_MAXM + 1) * HCX_LD * 4)  // dynamic shared bytes: 57,600
+#define HCC_WARPS 8    // tokens (a warp each) per block of hc_pre_coef_f32
 #define HCN_V 32       // channels per thread of hc_pre_norm_f32 (d ≤ 8,192)
 
 // Warp w of block (b.x, b.y) serves tokens t0 … t0 + HCX_TT − 1, t0 = (b.y·HCX_WARPS + w)·HCX_TT,
@@ -397,11 +409,48 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 // sums: as two instantiations the compiler fused different products of `a·b + c·d` (by where the
 // operands came from), and at n 1 the partials of the with- and without-post forms differed (H200,
 // 2026-12-01); written-out fmaf / __fmul_rn forms made the four-token form spill.
+// The 32 values of one lane-sum row (16-byte aligned) added by a fixed tree: pairs, pairs of those, ….
+__device__ __forceinline__ float hc_row_total(const float* row) {
+    const float4* r = reinterpret_cast<const float4*>(row);
+    float h[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float4 v = r[j];
+        h[j] = (v.x + v.y) + (v.z + v.w);
+    }
+    return ((h[0] + h[1]) + (h[2] + h[3])) + ((h[4] + h[5]) + (h[6] + h[7]));
+}
+
+// A token's post [NN] and comb [NN·NN] as doubles from its coefficient record (HC_REC doubles,
+// 192 bytes: 16-byte aligned in buffers from cuMemAlloc): double2 loads at n 4, scalar otherwise.
+template <int NN>
+__device__ __forceinline__ void hc_load_post_comb(const double* __restrict__ rec_t, double (&p)[NN],
+                                                  double (&c)[NN * NN]) {
+    if constexpr (NN == 4) {
+        const double2* r = reinterpret_cast<const double2*>(rec_t);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const double2 v = r[HC_REC_POST / 2 + h];
+            p[2 * h] = v.x, p[2 * h + 1] = v.y;
+        }
+#pragma unroll
+        for (int h = 0; h < 8; h++) {
+            const double2 v = r[HC_REC_COMB / 2 + h];
+            c[2 * h] = v.x, c[2 * h + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < NN; k++) p[k] = rec_t[HC_REC_POST + k];
+#pragma unroll
+        for (int k = 0; k < NN * NN; k++) c[k] = rec_t[HC_REC_COMB + k];
+    }
+}
+
 template <int NN, int TT>
 __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const float* __restrict__ y,
-                                                   const float* __restrict__ post, const float* __restrict__ comb,
-                                                   const float* __restrict__ fn, float* __restrict__ part, int t0,
-                                                   int tn, int d, int i, bool live, int lane, bool post_on) {
+                                                   const double* __restrict__ rec, const float* __restrict__ fn,
+                                                   float* __restrict__ part, int t0,
+                                                   int tn, int d, int i, bool live, int lane, bool post_on, float* sw) {
     constexpr int M = (2 + NN) * NN;
     static_assert(M + 1 <= 32, "the lane sums hold 32 values");
     const int nb = gridDim.x;
@@ -424,8 +473,8 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
 #pragma unroll
         for (int q = 0; q < TT; q++) {
             const int t = t0 + (q < tn ? q : 0);
-            const float* pt = post + (size_t)t * NN;
-            const float* ct = comb + (size_t)t * NN * NN;
+            double pt[NN], ct[NN * NN];
+            hc_load_post_comb<NN>(rec + (size_t)t * HC_REC, pt, ct);
             // hc_post_f32's expression per channel.
             double o0[NN], o1[NN];
 #pragma unroll
@@ -437,11 +486,11 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
             float* xt = x + (size_t)(t0 + q) * N + i;
 #pragma unroll
             for (int k = 0; k < NN; k++) {
-                const double pk = (double)pt[k];
+                const double pk = pt[k];
                 double s0 = pk * y0, s1 = pk * y1;
 #pragma unroll
                 for (int j = 0; j < NN; j++) {
-                    const double c = (double)ct[j * NN + k];
+                    const double c = ct[j * NN + k];
                     s0 += c * o0[j];
                     s1 += c * o1[j];
                 }
@@ -450,39 +499,47 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
             }
         }
     }
-    float acc[TT][M + 1];
+    // Φ of this block's run (hc_phi_runs layout), the lane's pair: offsets known at compile time.
+    const float2* fr = reinterpret_cast<const float2*>(fn + (size_t)blockIdx.x * M * NN * HCX_RUN) + lane;
 #pragma unroll
     for (int q = 0; q < TT; q++) {
         float s = 0.f;
 #pragma unroll
-        for (int k = 0; k < NN; k++) s += xv[q][k].x * xv[q][k].x + xv[q][k].y * xv[q][k].y;
-        acc[q][M] = s;
+        for (int k = 0; k < NN; k++) {
+            s = fmaf(xv[q][k].x, xv[q][k].x, s);
+            s = fmaf(xv[q][k].y, xv[q][k].y, s);
+        }
+        sw[(q * (M + 1) + M) * HCX_LD + lane] = s;
     }
 #pragma unroll
     for (int o = 0; o < M; o++) {
         float2 w[NN];
 #pragma unroll
         for (int k = 0; k < NN; k++)
-            w[k] = live ? __ldg(reinterpret_cast<const float2*>(fn + (size_t)o * N + (size_t)k * d + i))
-                        : make_float2(0.f, 0.f);
+            w[k] = __ldg(fr + (o * NN + k) * (HCX_RUN / 2));
 #pragma unroll
         for (int q = 0; q < TT; q++) {
             float s = 0.f;
 #pragma unroll
-            for (int k = 0; k < NN; k++) s += w[k].x * xv[q][k].x + w[k].y * xv[q][k].y;
-            acc[q][o] = s;
+            for (int k = 0; k < NN; k++) {
+                s = fmaf(w[k].x, xv[q][k].x, s);
+                s = fmaf(w[k].y, xv[q][k].y, s);
+            }
+            sw[(q * (M + 1) + o) * HCX_LD + lane] = s;
         }
     }
+    __syncwarp();
 #pragma unroll
     for (int q = 0; q < TT; q++)
-        hc_store_lane_sums<M>(acc[q], lane, q < tn, [&] { return part + ((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART; });
+        if (q < tn && lane <= M)
+            part[((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART + lane] = hc_row_total(sw + (q * (M + 1) + lane) * HCX_LD);
+    __syncwarp();
 }
 
 template <int NN>
 __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const float* __restrict__ y,
-                                                 const float* __restrict__ post, const float* __restrict__ comb,
-                                                 const float* __restrict__ fn, float* __restrict__ part, int T, int d,
-                                                 bool post_on) {
+                                                 const double* __restrict__ rec, const float* __restrict__ fn,
+                                                 float* __restrict__ part, int T, int d, bool post_on, float* sw) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int t0 = (blockIdx.y * HCX_WARPS + warp) * HCX_TT;
     if (t0 >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
@@ -493,18 +550,43 @@ __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const fl
     // sequence (absent tokens load zeros and store nothing): a one-token form was a second
     // instantiation, which NVVM contracted differently at n 1 (the last 7 of 10 tokens alone differed
     // in 1,539 values, H200 2026-12-01), so a token's sums depended on its place in the batch.
-    hc_post_mix_tokens<NN, HCX_TT>(x, y, post, comb, fn, part, t0, tn, d, i, live, lane, post_on);
+    hc_post_mix_tokens<NN, HCX_TT>(x, y, rec, fn, part, t0, tn, d, i, live, lane, post_on,
+                                   sw + warp * HCX_TT * (HC_MAXM + 1) * HCX_LD);
+}
+
+// One warp per token: the totals of its S partials (hc_totals' order), then hc_pre_coeffs — the
+// coefficients of hc_pre_f32 — into post, comb and the token's record (pre, post, comb as doubles).
+template <int NN>
+__device__ __forceinline__ void hc_pre_coef_impl(const float* __restrict__ part, int S, const float* __restrict__ base,
+                                                 const float* __restrict__ scale, float* __restrict__ post,
+                                                 float* __restrict__ comb, double* __restrict__ rec, int T, int d,
+                                                 int iters, double eps, double hc_eps, float* tot) {
+    constexpr int M = (2 + NN) * NN;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * HCC_WARPS + (threadIdx.x >> 5);
+    if (t >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
+    if (lane <= M) {
+        const float* p = part + (size_t)t * S * HC_PART + lane;
+        float r = 0.f;
+#pragma unroll 16
+        for (int s = 0; s < S; s++) r += p[s * HC_PART];
+        tot[lane] = r;
+    }
+    __syncwarp();
+    double* rec_t = rec + (size_t)t * HC_REC;
+    hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, rec_t, NN * d, iters, eps,
+                      hc_eps, rec_t);
 }
 
 template <int NN, int V>
-__device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const float* __restrict__ x,
-                                 const float* __restrict__ base, const float* __restrict__ scale,
-                                 const float* __restrict__ w, float* __restrict__ out, float* __restrict__ post,
-                                 float* __restrict__ comb, int d, int iters, double eps, double hc_eps, float norm_eps,
-                                 float* tot, double* coef, float* red) {
+__device__ void hc_pre_norm_impl(const double* __restrict__ rec, const float* __restrict__ x,
+                                 const float* __restrict__ w, float* __restrict__ out, int d, float norm_eps,
+                                 float* red) {
     const int t = blockIdx.x;
     const int N = NN * d;
-    hc_pre_begin<NN>(part, S, base, scale, post, comb, N, iters, eps, hc_eps, tot, coef);
+    double coef[NN];
+#pragma unroll
+    for (int j = 0; j < NN; j++) coef[j] = rec[(size_t)t * HC_REC + j];
     const float* xt = x + (size_t)t * N;
     float uv[V];
     float s = 0.f;
@@ -526,16 +608,32 @@ __device__ void hc_pre_norm_impl(const float* __restrict__ part, int S, const fl
     }
 }
 
-// has_post: 0 = mix only (x read), 1 = post then mix (x updated in place). n ∈ 1..4.
+// has_post: 0 = mix only (x read; rec unused), 1 = post then mix (x updated in place). n ∈ 1..4.
 extern "C" __global__ void __launch_bounds__(HCX_THREADS, 3)
-hc_post_mix_f32(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ post,
-                const float* __restrict__ comb, const float* __restrict__ fn, float* __restrict__ part, int T, int n,
-                int d, int has_post) {
+hc_post_mix_f32(float* __restrict__ x, const float* __restrict__ y, const double* __restrict__ rec,
+                const float* __restrict__ fn, float* __restrict__ part, int T, int n, int d, int has_post) {
+    extern __shared__ float4 hc_dyn_smem[];  // HCX_SMEM bytes: each warp's lane-sum rows
+    float* sw = reinterpret_cast<float*>(hc_dyn_smem);
     switch (n) {
-        case 1: hc_post_mix_impl<1>(x, y, post, comb, fn, part, T, d, has_post != 0); break;
-        case 2: hc_post_mix_impl<2>(x, y, post, comb, fn, part, T, d, has_post != 0); break;
-        case 3: hc_post_mix_impl<3>(x, y, post, comb, fn, part, T, d, has_post != 0); break;
-        case 4: hc_post_mix_impl<4>(x, y, post, comb, fn, part, T, d, has_post != 0); break;
+        case 1: hc_post_mix_impl<1>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;
+        case 2: hc_post_mix_impl<2>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;
+        case 3: hc_post_mix_impl<3>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;
+        case 4: hc_post_mix_impl<4>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;
+        default: break;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(HCC_WARPS * 32)
+hc_pre_coef_f32(const float* __restrict__ part, int S, const float* __restrict__ base, const float* __restrict__ scale,
+                float* __restrict__ post, float* __restrict__ comb, double* __restrict__ rec, int T, int n, int d,
+                int iters, double eps, double hc_eps) {
+    __shared__ float tot[HCC_WARPS][32];
+    float* tw = tot[threadIdx.x >> 5];
+    switch (n) {
+        case 1: hc_pre_coef_impl<1>(part, S, base, scale, post, comb, rec, T, d, iters, eps, hc_eps, tw); break;
+        case 2: hc_pre_coef_impl<2>(part, S, base, scale, post, comb, rec, T, d, iters, eps, hc_eps, tw); break;
+        case 3: hc_pre_coef_impl<3>(part, S, base, scale, post, comb, rec, T, d, iters, eps, hc_eps, tw); break;
+        case 4: hc_pre_coef_impl<4>(part, S, base, scale, post, comb, rec, T, d, iters, eps, hc_eps, tw); break;
         default: break;
     }
 }
@@ -543,22 +641,14 @@ hc_post_mix_f32(float* __restrict__ x, const float* __restrict__ y, const float*
 // hc_pre_norm_f32: d ≤ 16·HC_THREADS (16 channels per thread); hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS.
 #define HCN_ENTRY(NAME, V)                                                                                            \
     extern "C" __global__ void __launch_bounds__(HC_THREADS)                                                          \
-    NAME(const float* __restrict__ part, int S, const float* __restrict__ x, const float* __restrict__ base,         \
-         const float* __restrict__ scale, const float* __restrict__ w, float* __restrict__ out,                      \
-         float* __restrict__ post, float* __restrict__ comb, int n, int d, int iters, double eps, double hc_eps,      \
-         float norm_eps) {                                                                                            \
-        __shared__ float tot[HC_MAXM + 1];                                                                            \
-        __shared__ double coef[HC_MAXN];                                                                              \
+    NAME(const double* __restrict__ rec, const float* __restrict__ x, const float* __restrict__ w,                   \
+         float* __restrict__ out, int n, int d, float norm_eps) {                                                     \
         __shared__ float red[32];                                                                                     \
         switch (n) {                                                                                                  \
-            case 1: hc_pre_norm_impl<1, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
-                                           norm_eps, tot, coef, red); break;                                          \
-            case 2: hc_pre_norm_impl<2, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
-                                           norm_eps, tot, coef, red); break;                                          \
-            case 3: hc_pre_norm_impl<3, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
-                                           norm_eps, tot, coef, red); break;                                          \
-            case 4: hc_pre_norm_impl<4, V>(part, S, x, base, scale, w, out, post, comb, d, iters, eps, hc_eps,       \
-                                           norm_eps, tot, coef, red); break;                                          \
+            case 1: hc_pre_norm_impl<1, V>(rec, x, w, out, d, norm_eps, red); break;                                  \
+            case 2: hc_pre_norm_impl<2, V>(rec, x, w, out, d, norm_eps, red); break;                                  \
+            case 3: hc_pre_norm_impl<3, V>(rec, x, w, out, d, norm_eps, red); break;                                  \
+            case 4: hc_pre_norm_impl<4, V>(rec, x, w, out, d, norm_eps, red); break;                                  \
             default: break;                                                                                           \
         }                                                                                                             \
     }
