@@ -85,9 +85,10 @@ __device__ __forceinline__ float hc_lane_sums(float (&a)[32], int lane) {
     return a[0];
 }
 
-// One token's M + 1 per-lane sums (acc) added over the warp's 32 lanes by hc_lane_sums; lane i ≤ M
-// writes value i's total to dst()[i] when store is set (dst yields the row's address only then: an
-// address computed ahead of the sums made hc_post_mix_f32 spill). Every lane of the warp calls it.
+// One token's M + 1 per-lane sums (acc) added over the warp's 32 lanes by hc_lane_sums (the partial
+// pass); lane i ≤ M writes value i's total to dst()[i] when store is set (dst yields the row's address
+// only then: an address computed ahead of the sums made a four-token warp spill). Every lane of the
+// warp calls it.
 template <int M, class Dst>
 __device__ __forceinline__ void hc_store_lane_sums(const float (&acc)[M + 1], int lane, bool store, Dst dst) {
     float a[32];
@@ -142,15 +143,19 @@ __device__ __forceinline__ void hc_partial_impl(const float* __restrict__ x, con
         hc_store_lane_sums<M>(acc[q], lane, q < tn, [&] { return part + ((size_t)(t0 + q) * HC_SPLIT + s) * HC_PART; });
 }
 
+// Σ_s p[s·HC_PART] for s = 0 … S − 1 in order, in f32: one value's total over a token's S partials
+// (p = part + t·S·HC_PART + i). hc_totals and hc_pre_coef_f32 both sum with it.
+__device__ __forceinline__ float hc_total_of(const float* __restrict__ p, int S) {
+    float r = 0.f;
+#pragma unroll 16
+    for (int s = 0; s < S; s++) r += p[s * HC_PART];
+    return r;
+}
+
 // tot[i] = Σ_s part[t, s, i] over the S partials of token t = blockIdx.x in order, for i ≤ M
 // (tot[M]: the squared norm). Every thread must reach it (it synchronises); ends with tot visible to all.
 __device__ __forceinline__ void hc_totals(const float* __restrict__ part, int S, int M, float* tot) {
-    if (threadIdx.x <= M) {
-        const float* p = part + (size_t)blockIdx.x * S * HC_PART + threadIdx.x;
-        float r = 0.f;
-        for (int s = 0; s < S; s++) r += p[s * HC_PART];
-        tot[threadIdx.x] = r;
-    }
+    if (threadIdx.x <= M) tot[threadIdx.x] = hc_total_of(part + (size_t)blockIdx.x * S * HC_PART + threadIdx.x, S);
     __syncthreads();
 }
 
@@ -238,8 +243,9 @@ __device__ __forceinline__ void hc_pre_coeffs(const float* tot, const float* __r
 }
 
 // The pre's coefficients for token t = blockIdx.x from its S partials (hc_totals, then warp 0's
-// hc_pre_coeffs over N = n·d values: post and comb written, the stream weights in coef), visible to the whole block on
-// return; hc_pre_f32 and hc_pre_norm_f32 share it. Every thread of the block must call it.
+// hc_pre_coeffs over N = n·d values: post and comb written, the stream weights in coef), visible to
+// the whole block on return (hc_pre_f32; hc_pre_coef_f32 runs the same two steps with a warp per
+// token). Every thread of the block must call it.
 template <int NN>
 __device__ __forceinline__ void hc_pre_begin(const float* __restrict__ part, int S, const float* __restrict__ base,
                                              const float* __restrict__ scale, float* __restrict__ post,
@@ -361,61 +367,66 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 
 // ---------------------------------------------------------------------------------------------------
 // MHC_FUSED: the mix partials of a sub-block's pre computed where the streams are written (by the
-// previous sub-block's post), and the pre's finish followed by the sub-block's RMSNorm in one kernel.
+// previous sub-block's post), and the pre's finish followed by the sub-block's RMSNorm.
 //
-// hc_post_mix_f32: x [T, n, d] (in place when post is on), y [T, d], post [T, n], comb [T, n, n],
-//   Φ fn [M, N] of the NEXT pre (M = (2+n)·n), part [T, nb, HC_PART] with nb = ceil(d / HCX_RUN).
+// hc_post_mix_f32: x [T, n, d] (in place when post is on), y [T, d], rec [T, HC_REC] (the sub-block
+//   pre's coefficient records: post and comb as doubles), Φ of the NEXT pre (M = (2+n)·n) in channel
+//   runs fr [nb][M][n][HCX_RUN] (Φ[o, k·d + HCX_RUN·b + c] at ((b·M + o)·n + k)·HCX_RUN + c, zeros
+//   past d; built on the host), part [T, nb, HC_PART] with nb = ceil(d / HCX_RUN).
 //   Per token, for its run of HCX_RUN channels (all n streams):
 //   - with post (has_post ≠ 0): x'[k][i] = post_k·y[i] + Σ_j comb[j][k]·x[j][i] in f64, exactly
 //     hc_post_f32's expression, written in place; without post x' = x (the first pre of a forward);
 //   - the M mix products Σ Φ[o, k·d + i]·x'[k][i] and the squared norm Σ x'[k][i]² over the run:
 //     part[t, run, o] (o < M) and part[t, run, M].
 //   The partial pass's mapping (hc_mix_partial_f32): a warp per HCX_TT tokens, Φ from L1/L2 shared by
-//   them, one hc_lane_sums per token. Measured on the H200 at T = 8,192 (n 4, d 4,096, 2026-12-01,
-//   36b2b8a, `git show 92a8136:bench/mhc_h200.log`): 0.670 ms, against 0.330 (hc_post_f32) + ~0.42 (hc_mix_partial_f32). Forms not
-//   kept (bench/mhc_variants_h200.log): a thread per channel with its Φ values in registers (165–209
-//   registers, 8–12 warps per SM) 0.89–0.99 ms; lanes in quads with an 8-value butterfly 0.79 ms.
-//   A token's partials run in the same order whatever T and its place in the tile (batch invariant).
-//   Launch: grid (nb, ceil(T / (HCX_WARPS·HCX_TT))), block HCX_THREADS (at most 168 registers: 3 blocks
-//   per SM), no shared memory.
-// hc_pre_norm_f32: part [T, S, HC_PART] (S partials per token: HC_SPLIT from hc_mix_partial_f32 or
-//   nb from hc_post_mix_f32), x, base, scale as hc_pre_f32, the RMSNorm weight w [d] (or null), out
-//   [T, d]: hc_pre_f32's coefficients (hc_pre_begin), post and comb from the S partials summed in
-//   order, then u = Σ_j pre_j·x[t, j] (hc_combine_one, hc_pre_f32's expression) kept in registers and
-//   out = w ⊙ u / sqrt(mean(u²) + norm_eps) with rms_norm_f32's reduction (thread i sums channels
-//   i, i + 256, …; then fs_block_sum): the bits of hc_pre_f32 then rms_norm_f32 on
-//   the same partials. d ≤ 16·HC_THREADS (hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS). Launch: grid (T),
-//   block HC_THREADS. (Loading the streams
-//   into registers before the coefficients, 102 registers, took 0.48 ms at T = 8,192 instead of 0.30;
-//   a block per 8 tokens with a warp per token's coefficients, 0.33.)
+//   them. Measured on the H200 at T = 8,192 (n 4, d 4,096): 0.670 ms at 36b2b8a (`git show
+//   92a8136:bench/mhc_h200.log`; Φ as [M, N] with an address per load, f32 post/comb converted per
+//   lane, a 31-shuffle butterfly per token, 168 registers), 0.527 ms at 352ed7f with the run-major Φ,
+//   fmaf chains, the lane sums through shared rows and f64 records (3,142 → 1,984 SASS instructions
+//   per warp and 4 tokens; the f32 → f64 conversions, 16 per clock and SM, had been the busiest pipe).
+//   Forms not kept (bench/mhc_variants_h200.log): a thread per channel with its Φ values in registers
+//   (165–209 registers, 8–12 warps per SM) 0.89–0.99 ms; lanes in quads with an 8-value butterfly
+//   0.79 ms. A token's partials run in the same order whatever T and its place in the tile (batch
+//   invariant). Launch: grid (nb, ceil(T / (HCX_WARPS·HCX_TT))), block HCX_THREADS (at most 128
+//   registers: 4 blocks per SM), HCX_SMEM bytes of dynamic shared memory.
+// hc_pre_coef_f32: part [T, S, HC_PART] (S partials per token: HC_SPLIT from hc_mix_partial_f32 or
+//   nb from hc_post_mix_f32), base, scale as hc_pre_f32 → post [T, n], comb [T, n, n] and rec
+//   [T, HC_REC]: a warp per token sums its S partials in order (hc_totals' order) and runs
+//   hc_pre_coeffs (hc_pre_f32's coefficients and Sinkhorn); rec gets the stream weights pre_j (f64)
+//   and post / comb as written, widened. Launch: grid ceil(T / HCC_WARPS), block 32·HCC_WARPS.
+// hc_pre_norm_f32: rec (above), x, the RMSNorm weight w [d] (or null), out [T, d]: u = Σ_j pre_j·x[t, j]
+//   (hc_combine_one, hc_pre_f32's expression) kept in registers and out = w ⊙ u / sqrt(mean(u²) +
+//   norm_eps) with rms_norm_f32's reduction (thread i sums channels i, i + 256, …; then
+//   fs_block_sum): with hc_pre_coef_f32, the bits of hc_pre_f32 then rms_norm_f32 on the same
+//   partials. d ≤ 16·HC_THREADS (hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS). Launch: grid (T), block
+//   HC_THREADS. Both at T = 8,192 (n 4, d 4,096) 0.226 ms on the H200 (352ed7f), against 0.298 for
+//   the one kernel that had warp 0 of each block run the Sinkhorn while the block waited (80 % of
+//   cycles with no eligible warp, bench/ncu/mhc_T8192_d7cf570.txt); at T = 1, 21.3 µs against 17.5.
+//   (Loading the streams into registers before the coefficients, 102 registers, took 0.48 ms; a block
+//   per 8 tokens with a warp per token's coefficients, 0.33.)
 
 #define HCX_RUN 64     // channels per block of hc_post_mix_f32 (two per lane)
 #define HCX_TT 4       // tokens per warp of hc_post_mix_f32
 #define HCX_WARPS 4    // warps per block of hc_post_mix_f32
 #define HCX_THREADS (32 * HCX_WARPS)
-#define HCX_LD 36      // floats per lane-sum row: 32 lanes' values + 4 (16-byte rows; conflict-free reads)
-#define HCX_SMEM (HCX_WARPS * HCX_TT * (HC_MAXM + 1) * HCX_LD * 4)  // dynamic shared bytes: 57,600
+#define HCX_WFLOATS (HCX_TT * (HC_MAXM + 1) * 32 + 32)  // floats of a warp's lane-sum rows (hc_row_at)
+#define HCX_SMEM (HCX_WARPS * HCX_WFLOATS * 4)  // dynamic shared bytes of hc_post_mix_f32: 51,712
 #define HCC_WARPS 8    // tokens (a warp each) per block of hc_pre_coef_f32
 #define HCN_V 32       // channels per thread of hc_pre_norm_f32 (d ≤ 8,192)
 
-// Warp w of block (b.x, b.y) serves tokens t0 … t0 + HCX_TT − 1, t0 = (b.y·HCX_WARPS + w)·HCX_TT,
-// and channels c0 … c0 + HCX_RUN − 1, c0 = b.x·HCX_RUN, of all n streams: lane ℓ owns channels
-// c0 + 2ℓ and c0 + 2ℓ + 1 (float2 loads and stores). Each Φ pair it loads (Φ[o, k·d + c0 + 2ℓ …],
-// from L1/L2: the block's four warps share the slice) is used for the warp's HCX_TT tokens. Per
-// token the lane sums, for each o < M, the 2·n products over its channels (stream k in order, the
-// pair's first channel first) and its channels' squares, and hc_lane_sums adds the 32 lanes.
-// Tokens t0 … t0 + tn − 1 (tn ≤ TT) of one warp: a token's sums do not depend on tn (TT is always HCX_TT).
-// post_on is a run-time flag, not a template parameter, so that both forms share one sequence for the
-// sums: as two instantiations the compiler fused different products of `a·b + c·d` (by where the
-// operands came from), and at n 1 the partials of the with- and without-post forms differed (H200,
-// 2026-12-01); written-out fmaf / __fmul_rn forms made the four-token form spill.
-// The 32 values of one lane-sum row (16-byte aligned) added by a fixed tree: pairs, pairs of those, ….
-__device__ __forceinline__ float hc_row_total(const float* row) {
-    const float4* r = reinterpret_cast<const float4*>(row);
+// Lane-sum rows of a warp: row r (32 floats, lane ℓ's value at ℓ) starts at r·32 + (r % 8)·4, so a
+// warp writing one row touches every bank once and so do eight lanes reading the same 16-byte chunk
+// of eight consecutive rows (hc_row_total).
+__device__ __forceinline__ int hc_row_at(int r, int lane) { return r * 32 + ((r & 7) << 2) + lane; }
+
+// The 32 values of lane-sum row r added by a fixed tree over the lanes: (ℓ, ℓ+1, ℓ+2, ℓ+3) in
+// chunk ℓ/4, then pairs of chunks, pairs of those, ….
+__device__ __forceinline__ float hc_row_total(const float* sw, int r) {
+    const float4* row = reinterpret_cast<const float4*>(sw + hc_row_at(r, 0));
     float h[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        const float4 v = r[j];
+        const float4 v = row[j];
         h[j] = (v.x + v.y) + (v.z + v.w);
     }
     return ((h[0] + h[1]) + (h[2] + h[3])) + ((h[4] + h[5]) + (h[6] + h[7]));
@@ -446,6 +457,19 @@ __device__ __forceinline__ void hc_load_post_comb(const double* __restrict__ rec
     }
 }
 
+// Warp w of block (b.x, b.y) serves tokens t0 … t0 + HCX_TT − 1, t0 = (b.y·HCX_WARPS + w)·HCX_TT,
+// and channels c0 … c0 + HCX_RUN − 1, c0 = b.x·HCX_RUN, of all n streams: lane ℓ owns channels
+// c0 + 2ℓ and c0 + 2ℓ + 1 (float2 loads and stores). Each Φ pair it loads (from the run-major copy:
+// fixed offsets from one address; L1/L2, the block's four warps share the run) is used for the warp's
+// HCX_TT tokens. Per token and o < M the lane's sum is an fmaf chain over its 2·n products (stream k
+// in order, the pair's first channel first), likewise its channels' squares; each sum goes at once to
+// the warp's lane-sum rows in shared memory (no accumulators held: 128 registers), and after all of
+// them lane i ≤ M adds row i of each token (hc_row_total) into part.
+// Tokens t0 … t0 + tn − 1 (tn ≤ TT) of one warp: a token's sums do not depend on tn (TT is always HCX_TT).
+// post_on is a run-time flag, not a template parameter, so that both forms share one sequence for the
+// sums: as two instantiations the compiler fused different products of `a·b + c·d` (by where the
+// operands came from), and at n 1 the partials of the with- and without-post forms differed (H200,
+// 2026-12-01); the sums are now explicit fmaf chains as well.
 template <int NN, int TT>
 __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const float* __restrict__ y,
                                                    const double* __restrict__ rec, const float* __restrict__ fn,
@@ -509,7 +533,7 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
             s = fmaf(xv[q][k].x, xv[q][k].x, s);
             s = fmaf(xv[q][k].y, xv[q][k].y, s);
         }
-        sw[(q * (M + 1) + M) * HCX_LD + lane] = s;
+        sw[hc_row_at(q * (M + 1) + M, lane)] = s;
     }
 #pragma unroll
     for (int o = 0; o < M; o++) {
@@ -525,14 +549,14 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
                 s = fmaf(w[k].x, xv[q][k].x, s);
                 s = fmaf(w[k].y, xv[q][k].y, s);
             }
-            sw[(q * (M + 1) + o) * HCX_LD + lane] = s;
+            sw[hc_row_at(q * (M + 1) + o, lane)] = s;
         }
     }
     __syncwarp();
 #pragma unroll
     for (int q = 0; q < TT; q++)
         if (q < tn && lane <= M)
-            part[((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART + lane] = hc_row_total(sw + (q * (M + 1) + lane) * HCX_LD);
+            part[((size_t)(t0 + q) * nb + blockIdx.x) * HC_PART + lane] = hc_row_total(sw, q * (M + 1) + lane);
     __syncwarp();
 }
 
@@ -551,7 +575,7 @@ __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const fl
     // instantiation, which NVVM contracted differently at n 1 (the last 7 of 10 tokens alone differed
     // in 1,539 values, H200 2026-12-01), so a token's sums depended on its place in the batch.
     hc_post_mix_tokens<NN, HCX_TT>(x, y, rec, fn, part, t0, tn, d, i, live, lane, post_on,
-                                   sw + warp * HCX_TT * (HC_MAXM + 1) * HCX_LD);
+                                   sw + warp * HCX_WFLOATS);
 }
 
 // One warp per token: the totals of its S partials (hc_totals' order), then hc_pre_coeffs — the
@@ -565,13 +589,7 @@ __device__ __forceinline__ void hc_pre_coef_impl(const float* __restrict__ part,
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * HCC_WARPS + (threadIdx.x >> 5);
     if (t >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
-    if (lane <= M) {
-        const float* p = part + (size_t)t * S * HC_PART + lane;
-        float r = 0.f;
-#pragma unroll 16
-        for (int s = 0; s < S; s++) r += p[s * HC_PART];
-        tot[lane] = r;
-    }
+    if (lane <= M) tot[lane] = hc_total_of(part + (size_t)t * S * HC_PART + lane, S);
     __syncwarp();
     double* rec_t = rec + (size_t)t * HC_REC;
     hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, rec_t, NN * d, iters, eps,
@@ -609,7 +627,7 @@ __device__ void hc_pre_norm_impl(const double* __restrict__ rec, const float* __
 }
 
 // has_post: 0 = mix only (x read; rec unused), 1 = post then mix (x updated in place). n ∈ 1..4.
-extern "C" __global__ void __launch_bounds__(HCX_THREADS, 3)
+extern "C" __global__ void __launch_bounds__(HCX_THREADS, 4)
 hc_post_mix_f32(float* __restrict__ x, const float* __restrict__ y, const double* __restrict__ rec,
                 const float* __restrict__ fn, float* __restrict__ part, int T, int n, int d, int has_post) {
     extern __shared__ float4 hc_dyn_smem[];  // HCX_SMEM bytes: each warp's lane-sum rows
