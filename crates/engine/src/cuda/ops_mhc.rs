@@ -55,9 +55,8 @@ const HC_MIX_TOKENS: usize = 16;
 /// Block size of hc_post_mix_f32 (`HCX_THREADS` in mhc.cu, its `__launch_bounds__`).
 const HC_MIX_THREADS: u32 = 128;
 /// Dynamic shared memory of hc_post_mix_f32 in bytes (`HCX_SMEM` in mhc.cu: each of its 4 warps'
-/// lane-sum rows, 4 tokens × 25 rows of 32 floats + 32 floats of padding; 4 blocks per SM fit);
-/// set as the function's limit when the kernels load.
-pub(crate) const HC_MIX_SMEM: usize = 4 * (4 * 25 * 32 + 32) * 4;
+/// lane-sum rows, 4 tokens × 25 rows of 36 floats); set as the function's limit when the kernels load.
+pub(crate) const HC_MIX_SMEM: usize = 4 * 4 * 25 * 36 * 4;
 /// Doubles per token of a coefficient record ([`HcPostCoefs`]; `HC_REC` in mhc.cu): pre at 0, post
 /// at 4, comb at 8.
 const HC_REC: usize = 24;
@@ -1018,9 +1017,9 @@ mod tests {
         assert!(src.contains("#define HC_TT 4 ") && src.contains("#define HC_WARPS 4 ") && src.contains("#define HC_PARTIAL_THREADS (32 * HC_WARPS)"));
         assert_eq!(HC_PARTIAL_TOKENS, 4 * 4);
         assert_eq!(HC_PARTIAL_THREADS, 32 * 4);
-        assert!(src.contains("__launch_bounds__(HCX_THREADS, 4)"));
-        assert!(src.contains("#define HCX_WFLOATS (HCX_TT * (HC_MAXM + 1) * 32 + 32)") && src.contains("#define HCX_SMEM (HCX_WARPS * HCX_WFLOATS * 4)") && src.contains("#define HC_MAXM 24 "));
-        assert_eq!(HC_MIX_SMEM, 4 * (4 * (24 + 1) * 32 + 32) * 4);
+        assert!(src.contains("__launch_bounds__(HCX_THREADS, 3)"));
+        assert!(src.contains("#define HCX_LD 36 ") && src.contains("#define HCX_WFLOATS (HCX_TT * (HC_MAXM + 1) * HCX_LD)") && src.contains("#define HCX_SMEM (HCX_WARPS * HCX_WFLOATS * 4)") && src.contains("#define HC_MAXM 24 "));
+        assert_eq!(HC_MIX_SMEM, 4 * 4 * (24 + 1) * 36 * 4);
         // hc_pre_norm_f32 keeps 16 channels per thread, the wide entry HCN_V.
         assert!(src.contains("HCN_ENTRY(hc_pre_norm_f32, 16)") && src.contains("HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V)"));
         assert_eq!(HC_NORM_NARROW_D, 16 * 256);

@@ -144,18 +144,25 @@ __device__ __forceinline__ void hc_partial_impl(const float* __restrict__ x, con
 }
 
 // Σ_s p[s·HC_PART] for s = 0 … S − 1 in order, in f32: one value's total over a token's S partials
-// (p = part + t·S·HC_PART + i). hc_totals and hc_pre_coef_f32 both sum with it.
+// (p = part + t·S·HC_PART + i). hc_totals and hc_pre_coef_f32 both sum with it; U only unrolls the
+// loop (16 for the run-time S of hc_pre_coef_f32; 0 leaves it to the compiler, which unrolls
+// hc_pre_f32's constant 64 fully).
+template <int U>
 __device__ __forceinline__ float hc_total_of(const float* __restrict__ p, int S) {
     float r = 0.f;
-#pragma unroll 16
-    for (int s = 0; s < S; s++) r += p[s * HC_PART];
+    if constexpr (U > 0) {
+#pragma unroll U
+        for (int s = 0; s < S; s++) r += p[s * HC_PART];
+    } else {
+        for (int s = 0; s < S; s++) r += p[s * HC_PART];
+    }
     return r;
 }
 
 // tot[i] = Σ_s part[t, s, i] over the S partials of token t = blockIdx.x in order, for i ≤ M
 // (tot[M]: the squared norm). Every thread must reach it (it synchronises); ends with tot visible to all.
 __device__ __forceinline__ void hc_totals(const float* __restrict__ part, int S, int M, float* tot) {
-    if (threadIdx.x <= M) tot[threadIdx.x] = hc_total_of(part + (size_t)blockIdx.x * S * HC_PART + threadIdx.x, S);
+    if (threadIdx.x <= M) tot[threadIdx.x] = hc_total_of<0>(part + (size_t)blockIdx.x * S * HC_PART + threadIdx.x, S);
     __syncthreads();
 }
 
@@ -387,8 +394,8 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 //   Forms not kept (bench/mhc_variants_h200.log): a thread per channel with its Φ values in registers
 //   (165–209 registers, 8–12 warps per SM) 0.89–0.99 ms; lanes in quads with an 8-value butterfly
 //   0.79 ms. A token's partials run in the same order whatever T and its place in the tile (batch
-//   invariant). Launch: grid (nb, ceil(T / (HCX_WARPS·HCX_TT))), block HCX_THREADS (at most 128
-//   registers: 4 blocks per SM), HCX_SMEM bytes of dynamic shared memory.
+//   invariant). Launch: grid (nb, ceil(T / (HCX_WARPS·HCX_TT))), block HCX_THREADS (at most 168
+//   registers: 3 blocks per SM), HCX_SMEM bytes of dynamic shared memory.
 // hc_pre_coef_f32: part [T, S, HC_PART] (S partials per token: HC_SPLIT from hc_mix_partial_f32 or
 //   nb from hc_post_mix_f32), base, scale as hc_pre_f32 → post [T, n], comb [T, n, n] and rec
 //   [T, HC_REC]: a warp per token sums its S partials in order (hc_totals' order) and runs
@@ -409,15 +416,18 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 #define HCX_TT 4       // tokens per warp of hc_post_mix_f32
 #define HCX_WARPS 4    // warps per block of hc_post_mix_f32
 #define HCX_THREADS (32 * HCX_WARPS)
-#define HCX_WFLOATS (HCX_TT * (HC_MAXM + 1) * 32 + 32)  // floats of a warp's lane-sum rows (hc_row_at)
-#define HCX_SMEM (HCX_WARPS * HCX_WFLOATS * 4)  // dynamic shared bytes of hc_post_mix_f32: 51,712
+#define HCX_LD 36      // floats per lane-sum row (hc_row_at): the 32 lanes' values + 4
+#define HCX_WFLOATS (HCX_TT * (HC_MAXM + 1) * HCX_LD)  // floats of a warp's lane-sum rows
+#define HCX_SMEM (HCX_WARPS * HCX_WFLOATS * 4)  // dynamic shared bytes of hc_post_mix_f32: 57,600
 #define HCC_WARPS 8    // tokens (a warp each) per block of hc_pre_coef_f32
 #define HCN_V 32       // channels per thread of hc_pre_norm_f32 (d ≤ 8,192)
 
-// Lane-sum rows of a warp: row r (32 floats, lane ℓ's value at ℓ) starts at r·32 + (r % 8)·4, so a
+// Lane-sum rows of a warp: row r (lane ℓ's value at ℓ) starts at r·HCX_LD, HCX_LD = 36 floats, so a
 // warp writing one row touches every bank once and so do eight lanes reading the same 16-byte chunk
-// of eight consecutive rows (hc_row_total).
-__device__ __forceinline__ int hc_row_at(int r, int lane) { return r * 32 + ((r & 7) << 2) + lane; }
+// of eight consecutive rows (hc_row_total). (Rows of 32 floats starting at r·32 + (r % 8)·4, to fit
+// four blocks per SM, overlap: at 46a4d3e they made the partials wrong, and four blocks of 128
+// registers timed no faster, 0.535 ms against 0.527 — H200, bench/mhc_variants_h200.log.)
+__device__ __forceinline__ int hc_row_at(int r, int lane) { return r * HCX_LD + lane; }
 
 // The 32 values of lane-sum row r added by a fixed tree over the lanes: (ℓ, ℓ+1, ℓ+2, ℓ+3) in
 // chunk ℓ/4, then pairs of chunks, pairs of those, ….
@@ -463,7 +473,7 @@ __device__ __forceinline__ void hc_load_post_comb(const double* __restrict__ rec
 // fixed offsets from one address; L1/L2, the block's four warps share the run) is used for the warp's
 // HCX_TT tokens. Per token and o < M the lane's sum is an fmaf chain over its 2·n products (stream k
 // in order, the pair's first channel first), likewise its channels' squares; each sum goes at once to
-// the warp's lane-sum rows in shared memory (no accumulators held: 128 registers), and after all of
+// the warp's lane-sum rows in shared memory (no accumulators held in registers), and after all of
 // them lane i ≤ M adds row i of each token (hc_row_total) into part.
 // Tokens t0 … t0 + tn − 1 (tn ≤ TT) of one warp: a token's sums do not depend on tn (TT is always HCX_TT).
 // post_on is a run-time flag, not a template parameter, so that both forms share one sequence for the
@@ -589,7 +599,7 @@ __device__ __forceinline__ void hc_pre_coef_impl(const float* __restrict__ part,
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * HCC_WARPS + (threadIdx.x >> 5);
     if (t >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
-    if (lane <= M) tot[lane] = hc_total_of(part + (size_t)t * S * HC_PART + lane, S);
+    if (lane <= M) tot[lane] = hc_total_of<16>(part + (size_t)t * S * HC_PART + lane, S);
     __syncwarp();
     double* rec_t = rec + (size_t)t * HC_REC;
     hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, rec_t, NN * d, iters, eps,
@@ -627,7 +637,7 @@ __device__ void hc_pre_norm_impl(const double* __restrict__ rec, const float* __
 }
 
 // has_post: 0 = mix only (x read; rec unused), 1 = post then mix (x updated in place). n ∈ 1..4.
-extern "C" __global__ void __launch_bounds__(HCX_THREADS, 4)
+extern "C" __global__ void __launch_bounds__(HCX_THREADS, 3)
 hc_post_mix_f32(float* __restrict__ x, const float* __restrict__ y, const double* __restrict__ rec,
                 const float* __restrict__ fn, float* __restrict__ part, int T, int n, int d, int has_post) {
     extern __shared__ float4 hc_dyn_smem[];  // HCX_SMEM bytes: each warp's lane-sum rows
