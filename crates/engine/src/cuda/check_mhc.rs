@@ -9,6 +9,7 @@
 //! - `router …`: [`moe::route`] (E 256, top-6; sqrt-softplus score layer with forced ties, hash layer,
 //!   sigmoid score layer) on the same logits; expert ids compared exactly, weights γ by NMSE.
 //! - `swiglu`: the clamped SwiGLU formula of `forward::moe` elementwise.
+//! - `moe_combine bits …`: moe_combine_f32 against its f64 fma sum replayed on the host, bit for bit.
 //! - `moe_forward …`: a whole MoE layer for 9 tokens, E 16 FP4 experts (top-6) and an FP8 shared
 //!   expert, vs [`moe::route`] + [`moe::moe`] (exact numerics) on the dequantized weights, for a score
 //!   and a hash layer: ids exact, γ and the output by NMSE.
@@ -36,6 +37,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     all &= check_hc(gpu, seed, out)?;
     all &= check_router(gpu, seed, out)?;
     all &= check_swiglu(gpu, seed, out)?;
+    all &= check_moe_combine(gpu, seed, out)?;
     all &= check_moe_layer(gpu, seed, out)?;
     Ok(all)
 }
@@ -340,6 +342,51 @@ fn check_swiglu(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cuda
     Ok(record(out, "swiglu", json!([rows, inter, limit]), &gpu.download(&dh)?, &h_ref))
 }
 
+/// moe_combine_f32 bit for bit against its sum replayed on the host (`acc = γ.mul_add(v, acc)` in f64
+/// per slot in order, + shared, rounded to f32): k 6 with unrouted slots (experts −1 and E, their
+/// values NaN so that reading them would show) at d 4,096 (four channels per thread) with weights and
+/// shared expert and without either, and at d 1,030 (one channel per thread).
+fn check_moe_combine(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let (t, k, e) = (9usize, 6usize, 16usize);
+    for (d, with_w, with_shared) in [(4096usize, true, true), (4096, false, false), (1030, true, true)] {
+        let key = format!("combine.{d}.{with_w}");
+        let mut slot = random(seed, &format!("{key}.slot"), t * k * d, 2.0);
+        let w = random(seed, &format!("{key}.w"), t * k, 0.5);
+        let sh = random(seed, &format!("{key}.shared"), t * d, 1.0);
+        // Every third slot of every other token unrouted (−1 or E), its values NaN.
+        let experts: Vec<i32> = (0..t * k).map(|i| if (i / k) % 2 == 1 && i % 3 == 0 { if i % 2 == 0 { -1 } else { e as i32 } } else { (i % e) as i32 }).collect();
+        for (i, x) in experts.iter().enumerate() {
+            if *x < 0 || *x >= e as i32 {
+                slot[i * d..(i + 1) * d].iter_mut().for_each(|v| *v = f32::NAN);
+            }
+        }
+        let mut want = vec![0f32; t * d];
+        for ti in 0..t {
+            for i in 0..d {
+                let mut acc = 0f64;
+                for s in 0..k {
+                    let ts = ti * k + s;
+                    let g = if with_w { w[ts] as f64 } else { 1.0 };
+                    let routed = experts[ts] >= 0 && experts[ts] < e as i32;
+                    acc = g.mul_add(if routed { slot[ts * d + i] as f64 } else { 0.0 }, acc);
+                }
+                if with_shared {
+                    acc += sh[ti * d + i] as f64;
+                }
+                want[ti * d + i] = acc as f32;
+            }
+        }
+        let (ds, dw, dx, dsh) = (gpu.upload(&slot)?, gpu.upload(&w)?, gpu.upload(&experts)?, gpu.upload(&sh)?);
+        let mut dout = gpu.zeros::<f32>(t * d)?;
+        gpu.moe_combine(&ds, with_w.then_some(&dw), Some((&dx, e)), with_shared.then_some(&dsh), &mut dout, t, k, d)?;
+        let differ = differing_bits(&gpu.download(&dout)?, &want);
+        let label = format!("moe_combine bits (k {k}, d {d}{}{})", if with_w { ", γ" } else { "" }, if with_shared { ", shared" } else { "" });
+        all &= flag_record(out, &label, json!({"differing_values": differ, "of": t * d, "vs": "the f64 fma sum replayed on the host"}), differ == 0);
+    }
+    Ok(all)
+}
+
 /// Quantizes `vals` (`[rows, cols]`) to `fmt` ("fp4": e2m1 with ue8m0 per 32; "fp8": e4m3 with ue8m0
 /// per 128×128); returns the device weight and the CPU-side dequantized matrix.
 fn quantized(gpu: &Gpu, fmt: &str, vals: &[f32], rows: usize, cols: usize) -> Result<(GpuWeight, Matrix), CudaError> {
@@ -465,6 +512,16 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     println!("time {:<28} T=1 {:.1} us", "hc_pre_norm (n 4, d 4096)", ms1 * 1e3);
     rows.push(json!({"op": "hc_pre_norm (n 4, d 4096)", "tokens": 1, "median_ms": ms1}));
     drop((dx, dn));
+    // The MoE combine of a Flash layer: k 6 routed outputs and the shared expert per token.
+    let k = 6usize;
+    let dslot = gpu.upload(&random(seed, "hct.slot", t * k * d, 1.0))?;
+    let dwk = gpu.upload(&random(seed, "hct.gamma", t * k, 0.5))?;
+    let dexp = gpu.upload(&(0..t * k).map(|i| (i % 256) as i32).collect::<Vec<_>>())?;
+    let dsh = gpu.upload(&random(seed, "hct.shared", t * d, 1.0))?;
+    let mut dco = gpu.zeros::<f32>(t * d)?;
+    let ms = median_ms(gpu, repeats, || gpu.moe_combine(&dslot, Some(&dwk), Some((&dexp, 256)), Some(&dsh), &mut dco, t, k, d))?;
+    report(&mut rows, "moe_combine (k 6, d 4096)", ms, f4 * ((k + 2) * d) as f64);
+    drop((dslot, dsh, dco));
     let (heads, hd) = (64usize, 512usize);
     let rope = super::check_attention::flash_compress_rope();
     let inv = gpu.upload(rope.inv_freq())?;

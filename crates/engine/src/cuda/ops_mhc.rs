@@ -668,11 +668,13 @@ impl Gpu {
     }
 
     /// `out[t] = Σ_slot γ[t, slot]·slot_out[t, slot] (slot order) + shared[t]` for `t` tokens of width
-    /// `d`: `slot_out` `[t, k, d]` holds the unscaled routed outputs `W2·h`, `weights` `[t, k]` the γ
+    /// `d`, in f64 (`acc = fma(γ, v, acc)` per slot from 0, then + shared; rounded to f32):
+    /// `slot_out` `[t, k, d]` holds the unscaled routed outputs `W2·h`, `weights` `[t, k]` the γ
     /// (applied here, after W2, as in exact mode; `None`: γ = 1, for the official order where γ came
     /// before W2), `shared` `[t, d]` the shared expert (optional). With `experts` = (`[t, k]` expert
-    /// ids, E), slots whose expert lies outside 0..E count as zeros and are not read (the grouped
-    /// paths never write them).
+    /// ids, E), slots whose expert lies outside 0..E count as zeros whatever their buffer holds (the
+    /// grouped paths never write them). One launch (moe_combine_f32, 4 channels per thread when
+    /// `d % 4 == 0`).
     ///
     /// Errors: a buffer too short.
     #[allow(clippy::too_many_arguments)]
@@ -692,7 +694,9 @@ impl Gpu {
         if t == 0 || d == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+        // moe_combine_f32: 4 channels per thread when d % 4 == 0, else 1.
+        let per_thread = if d.is_multiple_of(4) { 4 } else { 1 };
+        let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize * per_thread) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (k_i, d_i) = (int(W, "k", k)?, int(W, "d", d)?);
         let e_i = int(W, "experts", experts.map_or(0, |(_, e)| e))?;
         let null = 0u64;

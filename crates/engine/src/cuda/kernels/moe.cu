@@ -26,12 +26,16 @@
 //   An out-of-range index writes a NaN row (gather) or is skipped (scatter).
 //   Launch (both): grid (m), block 256.
 //
-// moe_combine_f32: out[t, i] = Σ_{s<k} γ[t, s]·slot_out[t, s, i] (slot order) + shared[t, i], in f64, then f32.
+// moe_combine_f32: out[t, i] = Σ_{s<k} γ[t, s]·slot_out[t, s, i] (slot order) + shared[t, i], in f64, then f32:
+//   acc = fma(γ_s, v_s, acc) for s = 0 … k − 1 from 0, then + shared (the contraction the compiler had
+//   made of `acc += γ·v`, now written out; gpu-check `moe_combine bits` replays it on the host).
 //   slot_out [T, k, d] holds the UNscaled routed outputs W2·h; γ = weights [T, k] is applied here (HF order:
 //   after W2; weights nullptr: γ = 1, the official order where γ came before W2). experts [T, k] (may be
 //   nullptr): a slot whose expert is outside 0..E was never written (the grouped paths leave it
 //   unrouted) and counts as 0, γ·0 (NaN γ stays NaN). shared [T, d] may be nullptr (no shared expert).
-//   Launch: grid (T, ceil(d / 256)), block 256.
+//   When d % 4 == 0 a thread owns 4 channels (float4 loads, MOE_COMBINE_G slots in flight before
+//   their sums; H200, T = 8,192, k 6, d 4,096: see bench/mhc_h200.log `time moe_combine`);
+//   otherwise one. Launch: grid (T, ceil(d / (256·c))), c = 4 or 1 channels per thread, block 256.
 
 // Grouping for the grouped MoE GEMM (gemm.cu moe_gemm_*; host glue ops_moe.rs), deterministic
 // (integer counts, stable order, no atomics). Pairs i = token·k + slot of experts [T·k]:
@@ -258,18 +262,57 @@ extern "C" __global__ void scatter_rows_f32(const float* __restrict__ src, const
     for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = in[i];
 }
 
+// One slot's term of moe_combine_f32 at one channel: fma(γ, v, acc) in f64 (γ = 1 without weights; an
+// unrouted slot's value counts as 0).
+__device__ __forceinline__ double moe_combine_term(double acc, double w, bool routed, float v) {
+    return fma(w, routed ? (double)v : 0.0, acc);
+}
+
+#define MOE_COMBINE_G 8  // slots loaded at once by moe_combine_f32
+
 extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, const float* __restrict__ weights,
                                            const int* __restrict__ experts, const float* __restrict__ shared,
                                            float* __restrict__ out, int k, int d, int E) {
     const int t = blockIdx.x;
-    const int i = blockIdx.y * blockDim.x + threadIdx.x;
-    if (i >= d) return;
-    double acc = 0.0;
-    for (int s = 0; s < k; s++) {
-        const size_t ts = (size_t)t * k + s;
-        const bool routed = experts == nullptr || (experts[ts] >= 0 && experts[ts] < E);
-        acc += (weights ? (double)weights[ts] : 1.0) * (routed ? (double)slot_out[ts * d + i] : 0.0);
+    if ((d & 3) == 0) {
+        // Four channels per thread; up to MOE_COMBINE_G slots' float4s loaded before their sums.
+        const int i = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
+        if (i >= d) return;
+        double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+        for (int s0 = 0; s0 < k; s0 += MOE_COMBINE_G) {
+            float4 v[MOE_COMBINE_G];
+#pragma unroll
+            for (int j = 0; j < MOE_COMBINE_G; j++)
+                if (s0 + j < k) v[j] = *reinterpret_cast<const float4*>(slot_out + ((size_t)t * k + s0 + j) * d + i);
+#pragma unroll
+            for (int j = 0; j < MOE_COMBINE_G; j++) {
+                if (s0 + j < k) {
+                    const size_t ts = (size_t)t * k + s0 + j;
+                    const double w = weights ? (double)weights[ts] : 1.0;
+                    const bool routed = experts == nullptr || (experts[ts] >= 0 && experts[ts] < E);
+                    a0 = moe_combine_term(a0, w, routed, v[j].x);
+                    a1 = moe_combine_term(a1, w, routed, v[j].y);
+                    a2 = moe_combine_term(a2, w, routed, v[j].z);
+                    a3 = moe_combine_term(a3, w, routed, v[j].w);
+                }
+            }
+        }
+        if (shared) {
+            const float4 h = *reinterpret_cast<const float4*>(shared + (size_t)t * d + i);
+            a0 += (double)h.x, a1 += (double)h.y, a2 += (double)h.z, a3 += (double)h.w;
+        }
+        *reinterpret_cast<float4*>(out + (size_t)t * d + i) = make_float4((float)a0, (float)a1, (float)a2, (float)a3);
+    } else {
+        const int i = blockIdx.y * blockDim.x + threadIdx.x;
+        if (i >= d) return;
+        double acc = 0.0;
+        for (int s = 0; s < k; s++) {
+            const size_t ts = (size_t)t * k + s;
+            const double w = weights ? (double)weights[ts] : 1.0;
+            const bool routed = experts == nullptr || (experts[ts] >= 0 && experts[ts] < E);
+            acc = moe_combine_term(acc, w, routed, slot_out[ts * d + i]);
+        }
+        if (shared) acc += (double)shared[(size_t)t * d + i];
+        out[(size_t)t * d + i] = (float)acc;
     }
-    if (shared) acc += (double)shared[(size_t)t * d + i];
-    out[(size_t)t * d + i] = (float)acc;
 }
