@@ -3,8 +3,8 @@
 //!
 //! - `act_roundtrip_fp8`: the GPU quantize-dequantize against `Numerics::act_in` (the CPU's
 //!   `act_quant_fp8_roundtrip`), bit for bit, on rows whose 128-blocks span magnitudes 2^-20…2^12,
-//!   a width with a shorter last block (200), Flash's 4096, and 16,384 rows of 4096 (several passes
-//!   of the kernel's per-warp loop).
+//!   a width with a shorter last block (200), Flash's 4096, and 16,384 rows of 4096 (several turns
+//!   of the kernel's grid-stride loop).
 //! - `linear_q8 <fmt> <weight>`: [`Gpu::linear_q8`] against `linear(act_in(x), W)` in f64 on Flash
 //!   shapes and odd ones (outputs not a multiple of 128, tokens not a multiple of 128), FP8 and FP4
 //!   weights. Tolerance NMSE ≤ [`Q8_NMSE_TOL`] (the tensor cores' summation order and precision).
@@ -58,8 +58,8 @@ fn record_q8(out: &mut Vec<Value>, op: &str, shape: Value, got: &[f32], referenc
 pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     // Quantize-dequantize, bit for bit.
-    // (16384, 4096): 524,288 (row, block) units, about 8 per warp of the capped grid — several
-    // passes of act_quant_fp8's AQ_UNITS loads, the last one partial.
+    // (16384, 4096): 524,288 (row, block) units, about 8 per warp of the capped grid (132·64 blocks):
+    // several turns of act_quant_fp8's grid-stride loop.
     for (t, k) in [(37usize, 200usize), (64, 4096), (3, 128), (16384, 4096)] {
         let x = spread_activations(seed, &format!("q8.rt.{k}"), t, k);
         let cpu = OFFICIAL.act_in(&x, k).into_owned();

@@ -67,69 +67,44 @@ __device__ __forceinline__ size_t gq_tiled(long long r, int k, int KT) {
     return ((size_t)(r >> 6) * KT + (k >> 7)) * 8192 + gw_swz((int)(r & 63), (k & 127) >> 4) + (k & 15);
 }
 
-// One (row t, 128-column block b) unit of act_quant_fp8 for this lane's 4 columns: its values.
-__device__ __forceinline__ void aq_load(const float* __restrict__ x, int T, int K, int KB, long long w, int lane,
-                                        float (&v)[4]) {
-    const int t = (int)(w / KB), b = (int)(w % KB);
-    const int c0 = b * 128 + lane * 4;
-    v[0] = v[1] = v[2] = v[3] = 0.f;
-    if (t < T) {
-        if (c0 + 3 < K && (K & 3) == 0) {
-            const float4 f = *reinterpret_cast<const float4*>(x + (size_t)t * K + c0);
-            v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
-        } else {
-            for (int j = 0; j < 4; j++)
-                if (c0 + j < K) v[j] = x[(size_t)t * K + c0 + j];
-        }
-    }
-}
-
-// The unit's scale (warp max) and e4m3 values, stored (or, roundtrip, written back into x).
-__device__ __forceinline__ void aq_store(float* __restrict__ x, u8* __restrict__ q, float* __restrict__ sa, int T,
-                                         int K, int KB, int Kp, int mode, long long w, int lane, const float (&v)[4]) {
-    const int t = (int)(w / KB), b = (int)(w % KB);
-    const int c0 = b * 128 + lane * 4;
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    amax = fmaxf(amax, 1e-4f);
-    const u32 qb = __float_as_uint(__fdiv_rn(amax, 448.f));
-    int e = (int)((qb >> 23) & 0xffu) - 127 + ((qb & 0x7fffffu) != 0u);
-    e = min(max(e, -126), 127);
-    const float s = gq_pow2(e), inv = gq_pow2(-e);
-    const u32 lo = gq_e4m3x2(v[0] * inv, v[1] * inv), hi = gq_e4m3x2(v[2] * inv, v[3] * inv);
-    if (mode == 1) {
-        if (t < T) {
-            const u32 pk = lo | (hi << 16);
-            for (int j = 0; j < 4; j++)
-                if (c0 + j < K) x[(size_t)t * K + c0 + j] = fs_e4m3((u8)(pk >> (8 * j))) * s;
-        }
-    } else {
-        *reinterpret_cast<u32*>(q + (mode == 2 ? gq_tiled(t, c0, KB) : (size_t)t * Kp + c0)) = (t < T) ? (lo | (hi << 16)) : 0u;
-        if (lane == 0) sa[(size_t)t * KB + b] = t < T ? s : 1.f;
-    }
-}
-
-// Units per warp and pass of act_quant_fp8: their loads are all issued before the first unit's
-// reduction (one float4 per lane in flight was too little: 0.34 ms for the 65,536 × 2,048 MoE
-// down-projection input at T = 8,192, H200 ncu at 8ca1eb3, about half the memory rate).
-#define AQ_UNITS 4
-
 extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__ q, float* __restrict__ sa, int T, int K, int Tp,
                                          int mode) {
     const int Kp = (K + 127) & ~127, KB = Kp >> 7;
+    const bool roundtrip = mode == 1;
     const int lane = threadIdx.x & 31;
     const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
-    const long long total = (long long)(mode == 1 ? T : Tp) * KB;
-    // Warp g takes units g, g + warps, g + 2·warps, … (every unit once, as a plain grid-stride loop
-    // would), AQ_UNITS of them per pass.
-    for (long long w0 = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w0 < total; w0 += AQ_UNITS * warps) {
-        float v[AQ_UNITS][4];
-#pragma unroll
-        for (int u = 0; u < AQ_UNITS; u++)
-            if (w0 + u * warps < total) aq_load(x, T, K, KB, w0 + u * warps, lane, v[u]);
-#pragma unroll
-        for (int u = 0; u < AQ_UNITS; u++)
-            if (w0 + u * warps < total) aq_store(x, q, sa, T, K, KB, Kp, mode, w0 + u * warps, lane, v[u]);
+    const long long total = (long long)(roundtrip ? T : Tp) * KB;
+    for (long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < total; w += warps) {
+        const int t = (int)(w / KB), b = (int)(w % KB);
+        const int c0 = b * 128 + lane * 4;
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        if (t < T) {
+            if (c0 + 3 < K && (K & 3) == 0) {
+                const float4 f = *reinterpret_cast<const float4*>(x + (size_t)t * K + c0);
+                v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+            } else {
+                for (int j = 0; j < 4; j++)
+                    if (c0 + j < K) v[j] = x[(size_t)t * K + c0 + j];
+            }
+        }
+        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        amax = fmaxf(amax, 1e-4f);
+        const u32 qb = __float_as_uint(__fdiv_rn(amax, 448.f));
+        int e = (int)((qb >> 23) & 0xffu) - 127 + ((qb & 0x7fffffu) != 0u);
+        e = min(max(e, -126), 127);
+        const float s = gq_pow2(e), inv = gq_pow2(-e);
+        const u32 lo = gq_e4m3x2(v[0] * inv, v[1] * inv), hi = gq_e4m3x2(v[2] * inv, v[3] * inv);
+        if (roundtrip) {
+            if (t < T) {
+                const u32 pk = lo | (hi << 16);
+                for (int j = 0; j < 4; j++)
+                    if (c0 + j < K) x[(size_t)t * K + c0 + j] = fs_e4m3((u8)(pk >> (8 * j))) * s;
+            }
+        } else {
+            *reinterpret_cast<u32*>(q + (mode == 2 ? gq_tiled(t, c0, KB) : (size_t)t * Kp + c0)) = (t < T) ? (lo | (hi << 16)) : 0u;
+            if (lane == 0) sa[(size_t)t * KB + b] = t < T ? s : 1.f;
+        }
     }
 }
 
