@@ -388,7 +388,8 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 //   The partial pass's mapping (hc_mix_partial_f32): a warp per HCX_TT tokens, Φ from L1/L2 shared by
 //   them. Measured on the H200 at T = 8,192 (n 4, d 4,096): 0.670 ms at 36b2b8a (`git show
 //   92a8136:bench/mhc_h200.log`; Φ as [M, N] with an address per load, f32 post/comb converted per
-//   lane, a 31-shuffle butterfly per token, 168 registers), 0.527 ms at 352ed7f with the run-major Φ,
+//   lane, a 31-shuffle butterfly per token, 168 registers), 0.527 ms at 352ed7f (`git show
+//   8d382d4:bench/mhc_h200.log`; 0.532 at 3f7a317, bench/mhc_h200.log) with the run-major Φ,
 //   fmaf chains, the lane sums through shared rows and f64 records (3,142 → 1,984 SASS instructions
 //   per warp and 4 tokens; the f32 → f64 conversions, 16 per clock and SM, had been the busiest pipe).
 //   Forms not kept (bench/mhc_variants_h200.log): a thread per channel with its Φ values in registers
@@ -406,8 +407,9 @@ extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __res
 //   norm_eps) with rms_norm_f32's reduction (thread i sums channels i, i + 256, …; then
 //   fs_block_sum): with hc_pre_coef_f32, the bits of hc_pre_f32 then rms_norm_f32 on the same
 //   partials. d ≤ 16·HC_THREADS (hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS). Launch: grid (T), block
-//   HC_THREADS. Both at T = 8,192 (n 4, d 4,096) 0.226 ms on the H200 (352ed7f), against 0.298 for
-//   the one kernel that had warp 0 of each block run the Sinkhorn while the block waited (80 % of
+//   HC_THREADS. Both at T = 8,192 (n 4, d 4,096) 0.226 ms on the H200 (352ed7f; 0.228 at 3f7a317),
+//   against 0.298 (9c99e01, `git show 3a5514f:bench/mhc_h200.log`) for
+//   the one kernel that had warp 0 of each block run the Sinkhorn while the block waited (79 % of
 //   cycles with no eligible warp, bench/ncu/mhc_T8192_d7cf570.txt); at T = 1, 21.3 µs against 17.5.
 //   (Loading the streams into registers before the coefficients, 102 registers, took 0.48 ms; a block
 //   per 8 tokens with a warp per token's coefficients, 0.33.)
