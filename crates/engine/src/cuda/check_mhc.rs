@@ -4,8 +4,9 @@
 //! - `hc_pre u/post/comb`: [`mhc::hc_pre`] per token, Flash shapes (n 4, d 4096, 20 Sinkhorn iterations).
 //! - `hc_post`: [`mhc::hc_post`] with the CPU's own mixes (rounded to f32 for the device).
 //! - `hc_head+norm`: [`head::collapse`] (collapse, then the final RMSNorm) vs `hc_head` + `rms_norm`.
-//! - `hc_pre fused …`, `hc_post_mix_f32 … bits`, `hc_pre_norm bits …` (MHC_FUSED): the fused post +
-//!   mix and pre + RMSNorm vs the CPU, and bit for bit vs the unfused kernels, for four shapes.
+//! - `hc_pre fused …`, `hc_post_mix_f32 … bits`, `hc_pre_norm bits …`, `hc_pre_norm post/comb
+//!   records …` (MHC_FUSED): the fused post + mix and pre + RMSNorm vs the CPU, bit for bit vs the
+//!   unfused kernels, and the f64 coefficient records vs the f32 post / comb, for four shapes.
 //! - `router …`: [`moe::route`] (E 256, top-6; sqrt-softplus score layer with forced ties, hash layer,
 //!   sigmoid score layer) on the same logits; expert ids compared exactly, weights γ by NMSE.
 //! - `swiglu`: the clamped SwiGLU formula of `forward::moe` elementwise.
@@ -343,19 +344,22 @@ fn check_swiglu(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cuda
 }
 
 /// moe_combine_f32 bit for bit against its sum replayed on the host (`acc = γ.mul_add(v, acc)` in f64
-/// per slot in order, + shared, rounded to f32): k 6 with unrouted slots (experts −1 and E, their
-/// values NaN so that reading them would show) at d 4,096 (four channels per thread) with weights and
-/// shared expert and without either, and at d 1,030 (one channel per thread).
+/// per slot in order, + shared, rounded to f32; each γ·v is exact in f64, so this pins the order and
+/// the rounding of the sum): k 6 with unrouted slots (experts −1 and E, their values NaN, so a slot
+/// counted instead of zeroed would show) at d 4,096 (four channels per thread) with γ and the shared
+/// expert and without either; k 10 (more slots than the kernel loads at once) at d 4,100 (a last
+/// block of one thread's four channels) without expert ids (every slot counts); d 1,030 (one channel
+/// per thread).
 fn check_moe_combine(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
-    let (t, k, e) = (9usize, 6usize, 16usize);
-    for (d, with_w, with_shared) in [(4096usize, true, true), (4096, false, false), (1030, true, true)] {
-        let key = format!("combine.{d}.{with_w}");
+    let (t, e) = (9usize, 16usize);
+    for (k, d, with_w, with_shared, with_ids) in [(6usize, 4096usize, true, true, true), (6, 4096, false, false, true), (10, 4100, true, true, false), (6, 1030, true, true, true)] {
+        let key = format!("combine.{k}.{d}.{with_w}");
         let mut slot = random(seed, &format!("{key}.slot"), t * k * d, 2.0);
         let w = random(seed, &format!("{key}.w"), t * k, 0.5);
         let sh = random(seed, &format!("{key}.shared"), t * d, 1.0);
-        // Every third slot of every other token unrouted (−1 or E), its values NaN.
-        let experts: Vec<i32> = (0..t * k).map(|i| if (i / k) % 2 == 1 && i % 3 == 0 { if i % 2 == 0 { -1 } else { e as i32 } } else { (i % e) as i32 }).collect();
+        // With ids: every third slot of every other token unrouted (−1 or E), its values NaN.
+        let experts: Vec<i32> = (0..t * k).map(|i| if with_ids && (i / k) % 2 == 1 && i % 3 == 0 { if i % 2 == 0 { -1 } else { e as i32 } } else { (i % e) as i32 }).collect();
         for (i, x) in experts.iter().enumerate() {
             if *x < 0 || *x >= e as i32 {
                 slot[i * d..(i + 1) * d].iter_mut().for_each(|v| *v = f32::NAN);
@@ -379,9 +383,9 @@ fn check_moe_combine(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool,
         }
         let (ds, dw, dx, dsh) = (gpu.upload(&slot)?, gpu.upload(&w)?, gpu.upload(&experts)?, gpu.upload(&sh)?);
         let mut dout = gpu.zeros::<f32>(t * d)?;
-        gpu.moe_combine(&ds, with_w.then_some(&dw), Some((&dx, e)), with_shared.then_some(&dsh), &mut dout, t, k, d)?;
+        gpu.moe_combine(&ds, with_w.then_some(&dw), with_ids.then_some((&dx, e)), with_shared.then_some(&dsh), &mut dout, t, k, d)?;
         let differ = differing_bits(&gpu.download(&dout)?, &want);
-        let label = format!("moe_combine bits (k {k}, d {d}{}{})", if with_w { ", γ" } else { "" }, if with_shared { ", shared" } else { "" });
+        let label = format!("moe_combine bits (k {k}, d {d}{}{}{})", if with_w { ", γ" } else { "" }, if with_shared { ", shared" } else { "" }, if with_ids { ", unrouted slots" } else { "" });
         all &= flag_record(out, &label, json!({"differing_values": differ, "of": t * d, "vs": "the f64 fma sum replayed on the host"}), differ == 0);
     }
     Ok(all)

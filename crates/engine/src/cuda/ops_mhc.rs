@@ -102,8 +102,9 @@ fn int(what: &'static str, name: &str, v: usize) -> Result<i32, CudaError> {
 pub struct GpuHcWeights {
     /// Φ: `[(2+n)·n, n·d]` for a sub-block, `[n, n·d]` for the head; f32 row-major.
     pub fn_: CudaSlice<f32>,
-    /// A sub-block's Φ in channel runs ([`hc_phi_runs`]) for hc_post_mix_f32; `None` for the head.
-    pub fn_runs: Option<CudaSlice<f32>>,
+    /// A sub-block's Φ in channel runs ([`hc_phi_runs`]) for hc_post_mix_f32, made from `fn_` by
+    /// [`GpuHcWeights::from_host`]; `None` for the head.
+    fn_runs: Option<CudaSlice<f32>>,
     /// Biases b: `[(2+n)·n]` or `[n]`.
     pub base: CudaSlice<f32>,
     /// Scales α: `[3]` (pre, post, comb) or `[1]`.
@@ -147,8 +148,8 @@ impl GpuHcWeights {
 /// Φ[o, k·d + 64·b + c] at ((b·m + o)·n + k)·64 + c and zeros past d, so that a block's warp reads its
 /// lanes' pairs at fixed offsets from one address (measured: 1,984 instructions per warp and four
 /// tokens at Flash's n 4 against 3,104 with the offsets computed per load, with the other changes of
-/// the same commit).
-pub fn hc_phi_runs(fn_: &[f32], m: usize, n: usize, d: usize) -> Vec<f32> {
+/// the same commit). `fn_` must hold m·n·d values ([`GpuHcWeights::from_host`] checks it).
+pub(crate) fn hc_phi_runs(fn_: &[f32], m: usize, n: usize, d: usize) -> Vec<f32> {
     let nb = d.div_ceil(HC_MIX_RUN);
     let mut out = vec![0f32; nb * m * n * HC_MIX_RUN];
     for b in 0..nb {

@@ -189,7 +189,8 @@ __device__ __forceinline__ void hc_combine_streams(const float* __restrict__ xt,
 }
 
 // Σ over row j (lanes j·4 + k', k' < NN) or column k (lanes j'·4 + k, j' < NN) of the value each
-// lane of warp 0 holds, summed in index order like the CPU reference. Every lane of the warp calls it.
+// lane of the warp running hc_pre_coeffs holds, summed in index order like the CPU reference. Every
+// lane of the warp calls it.
 template <int NN>
 __device__ __forceinline__ double hc_row_sum(double v, int j) {
     double s = 0.0;
@@ -205,9 +206,13 @@ __device__ __forceinline__ double hc_col_sum(double v, int k) {
     return s;
 }
 
-// The pre/post/comb coefficients of one token from its totals, computed by the 32 lanes of warp 0
-// (every lane must call it): lanes < n give pre, lanes n … 2n−1 post, and lane j·4 + k holds C[j][k]
+// The pre/post/comb coefficients of one token from its totals, computed by the 32 lanes of one warp
+// (warp 0 of hc_pre_f32's block; every warp of hc_pre_coef_f32, a token each; every lane must call
+// it): lanes < n give pre (coef[lane], f64), lanes n … 2n−1 post, and lane j·4 + k holds C[j][k]
 // through the softmax and the Sinkhorn iterations (lanes with j or k ≥ n hold 0 and write nothing).
+// With rec_t (the token's coefficient record), post and comb are also written there as the doubles
+// of their f32 values (HC_REC_POST, HC_REC_COMB); hc_pre_coef_f32 passes the record as coef too, so
+// the pre weights land at its offset 0.
 template <int NN>
 __device__ __forceinline__ void hc_pre_coeffs(const float* tot, const float* __restrict__ base,
                                               const float* __restrict__ scale, float* __restrict__ post_t,
