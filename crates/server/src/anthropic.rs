@@ -185,6 +185,9 @@ fn to_openai_messages(system: Option<Value>, messages: Vec<Value>) -> Result<Vec
                 }
                 out.push(msg);
             }
+            "system" => {
+                return Err(ApiError::field(&format!("{at}.role"), "Unknown role `system` (expected user or assistant): the Messages API takes the system prompt as the top-level `system` field."))
+            }
             other => {
                 return Err(ApiError::field(&format!("{at}.role"), format!("Unknown role `{other}` (expected user or assistant).")))
             }

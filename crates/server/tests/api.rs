@@ -414,7 +414,8 @@ fn bad_input_gets_shaped_4xx() {
         expect_error(&c, &au, b"{oops".to_vec(), 400, true).await;
         expect_error(&c, &au, br#"{"model": "flashseek-default", "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 400, true).await;
         expect_error(&c, &au, br#"{"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 404, true).await;
-        expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}"#.to_vec(), 400, true).await;
+        let v = expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}"#.to_vec(), 400, true).await;
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("top-level `system` field")), "{v}");
         expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 400, true).await;
         expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "messages": []}"#.to_vec(), 400, true).await;
         expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "temperature": 7, "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 400, true).await;
