@@ -58,8 +58,12 @@ const HC_MIX_THREADS: u32 = 128;
 /// lane-sum rows, 4 tokens × 25 rows of 36 floats); set as the function's limit when the kernels load.
 pub(crate) const HC_MIX_SMEM: usize = 4 * 4 * 25 * 36 * 4;
 /// Doubles per token of a coefficient record ([`HcPostCoefs`]; `HC_REC` in mhc.cu): pre at 0, post
-/// at 4, comb at 8.
+/// at [`HC_REC_POST`], comb at [`HC_REC_COMB`].
 const HC_REC: usize = 24;
+/// Offset of post in a coefficient record (`HC_REC_POST` in mhc.cu).
+const HC_REC_POST: usize = 4;
+/// Offset of comb in a coefficient record (`HC_REC_COMB` in mhc.cu).
+const HC_REC_COMB: usize = 8;
 /// Tokens (a warp each) per block of hc_pre_coef_f32 (`HCC_WARPS` in mhc.cu).
 const HC_COEF_TOKENS: usize = 8;
 /// Widest hidden size hc_pre_norm_f32 handles (16 channels per thread of `HC_THREADS`); up to
@@ -206,8 +210,8 @@ impl HcPostCoefs {
         let mut rec = vec![0f64; (t * HC_REC).max(1)];
         for ti in 0..t {
             let r = &mut rec[ti * HC_REC..(ti + 1) * HC_REC];
-            r[4..4 + n].iter_mut().zip(&p[ti * n..(ti + 1) * n]).for_each(|(o, v)| *o = *v as f64);
-            r[8..8 + n * n].iter_mut().zip(&c[ti * n * n..(ti + 1) * n * n]).for_each(|(o, v)| *o = *v as f64);
+            r[HC_REC_POST..HC_REC_POST + n].iter_mut().zip(&p[ti * n..(ti + 1) * n]).for_each(|(o, v)| *o = *v as f64);
+            r[HC_REC_COMB..HC_REC_COMB + n * n].iter_mut().zip(&c[ti * n * n..(ti + 1) * n * n]).for_each(|(o, v)| *o = *v as f64);
         }
         Ok(HcPostCoefs { rec: DevBuf::plain(gpu.upload(&rec)?), t, n })
     }
@@ -222,7 +226,7 @@ impl HcPostCoefs {
         let mut differ = 0;
         for ti in 0..t {
             let (ra, rb) = (&a[ti * HC_REC..(ti + 1) * HC_REC], &b[ti * HC_REC..(ti + 1) * HC_REC]);
-            let idx = (4..4 + n).chain(8..8 + n * n);
+            let idx = (HC_REC_POST..HC_REC_POST + n).chain(HC_REC_COMB..HC_REC_COMB + n * n);
             differ += idx.filter(|&i| ra[i].to_bits() != rb[i].to_bits()).count();
         }
         Ok(differ)
@@ -494,8 +498,8 @@ impl Gpu {
         if let Some(nw) = norm {
             need(W, "norm", nw.len(), d)?;
         }
-        // SAFETY: uninitialised device memory; hc_pre_coef_f32 writes the pre (0..n), post (4..4+n)
-        // and comb (8..8+n·n) entries of every token's record, the only ones read.
+        // SAFETY: uninitialised device memory; hc_pre_coef_f32 writes the pre (0..n), post and comb
+        // (HC_REC_POST.., HC_REC_COMB..) entries of every token's record, the only ones read.
         let mut rec = unsafe { self.scratch::<f64>((t * HC_REC).max(1)) }?;
         if t > 0 {
             let (t_i, s_i, n_i, d_i, it_i, null) = (int(W, "tokens", t)?, mix.blocks as i32, n as i32, d as i32, int(W, "iters", iters)?, 0u64);
@@ -1009,8 +1013,8 @@ mod tests {
             ("HC_MAXN", HC_MAX_STREAMS),
             ("HCX_RUN", HC_MIX_RUN),
             ("HC_REC", HC_REC),
-            ("HC_REC_POST", 4),
-            ("HC_REC_COMB", 8),
+            ("HC_REC_POST", HC_REC_POST),
+            ("HC_REC_COMB", HC_REC_COMB),
             ("HCC_WARPS", HC_COEF_TOKENS),
             ("HCN_V", HC_NORM_MAX_D / HC_THREADS as usize),
         ] {
