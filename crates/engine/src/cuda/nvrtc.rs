@@ -27,8 +27,24 @@ pub fn options(arch: &str) -> Vec<String> {
 }
 
 /// The full source compiled for kernel file `file`: the common prelude, then the file.
+///
+/// Development knob: `FLASHSEEK_KERNEL_DEFINES="NAME=VALUE,NAME2=VALUE2"` prepends `#define NAME
+/// VALUE` lines (part of the cache key), so that a kernel's compile-time variants (e.g. gemm_q8.cu's
+/// `GWT_A_BY_CONSUMER`) can be timed against each other with one binary. Entries that are not
+/// `NAME=VALUE` with NAME an identifier are ignored.
 pub fn full_source(file: &str, src: &str) -> String {
-    format!("// flashseek kernel {file}\n{COMMON}\n#line 1 \"{file}\"\n{src}")
+    let defines = std::env::var("FLASHSEEK_KERNEL_DEFINES").map(|v| kernel_defines(&v)).unwrap_or_default();
+    format!("// flashseek kernel {file}\n{defines}{COMMON}\n#line 1 \"{file}\"\n{src}")
+}
+
+/// `#define` lines of a `FLASHSEEK_KERNEL_DEFINES` value (see [`full_source`]).
+fn kernel_defines(v: &str) -> String {
+    let ident = |s: &str| s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    v.split(',')
+        .filter_map(|d| d.split_once('='))
+        .filter(|(n, val)| ident(n.trim()) && !val.contains('\n'))
+        .map(|(n, val)| format!("#define {} {}\n", n.trim(), val.trim()))
+        .collect()
 }
 
 /// Compiles `src` (a file of `KERNEL_SOURCES`) to CUBIN for `arch`.
@@ -105,6 +121,12 @@ pub fn compile_cached(dir: &Path, file: &str, src: &str, arch: &str) -> Result<V
 mod tests {
     use super::*;
     use crate::cuda::KERNEL_SOURCES;
+
+    #[test]
+    fn kernel_defines_parse() {
+        assert_eq!(kernel_defines("GWT_A_BY_CONSUMER=0, X_1 = 2"), "#define GWT_A_BY_CONSUMER 0\n#define X_1 2\n");
+        assert_eq!(kernel_defines("bad name=1,1X=2,NOEQ,=3"), "");
+    }
 
     /// Compiles every kernel for sm_90a when NVRTC is present. CI sets FLASHSEEK_REQUIRE_NVRTC=1
     /// (with the pinned `nvidia-cuda-nvrtc==13.0.88` wheel on LD_LIBRARY_PATH), so a kernel that does

@@ -1058,6 +1058,12 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // the code is ours.
 
 #define GWT_LAG 2
+// 1: each multiply warpgroup's first thread copies its own sub-tiles' activations into a stage as
+// soon as the warpgroup has read them (ST steps ahead, on a per-warpgroup barrier); 0: the
+// producer's thread 0 copies all four after the stage's empty barrier (the form before 2026-12-01).
+#ifndef GWT_A_BY_CONSUMER
+#define GWT_A_BY_CONSUMER 1
+#endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
 
@@ -1095,8 +1101,9 @@ struct GwtLayout {
     static constexpr int BR = STAGES * STAGE;
     static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;
     static constexpr int BARS = SW + RAW * SW_SLOT;
-    static constexpr int LUT = BARS + 2 * STAGES * 8;
-    static constexpr int TOTAL = 1024 + LUT + 72;
+    static constexpr int LUT = BARS + 4 * STAGES * 8;
+    static constexpr int AST = LUT + 72;  // GWT_A_BY_CONSUMER: each multiply warpgroup's copy cursor (8 ints)
+    static constexpr int TOTAL = 1024 + AST + 64;
 };
 
 template <int EPI>
@@ -1111,13 +1118,16 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     if (blockDim.x != GWT_THREADS) __trap();  // without its producer the ring would never fill
     u8* gbase;
     const u32 base = gw_smem_base(gwt_sh, L::TOTAL, gbase);
-    const u32 full0 = base + L::BARS, empty0 = full0 + ST * 8;
+    const u32 full0 = base + L::BARS, empty0 = full0 + ST * 8, afull0 = empty0 + ST * 8;
     u32* lut = reinterpret_cast<u32*>(gbase + L::LUT);
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            gws_bar_init(full0 + 8 * s, NP + 1);  // each producer thread after converting, and thread 0's byte count
+            gws_bar_init(full0 + 8 * s, NP + 1);  // each producer thread after converting, and thread 0's byte count (0 with GWT_A_BY_CONSUMER)
             gws_bar_init(empty0 + 8 * s, 8);
+            // GWT_A_BY_CONSUMER: warpgroup wg's activation bytes of stage s (its first thread's count)
+            gws_bar_init(afull0 + 8 * s, 1);
+            gws_bar_init(afull0 + 8 * (ST + s), 1);
         }
         gws_bar_init_fence();
     }
@@ -1212,9 +1222,10 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             // The live sub-tiles are a prefix: a tile's rows are one expert's (items start at its
             // bm-aligned offset), whose padding rows come last (moe_group_fill), and its first row
             // is routed (no item covers padding alone). The multiply warpgroups test each one.
-            int nlive = 1;
+            // GWT_A_BY_CONSUMER: the multiply warpgroups copy the activations (nlive 0 here).
+            int nlive = GWT_A_BY_CONSUMER ? 0 : 1;
 #pragma unroll
-            for (int st = 1; st < 4; st++) nlive += live(P.m0, st);
+            for (int st = 1; st < 4; st++) nlive += GWT_A_BY_CONSUMER ? 0 : (int)live(P.m0, st);
             const u8* a_src = P.q + (size_t)(P.m0 >> 6) * KT * 8192;
             for (int kt = 0; kt < KT; kt++, j++, ring.next()) {
                 issue();  // step j + LAG
@@ -1272,8 +1283,65 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     GwsRing<ST> ring;
+    // GWT_A_BY_CONSUMER: the warpgroup's first thread copies its live sub-tiles' activations of the
+    // block's step sequence (unit aw, step ak) into the stages, ST steps ahead of the multiplies:
+    // steps 0 … ST − 1 here, then step j + ST into step j's stage once the warpgroup has read it.
+    const u32 afull = afull0 + 8 * ST * wg;
+    const bool issuer = GWT_A_BY_CONSUMER && (tid & 127) == 0;
+    // The cursor lives in shared memory (only that thread uses it), not in every thread's registers:
+    // c[0] unit, c[1] step in it, c[2] live sub-tiles of this warpgroup, c[3] its first 64-row block;
+    // c[4], c[5]: the same for unit c[6], looked up when the multiplies start the unit before it
+    // (where they wait on their own lookups anyway), so that the switch does not wait on loads.
+    int* const cur_a = reinterpret_cast<int*>(gbase + L::AST) + 8 * wg;
+    auto a_lookup = [&](int aw, int* c) {
+        const int m0 = items[2 * (aw / tiles_n) + 1];
+        c[0] = live(m0, 2 * wg) ? 1 + (int)live(m0, 2 * wg + 1) : 0;
+        c[1] = (m0 >> 6) + 2 * wg;
+    };
+    auto a_issue = [&](int s) {
+        const int aw = cur_a[0], ak = cur_a[1], anl = cur_a[2];
+        if (aw >= total) return;
+        const u32 bar = afull + 8 * s, bytes = (u32)anl * 8192u;
+        const u8* asrc = q + (size_t)cur_a[3] * KT * 8192;
+        GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+        for (int st = 0; st < anl; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + (2 * wg + st) * 8192, asrc + ((size_t)st * KT + ak) * 8192, bar);
+        if (ak + 1 < KT) {
+            cur_a[1] = ak + 1;
+        } else {
+            const int nw = aw + gridDim.x;
+            cur_a[0] = nw;
+            cur_a[1] = 0;
+            if (nw < total) {
+                if (cur_a[6] == nw) {
+                    cur_a[2] = cur_a[4];
+                    cur_a[3] = cur_a[5];
+                } else {
+                    a_lookup(nw, cur_a + 2);
+                }
+            }
+        }
+    };
+    if (issuer) {
+        cur_a[0] = blockIdx.x;
+        cur_a[1] = 0;
+        cur_a[6] = -1;
+        if ((int)blockIdx.x < total) a_lookup(blockIdx.x, cur_a + 2);
+        for (int s = 0; s < ST; s++) a_issue(s);
+    }
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
         const GqProb P = prob(w);
+        if (GWT_A_BY_CONSUMER) {
+            // The next unit's lookup for the copies (by every thread, so that its loads overlap the
+            // unit's own; stored by the issuer unless its cursor has passed that unit).
+            const int nw = w + gridDim.x;
+            int c[2] = {0, 0};
+            if (nw < total) a_lookup(nw, c);
+            if (issuer && nw < total && cur_a[0] <= w) {
+                cur_a[4] = c[0];
+                cur_a[5] = c[1];
+                cur_a[6] = nw;
+            }
+        }
         const bool l0 = live(P.m0, 2 * wg), l1 = live(P.m0, 2 * wg + 1);
         const int row0 = P.m0 + wg * 128 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 in sub-tile 1)
         const float* sa0 = P.sa + (size_t)row0 * KT;
@@ -1308,18 +1376,50 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         for (int kt = 0; kt < KT; kt++, ring.next()) {
             const Sc next = scales(kt + 1);
             const u32 sb = base + ring.s * L::STAGE;
+            if (GWT_A_BY_CONSUMER) gws_wait(afull + 8 * ring.s, ring.ph);
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-            // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1).
-            auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
+            // Sub-tile st of this warpgroup into tmp (then its promotion: its rows' activation scales sa0, sa1).
+            auto mma = [&](int st) {
                 gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (2 * wg + st) * 8192), gw_desc_lo(sb + L::BC));
                 gw_wait_partial(tmp);
+            };
+            auto promote = [&](float (&acc)[64], float sa0, float sa1) {
                 gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu), nullptr, c2);
             };
-            if (l0) multiply(acc0, 0, cur.a0, cur.a1);
-            if (l1) multiply(acc1, 1, cur.b0, cur.b1);
-            __syncwarp();
-            if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
+            if (GWT_A_BY_CONSUMER) {
+                // The last sub-tile's promotion comes after the stage is released and refilled.
+                if (l0) {
+                    mma(0);
+                    if (l1) {
+                        promote(acc0, cur.a0, cur.a1);
+                        mma(1);
+                    }
+                }
+                __syncwarp();
+                if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage's weights are free again
+                // Every warp of the warpgroup has read its activation sub-tiles: the next copy may land.
+                if (wg == 0)
+                    GW_ASM("bar.sync 1, 128;" ::: "memory");
+                else
+                    GW_ASM("bar.sync 2, 128;" ::: "memory");
+                if (issuer) a_issue(ring.s);
+                if (l1)
+                    promote(acc1, cur.b0, cur.b1);
+                else if (l0)
+                    promote(acc0, cur.a0, cur.a1);
+            } else {
+                if (l0) {
+                    mma(0);
+                    promote(acc0, cur.a0, cur.a1);
+                }
+                if (l1) {
+                    mma(1);
+                    promote(acc1, cur.b0, cur.b1);
+                }
+                __syncwarp();
+                if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
+            }
             cur = next;
         }
         if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
