@@ -1058,11 +1058,19 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // the code is ours.
 
 #define GWT_LAG 2
-// 1: each multiply warpgroup's first thread copies its own sub-tiles' activations into a stage as
-// soon as the warpgroup has read them (ST steps ahead, on a per-warpgroup barrier); 0: the
-// producer's thread 0 copies all four after the stage's empty barrier (the form before 2026-12-01).
-#ifndef GWT_A_BY_CONSUMER
-#define GWT_A_BY_CONSUMER 1
+// Variants of moe_wt with the same products and promotions, timed against each other through
+// FLASHSEEK_KERNEL_DEFINES (bench/moe_wt_variants_h200.log):
+//   GWT_STAGE_SCALES 1: the producer's thread 0 stores the step's block scales (gate | up << 8) into
+//     the stage beside its weights, so the multiply warpgroups read them from shared memory after
+//     the full barrier instead of loading them from global memory a step ahead (whose warp-uniform
+//     bytes the compiler moves to uniform registers at once, waiting on the load); 0: the loads.
+//   GWT_EARLY_RELEASE 1: a multiply warp releases the stage as soon as its last MMAs of the step
+//     have completed, before their promotion; 0: after it.
+#ifndef GWT_STAGE_SCALES
+#define GWT_STAGE_SCALES 1
+#endif
+#ifndef GWT_EARLY_RELEASE
+#define GWT_EARLY_RELEASE 1
 #endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
@@ -1101,9 +1109,9 @@ struct GwtLayout {
     static constexpr int BR = STAGES * STAGE;
     static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;
     static constexpr int BARS = SW + RAW * SW_SLOT;
-    static constexpr int LUT = BARS + 4 * STAGES * 8;
-    static constexpr int AST = LUT + 72;  // GWT_A_BY_CONSUMER: each multiply warpgroup's copy cursor (8 ints)
-    static constexpr int TOTAL = 1024 + AST + 64;
+    static constexpr int LUT = BARS + 2 * STAGES * 8;
+    static constexpr int SCW = LUT + 72;  // per stage: its step's block scales (GWT_STAGE_SCALES)
+    static constexpr int TOTAL = 1024 + SCW + 4 * STAGES;
 };
 
 template <int EPI>
@@ -1118,16 +1126,13 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     if (blockDim.x != GWT_THREADS) __trap();  // without its producer the ring would never fill
     u8* gbase;
     const u32 base = gw_smem_base(gwt_sh, L::TOTAL, gbase);
-    const u32 full0 = base + L::BARS, empty0 = full0 + ST * 8, afull0 = empty0 + ST * 8;
+    const u32 full0 = base + L::BARS, empty0 = full0 + ST * 8;
     u32* lut = reinterpret_cast<u32*>(gbase + L::LUT);
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            gws_bar_init(full0 + 8 * s, NP + 1);  // each producer thread after converting, and thread 0's byte count (0 with GWT_A_BY_CONSUMER)
+            gws_bar_init(full0 + 8 * s, NP + 1);  // each producer thread after converting, and thread 0's byte count
             gws_bar_init(empty0 + 8 * s, 8);
-            // GWT_A_BY_CONSUMER: warpgroup wg's activation bytes of stage s (its first thread's count)
-            gws_bar_init(afull0 + 8 * s, 1);
-            gws_bar_init(afull0 + 8 * (ST + s), 1);
         }
         gws_bar_init_fence();
     }
@@ -1222,10 +1227,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             // The live sub-tiles are a prefix: a tile's rows are one expert's (items start at its
             // bm-aligned offset), whose padding rows come last (moe_group_fill), and its first row
             // is routed (no item covers padding alone). The multiply warpgroups test each one.
-            // GWT_A_BY_CONSUMER: the multiply warpgroups copy the activations (nlive 0 here).
-            int nlive = GWT_A_BY_CONSUMER ? 0 : 1;
+            int nlive = 1;
 #pragma unroll
-            for (int st = 1; st < 4; st++) nlive += GWT_A_BY_CONSUMER ? 0 : (int)live(P.m0, st);
+            for (int st = 1; st < 4; st++) nlive += live(P.m0, st);
             const u8* a_src = P.q + (size_t)(P.m0 >> 6) * KT * 8192;
             for (int kt = 0; kt < KT; kt++, j++, ring.next()) {
                 issue();  // step j + LAG
@@ -1255,6 +1259,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #pragma unroll
                 for (int u = 0; u < 4; u++) gq_fp4x32(v[u], tb[u], o[u][0], o[u][1]);
                 gws_wait(empty0 + 8 * s, ring.ph ^ 1);
+                if (GWT_STAGE_SCALES && p == 0) *reinterpret_cast<u32*>(gbase + L::SCW + 4 * s) = bm;
                 if (p == 0) {
                     const u32 bar = full0 + 8 * s, bytes = (u32)nlive * 8192u;
                     GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
@@ -1283,65 +1288,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     GwsRing<ST> ring;
-    // GWT_A_BY_CONSUMER: the warpgroup's first thread copies its live sub-tiles' activations of the
-    // block's step sequence (unit aw, step ak) into the stages, ST steps ahead of the multiplies:
-    // steps 0 … ST − 1 here, then step j + ST into step j's stage once the warpgroup has read it.
-    const u32 afull = afull0 + 8 * ST * wg;
-    const bool issuer = GWT_A_BY_CONSUMER && (tid & 127) == 0;
-    // The cursor lives in shared memory (only that thread uses it), not in every thread's registers:
-    // c[0] unit, c[1] step in it, c[2] live sub-tiles of this warpgroup, c[3] its first 64-row block;
-    // c[4], c[5]: the same for unit c[6], looked up when the multiplies start the unit before it
-    // (where they wait on their own lookups anyway), so that the switch does not wait on loads.
-    int* const cur_a = reinterpret_cast<int*>(gbase + L::AST) + 8 * wg;
-    auto a_lookup = [&](int aw, int* c) {
-        const int m0 = items[2 * (aw / tiles_n) + 1];
-        c[0] = live(m0, 2 * wg) ? 1 + (int)live(m0, 2 * wg + 1) : 0;
-        c[1] = (m0 >> 6) + 2 * wg;
-    };
-    auto a_issue = [&](int s) {
-        const int aw = cur_a[0], ak = cur_a[1], anl = cur_a[2];
-        if (aw >= total) return;
-        const u32 bar = afull + 8 * s, bytes = (u32)anl * 8192u;
-        const u8* asrc = q + (size_t)cur_a[3] * KT * 8192;
-        GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-        for (int st = 0; st < anl; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + (2 * wg + st) * 8192, asrc + ((size_t)st * KT + ak) * 8192, bar);
-        if (ak + 1 < KT) {
-            cur_a[1] = ak + 1;
-        } else {
-            const int nw = aw + gridDim.x;
-            cur_a[0] = nw;
-            cur_a[1] = 0;
-            if (nw < total) {
-                if (cur_a[6] == nw) {
-                    cur_a[2] = cur_a[4];
-                    cur_a[3] = cur_a[5];
-                } else {
-                    a_lookup(nw, cur_a + 2);
-                }
-            }
-        }
-    };
-    if (issuer) {
-        cur_a[0] = blockIdx.x;
-        cur_a[1] = 0;
-        cur_a[6] = -1;
-        if ((int)blockIdx.x < total) a_lookup(blockIdx.x, cur_a + 2);
-        for (int s = 0; s < ST; s++) a_issue(s);
-    }
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
         const GqProb P = prob(w);
-        if (GWT_A_BY_CONSUMER) {
-            // The next unit's lookup for the copies (by every thread, so that its loads overlap the
-            // unit's own; stored by the issuer unless its cursor has passed that unit).
-            const int nw = w + gridDim.x;
-            int c[2] = {0, 0};
-            if (nw < total) a_lookup(nw, c);
-            if (issuer && nw < total && cur_a[0] <= w) {
-                cur_a[4] = c[0];
-                cur_a[5] = c[1];
-                cur_a[6] = nw;
-            }
-        }
         const bool l0 = live(P.m0, 2 * wg), l1 = live(P.m0, 2 * wg + 1);
         const int row0 = P.m0 + wg * 128 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 in sub-tile 1)
         const float* sa0 = P.sa + (size_t)row0 * KT;
@@ -1356,7 +1304,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         }
         // Step kt's scales: activation rows row0, row0 + 8, row0 + 64, row0 + 72, the tile's block
         // scale bytes (gate or only, up); loaded a step ahead, the bytes decoded where they are used
-        // (so that nothing waits on the loads before the step's MMAs).
+        // (so that nothing waits on the loads before the step's MMAs). GWT_STAGE_SCALES: the block
+        // scale bytes come from the stage instead.
         struct Sc {
             float a0, a1, b0, b1;
             u32 wg, wu;
@@ -1370,16 +1319,21 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const float* pb1 = l1 ? sa0 + 72 * KT : safe;
         auto scales = [&](int kt) {
             const int k = min(kt, KT - 1);
+            if (GWT_STAGE_SCALES) return Sc{__ldg(pa0 + k), __ldg(pa1 + k), __ldg(pb0 + k), __ldg(pb1 + k), 0u, 0u};
             return Sc{__ldg(pa0 + k), __ldg(pa1 + k), __ldg(pb0 + k), __ldg(pb1 + k), __ldg(swg + k), EPI == 1 ? __ldg(swu + k) : 127u};
         };
         Sc cur = scales(0);
         for (int kt = 0; kt < KT; kt++, ring.next()) {
             const Sc next = scales(kt + 1);
             const u32 sb = base + ring.s * L::STAGE;
-            if (GWT_A_BY_CONSUMER) gws_wait(afull + 8 * ring.s, ring.ph);
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-            // Sub-tile st of this warpgroup into tmp (then its promotion: its rows' activation scales sa0, sa1).
+            if (GWT_STAGE_SCALES) {
+                const u32 bw = *reinterpret_cast<const volatile u32*>(gbase + L::SCW + 4 * ring.s);
+                cur.wg = bw & 0xffu;
+                cur.wu = EPI == 1 ? (bw >> 8) & 0xffu : 127u;
+            }
+            // Sub-tile st of this warpgroup into tmp, then its promotion (its rows' activation scales sa0, sa1).
             auto mma = [&](int st) {
                 gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (2 * wg + st) * 8192), gw_desc_lo(sb + L::BC));
                 gw_wait_partial(tmp);
@@ -1387,8 +1341,12 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             auto promote = [&](float (&acc)[64], float sa0, float sa1) {
                 gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu), nullptr, c2);
             };
-            if (GWT_A_BY_CONSUMER) {
-                // The last sub-tile's promotion comes after the stage is released and refilled.
+            auto release = [&] {
+                __syncwarp();
+                if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
+            };
+            if (GWT_EARLY_RELEASE) {
+                // The last live sub-tile's MMAs have read the stage: release it, then promote.
                 if (l0) {
                     mma(0);
                     if (l1) {
@@ -1396,14 +1354,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                         mma(1);
                     }
                 }
-                __syncwarp();
-                if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage's weights are free again
-                // Every warp of the warpgroup has read its activation sub-tiles: the next copy may land.
-                if (wg == 0)
-                    GW_ASM("bar.sync 1, 128;" ::: "memory");
-                else
-                    GW_ASM("bar.sync 2, 128;" ::: "memory");
-                if (issuer) a_issue(ring.s);
+                release();
                 if (l1)
                     promote(acc1, cur.b0, cur.b1);
                 else if (l0)
@@ -1417,8 +1368,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                     mma(1);
                     promote(acc1, cur.b0, cur.b1);
                 }
-                __syncwarp();
-                if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
+                release();
             }
             cur = next;
         }
