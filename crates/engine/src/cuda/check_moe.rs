@@ -242,9 +242,49 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             all &= flag_record(out, &format!("moe_grouped {fmt} {act} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}), differ == 0);
         }
     }
+    all &= run_grouping(gpu, seed, out)?;
     all &= run_large_scales(gpu, seed, &cfg, &f, &routes32, &dids, &dw, out)?;
     all &= run_ragged(gpu, seed, &cfg, &f, &routes32, &dids, &dw, out)?;
     all &= run_q8(gpu, seed, &cfg, &f, &routes32, &dids, &dw, &ids, out)?;
+    Ok(all)
+}
+
+/// The grouping kernels (moe.cu `moe_group_scan` / `moe_group_plan`) against
+/// [`crate::cuda::ops_moe::group_reference`], array for array: random expert ids (one in 50 outside
+/// 0 … E − 1, belonging to no expert) for pair counts below, at and across the scan's 1,024-pair
+/// chunks, the Flash shapes of an 8,192-token chunk (256 experts, top-6, tiles of 256 and 128) and the
+/// most experts the grouping takes.
+fn run_grouping(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    for (tk, k, e, bm) in [(6usize, 6usize, 256usize, 64usize), (1000, 4, 16, 64), (1024, 8, 16, 128), (4097, 1, 7, 64), (8192 * 6, 6, 256, 256), (8192 * 6, 6, 256, 128), (3000, 3, 1024, 64)] {
+        let mut ids: Vec<i32> = (0..tk).map(|i| (crate::testing::fnv1a64(&format!("{seed}:group:{tk}:{i}")) % e as u64) as i32).collect();
+        for (i, x) in ids.iter_mut().enumerate() {
+            let h = crate::testing::fnv1a64(&format!("{seed}:group-out:{tk}:{i}"));
+            if h.is_multiple_of(50) {
+                *x = if h.is_multiple_of(100) { -1 } else { (e + (h as usize % 7)) as i32 };
+            }
+        }
+        let got = gpu.moe_group_download(&ids, k, e, bm)?;
+        let want = crate::cuda::ops_moe::group_reference(&ids, k, e, bm);
+        let ok = got == want;
+        let differ = |a: &[i32], b: &[i32]| a.len().abs_diff(b.len()) + a.iter().zip(b).filter(|(x, y)| x != y).count();
+        all &= flag_record(
+            out,
+            &format!("moe grouping (pairs {tk}, top-{k}, {e} experts, tile {bm})"),
+            json!({"rows": want.row_tok.len(), "items": want.items.len() / 2, "differing": {"offsets": differ(&got.offsets, &want.offsets), "items": differ(&got.items, &want.items), "row_tok": differ(&got.row_tok, &want.row_tok), "row_dst": differ(&got.row_dst, &want.row_dst)}, "vs": "group_reference on the host"}),
+            ok,
+        );
+        if tk == 8192 * 6 && bm == 256 {
+            // The Flash shapes of an 8,192- and a 32,768-token chunk (buffers allocated as in a layer).
+            for tokens in [8192usize, 32768] {
+                let ids: Vec<i32> = (0..tokens * k).map(|i| (crate::testing::fnv1a64(&format!("{seed}:group-time:{i}")) % e as u64) as i32).collect();
+                let dev = gpu.upload(&ids)?;
+                let ms = median_ms(gpu, 20, || gpu.moe_group(&dev, tokens * k, k, e, bm).map(|_| ()))?;
+                println!("time moe grouping (scan, plan, fill) T={tokens} top-{k} E={e} tile {bm}: {ms:.3} ms");
+                out.push(json!({"op": "time moe grouping", "tokens": tokens, "top_k": k, "experts": e, "tile": bm, "median_ms": ms}));
+            }
+        }
+    }
     Ok(all)
 }
 

@@ -24,9 +24,8 @@ pub const MOE_ENTRY_POINTS: &[&str] = &[
     "gather_rows_f32",
     "scatter_rows_f32",
     "moe_combine_f32",
-    "moe_group_count",
+    "moe_group_scan",
     "moe_group_plan",
-    "moe_group_fill",
     "moe_gather_bf16",
 ];
 

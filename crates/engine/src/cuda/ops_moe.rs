@@ -247,8 +247,51 @@ impl GpuExpertTables {
     }
 }
 
+/// Pairs per chunk of `moe_group_scan` (`MOE_GROUP_CHUNK` in moe.cu).
+pub const MOE_GROUP_CHUNK: usize = 1024;
+
+/// A grouping of routed pairs by expert as host arrays (moe.cu's grouping kernels, or
+/// [`group_reference`]): offsets `[E + 1]` (row of each expert's first tile; `[E]` = rows R), items
+/// `[n][2]` (expert, first row of the tile), row_tok / row_dst `[R]` (token and pair index of each
+/// grouped row, −1 for padding rows).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupArrays {
+    pub offsets: Vec<i32>,
+    pub items: Vec<i32>,
+    pub row_tok: Vec<i32>,
+    pub row_dst: Vec<i32>,
+}
+
+/// The grouping moe.cu computes, on the host: the `experts.len()` pairs (i = token·k + slot) of
+/// experts `0 … e − 1` in tiles of `bm` rows, each expert's pairs in pair order, its rows padded to a
+/// multiple of `bm`; ids outside `0 … e − 1` belong to no expert.
+pub fn group_reference(experts: &[i32], k: usize, e: usize, bm: usize) -> GroupArrays {
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); e];
+    for (i, &x) in experts.iter().enumerate() {
+        if x >= 0 && (x as usize) < e {
+            members[x as usize].push(i);
+        }
+    }
+    let (mut offsets, mut items, mut row_tok, mut row_dst) = (Vec::with_capacity(e + 1), Vec::new(), Vec::new(), Vec::new());
+    for (ex, m) in members.iter().enumerate() {
+        let row0 = row_tok.len();
+        offsets.push(row0 as i32);
+        let padded = m.len().div_ceil(bm) * bm;
+        for j in 0..m.len().div_ceil(bm) {
+            items.extend([ex as i32, (row0 + j * bm) as i32]);
+        }
+        for r in 0..padded {
+            let (tok, dst) = m.get(r).map_or((-1, -1), |&i| ((i / k) as i32, i as i32));
+            row_tok.push(tok);
+            row_dst.push(dst);
+        }
+    }
+    offsets.push(row_tok.len() as i32);
+    GroupArrays { offsets, items, row_tok, row_dst }
+}
+
 /// The device buffers of one grouped MoE call (sized from upper bounds known on the host).
-struct Grouping {
+pub(crate) struct Grouping {
     bm: usize,
     /// Rows of capacity (≥ the grouped rows R), a multiple of 128.
     r_cap: usize,
@@ -277,36 +320,66 @@ impl Gpu {
         super::ops_q8::wt_tiles(tables.format, tables.block_smax.is_some(), super::ops_q8::families_for(&self.arch).1, self.moe_wt_ok, opts.force_tile_rows, opts.adaptive_tiles, tk, e)
     }
 
-    /// Count, plan and fill: groups the `tk` pairs of `experts` (device, `[tk]`) by expert.
-    fn moe_group(&self, experts: &CudaSlice<i32>, tk: usize, k: usize, e: usize, bm: usize) -> Result<Grouping, CudaError> {
+    /// Scan, plan and fill (moe.cu `moe_group_scan` / `moe_group_plan`): groups the `tk` pairs of
+    /// `experts` (device, `[tk]`) by expert in tiles of `bm` rows.
+    pub(crate) fn moe_group(&self, experts: &CudaSlice<i32>, tk: usize, k: usize, e: usize, bm: usize) -> Result<Grouping, CudaError> {
         let active = e.min(tk);
         let r_cap = (tk + active * (bm - 1)).div_ceil(128) * 128;
         let max_items = tk.div_ceil(bm) + active;
+        let nch = tk.div_ceil(MOE_GROUP_CHUNK);
         let i32_of = |v: usize, what: &str| i32::try_from(v).map_err(|_| bad(format!("{what} = {v} exceeds 32 bits")));
         i32_of(r_cap * 2, "grouped rows")?;
-        let (tk_i, k_i, e_i, bm_i) = (i32_of(tk, "pairs")?, i32_of(k, "top-k")?, i32_of(e, "experts")?, i32_of(bm, "tile")?);
-        let mut counts = self.zeros::<i32>(e)?;
+        i32_of(nch * e, "chunk counts")?;
+        let (tk_i, k_i, e_i, bm_i, nch_i) = (i32_of(tk, "pairs")?, i32_of(k, "top-k")?, i32_of(e, "experts")?, i32_of(bm, "tile")?, i32_of(nch, "chunks")?);
+        // SAFETY: every element is written by the first scan (fill 0) before the plan reads it.
+        let mut cc = unsafe { self.scratch::<i32>((nch * e).max(1)) }?;
         let mut offsets = self.zeros::<i32>(e + 1)?;
         let mut items = self.zeros::<i32>(2 * max_items)?;
         let mut n_items = self.zeros::<i32>(1)?;
         let mut row_tok = self.zeros::<i32>(r_cap)?;
         let mut row_dst = self.zeros::<i32>(r_cap)?;
         let s = &self.stream;
-        let mut b = s.launch_builder(self.f("moe_group_count"));
-        b.arg(experts).arg(&mut counts).arg(&tk_i);
-        // SAFETY: moe_group_count(experts [tk], counts [E], tk); grid E.
-        drv("moe_group_count", unsafe { b.launch(LaunchConfig { grid_dim: (e as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) })?;
-        let mut b = s.launch_builder(self.f("moe_group_plan"));
-        b.arg(&counts).arg(&e_i).arg(&bm_i).arg(&mut offsets).arg(&mut items).arg(&mut n_items);
-        // SAFETY: moe_group_plan(counts [E], E, bm, offsets [E+1], items [2·max_items], n_items [1]);
-        // Σ ceil(count/bm) ≤ max_items; one block of MOE_PLAN_THREADS ≥ E.
-        drv("moe_group_plan", unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (MOE_GROUP_MAX_EXPERTS as u32, 1, 1), shared_mem_bytes: 0 }) })?;
-        let mut b = s.launch_builder(self.f("moe_group_fill"));
-        b.arg(experts).arg(&offsets).arg(&mut row_tok).arg(&mut row_dst).arg(&tk_i).arg(&k_i).arg(&bm_i);
-        // SAFETY: moe_group_fill(experts, offsets, row_tok [r_cap], row_dst [r_cap], tk, k, bm); the
-        // padded rows Σ ceil(count/bm)·bm ≤ r_cap; grid E, block 1024.
-        drv("moe_group_fill", unsafe { b.launch(LaunchConfig { grid_dim: (e as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 }) })?;
+        let scan_cfg = LaunchConfig { grid_dim: (nch as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: (4 * e) as u32 };
+        for fill in [0i32, 1] {
+            let mut b = s.launch_builder(self.f("moe_group_scan"));
+            b.arg(experts).arg(&tk_i).arg(&k_i).arg(&e_i).arg(&mut cc).arg(&mut row_tok).arg(&mut row_dst).arg(&fill);
+            // SAFETY: moe_group_scan(experts [tk], tk, k, E, cc [nch·E], row_tok [r_cap], row_dst [r_cap],
+            // fill); grid nch, block 32, 4·E bytes of shared memory (E ≤ 1,024: 4 KB); with fill 1 cc holds
+            // the chunks' first rows (moe_group_plan) and every row written is < R ≤ r_cap.
+            drv("moe_group_scan", unsafe { b.launch(scan_cfg) })?;
+            if fill == 0 {
+                let mut b = s.launch_builder(self.f("moe_group_plan"));
+                b.arg(&mut cc).arg(&nch_i).arg(&e_i).arg(&bm_i).arg(&mut offsets).arg(&mut items).arg(&mut n_items).arg(&mut row_tok).arg(&mut row_dst);
+                // SAFETY: moe_group_plan(cc [nch·E], nch, E, bm, offsets [E+1], items [2·max_items], n_items [1],
+                // row_tok, row_dst [r_cap]); Σ ceil(count/bm) ≤ max_items and Σ ceil(count/bm)·bm ≤ r_cap;
+                // one block of MOE_PLAN_THREADS ≥ E.
+                drv("moe_group_plan", unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (MOE_GROUP_MAX_EXPERTS as u32, 1, 1), shared_mem_bytes: 0 }) })?;
+            }
+        }
         Ok(Grouping { bm, r_cap, max_items, offsets, items, n_items, row_tok, row_dst })
+    }
+
+    /// [`Gpu::moe_group`] of host expert ids `experts` (`[tk]`, top-`k` pairs, `e` experts, tiles of
+    /// `bm` rows), downloaded for gpu-check's comparison with [`group_reference`]: (offsets `[E + 1]`,
+    /// items `[n_items][2]`, row_tok `[R]`, row_dst `[R]`).
+    ///
+    /// Errors: as `moe_group`, or a download.
+    pub(crate) fn moe_group_download(&self, experts: &[i32], k: usize, e: usize, bm: usize) -> Result<GroupArrays, CudaError> {
+        if experts.is_empty() || e == 0 || e > MOE_GROUP_MAX_EXPERTS || k == 0 || bm == 0 {
+            return Err(bad(format!("grouping {} pairs of top-{k} over {e} experts in tiles of {bm}", experts.len())));
+        }
+        let dev = self.upload(experts)?;
+        let g = self.moe_group(&dev, experts.len(), k, e, bm)?;
+        let offsets = self.download(&g.offsets)?;
+        let n = self.download(&g.n_items)?.first().copied().unwrap_or(0).max(0) as usize;
+        let rows = offsets.last().copied().unwrap_or(0).max(0) as usize;
+        let mut items = self.download(&g.items)?;
+        items.truncate(2 * n);
+        let mut row_tok = self.download(&g.row_tok)?;
+        row_tok.truncate(rows);
+        let mut row_dst = self.download(&g.row_dst)?;
+        row_dst.truncate(rows);
+        Ok(GroupArrays { offsets, items, row_tok, row_dst })
     }
 
     /// The checks both grouped paths make: the layer's expert tables (with `q8`, ones the FP8
@@ -573,6 +646,28 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host grouping gpu-check compares the kernels with: pairs in order within each expert,
+    /// padding rows −1, ids outside the experts dropped, tiles of each expert listed in order.
+    #[test]
+    fn group_reference_orders_and_pads() {
+        // 3 tokens × top-2 over 3 experts; pair 3 names expert 5 (none), pair 4 expert −1 (none).
+        let g = group_reference(&[2, 0, 0, 5, -1, 2], 2, 3, 2);
+        assert_eq!(g.offsets, vec![0, 2, 2, 4]);
+        assert_eq!(g.items, vec![0, 0, 2, 2]);
+        assert_eq!(g.row_tok, vec![0, 1, 0, 2]);
+        assert_eq!(g.row_dst, vec![1, 2, 0, 5]);
+        let g = group_reference(&[1, 1, 1], 1, 2, 2);
+        assert_eq!(g.offsets, vec![0, 0, 4]);
+        assert_eq!(g.items, vec![1, 0, 1, 2]);
+        assert_eq!(g.row_tok, vec![0, 1, 2, -1]);
+        assert_eq!(g.row_dst, vec![0, 1, 2, -1]);
+    }
+
+    #[test]
+    fn group_chunk_matches_the_kernel() {
+        assert!(include_str!("kernels/moe.cu").contains(&format!("#define MOE_GROUP_CHUNK {MOE_GROUP_CHUNK}\n")));
+    }
 
     #[test]
     fn tile_rows_follow_the_measured_rule() {

@@ -185,9 +185,8 @@ pub fn ws_smem(format: &str) -> usize {
 /// Dynamic shared memory of a `moe_wt` block (`GwtLayout` in gemm_q8.cu): 1 KB of alignment slack,
 /// 4 stages of 49,152 bytes (A 256 × 128, converted B 128 × 128), a packed-weight ring of 3 steps
 /// (8,192 bytes each) and its words (3 × 2,560: four scale words and the block scales per producer
-/// thread), the full and empty barriers (8 bytes each per stage), the 72-byte table and each stage's
-/// block-scale word (4 bytes).
-pub const WT_SMEM: usize = 1024 + 4 * 49152 + 3 * 8192 + 3 * 2560 + 2 * 4 * 8 + 72 + 4 * 4;
+/// thread), the full and empty barriers (8 bytes each per stage) and the 72-byte table.
+pub const WT_SMEM: usize = 1024 + 4 * 49152 + 3 * 8192 + 3 * 2560 + 2 * 4 * 8 + 72;
 
 /// Shared memory of any gemm_q8.cu GEMM entry point (by name).
 pub fn smem_of(name: &str) -> usize {
@@ -548,8 +547,7 @@ mod tests {
         const { assert!(128 * 72 + 256 * 216 == 384 * WT_REGS) };
         assert!(src.contains("static constexpr int STAGES = 4, RAW = GWT_LAG + 1;") && src.contains("static constexpr int A = 0, BC = 32768, STAGE = 49152;"));
         assert!(src.contains("static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;"));
-        assert!(src.contains("static constexpr int SCW = LUT + 72;") && src.contains("static constexpr int TOTAL = 1024 + SCW + 4 * STAGES;"));
-        assert_eq!(WT_SMEM, 230_040);
+        assert_eq!(WT_SMEM, 230_024);
         const { assert!(WT_SMEM <= 227 * 1024) };
         assert_eq!(smem_of("moe_wt_fp4_256_swiglu"), WT_SMEM);
         for epi in ["plain", "swiglu", "scatter"] {

@@ -1058,20 +1058,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // the code is ours.
 
 #define GWT_LAG 2
-// Variants of moe_wt with the same products and promotions, timed against each other through
-// FLASHSEEK_KERNEL_DEFINES (bench/moe_wt_variants_h200.log):
-//   GWT_STAGE_SCALES 1: the producer's thread 0 stores the step's block scales (gate | up << 8) into
-//     the stage beside its weights, so the multiply warpgroups read them from shared memory after
-//     the full barrier instead of loading them from global memory a step ahead (whose warp-uniform
-//     bytes the compiler moves to uniform registers at once, waiting on the load); 0: the loads.
-//   GWT_EARLY_RELEASE 1: a multiply warp releases the stage as soon as its last MMAs of the step
-//     have completed, before their promotion; 0: after it.
-#ifndef GWT_STAGE_SCALES
-#define GWT_STAGE_SCALES 1
-#endif
-#ifndef GWT_EARLY_RELEASE
-#define GWT_EARLY_RELEASE 1
-#endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
 
@@ -1110,8 +1096,7 @@ struct GwtLayout {
     static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;
     static constexpr int BARS = SW + RAW * SW_SLOT;
     static constexpr int LUT = BARS + 2 * STAGES * 8;
-    static constexpr int SCW = LUT + 72;  // per stage: its step's block scales (GWT_STAGE_SCALES)
-    static constexpr int TOTAL = 1024 + SCW + 4 * STAGES;
+    static constexpr int TOTAL = 1024 + LUT + 72;
 };
 
 template <int EPI>
@@ -1259,7 +1244,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #pragma unroll
                 for (int u = 0; u < 4; u++) gq_fp4x32(v[u], tb[u], o[u][0], o[u][1]);
                 gws_wait(empty0 + 8 * s, ring.ph ^ 1);
-                if (GWT_STAGE_SCALES && p == 0) *reinterpret_cast<u32*>(gbase + L::SCW + 4 * s) = bm;
                 if (p == 0) {
                     const u32 bar = full0 + 8 * s, bytes = (u32)nlive * 8192u;
                     GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
@@ -1304,8 +1288,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         }
         // Step kt's scales: activation rows row0, row0 + 8, row0 + 64, row0 + 72, the tile's block
         // scale bytes (gate or only, up); loaded a step ahead, the bytes decoded where they are used
-        // (so that nothing waits on the loads before the step's MMAs). GWT_STAGE_SCALES: the block
-        // scale bytes come from the stage instead.
+        // (so that nothing waits on the loads before the step's MMAs).
         struct Sc {
             float a0, a1, b0, b1;
             u32 wg, wu;
@@ -1319,7 +1302,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const float* pb1 = l1 ? sa0 + 72 * KT : safe;
         auto scales = [&](int kt) {
             const int k = min(kt, KT - 1);
-            if (GWT_STAGE_SCALES) return Sc{__ldg(pa0 + k), __ldg(pa1 + k), __ldg(pb0 + k), __ldg(pb1 + k), 0u, 0u};
             return Sc{__ldg(pa0 + k), __ldg(pa1 + k), __ldg(pb0 + k), __ldg(pb1 + k), __ldg(swg + k), EPI == 1 ? __ldg(swu + k) : 127u};
         };
         Sc cur = scales(0);
@@ -1328,48 +1310,16 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             const u32 sb = base + ring.s * L::STAGE;
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-            if (GWT_STAGE_SCALES) {
-                const u32 bw = *reinterpret_cast<const volatile u32*>(gbase + L::SCW + 4 * ring.s);
-                cur.wg = bw & 0xffu;
-                cur.wu = EPI == 1 ? (bw >> 8) & 0xffu : 127u;
-            }
-            // Sub-tile st of this warpgroup into tmp, then its promotion (its rows' activation scales sa0, sa1).
-            auto mma = [&](int st) {
+            // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1).
+            auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
                 gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (2 * wg + st) * 8192), gw_desc_lo(sb + L::BC));
                 gw_wait_partial(tmp);
-            };
-            auto promote = [&](float (&acc)[64], float sa0, float sa1) {
                 gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu), nullptr, c2);
             };
-            auto release = [&] {
-                __syncwarp();
-                if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
-            };
-            if (GWT_EARLY_RELEASE) {
-                // The last live sub-tile's MMAs have read the stage: release it, then promote.
-                if (l0) {
-                    mma(0);
-                    if (l1) {
-                        promote(acc0, cur.a0, cur.a1);
-                        mma(1);
-                    }
-                }
-                release();
-                if (l1)
-                    promote(acc1, cur.b0, cur.b1);
-                else if (l0)
-                    promote(acc0, cur.a0, cur.a1);
-            } else {
-                if (l0) {
-                    mma(0);
-                    promote(acc0, cur.a0, cur.a1);
-                }
-                if (l1) {
-                    mma(1);
-                    promote(acc1, cur.b0, cur.b1);
-                }
-                release();
-            }
+            if (l0) multiply(acc0, 0, cur.a0, cur.a1);
+            if (l1) multiply(acc1, 1, cur.b0, cur.b1);
+            __syncwarp();
+            if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
             cur = next;
         }
         if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
