@@ -71,9 +71,14 @@ moe_group_scan(const int* __restrict__ experts, int tk, int k, int E, int* __res
     for (int e = lane; e < E; e += 32) run[e] = fill ? cc[(size_t)c * E + e] : 0;
     __syncwarp();
     const int i0 = c * MOE_GROUP_CHUNK, i1 = min(tk, i0 + MOE_GROUP_CHUNK);
-    for (int s = i0; s < i1; s += 32) {
-        const int i = s + lane;
-        int e = i < i1 ? experts[i] : -1;
+    // The chunk's ids loaded at once (their latencies overlap), then walked 32 at a time.
+    int ids[MOE_GROUP_CHUNK / 32];
+#pragma unroll
+    for (int j = 0; j < MOE_GROUP_CHUNK / 32; j++) ids[j] = i0 + 32 * j + lane < i1 ? experts[i0 + 32 * j + lane] : -1;
+#pragma unroll
+    for (int j = 0; j < MOE_GROUP_CHUNK / 32; j++) {
+        const int i = i0 + 32 * j + lane;
+        int e = ids[j];
         const bool ok = e >= 0 && e < E;
         e = ok ? e : -1;
         const u32 same = __match_any_sync(0xffffffffu, e);
@@ -99,8 +104,10 @@ moe_group_plan(int* __restrict__ cc, int nch, int E, int bm, int* __restrict__ o
     __shared__ int rows[MOE_PLAN_THREADS], tiles[MOE_PLAN_THREADS];
     const int e = threadIdx.x;
     int c = 0;
-    if (e < E)
+    if (e < E) {
+#pragma unroll 8
         for (int ch = 0; ch < nch; ch++) c += cc[(size_t)ch * E + e];
+    }
     const int nt = (c + bm - 1) / bm;
     rows[e] = nt * bm;
     tiles[e] = nt;
@@ -121,6 +128,7 @@ moe_group_plan(int* __restrict__ cc, int nch, int E, int bm, int* __restrict__ o
             items[2 * (item0 + j) + 1] = row0 + j * bm;
         }
         int first = row0;
+#pragma unroll 8
         for (int ch = 0; ch < nch; ch++) {
             const int v = cc[(size_t)ch * E + e];
             cc[(size_t)ch * E + e] = first;
