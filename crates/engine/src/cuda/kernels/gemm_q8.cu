@@ -1210,7 +1210,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
             const GqProb P = prob(w);
             // The live sub-tiles are a prefix: a tile's rows are one expert's (items start at its
-            // bm-aligned offset), whose padding rows come last (moe_group_fill), and its first row
+            // bm-aligned offset), whose padding rows come last (moe_group_plan), and its first row
             // is routed (no item covers padding alone). The multiply warpgroups test each one.
             int nlive = 1;
 #pragma unroll
