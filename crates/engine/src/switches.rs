@@ -98,13 +98,6 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only moe`) `moe_q8 fp4 MOE_FP8_WT=off bits` (bitwise equal to moe_ws on the parity layer; the other `moe_q8 fp4 …` records of 1,000 tokens run on it by default: against the CPU in official numerics and bit for bit against all on, which includes the forced 128-row tile) and `moe_q8 flash T=… MOE_FP8_WT=off bits` (Flash shapes with 256-row tiles forced against 128-row tiles, so that moe_wt runs at every listed token count); qualify (`MOE_FP8_WT=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8); the switch matrix row checks only the plumbing (its 200-token prefill has fewer than 128 pairs per expert)",
     },
     Switch {
-        name: "MOE_FUSED_QUANT",
-        values: &["on", "off"],
-        aliases: ON_OFF_ALIASES,
-        replaces: "under TC_LINEAR=fp8 with moe_wt's 256-row tiles (MOE_FP8_WT) and the fused SwiGLU: act_quant_fp8 reading the gate/up output h (f32, [R, inter]) back to quantize the down projection's input: the gate/up kernel quantizes it itself (moe_wt_fp4_256_swiglu_q: the two units of a 128-unit block each write h and their rows' max |h|, and the second to finish writes both halves' e4m3 bytes and the block scale; the same values in, so the same bytes)",
-        parity: "gpu-check (`--only moe`) `moe_q8 flash T=… MOE_FUSED_QUANT=off bits` (Flash shapes with 256-row tiles forced: the layer's output bit for bit against act_quant's path) and `moe_q8 fp4 MOE_FUSED_QUANT=off bits` (the 1,000-token parity layer); qualify (`MOE_FUSED_QUANT=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8)",
-    },
-    Switch {
         name: "MOE_BF16_WS",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -472,7 +465,6 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("FP8_WGMMA", &[("TC_LINEAR", &["fp8"])]),
     ("MOE_FP8_WS", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     ("MOE_FP8_WT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"])]),
-    ("MOE_FUSED_QUANT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"]), ("MOE_FP8_WT", &["on"]), ("MOE_FUSED_SWIGLU", &["on"])]),
     // Under TC_LINEAR=off the grouped MoE still runs split activations (ops_mhc.rs moe_forward).
     ("MOE_BF16_WS", &[("TC_LINEAR", &["split", "off"]), ("BF16_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
@@ -669,8 +661,6 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("MOE_FP8_WS=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WS", "off")], Role::AloneOff, false, true, false));
     // The 256-row tiles run moe_ws's MMAs and promotion per 64-row sub-tile: the same bits again.
     v.push(c("MOE_FP8_WT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WT", "off")], Role::AloneOff, false, true, false));
-    // The gate/up kernel quantizes the down input from the same f32 values: the same bits again.
-    v.push(c("MOE_FUSED_QUANT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FUSED_QUANT", "off")], Role::AloneOff, false, true, false));
     v.push(c("MLA_BF16=on (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on")], Role::Fast, false, false, false));
     // The serving stacks' numerics: FP8 GEMMs, bf16 attention, FP8 indexer scores (spec §9).
     v.push(c("INDEXER_FP8=on (with TC_LINEAR=fp8 and MLA_BF16=on)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on")], Role::Fast, false, false, false));

@@ -496,11 +496,6 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
                 let wt_off = switch_scope(&[("MOE_FP8_WT", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
                 let differ = differing_bits(f0, &gpu.download(&wt_off)?);
                 all &= flag_record(out, &format!("moe_q8 {fmt} MOE_FP8_WT=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on", "moe_wt_ran": ran}), differ == 0 && ran);
-                // The down input quantized by the gate/up kernel (MOE_FUSED_QUANT, on with moe_wt and
-                // inter a multiple of 128) against act_quant_fp8's: the same bytes, so the same output.
-                let fq_off = switch_scope(&[("MOE_FUSED_QUANT", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
-                let differ = differing_bits(f0, &gpu.download(&fq_off)?);
-                all &= flag_record(out, &format!("moe_q8 {fmt} MOE_FUSED_QUANT=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on", "moe_wt_ran": ran, "inter": inter}), differ == 0 && ran && inter.is_multiple_of(128));
             }
         }
         let masked = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, &dzero, MoeOptions::ALL_ON)?)?;
@@ -622,8 +617,6 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         record_time("grouped fp8 wgmma ws off", ms);
         let ms = switch_scope(&[("MOE_FP8_WT", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 wgmma wt off", ms);
-        let ms = switch_scope(&[("MOE_FUSED_QUANT", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
-        record_time("grouped fp8 wgmma fused quant off", ms);
         let t256 = MoeOptions { force_tile_rows: Some(256), ..on };
         let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t256).map(|_| ()))?;
         record_time("grouped fp8 wgmma tile 256", ms);
@@ -644,13 +637,10 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         // (the key saying whether the switched kernel ran, its value, and whether the record needs it
         // to have run: moe_wt's compares nothing otherwise).
         type Ran<'a> = Option<(&'a str, bool, bool)>;
-        let wt_ran = gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, t256));
-        let runs: [(&str, &str, Run, &str, Ran); 4] = [
+        let runs: [(&str, &str, Run, &str, Ran); 3] = [
             ("moe_q8", "MOE_FP8_WS", q8, "all on, both with 128-row tiles", None),
             ("moe_grouped", "MOE_BF16_WS", split, "all on, both with 128-row tiles", Some(("moe_wbs_ran", wbs_runs(gpu, d, inter, t * k, e, t128), false))),
-            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", wt_ran, true))),
-            // The down input quantized in moe_wt's epilogue against act_quant_fp8 (both 256-row tiles).
-            ("moe_q8", "MOE_FUSED_QUANT", q8_256, "all on with 256-row tiles forced (off: act_quant_fp8)", Some(("moe_wt_ran", wt_ran, true))),
+            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, t256)), true))),
         ];
         for (op, switch, run, vs, ran) in runs {
             let ws = gpu.download(&*run()?)?;

@@ -303,31 +303,6 @@ pub(crate) struct Grouping {
     row_dst: DevBuf<i32>,
 }
 
-/// The buffers of `moe_wt_fp4_256_swiglu_q` (switch `MOE_FUSED_QUANT`, gemm_q8.cu
-/// `wt_quant_epilogue`) for a grouping of `r_cap` rows and `inter` hidden units (a multiple of 128):
-/// the down input `q` (e4m3 `[r_cap, inter]`, tiled) and `sa` (`[r_cap, inter/128]`), each row's max
-/// |h| per 64-unit half (`qmax`, f32 `[r_cap, inter/64]`) and the arrival counts (`cnt`, zeroed
-/// `[max_items·(inter/128)·8]`).
-struct FusedQuant {
-    q: DevBuf<u8>,
-    sa: DevBuf<f32>,
-    qmax: DevBuf<f32>,
-    cnt: DevBuf<i32>,
-}
-
-impl FusedQuant {
-    fn new(gpu: &Gpu, g: &Grouping, inter: usize) -> Result<Self, CudaError> {
-        let kb = inter / 128;
-        // SAFETY (all three): the kernel writes q, sa and qmax for every row of every live 64-row
-        // sub-tile before any of them is read; the down projection reads no other rows.
-        let q = unsafe { gpu.scratch::<u8>(g.r_cap * inter) }?;
-        let sa = unsafe { gpu.scratch::<f32>(g.r_cap * kb) }?;
-        let qmax = unsafe { gpu.scratch::<f32>(g.r_cap * 2 * kb) }?;
-        let cnt = gpu.zeros::<i32>(g.max_items * kb * 8)?;
-        Ok(FusedQuant { q, sa, qmax, cnt })
-    }
-}
-
 impl Gpu {
     /// The layer's expert tables, built on first use (None: the layer cannot run grouped).
     pub fn moe_tables<'a>(&self, layer: &'a GpuMoeLayer) -> Result<Option<&'a GpuExpertTables>, CudaError> {
@@ -569,7 +544,7 @@ impl Gpu {
     /// for 256-row tiles, whose block scale tables `blocks` indexes in
     /// [`GpuExpertTables::block_smax`]: gate (or only) and up matrix, 0 = w1, 1 = w3, 2 = w2).
     #[allow(clippy::too_many_arguments)]
-    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32, quant: Option<&mut FusedQuant>) -> Result<(), CudaError> {
+    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
         // 256-row tiles exist only as moe_wt (FP4; chosen by ops_q8::wt_tiles).
         let family = if g.bm == 256 { "moe_wt" } else { super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok) };
         let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
@@ -602,17 +577,12 @@ impl Gpu {
             let bs = tables.block_smax.as_ref().ok_or_else(|| bad("moe_wt without block scale tables"))?;
             b.arg(&bs[blocks.0]).arg(&bs[blocks.1]);
         }
-        if epi == "swiglu_q" {
-            let fq = quant.ok_or_else(|| bad("swiglu_q without its quantization buffers"))?;
-            b.arg(&mut fq.q).arg(&mut fq.sa).arg(&mut fq.qmax).arg(&mut fq.cnt);
-        }
         // SAFETY: matches moe_q8's signature; xq/xsa hold r_cap rows of Kp = k bytes / k/128 scales
         // (moe_gather_q8 or act_quant; for moe_wt in their tiled layout, r_cap a multiple of 128 and
         // every tile's rows within one expert's, dst ≥ 0 first), items come from moe_group_plan, the tables hold E addresses of
         // weights checked by GpuExpertTables::build (q8), y/hf are sized by the caller for r_cap
         // (plain, swiglu) or T·k (scatter) rows; gamma holds T·k weights indexed by row_dst; moe_wt:
-        // the two tables of GpuExpertTables::block_smax for w and w3 ([E][ceil(rows/128)][k/128]);
-        // swiglu_q: FusedQuant's buffers, sized by FusedQuant::new for r_cap rows and n = 2·inter.
+        // the two tables of GpuExpertTables::block_smax for w and w3 ([E][ceil(rows/128)][k/128]).
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
@@ -654,28 +624,21 @@ impl Gpu {
         // unfused path writes all r_cap rows (swiglu over the zero-filled yg / yu). Rows ≥ R are
         // quantized by act_quant but read by no tile.
         let mut hf = unsafe { self.scratch::<f32>(g.r_cap * inter) }?;
-        // MOE_FUSED_QUANT: the gate/up kernel also writes the down input's e4m3 bytes and scales.
-        let mut fused_q = if wt && opts.fused_swiglu && inter.is_multiple_of(128) && crate::switches::on("MOE_FUSED_QUANT") { Some(FusedQuant::new(self, &g, inter)?) } else { None };
-        if let Some(fq) = fused_q.as_mut() {
-            self.moe_q8(&g, tables, "swiglu_q", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit, Some(fq))?;
-        } else if opts.fused_swiglu {
-            self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit, None)?;
+        if opts.fused_swiglu {
+            self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
         } else {
             let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
             let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
-            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), (0, 0), Some(&mut yg), None, weights, inter, d, limit, None)?;
-            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), (1, 1), Some(&mut yu), None, weights, inter, d, limit, None)?;
+            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), (0, 0), Some(&mut yg), None, weights, inter, d, limit)?;
+            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), (1, 1), Some(&mut yu), None, weights, inter, d, limit)?;
             self.swiglu(&yg, &yu, &mut hf, g.r_cap * inter, limit)?;
             self.scale_rows_by_route(&mut hf, &g.row_dst.slice(..), weights, g.r_cap, inter)?;
         }
-        let hq = match fused_q {
-            Some(fq) => super::ops_q8::QuantizedActs { q: fq.q, sa: fq.sa, rows: g.r_cap, kp: inter, tiled: true },
-            None => self.act_quant_layout(&hf, g.r_cap, inter, wt)?,
-        };
+        let hq = self.act_quant_layout(&hf, g.r_cap, inter, wt)?;
         // SAFETY: as in moe_experts_grouped: every routed (token, slot) row is scattered to, and the
         // combine reads no other.
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
-        self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut slot_out), None, weights, d, inter, limit, None)?;
+        self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut slot_out), None, weights, d, inter, limit)?;
         self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, Some((experts, e)), true)
     }
 }

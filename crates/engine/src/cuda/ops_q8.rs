@@ -66,7 +66,6 @@ pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
     "moe_wt_fp4_256_plain",
     "moe_wt_fp4_256_swiglu",
     "moe_wt_fp4_256_scatter",
-    "moe_wt_fp4_256_swiglu_q",
     "fp4_block_smax",
     "moe_gather_q8",
     "scale_rows_by_route",
@@ -709,8 +708,7 @@ mod tests {
         let src = include_str!("kernels/gemm_q8.cu");
         for n in GEMM_Q8_ENTRY_POINTS {
             let direct = src.contains(&format!("void {n}(")) || src.contains(&format!("FP8_GEMM_ENTRY({n},"));
-            let ws = (n.starts_with("moe_ws_") && src.contains(&format!("MOE_WS_ENTRY({n},"))) || (n.starts_with("moe_wt_") && src.contains(&format!("MOE_WT_ENTRY({n},")))
-                || (*n == "moe_wt_fp4_256_swiglu_q" && src.contains(&format!("    {n}(const u8*")));
+            let ws = (n.starts_with("moe_ws_") && src.contains(&format!("MOE_WS_ENTRY({n},"))) || (n.starts_with("moe_wt_") && src.contains(&format!("MOE_WT_ENTRY({n},")));
             let moe = ["q8", "w8"].iter().find_map(|fam| n.strip_prefix(&format!("moe_{fam}_")).map(|r| (fam, r))).map(|(fam, r)| {
                 let f = if r.starts_with("fp8") { "fp8" } else { "fp4" };
                 src.contains(&format!("MOE_FP8_FMT({fam}, {}, {f},", *fam == "w8")) && src.contains(&format!("moe_##P##_##F##{}", &r[3..]))

@@ -67,18 +67,6 @@ __device__ __forceinline__ size_t gq_tiled(long long r, int k, int KT) {
     return ((size_t)(r >> 6) * KT + (k >> 7)) * 8192 + gw_swz((int)(r & 63), (k & 127) >> 4) + (k & 15);
 }
 
-// The block scale of act_quant_fp8 from a block's max |x| (before the 1e-4 floor): s = 2^e with e =
-// ceil(log2(max(amax, 1e-4) / 448)) by the official bit trick on the f32 quotient, clamped to
-// [-126, 127]; *inv = 1 / s.
-__device__ __forceinline__ float gq_block_scale(float amax, float* inv) {
-    amax = fmaxf(amax, 1e-4f);
-    const u32 qb = __float_as_uint(__fdiv_rn(amax, 448.f));
-    int e = (int)((qb >> 23) & 0xffu) - 127 + ((qb & 0x7fffffu) != 0u);
-    e = min(max(e, -126), 127);
-    *inv = gq_pow2(-e);
-    return gq_pow2(e);
-}
-
 extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__ q, float* __restrict__ sa, int T, int K, int Tp,
                                          int mode) {
     const int Kp = (K + 127) & ~127, KB = Kp >> 7;
@@ -101,8 +89,11 @@ extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__
         }
         float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        float inv;
-        const float s = gq_block_scale(amax, &inv);
+        amax = fmaxf(amax, 1e-4f);
+        const u32 qb = __float_as_uint(__fdiv_rn(amax, 448.f));
+        int e = (int)((qb >> 23) & 0xffu) - 127 + ((qb & 0x7fffffu) != 0u);
+        e = min(max(e, -126), 127);
+        const float s = gq_pow2(e), inv = gq_pow2(-e);
         const u32 lo = gq_e4m3x2(v[0] * inv, v[1] * inv), hi = gq_e4m3x2(v[2] * inv, v[3] * inv);
         if (roundtrip) {
             if (t < T) {
@@ -1094,85 +1085,6 @@ extern "C" __global__ void fp4_block_smax(const unsigned long long* __restrict__
     }
 }
 
-// moe_wt_fp4_256_swiglu_q (switch MOE_FUSED_QUANT): moe_wt_fp4_256_swiglu's epilogue followed by the
-// down projection's input quantization that act_quant_fp8 (mode 2) would make of hf, so that it no
-// longer reads hf back. A unit's 128 fused columns are 64 hidden units, half of a quantization block
-// (128 units): the units of column tiles 2b and 2b + 1 of an item (their rows the same, multiply warp
-// for multiply warp) each write h (f32, hf as before) and each row's max |h| over its half (qmax
-// [R, N/128]); then the warp counts itself in on cnt[((item·KB + b)·2 + wg)·4 + wq] (KB = N/256 blocks;
-// zeroed by the host per launch) and the second of the two to arrive reads the other half's maxima
-// and h (fences before the count and after it, L2 loads) and writes both halves' e4m3 bytes (q,
-// gq_tiled's layout of KB blocks) and the block's scale (sa [R, KB]), as act_quant_fp8 computes them
-// from the same f32 values: the same bytes (the block max is a max, in any order). Rows of padding
-// have γ = 0, so h = ±0, as act_quant saw them. Nothing waits: the first warp to arrive just leaves.
-struct GwtQuant {
-    u8* q;
-    float* sa;
-    float* qmax;
-    int* cnt;
-};
-
-template <int SUB>
-__device__ __forceinline__ void wt_quant_epilogue(const GqEpi& E, const GwtQuant& Q, int N, int item, int n0, int wg, int wq, int lane, int row0, int c2,
-                                                  float (&acc0)[64], float (&acc1)[64]) {
-    const int tiles_n = N >> 7, tile = n0 >> 7, KB = N >> 8, b = tile >> 1;
-    const int hc = (n0 >> 1) + c2, pc = hc + ((tile & 1) ? -64 : 64);  // own and partner hidden column (jj = 0)
-    float m[2][2];
-    // h in place of the gate sums, into hf, and each row's max |h| over this half.
-    auto own = [&](float (&a)[64], int st) {
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int row = row0 + 64 * st + 8 * hh;
-            const int dr = E.dst[row];
-            const float gam = dr < 0 ? 0.f : E.gamma[dr];
-            float mx = 0.f;
-#pragma unroll
-            for (int jj = 0; jj < 8; jj++) {
-                const int gi = 4 * (2 * jj) + 2 * hh, ui = 4 * (2 * jj + 1) + 2 * hh;
-                const float h0 = fs_swiglu(a[gi], a[ui], E.limit) * gam, h1 = fs_swiglu(a[gi + 1], a[ui + 1], E.limit) * gam;
-                a[gi] = h0;
-                a[gi + 1] = h1;
-                *reinterpret_cast<float2*>(E.hf + (size_t)row * E.ldh + hc + 8 * jj) = make_float2(h0, h1);
-                mx = fmaxf(mx, fmaxf(fabsf(h0), fabsf(h1)));
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            if ((lane & 3) == 0) Q.qmax[(size_t)row * tiles_n + tile] = mx;
-            m[st][hh] = mx;
-        }
-    };
-    own(acc0, 0);
-    if (SUB == 2) own(acc1, 1);
-    __threadfence();
-    __syncwarp();
-    int first = 0;
-    if (lane == 0) {
-        __threadfence();
-        first = atomicAdd(Q.cnt + ((size_t)(item * KB + b) * 2 + wg) * 4 + wq, 1) == 0;
-        __threadfence();
-    }
-    if (__shfl_sync(0xffffffffu, first, 0)) return;  // the partner's warp quantizes both halves
-    __threadfence();
-    auto quant = [&](const float (&a)[64], int st) {
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int row = row0 + 64 * st + 8 * hh;
-            float inv;
-            const float s = gq_block_scale(fmaxf(m[st][hh], __ldcg(Q.qmax + (size_t)row * tiles_n + (tile ^ 1))), &inv);
-#pragma unroll
-            for (int jj = 0; jj < 8; jj++) {
-                const int gi = 4 * (2 * jj) + 2 * hh;
-                const float2 p = __ldcg(reinterpret_cast<const float2*>(E.hf + (size_t)row * E.ldh + pc + 8 * jj));
-                *reinterpret_cast<unsigned short*>(Q.q + gq_tiled(row, hc + 8 * jj, KB)) = (unsigned short)gq_e4m3x2(a[gi] * inv, a[gi + 1] * inv);
-                *reinterpret_cast<unsigned short*>(Q.q + gq_tiled(row, pc + 8 * jj, KB)) = (unsigned short)gq_e4m3x2(p.x * inv, p.y * inv);
-            }
-            if ((lane & 3) == 0) Q.sa[(size_t)row * KB + b] = s;
-        }
-    };
-    quant(acc0, 0);
-    if (SUB == 2) quant(acc1, 1);
-}
-
 // Shared memory: STAGES stages of A (four 64-row sub-tiles, 32 KB) and the converted B [128][128]
 // e4m3 (16 KB), both swizzled; the packed-weight ring (RAW steps of [128][64] bytes) and its words
 // (RAW × 5 × 128 u32: per producer thread its four units' scale words and the step's block
@@ -1187,12 +1099,11 @@ struct GwtLayout {
     static constexpr int TOTAL = 1024 + LUT + 72;
 };
 
-template <int EPI, bool QUANT = false>
+template <int EPI>
 __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
                                        const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, const int* n_items,
                                        float* y, float* hf, int ldh, const int* dst, const float* gamma, int N, int K, float limit,
-                                       const u8* bsg, const u8* bsu, GwtQuant gq = GwtQuant{}) {
-    static_assert(!QUANT || EPI == 1, "the fused quantization follows the SwiGLU epilogue");
+                                       const u8* bsg, const u8* bsu) {
     typedef GwtLayout L;
     constexpr int ST = L::STAGES, RAW = L::RAW, NP = GWT_PRODUCERS, LAG = GWT_LAG;
     static_assert(LAG >= 1, "the copies run ahead of the conversion");
@@ -1411,13 +1322,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
             cur = next;
         }
-        if (QUANT) {
-            if (l1)
-                wt_quant_epilogue<2>(E, gq, N, w / tiles_n, P.n0, wg, wq, lane, row0, c2, acc0, acc1);
-            else if (l0)
-                wt_quant_epilogue<1>(E, gq, N, w / tiles_n, P.n0, wg, wq, lane, row0, c2, acc0, acc1);
-            continue;
-        }
         if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
         if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
     }
@@ -1437,20 +1341,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 MOE_WT_ENTRY(moe_wt_fp4_256_plain, 0)
 MOE_WT_ENTRY(moe_wt_fp4_256_swiglu, 1)
 MOE_WT_ENTRY(moe_wt_fp4_256_scatter, 2)
-
-// moe_wt_fp4_256_swiglu with the down input's quantization fused (MOE_FUSED_QUANT, wt_quant_epilogue):
-// q [R, N/2] e4m3 in gq_tiled's layout, sa [R, N/256], qmax [R, N/128], cnt zeroed
-// [n_items·(N/256)·8] ints; N a multiple of 256.
-extern "C" __global__ void __launch_bounds__(GWT_THREADS, 1)
-    moe_wt_fp4_256_swiglu_q(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,
-                            const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,
-                            const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items,
-                            float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,
-                            const float* __restrict__ gamma, int N, int K, float limit, const u8* __restrict__ bsg,
-                            const u8* __restrict__ bsu, u8* __restrict__ q2, float* __restrict__ sa2, float* __restrict__ qmax,
-                            int* __restrict__ cnt) {
-    moe_wt<1, true>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu, GwtQuant{q2, sa2, qmax, cnt});
-}
 
 extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB, float* __restrict__ sat, const u8* __restrict__ sw,
                                      int NB, float* __restrict__ swf) {
