@@ -296,6 +296,7 @@ fn report(gpu: &Gpu, seed: u64, all: bool, ops: Vec<Value>, timings: Vec<Value>)
         "arch": gpu.arch,
         "nvrtc": super::nvrtc::version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_default(),
         "seed": seed,
+        "kernel_defines": super::nvrtc::kernel_defines_in_effect(),
         "all_pass": all,
         "ops": ops,
         "timings": timings,

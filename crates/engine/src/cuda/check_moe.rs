@@ -252,17 +252,23 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
 /// The grouping kernels (moe.cu `moe_group_scan` / `moe_group_plan`) against
 /// [`crate::cuda::ops_moe::group_reference`], array for array: random expert ids (one in 50 outside
 /// 0 … E − 1, belonging to no expert) for pair counts below, at and across the scan's 1,024-pair
-/// chunks, the Flash shapes of an 8,192-token chunk (256 experts, top-6, tiles of 256 and 128) and the
-/// most experts the grouping takes.
+/// chunks, the Flash shapes of an 8,192-token chunk (256 experts, top-6, tiles of 256 and 128) and of
+/// a 32,768-token one, the most experts the grouping takes; one pair; every id outside (no rows);
+/// one expert for all (whole warp steps of one expert, its rows across many tiles and chunks).
 fn run_grouping(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
-    for (tk, k, e, bm) in [(6usize, 6usize, 256usize, 64usize), (1000, 4, 16, 64), (1024, 8, 16, 128), (4097, 1, 7, 64), (8192 * 6, 6, 256, 256), (8192 * 6, 6, 256, 128), (3000, 3, 1024, 64)] {
+    // (pairs, top-k, experts, tile, ids: 0 random with one in 50 outside, 1 all outside, 2 all one expert)
+    let shapes = [(6usize, 6usize, 256usize, 64usize, 0u8), (1000, 4, 16, 64, 0), (1024, 8, 16, 128, 0), (4097, 1, 7, 64, 0), (8192 * 6, 6, 256, 256, 0), (8192 * 6, 6, 256, 128, 0), (32768 * 6, 6, 256, 256, 0), (3000, 3, 1024, 64, 0), (1, 1, 256, 256, 0), (2000, 2, 8, 64, 1), (2500, 1, 4, 64, 2)];
+    for (tk, k, e, bm, kind) in shapes {
         let mut ids: Vec<i32> = (0..tk).map(|i| (crate::testing::fnv1a64(&format!("{seed}:group:{tk}:{i}")) % e as u64) as i32).collect();
         for (i, x) in ids.iter_mut().enumerate() {
             let h = crate::testing::fnv1a64(&format!("{seed}:group-out:{tk}:{i}"));
-            if h.is_multiple_of(50) {
-                *x = if h.is_multiple_of(100) { -1 } else { (e + (h as usize % 7)) as i32 };
-            }
+            *x = match kind {
+                1 => if i % 2 == 0 { -1 } else { (e + i % 5) as i32 },
+                2 => (e / 2) as i32,
+                _ if h.is_multiple_of(50) => if h.is_multiple_of(100) { -1 } else { (e + (h as usize % 7)) as i32 },
+                _ => *x,
+            };
         }
         let got = gpu.moe_group_download(&ids, k, e, bm)?;
         let want = crate::cuda::ops_moe::group_reference(&ids, k, e, bm);
@@ -270,7 +276,7 @@ fn run_grouping(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cuda
         let differ = |a: &[i32], b: &[i32]| a.len().abs_diff(b.len()) + a.iter().zip(b).filter(|(x, y)| x != y).count();
         all &= flag_record(
             out,
-            &format!("moe grouping (pairs {tk}, top-{k}, {e} experts, tile {bm})"),
+            &format!("moe grouping (pairs {tk}, top-{k}, {e} experts, tile {bm}{})", ["", ", no id routed", ", one expert"][kind as usize]),
             json!({"rows": want.row_tok.len(), "items": want.items.len() / 2, "differing": {"offsets": differ(&got.offsets, &want.offsets), "items": differ(&got.items, &want.items), "row_tok": differ(&got.row_tok, &want.row_tok), "row_dst": differ(&got.row_dst, &want.row_dst)}, "vs": "group_reference on the host"}),
             ok,
         );
@@ -280,7 +286,7 @@ fn run_grouping(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cuda
                 let ids: Vec<i32> = (0..tokens * k).map(|i| (crate::testing::fnv1a64(&format!("{seed}:group-time:{i}")) % e as u64) as i32).collect();
                 let dev = gpu.upload(&ids)?;
                 let ms = median_ms(gpu, 20, || gpu.moe_group(&dev, tokens * k, k, e, bm).map(|_| ()))?;
-                println!("time moe grouping (scan, plan, fill) T={tokens} top-{k} E={e} tile {bm}: {ms:.3} ms");
+                println!("time moe grouping (scan, plan, scan) T={tokens} top-{k} E={e} tile {bm}: {ms:.3} ms");
                 out.push(json!({"op": "time moe grouping", "tokens": tokens, "top_k": k, "experts": e, "tile": bm, "median_ms": ms}));
             }
         }

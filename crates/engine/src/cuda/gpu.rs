@@ -506,6 +506,9 @@ impl Gpu {
         // A created (non-blocking) stream: the legacy default stream cannot be captured into a
         // CUDA graph (decode steps, `super::graph`).
         let stream = drv("creating the stream", ctx.new_stream())?;
+        if let Some(d) = nvrtc::kernel_defines_in_effect() {
+            eprintln!("FLASHSEEK_KERNEL_DEFINES (a development knob): every kernel compiled with {}", d.trim_end().replace('\n', "; "));
+        }
         let mut functions = HashMap::new();
         // Every program compiled (or read from the cache) on its own thread: NVRTC compiles
         // separate programs concurrently, and gemm.cu's two halves dominate a cold start.

@@ -29,12 +29,21 @@ pub fn options(arch: &str) -> Vec<String> {
 /// The full source compiled for kernel file `file`: the common prelude, then the file.
 ///
 /// Development knob: `FLASHSEEK_KERNEL_DEFINES="NAME=VALUE,NAME2=VALUE2"` prepends `#define NAME
-/// VALUE` lines (part of the cache key), so that a kernel's compile-time variants (e.g. gemm_q8.cu's
-/// `GWT_A_BY_CONSUMER`) can be timed against each other with one binary. Entries that are not
-/// `NAME=VALUE` with NAME an identifier are ignored.
+/// VALUE` lines (part of the cache key), so that a kernel's compile-time variants — constants a
+/// kernel file declares under `#ifndef NAME` — can be timed against each other with one binary
+/// (`bench/moe_wt_variants_h200.log`, twenty-first session). No kernel declares one at present. Entries
+/// that are not `NAME=VALUE` with NAME an identifier, or whose value holds a line break or a
+/// backslash, are ignored; [`kernel_defines_in_effect`] says what applies (`Gpu::open` prints it and
+/// gpu-check records it).
 pub fn full_source(file: &str, src: &str) -> String {
-    let defines = std::env::var("FLASHSEEK_KERNEL_DEFINES").map(|v| kernel_defines(&v)).unwrap_or_default();
+    let defines = kernel_defines_in_effect().unwrap_or_default();
     format!("// flashseek kernel {file}\n{defines}{COMMON}\n#line 1 \"{file}\"\n{src}")
+}
+
+/// The `#define` lines `FLASHSEEK_KERNEL_DEFINES` adds to every kernel source (see [`full_source`]),
+/// `None` when it adds none.
+pub fn kernel_defines_in_effect() -> Option<String> {
+    std::env::var("FLASHSEEK_KERNEL_DEFINES").ok().map(|v| kernel_defines(&v)).filter(|d| !d.is_empty())
 }
 
 /// `#define` lines of a `FLASHSEEK_KERNEL_DEFINES` value (see [`full_source`]).
@@ -42,7 +51,7 @@ fn kernel_defines(v: &str) -> String {
     let ident = |s: &str| s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     v.split(',')
         .filter_map(|d| d.split_once('='))
-        .filter(|(n, val)| ident(n.trim()) && !val.contains('\n'))
+        .filter(|(n, val)| ident(n.trim()) && !val.contains(['\n', '\r', '\\']))
         .map(|(n, val)| format!("#define {} {}\n", n.trim(), val.trim()))
         .collect()
 }
@@ -126,6 +135,8 @@ mod tests {
     fn kernel_defines_parse() {
         assert_eq!(kernel_defines("GWT_A_BY_CONSUMER=0, X_1 = 2"), "#define GWT_A_BY_CONSUMER 0\n#define X_1 2\n");
         assert_eq!(kernel_defines("bad name=1,1X=2,NOEQ,=3"), "");
+        // A trailing backslash would join the next line onto the macro; a line break would start one.
+        assert_eq!(kernel_defines("A=1\\,B=2\r,C=3\n#define D 4,E=5"), "#define E 5\n");
     }
 
     /// Compiles every kernel for sm_90a when NVRTC is present. CI sets FLASHSEEK_REQUIRE_NVRTC=1

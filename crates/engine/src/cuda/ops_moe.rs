@@ -322,7 +322,13 @@ impl Gpu {
 
     /// Scan, plan and fill (moe.cu `moe_group_scan` / `moe_group_plan`): groups the `tk` pairs of
     /// `experts` (device, `[tk]`) by expert in tiles of `bm` rows.
+    ///
+    /// Errors: no pairs, no experts or more than [`MOE_GROUP_MAX_EXPERTS`], top-k or tile 0, fewer
+    /// than `tk` ids, sizes past 32 bits, launch failures.
     pub(crate) fn moe_group(&self, experts: &CudaSlice<i32>, tk: usize, k: usize, e: usize, bm: usize) -> Result<Grouping, CudaError> {
+        if tk == 0 || e == 0 || e > MOE_GROUP_MAX_EXPERTS || k == 0 || bm == 0 || experts.len() < tk {
+            return Err(bad(format!("grouping {tk} pairs ({} ids) of top-{k} over {e} experts (at most {MOE_GROUP_MAX_EXPERTS}) in tiles of {bm}", experts.len())));
+        }
         let active = e.min(tk);
         let r_cap = (tk + active * (bm - 1)).div_ceil(128) * 128;
         let max_items = tk.div_ceil(bm) + active;
@@ -365,9 +371,6 @@ impl Gpu {
     ///
     /// Errors: as `moe_group`, or a download.
     pub(crate) fn moe_group_download(&self, experts: &[i32], k: usize, e: usize, bm: usize) -> Result<GroupArrays, CudaError> {
-        if experts.is_empty() || e == 0 || e > MOE_GROUP_MAX_EXPERTS || k == 0 || bm == 0 {
-            return Err(bad(format!("grouping {} pairs of top-{k} over {e} experts in tiles of {bm}", experts.len())));
-        }
         let dev = self.upload(experts)?;
         let g = self.moe_group(&dev, experts.len(), k, e, bm)?;
         let offsets = self.download(&g.offsets)?;
