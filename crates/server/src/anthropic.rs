@@ -126,7 +126,11 @@ fn to_openai_messages(system: Option<Value>, messages: Vec<Value>) -> Result<Vec
                                 out.push(json!({"role": "user", "content": text.join("\n")}));
                                 text.clear();
                             }
-                            let id = b.get("tool_use_id").and_then(Value::as_str).unwrap_or_default();
+                            let id = match b.get("tool_use_id") {
+                                None | Some(Value::Null) => "",
+                                Some(Value::String(s)) => s.as_str(),
+                                Some(_) => return Err(ApiError::field(&format!("{bat}.tool_use_id"), "`tool_use_id` must be a string.")),
+                            };
                             let mut c = match b.get("content") {
                                 None | Some(Value::Null) => String::new(),
                                 c => content_text(c, &format!("{bat}.content"))?.unwrap_or_default(),

@@ -420,6 +420,15 @@ fn bad_input_gets_shaped_4xx() {
         expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "messages": []}"#.to_vec(), 400, true).await;
         expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "temperature": 7, "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 400, true).await;
         expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]}"#.to_vec(), 400, true).await;
+        // Tool results: an id is optional (results match calls by order) but must be a string when given.
+        let tr = |id: &str| format!(r#"{{"model": "flashseek-default", "max_tokens": 2, "messages": [{{"role": "user", "content": "x"}}, {{"role": "assistant", "content": [{{"type": "tool_use", "id": "t1", "name": "f", "input": {{}}}}]}}, {{"role": "user", "content": [{{"type": "tool_result"{id}, "content": "ok"}}]}}]}}"#).into_bytes();
+        let v = expect_error(&c, &au, tr(r#", "tool_use_id": 7"#), 400, true).await;
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("tool_use_id")), "{v}");
+        assert_eq!(send(&c, "POST", &au, tr(""), &[]).await.status, 200);
+        assert_eq!(send(&c, "POST", &au, tr(r#", "tool_use_id": "t1""#), &[]).await.status, 200);
+        let tm = |id: &str| format!(r#"{{"max_tokens": 2, "messages": [{{"role": "user", "content": "x"}}, {{"role": "tool"{id}, "content": "ok"}}]}}"#).into_bytes();
+        expect_error(&c, &u, tm(r#", "tool_call_id": 7"#), 400, false).await;
+        assert_eq!(send(&c, "POST", &u, tm(""), &[]).await.status, 200);
         expect_error(&c, &format!("{au}/count_tokens"), br#"{"model": "flashseek-default"}"#.to_vec(), 400, true).await;
         // Unknown routes and methods are JSON too.
         let r = get(&c, &format!("{}/v2/nothing", s.url())).await;
