@@ -558,11 +558,7 @@ impl Gpu {
             for name in super::ops_attention::INDEXER_WGMMA_KERNELS {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
-        }
-        {
-            // hc_post_mix_f32: its warps' lane-sum rows, dynamic shared memory above the 48 KB a
-            // launch gets without this attribute.
-            let attr = cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            // hc_post_mix_f32: its warps' lane-sum rows.
             let bytes = super::ops_mhc::HC_MIX_SMEM as i32;
             drv("shared memory of hc_post_mix_f32", functions["hc_post_mix_f32"].set_attribute(attr, bytes))?;
         }

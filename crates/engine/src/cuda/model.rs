@@ -790,6 +790,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
     let mut comb = gpu.zeros::<f32>(t * n * n)?;
     // MHC_FUSED: the last fused pre's coefficients as doubles, for the post of its sub-block.
     let mut coefs = None;
+    let no_coefs = || CudaError::Unsupported { what: "forward", detail: "MHC_FUSED: no coefficients for a post".into() };
     for (li, (l, s)) in m.layers.iter().zip(seq.layers.iter_mut()).enumerate() {
         let (rope, inv) = if l.kind.uses_compress_rope() { (&m.rope_compress, &m.inv_compress) } else { (&m.rope_main, &m.inv_main) };
         // Attention sub-block (§4.2, §4.5–§4.7).
@@ -943,7 +944,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         let mut f = unsafe { gpu.scratch::<f32>(t * d) }?;
         if fused_mhc {
             // MoE sub-block (§4.11): its pre's partials from the attention sub-block's post.
-            let ca = coefs.take().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED: no coefficients for a post".into() })?;
+            let ca = coefs.take().ok_or_else(no_coefs)?;
             let p = gpu.hc_post_mix(&mut x, Some((&y, &ca)), &l.hc_ffn, t, n, d)?;
             coefs = Some(gpu.hc_pre_norm(&l.hc_ffn, &p, &x, Some(&l.ffn_norm), &mut f, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?);
         } else {
@@ -959,7 +960,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         // With MHC_FUSED the post also computes the next layer's attention pre partials.
         match m.layers.get(li + 1) {
             Some(next) if fused_mhc => {
-                let cf = coefs.take().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED: no coefficients for a post".into() })?;
+                let cf = coefs.take().ok_or_else(no_coefs)?;
                 mix = Some(gpu.hc_post_mix(&mut x, Some((&moe.out, &cf)), &next.hc_attn, t, n, d)?);
             }
             _ => gpu.hc_post(&mut x, &moe.out, &post, &comb, t, n, d)?,

@@ -254,23 +254,6 @@ __device__ __forceinline__ void hc_pre_coeffs(const float* tot, const float* __r
     }
 }
 
-// The pre's coefficients for token t = blockIdx.x from its S partials (hc_totals, then warp 0's
-// hc_pre_coeffs over N = n·d values: post and comb written, the stream weights in coef), visible to
-// the whole block on return (hc_pre_f32; hc_pre_coef_f32 runs the same two steps with a warp per
-// token). Every thread of the block must call it.
-template <int NN>
-__device__ __forceinline__ void hc_pre_begin(const float* __restrict__ part, int S, const float* __restrict__ base,
-                                             const float* __restrict__ scale, float* __restrict__ post,
-                                             float* __restrict__ comb, int N, int iters, double eps, double hc_eps,
-                                             float* tot, double* coef) {
-    const int t = blockIdx.x;
-    hc_totals(part, S, (2 + NN) * NN, tot);
-    if (threadIdx.x < 32)
-        hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
-                          hc_eps);
-    __syncthreads();
-}
-
 template <int NN>
 __device__ void hc_pre_impl(const float* __restrict__ part, const float* __restrict__ x, const float* __restrict__ base,
                             const float* __restrict__ scale, float* __restrict__ u, float* __restrict__ post,
@@ -278,7 +261,13 @@ __device__ void hc_pre_impl(const float* __restrict__ part, const float* __restr
                             double* coef) {
     const int t = blockIdx.x;
     const int N = NN * d;
-    hc_pre_begin<NN>(part, HC_SPLIT, base, scale, post, comb, N, iters, eps, hc_eps, tot, coef);
+    // The totals of the token's partials, then warp 0's coefficients (hc_pre_coef_f32 runs the same
+    // two steps with a warp per token), visible to the whole block.
+    hc_totals(part, HC_SPLIT, (2 + NN) * NN, tot);
+    if (threadIdx.x < 32)
+        hc_pre_coeffs<NN>(tot, base, scale, post + (size_t)t * NN, comb + (size_t)t * NN * NN, coef, N, iters, eps,
+                          hc_eps);
+    __syncthreads();
     hc_combine_streams<NN>(x + (size_t)t * N, coef, u + (size_t)t * d, d);
 }
 
