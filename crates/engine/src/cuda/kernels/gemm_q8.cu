@@ -1058,6 +1058,12 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // the code is ours.
 
 #define GWT_LAG 2
+// Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n; wrong results): 1 the producer
+// stores its packed bytes unconverted, 2 the multiply warpgroups skip the wgmma and promotion, 3
+// they skip the promotion, 4 the producer neither converts nor stores. 0 (default): the kernel.
+#ifndef MOE_WT_DIAG
+#define MOE_WT_DIAG 0
+#endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
 
@@ -1241,8 +1247,13 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                     tb[u] = *reinterpret_cast<const uint2*>(lut + 2 * dd);
                 }
                 uint4 o[4][2];
+#if MOE_WT_DIAG == 1 || MOE_WT_DIAG == 4
+#pragma unroll
+                for (int u = 0; u < 4; u++) o[u][0] = o[u][1] = make_uint4(v[u].x ^ tb[u].x, v[u].y, v[u].z, v[u].w ^ tb[u].y);
+#else
 #pragma unroll
                 for (int u = 0; u < 4; u++) gq_fp4x32(v[u], tb[u], o[u][0], o[u][1]);
+#endif
                 gws_wait(empty0 + 8 * s, ring.ph ^ 1);
                 if (p == 0) {
                     const u32 bar = full0 + 8 * s, bytes = (u32)nlive * 8192u;
@@ -1250,6 +1261,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                     for (int st = 0; st < nlive; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + st * 8192, a_src + ((size_t)st * KT + kt) * 8192, bar);
                 }
                 u8* bc = gbase + s * L::STAGE + L::BC;
+#if MOE_WT_DIAG == 4
+                if ((o[0][0].x & o[1][0].y & o[2][1].z & o[3][1].w) == 0x12345678u)
+#endif
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     const int r = (p >> 2) + 32 * u;
@@ -1312,9 +1326,17 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             __syncwarp();  // converged for the .aligned wgmma instructions
             // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1).
             auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
+#if MOE_WT_DIAG == 2
+                acc[st] += sa0 * sa1;
+#else
                 gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (2 * wg + st) * 8192), gw_desc_lo(sb + L::BC));
                 gw_wait_partial(tmp);
+#if MOE_WT_DIAG == 3
+                acc[st] += tmp[st] * sa0;
+#else
                 gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu), nullptr, c2);
+#endif
+#endif
             };
             if (l0) multiply(acc0, 0, cur.a0, cur.a1);
             if (l1) multiply(acc1, 1, cur.b0, cur.b1);
