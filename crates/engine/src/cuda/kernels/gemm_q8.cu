@@ -1058,9 +1058,10 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // the code is ours.
 
 #define GWT_LAG 2
-// Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n; wrong results): 1 the producer
-// stores its packed bytes unconverted, 2 the multiply warpgroups skip the wgmma and promotion, 3
-// they skip the promotion, 4 the producer neither converts nor stores. 0 (default): the kernel.
+// Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n, n a sum of bits; wrong
+// results): 1 the producer stores its packed bytes unconverted, 2 the multiply warpgroups skip the
+// wgmma and promotion, 4 they skip the promotion, 8 the producer stores no converted tile, 16 the
+// kernel returns at once, 32 the producer skips its proxy fence. 0 (default): the kernel.
 #ifndef MOE_WT_DIAG
 #define MOE_WT_DIAG 0
 #endif
@@ -1115,6 +1116,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     static_assert(LAG >= 1, "the copies run ahead of the conversion");
     extern __shared__ __align__(16) u8 gwt_sh[];
     if (blockDim.x != GWT_THREADS) __trap();  // without its producer the ring would never fill
+#if MOE_WT_DIAG & 16
+    return;
+#endif
     u8* gbase;
     const u32 base = gw_smem_base(gwt_sh, L::TOTAL, gbase);
     const u32 full0 = base + L::BARS, empty0 = full0 + ST * 8;
@@ -1247,7 +1251,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                     tb[u] = *reinterpret_cast<const uint2*>(lut + 2 * dd);
                 }
                 uint4 o[4][2];
-#if MOE_WT_DIAG == 1 || MOE_WT_DIAG == 4
+#if MOE_WT_DIAG & 1
 #pragma unroll
                 for (int u = 0; u < 4; u++) o[u][0] = o[u][1] = make_uint4(v[u].x ^ tb[u].x, v[u].y, v[u].z, v[u].w ^ tb[u].y);
 #else
@@ -1261,7 +1265,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                     for (int st = 0; st < nlive; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + st * 8192, a_src + ((size_t)st * KT + kt) * 8192, bar);
                 }
                 u8* bc = gbase + s * L::STAGE + L::BC;
-#if MOE_WT_DIAG == 4
+#if MOE_WT_DIAG & 8
                 if ((o[0][0].x & o[1][0].y & o[2][1].z & o[3][1].w) == 0x12345678u)
 #endif
 #pragma unroll
@@ -1270,7 +1274,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                     *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o[u][0];
                     *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o[u][1];
                 }
+#if !(MOE_WT_DIAG & 32)
                 gw_fence_proxy();
+#endif
                 gws_arrive(full0 + 8 * s);
             }
         }
@@ -1326,12 +1332,12 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             __syncwarp();  // converged for the .aligned wgmma instructions
             // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1).
             auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
-#if MOE_WT_DIAG == 2
+#if MOE_WT_DIAG & 2
                 acc[st] += sa0 * sa1;
 #else
                 gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (2 * wg + st) * 8192), gw_desc_lo(sb + L::BC));
                 gw_wait_partial(tmp);
-#if MOE_WT_DIAG == 3
+#if MOE_WT_DIAG & 4
                 acc[st] += tmp[st] * sa0;
 #else
                 gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu), nullptr, c2);
