@@ -66,6 +66,9 @@ pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
     "moe_wt_fp4_256_plain",
     "moe_wt_fp4_256_swiglu",
     "moe_wt_fp4_256_scatter",
+    "moe_wt_fp4_256_plain_mc",
+    "moe_wt_fp4_256_swiglu_mc",
+    "moe_wt_fp4_256_scatter_mc",
     "fp4_block_smax",
     "moe_gather_q8",
     "scale_rows_by_route",
@@ -552,7 +555,11 @@ mod tests {
         assert_eq!(smem_of("moe_wt_fp4_256_swiglu"), WT_SMEM);
         for epi in ["plain", "swiglu", "scatter"] {
             assert!(GEMM_Q8_ENTRY_POINTS.contains(&format!("moe_wt_fp4_256_{epi}").as_str()));
+            assert!(GEMM_Q8_ENTRY_POINTS.contains(&format!("moe_wt_fp4_256_{epi}_mc").as_str()));
+            assert_eq!(smem_of(&format!("moe_wt_fp4_256_{epi}_mc")), WT_SMEM);
         }
+        // The multicast entries are clusters of two blocks, the pairing the host's grid relies on.
+        assert!(src.contains("__launch_bounds__(GWT_THREADS, 1) __cluster_dims__(2, 1, 1)"));
         crate::switches::scoped(&[("MOE_FP8_WT", "on")], || {
             // 8,192 tokens × top-6 over 256 experts: 192 per expert.
             assert!(wt_tiles("fp4", true, "moe_w8", true, None, true, 8192 * 6, 256));
@@ -708,7 +715,7 @@ mod tests {
         let src = include_str!("kernels/gemm_q8.cu");
         for n in GEMM_Q8_ENTRY_POINTS {
             let direct = src.contains(&format!("void {n}(")) || src.contains(&format!("FP8_GEMM_ENTRY({n},"));
-            let ws = (n.starts_with("moe_ws_") && src.contains(&format!("MOE_WS_ENTRY({n},"))) || (n.starts_with("moe_wt_") && src.contains(&format!("MOE_WT_ENTRY({n},")));
+            let ws = (n.starts_with("moe_ws_") && src.contains(&format!("MOE_WS_ENTRY({n},"))) || (n.starts_with("moe_wt_") && (src.contains(&format!("MOE_WT_ENTRY({n},")) || src.contains(&format!("MOE_WT_MC_ENTRY({n},"))));
             let moe = ["q8", "w8"].iter().find_map(|fam| n.strip_prefix(&format!("moe_{fam}_")).map(|r| (fam, r))).map(|(fam, r)| {
                 let f = if r.starts_with("fp8") { "fp8" } else { "fp4" };
                 src.contains(&format!("MOE_FP8_FMT({fam}, {}, {f},", *fam == "w8")) && src.contains(&format!("moe_##P##_##F##{}", &r[3..]))
