@@ -1106,15 +1106,26 @@ __device__ __forceinline__ void gwt_cluster_sync() {
     GW_ASM("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 // gws_wait with acquire at cluster scope (the arrivals it waits for include the peer's).
+#ifndef MOE_WT_MC_SEM
+#define MOE_WT_MC_SEM 0
+#endif
 __device__ __forceinline__ void gwt_wait_cluster(u32 bar, u32 parity) {
+#if MOE_WT_MC_SEM
+    gws_wait(bar, parity);
+#else
     GW_ASM("{\n.reg .pred p;\nGWT_WAIT_%=:\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n@!p bra GWT_WAIT_%=;\n}\n" ::"r"(bar),
            "r"(parity)
            : "memory");
+#endif
 }
 __device__ __forceinline__ void gwt_arrive_remote(u32 bar, u32 rank) {
     u32 remote;
     GW_ASM("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
+#if MOE_WT_MC_SEM
+    GW_ASM("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+#else
     GW_ASM("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+#endif
 }
 template <int BYTES>
 __device__ __forceinline__ void gwt_bulk_copy_mc(u32 dst, const void* src, u32 bar, unsigned short mask) {
