@@ -429,9 +429,6 @@ impl Gpu {
             let fit = if pairs {
                 let probe = LaunchConfig { grid_dim: (2, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 };
                 let clusters = self.f(fname).occupancy_max_active_clusters(probe, &self.stream).unwrap_or(0) as usize;
-                if std::env::var("FLASHSEEK_MC_DEBUG").is_ok() {
-                    eprintln!("{fname}: {clusters} clusters of two fit; units {units}");
-                }
                 if clusters == 0 {
                     return Err(bad(format!("{fname}: no cluster of two blocks fits an SM pair")));
                 }

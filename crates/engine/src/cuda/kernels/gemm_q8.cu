@@ -1093,10 +1093,9 @@ extern "C" __global__ void fp4_block_smax(const unsigned long long* __restrict__
 }
 
 // Clusters of moe_wt_*_mc (CL = 2): this block's rank in its cluster; a barrier over every thread
-// of the cluster (release / acquire); an arrival on the mbarrier at shared offset `bar` of block
-// `rank` of the cluster; one cp.async.bulk of BYTES landing at shared offset `dst` of every block
-// of `mask` and completing on the mbarrier at offset `bar` of each (PTX ISA: mapa,
-// mbarrier.arrive .shared::cluster, cp.async.bulk .multicast::cluster).
+// of the cluster (release / acquire); a remote arrival; one cp.async.bulk of BYTES landing at
+// shared offset `dst` of every block of `mask` and completing on the mbarrier at offset `bar` of
+// each (PTX ISA: mapa, mbarrier.arrive .shared::cluster, cp.async.bulk .multicast::cluster).
 __device__ __forceinline__ u32 gwt_cluster_rank() {
     u32 r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -1105,27 +1104,15 @@ __device__ __forceinline__ u32 gwt_cluster_rank() {
 __device__ __forceinline__ void gwt_cluster_sync() {
     GW_ASM("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// gws_wait with acquire at cluster scope (the arrivals it waits for include the peer's).
-#ifndef MOE_WT_MC_SEM
-#define MOE_WT_MC_SEM 0
-#endif
-__device__ __forceinline__ void gwt_wait_cluster(u32 bar, u32 parity) {
-#if MOE_WT_MC_SEM
-    gws_wait(bar, parity);
-#else
-    GW_ASM("{\n.reg .pred p;\nGWT_WAIT_%=:\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n@!p bra GWT_WAIT_%=;\n}\n" ::"r"(bar),
-           "r"(parity)
-           : "memory");
-#endif
-}
+// An arrival on the mbarrier at shared offset `bar` of block `rank` of the cluster, with
+// mbarrier.arrive's default semantics (as CUTLASS's ClusterBarrier): the multiply warps arrive
+// after wgmma.wait_group, so the reads it releases are done. The explicit .release.cluster here
+// and .acquire.cluster on the producer's wait made a Flash MoE layer 0.8–1.0 ms slower at T =
+// 8,192 (bench/moe_wt_variants_h200.log, twenty-second session).
 __device__ __forceinline__ void gwt_arrive_remote(u32 bar, u32 rank) {
     u32 remote;
     GW_ASM("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
-#if MOE_WT_MC_SEM
     GW_ASM("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-#else
-    GW_ASM("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-#endif
 }
 template <int BYTES>
 __device__ __forceinline__ void gwt_bulk_copy_mc(u32 dst, const void* src, u32 bar, unsigned short mask) {
@@ -1309,11 +1296,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #pragma unroll
                 for (int u = 0; u < 4; u++) gq_fp4x32(v[u], tb[u], o[u][0], o[u][1]);
 #endif
-                if (CL > 1) {
-                    gwt_wait_cluster(empty0 + 8 * s, ring.ph ^ 1);
-                } else {
-                    gws_wait(empty0 + 8 * s, ring.ph ^ 1);
-                }
+                gws_wait(empty0 + 8 * s, ring.ph ^ 1);
                 if (p == 0) {
                     const u32 bar = full0 + 8 * s, bytes = (u32)nlive * 8192u;
                     GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
