@@ -1057,7 +1057,12 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // PTX ISA (cp.async.bulk, mbarrier transaction counts) and DeepGEMM's producer/consumer design;
 // the code is ours.
 
+#ifndef GWT_LAG
 #define GWT_LAG 2
+#endif
+#ifndef GWT_STAGES
+#define GWT_STAGES 4
+#endif
 // Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n, n a sum of bits; wrong
 // results): 1 the producer stores its packed bytes unconverted, 2 the multiply warpgroups skip the
 // wgmma and promotion, 4 they skip the promotion, 8 the producer stores no converted tile, 16 the
@@ -1126,7 +1131,7 @@ __device__ __forceinline__ void gwt_bulk_copy_mc(u32 dst, const void* src, u32 b
 // (RAW × 5 × 128 u32: per producer thread its four units' scale words and the step's block
 // scales); the full and empty barriers; the fp4 table.
 struct GwtLayout {
-    static constexpr int STAGES = 4, RAW = GWT_LAG + 1;
+    static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;
     static constexpr int A = 0, BC = 32768, STAGE = 49152;
     static constexpr int BR = STAGES * STAGE;
     static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;
