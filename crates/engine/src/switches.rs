@@ -98,13 +98,6 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only moe`) `moe_q8 fp4 MOE_FP8_WT=off bits` (bitwise equal to moe_ws on the parity layer; the other `moe_q8 fp4 …` records of 1,000 tokens run on it by default: against the CPU in official numerics and bit for bit against all on, which includes the forced 128-row tile) and `moe_q8 flash T=… MOE_FP8_WT=off bits` (Flash shapes with 256-row tiles forced against 128-row tiles, so that moe_wt runs at every listed token count); qualify (`MOE_FP8_WT=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8); the switch matrix row checks only the plumbing (its 200-token prefill has fewer than 128 pairs per expert)",
     },
     Switch {
-        name: "MOE_WT_MULTICAST",
-        values: &["on", "off"],
-        aliases: ON_OFF_ALIASES,
-        replaces: "the 256-row grouped FP8 MoE kernels (moe_wt_fp4_256_*: every block copies its row tile's activations, 32 KB per K step, for each column tile it multiplies) when the output columns form an even number of 128-column tiles: clusters of two blocks on adjacent column tiles of one row tile (moe_wt_fp4_256_*_mc), each copying half of the activation sub-tiles into both with a multicast cp.async.bulk and freeing a stage once the multiply warps of both blocks released it, so the activation bytes read from L2 halve; the same MMAs in the same order, so the same bits",
-        parity: "gpu-check (`--only moe`) `moe_q8 fp4 MOE_WT_MULTICAST=off bits` and `moe_q8 flash T=… MOE_WT_MULTICAST=off bits` (bitwise equal to moe_wt without clusters, also with a grid of 7 blocks and with persistence off); qualify (`MOE_WT_MULTICAST=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8); the switch matrix row checks only the plumbing (its 200-token prefill has fewer than 128 pairs per expert)",
-    },
-    Switch {
         name: "MOE_BF16_WS",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -472,7 +465,6 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("FP8_WGMMA", &[("TC_LINEAR", &["fp8"])]),
     ("MOE_FP8_WS", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     ("MOE_FP8_WT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"])]),
-    ("MOE_WT_MULTICAST", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"]), ("MOE_FP8_WT", &["on"])]),
     // Under TC_LINEAR=off the grouped MoE still runs split activations (ops_mhc.rs moe_forward).
     ("MOE_BF16_WS", &[("TC_LINEAR", &["split", "off"]), ("BF16_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
@@ -669,8 +661,6 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("MOE_FP8_WS=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WS", "off")], Role::AloneOff, false, true, false));
     // The 256-row tiles run moe_ws's MMAs and promotion per 64-row sub-tile: the same bits again.
     v.push(c("MOE_FP8_WT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WT", "off")], Role::AloneOff, false, true, false));
-    // Clusters share the activation copies only: the same bits again.
-    v.push(c("MOE_WT_MULTICAST=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_WT_MULTICAST", "off")], Role::AloneOff, false, true, false));
     v.push(c("MLA_BF16=on (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on")], Role::Fast, false, false, false));
     // The serving stacks' numerics: FP8 GEMMs, bf16 attention, FP8 indexer scores (spec §9).
     v.push(c("INDEXER_FP8=on (with TC_LINEAR=fp8 and MLA_BF16=on)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on")], Role::Fast, false, false, false));

@@ -37,8 +37,6 @@
 //!   (`moe_w8`) give the all-on (`moe_ws`) bits.
 //! - `moe_q8 fp4 MOE_FP8_WT=off bits`: the 128-row tiles (`moe_ws`) give the all-on bits of the
 //!   256-row tiles (`moe_wt`; `moe_wt_ran` must be true: 375 pairs per expert on average).
-//! - `moe_q8 fp4 MOE_WT_MULTICAST=off bits`: `moe_wt` in single blocks gives the all-on bits of
-//!   its clusters of two (`moe_wt_*_mc`, which the grid-of-7 and persistent-off records run too).
 //! - `moe_q8 fp4 block scales` / `moe_q8 fp4 scales > 128 … block scales`: `fp4_block_smax`'s
 //!   tables byte for byte against the host's rule, and its verdict (tables for the parity layer;
 //!   none for the layer whose rows 2^12 apart share blocks, which keeps 128-row tiles).
@@ -46,11 +44,10 @@
 //! Timings (`timings`): one MoE layer at Flash shapes (256 FP4 experts of [2048, 4096], FP8 shared
 //! expert, top-6, random routing) for several token counts: per-expert path vs grouped with each
 //! switch off alone (and `BF16_WGMMA=off`: the mma.sync kernels), CUDA events, median after
-//! warm-up, with TFLOP/s of the routed experts. With them four checks per token count,
+//! warm-up, with TFLOP/s of the routed experts. With them three checks per token count,
 //! `moe_q8 flash T=… MOE_FP8_WS=off bits` (`moe_ws` against `moe_w8`) and `moe_grouped flash T=…
 //! MOE_BF16_WS=off bits` (`moe_wbs` against `moe_wb`), 128-row tiles forced, and `moe_q8 flash T=…
-//! MOE_FP8_WT=off bits` (`moe_wt` with 256-row tiles forced against `moe_ws`) and `moe_q8 flash
-//! T=… MOE_WT_MULTICAST=off bits` (its clusters of two against single blocks): rows with `"pass"`,
+//! MOE_FP8_WT=off bits` (`moe_wt` with 256-row tiles forced against `moe_ws`): rows with `"pass"`,
 //! folded into gpu-check's verdict by [`timing_checks_pass`].
 
 use super::check::{differing_bits, errors, flag_record, median_ms, random, record, switch_scope, weight, SPLIT_NMSE_TOL};
@@ -505,11 +502,6 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
                 let wt_off = switch_scope(&[("MOE_FP8_WT", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
                 let differ = differing_bits(f0, &gpu.download(&wt_off)?);
                 all &= flag_record(out, &format!("moe_q8 {fmt} MOE_FP8_WT=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on", "moe_wt_ran": ran}), differ == 0 && ran);
-                // Clusters of two (MOE_WT_MULTICAST, on by default: the moe_wt records above, grid
-                // of 7 blocks and persistence off included, ran on them) against single blocks.
-                let mc_off = switch_scope(&[("MOE_WT_MULTICAST", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
-                let differ = differing_bits(f0, &gpu.download(&mc_off)?);
-                all &= flag_record(out, &format!("moe_q8 {fmt} MOE_WT_MULTICAST=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on", "moe_wt_ran": ran}), differ == 0 && ran);
             }
         }
         let masked = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, &dzero, MoeOptions::ALL_ON)?)?;
@@ -631,8 +623,6 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         record_time("grouped fp8 wgmma ws off", ms);
         let ms = switch_scope(&[("MOE_FP8_WT", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 wgmma wt off", ms);
-        let ms = switch_scope(&[("MOE_WT_MULTICAST", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
-        record_time("grouped fp8 wgmma multicast off", ms);
         let t256 = MoeOptions { force_tile_rows: Some(256), ..on };
         let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t256).map(|_| ()))?;
         record_time("grouped fp8 wgmma tile 256", ms);
@@ -653,13 +643,10 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         // (the key saying whether the switched kernel ran, its value, and whether the record needs it
         // to have run: moe_wt's compares nothing otherwise).
         type Ran<'a> = Option<(&'a str, bool, bool)>;
-        let wt_ran = gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, t256));
-        let runs: [(&str, &str, Run, &str, Ran); 4] = [
+        let runs: [(&str, &str, Run, &str, Ran); 3] = [
             ("moe_q8", "MOE_FP8_WS", q8, "all on, both with 128-row tiles", None),
             ("moe_grouped", "MOE_BF16_WS", split, "all on, both with 128-row tiles", Some(("moe_wbs_ran", wbs_runs(gpu, d, inter, t * k, e, t128), false))),
-            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", wt_ran, true))),
-            // Clusters of two against single blocks, both on 256-row tiles.
-            ("moe_q8", "MOE_WT_MULTICAST", q8_256, "all on with 256-row tiles forced, single blocks", Some(("moe_wt_ran", wt_ran, true))),
+            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, t256)), true))),
         ];
         for (op, switch, run, vs, ran) in runs {
             let ws = gpu.download(&*run()?)?;

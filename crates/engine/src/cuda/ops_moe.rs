@@ -420,28 +420,14 @@ impl Gpu {
             128
         };
         let units = g.max_items * n.div_ceil(bn);
-        // moe_wt_*_mc: clusters of two blocks on adjacent column tiles (n.div_ceil(bn) even, checked
-        // by the caller), so the grid is even and, persistent, at most the clusters that fit at once.
-        let pairs = fname.ends_with("_mc");
         let blocks = if opts.persistent {
             let sms = self.sms;
             let per_sm = self.f(fname).occupancy_max_active_blocks_per_multiprocessor(threads, smem, None).unwrap_or(1).max(1) as usize;
-            let fit = if pairs {
-                let probe = LaunchConfig { grid_dim: (2, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 };
-                let clusters = self.f(fname).occupancy_max_active_clusters(probe, &self.stream).unwrap_or(0) as usize;
-                if clusters == 0 {
-                    return Err(bad(format!("{fname}: no cluster of two blocks fits an SM pair")));
-                }
-                2 * clusters
-            } else {
-                sms * per_sm
-            };
-            fit.min(units)
+            (sms * per_sm).min(units)
         } else {
             units
         };
         let blocks = opts.max_blocks.map_or(blocks, |m| blocks.min(m));
-        let blocks = if pairs { (blocks & !1).max(2) } else { blocks };
         Ok(LaunchConfig { grid_dim: (u32::try_from(blocks.max(1)).map_err(|_| bad("grid too large"))?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem as u32 })
     }
 
@@ -564,10 +550,7 @@ impl Gpu {
     fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
         // 256-row tiles exist only as moe_wt (FP4; chosen by ops_q8::wt_tiles).
         let family = if g.bm == 256 { "moe_wt" } else { super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok) };
-        // MOE_WT_MULTICAST: moe_wt in clusters of two blocks (adjacent column tiles, so an even
-        // number of them).
-        let mc = family == "moe_wt" && n.div_ceil(super::ops_q8::Q8_BN).is_multiple_of(2) && crate::switches::on("MOE_WT_MULTICAST");
-        let name = format!("{family}_{}_{}_{epi}{}", tables.format, g.bm, if mc { "_mc" } else { "" });
+        let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
         let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
         };

@@ -1057,6 +1057,8 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // PTX ISA (cp.async.bulk, mbarrier transaction counts) and DeepGEMM's producer/consumer design;
 // the code is ours.
 
+// The copy lag and the ring depth, overridable for timing (FLASHSEEK_KERNEL_DEFINES; nvrtc.rs) as
+// long as GwtLayout fits the WT_SMEM bytes the host launches with (3 stages fit lags up to 4).
 #ifndef GWT_LAG
 #define GWT_LAG 2
 #endif
@@ -1066,7 +1068,8 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n, n a sum of bits; wrong
 // results): 1 the producer stores its packed bytes unconverted, 2 the multiply warpgroups skip the
 // wgmma and promotion, 4 they skip the promotion, 8 the producer stores no converted tile, 16 the
-// kernel returns at once, 32 the producer skips its proxy fence. 0 (default): the kernel.
+// kernel returns at once, 32 the producer skips its proxy fence. 0 (default): the kernel. What
+// they measured: bench/moe_wt_variants_h200.log (twenty-second session).
 #ifndef MOE_WT_DIAG
 #define MOE_WT_DIAG 0
 #endif
@@ -1097,35 +1100,6 @@ extern "C" __global__ void fp4_block_smax(const unsigned long long* __restrict__
     }
 }
 
-// Clusters of moe_wt_*_mc (CL = 2): this block's rank in its cluster; a barrier over every thread
-// of the cluster (release / acquire); a remote arrival; one cp.async.bulk of BYTES landing at
-// shared offset `dst` of every block of `mask` and completing on the mbarrier at offset `bar` of
-// each (PTX ISA: mapa, mbarrier.arrive .shared::cluster, cp.async.bulk .multicast::cluster).
-__device__ __forceinline__ u32 gwt_cluster_rank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void gwt_cluster_sync() {
-    GW_ASM("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// An arrival on the mbarrier at shared offset `bar` of block `rank` of the cluster, with
-// mbarrier.arrive's default semantics (as CUTLASS's ClusterBarrier): the multiply warps arrive
-// after wgmma.wait_group, so the reads it releases are done. The explicit .release.cluster here
-// and .acquire.cluster on the producer's wait made a Flash MoE layer 0.8–1.0 ms slower at T =
-// 8,192 (bench/moe_wt_variants_h200.log, twenty-second session).
-__device__ __forceinline__ void gwt_arrive_remote(u32 bar, u32 rank) {
-    u32 remote;
-    GW_ASM("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
-    GW_ASM("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-template <int BYTES>
-__device__ __forceinline__ void gwt_bulk_copy_mc(u32 dst, const void* src, u32 bar, unsigned short mask) {
-    GW_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;" ::"r"(dst), "l"(src),
-           "n"(BYTES), "r"(bar), "h"(mask)
-           : "memory");
-}
-
 // Shared memory: STAGES stages of A (four 64-row sub-tiles, 32 KB) and the converted B [128][128]
 // e4m3 (16 KB), both swizzled; the packed-weight ring (RAW steps of [128][64] bytes) and its words
 // (RAW × 5 × 128 u32: per producer thread its four units' scale words and the step's block
@@ -1140,7 +1114,7 @@ struct GwtLayout {
     static constexpr int TOTAL = 1024 + LUT + 72;
 };
 
-template <int EPI, int CL>
+template <int EPI>
 __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
                                        const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, const int* n_items,
                                        float* y, float* hf, int ldh, const int* dst, const float* gamma, int N, int K, float limit,
@@ -1158,26 +1132,17 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     const u32 full0 = base + L::BARS, empty0 = full0 + ST * 8;
     u32* lut = reinterpret_cast<u32*>(gbase + L::LUT);
     const int tid = threadIdx.x;
-    static_assert(CL == 1 || CL == 2, "moe_wt runs alone or in pairs");
-    // CL = 2: the two blocks of a cluster take units w, w + 1 (the grid even, tiles_n even: the same
-    // row tile, adjacent column tiles); each copies half of the activation sub-tiles into both.
-    const u32 rank = CL > 1 ? gwt_cluster_rank() : 0u;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             gws_bar_init(full0 + 8 * s, NP + 1);  // each producer thread after converting, and thread 0's byte count
-            gws_bar_init(empty0 + 8 * s, 8 * CL);  // every multiply warp of the cluster (CL > 1: both blocks read the stage's activations)
+            gws_bar_init(empty0 + 8 * s, 8);
         }
         gws_bar_init_fence();
     }
     gq_fill_lut(lut, tid, GWT_THREADS);
-    const int tiles_n = (N + 127) / 128;
-    if (CL > 1) {
-        if ((tiles_n & 1) || (gridDim.x & 1)) __trap();  // the host launches _mc kernels only so
-        gwt_cluster_sync();  // the peer's barriers are initialised before its copies reach them
-    } else {
-        __syncthreads();
-    }
+    __syncthreads();
 
+    const int tiles_n = (N + 127) / 128;
     const int total = *n_items * tiles_n;
     const int KT = K >> 7;
     // Weight rows of the tile's matrices (EPI 1: W1 and W3 of N / 2 rows each) in 128-row blocks.
@@ -1305,15 +1270,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 if (p == 0) {
                     const u32 bar = full0 + 8 * s, bytes = (u32)nlive * 8192u;
                     GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-                    for (int st = 0; st < nlive; st++) {
-                        const u32 dst = base + s * L::STAGE + L::A + st * 8192;
-                        const u8* src = a_src + ((size_t)st * KT + kt) * 8192;
-                        if (CL == 1) {
-                            gws_bulk_copy<8192>(dst, src, bar);
-                        } else if ((u32)(st & 1) == rank) {
-                            gwt_bulk_copy_mc<8192>(dst, src, bar, (unsigned short)3u);
-                        }
-                    }
+                    for (int st = 0; st < nlive; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + st * 8192, a_src + ((size_t)st * KT + kt) * 8192, bar);
                 }
                 u8* bc = gbase + s * L::STAGE + L::BC;
 #if MOE_WT_DIAG & 8
@@ -1332,7 +1289,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             }
         }
         gm_wait<0>();
-        if (CL > 1) gwt_cluster_sync();  // the peer may still copy into this block and arrive on its barriers
         return;
     }
 
@@ -1399,16 +1355,12 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             if (l0) multiply(acc0, 0, cur.a0, cur.a1);
             if (l1) multiply(acc1, 1, cur.b0, cur.b1);
             __syncwarp();
-            if (lane == 0) {
-                gws_arrive(empty0 + 8 * ring.s);  // the stage is free again (CL > 1: here and in the peer)
-                if (CL > 1) gwt_arrive_remote(empty0 + 8 * ring.s, rank ^ 1u);
-            }
+            if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
             cur = next;
         }
         if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
         if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
     }
-    if (CL > 1) gwt_cluster_sync();
 }
 
 #define MOE_WT_ENTRY(NAME, EPI)                                                                                           \
@@ -1419,34 +1371,12 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
              float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                         \
              const float* __restrict__ gamma, int N, int K, float limit, const u8* __restrict__ bsg,                      \
              const u8* __restrict__ bsu) {                                                                                \
-        moe_wt<EPI, 1>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu);   \
+        moe_wt<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu);      \
     }
 
 MOE_WT_ENTRY(moe_wt_fp4_256_plain, 0)
 MOE_WT_ENTRY(moe_wt_fp4_256_swiglu, 1)
 MOE_WT_ENTRY(moe_wt_fp4_256_scatter, 2)
-
-// moe_wt_fp4_256_<epi>_mc: the same kernels in clusters of two blocks (switch MOE_WT_MULTICAST):
-// the blocks of a cluster take adjacent column tiles of one row tile, so each copies half of the
-// activation sub-tiles with a multicast cp.async.bulk into both, halving the activation bytes
-// read from L2 (per K step 32 KB of activations and 8 KB of packed weights per block without it);
-// a stage is free once the multiply warps of both blocks released it. The same products in the
-// same order: the same bits. Learned from the PTX ISA (cluster multicast) and DeepGEMM's TMA
-// multicast of the shared operand; the code is ours.
-#define MOE_WT_MC_ENTRY(NAME, EPI)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GWT_THREADS, 1) __cluster_dims__(2, 1, 1)                              \
-        NAME(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,         \
-             const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
-             const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
-             float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                         \
-             const float* __restrict__ gamma, int N, int K, float limit, const u8* __restrict__ bsg,                      \
-             const u8* __restrict__ bsu) {                                                                                \
-        moe_wt<EPI, 2>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu);   \
-    }
-
-MOE_WT_MC_ENTRY(moe_wt_fp4_256_plain_mc, 0)
-MOE_WT_MC_ENTRY(moe_wt_fp4_256_swiglu_mc, 1)
-MOE_WT_MC_ENTRY(moe_wt_fp4_256_scatter_mc, 2)
 
 extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB, float* __restrict__ sat, const u8* __restrict__ sw,
                                      int NB, float* __restrict__ swf) {
