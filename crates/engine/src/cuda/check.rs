@@ -573,6 +573,7 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
     }
 
     all &= lt_split_checks(gpu, seed, out)?;
+    all &= linear_multi_checks(gpu, seed, out)?;
 
     // Exact decode: x[t, k] = (k == t), so y[t, n] = W[n, t] with no rounding anywhere.
     let (t, k) = (128usize, 128usize);
@@ -608,6 +609,42 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
             let x2 = if split { "_x2" } else { "" };
             all &= flag_record(out, &format!("linear_tc_{fmt}{x2} exact decode {tile:?}"), json!({"shape": [t, rows, k], "mismatches": bad}), bad == 0);
         }
+    }
+    Ok(all)
+}
+
+/// `Gpu::linear_multi` (one activation conversion for several weights, the compressors' `wkv` and
+/// `wgate`) against one `Gpu::linear` per weight, bit for bit: bf16 weights of 512 and 384 rows on
+/// 300 tokens of 1,024 inputs, with split activations (the default, and `LINEAR_CUBLASLT` on and
+/// off), `TC_LINEAR=bf16` and at 3 tokens (the GEMV); and an FP8 with a bf16 weight.
+fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let (k, r1, r2) = (1024usize, 512usize, 384usize);
+    let (w1, _) = weight(gpu, "bf16", &random(seed, "multi.w1", r1 * k, 0.05), r1, k)?;
+    let (w2, _) = weight(gpu, "bf16", &random(seed, "multi.w2", r2 * k, 0.05), r2, k)?;
+    let (w8, _) = weight(gpu, "fp8", &random(seed, "multi.w8", r2 * k, 0.05), r2, k)?;
+    let mut all = true;
+    for (label, overrides, t, second) in [
+        ("split", vec![], 300usize, &w2),
+        ("split, LINEAR_CUBLASLT=off", vec![("LINEAR_CUBLASLT", "off")], 300, &w2),
+        ("split, LINEAR_CUBLASLT=on", vec![("LINEAR_CUBLASLT", "on")], 300, &w2),
+        ("TC_LINEAR=bf16", vec![("TC_LINEAR", "bf16")], 300, &w2),
+        ("gemv (3 tokens)", vec![], 3, &w2),
+        ("split, bf16 and fp8 weights", vec![], 300, &w8),
+    ] {
+        let dx = gpu.upload(&random(seed, &format!("multi.x.{t}"), t * k, 1.0))?;
+        let (a, b) = switch_scope(&overrides, || {
+            let mut a1 = gpu.upload(&vec![f32::NAN; t * r1])?;
+            let mut a2 = gpu.upload(&vec![f32::NAN; t * r2])?;
+            gpu.linear_multi(&dx, t, &mut [(&w1, &mut a1), (second, &mut a2)])?;
+            let mut b1 = gpu.upload(&vec![f32::NAN; t * r1])?;
+            let mut b2 = gpu.upload(&vec![f32::NAN; t * r2])?;
+            gpu.linear(&dx, &w1, &mut b1, t)?;
+            gpu.linear(&dx, second, &mut b2, t)?;
+            Ok(([gpu.download(&a1)?, gpu.download(&a2)?].concat(), [gpu.download(&b1)?, gpu.download(&b2)?].concat()))
+        })?;
+        let differ = differing_bits(&a, &b);
+        let finite = a.iter().all(|v| v.is_finite());
+        all &= flag_record(out, &format!("linear_multi {label} bits"), json!({"shape": [t, [r1, r2], k], "differing_values": differ, "of": a.len(), "vs": "one linear per weight", "finite": finite}), differ == 0 && finite);
     }
     Ok(all)
 }

@@ -32,7 +32,8 @@
 //!   tensor cores sum products in their own order and precision, and an activation that lands on
 //!   the other side of an e4m3 rounding boundary moves by one e4m3 step.
 //! - `moe_q8 … bits` (every variant equals all-on), `moe_q8 <fmt> per-expert vs cpu` (the per-expert
-//!   path under `TC_LINEAR=fp8`), `moe_q8 <fmt> masked` (γ = 0 → the official shared expert alone).
+//!   path under `TC_LINEAR=fp8`), `moe_q8 <fmt> masked` (γ = 0 → the official shared expert alone,
+//!   which quantizes its input itself while the grouped path hands it the routed experts' bytes).
 //! - `moe_q8 <fmt> MOE_FP8_WS=off bits`: the 128-row-tile kernels without warp specialisation
 //!   (`moe_w8`) give the all-on (`moe_ws`) bits.
 //! - `moe_q8 fp4 MOE_FP8_WT=off bits`: the 128-row tiles (`moe_ws`) give the all-on bits of the
@@ -237,7 +238,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             }
             // Masked routes: γ = 0 everywhere → exactly the shared expert.
             let masked = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dzero, split, MoeOptions::ALL_ON)?)?;
-            let shared = gpu.download(&*gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, false)?)?;
+            let shared = gpu.download(&*gpu.shared_expert(&layer, &df, None, t, d, cfg.swiglu_limit as f32, false)?)?;
             let differ = differing_bits(&masked, &shared);
             all &= flag_record(out, &format!("moe_grouped {fmt} {act} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}), differ == 0);
         }
@@ -505,7 +506,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
             }
         }
         let masked = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, &dzero, MoeOptions::ALL_ON)?)?;
-        let shared = gpu.download(&*gpu.shared_expert(&layer, &df, t, d, cfg.swiglu_limit as f32, true)?)?;
+        let shared = gpu.download(&*gpu.shared_expert(&layer, &df, None, t, d, cfg.swiglu_limit as f32, true)?)?;
         let differ = differing_bits(&masked, &shared);
         all &= flag_record(out, &format!("moe_q8 {fmt} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "official shared expert alone"}), differ == 0);
     }

@@ -894,6 +894,61 @@ impl Gpu {
     /// `split` with f32 weights (whose bf16 rounding would dominate: use [`Gpu::linear_gemv`]), a
     /// forced wgmma tile where [`Gpu::bf16_wgmma`] says no.
     pub fn linear_tc(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize, tile: Option<GemmTile>, split: bool) -> Result<(), CudaError> {
+        let Some(chosen) = self.linear_tc_tile(x.len(), w, y.len(), t, tile, split)? else {
+            return Ok(());
+        };
+        let (xb, tp, kp) = self.bf16_planes(x, t, w.cols, split)?;
+        self.linear_tc_planes(&xb, tp, kp, w, y, t, tile, chosen, split)
+    }
+
+    /// [`Gpu::linear`] on several weights of the same input `x` (`[t, k]`): where every one takes
+    /// [`Gpu::linear_tc`] with the same activation planes (one input width, all split or none), `x`
+    /// is converted once for all of them (the compressors' `wkv` and `wgate`); the same GEMMs on the
+    /// same planes, so the same bits as one [`Gpu::linear`] per weight, which runs otherwise.
+    ///
+    /// Errors: as [`Gpu::linear`].
+    pub fn linear_multi(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {
+        // Linear's choice: None = gemv, Some(split) = linear_tc.
+        let route = |w: &GpuWeight| -> Option<bool> {
+            if t < TC_LINEAR_MIN_TOKENS {
+                return None;
+            }
+            match tc_linear_mode() {
+                TcMode::Off => None,
+                TcMode::Bf16 => Some(false),
+                TcMode::Split | TcMode::Fp8 if !matches!(w.data, GpuMatrix::F32(_)) => Some(true),
+                TcMode::Split | TcMode::Fp8 => None,
+            }
+        };
+        let split = outs.first().and_then(|(w, _)| route(w));
+        let shared = outs.len() > 1 && split.is_some() && outs.iter().all(|(w, _)| route(w) == split && w.cols == outs[0].0.cols);
+        let Some(split) = split.filter(|_| shared) else {
+            for (w, y) in outs.iter_mut() {
+                self.linear(x, w, y, t)?;
+            }
+            return Ok(());
+        };
+        let mut tiles = Vec::with_capacity(outs.len());
+        for (w, y) in outs.iter() {
+            tiles.push(self.linear_tc_tile(x.len(), w, y.len(), t, None, split)?);
+        }
+        if tiles.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let (xb, tp, kp) = self.bf16_planes(x, t, outs[0].0.cols, split)?;
+        for ((w, y), chosen) in outs.iter_mut().zip(tiles) {
+            if let Some(chosen) = chosen {
+                self.linear_tc_planes(&xb, tp, kp, w, y, t, None, chosen, split)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Gpu::linear_tc`]'s checks of one GEMM (input and output lengths `x_len`, `y_len`) and its
+    /// block tile: `None` when there is nothing to compute (`t` or the rows 0).
+    ///
+    /// Errors: as [`Gpu::linear_tc`].
+    fn linear_tc_tile(&self, x_len: usize, w: &GpuWeight, y_len: usize, t: usize, tile: Option<GemmTile>, split: bool) -> Result<Option<GemmTile>, CudaError> {
         let (fmt, need) = format_of(w);
         if split && fmt == "f32" {
             return Err(CudaError::Unsupported { what: "linear", detail: "split activations with f32 weights".into() });
@@ -901,23 +956,33 @@ impl Gpu {
         if !w.cols.is_multiple_of(need) {
             return Err(CudaError::Unsupported { what: "linear", detail: format!("input width {} is not a multiple of {need}", w.cols) });
         }
-        if x.len() < t * w.cols || y.len() < t * w.rows {
-            return Err(CudaError::Unsupported { what: "linear", detail: format!("buffers of {} and {} values for {t} tokens of [{}, {}]", x.len(), y.len(), w.rows, w.cols) });
+        if x_len < t * w.cols || y_len < t * w.rows {
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("buffers of {x_len} and {y_len} values for {t} tokens of [{}, {}]", w.rows, w.cols) });
         }
         if t == 0 || w.rows == 0 {
-            return Ok(());
+            return Ok(None);
         }
+        for v in [t, w.rows, w.cols] {
+            i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") })?;
+        }
+        match tile {
+            Some(tile) if tile.is_wgmma() && !self.bf16_wgmma(fmt, w.cols) => Err(CudaError::Unsupported { what: "linear", detail: format!("the wgmma tile with {fmt} weights of input width {} on {} (needs sm_90a, bf16/FP8/FP4, a multiple of 64, BF16_WGMMA on)", w.cols, self.arch) }),
+            Some(tile) => Ok(Some(tile)),
+            None => Ok(Some(self.auto_tile(t, w.rows, fmt, w.cols))),
+        }
+    }
+
+    /// The GEMM of [`Gpu::linear_tc`] on activations already converted by [`Gpu::bf16_planes`]
+    /// (`xb`: `tp` rows of `kp`, with `split` the lo plane after the hi one), the block tile
+    /// `chosen` (`tile`: the caller's forcing, if any; cuBLASLt only takes unforced split GEMMs).
+    ///
+    /// Errors: sizes beyond 32-bit indexing, launch failures.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_tc_planes(&self, xb: &DevBuf<u16>, tp: usize, kp: usize, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize, tile: Option<GemmTile>, chosen: GemmTile, split: bool) -> Result<(), CudaError> {
+        let (fmt, _) = format_of(w);
         let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") });
         let (tt, n, k) = (too_big(t)?, too_big(w.rows)?, too_big(w.cols)?);
-        let chosen = match tile {
-            Some(tile) if tile.is_wgmma() && !self.bf16_wgmma(fmt, w.cols) => {
-                return Err(CudaError::Unsupported { what: "linear", detail: format!("the wgmma tile with {fmt} weights of input width {} on {} (needs sm_90a, bf16/FP8/FP4, a multiple of 64, BF16_WGMMA on)", w.cols, self.arch) });
-            }
-            Some(tile) => tile,
-            None => self.auto_tile(t, w.rows, fmt, w.cols),
-        };
-        let (xb, tp, kp) = self.bf16_planes(x, t, w.cols, split)?;
-        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(&xb, Some(tp * kp), kp, 0, w, y, w.rows, 0, t)? {
+        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(xb, Some(tp * kp), kp, 0, w, y, w.rows, 0, t)? {
             return Ok(());
         }
         let (bm, bn, threads, _) = chosen.shape();
@@ -926,7 +991,7 @@ impl Gpu {
         let name = chosen.entry(fmt, split);
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(&name));
-        b.arg(&xb);
+        b.arg(xb);
         match &w.data {
             GpuMatrix::F32(m) => b.arg(m),
             GpuMatrix::Bf16(m) => b.arg(m),

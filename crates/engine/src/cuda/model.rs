@@ -679,8 +679,8 @@ fn compress_chunk(gpu: &Gpu, m: &GpuModel, cw: &GpuCompressor, cs: &mut GpuCompS
     // SAFETY (both): every value is written by the linear below before anything reads it.
     let mut kv = unsafe { gpu.scratch::<f32>(t * out) }?;
     let mut lg = unsafe { gpu.scratch::<f32>(t * out) }?;
-    gpu.linear(a, &cw.wkv, &mut kv, t)?;
-    gpu.linear(a, &cw.wgate, &mut lg, t)?;
+    // One conversion of `a` for both (Gpu::linear_multi).
+    gpu.linear_multi(a, t, &mut [(&cw.wkv, &mut kv), (&cw.wgate, &mut lg)])?;
     gpu.add_position_bias(&mut lg, &cw.ape, t, cw.ratio, pos0)?;
     copy_into(gpu, &kv, t * out, &mut cs.kv, pos0 * out)?;
     copy_into(gpu, &lg, t * out, &mut cs.logit, pos0 * out)?;

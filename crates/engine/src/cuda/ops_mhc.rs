@@ -727,9 +727,12 @@ impl Gpu {
     /// using the scratch buffers `g`, `u`, `h` (each ≥ `m·inter`); writes `y` (`[m, d]`). The three
     /// linears are §10.1 GEMMs: with `official` their inputs are FP8-quantized
     /// ([`Gpu::linear_official`]), else [`Gpu::linear`]; with `route` = (dst, γ) the hidden rows are
-    /// scaled by `γ[dst[r]]` before W2 (the official order).
+    /// scaled by `γ[dst[r]]` before W2 (the official order). `xq`: [`Gpu::act_quant`] of these `m`
+    /// rows of `x` when the caller has it (official numerics), used for W1 and W3 where
+    /// [`super::ops_q8::official_multi_shares`] says they share one quantisation: the same bytes, one
+    /// pass over `x` fewer.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn expert_ffn(&self, ex: &GpuExpert, x: &CudaSlice<f32>, m: usize, limit: f32, g: &mut CudaSlice<f32>, u: &mut CudaSlice<f32>, h: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>, official: bool, route: Option<(&cudarc::driver::CudaView<i32>, &CudaSlice<f32>)>) -> Result<(), CudaError> {
+    pub(crate) fn expert_ffn(&self, ex: &GpuExpert, x: &CudaSlice<f32>, xq: Option<&super::ops_q8::QuantizedActs>, m: usize, limit: f32, g: &mut CudaSlice<f32>, u: &mut CudaSlice<f32>, h: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>, official: bool, route: Option<(&cudarc::driver::CudaView<i32>, &CudaSlice<f32>)>) -> Result<(), CudaError> {
         const W: &str = "moe expert";
         let (inter, d) = ex.dims()?;
         need(W, "x", x.len(), m * d)?;
@@ -739,7 +742,11 @@ impl Gpu {
         need(W, "y", y.len(), m * d)?;
         if official {
             // One quantisation of x for gate and up (it is per row and block: the same values).
-            self.linear_official_multi(x, m, &mut [(&ex.w1, g), (&ex.w3, u)])?;
+            let outs = &mut [(&ex.w1, &mut *g), (&ex.w3, &mut *u)];
+            match xq {
+                Some(qa) if super::ops_q8::official_multi_shares(m, outs) => self.linear_official_multi_q8(qa, m, outs)?,
+                _ => self.linear_official_multi(x, m, outs)?,
+            }
         } else {
             self.linear(x, &ex.w1, g, m)?;
             self.linear(x, &ex.w3, u, m)?;
@@ -855,17 +862,19 @@ impl Gpu {
             let m = b - a;
             self.gather_rows(f, t, &rows_dev.slice(a..b), &mut xs, d)?;
             let dst = dst_dev.slice(a..b);
-            self.expert_ffn(&layer.experts[x], &xs, m, limit, &mut g, &mut u, &mut h, &mut y, official, official.then_some((&dst, weights)))?;
+            self.expert_ffn(&layer.experts[x], &xs, None, m, limit, &mut g, &mut u, &mut h, &mut y, official, official.then_some((&dst, weights)))?;
             self.scatter_rows(&y, &dst, &mut slot_out, t * k, d)?;
         }
-        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, None, official)
+        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, &slot_out, weights, None, official)
     }
 
     /// The shared expert of `layer` over the first `t` rows of `f` (`[t, d]`; SwiGLU limit `limit`),
-    /// in official numerics (FP8-quantized inputs) when `official`.
+    /// in official numerics (FP8-quantized inputs) when `official`; `fq`: [`Gpu::act_quant`] of
+    /// those rows if the caller made it (see [`Gpu::expert_ffn`]).
     ///
     /// Errors: an expert whose shapes do not agree, short buffers, or any launcher error.
-    pub(crate) fn shared_expert(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, d: usize, limit: f32, official: bool) -> Result<DevBuf<f32>, CudaError> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn shared_expert(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, fq: Option<&super::ops_q8::QuantizedActs>, t: usize, d: usize, limit: f32, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let sh_inter = layer.shared.w1.rows;
         // SAFETY (all four): expert_ffn writes every value of their first t rows (its linears and
         // SwiGLU), the only ones read.
@@ -873,19 +882,20 @@ impl Gpu {
         let mut su = unsafe { self.scratch::<f32>(t * sh_inter) }?;
         let mut sh = unsafe { self.scratch::<f32>(t * sh_inter) }?;
         let mut shared = unsafe { self.scratch::<f32>(t * d) }?;
-        self.expert_ffn(&layer.shared, f, t, limit, &mut sg, &mut su, &mut sh, &mut shared, official, None)?;
+        self.expert_ffn(&layer.shared, f, fq, t, limit, &mut sg, &mut su, &mut sh, &mut shared, official, None)?;
         Ok(shared)
     }
 
     /// The end of every MoE path: the shared expert over all `t` tokens, then [`Gpu::moe_combine`]
     /// of the routed outputs `slot_out` (`[t·k, d]`) with γ = `weights` (`[t, k]`); with `official`
     /// (DeepSeek's numerics, γ already applied before W2) the shared expert's inputs are
-    /// FP8-quantized and γ = 1 here. `experts` (ids `[t, k]`, E): the grouped paths' routing, whose
+    /// FP8-quantized (`fq`: [`Gpu::act_quant`] of `f` when the caller made it, see
+    /// [`Gpu::shared_expert`]) and γ = 1 here. `experts` (ids `[t, k]`, E): the grouped paths' routing, whose
     /// slots of ids outside 0..E they leave unwritten (`slot_out` need not be zero-filled). Returns
     /// the MoE output `[t, d]`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, experts: Option<(&CudaSlice<i32>, usize)>, official: bool) -> Result<DevBuf<f32>, CudaError> {
-        let shared = self.shared_expert(layer, f, t, d, limit, official)?;
+    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, fq: Option<&super::ops_q8::QuantizedActs>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, experts: Option<(&CudaSlice<i32>, usize)>, official: bool) -> Result<DevBuf<f32>, CudaError> {
+        let shared = self.shared_expert(layer, f, fq, t, d, limit, official)?;
         // SAFETY: moe_combine writes all t·d values.
         let mut out = unsafe { self.scratch::<f32>(t * d) }?;
         self.moe_combine(slot_out, (!official).then_some(weights), experts, Some(&shared), &mut out, t, k, d)?;

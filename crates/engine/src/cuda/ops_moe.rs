@@ -539,7 +539,7 @@ impl Gpu {
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
         self.moe_gemm(&g, tables, "scatter", split, opts, &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
         // Shared expert over all tokens, then the combine.
-        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, Some((experts, e)), false)
+        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, &slot_out, weights, Some((experts, e)), false)
     }
 
     /// Launches one grouped FP8-activation GEMM `moe_<q8|w8|ws|wt>_<fmt>_<bm>_<epi>` (gemm_q8.cu; the
@@ -642,7 +642,8 @@ impl Gpu {
         // combine reads no other.
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
         self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut slot_out), None, weights, d, inter, limit)?;
-        self.moe_shared_and_combine(layer, f, t, k, d, limit, &slot_out, weights, Some((experts, e)), true)
+        // The shared expert's gate and up take the routed experts' quantisation of f.
+        self.moe_shared_and_combine(layer, f, Some(&qa), t, k, d, limit, &slot_out, weights, Some((experts, e)), true)
     }
 }
 

@@ -230,6 +230,12 @@ pub fn q8_capable(w: &GpuWeight) -> bool {
         }
 }
 
+/// Whether [`Gpu::linear_official_multi`] quantizes its input once for all of `outs` (`t` ≥
+/// [`TC_LINEAR_MIN_TOKENS`], more than one weight, every one [`q8_capable`], one input width).
+pub fn official_multi_shares(t: usize, outs: &[(&GpuWeight, &mut CudaSlice<f32>)]) -> bool {
+    t >= TC_LINEAR_MIN_TOKENS && outs.len() > 1 && outs.iter().all(|(w, _)| q8_capable(w) && w.cols == outs[0].0.cols)
+}
+
 /// Activations quantized for gemm_q8.cu: e4m3 `q` `[rows, kp]` and f32 scales `sa` `[rows, kp/128]`
 /// (rows past the valid ones are zero with scale 1).
 pub struct QuantizedActs {
@@ -435,8 +441,7 @@ impl Gpu {
     ///
     /// Errors: as [`Gpu::linear`].
     pub fn linear_official_multi(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {
-        let shared = t >= TC_LINEAR_MIN_TOKENS && outs.len() > 1 && outs.iter().all(|(w, _)| q8_capable(w) && w.cols == outs[0].0.cols);
-        if !shared {
+        if !official_multi_shares(t, outs) {
             for (w, y) in outs.iter_mut() {
                 self.linear_official(x, w, y, t)?;
             }
@@ -446,8 +451,20 @@ impl Gpu {
             return Err(bad(format!("{} inputs for {t} tokens of width {}", x.len(), outs[0].0.cols)));
         }
         let qa = self.act_quant(x, t, outs[0].0.cols)?;
+        self.linear_official_multi_q8(&qa, t, outs)
+    }
+
+    /// [`Gpu::linear_official_multi`]'s shared path on inputs already quantized: `qa` must be
+    /// [`Gpu::act_quant`] of that `x` for these `t` tokens (the MoE's routed experts quantize the
+    /// same inputs as its shared expert), and [`official_multi_shares`] must hold.
+    ///
+    /// Errors: `qa` in the tiled layout or of another width, as [`Gpu::linear_q8`].
+    pub(crate) fn linear_official_multi_q8(&self, qa: &QuantizedActs, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {
+        if !official_multi_shares(t, outs) {
+            return Err(bad(format!("{} weights at {t} tokens do not share one quantisation of their input", outs.len())));
+        }
         for (w, y) in outs.iter_mut() {
-            self.linear_q8(&qa, w, y, t)?;
+            self.linear_q8(qa, w, y, t)?;
         }
         Ok(())
     }
