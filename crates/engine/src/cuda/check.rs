@@ -615,24 +615,24 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
 
 /// `Gpu::linear_multi` (one activation conversion for several weights, the compressors' `wkv` and
 /// `wgate`) against one `Gpu::linear` per weight, bit for bit: bf16 weights of 512 and 384 rows on
-/// 300 tokens of 1,024 inputs, with split activations (the default, and `LINEAR_CUBLASLT` on and
-/// off), `TC_LINEAR=bf16` and at 3 tokens (the GEMV); and an FP8 with a bf16 weight.
+/// 300 tokens of 1,024 inputs with split activations (`LINEAR_CUBLASLT` on and off) and with
+/// `TC_LINEAR=bf16`, and a bf16 with an FP8 weight; each record says that the shared conversion
+/// ran (`gpu::linear_multi_shares`), which a record that passes needs.
 fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
-    let (k, r1, r2) = (1024usize, 512usize, 384usize);
+    let (k, r1, r2, t) = (1024usize, 512usize, 384usize, 300usize);
     let (w1, _) = weight(gpu, "bf16", &random(seed, "multi.w1", r1 * k, 0.05), r1, k)?;
     let (w2, _) = weight(gpu, "bf16", &random(seed, "multi.w2", r2 * k, 0.05), r2, k)?;
     let (w8, _) = weight(gpu, "fp8", &random(seed, "multi.w8", r2 * k, 0.05), r2, k)?;
+    let dx = gpu.upload(&random(seed, "multi.x", t * k, 1.0))?;
     let mut all = true;
-    for (label, overrides, t, second) in [
-        ("split", vec![], 300usize, &w2),
-        ("split, LINEAR_CUBLASLT=off", vec![("LINEAR_CUBLASLT", "off")], 300, &w2),
-        ("split, LINEAR_CUBLASLT=on", vec![("LINEAR_CUBLASLT", "on")], 300, &w2),
-        ("TC_LINEAR=bf16", vec![("TC_LINEAR", "bf16")], 300, &w2),
-        ("gemv (3 tokens)", vec![], 3, &w2),
-        ("split, bf16 and fp8 weights", vec![], 300, &w8),
+    for (label, overrides, second) in [
+        ("split, LINEAR_CUBLASLT=on", [("TC_LINEAR", "split"), ("LINEAR_CUBLASLT", "on")], &w2),
+        ("split, LINEAR_CUBLASLT=off", [("TC_LINEAR", "split"), ("LINEAR_CUBLASLT", "off")], &w2),
+        ("TC_LINEAR=bf16", [("TC_LINEAR", "bf16"), ("LINEAR_CUBLASLT", "on")], &w2),
+        ("split, bf16 and fp8 weights", [("TC_LINEAR", "split"), ("LINEAR_CUBLASLT", "on")], &w8),
     ] {
-        let dx = gpu.upload(&random(seed, &format!("multi.x.{t}"), t * k, 1.0))?;
-        let (a, b) = switch_scope(&overrides, || {
+        let (a, b, shared) = switch_scope(&overrides, || {
+            let shared = super::gpu::linear_multi_shares(t, [&w1, second]).is_some();
             let mut a1 = gpu.upload(&vec![f32::NAN; t * r1])?;
             let mut a2 = gpu.upload(&vec![f32::NAN; t * r2])?;
             gpu.linear_multi(&dx, t, &mut [(&w1, &mut a1), (second, &mut a2)])?;
@@ -640,11 +640,11 @@ fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<boo
             let mut b2 = gpu.upload(&vec![f32::NAN; t * r2])?;
             gpu.linear(&dx, &w1, &mut b1, t)?;
             gpu.linear(&dx, second, &mut b2, t)?;
-            Ok(([gpu.download(&a1)?, gpu.download(&a2)?].concat(), [gpu.download(&b1)?, gpu.download(&b2)?].concat()))
+            Ok(([gpu.download(&a1)?, gpu.download(&a2)?].concat(), [gpu.download(&b1)?, gpu.download(&b2)?].concat(), shared))
         })?;
         let differ = differing_bits(&a, &b);
         let finite = a.iter().all(|v| v.is_finite());
-        all &= flag_record(out, &format!("linear_multi {label} bits"), json!({"shape": [t, [r1, r2], k], "differing_values": differ, "of": a.len(), "vs": "one linear per weight", "finite": finite}), differ == 0 && finite);
+        all &= flag_record(out, &format!("linear_multi {label} bits"), json!({"shape": [t, [r1, r2], k], "differing_values": differ, "of": a.len(), "vs": "one linear per weight", "finite": finite, "shared_conversion": shared}), differ == 0 && finite && shared);
     }
     Ok(all)
 }

@@ -449,6 +449,35 @@ pub fn gemm_smem_for(format: &str, bm: usize, bn: usize, split: bool) -> usize {
     stages * (bm * 80 * if split { 2 } else { 1 } + bn * raw_pitch) + 2 * btile + lut
 }
 
+/// Whether [`Gpu::linear_multi`] converts its input once for all of `ws` at `t` tokens, and with
+/// `split` or not (`Some(split)`): more than one weight, each of which [`Gpu::linear`] would send to
+/// [`Gpu::linear_tc`] with that same `split` under the current `TC_LINEAR`, all of one input width.
+pub fn linear_multi_shares<'a>(t: usize, ws: impl IntoIterator<Item = &'a GpuWeight>) -> Option<bool> {
+    // Linear's choice: None = gemv, Some(split) = linear_tc.
+    let route = |w: &GpuWeight| -> Option<bool> {
+        if t < TC_LINEAR_MIN_TOKENS {
+            return None;
+        }
+        match tc_linear_mode() {
+            TcMode::Off => None,
+            TcMode::Bf16 => Some(false),
+            TcMode::Split | TcMode::Fp8 if !matches!(w.data, GpuMatrix::F32(_)) => Some(true),
+            TcMode::Split | TcMode::Fp8 => None,
+        }
+    };
+    let mut it = ws.into_iter();
+    let first = it.next()?;
+    let split = route(first)?;
+    let mut n = 1;
+    for w in it {
+        if route(w) != Some(split) || w.cols != first.cols {
+            return None;
+        }
+        n += 1;
+    }
+    (n > 1).then_some(split)
+}
+
 /// The format name of a weight (`f32`, `bf16`, `fp8`, `fp4`) and its input-width multiple.
 fn format_of(w: &GpuWeight) -> (&'static str, usize) {
     match w.data {
@@ -908,21 +937,7 @@ impl Gpu {
     ///
     /// Errors: as [`Gpu::linear`].
     pub fn linear_multi(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {
-        // Linear's choice: None = gemv, Some(split) = linear_tc.
-        let route = |w: &GpuWeight| -> Option<bool> {
-            if t < TC_LINEAR_MIN_TOKENS {
-                return None;
-            }
-            match tc_linear_mode() {
-                TcMode::Off => None,
-                TcMode::Bf16 => Some(false),
-                TcMode::Split | TcMode::Fp8 if !matches!(w.data, GpuMatrix::F32(_)) => Some(true),
-                TcMode::Split | TcMode::Fp8 => None,
-            }
-        };
-        let split = outs.first().and_then(|(w, _)| route(w));
-        let shared = outs.len() > 1 && split.is_some() && outs.iter().all(|(w, _)| route(w) == split && w.cols == outs[0].0.cols);
-        let Some(split) = split.filter(|_| shared) else {
+        let Some(split) = linear_multi_shares(t, outs.iter().map(|(w, _)| &**w)) else {
             for (w, y) in outs.iter_mut() {
                 self.linear(x, w, y, t)?;
             }

@@ -463,6 +463,11 @@ impl Gpu {
         if !official_multi_shares(t, outs) {
             return Err(bad(format!("{} weights at {t} tokens do not share one quantisation of their input", outs.len())));
         }
+        // act_quant's rows for these t tokens: quantized activations of another token count
+        // would be taken for these.
+        if qa.rows != t.div_ceil(128).max(1) * 128 {
+            return Err(bad(format!("activations quantized for {} rows given for {t} tokens", qa.rows)));
+        }
         for (w, y) in outs.iter_mut() {
             self.linear_q8(qa, w, y, t)?;
         }

@@ -1058,7 +1058,8 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // the code is ours.
 
 // The copy lag and the ring depth, overridable for timing (FLASHSEEK_KERNEL_DEFINES; nvrtc.rs) as
-// long as GwtLayout fits the WT_SMEM bytes the host launches with (3 stages fit lags up to 4).
+// long as GwtLayout fits the WT_SMEM bytes the host launches with (4 stages: lag ≤ 2; 3 stages:
+// lag ≤ 6; more traps in gw_smem_base).
 #ifndef GWT_LAG
 #define GWT_LAG 2
 #endif
@@ -1068,7 +1069,9 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n, n a sum of bits; wrong
 // results): 1 the producer stores its packed bytes unconverted, 2 the multiply warpgroups skip the
 // wgmma and promotion, 4 they skip the promotion, 8 the producer stores no converted tile, 16 the
-// kernel returns at once, 32 the producer skips its proxy fence. 0 (default): the kernel. What
+// kernel returns at once (its setmaxnreg then compiles away, the register count is not WT_REGS and
+// Gpu::open turns moe_wt off: useless), 32 the producer skips its proxy fence, 64 it loads no scale words (made
+// up instead: the plain loads whose values it stores a step later). 0 (default): the kernel. What
 // they measured: bench/moe_wt_variants_h200.log (twenty-second session).
 #ifndef MOE_WT_DIAG
 #define MOE_WT_DIAG 0
@@ -1210,8 +1213,12 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)ck * 64, (b_ok >> u) & 1u);
                 // Rows past N: scale word 0; their columns are never stored.
 #pragma unroll
+#if MOE_WT_DIAG & 64
+                for (int u = 0; u < 5; u++) pend[u] = u == 4 ? 0x0808u : 0u;  // group scales ≤ the block's: table rows in range
+#else
                 for (int u = 0; u < 4; u++) pend[u] = (b_ok >> u) & 1u ? __ldg(reinterpret_cast<const u32*>(s_src[u]) + ck) : 0u;
                 pend[4] = (u32)__ldg(bsg + cbrow + ck) | (EPI == 1 ? (u32)__ldg(bsu + cbrow + ck) << 8 : 0u);
+#endif
                 pend_slot = slot;
                 jn++;
                 if (++ck == KT) {
