@@ -27,6 +27,9 @@
 #   bench-fp8-lt  bench-fp8 with FP8_CUBLASLT=on and LINEAR_CUBLASLT=on                ~100 s
 #   attention the attention/compressor/indexer checks + timings     ~40 s
 #   mhc       the mHC / norm / RoPE checks + timings (gpu-check --only mhc)  ~30 s
+#   moe-defines  one Flash MoE layer timed (official numerics, 8K and 32K) once per compile-time
+#             variant in MOE_DEFINES (space-separated FLASHSEEK_KERNEL_DEFINES values, e.g.
+#             "MOE_WT_DIAG=0 MOE_WT_DIAG=64"; each recompiles the kernels, ~40 s a variant on a fresh machine)
 #   serve     serve --device cuda vs serve --device cpu over HTTP (scripts/serve_parity.py) ~60 s
 #   bench-decode  20 layers at 8K/128K: decode with MOE_GROUPED_DECODE and DECODE_CUDA_GRAPH on (and
 #             the same steps without graphs), 32 steps each
@@ -72,6 +75,11 @@ case "${1:-}" in
          grep -E "uploaded|context|cuBLASLt" "$OUT/gpu_bench_h200_20layers_lt.log" ;;
   bench-fp8-lt) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_FP8_CUBLASLT=on FLASHSEEK_LINEAR_CUBLASLT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_lt.json" > "$OUT/gpu_bench_h200_20layers_fp8_lt.log" 2>&1
          grep -E "uploaded|context|cuBLASLt" "$OUT/gpu_bench_h200_20layers_fp8_lt.log" ;;
+  moe-defines)
+    for v in ${MOE_DEFINES:-MOE_WT_DIAG=0}; do
+      echo "== FLASHSEEK_KERNEL_DEFINES=$v"
+      FLASHSEEK_KERNEL_DEFINES=$v FLASHSEEK_TC_LINEAR=fp8 timeout 150 "$B" gpu-check --only moe --skip-checks --repeats 10 --moe-tokens "${MOE_TOKENS:-8192,32768}" 2>&1 | grep -E "fp8 wgmma all on|error" || true
+    done | tee "$OUT/moe_defines_h200.log" ;;
   mhc) timeout 200 "$B" gpu-check --only mhc --repeats 10 --out "$OUT/mhc_h200.json" > "$OUT/mhc_h200.log" 2>&1
          grep -E "^time|FAIL" "$OUT/mhc_h200.log" ;;
   attention) timeout 300 "$B" gpu-check --only attention --repeats 10 --out "$OUT/attention_h200.json" > "$OUT/attention_h200.log" 2>&1
