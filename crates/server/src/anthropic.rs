@@ -59,7 +59,15 @@ fn tools_to_openai(tools: Vec<Value>, choice: Option<&Value>) -> Result<Option<V
         Some(c) => match c.get("type").and_then(Value::as_str) {
             Some("none") => return Ok(None),
             Some("auto") | Some("any") => {}
-            Some("tool") if c.get("name").is_some_and(Value::is_string) => {}
+            Some("tool") => {
+                let Some(name) = c.get("name").and_then(Value::as_str) else {
+                    return Err(ApiError::field("tool_choice.name", "`tool_choice` of type tool needs the tool's `name`."));
+                };
+                // As Anthropic's API: the named tool must be one of `tools`.
+                if !tools.iter().any(|t| t.get("name").and_then(Value::as_str) == Some(name)) {
+                    return Err(ApiError::field("tool_choice.name", format!("`tool_choice` names the tool `{name}`, which is not among `tools`.")));
+                }
+            }
             _ => return Err(ApiError::field("tool_choice", "`tool_choice.type` must be auto, any, tool (with name) or none.")),
         },
     }
@@ -215,10 +223,8 @@ fn prompt_of(
 ) -> Result<(Vec<u32>, ThinkingMode), ApiError> {
     let (mode, eff): (ThinkingMode, Option<ReasoningEffort>) = thinking_mode(thinking, None, effort(output_config))?;
     let mut msgs = to_openai_messages(system, messages)?;
-    let tools = match tools {
-        Some(t) => tools_to_openai(t, tool_choice)?,
-        None => None,
-    };
+    // Without tools the choice is still checked (a named tool is then an error).
+    let tools = tools_to_openai(tools.unwrap_or_default(), tool_choice)?;
     attach_to_system(&mut msgs, tools, None);
     Ok((render(&st.tokenizer, &msgs, mode, eff)?, mode))
 }

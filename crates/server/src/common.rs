@@ -148,7 +148,15 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         None => return Err(ApiError::bad(None, "The request body is empty; expected a JSON object.")),
         Some(b'{') => {}
-        Some(_) => return Err(ApiError::bad(None, "The request body must be a JSON object ({...}).")),
+        Some(_) => {
+            return Err(ApiError::bad(
+                None,
+                match serde_json::from_slice::<serde_json::Value>(bytes) {
+                    Ok(v) => format!("The request body must be a JSON object ({{...}}), not {}.", json_kind(&v)),
+                    Err(e) => format!("Malformed JSON in the request body ({e})."),
+                },
+            ))
+        }
     }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(&mut *de) {

@@ -152,11 +152,12 @@ fn chat_messages(msgs: Vec<Value>) -> Result<Vec<Value>, ApiError> {
             None if role == "assistant" => {
                 m.insert("content".into(), Value::Null);
             }
-            None if role == "developer" => {
-                return Err(ApiError::field(&format!("{at}.content"), "A developer message needs content."));
-            }
-            None => {
+            None if role == "latest_reminder" => {
                 m.insert("content".into(), Value::String(String::new()));
+            }
+            // As OpenAI's API: only an assistant message (with tool calls) may omit its content.
+            None => {
+                return Err(ApiError::field(&format!("{at}.content"), format!("A {role} message needs `content` (a string or a list of text parts).")));
             }
         }
         if role == "assistant" {
@@ -202,6 +203,13 @@ async fn prepare_chat(st: &AppState, req: ChatRequest, arrived: Instant) -> Resu
             || tc.get("function").and_then(|f| f.get("name")).is_some_and(Value::is_string);
         if !ok {
             return Err(ApiError::field("tool_choice", "`tool_choice` must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}."));
+        }
+    }
+    // A named tool_choice must name one of the tools (as OpenAI's API).
+    if let Some(name) = req.tool_choice.as_ref().and_then(|tc| tc.get("function")).and_then(|f| f.get("name")).and_then(Value::as_str) {
+        let declared = req.tools.iter().flatten().any(|t| t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) == Some(name));
+        if !declared {
+            return Err(ApiError::field("tool_choice", format!("`tool_choice` names the function `{name}`, which is not among `tools`.")));
         }
     }
     let tools = match req.tools {

@@ -393,6 +393,21 @@ fn bad_input_gets_shaped_4xx() {
             let v = expect_error(&c, &u, ok(json!({k: v})), 400, false).await;
             assert!(v["error"]["param"].as_str().unwrap_or("").starts_with(k) || k == "top_logprobs", "{k}: {v}");
         }
+        // A message without content (only an assistant message may omit it); a named tool_choice
+        // that names no declared tool; a body that is not JSON at all.
+        for role in ["user", "system", "tool"] {
+            let v = expect_error(&c, &u, json!({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}, {"role": role}]}).to_string().into_bytes(), 400, false).await;
+            assert_eq!(v["error"]["param"], "messages[1].content", "{role}: {v}");
+        }
+        let f = |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}});
+        let v = expect_error(&c, &u, ok(json!({"tools": [f("get_weather")], "tool_choice": {"type": "function", "function": {"name": "nope"}}})), 400, false).await;
+        assert_eq!(v["error"]["param"], "tool_choice", "{v}");
+        expect_error(&c, &u, ok(json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}})), 400, false).await;
+        assert_eq!(send(&c, "POST", &u, ok(json!({"tools": [f("get_weather")], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})), &[]).await.status, 200);
+        let v = expect_error(&c, &u, b"not json".to_vec(), 400, false).await;
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("Malformed JSON")), "{v}");
+        let v = expect_error(&c, &u, b"[1, 2]".to_vec(), 400, false).await;
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("must be a JSON object")), "{v}");
         // The response formats OpenAI names are taken (text adds nothing to the prompt).
         for rf in [json!({"type": "text"}), json!({"type": "json_object"}), json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}), Value::Null] {
             assert_eq!(send(&c, "POST", &u, ok(json!({"response_format": rf.clone()})), &[]).await.status, 200, "{rf}");
@@ -420,6 +435,11 @@ fn bad_input_gets_shaped_4xx() {
         expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "messages": []}"#.to_vec(), 400, true).await;
         expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "temperature": 7, "messages": [{"role": "user", "content": "x"}]}"#.to_vec(), 400, true).await;
         expect_error(&c, &au, br#"{"model": "flashseek-default", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]}"#.to_vec(), 400, true).await;
+        // A tool_choice naming a tool that is not declared (with tools and without).
+        let tc = |tools: &str| format!(r#"{{"model": "flashseek-default", "max_tokens": 2, "messages": [{{"role": "user", "content": "x"}}]{tools}, "tool_choice": {{"type": "tool", "name": "nope"}}}}"#).into_bytes();
+        let v = expect_error(&c, &au, tc(r#", "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]"#), 400, true).await;
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("not among `tools`")), "{v}");
+        expect_error(&c, &au, tc(""), 400, true).await;
         // Tool results: an id is optional (results match calls by order) but must be a string when given.
         let tr = |id: &str| format!(r#"{{"model": "flashseek-default", "max_tokens": 2, "messages": [{{"role": "user", "content": "x"}}, {{"role": "assistant", "content": [{{"type": "tool_use", "id": "t1", "name": "f", "input": {{}}}}]}}, {{"role": "user", "content": [{{"type": "tool_result"{id}, "content": "ok"}}]}}]}}"#).into_bytes();
         let v = expect_error(&c, &au, tr(r#", "tool_use_id": 7"#), 400, true).await;
