@@ -449,28 +449,30 @@ pub fn gemm_smem_for(format: &str, bm: usize, bn: usize, split: bool) -> usize {
     stages * (bm * 80 * if split { 2 } else { 1 } + bn * raw_pitch) + 2 * btile + lut
 }
 
+/// The kernel [`Gpu::linear`] takes for `t` tokens of weight `w` under the current `TC_LINEAR`:
+/// `Some(split)` = [`Gpu::linear_tc`] with or without split activations, `None` = the GEMV.
+fn linear_route(t: usize, w: &GpuWeight) -> Option<bool> {
+    if t < TC_LINEAR_MIN_TOKENS {
+        return None;
+    }
+    match tc_linear_mode() {
+        TcMode::Off => None,
+        TcMode::Bf16 => Some(false),
+        TcMode::Split | TcMode::Fp8 if !matches!(w.data, GpuMatrix::F32(_)) => Some(true),
+        TcMode::Split | TcMode::Fp8 => None,
+    }
+}
+
 /// Whether [`Gpu::linear_multi`] converts its input once for all of `ws` at `t` tokens, and with
 /// `split` or not (`Some(split)`): more than one weight, each of which [`Gpu::linear`] would send to
 /// [`Gpu::linear_tc`] with that same `split` under the current `TC_LINEAR`, all of one input width.
 pub fn linear_multi_shares<'a>(t: usize, ws: impl IntoIterator<Item = &'a GpuWeight>) -> Option<bool> {
-    // Linear's choice: None = gemv, Some(split) = linear_tc.
-    let route = |w: &GpuWeight| -> Option<bool> {
-        if t < TC_LINEAR_MIN_TOKENS {
-            return None;
-        }
-        match tc_linear_mode() {
-            TcMode::Off => None,
-            TcMode::Bf16 => Some(false),
-            TcMode::Split | TcMode::Fp8 if !matches!(w.data, GpuMatrix::F32(_)) => Some(true),
-            TcMode::Split | TcMode::Fp8 => None,
-        }
-    };
     let mut it = ws.into_iter();
     let first = it.next()?;
-    let split = route(first)?;
+    let split = linear_route(t, first)?;
     let mut n = 1;
     for w in it {
-        if route(w) != Some(split) || w.cols != first.cols {
+        if linear_route(t, w) != Some(split) || w.cols != first.cols {
             return None;
         }
         n += 1;
@@ -903,15 +905,10 @@ impl Gpu {
     ///
     /// Errors: `cols` not a multiple of the format's vector width (4 f32, 8 bf16, 16 FP8, 32 FP4).
     pub fn linear(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
-        if t >= TC_LINEAR_MIN_TOKENS {
-            match tc_linear_mode() {
-                TcMode::Off => {}
-                TcMode::Bf16 => return self.linear_tc(x, w, y, t, None, false),
-                TcMode::Split | TcMode::Fp8 if !matches!(w.data, GpuMatrix::F32(_)) => return self.linear_tc(x, w, y, t, None, true),
-                TcMode::Split | TcMode::Fp8 => {}
-            }
+        match linear_route(t, w) {
+            Some(split) => self.linear_tc(x, w, y, t, None, split),
+            None => self.linear_gemv(x, w, y, t),
         }
-        self.linear_gemv(x, w, y, t)
     }
 
     /// [`Gpu::linear`] on the tensor cores (gemm.cu): x rounded to bf16 into a scratch buffer
