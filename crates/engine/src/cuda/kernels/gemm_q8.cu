@@ -1071,7 +1071,8 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // wgmma and promotion, 4 they skip the promotion, 8 the producer stores no converted tile, 16 the
 // kernel returns at once (its setmaxnreg then compiles away, the register count is not WT_REGS and
 // Gpu::open turns moe_wt off: useless), 32 the producer skips its proxy fence, 64 it loads no scale words (made
-// up instead: the plain loads whose values it stores a step later). 0 (default): the kernel. What
+// up instead: the plain loads whose values it stores a step later), 128 it copies no packed weights
+// (cp.async), 256 no activation sub-tiles (its full barrier expects no bytes). 0 (default): the kernel. What
 // they measured: bench/moe_wt_variants_h200.log (twenty-second session).
 #ifndef MOE_WT_DIAG
 #define MOE_WT_DIAG 0
@@ -1210,7 +1211,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             if (jn < steps) {
                 const int slot = jn % RAW;
 #pragma unroll
+#if !(MOE_WT_DIAG & 128)
                 for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)ck * 64, (b_ok >> u) & 1u);
+#endif
                 // Rows past N: scale word 0; their columns are never stored.
 #pragma unroll
 #if MOE_WT_DIAG & 64
@@ -1275,9 +1278,14 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #endif
                 gws_wait(empty0 + 8 * s, ring.ph ^ 1);
                 if (p == 0) {
-                    const u32 bar = full0 + 8 * s, bytes = (u32)nlive * 8192u;
+#if MOE_WT_DIAG & 256
+                    const int ncopy = 0;
+#else
+                    const int ncopy = nlive;
+#endif
+                    const u32 bar = full0 + 8 * s, bytes = (u32)ncopy * 8192u;
                     GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-                    for (int st = 0; st < nlive; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + st * 8192, a_src + ((size_t)st * KT + kt) * 8192, bar);
+                    for (int st = 0; st < ncopy; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + st * 8192, a_src + ((size_t)st * KT + kt) * 8192, bar);
                 }
                 u8* bc = gbase + s * L::STAGE + L::BC;
 #if MOE_WT_DIAG & 8
