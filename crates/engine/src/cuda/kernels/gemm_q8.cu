@@ -1072,7 +1072,8 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // kernel returns at once (its setmaxnreg then compiles away, the register count is not WT_REGS and
 // Gpu::open turns moe_wt off: useless), 32 the producer skips its proxy fence, 64 it loads no scale words (made
 // up instead: the plain loads whose values it stores a step later), 128 it copies no packed weights
-// (cp.async), 256 no activation sub-tiles (its full barrier expects no bytes). 0 (default): the kernel. What
+// (cp.async), 256 no activation sub-tiles (its full barrier expects no bytes), 512 the multiply
+// warpgroups load no scales (made up), 1024 they store no outputs. 0 (default): the kernel. What
 // they measured: bench/moe_wt_variants_h200.log (twenty-second session).
 #ifndef MOE_WT_DIAG
 #define MOE_WT_DIAG 0
@@ -1345,6 +1346,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const float* pb1 = l1 ? sa0 + 72 * KT : safe;
         auto scales = [&](int kt) {
             const int k = min(kt, KT - 1);
+#if MOE_WT_DIAG & 512
+            return Sc{1.f + k, 2.f, 3.f, 4.f, 127u, 127u};
+#endif
             return Sc{__ldg(pa0 + k), __ldg(pa1 + k), __ldg(pb0 + k), __ldg(pb1 + k), __ldg(swg + k), EPI == 1 ? __ldg(swu + k) : 127u};
         };
         Sc cur = scales(0);
@@ -1373,8 +1377,13 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
             cur = next;
         }
-        if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
-        if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
+#if MOE_WT_DIAG & 1024
+        if (acc0[0] + acc1[1] == 1234.5f)
+#endif
+        {
+            if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
+            if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
+        }
     }
 }
 
