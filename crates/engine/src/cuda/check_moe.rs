@@ -38,6 +38,9 @@
 //!   (`moe_w8`) give the all-on (`moe_ws`) bits.
 //! - `moe_q8 fp4 MOE_FP8_WT=off bits`: the 128-row tiles (`moe_ws`) give the all-on bits of the
 //!   256-row tiles (`moe_wt`; `moe_wt_ran` must be true: 375 pairs per expert on average).
+//! - `moe_q8 grouped h quantisation …`: the down projection's input quantized only on the rows a
+//!   tile reads ([`Gpu::act_quant_grouped`]: below the grouped row count, and in the tiled layout not
+//!   in a sub-tile of padding alone) equals the quantisation of every row there, byte for byte.
 //! - `moe_q8 fp4 block scales` / `moe_q8 fp4 scales > 128 … block scales`: `fp4_block_smax`'s
 //!   tables byte for byte against the host's rule, and its verdict (tables for the parity layer;
 //!   none for the layer whose rows 2^12 apart share blocks, which keeps 128-row tiles).
@@ -244,6 +247,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         }
     }
     all &= run_grouping(gpu, seed, out)?;
+    all &= run_grouped_quant(gpu, seed, out)?;
     all &= run_large_scales(gpu, seed, &cfg, &f, &routes32, &dids, &dw, out)?;
     all &= run_ragged(gpu, seed, &cfg, &f, &routes32, &dids, &dw, out)?;
     all &= run_q8(gpu, seed, &cfg, &f, &routes32, &dids, &dw, &ids, out)?;
@@ -291,6 +295,45 @@ fn run_grouping(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cuda
                 out.push(json!({"op": "time moe grouping", "tokens": tokens, "top_k": k, "experts": e, "tile": bm, "median_ms": ms}));
             }
         }
+    }
+    Ok(all)
+}
+
+/// [`Gpu::act_quant_grouped`] (the down projection's input quantized only on the rows a tile reads)
+/// against [`Gpu::act_quant_layout`] over every row, byte for byte on those rows: rows below the
+/// grouped count R and, in the tiled layout (`moe_wt`'s 256-row tiles), not in a 64-row sub-tile of
+/// padding alone. Random h of 128 and 384 features over groupings of a few experts, of
+/// the Flash shapes of an 8,192-token chunk (256 experts, top-6, tiles of 256 tiled and 128 plain)
+/// and of one expert for all; each record names the rows compared and the rows left out.
+fn run_grouped_quant(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    // (pairs, top-k, experts, tile, width, tiled, one expert for all)
+    let shapes = [(1000usize, 4usize, 16usize, 256usize, 384usize, true, false), (1000, 4, 16, 128, 384, false, false), (8192 * 6, 6, 256, 256, 128, true, false), (8192 * 6, 6, 256, 128, 128, false, false), (2500, 1, 4, 256, 128, true, true)];
+    for (tk, k, e, bm, width, tiled, one) in shapes {
+        let ids: Vec<i32> = (0..tk).map(|i| if one { (e / 2) as i32 } else { (crate::testing::fnv1a64(&format!("{seed}:gq:{tk}:{i}")) % e as u64) as i32 }).collect();
+        let p = gpu.act_quant_grouped_pair(&ids, k, e, bm, width, tiled, |rows| random(seed, &format!("gq.h.{tk}.{bm}"), rows * width, 3.0))?;
+        let kb = width.div_ceil(128);
+        let kp = kb * 128;
+        let (mut compared, mut differ) = (0usize, 0usize);
+        for r in 0..p.rows.min(p.r_cap) {
+            if tiled && p.row_dst[r & !63] < 0 {
+                continue;
+            }
+            compared += 1;
+            // The row's bytes: tiled, 128 per 128-column block inside its 64-row block (the swizzle
+            // permutes 16-byte chunks within a row); else one row of kp.
+            let spans: Vec<std::ops::Range<usize>> = if tiled { (0..kb).map(|b| (((r >> 6) * kb + b) * 8192 + (r & 63) * 128)..(((r >> 6) * kb + b) * 8192 + (r & 63) * 128 + 128)).collect() } else { vec![r * kp..(r + 1) * kp] };
+            let bytes_differ = spans.iter().any(|s| p.full.0[s.clone()] != p.grouped.0[s.clone()]);
+            let scales_differ = p.full.1[r * kb..(r + 1) * kb].iter().zip(&p.grouped.1[r * kb..(r + 1) * kb]).any(|(a, b)| a.to_bits() != b.to_bits());
+            differ += usize::from(bytes_differ || scales_differ);
+        }
+        let ok = differ == 0 && compared > 0 && p.rows <= p.r_cap;
+        all &= flag_record(
+            out,
+            &format!("moe_q8 grouped h quantisation (pairs {tk}, top-{k}, {e} experts, tile {bm}, width {width}{}{})", if tiled { ", tiled" } else { "" }, if one { ", one expert" } else { "" }),
+            json!({"rows_compared": compared, "rows_left_out": p.r_cap - compared, "grouped_rows": p.rows, "capacity": p.r_cap, "differing_rows": differ, "vs": "act_quant over every row, on the rows a tile reads"}),
+            ok,
+        );
     }
     Ok(all)
 }

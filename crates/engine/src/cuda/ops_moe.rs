@@ -290,6 +290,20 @@ pub fn group_reference(experts: &[i32], k: usize, e: usize, bm: usize) -> GroupA
     GroupArrays { offsets, items, row_tok, row_dst }
 }
 
+/// What [`Gpu::act_quant_grouped_pair`] downloads: e4m3 bytes and scales of both quantisations.
+pub(crate) struct GroupedQuantPair {
+    /// Rows of capacity (both quantisations' row count).
+    pub r_cap: usize,
+    /// The grouped row count R.
+    pub rows: usize,
+    /// The grouping's row_dst `[r_cap]` (−1: padding row; rows ≥ R: 0, never read).
+    pub row_dst: Vec<i32>,
+    /// Every row quantized ([`Gpu::act_quant_layout`]): (q, sa).
+    pub full: (Vec<u8>, Vec<f32>),
+    /// [`Gpu::act_quant_grouped`]: (q, sa), defined on the rows a tile reads.
+    pub grouped: (Vec<u8>, Vec<f32>),
+}
+
 /// The device buffers of one grouped MoE call (sized from upper bounds known on the host).
 pub(crate) struct Grouping {
     bm: usize,
@@ -383,6 +397,30 @@ impl Gpu {
         let mut row_dst = self.download(&g.row_dst)?;
         row_dst.truncate(rows);
         Ok(GroupArrays { offsets, items, row_tok, row_dst })
+    }
+
+    /// gpu-check support for [`Gpu::act_quant_grouped`]: groups the host ids `experts` (top-`k`,
+    /// `e` experts, tiles of `bm`), quantizes `h(r_cap)` (`[r_cap, width]` f32, r_cap the grouping's
+    /// capacity) both with [`Gpu::act_quant_layout`] over every row and with
+    /// [`Gpu::act_quant_grouped`] (the sub-tile test with `tiled`, as the grouped MoE calls it), and
+    /// downloads both with the grouping's R and `row_dst` (`[r_cap]`).
+    ///
+    /// Errors: as `moe_group` and the quantizers, or a download.
+    pub(crate) fn act_quant_grouped_pair(&self, experts: &[i32], k: usize, e: usize, bm: usize, width: usize, tiled: bool, h: impl FnOnce(usize) -> Vec<f32>) -> Result<GroupedQuantPair, CudaError> {
+        let dev = self.upload(experts)?;
+        let g = self.moe_group(&dev, experts.len(), k, e, bm)?;
+        let dh = self.upload(&h(g.r_cap))?;
+        let full = self.act_quant_layout(&dh, g.r_cap, width, tiled)?;
+        let (rows, live) = (g.offsets.slice(e..e + 1), g.row_dst.slice(..));
+        let grouped = self.act_quant_grouped(&dh, g.r_cap, width, tiled, super::ops_q8::GroupedRows { rows: &rows, live: tiled.then_some(&live) })?;
+        let r = self.download(&g.offsets)?.last().copied().unwrap_or(0).max(0) as usize;
+        Ok(GroupedQuantPair {
+            r_cap: g.r_cap,
+            rows: r,
+            row_dst: self.download(&g.row_dst)?,
+            full: (self.download(&full.q)?, self.download(&full.sa)?),
+            grouped: (self.download(&grouped.q)?, self.download(&grouped.sa)?),
+        })
     }
 
     /// The checks both grouped paths make: the layer's expert tables (with `q8`, ones the FP8
@@ -624,8 +662,8 @@ impl Gpu {
         // h·γ as f32 [r_cap, inter].
         // SAFETY: the fused gate/up writes every row of every tile (γ = 0 for padding rows) except
         // moe_wt's sub-tiles of padding rows alone, which the down projection skips as well; the
-        // unfused path writes all r_cap rows (swiglu over the zero-filled yg / yu). Rows ≥ R are
-        // quantized by act_quant but read by no tile.
+        // unfused path writes all r_cap rows (swiglu over the zero-filled yg / yu). Rows ≥ R (and
+        // moe_wt's sub-tiles of padding alone) are read by no tile and not quantized.
         let mut hf = unsafe { self.scratch::<f32>(g.r_cap * inter) }?;
         if opts.fused_swiglu {
             self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
@@ -637,7 +675,8 @@ impl Gpu {
             self.swiglu(&yg, &yu, &mut hf, g.r_cap * inter, limit)?;
             self.scale_rows_by_route(&mut hf, &g.row_dst.slice(..), weights, g.r_cap, inter)?;
         }
-        let hq = self.act_quant_layout(&hf, g.r_cap, inter, wt)?;
+        let (rows, live) = (g.offsets.slice(e..e + 1), g.row_dst.slice(..));
+        let hq = self.act_quant_grouped(&hf, g.r_cap, inter, wt, super::ops_q8::GroupedRows { rows: &rows, live: wt.then_some(&live) })?;
         // SAFETY: as in moe_experts_grouped: every routed (token, slot) row is scattered to, and the
         // combine reads no other.
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;

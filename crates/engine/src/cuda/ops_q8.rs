@@ -24,7 +24,7 @@ use super::graph::DevBuf;
 use super::cublaslt::LT_MIN_TOKENS;
 use super::gpu::{tc_linear_mode, Gpu, GpuMatrix, GpuWeight, TcMode, TC_LINEAR_MIN_TOKENS};
 use super::CudaError;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 
 /// The entry points of gemm_q8.cu.
 pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
@@ -252,8 +252,19 @@ pub struct QuantizedActs {
     pub tiled: bool,
 }
 
+/// The rows of a grouped MoE buffer that [`Gpu::act_quant_grouped`] quantizes (device pointers
+/// into the grouping, ops_moe.rs `Grouping`).
+#[derive(Clone, Copy)]
+pub(crate) struct GroupedRows<'a> {
+    /// One int: the grouped row count R (`offsets[E]`).
+    pub rows: &'a CudaView<'a, i32>,
+    /// The grouping's `row_dst` (`[≥ r_cap]`, −1 for padding rows): sub-tiles of padding alone are
+    /// skipped (tiled layout only: `moe_wt` skips them too).
+    pub live: Option<&'a CudaView<'a, i32>>,
+}
+
 impl Gpu {
-    fn act_quant_launch(&self, x: &CudaSlice<f32>, q: Option<(&mut CudaSlice<u8>, &mut CudaSlice<f32>)>, t: usize, k: usize, tp: usize, tiled: bool) -> Result<(), CudaError> {
+    fn act_quant_launch(&self, x: &CudaSlice<f32>, q: Option<(&mut CudaSlice<u8>, &mut CudaSlice<f32>)>, t: usize, k: usize, tp: usize, tiled: bool, grouped: Option<GroupedRows<'_>>) -> Result<(), CudaError> {
         let kb = k.div_ceil(Q8_BLOCK);
         let warps = if q.is_some() { tp * kb } else { t * kb };
         if warps == 0 {
@@ -277,9 +288,22 @@ impl Gpu {
             }
         }
         b.arg(&t_i).arg(&k_i).arg(&tp_i).arg(&rt);
-        // SAFETY: matches act_quant_fp8(x, q, sa, T, K, Tp, mode); x holds T·K floats (checked by
-        // the callers), q Tp·Kp bytes and sa Tp·Kp/128 floats when quantizing (tiled: the same bytes
-        // in gq_tiled's order, Tp a multiple of 128).
+        match grouped {
+            Some(g) => {
+                b.arg(g.rows);
+                match g.live {
+                    Some(live) => b.arg(live),
+                    None => b.arg(&null),
+                };
+            }
+            None => {
+                b.arg(&null).arg(&null);
+            }
+        }
+        // SAFETY: matches act_quant_fp8(x, q, sa, T, K, Tp, mode, rows, live); x holds T·K floats
+        // (checked by the callers), q Tp·Kp bytes and sa Tp·Kp/128 floats when quantizing (tiled:
+        // the same bytes in gq_tiled's order, Tp a multiple of 128); rows one int, live (tiled only)
+        // ≥ Tp ints ([`GroupedRows`]).
         drv("act_quant_fp8", unsafe { b.launch(cfg) }).map(|_| ())
     }
 
@@ -305,8 +329,33 @@ impl Gpu {
         let mut q = unsafe { self.scratch::<u8>(rows * kp) }?;
         // SAFETY: as above, one scale per (row, block).
         let mut sa = unsafe { self.scratch::<f32>(rows * kp / Q8_BLOCK) }?;
-        self.act_quant_launch(x, Some((&mut q, &mut sa)), t, k, rows, tiled)?;
+        self.act_quant_launch(x, Some((&mut q, &mut sa)), t, k, rows, tiled, None)?;
         Ok(QuantizedActs { q, sa, rows, kp, tiled })
+    }
+
+    /// [`Gpu::act_quant_layout`] of a grouped MoE's `r_cap` rows of h (`[r_cap, k]`, r_cap a
+    /// multiple of 128) that quantizes only the rows a tile reads: those below the grouped row
+    /// count (`rows.rows`, on the device) and, with `rows.live` (tiled only), not in a 64-row
+    /// sub-tile of padding alone (gemm_q8.cu act_quant_fp8's rows / live). The rows left out
+    /// hold whatever the scratch held; no kernel reads them.
+    ///
+    /// Errors: as [`Gpu::act_quant`]; `rows.live` shorter than r_cap or given without `tiled`.
+    pub(crate) fn act_quant_grouped(&self, x: &CudaSlice<f32>, r_cap: usize, k: usize, tiled: bool, rows: GroupedRows<'_>) -> Result<QuantizedActs, CudaError> {
+        if x.len() < r_cap * k || r_cap % 128 != 0 {
+            return Err(bad(format!("{} values for {r_cap} grouped rows (a multiple of 128) of {k}", x.len())));
+        }
+        if let Some(live) = rows.live {
+            if !tiled || live.len() < r_cap {
+                return Err(bad(format!("sub-tile liveness of {} rows for {r_cap} rows ({})", live.len(), if tiled { "tiled" } else { "not tiled" })));
+            }
+        }
+        let kp = k.div_ceil(Q8_BLOCK) * Q8_BLOCK;
+        // SAFETY: the rows a tile reads are written by act_quant_fp8 (see above); no kernel reads the others.
+        let mut q = unsafe { self.scratch::<u8>(r_cap * kp) }?;
+        // SAFETY: as above, one scale per (row, block).
+        let mut sa = unsafe { self.scratch::<f32>(r_cap * kp / Q8_BLOCK) }?;
+        self.act_quant_launch(x, Some((&mut q, &mut sa)), r_cap, k, r_cap, tiled, Some(rows))?;
+        Ok(QuantizedActs { q, sa, rows: r_cap, kp, tiled })
     }
 
     /// FP8 quantize-dequantize of `t` rows of `x` (`[t, k]`) in place, per 128 features (spec §6,
@@ -318,7 +367,7 @@ impl Gpu {
             return Err(bad(format!("{} values for {t} rows of {k}", x.len())));
         }
         let xr: &CudaSlice<f32> = x;
-        self.act_quant_launch(xr, None, t, k, t, false)
+        self.act_quant_launch(xr, None, t, k, t, false, None)
     }
 
     /// The FP8 GEMM `y[t, n] = Σ_b sa[t, b]·sw[n, b]·Σ_{k∈b} q[t, k]·w[n, k]` for `t` rows of `qa`

@@ -4,13 +4,19 @@
 // (wq_a, wq_b, wkv, wo_b, indexer wq_b, shared and routed w1/w3/w2) here; the CPU reference of
 // this path is `forward::Numerics { act_quant_fp8: true }`.
 //
-//   act_quant_fp8(x, q, sa, T, K, Tp, mode): per row t < T and 128-column block b (the last
+//   act_quant_fp8(x, q, sa, T, K, Tp, mode, rows, live): per row t < T and 128-column block b (the last
 //     block shorter when K is not a multiple of 128): amax = max(max|x|, 1e-4),
 //     s = 2^ceil(log2(amax/448)) (the official bit trick on the f32 quotient), q = e4m3(x/s) (round
 //     to nearest even, saturating at ±448). q [Tp, Kp] bytes (Kp = K rounded up to 128), sa [Tp, Kp/128]
 //     f32 = s; rows ≥ T and columns ≥ K get q = 0, sa = 1. mode 1 (roundtrip): x [T, K] ← e4m3(x/s)·s
 //     in place instead (q, sa untouched; T rows only); mode 2: q in gq_tiled's layout (Tp a multiple
-//     of 64; the input of moe_wt). One warp per (row, block), any grid, block 256.
+//     of 64; the input of moe_wt). One warp per (row, block), any grid, block 256. Grouped MoE rows
+//     (the down projection's input h; q / sa sized for the grouping's capacity r_cap = Tp): rows
+//     (device, may be null) = the grouped row count R, rows ≥ R are left unwritten (no tile reads
+//     them; r_cap counts bm − 1 padding rows per expert, R what the experts got: at 8,192 tokens
+//     and 256-row tiles about 114,000 against 66,000); live (device, may be null; mode 2 only) =
+//     the grouping's row_dst, a 64-row sub-tile whose first row is padding (< 0) is left unwritten
+//     (moe_wt neither copies nor multiplies it).
 //
 //   gemm_q8_<fmt>(q, sa, W, S, y, T, N, K): y[t, n] = Σ_blocks sa[t, b]·sw[n, b]·Σ_{k in b} q[t, k]·w[n, k]
 //     with mma.sync m16n8k32 e4m3 × e4m3 → f32 for the 32-wide partials, promoted into f32
@@ -68,14 +74,16 @@ __device__ __forceinline__ size_t gq_tiled(long long r, int k, int KT) {
 }
 
 extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__ q, float* __restrict__ sa, int T, int K, int Tp,
-                                         int mode) {
+                                         int mode, const int* __restrict__ rows, const int* __restrict__ live) {
     const int Kp = (K + 127) & ~127, KB = Kp >> 7;
     const bool roundtrip = mode == 1;
     const int lane = threadIdx.x & 31;
     const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
-    const long long total = (long long)(roundtrip ? T : Tp) * KB;
+    const int tq = roundtrip ? T : rows ? min(Tp, max(__ldg(rows), 0)) : Tp;
+    const long long total = (long long)tq * KB;
     for (long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < total; w += warps) {
         const int t = (int)(w / KB), b = (int)(w % KB);
+        if (mode == 2 && live && __ldg(live + (t & ~63)) < 0) continue;  // warp-uniform: the whole warp skips
         const int c0 = b * 128 + lane * 4;
         float v[4] = {0.f, 0.f, 0.f, 0.f};
         if (t < T) {
@@ -161,23 +169,35 @@ __device__ __forceinline__ void gq_fp4x8(u32 w, u32 t0, u32 t1, u32& lo, u32& hi
     hi = (__byte_perm(a, w, 0x7362u) & 0x80808080u) | __byte_perm(t0, t1, m >> 16);
 }
 
-// Epilogue 1 of both kernel families: hidden units col, col + 1 of grouped row `row` from their gate
-// (g0, g1) and up (u0, u1) sums: h = silu(min(g, L))·clamp(u, ±L)·γ (γ = gamma[dst[row]], 0 for a
-// padding row), f32 into hf. N is the fused width (2·inter): columns past it are not written.
-__device__ __forceinline__ void gq_swiglu_store(const GqEpi& E, int N, int row, int col, float g0, float g1, float u0, float u1) {
+// A thread's epilogue row: `row` of the tile, the output row `orow` it goes to (EPI 0: row; EPI 2:
+// dst[row], < 0 for a padding row, which is not stored) and its routing weight `gam` (EPI 1:
+// gamma[dst[row]], 0 for a padding row).
+struct GqRow {
+    int row, orow;
+    float gam;
+};
+template <int EPI>
+__device__ __forceinline__ GqRow gq_row(const GqEpi& E, int row) {
+    GqRow r = {row, row, 0.f};
+    if (EPI != 0) r.orow = E.dst[row];
+    if (EPI == 1) r.gam = r.orow < 0 ? 0.f : E.gamma[r.orow];
+    return r;
+}
+
+// Epilogue 1 of both kernel families: hidden units col, col + 1 of grouped row R.row from their gate
+// (g0, g1) and up (u0, u1) sums: h = silu(min(g, L))·clamp(u, ±L)·γ (γ = R.gam), f32 into hf. N is
+// the fused width (2·inter): columns past it are not written.
+__device__ __forceinline__ void gq_swiglu_store(const GqEpi& E, int N, const GqRow& R, int col, float g0, float g1, float u0, float u1) {
     if (2 * col >= N) return;
-    const int dr = E.dst[row];
-    const float gam = dr < 0 ? 0.f : E.gamma[dr];
-    const float hv[2] = {fs_swiglu(g0, u0, E.limit) * gam, fs_swiglu(g1, u1, E.limit) * gam};
-    *reinterpret_cast<float2*>(E.hf + (size_t)row * E.ldh + col) = make_float2(hv[0], hv[1]);
+    const float hv[2] = {fs_swiglu(g0, u0, E.limit) * R.gam, fs_swiglu(g1, u1, E.limit) * R.gam};
+    *reinterpret_cast<float2*>(E.hf + (size_t)R.row * E.ldh + col) = make_float2(hv[0], hv[1]);
 }
 
 // Epilogues 0 (y[row, col..col+1], rows < T) and 2 (y[dst[row], …], dst ≥ 0) of both families.
 template <int EPI>
-__device__ __forceinline__ void gq_store2(const GqEpi& E, int T, int N, int row, int col, float v0, float v1) {
-    const int orow = EPI == 2 ? E.dst[row] : row;
-    if (EPI == 0 ? row >= T : orow < 0) return;
-    float* d = E.y + (size_t)orow * N + col;
+__device__ __forceinline__ void gq_store2(const GqEpi& E, int T, int N, const GqRow& R, int col, float v0, float v1) {
+    if (EPI == 0 ? R.row >= T : R.orow < 0) return;
+    float* d = E.y + (size_t)R.orow * N + col;
     if ((N & 1) == 0 && col + 1 < N) {
         *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
     } else {
@@ -414,8 +434,8 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
             for (int j = 0; j < NT8 / 2; j++)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    gq_swiglu_store(E, N, m0 + wm * WTM + mt * 16 + g4 + 8 * h, hb0 + 8 * j + c2, acc[mt][2 * j][2 * h], acc[mt][2 * j][2 * h + 1],
-                                    acc[mt][2 * j + 1][2 * h], acc[mt][2 * j + 1][2 * h + 1]);
+                    gq_swiglu_store(E, N, gq_row<EPI>(E, m0 + wm * WTM + mt * 16 + g4 + 8 * h), hb0 + 8 * j + c2, acc[mt][2 * j][2 * h],
+                                    acc[mt][2 * j][2 * h + 1], acc[mt][2 * j + 1][2 * h], acc[mt][2 * j + 1][2 * h + 1]);
     } else {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -423,7 +443,8 @@ __device__ __forceinline__ void gq_gemm(const GqProb& P, const GqEpi& E) {
             for (int nt = 0; nt < NT8; nt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    gq_store2<EPI>(E, P.T, N, m0 + wm * WTM + mt * 16 + g4 + 8 * h, n0 + wn * WTN + nt * 8 + c2, acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+                    gq_store2<EPI>(E, P.T, N, gq_row<EPI>(E, m0 + wm * WTM + mt * 16 + g4 + 8 * h), n0 + wn * WTN + nt * 8 + c2, acc[mt][nt][2 * h],
+                                   acc[mt][nt][2 * h + 1]);
     }
 }
 
@@ -542,21 +563,27 @@ __device__ __forceinline__ void gw_fp8_scale_rows(const GqProb& P, const u8*& sw
 
 // A warpgroup tile's epilogue (gw_gemm, moe_ws): the thread's accumulators (rows row_a, row_a + 8;
 // 16 column pairs from n0 + c2) through epilogue EPI (rows ≥ T are not stored by EPI 0).
+// gw_store_rows: the same with the two rows' GqRow given (moe_wt loads them ahead).
 template <int EPI>
-__device__ __forceinline__ void gw_store(const GqEpi& E, int T, int N, int row_a, int n0, int c2, const float (&acc)[64]) {
+__device__ __forceinline__ void gw_store_rows(const GqEpi& E, int T, int N, const GqRow (&R)[2], int n0, int c2, const float (&acc)[64]) {
     if constexpr (EPI == 1) {
 #pragma unroll
         for (int jj = 0; jj < 8; jj++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                gq_swiglu_store(E, N, row_a + 8 * h, (n0 >> 1) + 8 * jj + c2, acc[4 * (2 * jj) + 2 * h], acc[4 * (2 * jj) + 2 * h + 1],
+                gq_swiglu_store(E, N, R[h], (n0 >> 1) + 8 * jj + c2, acc[4 * (2 * jj) + 2 * h], acc[4 * (2 * jj) + 2 * h + 1],
                                 acc[4 * (2 * jj + 1) + 2 * h], acc[4 * (2 * jj + 1) + 2 * h + 1]);
     } else {
 #pragma unroll
         for (int j = 0; j < 16; j++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) gq_store2<EPI>(E, T, N, row_a + 8 * h, n0 + j * 8 + c2, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            for (int h = 0; h < 2; h++) gq_store2<EPI>(E, T, N, R[h], n0 + j * 8 + c2, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
+}
+template <int EPI>
+__device__ __forceinline__ void gw_store(const GqEpi& E, int T, int N, int row_a, int n0, int c2, const float (&acc)[64]) {
+    const GqRow R[2] = {gq_row<EPI>(E, row_a), gq_row<EPI>(E, row_a + 8)};
+    gw_store_rows<EPI>(E, T, N, R, n0, c2, acc);
 }
 
 // Per K step (128 values): one barrier, then the four wgmma k32 MMAs of the step are issued first
@@ -1078,6 +1105,13 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef MOE_WT_DIAG
 #define MOE_WT_DIAG 0
 #endif
+// MOE_WT_PREFETCH=1 (experiment): the multiply warpgroups issue each unit's global loads ahead
+// (below). Without it (0, default) a unit's items entry, its sub-tiles' liveness, its step-0
+// scales and its stored rows' dst / γ are loaded when the unit starts or stores, each waiting on
+// the one before.
+#ifndef MOE_WT_PREFETCH
+#define MOE_WT_PREFETCH 0
+#endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
 
@@ -1308,6 +1342,112 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         return;
     }
 
+#if MOE_WT_PREFETCH
+    // Multiply warpgroups 0 and 1 (MOE_WT_PREFETCH): rows m0 + 128 wg … + 127 as sub-tiles 2 wg and
+    // 2 wg + 1, with every global load a unit needs issued ahead of its use: the next unit's items
+    // entry when this unit starts; its sub-tiles' first dst, block-scale offset and step-0 scales
+    // after this unit's last step, before this unit's stores (their latencies overlap the stores);
+    // the stored rows' dst two steps before the end and their γ one step before. Activation scales
+    // are read for dead sub-tiles too (unused; every row of an item lies below the grouped count,
+    // inside the buffers), so they do not wait on the liveness loads.
+    GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
+    const int lane = tid & 31, warp = tid >> 5, wq = warp & 3;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    const int g4 = lane >> 2, c2 = (lane & 3) * 2;
+    const int rsub = wg * 128 + wq * 16 + g4;  // the thread's rows: rsub, rsub + 8 (sub-tile 2 wg), + 64, + 72 (2 wg + 1)
+    struct Sc {
+        float a0, a1, b0, b1;
+        u32 wg, wu;
+    };
+    auto scales = [&](int m0, size_t brow, int kt) {
+        const float* pa = sa + (size_t)(m0 + rsub) * KT + kt;
+        return Sc{__ldg(pa), __ldg(pa + 8 * KT), __ldg(pa + 64 * KT), __ldg(pa + 72 * KT), __ldg(bsg + brow + kt), EPI == 1 ? __ldg(bsu + brow + kt) : 127u};
+    };
+    auto brow_of = [&](int ex, int n0) { return ((size_t)ex * NBW + ((EPI == 1 ? n0 >> 1 : n0) >> 7)) * KT; };
+    GwsRing<ST> ring;
+    int w = blockIdx.x;
+    int m0 = 0, n0 = 0, d0 = -1, d1 = -1;
+    size_t brow = 0;
+    Sc cur = {};
+    if (w < total) {
+        const int it = w / tiles_n;
+        m0 = __ldg(items + 2 * it + 1);
+        n0 = (w % tiles_n) * 128;
+        brow = brow_of(__ldg(items + 2 * it), n0);
+        d0 = __ldg(dst + m0 + 128 * wg);
+        d1 = __ldg(dst + m0 + 128 * wg + 64);
+        cur = scales(m0, brow, 0);
+    }
+    for (; w < total; w += gridDim.x) {
+        const bool l0 = d0 >= 0, l1 = d1 >= 0;
+        const int wn = w + gridDim.x;
+        int ex_n = 0, m0_n = 0;
+        if (wn < total) {
+            const int it = wn / tiles_n;
+            ex_n = __ldg(items + 2 * it);
+            m0_n = __ldg(items + 2 * it + 1);
+        }
+        float acc0[64], acc1[64], tmp[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) {
+            acc0[i] = 0.f;
+            acc1[i] = 0.f;
+        }
+        int ed[4] = {0, 0, 0, 0};  // the stored rows' dst (EPI 1, 2), loaded ahead
+        float eg[4] = {0.f, 0.f, 0.f, 0.f};  // and their γ (EPI 1)
+        for (int kt = 0; kt < KT; kt++, ring.next()) {
+            Sc next = cur;
+            if (kt + 1 < KT) next = scales(m0, brow, kt + 1);
+            if (EPI != 0 && kt == max(KT - 2, 0)) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) ed[i] = __ldg(dst + m0 + rsub + 8 * (i & 1) + 64 * (i >> 1));
+            }
+            if (EPI == 1 && kt == KT - 1) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) eg[i] = ed[i] < 0 ? 0.f : __ldg(gamma + ed[i]);
+            }
+            const u32 sb = base + ring.s * L::STAGE;
+            gws_wait(full0 + 8 * ring.s, ring.ph);
+            __syncwarp();  // converged for the .aligned wgmma instructions
+            auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
+#if MOE_WT_DIAG & 2
+                acc[st] += sa0 * sa1;
+#else
+                gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (2 * wg + st) * 8192), gw_desc_lo(sb + L::BC));
+                gw_wait_partial(tmp);
+#if MOE_WT_DIAG & 4
+                acc[st] += tmp[st] * sa0;
+#else
+                gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu), nullptr, c2);
+#endif
+#endif
+            };
+            if (l0) multiply(acc0, 0, cur.a0, cur.a1);
+            if (l1) multiply(acc1, 1, cur.b0, cur.b1);
+            __syncwarp();
+            if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
+            cur = next;
+        }
+        const int m0_u = m0, n0_u = n0;
+        if (wn < total) {
+            m0 = m0_n;
+            n0 = (wn % tiles_n) * 128;
+            brow = brow_of(ex_n, n0);
+            d0 = __ldg(dst + m0 + 128 * wg);
+            d1 = __ldg(dst + m0 + 128 * wg + 64);
+            cur = scales(m0, brow, 0);
+        }
+        const int row0 = m0_u + rsub;
+        if (l0) {
+            const GqRow R[2] = {{row0, EPI == 0 ? row0 : ed[0], eg[0]}, {row0 + 8, EPI == 0 ? row0 + 8 : ed[1], eg[1]}};
+            gw_store_rows<EPI>(E, 0x7fffffff, N, R, n0_u, c2, acc0);
+        }
+        if (l1) {
+            const GqRow R[2] = {{row0 + 64, EPI == 0 ? row0 + 64 : ed[2], eg[2]}, {row0 + 72, EPI == 0 ? row0 + 72 : ed[3], eg[3]}};
+            gw_store_rows<EPI>(E, 0x7fffffff, N, R, n0_u, c2, acc1);
+        }
+    }
+#else
     // Multiply warpgroups 0 and 1: rows m0 + 128 wg … + 127 as sub-tiles 2 wg and 2 wg + 1.
     GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
     const int lane = tid & 31, warp = tid >> 5, wq = warp & 3;
@@ -1385,6 +1525,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
         }
     }
+#endif
 }
 
 #define MOE_WT_ENTRY(NAME, EPI)                                                                                           \
