@@ -320,10 +320,10 @@ fn run_grouped_quant(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool,
                 continue;
             }
             compared += 1;
-            // The row's bytes: tiled, 128 per 128-column block inside its 64-row block (the swizzle
-            // permutes 16-byte chunks within a row); else one row of kp.
-            let spans: Vec<std::ops::Range<usize>> = if tiled { (0..kb).map(|b| (((r >> 6) * kb + b) * 8192 + (r & 63) * 128)..(((r >> 6) * kb + b) * 8192 + (r & 63) * 128 + 128)).collect() } else { vec![r * kp..(r + 1) * kp] };
-            let bytes_differ = spans.iter().any(|s| p.full.0[s.clone()] != p.grouped.0[s.clone()]);
+            // The row's bytes (offset, length): tiled, 128 per 128-column block inside its 64-row
+            // block (the swizzle permutes 16-byte chunks within a row); else one row of kp.
+            let spans: Vec<(usize, usize)> = if tiled { (0..kb).map(|b| (((r >> 6) * kb + b) * 8192 + (r & 63) * 128, 128)).collect() } else { vec![(r * kp, kp)] };
+            let bytes_differ = spans.iter().any(|&(at, n)| p.full.0[at..at + n] != p.grouped.0[at..at + n]);
             let scales_differ = p.full.1[r * kb..(r + 1) * kb].iter().zip(&p.grouped.1[r * kb..(r + 1) * kb]).any(|(a, b)| a.to_bits() != b.to_bits());
             differ += usize::from(bytes_differ || scales_differ);
         }

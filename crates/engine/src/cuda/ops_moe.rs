@@ -406,6 +406,7 @@ impl Gpu {
     /// downloads both with the grouping's R and `row_dst` (`[r_cap]`).
     ///
     /// Errors: as `moe_group` and the quantizers, or a download.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn act_quant_grouped_pair(&self, experts: &[i32], k: usize, e: usize, bm: usize, width: usize, tiled: bool, h: impl FnOnce(usize) -> Vec<f32>) -> Result<GroupedQuantPair, CudaError> {
         let dev = self.upload(experts)?;
         let g = self.moe_group(&dev, experts.len(), k, e, bm)?;

@@ -264,6 +264,7 @@ pub(crate) struct GroupedRows<'a> {
 }
 
 impl Gpu {
+    #[allow(clippy::too_many_arguments)]
     fn act_quant_launch(&self, x: &CudaSlice<f32>, q: Option<(&mut CudaSlice<u8>, &mut CudaSlice<f32>)>, t: usize, k: usize, tp: usize, tiled: bool, grouped: Option<GroupedRows<'_>>) -> Result<(), CudaError> {
         let kb = k.div_ceil(Q8_BLOCK);
         let warps = if q.is_some() { tp * kb } else { t * kb };
@@ -341,7 +342,7 @@ impl Gpu {
     ///
     /// Errors: as [`Gpu::act_quant`]; `rows.live` shorter than r_cap or given without `tiled`.
     pub(crate) fn act_quant_grouped(&self, x: &CudaSlice<f32>, r_cap: usize, k: usize, tiled: bool, rows: GroupedRows<'_>) -> Result<QuantizedActs, CudaError> {
-        if x.len() < r_cap * k || r_cap % 128 != 0 {
+        if x.len() < r_cap * k || !r_cap.is_multiple_of(128) {
             return Err(bad(format!("{} values for {r_cap} grouped rows (a multiple of 128) of {k}", x.len())));
         }
         if let Some(live) = rows.live {
