@@ -563,9 +563,9 @@ __device__ __forceinline__ void gw_fp8_scale_rows(const GqProb& P, const u8*& sw
 
 // A warpgroup tile's epilogue (gw_gemm, moe_ws): the thread's accumulators (rows row_a, row_a + 8;
 // 16 column pairs from n0 + c2) through epilogue EPI (rows ≥ T are not stored by EPI 0).
-// gw_store_rows: the same with the two rows' GqRow given (moe_wt loads them ahead).
 template <int EPI>
-__device__ __forceinline__ void gw_store_rows(const GqEpi& E, int T, int N, const GqRow (&R)[2], int n0, int c2, const float (&acc)[64]) {
+__device__ __forceinline__ void gw_store(const GqEpi& E, int T, int N, int row_a, int n0, int c2, const float (&acc)[64]) {
+    const GqRow R[2] = {gq_row<EPI>(E, row_a), gq_row<EPI>(E, row_a + 8)};
     if constexpr (EPI == 1) {
 #pragma unroll
         for (int jj = 0; jj < 8; jj++)
@@ -579,11 +579,6 @@ __device__ __forceinline__ void gw_store_rows(const GqEpi& E, int T, int N, cons
 #pragma unroll
             for (int h = 0; h < 2; h++) gq_store2<EPI>(E, T, N, R[h], n0 + j * 8 + c2, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
-}
-template <int EPI>
-__device__ __forceinline__ void gw_store(const GqEpi& E, int T, int N, int row_a, int n0, int c2, const float (&acc)[64]) {
-    const GqRow R[2] = {gq_row<EPI>(E, row_a), gq_row<EPI>(E, row_a + 8)};
-    gw_store_rows<EPI>(E, T, N, R, n0, c2, acc);
 }
 
 // Per K step (128 values): one barrier, then the four wgmma k32 MMAs of the step are issued first
@@ -1105,13 +1100,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef MOE_WT_DIAG
 #define MOE_WT_DIAG 0
 #endif
-// MOE_WT_PREFETCH=1 (experiment): the multiply warpgroups issue each unit's global loads ahead
-// (below). Without it (0, default) a unit's items entry, its sub-tiles' liveness, its step-0
-// scales and its stored rows' dst / γ are loaded when the unit starts or stores, each waiting on
-// the one before.
-#ifndef MOE_WT_PREFETCH
-#define MOE_WT_PREFETCH 0
-#endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
 
@@ -1342,112 +1330,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         return;
     }
 
-#if MOE_WT_PREFETCH
-    // Multiply warpgroups 0 and 1 (MOE_WT_PREFETCH): rows m0 + 128 wg … + 127 as sub-tiles 2 wg and
-    // 2 wg + 1, with every global load a unit needs issued ahead of its use: the next unit's items
-    // entry when this unit starts; its sub-tiles' first dst, block-scale offset and step-0 scales
-    // after this unit's last step, before this unit's stores (their latencies overlap the stores);
-    // the stored rows' dst two steps before the end and their γ one step before. Activation scales
-    // are read for dead sub-tiles too (unused; every row of an item lies below the grouped count,
-    // inside the buffers), so they do not wait on the liveness loads.
-    GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
-    const int lane = tid & 31, warp = tid >> 5, wq = warp & 3;
-    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-    const int g4 = lane >> 2, c2 = (lane & 3) * 2;
-    const int rsub = wg * 128 + wq * 16 + g4;  // the thread's rows: rsub, rsub + 8 (sub-tile 2 wg), + 64, + 72 (2 wg + 1)
-    struct Sc {
-        float a0, a1, b0, b1;
-        u32 wg, wu;
-    };
-    auto scales = [&](int m0, size_t brow, int kt) {
-        const float* pa = sa + (size_t)(m0 + rsub) * KT + kt;
-        return Sc{__ldg(pa), __ldg(pa + 8 * KT), __ldg(pa + 64 * KT), __ldg(pa + 72 * KT), __ldg(bsg + brow + kt), EPI == 1 ? __ldg(bsu + brow + kt) : 127u};
-    };
-    auto brow_of = [&](int ex, int n0) { return ((size_t)ex * NBW + ((EPI == 1 ? n0 >> 1 : n0) >> 7)) * KT; };
-    GwsRing<ST> ring;
-    int w = blockIdx.x;
-    int m0 = 0, n0 = 0, d0 = -1, d1 = -1;
-    size_t brow = 0;
-    Sc cur = {};
-    if (w < total) {
-        const int it = w / tiles_n;
-        m0 = __ldg(items + 2 * it + 1);
-        n0 = (w % tiles_n) * 128;
-        brow = brow_of(__ldg(items + 2 * it), n0);
-        d0 = __ldg(dst + m0 + 128 * wg);
-        d1 = __ldg(dst + m0 + 128 * wg + 64);
-        cur = scales(m0, brow, 0);
-    }
-    for (; w < total; w += gridDim.x) {
-        const bool l0 = d0 >= 0, l1 = d1 >= 0;
-        const int wn = w + gridDim.x;
-        int ex_n = 0, m0_n = 0;
-        if (wn < total) {
-            const int it = wn / tiles_n;
-            ex_n = __ldg(items + 2 * it);
-            m0_n = __ldg(items + 2 * it + 1);
-        }
-        float acc0[64], acc1[64], tmp[64];
-#pragma unroll
-        for (int i = 0; i < 64; i++) {
-            acc0[i] = 0.f;
-            acc1[i] = 0.f;
-        }
-        int ed[4] = {0, 0, 0, 0};  // the stored rows' dst (EPI 1, 2), loaded ahead
-        float eg[4] = {0.f, 0.f, 0.f, 0.f};  // and their γ (EPI 1)
-        for (int kt = 0; kt < KT; kt++, ring.next()) {
-            Sc next = cur;
-            if (kt + 1 < KT) next = scales(m0, brow, kt + 1);
-            if (EPI != 0 && kt == max(KT - 2, 0)) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) ed[i] = __ldg(dst + m0 + rsub + 8 * (i & 1) + 64 * (i >> 1));
-            }
-            if (EPI == 1 && kt == KT - 1) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) eg[i] = ed[i] < 0 ? 0.f : __ldg(gamma + ed[i]);
-            }
-            const u32 sb = base + ring.s * L::STAGE;
-            gws_wait(full0 + 8 * ring.s, ring.ph);
-            __syncwarp();  // converged for the .aligned wgmma instructions
-            auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
-#if MOE_WT_DIAG & 2
-                acc[st] += sa0 * sa1;
-#else
-                gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (2 * wg + st) * 8192), gw_desc_lo(sb + L::BC));
-                gw_wait_partial(tmp);
-#if MOE_WT_DIAG & 4
-                acc[st] += tmp[st] * sa0;
-#else
-                gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu), nullptr, c2);
-#endif
-#endif
-            };
-            if (l0) multiply(acc0, 0, cur.a0, cur.a1);
-            if (l1) multiply(acc1, 1, cur.b0, cur.b1);
-            __syncwarp();
-            if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
-            cur = next;
-        }
-        const int m0_u = m0, n0_u = n0;
-        if (wn < total) {
-            m0 = m0_n;
-            n0 = (wn % tiles_n) * 128;
-            brow = brow_of(ex_n, n0);
-            d0 = __ldg(dst + m0 + 128 * wg);
-            d1 = __ldg(dst + m0 + 128 * wg + 64);
-            cur = scales(m0, brow, 0);
-        }
-        const int row0 = m0_u + rsub;
-        if (l0) {
-            const GqRow R[2] = {{row0, EPI == 0 ? row0 : ed[0], eg[0]}, {row0 + 8, EPI == 0 ? row0 + 8 : ed[1], eg[1]}};
-            gw_store_rows<EPI>(E, 0x7fffffff, N, R, n0_u, c2, acc0);
-        }
-        if (l1) {
-            const GqRow R[2] = {{row0 + 64, EPI == 0 ? row0 + 64 : ed[2], eg[2]}, {row0 + 72, EPI == 0 ? row0 + 72 : ed[3], eg[3]}};
-            gw_store_rows<EPI>(E, 0x7fffffff, N, R, n0_u, c2, acc1);
-        }
-    }
-#else
     // Multiply warpgroups 0 and 1: rows m0 + 128 wg … + 127 as sub-tiles 2 wg and 2 wg + 1.
     GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
     const int lane = tid & 31, warp = tid >> 5, wq = warp & 3;
@@ -1525,7 +1407,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
         }
     }
-#endif
 }
 
 #define MOE_WT_ENTRY(NAME, EPI)                                                                                           \
