@@ -40,7 +40,8 @@
 //!   256-row tiles (`moe_wt`; `moe_wt_ran` must be true: 375 pairs per expert on average).
 //! - `moe_q8 grouped h quantisation …`: the down projection's input quantized only on the rows a
 //!   tile reads ([`Gpu::act_quant_grouped`]: below the grouped row count, and in the tiled layout not
-//!   in a sub-tile of padding alone) equals the quantisation of every row there, byte for byte.
+//!   in a sub-tile of padding alone) equals the quantisation of every row there, byte for byte, and
+//!   leaves every other row as its buffers were filled.
 //! - `moe_q8 fp4 block scales` / `moe_q8 fp4 scales > 128 … block scales`: `fp4_block_smax`'s
 //!   tables byte for byte against the host's rule, and its verdict (tables for the parity layer;
 //!   none for the layer whose rows 2^12 apart share blocks, which keeps 128-row tiles).
@@ -300,38 +301,63 @@ fn run_grouping(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cuda
 }
 
 /// [`Gpu::act_quant_grouped`] (the down projection's input quantized only on the rows a tile reads)
-/// against [`Gpu::act_quant_layout`] over every row, byte for byte on those rows: rows below the
+/// against [`Gpu::act_quant_layout`] over every row: byte for byte on those rows — rows below the
 /// grouped count R and, in the tiled layout (`moe_wt`'s 256-row tiles), not in a 64-row sub-tile of
-/// padding alone. Random h of 128 and 384 features over groupings of a few experts, of
-/// the Flash shapes of an 8,192-token chunk (256 experts, top-6, tiles of 256 tiled and 128 plain)
-/// and of one expert for all; each record names the rows compared and the rows left out.
+/// padding alone — while every other row keeps the 0xFF bytes and NaN scales its buffers were filled
+/// with (so the record fails if a row is skipped that should not be, or written that need not be).
+/// Random h of 384 and 128 features over: hand-made expert sizes (0, 1, 64, 65, 200, 256, 300, 513
+/// pairs: a second tile live in its first sub-tile only, tiles of one routed row, an empty expert)
+/// tiled and in 128-row tiles; random routings of 1,000 pairs over 16 experts and of the Flash
+/// shapes of an 8,192-token chunk (256 experts, top-6, tiles of 256 tiled and 128 plain); one expert
+/// for all. Each record names the rows compared and the rows left out.
 fn run_grouped_quant(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
-    // (pairs, top-k, experts, tile, width, tiled, one expert for all)
-    let shapes = [(1000usize, 4usize, 16usize, 256usize, 384usize, true, false), (1000, 4, 16, 128, 384, false, false), (8192 * 6, 6, 256, 256, 128, true, false), (8192 * 6, 6, 256, 128, 128, false, false), (2500, 1, 4, 256, 128, true, true)];
-    for (tk, k, e, bm, width, tiled, one) in shapes {
-        let ids: Vec<i32> = (0..tk).map(|i| if one { (e / 2) as i32 } else { (crate::testing::fnv1a64(&format!("{seed}:gq:{tk}:{i}")) % e as u64) as i32 }).collect();
+    let mix = |key: String| crate::testing::fnv1a64(&key) >> 32;
+    // Hand-made sizes: expert i gets SIZES[i] pairs (top-1), in a hashed order.
+    const SIZES: [usize; 8] = [300, 1, 64, 65, 0, 513, 200, 256];
+    let mut sized: Vec<(u64, i32)> = SIZES.iter().enumerate().flat_map(|(e, &n)| (0..n).map(move |j| (e, j))).map(|(e, j)| (mix(format!("{seed}:gq-sized:{e}:{j}")), e as i32)).collect();
+    sized.sort_unstable();
+    let sized: Vec<i32> = sized.into_iter().map(|(_, e)| e).collect();
+    let random_ids = |tk: usize, e: usize| -> Vec<i32> { (0..tk).map(|i| (mix(format!("{seed}:gq:{tk}:{i}")) % e as u64) as i32).collect() };
+    // (name, ids, top-k, experts, tile, width, tiled)
+    type Case = (&'static str, Vec<i32>, usize, usize, usize, usize, bool);
+    let cases: Vec<Case> = vec![
+        ("sizes 0-513", sized.clone(), 1, SIZES.len(), 256, 384, true),
+        ("sizes 0-513", sized, 1, SIZES.len(), 128, 384, false),
+        ("random", random_ids(1000, 16), 4, 16, 256, 384, true),
+        ("random", random_ids(1000, 16), 4, 16, 128, 384, false),
+        ("random", random_ids(8192 * 6, 256), 6, 256, 256, 128, true),
+        ("random", random_ids(8192 * 6, 256), 6, 256, 128, 128, false),
+        ("one expert", vec![2; 2500], 1, 4, 256, 128, true),
+    ];
+    for (name, ids, k, e, bm, width, tiled) in cases {
+        let tk = ids.len();
         let p = gpu.act_quant_grouped_pair(&ids, k, e, bm, width, tiled, |rows| random(seed, &format!("gq.h.{tk}.{bm}"), rows * width, 3.0))?;
         let kb = width.div_ceil(128);
         let kp = kb * 128;
-        let (mut compared, mut differ) = (0usize, 0usize);
-        for r in 0..p.rows.min(p.r_cap) {
-            if tiled && p.row_dst[r & !63] < 0 {
-                continue;
-            }
-            compared += 1;
+        let (mut compared, mut differ, mut left_out, mut left_touched) = (0usize, 0usize, 0usize, 0usize);
+        for r in 0..p.r_cap {
             // The row's bytes (offset, length): tiled, 128 per 128-column block inside its 64-row
             // block (the swizzle permutes 16-byte chunks within a row); else one row of kp.
             let spans: Vec<(usize, usize)> = if tiled { (0..kb).map(|b| (((r >> 6) * kb + b) * 8192 + (r & 63) * 128, 128)).collect() } else { vec![(r * kp, kp)] };
-            let bytes_differ = spans.iter().any(|&(at, n)| p.full.0[at..at + n] != p.grouped.0[at..at + n]);
-            let scales_differ = p.full.1[r * kb..(r + 1) * kb].iter().zip(&p.grouped.1[r * kb..(r + 1) * kb]).any(|(a, b)| a.to_bits() != b.to_bits());
-            differ += usize::from(bytes_differ || scales_differ);
+            let scales = r * kb..(r + 1) * kb;
+            let read = r < p.rows && !(tiled && p.row_dst[r & !63] < 0);
+            if read {
+                compared += 1;
+                let bytes_differ = spans.iter().any(|&(at, n)| p.full.0[at..at + n] != p.grouped.0[at..at + n]);
+                let scales_differ = p.full.1[scales.clone()].iter().zip(&p.grouped.1[scales]).any(|(a, b)| a.to_bits() != b.to_bits());
+                differ += usize::from(bytes_differ || scales_differ);
+            } else {
+                left_out += 1;
+                let touched = spans.iter().any(|&(at, n)| p.grouped.0[at..at + n].iter().any(|&b| b != 0xFF)) || p.grouped.1[scales].iter().any(|v| !v.is_nan());
+                left_touched += usize::from(touched);
+            }
         }
-        let ok = differ == 0 && compared > 0 && p.rows <= p.r_cap;
+        let ok = differ == 0 && left_touched == 0 && compared > 0 && p.rows <= p.r_cap;
         all &= flag_record(
             out,
-            &format!("moe_q8 grouped h quantisation (pairs {tk}, top-{k}, {e} experts, tile {bm}, width {width}{}{})", if tiled { ", tiled" } else { "" }, if one { ", one expert" } else { "" }),
-            json!({"rows_compared": compared, "rows_left_out": p.r_cap - compared, "grouped_rows": p.rows, "capacity": p.r_cap, "differing_rows": differ, "vs": "act_quant over every row, on the rows a tile reads"}),
+            &format!("moe_q8 grouped h quantisation ({name}: pairs {tk}, top-{k}, {e} experts, tile {bm}, width {width}{})", if tiled { ", tiled" } else { "" }),
+            json!({"rows_compared": compared, "rows_left_out": left_out, "grouped_rows": p.rows, "capacity": p.r_cap, "differing_rows": differ, "left_out_rows_written": left_touched, "vs": "act_quant over every row, on the rows a tile reads; the fill elsewhere"}),
             ok,
         );
     }

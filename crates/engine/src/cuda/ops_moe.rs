@@ -300,7 +300,8 @@ pub(crate) struct GroupedQuantPair {
     pub row_dst: Vec<i32>,
     /// Every row quantized ([`Gpu::act_quant_layout`]): (q, sa).
     pub full: (Vec<u8>, Vec<f32>),
-    /// [`Gpu::act_quant_grouped`]: (q, sa), defined on the rows a tile reads.
+    /// [`Gpu::act_quant_grouped_into`] over 0xFF bytes and NaN scales: (q, sa), defined on the
+    /// rows a tile reads, the fill elsewhere.
     pub grouped: (Vec<u8>, Vec<f32>),
 }
 
@@ -402,8 +403,9 @@ impl Gpu {
     /// gpu-check support for [`Gpu::act_quant_grouped`]: groups the host ids `experts` (top-`k`,
     /// `e` experts, tiles of `bm`), quantizes `h(r_cap)` (`[r_cap, width]` f32, r_cap the grouping's
     /// capacity) both with [`Gpu::act_quant_layout`] over every row and with
-    /// [`Gpu::act_quant_grouped`] (the sub-tile test with `tiled`, as the grouped MoE calls it), and
-    /// downloads both with the grouping's R and `row_dst` (`[r_cap]`).
+    /// [`Gpu::act_quant_grouped_into`] (the sub-tile test with `tiled`, as the grouped MoE calls it)
+    /// into buffers filled with 0xFF bytes (e4m3 NaN, which the quantizer never writes) and NaN
+    /// scales first, and downloads both with the grouping's R and `row_dst` (`[r_cap]`).
     ///
     /// Errors: as `moe_group` and the quantizers, or a download.
     #[allow(clippy::too_many_arguments)]
@@ -413,14 +415,17 @@ impl Gpu {
         let dh = self.upload(&h(g.r_cap))?;
         let full = self.act_quant_layout(&dh, g.r_cap, width, tiled)?;
         let (rows, live) = (g.offsets.slice(e..e + 1), g.row_dst.slice(..));
-        let grouped = self.act_quant_grouped(&dh, g.r_cap, width, tiled, super::ops_q8::GroupedRows { rows: &rows, live: tiled.then_some(&live) })?;
+        let kp = width.div_ceil(super::ops_q8::Q8_BLOCK) * super::ops_q8::Q8_BLOCK;
+        let mut gq = self.upload(&vec![0xFFu8; g.r_cap * kp])?;
+        let mut gsa = self.upload(&vec![f32::NAN; g.r_cap * kp / super::ops_q8::Q8_BLOCK])?;
+        self.act_quant_grouped_into(&dh, &mut gq, &mut gsa, g.r_cap, width, tiled, super::ops_q8::GroupedRows { rows: &rows, live: tiled.then_some(&live) })?;
         let r = self.download(&g.offsets)?.last().copied().unwrap_or(0).max(0) as usize;
         Ok(GroupedQuantPair {
             r_cap: g.r_cap,
             rows: r,
             row_dst: self.download(&g.row_dst)?,
             full: (self.download(&full.q)?, self.download(&full.sa)?),
-            grouped: (self.download(&grouped.q)?, self.download(&grouped.sa)?),
+            grouped: (self.download(&gq)?, self.download(&gsa)?),
         })
     }
 
@@ -620,7 +625,7 @@ impl Gpu {
             b.arg(&bs[blocks.0]).arg(&bs[blocks.1]);
         }
         // SAFETY: matches moe_q8's signature; xq/xsa hold r_cap rows of Kp = k bytes / k/128 scales
-        // (moe_gather_q8 or act_quant; for moe_wt in their tiled layout, r_cap a multiple of 128 and
+        // (moe_gather_q8, or act_quant_grouped: defined on the rows a tile reads; for moe_wt in their tiled layout, r_cap a multiple of 128 and
         // every tile's rows within one expert's, dst ≥ 0 first), items come from moe_group_plan, the tables hold E addresses of
         // weights checked by GpuExpertTables::build (q8), y/hf are sized by the caller for r_cap
         // (plain, swiglu) or T·k (scatter) rows; gamma holds T·k weights indexed by row_dst; moe_wt:

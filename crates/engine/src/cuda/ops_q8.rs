@@ -237,7 +237,8 @@ pub fn official_multi_shares(t: usize, outs: &[(&GpuWeight, &mut CudaSlice<f32>)
 }
 
 /// Activations quantized for gemm_q8.cu: e4m3 `q` `[rows, kp]` and f32 scales `sa` `[rows, kp/128]`
-/// (rows past the valid ones are zero with scale 1).
+/// (rows past the valid ones are zero with scale 1; from [`Gpu::act_quant_grouped`], only the rows a
+/// grouped tile reads are defined).
 pub struct QuantizedActs {
     /// e4m3 bytes `[rows, kp]` (with [`Self::tiled`]: the same bytes in gemm_q8.cu `gq_tiled`'s
     /// order, which only the `moe_wt` kernels and `indexer_topk_wgmma_fp8` / `_scores_` read).
@@ -342,21 +343,37 @@ impl Gpu {
     ///
     /// Errors: as [`Gpu::act_quant`]; `rows.live` shorter than r_cap or given without `tiled`.
     pub(crate) fn act_quant_grouped(&self, x: &CudaSlice<f32>, r_cap: usize, k: usize, tiled: bool, rows: GroupedRows<'_>) -> Result<QuantizedActs, CudaError> {
+        let kp = k.div_ceil(Q8_BLOCK) * Q8_BLOCK;
+        // SAFETY: the rows a tile reads are written by act_quant_fp8 (see above); no kernel reads the others.
+        let mut q = unsafe { self.scratch::<u8>(r_cap * kp) }?;
+        // SAFETY: as above, one scale per (row, block).
+        let mut sa = unsafe { self.scratch::<f32>(r_cap * kp / Q8_BLOCK) }?;
+        self.act_quant_grouped_into(x, &mut q, &mut sa, r_cap, k, tiled, rows)?;
+        Ok(QuantizedActs { q, sa, rows: r_cap, kp, tiled })
+    }
+
+    /// [`Gpu::act_quant_grouped`] into the caller's `q` (`[r_cap, kp]` bytes) and `sa` (`[r_cap,
+    /// kp/128]`): the rows left out keep what they held (gpu-check fills them first to see that).
+    ///
+    /// Errors: as [`Gpu::act_quant_grouped`], or `q` / `sa` shorter than that.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn act_quant_grouped_into(&self, x: &CudaSlice<f32>, q: &mut CudaSlice<u8>, sa: &mut CudaSlice<f32>, r_cap: usize, k: usize, tiled: bool, rows: GroupedRows<'_>) -> Result<(), CudaError> {
+        let kp = k.div_ceil(Q8_BLOCK) * Q8_BLOCK;
         if x.len() < r_cap * k || !r_cap.is_multiple_of(128) {
             return Err(bad(format!("{} values for {r_cap} grouped rows (a multiple of 128) of {k}", x.len())));
+        }
+        if q.len() < r_cap * kp || sa.len() < r_cap * kp / Q8_BLOCK {
+            return Err(bad(format!("{} bytes and {} scales for {r_cap} rows of {kp}", q.len(), sa.len())));
+        }
+        if rows.rows.is_empty() {
+            return Err(bad("no device word for the grouped row count"));
         }
         if let Some(live) = rows.live {
             if !tiled || live.len() < r_cap {
                 return Err(bad(format!("sub-tile liveness of {} rows for {r_cap} rows ({})", live.len(), if tiled { "tiled" } else { "not tiled" })));
             }
         }
-        let kp = k.div_ceil(Q8_BLOCK) * Q8_BLOCK;
-        // SAFETY: the rows a tile reads are written by act_quant_fp8 (see above); no kernel reads the others.
-        let mut q = unsafe { self.scratch::<u8>(r_cap * kp) }?;
-        // SAFETY: as above, one scale per (row, block).
-        let mut sa = unsafe { self.scratch::<f32>(r_cap * kp / Q8_BLOCK) }?;
-        self.act_quant_launch(x, Some((&mut q, &mut sa)), r_cap, k, r_cap, tiled, Some(rows))?;
-        Ok(QuantizedActs { q, sa, rows: r_cap, kp, tiled })
+        self.act_quant_launch(x, Some((q, sa)), r_cap, k, r_cap, tiled, Some(rows))
     }
 
     /// FP8 quantize-dequantize of `t` rows of `x` (`[t, k]`) in place, per 128 features (spec §6,

@@ -1096,7 +1096,8 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // up instead: the plain loads whose values it stores a step later), 128 it copies no packed weights
 // (cp.async), 256 no activation sub-tiles (its full barrier expects no bytes), 512 the multiply
 // warpgroups load no scales (made up), 1024 they store no outputs. 0 (default): the kernel. What
-// they measured: bench/moe_wt_variants_h200.log (twenty-second session).
+// they measured: bench/moe_wt_variants_h200.log (bits 1-64 the twenty-second session, 128-1024 the
+// twenty-third).
 #ifndef MOE_WT_DIAG
 #define MOE_WT_DIAG 0
 #endif
@@ -1233,8 +1234,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             }
             if (jn < steps) {
                 const int slot = jn % RAW;
-#pragma unroll
 #if !(MOE_WT_DIAG & 128)
+#pragma unroll
                 for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)ck * 64, (b_ok >> u) & 1u);
 #endif
                 // Rows past N: scale word 0; their columns are never stored.
@@ -1370,8 +1371,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             const int k = min(kt, KT - 1);
 #if MOE_WT_DIAG & 512
             return Sc{1.f + k, 2.f, 3.f, 4.f, 127u, 127u};
-#endif
+#else
             return Sc{__ldg(pa0 + k), __ldg(pa1 + k), __ldg(pb0 + k), __ldg(pb1 + k), __ldg(swg + k), EPI == 1 ? __ldg(swu + k) : 127u};
+#endif
         };
         Sc cur = scales(0);
         for (int kt = 0; kt < KT; kt++, ring.next()) {
