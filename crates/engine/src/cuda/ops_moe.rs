@@ -625,8 +625,9 @@ impl Gpu {
             b.arg(&bs[blocks.0]).arg(&bs[blocks.1]);
         }
         // SAFETY: matches moe_q8's signature; xq/xsa hold r_cap rows of Kp = k bytes / k/128 scales
-        // (moe_gather_q8, or act_quant_grouped: defined on the rows a tile reads; for moe_wt in their tiled layout, r_cap a multiple of 128 and
-        // every tile's rows within one expert's, dst ≥ 0 first), items come from moe_group_plan, the tables hold E addresses of
+        // (moe_gather_q8, or act_quant_grouped: defined on the rows a tile reads; for moe_wt in
+        // their tiled layout, r_cap a multiple of 128 and every tile's rows within one expert's,
+        // dst ≥ 0 first), items come from moe_group_plan, the tables hold E addresses of
         // weights checked by GpuExpertTables::build (q8), y/hf are sized by the caller for r_cap
         // (plain, swiglu) or T·k (scatter) rows; gamma holds T·k weights indexed by row_dst; moe_wt:
         // the two tables of GpuExpertTables::block_smax for w and w3 ([E][ceil(rows/128)][k/128]).

@@ -341,7 +341,8 @@ impl Gpu {
     /// sub-tile of padding alone (gemm_q8.cu act_quant_fp8's rows / live). The rows left out
     /// hold whatever the scratch held; no kernel reads them.
     ///
-    /// Errors: as [`Gpu::act_quant`]; `rows.live` shorter than r_cap or given without `tiled`.
+    /// Errors: as [`Gpu::act_quant`]; r_cap not a multiple of 128, no row-count word, `rows.live`
+    /// shorter than r_cap or given without `tiled`.
     pub(crate) fn act_quant_grouped(&self, x: &CudaSlice<f32>, r_cap: usize, k: usize, tiled: bool, rows: GroupedRows<'_>) -> Result<QuantizedActs, CudaError> {
         let kp = k.div_ceil(Q8_BLOCK) * Q8_BLOCK;
         // SAFETY: the rows a tile reads are written by act_quant_fp8 (see above); no kernel reads the others.
