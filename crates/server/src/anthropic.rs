@@ -72,6 +72,10 @@ fn tools_to_openai(tools: Vec<Value>, choice: Option<&Value>) -> Result<Option<V
         },
     }
     if tools.is_empty() {
+        // As Anthropic's API: a tool use can be required only where tools are declared.
+        if choice.and_then(|c| c.get("type")).and_then(Value::as_str).is_some_and(|t| t == "any" || t == "tool") {
+            return Err(ApiError::field("tool_choice", "`tool_choice` of type any or tool needs `tools` to declare at least one tool."));
+        }
         return Ok(None);
     }
     let mut out = Vec::with_capacity(tools.len());
@@ -89,7 +93,14 @@ fn tools_to_openai(tools: Vec<Value>, choice: Option<&Value>) -> Result<Option<V
         if let Some(d) = t.get("description") {
             f.insert("description".into(), d.clone());
         }
-        f.insert("parameters".into(), t.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object"})));
+        // As Anthropic's API: every custom tool has an `input_schema` object.
+        match t.get("input_schema") {
+            Some(schema @ Value::Object(_)) => {
+                f.insert("parameters".into(), schema.clone());
+            }
+            Some(other) => return Err(ApiError::field(&format!("tools[{i}].input_schema"), format!("`input_schema` must be a JSON Schema object; got {}.", json_kind(other)))),
+            None => return Err(ApiError::field(&format!("tools[{i}].input_schema"), "Each tool needs an `input_schema` (a JSON Schema object).")),
+        }
         out.push(json!({"type": "function", "function": Value::Object(f)}));
     }
     Ok(Some(out))
@@ -116,6 +127,9 @@ fn to_openai_messages(system: Option<Value>, messages: Vec<Value>) -> Result<Vec
         };
         let blocks: Vec<Value> = match m.get("content") {
             Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
+            Some(Value::Array(b)) if b.is_empty() && role == "user" => {
+                return Err(ApiError::field(&format!("{at}.content"), "A user message's `content` must not be an empty list."));
+            }
             Some(Value::Array(b)) => b.clone(),
             _ => return Err(ApiError::field(&format!("{at}.content"), "`content` must be a string or a list of content blocks.")),
         };

@@ -425,6 +425,12 @@ pub fn check_openai_tools(tools: &[Value]) -> Result<(), ApiError> {
         if name.is_none_or(str::is_empty) {
             return Err(ApiError::field(&format!("tools[{i}].function.name"), "Each tool needs a `function` with a non-empty `name`."));
         }
+        // As OpenAI's API: `parameters`, when given, is a JSON Schema object.
+        if let Some(p) = t.get("function").and_then(|f| f.get("parameters")) {
+            if !p.is_object() && !p.is_null() {
+                return Err(ApiError::field(&format!("tools[{i}].function.parameters"), format!("`parameters` must be a JSON Schema object; got {}.", json_kind(p))));
+            }
+        }
     }
     Ok(())
 }
@@ -517,7 +523,7 @@ pub fn content_text(v: Option<&Value>, at: &str) -> Result<Option<String>, ApiEr
             }
             Ok(Some(out.join("\n")))
         }
-        Some(_) => Err(ApiError::field(at, "`content` must be a string, null or a list of content parts.")),
+        Some(_) => Err(ApiError::field(at, format!("`{at}` must be a string, null or a list of content parts."))),
     }
 }
 

@@ -51,6 +51,7 @@ struct ChatRequest {
     thinking: Option<Value>,
     chat_template_kwargs: Option<Map<String, Value>>,
     ignore_eos: Option<bool>,
+    logit_bias: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -76,6 +77,18 @@ struct CompletionRequest {
     best_of: Option<i64>,
     suffix: Option<String>,
     ignore_eos: Option<bool>,
+    logit_bias: Option<Value>,
+}
+
+/// `logit_bias` is not applied by the sampler: a non-empty map is refused rather than ignored
+/// (null and `{}` change nothing and pass).
+fn check_logit_bias(b: Option<&Value>) -> Result<(), ApiError> {
+    match b {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Object(m)) if m.is_empty() => Ok(()),
+        Some(Value::Object(_)) => Err(ApiError::field("logit_bias", "`logit_bias` is not supported by this server (its sampler applies no per-token bias).")),
+        Some(other) => Err(ApiError::field("logit_bias", format!("`logit_bias` must be an object mapping token ids to biases; got {}.", json_kind(other)))),
+    }
 }
 
 fn check_n(n: Option<i64>) -> Result<(), ApiError> {
@@ -144,6 +157,10 @@ fn chat_messages(msgs: Vec<Value>) -> Result<Vec<Value>, ApiError> {
                 ))
             }
         }
+        // As OpenAI's API: a list of content parts must not be empty.
+        if m.get("content").and_then(Value::as_array).is_some_and(Vec::is_empty) {
+            return Err(ApiError::field(&format!("{at}.content"), "`content` must not be an empty list (give at least one text part, or a string)."));
+        }
         let content = content_text(m.get("content"), &format!("{at}.content"))?;
         match content {
             Some(c) => {
@@ -194,6 +211,7 @@ pub async fn chat_completions(State(st): State<AppState>, headers: HeaderMap, bo
 async fn prepare_chat(st: &AppState, req: ChatRequest, arrived: Instant) -> Result<Response, ApiError> {
     st.check_model(req.model.as_deref())?;
     check_n(req.n)?;
+    check_logit_bias(req.logit_bias.as_ref())?;
     let (mode, effort) = thinking_mode(req.thinking.as_ref(), req.chat_template_kwargs.as_ref(), req.reasoning_effort.as_deref())?;
     let mut messages = chat_messages(req.messages)?;
     let tool_choice_none = matches!(&req.tool_choice, Some(Value::String(s)) if s == "none");
@@ -204,6 +222,12 @@ async fn prepare_chat(st: &AppState, req: ChatRequest, arrived: Instant) -> Resu
         if !ok {
             return Err(ApiError::field("tool_choice", "`tool_choice` must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}."));
         }
+    }
+    // As OpenAI's API: a tool call can be required only where tools are declared.
+    let has_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty());
+    let forces = matches!(&req.tool_choice, Some(Value::String(s)) if s == "required") || req.tool_choice.as_ref().is_some_and(Value::is_object);
+    if forces && !has_tools {
+        return Err(ApiError::field("tool_choice", "`tool_choice` \"required\" or a named function needs `tools` to declare at least one function."));
     }
     // A named tool_choice must name one of the tools (as OpenAI's API).
     if let Some(name) = req.tool_choice.as_ref().and_then(|tc| tc.get("function")).and_then(|f| f.get("name")).and_then(Value::as_str) {
@@ -508,6 +532,7 @@ fn completion_prompt(st: &AppState, prompt: Value) -> Result<(Vec<u32>, String),
 async fn prepare_completion(st: &AppState, req: CompletionRequest, arrived: Instant) -> Result<Response, ApiError> {
     st.check_model(req.model.as_deref())?;
     check_n(req.n)?;
+    check_logit_bias(req.logit_bias.as_ref())?;
     if req.best_of.is_some_and(|b| b != 1) {
         return Err(ApiError::field("best_of", "Only best_of = 1 is supported."));
     }

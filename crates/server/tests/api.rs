@@ -404,6 +404,24 @@ fn bad_input_gets_shaped_4xx() {
         assert_eq!(v["error"]["param"], "tool_choice", "{v}");
         expect_error(&c, &u, ok(json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}})), 400, false).await;
         assert_eq!(send(&c, "POST", &u, ok(json!({"tools": [f("get_weather")], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})), &[]).await.status, 200);
+        // A tool whose parameters are no schema object, a tool call forced with no tools declared,
+        // an empty content list, a logit_bias the sampler would not apply (fresh-user trial).
+        for (body, param) in [
+            (ok(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "bad"}}]})), "tools[0].function.parameters"),
+            (ok(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1, 2]}}]})), "tools[0].function.parameters"),
+            (ok(json!({"tool_choice": "required"})), "tool_choice"),
+            (ok(json!({"tools": [], "tool_choice": "required"})), "tool_choice"),
+            (json!({"max_tokens": 2, "messages": [{"role": "user", "content": []}]}).to_string().into_bytes(), "messages[0].content"),
+            (ok(json!({"logit_bias": {"5": 100}})), "logit_bias"),
+            (ok(json!({"logit_bias": 7})), "logit_bias"),
+        ] {
+            let v = expect_error(&c, &u, body, 400, false).await;
+            assert_eq!(v["error"]["param"], param, "{v}");
+        }
+        for extra in [json!({"logit_bias": {}}), json!({"logit_bias": null}), json!({"tool_choice": "auto"}), json!({"tools": [f("g")], "tool_choice": "required"})] {
+            assert_eq!(send(&c, "POST", &u, ok(extra.clone()), &[]).await.status, 200, "{extra}");
+        }
+        expect_error(&c, &format!("{}/v1/completions", s.url()), br#"{"prompt": "x", "max_tokens": 1, "logit_bias": {"5": 1}}"#.to_vec(), 400, false).await;
         let v = expect_error(&c, &u, b"not json".to_vec(), 400, false).await;
         assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("Malformed JSON")), "{v}");
         let v = expect_error(&c, &u, b"[1, 2]".to_vec(), 400, false).await;
@@ -440,6 +458,21 @@ fn bad_input_gets_shaped_4xx() {
         let v = expect_error(&c, &au, tc(r#", "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]"#), 400, true).await;
         assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("not among `tools`")), "{v}");
         expect_error(&c, &au, tc(""), 400, true).await;
+        // Tools without an input_schema object, a tool use forced with no tools, an empty user
+        // content list, a system prompt of the wrong type (named as `system`; fresh-user trial).
+        let m = |extra: &str| format!(r#"{{"model": "flashseek-default", "max_tokens": 2, "messages": [{{"role": "user", "content": "x"}}]{extra}}}"#).into_bytes();
+        for (body, needle) in [
+            (m(r#", "tools": [{"name": "f"}]"#), "input_schema"),
+            (m(r#", "tools": [{"name": "f", "input_schema": "notaschema"}]"#), "input_schema"),
+            (m(r#", "tool_choice": {"type": "any"}"#), "needs `tools`"),
+            (m(r#", "system": 42"#), "`system`"),
+            (m(r#", "system": {"a": 1}"#), "`system`"),
+            (br#"{"model": "flashseek-default", "max_tokens": 2, "messages": [{"role": "user", "content": []}]}"#.to_vec(), "empty list"),
+        ] {
+            let v = expect_error(&c, &au, body, 400, true).await;
+            assert!(v["error"]["message"].as_str().is_some_and(|s| s.contains(needle)), "{needle}: {v}");
+        }
+        assert_eq!(send(&c, "POST", &au, m(r#", "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}"#), &[]).await.status, 200);
         // Tool results: an id is optional (results match calls by order) but must be a string when given.
         let tr = |id: &str| format!(r#"{{"model": "flashseek-default", "max_tokens": 2, "messages": [{{"role": "user", "content": "x"}}, {{"role": "assistant", "content": [{{"type": "tool_use", "id": "t1", "name": "f", "input": {{}}}}]}}, {{"role": "user", "content": [{{"type": "tool_result"{id}, "content": "ok"}}]}}]}}"#).into_bytes();
         let v = expect_error(&c, &au, tr(r#", "tool_use_id": 7"#), 400, true).await;
