@@ -318,6 +318,16 @@ pub(crate) struct Grouping {
     row_dst: DevBuf<i32>,
 }
 
+impl Grouping {
+    /// The rows of the grouped buffers a down projection reads, for [`Gpu::act_quant_grouped`]:
+    /// below the grouped count R (`offsets[E]`, the last offset) and, with `tiled` (`moe_wt`'s
+    /// 256-row tiles), not in a 64-row sub-tile of padding alone (by `row_dst`).
+    fn quantized_rows(&self, tiled: bool) -> super::ops_q8::GroupedRows<'_> {
+        let e = self.offsets.len() - 1;
+        super::ops_q8::GroupedRows { rows: self.offsets.slice(e..), live: tiled.then(|| self.row_dst.slice(..)) }
+    }
+}
+
 impl Gpu {
     /// The layer's expert tables, built on first use (None: the layer cannot run grouped).
     pub fn moe_tables<'a>(&self, layer: &'a GpuMoeLayer) -> Result<Option<&'a GpuExpertTables>, CudaError> {
@@ -414,11 +424,9 @@ impl Gpu {
         let g = self.moe_group(&dev, experts.len(), k, e, bm)?;
         let dh = self.upload(&h(g.r_cap))?;
         let full = self.act_quant_layout(&dh, g.r_cap, width, tiled)?;
-        let (rows, live) = (g.offsets.slice(e..e + 1), g.row_dst.slice(..));
-        let kp = width.div_ceil(super::ops_q8::Q8_BLOCK) * super::ops_q8::Q8_BLOCK;
-        let mut gq = self.upload(&vec![0xFFu8; g.r_cap * kp])?;
-        let mut gsa = self.upload(&vec![f32::NAN; g.r_cap * kp / super::ops_q8::Q8_BLOCK])?;
-        self.act_quant_grouped_into(&dh, &mut gq, &mut gsa, g.r_cap, width, tiled, super::ops_q8::GroupedRows { rows: &rows, live: tiled.then_some(&live) })?;
+        let mut gq = self.upload(&vec![0xFFu8; full.q.len()])?;
+        let mut gsa = self.upload(&vec![f32::NAN; full.sa.len()])?;
+        self.act_quant_grouped_into(&dh, &mut gq, &mut gsa, g.r_cap, width, tiled, g.quantized_rows(tiled))?;
         let r = self.download(&g.offsets)?.last().copied().unwrap_or(0).max(0) as usize;
         Ok(GroupedQuantPair {
             r_cap: g.r_cap,
@@ -682,8 +690,7 @@ impl Gpu {
             self.swiglu(&yg, &yu, &mut hf, g.r_cap * inter, limit)?;
             self.scale_rows_by_route(&mut hf, &g.row_dst.slice(..), weights, g.r_cap, inter)?;
         }
-        let (rows, live) = (g.offsets.slice(e..e + 1), g.row_dst.slice(..));
-        let hq = self.act_quant_grouped(&hf, g.r_cap, inter, wt, super::ops_q8::GroupedRows { rows: &rows, live: wt.then_some(&live) })?;
+        let hq = self.act_quant_grouped(&hf, g.r_cap, inter, wt, g.quantized_rows(wt))?;
         // SAFETY: as in moe_experts_grouped: every routed (token, slot) row is scattered to, and the
         // combine reads no other.
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;

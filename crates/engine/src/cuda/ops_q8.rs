@@ -236,6 +236,11 @@ pub fn official_multi_shares(t: usize, outs: &[(&GpuWeight, &mut CudaSlice<f32>)
     t >= TC_LINEAR_MIN_TOKENS && outs.len() > 1 && outs.iter().all(|(w, _)| q8_capable(w) && w.cols == outs[0].0.cols)
 }
 
+/// Rows [`Gpu::act_quant`] allocates for `t` tokens: `t` rounded up to 128 (at least 128).
+fn act_rows(t: usize) -> usize {
+    t.div_ceil(128).max(1) * 128
+}
+
 /// Activations quantized for gemm_q8.cu: e4m3 `q` `[rows, kp]` and f32 scales `sa` `[rows, kp/128]`
 /// (rows past the valid ones are zero with scale 1; from [`Gpu::act_quant_grouped`], only the rows a
 /// grouped tile reads are defined).
@@ -255,13 +260,13 @@ pub struct QuantizedActs {
 
 /// The rows of a grouped MoE buffer that [`Gpu::act_quant_grouped`] quantizes (device pointers
 /// into the grouping, ops_moe.rs `Grouping`).
-#[derive(Clone, Copy)]
+/// Made by ops_moe.rs `Grouping::quantized_rows`.
 pub(crate) struct GroupedRows<'a> {
     /// One int: the grouped row count R (`offsets[E]`).
-    pub rows: &'a CudaView<'a, i32>,
+    pub rows: CudaView<'a, i32>,
     /// The grouping's `row_dst` (`[≥ r_cap]`, −1 for padding rows): sub-tiles of padding alone are
     /// skipped (tiled layout only: `moe_wt` skips them too).
-    pub live: Option<&'a CudaView<'a, i32>>,
+    pub live: Option<CudaView<'a, i32>>,
 }
 
 impl Gpu {
@@ -290,10 +295,10 @@ impl Gpu {
             }
         }
         b.arg(&t_i).arg(&k_i).arg(&tp_i).arg(&rt);
-        match grouped {
+        match &grouped {
             Some(g) => {
-                b.arg(g.rows);
-                match g.live {
+                b.arg(&g.rows);
+                match &g.live {
                     Some(live) => b.arg(live),
                     None => b.arg(&null),
                 };
@@ -326,7 +331,7 @@ impl Gpu {
         if x.len() < t * k {
             return Err(bad(format!("{} values for {t} rows of {k}", x.len())));
         }
-        let (rows, kp) = (t.div_ceil(128).max(1) * 128, k.div_ceil(Q8_BLOCK) * Q8_BLOCK);
+        let (rows, kp) = (act_rows(t), k.div_ceil(Q8_BLOCK) * Q8_BLOCK);
         // SAFETY: every element is written by act_quant_fp8 (rows < Tp, columns < Kp).
         let mut q = unsafe { self.scratch::<u8>(rows * kp) }?;
         // SAFETY: as above, one scale per (row, block).
@@ -369,7 +374,7 @@ impl Gpu {
         if rows.rows.is_empty() {
             return Err(bad("no device word for the grouped row count"));
         }
-        if let Some(live) = rows.live {
+        if let Some(live) = &rows.live {
             if !tiled || live.len() < r_cap {
                 return Err(bad(format!("sub-tile liveness of {} rows for {r_cap} rows ({})", live.len(), if tiled { "tiled" } else { "not tiled" })));
             }
@@ -533,7 +538,7 @@ impl Gpu {
         }
         // act_quant's rows for these t tokens: quantized activations of another token count
         // would be taken for these.
-        if qa.rows != t.div_ceil(128).max(1) * 128 {
+        if qa.rows != act_rows(t) {
             return Err(bad(format!("activations quantized for {} rows given for {t} tokens", qa.rows)));
         }
         for (w, y) in outs.iter_mut() {
