@@ -80,6 +80,40 @@ struct CompletionRequest {
     logit_bias: Option<Value>,
 }
 
+/// A chat request's `tools` and `tool_choice` checked as OpenAI's API checks them (the choice's
+/// shape; a forced call — `required` or a named function — needs declared tools; a named function
+/// must be one of them); returns the tools to write into the prompt (none with `tool_choice`
+/// "none", whose tools are not checked further).
+fn openai_tools(tools: Option<Vec<Value>>, choice: Option<&Value>) -> Result<Option<Vec<Value>>, ApiError> {
+    if let Some(tc) = choice {
+        let ok = matches!(tc, Value::Null)
+            || matches!(tc, Value::String(s) if ["none", "auto", "required"].contains(&s.as_str()))
+            || tc.get("function").and_then(|f| f.get("name")).is_some_and(Value::is_string);
+        if !ok {
+            return Err(ApiError::field("tool_choice", "`tool_choice` must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}."));
+        }
+    }
+    let has_tools = tools.as_ref().is_some_and(|t| !t.is_empty());
+    let forces = matches!(choice, Some(Value::String(s)) if s == "required") || choice.is_some_and(Value::is_object);
+    if forces && !has_tools {
+        return Err(ApiError::field("tool_choice", "`tool_choice` \"required\" or a named function needs `tools` to declare at least one function."));
+    }
+    if let Some(name) = choice.and_then(|tc| tc.get("function")).and_then(|f| f.get("name")).and_then(Value::as_str) {
+        let declared = tools.iter().flatten().any(|t| t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) == Some(name));
+        if !declared {
+            return Err(ApiError::field("tool_choice", format!("`tool_choice` names the function `{name}`, which is not among `tools`.")));
+        }
+    }
+    let choice_none = matches!(choice, Some(Value::String(s)) if s == "none");
+    match tools {
+        Some(t) if !t.is_empty() && !choice_none => {
+            check_openai_tools(&t)?;
+            Ok(Some(t))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// `logit_bias` is not applied by the sampler: a non-empty map is refused rather than ignored
 /// (null and `{}` change nothing and pass).
 fn check_logit_bias(b: Option<&Value>) -> Result<(), ApiError> {
@@ -214,35 +248,7 @@ async fn prepare_chat(st: &AppState, req: ChatRequest, arrived: Instant) -> Resu
     check_logit_bias(req.logit_bias.as_ref())?;
     let (mode, effort) = thinking_mode(req.thinking.as_ref(), req.chat_template_kwargs.as_ref(), req.reasoning_effort.as_deref())?;
     let mut messages = chat_messages(req.messages)?;
-    let tool_choice_none = matches!(&req.tool_choice, Some(Value::String(s)) if s == "none");
-    if let Some(tc) = &req.tool_choice {
-        let ok = matches!(tc, Value::Null)
-            || matches!(tc, Value::String(s) if ["none", "auto", "required"].contains(&s.as_str()))
-            || tc.get("function").and_then(|f| f.get("name")).is_some_and(Value::is_string);
-        if !ok {
-            return Err(ApiError::field("tool_choice", "`tool_choice` must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}."));
-        }
-    }
-    // As OpenAI's API: a tool call can be required only where tools are declared.
-    let has_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty());
-    let forces = matches!(&req.tool_choice, Some(Value::String(s)) if s == "required") || req.tool_choice.as_ref().is_some_and(Value::is_object);
-    if forces && !has_tools {
-        return Err(ApiError::field("tool_choice", "`tool_choice` \"required\" or a named function needs `tools` to declare at least one function."));
-    }
-    // A named tool_choice must name one of the tools (as OpenAI's API).
-    if let Some(name) = req.tool_choice.as_ref().and_then(|tc| tc.get("function")).and_then(|f| f.get("name")).and_then(Value::as_str) {
-        let declared = req.tools.iter().flatten().any(|t| t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) == Some(name));
-        if !declared {
-            return Err(ApiError::field("tool_choice", format!("`tool_choice` names the function `{name}`, which is not among `tools`.")));
-        }
-    }
-    let tools = match req.tools {
-        Some(t) if !t.is_empty() && !tool_choice_none => {
-            check_openai_tools(&t)?;
-            Some(t)
-        }
-        _ => None,
-    };
+    let tools = openai_tools(req.tools, req.tool_choice.as_ref())?;
     let response_format = match req.response_format {
         None | Some(Value::Null) => None,
         Some(r) => match r.get("type").and_then(Value::as_str) {
