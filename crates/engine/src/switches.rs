@@ -161,6 +161,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only attention`) `sparse_attention_bf16 …` records (NMSE and max-abs vs the CPU reference and vs the split kernel, tolerance 1e-4: bf16 rounding of Q, K=V and P; and vs the CPU's replay of those numerics, forward::attention::attend_bf16, tolerance 1e-7), `sparse_attention split planes StreamBf16 …`, `sparse_attention fused q norm StreamBf16 …` and `sparse_attention_mask StreamBf16 …` (bit for bit, as for the split kernels), `sparse_attention_bf16_fast_exp …` (with MLA_STREAM_FAST_EXP); the switch matrix and qualify (reported, not judged)",
     },
     Switch {
+        name: "MLA_BF16_CAND_SPLIT",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "MLA_BF16's sparse_attention_wg (the multiply warpgroups split O's channels: each adds the other's partial logits of every 32-candidate tile through shared memory, one barrier per tile) by sparse_attention_wc: each multiply warpgroup takes its own 64 of every 128 candidates (logits over all 512 channels on wgmma m64n64k16), the running max and its P tile exchanged through shared memory, and adds both blocks' P · V for its half of O's channels; the K=V rows in four half-blocks with their own barriers, refilled as soon as their last reader frees them; the softmax in exp2 (MLA_STREAM_FAST_EXP does not change it); not exact (MLA_BF16's numerics class), acts only with MLA_BF16=on",
+        parity: "gpu-check (`--only attention`) `sparse_attention_bf16_cand …` records (NMSE and max-abs vs the CPU reference, vs the split kernel and vs sparse_attention_wg, tolerance 1e-4 as MLA_BF16), `sparse_attention split planes StreamBf16Cand …`, `sparse_attention fused q norm StreamBf16Cand …` and `sparse_attention_mask StreamBf16Cand …` (bit for bit, as for the other streaming kernels); the switch matrix and qualify (reported, not judged)",
+    },
+    Switch {
         name: "DIRECT_INDEXER_TOPK",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -471,6 +478,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("LINEAR_CUBLASLT", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_STREAM_FAST_EXP", &[("MLA_STREAM_TOPK", &["on"])]),
     ("MLA_BF16", &[("MLA_STREAM_TOPK", &["on"])]),
+    ("MLA_BF16_CAND_SPLIT", &[("MLA_STREAM_TOPK", &["on"]), ("MLA_BF16", &["on"])]),
     ("MLA_SPLIT_OUT", &[("MLA_STREAM_TOPK", &["on"]), ("LINEAR_CUBLASLT", &["on"]), ("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
@@ -664,6 +672,16 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("MLA_BF16=on (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on")], Role::Fast, false, false, false));
     // The serving stacks' numerics: FP8 GEMMs, bf16 attention, FP8 indexer scores (spec §9).
     v.push(c("INDEXER_FP8=on (with TC_LINEAR=fp8 and MLA_BF16=on)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on")], Role::Fast, false, false, false));
+    // The MLA_BF16 rows above run the candidate-split kernel (MLA_BF16_CAND_SPLIT's default); its
+    // predecessor with the serving stacks' numerics.
+    v.push(c(
+        "MLA_BF16_CAND_SPLIT=off alone (with TC_LINEAR=fp8, MLA_BF16=on and INDEXER_FP8=on)".into(),
+        vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16_CAND_SPLIT", "off")],
+        Role::AloneOff,
+        false,
+        false,
+        false,
+    ));
     v
 }
 

@@ -9,7 +9,8 @@
 //!   kernels on the same cases (split-bf16 at [`SPLIT_NMSE_TOL`], fast exp, and on sm_90a the bf16
 //!   kernels of `MLA_BF16`, precise and fast exp, at `BF16_ATT_NMSE_TOL`, also against the split
 //!   and the precise bf16 kernel, and the precise one at `BF16_EMU_NMSE_TOL` against
-//!   [`attention::attend_bf16`], the CPU replay of its numerics), their
+//!   [`attention::attend_bf16`], the CPU replay of its numerics; the candidate-split bf16 kernel of
+//!   `MLA_BF16_CAND_SPLIT` at `BF16_ATT_NMSE_TOL` against the CPU, the split and the bf16 kernel), their
 //!   split-plane or bf16 output, fused q norm and mask path bit for bit;
 //! - `add_position_bias_f32` vs the f32 add of [`compressor::project`], and the pooled entries
 //!   (`compressor_pool_f32` + `rms_norm_f32` + `rope_positions_f32`) vs
@@ -122,6 +123,9 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
     if gpu.attention_bf16_ok() {
         kernels.extend([(AttentionKernel::StreamBf16, false), (AttentionKernel::StreamBf16, true)]);
     }
+    if gpu.attention_cand_split_ok() {
+        kernels.extend([(AttentionKernel::StreamBf16Cand, false), (AttentionKernel::StreamBf16Cand, true)]);
+    }
     for (kernel, masked) in kernels {
         let keys = if masked { &ck_mask } else { &ck };
         let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Normed(&dq), &dkv, Some(keys), &dsinks, &inv, &rope, &mut AttentionOut::F32(&mut dout), &shape, kernel))?;
@@ -138,6 +142,9 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
         let mut streams = vec![AttentionKernel::Stream];
         if gpu.attention_bf16_ok() {
             streams.push(AttentionKernel::StreamBf16);
+        }
+        if gpu.attention_cand_split_ok() {
+            streams.push(AttentionKernel::StreamBf16Cand);
         }
         for kernel in streams {
             // The split kernel writes both planes, the bf16 one its bf16 output (the hi plane).
@@ -391,6 +398,9 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
             if gpu.attention_bf16_ok() {
                 kernels.extend([AttentionKernel::StreamBf16, AttentionKernel::StreamBf16FastExp]);
             }
+            if gpu.attention_cand_split_ok() {
+                kernels.push(AttentionKernel::StreamBf16Cand);
+            }
             let mut bf16 = Vec::new();
             for kernel in kernels {
                 let got = run(kernel, false)?;
@@ -407,6 +417,14 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                         // change of an exponential can move P's bf16 rounding by one step.
                         let vs_cpu = record_tol(out, &format!("sparse_attention_bf16_fast_exp {keys_kind:?}"), detail.clone(), &got, &cpu, BF16_ATT_NMSE_TOL);
                         vs_cpu & record_tol(out, &format!("sparse_attention_bf16_fast_exp vs bf16 {keys_kind:?}"), detail.clone(), &got, &bf16, BF16_ATT_NMSE_TOL)
+                    }
+                    AttentionKernel::StreamBf16Cand => {
+                        // MLA_BF16's numerics class with another tiling (64-candidate blocks, P of
+                        // one block rescaled before its bf16 rounding, exp2): against the CPU, the
+                        // split kernel and sparse_attention_wg at the bf16 bound.
+                        let vs_cpu = record_tol(out, &format!("sparse_attention_bf16_cand {keys_kind:?}"), detail.clone(), &got, &cpu, BF16_ATT_NMSE_TOL);
+                        let vs_stream = record_tol(out, &format!("sparse_attention_bf16_cand vs stream {keys_kind:?}"), detail.clone(), &got, &stream, BF16_ATT_NMSE_TOL);
+                        vs_cpu & vs_stream & record_tol(out, &format!("sparse_attention_bf16_cand vs bf16 {keys_kind:?}"), detail.clone(), &got, &bf16, BF16_ATT_NMSE_TOL)
                     }
                     AttentionKernel::StreamBf16 => {
                         // OFF-K's numerics: against the CPU and against the split kernel, then

@@ -92,6 +92,9 @@ pub struct Gpu {
     /// The bf16 wgmma attention kernels (`sparse_attention_wg*`, switch `MLA_BF16`) can run: sm_90a
     /// and compiled to [`super::ops_attention::ATTENTION_WG_REGS`] registers (their setmaxnreg split).
     pub(crate) attention_wg_ok: bool,
+    /// The candidate-split bf16 attention kernels (`sparse_attention_wc*`, switch
+    /// `MLA_BF16_CAND_SPLIT`) can run: `attention_wg_ok`'s conditions for them.
+    pub(crate) attention_wc_ok: bool,
 }
 
 /// Seconds from event `a` to event `b` (both recorded on one stream; waits for `b`).
@@ -581,6 +584,10 @@ impl Gpu {
             for name in super::ops_attention::ATTENTION_WG_KERNELS {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
+            let bytes = super::ops_attention::ATTENTION_WC_SMEM as i32;
+            for name in super::ops_attention::ATTENTION_WC_KERNELS {
+                drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
+            }
             let bytes = super::ops_attention::INDEXER_STREAM_SMEM as i32;
             for name in ["indexer_topk_stream", "indexer_topk_stream_fp8"] {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
@@ -631,9 +638,18 @@ impl Gpu {
                 attention_wg_ok = false;
             }
         }
+        // sparse_attention_wc*: the same split (sparse_attention_wg's thread roles).
+        let mut attention_wc_ok = attention_wg_ok;
+        for name in super::ops_attention::ATTENTION_WC_KERNELS {
+            let regs = drv(&format!("registers of {name}"), functions[name].num_regs())?;
+            if attention_wc_ok && regs != super::ops_attention::ATTENTION_WG_REGS {
+                eprintln!("MLA_BF16_CAND_SPLIT: {name} compiled to {regs} registers per thread, not the {} its setmaxnreg split assumes; MLA_BF16 keeps sparse_attention_wg", super::ops_attention::ATTENTION_WG_REGS);
+                attention_wc_ok = false;
+            }
+        }
         let graph = super::graph::GraphState::new(ctx.clone());
         let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
-        Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph, moe_ws_ok, moe_wt_ok, attention_wg_ok })
+        Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph, moe_ws_ok, moe_wt_ok, attention_wg_ok, attention_wc_ok })
     }
 
     /// Whether the bf16 wgmma attention kernels (switch `MLA_BF16`) run on this device (sm_90a, and
@@ -641,6 +657,12 @@ impl Gpu {
     /// the split-bf16 streaming kernels.
     pub fn attention_bf16_ok(&self) -> bool {
         self.attention_wg_ok
+    }
+
+    /// Whether the candidate-split bf16 attention kernels (switch `MLA_BF16_CAND_SPLIT`) run on this
+    /// device (as [`Gpu::attention_bf16_ok`]); elsewhere `MLA_BF16` keeps `sparse_attention_wg`.
+    pub fn attention_cand_split_ok(&self) -> bool {
+        self.attention_wc_ok
     }
 
     /// Records a timing event (`CU_EVENT_DEFAULT`) on the stream.

@@ -819,7 +819,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         gpu.linear_q(&qr, &l.wq_b, &mut q0, t)?;
         // The per-head q RMSNorm + RoPE (§4.6): its own pass, or (MLA_FUSED_Q_NORM) done by the
         // streaming attention kernel while it stages Q, the same bits.
-        let kernel = AttentionKernel::from_switches(h, hd, gpu.attention_bf16_ok());
+        let kernel = AttentionKernel::from_switches(h, hd, gpu.attention_bf16_ok(), gpu.attention_cand_split_ok());
         let q = if kernel != AttentionKernel::Exact && crate::switches::on("MLA_FUSED_Q_NORM") {
             None
         } else {

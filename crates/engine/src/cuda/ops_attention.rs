@@ -26,6 +26,8 @@ pub const ATTENTION_ENTRY_POINTS: &[&str] = &[
     "sparse_attention_wg_fast_exp",
     "sparse_attention_wg_bf16_out",
     "sparse_attention_wg_fast_exp_bf16_out",
+    "sparse_attention_wc",
+    "sparse_attention_wc_bf16_out",
 ];
 
 /// The streaming attention kernels (dynamic shared memory [`ATTENTION_TC_SMEM`]): f32 output, and
@@ -41,6 +43,19 @@ pub const ATTENTION_WG_KERNELS: [&str; 4] = ["sparse_attention_wg", "sparse_atte
 /// a ring of `AWG_ST` = 3 K=V tiles of 32 KB, the partial-logit exchange (32 KB), the stages'
 /// candidate masks (16 B), two tiles of row pointers (512 B), 6 mbarriers, 1 KB alignment slack.
 pub const ATTENTION_WG_SMEM: usize = 65536 + 3 * 32768 + 2 * 2 * 128 * 16 * 4 + 16 + 2 * 32 * 8 + 2 * 3 * 8 + 1024;
+
+/// The candidate-split bf16 wgmma streaming kernels (switch `MLA_BF16_CAND_SPLIT` with `MLA_BF16`;
+/// dynamic shared memory [`ATTENTION_WC_SMEM`], 384 threads at [`ATTENTION_WG_REGS`]): f32 output,
+/// then the one that writes [`AttentionOut::Bf16`].
+pub const ATTENTION_WC_KERNELS: [&str; 2] = ["sparse_attention_wc", "sparse_attention_wc_bf16_out"];
+
+/// Dynamic shared memory of `sparse_attention_wc` (`AwcLayout::TOTAL` in attention.cu): Q (64 KB),
+/// four 32 KB halves of two 64-candidate K=V blocks, two 8 KB P tiles, the row maxima and
+/// denominators of both warpgroups (2 × 512 B), two candidate masks (16 B), two steps of 128 row
+/// pointers (2 KB), 8 mbarriers, 1 KB alignment slack.
+pub const ATTENTION_WC_SMEM: usize = 65536 + 4 * 32768 + 2 * 8192 + 2 * 512 + 16 + 2 * 128 * 8 + 8 * 8 + 1024;
+
+const _: () = assert!(ATTENTION_WC_SMEM <= 227 * 1024);
 
 /// Registers per thread `sparse_attention_wg*` must compile to: its setmaxnreg split (128 copy
 /// threads at 56, 256 multiply threads at 224) adds up to 384 threads at this count.
@@ -73,16 +88,30 @@ pub enum AttentionKernel {
     /// `sparse_attention_wg_fast_exp`: [`AttentionKernel::StreamBf16`] with `__expf` (switch
     /// `MLA_STREAM_FAST_EXP` too).
     StreamBf16FastExp,
+    /// `sparse_attention_wc` (switches `MLA_STREAM_TOPK` + `MLA_BF16` + `MLA_BF16_CAND_SPLIT`,
+    /// sm_90a): [`AttentionKernel::StreamBf16`]'s numerics class (Q, K=V and P in bf16, f32
+    /// accumulation) with the multiply warpgroups splitting each 128 candidates between them
+    /// (each its own 64 candidates' logits over all 512 channels, P exchanged through shared
+    /// memory) instead of splitting the channels; the softmax in exp2 with log2 e folded into the
+    /// scale, so `MLA_STREAM_FAST_EXP` does not change it. Not exact: gpu-check reports its NMSE
+    /// and max-abs against the CPU, the split kernel and [`AttentionKernel::StreamBf16`].
+    StreamBf16Cand,
 }
 
 impl AttentionKernel {
-    /// The kernel the `MLA_STREAM_TOPK`, `MLA_BF16` and `MLA_STREAM_FAST_EXP` switches select for
-    /// `heads` × `head_dim`; `bf16_ok`: the device runs the bf16 kernels ([`Gpu::attention_bf16_ok`]),
-    /// else `MLA_BF16` falls back to the split kernels.
-    pub fn from_switches(heads: usize, head_dim: usize, bf16_ok: bool) -> Self {
+    /// The kernel the `MLA_STREAM_TOPK`, `MLA_BF16`, `MLA_BF16_CAND_SPLIT` and `MLA_STREAM_FAST_EXP`
+    /// switches select for `heads` × `head_dim`; `bf16_ok`: the device runs the bf16 kernels
+    /// ([`Gpu::attention_bf16_ok`]), else `MLA_BF16` falls back to the split kernels;
+    /// `cand_split_ok`: it runs the candidate-split ones ([`Gpu::attention_cand_split_ok`]), else
+    /// `MLA_BF16_CAND_SPLIT` falls back to [`AttentionKernel::StreamBf16`].
+    pub fn from_switches(heads: usize, head_dim: usize, bf16_ok: bool, cand_split_ok: bool) -> Self {
         if crate::switches::on("MLA_STREAM_TOPK") && heads == 64 && head_dim == 512 {
             let fast = crate::switches::on("MLA_STREAM_FAST_EXP");
-            match (bf16_ok && crate::switches::on("MLA_BF16"), fast) {
+            let bf16 = bf16_ok && crate::switches::on("MLA_BF16");
+            if bf16 && cand_split_ok && crate::switches::on("MLA_BF16_CAND_SPLIT") {
+                return AttentionKernel::StreamBf16Cand;
+            }
+            match (bf16, fast) {
                 (true, true) => AttentionKernel::StreamBf16FastExp,
                 (true, false) => AttentionKernel::StreamBf16,
                 (false, true) => AttentionKernel::StreamFastExp,
@@ -95,7 +124,7 @@ impl AttentionKernel {
 
     /// Whether this is one of the bf16 wgmma kernels (`MLA_BF16`).
     pub fn is_bf16(self) -> bool {
-        matches!(self, AttentionKernel::StreamBf16 | AttentionKernel::StreamBf16FastExp)
+        matches!(self, AttentionKernel::StreamBf16 | AttentionKernel::StreamBf16FastExp | AttentionKernel::StreamBf16Cand)
     }
 }
 /// Entry points of `kernels/compressor.cu`.
@@ -473,7 +502,7 @@ impl Gpu {
         out: &mut CudaSlice<f32>,
         shape: &AttentionShape,
     ) -> Result<(), CudaError> {
-        let kernel = AttentionKernel::from_switches(shape.heads, shape.head_dim, self.attention_bf16_ok());
+        let kernel = AttentionKernel::from_switches(shape.heads, shape.head_dim, self.attention_bf16_ok(), self.attention_cand_split_ok());
         self.sparse_attention_into(AttentionQuery::Normed(q), kv, comp, sinks, inv_freq, rope, &mut AttentionOut::F32(out), shape, kernel)
     }
 
@@ -578,6 +607,11 @@ impl Gpu {
                 ensure(W, self.attention_bf16_ok(), || format!("the bf16 attention kernels (MLA_BF16) need sm_90a and {ATTENTION_WG_REGS} registers per thread; this device is {}", self.arch))?;
                 let name = ATTENTION_WG_KERNELS[usize::from(kernel == AttentionKernel::StreamBf16FastExp) + 2 * usize::from(plane_out)];
                 (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes: ATTENTION_WG_SMEM as u32 })
+            }
+            AttentionKernel::StreamBf16Cand => {
+                ensure(W, self.attention_cand_split_ok(), || format!("the candidate-split bf16 attention kernels (MLA_BF16_CAND_SPLIT) need sm_90a and {ATTENTION_WG_REGS} registers per thread; this device is {}", self.arch))?;
+                let name = ATTENTION_WC_KERNELS[usize::from(plane_out)];
+                (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes: ATTENTION_WC_SMEM as u32 })
             }
         };
         // MLA_BF16: the kernel reads bf16 copies of the rows it can use — the window rows of this

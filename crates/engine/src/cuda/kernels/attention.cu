@@ -874,3 +874,391 @@ extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg
 extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_fast_exp(AWG_ARGS) { awg_body<true, false>(ATC_PASS); }
 extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_bf16_out(AWG_ARGS) { awg_body<false, true>(ATC_PASS); }
 extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_fast_exp_bf16_out(AWG_ARGS) { awg_body<true, true>(ATC_PASS); }
+
+// ---------------------------------------------------------------------------------------------
+// sparse_attention_wc — switch MLA_BF16_CAND_SPLIT (with MLA_BF16): sparse_attention_wg's attention
+// (the same candidates in the same numerics class: Q, K=V and P in bf16, f32 accumulation; the same
+// sink, inverse RoPE and epilogue) with the two multiply warpgroups splitting each step of 128
+// candidates by candidates instead of by channels, so that neither adds the other's partial logits:
+//   warpgroup b (0 or 1) computes S_b = Q · K_bᵀ over all 512 channels for its own 64 candidates
+//   (block b of the step: candidates 128·i + 64·b …) on 32 wgmma m64n64k16, takes the row maxima
+//   through shared memory (warpgroup 0's first, then warpgroup 1's, which is the step's new running
+//   max M), and forms P_b = exp2(S_b·scale·log2 e − M) in bf16; warpgroup w owns O's channels
+//   256·w … 256·w + 255 and adds P_0 · V_0 and P_1 · V_1 for them (m64n256k16: its own P from
+//   registers, the other's from shared memory, where warpgroup 0 stores its P rescaled to the final
+//   M of the step). Each keeps its own partial denominator; the two are added at the end.
+// The K=V rows of a step: four 32 KB halves (block 0 channels 0-255 "0L", 256-511 "0R", block 1
+// "1L", "1R"), each 4 column blocks × 64 rows × 128 B in the 128-byte-swizzled layout (K-major for
+// Q · Kᵀ, MN-major for P · V: LBO 8 KB between column blocks, SBO 1 KB between 8-row groups), each
+// with its own full and empty mbarrier, refilled in the order their last reader frees them (0L:
+// warpgroup 0 after its own P · V; 1R: warpgroup 1 after its own; 0R: warpgroup 1 after the other's;
+// 1L: warpgroup 0 after the other's), so that the next step's copies start while this one finishes.
+// Copy warpgroup: its warp 0 builds the step's 128 row pointers (att_tile_rows, two buffers), its
+// 128 threads copy each half with cp.async (16 B each; zero-filled for missing rows) and arrive on
+// the half's full barrier when their copies land (cp.async.mbarrier.arrive.noinc), thread 0 also
+// after writing the block's candidate mask (bit j: candidate j has a row). Q staged as in
+// sparse_attention_wg. Learned from the PTX ISA (wgmma, cp.async.mbarrier.arrive, named barriers) and
+// the design of DeepSeek's FlashMLA sparse prefill kernel for Hopper (csrc/sm90/prefill/sparse:
+// each warpgroup's own top-k block, P exchanged through shared memory); the code is ours.
+// Launch: grid (T), block 384, dynamic shared memory AwcLayout::TOTAL. sm_90a only (wgmma).
+// Deterministic: fixed MMA and reduction order.
+
+struct AwcLayout {
+    static constexpr int Q = 0;                  // 8 column blocks × 64 rows × 128 B
+    static constexpr int HALF = 32768;           // 4 column blocks × 64 rows × 128 B
+    static constexpr int KV = 65536;             // halves 0L, 0R, 1L, 1R
+    static constexpr int P = KV + 4 * HALF;      // [2] P tiles, 64 heads × 64 candidates bf16, K-major swizzled
+    static constexpr int M = P + 2 * 8192;       // [2][64] f32 row maxima (warpgroup 0's, warpgroup 1's)
+    static constexpr int L = M + 2 * 64 * 4;     // [2][64] f32 denominators
+    static constexpr int VALID = L + 2 * 64 * 4; // [2] u64 candidate masks
+    static constexpr int ROWP = VALID + 16;      // [2 steps][128] row pointers
+    static constexpr int BARS = ROWP + 2 * 128 * 8; // full[4], empty[4]
+    static constexpr int TOTAL = BARS + 8 * 8 + 1024;
+};
+static_assert(8 * ATC_STAGE_WARP * 2 <= AwcLayout::P, "the BF16_OUT staging must fit below the P tiles");
+
+// Named barriers of the multiply warpgroups (0: __syncthreads, 1: awg_bar_multiply, 2: awg_bar_copy).
+#define AWC_M0 3  // warpgroup 0's maxima written
+#define AWC_M1 4  // warpgroup 1's maxima (the step's M) written
+#define AWC_P0 5  // warpgroup 0's P tile stored
+#define AWC_P1 6  // warpgroup 1's P tile stored
+template <int ID>
+__device__ __forceinline__ void awc_arrive() { asm volatile("bar.arrive %0, 256;" ::"n"(ID) : "memory"); }
+template <int ID>
+__device__ __forceinline__ void awc_sync() { asm volatile("bar.sync %0, 256;" ::"n"(ID) : "memory"); }
+// x, opaque to the compiler: descriptors derived from it are computed where they are used instead of
+// all hoisted out of the step loop (32 + 32 + 8 64-bit values: more than the registers left).
+__device__ __forceinline__ u32 awc_opaque(u32 x) {
+    u32 r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+__device__ __forceinline__ void gw_wait1() { GW_ASM("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
+
+// Arrives on mbarrier bar once every cp.async this thread issued before has landed (no pending-count
+// increment: the arrival counts against the barrier's expected count).
+__device__ __forceinline__ void awc_cp_arrive(u32 bar) { GW_ASM("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory"); }
+
+// Descriptor of an MN-major 128-byte-swizzled bf16 tile whose 64-element column blocks are 8 KB
+// apart (64 rows each) and whose 8-row groups are 1 KB apart.
+__device__ __forceinline__ unsigned long long awc_desc_mn(u32 a) {
+    return (unsigned long long)((a & 0x3FFFFu) >> 4) | (512ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+// S[64 × 64] += A · Bᵀ on wgmma m64n64k16 (bf16 → f32), both K-major swizzled in shared memory.
+__device__ __forceinline__ void awc_mma_s(float (&s)[8][4], unsigned long long da, unsigned long long db) {
+    GW_ASM("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, 0, 0;\n"
+           : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]), "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3]), "+f"(s[4][0]), "+f"(s[4][1]), "+f"(s[4][2]), "+f"(s[4][3]), "+f"(s[5][0]), "+f"(s[5][1]), "+f"(s[5][2]), "+f"(s[5][3]), "+f"(s[6][0]), "+f"(s[6][1]), "+f"(s[6][2]), "+f"(s[6][3]), "+f"(s[7][0]), "+f"(s[7][1]), "+f"(s[7][2]), "+f"(s[7][3])
+           : "l"(da), "l"(db));
+}
+
+// O[64 × 256] += P · V on wgmma m64n256k16 with P (K-major) and V (MN-major, transposed) both in
+// shared memory.
+__device__ __forceinline__ void awc_mma_o_ss(float (&o)[32][4], unsigned long long da, unsigned long long db) {
+    GW_ASM("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, 1, 1, 1, 0, 1;\n"
+           : "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]), "+f"(o[1][2]), "+f"(o[1][3]), "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]), "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]), "+f"(o[4][0]), "+f"(o[4][1]), "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]), "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]), "+f"(o[7][2]), "+f"(o[7][3]), "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]), "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]), "+f"(o[10][0]), "+f"(o[10][1]), "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]), "+f"(o[11][2]), "+f"(o[11][3]), "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]), "+f"(o[12][3]), "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]), "+f"(o[14][0]), "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]), "+f"(o[15][1]), "+f"(o[15][2]), "+f"(o[15][3]), "+f"(o[16][0]), "+f"(o[16][1]), "+f"(o[16][2]), "+f"(o[16][3]), "+f"(o[17][0]), "+f"(o[17][1]), "+f"(o[17][2]), "+f"(o[17][3]), "+f"(o[18][0]), "+f"(o[18][1]), "+f"(o[18][2]), "+f"(o[18][3]), "+f"(o[19][0]), "+f"(o[19][1]), "+f"(o[19][2]), "+f"(o[19][3]), "+f"(o[20][0]), "+f"(o[20][1]), "+f"(o[20][2]), "+f"(o[20][3]), "+f"(o[21][0]), "+f"(o[21][1]), "+f"(o[21][2]), "+f"(o[21][3]), "+f"(o[22][0]), "+f"(o[22][1]), "+f"(o[22][2]), "+f"(o[22][3]), "+f"(o[23][0]), "+f"(o[23][1]), "+f"(o[23][2]), "+f"(o[23][3]), "+f"(o[24][0]), "+f"(o[24][1]), "+f"(o[24][2]), "+f"(o[24][3]), "+f"(o[25][0]), "+f"(o[25][1]), "+f"(o[25][2]), "+f"(o[25][3]), "+f"(o[26][0]), "+f"(o[26][1]), "+f"(o[26][2]), "+f"(o[26][3]), "+f"(o[27][0]), "+f"(o[27][1]), "+f"(o[27][2]), "+f"(o[27][3]), "+f"(o[28][0]), "+f"(o[28][1]), "+f"(o[28][2]), "+f"(o[28][3]), "+f"(o[29][0]), "+f"(o[29][1]), "+f"(o[29][2]), "+f"(o[29][3]), "+f"(o[30][0]), "+f"(o[30][1]), "+f"(o[30][2]), "+f"(o[30][3]), "+f"(o[31][0]), "+f"(o[31][1]), "+f"(o[31][2]), "+f"(o[31][3])
+           : "l"(da), "l"(db));
+}
+
+template <bool BF16_OUT>
+__device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16* __restrict__ kv, const u16* __restrict__ entries,
+                                         const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
+                                         const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
+                                         int H, int c, int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries,
+                                         float scale, u16* __restrict__ planes, long long plane, float q_eps) {
+    typedef AwcLayout L;
+    extern __shared__ __align__(16) u8 awc_sh[];
+    __shared__ int att_cursor;
+    if (blockDim.x != AWG_THREADS || H != ATC_H || c != ATC_C) __trap();
+    u8* gbase;
+    const u32 base = gw_smem_base(awc_sh, L::TOTAL, gbase);
+    const u32 full0 = base + L::BARS, empty0 = full0 + 4 * 8;
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int h = 0; h < 4; h++) {
+            gws_bar_init(full0 + 8 * h, 128 + 1);  // every copy thread's landed copies, and thread 0
+            gws_bar_init(empty0 + 8 * h, 4);       // the 4 warps of the warpgroup that reads it last
+        }
+        gws_bar_init_fence();
+    }
+    const int t = blockIdx.x;
+    const int pos = pos0 + t;
+    const int lo = max(0, pos - window + 1);
+    const int n_win = pos - lo + 1;
+    const AttComp cc = att_comp(comp_off, comp_mask, t, n_entries, &att_cursor);  // synchronises: barriers ready
+    const int n_cand = n_win + cc.n_comp;
+    const int n_steps = (n_cand + 127) / 128;
+    unsigned long long* valid = reinterpret_cast<unsigned long long*>(gbase + L::VALID);
+
+    if (tid >= 256) {
+        GW_ASM("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
+        const int p = tid - 256, lane = tid & 31;
+        const int k = p & 31, rr = p >> 5;  // this thread's 16-byte chunk k of a half row, rows rr + 4u
+        for (int i = 0; i < n_steps; i++) {
+            const u16** rp = reinterpret_cast<const u16**>(gbase + L::ROWP) + 128 * (i & 1);
+            if (p < 32)
+#pragma unroll 1
+                for (int x = 0; x < 4; x++) {
+                    const int b0 = i * 128 + 32 * x;
+                    att_tile_rows(rp + 32 * x, lane, b0, min(32, n_cand - b0), ATC_C, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, cc.c_begin, cc.mrow, cc.n_vis, &att_cursor);
+                }
+            awg_bar_copy();  // rp ready (read until the barrier of step i + 1: two buffers)
+#pragma unroll 1
+            for (int x = 0; x < 4; x++) {
+                const int h = x == 0 ? 0 : x == 1 ? 3 : x == 2 ? 1 : 2;  // 0L, 1R, 0R, 1L
+                const int b = h >> 1, sd = h & 1;
+                if (i >= 1) gws_wait(empty0 + 8 * h, (i - 1) & 1);
+                if (p == 0 && (h == 0 || h == 3)) {
+                    // The block's mask, written once its previous reader has freed the block's first half.
+                    unsigned long long vm = 0;
+                    for (int j = 0; j < 64; j++) vm |= (unsigned long long)(rp[64 * b + j] != nullptr) << j;
+                    valid[b] = vm;
+                }
+                const u32 dst = base + L::KV + h * L::HALF + (k >> 3) * 8192;
+#pragma unroll
+                for (int u = 0; u < 16; u++) {
+                    const int r = rr + 4 * u;
+                    const u16* src = rp[64 * b + r];
+                    gm_cp16(dst + gw_swz(r, k & 7), src != nullptr ? src + 256 * sd + 8 * k : kv, src != nullptr);
+                }
+                awc_cp_arrive(full0 + 8 * h);
+                if (p == 0) gws_arrive(full0 + 8 * h);
+            }
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        return;
+    }
+
+    GW_ASM("setmaxnreg.inc.sync.aligned.u32 224;" ::: "memory");
+    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const int g = lane >> 2, c2 = (lane & 3) * 2;
+    const int r0 = 16 * wq + g;  // this thread's head rows r0, r0 + 8
+    u8* qg = gbase + L::Q;
+    atc_stage_q(
+        q, t, c, q_eps, rope_dim, pos, inv_freq, reinterpret_cast<float2*>(gbase + L::P), tid,
+        [&](int row, int e, float4 v) {
+            *reinterpret_cast<uint2*>(qg + (e >> 6) * 8192 + gw_swz(row, (e & 63) >> 3) + (e & 7) * 2) = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
+        },
+        [] { awg_bar_multiply(); });
+    gw_fence_proxy();
+    awg_bar_multiply();
+
+    const float LOG2E = 1.4426950408889634f;
+    const float scale2 = scale * LOG2E;
+    // Running max (log2 units, from the sink), this thread's partial denominator (the sink's term 1
+    // counted once per row: warpgroup 0, first lane of the row's four), O's 256 channels of this
+    // warpgroup.
+    float M[2] = {sinks[r0] * LOG2E, sinks[r0 + 8] * LOG2E};
+    float den[2];
+    den[0] = den[1] = (wg == 0 && (lane & 3) == 0) ? 1.f : 0.f;
+    float o[32][4];
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.f;
+    float s[8][4];
+    float* sM = reinterpret_cast<float*>(gbase + L::M);
+    float* sL = reinterpret_cast<float*>(gbase + L::L);
+    u8* sP = gbase + L::P;
+    const int b = wg;  // this warpgroup's candidate block of every step
+    const u32 hq = 2 * b;  // its block's left half (the right one is hq + 1)
+
+    // S_b = Q · K_bᵀ, one half of the block's channels (x = 0: the half the copy warpgroup fills
+    // first, whose 16 wgmma also start from zero), committed as one group.
+    auto issue_qk_half = [&](int i, int x) {
+        if (x == 0) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[j][e] = 0.f;
+        }
+        const int sd = b == 0 ? x : 1 - x;
+        gws_wait(full0 + 8 * (hq + sd), i & 1);
+        gw_fence_proxy();
+        const u32 ob = awc_opaque(base);
+        gw_fence();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) {
+            const int cb = 4 * sd + (kk >> 2);
+            const u32 ko = (kk & 3) * 32;
+            awc_mma_s(s, gw_desc(ob + L::Q + cb * 8192 + ko), gw_desc(ob + L::KV + (hq + sd) * L::HALF + (cb & 3) * 8192 + ko));
+        }
+        gw_commit();
+    };
+    // Masked, scaled logits (log2 units) and their row maxima over the quad.
+    auto logits = [&](float (&mx)[2]) {
+        const unsigned long long vm = *reinterpret_cast<volatile unsigned long long*>(valid + b);
+        mx[0] = mx[1] = ATT_NEG_INF;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float l = ((vm >> (8 * j + c2 + (e & 1))) & 1ull) ? s[j][e] * scale2 : ATT_NEG_INF;
+                s[j][e] = l;
+                mx[e >> 1] = fmaxf(mx[e >> 1], l);
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        }
+    };
+    // P = exp2(l − m) in place, den scaled by corr and the row sums added; O scaled by corr.
+    auto exponentiate = [&](const float (&m)[2], const float (&corr)[2]) {
+        den[0] *= corr[0];
+        den[1] *= corr[1];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float l = s[j][e];
+                const float pv = l == ATT_NEG_INF ? 0.f : exp2f(l - m[e >> 1]);
+                s[j][e] = pv;
+                den[e >> 1] += pv;
+            }
+        atc_rescale(o, corr);
+    };
+    // O += P · V of this warpgroup's own block (P from registers, bf16 A fragments).
+    auto issue_pv_own = [&] {
+        u32 a[4][4];
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+            for (int x = 0; x < 2; x++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) a[kc][2 * x + r] = gm_bf16x2(s[2 * kc + x][2 * r], s[2 * kc + x][2 * r + 1]);
+        const u32 ob = awc_opaque(base);
+        gw_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) awg_mma_o(o, a[kc], awc_desc_mn(ob + L::KV + (2 * b + wg) * L::HALF + kc * 2048));
+        gw_commit();
+    };
+    // O += P · V of the other block (P from the other warpgroup's tile in shared memory).
+    auto issue_pv_other = [&] {
+        const int bo = 1 - b;
+        const u32 ob = awc_opaque(base);
+        gw_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) awc_mma_o_ss(o, gw_desc(ob + L::P + bo * 8192 + kc * 32), awc_desc_mn(ob + L::KV + (2 * bo + wg) * L::HALF + kc * 2048));
+        gw_commit();
+    };
+    // This warpgroup's P (times f per row) into its tile, for the other warpgroup's P · V.
+    auto store_p = [&](const float (&f)[2]) {
+        u8* tile = sP + b * 8192;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                *reinterpret_cast<u32*>(tile + gw_swz(r0 + 8 * r, j) + c2 * 2) = gm_bf16x2(s[j][2 * r] * f[r], s[j][2 * r + 1] * f[r]);
+        gw_fence_proxy();
+    };
+    auto free_half = [&](int h) {
+        __syncwarp();
+        if (lane == 0) gws_arrive(empty0 + 8 * h);
+    };
+
+    if (wg == 0) {
+        issue_qk_half(0, 0);
+        issue_qk_half(0, 1);
+        gw_wait0();
+        awg_fence_regs(s);
+        for (int i = 0; i < n_steps; i++) {
+            float mx[2], m0[2], corr[2];
+            logits(mx);
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                m0[r] = fmaxf(M[r], mx[r]);
+                corr[r] = exp2f(M[r] - m0[r]);
+            }
+            if ((lane & 3) == 0) {
+                sM[r0] = m0[0];
+                sM[r0 + 8] = m0[1];
+            }
+            awc_arrive<AWC_M0>();
+            exponentiate(m0, corr);
+            issue_pv_own();
+            gw_wait0();
+            awg_fence_regs(o);
+            free_half(0);  // 0L
+            awc_sync<AWC_M1>();
+            float f[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float m1 = sM[64 + r0 + 8 * r];
+                f[r] = exp2f(m0[r] - m1);
+                M[r] = m1;
+                den[r] *= f[r];
+            }
+            store_p(f);
+            awc_arrive<AWC_P0>();
+            atc_rescale(o, f);
+            awc_sync<AWC_P1>();
+            issue_pv_other();
+            if (i + 1 < n_steps) {
+                // The next step's first half (0L, freed earliest) while P · V runs; 1L is freed
+                // before awaiting 0R, whose copy follows 1R's in the copy warpgroup's order.
+                issue_qk_half(i + 1, 0);
+                gw_wait1();
+                awg_fence_regs(o);
+                free_half(2);  // 1L
+                issue_qk_half(i + 1, 1);
+                gw_wait0();
+                awg_fence_regs(s);
+            } else {
+                gw_wait0();
+                awg_fence_regs(o);
+                free_half(2);
+            }
+        }
+    } else {
+        for (int i = 0; i < n_steps; i++) {
+            issue_qk_half(i, 0);
+            issue_qk_half(i, 1);
+            gw_wait0();
+            awg_fence_regs(s);
+            float mx[2], m1[2], corr[2];
+            logits(mx);
+            awc_sync<AWC_M0>();
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                m1[r] = fmaxf(sM[r0 + 8 * r], mx[r]);
+                corr[r] = exp2f(M[r] - m1[r]);
+                M[r] = m1[r];
+            }
+            if ((lane & 3) == 0) {
+                sM[64 + r0] = m1[0];
+                sM[64 + r0 + 8] = m1[1];
+            }
+            awc_arrive<AWC_M1>();
+            exponentiate(m1, corr);
+            issue_pv_own();
+            const float one[2] = {1.f, 1.f};
+            store_p(one);
+            awc_arrive<AWC_P1>();
+            awc_sync<AWC_P0>();
+            issue_pv_other();
+            gw_wait1();
+            free_half(3);  // 1R
+            gw_wait0();
+            awg_fence_regs(o);
+            free_half(1);  // 0R
+        }
+    }
+
+    // The two partial denominators per row: over the quad, then across the warpgroups.
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        den[r] += __shfl_xor_sync(0xffffffffu, den[r], 1);
+        den[r] += __shfl_xor_sync(0xffffffffu, den[r], 2);
+    }
+    if ((lane & 3) == 0) {
+        sL[64 * wg + r0] = den[0];
+        sL[64 * wg + r0 + 8] = den[1];
+    }
+    awg_bar_multiply();  // also: both warpgroups past their last MMA (BF16_OUT stages over Q and K=V)
+    const float dsum[2] = {sL[r0] + sL[64 + r0], sL[r0 + 8] + sL[64 + r0 + 8]};
+    atc_epilogue<BF16_OUT, false>(o, dsum, wq, wg, lane, t, pos, rope_dim, inv_freq, out, planes, plane, reinterpret_cast<u16*>(gbase) + warp * ATC_STAGE_WARP);
+}
+
+extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wc(AWG_ARGS) { awc_body<false>(ATC_PASS); }
+extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wc_bf16_out(AWG_ARGS) { awc_body<true>(ATC_PASS); }
