@@ -910,9 +910,9 @@ struct AwcLayout {
     static constexpr int P = KV + 4 * HALF;      // [2] P tiles, 64 heads × 64 candidates bf16, K-major swizzled
     static constexpr int M = P + 2 * 8192;       // [2][64] f32 row maxima (warpgroup 0's, warpgroup 1's)
     static constexpr int L = M + 2 * 64 * 4;     // [2][64] f32 denominators
-    static constexpr int VALID = L + 2 * 64 * 4; // [2] u64 candidate masks
-    static constexpr int ROWP = VALID + 16;      // [2 steps][128] row pointers
-    static constexpr int BARS = ROWP + 2 * 128 * 8; // full[4], empty[4]
+    static constexpr int VALID = L + 2 * 64 * 4; // [2 steps][2 blocks][4 copy warps] u64 candidate masks
+    static constexpr int ROWP = VALID + 128;     // [128] row pointers (the mask path)
+    static constexpr int BARS = ROWP + 128 * 8;  // full[4], empty[4]
     static constexpr int TOTAL = BARS + 8 * 8 + 1024;
 };
 static_assert(8 * ATC_STAGE_WARP * 2 <= AwcLayout::P, "the BF16_OUT staging must fit below the P tiles");
@@ -976,7 +976,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int h = 0; h < 4; h++) {
-            gws_bar_init(full0 + 8 * h, 128 + 1);  // every copy thread's landed copies, and thread 0
+            gws_bar_init(full0 + 8 * h, 128 + 4);  // every copy thread's landed copies, and each copy warp's lane 0
             gws_bar_init(empty0 + 8 * h, 4);       // the 4 warps of the warpgroup that reads it last
         }
         gws_bar_init_fence();
@@ -988,41 +988,92 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
     const AttComp cc = att_comp(comp_off, comp_mask, t, n_entries, &att_cursor);  // synchronises: barriers ready
     const int n_cand = n_win + cc.n_comp;
     const int n_steps = (n_cand + 127) / 128;
-    unsigned long long* valid = reinterpret_cast<unsigned long long*>(gbase + L::VALID);
 
     if (tid >= 256) {
         GW_ASM("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
-        const int p = tid - 256, lane = tid & 31;
-        const int k = p & 31, rr = p >> 5;  // this thread's 16-byte chunk k of a half row, rows rr + 4u
-        for (int i = 0; i < n_steps; i++) {
-            const u16** rp = reinterpret_cast<const u16**>(gbase + L::ROWP) + 128 * (i & 1);
+        // Thread p copies 16-byte chunk gi of every 128 bytes of rows grp + 16u (u < 4) of both
+        // blocks (eight threads per 128 contiguous bytes), so it holds only its 8 rows' addresses.
+        const int p = tid - 256, lane = tid & 31, pw = p >> 5;
+        const int gi = p & 7, grp = p >> 3;
+        const bool mask_path = cc.mrow != nullptr;
+        const u16** rps = reinterpret_cast<const u16**>(gbase + L::ROWP);
+        const u16* rows[8];  // row 4b + u: block b, row grp + 16u of step i (null: no row)
+        int eidx[8];         // the list entries of the next step's rows (loaded a step ahead)
+        auto cand = [&](int i, int x) { return i * 128 + 64 * (x >> 2) + grp + 16 * (x & 3); };
+        auto load_idx = [&](int i) {
+#pragma unroll
+            for (int x = 0; x < 8; x++) {
+                const int j = cand(i, x);
+                eidx[x] = j >= n_win && j < n_cand && comp_idx != nullptr ? __ldg(comp_idx + cc.c_begin + j - n_win) : j - n_win;
+            }
+        };
+        auto make_rows = [&](int i) {
+#pragma unroll
+            for (int x = 0; x < 8; x++) {
+                const int j = cand(i, x), r = lo + j - kv_base, e = eidx[x];
+                rows[x] = j < n_win ? (r >= 0 && r < kv_rows ? kv + (size_t)r * ATC_C : nullptr)
+                                    : (j < n_cand && e >= 0 && e < n_entries ? entries + (size_t)e * ATC_C : nullptr);
+            }
+        };
+        // The mask path's rows: warp 0 scans the mask (att_tile_rows, in candidate order).
+        auto mask_rows = [&](int i) {
             if (p < 32)
 #pragma unroll 1
                 for (int x = 0; x < 4; x++) {
                     const int b0 = i * 128 + 32 * x;
-                    att_tile_rows(rp + 32 * x, lane, b0, min(32, n_cand - b0), ATC_C, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, cc.c_begin, cc.mrow, cc.n_vis, &att_cursor);
+                    att_tile_rows(rps + 32 * x, lane, b0, min(32, n_cand - b0), ATC_C, lo, n_win, kv, kv_base, kv_rows, entries, n_entries, comp_idx, cc.c_begin, cc.mrow, cc.n_vis, &att_cursor);
                 }
-            awg_bar_copy();  // rp ready (read until the barrier of step i + 1: two buffers)
-#pragma unroll 1
-            for (int x = 0; x < 4; x++) {
+            awg_bar_copy();
+#pragma unroll
+            for (int x = 0; x < 8; x++) rows[x] = rps[64 * (x >> 2) + grp + 16 * (x & 3)];
+            awg_bar_copy();  // read before warp 0 rebuilds them
+        };
+        if (mask_path) {
+            mask_rows(0);
+        } else {
+            load_idx(0);
+            make_rows(0);
+        }
+        for (int i = 0; i < n_steps; i++) {
+            // This step's candidate masks, per block and copy warp (its rows 4·pw + q + 16u, q < 4:
+            // lanes 8q), published by each lane 0's arrival on the halves' full barriers. Readers
+            // of this buffer (step i − 2) are done: this warp awaited step i − 1's empty barriers.
+            unsigned long long* vp = reinterpret_cast<unsigned long long*>(gbase + L::VALID) + (i & 1) * 8;
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+                unsigned long long bits = 0;
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const u32 bal = __ballot_sync(0xffffffffu, rows[4 * b + u] != nullptr);
+#pragma unroll
+                    for (int q = 0; q < 4; q++) bits |= (unsigned long long)((bal >> (8 * q)) & 1u) << (4 * pw + q + 16 * u);
+                }
+                if (lane == 0) vp[4 * b + pw] = bits;
+            }
+            if (!mask_path && i + 1 < n_steps) load_idx(i + 1);  // in flight during the copies
+#pragma unroll
+            for (int x = 0; x < 4; x++) {  // unrolled: rows[] stays in registers
                 const int h = x == 0 ? 0 : x == 1 ? 3 : x == 2 ? 1 : 2;  // 0L, 1R, 0R, 1L
                 const int b = h >> 1, sd = h & 1;
                 if (i >= 1) gws_wait(empty0 + 8 * h, (i - 1) & 1);
-                if (p == 0 && (h == 0 || h == 3)) {
-                    // The block's mask, written once its previous reader has freed the block's first half.
-                    unsigned long long vm = 0;
-                    for (int j = 0; j < 64; j++) vm |= (unsigned long long)(rp[64 * b + j] != nullptr) << j;
-                    valid[b] = vm;
-                }
-                const u32 dst = base + L::KV + h * L::HALF + (k >> 3) * 8192;
+                const u32 dst = base + L::KV + h * L::HALF;
 #pragma unroll
-                for (int u = 0; u < 16; u++) {
-                    const int r = rr + 4 * u;
-                    const u16* src = rp[64 * b + r];
-                    gm_cp16(dst + gw_swz(r, k & 7), src != nullptr ? src + 256 * sd + 8 * k : kv, src != nullptr);
+                for (int u = 0; u < 4; u++) {
+                    const int r = grp + 16 * u;
+                    const u16* src = rows[4 * b + u];
+#pragma unroll
+                    for (int tt = 0; tt < 4; tt++)
+                        gm_cp16(dst + tt * 8192 + gw_swz(r, gi), src != nullptr ? src + 256 * sd + 64 * tt + 8 * gi : kv, src != nullptr);
                 }
                 awc_cp_arrive(full0 + 8 * h);
-                if (p == 0) gws_arrive(full0 + 8 * h);
+                if (lane == 0) gws_arrive(full0 + 8 * h);
+            }
+            if (i + 1 < n_steps) {
+                if (mask_path) {
+                    mask_rows(i + 1);
+                } else {
+                    make_rows(i + 1);
+                }
             }
         }
         asm volatile("cp.async.wait_all;" ::: "memory");
@@ -1086,8 +1137,9 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
         gw_commit();
     };
     // Masked, scaled logits (log2 units) and their row maxima over the quad.
-    auto logits = [&](float (&mx)[2]) {
-        const unsigned long long vm = *reinterpret_cast<volatile unsigned long long*>(valid + b);
+    auto logits = [&](int i, float (&mx)[2]) {
+        const volatile unsigned long long* vp = reinterpret_cast<const volatile unsigned long long*>(gbase + L::VALID) + (i & 1) * 8 + 4 * b;
+        const unsigned long long vm = vp[0] | vp[1] | vp[2] | vp[3];
         mx[0] = mx[1] = ATT_NEG_INF;
 #pragma unroll
         for (int j = 0; j < 8; j++)
@@ -1164,7 +1216,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
         awg_fence_regs(s);
         for (int i = 0; i < n_steps; i++) {
             float mx[2], m0[2], corr[2];
-            logits(mx);
+            logits(i, mx);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 m0[r] = fmaxf(M[r], mx[r]);
@@ -1217,7 +1269,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
             gw_wait0();
             awg_fence_regs(s);
             float mx[2], m1[2], corr[2];
-            logits(mx);
+            logits(i, mx);
             awc_sync<AWC_M0>();
 #pragma unroll
             for (int r = 0; r < 2; r++) {
