@@ -51,9 +51,10 @@ pub const ATTENTION_WC_KERNELS: [&str; 2] = ["sparse_attention_wc", "sparse_atte
 
 /// Dynamic shared memory of `sparse_attention_wc` (`AwcLayout::TOTAL` in attention.cu): Q (64 KB),
 /// four 32 KB halves of two 64-candidate K=V blocks, two 8 KB P tiles, the row maxima and
-/// denominators of both warpgroups (2 × 512 B), two candidate masks (16 B), two steps of 128 row
-/// pointers (2 KB), 8 mbarriers, 1 KB alignment slack.
-pub const ATTENTION_WC_SMEM: usize = 65536 + 4 * 32768 + 2 * 8192 + 2 * 512 + 16 + 2 * 128 * 8 + 8 * 8 + 1024;
+/// denominators of both warpgroups (2 × 512 B), two steps × two blocks × four copy warps of
+/// candidate masks (128 B), 128 row pointers of the mask path (1 KB), the epilogue's 256 (cos, sin)
+/// pairs (2 KB), 8 mbarriers, 1 KB alignment slack.
+pub const ATTENTION_WC_SMEM: usize = 65536 + 4 * 32768 + 2 * 8192 + 2 * 512 + 128 + 128 * 8 + 256 * 8 + 8 * 8 + 1024;
 
 const _: () = assert!(ATTENTION_WC_SMEM <= 227 * 1024);
 

@@ -435,10 +435,13 @@ __device__ __forceinline__ void atc_rescale(float (&o)[32][4], const float (&cor
 // shared memory; the caller synchronises before), then stored as whole rows; with LO false the hi
 // plane alone (the output rounded to bf16: sparse_attention_wg's bf16 output). This thread holds
 // heads 16·wh + g (+ 8) × channels 256·wd + 8j + c2 (+ 1), j < 32, in the accumulator layout.
+// With a table cs (non-null: cs[i] = (cosf, sinf) of pos·inv_freq[i], i < rope_dim / 2, the same f32
+// angle and functions, computed once per block) the rotation reads it instead of evaluating them in
+// every unrolled column group (sparse_attention_wc: less code, so fewer instruction-cache misses).
 template <bool SPLIT_OUT, bool LO = true>
 __device__ __forceinline__ void atc_epilogue(float (&o)[32][4], const float (&den)[2], int wh, int wd, int lane, int t, int pos, int rope_dim,
                                              const float* __restrict__ inv_freq, float* __restrict__ out, u16* __restrict__ planes, long long plane,
-                                             u16* stage) {
+                                             u16* stage, const float2* cs_table = nullptr) {
     const int g = lane >> 2, c2 = (lane & 3) * 2;
     const int h0 = 16 * wh + g;
     const float inv[2] = {1.f / den[0], 1.f / den[1]};
@@ -450,9 +453,15 @@ __device__ __forceinline__ void atc_epilogue(float (&o)[32][4], const float (&de
         float cs = 1.f, sn = 0.f;
         const bool rot = col >= r0;
         if (rot) {
-            const float ang = fpos * inv_freq[(col - r0) >> 1];
-            cs = cosf(ang);
-            sn = -sinf(ang);
+            if (cs_table != nullptr) {
+                const float2 v = cs_table[(col - r0) >> 1];
+                cs = v.x;
+                sn = -v.y;
+            } else {
+                const float ang = fpos * inv_freq[(col - r0) >> 1];
+                cs = cosf(ang);
+                sn = -sinf(ang);
+            }
         }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -912,7 +921,8 @@ struct AwcLayout {
     static constexpr int L = M + 2 * 64 * 4;     // [2][64] f32 denominators
     static constexpr int VALID = L + 2 * 64 * 4; // [2 steps][2 blocks][4 copy warps] u64 candidate masks
     static constexpr int ROWP = VALID + 128;     // [128] row pointers (the mask path)
-    static constexpr int BARS = ROWP + 128 * 8;  // full[4], empty[4]
+    static constexpr int CS = ROWP + 128 * 8;    // [ATC_C / 2] float2 (cos, sin) of the output's inverse RoPE
+    static constexpr int BARS = CS + ATC_C / 2 * 8; // full[4], empty[4]
     static constexpr int TOTAL = BARS + 8 * 8 + 1024;
 };
 static_assert(8 * ATC_STAGE_WARP * 2 <= AwcLayout::P, "the BF16_OUT staging must fit below the P tiles");
@@ -931,6 +941,13 @@ __device__ __forceinline__ void awc_sync() { asm volatile("bar.sync %0, 256;" ::
 __device__ __forceinline__ u32 awc_opaque(u32 x) {
     u32 r;
     asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+// 2^x on the hardware unit (ex2.approx.ftz: relative error ~2^-22, far below P's bf16 rounding;
+// 2^−inf = +0, large negative x flush to +0).
+__device__ __forceinline__ float awc_ex2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 }
 __device__ __forceinline__ void gw_wait1() { GW_ASM("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
@@ -997,8 +1014,10 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
         const int gi = p & 7, grp = p >> 3;
         const bool mask_path = cc.mrow != nullptr;
         const u16** rps = reinterpret_cast<const u16**>(gbase + L::ROWP);
-        const u16* rows[8];  // row 4b + u: block b, row grp + 16u of step i (null: no row)
-        int eidx[8];         // the list entries of the next step's rows (loaded a step ahead)
+        // Row 4b + u (block b, row grp + 16u of the step) as an index: entry e → 2e + 1, window row
+        // r → 2r, none → ~0u (32-bit: fewer registers than pointers in the 56 this warpgroup has).
+        u32 rows[8];
+        int eidx[8];  // the list entries of a step's rows
         auto cand = [&](int i, int x) { return i * 128 + 64 * (x >> 2) + grp + 16 * (x & 3); };
         auto load_idx = [&](int i) {
 #pragma unroll
@@ -1011,10 +1030,10 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
 #pragma unroll
             for (int x = 0; x < 8; x++) {
                 const int j = cand(i, x), r = lo + j - kv_base, e = eidx[x];
-                rows[x] = j < n_win ? (r >= 0 && r < kv_rows ? kv + (size_t)r * ATC_C : nullptr)
-                                    : (j < n_cand && e >= 0 && e < n_entries ? entries + (size_t)e * ATC_C : nullptr);
+                rows[x] = j < n_win ? (r >= 0 && r < kv_rows ? 2u * (u32)r : ~0u) : (j < n_cand && e >= 0 && e < n_entries ? 2u * (u32)e + 1u : ~0u);
             }
         };
+        auto row_src = [&](u32 rid) { return ((rid & 1u) ? entries : kv) + (size_t)(rid >> 1) * ATC_C; };
         // The mask path's rows: warp 0 scans the mask (att_tile_rows, in candidate order).
         auto mask_rows = [&](int i) {
             if (p < 32)
@@ -1025,7 +1044,11 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
                 }
             awg_bar_copy();
 #pragma unroll
-            for (int x = 0; x < 8; x++) rows[x] = rps[64 * (x >> 2) + grp + 16 * (x & 3)];
+            for (int x = 0; x < 8; x++) {
+                const u16* q = rps[64 * (x >> 2) + grp + 16 * (x & 3)];
+                // att_tile_rows points into entries only for the compressed slots, else into kv.
+                rows[x] = q == nullptr ? ~0u : (cand(i, x) >= n_win ? 2u * (u32)((q - entries) / ATC_C) + 1u : 2u * (u32)((q - kv) / ATC_C));
+            }
             awg_bar_copy();  // read before warp 0 rebuilds them
         };
         if (mask_path) {
@@ -1044,13 +1067,12 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
                 unsigned long long bits = 0;
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    const u32 bal = __ballot_sync(0xffffffffu, rows[4 * b + u] != nullptr);
+                    const u32 bal = __ballot_sync(0xffffffffu, rows[4 * b + u] != ~0u);
 #pragma unroll
                     for (int q = 0; q < 4; q++) bits |= (unsigned long long)((bal >> (8 * q)) & 1u) << (4 * pw + q + 16 * u);
                 }
                 if (lane == 0) vp[4 * b + pw] = bits;
             }
-            if (!mask_path && i + 1 < n_steps) load_idx(i + 1);  // in flight during the copies
 #pragma unroll
             for (int x = 0; x < 4; x++) {  // unrolled: rows[] stays in registers
                 const int h = x == 0 ? 0 : x == 1 ? 3 : x == 2 ? 1 : 2;  // 0L, 1R, 0R, 1L
@@ -1060,10 +1082,11 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     const int r = grp + 16 * u;
-                    const u16* src = rows[4 * b + u];
+                    const u32 rid = rows[4 * b + u];
+                    const bool ok = rid != ~0u;
+                    const u16* src = ok ? row_src(rid) + 256 * sd + 8 * gi : kv;
 #pragma unroll
-                    for (int tt = 0; tt < 4; tt++)
-                        gm_cp16(dst + tt * 8192 + gw_swz(r, gi), src != nullptr ? src + 256 * sd + 64 * tt + 8 * gi : kv, src != nullptr);
+                    for (int tt = 0; tt < 4; tt++) gm_cp16(dst + tt * 8192 + gw_swz(r, gi), src + (ok ? 64 * tt : 0), ok);
                 }
                 awc_cp_arrive(full0 + 8 * h);
                 if (lane == 0) gws_arrive(full0 + 8 * h);
@@ -1072,6 +1095,10 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
                 if (mask_path) {
                     mask_rows(i + 1);
                 } else {
+                    // The next step's indices, all eight loads in flight at once (held across the
+                    // copies above they would not fit this warpgroup's registers); the copy
+                    // warpgroup runs ahead of the multiply warpgroups, so their latency is hidden.
+                    load_idx(i + 1);
                     make_rows(i + 1);
                 }
             }
@@ -1091,6 +1118,12 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
             *reinterpret_cast<uint2*>(qg + (e >> 6) * 8192 + gw_swz(row, (e & 63) >> 3) + (e & 7) * 2) = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
         },
         [] { awg_bar_multiply(); });
+    // The epilogue's (cos, sin) pairs at this token's position (atc_epilogue's values).
+    float2* cs_tab = reinterpret_cast<float2*>(gbase + L::CS);
+    for (int i = tid; i < rope_dim / 2; i += 256) {
+        const float ang = (float)pos * inv_freq[i];
+        cs_tab[i] = make_float2(cosf(ang), sinf(ang));
+    }
     gw_fence_proxy();
     awg_bar_multiply();
 
@@ -1163,8 +1196,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float l = s[j][e];
-                const float pv = l == ATT_NEG_INF ? 0.f : exp2f(l - m[e >> 1]);
+                const float pv = awc_ex2(s[j][e] - m[e >> 1]);  // masked: ex2(−inf) = +0
                 s[j][e] = pv;
                 den[e >> 1] += pv;
             }
@@ -1220,7 +1252,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 m0[r] = fmaxf(M[r], mx[r]);
-                corr[r] = exp2f(M[r] - m0[r]);
+                corr[r] = awc_ex2(M[r] - m0[r]);
             }
             if ((lane & 3) == 0) {
                 sM[r0] = m0[0];
@@ -1237,7 +1269,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const float m1 = sM[64 + r0 + 8 * r];
-                f[r] = exp2f(m0[r] - m1);
+                f[r] = awc_ex2(m0[r] - m1);
                 M[r] = m1;
                 den[r] *= f[r];
             }
@@ -1274,7 +1306,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 m1[r] = fmaxf(sM[r0 + 8 * r], mx[r]);
-                corr[r] = exp2f(M[r] - m1[r]);
+                corr[r] = awc_ex2(M[r] - m1[r]);
                 M[r] = m1[r];
             }
             if ((lane & 3) == 0) {
@@ -1309,7 +1341,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
     }
     awg_bar_multiply();  // also: both warpgroups past their last MMA (BF16_OUT stages over Q and K=V)
     const float dsum[2] = {sL[r0] + sL[64 + r0], sL[r0 + 8] + sL[64 + r0 + 8]};
-    atc_epilogue<BF16_OUT, false>(o, dsum, wq, wg, lane, t, pos, rope_dim, inv_freq, out, planes, plane, reinterpret_cast<u16*>(gbase) + warp * ATC_STAGE_WARP);
+    atc_epilogue<BF16_OUT, false>(o, dsum, wq, wg, lane, t, pos, rope_dim, inv_freq, out, planes, plane, reinterpret_cast<u16*>(gbase) + warp * ATC_STAGE_WARP, cs_tab);
 }
 
 extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wc(AWG_ARGS) { awc_body<false>(ATC_PASS); }
