@@ -902,11 +902,14 @@ extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg
 // with its own full and empty mbarrier, refilled in the order their last reader frees them (0L:
 // warpgroup 0 after its own P · V; 1R: warpgroup 1 after its own; 0R: warpgroup 1 after the other's;
 // 1L: warpgroup 0 after the other's), so that the next step's copies start while this one finishes.
-// Copy warpgroup: its warp 0 builds the step's 128 row pointers (att_tile_rows, two buffers), its
-// 128 threads copy each half with cp.async (16 B each; zero-filled for missing rows) and arrive on
-// the half's full barrier when their copies land (cp.async.mbarrier.arrive.noinc), thread 0 also
-// after writing the block's candidate mask (bit j: candidate j has a row). Q staged as in
-// sparse_attention_wg. Learned from the PTX ISA (wgmma, cp.async.mbarrier.arrive, named barriers) and
+// Copy warpgroup: each thread computes the rows it copies itself (8 per step: rows grp + 16u of both
+// blocks, 8 threads per 128 contiguous bytes; the list indices of a step loaded together; the mask
+// path: warp 0 scans the mask as att_tile_rows does, the others wait), copies them with cp.async
+// (16 B each; zero-filled for missing rows) and arrives on each half's full barrier when its copies
+// land (cp.async.mbarrier.arrive.noinc); each copy warp's lane 0 also arrives, after writing its
+// rows' bits of the step's candidate masks (warp ballots; bit j: candidate j of the block has a
+// row; two steps' buffers). Q staged as in sparse_attention_wg; the epilogue's (cos, sin) from a
+// per-block table. Learned from the PTX ISA (wgmma, cp.async.mbarrier.arrive, named barriers) and
 // the design of DeepSeek's FlashMLA sparse prefill kernel for Hopper (csrc/sm90/prefill/sparse:
 // each warpgroup's own top-k block, P exchanged through shared memory); the code is ours.
 // Launch: grid (T), block 384, dynamic shared memory AwcLayout::TOTAL. sm_90a only (wgmma).
