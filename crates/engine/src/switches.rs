@@ -150,21 +150,21 @@ pub const SWITCHES: &[Switch] = &[
         name: "MLA_STREAM_FAST_EXP",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
-        replaces: "expf in the online softmax of the streaming attention kernel (MLA_STREAM_TOPK): the hardware __expf (ex2.approx); not exact, off by default",
+        replaces: "expf in the online softmax of the streaming attention kernel (MLA_STREAM_TOPK): the hardware __expf (ex2.approx); not exact, off by default; no effect on MLA_BF16_CAND_SPLIT's kernel (its softmax is on ex2.approx already)",
         parity: "gpu-check `sparse_attention_fast_exp …` records (NMSE and max-abs vs the CPU reference and vs the precise streaming kernel), the switch matrix and qualify (reported, not judged)",
     },
     Switch {
         name: "MLA_BF16",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
-        replaces: "the streaming attention's split-bf16 products (three mma.sync per fragment, f32-level error; MLA_STREAM_TOPK) by DeepSeek's own attention numerics (OFF-K sparse_attn_kernel: Q, K=V and P rounded to bf16, f32 accumulation) on one wgmma product per fragment, the rows copied into shared memory by a dedicated warpgroup from bf16 copies made once per call (sm_90a; elsewhere the split kernels); where wo_a runs on cuBLASLt (>= 256 tokens) the output is bf16 and wo_a one bf16 product on it; not exact, off by default",
-        parity: "gpu-check (`--only attention`) `sparse_attention_bf16 …` records (NMSE and max-abs vs the CPU reference and vs the split kernel, tolerance 1e-4: bf16 rounding of Q, K=V and P; and vs the CPU's replay of those numerics, forward::attention::attend_bf16, tolerance 1e-7), `sparse_attention split planes StreamBf16 …`, `sparse_attention fused q norm StreamBf16 …` and `sparse_attention_mask StreamBf16 …` (bit for bit, as for the split kernels), `sparse_attention_bf16_fast_exp …` (with MLA_STREAM_FAST_EXP); the switch matrix and qualify (reported, not judged)",
+        replaces: "the streaming attention's split-bf16 products (three mma.sync per fragment, f32-level error; MLA_STREAM_TOPK) by DeepSeek's own attention numerics (OFF-K sparse_attn_kernel: Q, K=V and P rounded to bf16, f32 accumulation) on one wgmma product per fragment, the rows copied into shared memory by a dedicated warpgroup from bf16 copies made once per call (sm_90a; elsewhere the split kernels); by default (MLA_BF16_CAND_SPLIT) sparse_attention_wc, else sparse_attention_wg; where wo_a runs on cuBLASLt (>= 256 tokens) the output is bf16 and wo_a one bf16 product on it; not exact, off by default",
+        parity: "gpu-check (`--only attention`) `sparse_attention_bf16 …` records (NMSE and max-abs vs the CPU reference and vs the split kernel, tolerance 1e-4: bf16 rounding of Q, K=V and P; and vs the CPU's replay of sparse_attention_wg's numerics, forward::attention::attend_bf16, tolerance 1e-7; MLA_BF16_CAND_SPLIT's kernel has its own records), `sparse_attention split planes StreamBf16 …`, `sparse_attention fused q norm StreamBf16 …` and `sparse_attention_mask StreamBf16 …` (bit for bit, as for the split kernels), `sparse_attention_bf16_fast_exp …` (with MLA_STREAM_FAST_EXP); the switch matrix and qualify (reported, not judged)",
     },
     Switch {
         name: "MLA_BF16_CAND_SPLIT",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "MLA_BF16's sparse_attention_wg (the multiply warpgroups split O's channels: each adds the other's partial logits of every 32-candidate tile through shared memory, one barrier per tile) by sparse_attention_wc: each multiply warpgroup takes its own 64 of every 128 candidates (logits over all 512 channels on wgmma m64n64k16), the running max and its P tile exchanged through shared memory, and adds both blocks' P · V for its half of O's channels; the K=V rows in four half-blocks with their own barriers, refilled as soon as their last reader frees them; the softmax in exp2 (MLA_STREAM_FAST_EXP does not change it); not exact (MLA_BF16's numerics class), acts only with MLA_BF16=on",
+        replaces: "MLA_BF16's sparse_attention_wg (the multiply warpgroups split O's channels: each adds the other's partial logits of every 32-candidate tile through shared memory, one barrier per tile) by sparse_attention_wc: each multiply warpgroup takes its own 64 of every 128 candidates (logits over all 512 channels on wgmma m64n64k16), the running max and its P tile exchanged through shared memory, and adds both blocks' P · V for its half of O's channels; the K=V rows in four half-blocks with their own barriers, refilled as soon as their last reader frees them, the copy warpgroup computing its own rows; the softmax's 2^x on ex2.approx (MLA_STREAM_FAST_EXP does not change it); not exact (MLA_BF16's numerics class), acts only with MLA_BF16=on",
         parity: "gpu-check (`--only attention`) `sparse_attention_bf16_cand …` records (NMSE and max-abs vs the CPU reference, vs the split kernel and vs sparse_attention_wg, tolerance 1e-4 as MLA_BF16), `sparse_attention split planes StreamBf16Cand …`, `sparse_attention fused q norm StreamBf16Cand …` and `sparse_attention_mask StreamBf16Cand …` (bit for bit, as for the other streaming kernels); the switch matrix and qualify (reported, not judged)",
     },
     Switch {
@@ -491,6 +491,8 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
 pub const REQUIRES_ANY: &[(&str, &[Requirement])] = &[
     ("BF16_WGMMA", &[("TC_LINEAR", &["split", "bf16", "fp8"]), ("MOE_GROUPED", &["on"])]),
     ("INDEXER_WGMMA", &[("INDEXER_STREAM_TOPK", &["on"]), ("INDEXER_FP8", &["on"])]),
+    // The candidate-split bf16 kernel's softmax is on ex2.approx whatever this switch says.
+    ("MLA_STREAM_FAST_EXP", &[("MLA_BF16", &["off"]), ("MLA_BF16_CAND_SPLIT", &["off"])]),
 ];
 
 /// Why switch `name` has no effect with the current values, if it has none: every switch it

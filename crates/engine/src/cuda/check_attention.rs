@@ -3,8 +3,9 @@
 //! (θ 160000 + YaRN factor 16, L0 65536, β 32/1):
 //!
 //! - `sparse_attention_f32` vs [`attention::attend`] (H 64, c 512, rope 64, window 128) for queries
-//!   at positions 198..202 and 4998..5001, with sliding (no compressed keys), HCA (ratio 128, every
-//!   visible entry, both identity and explicit lists) and CSA (ratio 4, the indexer-style list:
+//!   at positions 198..202, 4998..5001, 1000..1040, 37..42 (windows shorter than 128) and 0 (one
+//!   query), with sliding (no compressed keys), HCA (ratio 128, every visible entry, both identity
+//!   and explicit lists) and CSA (ratio 4, the indexer-style list:
 //!   every visible entry below 512, else 512 of them) candidates and random sinks; the streaming
 //!   kernels on the same cases (split-bf16 at [`SPLIT_NMSE_TOL`], fast exp, and on sm_90a the bf16
 //!   kernels of `MLA_BF16`, precise and fast exp, at `BF16_ATT_NMSE_TOL`, also against the split
@@ -298,7 +299,9 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
     let mut all = true;
     let sinks = random(seed, "attn.sinks", H, 2.0);
     let dsinks = gpu.upload(&sinks)?;
-    for (pos0, tokens) in [(198usize, 4usize), (4998, 3), (1000, 40)] {
+    // (37, 5) and (0, 1): windows shorter than 128 (the candidate-split kernel's 64-candidate blocks
+    // then hold window rows and entries together), the second a single query as in decode.
+    for (pos0, tokens) in [(198usize, 4usize), (4998, 3), (1000, 40), (37, 5), (0, 1)] {
         // Raw rows from a few positions before the first window (exercises the base offset).
         let kv_base = (pos0 + 1).saturating_sub(WINDOW).saturating_sub(3);
         let kv_rows = pos0 + tokens - kv_base;

@@ -639,7 +639,7 @@ impl Gpu {
             }
         }
         // sparse_attention_wc*: the same split (sparse_attention_wg's thread roles).
-        let mut attention_wc_ok = attention_wg_ok;
+        let mut attention_wc_ok = arch == "sm_90a";
         for name in super::ops_attention::ATTENTION_WC_KERNELS {
             let regs = drv(&format!("registers of {name}"), functions[name].num_regs())?;
             if attention_wc_ok && regs != super::ops_attention::ATTENTION_WG_REGS {

@@ -891,11 +891,14 @@ extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg
 // candidates by candidates instead of by channels, so that neither adds the other's partial logits:
 //   warpgroup b (0 or 1) computes S_b = Q · K_bᵀ over all 512 channels for its own 64 candidates
 //   (block b of the step: candidates 128·i + 64·b …) on 32 wgmma m64n64k16, takes the row maxima
-//   through shared memory (warpgroup 0's first, then warpgroup 1's, which is the step's new running
-//   max M), and forms P_b = exp2(S_b·scale·log2 e − M) in bf16; warpgroup w owns O's channels
-//   256·w … 256·w + 255 and adds P_0 · V_0 and P_1 · V_1 for them (m64n256k16: its own P from
-//   registers, the other's from shared memory, where warpgroup 0 stores its P rescaled to the final
-//   M of the step). Each keeps its own partial denominator; the two are added at the end.
+//   through shared memory (warpgroup 0's first, max m0 with the running max, then warpgroup 1's,
+//   which is the step's new running max M), and forms P_b = exp2(S_b·scale·log2 e − m) in bf16 (m:
+//   m0 for warpgroup 0, M for warpgroup 1); warpgroup w owns O's channels 256·w … 256·w + 255 and
+//   adds P_0 · V_0 and P_1 · V_1 for them (m64n256k16: its own P from registers, the other's from
+//   shared memory). Warpgroup 0 adds its own product relative to m0, then rescales O and its
+//   denominator by exp2(m0 − M) and stores its P tile times that factor, so that everything is
+//   relative to M before the other block's product. Each keeps its own partial denominator; the
+//   two are added at the end.
 // The K=V rows of a step: four 32 KB halves (block 0 channels 0-255 "0L", 256-511 "0R", block 1
 // "1L", "1R"), each 4 column blocks × 64 rows × 128 B in the 128-byte-swizzled layout (K-major for
 // Q · Kᵀ, MN-major for P · V: LBO 8 KB between column blocks, SBO 1 KB between 8-row groups), each
@@ -929,6 +932,7 @@ struct AwcLayout {
     static constexpr int TOTAL = BARS + 8 * 8 + 1024;
 };
 static_assert(8 * ATC_STAGE_WARP * 2 <= AwcLayout::P, "the BF16_OUT staging must fit below the P tiles");
+static_assert(AwcLayout::TOTAL == 218304, "ATTENTION_WC_SMEM in ops_attention.rs launches with this many bytes");
 
 // Named barriers of the multiply warpgroups (0: __syncthreads, 1: awg_bar_multiply, 2: awg_bar_copy).
 #define AWC_M0 3  // warpgroup 0's maxima written
@@ -980,12 +984,9 @@ __device__ __forceinline__ void awc_mma_o_ss(float (&o)[32][4], unsigned long lo
            : "l"(da), "l"(db));
 }
 
+// The arguments of sparse_attention_wg (AWG_ARGS).
 template <bool BF16_OUT>
-__device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16* __restrict__ kv, const u16* __restrict__ entries,
-                                         const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
-                                         const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
-                                         int H, int c, int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries,
-                                         float scale, u16* __restrict__ planes, long long plane, float q_eps) {
+__device__ __forceinline__ void awc_body(AWG_ARGS) {
     typedef AwcLayout L;
     extern __shared__ __align__(16) u8 awc_sh[];
     __shared__ int att_cursor;
@@ -1062,8 +1063,10 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
         }
         for (int i = 0; i < n_steps; i++) {
             // This step's candidate masks, per block and copy warp (its rows 4·pw + q + 16u, q < 4:
-            // lanes 8q), published by each lane 0's arrival on the halves' full barriers. Readers
-            // of this buffer (step i − 2) are done: this warp awaited step i − 1's empty barriers.
+            // lanes 8q), published by each lane 0's arrival on the halves' full barriers. The last
+            // readers of this buffer, step i − 2's, are done: during step i − 1 this warp awaited
+            // every half's empty phase that step i − 2's readers completed (each frees a half only
+            // after reading its block's mask).
             unsigned long long* vp = reinterpret_cast<unsigned long long*>(gbase + L::VALID) + (i & 1) * 8;
 #pragma unroll
             for (int b = 0; b < 2; b++) {
@@ -1115,18 +1118,20 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
     const int g = lane >> 2, c2 = (lane & 3) * 2;
     const int r0 = 16 * wq + g;  // this thread's head rows r0, r0 + 8
     u8* qg = gbase + L::Q;
+    float2* cs_tab = reinterpret_cast<float2*>(gbase + L::CS);
     atc_stage_q(
-        q, t, c, q_eps, rope_dim, pos, inv_freq, reinterpret_cast<float2*>(gbase + L::P), tid,
+        q, t, c, q_eps, rope_dim, pos, inv_freq, cs_tab, tid,
         [&](int row, int e, float4 v) {
             *reinterpret_cast<uint2*>(qg + (e >> 6) * 8192 + gw_swz(row, (e & 63) >> 3) + (e & 7) * 2) = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
         },
         [] { awg_bar_multiply(); });
-    // The epilogue's (cos, sin) pairs at this token's position (atc_epilogue's values).
-    float2* cs_tab = reinterpret_cast<float2*>(gbase + L::CS);
-    for (int i = tid; i < rope_dim / 2; i += 256) {
-        const float ang = (float)pos * inv_freq[i];
-        cs_tab[i] = make_float2(cosf(ang), sinf(ang));
-    }
+    // The epilogue's (cos, sin) pairs at this token's position (atc_epilogue's values; with raw
+    // queries atc_stage_q has made the same table for their RoPE).
+    if (q_eps < 0.f)
+        for (int i = tid; i < rope_dim / 2; i += 256) {
+            const float ang = (float)pos * inv_freq[i];
+            cs_tab[i] = make_float2(cosf(ang), sinf(ang));
+        }
     gw_fence_proxy();
     awg_bar_multiply();
 
@@ -1244,7 +1249,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
         if (lane == 0) gws_arrive(empty0 + 8 * h);
     };
 
-    if (wg == 0) {
+    if (wg == 0 && n_steps > 0) {  // n_steps ≥ 1 whenever window ≥ 1 (the host checks it)
         issue_qk_half(0, 0);
         issue_qk_half(0, 1);
         gw_wait0();
@@ -1280,6 +1285,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
             awc_arrive<AWC_P0>();
             atc_rescale(o, f);
             awc_sync<AWC_P1>();
+            gw_fence_proxy();  // 1L was awaited by warpgroup 1: its copies, seen through the barrier, for this warpgroup's wgmma
             issue_pv_other();
             if (i + 1 < n_steps) {
                 // The next step's first half (0L, freed earliest) while P · V runs; 1L is freed
@@ -1297,7 +1303,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
                 free_half(2);
             }
         }
-    } else {
+    } else if (wg == 1) {
         for (int i = 0; i < n_steps; i++) {
             issue_qk_half(i, 0);
             issue_qk_half(i, 1);
@@ -1323,6 +1329,7 @@ __device__ __forceinline__ void awc_body(const float* __restrict__ q, const u16*
             store_p(one);
             awc_arrive<AWC_P1>();
             awc_sync<AWC_P0>();
+            gw_fence_proxy();  // likewise 0R, awaited by warpgroup 0
             issue_pv_other();
             gw_wait1();
             free_half(3);  // 1R
