@@ -93,8 +93,8 @@ pub enum AttentionKernel {
     /// sm_90a): [`AttentionKernel::StreamBf16`]'s numerics class (Q, K=V and P in bf16, f32
     /// accumulation) with the multiply warpgroups splitting each 128 candidates between them
     /// (each its own 64 candidates' logits over all 512 channels, P exchanged through shared
-    /// memory) instead of splitting the channels; the softmax in exp2 with log2 e folded into the
-    /// scale, so `MLA_STREAM_FAST_EXP` does not change it. Not exact: gpu-check reports its NMSE
+    /// memory) instead of splitting the channels; the softmax's 2^x on `ex2.approx` with log2 e
+    /// folded into the scale, so `MLA_STREAM_FAST_EXP` does not change it. Not exact: gpu-check reports its NMSE
     /// and max-abs against the CPU, the split kernel and [`AttentionKernel::StreamBf16`].
     StreamBf16Cand,
 }
