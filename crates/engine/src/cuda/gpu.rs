@@ -629,24 +629,23 @@ impl Gpu {
                 }
             }
         }
-        // sparse_attention_wg*: 384 threads at ATTENTION_WG_REGS, split into 56 (copy) and 224 (multiply).
-        let mut attention_wg_ok = arch == "sm_90a";
-        for name in super::ops_attention::ATTENTION_WG_KERNELS {
-            let regs = drv(&format!("registers of {name}"), functions[name].num_regs())?;
-            if attention_wg_ok && regs != super::ops_attention::ATTENTION_WG_REGS {
-                eprintln!("MLA_BF16: {name} compiled to {regs} registers per thread, not the {} its setmaxnreg split assumes; attention keeps the split-bf16 kernels", super::ops_attention::ATTENTION_WG_REGS);
-                attention_wg_ok = false;
+        // The bf16 attention kernels (sparse_attention_wg*, sparse_attention_wc*): 384 threads at
+        // ATTENTION_WG_REGS, split by setmaxnreg into 56 (copy) and 224 (multiply); sm_90a only.
+        let attention_regs_ok = |names: &[&str], what: &str, fallback: &str| -> Result<bool, CudaError> {
+            if arch != "sm_90a" {
+                return Ok(false);
             }
-        }
-        // sparse_attention_wc*: the same split (sparse_attention_wg's thread roles).
-        let mut attention_wc_ok = arch == "sm_90a";
-        for name in super::ops_attention::ATTENTION_WC_KERNELS {
-            let regs = drv(&format!("registers of {name}"), functions[name].num_regs())?;
-            if attention_wc_ok && regs != super::ops_attention::ATTENTION_WG_REGS {
-                eprintln!("MLA_BF16_CAND_SPLIT: {name} compiled to {regs} registers per thread, not the {} its setmaxnreg split assumes; MLA_BF16 keeps sparse_attention_wg", super::ops_attention::ATTENTION_WG_REGS);
-                attention_wc_ok = false;
+            for name in names {
+                let regs = drv(&format!("registers of {name}"), functions[*name].num_regs())?;
+                if regs != super::ops_attention::ATTENTION_WG_REGS {
+                    eprintln!("{what}: {name} compiled to {regs} registers per thread, not the {} its setmaxnreg split assumes; {fallback}", super::ops_attention::ATTENTION_WG_REGS);
+                    return Ok(false);
+                }
             }
-        }
+            Ok(true)
+        };
+        let attention_wg_ok = attention_regs_ok(&super::ops_attention::ATTENTION_WG_KERNELS, "MLA_BF16", "attention keeps the split-bf16 kernels")?;
+        let attention_wc_ok = attention_regs_ok(&super::ops_attention::ATTENTION_WC_KERNELS, "MLA_BF16_CAND_SPLIT", "MLA_BF16 keeps sparse_attention_wg")?;
         let graph = super::graph::GraphState::new(ctx.clone());
         let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
         Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph, moe_ws_ok, moe_wt_ok, attention_wg_ok, attention_wc_ok })

@@ -121,6 +121,23 @@ __device__ __forceinline__ AttComp att_comp(const int* comp_off, const u8* comp_
     return r;
 }
 
+// Query t's candidates (the streaming kernels): its position, the first window position lo and the
+// window's n_win rows, its compressed list (att_comp: synchronises the block), n_cand in all.
+struct AttCands {
+    int pos, lo, n_win, n_cand;
+    AttComp cc;
+};
+
+__device__ __forceinline__ AttCands att_cands(int t, int pos0, int window, const int* comp_off, const u8* comp_mask, int n_entries, int* cursor) {
+    AttCands a;
+    a.pos = pos0 + t;
+    a.lo = max(0, a.pos - window + 1);
+    a.n_win = a.pos - a.lo + 1;
+    a.cc = att_comp(comp_off, comp_mask, t, n_entries, cursor);
+    a.n_cand = a.n_win + a.cc.n_comp;
+    return a;
+}
+
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,
                      const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
@@ -514,11 +531,9 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wh = warp >> 1, wd = warp & 1;
     const int g = lane >> 2, c2 = (lane & 3) * 2;
-    const int pos = pos0 + t;
-    const int lo = max(0, pos - window + 1);
-    const int n_win = pos - lo + 1;
-    const AttComp cc = att_comp(comp_off, comp_mask, t, n_entries, &att_cursor);
-    const int n_cand = n_win + cc.n_comp;
+    const AttCands ac = att_cands(t, pos0, window, comp_off, comp_mask, n_entries, &att_cursor);
+    const int pos = ac.pos, lo = ac.lo, n_win = ac.n_win, n_cand = ac.n_cand;
+    const AttComp cc = ac.cc;
 
     // Q of this token → split bf16 planes (the (cos, sin) pairs of MLA_FUSED_Q_NORM in the K tiles'
     // shared memory, unused until the first tile).
@@ -748,11 +763,9 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
         gws_bar_init_fence();
     }
     const int t = blockIdx.x;
-    const int pos = pos0 + t;
-    const int lo = max(0, pos - window + 1);
-    const int n_win = pos - lo + 1;
-    const AttComp cc = att_comp(comp_off, comp_mask, t, n_entries, &att_cursor);  // synchronises: barriers ready
-    const int n_cand = n_win + cc.n_comp;
+    const AttCands ac = att_cands(t, pos0, window, comp_off, comp_mask, n_entries, &att_cursor);  // synchronises: barriers ready
+    const int pos = ac.pos, lo = ac.lo, n_win = ac.n_win, n_cand = ac.n_cand;
+    const AttComp cc = ac.cc;
     const int n_tiles = (n_cand + ATC_TILE - 1) / ATC_TILE;
     u32* valid = reinterpret_cast<u32*>(gbase + L::VALID);
 
@@ -1003,11 +1016,9 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
         gws_bar_init_fence();
     }
     const int t = blockIdx.x;
-    const int pos = pos0 + t;
-    const int lo = max(0, pos - window + 1);
-    const int n_win = pos - lo + 1;
-    const AttComp cc = att_comp(comp_off, comp_mask, t, n_entries, &att_cursor);  // synchronises: barriers ready
-    const int n_cand = n_win + cc.n_comp;
+    const AttCands ac = att_cands(t, pos0, window, comp_off, comp_mask, n_entries, &att_cursor);  // synchronises: barriers ready
+    const int pos = ac.pos, lo = ac.lo, n_win = ac.n_win, n_cand = ac.n_cand;
+    const AttComp cc = ac.cc;
     const int n_steps = (n_cand + 127) / 128;
 
     if (tid >= 256) {
