@@ -6,7 +6,8 @@
 //!   at positions 198..202, 4998..5001, 1000..1040, 37..42 (windows shorter than 128) and 0 (one
 //!   query), with sliding (no compressed keys), HCA (ratio 128, every visible entry, both identity
 //!   and explicit lists) and CSA (ratio 4, the indexer-style list:
-//!   every visible entry below 512, else 512 of them) candidates and random sinks; the streaming
+//!   every visible entry below 512, else 512 of them; also with out-of-range entries the kernels
+//!   must skip) candidates and random sinks; the streaming
 //!   kernels on the same cases (split-bf16 at [`SPLIT_NMSE_TOL`], fast exp, and on sm_90a the bf16
 //!   kernels of `MLA_BF16`, precise and fast exp, at `BF16_ATT_NMSE_TOL`, also against the split
 //!   and the precise bf16 kernel, and the precise one at `BF16_EMU_NMSE_TOL` against
@@ -287,6 +288,9 @@ enum Keys {
     HcaExplicit,
     /// CSA, explicit indexer-style lists.
     Csa,
+    /// CSA lists with entries every kernel must skip: −1 first, the uploaded entry count and 7 past
+    /// it last (the lists path only: the mask path never sees such entries).
+    CsaOutOfRange,
 }
 
 fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv: &CudaSlice<f32>) -> Result<bool, CudaError> {
@@ -312,11 +316,11 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
         let dq_raw = gpu.upload(&random(seed, &format!("attn.q_raw.{pos0}"), tokens * H * C, 3.0))?;
         let mut dq_normed = gpu.zeros::<f32>(tokens * H * C)?;
         gpu.rms_norm_rope(&dq_raw, None, &mut dq_normed, tokens, H, C, Q_EPS, inv, rope, pos0)?;
-        for keys_kind in [Keys::Sliding, Keys::HcaIdentity, Keys::HcaExplicit, Keys::Csa] {
+        for keys_kind in [Keys::Sliding, Keys::HcaIdentity, Keys::HcaExplicit, Keys::Csa, Keys::CsaOutOfRange] {
             let ratio = match keys_kind {
                 Keys::Sliding => 1,
                 Keys::HcaIdentity | Keys::HcaExplicit => 128,
-                Keys::Csa => 4,
+                Keys::Csa | Keys::CsaOutOfRange => 4,
             };
             let n_entries = match keys_kind {
                 Keys::Sliding => 0,
@@ -330,8 +334,8 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                     match keys_kind {
                         Keys::Sliding => Vec::new(),
                         Keys::HcaIdentity | Keys::HcaExplicit => (0..vis).collect(),
-                        Keys::Csa if vis <= TOPK => (0..vis).collect(),
-                        Keys::Csa => {
+                        Keys::Csa | Keys::CsaOutOfRange if vis <= TOPK => (0..vis).collect(),
+                        Keys::Csa | Keys::CsaOutOfRange => {
                             let r = random(seed, &format!("attn.pick.{pos0}.{t}"), vis, 1.0);
                             let mut order: Vec<usize> = (0..vis).collect();
                             order.sort_by(|a, b| r[*b].total_cmp(&r[*a]).then(a.cmp(b)));
@@ -357,11 +361,20 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                 Keys::Sliding => (Vec::new(), Vec::new()),
                 Keys::HcaIdentity => (hca_offsets(pos0, tokens, ratio, n_entries)?, Vec::new()),
                 Keys::HcaExplicit => hca_candidates(pos0, tokens, ratio, n_entries)?,
-                Keys::Csa => {
+                Keys::Csa | Keys::CsaOutOfRange => {
+                    // The kernels read as many entries as were uploaded (at least one row).
+                    let uploaded = n_entries.max(1) as i32;
                     let mut off = vec![0i32];
                     let mut idx = Vec::new();
                     for l in &lists {
+                        let skip = matches!(keys_kind, Keys::CsaOutOfRange);
+                        if skip {
+                            idx.push(-1);
+                        }
                         idx.extend(l.iter().map(|e| *e as i32));
+                        if skip {
+                            idx.extend([uploaded, uploaded + 7]);
+                        }
                         off.push(idx.len() as i32);
                     }
                     (off, idx)
@@ -377,11 +390,11 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                         let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: None, mask: None };
                         gpu.sparse_attention_into(query, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
                     }
-                    Keys::HcaExplicit | Keys::Csa if !masked => {
+                    Keys::HcaExplicit | Keys::Csa | Keys::CsaOutOfRange if !masked => {
                         let ck = CompressedKeys { entries: &dentries, offsets: &doff, indices: Some(&didx), mask: None };
                         gpu.sparse_attention_into(query, &dkv, Some(&ck), &dsinks, inv, rope, dout, &shape, kernel)
                     }
-                    Keys::HcaExplicit | Keys::Csa => {
+                    Keys::HcaExplicit | Keys::Csa | Keys::CsaOutOfRange => {
                         let mask = gpu.topk_mask(&doff, &didx, tokens, n_entries.max(1))?;
                         let vis = gpu.upload(&hca_offsets(pos0, tokens, ratio, n_entries)?)?;
                         let ck = CompressedKeys { entries: &dentries, offsets: &vis, indices: None, mask: Some(&mask) };
