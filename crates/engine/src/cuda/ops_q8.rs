@@ -241,6 +241,12 @@ fn act_rows(t: usize) -> usize {
     t.div_ceil(128).max(1) * 128
 }
 
+/// Columns (bytes per row) of quantized activations of width `k`: `k` rounded up to the 128-wide
+/// scale block.
+fn act_cols(k: usize) -> usize {
+    k.div_ceil(Q8_BLOCK) * Q8_BLOCK
+}
+
 /// Activations quantized for gemm_q8.cu: e4m3 `q` `[rows, kp]` and f32 scales `sa` `[rows, kp/128]`
 /// (rows past the valid ones are zero with scale 1; from [`Gpu::act_quant_grouped`], only the rows a
 /// grouped tile reads are defined).
@@ -331,7 +337,7 @@ impl Gpu {
         if x.len() < t * k {
             return Err(bad(format!("{} values for {t} rows of {k}", x.len())));
         }
-        let (rows, kp) = (act_rows(t), k.div_ceil(Q8_BLOCK) * Q8_BLOCK);
+        let (rows, kp) = (act_rows(t), act_cols(k));
         // SAFETY: every element is written by act_quant_fp8 (rows < Tp, columns < Kp).
         let mut q = unsafe { self.scratch::<u8>(rows * kp) }?;
         // SAFETY: as above, one scale per (row, block).
@@ -349,7 +355,7 @@ impl Gpu {
     /// Errors: as [`Gpu::act_quant`]; r_cap not a multiple of 128, no row-count word, `rows.live`
     /// shorter than r_cap or given without `tiled`.
     pub(crate) fn act_quant_grouped(&self, x: &CudaSlice<f32>, r_cap: usize, k: usize, tiled: bool, rows: GroupedRows<'_>) -> Result<QuantizedActs, CudaError> {
-        let kp = k.div_ceil(Q8_BLOCK) * Q8_BLOCK;
+        let kp = act_cols(k);
         // SAFETY: the rows a tile reads are written by act_quant_fp8 (see above); no kernel reads the others.
         let mut q = unsafe { self.scratch::<u8>(r_cap * kp) }?;
         // SAFETY: as above, one scale per (row, block).
@@ -364,7 +370,7 @@ impl Gpu {
     /// Errors: as [`Gpu::act_quant_grouped`], or `q` / `sa` shorter than that.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn act_quant_grouped_into(&self, x: &CudaSlice<f32>, q: &mut CudaSlice<u8>, sa: &mut CudaSlice<f32>, r_cap: usize, k: usize, tiled: bool, rows: GroupedRows<'_>) -> Result<(), CudaError> {
-        let kp = k.div_ceil(Q8_BLOCK) * Q8_BLOCK;
+        let kp = act_cols(k);
         if x.len() < r_cap * k || !r_cap.is_multiple_of(128) {
             return Err(bad(format!("{} values for {r_cap} grouped rows (a multiple of 128) of {k}", x.len())));
         }

@@ -322,6 +322,16 @@ __device__ __forceinline__ float atc_exp(float x) {
 // token's rope_dim / 2 (cos, sin) pairs are computed once (the same cosf / sinf of the same f32
 // angle) into cs (shared, rope_dim / 2 float2, free until the first tile); sync() joins the NT
 // threads after that.
+// The rope_dim / 2 (cos, sin) pairs of position pos into cs, by 256 threads (tid): the same f32
+// angle pos·inv_freq[i] and functions as every RoPE here (atc_stage_q's fused q norm,
+// sparse_attention_wc's epilogue table).
+__device__ __forceinline__ void atc_rope_pairs(float2* cs, int pos, const float* __restrict__ inv_freq, int rope_dim, int tid) {
+    for (int i = tid; i < rope_dim / 2; i += 256) {
+        const float ang = (float)pos * inv_freq[i];
+        cs[i] = make_float2(cosf(ang), sinf(ang));
+    }
+}
+
 template <class Store, class Sync>
 __device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, int c, float q_eps, int rope_dim, int pos, const float* __restrict__ inv_freq,
                                             float2* cs, int tid, Store store, Sync sync) {
@@ -330,10 +340,7 @@ __device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, 
     const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
     if (q_eps >= 0.f) {
         const int rs = ATC_C - rope_dim;
-        for (int i = tid; i < rope_dim / 2; i += NT) {
-            const float ang = (float)pos * inv_freq[i];
-            cs[i] = make_float2(cosf(ang), sinf(ang));
-        }
+        atc_rope_pairs(cs, pos, inv_freq, rope_dim, tid);
         sync();
 #pragma unroll 1
         for (int hb = warp; hb < ATC_H; hb += 16) {
@@ -705,10 +712,11 @@ struct AwgLayout {
 static_assert(8 * ATC_STAGE_WARP * 2 <= AwgLayout::BARS, "the BF16_OUT staging must fit below the barriers");
 
 // Matrix descriptor of an MN-major 128-byte-swizzled bf16 tile at shared address a whose 64-element
-// column blocks are 4 KB apart (leading byte offset) and whose 8-row groups are 1 KB apart (stride
+// column blocks are lbo bytes apart (leading byte offset: 4 KB for sparse_attention_wg's 32-row
+// tiles, 8 KB for sparse_attention_wc's 64-row ones) and whose 8-row groups are 1 KB apart (stride
 // byte offset).
-__device__ __forceinline__ unsigned long long awg_desc_mn(u32 a) {
-    return (unsigned long long)((a & 0x3FFFFu) >> 4) | (256ull << 16) | (64ull << 32) | (1ull << 62);
+__device__ __forceinline__ unsigned long long awg_desc_mn(u32 a, u32 lbo) {
+    return (unsigned long long)((a & 0x3FFFFu) >> 4) | ((unsigned long long)(lbo >> 4) << 16) | (64ull << 32) | (1ull << 62);
 }
 
 __device__ __forceinline__ void awg_bar_multiply() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
@@ -872,7 +880,7 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
             for (int x = 0; x < 2; x++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) a[2 * x + r] = gm_bf16x2(sa[2 * kc + x][2 * r], sa[2 * kc + x][2 * r + 1]);
-            awg_mma_o(o, a, awg_desc_mn(sb + 4 * wg * 4096 + kc * 2048));
+            awg_mma_o(o, a, awg_desc_mn(sb + 4 * wg * 4096 + kc * 2048, 4096));
         }
         gw_commit();
     }
@@ -970,17 +978,10 @@ __device__ __forceinline__ float awc_ex2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 }
-__device__ __forceinline__ void gw_wait1() { GW_ASM("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 
 // Arrives on mbarrier bar once every cp.async this thread issued before has landed (no pending-count
 // increment: the arrival counts against the barrier's expected count).
 __device__ __forceinline__ void awc_cp_arrive(u32 bar) { GW_ASM("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory"); }
-
-// Descriptor of an MN-major 128-byte-swizzled bf16 tile whose 64-element column blocks are 8 KB
-// apart (64 rows each) and whose 8-row groups are 1 KB apart.
-__device__ __forceinline__ unsigned long long awc_desc_mn(u32 a) {
-    return (unsigned long long)((a & 0x3FFFFu) >> 4) | (512ull << 16) | (64ull << 32) | (1ull << 62);
-}
 
 // S[64 × 64] += A · Bᵀ on wgmma m64n64k16 (bf16 → f32), both K-major swizzled in shared memory.
 __device__ __forceinline__ void awc_mma_s(float (&s)[8][4], unsigned long long da, unsigned long long db) {
@@ -1138,11 +1139,7 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
         [] { awg_bar_multiply(); });
     // The epilogue's (cos, sin) pairs at this token's position (atc_epilogue's values; with raw
     // queries atc_stage_q has made the same table for their RoPE).
-    if (q_eps < 0.f)
-        for (int i = tid; i < rope_dim / 2; i += 256) {
-            const float ang = (float)pos * inv_freq[i];
-            cs_tab[i] = make_float2(cosf(ang), sinf(ang));
-        }
+    if (q_eps < 0.f) atc_rope_pairs(cs_tab, pos, inv_freq, rope_dim, tid);
     gw_fence_proxy();
     awg_bar_multiply();
 
@@ -1233,7 +1230,7 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
         const u32 ob = awc_opaque(base);
         gw_fence();
 #pragma unroll
-        for (int kc = 0; kc < 4; kc++) awg_mma_o(o, a[kc], awc_desc_mn(ob + L::KV + (2 * b + wg) * L::HALF + kc * 2048));
+        for (int kc = 0; kc < 4; kc++) awg_mma_o(o, a[kc], awg_desc_mn(ob + L::KV + (2 * b + wg) * L::HALF + kc * 2048, 8192));
         gw_commit();
     };
     // O += P · V of the other block (P from the other warpgroup's tile in shared memory).
@@ -1242,7 +1239,7 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
         const u32 ob = awc_opaque(base);
         gw_fence();
 #pragma unroll
-        for (int kc = 0; kc < 4; kc++) awc_mma_o_ss(o, gw_desc(ob + L::P + bo * 8192 + kc * 32), awc_desc_mn(ob + L::KV + (2 * bo + wg) * L::HALF + kc * 2048));
+        for (int kc = 0; kc < 4; kc++) awc_mma_o_ss(o, gw_desc(ob + L::P + bo * 8192 + kc * 32), awg_desc_mn(ob + L::KV + (2 * bo + wg) * L::HALF + kc * 2048, 8192));
         gw_commit();
     };
     // This warpgroup's P (times f per row) into its tile, for the other warpgroup's P · V.

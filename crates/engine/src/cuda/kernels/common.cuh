@@ -168,6 +168,7 @@ __device__ __forceinline__ void gw_fence_proxy() { GW_ASM("fence.proxy.async.sha
 __device__ __forceinline__ void gw_fence() { GW_ASM("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void gw_commit() { GW_ASM("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void gw_wait0() { GW_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void gw_wait1() { GW_ASM("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 
 // Matrix descriptor of a K-major 128-byte-swizzled tile at shared address a: start a >> 4, leading
 // offset 1 (unused when swizzled), stride 1024 bytes between 8-row atoms, swizzle mode 1 (128 B).
