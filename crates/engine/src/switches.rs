@@ -147,6 +147,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only attention`) `sparse_attention fused q norm …` (raw queries against rms_norm_rope's output fed to the kernel, bit for bit, f32 and split-plane output, both streaming kernels, sliding / HCA / CSA cases); qualify and the switch matrix (`MLA_FUSED_Q_NORM=off alone`: the same logits bits as all on)",
     },
     Switch {
+        name: "WQ_B_BF16_OUT",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the f32 output of the wq_b FP8 GEMM (official numerics, TC_LINEAR=fp8) that the streaming attention's fused q norm reads (MLA_FUSED_Q_NORM): the GEMM writes bf16, as DeepSeek's fp8_gemm does (spec §6 \"Output is bf16\"; cuBLASLt's bf16-output block-scaled GEMM under FP8_CUBLASLT, else the f32 product rounded to nearest even), and the attention kernel widens it as it loads it — half the bytes written by the GEMM and read by the attention (4 MiB per token and layer less at 64 heads of 512); not exact (the queries rounded to bf16 before their RMSNorm), off by default",
+        parity: "gpu-check (`--only attention`) `sparse_attention fused q norm bf16 …` records (bf16 raw queries against their exact widening fed as f32 raw queries, bit for bit, every streaming kernel, f32 and plane/bf16 output), gpu-check (`--only q8`) `linear_official_bf16 …` records (against the f32 product rounded to bf16: at most 1 bf16 ulp apart, NMSE ≤ 1e-5; vs the CPU's FP8 product rounded to bf16); the switch matrix and qualify (reported, not judged)",
+    },
+    Switch {
         name: "MLA_STREAM_FAST_EXP",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
@@ -481,6 +488,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MLA_BF16_CAND_SPLIT", &[("MLA_STREAM_TOPK", &["on"]), ("MLA_BF16", &["on"])]),
     ("MLA_SPLIT_OUT", &[("MLA_STREAM_TOPK", &["on"]), ("LINEAR_CUBLASLT", &["on"]), ("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
+    ("WQ_B_BF16_OUT", &[("TC_LINEAR", &["fp8"]), ("MLA_STREAM_TOPK", &["on"]), ("MLA_FUSED_Q_NORM", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
 ];
 
@@ -676,6 +684,15 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("INDEXER_FP8=on (with TC_LINEAR=fp8 and MLA_BF16=on)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on")], Role::Fast, false, false, false));
     // The MLA_BF16 rows above run the candidate-split kernel (MLA_BF16_CAND_SPLIT's default); its
     // predecessor with the serving stacks' numerics.
+    // The wq_b output in bf16 (off by default, not exact) with the serving stacks' numerics.
+    v.push(c(
+        "WQ_B_BF16_OUT=on (with TC_LINEAR=fp8, MLA_BF16=on and INDEXER_FP8=on)".into(),
+        vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("WQ_B_BF16_OUT", "on")],
+        Role::Fast,
+        false,
+        false,
+        false,
+    ));
     v.push(c(
         "MLA_BF16_CAND_SPLIT=off alone (with TC_LINEAR=fp8, MLA_BF16=on and INDEXER_FP8=on)".into(),
         vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16_CAND_SPLIT", "off")],
@@ -749,8 +766,9 @@ mod tests {
         assert!(scoped(&[("NOPE", "on")], || ()).is_err());
     }
 
-    /// Every switch is turned off alone, every override is a valid value, and exactly one
-    /// baseline and one all-on configuration exist.
+    /// Every switch is turned off alone (on, where off is its default: with the defaults or with
+    /// what it needs to act), every override is a valid value, and exactly one baseline and one
+    /// all-on configuration exist.
     #[test]
     fn configurations_cover_every_switch() {
         let cs = configurations();
@@ -761,7 +779,9 @@ mod tests {
                 continue;
             }
             if s.default_value() == "off" {
-                assert!(cs.iter().any(|c| c.overrides == [(s.name, "on")]), "{} (off by default) never on with the defaults", s.name);
+                // On with the defaults, or with what it needs to act (REQUIRES) and nothing idle.
+                let acts_on = |c: &&Configuration| c.overrides.contains(&(s.name, "on")) && scoped(&c.overrides, || inactive_because(s.name).is_none()).unwrap_or(false);
+                assert!(cs.iter().any(|c| c.overrides == [(s.name, "on")]) || cs.iter().any(|c| acts_on(&c)), "{} (off by default) never on where it acts", s.name);
             } else {
                 assert!(cs.iter().any(|c| c.role == Role::AloneOff && c.overrides.contains(&(s.name, "off"))), "{} never off alone", s.name);
             }

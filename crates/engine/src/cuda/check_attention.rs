@@ -313,7 +313,12 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
         let q = random(seed, &format!("attn.q.{pos0}"), tokens * H * C, 1.7);
         let (dq, dkv) = (gpu.upload(&q)?, gpu.upload(&kv)?);
         // Raw queries (a wq_b output) and their per-head RMSNorm + RoPE (MLA_FUSED_Q_NORM's check).
-        let dq_raw = gpu.upload(&random(seed, &format!("attn.q_raw.{pos0}"), tokens * H * C, 3.0))?;
+        let q_raw = random(seed, &format!("attn.q_raw.{pos0}"), tokens * H * C, 3.0);
+        let dq_raw = gpu.upload(&q_raw)?;
+        // WQ_B_BF16_OUT: the raw queries rounded to bf16, as bits and widened to f32.
+        let q_raw_bf16: Vec<u16> = q_raw.iter().map(|&v| flashseek_model::quant::f32_to_bf16(v)).collect();
+        let dq_raw_bf16 = gpu.upload(&q_raw_bf16)?;
+        let dq_raw_widened = gpu.upload(&q_raw_bf16.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect::<Vec<f32>>())?;
         let mut dq_normed = gpu.zeros::<f32>(tokens * H * C)?;
         gpu.rms_norm_rope(&dq_raw, None, &mut dq_normed, tokens, H, C, Q_EPS, inv, rope, pos0)?;
         for keys_kind in [Keys::Sliding, Keys::HcaIdentity, Keys::HcaExplicit, Keys::Csa, Keys::CsaOutOfRange] {
@@ -506,6 +511,15 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                     let differing = differing_bits(&fused, &normed) + planes_fused.iter().zip(&planes_normed).filter(|(a, b)| a != b).count();
                     let finite = normed.iter().all(|v| v.is_finite());
                     all &= record_exact(out, &format!("sparse_attention fused q norm {kernel:?} {keys_kind:?}"), detail.clone(), differing + usize::from(!finite), 3 * n, json!(if kernel.is_bf16() { "bits vs rms_norm_rope's queries (f32 output, then the bf16 output)" } else { "bits vs rms_norm_rope's queries (f32 output, then both split planes)" }));
+                    // WQ_B_BF16_OUT: bf16 raw queries give the bits of their exact widening fed as
+                    // f32 raw queries (both output forms).
+                    let wide = f32_from(AttentionQuery::Raw { q: &dq_raw_widened, eps: Q_EPS })?;
+                    let from_bf16 = f32_from(AttentionQuery::RawBf16 { q: &dq_raw_bf16, eps: Q_EPS })?;
+                    let planes_wide = planes_from(AttentionQuery::Raw { q: &dq_raw_widened, eps: Q_EPS })?;
+                    let planes_bf16 = planes_from(AttentionQuery::RawBf16 { q: &dq_raw_bf16, eps: Q_EPS })?;
+                    let differing = differing_bits(&from_bf16, &wide) + planes_bf16.iter().zip(&planes_wide).filter(|(a, b)| a != b).count();
+                    let finite = wide.iter().all(|v| v.is_finite()) && from_bf16 != fused;
+                    all &= record_exact(out, &format!("sparse_attention fused q norm bf16 {kernel:?} {keys_kind:?}"), detail.clone(), differing + usize::from(!finite), 3 * n, json!("bits vs the same queries widened to f32 and given as f32 raw queries (f32 output, then the plane / bf16 output); and not the bits of the unrounded queries"));
                 }
                 if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && !matches!(kernel, AttentionKernel::StreamFastExp | AttentionKernel::StreamBf16FastExp) {
                     // The mask path must give the lists' bits.

@@ -13,6 +13,8 @@
 //! - `linear_q8 repeatable`: two runs give the same bits.
 //! - `linear_lt <weight>` (switch `FP8_CUBLASLT`): cuBLASLt's block-scaled FP8 GEMM against the same
 //!   reference and tolerance, and (informational) against gemm_q8.cu.
+//! - `linear_official_bf16 <weight>` (switch `WQ_B_BF16_OUT`): the bf16-output product against the
+//!   CPU's rounded to bf16 and against the f32 output rounded (≤ 1 ulp; bit for bit off cuBLASLt).
 //!
 //! Timings ([`timings`]): the FP8 GEMM (activation quantisation included) next to cuBLASLt's, the bf16 and
 //! split tensor-core GEMMs at prefill shapes, TFLOP/s against the machine's ~1,450 FP8 dense.
@@ -126,6 +128,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         all &= record_q8(out, &format!("linear_official {fmt} {name} T=5"), json!([small, rows, cols]), &gpu.download(&dy)?, &reference[..small * rows], None);
     }
     all &= lt_checks(gpu, seed, out)?;
+    all &= official_bf16_checks(gpu, seed, out)?;
     // Fallbacks at prefill token counts: bf16 weights, and FP4 whose group scales span 9+ binades.
     let (rows, cols, t) = (256usize, 512usize, 130usize);
     let x = spread_activations(seed, "q8.fb.x", t, cols);
@@ -148,6 +151,63 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         gpu.linear_official(&dx, &gw, &mut dy, t)?;
         all &= flag_record(out, "fp4 scales spanning 26 binades are not folded", json!({"fold": fold}), !fold);
         all &= record_q8(out, "linear_official fp4 unfoldable fallback", json!([t, rows, cols]), &gpu.download(&dy)?, &ops::linear(&xq, &Matrix { rows, cols, data: deq }), None);
+    }
+    Ok(all)
+}
+
+/// A bf16 value's place on a number line of bf16 bit patterns (±0 both 0), for ulp distances.
+fn bf16_ord(b: u16) -> i32 {
+    let m = i32::from(b & 0x7fff);
+    if b & 0x8000 != 0 {
+        -m
+    } else {
+        m
+    }
+}
+
+/// `WQ_B_BF16_OUT`: [`Gpu::linear_official_bf16`] on FP8 weights, with cuBLASLt's bf16-output GEMM
+/// (`FP8_CUBLASLT` on, ≥ 256 tokens) and without (the f32 product rounded on the device): against
+/// the CPU's official-numerics product rounded to bf16 (NMSE ≤ [`Q8_NMSE_TOL`]), against the f32
+/// output of [`Gpu::linear_official`] rounded on the host (at most 1 bf16 ulp apart, NMSE ≤
+/// 1e-5; bit for bit where both come from the same f32 product, i.e. without cuBLASLt), and
+/// repeatable.
+fn official_bf16_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let shapes: &[(&str, usize, usize, usize)] = &[("attn.wq_b", 32768, 1024, 1000), ("attn.wq_b", 32768, 1024, 300), ("attn.wq_b decode", 32768, 1024, 3), ("[384, 384]", 384, 384, 257)];
+    for (name, rows, cols, t) in shapes {
+        let vals = random(seed, &format!("bf16out.w.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
+        let (gw, cpu_w) = weight(gpu, "fp8", &vals, *rows, *cols)?;
+        let x = spread_activations(seed, &format!("bf16out.x.{name}.{t}"), *t, *cols);
+        let reference: Vec<f32> = ops::linear(&OFFICIAL.act_in(&x, *cols), &cpu_w).iter().map(|&v| quant::bf16_to_f32(quant::f32_to_bf16(v))).collect();
+        let dx = gpu.upload(&x)?;
+        for lt in ["on", "off"] {
+            let (got, f32_out, again) = switch_scope(&[("FP8_CUBLASLT", lt)], || -> Result<_, CudaError> {
+                let mut dyb = gpu.upload(&vec![0x7fc1u16; t * rows])?;
+                gpu.linear_official_bf16(&dx, &gw, &mut dyb, *t)?;
+                let got = gpu.download(&dyb)?;
+                let mut dy = gpu.zeros::<f32>(t * rows)?;
+                gpu.linear_official(&dx, &gw, &mut dy, *t)?;
+                gpu.linear_official_bf16(&dx, &gw, &mut dyb, *t)?;
+                Ok((got, gpu.download(&dy)?, gpu.download(&dyb)?))
+            })?;
+            let widened: Vec<f32> = got.iter().map(|&b| quant::bf16_to_f32(b)).collect();
+            all &= record_q8(out, &format!("linear_official_bf16 {name} FP8_CUBLASLT={lt}"), json!([t, rows, cols]), &widened, &reference, None);
+            let rounded: Vec<u16> = f32_out.iter().map(|&v| quant::f32_to_bf16(v)).collect();
+            let max_ulp = got.iter().zip(&rounded).map(|(&a, &b)| (bf16_ord(a) - bf16_ord(b)).unsigned_abs()).max().unwrap_or(0);
+            let differing = got.iter().zip(&rounded).filter(|(a, b)| a != b).count();
+            let (nmse, _, _) = errors(&widened, &rounded.iter().map(|&b| quant::bf16_to_f32(b)).collect::<Vec<f32>>());
+            // Without cuBLASLt (or below its 256 tokens) both come from the same f32 product.
+            let same_product = lt == "off" || *t < super::cublaslt::LT_MIN_TOKENS;
+            let ok = max_ulp <= 1 && nmse <= 1e-5 && (!same_product || differing == 0);
+            all &= flag_record(
+                out,
+                &format!("linear_official_bf16 {name} FP8_CUBLASLT={lt} vs f32 output rounded"),
+                json!({"shape": [t, rows, cols], "differing_values": differing, "of": got.len(), "max_ulp": max_ulp, "nmse": nmse, "bitwise_expected": same_product,
+                    "tolerance": "≤ 1 bf16 ulp and NMSE ≤ 1e-5 (0 differing where both round the same f32 product)"}),
+                ok,
+            );
+            all &= flag_record(out, &format!("linear_official_bf16 {name} FP8_CUBLASLT={lt} repeatable"), json!({"bitwise_equal": again == got}), again == got);
+        }
     }
     Ok(all)
 }
@@ -236,6 +296,16 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
         } else {
             None
         };
+        // WQ_B_BF16_OUT: the official linear (quantisation included) with f32 and with bf16 output.
+        let mut dyb = gpu.zeros::<u16>(t * rows)?;
+        let (off_f32, off_bf16) = if *fmt == "fp8" {
+            let a = median_ms(gpu, repeats, || gpu.linear_official(&dx, &gw, &mut dy, *t))?;
+            let b = median_ms(gpu, repeats, || gpu.linear_official_bf16(&dx, &gw, &mut dyb, *t))?;
+            println!("time q8 {fmt} {name:<10} T={t:<5} [{rows}x{cols}]  official f32 out {a:.3} ms {:.0} TF/s | bf16 out (WQ_B_BF16_OUT) {b:.3} ms {:.0} TF/s", tf(a), tf(b));
+            (Some(a), Some(b))
+        } else {
+            (None, None)
+        };
         let bf16 = median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, false))?;
         let split = switch_scope(&[("LINEAR_CUBLASLT", "off")], || median_ms(gpu, repeats, || gpu.linear_tc(&dx, &gw, &mut dy, *t, None, true)))?;
         println!(
@@ -250,7 +320,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
         );
         rows_out.push(json!({"op": format!("linear_q8_{fmt}"), "weight": name, "tokens": t, "rows": rows, "cols": cols, "flop": flops,
             "fp8_ms": q8, "fp8_tflops": tf(q8), "fp8_gemm_only_ms": gemm, "fp8_gemm_only_tflops": tf(gemm), "fraction_of_1450_tflops": tf(gemm) / 1450.0, "mma_sync_ms": sync, "mma_sync_tflops": tf(sync),
-            "bf16_ms": bf16, "bf16_tflops": tf(bf16), "split_ms": split, "split_tflops": tf(split), "cublaslt_ms": lt, "cublaslt_tflops": lt.map(tf), "repeats": repeats}));
+            "bf16_ms": bf16, "bf16_tflops": tf(bf16), "split_ms": split, "split_tflops": tf(split), "cublaslt_ms": lt, "cublaslt_tflops": lt.map(tf),
+            "official_f32_out_ms": off_f32, "official_bf16_out_ms": off_bf16, "repeats": repeats}));
     }
     Ok(rows_out)
 }

@@ -114,8 +114,18 @@ impl Drop for Lt {
 pub enum LtKind {
     /// e4m3 × e4m3 with 128 × 128 weight and 1 × 128 activation scales (f32), f32 out.
     Fp8BlockScaled,
+    /// [`LtKind::Fp8BlockScaled`] with bf16 out (the f32 result rounded by cuBLASLt's epilogue; C =
+    /// D bf16, `beta` 0 only): DeepSeek's `fp8_gemm` output type (spec §6), switch `WQ_B_BF16_OUT`.
+    Fp8BlockScaledBf16Out,
     /// bf16 × bf16, f32 accumulation and output (`CUBLAS_COMPUTE_32F`).
     Bf16,
+}
+
+impl LtKind {
+    /// Whether the operands are block-scaled e4m3 (either output type).
+    pub fn is_fp8(self) -> bool {
+        matches!(self, LtKind::Fp8BlockScaled | LtKind::Fp8BlockScaledBf16Out)
+    }
 }
 
 /// One product's shape: `y[m, n] (row stride ldd) = x[m, k] (row stride ldb) · W[n, k]ᵀ`.
@@ -145,7 +155,7 @@ pub struct LtOperands {
     pub x: u64,
     /// f32 activation scales `[k/128, m]` (block-scaled FP8 only, else 0).
     pub x_scales: u64,
-    /// f32 output `[m, ldd]`.
+    /// Output `[m, ldd]`: f32, or bf16 for [`LtKind::Fp8BlockScaledBf16Out`].
     pub y: u64,
     /// `y = product + beta·y` (0 overwrites, 1 accumulates).
     pub beta: f32,
@@ -191,7 +201,7 @@ impl Lt {
 
     fn plan(&self, sh: LtShape, align: u32) -> Result<Plan, String> {
         let LtShape { kind, m, n, k, ldb, ldd } = sh;
-        let fp8 = kind == LtKind::Fp8BlockScaled;
+        let fp8 = kind.is_fp8();
         let ty = if fp8 { sys::cudaDataType_t::CUDA_R_8F_E4M3 } else { sys::cudaDataType_t::CUDA_R_16BF };
         use sys::cublasLtMatmulDescAttributes_t as A;
         let mut desc = std::ptr::null_mut();
@@ -223,7 +233,8 @@ impl Lt {
         }
         plan.a = layout(ty, k, n, k)?;
         plan.b = layout(ty, k, m, ldb)?;
-        plan.d = layout(sys::cudaDataType_t::CUDA_R_32F, n, m, ldd)?;
+        let out_ty = if kind == LtKind::Fp8BlockScaledBf16Out { sys::cudaDataType_t::CUDA_R_16BF } else { sys::cudaDataType_t::CUDA_R_32F };
+        plan.d = layout(out_ty, n, m, ldd)?;
         let mut pref = std::ptr::null_mut();
         // SAFETY: writes the new preference; destroyed below.
         check("cublasLtMatmulPreferenceCreate", unsafe { sys::cublasLtMatmulPreferenceCreate(&mut pref) })?;
@@ -301,7 +312,10 @@ impl Lt {
         }
         let ws = self.workspace_ptr();
         let Some(Some(plan)) = self.plans.get(&key) else { return Ok(false) };
-        if sh.kind == LtKind::Fp8BlockScaled {
+        if sh.kind == LtKind::Fp8BlockScaledBf16Out && ops.beta != 0.0 {
+            return Err("a bf16-output product cannot accumulate (beta must be 0)".into());
+        }
+        if sh.kind.is_fp8() {
             set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &(ops.w_scales as *const c_void))?;
             set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &(ops.x_scales as *const c_void))?;
         }

@@ -1095,7 +1095,7 @@ impl Gpu {
     ///
     /// Errors: `x` shorter than `t·k`, `xb` shorter than the planes, `tp < t`, sizes beyond 32-bit
     /// indexing, launch failures.
-    pub(crate) fn x_bf16_into(&self, x: &CudaView<'_, f32>, xb: &mut DevBuf<u16>, t: usize, k: usize, tp: usize, split: bool) -> Result<(), CudaError> {
+    pub(crate) fn x_bf16_into(&self, x: &CudaView<'_, f32>, xb: &mut CudaSlice<u16>, t: usize, k: usize, tp: usize, split: bool) -> Result<(), CudaError> {
         let kp = k.div_ceil(32) * 32;
         let planes = if split { 2 } else { 1 };
         if x.len() < t * k || tp < t || xb.len() < tp * kp * planes {

@@ -814,23 +814,37 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         // SAFETY: written by the RMSNorm below.
         let mut qr = unsafe { gpu.scratch::<f32>(t * c.q_lora_rank) }?;
         gpu.rms_norm(&qr0, Some(&l.q_norm), &mut qr, t, c.q_lora_rank, eps)?;
-        // SAFETY: written by the linear below.
-        let mut q0 = unsafe { gpu.scratch::<f32>(t * h * hd) }?;
-        gpu.linear_q(&qr, &l.wq_b, &mut q0, t)?;
         // The per-head q RMSNorm + RoPE (§4.6): its own pass, or (MLA_FUSED_Q_NORM) done by the
-        // streaming attention kernel while it stages Q, the same bits.
+        // streaming attention kernel while it stages Q, the same bits; with WQ_B_BF16_OUT (official
+        // numerics) the kernel reads wq_b's output as bf16, as DeepSeek's fp8_gemm writes it.
         let kernel = AttentionKernel::from_switches(h, hd, gpu.attention_bf16_ok(), gpu.attention_cand_split_ok());
-        let q = if kernel != AttentionKernel::Exact && crate::switches::on("MLA_FUSED_Q_NORM") {
-            None
+        let fused_q = kernel != AttentionKernel::Exact && crate::switches::on("MLA_FUSED_Q_NORM");
+        let wq_b_bf16 = fused_q && super::gpu::tc_linear_mode() == super::gpu::TcMode::Fp8 && crate::switches::on("WQ_B_BF16_OUT");
+        let (q0, q0b) = if wq_b_bf16 {
+            // SAFETY: written by the linear below.
+            let mut q0b = unsafe { gpu.scratch::<u16>(t * h * hd) }?;
+            gpu.linear_official_bf16(&qr, &l.wq_b, &mut q0b, t)?;
+            (None, Some(q0b))
         } else {
-            // SAFETY: written by the per-head RMSNorm + RoPE below.
-            let mut q = unsafe { gpu.scratch::<f32>(t * h * hd) }?;
-            gpu.rms_norm_rope(&q0, None, &mut q, t, h, hd, eps, inv, rope, pos0)?;
-            Some(q)
+            // SAFETY: written by the linear below.
+            let mut q0 = unsafe { gpu.scratch::<f32>(t * h * hd) }?;
+            gpu.linear_q(&qr, &l.wq_b, &mut q0, t)?;
+            (Some(q0), None)
         };
-        let query = match &q {
-            Some(q) => AttentionQuery::Normed(q),
-            None => AttentionQuery::Raw { q: &q0, eps },
+        let q = match (&q0, fused_q) {
+            (Some(q0), false) => {
+                // SAFETY: written by the per-head RMSNorm + RoPE below.
+                let mut q = unsafe { gpu.scratch::<f32>(t * h * hd) }?;
+                gpu.rms_norm_rope(q0, None, &mut q, t, h, hd, eps, inv, rope, pos0)?;
+                Some(q)
+            }
+            _ => None,
+        };
+        let query = match (&q, &q0, &q0b) {
+            (Some(q), _, _) => AttentionQuery::Normed(q),
+            (None, Some(q0), _) => AttentionQuery::Raw { q: q0, eps },
+            (None, None, Some(q0b)) => AttentionQuery::RawBf16 { q: q0b, eps },
+            (None, None, None) => return Err(CudaError::Unsupported { what: "forward", detail: "no wq_b output for the attention".into() }),
         };
         // SAFETY: written by the RMSNorm + RoPE below.
         let mut kv = unsafe { gpu.scratch::<f32>(t * hd) }?;

@@ -271,6 +271,22 @@ pub enum AttentionQuery<'a> {
         /// The RMSNorm epsilon (the config's `rms_norm_eps`).
         eps: f32,
     },
+    /// [`AttentionQuery::Raw`] with the raw queries as bf16 bits `[T, H, c]` (switch
+    /// `WQ_B_BF16_OUT`: the `wq_b` GEMM's output in bf16, as DeepSeek's `fp8_gemm` writes it, spec
+    /// §6): widened exactly as the kernel loads them, so the result is bit for bit that of `Raw`
+    /// on the widened values. The streaming kernel only.
+    RawBf16 {
+        /// The un-normed queries (bf16 bits).
+        q: &'a CudaSlice<u16>,
+        /// The RMSNorm epsilon (the config's `rms_norm_eps`).
+        eps: f32,
+    },
+}
+
+/// The query buffer of one launch: f32 or bf16 bits.
+enum QueryBuf<'a> {
+    F32(&'a CudaSlice<f32>),
+    Bf16(&'a CudaSlice<u16>),
 }
 
 /// Where [`Gpu::sparse_attention_into`] writes the attention output.
@@ -544,14 +560,17 @@ impl Gpu {
         ensure(W, inv_freq.len() >= rope.dim / 2, || format!("inv_freq holds {} values, rope needs {}", inv_freq.len(), rope.dim / 2))?;
         ensure(W, window >= 1, || "window must be ≥ 1".into())?;
         ensure(W, sinks.len() >= heads, || format!("sinks hold {} values for {heads} heads", sinks.len()))?;
-        let (q, q_eps) = match query {
-            AttentionQuery::Normed(q) => (q, -1f32),
-            AttentionQuery::Raw { q, eps } => {
-                ensure(W, kernel != AttentionKernel::Exact, || "raw queries need the streaming kernel (MLA_STREAM_TOPK=on, 64 heads of 512)".into())?;
-                ensure(W, eps.is_finite() && eps >= 0.0, || format!("the q RMSNorm epsilon must be finite and ≥ 0, got {eps}"))?;
-                (q, eps)
-            }
+        let raw_eps = |eps: f32| -> Result<f32, CudaError> {
+            ensure(W, kernel != AttentionKernel::Exact, || "raw queries need the streaming kernel (MLA_STREAM_TOPK=on, 64 heads of 512)".into())?;
+            ensure(W, eps.is_finite() && eps >= 0.0, || format!("the q RMSNorm epsilon must be finite and ≥ 0, got {eps}"))?;
+            Ok(eps)
         };
+        let (q, q_eps, q_len) = match query {
+            AttentionQuery::Normed(q) => (QueryBuf::F32(q), -1f32, q.len()),
+            AttentionQuery::Raw { q, eps } => (QueryBuf::F32(q), raw_eps(eps)?, q.len()),
+            AttentionQuery::RawBf16 { q, eps } => (QueryBuf::Bf16(q), raw_eps(eps)?, q.len()),
+        };
+        let q_bf16 = i32::from(matches!(q, QueryBuf::Bf16(_)));
         let n = tokens * heads * c;
         let out_len = match out {
             AttentionOut::F32(o) => o.len(),
@@ -566,7 +585,7 @@ impl Gpu {
                 n
             }
         };
-        ensure(W, q.len() >= n && out_len >= n, || format!("q ({}) and out ({out_len}) must hold T·H·c = {n} values", q.len()))?;
+        ensure(W, q_len >= n && out_len >= n, || format!("q ({q_len}) and out ({out_len}) must hold T·H·c = {n} values"))?;
         ensure(W, kv.len().is_multiple_of(c), || format!("kv length {} is not a multiple of head_dim {c}", kv.len()))?;
         let kv_rows = kv.len() / c;
         let first = (pos0 + 1).saturating_sub(window);
@@ -634,7 +653,10 @@ impl Gpu {
             None => (kb_i, kr_i),
         };
         let mut b = self.stream.launch_builder(self.f(name));
-        b.arg(q);
+        match q {
+            QueryBuf::F32(q) => b.arg(q),
+            QueryBuf::Bf16(q) => b.arg(q),
+        };
         match &bf16_rows {
             Some((kvb, _, _, _)) => b.arg(kvb),
             None => b.arg(kv),
@@ -676,12 +698,12 @@ impl Gpu {
                 Some(p) => b.arg(p),
                 None => b.arg(&null),
             };
-            b.arg(&plane_i).arg(&q_eps);
+            b.arg(&plane_i).arg(&q_eps).arg(&q_bf16);
         }
         // SAFETY: the argument list matches the signature the attention kernels share (pointers incl.
         // the optional mask, then nine i32 and one f32; the streaming kernels then the planes pointer,
-        // null for f32 output, the lo plane's offset as i64 and the q-norm epsilon as f32, negative
-        // for normed queries; the bf16 kernels' kv and entries are the bf16 copies of the same rows,
+        // null for f32 output, the lo plane's offset as i64, the q-norm epsilon as f32, negative
+        // for normed queries, and q_bf16 as i32: 1 when q holds bf16 bits (raw queries only); the bf16 kernels' kv and entries are the bf16 copies of the same rows,
         // kv from the chunk's first window row, with that base and row count); buffer sizes and the
         // window coverage were checked above; the streaming kernels get their full dynamic shared
         // memory (they trap on less).

@@ -443,13 +443,42 @@ impl Gpu {
     ///
     /// Errors: activations or outputs that do not fit the weight and `t`; allocation or launch failures.
     pub fn linear_lt(&self, qa: &QuantizedActs, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<bool, CudaError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        use cudarc::driver::DevicePtrMut;
+        if y.len() < t * w.rows {
+            return Err(bad(format!("{} outputs for {t} tokens of [{}, {}]", y.len(), w.rows, w.cols)));
+        }
+        let yp = y.device_ptr_mut(&self.stream).0;
+        // SAFETY: y holds t·N f32 (checked above) on this stream.
+        unsafe { self.linear_lt_to(qa, w, yp, super::cublaslt::LtKind::Fp8BlockScaled, t) }
+    }
+
+    /// [`Gpu::linear_lt`] with the output in bf16 (`y` `[t, N]` bf16 bits; [`super::cublaslt::LtKind::Fp8BlockScaledBf16Out`]:
+    /// cuBLASLt rounds its f32 result once, round to nearest even).
+    ///
+    /// Errors: as [`Gpu::linear_lt`].
+    pub fn linear_lt_bf16(&self, qa: &QuantizedActs, w: &GpuWeight, y: &mut CudaSlice<u16>, t: usize) -> Result<bool, CudaError> {
+        use cudarc::driver::DevicePtrMut;
+        if y.len() < t * w.rows {
+            return Err(bad(format!("{} bf16 outputs for {t} tokens of [{}, {}]", y.len(), w.rows, w.cols)));
+        }
+        let yp = y.device_ptr_mut(&self.stream).0;
+        // SAFETY: y holds t·N bf16 values (checked above) on this stream.
+        unsafe { self.linear_lt_to(qa, w, yp, super::cublaslt::LtKind::Fp8BlockScaledBf16Out, t) }
+    }
+
+    /// The shared body of [`Gpu::linear_lt`] / [`Gpu::linear_lt_bf16`]: `kind` one of the FP8 kinds.
+    ///
+    /// # Safety
+    /// `y` must address `t·N` outputs of `kind`'s output type on this GPU, alive until the stream has
+    /// run the product.
+    unsafe fn linear_lt_to(&self, qa: &QuantizedActs, w: &GpuWeight, y: u64, kind: super::cublaslt::LtKind, t: usize) -> Result<bool, CudaError> {
+        use cudarc::driver::DevicePtr;
         let GpuMatrix::Fp8 { w: wv, scales } = &w.data else { return Ok(false) };
         if !w.rows.is_multiple_of(Q8_BLOCK) || !w.cols.is_multiple_of(Q8_BLOCK) || t == 0 {
             return Ok(false);
         }
-        if qa.kp != w.cols || qa.rows < t || qa.sa.len() < qa.rows * (qa.kp / Q8_BLOCK) || y.len() < t * w.rows {
-            return Err(bad(format!("activations [{}, {}] and {} outputs for {t} tokens of [{}, {}]", qa.rows, qa.kp, y.len(), w.rows, w.cols)));
+        if qa.kp != w.cols || qa.rows < t || qa.sa.len() < qa.rows * (qa.kp / Q8_BLOCK) {
+            return Err(bad(format!("activations [{}, {}] for {t} tokens of [{}, {}]", qa.rows, qa.kp, w.rows, w.cols)));
         }
         if !self.lt_available() {
             return Ok(false);
@@ -476,13 +505,45 @@ impl Gpu {
             w_scales: swf.device_ptr(s).0,
             x: qa.q.device_ptr(s).0,
             x_scales: sat.device_ptr(s).0,
-            y: y.device_ptr_mut(s).0,
+            y,
             beta: 0.0,
         };
-        let shape = super::cublaslt::LtShape { kind: super::cublaslt::LtKind::Fp8BlockScaled, m: t, n: w.rows, k: w.cols, ldb: w.cols, ldd: w.rows };
-        // SAFETY: W/scales as stored, q [≥ t, K] e4m3, sat [K/128, t], swf, y ≥ t·N floats (checked
-        // above), all on this stream; the scale buffers are freed stream-ordered after the product.
+        let shape = super::cublaslt::LtShape { kind, m: t, n: w.rows, k: w.cols, ldb: w.cols, ldd: w.rows };
+        // SAFETY: W/scales as stored, q [≥ t, K] e4m3, sat [K/128, t], swf, y t·N outputs of kind's
+        // type (the caller's contract), all on this stream; the scale buffers are freed
+        // stream-ordered after the product.
         unsafe { self.lt_matmul(&ops, shape) }
+    }
+
+    /// [`Gpu::linear_official`] with the output rounded to bf16 (`y` `[t, N]` bf16 bits), as
+    /// DeepSeek's `fp8_gemm` writes it (spec §6 "Output is bf16"; switch `WQ_B_BF16_OUT`): on
+    /// cuBLASLt's bf16-output FP8 GEMM where `FP8_CUBLASLT` takes the shape (`t ≥`
+    /// [`super::cublaslt::LT_MIN_TOKENS`], FP8 weight), else the f32 product of
+    /// [`Gpu::linear_official`] rounded to nearest even (gemm_x_bf16). Either way each output is
+    /// the bf16 rounding of an f32 sum of the same products (the two differ only where cuBLAS's
+    /// accumulation order moves a sum across a rounding boundary).
+    ///
+    /// Errors: as [`Gpu::linear_official`]; `y` shorter than `t·N`.
+    pub fn linear_official_bf16(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<u16>, t: usize) -> Result<(), CudaError> {
+        if x.len() < t * w.cols || y.len() < t * w.rows {
+            return Err(bad(format!("{} inputs and {} bf16 outputs for {t} tokens of [{}, {}]", x.len(), y.len(), w.rows, w.cols)));
+        }
+        if !w.rows.is_multiple_of(32) {
+            return Err(bad(format!("bf16 output of [{}, {}]: needs a multiple of 32 outputs (the rounding pass's rows)", w.rows, w.cols)));
+        }
+        if t == 0 || w.rows == 0 {
+            return Ok(());
+        }
+        if t >= LT_MIN_TOKENS && q8_capable(w) && crate::switches::on("FP8_CUBLASLT") {
+            let qa = self.act_quant(x, t, w.cols)?;
+            if self.linear_lt_bf16(&qa, w, y, t)? {
+                return Ok(());
+            }
+        }
+        // SAFETY: fully written by the linear below.
+        let mut y32 = unsafe { self.scratch::<f32>(t * w.rows) }?;
+        self.linear_official(x, w, &mut y32, t)?;
+        self.x_bf16_into(&y32.slice(..), y, t, w.rows, t, false)
     }
 
     /// A §10.1 linear layer (its input FP8-quantized in official numerics): with `TC_LINEAR=fp8`,

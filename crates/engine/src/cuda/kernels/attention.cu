@@ -275,7 +275,10 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
 //   Last argument q_eps: negative = q holds normed, rotated queries (as sparse_attention_f32);
 //   ≥ 0 (switch MLA_FUSED_Q_NORM) = q is the raw wq_b output and the kernel applies the per-head
 //   unweighted RMSNorm with epsilon q_eps and the RoPE at the token's position while staging Q,
-//   bit for bit what norm.cu rms_norm_rows_f32 writes for them (the separate pass goes).
+//   bit for bit what norm.cu rms_norm_rows_f32 writes for them (the separate pass goes). q_bf16 ≠ 0
+//   (switch WQ_B_BF16_OUT, raw queries only): q holds bf16 bits [T, 64, c] (the wq_b GEMM's bf16
+//   output, as DeepSeek's fp8_gemm writes it), widened exactly at the load: the bits of the f32
+//   raw form given those widened values.
 // Launch: grid (T), block ATC_THREADS = 256, dynamic shared memory ATC_SMEM bytes (Q hi/lo
 // [64][520] bf16, K hi/lo [32][520], partials 8·32·16 f32, 32 row pointers).
 // sparse_attention_tc_fast_exp (switch MLA_STREAM_FAST_EXP) is the same kernel with __expf (the
@@ -315,7 +318,8 @@ __device__ __forceinline__ float atc_exp(float x) {
 // Q of token t (64 heads × c = 512) staged by NT = 256 threads through store(row, col, float4) (col a
 // multiple of 4), both streaming kernels. q_eps < 0: q holds normed, rotated queries, loaded in
 // batches of ATC_LB float4 per thread (their latencies overlap instead of adding up). q_eps ≥ 0
-// (MLA_FUSED_Q_NORM): q is the raw wq_b output. Warp w takes heads w, w + 8, …, two at a time, and
+// (MLA_FUSED_Q_NORM): q is the raw wq_b output, f32 or (q_bf16 ≠ 0, switch WQ_B_BF16_OUT) bf16 bits
+// [T, 64, c] behind the same pointer, widened exactly as loaded. Warp w takes heads w, w + 8, …, two at a time, and
 // computes rms_norm_rows_f32's bits for each: lane ℓ's float4s ℓ, ℓ + 32, ℓ + 64, ℓ + 96 squared in
 // that order (fs_sq4; that kernel's zero float4s past the row add +0), the same butterfly, x·r,
 // then fs_rope_pair's rotation of the trailing rope_dim channels at this token's position. The
@@ -333,11 +337,18 @@ __device__ __forceinline__ void atc_rope_pairs(float2* cs, int pos, const float*
 }
 
 template <class Store, class Sync>
-__device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, int c, float q_eps, int rope_dim, int pos, const float* __restrict__ inv_freq,
+__device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, int c, float q_eps, int q_bf16, int rope_dim, int pos, const float* __restrict__ inv_freq,
                                             float2* cs, int tid, Store store, Sync sync) {
     constexpr int NT = 256;
     const int lane = tid & 31, warp = tid >> 5;
     const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
+    // WQ_B_BF16_OUT: the raw queries as bf16 bits (4 per 8-byte load), widened exactly.
+    const uint2* qb = reinterpret_cast<const uint2*>(reinterpret_cast<const u16*>(q) + (size_t)t * ATC_H * ATC_C);
+    auto raw4 = [&](int i) {
+        if (!q_bf16) return q4[i];
+        const uint2 w = qb[i];
+        return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+    };
     if (q_eps >= 0.f) {
         const int rs = ATC_C - rope_dim;
         atc_rope_pairs(cs, pos, inv_freq, rope_dim, tid);
@@ -348,7 +359,7 @@ __device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, 
 #pragma unroll
             for (int u = 0; u < 2; u++)
 #pragma unroll
-                for (int k = 0; k < 4; k++) v[u][k] = q4[(hb + 8 * u) * (ATC_C / 4) + lane + 32 * k];
+                for (int k = 0; k < 4; k++) v[u][k] = raw4((hb + 8 * u) * (ATC_C / 4) + lane + 32 * k);
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 float ss = 0.f;
@@ -521,7 +532,7 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
                                          const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
                                          const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
                                          int H, int c, int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries,
-                                         float scale, u16* __restrict__ planes, long long plane, float q_eps) {
+                                         float scale, u16* __restrict__ planes, long long plane, float q_eps, int q_bf16) {
     extern __shared__ __align__(16) u8 atc_sh[];
     __shared__ int att_cursor;
     {
@@ -544,7 +555,7 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
 
     // Q of this token → split bf16 planes (the (cos, sin) pairs of MLA_FUSED_Q_NORM in the K tiles'
     // shared memory, unused until the first tile).
-    atc_stage_q(q, t, c, q_eps, rope_dim, pos, inv_freq, reinterpret_cast<float2*>(Ks), tid,
+    atc_stage_q(q, t, c, q_eps, q_bf16, rope_dim, pos, inv_freq, reinterpret_cast<float2*>(Ks), tid,
                 [&](int row, int e, float4 v) { atc_split4(v, Qs + row * ATC_PITCH + e, Qs + ATC_QPLANE + row * ATC_PITCH + e); },
                 [] { __syncthreads(); });
     float m[2], den[2], o[32][4];
@@ -653,8 +664,8 @@ __device__ __forceinline__ void atc_body(const float* __restrict__ q, const floa
         const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,      \
         const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out, int H, int c, \
         int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries, float scale, u16* __restrict__ planes, long long plane, \
-        float q_eps
-#define ATC_PASS q, kv, entries, comp_off, comp_idx, comp_mask, sinks, inv_freq, out, H, c, rope_dim, pos0, window, kv_base, kv_rows, n_entries, scale, planes, plane, q_eps
+        float q_eps, int q_bf16
+#define ATC_PASS q, kv, entries, comp_off, comp_idx, comp_mask, sinks, inv_freq, out, H, c, rope_dim, pos0, window, kv_base, kv_rows, n_entries, scale, planes, plane, q_eps, q_bf16
 
 extern "C" __global__ void __launch_bounds__(ATC_THREADS, 1) sparse_attention_tc(ATC_ARGS) { atc_body<false, false>(ATC_PASS); }
 // MLA_STREAM_FAST_EXP: the same kernel with __expf in the online softmax.
@@ -754,7 +765,7 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
                                          const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
                                          const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out,
                                          int H, int c, int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries,
-                                         float scale, u16* __restrict__ planes, long long plane, float q_eps) {
+                                         float scale, u16* __restrict__ planes, long long plane, float q_eps, int q_bf16) {
     typedef AwgLayout L;
     extern __shared__ __align__(16) u8 awg_sh[];
     __shared__ int att_cursor;
@@ -821,7 +832,7 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
     // partials' shared memory, unused until the first tile), then made visible to wgmma.
     u8* qg = gbase + L::Q;
     atc_stage_q(
-        q, t, c, q_eps, rope_dim, pos, inv_freq, reinterpret_cast<float2*>(gbase + L::PART), tid,
+        q, t, c, q_eps, q_bf16, rope_dim, pos, inv_freq, reinterpret_cast<float2*>(gbase + L::PART), tid,
         [&](int row, int e, float4 v) {
             *reinterpret_cast<uint2*>(qg + (e >> 6) * 8192 + gw_swz(row, (e & 63) >> 3) + (e & 7) * 2) = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
         },
@@ -898,7 +909,7 @@ __device__ __forceinline__ void awg_body(const float* __restrict__ q, const u16*
         const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,      \
         const float* __restrict__ sinks, const float* __restrict__ inv_freq, float* __restrict__ out, int H, int c, \
         int rope_dim, int pos0, int window, int kv_base, int kv_rows, int n_entries, float scale, u16* __restrict__ planes, long long plane, \
-        float q_eps
+        float q_eps, int q_bf16
 
 extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg(AWG_ARGS) { awg_body<false, false>(ATC_PASS); }
 extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg_fast_exp(AWG_ARGS) { awg_body<true, false>(ATC_PASS); }
@@ -1132,7 +1143,7 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
     u8* qg = gbase + L::Q;
     float2* cs_tab = reinterpret_cast<float2*>(gbase + L::CS);
     atc_stage_q(
-        q, t, c, q_eps, rope_dim, pos, inv_freq, cs_tab, tid,
+        q, t, c, q_eps, q_bf16, rope_dim, pos, inv_freq, cs_tab, tid,
         [&](int row, int e, float4 v) {
             *reinterpret_cast<uint2*>(qg + (e >> 6) * 8192 + gw_swz(row, (e & 63) >> 3) + (e & 7) * 2) = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
         },
