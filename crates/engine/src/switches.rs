@@ -154,13 +154,6 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only attention`) `sparse_attention fused q norm bf16 …` records (bf16 raw queries against their exact widening fed as f32 raw queries, bit for bit, every streaming kernel, f32 and plane/bf16 output), gpu-check (`--only q8`) `linear_official_bf16 …` records (against the f32 product rounded to bf16: at most 1 bf16 ulp apart, NMSE ≤ 1e-5; vs the CPU's FP8 product rounded to bf16); the switch matrix and qualify (reported, not judged)",
     },
     Switch {
-        name: "MOE_DOWN_BF16_OUT",
-        values: &["off", "on"],
-        aliases: ON_OFF_ALIASES,
-        replaces: "the f32 slot outputs [T·k, d] of the grouped official-numerics MoE's down projection (TC_LINEAR=fp8, MOE_GROUPED) and the combine that reads them: the scatter epilogue rounds each value to bf16 (nearest even), the type DeepSeek's fp8_gemm writes (spec §6), and moe_combine_bf16 widens them exactly and sums them in f64 as before — half the bytes written by the down projection and read by the combine (24 KiB per token and layer less at k 6, d 4,096); not exact, off by default",
-        parity: "gpu-check (`--only moe`) `moe_q8 flash T=… MOE_DOWN_BF16_OUT slots bits` (the bf16 slots against the f32 slots rounded, bit for bit) and `… layer` (NMSE ≤ 1e-5 against the layer with f32 slots), (`--only mhc`) `moe_combine bits … bf16 slots` (bit for bit against the f32 combine on the widened values); the switch matrix and qualify (reported, not judged)",
-    },
-    Switch {
         name: "MLA_STREAM_FAST_EXP",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
@@ -496,7 +489,6 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MLA_SPLIT_OUT", &[("MLA_STREAM_TOPK", &["on"]), ("LINEAR_CUBLASLT", &["on"]), ("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
     ("WQ_B_BF16_OUT", &[("TC_LINEAR", &["fp8"]), ("MLA_STREAM_TOPK", &["on"]), ("MLA_FUSED_Q_NORM", &["on"])]),
-    ("MOE_DOWN_BF16_OUT", &[("TC_LINEAR", &["fp8"]), ("MOE_GROUPED", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
 ];
 
@@ -696,15 +688,6 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c(
         "WQ_B_BF16_OUT=on (with TC_LINEAR=fp8, MLA_BF16=on and INDEXER_FP8=on)".into(),
         vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("WQ_B_BF16_OUT", "on")],
-        Role::Fast,
-        false,
-        false,
-        false,
-    ));
-    // The MoE's down projection output in bf16 (off by default, not exact) with the serving stacks' numerics.
-    v.push(c(
-        "MOE_DOWN_BF16_OUT=on (with TC_LINEAR=fp8, MLA_BF16=on and INDEXER_FP8=on)".into(),
-        vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("MOE_DOWN_BF16_OUT", "on")],
         Role::Fast,
         false,
         false,

@@ -698,22 +698,6 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         record_time("grouped fp8 wgmma tile 256", ms);
         let ms = switch_scope(&[("FP8_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 mma.sync all on", ms);
-        // MOE_DOWN_BF16_OUT: the layer with the down projection's output in bf16; its slots are the
-        // f32 slots rounded (bit for bit: the same products, rounded once in the epilogue), and the
-        // layer stays within bf16 rounding of the f32 one.
-        let ms = switch_scope(&[("MOE_DOWN_BF16_OUT", "on")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
-        record_time("grouped fp8 wgmma down bf16", ms);
-        {
-            let (s32, _) = gpu.moe_routed_q8_download(&cfg, &layer, &f, t, &dids, &dw, on, false)?;
-            let (_, s16) = gpu.moe_routed_q8_download(&cfg, &layer, &f, t, &dids, &dw, on, true)?;
-            let (s32, s16) = (s32.unwrap_or_default(), s16.unwrap_or_default());
-            let differ = s32.iter().zip(&s16).filter(|(a, b)| flashseek_model::quant::f32_to_bf16(**a) != **b).count() + s32.len().abs_diff(s16.len());
-            flag_record(&mut rows, &format!("moe_q8 flash T={t} MOE_DOWN_BF16_OUT slots bits"), json!({"differing_values": differ, "of": s32.len(), "vs": "the f32 slots rounded to bf16 (nearest even)", "finite": s32.iter().all(|v| v.is_finite())}), differ == 0 && !s32.is_empty());
-            let off = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on)?)?;
-            let bf = gpu.download(&*switch_scope(&[("MOE_DOWN_BF16_OUT", "on")], || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on))?)?;
-            let (nmse, max_abs, ref_max) = errors(&bf, &off);
-            flag_record(&mut rows, &format!("moe_q8 flash T={t} MOE_DOWN_BF16_OUT layer"), json!({"nmse": nmse, "max_abs": max_abs, "ref_max": ref_max, "vs": "the layer with f32 slots", "tolerance_nmse": 1e-5}), nmse <= 1e-5 && bf.iter().all(|v| v.is_finite()));
-        }
         // Flash shapes (K = 4,096: 32 K steps per unit, many units per block) bit for bit: the
         // warp-specialised kernels against moe_w8, with 128-row tiles forced (the adaptive rule
         // takes 64-row tiles, which moe_ws leaves to moe_w8, below 4,096 tokens).

@@ -24,36 +24,10 @@ pub const MOE_ENTRY_POINTS: &[&str] = &[
     "gather_rows_f32",
     "scatter_rows_f32",
     "moe_combine_f32",
-    "moe_combine_bf16",
     "moe_group_scan",
     "moe_group_plan",
     "moe_gather_bf16",
 ];
-
-/// The routed experts' outputs `[t, k, d]` a MoE combine reads: f32, or bf16 bits (switch
-/// `MOE_DOWN_BF16_OUT`).
-#[derive(Clone, Copy)]
-pub enum SlotValues<'a> {
-    /// f32 values.
-    F32(&'a CudaSlice<f32>),
-    /// bf16 bits, widened exactly by the combine.
-    Bf16(&'a CudaSlice<u16>),
-}
-
-impl SlotValues<'_> {
-    /// Values held.
-    pub fn len(&self) -> usize {
-        match self {
-            SlotValues::F32(v) => v.len(),
-            SlotValues::Bf16(v) => v.len(),
-        }
-    }
-
-    /// Whether no value is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
 
 /// Most residual streams `n` (`hc_mult`) the mHC kernels handle (`HC_MAXN` in mhc.cu).
 pub const HC_MAX_STREAMS: usize = 4;
@@ -709,15 +683,6 @@ impl Gpu {
     /// Errors: a buffer too short.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_combine(&self, slot_out: &CudaSlice<f32>, weights: Option<&CudaSlice<f32>>, experts: Option<(&CudaSlice<i32>, usize)>, shared: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>, t: usize, k: usize, d: usize) -> Result<(), CudaError> {
-        self.moe_combine_slots(SlotValues::F32(slot_out), weights, experts, shared, out, t, k, d)
-    }
-
-    /// [`Gpu::moe_combine`] on slot values of either type ([`SlotValues`]; bf16 ones widened exactly
-    /// by moe_combine_bf16, the same sum otherwise).
-    ///
-    /// Errors: a buffer too short.
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine_slots(&self, slot_out: SlotValues<'_>, weights: Option<&CudaSlice<f32>>, experts: Option<(&CudaSlice<i32>, usize)>, shared: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>, t: usize, k: usize, d: usize) -> Result<(), CudaError> {
         const W: &str = "moe_combine";
         need(W, "slot_out", slot_out.len(), t * k * d)?;
         if let Some(w) = weights {
@@ -739,15 +704,8 @@ impl Gpu {
         let (k_i, d_i) = (int(W, "k", k)?, int(W, "d", d)?);
         let e_i = int(W, "experts", experts.map_or(0, |(_, e)| e))?;
         let null = 0u64;
-        let name = match slot_out {
-            SlotValues::F32(_) => "moe_combine_f32",
-            SlotValues::Bf16(_) => "moe_combine_bf16",
-        };
-        let mut b = self.stream.launch_builder(self.f(name));
-        match slot_out {
-            SlotValues::F32(v) => b.arg(v),
-            SlotValues::Bf16(v) => b.arg(v),
-        };
+        let mut b = self.stream.launch_builder(self.f("moe_combine_f32"));
+        b.arg(slot_out);
         match weights {
             Some(w) => b.arg(w),
             None => b.arg(&null),
@@ -761,9 +719,8 @@ impl Gpu {
             None => b.arg(&null),
         };
         b.arg(out).arg(&k_i).arg(&d_i).arg(&e_i);
-        // SAFETY: matches moe_combine_f32's / moe_combine_bf16's signature (the slot values f32 or
-        // bf16 bits); buffers checked above.
-        drv(name, unsafe { b.launch(cfg) }).map(|_| ())
+        // SAFETY: matches moe_combine_f32's signature; buffers checked above.
+        drv("moe_combine_f32", unsafe { b.launch(cfg) }).map(|_| ())
     }
 
     /// One SwiGLU expert on the first `m` rows of `x` (`[m, d]`): `y = W2·(silu(min(W1 x, L)) ⊙ clamp(W3 x, ±L))`,
@@ -908,7 +865,7 @@ impl Gpu {
             self.expert_ffn(&layer.experts[x], &xs, None, m, limit, &mut g, &mut u, &mut h, &mut y, official, official.then_some((&dst, weights)))?;
             self.scatter_rows(&y, &dst, &mut slot_out, t * k, d)?;
         }
-        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, SlotValues::F32(&slot_out), weights, None, official)
+        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, &slot_out, weights, None, official)
     }
 
     /// The shared expert of `layer` over the first `t` rows of `f` (`[t, d]`; SwiGLU limit `limit`),
@@ -937,11 +894,11 @@ impl Gpu {
     /// slots of ids outside 0..E they leave unwritten (`slot_out` need not be zero-filled). Returns
     /// the MoE output `[t, d]`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, fq: Option<&super::ops_q8::QuantizedActs>, t: usize, k: usize, d: usize, limit: f32, slot_out: SlotValues<'_>, weights: &CudaSlice<f32>, experts: Option<(&CudaSlice<i32>, usize)>, official: bool) -> Result<DevBuf<f32>, CudaError> {
+    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, fq: Option<&super::ops_q8::QuantizedActs>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, experts: Option<(&CudaSlice<i32>, usize)>, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let shared = self.shared_expert(layer, f, fq, t, d, limit, official)?;
         // SAFETY: moe_combine writes all t·d values.
         let mut out = unsafe { self.scratch::<f32>(t * d) }?;
-        self.moe_combine_slots(slot_out, (!official).then_some(weights), experts, Some(&shared), &mut out, t, k, d)?;
+        self.moe_combine(slot_out, (!official).then_some(weights), experts, Some(&shared), &mut out, t, k, d)?;
         Ok(out)
     }
 

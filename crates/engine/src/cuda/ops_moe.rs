@@ -247,20 +247,6 @@ impl GpuExpertTables {
     }
 }
 
-/// The output a grouped FP8 MoE GEMM launch ([`Gpu::moe_q8`]) writes besides `hf`: f32 `y`, bf16
-/// bits (the scatter epilogue only, switch `MOE_DOWN_BF16_OUT`), or none (the fused SwiGLU writes hf).
-enum MoeQ8Out<'a> {
-    None,
-    F32(&'a mut CudaSlice<f32>),
-    Bf16(&'a mut CudaSlice<u16>),
-}
-
-/// The routed experts' slot outputs `[t, k, d]` of the grouped FP8 MoE.
-enum RoutedSlots {
-    F32(DevBuf<f32>),
-    Bf16(DevBuf<u16>),
-}
-
 /// Pairs per chunk of `moe_group_scan` (`MOE_GROUP_CHUNK` in moe.cu).
 pub const MOE_GROUP_CHUNK: usize = 1024;
 
@@ -605,7 +591,7 @@ impl Gpu {
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
         self.moe_gemm(&g, tables, "scatter", split, opts, &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
         // Shared expert over all tokens, then the combine.
-        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, super::ops_mhc::SlotValues::F32(&slot_out), weights, Some((experts, e)), false)
+        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, &slot_out, weights, Some((experts, e)), false)
     }
 
     /// Launches one grouped FP8-activation GEMM `moe_<q8|w8|ws|wt>_<fmt>_<bm>_<epi>` (gemm_q8.cu; the
@@ -613,7 +599,7 @@ impl Gpu {
     /// for 256-row tiles, whose block scale tables `blocks` indexes in
     /// [`GpuExpertTables::block_smax`]: gate (or only) and up matrix, 0 = w1, 1 = w3, 2 = w2).
     #[allow(clippy::too_many_arguments)]
-    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: MoeQ8Out<'_>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
+    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
         // 256-row tiles exist only as moe_wt (FP4; chosen by ops_q8::wt_tiles).
         let family = if g.bm == 256 { "moe_wt" } else { super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok) };
         let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
@@ -625,33 +611,19 @@ impl Gpu {
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(fname));
         b.arg(xq).arg(xsa).arg(w.0).arg(w.1).arg(w3.0).arg(w3.1).arg(&g.items).arg(&g.n_items);
-        if matches!(y, MoeQ8Out::Bf16(_)) && (epi != "scatter" || hf.is_some()) {
-            return Err(bad(format!("bf16 output is the scatter epilogue's alone (asked of {epi})")));
-        }
+        match y {
+            Some(y) => b.arg(y),
+            None => b.arg(&null),
+        };
         let ldh;
-        match (y, hf) {
-            (MoeQ8Out::F32(y), hf) => {
-                b.arg(y);
-                match hf {
-                    Some((h, ld)) => {
-                        ldh = ld as i32;
-                        b.arg(h);
-                    }
-                    None => {
-                        ldh = 0;
-                        b.arg(&null);
-                    }
-                }
-            }
-            (MoeQ8Out::None, Some((h, ld))) => {
+        match hf {
+            Some((h, ld)) => {
                 ldh = ld as i32;
-                b.arg(&null).arg(h);
+                b.arg(h);
             }
-            (MoeQ8Out::None, None) => return Err(bad(format!("{epi}: no output"))),
-            // The scatter epilogue with y null writes bf16 bits into hf's place (gq_store2).
-            (MoeQ8Out::Bf16(y16), _) => {
+            None => {
                 ldh = 0;
-                b.arg(&null).arg(y16);
+                b.arg(&null);
             }
         }
         b.arg(&ldh).arg(&g.row_dst).arg(gamma).arg(&n_i).arg(&k_i).arg(&limit);
@@ -680,21 +652,6 @@ impl Gpu {
     /// failures.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_experts_grouped_q8(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, opts: MoeOptions) -> Result<DevBuf<f32>, CudaError> {
-        let (slots, qa, (d, e, k)) = self.moe_routed_q8(cfg, layer, f, t, experts, weights, opts, crate::switches::on("MOE_DOWN_BF16_OUT"))?;
-        let limit = cfg.swiglu_limit as f32;
-        let values = match &slots {
-            RoutedSlots::F32(v) => super::ops_mhc::SlotValues::F32(v),
-            RoutedSlots::Bf16(v) => super::ops_mhc::SlotValues::Bf16(v),
-        };
-        // The shared expert's gate and up take the routed experts' quantisation of f.
-        self.moe_shared_and_combine(layer, f, Some(&qa), t, k, d, limit, values, weights, Some((experts, e)), true)
-    }
-
-    /// [`Gpu::moe_experts_grouped_q8`] up to the scattered down projection: the slot outputs (f32, or
-    /// with `bf16_out` rounded to bf16 in the epilogue, switch `MOE_DOWN_BF16_OUT`) and the
-    /// quantized inputs the shared expert reuses, with (d, E, k).
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-    fn moe_routed_q8(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, opts: MoeOptions, bf16_out: bool) -> Result<(RoutedSlots, super::ops_q8::QuantizedActs, (usize, usize, usize)), CudaError> {
         let (tables, d, e, k) = self.grouped_inputs(cfg, layer, f, t, experts, weights, true)?;
         let tk = t * k;
         let inter = tables.inter;
@@ -724,42 +681,22 @@ impl Gpu {
         // moe_wt's sub-tiles of padding alone) are read by no tile and not quantized.
         let mut hf = unsafe { self.scratch::<f32>(g.r_cap * inter) }?;
         if opts.fused_swiglu {
-            self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), MoeQ8Out::None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
+            self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
         } else {
             let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
             let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
-            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), (0, 0), MoeQ8Out::F32(&mut yg), None, weights, inter, d, limit)?;
-            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), (1, 1), MoeQ8Out::F32(&mut yu), None, weights, inter, d, limit)?;
+            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w1, &tables.s1), (0, 0), Some(&mut yg), None, weights, inter, d, limit)?;
+            self.moe_q8(&g, tables, "plain", opts, &xq, &xsa, (&tables.w3, &tables.s3), (&tables.w3, &tables.s3), (1, 1), Some(&mut yu), None, weights, inter, d, limit)?;
             self.swiglu(&yg, &yu, &mut hf, g.r_cap * inter, limit)?;
             self.scale_rows_by_route(&mut hf, &g.row_dst.slice(..), weights, g.r_cap, inter)?;
         }
         let hq = self.act_quant_grouped(&hf, g.r_cap, inter, wt, g.quantized_rows(wt))?;
-        let slots = if bf16_out {
-            // SAFETY: as in moe_experts_grouped: every routed (token, slot) row is scattered to, and
-            // the combine reads no other.
-            let mut s16 = unsafe { self.scratch::<u16>(tk * d) }?;
-            self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), MoeQ8Out::Bf16(&mut s16), None, weights, d, inter, limit)?;
-            RoutedSlots::Bf16(s16)
-        } else {
-            // SAFETY: as above.
-            let mut s32 = unsafe { self.scratch::<f32>(tk * d) }?;
-            self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), MoeQ8Out::F32(&mut s32), None, weights, d, inter, limit)?;
-            RoutedSlots::F32(s32)
-        };
-        Ok((slots, qa, (d, e, k)))
-    }
-
-    /// [`Gpu::moe_experts_grouped_q8`]'s routed part, downloaded for gpu-check: the slot outputs
-    /// `[t, k, d]` (unrouted slots unwritten: whatever the buffer held) as f32, with `bf16` as the
-    /// bf16 bits `MOE_DOWN_BF16_OUT` writes.
-    ///
-    /// Errors: as [`Gpu::moe_experts_grouped_q8`], or a download.
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-    pub(crate) fn moe_routed_q8_download(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, opts: MoeOptions, bf16: bool) -> Result<(Option<Vec<f32>>, Option<Vec<u16>>), CudaError> {
-        match self.moe_routed_q8(cfg, layer, f, t, experts, weights, opts, bf16)?.0 {
-            RoutedSlots::F32(v) => Ok((Some(self.download(&v)?), None)),
-            RoutedSlots::Bf16(v) => Ok((None, Some(self.download(&v)?))),
-        }
+        // SAFETY: as in moe_experts_grouped: every routed (token, slot) row is scattered to, and the
+        // combine reads no other.
+        let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
+        self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut slot_out), None, weights, d, inter, limit)?;
+        // The shared expert's gate and up take the routed experts' quantisation of f.
+        self.moe_shared_and_combine(layer, f, Some(&qa), t, k, d, limit, &slot_out, weights, Some((experts, e)), true)
     }
 }
 

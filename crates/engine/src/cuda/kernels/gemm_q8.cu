@@ -194,23 +194,9 @@ __device__ __forceinline__ void gq_swiglu_store(const GqEpi& E, int N, const GqR
 }
 
 // Epilogues 0 (y[row, col..col+1], rows < T) and 2 (y[dst[row], …], dst ≥ 0) of both families.
-// Epilogue 2 with y null (switch MOE_DOWN_BF16_OUT): the values rounded to bf16 (nearest even)
-// into hf read as bf16 bits [·, N] instead (the down projection's output as DeepSeek's fp8_gemm
-// writes it, spec §6).
 template <int EPI>
 __device__ __forceinline__ void gq_store2(const GqEpi& E, int T, int N, const GqRow& R, int col, float v0, float v1) {
     if (EPI == 0 ? R.row >= T : R.orow < 0) return;
-    if (EPI == 2 && E.y == nullptr) {
-        u16* d = reinterpret_cast<u16*>(E.hf) + (size_t)R.orow * N + col;
-        const u32 b = gm_bf16x2(v0, v1);
-        if ((N & 1) == 0 && col + 1 < N) {
-            *reinterpret_cast<u32*>(d) = b;
-        } else {
-            if (col < N) d[0] = (u16)(b & 0xffffu);
-            if (col + 1 < N) d[1] = (u16)(b >> 16);
-        }
-        return;
-    }
     float* d = E.y + (size_t)R.orow * N + col;
     if ((N & 1) == 0 && col + 1 < N) {
         *reinterpret_cast<float2*>(d) = make_float2(v0, v1);

@@ -281,19 +281,9 @@ __device__ __forceinline__ double moe_combine_term(double acc, double w, bool ro
 
 #define MOE_COMBINE_G 8  // slots loaded at once by moe_combine_f32
 
-// The slot values of moe_combine: f32, or bf16 bits widened exactly (MOE_DOWN_BF16_OUT).
-__device__ __forceinline__ float4 moe_slot4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 moe_slot4(const u16* p) {
-    const uint2 w = *reinterpret_cast<const uint2*>(p);
-    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
-}
-__device__ __forceinline__ float moe_slot1(const float* p) { return *p; }
-__device__ __forceinline__ float moe_slot1(const u16* p) { return __uint_as_float((u32)*p << 16); }
-
-template <class S>
-__device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, const float* __restrict__ weights,
-                                            const int* __restrict__ experts, const float* __restrict__ shared,
-                                            float* __restrict__ out, int k, int d, int E) {
+extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, const float* __restrict__ weights,
+                                           const int* __restrict__ experts, const float* __restrict__ shared,
+                                           float* __restrict__ out, int k, int d, int E) {
     const int t = blockIdx.x;
     if ((d & 3) == 0) {
         // Four channels per thread; up to MOE_COMBINE_G slots' float4s loaded before their sums.
@@ -304,7 +294,7 @@ __device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, cons
             float4 v[MOE_COMBINE_G];
 #pragma unroll
             for (int j = 0; j < MOE_COMBINE_G; j++)
-                if (s0 + j < k) v[j] = moe_slot4(slot_out + ((size_t)t * k + s0 + j) * d + i);
+                if (s0 + j < k) v[j] = *reinterpret_cast<const float4*>(slot_out + ((size_t)t * k + s0 + j) * d + i);
 #pragma unroll
             for (int j = 0; j < MOE_COMBINE_G; j++) {
                 if (s0 + j < k) {
@@ -331,22 +321,9 @@ __device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, cons
             const size_t ts = (size_t)t * k + s;
             const double w = weights ? (double)weights[ts] : 1.0;
             const bool routed = experts == nullptr || (experts[ts] >= 0 && experts[ts] < E);
-            acc = moe_combine_term(acc, w, routed, moe_slot1(slot_out + ts * d + i));
+            acc = moe_combine_term(acc, w, routed, slot_out[ts * d + i]);
         }
         if (shared) acc += (double)shared[(size_t)t * d + i];
         out[(size_t)t * d + i] = (float)acc;
     }
-}
-
-extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, const float* __restrict__ weights,
-                                           const int* __restrict__ experts, const float* __restrict__ shared,
-                                           float* __restrict__ out, int k, int d, int E) {
-    moe_combine(slot_out, weights, experts, shared, out, k, d, E);
-}
-// moe_combine_bf16: the same with the slot values as bf16 bits (switch MOE_DOWN_BF16_OUT: the down
-// projection's output in bf16, as DeepSeek's fp8_gemm writes it), widened exactly.
-extern "C" __global__ void moe_combine_bf16(const u16* __restrict__ slot_out, const float* __restrict__ weights,
-                                            const int* __restrict__ experts, const float* __restrict__ shared,
-                                            float* __restrict__ out, int k, int d, int E) {
-    moe_combine(slot_out, weights, experts, shared, out, k, d, E);
 }
