@@ -150,7 +150,7 @@ pub const SWITCHES: &[Switch] = &[
         name: "WQ_B_BF16_OUT",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
-        replaces: "the f32 output of the wq_b FP8 GEMM (official numerics, TC_LINEAR=fp8) that the streaming attention's fused q norm reads (MLA_FUSED_Q_NORM): the GEMM writes bf16, as DeepSeek's fp8_gemm does (spec §6 \"Output is bf16\"; cuBLASLt's bf16-output block-scaled GEMM under FP8_CUBLASLT, else the f32 product rounded to nearest even), and the attention kernel widens it as it loads it — half the bytes written by the GEMM and read by the attention (4 MiB per token and layer less at 64 heads of 512); not exact (the queries rounded to bf16 before their RMSNorm), off by default",
+        replaces: "the f32 output of the wq_b FP8 GEMM (official numerics, TC_LINEAR=fp8) that the streaming attention's fused q norm reads (MLA_FUSED_Q_NORM): the GEMM writes bf16, as DeepSeek's fp8_gemm does (spec §6 \"Output is bf16\"; cuBLASLt's bf16-output block-scaled GEMM under FP8_CUBLASLT, else the f32 product rounded to nearest even), and the attention kernel widens it as it loads it — half the bytes written by the GEMM and read by the attention (64 KiB written and 64 KiB read less per token and layer at 64 heads of 512; below 256 tokens, decode, the f32 product is rounded in one more pass: no gain there); not exact (the queries rounded to bf16 before their RMSNorm), off by default",
         parity: "gpu-check (`--only attention`) `sparse_attention fused q norm bf16 …` records (bf16 raw queries against their exact widening fed as f32 raw queries, bit for bit, every streaming kernel, f32 and plane/bf16 output), gpu-check (`--only q8`) `linear_official_bf16 …` records (against the f32 product rounded to bf16: at most 1 bf16 ulp apart, NMSE ≤ 1e-5; vs the CPU's FP8 product rounded to bf16); the switch matrix and qualify (reported, not judged)",
     },
     Switch {
@@ -682,9 +682,9 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("MLA_BF16=on (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on")], Role::Fast, false, false, false));
     // The serving stacks' numerics: FP8 GEMMs, bf16 attention, FP8 indexer scores (spec §9).
     v.push(c("INDEXER_FP8=on (with TC_LINEAR=fp8 and MLA_BF16=on)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on")], Role::Fast, false, false, false));
-    // The MLA_BF16 rows above run the candidate-split kernel (MLA_BF16_CAND_SPLIT's default); its
-    // predecessor with the serving stacks' numerics.
-    // The wq_b output in bf16 (off by default, not exact) with the serving stacks' numerics.
+    // The wq_b output in bf16 (off by default, not exact) with the serving stacks' numerics (the
+    // matrix's 200-token prompts take the rounding pass, below cuBLASLt's 256 tokens; qualify's
+    // prompts the bf16-output GEMM).
     v.push(c(
         "WQ_B_BF16_OUT=on (with TC_LINEAR=fp8, MLA_BF16=on and INDEXER_FP8=on)".into(),
         vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("WQ_B_BF16_OUT", "on")],
@@ -693,6 +693,8 @@ pub fn configurations() -> Vec<Configuration> {
         false,
         false,
     ));
+    // The MLA_BF16 rows above run the candidate-split kernel (MLA_BF16_CAND_SPLIT's default); its
+    // predecessor with the serving stacks' numerics.
     v.push(c(
         "MLA_BF16_CAND_SPLIT=off alone (with TC_LINEAR=fp8, MLA_BF16=on and INDEXER_FP8=on)".into(),
         vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16_CAND_SPLIT", "off")],
@@ -779,9 +781,13 @@ mod tests {
                 continue;
             }
             if s.default_value() == "off" {
-                // On with the defaults, or with what it needs to act (REQUIRES) and nothing idle.
-                let acts_on = |c: &&Configuration| c.overrides.contains(&(s.name, "on")) && scoped(&c.overrides, || inactive_because(s.name).is_none()).unwrap_or(false);
-                assert!(cs.iter().any(|c| c.overrides == [(s.name, "on")]) || cs.iter().any(|c| acts_on(&c)), "{} (off by default) never on where it acts", s.name);
+                // On with the defaults, or — a switch with requirements (REQUIRES) — in a row where
+                // it and every other switch the row sets act.
+                let has_requirements = REQUIRES.iter().any(|(n, _)| *n == s.name);
+                let acts_on = |c: &&Configuration| {
+                    c.overrides.contains(&(s.name, "on")) && scoped(&c.overrides, || c.overrides.iter().all(|(n, _)| inactive_because(n).is_none())).unwrap_or(false)
+                };
+                assert!(cs.iter().any(|c| c.overrides == [(s.name, "on")]) || (has_requirements && cs.iter().any(|c| acts_on(&c))), "{} (off by default) never on where it acts", s.name);
             } else {
                 assert!(cs.iter().any(|c| c.role == Role::AloneOff && c.overrides.contains(&(s.name, "off"))), "{} never off alone", s.name);
             }
@@ -796,7 +802,7 @@ mod tests {
         let official_all_on = cs.iter().position(|c| c.role == Role::OfficialAllOn).expect("official all-on run");
         assert_eq!(cs[official_all_on].overrides, [("TC_LINEAR", "fp8")]);
         assert!(cs.iter().enumerate().all(|(i, c)| !(c.official && c.same_bits_as_all_on) || i > official_all_on));
-        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16", "on")].iter().any(|o| c.overrides.contains(o));
+        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16", "on"), ("WQ_B_BF16_OUT", "on")].iter().any(|o| c.overrides.contains(o));
         assert!(cs.iter().all(|c| c.exact != inexact(c)));
         assert!(cs.iter().filter(|c| c.official).count() >= 3);
     }

@@ -25,7 +25,7 @@
 //!
 //! Index-set comparisons are exact records: they pass only with zero mismatches.
 
-use super::check::{differing_bits, random, record, record_tol, SPLIT_NMSE_TOL};
+use super::check::{differing_bits, flag_record, random, record, record_tol, SPLIT_NMSE_TOL};
 
 /// NMSE bound of the fast-exp streaming kernel (`MLA_STREAM_FAST_EXP`) against the CPU and the
 /// precise streaming kernel: `__expf` is within 2 + 1.2·|x| ulp of `expf` (CUDA programming guide,
@@ -518,8 +518,11 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                     let planes_wide = planes_from(AttentionQuery::Raw { q: &dq_raw_widened, eps: Q_EPS })?;
                     let planes_bf16 = planes_from(AttentionQuery::RawBf16 { q: &dq_raw_bf16, eps: Q_EPS })?;
                     let differing = differing_bits(&from_bf16, &wide) + planes_bf16.iter().zip(&planes_wide).filter(|(a, b)| a != b).count();
-                    let finite = wide.iter().all(|v| v.is_finite()) && from_bf16 != fused;
-                    all &= record_exact(out, &format!("sparse_attention fused q norm bf16 {kernel:?} {keys_kind:?}"), detail.clone(), differing + usize::from(!finite), 3 * n, json!("bits vs the same queries widened to f32 and given as f32 raw queries (f32 output, then the plane / bf16 output); and not the bits of the unrounded queries"));
+                    let finite = wide.iter().all(|v| v.is_finite());
+                    // The rounding must show (else the bf16 path could be reading the f32 queries).
+                    let rounded = from_bf16 != fused;
+                    all &= record_exact(out, &format!("sparse_attention fused q norm bf16 {kernel:?} {keys_kind:?}"), detail.clone(), differing + usize::from(!finite), 3 * n, json!("bits vs the same queries widened to f32 and given as f32 raw queries (f32 output, then the plane / bf16 output)"));
+                    all &= flag_record(out, &format!("sparse_attention fused q norm bf16 {kernel:?} {keys_kind:?} differs from unrounded"), json!({"differs_from_f32_queries": rounded}), rounded);
                 }
                 if matches!(keys_kind, Keys::Csa | Keys::HcaExplicit) && !matches!(kernel, AttentionKernel::StreamFastExp | AttentionKernel::StreamBf16FastExp) {
                     // The mask path must give the lists' bits.

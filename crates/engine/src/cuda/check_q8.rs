@@ -187,9 +187,18 @@ fn official_bf16_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bo
                 let got = gpu.download(&dyb)?;
                 let mut dy = gpu.zeros::<f32>(t * rows)?;
                 gpu.linear_official(&dx, &gw, &mut dy, *t)?;
-                gpu.linear_official_bf16(&dx, &gw, &mut dyb, *t)?;
-                Ok((got, gpu.download(&dy)?, gpu.download(&dyb)?))
+                let mut again = gpu.upload(&vec![0x7fc1u16; t * rows])?;
+                gpu.linear_official_bf16(&dx, &gw, &mut again, *t)?;
+                Ok((got, gpu.download(&dy)?, gpu.download(&again)?))
             })?;
+            if lt == "on" && *t >= super::cublaslt::LT_MIN_TOKENS {
+                // Whether cuBLASLt's bf16-output GEMM itself ran (required where cuBLASLt loaded).
+                let qa = gpu.act_quant(&dx, *t, *cols)?;
+                let mut d16 = gpu.zeros::<u16>(t * rows)?;
+                let ran = gpu.linear_lt_bf16(&qa, &gw, &mut d16, *t)?;
+                let loaded = gpu.lt_available();
+                all &= flag_record(out, &format!("linear_official_bf16 {name} T={t} cuBLASLt bf16 out ran"), json!({"ran": ran, "cublaslt_loaded": loaded, "bitwise_equal_to_linear_official_bf16": ran && gpu.download(&d16)? == got}), ran == loaded && (!ran || gpu.download(&d16)? == got));
+            }
             let widened: Vec<f32> = got.iter().map(|&b| quant::bf16_to_f32(b)).collect();
             all &= record_q8(out, &format!("linear_official_bf16 {name} FP8_CUBLASLT={lt}"), json!([t, rows, cols]), &widened, &reference, None);
             let rounded: Vec<u16> = f32_out.iter().map(|&v| quant::f32_to_bf16(v)).collect();

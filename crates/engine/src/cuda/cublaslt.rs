@@ -6,7 +6,8 @@
 //! Numerics: DeepSeek's recipe (spec §6), the same as gemm_q8.cu — e4m3 activations with one f32
 //! (power-of-two) scale per row and 128 features (`CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F`) times
 //! e4m3 weights with one f32 scale per 128 × 128 block (`BLK128x128_32F`, the ue8m0 bytes widened),
-//! f32 compute and f32 output; only the accumulation order is cuBLAS's own. Needs cuBLAS ≥ 12.9
+//! f32 compute and f32 output (or, for `WQ_B_BF16_OUT`, bf16 output: the f32 result rounded once by
+//! cuBLASLt's epilogue, as DeepSeek's `fp8_gemm` writes it); only the accumulation order is cuBLAS's own. Needs cuBLAS ≥ 12.9
 //! (block scaling for Hopper) loaded at run time: where the library is missing or older, or has no
 //! algorithm for a shape, [`Gpu::linear_q8`](super::gpu::Gpu) uses gemm_q8.cu and says why once.
 //!
@@ -157,7 +158,7 @@ pub struct LtOperands {
     pub x_scales: u64,
     /// Output `[m, ldd]`: f32, or bf16 for [`LtKind::Fp8BlockScaledBf16Out`].
     pub y: u64,
-    /// `y = product + beta·y` (0 overwrites, 1 accumulates).
+    /// `y = product + beta·y` (0 overwrites, 1 accumulates; 0 only for [`LtKind::Fp8BlockScaledBf16Out`]).
     pub beta: f32,
 }
 
@@ -283,7 +284,8 @@ impl Lt {
     }
 
     /// `y = x·Wᵀ + beta·y` on `stream` for `sh` (block-scaled FP8: the product sums
-    /// `xs[b, m]·ws[n/128, b]·Σ_{k∈b} x[m, k]·w[n, k]` over the 128-blocks b), f32 out.
+    /// `xs[b, m]·ws[n/128, b]·Σ_{k∈b} x[m, k]·w[n, k]` over the 128-blocks b), f32 out (bf16 for
+    /// [`LtKind::Fp8BlockScaledBf16Out`], whose `beta` must be 0: an error otherwise).
     ///
     /// Returns `Ok(false)` (the product not launched) when cuBLASLt has no algorithm for the shape
     /// and the operands' alignment — the caller then uses its own kernel (said once per kind, n and
@@ -294,6 +296,9 @@ impl Lt {
     /// stream has run the product.
     pub unsafe fn matmul(&mut self, stream: &cudarc::driver::CudaStream, ops: &LtOperands, sh: LtShape) -> Result<bool, String> {
         use sys::cublasLtMatmulDescAttributes_t as A;
+        if sh.kind == LtKind::Fp8BlockScaledBf16Out && ops.beta != 0.0 {
+            return Err("a bf16-output product cannot accumulate (beta must be 0)".into());
+        }
         let align = [ops.w, ops.x, ops.y].iter().map(|&p| ptr_align(p)).min().unwrap_or(256);
         let key = (sh, align);
         if !self.plans.contains_key(&key) {
@@ -312,9 +317,6 @@ impl Lt {
         }
         let ws = self.workspace_ptr();
         let Some(Some(plan)) = self.plans.get(&key) else { return Ok(false) };
-        if sh.kind == LtKind::Fp8BlockScaledBf16Out && ops.beta != 0.0 {
-            return Err("a bf16-output product cannot accumulate (beta must be 0)".into());
-        }
         if sh.kind.is_fp8() {
             set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &(ops.w_scales as *const c_void))?;
             set_attr(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &(ops.x_scales as *const c_void))?;

@@ -477,6 +477,9 @@ impl Gpu {
         if !w.rows.is_multiple_of(Q8_BLOCK) || !w.cols.is_multiple_of(Q8_BLOCK) || t == 0 {
             return Ok(false);
         }
+        if qa.tiled {
+            return Err(bad("activations in the tiled layout (moe_wt's input) given to cuBLASLt's FP8 GEMM"));
+        }
         if qa.kp != w.cols || qa.rows < t || qa.sa.len() < qa.rows * (qa.kp / Q8_BLOCK) {
             return Err(bad(format!("activations [{}, {}] for {t} tokens of [{}, {}]", qa.rows, qa.kp, w.rows, w.cols)));
         }
@@ -521,9 +524,12 @@ impl Gpu {
     /// [`super::cublaslt::LT_MIN_TOKENS`], FP8 weight), else the f32 product of
     /// [`Gpu::linear_official`] rounded to nearest even (gemm_x_bf16). Either way each output is
     /// the bf16 rounding of an f32 sum of the same products (the two differ only where cuBLAS's
-    /// accumulation order moves a sum across a rounding boundary).
+    /// accumulation order moves a sum across a rounding boundary). The rounding pass costs a `t·N`
+    /// f32 scratch buffer and one more launch: below 256 tokens (decode) and without cuBLASLt the
+    /// bf16 output saves its reader's bytes but not the GEMM's.
     ///
-    /// Errors: as [`Gpu::linear_official`]; `y` shorter than `t·N`.
+    /// Errors: `x` shorter than `t·K` or `y` than `t·N`; `N` not a multiple of 32 (the rounding
+    /// pass's rows); as [`Gpu::linear_official`] otherwise.
     pub fn linear_official_bf16(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<u16>, t: usize) -> Result<(), CudaError> {
         if x.len() < t * w.cols || y.len() < t * w.rows {
             return Err(bad(format!("{} inputs and {} bf16 outputs for {t} tokens of [{}, {}]", x.len(), y.len(), w.rows, w.cols)));
@@ -534,11 +540,16 @@ impl Gpu {
         if t == 0 || w.rows == 0 {
             return Ok(());
         }
-        if t >= LT_MIN_TOKENS && q8_capable(w) && crate::switches::on("FP8_CUBLASLT") {
+        if t >= TC_LINEAR_MIN_TOKENS && q8_capable(w) {
+            // The input quantized once, for the bf16-output GEMM or the f32 one that falls back.
             let qa = self.act_quant(x, t, w.cols)?;
-            if self.linear_lt_bf16(&qa, w, y, t)? {
+            if t >= LT_MIN_TOKENS && crate::switches::on("FP8_CUBLASLT") && self.linear_lt_bf16(&qa, w, y, t)? {
                 return Ok(());
             }
+            // SAFETY: fully written by the linear below.
+            let mut y32 = unsafe { self.scratch::<f32>(t * w.rows) }?;
+            self.linear_q8(&qa, w, &mut y32, t)?;
+            return self.x_bf16_into(&y32.slice(..), y, t, w.rows, t, false);
         }
         // SAFETY: fully written by the linear below.
         let mut y32 = unsafe { self.scratch::<f32>(t * w.rows) }?;

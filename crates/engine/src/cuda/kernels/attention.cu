@@ -272,7 +272,7 @@ sparse_attention_f32(const float* __restrict__ q, const float* __restrict__ kv, 
 //   entry points (switch MLA_SPLIT_OUT), the output's split bf16 planes for the grouped output
 //   projection (gemm.cu gemm_x_bf16's split of the same values, element e = (t·64 + h)·512 + col:
 //   hi at planes[e], lo at planes[plane + e]; out unused), saving that conversion's pass.
-//   Last argument q_eps: negative = q holds normed, rotated queries (as sparse_attention_f32);
+//   Argument q_eps (before q_bf16, the last): negative = q holds normed, rotated queries (as sparse_attention_f32);
 //   ≥ 0 (switch MLA_FUSED_Q_NORM) = q is the raw wq_b output and the kernel applies the per-head
 //   unweighted RMSNorm with epsilon q_eps and the RoPE at the token's position while staging Q,
 //   bit for bit what norm.cu rms_norm_rows_f32 writes for them (the separate pass goes). q_bf16 ≠ 0
