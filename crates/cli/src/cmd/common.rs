@@ -187,6 +187,19 @@ fn stored_bytes(info: &flashseek_model::checkpoint::TensorInfo) -> u64 {
 
 /// Resolves `--model` (writing the embedded default model on first use), loads config, weights and
 /// tokenizer. Prints a one-time note when the embedded random-weight model is used.
+/// Refuses a `--model` path that is not a directory, saying whether it is missing or a file.
+///
+/// Errors: the path does not exist, or is not a directory.
+pub fn check_model_dir(d: &std::path::Path) -> anyhow::Result<()> {
+    if !d.exists() {
+        anyhow::bail!("--model {}: does not exist; expected a checkpoint directory (config.json + safetensors)", d.display());
+    }
+    if !d.is_dir() {
+        anyhow::bail!("--model {}: is not a directory; expected a checkpoint directory (config.json + safetensors)", d.display());
+    }
+    Ok(())
+}
+
 pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     if args.prefill_chunk == Some(0) {
         return Err(UsageError("--prefill-chunk must be at least 1".into()).into());
@@ -197,9 +210,7 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     }
     let dir = match &args.model {
         Some(d) => {
-            if !d.is_dir() {
-                anyhow::bail!("--model {}: expected a checkpoint directory (config.json + safetensors)", d.display());
-            }
+            check_model_dir(d)?;
             d.clone()
         }
         None => {

@@ -30,9 +30,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.ids).with_context(|| format!("reading {}", args.ids.display()))?;
     let ids: Vec<u32> = serde_json::from_str(&text)
         .with_context(|| format!("{}: expected a JSON array of non-negative token ids", args.ids.display()))?;
-    if !args.model.is_dir() {
-        anyhow::bail!("--model {}: expected a checkpoint directory (config.json + safetensors)", args.model.display());
-    }
+    super::common::check_model_dir(&args.model)?;
     let cfg = Ds4Config::from_file(&args.model)?;
     if ids.len() > cfg.max_position_embeddings {
         anyhow::bail!(
