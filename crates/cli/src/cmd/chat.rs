@@ -69,7 +69,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 match lines.next() {
                     Some(Ok(l)) => l,
                     Some(Err(e)) => return Err(e.into()),
-                    None => break,
+                    None => {
+                        // End of input (Ctrl-D): end the prompt's line.
+                        eprintln!();
+                        break;
+                    }
                 }
             }
         };

@@ -208,6 +208,8 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     if args.official_numerics && args.device()? != Device::Cpu {
         anyhow::bail!("--official-numerics runs on the CPU backend only (use --device cpu); on CUDA, `--switch TC_LINEAR=fp8` gives the FP8 activation part of it (spec §10.1)");
     }
+    // The embedded model's note comes once it has loaded (after any device error).
+    let mut default_model = false;
     let dir = match &args.model {
         Some(d) => {
             check_model_dir(d)?;
@@ -226,10 +228,7 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
             if created {
                 eprintln!("flashseek: wrote the embedded default model to {} ({:.1} s)", dir.display(), t.elapsed().as_secs_f64());
             }
-            eprintln!(
-                "flashseek: running the embedded default model — random weights, so its text is meaningless.\n\
-                 flashseek: for real output pass --model /path/to/DeepSeek-V4-checkpoint (config.json + safetensors)."
-            );
+            default_model = true;
             dir
         }
     };
@@ -261,6 +260,12 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
             (None, Some((gpu, model)))
         }
     };
+    if default_model {
+        eprintln!(
+            "flashseek: running the embedded default model — random weights, so its text is meaningless.\n\
+             flashseek: for real output pass --model /path/to/DeepSeek-V4-checkpoint (config.json + safetensors)."
+        );
+    }
     let tok_file = dir.join("tokenizer.json");
     let tokenizer = if tok_file.is_file() { Ds4Tokenizer::from_file(&tok_file)? } else { Ds4Tokenizer::embedded()? };
     if tokenizer.vocab_size() > cfg.vocab_size {
