@@ -185,8 +185,6 @@ fn stored_bytes(info: &flashseek_model::checkpoint::TensorInfo) -> u64 {
     info.dtype.bytes_for(info.shape.iter().product::<usize>()).unwrap_or(0) as u64
 }
 
-/// Resolves `--model` (writing the embedded default model on first use), loads config, weights and
-/// tokenizer. Prints a one-time note when the embedded random-weight model is used.
 /// Refuses a `--model` path that is not a directory, saying whether it is missing or a file.
 ///
 /// Errors: the path does not exist, or is not a directory.
@@ -200,6 +198,8 @@ pub fn check_model_dir(d: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Resolves `--model` (writing the embedded default model on first use), loads config, weights and
+/// tokenizer. Prints a one-time note when the embedded random-weight model is used.
 pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     if args.prefill_chunk == Some(0) {
         return Err(UsageError("--prefill-chunk must be at least 1".into()).into());

@@ -318,7 +318,7 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
         // WQ_B_BF16_OUT: the raw queries rounded to bf16, as bits and widened to f32.
         let q_raw_bf16: Vec<u16> = q_raw.iter().map(|&v| flashseek_model::quant::f32_to_bf16(v)).collect();
         let dq_raw_bf16 = gpu.upload(&q_raw_bf16)?;
-        let dq_raw_widened = gpu.upload(&q_raw_bf16.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect::<Vec<f32>>())?;
+        let dq_raw_widened = gpu.upload(&q_raw_bf16.iter().map(|&b| flashseek_model::quant::bf16_to_f32(b)).collect::<Vec<f32>>())?;
         let mut dq_normed = gpu.zeros::<f32>(tokens * H * C)?;
         gpu.rms_norm_rope(&dq_raw, None, &mut dq_normed, tokens, H, C, Q_EPS, inv, rope, pos0)?;
         for keys_kind in [Keys::Sliding, Keys::HcaIdentity, Keys::HcaExplicit, Keys::Csa, Keys::CsaOutOfRange] {

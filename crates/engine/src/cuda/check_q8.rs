@@ -309,8 +309,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
             None
         };
         // WQ_B_BF16_OUT: the official linear (quantisation included) with f32 and with bf16 output.
-        let mut dyb = gpu.zeros::<u16>(t * rows)?;
         let (off_f32, off_bf16) = if *fmt == "fp8" {
+            let mut dyb = gpu.zeros::<u16>(t * rows)?;
             let a = median_ms(gpu, repeats, || gpu.linear_official(&dx, &gw, &mut dy, *t))?;
             let b = median_ms(gpu, repeats, || gpu.linear_official_bf16(&dx, &gw, &mut dyb, *t))?;
             println!("time q8 {fmt} {name:<10} T={t:<5} [{rows}x{cols}]  official f32 out {a:.3} ms {:.0} TF/s | bf16 out (WQ_B_BF16_OUT) {b:.3} ms {:.0} TF/s", tf(a), tf(b));

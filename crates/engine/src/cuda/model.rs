@@ -672,6 +672,12 @@ pub fn decode_step_gpu(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, id: u32) 
     gpu.download(&lg)
 }
 
+/// The `wq_b` output of a layer: f32, or bf16 bits (`WQ_B_BF16_OUT`).
+enum WqBOut {
+    F32(DevBuf<f32>),
+    Bf16(DevBuf<u16>),
+}
+
 /// Projects a chunk through a compressor into the state's rows and emits the completed entries.
 fn compress_chunk(gpu: &Gpu, m: &GpuModel, cw: &GpuCompressor, cs: &mut GpuCompState, a: &CudaSlice<f32>, t: usize, pos0: usize) -> Result<(), CudaError> {
     let c = &m.config;
@@ -820,19 +826,19 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         let kernel = AttentionKernel::from_switches(h, hd, gpu.attention_bf16_ok(), gpu.attention_cand_split_ok());
         let fused_q = kernel != AttentionKernel::Exact && crate::switches::on("MLA_FUSED_Q_NORM");
         let wq_b_bf16 = fused_q && super::gpu::tc_linear_mode() == super::gpu::TcMode::Fp8 && crate::switches::on("WQ_B_BF16_OUT");
-        let (q0, q0b) = if wq_b_bf16 {
+        let q0 = if wq_b_bf16 {
             // SAFETY: written by the linear below.
-            let mut q0b = unsafe { gpu.scratch::<u16>(t * h * hd) }?;
-            gpu.linear_official_bf16(&qr, &l.wq_b, &mut q0b, t)?;
-            (None, Some(q0b))
+            let mut q0 = unsafe { gpu.scratch::<u16>(t * h * hd) }?;
+            gpu.linear_official_bf16(&qr, &l.wq_b, &mut q0, t)?;
+            WqBOut::Bf16(q0)
         } else {
             // SAFETY: written by the linear below.
             let mut q0 = unsafe { gpu.scratch::<f32>(t * h * hd) }?;
             gpu.linear_q(&qr, &l.wq_b, &mut q0, t)?;
-            (Some(q0), None)
+            WqBOut::F32(q0)
         };
         let q = match (&q0, fused_q) {
-            (Some(q0), false) => {
+            (WqBOut::F32(q0), false) => {
                 // SAFETY: written by the per-head RMSNorm + RoPE below.
                 let mut q = unsafe { gpu.scratch::<f32>(t * h * hd) }?;
                 gpu.rms_norm_rope(q0, None, &mut q, t, h, hd, eps, inv, rope, pos0)?;
@@ -840,11 +846,10 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             }
             _ => None,
         };
-        let query = match (&q, &q0, &q0b) {
-            (Some(q), _, _) => AttentionQuery::Normed(q),
-            (None, Some(q0), _) => AttentionQuery::Raw { q: q0, eps },
-            (None, None, Some(q0b)) => AttentionQuery::RawBf16 { q: q0b, eps },
-            (None, None, None) => return Err(CudaError::Unsupported { what: "forward", detail: "no wq_b output for the attention".into() }),
+        let query = match (&q, &q0) {
+            (Some(q), _) => AttentionQuery::Normed(q),
+            (None, WqBOut::F32(q0)) => AttentionQuery::Raw { q: q0, eps },
+            (None, WqBOut::Bf16(q0)) => AttentionQuery::RawBf16 { q: q0, eps },
         };
         // SAFETY: written by the RMSNorm + RoPE below.
         let mut kv = unsafe { gpu.scratch::<f32>(t * hd) }?;

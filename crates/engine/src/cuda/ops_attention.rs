@@ -703,8 +703,9 @@ impl Gpu {
         // SAFETY: the argument list matches the signature the attention kernels share (pointers incl.
         // the optional mask, then nine i32 and one f32; the streaming kernels then the planes pointer,
         // null for f32 output, the lo plane's offset as i64, the q-norm epsilon as f32, negative
-        // for normed queries, and q_bf16 as i32: 1 when q holds bf16 bits (raw queries only); the bf16 kernels' kv and entries are the bf16 copies of the same rows,
-        // kv from the chunk's first window row, with that base and row count); buffer sizes and the
+        // for normed queries, and q_bf16 as i32: 1 when q holds bf16 bits (raw queries only); the
+        // bf16 kernels' kv and entries are the bf16 copies of the same rows, kv from the chunk's
+        // first window row, with that base and row count); buffer sizes and the
         // window coverage were checked above; the streaming kernels get their full dynamic shared
         // memory (they trap on less).
         launched(name, unsafe { b.launch(cfg) }.map(|_| ()))
