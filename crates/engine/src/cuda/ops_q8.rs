@@ -183,10 +183,12 @@ pub fn ws_smem(format: &str) -> usize {
 }
 
 /// Dynamic shared memory of a `moe_wt` block (`GwtLayout` in gemm_q8.cu): 1 KB of alignment slack,
-/// 4 stages of 49,152 bytes (A 256 × 128, converted B 128 × 128), a packed-weight ring of 3 steps
+/// 3 stages of 49,152 bytes (A 256 × 128, converted B 128 × 128), a packed-weight ring of 3 steps
 /// (8,192 bytes each) and its words (3 × 2,560: four scale words and the block scales per producer
-/// thread), the full and empty barriers (8 bytes each per stage) and the 72-byte table.
-pub const WT_SMEM: usize = 1024 + 4 * 49152 + 3 * 8192 + 3 * 2560 + 2 * 4 * 8 + 72;
+/// thread), the epilogue's staging blocks (8 multiply warps × 16 × 40 f32), the full and empty
+/// barriers (8 bytes each per stage) and the 72-byte table. 4 stages and the staging blocks would
+/// not fit in 227 KB; 3 stages timed as 4 did (`bench/moe_wt_variants_h200.log`, 6492799).
+pub const WT_SMEM: usize = 1024 + 3 * 49152 + 3 * 8192 + 3 * 2560 + 8 * 16 * 40 * 4 + 2 * 3 * 8 + 72;
 
 /// Shared memory of any gemm_q8.cu GEMM entry point (by name).
 pub fn smem_of(name: &str) -> usize {
@@ -712,7 +714,7 @@ mod tests {
     fn tiled_moe_launch_matches_the_source() {
         let src = include_str!("kernels/gemm_q8.cu");
         assert!(src.contains("#define GWT_PRODUCERS 128") && src.contains("#define GWT_THREADS (256 + GWT_PRODUCERS)") && src.contains("#ifndef GWT_LAG\n#define GWT_LAG 2\n#endif"));
-        assert!(src.contains("#ifndef GWT_STAGES\n#define GWT_STAGES 4\n#endif"));
+        assert!(src.contains("#ifndef GWT_STAGES\n#define GWT_STAGES 3\n#endif") && src.contains("#ifndef GWT_EPI_STAGED\n#define GWT_EPI_STAGED 1\n#endif"));
         assert_eq!(WT_THREADS, 384);
         assert!(src.contains("__launch_bounds__(GWT_THREADS, 1)"));
         // setmaxnreg.inc draws on the registers the block holds: the split must sum to what the
@@ -721,7 +723,8 @@ mod tests {
         const { assert!(128 * 72 + 256 * 216 == 384 * WT_REGS) };
         assert!(src.contains("static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;") && src.contains("static constexpr int A = 0, BC = 32768, STAGE = 49152;"));
         assert!(src.contains("static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;"));
-        assert_eq!(WT_SMEM, 230_024);
+        assert!(src.contains("EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;"));
+        assert_eq!(WT_SMEM, 201_336);
         const { assert!(WT_SMEM <= 227 * 1024) };
         assert_eq!(smem_of("moe_wt_fp4_256_swiglu"), WT_SMEM);
         for epi in ["plain", "swiglu", "scatter"] {

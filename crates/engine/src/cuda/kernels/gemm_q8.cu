@@ -1080,13 +1080,19 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // the code is ours.
 
 // The copy lag and the ring depth, overridable for timing (FLASHSEEK_KERNEL_DEFINES; nvrtc.rs) as
-// long as GwtLayout fits the WT_SMEM bytes the host launches with (4 stages: lag ≤ 2; 3 stages:
-// lag ≤ 6; more traps in gw_smem_base).
+// long as GwtLayout fits the WT_SMEM bytes the host launches with (3 stages: lag ≤ 2, ≤ 3 with
+// GWT_EPI_STAGED=0; 2 stages: lag ≤ 6; 4 stages do not fit; more traps
+// in gw_smem_base).
 #ifndef GWT_LAG
 #define GWT_LAG 2
 #endif
 #ifndef GWT_STAGES
-#define GWT_STAGES 4
+#define GWT_STAGES 3
+#endif
+// The epilogue through per-warp staging blocks (gwt_store; 1, the default) or gw_store's direct
+// 8-byte stores (0; timing only: the same values at the same places).
+#ifndef GWT_EPI_STAGED
+#define GWT_EPI_STAGED 1
 #endif
 // Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n, n a sum of bits; wrong
 // results): 1 the producer stores its packed bytes unconverted, 2 the multiply warpgroups skip the
@@ -1131,16 +1137,82 @@ extern "C" __global__ void fp4_block_smax(const unsigned long long* __restrict__
 // Shared memory: STAGES stages of A (four 64-row sub-tiles, 32 KB) and the converted B [128][128]
 // e4m3 (16 KB), both swizzled; the packed-weight ring (RAW steps of [128][64] bytes) and its words
 // (RAW × 5 × 128 u32: per producer thread its four units' scale words and the step's block
-// scales); the full and empty barriers; the fp4 table.
+// scales); the epilogue's staging blocks (GWT_EPI_STAGED: 16 × 40 f32 per multiply warp); the full
+// and empty barriers; the fp4 table.
 struct GwtLayout {
     static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;
     static constexpr int A = 0, BC = 32768, STAGE = 49152;
     static constexpr int BR = STAGES * STAGE;
     static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;
-    static constexpr int BARS = SW + RAW * SW_SLOT;
+    static constexpr int EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;
+    static constexpr int BARS = EPS + EPS_BYTES;
     static constexpr int LUT = BARS + 2 * STAGES * 8;
     static constexpr int TOTAL = 1024 + LUT + 72;
 };
+
+// moe_wt's epilogue (GWT_EPI_STAGED): gw_store's values to gw_store's places, staged through the
+// warp's block sc (16 rows × 40 f32; conflict-free for the float2 writes of a half warp and the
+// float4 reads of a quarter warp) 32 output columns at a time, then stored as 128-byte row segments:
+// a 16-byte store per lane covering four rows per instruction, where gw_store's 8-byte stores cover
+// eight rows in 32-byte pieces (the direct stores' request count, not their bytes, cost the layer
+// ~0.6 ms at T = 8,192: MOE_WT_DIAG 1024, and bf16 outputs of half the bytes did not help).
+// The thread's rows are row_a, row_a + 8 of the warp's 16 (row_a − lane / 4 …); per chunk it stores
+// rows lane / 8 + 4 i (i < 4), columns 4 (lane % 8) … + 3. EPI 1 stores hidden units (n0 / 2 + …;
+// N / 2 of them), EPI 2 rows dst[row] ≥ 0, EPI 0 every row (moe_wt has no T bound).
+template <int EPI>
+__device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int n0, int lane, float* sc, const float (&acc)[64]) {
+    const int g4 = lane >> 2, c2 = (lane & 3) * 2, wr = row_a - g4;
+    const GqRow R[2] = {gq_row<EPI>(E, row_a), gq_row<EPI>(E, row_a + 8)};
+    // Output row of each stored row (row i / 2 of R on lane 4 (ρ % 8), ρ = lane / 8 + 4 i).
+    int orow[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int rho = (lane >> 3) + 4 * i, src = 4 * (rho & 7);
+        const int o = __shfl_sync(0xffffffffu, R[i >> 1].orow, src);
+        orow[i] = EPI == 2 ? o : wr + rho;
+    }
+    constexpr int NC = EPI == 1 ? 2 : 4;
+    const int width = EPI == 1 ? N / 2 : N, c0 = EPI == 1 ? n0 >> 1 : n0;
+    float* out = EPI == 1 ? E.hf : E.y;
+    const size_t ld = EPI == 1 ? (size_t)E.ldh : (size_t)N;
+    const bool vec = (ld & 3) == 0 && (reinterpret_cast<size_t>(out) & 15) == 0;
+#pragma unroll
+    for (int q = 0; q < NC; q++) {
+        __syncwarp();  // the previous chunk's reads are done
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            const int j = 4 * q + jj;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float v0, v1;
+                if constexpr (EPI == 1) {
+                    v0 = fs_swiglu(acc[4 * (2 * j) + 2 * h], acc[4 * (2 * j + 1) + 2 * h], E.limit) * R[h].gam;
+                    v1 = fs_swiglu(acc[4 * (2 * j) + 2 * h + 1], acc[4 * (2 * j + 1) + 2 * h + 1], E.limit) * R[h].gam;
+                } else {
+                    v0 = acc[4 * j + 2 * h];
+                    v1 = acc[4 * j + 2 * h + 1];
+                }
+                *reinterpret_cast<float2*>(sc + (g4 + 8 * h) * 40 + 8 * jj + c2) = make_float2(v0, v1);
+            }
+        }
+        __syncwarp();
+        const int col = c0 + 32 * q + 4 * (lane & 7);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (EPI == 2 && orow[i] < 0) continue;
+            const float4 v = *reinterpret_cast<const float4*>(sc + ((lane >> 3) + 4 * i) * 40 + 4 * (lane & 7));
+            float* d = out + (size_t)orow[i] * ld + col;
+            if (vec && col + 3 < width) {
+                *reinterpret_cast<float4*>(d) = v;
+            } else {
+                if (col < width) d[0] = v.x;
+                if (col + 1 < width) d[1] = v.y;
+                if (col + 2 < width) d[2] = v.z;
+                if (col + 3 < width) d[3] = v.w;
+            }
+        }
+    }
+}
 
 template <int EPI>
 __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
@@ -1405,8 +1477,14 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         if (acc0[0] + acc1[1] == 1234.5f)
 #endif
         {
+#if GWT_EPI_STAGED
+            float* sc = reinterpret_cast<float*>(gbase + L::EPS) + warp * L::EPS_WARP;
+            if (l0) gwt_store<EPI>(E, N, row0, P.n0, lane, sc, acc0);
+            if (l1) gwt_store<EPI>(E, N, row0 + 64, P.n0, lane, sc, acc1);
+#else
             if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
             if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
+#endif
         }
     }
 }
