@@ -184,13 +184,11 @@ pub fn ws_smem(format: &str) -> usize {
 
 /// Dynamic shared memory of a `moe_wt` block (`GwtLayout` in gemm_q8.cu): 1 KB of alignment slack,
 /// 3 stages of 49,152 bytes (A 256 × 128, converted B 128 × 128), a packed-weight ring of 3 steps
-/// (128 rows of 80 bytes each) and its words (3 × 1,024: a scale word and a block scale per
-/// producer thread), the epilogue's staging blocks (8 multiply warps × 16 × 40 f32), the full and
-/// empty barriers (8 bytes each per stage) and the raw slots' (8 bytes each), and the 72-byte table.
-/// 4 stages and the staging blocks would not fit in 227 KB; 3 stages timed as 4 did
-/// (`bench/moe_wt_variants_h200.log`, 6492799). The timing forms `GWT_ROW_COPY=0` and
-/// `GWT_EPI_STAGED=0` need less.
-pub const WT_SMEM: usize = 1024 + 3 * 49152 + 3 * 128 * 80 + 3 * 1024 + 8 * 16 * 40 * 4 + (2 * 3 + 3) * 8 + 72;
+/// (8,192 bytes each) and its words (3 × 2,560: four scale words and the block scales per producer
+/// thread), the epilogue's staging blocks (8 multiply warps × 16 × 40 f32), the full and empty
+/// barriers (8 bytes each per stage) and the 72-byte table. 4 stages and the staging blocks would
+/// not fit in 227 KB; 3 stages timed as 4 did (`bench/moe_wt_variants_h200.log`, 6492799).
+pub const WT_SMEM: usize = 1024 + 3 * 49152 + 3 * 8192 + 3 * 2560 + 8 * 16 * 40 * 4 + 2 * 3 * 8 + 72;
 
 /// Shared memory of any gemm_q8.cu GEMM entry point (by name).
 pub fn smem_of(name: &str) -> usize {
@@ -717,7 +715,6 @@ mod tests {
         let src = include_str!("kernels/gemm_q8.cu");
         assert!(src.contains("#define GWT_PRODUCERS 128") && src.contains("#define GWT_THREADS (256 + GWT_PRODUCERS)") && src.contains("#ifndef GWT_LAG\n#define GWT_LAG 2\n#endif"));
         assert!(src.contains("#ifndef GWT_STAGES\n#define GWT_STAGES 3\n#endif") && src.contains("#ifndef GWT_EPI_STAGED\n#define GWT_EPI_STAGED 1\n#endif"));
-        assert!(src.contains("#ifndef GWT_ROW_COPY\n#define GWT_ROW_COPY 1\n#endif"));
         assert_eq!(WT_THREADS, 384);
         assert!(src.contains("__launch_bounds__(GWT_THREADS, 1)"));
         // setmaxnreg.inc draws on the registers the block holds: the split must sum to what the
@@ -725,11 +722,9 @@ mod tests {
         assert!(src.contains("setmaxnreg.dec.sync.aligned.u32 72;") && src.contains("setmaxnreg.inc.sync.aligned.u32 216;"));
         const { assert!(128 * 72 + 256 * 216 == 384 * WT_REGS) };
         assert!(src.contains("static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;") && src.contains("static constexpr int A = 0, BC = 32768, STAGE = 49152;"));
-        assert!(src.contains("static constexpr int RAW_LD = GWT_ROW_COPY ? 80 : 64, RAW_SLOT = 128 * RAW_LD;"));
-        assert!(src.contains("static constexpr int SW = BR + RAW * RAW_SLOT, SW_SLOT = (GWT_ROW_COPY ? 2 : 5) * GWT_PRODUCERS * 4;"));
-        assert!(src.contains("static constexpr int LUT = BARS + (2 * STAGES + (GWT_ROW_COPY ? RAW : 0)) * 8;"));
+        assert!(src.contains("static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;"));
         assert!(src.contains("EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;"));
-        assert_eq!(WT_SMEM, 202_896);
+        assert_eq!(WT_SMEM, 201_336);
         const { assert!(WT_SMEM <= 227 * 1024) };
         assert_eq!(smem_of("moe_wt_fp4_256_swiglu"), WT_SMEM);
         for epi in ["plain", "swiglu", "scatter"] {

@@ -1094,12 +1094,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef GWT_EPI_STAGED
 #define GWT_EPI_STAGED 1
 #endif
-// The producer's packed-weight copies: one 64-byte cp.async.bulk per thread and step (its tile row,
-// completing on the raw slot's mbarrier; 1, the default), or four 16-byte cp.async per thread
-// waited by cp.async groups (0; timing only: the same bytes converted the same way).
-#ifndef GWT_ROW_COPY
-#define GWT_ROW_COPY 1
-#endif
 // Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n, n a sum of bits; wrong
 // results): 1 the producer stores its packed bytes unconverted, 2 the multiply warpgroups skip the
 // wgmma and promotion, 4 they skip the promotion, 8 the producer stores no converted tile, 16 the
@@ -1149,12 +1143,10 @@ struct GwtLayout {
     static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;
     static constexpr int A = 0, BC = 32768, STAGE = 49152;
     static constexpr int BR = STAGES * STAGE;
-    // GWT_ROW_COPY: raw rows of 80 bytes (64 + 16: conflict-free 16-byte reads by consecutive rows).
-    static constexpr int RAW_LD = GWT_ROW_COPY ? 80 : 64, RAW_SLOT = 128 * RAW_LD;
-    static constexpr int SW = BR + RAW * RAW_SLOT, SW_SLOT = (GWT_ROW_COPY ? 2 : 5) * GWT_PRODUCERS * 4;
+    static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;
     static constexpr int EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;
     static constexpr int BARS = EPS + EPS_BYTES;
-    static constexpr int LUT = BARS + (2 * STAGES + (GWT_ROW_COPY ? RAW : 0)) * 8;
+    static constexpr int LUT = BARS + 2 * STAGES * 8;
     static constexpr int TOTAL = 1024 + LUT + 72;
 };
 
@@ -1245,9 +1237,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             gws_bar_init(full0 + 8 * s, NP + 1);  // each producer thread after converting, and thread 0's byte count
             gws_bar_init(empty0 + 8 * s, 8);
         }
-#if GWT_ROW_COPY
-        for (int r = 0; r < RAW; r++) gws_bar_init(empty0 + 8 * ST + 8 * r, NP);  // each producer thread's row copy
-#endif
         gws_bar_init_fence();
     }
     gq_fill_lut(lut, tid, GWT_THREADS);
@@ -1268,145 +1257,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         return ((size_t)items[2 * (w / tiles_n)] * NBW + nb) * KT;
     };
 
-#if GWT_ROW_COPY
-    if (tid >= 256) {
-        GW_ASM("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
-        // Producer thread p owns tile row p: it copies the row's 64 packed bytes of each step with
-        // one cp.async.bulk into its 80-byte row of the step's raw slot (completing on the slot's
-        // barrier, which every producer thread arrives at once per use), loads the row's scale word
-        // and block scale, and GWT_LAG steps later converts the row's 128 values into the stage
-        // (chunks 2 g, 2 g + 1 of row p for its four 32-groups g): the same bytes as the form below,
-        // which converts rows p / 4 + 32 u, group p % 4. A thread reads and rewrites only its own row
-        // and words, so a raw slot needs no release between its uses.
-        const int p = tid - 256;
-        const size_t wrow = (size_t)K / 2;
-        const int sg = K >> 5;
-        const u32 raw0 = empty0 + 8 * ST;  // the raw slots' barriers
-        const int units = blockIdx.x < total ? (total - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-        const int steps = units * KT;
-        int cw = blockIdx.x, ck = 0, jn = 0;
-        const u8* b_src = nullptr;
-        const u8* s_src = nullptr;
-        const u8* bs_src = bsg;
-        bool b_ok = false;
-        // Row p's block-scale table (EPI 1: rows 8–15 of each 16 are W3's, bsu).
-        const u8* bs_tab = EPI == 1 && ((p >> 3) & 1) ? bsu : bsg;
-        auto copy_unit = [&] {
-            const GqProb P = prob(cw);
-            bs_src = bs_tab + block_row(cw, P.n0);
-            const int n = P.n0 + p;
-            b_ok = n < N;
-            if (b_ok) {
-                b_src = fused_wrow<EPI>(P, n, wrow);
-                const u8* sp;
-                const int sn = fused_srow<EPI>(P, n, sp);
-                s_src = sp + (size_t)sn * sg;
-            }
-        };
-        if (steps > 0) copy_unit();
-        // The scale word and block scale of the last step issued, stored into the thread's own words
-        // of that step's raw slot when the next copy is issued (before that step is converted).
-        u32 pend[2];
-        int pend_slot = -1;
-        auto issue = [&] {
-            if (pend_slot >= 0) {
-#pragma unroll
-                for (int u = 0; u < 2; u++) *reinterpret_cast<u32*>(gbase + L::SW + pend_slot * L::SW_SLOT + (u * NP + p) * 4) = pend[u];
-                pend_slot = -1;
-            }
-            if (jn < steps) {
-                const int slot = jn % RAW;
-                const u32 bar = raw0 + 8 * slot;
-                // Rows past N copy nothing (their stale bytes convert to finite values in columns that
-                // are never stored) and take scale word 0.
-#if MOE_WT_DIAG & 128
-                gws_arrive(bar);
-#else
-                if (b_ok) {
-                    GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 64;" ::"r"(bar) : "memory");
-                    gws_bulk_copy<64>(base + L::BR + slot * L::RAW_SLOT + p * L::RAW_LD, b_src + (size_t)ck * 64, bar);
-                } else {
-                    gws_arrive(bar);
-                }
-#endif
-#if MOE_WT_DIAG & 64
-                pend[0] = 0u;
-                pend[1] = 8u;  // group scales ≤ the block's: table rows in range
-#else
-                pend[0] = b_ok ? __ldg(reinterpret_cast<const u32*>(s_src) + ck) : 0u;
-                pend[1] = __ldg(bs_src + ck);
-#endif
-                pend_slot = slot;
-                jn++;
-                if (++ck == KT) {
-                    ck = 0;
-                    cw += gridDim.x;
-                    if (jn < steps) copy_unit();
-                }
-            }
-        };
-        for (int i = 0; i < LAG; i++) issue();
-        GwsRing<ST> ring;
-        int j = 0;  // steps converted
-        for (int w = blockIdx.x; w < total; w += gridDim.x) {
-            const GqProb P = prob(w);
-            int nlive = 1;
-#pragma unroll
-            for (int st = 1; st < 4; st++) nlive += live(P.m0, st);
-            const u8* a_src = P.q + (size_t)(P.m0 >> 6) * KT * 8192;
-            for (int kt = 0; kt < KT; kt++, j++, ring.next()) {
-                issue();  // step j + LAG
-                const int s = ring.s;
-                const int slot = j % RAW;
-                gws_wait(raw0 + 8 * slot, (u32)(j / RAW) & 1u);
-                const u8* raw = gbase + L::BR + slot * L::RAW_SLOT + p * L::RAW_LD;
-                const u32* words = reinterpret_cast<const u32*>(gbase + L::SW + slot * L::SW_SLOT);
-                const u32 sw = words[p], smax = words[NP + p];
-                uint4 v[4];
-                uint2 tb[4];
-#pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    v[g] = *reinterpret_cast<const uint4*>(raw + g * 16);
-                    const int dd = max((int)((sw >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
-                    tb[g] = *reinterpret_cast<const uint2*>(lut + 2 * dd);
-                }
-                uint4 o[4][2];
-#if MOE_WT_DIAG & 1
-#pragma unroll
-                for (int g = 0; g < 4; g++) o[g][0] = o[g][1] = make_uint4(v[g].x ^ tb[g].x, v[g].y, v[g].z, v[g].w ^ tb[g].y);
-#else
-#pragma unroll
-                for (int g = 0; g < 4; g++) gq_fp4x32(v[g], tb[g], o[g][0], o[g][1]);
-#endif
-                gws_wait(empty0 + 8 * s, ring.ph ^ 1);
-                if (p == 0) {
-#if MOE_WT_DIAG & 256
-                    const int ncopy = 0;
-#else
-                    const int ncopy = nlive;
-#endif
-                    const u32 bar = full0 + 8 * s, bytes = (u32)ncopy * 8192u;
-                    GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-                    for (int st = 0; st < ncopy; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + st * 8192, a_src + ((size_t)st * KT + kt) * 8192, bar);
-                }
-                u8* bc = gbase + s * L::STAGE + L::BC;
-#if MOE_WT_DIAG & 8
-                if ((o[0][0].x & o[1][0].y & o[2][1].z & o[3][1].w) == 0x12345678u)
-#endif
-#pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    *reinterpret_cast<uint4*>(bc + gw_swz(p, 2 * g)) = o[g][0];
-                    *reinterpret_cast<uint4*>(bc + gw_swz(p, 2 * g + 1)) = o[g][1];
-                }
-#if !(MOE_WT_DIAG & 32)
-                gw_fence_proxy();
-#endif
-                gws_arrive(full0 + 8 * s);
-            }
-        }
-        return;
-    }
-#else
     if (tid >= 256) {
         GW_ASM("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
         const int p = tid - 256, g = p & 3;
@@ -1552,7 +1402,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         gm_wait<0>();
         return;
     }
-#endif
 
     // Multiply warpgroups 0 and 1: rows m0 + 128 wg … + 127 as sub-tiles 2 wg and 2 wg + 1.
     GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
