@@ -339,8 +339,12 @@ fn env_value(s: &Switch) -> Option<String> {
 }
 
 /// `FLASHSEEK_*` variables that are not switches: the model cache, the build's commit, the test
-/// and script settings.
-pub const OTHER_VARIABLES: &[&str] = &["FLASHSEEK_CACHE", "FLASHSEEK_COMMIT", "FLASHSEEK_REQUIRE_NVRTC", "FLASHSEEK_URL", "FLASHSEEK_API_KEY", "FLASHSEEK_BIN"];
+/// and script settings, and the kernels' development knob `FLASHSEEK_KERNEL_DEFINES` (timing
+/// variants compiled in; `cuda::nvrtc::full_source`).
+pub const OTHER_VARIABLES: &[&str] = &["FLASHSEEK_CACHE", "FLASHSEEK_COMMIT", "FLASHSEEK_REQUIRE_NVRTC", "FLASHSEEK_URL", "FLASHSEEK_API_KEY", "FLASHSEEK_BIN", KERNEL_DEFINES_VAR];
+
+/// The environment variable of the kernels' compile-time variants (`cuda::nvrtc::full_source`).
+pub const KERNEL_DEFINES_VAR: &str = "FLASHSEEK_KERNEL_DEFINES";
 
 /// Variable names in `vars` that start with `FLASHSEEK_` in any case but are neither a switch's
 /// variable nor one of [`OTHER_VARIABLES`] as spelt (a misspelt or lower-case switch would otherwise
@@ -437,20 +441,33 @@ pub fn value_of(name: &str) -> (&'static str, Origin) {
 
 /// The command line that reproduces this process's switch values, for reports' `command` field:
 /// `FLASHSEEK_<NAME>=<value>` for each switch set through the environment (those set by
-/// `--switch` are among the arguments), then `args` (the process's arguments), space-separated.
+/// `--switch` are among the arguments) and `FLASHSEEK_KERNEL_DEFINES` when set (the kernels then
+/// differ from the build's), then `args` (the process's arguments), space-separated.
 pub fn reproducible_command(args: impl IntoIterator<Item = String>) -> String {
-    let env: Vec<(String, &str)> = SWITCHES
+    let mut env: Vec<(String, String)> = SWITCHES
         .iter()
         .filter_map(|s| {
             let (v, origin) = value_of(s.name);
-            (origin == Origin::Env).then(|| (s.env_var(), v))
+            (origin == Origin::Env).then(|| (s.env_var(), v.to_string()))
         })
         .collect();
+    if let Some(d) = std::env::var(KERNEL_DEFINES_VAR).ok().filter(|v| !v.trim().is_empty()) {
+        env.push((KERNEL_DEFINES_VAR.to_string(), shell_word(&d)));
+    }
     with_env_prefix(&env, args)
 }
 
+/// `v` as one POSIX shell word: as is when it holds only ASCII letters, digits and `_=,.:/+-`, else
+/// in single quotes (a quote inside closed, escaped and reopened).
+fn shell_word(v: &str) -> String {
+    if !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || "_=,.:/+-".contains(c)) {
+        return v.to_string();
+    }
+    format!("'{}'", v.replace('\'', r"'\''"))
+}
+
 /// `NAME=value` for each pair, then the arguments, space-separated.
-fn with_env_prefix(env: &[(String, &str)], args: impl IntoIterator<Item = String>) -> String {
+fn with_env_prefix(env: &[(String, String)], args: impl IntoIterator<Item = String>) -> String {
     env.iter().map(|(n, v)| format!("{n}={v}")).chain(args).collect::<Vec<_>>().join(" ")
 }
 
@@ -727,10 +744,21 @@ mod tests {
 
     #[test]
     fn reproducible_commands_put_environment_switches_first() {
-        let env = [("FLASHSEEK_TC_LINEAR".to_string(), "fp8"), ("FLASHSEEK_MLA_BF16".to_string(), "on")];
+        let env = [("FLASHSEEK_TC_LINEAR", "fp8"), ("FLASHSEEK_MLA_BF16", "on")].map(|(n, v)| (n.to_string(), v.to_string()));
         let args = ["flashseek", "gpu-bench", "--layers", "20"].map(String::from);
         assert_eq!(with_env_prefix(&env, args.clone()), "FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on flashseek gpu-bench --layers 20");
         assert_eq!(with_env_prefix(&[], args), "flashseek gpu-bench --layers 20");
+    }
+
+    /// Kernel defines go into the command as one shell word; the variable is not "unknown".
+    #[test]
+    fn kernel_defines_are_recorded_as_one_shell_word() {
+        assert_eq!(shell_word("GWT_EPI_STAGED=0,MOE_WT_DIAG=75"), "GWT_EPI_STAGED=0,MOE_WT_DIAG=75");
+        assert_eq!(shell_word("A=1, B=2"), "'A=1, B=2'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(shell_word(""), "''");
+        let vars = ["FLASHSEEK_KERNEL_DEFINES", "FLASHSEEK_KERNEL_DEFINE"].map(std::ffi::OsString::from);
+        assert_eq!(unknown_variables(vars.into_iter()), vec!["FLASHSEEK_KERNEL_DEFINE".to_string()]);
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub fn full_source(file: &str, src: &str) -> String {
 /// The `#define` lines `FLASHSEEK_KERNEL_DEFINES` adds to every kernel source (see [`full_source`]),
 /// `None` when it adds none.
 pub fn kernel_defines_in_effect() -> Option<String> {
-    std::env::var("FLASHSEEK_KERNEL_DEFINES").ok().map(|v| kernel_defines(&v)).filter(|d| !d.is_empty())
+    std::env::var(crate::switches::KERNEL_DEFINES_VAR).ok().map(|v| kernel_defines(&v)).filter(|d| !d.is_empty())
 }
 
 /// `#define` lines of a `FLASHSEEK_KERNEL_DEFINES` value (see [`full_source`]).
