@@ -71,6 +71,33 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         let differ = differing_bits(&got, &cpu);
         all &= flag_record(out, "act_roundtrip_fp8 vs cpu bits", json!({"shape": [t, k], "differing_values": differ, "of": cpu.len()}), differ == 0);
     }
+    // The shared expert's down-projection input quantized from gate and up (act_quant_swiglu)
+    // against swiglu then act_quant: the same bytes and scale bits. Values up to 2^12 against a
+    // limit of 7 (both clamps taken), a NaN gate and a NaN up value, widths not multiples of 4 /
+    // 128, several grid-stride turns at 8,192 × 2,048.
+    for (t, k) in [(37usize, 203usize), (130, 2048), (8192, 2048)] {
+        let mut g = spread_activations(seed, &format!("q8.swiglu.g.{k}"), t, k);
+        let mut u = spread_activations(seed, &format!("q8.swiglu.u.{k}"), t, k);
+        g[k + 5] = f32::NAN;
+        u[2 * k + 9] = f32::NAN;
+        let limit = 7.0f32;
+        let (dg, du) = (gpu.upload(&g)?, gpu.upload(&u)?);
+        let fused = gpu.act_quant_swiglu(&dg, &du, limit, t, k)?;
+        let mut dh = gpu.upload(&vec![0f32; t * k])?;
+        gpu.swiglu(&dg, &du, &mut dh, t * k, limit)?;
+        let sep = gpu.act_quant(&dh, t, k)?;
+        let (fq, sq) = (gpu.download(&fused.q)?, gpu.download(&sep.q)?);
+        let (fs, ss) = (gpu.download(&fused.sa)?, gpu.download(&sep.sa)?);
+        let bytes = fq.iter().zip(&sq).filter(|(a, b)| a != b).count() + fq.len().abs_diff(sq.len());
+        let scales = differing_bits(&fs, &ss);
+        let layout = (fused.rows, fused.kp, fused.tiled) == (sep.rows, sep.kp, sep.tiled);
+        all &= flag_record(
+            out,
+            "act_quant swiglu vs swiglu then act_quant bits",
+            json!({"shape": [t, k], "differing_bytes": bytes, "of": sq.len(), "differing_scales": scales, "of_scales": ss.len(), "same_layout": layout}),
+            bytes == 0 && scales == 0 && layout,
+        );
+    }
     // The FP8 GEMM.
     let shapes: &[(&str, &str, usize, usize, usize)] = &[
         ("fp8", "attn.wq_b", 32768, 1024, 200),
@@ -292,6 +319,21 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
         ("fp8", "attn.wq_b", 32768, 1024, 2048),
     ];
     let mut rows_out = Vec::new();
+    // The shared expert's down input at a Flash prefill chunk (8,192 × 2,048): swiglu then
+    // act_quant against act_quant_swiglu (bytes moved: g and u read, h written and read back).
+    {
+        let (t, k) = (8192usize, 2048usize);
+        let dg = gpu.upload(&random(seed, "q8time.swiglu.g", t * k, 2.0))?;
+        let du = gpu.upload(&random(seed, "q8time.swiglu.u", t * k, 2.0))?;
+        let mut dh = gpu.zeros::<f32>(t * k)?;
+        let sep = median_ms(gpu, repeats, || {
+            gpu.swiglu(&dg, &du, &mut dh, t * k, 7.0)?;
+            gpu.act_quant(&dh, t, k).map(|_| ())
+        })?;
+        let fused = median_ms(gpu, repeats, || gpu.act_quant_swiglu(&dg, &du, 7.0, t, k).map(|_| ()))?;
+        println!("time q8 swiglu+act_quant T={t} [{k}]  swiglu then act_quant {sep:.3} ms | act_quant_swiglu {fused:.3} ms");
+        rows_out.push(json!({"op": "act_quant_swiglu", "tokens": t, "cols": k, "separate_ms": sep, "fused_ms": fused, "repeats": repeats}));
+    }
     for (fmt, name, rows, cols, t) in timed {
         let vals = random(seed, &format!("q8time.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());
         let (gw, _) = weight(gpu, fmt, &vals, *rows, *cols)?;

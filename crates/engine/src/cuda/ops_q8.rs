@@ -190,6 +190,24 @@ pub fn ws_smem(format: &str) -> usize {
 /// not fit in 227 KB; 3 stages timed as 4 did (`bench/moe_wt_variants_h200.log`, 6492799).
 pub const WT_SMEM: usize = 1024 + 3 * 49152 + 3 * 8192 + 3 * 2560 + 8 * 16 * 40 * 4 + 2 * 3 * 8 + 72;
 
+/// The shape rules of [`Gpu::act_quant_grouped`] (x of `x_len` values for `r_cap` rows of `k`,
+/// r_cap a multiple of 128, a row-count word, `rows.live` only tiled and covering r_cap), checked
+/// before anything is allocated.
+fn check_grouped_quant(x_len: usize, r_cap: usize, k: usize, tiled: bool, rows: &GroupedRows<'_>) -> Result<(), CudaError> {
+    if x_len < r_cap * k || !r_cap.is_multiple_of(128) {
+        return Err(bad(format!("{x_len} values for {r_cap} grouped rows (a multiple of 128) of {k}")));
+    }
+    if rows.rows.is_empty() {
+        return Err(bad("no device word for the grouped row count"));
+    }
+    if let Some(live) = &rows.live {
+        if !tiled || live.len() < r_cap {
+            return Err(bad(format!("sub-tile liveness of {} rows for {r_cap} rows ({})", live.len(), if tiled { "tiled" } else { "not tiled" })));
+        }
+    }
+    Ok(())
+}
+
 /// Shared memory of any gemm_q8.cu GEMM entry point (by name).
 pub fn smem_of(name: &str) -> usize {
     if name.starts_with("moe_wt_") {
@@ -279,7 +297,8 @@ pub(crate) struct GroupedRows<'a> {
 
 impl Gpu {
     #[allow(clippy::too_many_arguments)]
-    fn act_quant_launch(&self, x: &CudaSlice<f32>, q: Option<(&mut CudaSlice<u8>, &mut CudaSlice<f32>)>, t: usize, k: usize, tp: usize, tiled: bool, grouped: Option<GroupedRows<'_>>) -> Result<(), CudaError> {
+    #[allow(clippy::too_many_arguments)]
+    fn act_quant_launch(&self, x: &CudaSlice<f32>, q: Option<(&mut CudaSlice<u8>, &mut CudaSlice<f32>)>, t: usize, k: usize, tp: usize, tiled: bool, grouped: Option<GroupedRows<'_>>, swiglu: Option<(&CudaSlice<f32>, f32)>) -> Result<(), CudaError> {
         let kb = k.div_ceil(Q8_BLOCK);
         let warps = if q.is_some() { tp * kb } else { t * kb };
         if warps == 0 {
@@ -315,10 +334,15 @@ impl Gpu {
                 b.arg(&null).arg(&null);
             }
         }
-        // SAFETY: matches act_quant_fp8(x, q, sa, T, K, Tp, mode, rows, live); x holds T·K floats
-        // (checked by the callers), q Tp·Kp bytes and sa Tp·Kp/128 floats when quantizing (tiled:
-        // the same bytes in gq_tiled's order, Tp a multiple of 128); rows one int, live (tiled only)
-        // ≥ Tp ints ([`GroupedRows`]).
+        let no_limit = 0f32;
+        match &swiglu {
+            Some((up, limit)) => b.arg(*up).arg(limit),
+            None => b.arg(&null).arg(&no_limit),
+        };
+        // SAFETY: matches act_quant_fp8(x, q, sa, T, K, Tp, mode, rows, live, up, limit); x (and up
+        // when given) holds T·K floats (checked by the callers), q Tp·Kp bytes and sa Tp·Kp/128
+        // floats when quantizing (tiled: the same bytes in gq_tiled's order, Tp a multiple of 128);
+        // rows one int, live (tiled only) ≥ Tp ints ([`GroupedRows`]).
         drv("act_quant_fp8", unsafe { b.launch(cfg) }).map(|_| ())
     }
 
@@ -344,7 +368,7 @@ impl Gpu {
         let mut q = unsafe { self.scratch::<u8>(rows * kp) }?;
         // SAFETY: as above, one scale per (row, block).
         let mut sa = unsafe { self.scratch::<f32>(rows * kp / Q8_BLOCK) }?;
-        self.act_quant_launch(x, Some((&mut q, &mut sa)), t, k, rows, tiled, None)?;
+        self.act_quant_launch(x, Some((&mut q, &mut sa)), t, k, rows, tiled, None, None)?;
         Ok(QuantizedActs { q, sa, rows, kp, tiled })
     }
 
@@ -357,6 +381,7 @@ impl Gpu {
     /// Errors: as [`Gpu::act_quant`]; r_cap not a multiple of 128, no row-count word, `rows.live`
     /// shorter than r_cap or given without `tiled`.
     pub(crate) fn act_quant_grouped(&self, x: &CudaSlice<f32>, r_cap: usize, k: usize, tiled: bool, rows: GroupedRows<'_>) -> Result<QuantizedActs, CudaError> {
+        check_grouped_quant(x.len(), r_cap, k, tiled, &rows)?;  // before the scratch is taken
         let kp = act_cols(k);
         // SAFETY: the rows a tile reads are written by act_quant_fp8 (see above); no kernel reads the others.
         let mut q = unsafe { self.scratch::<u8>(r_cap * kp) }?;
@@ -372,22 +397,31 @@ impl Gpu {
     /// Errors: as [`Gpu::act_quant_grouped`], or `q` / `sa` shorter than that.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn act_quant_grouped_into(&self, x: &CudaSlice<f32>, q: &mut CudaSlice<u8>, sa: &mut CudaSlice<f32>, r_cap: usize, k: usize, tiled: bool, rows: GroupedRows<'_>) -> Result<(), CudaError> {
+        check_grouped_quant(x.len(), r_cap, k, tiled, &rows)?;
         let kp = act_cols(k);
-        if x.len() < r_cap * k || !r_cap.is_multiple_of(128) {
-            return Err(bad(format!("{} values for {r_cap} grouped rows (a multiple of 128) of {k}", x.len())));
-        }
         if q.len() < r_cap * kp || sa.len() < r_cap * kp / Q8_BLOCK {
             return Err(bad(format!("{} bytes and {} scales for {r_cap} rows of {kp}", q.len(), sa.len())));
         }
-        if rows.rows.is_empty() {
-            return Err(bad("no device word for the grouped row count"));
+        self.act_quant_launch(x, Some((q, sa)), r_cap, k, r_cap, tiled, Some(rows), None)
+    }
+
+    /// [`Gpu::act_quant`] of the SwiGLU `h = silu(min(g, limit))·clamp(u, ±limit)` of `t` rows of
+    /// gate `g` and up `u` (`[t, k]` f32 each) without writing h: the same bytes and scales as
+    /// [`Gpu::swiglu`] then [`Gpu::act_quant`] (gpu-check `act_quant swiglu … bits`). The shared
+    /// expert's down-projection input (spec §4.11 SwiGLU, §10.1 activation quantisation).
+    ///
+    /// Errors: `g` or `u` shorter than `t·k`, launch failures.
+    pub fn act_quant_swiglu(&self, g: &CudaSlice<f32>, u: &CudaSlice<f32>, limit: f32, t: usize, k: usize) -> Result<QuantizedActs, CudaError> {
+        if g.len() < t * k || u.len() < t * k {
+            return Err(bad(format!("{} gate and {} up values for {t} rows of {k}", g.len(), u.len())));
         }
-        if let Some(live) = &rows.live {
-            if !tiled || live.len() < r_cap {
-                return Err(bad(format!("sub-tile liveness of {} rows for {r_cap} rows ({})", live.len(), if tiled { "tiled" } else { "not tiled" })));
-            }
-        }
-        self.act_quant_launch(x, Some((q, sa)), r_cap, k, r_cap, tiled, Some(rows))
+        let (rows, kp) = (act_rows(t), act_cols(k));
+        // SAFETY: every element is written by act_quant_fp8 (rows < Tp, columns < Kp).
+        let mut q = unsafe { self.scratch::<u8>(rows * kp) }?;
+        // SAFETY: as above, one scale per (row, block).
+        let mut sa = unsafe { self.scratch::<f32>(rows * kp / Q8_BLOCK) }?;
+        self.act_quant_launch(g, Some((&mut q, &mut sa)), t, k, rows, false, None, Some((u, limit)))?;
+        Ok(QuantizedActs { q, sa, rows, kp, tiled: false })
     }
 
     /// FP8 quantize-dequantize of `t` rows of `x` (`[t, k]`) in place, per 128 features (spec §6,
@@ -399,7 +433,7 @@ impl Gpu {
             return Err(bad(format!("{} values for {t} rows of {k}", x.len())));
         }
         let xr: &CudaSlice<f32> = x;
-        self.act_quant_launch(xr, None, t, k, t, false, None)
+        self.act_quant_launch(xr, None, t, k, t, false, None, None)
     }
 
     /// The FP8 GEMM `y[t, n] = Σ_b sa[t, b]·sw[n, b]·Σ_{k∈b} q[t, k]·w[n, k]` for `t` rows of `qa`

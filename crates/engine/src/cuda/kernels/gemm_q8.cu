@@ -4,7 +4,7 @@
 // (wq_a, wq_b, wkv, wo_b, indexer wq_b, shared and routed w1/w3/w2) here; the CPU reference of
 // this path is `forward::Numerics { act_quant_fp8: true }`.
 //
-//   act_quant_fp8(x, q, sa, T, K, Tp, mode, rows, live): per row t < T and 128-column block b (the last
+//   act_quant_fp8(x, q, sa, T, K, Tp, mode, rows, live, up, limit): per row t < T and 128-column block b (the last
 //     block shorter when K is not a multiple of 128): amax = max(max|x|, 1e-4),
 //     s = 2^ceil(log2(amax/448)) (the official bit trick on the f32 quotient), q = e4m3(x/s) (round
 //     to nearest even, saturating at ±448). q [Tp, Kp] bytes (Kp = K rounded up to 128), sa [Tp, Kp/128]
@@ -16,7 +16,10 @@
 //     them; r_cap counts bm − 1 padding rows per expert, R what the experts got: at 8,192 tokens
 //     and 256-row tiles about 114,000 against 66,000); live (device, may be null; mode 2 only) =
 //     the grouping's row_dst, a 64-row sub-tile whose first row is padding (< 0) is left unwritten
-//     (moe_wt neither copies nor multiplies it).
+//     (moe_wt neither copies nor multiplies it). up (may be null): the input is the SwiGLU of the
+//     gate x and up u, h = fs_swiglu(x, u, limit) (swiglu_f32's values, so the same bytes and scales
+//     as swiglu_f32 then act_quant_fp8 on h; mode 0 only: the shared expert's down projection input
+//     without writing h).
 //
 //   gemm_q8_<fmt>(q, sa, W, S, y, T, N, K): y[t, n] = Σ_blocks sa[t, b]·sw[n, b]·Σ_{k in b} q[t, k]·w[n, k]
 //     with mma.sync m16n8k32 e4m3 × e4m3 → f32 for the 32-wide partials, promoted into f32
@@ -74,7 +77,8 @@ __device__ __forceinline__ size_t gq_tiled(long long r, int k, int KT) {
 }
 
 extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__ q, float* __restrict__ sa, int T, int K, int Tp,
-                                         int mode, const int* __restrict__ rows, const int* __restrict__ live) {
+                                         int mode, const int* __restrict__ rows, const int* __restrict__ live,
+                                         const float* __restrict__ up, float limit) {
     const int Kp = (K + 127) & ~127, KB = Kp >> 7;
     const bool roundtrip = mode == 1;
     const int lane = threadIdx.x & 31;
@@ -90,9 +94,14 @@ extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__
             if (c0 + 3 < K && (K & 3) == 0) {
                 const float4 f = *reinterpret_cast<const float4*>(x + (size_t)t * K + c0);
                 v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+                if (up) {
+                    const float4 g = *reinterpret_cast<const float4*>(up + (size_t)t * K + c0);
+                    v[0] = fs_swiglu(v[0], g.x, limit); v[1] = fs_swiglu(v[1], g.y, limit);
+                    v[2] = fs_swiglu(v[2], g.z, limit); v[3] = fs_swiglu(v[3], g.w, limit);
+                }
             } else {
                 for (int j = 0; j < 4; j++)
-                    if (c0 + j < K) v[j] = x[(size_t)t * K + c0 + j];
+                    if (c0 + j < K) v[j] = up ? fs_swiglu(x[(size_t)t * K + c0 + j], up[(size_t)t * K + c0 + j], limit) : x[(size_t)t * K + c0 + j];
             }
         }
         float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
