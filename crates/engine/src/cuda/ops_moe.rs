@@ -169,62 +169,12 @@ pub struct GpuExpertTables {
     /// group scale of every block lies within 8 binades of it (the `moe_wt` kernels' exactness
     /// condition), else `None`.
     pub(crate) block_smax: Option<[CudaSlice<u8>; 3]>,
-    /// With [`Self::block_smax`]: 2-D tensor maps of the packed FP4 bytes of w1, w3 and w2 for the
-    /// `moe_wt` kernels' weight copies (`[3][E]` maps of 128 bytes, [`encode_fp4_maps`]), `None`
-    /// when the driver refused one (the kernels then copy with `cp.async`).
-    pub(crate) tensor_maps: Option<CudaSlice<u8>>,
     w1: CudaSlice<u64>,
     s1: CudaSlice<u64>,
     w3: CudaSlice<u64>,
     s3: CudaSlice<u64>,
     w2: CudaSlice<u64>,
     s2: CudaSlice<u64>,
-}
-
-/// Tensor maps (CUDA driver `cuTensorMapEncodeTiled`) of FP4 matrices for `moe_wt`'s packed-weight
-/// copies: for each (address table `[E]`, rows, cols) and expert, a 2-D map of the bytes `[rows,
-/// cols / 2]` (row pitch cols / 2) in boxes of 64 rows × 64 bytes, no swizzle, rows past the end
-/// read as zeros; `[3][E]` maps of 128 bytes each, in table order. `None` when the driver refuses a
-/// map (an address not 16-byte aligned, a pitch not a multiple of 16). Source: CUDA driver API,
-/// `cuTensorMapEncodeTiled`; PTX ISA `cp.async.bulk.tensor`.
-fn encode_fp4_maps(mats: [(&[u64], usize, usize); 3]) -> Option<Vec<u8>> {
-    use cudarc::driver::sys;
-    let mut out = Vec::new();
-    for (addrs, rows, cols) in mats {
-        let dims: [u64; 2] = [(cols / 2) as u64, rows as u64];
-        let strides: [u64; 1] = [(cols / 2) as u64];
-        let boxes: [u32; 2] = [64, 64];
-        let steps: [u32; 2] = [1, 1];
-        for &a in addrs {
-            let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-            // SAFETY: map is a writable CUtensorMap; dims, strides, boxes and steps hold rank (2),
-            // rank − 1, 2 and 2 values; a is the device address of an uploaded [rows, cols/2]
-            // matrix (GpuExpertTables::build); the driver checks the rest and reports an error.
-            let r = unsafe {
-                sys::cuTensorMapEncodeTiled(
-                    map.as_mut_ptr(),
-                    sys::CUtensorMapDataType_enum::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                    2,
-                    a as *mut std::ffi::c_void,
-                    dims.as_ptr(),
-                    strides.as_ptr(),
-                    boxes.as_ptr(),
-                    steps.as_ptr(),
-                    sys::CUtensorMapInterleave_enum::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                    sys::CUtensorMapSwizzle_enum::CU_TENSOR_MAP_SWIZZLE_NONE,
-                    sys::CUtensorMapL2promotion_enum::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                    sys::CUtensorMapFloatOOBfill_enum::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-                )
-            };
-            if r != sys::cudaError_enum::CUDA_SUCCESS {
-                return None;
-            }
-            // SAFETY: written by the successful call above.
-            let map = unsafe { map.assume_init() };
-            out.extend(map.opaque.iter().flat_map(|w| w.to_le_bytes()));
-        }
-    }
-    Some(out)
 }
 
 /// Address of a weight's values and of its scales (0 for bf16).
@@ -268,11 +218,7 @@ impl GpuExpertTables {
         let format = fmt.unwrap_or("bf16");
         let (s1, s3, s2) = (gpu.upload(&s1)?, gpu.upload(&s3)?, gpu.upload(&s2)?);
         let block_smax = if format == "fp4" && q8 { Self::build_block_smax(gpu, experts.len(), [(&s1, inter, d), (&s3, inter, d), (&s2, d, inter)])? } else { None };
-        let tensor_maps = match block_smax {
-            Some(_) => encode_fp4_maps([(&w1, inter, d), (&w3, inter, d), (&w2, d, inter)]).map(|m| gpu.upload(&m)).transpose()?,
-            None => None,
-        };
-        Ok(Some(GpuExpertTables { format, inter, d, q8, block_smax, tensor_maps, w1: gpu.upload(&w1)?, s1, w3: gpu.upload(&w3)?, s3, w2: gpu.upload(&w2)?, s2 }))
+        Ok(Some(GpuExpertTables { format, inter, d, q8, block_smax, w1: gpu.upload(&w1)?, s1, w3: gpu.upload(&w3)?, s3, w2: gpu.upload(&w2)?, s2 }))
     }
 
     /// The block scale tables of [`Self::block_smax`] for FP4 matrices given as (scale address
@@ -686,24 +632,13 @@ impl Gpu {
             let bs = tables.block_smax.as_ref().ok_or_else(|| bad("moe_wt without block scale tables"))?;
             b.arg(&bs[blocks.0]).arg(&bs[blocks.1]);
         }
-        // moe_wt: the tensor maps of the gate (or only) and up matrices (0: copies by cp.async).
-        let e = tables.w1.len() as u64;
-        let maps = tables.tensor_maps.as_ref().map(|m| m.device_ptr(&self.stream).0);
-        let (tm_w, tm_w3) = match maps {
-            Some(base) => (base + blocks.0 as u64 * e * 128, base + blocks.1 as u64 * e * 128),
-            None => (0u64, 0u64),
-        };
-        if family == "moe_wt" {
-            b.arg(&tm_w).arg(&tm_w3);
-        }
         // SAFETY: matches moe_q8's signature; xq/xsa hold r_cap rows of Kp = k bytes / k/128 scales
         // (moe_gather_q8, or act_quant_grouped: defined on the rows a tile reads; for moe_wt in
         // their tiled layout, r_cap a multiple of 128 and every tile's rows within one expert's,
         // dst ≥ 0 first), items come from moe_group_plan, the tables hold E addresses of
         // weights checked by GpuExpertTables::build (q8), y/hf are sized by the caller for r_cap
         // (plain, swiglu) or T·k (scatter) rows; gamma holds T·k weights indexed by row_dst; moe_wt:
-        // the two tables of GpuExpertTables::block_smax for w and w3 ([E][ceil(rows/128)][k/128])
-        // and the addresses of their E tensor maps in GpuExpertTables::tensor_maps (or 0).
+        // the two tables of GpuExpertTables::block_smax for w and w3 ([E][ceil(rows/128)][k/128]).
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
     }
 

@@ -186,10 +186,9 @@ pub fn ws_smem(format: &str) -> usize {
 /// 3 stages of 49,152 bytes (A 256 × 128, converted B 128 × 128), a packed-weight ring of 3 steps
 /// (8,192 bytes each) and its words (3 × 2,560: four scale words and the block scales per producer
 /// thread), the epilogue's staging blocks (8 multiply warps × 16 × 40 f32), the full and empty
-/// barriers (8 bytes each per stage), the raw slots' barriers (8 bytes each) and the 72-byte
-/// table. 4 stages and the staging blocks would not fit in 227 KB; 3 stages timed as 4 did
-/// (`bench/moe_wt_variants_h200.log`, 6492799).
-pub const WT_SMEM: usize = 1024 + 3 * 49152 + 3 * 8192 + 3 * 2560 + 8 * 16 * 40 * 4 + (2 * 3 + 3) * 8 + 72;
+/// barriers (8 bytes each per stage) and the 72-byte table. 4 stages and the staging blocks would
+/// not fit in 227 KB; 3 stages timed as 4 did (`bench/moe_wt_variants_h200.log`, 6492799).
+pub const WT_SMEM: usize = 1024 + 3 * 49152 + 3 * 8192 + 3 * 2560 + 8 * 16 * 40 * 4 + 2 * 3 * 8 + 72;
 
 /// The shape rules of [`Gpu::act_quant_grouped`] (x of `x_len` values for `r_cap` rows of `k`,
 /// r_cap a multiple of 128, a row-count word, `rows.live` only tiled and covering r_cap), checked
@@ -759,9 +758,7 @@ mod tests {
         assert!(src.contains("static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;") && src.contains("static constexpr int A = 0, BC = 32768, STAGE = 49152;"));
         assert!(src.contains("static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;"));
         assert!(src.contains("EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;"));
-        assert!(src.contains("static constexpr int LUT = BARS + (2 * STAGES + RAW) * 8;"));
-        assert!(src.contains("#ifndef GWT_TMA\n#define GWT_TMA 1\n#endif"));
-        assert_eq!(WT_SMEM, 201_360);
+        assert_eq!(WT_SMEM, 201_336);
         const { assert!(WT_SMEM <= 227 * 1024) };
         assert_eq!(smem_of("moe_wt_fp4_256_swiglu"), WT_SMEM);
         for epi in ["plain", "swiglu", "scatter"] {

@@ -1107,12 +1107,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef GWT_EPI_STAGED
 #define GWT_EPI_STAGED 1
 #endif
-// The producer's packed-weight copies when the host gives tensor maps (tmw): two 2-D tensor copies
-// of 64 rows × 64 bytes per step by thread 0 on the raw slot's barrier (1, the default), or four
-// 16-byte cp.async per producer thread (0, and always without maps): the same bytes.
-#ifndef GWT_TMA
-#define GWT_TMA 1
-#endif
 // Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n, n a sum of bits; wrong
 // results): 1 the producer stores its packed bytes unconverted, 2 the multiply warpgroups skip the
 // wgmma and promotion, 4 they skip the promotion, 8 the producer stores no converted tile, 16 the
@@ -1165,16 +1159,9 @@ struct GwtLayout {
     static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;
     static constexpr int EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;
     static constexpr int BARS = EPS + EPS_BYTES;
-    static constexpr int LUT = BARS + (2 * STAGES + RAW) * 8;  // + the raw slots' barriers (tensor copies)
+    static constexpr int LUT = BARS + 2 * STAGES * 8;
     static constexpr int TOTAL = 1024 + LUT + 72;
 };
-
-// One 2-D tensor copy (cp.async.bulk.tensor) of the box at (x, y) of the tensor map at generic
-// address tmap into shared dst, completing on mbarrier bar (moe_wt's packed weights).
-__device__ __forceinline__ void gwt_tensor_copy(u32 dst, const void* tmap, int x, int y, u32 bar) {
-    GW_ASM("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst), "l"(tmap), "r"(x), "r"(y), "r"(bar)
-           : "memory");
-}
 
 // moe_wt's epilogue (GWT_EPI_STAGED): gw_store's values to gw_store's places, staged through the
 // warp's block sc (16 rows × 40 f32; conflict-free for the float2 writes of a half warp and the
@@ -1244,7 +1231,7 @@ template <int EPI>
 __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
                                        const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, const int* n_items,
                                        float* y, float* hf, int ldh, const int* dst, const float* gamma, int N, int K, float limit,
-                                       const u8* bsg, const u8* bsu, const u8* tmw, const u8* tmw3) {
+                                       const u8* bsg, const u8* bsu) {
     typedef GwtLayout L;
     constexpr int ST = L::STAGES, RAW = L::RAW, NP = GWT_PRODUCERS, LAG = GWT_LAG;
     static_assert(LAG >= 1, "the copies run ahead of the conversion");
@@ -1263,7 +1250,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             gws_bar_init(full0 + 8 * s, NP + 1);  // each producer thread after converting, and thread 0's byte count
             gws_bar_init(empty0 + 8 * s, 8);
         }
-        for (int r = 0; r < RAW; r++) gws_bar_init(empty0 + 8 * ST + 8 * r, 1);  // thread 256's byte count (tensor copies)
         gws_bar_init_fence();
     }
     gq_fill_lut(lut, tid, GWT_THREADS);
@@ -1300,33 +1286,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const u8* s_src[4];
         u32 b_ok = 0;
         size_t cbrow = 0;
-        // Tensor copies (tmw given, GWT_TMA): thread p = 0 copies the step's two 64-row boxes, the
-        // raw slot's rows 0–63 and 64–127 (EPI 1: W1's rows n0 / 2 … + 63 and W3's; else W's rows
-        // n0 … + 63 and + 64 … + 127; rows past the matrix read as zeros), and every producer
-        // thread converts tile row r from raw row ((r >> 3) & 1)·64 + (r >> 4)·8 + (r & 7) (EPI 1)
-        // or r. A named barrier of the producer warpgroup before each issue keeps thread 0 from
-        // overwriting a raw slot another producer thread is still reading.
-        const bool tma = GWT_TMA && tmw != nullptr;
-        const u32 raw0 = empty0 + 8 * ST;  // the raw slots' barriers
-        const u8* tm_a = nullptr;
-        const u8* tm_b = nullptr;
-        int ya = 0, yb = 0;
         auto copy_unit = [&] {
             const GqProb P = prob(cw);
             cbrow = block_row(cw, P.n0);
-            if (tma) {
-                const int ex = items[2 * (cw / tiles_n)];
-                tm_a = tmw + (size_t)ex * 128;
-                tm_b = EPI == 1 ? tmw3 + (size_t)ex * 128 : tm_a;
-                ya = EPI == 1 ? P.n0 >> 1 : P.n0;
-                yb = EPI == 1 ? ya : ya + 64;
-                if (p == 0) {
-                    // The maps were written to global memory by the host: make them visible to the
-                    // tensor-map proxy before the copies use them (PTX ISA, fence.proxy.tensormap).
-                    GW_ASM("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(tm_a) : "memory");
-                    if (EPI == 1) GW_ASM("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(tm_b) : "memory");
-                }
-            }
             b_ok = 0;
 #pragma unroll
             for (int u = 0; u < 4; u++) {
@@ -1355,23 +1317,11 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 for (int u = 0; u < 5; u++) *reinterpret_cast<u32*>(gbase + L::SW + pend_slot * L::SW_SLOT + (u * NP + p) * 4) = pend[u];
                 pend_slot = -1;
             }
-            if (tma) GW_ASM("bar.sync 1, 128;" ::: "memory");  // every producer thread has read the slot about to be refilled
             if (jn < steps) {
                 const int slot = jn % RAW;
 #if !(MOE_WT_DIAG & 128)
-                if (tma) {
-                    if (p == 0) {
-                        const u32 bar = raw0 + 8 * slot, dst = base + L::BR + slot * 8192;
-                        GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 8192;" ::"r"(bar) : "memory");
-                        gwt_tensor_copy(dst, tm_a, ck * 64, ya, bar);
-                        gwt_tensor_copy(dst + 4096, tm_b, ck * 64, yb, bar);
-                    }
-                } else {
 #pragma unroll
-                    for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)ck * 64, (b_ok >> u) & 1u);
-                }
-#else
-                if (tma && p == 0) gws_arrive(raw0 + 8 * slot);
+                for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)ck * 64, (b_ok >> u) & 1u);
 #endif
                 // Rows past N: scale word 0; their columns are never stored.
 #pragma unroll
@@ -1409,12 +1359,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 // Step j's packed bytes are this thread's own copies, LAG groups back. They are
                 // converted into registers before the stage is awaited (the ring of packed bytes is
                 // separate), so only the stores wait for the multiply warpgroups.
+                gm_wait<LAG>();
                 const int slot = j % RAW;
-                if (tma) {
-                    gws_wait(raw0 + 8 * slot, (u32)(j / RAW) & 1u);
-                } else {
-                    gm_wait<LAG>();
-                }
                 const u8* raw = gbase + L::BR + slot * 8192;
                 const u32* words = reinterpret_cast<const u32*>(gbase + L::SW + slot * L::SW_SLOT);
                 const u32 bm = words[4 * NP + p];
@@ -1425,8 +1371,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     const int r = (p >> 2) + 32 * u;
-                    const int rr = tma && EPI == 1 ? ((r >> 3) & 1) * 64 + (r >> 4) * 8 + (r & 7) : r;
-                    v[u] = *reinterpret_cast<const uint4*>(raw + rr * 64 + g * 16);
+                    v[u] = *reinterpret_cast<const uint4*>(raw + r * 64 + g * 16);
                     // The group's e4m3 magnitudes times 2^(s_grp − s_block) (gq_fp4_table's table rows).
                     const u32 smax = EPI == 1 && ((r >> 3) & 1) ? bm >> 8 : bm & 0xffu;
                     const int dd = max((int)((words[u * NP + p] >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
@@ -1564,9 +1509,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
              const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
              float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                         \
              const float* __restrict__ gamma, int N, int K, float limit, const u8* __restrict__ bsg,                      \
-             const u8* __restrict__ bsu, const u8* __restrict__ tmw, const u8* __restrict__ tmw3) {                       \
-        moe_wt<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu, tmw,  \
-                    tmw3);                                                                                                \
+             const u8* __restrict__ bsu) {                                                                                \
+        moe_wt<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu);      \
     }
 
 MOE_WT_ENTRY(moe_wt_fp4_256_plain, 0)
