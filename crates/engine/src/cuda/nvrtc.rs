@@ -31,8 +31,9 @@ pub fn options(arch: &str) -> Vec<String> {
 /// Development knob: `FLASHSEEK_KERNEL_DEFINES="NAME=VALUE,NAME2=VALUE2"` prepends `#define NAME
 /// VALUE` lines (part of the cache key), so that a kernel's compile-time variants — constants a
 /// kernel file declares under `#ifndef NAME` — can be timed against each other with one binary
-/// (`bench/moe_wt_variants_h200.log`). gemm_q8.cu's `moe_wt` declares `GWT_LAG`, `GWT_STAGES` and
-/// the timing diagnostics `MOE_WT_DIAG` (wrong results; see the kernel). Entries
+/// (`bench/moe_wt_variants_h200.log`). gemm_q8.cu's `moe_wt` declares `GWT_LAG`, `GWT_STAGES`,
+/// `GWT_EPI_STAGED` (0: the direct output stores) and the timing diagnostics `MOE_WT_DIAG` (wrong
+/// results; see the kernel). Entries
 /// that are not `NAME=VALUE` with NAME an identifier, or whose value holds a line break or a
 /// backslash, are ignored; [`kernel_defines_in_effect`] says what applies (`Gpu::open` prints it and
 /// gpu-check records it).

@@ -887,7 +887,8 @@ impl Gpu {
     pub(crate) fn shared_expert(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, fq: Option<&super::ops_q8::QuantizedActs>, t: usize, d: usize, limit: f32, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let sh_inter = layer.shared.w1.rows;
         // SAFETY (all four): expert_ffn writes every value of their first t rows (its linears and
-        // SwiGLU), the only ones read.
+        // SwiGLU), the only ones read — except sh where W2's input is quantized from sg and su
+        // directly (Gpu::act_quant_swiglu), and then nothing reads sh.
         let mut sg = unsafe { self.scratch::<f32>(t * sh_inter) }?;
         let mut su = unsafe { self.scratch::<f32>(t * sh_inter) }?;
         let mut sh = unsafe { self.scratch::<f32>(t * sh_inter) }?;

@@ -297,7 +297,6 @@ pub(crate) struct GroupedRows<'a> {
 
 impl Gpu {
     #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
     fn act_quant_launch(&self, x: &CudaSlice<f32>, q: Option<(&mut CudaSlice<u8>, &mut CudaSlice<f32>)>, t: usize, k: usize, tp: usize, tiled: bool, grouped: Option<GroupedRows<'_>>, swiglu: Option<(&CudaSlice<f32>, f32)>) -> Result<(), CudaError> {
         let kb = k.div_ceil(Q8_BLOCK);
         let warps = if q.is_some() { tp * kb } else { t * kb };
@@ -758,6 +757,8 @@ mod tests {
         assert!(src.contains("static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;") && src.contains("static constexpr int A = 0, BC = 32768, STAGE = 49152;"));
         assert!(src.contains("static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;"));
         assert!(src.contains("EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;"));
+        assert!(src.contains("static constexpr int BARS = EPS + EPS_BYTES;") && src.contains("static constexpr int LUT = BARS + 2 * STAGES * 8;"));
+        assert!(src.contains("static constexpr int TOTAL = 1024 + LUT + 72;"));
         assert_eq!(WT_SMEM, 201_336);
         const { assert!(WT_SMEM <= 227 * 1024) };
         assert_eq!(smem_of("moe_wt_fp4_256_swiglu"), WT_SMEM);

@@ -1090,8 +1090,8 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // 128-byte row segments (gwt_store, GWT_EPI_STAGED; 2 % off the layer at 8K and 32K: 5.22–5.27 vs
 // 5.30–5.43 ms, bench/moe_wt_variants_h200.log), for which the ring has 3 stages (timed as 4). The
 // packed weights stay four 16-byte cp.async per producer thread and step: one 64-byte
-// cp.async.bulk per tile row instead made the layer 30 % slower (the same log, 9588e06), two 2-D
-// tensor copies per step by one thread 8 % (4af605a).
+// cp.async.bulk per tile row instead made the layer 30 % slower at 8K (20 % at 32K; the same log,
+// 9588e06), two 2-D tensor copies per step by one thread 8 % at 8K (~2 % at 32K; 4af605a).
 
 // The copy lag and the ring depth, overridable for timing (FLASHSEEK_KERNEL_DEFINES; nvrtc.rs) as
 // long as GwtLayout fits the WT_SMEM bytes the host launches with (3 stages: lag ≤ 2, ≤ 3 with
@@ -1181,9 +1181,12 @@ __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int 
     int orow[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int rho = (lane >> 3) + 4 * i, src = 4 * (rho & 7);
-        const int o = __shfl_sync(0xffffffffu, R[i >> 1].orow, src);
-        orow[i] = EPI == 2 ? o : wr + rho;
+        const int rho = (lane >> 3) + 4 * i;
+        if constexpr (EPI == 2) {
+            orow[i] = __shfl_sync(0xffffffffu, R[i >> 1].orow, 4 * (rho & 7));
+        } else {
+            orow[i] = wr + rho;
+        }
     }
     constexpr int NC = EPI == 1 ? 2 : 4;
     const int width = EPI == 1 ? N / 2 : N, c0 = EPI == 1 ? n0 >> 1 : n0;
