@@ -1168,8 +1168,9 @@ struct GwtLayout {
 // warp's block sc (16 rows × 40 f32; conflict-free for the float2 writes of a half warp and the
 // float4 reads of a quarter warp) 32 output columns at a time, then stored as 128-byte row segments:
 // a 16-byte store per lane covering four rows per instruction, where gw_store's 8-byte stores cover
-// eight rows in 32-byte pieces (the direct stores' request count, not their bytes, cost the layer
-// ~0.6 ms at T = 8,192: MOE_WT_DIAG 1024, and bf16 outputs of half the bytes did not help).
+// eight rows in 32-byte pieces (the direct stores cost the layer ~0.6 ms at T = 8,192, MOE_WT_DIAG
+// 1024, and bf16 outputs of half the bytes had not helped: their request count was the suspect;
+// staged, the layer gained ~0.1 ms, bench/moe_wt_variants_h200.log).
 // The thread's rows are row_a, row_a + 8 of the warp's 16 (row_a − lane / 4 …); per chunk it stores
 // rows lane / 8 + 4 i (i < 4), columns 4 (lane % 8) … + 3. EPI 1 stores hidden units (n0 / 2 + …;
 // N / 2 of them), EPI 2 rows dst[row] ≥ 0, EPI 0 every row (moe_wt has no T bound).
