@@ -323,7 +323,7 @@ pub fn serve_backend_blocking<B: Backend + Send + 'static>(cfg: ServerConfig, ba
 /// second signal stops at once: see [`serve_backend`]).
 pub async fn shutdown_signal() {
     termination_signal().await;
-    eprintln!("flashseek: shutting down (finishing in-flight requests; Ctrl-C again to stop now)");
+    eprintln!("flashseek: shutting down (finishing in-flight requests; Ctrl-C or SIGTERM again to stop now)");
 }
 
 /// Completes on the next SIGINT (Ctrl-C) or SIGTERM.
