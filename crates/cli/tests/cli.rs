@@ -117,3 +117,30 @@ fn logits_command_matches_the_golden() {
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("ids.json"), "{}", text(&o.stderr));
 }
+
+/// `switches` prints one line per switch (value, default, origin) and `--verbose` what each replaces.
+#[test]
+fn switches_table_lists_every_switch() {
+    let cache = tempfile::tempdir().unwrap();
+    let json = run(cache.path(), &["switches", "--json"]);
+    assert!(json.status.success());
+    let rows: serde_json::Value = serde_json::from_slice(&json.stdout).expect("switches --json is JSON");
+    let names: Vec<String> = rows.as_array().expect("an array").iter().map(|r| r["name"].as_str().expect("a name").to_string()).collect();
+    assert!(names.len() > 10, "{names:?}");
+    let table = bin().env("FLASHSEEK_CACHE", cache.path()).env("FLASHSEEK_MLA_BF16", "on").args(["switches"]).output().expect("binary runs");
+    assert!(table.status.success());
+    let out = text(&table.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("switch") && lines[0].contains("default"), "{out}");
+    for (line, name) in lines[1..=names.len()].iter().zip(&names) {
+        assert!(line.starts_with(&format!("{name} ")), "{line} / {name}");
+    }
+    let bf16 = lines.iter().find(|l| l.starts_with("MLA_BF16 ")).expect("MLA_BF16 listed");
+    let cols: Vec<&str> = bf16.split_whitespace().collect();
+    assert_eq!(&cols[1..4], &["on", "off", "env"], "{bf16}");
+    assert!(!out.contains("replaces:"), "{out}");
+    let verbose = run(cache.path(), &["switches", "--verbose"]);
+    assert!(verbose.status.success());
+    let v = text(&verbose.stdout);
+    assert_eq!(v.matches("replaces:").count(), names.len(), "{v}");
+}

@@ -7,9 +7,12 @@ use std::io::Write;
 /// Arguments of `switches`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Print JSON instead of a table.
+    /// Print JSON (every field) instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Print each switch's accepted values, what it replaces and its parity check under it.
+    #[arg(short, long)]
+    pub verbose: bool,
 }
 
 /// Runs `switches`.
@@ -26,6 +29,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut out = std::io::stdout().lock();
     let mut table = || -> std::io::Result<()> {
+        if !args.verbose {
+            // One line per switch: name, value in this process, default, where the value came from.
+            writeln!(out, "{:<22} {:<8} {:<8} {:<9} note", "switch", "value", "default", "set by")?;
+            for s in SWITCHES {
+                let (v, o) = value_of(s.name);
+                let origin = match o {
+                    Origin::Default => "default",
+                    Origin::Env => "env",
+                    Origin::Flag => "--switch",
+                };
+                let note = flashseek_engine::switches::inactive_because(s.name).map(|w| format!("no effect now: {w}")).unwrap_or_default();
+                let line = format!("{:<22} {v:<8} {:<8} {origin:<9} {note}", s.name, s.default_value());
+                writeln!(out, "{}", line.trim_end())?;
+            }
+            return writeln!(out, "\nSet one with FLASHSEEK_<NAME>=VALUE or the global flag `--switch NAME=VALUE`; `--verbose` for what each replaces and its parity check, docs/SWITCHES.md for more.");
+        }
         for s in SWITCHES {
             let (v, o) = value_of(s.name);
             let origin = match o {
