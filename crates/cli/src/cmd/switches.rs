@@ -32,32 +32,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if !args.verbose {
             // One line per switch: name, value in this process, default, where the value came from.
             writeln!(out, "{:<22} {:<8} {:<8} {:<9} note", "switch", "value", "default", "set by")?;
-            for s in SWITCHES {
-                let (v, o) = value_of(s.name);
-                let origin = match o {
-                    Origin::Default => "default",
-                    Origin::Env => "env",
-                    Origin::Flag => "--switch",
-                };
-                let note = flashseek_engine::switches::inactive_because(s.name).map(|w| format!("no effect now: {w}")).unwrap_or_default();
-                let line = format!("{:<22} {v:<8} {:<8} {origin:<9} {note}", s.name, s.default_value());
-                writeln!(out, "{}", line.trim_end())?;
-            }
-            return writeln!(out, "\nSet one with FLASHSEEK_<NAME>=VALUE or the global flag `--switch NAME=VALUE`; `--verbose` for what each replaces and its parity check, docs/SWITCHES.md for more.");
         }
         for s in SWITCHES {
             let (v, o) = value_of(s.name);
             let origin = match o {
                 Origin::Default => "default",
-                Origin::Env => "from env",
-                Origin::Flag => "from a --switch flag",
+                Origin::Env => "env",
+                Origin::Flag => "--switch",
             };
-            let inactive = flashseek_engine::switches::inactive_because(s.name).map(|w| format!("; no effect now: {w}")).unwrap_or_default();
-            writeln!(out, "{:<20} {} = {v} ({origin}{inactive}); accepted: {}; default {}", s.name, s.env_var(), s.accepted(), s.default_value())?;
+            let inactive = flashseek_engine::switches::inactive_because(s.name).map(|w| format!("no effect now: {w}"));
+            if !args.verbose {
+                let line = format!("{:<22} {v:<8} {:<8} {origin:<9} {}", s.name, s.default_value(), inactive.unwrap_or_default());
+                writeln!(out, "{}", line.trim_end())?;
+                continue;
+            }
+            let inactive = inactive.map(|w| format!("; {w}")).unwrap_or_default();
+            writeln!(out, "{:<20} {} = {v} (set by {origin}{inactive}); accepted: {}; default {}", s.name, s.env_var(), s.accepted(), s.default_value())?;
             writeln!(out, "{:<20} replaces: {}", "", s.replaces)?;
             writeln!(out, "{:<20} parity:   {}", "", s.parity)?;
         }
-        writeln!(out, "\nSet one with the env var or the global flag `--switch NAME=VALUE` (before the subcommand or after it).")
+        if args.verbose {
+            writeln!(out, "\nSet one with the env var or the global flag `--switch NAME=VALUE` (before the subcommand or after it).")
+        } else {
+            writeln!(out, "\nSet one with FLASHSEEK_<NAME>=VALUE or the global flag `--switch NAME=VALUE`; `--verbose` for what each replaces and its parity check, docs/SWITCHES.md for more.")
+        }
     };
     quiet_on_closed_pipe(table())
 }
