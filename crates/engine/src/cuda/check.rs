@@ -329,6 +329,12 @@ pub(crate) fn differing_bits(a: &[f32], b: &[f32]) -> usize {
     a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count() + a.len().abs_diff(b.len())
 }
 
+/// How many values of `a` and `b` differ (`!=`; a length difference counts each missing value):
+/// [`differing_bits`] for bytes, indices and other exact types.
+pub(crate) fn differing_values<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len())
+}
+
 /// RMSNorm (both kernels: rows of ≤ 1,024 values one warp per row, wider ones one block per row),
 /// RoPE and its inverse, and the fused per-head norm + RoPE, against the CPU (spec §3.1, §3.2, §4.6);
 /// plus the norm's batch invariance (a row's bits alone = in a batch).

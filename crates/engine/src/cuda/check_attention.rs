@@ -25,7 +25,7 @@
 //!
 //! Index-set comparisons are exact records: they pass only with zero mismatches.
 
-use super::check::{differing_bits, flag_record, random, record, record_tol, SPLIT_NMSE_TOL};
+use super::check::{differing_bits, differing_values, flag_record, random, record, record_tol, SPLIT_NMSE_TOL};
 
 /// NMSE bound of the fast-exp streaming kernel (`MLA_STREAM_FAST_EXP`) against the CPU and the
 /// precise streaming kernel: `__expf` is within 2 + 1.2·|x| ulp of `expf` (CUDA programming guide,
@@ -666,7 +666,7 @@ fn check_fp8_wgmma_lists(gpu: &Gpu, out: &mut Vec<Value>, case: &str, dq: &CudaS
 /// Positions where two sets of per-query lists differ (a length difference counts each missing
 /// entry), and the entries of `want`.
 fn list_mismatches(got: &[Vec<usize>], want: &[Vec<usize>]) -> (usize, usize) {
-    let bad = got.iter().zip(want).map(|(g, w)| g.len().abs_diff(w.len()) + g.iter().zip(w).filter(|(a, b)| a != b).count()).sum();
+    let bad = got.iter().zip(want).map(|(g, w)| differing_values(g, w)).sum();
     (bad, want.iter().map(Vec::len).sum())
 }
 

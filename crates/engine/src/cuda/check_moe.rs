@@ -612,7 +612,7 @@ fn check_block_smax(gpu: &Gpu, layer: &GpuMoeLayer, label: &str, expect_fold: bo
         for (g, w) in got.iter().zip(&want) {
             let g = gpu.download(g)?;
             n += w.len();
-            differ += g.iter().zip(w).filter(|(a, b)| a != b).count() + g.len().abs_diff(w.len());
+            differ += super::check::differing_values(&g, w);
         }
     }
     let ok = tables.block_smax.is_some() == fold && fold == expect_fold && differ == 0;

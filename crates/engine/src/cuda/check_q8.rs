@@ -19,7 +19,7 @@
 //! Timings ([`timings`]): the FP8 GEMM (activation quantisation included) next to cuBLASLt's, the bf16 and
 //! split tensor-core GEMMs at prefill shapes, TFLOP/s against the machine's ~1,450 FP8 dense.
 
-use super::check::{differing_bits, errors, flag_record, median_ms, random, switch_scope, weight};
+use super::check::{differing_bits, differing_values, errors, flag_record, median_ms, random, switch_scope, weight};
 use super::check_moe::Q8_NMSE_TOL;
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::CudaError;
@@ -88,7 +88,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         let sep = gpu.act_quant(&dh, t, k)?;
         let (fq, sq) = (gpu.download(&fused.q)?, gpu.download(&sep.q)?);
         let (fs, ss) = (gpu.download(&fused.sa)?, gpu.download(&sep.sa)?);
-        let bytes = fq.iter().zip(&sq).filter(|(a, b)| a != b).count() + fq.len().abs_diff(sq.len());
+        let bytes = differing_values(&fq, &sq);
         let scales = differing_bits(&fs, &ss);
         let layout = (fused.rows, fused.kp, fused.tiled) == (sep.rows, sep.kp, sep.tiled);
         all &= flag_record(

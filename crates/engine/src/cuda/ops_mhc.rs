@@ -730,8 +730,8 @@ impl Gpu {
     /// scaled by `γ[dst[r]]` before W2 (the official order). `xq`: [`Gpu::act_quant`] of these `m`
     /// rows of `x` when the caller has it (official numerics), used for W1 and W3 where
     /// [`super::ops_q8::official_multi_shares`] says they share one quantisation: the same bytes, one
-    /// pass over `x` fewer. With `official`, no `route` and W2 on the FP8 GEMM (≥ 64 rows,
-    /// [`super::ops_q8::q8_capable`]) W2's input is quantized from `g` and `u` directly
+    /// pass over `x` fewer. With `official`, no `route` and W2 on the FP8 GEMM
+    /// ([`super::ops_q8::official_runs_q8`]) W2's input is quantized from `g` and `u` directly
     /// ([`Gpu::act_quant_swiglu`], the same bytes) and `h` is left unwritten.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn expert_ffn(&self, ex: &GpuExpert, x: &CudaSlice<f32>, xq: Option<&super::ops_q8::QuantizedActs>, m: usize, limit: f32, g: &mut CudaSlice<f32>, u: &mut CudaSlice<f32>, h: &mut CudaSlice<f32>, y: &mut CudaSlice<f32>, official: bool, route: Option<(&cudarc::driver::CudaView<i32>, &CudaSlice<f32>)>) -> Result<(), CudaError> {
@@ -757,7 +757,7 @@ impl Gpu {
         // straight from g and u (Gpu::act_quant_swiglu: the bytes of swiglu then act_quant), h
         // left unwritten. Where linear_official would not quantize (short chunks, weights the FP8
         // GEMM cannot take) h is formed as below.
-        if official && route.is_none() && m >= super::gpu::TC_LINEAR_MIN_TOKENS && super::ops_q8::q8_capable(&ex.w2) {
+        if official && route.is_none() && super::ops_q8::official_runs_q8(m, &ex.w2) {
             let qa = self.act_quant_swiglu(g, u, limit, m, inter)?;
             return self.linear_q8(&qa, &ex.w2, y, m);
         }

@@ -239,6 +239,13 @@ pub fn fp4_fold_exact(scales: &[u8], cols: usize) -> bool {
         })
 }
 
+/// Whether the official-numerics linears ([`Gpu::linear_official`], [`Gpu::linear_official_bf16`])
+/// quantize `t` rows once and run the FP8 GEMM on `w` (at least [`TC_LINEAR_MIN_TOKENS`] rows and
+/// [`q8_capable`]) rather than quantize-dequantize and the exact kernels.
+pub fn official_runs_q8(t: usize, w: &GpuWeight) -> bool {
+    t >= TC_LINEAR_MIN_TOKENS && q8_capable(w)
+}
+
 /// Whether [`Gpu::linear_q8`] can run weight `w` exactly: FP8, or foldable FP4, input width a
 /// multiple of 128.
 pub fn q8_capable(w: &GpuWeight) -> bool {
@@ -250,10 +257,10 @@ pub fn q8_capable(w: &GpuWeight) -> bool {
         }
 }
 
-/// Whether [`Gpu::linear_official_multi`] quantizes its input once for all of `outs` (`t` ≥
-/// [`TC_LINEAR_MIN_TOKENS`], more than one weight, every one [`q8_capable`], one input width).
+/// Whether [`Gpu::linear_official_multi`] quantizes its input once for all of `outs` (more than
+/// one weight, every one [`official_runs_q8`] at `t`, one input width).
 pub fn official_multi_shares(t: usize, outs: &[(&GpuWeight, &mut CudaSlice<f32>)]) -> bool {
-    t >= TC_LINEAR_MIN_TOKENS && outs.len() > 1 && outs.iter().all(|(w, _)| q8_capable(w) && w.cols == outs[0].0.cols)
+    outs.len() > 1 && outs.iter().all(|(w, _)| official_runs_q8(t, w) && w.cols == outs[0].0.cols)
 }
 
 /// Rows [`Gpu::act_quant`] allocates for `t` tokens: `t` rounded up to 128 (at least 128).
@@ -575,7 +582,7 @@ impl Gpu {
         if t == 0 || w.rows == 0 {
             return Ok(());
         }
-        if t >= TC_LINEAR_MIN_TOKENS && q8_capable(w) {
+        if official_runs_q8(t, w) {
             // The input quantized once, for the bf16-output GEMM or the f32 one that falls back.
             let qa = self.act_quant(x, t, w.cols)?;
             if t >= LT_MIN_TOKENS && crate::switches::on("FP8_CUBLASLT") && self.linear_lt_bf16(&qa, w, y, t)? {
@@ -668,7 +675,7 @@ impl Gpu {
         if x.len() < t * w.cols {
             return Err(bad(format!("{} inputs for {t} tokens of width {}", x.len(), w.cols)));
         }
-        if t >= TC_LINEAR_MIN_TOKENS && q8_capable(w) {
+        if official_runs_q8(t, w) {
             let qa = self.act_quant(x, t, w.cols)?;
             return self.linear_q8(&qa, w, y, t);
         }
