@@ -259,6 +259,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only mhc`) `hc_pre fused …` records vs the CPU reference (u normed, post, comb), `hc_post_mix_f32 x bits` (= hc_post_f32), `hc_pre_norm bits` (= hc_pre_f32 + rms_norm_f32 on the same partials), `hc_pre_norm post/comb records` (the doubles = the f32 values), batch invariance (T=7 bits), other stream counts and widths; the switch matrix and qualify (`MHC_FUSED=off alone`: exact, other bits: the mix sums run in another order, and for rows of <= 1,024 values the norm's too)",
     },
     Switch {
+        name: "MHC_BF16_STREAMS",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the f32 residual streams [T, n, d] between sub-blocks: stored as bf16, as DeepSeek's reference keeps them (spec §4.1 \"stored in the activation dtype (bf16 in OFF-M)\", §4.3 \"cast back to the stream dtype\"): the post (hc_post_mix_bf16, hc_post_bf16) rounds the f32 it computes to bf16 (nearest even) and computes the next pre's mix partials over the rounded values, the pre (hc_pre_norm_bf16) reads them; the embedding rows are gathered as bf16 (exact for a bf16 embedding) and the head widens the rows it reads — half the bytes the mHC kernels move (n·d·2 instead of ·4 per token, read and written by each post, read by each pre); not exact, off by default; acts with MHC_FUSED (its kernels) only",
+        parity: "gpu-check (`--only mhc`) `hc_post_mix_bf16 x bits` / `hc_post_bf16 x bits` (= the f32 kernel's output rounded to bf16), `hc_post_mix_bf16 partials bits` (= hc_mix_partial_f32's over the widened bf16 streams, through the fused finish), `hc_pre_norm_bf16 bits` (= hc_pre_norm_f32 on the widened streams), `hc_gather_bf16 bits` / `hc_widen_bf16 bits`, `hc_pre fused bf16 …` vs the CPU on bf16-rounded streams; the switch matrix and qualify (reported, not judged)",
+    },
+    Switch {
         name: "MOE_PERSISTENT",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -506,6 +513,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MLA_SPLIT_OUT", &[("MLA_STREAM_TOPK", &["on"]), ("LINEAR_CUBLASLT", &["on"]), ("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
     ("WQ_B_BF16_OUT", &[("TC_LINEAR", &["fp8"]), ("MLA_STREAM_TOPK", &["on"]), ("MLA_FUSED_Q_NORM", &["on"])]),
+    ("MHC_BF16_STREAMS", &[("MHC_FUSED", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
 ];
 
@@ -710,6 +718,17 @@ pub fn configurations() -> Vec<Configuration> {
         false,
         false,
     ));
+    // bf16 residual streams (off by default, not exact): with the defaults, and with the serving
+    // stacks' numerics (bench-serving's configuration).
+    v.push(c("MHC_BF16_STREAMS=on (with the defaults)".into(), vec![("MHC_BF16_STREAMS", "on")], Role::Fast, false, false, false));
+    v.push(c(
+        "MHC_BF16_STREAMS=on (with TC_LINEAR=fp8, MLA_BF16=on, INDEXER_FP8=on and WQ_B_BF16_OUT=on)".into(),
+        vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on")],
+        Role::Fast,
+        false,
+        false,
+        false,
+    ));
     // The MLA_BF16 rows above run the candidate-split kernel (MLA_BF16_CAND_SPLIT's default); its
     // predecessor with the serving stacks' numerics.
     v.push(c(
@@ -830,7 +849,7 @@ mod tests {
         let official_all_on = cs.iter().position(|c| c.role == Role::OfficialAllOn).expect("official all-on run");
         assert_eq!(cs[official_all_on].overrides, [("TC_LINEAR", "fp8")]);
         assert!(cs.iter().enumerate().all(|(i, c)| !(c.official && c.same_bits_as_all_on) || i > official_all_on));
-        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16", "on"), ("WQ_B_BF16_OUT", "on")].iter().any(|o| c.overrides.contains(o));
+        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on")].iter().any(|o| c.overrides.contains(o));
         assert!(cs.iter().all(|c| c.exact != inexact(c)));
         assert!(cs.iter().filter(|c| c.official).count() >= 3);
     }

@@ -7,6 +7,10 @@
 //! - `hc_pre fused …`, `hc_post_mix_f32 … bits`, `hc_pre_norm bits …`, `hc_pre_norm post/comb
 //!   records …` (MHC_FUSED): the fused post + mix and pre + RMSNorm vs the CPU, bit for bit vs the
 //!   unfused kernels, and the f64 coefficient records vs the f32 post / comb, for four shapes.
+//! - `hc_pre_norm_bf16 bits …`, `hc_post_mix_bf16 x / partials bits …`, `hc_post_bf16 x bits …`,
+//!   `hc_pre fused bf16 …`, `hc_gather_bf16 bits`, `hc_widen_bf16 bits` (MHC_BF16_STREAMS): the
+//!   bf16-stream kernels bit for bit against their f32 twins on the widened streams (outputs rounded
+//!   on the host), and the fused pre on bf16 streams vs the CPU on the same values.
 //! - `router …`: [`moe::route`] (E 256, top-6; sqrt-softplus score layer with forced ties, hash layer,
 //!   sigmoid score layer) on the same logits; expert ids compared exactly, weights γ by NMSE.
 //! - `swiglu`: the clamped SwiGLU formula of `forward::moe` elementwise.
@@ -19,7 +23,7 @@
 //! ([`LayerWeights`], [`ModelWeights`]) are filled with the tensors under test and empty matrices for
 //! everything the function does not read.
 
-use super::check::{differing_bits, flag_record, median_ms, random, record};
+use super::check::{differing_bits, differing_values, flag_record, median_ms, random, record};
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter, HcPostCoefs};
 use super::CudaError;
@@ -168,6 +172,7 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
     all &= record(out, "hc_post", json!([t, n, d]), &gpu.download(&dx2)?, &x_ref);
 
     all &= check_hc_fused(gpu, seed, out)?;
+    all &= check_hc_bf16(gpu, seed, out)?;
 
     // Head collapse + final RMSNorm (the reference does both).
     let mut cfg = config(d, 16, 4, ScoringFunc::SqrtSoftplus, 10.0);
@@ -289,6 +294,97 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
         let refused = gpu.hc_pre_norm(&other, &alone, &dref, None, &mut db, &mut dpb, &mut dcb, t, n, d, iters, eps, hc_eps, norm_eps).is_err();
         all &= flag_record(out, &format!("hc_pre_norm refuses another Φ's partials (n {n}, d {d})"), json!({"refused": refused}), refused);
     }
+    Ok(all)
+}
+
+/// MHC_BF16_STREAMS: the bf16-stream kernels against their f32 twins fed the same streams widened
+/// (bit for bit: a stored bf16 value is the f32 twin's output rounded to nearest even, and every sum
+/// over the streams runs over the stored values), the fused pre on bf16 streams against the CPU
+/// reference on the same values, and the embedding gather / widening against the host's rounding,
+/// on fresh random inputs: (n 4, d 4,096, T 16: Flash), (n 3, d 4,100, T 13: the wide finish and a
+/// last run of 4 channels), (n 2, d 1,000, T 9).
+fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let (iters, eps, hc_eps, norm_eps) = (20usize, 1e-6f64, 1e-6f64, 1e-6f32);
+    let widen = |b: &[u16]| -> Vec<f32> { b.iter().map(|v| quant::bf16_to_f32(*v)).collect() };
+    let narrow = |f: &[f32]| -> Vec<u16> { f.iter().map(|v| quant::f32_to_bf16(*v)).collect() };
+    for (n, d, t) in [(4usize, 4096usize, 16usize), (3, 4100, 13), (2, 1000, 9)] {
+        let nd = n * d;
+        let key = format!("hcb{n}_{d}");
+        let hw = random_hc(seed, &key, n, d);
+        let gw = GpuHcWeights::upload(gpu, &hw, n)?;
+        let mut x = random(seed, &format!("{key}.x"), t * nd, 1.0);
+        for (ti, row) in x.chunks_mut(nd).enumerate() {
+            let s = 0.25 + 0.5 * ti as f32;
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+        let xb = narrow(&x);
+        let xw = widen(&xb);
+        let y = random(seed, &format!("{key}.y"), t * d, 1.0);
+        let nw: Vec<f32> = random(seed, &format!("{key}.norm"), d, 0.25).iter().map(|v| 1.0 + v).collect();
+        let dnw = gpu.upload(&nw)?;
+        let dy = gpu.upload(&y)?;
+        let shape = json!([t, n, d, iters]);
+        // The first pre (mix only, then the finish) on bf16 streams and on their widening.
+        let (mut dxb, mut dxw) = (gpu.upload(&xb)?, gpu.upload(&xw)?);
+        let buffers = || -> Result<_, CudaError> { Ok((gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?)) };
+        let ((mut dab, mut dpb, mut dcb), (mut daw, mut dpw, mut dcw)) = (buffers()?, buffers()?);
+        let mixb = gpu.hc_post_mix(&mut dxb, None, &gw, t, n, d)?;
+        let mixw = gpu.hc_post_mix(&mut dxw, None, &gw, t, n, d)?;
+        let coefs = gpu.hc_pre_norm(&gw, &mixb, &dxb, Some(&dnw), &mut dab, &mut dpb, &mut dcb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+        gpu.hc_pre_norm(&gw, &mixw, &dxw, Some(&dnw), &mut daw, &mut dpw, &mut dcw, t, n, d, iters, eps, hc_eps, norm_eps)?;
+        let (ab, pb, cb) = (gpu.download(&dab)?, gpu.download(&dpb)?, gpu.download(&dcb)?);
+        let differ = differing_bits(&ab, &gpu.download(&daw)?) + differing_bits(&pb, &gpu.download(&dpw)?) + differing_bits(&cb, &gpu.download(&dcw)?);
+        all &= flag_record(out, &format!("hc_pre_norm_bf16 bits (n {n}, d {d})"), json!({"differing_values": differ, "of": t * (d + n + n * n), "vs": "hc_post_mix_f32 (mix only) + hc_pre_norm_f32 on the bf16 streams widened"}), differ == 0);
+        // The CPU reference on the same (rounded) streams.
+        let (mut a_ref, mut post_ref, mut comb_ref) = (Vec::new(), Vec::new(), Vec::new());
+        for xt in xw.chunks(nd) {
+            let (mut u, m) = mhc::hc_pre(&hw, xt, n, iters, eps, hc_eps);
+            ops::rms_norm(&mut u, &nw, norm_eps as f64);
+            a_ref.extend(u);
+            post_ref.extend(m.post.iter().map(|v| *v as f32));
+            comb_ref.extend(m.comb.iter().map(|v| *v as f32));
+        }
+        all &= record(out, &format!("hc_pre fused bf16 normed u (n {n}, d {d})"), shape.clone(), &ab, &a_ref);
+        all &= record(out, &format!("hc_pre fused bf16 post (n {n}, d {d})"), shape.clone(), &pb, &post_ref);
+        all &= record(out, &format!("hc_pre fused bf16 comb (n {n}, d {d})"), shape.clone(), &cb, &comb_ref);
+        // The post (with the next pre's partials) on bf16 streams against the f32 kernel on their
+        // widening: the stored values are the f32 outputs rounded; the partials are those of the
+        // rounded streams (the mix alone over them, through the same finish).
+        let withpost = gpu.hc_post_mix(&mut dxb, Some((&dy, &coefs)), &gw, t, n, d)?;
+        gpu.hc_post_mix(&mut dxw, Some((&dy, &coefs)), &gw, t, n, d)?;
+        let got = gpu.download(&dxb)?;
+        let bits = differing_values(&got, &narrow(&gpu.download(&dxw)?));
+        all &= flag_record(out, &format!("hc_post_mix_bf16 x bits (n {n}, d {d})"), json!({"differing_values": bits, "of": t * nd, "vs": "hc_post_mix_f32 on the widened streams, rounded to bf16 on the host"}), bits == 0);
+        let mut dref = gpu.upload(&widen(&got))?;
+        let alone = gpu.hc_post_mix(&mut dref, None, &gw, t, n, d)?;
+        gpu.hc_pre_norm(&gw, &withpost, &dxb, None, &mut dab, &mut dpb, &mut dcb, t, n, d, iters, eps, hc_eps, norm_eps)?;
+        gpu.hc_pre_norm(&gw, &alone, &dref, None, &mut daw, &mut dpw, &mut dcw, t, n, d, iters, eps, hc_eps, norm_eps)?;
+        let pbits = differing_bits(&gpu.download(&dab)?, &gpu.download(&daw)?) + differing_bits(&gpu.download(&dcb)?, &gpu.download(&dcw)?);
+        all &= flag_record(out, &format!("hc_post_mix_bf16 partials bits (n {n}, d {d})"), json!({"differing_values": pbits, "of": t * (d + n * n), "vs": "the partials of its output widened, made by the mix alone (unweighted normed pre output and comb compared)"}), pbits == 0);
+        // The plain post (the last layer's).
+        let (mut dpost_b, mut dpost_w) = (gpu.upload(&xb)?, gpu.upload(&xw)?);
+        gpu.hc_post(&mut dpost_b, &dy, &dpb, &dcb, t, n, d)?;
+        gpu.hc_post(&mut dpost_w, &dy, &dpb, &dcb, t, n, d)?;
+        let pb_bits = differing_values(&gpu.download(&dpost_b)?, &narrow(&gpu.download(&dpost_w)?));
+        all &= flag_record(out, &format!("hc_post_bf16 x bits (n {n}, d {d})"), json!({"differing_values": pb_bits, "of": t * nd, "vs": "hc_post_f32 on the widened streams, rounded to bf16 on the host"}), pb_bits == 0);
+    }
+    // The embedding rows as bf16 (values exact in bf16 and not, one index out of range: a NaN row)
+    // and the widening of the streams.
+    let (rows, d) = (37usize, 1000usize);
+    let mut emb = random(seed, "hcb.embed", rows * d, 1.0);
+    emb.iter_mut().step_by(2).for_each(|v| *v = quant::bf16_to_f32(quant::f32_to_bf16(*v)));
+    let idx: Vec<i32> = (0..12).map(|i| if i == 5 { rows as i32 } else { (i * 7 % rows) as i32 }).collect();
+    let (demb, didx) = (gpu.upload(&emb)?, gpu.upload(&idx)?);
+    let mut dg = gpu.zeros::<u16>(idx.len() * d)?;
+    gpu.hc_gather_bf16(&demb, rows, &didx.slice(0..idx.len()), &mut dg, d)?;
+    let want: Vec<u16> = idx.iter().flat_map(|&r| if (0..rows as i32).contains(&r) { narrow(&emb[r as usize * d..(r as usize + 1) * d]) } else { vec![0x7fc0; d] }).collect();
+    let gbits = differing_values(&gpu.download(&dg)?, &want);
+    all &= flag_record(out, "hc_gather_bf16 bits", json!({"differing_values": gbits, "of": idx.len() * d, "vs": "the host's round-to-nearest-even of the gathered rows (a NaN row for an index past the table)"}), gbits == 0);
+    let mut dw = gpu.zeros::<f32>(idx.len() * d)?;
+    gpu.hc_widen_bf16(&dg.slice(0..idx.len() * d), &mut dw)?;
+    let wbits = differing_bits(&gpu.download(&dw)?, &widen(&want));
+    all &= flag_record(out, "hc_widen_bf16 bits", json!({"differing_values": wbits, "of": idx.len() * d, "vs": "the host's widening"}), wbits == 0);
     Ok(all)
 }
 
@@ -515,7 +611,14 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let ms1 = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dw), &mut dn, &mut dpost, &mut dcomb, 1, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
     println!("time {:<28} T=1 {:.1} us", "hc_pre_norm (n 4, d 4096)", ms1 * 1e3);
     rows.push(json!({"op": "hc_pre_norm (n 4, d 4096)", "tokens": 1, "median_ms": ms1}));
-    drop((dx, dn));
+    // MHC_BF16_STREAMS: the same two kernels on bf16 streams (2 bytes per stream value).
+    let mut dxb = gpu.upload(&gpu.download(&dx)?.iter().map(|v| quant::f32_to_bf16(*v)).collect::<Vec<u16>>())?;
+    let ms = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dxb, Some((&dy, &coefs)), &gw, t, n, d).map(|_| ()))?;
+    report(&mut rows, "hc_post_mix bf16 streams", ms, f4 * (nd as f64 + d as f64 + parts));
+    let mixb = gpu.hc_post_mix(&mut dxb, None, &gw, t, n, d)?;
+    let ms = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mixb, &dxb, Some(&dw), &mut dn, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
+    report(&mut rows, "hc_pre_norm bf16 streams", ms, f4 * (nd as f64 / 2.0 + d as f64 + parts));
+    drop((dx, dxb, dn));
     // The MoE combine of a Flash layer: k 6 routed outputs and the shared expert per token.
     let k = 6usize;
     let dslot = gpu.upload(&random(seed, "hct.slot", t * k * d, 1.0))?;

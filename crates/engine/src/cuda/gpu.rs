@@ -596,9 +596,11 @@ impl Gpu {
             for name in super::ops_attention::INDEXER_WGMMA_KERNELS {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
-            // hc_post_mix_f32: its warps' lane-sum rows.
+            // hc_post_mix_f32 / _bf16: their warps' lane-sum rows.
             let bytes = super::ops_mhc::HC_MIX_SMEM as i32;
-            drv("shared memory of hc_post_mix_f32", functions["hc_post_mix_f32"].set_attribute(attr, bytes))?;
+            for name in ["hc_post_mix_f32", "hc_post_mix_bf16"] {
+                drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
+            }
         }
         for name in super::ops_moe::moe_gemm_entry_points() {
             let bytes = super::ops_moe::moe_gemm_entry_smem(name) as i32;

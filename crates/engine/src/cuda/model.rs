@@ -742,6 +742,81 @@ pub fn forward_chunk_gpu_dev(
     forward_tokens(gpu, m, seq, Tokens::Host(ids), logits_for, record_streams)
 }
 
+/// The residual streams of a forward, `[T, n, d]` (spec §4.1): f32 (the exact path) or bf16 bits
+/// (`MHC_BF16_STREAMS`, which acts with `MHC_FUSED`'s kernels only). Each method runs the
+/// [`Gpu`] mHC op of the same name on whichever is held.
+enum Streams {
+    F32(DevBuf<f32>),
+    Bf16(DevBuf<u16>),
+}
+
+impl Streams {
+    /// [`Gpu::hc_post_mix`] on the streams.
+    fn post_mix(&mut self, gpu: &Gpu, post: Option<(&CudaSlice<f32>, &super::ops_mhc::HcPostCoefs)>, next: &super::ops_mhc::GpuHcWeights, t: usize, n: usize, d: usize) -> Result<super::ops_mhc::HcMixPartials, CudaError> {
+        match self {
+            Streams::F32(x) => gpu.hc_post_mix(x, post, next, t, n, d),
+            Streams::Bf16(x) => gpu.hc_post_mix(x, post, next, t, n, d),
+        }
+    }
+
+    /// [`Gpu::hc_pre_norm`] on the streams.
+    #[allow(clippy::too_many_arguments)]
+    fn pre_norm(
+        &self,
+        gpu: &Gpu,
+        w: &super::ops_mhc::GpuHcWeights,
+        mix: &super::ops_mhc::HcMixPartials,
+        norm: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<f32>,
+        post: &mut CudaSlice<f32>,
+        comb: &mut CudaSlice<f32>,
+        t: usize,
+        n: usize,
+        d: usize,
+        iters: usize,
+        eps: f64,
+        hc_eps: f64,
+        norm_eps: f32,
+    ) -> Result<super::ops_mhc::HcPostCoefs, CudaError> {
+        match self {
+            Streams::F32(x) => gpu.hc_pre_norm(w, mix, x, norm, out, post, comb, t, n, d, iters, eps, hc_eps, norm_eps),
+            Streams::Bf16(x) => gpu.hc_pre_norm(w, mix, x, norm, out, post, comb, t, n, d, iters, eps, hc_eps, norm_eps),
+        }
+    }
+
+    /// [`Gpu::hc_post`] on the streams.
+    #[allow(clippy::too_many_arguments)]
+    fn post(&mut self, gpu: &Gpu, y: &CudaSlice<f32>, post: &CudaSlice<f32>, comb: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<(), CudaError> {
+        match self {
+            Streams::F32(x) => gpu.hc_post(x, y, post, comb, t, n, d),
+            Streams::Bf16(x) => gpu.hc_post(x, y, post, comb, t, n, d),
+        }
+    }
+
+    /// The f32 streams, for the unfused pre (`MHC_FUSED=off`, under which bf16 streams are never made).
+    fn f32(&self) -> Result<&CudaSlice<f32>, CudaError> {
+        match self {
+            Streams::F32(x) => Ok(x),
+            Streams::Bf16(_) => Err(CudaError::Unsupported { what: "forward", detail: "MHC_BF16_STREAMS without MHC_FUSED's kernels".into() }),
+        }
+    }
+
+    /// Tokens `first .. first + rows` of the streams as a new f32 buffer `[rows, n, d]` (a copy, or
+    /// the bf16 values widened): what the head and recorded streams read.
+    fn rows_f32(&self, gpu: &Gpu, first: usize, rows: usize, n: usize, d: usize) -> Result<DevBuf<f32>, CudaError> {
+        let range = first * n * d..(first + rows) * n * d;
+        let mut xs = gpu.zeros::<f32>(rows * n * d)?;
+        match self {
+            Streams::F32(x) => {
+                let mut view = xs.slice_mut(0..rows * n * d);
+                drv("copy", gpu.stream.memcpy_dtod(&x.slice(range), &mut view))?;
+            }
+            Streams::Bf16(x) => gpu.hc_widen_bf16(&x.slice(range), &mut xs)?,
+        }
+        Ok(xs)
+    }
+}
+
 /// Where a forward's token ids come from.
 enum Tokens<'a> {
     /// Ids on the host (checked against the vocabulary by the caller), uploaded by the forward.
@@ -780,14 +855,22 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             (tok, tok)
         }
     };
-    let mut x = gpu.zeros::<f32>(t * n * d)?;
-    gpu.gather_rows(&m.embed, c.vocab_size, &rows.slice(0..t * n), &mut x, d)?;
-    let mut layer_streams = Vec::new();
     // MHC_FUSED: each pre's mix partials come from the post before it (the first from the embedded
     // streams), and the pre's finish writes the sub-block's normed input directly.
     let fused_mhc = crate::switches::on("MHC_FUSED") && d <= super::ops_mhc::HC_NORM_MAX_D;
+    // MHC_BF16_STREAMS (with MHC_FUSED's kernels): the streams stored as bf16 between sub-blocks.
+    let mut x = if fused_mhc && crate::switches::on("MHC_BF16_STREAMS") {
+        let mut xb = gpu.zeros::<u16>(t * n * d)?;
+        gpu.hc_gather_bf16(&m.embed, c.vocab_size, &rows.slice(0..t * n), &mut xb, d)?;
+        Streams::Bf16(xb)
+    } else {
+        let mut xf = gpu.zeros::<f32>(t * n * d)?;
+        gpu.gather_rows(&m.embed, c.vocab_size, &rows.slice(0..t * n), &mut xf, d)?;
+        Streams::F32(xf)
+    };
+    let mut layer_streams = Vec::new();
     let mut mix = match (fused_mhc, m.layers.first()) {
-        (true, Some(l0)) => Some(gpu.hc_post_mix(&mut x, None, &l0.hc_attn, t, n, d)?),
+        (true, Some(l0)) => Some(x.post_mix(gpu, None, &l0.hc_attn, t, n, d)?),
         _ => None,
     };
     // u (the pre's output before its RMSNorm) only without MHC_FUSED.
@@ -805,10 +888,10 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         // op after it writes all of its T rows).
         let mut a = unsafe { gpu.scratch::<f32>(t * d) }?;
         match mix.take() {
-            Some(p) => coefs = Some(gpu.hc_pre_norm(&l.hc_attn, &p, &x, Some(&l.attn_norm), &mut a, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?),
+            Some(p) => coefs = Some(x.pre_norm(gpu, &l.hc_attn, &p, Some(&l.attn_norm), &mut a, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?),
             None => {
                 let u = u.as_mut().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED: no partials for a pre".into() })?;
-                gpu.hc_pre(&l.hc_attn, &x, u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
+                gpu.hc_pre(&l.hc_attn, x.f32()?, u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
                 gpu.rms_norm(u, Some(&l.attn_norm), &mut a, t, d, eps)?;
             }
         }
@@ -964,13 +1047,13 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         if fused_mhc {
             // MoE sub-block (§4.11): its pre's partials from the attention sub-block's post.
             let ca = coefs.take().ok_or_else(no_coefs)?;
-            let p = gpu.hc_post_mix(&mut x, Some((&y, &ca)), &l.hc_ffn, t, n, d)?;
-            coefs = Some(gpu.hc_pre_norm(&l.hc_ffn, &p, &x, Some(&l.ffn_norm), &mut f, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?);
+            let p = x.post_mix(gpu, Some((&y, &ca)), &l.hc_ffn, t, n, d)?;
+            coefs = Some(x.pre_norm(gpu, &l.hc_ffn, &p, Some(&l.ffn_norm), &mut f, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?);
         } else {
             let u = u.as_mut().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED off without a u buffer".into() })?;
-            gpu.hc_post(&mut x, &y, &post, &comb, t, n, d)?;
+            x.post(gpu, &y, &post, &comb, t, n, d)?;
             // MoE sub-block (§4.11).
-            gpu.hc_pre(&l.hc_ffn, &x, u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
+            gpu.hc_pre(&l.hc_ffn, x.f32()?, u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
             gpu.rms_norm(u, Some(&l.ffn_norm), &mut f, t, d, eps)?;
         }
         gpu.stage("moe");
@@ -980,12 +1063,12 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         match m.layers.get(li + 1) {
             Some(next) if fused_mhc => {
                 let cf = coefs.take().ok_or_else(no_coefs)?;
-                mix = Some(gpu.hc_post_mix(&mut x, Some((&moe.out, &cf)), &next.hc_attn, t, n, d)?);
+                mix = Some(x.post_mix(gpu, Some((&moe.out, &cf)), &next.hc_attn, t, n, d)?);
             }
-            _ => gpu.hc_post(&mut x, &moe.out, &post, &comb, t, n, d)?,
+            _ => x.post(gpu, &moe.out, &post, &comb, t, n, d)?,
         }
         if record_streams {
-            layer_streams.push(gpu.download(&x)?);
+            layer_streams.push(gpu.download(&*x.rows_f32(gpu, 0, t, n, d)?)?);
         }
     }
     seq.pos += t;
@@ -999,11 +1082,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
     let logits = if rows == 0 {
         None
     } else {
-        let mut xs = gpu.zeros::<f32>(rows * n * d)?;
-        {
-            let mut view = xs.slice_mut(0..rows * n * d);
-            drv("copy", gpu.stream.memcpy_dtod(&x.slice(first * n * d..(first + rows) * n * d), &mut view))?;
-        }
+        let xs = x.rows_f32(gpu, first, rows, n, d)?;
         let mut hh = gpu.zeros::<f32>(rows * d)?;
         gpu.hc_head(&m.hc_head, &xs, &mut hh, rows, n, d, c.rms_norm_eps, c.hc_eps)?;
         let mut hn = gpu.zeros::<f32>(rows * d)?;

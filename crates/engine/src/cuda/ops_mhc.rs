@@ -16,7 +16,46 @@ use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use flashseek_model::config::{Ds4Config, ScoringFunc};
 
 /// Entry points of `kernels/mhc.cu`.
-pub const MHC_ENTRY_POINTS: &[&str] = &["hc_mix_partial_f32", "hc_pre_f32", "hc_post_f32", "hc_head_f32", "hc_post_mix_f32", "hc_pre_coef_f32", "hc_pre_norm_f32", "hc_pre_norm_wide_f32"];
+pub const MHC_ENTRY_POINTS: &[&str] = &[
+    "hc_mix_partial_f32",
+    "hc_pre_f32",
+    "hc_post_f32",
+    "hc_head_f32",
+    "hc_post_mix_f32",
+    "hc_pre_coef_f32",
+    "hc_pre_norm_f32",
+    "hc_pre_norm_wide_f32",
+    "hc_post_bf16",
+    "hc_post_mix_bf16",
+    "hc_pre_norm_bf16",
+    "hc_pre_norm_wide_bf16",
+    "hc_gather_bf16",
+    "hc_widen_bf16",
+];
+
+/// Element type of the residual streams `[T, n, d]` on the device: `f32` (the exact path) or `u16`,
+/// bf16 bits (`MHC_BF16_STREAMS`: DeepSeek's reference keeps the streams in the activation dtype,
+/// bf16, spec §4.1 / §4.3). The kernels that read or write the streams between sub-blocks
+/// ([`Gpu::hc_post`], [`Gpu::hc_post_mix`], [`Gpu::hc_pre_norm`]) take either; a bf16 stream value
+/// is the f32 the f32 kernel computes, rounded to nearest even, and every sum over the streams runs
+/// over the stored values (kernels/mhc.cu, `HcS`).
+pub trait HcStream: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default + Unpin {
+    /// Suffix of the kernels' entry points for this element type (`f32` / `bf16`).
+    const SUFFIX: &'static str;
+}
+
+impl HcStream for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+
+impl HcStream for u16 {
+    const SUFFIX: &'static str = "bf16";
+}
+
+/// `name` + `_` + the element type's suffix: the entry point a stream kernel runs for `S`.
+fn hc_entry<S: HcStream>(name: &str) -> String {
+    format!("{name}_{}", S::SUFFIX)
+}
 /// Entry points of `kernels/moe.cu`.
 pub const MOE_ENTRY_POINTS: &[&str] = &[
     "router_scores_f32",
@@ -346,7 +385,7 @@ impl Gpu {
         hc_eps: f64,
     ) -> Result<(), CudaError> {
         const W: &str = "hc_pre";
-        let mix = pre_shapes(W, w, x, ("u", u.len()), post, comb, t, n, d)?;
+        let mix = pre_shapes(W, w, x.len(), ("u", u.len()), post, comb, t, n, d)?;
         if t == 0 {
             return Ok(());
         }
@@ -360,13 +399,13 @@ impl Gpu {
         drv("hc_pre_f32", unsafe { b.launch(cfg) }).map(|_| ())
     }
 
-    /// mHC post for `t` tokens, in place on the streams `x` (`[t, n, d]`), spec §4.3:
-    /// `X'[k] = post_k·y + Σ_j C[j][k]·X[j]` (the sum over C's first index), with the sub-block output
-    /// `y` (`[t, d]`) and `post` / `comb` from [`Gpu::hc_pre`].
+    /// mHC post for `t` tokens, in place on the streams `x` (`[t, n, d]`, f32 or bf16: [`HcStream`]),
+    /// spec §4.3: `X'[k] = post_k·y + Σ_j C[j][k]·X[j]` (the sum over C's first index), with the
+    /// sub-block output `y` (`[t, d]`) and `post` / `comb` from [`Gpu::hc_pre`].
     ///
     /// Errors: `n` outside 1..=4, `d` not a multiple of 4, or a buffer too short.
     #[allow(clippy::too_many_arguments)]
-    pub fn hc_post(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, post: &CudaSlice<f32>, comb: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<(), CudaError> {
+    pub fn hc_post<S: HcStream>(&self, x: &mut CudaSlice<S>, y: &CudaSlice<f32>, post: &CudaSlice<f32>, comb: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<(), CudaError> {
         const W: &str = "hc_post";
         hc_dims(W, n, d)?;
         need(W, "x", x.len(), t * n * d)?;
@@ -378,17 +417,18 @@ impl Gpu {
         }
         let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (n_i, d_i) = (n as i32, d as i32);
-        let mut b = self.stream.launch_builder(self.f("hc_post_f32"));
+        let entry = hc_entry::<S>("hc_post");
+        let mut b = self.stream.launch_builder(self.f(&entry));
         b.arg(x).arg(y).arg(post).arg(comb).arg(&n_i).arg(&d_i);
-        // SAFETY: matches hc_post_f32's signature; buffers checked above.
-        drv("hc_post_f32", unsafe { b.launch(cfg) }).map(|_| ())
+        // SAFETY: matches hc_post_f32's / hc_post_bf16's signature (x of S); buffers checked above.
+        drv(&entry, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
     /// `MHC_FUSED`, first half: the mHC post of one sub-block (spec §4.3, in place on `x` `[t, n, d]`,
-    /// as [`Gpu::hc_post`] computes it, bit for bit) when `post` = `Some((y, coefs))` (`y` `[t, d]`,
+    /// f32 or bf16 ([`HcStream`]), as [`Gpu::hc_post`] computes it, bit for bit) when `post` = `Some((y, coefs))` (`y` `[t, d]`,
     /// `coefs` the sub-block pre's [`HcPostCoefs`]), then the mix partial sums of the NEXT sub-block's
     /// pre (spec §4.2: Φ of `next`, `[(2+n)·n, n·d]`, read in its channel runs) over the streams just
-    /// written, so the pre does not read the streams once more for them. With `post` = `None` only the
+    /// written (as stored), so the pre does not read the streams once more for them. With `post` = `None` only the
     /// partials of `x` (the first pre of a forward). One launch (hc_post_mix_f32: a block per 64
     /// channels × 16 tokens, a warp per 4 tokens, `HC_MIX_SMEM` bytes of shared memory). Every token's
     /// partials are summed in a fixed order that does not depend on `t` (batch invariant,
@@ -398,9 +438,9 @@ impl Gpu {
     /// for another `n` or fewer tokens, `next` without channel runs (the head's weights), or more than
     /// 65,535 × 16 tokens (the grid).
     #[allow(clippy::too_many_arguments)]
-    pub fn hc_post_mix(&self, x: &mut CudaSlice<f32>, post: Option<(&CudaSlice<f32>, &HcPostCoefs)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
+    pub fn hc_post_mix<S: HcStream>(&self, x: &mut CudaSlice<S>, post: Option<(&CudaSlice<f32>, &HcPostCoefs)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
         const W: &str = "hc_post_mix";
-        let m = mix_shapes(W, &next.fn_, x, t, n, d)?;
+        let m = mix_shapes(W, &next.fn_, x.len(), t, n, d)?;
         let runs = next.fn_runs.as_ref().ok_or_else(|| bad(W, "Φ without channel runs (the head's weights, not a sub-block's)"))?;
         let blocks = d.div_ceil(HC_MIX_RUN);
         exact(W, "Φ runs", runs.len(), blocks * m * n * HC_MIX_RUN)?;
@@ -422,16 +462,18 @@ impl Gpu {
             let cfg = LaunchConfig { grid_dim: (blocks as u32, grid_y, 1), block_dim: (HC_MIX_THREADS, 1, 1), shared_mem_bytes: HC_MIX_SMEM as u32 };
             let (t_i, n_i, d_i, has) = (int(W, "tokens", t)?, n as i32, d as i32, i32::from(post.is_some()));
             let null = 0u64;
-            let mut b = self.stream.launch_builder(self.f("hc_post_mix_f32"));
+            let entry = hc_entry::<S>("hc_post_mix");
+            let mut b = self.stream.launch_builder(self.f(&entry));
             b.arg(&mut *x);
             match post {
                 Some((y, c)) => b.arg(y).arg(&c.rec),
                 None => b.arg(&null).arg(&null),
             };
             b.arg(runs).arg(&mut part).arg(&t_i).arg(&n_i).arg(&d_i).arg(&has);
-            // SAFETY: matches hc_post_mix_f32's signature; x holds t·n·d values, y and the records
-            // (read only when has_post) their t rows, the Φ runs blocks·m·n·64, part t·blocks·HC_PART.
-            drv("hc_post_mix_f32", unsafe { b.launch(cfg) })?;
+            // SAFETY: matches hc_post_mix_f32's / _bf16's signature (x of S); x holds t·n·d values, y
+            // and the records (read only when has_post) their t rows, the Φ runs blocks·m·n·64, part
+            // t·blocks·HC_PART.
+            drv(&entry, unsafe { b.launch(cfg) })?;
         }
         Ok(HcMixPartials { part, blocks, m, t, d, phi: phi_address(self, next) })
     }
@@ -442,7 +484,7 @@ impl Gpu {
     /// Errors: as [`Gpu::hc_pre`].
     pub(crate) fn hc_split_partials(&self, x: &CudaSlice<f32>, w: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
         const W: &str = "hc_split_partials";
-        let m = mix_shapes(W, &w.fn_, x, t, n, d)?;
+        let m = mix_shapes(W, &w.fn_, x.len(), t, n, d)?;
         int(W, "tokens", t)?;
         let part = if t == 0 {
             // SAFETY: never read (no token).
@@ -456,7 +498,8 @@ impl Gpu {
     /// `MHC_FUSED`, second half: the mHC pre of a sub-block (spec §4.2) from the partials `mix` of
     /// [`Gpu::hc_post_mix`] (made with this sub-block's Φ, for at least `t` tokens), followed by the
     /// sub-block's RMSNorm (spec §4.5 / §4.11 input norm, weight `norm` `[d]`, `norm_eps`): writes
-    /// `out` = RMSNorm(u) `[t, d]` (u itself stays in registers), `post` `[t, n]` and `comb`
+    /// `out` = RMSNorm(u) `[t, d]` (u = Σ_j pre_j·x[j] over the streams `x` as stored, f32 or bf16:
+    /// [`HcStream`]; u itself stays in registers), `post` `[t, n]` and `comb`
     /// `[t, n, n]`, and returns the coefficients as doubles for the sub-block's [`Gpu::hc_post_mix`].
     /// Given the same partials it computes the bits of hc_pre_f32 followed by rms_norm_f32 (same
     /// expressions, same reduction order) — what [`Gpu::rms_norm`] runs for d > 1,024; narrower rows
@@ -466,11 +509,11 @@ impl Gpu {
     /// Errors: `n` outside 1..=4, `d` not a multiple of 4 or above [`HC_NORM_MAX_D`], partials for
     /// another mix size, fewer tokens or another sub-block's Φ, or a buffer of the wrong size.
     #[allow(clippy::too_many_arguments)]
-    pub fn hc_pre_norm(
+    pub fn hc_pre_norm<S: HcStream>(
         &self,
         w: &GpuHcWeights,
         mix: &HcMixPartials,
-        x: &CudaSlice<f32>,
+        x: &CudaSlice<S>,
         norm: Option<&CudaSlice<f32>>,
         out: &mut CudaSlice<f32>,
         post: &mut CudaSlice<f32>,
@@ -484,7 +527,7 @@ impl Gpu {
         norm_eps: f32,
     ) -> Result<HcPostCoefs, CudaError> {
         const W: &str = "hc_pre_norm";
-        let m = pre_shapes(W, w, x, ("out", out.len()), post, comb, t, n, d)?;
+        let m = pre_shapes(W, w, x.len(), ("out", out.len()), post, comb, t, n, d)?;
         if d > HC_NORM_MAX_D {
             return Err(bad(W, format!("hidden size {d} above the {HC_NORM_MAX_D} the fused norm holds")));
         }
@@ -509,18 +552,18 @@ impl Gpu {
             // SAFETY: matches hc_pre_coef_f32's signature; part holds t·blocks·HC_PART (from
             // hc_post_mix), post t·n, comb t·n·n, rec t·HC_REC.
             drv("hc_pre_coef_f32", unsafe { b.launch(cfg) })?;
-            let entry = if d <= HC_NORM_NARROW_D { "hc_pre_norm_f32" } else { "hc_pre_norm_wide_f32" };
+            let entry = hc_entry::<S>(if d <= HC_NORM_NARROW_D { "hc_pre_norm" } else { "hc_pre_norm_wide" });
             let cfg = LaunchConfig { grid_dim: (t_i as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
-            let mut b = self.stream.launch_builder(self.f(entry));
+            let mut b = self.stream.launch_builder(self.f(&entry));
             b.arg(&rec).arg(x);
             match norm {
                 Some(nw) => b.arg(nw),
                 None => b.arg(&null),
             };
             b.arg(out).arg(&n_i).arg(&d_i).arg(&norm_eps);
-            // SAFETY: matches hc_pre_norm_f32 / _wide_f32's signature; rec written above for t
-            // tokens, x holds t·n·d, out t·d, norm d values.
-            drv(entry, unsafe { b.launch(cfg) })?;
+            // SAFETY: matches hc_pre_norm_{f32,bf16} / _wide_{f32,bf16}'s signature (x of S); rec
+            // written above for t tokens, x holds t·n·d, out t·d, norm d values.
+            drv(&entry, unsafe { b.launch(cfg) })?;
         }
         Ok(HcPostCoefs { rec, t, n })
     }
@@ -649,6 +692,48 @@ impl Gpu {
         b.arg(src).arg(idx).arg(dst).arg(&rows_i).arg(&d_i);
         // SAFETY: matches gather_rows_f32's signature; one block per index, buffers checked above.
         drv("gather_rows_f32", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// The embedding rows of the tokens' streams as bf16 stream bits (`MHC_BF16_STREAMS`, spec §4.1):
+    /// `dst[r] = bf16(src[idx[r]])` for the `idx.len()` rows of width `d` (`src` f32 `[src_rows, d]`,
+    /// `dst` u16 `[idx.len(), d]`; rounded to nearest even, exact for a bf16 checkpoint's embedding;
+    /// an index outside `[0, src_rows)` gives a NaN row, as [`Gpu::gather_rows`]).
+    ///
+    /// Errors: buffers too short, more rows than a grid holds.
+    pub fn hc_gather_bf16(&self, src: &CudaSlice<f32>, src_rows: usize, idx: &CudaView<'_, i32>, dst: &mut CudaSlice<u16>, d: usize) -> Result<(), CudaError> {
+        const W: &str = "hc_gather_bf16";
+        let m = idx.len();
+        need(W, "src", src.len(), src_rows * d)?;
+        need(W, "dst", dst.len(), m * d)?;
+        if m == 0 || d == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig { grid_dim: (int(W, "rows", m)? as u32, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (rows_i, d_i) = (int(W, "src rows", src_rows)?, int(W, "d", d)?);
+        let mut b = self.stream.launch_builder(self.f(W));
+        b.arg(src).arg(idx).arg(dst).arg(&rows_i).arg(&d_i);
+        // SAFETY: matches hc_gather_bf16's signature; one block per index, buffers checked above.
+        drv(W, unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
+    /// bf16 stream bits widened to f32 (`MHC_BF16_STREAMS`): `dst[i] = f32(src[i])` for every `i <
+    /// src.len()` — exact; what the head and recorded streams read.
+    ///
+    /// Errors: `dst` shorter than `src`.
+    pub fn hc_widen_bf16(&self, src: &CudaView<'_, u16>, dst: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+        const W: &str = "hc_widen_bf16";
+        let len = src.len();
+        need(W, "dst", dst.len(), len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let blocks = len.div_ceil(ROW_THREADS as usize).min(65_535) as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let len_i = len as i64;
+        let mut b = self.stream.launch_builder(self.f(W));
+        b.arg(src).arg(dst).arg(&len_i);
+        // SAFETY: matches hc_widen_bf16's signature (grid-stride over len); dst holds len values.
+        drv(W, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
     /// `dst[idx[r]] = src[r]` for the `idx.len()` rows of width `d` (`dst` has `dst_rows` rows; the
@@ -961,8 +1046,8 @@ impl Gpu {
 /// `[(2+n)·n]` and α `[3]` exactly, and at least `t` tokens of the output (`out`: its name and
 /// length, `[t, d]`), `post` and `comb`. Returns the mix size (2+n)·n.
 #[allow(clippy::too_many_arguments)]
-fn pre_shapes(what: &'static str, w: &GpuHcWeights, x: &CudaSlice<f32>, out: (&str, usize), post: &CudaSlice<f32>, comb: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<usize, CudaError> {
-    let mix = mix_shapes(what, &w.fn_, x, t, n, d)?;
+fn pre_shapes(what: &'static str, w: &GpuHcWeights, x_len: usize, out: (&str, usize), post: &CudaSlice<f32>, comb: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<usize, CudaError> {
+    let mix = mix_shapes(what, &w.fn_, x_len, t, n, d)?;
     exact(what, "base", w.base.len(), mix)?;
     exact(what, "scale", w.scale.len(), 3)?;
     need(what, out.0, out.1, t * d)?;
@@ -972,12 +1057,12 @@ fn pre_shapes(what: &'static str, w: &GpuHcWeights, x: &CudaSlice<f32>, out: (&s
 }
 
 /// The shapes every mix of a pre needs: `n` and `d` (as [`hc_dims`]), its Φ `fn_` exactly
-/// `[(2+n)·n, n·d]` and at least `t` tokens of streams `x`. Returns the mix size (2+n)·n.
-fn mix_shapes(what: &'static str, fn_: &CudaSlice<f32>, x: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<usize, CudaError> {
+/// `[(2+n)·n, n·d]` and at least `t` tokens of streams (`x_len` values). Returns the mix size (2+n)·n.
+fn mix_shapes(what: &'static str, fn_: &CudaSlice<f32>, x_len: usize, t: usize, n: usize, d: usize) -> Result<usize, CudaError> {
     hc_dims(what, n, d)?;
     let mix = (2 + n) * n;
     exact(what, "fn", fn_.len(), mix * n * d)?;
-    need(what, "x", x.len(), t * n * d)?;
+    need(what, "x", x_len, t * n * d)?;
     Ok(mix)
 }
 

@@ -59,6 +59,36 @@
 #define HC_REC_POST 4   // HC_REC_POST, comb at HC_REC_COMB (C[j][k] at HC_REC_COMB + j·n + k); the f32
 #define HC_REC_COMB 8   // post and comb exactly, as doubles
 
+// Stream storage (MHC_BF16_STREAMS): the kernels that read or write the residual streams between
+// sub-blocks (hc_post, hc_post_mix, hc_pre_norm) come as _f32 (the exact path) and _bf16 entry points,
+// the latter with x as bf16 bits (u16, the high half of an f32; spec §4.1: DeepSeek's reference keeps
+// the streams in the activation dtype, bf16). A bf16 stream value is the f32 the _f32 kernel would
+// store, rounded to nearest even (hc_narrow2): so a _bf16 kernel's output is that of its _f32 twin fed
+// the same streams widened to f32 (gpu-check `… bf16 bits`), and every sum over the streams (the
+// mix partials, u) runs over the values as stored. HcS<S>: P2 a channel pair as stored, ld1 / ld2
+// widen, narrow2 rounds a pair to P2, wide2 widens one.
+template <class S>
+struct HcS;
+template <>
+struct HcS<float> {
+    typedef float2 P2;
+    static __device__ __forceinline__ float ld1(const float* p) { return *p; }
+    static __device__ __forceinline__ float2 wide2(P2 v) { return v; }
+    static __device__ __forceinline__ P2 narrow2(float2 v) { return v; }
+    static __device__ __forceinline__ float narrow1(float v) { return v; }
+};
+template <>
+struct HcS<u16> {
+    typedef u32 P2;  // channel i in the low half, i + 1 in the high half
+    static __device__ __forceinline__ float ld1(const u16* p) { return fs_bf16(*p); }
+    static __device__ __forceinline__ float2 wide2(P2 v) { return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u)); }
+    static __device__ __forceinline__ P2 narrow2(float2 v) { return gm_bf16x2(v.x, v.y); }
+    static __device__ __forceinline__ u16 narrow1(float v) { return (u16)(gm_bf16x2(v, 0.f) & 0xffffu); }
+};
+// The pair at p (2-element aligned: i even) widened.
+template <class S>
+__device__ __forceinline__ float2 hc_ld2(const S* p) { return HcS<S>::wide2(*reinterpret_cast<const typename HcS<S>::P2*>(p)); }
+
 __device__ __forceinline__ double hc_sigmoid(double v) { return 1.0 / (1.0 + exp(-v)); }
 
 // a[i] summed over the 32 lanes of the warp for every i < 32, lane i getting index i's total:
@@ -173,11 +203,11 @@ __device__ __forceinline__ double hc_logit(const float* tot, int M, int i, int N
 }
 
 // Σ_j coef[j]·xt[j·d + i] in f64, rounded to f32: channel i of the combined streams.
-template <int NN>
-__device__ __forceinline__ float hc_combine_one(const float* __restrict__ xt, const double* coef, int i, int d) {
+template <int NN, class S = float>
+__device__ __forceinline__ float hc_combine_one(const S* __restrict__ xt, const double* coef, int i, int d) {
     double s = 0.0;
 #pragma unroll
-    for (int j = 0; j < NN; j++) s += coef[j] * (double)xt[(size_t)j * d + i];
+    for (int j = 0; j < NN; j++) s += coef[j] * (double)HcS<S>::ld1(xt + (size_t)j * d + i);
     return (float)s;
 }
 
@@ -288,16 +318,16 @@ __device__ void hc_head_impl(const float* __restrict__ part, const float* __rest
     hc_combine_streams<NN>(x + (size_t)t * N, coef, h + (size_t)t * d, d);
 }
 
-template <int NN>
-__device__ void hc_post_impl(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ post,
+template <int NN, class S>
+__device__ void hc_post_impl(S* __restrict__ x, const float* __restrict__ y, const float* __restrict__ post,
                              const float* __restrict__ comb, int d) {
     const int t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= d) return;
-    float* xt = x + (size_t)t * NN * d;
+    S* xt = x + (size_t)t * NN * d;
     double old[NN];
 #pragma unroll
-    for (int j = 0; j < NN; j++) old[j] = (double)xt[(size_t)j * d + i];
+    for (int j = 0; j < NN; j++) old[j] = (double)HcS<S>::ld1(xt + (size_t)j * d + i);
     const double yi = (double)y[(size_t)t * d + i];
     const float* pt = post + (size_t)t * NN;
     const float* ct = comb + (size_t)t * NN * NN;
@@ -306,7 +336,7 @@ __device__ void hc_post_impl(float* __restrict__ x, const float* __restrict__ y,
         double s = (double)pt[k] * yi;
 #pragma unroll
         for (int j = 0; j < NN; j++) s += (double)ct[j * NN + k] * old[j];
-        xt[(size_t)k * d + i] = (float)s;
+        xt[(size_t)k * d + i] = HcS<S>::narrow1((float)s);
     }
 }
 
@@ -355,15 +385,40 @@ hc_head_f32(const float* __restrict__ part, const float* __restrict__ x, const f
     }
 }
 
-extern "C" __global__ void hc_post_f32(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ post,
-                                       const float* __restrict__ comb, int n, int d) {
-    switch (n) {
-        case 1: hc_post_impl<1>(x, y, post, comb, d); break;
-        case 2: hc_post_impl<2>(x, y, post, comb, d); break;
-        case 3: hc_post_impl<3>(x, y, post, comb, d); break;
-        case 4: hc_post_impl<4>(x, y, post, comb, d); break;
-        default: break;
+// hc_post_f32 / hc_post_bf16 (x as bf16 bits: MHC_BF16_STREAMS, the f32 value rounded).
+#define HC_POST_ENTRY(NAME, S)                                                                                        \
+    extern "C" __global__ void NAME(S* __restrict__ x, const float* __restrict__ y, const float* __restrict__ post,   \
+                                    const float* __restrict__ comb, int n, int d) {                                   \
+        switch (n) {                                                                                                  \
+            case 1: hc_post_impl<1, S>(x, y, post, comb, d); break;                                                   \
+            case 2: hc_post_impl<2, S>(x, y, post, comb, d); break;                                                   \
+            case 3: hc_post_impl<3, S>(x, y, post, comb, d); break;                                                   \
+            case 4: hc_post_impl<4, S>(x, y, post, comb, d); break;                                                   \
+            default: break;                                                                                           \
+        }                                                                                                             \
     }
+HC_POST_ENTRY(hc_post_f32, float)
+HC_POST_ENTRY(hc_post_bf16, u16)
+#undef HC_POST_ENTRY
+
+// hc_gather_bf16: the embedding rows of the tokens' streams (§4.1) as bf16 stream bits (MHC_BF16_STREAMS):
+// dst row r = src row idx[r] rounded to bf16 (exact for a bf16 checkpoint's embedding), NaN rows for
+// an index outside [0, src_rows) as gather_rows_f32 writes. Launch: grid (rows), any block.
+extern "C" __global__ void hc_gather_bf16(const float* __restrict__ src, const int* __restrict__ idx, u16* __restrict__ dst,
+                                          int src_rows, int d) {
+    const int r = blockIdx.x;
+    const int s = idx[r];
+    u16* out = dst + (size_t)r * d;
+    const bool ok = s >= 0 && s < src_rows;
+    const float* in = src + (size_t)(ok ? s : 0) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = HcS<u16>::narrow1(ok ? in[i] : __int_as_float(0x7fc00000));
+}
+
+// hc_widen_bf16: dst[i] = src[i] widened (bf16 stream bits → f32) for i < len: the streams the head
+// (hc_head_f32) and recorded streams read. Launch: any grid-stride shape.
+extern "C" __global__ void hc_widen_bf16(const u16* __restrict__ src, float* __restrict__ dst, long long len) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) dst[i] = fs_bf16(src[i]);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -476,8 +531,8 @@ __device__ __forceinline__ void hc_load_post_comb(const double* __restrict__ rec
 // sums: as two instantiations the compiler fused different products of `a·b + c·d` (by where the
 // operands came from), and at n 1 the partials of the with- and without-post forms differed (H200,
 // 2026-12-01); the sums are now explicit fmaf chains as well.
-template <int NN, int TT>
-__device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const float* __restrict__ y,
+template <int NN, int TT, class S>
+__device__ __forceinline__ void hc_post_mix_tokens(S* __restrict__ x, const float* __restrict__ y,
                                                    const double* __restrict__ rec, const float* __restrict__ fn,
                                                    float* __restrict__ part, int t0,
                                                    int tn, int d, int i, bool live, int lane, bool post_on, float* sw) {
@@ -489,10 +544,10 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
 #pragma unroll
     for (int q = 0; q < TT; q++) {
         const bool ok = live && q < tn;
-        const float* xt = x + (size_t)(t0 + q) * N + i;
+        const S* xt = x + (size_t)(t0 + q) * N + i;
 #pragma unroll
         for (int k = 0; k < NN; k++)
-            xv[q][k] = ok ? *reinterpret_cast<const float2*>(xt + (size_t)k * d) : make_float2(0.f, 0.f);
+            xv[q][k] = ok ? hc_ld2(xt + (size_t)k * d) : make_float2(0.f, 0.f);
     }
     if (post_on) {  // warp-uniform
         float2 yv[TT];
@@ -513,7 +568,7 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
                 o1[j] = (double)xv[q][j].y;
             }
             const double y0 = (double)yv[q].x, y1 = (double)yv[q].y;
-            float* xt = x + (size_t)(t0 + q) * N + i;
+            S* xt = x + (size_t)(t0 + q) * N + i;
 #pragma unroll
             for (int k = 0; k < NN; k++) {
                 const double pk = pt[k];
@@ -524,8 +579,10 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
                     s0 += c * o0[j];
                     s1 += c * o1[j];
                 }
-                xv[q][k] = make_float2((float)s0, (float)s1);
-                if (live && q < tn) *reinterpret_cast<float2*>(xt + (size_t)k * d) = xv[q][k];
+                // The stored pair (bf16 streams: rounded), and the partials below over it.
+                const typename HcS<S>::P2 st = HcS<S>::narrow2(make_float2((float)s0, (float)s1));
+                xv[q][k] = HcS<S>::wide2(st);
+                if (live && q < tn) *reinterpret_cast<typename HcS<S>::P2*>(xt + (size_t)k * d) = st;
             }
         }
     }
@@ -566,8 +623,8 @@ __device__ __forceinline__ void hc_post_mix_tokens(float* __restrict__ x, const 
     __syncwarp();
 }
 
-template <int NN>
-__device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const float* __restrict__ y,
+template <int NN, class S>
+__device__ __forceinline__ void hc_post_mix_impl(S* __restrict__ x, const float* __restrict__ y,
                                                  const double* __restrict__ rec, const float* __restrict__ fn,
                                                  float* __restrict__ part, int T, int d, bool post_on, float* sw) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -580,7 +637,7 @@ __device__ __forceinline__ void hc_post_mix_impl(float* __restrict__ x, const fl
     // sequence (absent tokens load zeros and store nothing): a one-token form was a second
     // instantiation, which NVVM contracted differently at n 1 (the last 7 of 10 tokens alone differed
     // in 1,539 values, H200 2026-12-01), so a token's sums depended on its place in the batch.
-    hc_post_mix_tokens<NN, HCX_TT>(x, y, rec, fn, part, t0, tn, d, i, live, lane, post_on,
+    hc_post_mix_tokens<NN, HCX_TT, S>(x, y, rec, fn, part, t0, tn, d, i, live, lane, post_on,
                                    sw + warp * HCX_WFLOATS);
 }
 
@@ -602,8 +659,8 @@ __device__ __forceinline__ void hc_pre_coef_impl(const float* __restrict__ part,
                       hc_eps, rec_t);
 }
 
-template <int NN, int V>
-__device__ void hc_pre_norm_impl(const double* __restrict__ rec, const float* __restrict__ x,
+template <int NN, int V, class S>
+__device__ void hc_pre_norm_impl(const double* __restrict__ rec, const S* __restrict__ x,
                                  const float* __restrict__ w, float* __restrict__ out, int d, float norm_eps,
                                  float* red) {
     const int t = blockIdx.x;
@@ -611,7 +668,7 @@ __device__ void hc_pre_norm_impl(const double* __restrict__ rec, const float* __
     double coef[NN];
 #pragma unroll
     for (int j = 0; j < NN; j++) coef[j] = rec[(size_t)t * HC_REC + j];
-    const float* xt = x + (size_t)t * N;
+    const S* xt = x + (size_t)t * N;
     float uv[V];
     float s = 0.f;
 #pragma unroll
@@ -619,7 +676,7 @@ __device__ void hc_pre_norm_impl(const double* __restrict__ rec, const float* __
         const int i = threadIdx.x + v * HC_THREADS;
         uv[v] = 0.f;
         if (i < d) {
-            uv[v] = hc_combine_one<NN>(xt, coef, i, d);
+            uv[v] = hc_combine_one<NN, S>(xt, coef, i, d);
             s += uv[v] * uv[v];
         }
     }
@@ -633,19 +690,24 @@ __device__ void hc_pre_norm_impl(const double* __restrict__ rec, const float* __
 }
 
 // has_post: 0 = mix only (x read; rec unused), 1 = post then mix (x updated in place). n ∈ 1..4.
-extern "C" __global__ void __launch_bounds__(HCX_THREADS, 3)
-hc_post_mix_f32(float* __restrict__ x, const float* __restrict__ y, const double* __restrict__ rec,
-                const float* __restrict__ fn, float* __restrict__ part, int T, int n, int d, int has_post) {
-    extern __shared__ float4 hc_dyn_smem[];  // HCX_SMEM bytes: each warp's lane-sum rows
-    float* sw = reinterpret_cast<float*>(hc_dyn_smem);
-    switch (n) {
-        case 1: hc_post_mix_impl<1>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;
-        case 2: hc_post_mix_impl<2>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;
-        case 3: hc_post_mix_impl<3>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;
-        case 4: hc_post_mix_impl<4>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;
-        default: break;
+// hc_post_mix_f32 / hc_post_mix_bf16 (x as bf16 bits: MHC_BF16_STREAMS).
+#define HCX_ENTRY(NAME, S)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(HCX_THREADS, 3)                                                      \
+    NAME(S* __restrict__ x, const float* __restrict__ y, const double* __restrict__ rec, const float* __restrict__ fn, \
+         float* __restrict__ part, int T, int n, int d, int has_post) {                                               \
+        extern __shared__ float4 hc_dyn_smem[]; /* HCX_SMEM bytes: each warp's lane-sum rows */                      \
+        float* sw = reinterpret_cast<float*>(hc_dyn_smem);                                                            \
+        switch (n) {                                                                                                  \
+            case 1: hc_post_mix_impl<1, S>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;                      \
+            case 2: hc_post_mix_impl<2, S>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;                      \
+            case 3: hc_post_mix_impl<3, S>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;                      \
+            case 4: hc_post_mix_impl<4, S>(x, y, rec, fn, part, T, d, has_post != 0, sw); break;                      \
+            default: break;                                                                                           \
+        }                                                                                                             \
     }
-}
+HCX_ENTRY(hc_post_mix_f32, float)
+HCX_ENTRY(hc_post_mix_bf16, u16)
+#undef HCX_ENTRY
 
 extern "C" __global__ void __launch_bounds__(HCC_WARPS * 32)
 hc_pre_coef_f32(const float* __restrict__ part, int S, const float* __restrict__ base, const float* __restrict__ scale,
@@ -662,20 +724,23 @@ hc_pre_coef_f32(const float* __restrict__ part, int S, const float* __restrict__
     }
 }
 
-// hc_pre_norm_f32: d ≤ 16·HC_THREADS (16 channels per thread); hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS.
-#define HCN_ENTRY(NAME, V)                                                                                            \
+// hc_pre_norm_f32: d ≤ 16·HC_THREADS (16 channels per thread); hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS;
+// the _bf16 pair reads x as bf16 bits (MHC_BF16_STREAMS).
+#define HCN_ENTRY(NAME, V, S)                                                                                         \
     extern "C" __global__ void __launch_bounds__(HC_THREADS)                                                          \
-    NAME(const double* __restrict__ rec, const float* __restrict__ x, const float* __restrict__ w,                   \
+    NAME(const double* __restrict__ rec, const S* __restrict__ x, const float* __restrict__ w,                       \
          float* __restrict__ out, int n, int d, float norm_eps) {                                                     \
         __shared__ float red[32];                                                                                     \
         switch (n) {                                                                                                  \
-            case 1: hc_pre_norm_impl<1, V>(rec, x, w, out, d, norm_eps, red); break;                                  \
-            case 2: hc_pre_norm_impl<2, V>(rec, x, w, out, d, norm_eps, red); break;                                  \
-            case 3: hc_pre_norm_impl<3, V>(rec, x, w, out, d, norm_eps, red); break;                                  \
-            case 4: hc_pre_norm_impl<4, V>(rec, x, w, out, d, norm_eps, red); break;                                  \
+            case 1: hc_pre_norm_impl<1, V, S>(rec, x, w, out, d, norm_eps, red); break;                               \
+            case 2: hc_pre_norm_impl<2, V, S>(rec, x, w, out, d, norm_eps, red); break;                               \
+            case 3: hc_pre_norm_impl<3, V, S>(rec, x, w, out, d, norm_eps, red); break;                               \
+            case 4: hc_pre_norm_impl<4, V, S>(rec, x, w, out, d, norm_eps, red); break;                               \
             default: break;                                                                                           \
         }                                                                                                             \
     }
-HCN_ENTRY(hc_pre_norm_f32, 16)
-HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V)
+HCN_ENTRY(hc_pre_norm_f32, 16, float)
+HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V, float)
+HCN_ENTRY(hc_pre_norm_bf16, 16, u16)
+HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)
 #undef HCN_ENTRY
