@@ -20,9 +20,9 @@
 #   bench-fp8-bf16att  the bench step with TC_LINEAR=fp8 and MLA_BF16=on                ~110 s
 #   bench-fp8-bf16att-idx8  bench-fp8-bf16att with INDEXER_FP8=on (FP8 indexer scores, as the
 #             serving stacks' FP8 indexer cache)                        ~110 s
-#   bench-serving  bench-fp8-bf16att-idx8 with wq_b's output in bf16 as DeepSeek's fp8_gemm writes it
-#             (WQ_B_BF16_OUT=on)                                       ~150 s
-#   bench-serving-streams  bench-serving with the residual streams in bf16 (MHC_BF16_STREAMS=on) ~150 s
+#   bench-serving  bench-fp8-bf16att-idx8 with wq_b's output in bf16 as DeepSeek's fp8_gemm writes it and the residual streams in bf16 (WQ_B_BF16_OUT=on, MHC_BF16_STREAMS=on)
+#             ~150 s
+#   bench-serving-f32-streams  bench-serving with f32 residual streams (MHC_BF16_STREAMS off) ~150 s
 #   bench-chunks  bench-fp8-bf16att-idx8 at 32K and 128K with 16,384- and 32,768-token prefill chunks
 #             (chunk size is a pure performance knob: LONG_CONTEXT_CHUNK), and the Flash MoE layer timed
 #             at those token counts                                   ~330 s
@@ -67,10 +67,10 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8_bf16att.log" ;;
   bench-fp8-bf16att-idx8) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.json" > "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.log" ;;
-  bench-serving) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving.json" > "$OUT/gpu_bench_h200_20layers_serving.log" 2>&1
+  bench-serving) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on FLASHSEEK_MHC_BF16_STREAMS=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving.json" > "$OUT/gpu_bench_h200_20layers_serving.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving.log" ;;
-  bench-serving-streams) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on FLASHSEEK_MHC_BF16_STREAMS=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_bf16_streams.json" > "$OUT/gpu_bench_h200_20layers_serving_bf16_streams.log" 2>&1
-         grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_bf16_streams.log" ;;
+  bench-serving-f32-streams) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_f32_streams.json" > "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" 2>&1
+         grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" ;;
   bench-chunks)
     for c in 16384 32768; do
       FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on timeout 280 "$B" gpu-bench --layers 20 --contexts 32768,131072 --chunk $c --prefill-repeats 2 --decode-steps 4 --out "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8_chunk$c.json" > "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8_chunk$c.log" 2>&1
@@ -97,5 +97,5 @@ case "${1:-}" in
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_graph.log" ;;
   bench-decode-base) timeout 400 "$B" gpu-bench --layers 20 --contexts 8192,131072 --prefill-repeats 1 --decode-steps 32 --out "$OUT/gpu_bench_h200_20layers_decode_base.json" > "$OUT/gpu_bench_h200_20layers_decode_base.log" 2>&1
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_base.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-streams|bench-chunks|bench-lt|bench-fp8-lt|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
 esac

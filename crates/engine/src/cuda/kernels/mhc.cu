@@ -403,15 +403,19 @@ HC_POST_ENTRY(hc_post_bf16, u16)
 
 // hc_gather_bf16: the embedding rows of the tokens' streams (§4.1) as bf16 stream bits (MHC_BF16_STREAMS):
 // dst row r = src row idx[r] rounded to bf16 (exact for a bf16 checkpoint's embedding), NaN rows for
-// an index outside [0, src_rows) as gather_rows_f32 writes. Launch: grid (rows), any block.
+// an index outside [0, src_rows) as gather_rows_f32 writes (0x7fc0, the host's f32_to_bf16 of a NaN:
+// cvt.rn.bf16 would give 0x7fff). Launch: grid (rows), any block.
 extern "C" __global__ void hc_gather_bf16(const float* __restrict__ src, const int* __restrict__ idx, u16* __restrict__ dst,
                                           int src_rows, int d) {
     const int r = blockIdx.x;
     const int s = idx[r];
     u16* out = dst + (size_t)r * d;
-    const bool ok = s >= 0 && s < src_rows;
-    const float* in = src + (size_t)(ok ? s : 0) * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = HcS<u16>::narrow1(ok ? in[i] : __int_as_float(0x7fc00000));
+    if (s < 0 || s >= src_rows) {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = (u16)0x7fc0u;  // the canonical bf16 quiet NaN
+        return;
+    }
+    const float* in = src + (size_t)s * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = HcS<u16>::narrow1(in[i]);
 }
 
 // hc_widen_bf16: dst[i] = src[i] widened (bf16 stream bits → f32) for i < len: the streams the head
