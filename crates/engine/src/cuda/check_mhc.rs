@@ -297,10 +297,12 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
     Ok(all)
 }
 
-/// MHC_BF16_STREAMS: the bf16-stream kernels against their f32 twins fed the same streams widened
-/// (bit for bit: a stored bf16 value is the f32 twin's output rounded to nearest even, and every sum
-/// over the streams runs over the stored values), the fused pre on bf16 streams against the CPU
-/// reference on the same values, and the embedding gather / widening against the host's rounding,
+/// MHC_BF16_STREAMS: the bf16-stream pre against its f32 twin fed the same streams widened (bit for
+/// bit: every sum over the streams runs over the stored values), the bf16 posts (f32 arithmetic)
+/// against their replay on the host (bit for bit) and against the exact f64 post (NMSE), the next
+/// pre's partials against the mix alone over the stored output (bit for bit), the fused pre on bf16
+/// streams against the CPU reference on the same values, and the embedding gather / widening against
+/// the host's rounding,
 /// on fresh random inputs: (n 4, d 4,096, T 16: Flash), (n 3, d 4,100, T 13: the wide finish and a
 /// last run of 4 channels), (n 2, d 1,000, T 9).
 fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
@@ -354,20 +356,25 @@ fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
         let withpost = gpu.hc_post_mix(&mut dxb, Some((&dy, &coefs)), &gw, t, n, d)?;
         gpu.hc_post_mix(&mut dxw, Some((&dy, &coefs)), &gw, t, n, d)?;
         let got = gpu.download(&dxb)?;
-        let bits = differing_values(&got, &narrow(&gpu.download(&dxw)?));
-        all &= flag_record(out, &format!("hc_post_mix_bf16 x bits (n {n}, d {d})"), json!({"differing_values": bits, "of": t * nd, "vs": "hc_post_mix_f32 on the widened streams, rounded to bf16 on the host"}), bits == 0);
+        let bits = differing_values(&got, &post_bf16_replay(&xb, &y, &pb, &cb, n, d));
+        all &= flag_record(out, &format!("hc_post_mix_bf16 x bits (n {n}, d {d})"), json!({"differing_values": bits, "of": t * nd, "vs": "the f32 post (hc_post_f32_expr) replayed on the host, rounded to bf16"}), bits == 0);
+        // And against the exact path's post (f64, hc_post_mix_f32) on the same streams: the f32
+        // arithmetic and the bf16 rounding.
+        all &= record(out, &format!("hc_post_mix_bf16 x vs hc_post_mix_f32 (n {n}, d {d})"), json!([t, n, d]), &widen(&got), &gpu.download(&dxw)?);
         let mut dref = gpu.upload(&widen(&got))?;
         let alone = gpu.hc_post_mix(&mut dref, None, &gw, t, n, d)?;
         gpu.hc_pre_norm(&gw, &withpost, &dxb, None, &mut dab, &mut dpb, &mut dcb, t, n, d, iters, eps, hc_eps, norm_eps)?;
         gpu.hc_pre_norm(&gw, &alone, &dref, None, &mut daw, &mut dpw, &mut dcw, t, n, d, iters, eps, hc_eps, norm_eps)?;
         let pbits = differing_bits(&gpu.download(&dab)?, &gpu.download(&daw)?) + differing_bits(&gpu.download(&dcb)?, &gpu.download(&dcw)?);
         all &= flag_record(out, &format!("hc_post_mix_bf16 partials bits (n {n}, d {d})"), json!({"differing_values": pbits, "of": t * (d + n * n), "vs": "the partials of its output widened, made by the mix alone (unweighted normed pre output and comb compared)"}), pbits == 0);
-        // The plain post (the last layer's).
-        let (mut dpost_b, mut dpost_w) = (gpu.upload(&xb)?, gpu.upload(&xw)?);
-        gpu.hc_post(&mut dpost_b, &dy, &dpb, &dcb, t, n, d)?;
-        gpu.hc_post(&mut dpost_w, &dy, &dpb, &dcb, t, n, d)?;
-        let pb_bits = differing_values(&gpu.download(&dpost_b)?, &narrow(&gpu.download(&dpost_w)?));
-        all &= flag_record(out, &format!("hc_post_bf16 x bits (n {n}, d {d})"), json!({"differing_values": pb_bits, "of": t * nd, "vs": "hc_post_f32 on the widened streams, rounded to bf16 on the host"}), pb_bits == 0);
+        // The plain post (the last layer's): the same f32 post as hc_post_mix_bf16.
+        let dpost_b = {
+            let mut v = gpu.upload(&xb)?;
+            gpu.hc_post(&mut v, &dy, &dpb, &dcb, t, n, d)?;
+            v
+        };
+        let pb_bits = differing_values(&gpu.download(&dpost_b)?, &post_bf16_replay(&xb, &y, &gpu.download(&dpb)?, &gpu.download(&dcb)?, n, d));
+        all &= flag_record(out, &format!("hc_post_bf16 x bits (n {n}, d {d})"), json!({"differing_values": pb_bits, "of": t * nd, "vs": "the f32 post (hc_post_f32_expr) replayed on the host, rounded to bf16"}), pb_bits == 0);
     }
     // The embedding rows as bf16 (values exact in bf16 and not, one index out of range: a NaN row)
     // and the widening of the streams.
@@ -386,6 +393,26 @@ fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
     let wbits = differing_bits(&gpu.download(&dw)?, &widen(&want));
     all &= flag_record(out, "hc_widen_bf16 bits", json!({"differing_values": wbits, "of": idx.len() * d, "vs": "the host's widening"}), wbits == 0);
     Ok(all)
+}
+
+/// The bf16 streams' post (`MHC_BF16_STREAMS`, mhc.cu `hc_post_f32_expr`) replayed on the host: for
+/// each token t, stream k and channel i, `post[t,k]·y[t,i]`, then `mul_add(C[t][j][k], x[t,j,i], ·)`
+/// for j = 0 … n − 1 in f32, rounded to bf16 (nearest even). `xb` `[t, n, d]` bf16 bits, `y` `[t, d]`,
+/// `post` `[t, n]`, `comb` `[t, n, n]` f32.
+fn post_bf16_replay(xb: &[u16], y: &[f32], post: &[f32], comb: &[f32], n: usize, d: usize) -> Vec<u16> {
+    let mut out = xb.to_vec();
+    for (ti, xt) in xb.chunks(n * d).enumerate() {
+        for i in 0..d {
+            for k in 0..n {
+                let mut s = post[ti * n + k] * y[ti * d + i];
+                for j in 0..n {
+                    s = comb[ti * n * n + j * n + k].mul_add(quant::bf16_to_f32(xt[j * d + i]), s);
+                }
+                out[(ti * n + k) * d + i] = quant::f32_to_bf16(s);
+            }
+        }
+    }
+    out
 }
 
 /// The router on Flash shapes (E 256, top-6), score (sqrt-softplus and sigmoid) and hash layers.

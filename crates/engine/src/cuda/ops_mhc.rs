@@ -36,9 +36,10 @@ pub const MHC_ENTRY_POINTS: &[&str] = &[
 /// Element type of the residual streams `[T, n, d]` on the device: `f32` (the exact path) or `u16`,
 /// bf16 bits (`MHC_BF16_STREAMS`: DeepSeek's reference keeps the streams in the activation dtype,
 /// bf16, spec §4.1 / §4.3). The kernels that read or write the streams between sub-blocks
-/// ([`Gpu::hc_post`], [`Gpu::hc_post_mix`], [`Gpu::hc_pre_norm`]) take either; a bf16 stream value
-/// is the f32 the f32 kernel computes, rounded to nearest even, and every sum over the streams runs
-/// over the stored values (kernels/mhc.cu, `HcS`).
+/// ([`Gpu::hc_post`], [`Gpu::hc_post_mix`], [`Gpu::hc_pre_norm`]) take either; with bf16 the posts
+/// compute in f32 (post_k·y, then fmaf over j — as OFF-M computes before its cast; the f32 path
+/// computes in f64) and round to nearest even, and every sum over the streams runs over the stored
+/// values in the f32 kernels' order (kernels/mhc.cu, `HcS`, `hc_post_f32_expr`).
 pub trait HcStream: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default + Unpin {
     /// Suffix of the kernels' entry points for this element type (`f32` / `bf16`).
     const SUFFIX: &'static str;
@@ -96,12 +97,16 @@ const HC_MIX_THREADS: u32 = 128;
 /// lane-sum rows, 4 tokens × 25 rows of 36 floats); set as the function's limit when the kernels load.
 pub(crate) const HC_MIX_SMEM: usize = 4 * 4 * 25 * 36 * 4;
 /// Doubles per token of a coefficient record ([`HcPostCoefs`]; `HC_REC` in mhc.cu): pre at 0, post
-/// at [`HC_REC_POST`], comb at [`HC_REC_COMB`].
-const HC_REC: usize = 24;
+/// at [`HC_REC_POST`], comb at [`HC_REC_COMB`], their f32 copies from [`HC_REC_F32`] on.
+const HC_REC: usize = 34;
 /// Offset of post in a coefficient record (`HC_REC_POST` in mhc.cu).
 const HC_REC_POST: usize = 4;
 /// Offset of comb in a coefficient record (`HC_REC_COMB` in mhc.cu).
 const HC_REC_COMB: usize = 8;
+/// Offset (in doubles) of a coefficient record's f32 copies of post (floats 0 … n − 1) and comb
+/// (C[j][k] at float `HC_MAX_STREAMS` + j·n + k), two floats per double slot, low half first
+/// (`HC_REC_F32` in mhc.cu): what the bf16 streams' f32 post reads.
+const HC_REC_F32: usize = 24;
 /// Tokens (a warp each) per block of hc_pre_coef_f32 (`HCC_WARPS` in mhc.cu).
 const HC_COEF_TOKENS: usize = 8;
 /// Widest hidden size hc_pre_norm_f32 handles (16 channels per thread of `HC_THREADS`); up to
@@ -222,8 +227,10 @@ pub struct HcMixPartials {
 }
 
 /// The coefficients of one mHC pre as doubles (`MHC_FUSED`), from [`Gpu::hc_pre_norm`]: a record of
-/// `HC_REC` = 24 f64 per token — the stream weights of the pre at 0, post at 4, comb at 8 (C[j][k] at
-/// 8 + j·n + k) — post and comb being exactly the f32 values written to the pre's `post` / `comb`.
+/// `HC_REC` = 34 f64 per token — the stream weights of the pre at 0, post at 4, comb at 8 (C[j][k] at
+/// 8 + j·n + k), post and comb being exactly the f32 values written to the pre's `post` / `comb`, and
+/// from slot 24 on those f32 values themselves (two per slot: post at float 0, comb at float 4), which
+/// the bf16 streams' f32 post reads (`MHC_BF16_STREAMS`).
 /// [`Gpu::hc_post_mix`] loads them instead of converting 20 floats per lane and token (the f32 → f64
 /// conversions were the busiest pipe of its post: 16 per clock and SM on Hopper).
 pub struct HcPostCoefs {
@@ -250,6 +257,13 @@ impl HcPostCoefs {
             let r = &mut rec[ti * HC_REC..(ti + 1) * HC_REC];
             r[HC_REC_POST..HC_REC_POST + n].iter_mut().zip(&p[ti * n..(ti + 1) * n]).for_each(|(o, v)| *o = *v as f64);
             r[HC_REC_COMB..HC_REC_COMB + n * n].iter_mut().zip(&c[ti * n * n..(ti + 1) * n * n]).for_each(|(o, v)| *o = *v as f64);
+            // The f32 copies, two per double slot (little-endian: the even float in the low half).
+            let mut floats = [0f32; 2 * (HC_REC - HC_REC_F32)];
+            floats[..n].copy_from_slice(&p[ti * n..(ti + 1) * n]);
+            floats[HC_MAX_STREAMS..HC_MAX_STREAMS + n * n].copy_from_slice(&c[ti * n * n..(ti + 1) * n * n]);
+            for (slot, pair) in r[HC_REC_F32..].iter_mut().zip(floats.chunks(2)) {
+                *slot = f64::from_bits(u64::from(pair[0].to_bits()) | (u64::from(pair[1].to_bits()) << 32));
+            }
         }
         Ok(HcPostCoefs { rec: DevBuf::plain(gpu.upload(&rec)?), t, n })
     }
@@ -425,7 +439,7 @@ impl Gpu {
     }
 
     /// `MHC_FUSED`, first half: the mHC post of one sub-block (spec §4.3, in place on `x` `[t, n, d]`,
-    /// f32 or bf16 ([`HcStream`]), as [`Gpu::hc_post`] computes it, bit for bit) when `post` = `Some((y, coefs))` (`y` `[t, d]`,
+    /// f32 or bf16 ([`HcStream`]), as [`Gpu::hc_post`] computes it for the same element type, bit for bit) when `post` = `Some((y, coefs))` (`y` `[t, d]`,
     /// `coefs` the sub-block pre's [`HcPostCoefs`]), then the mix partial sums of the NEXT sub-block's
     /// pre (spec §4.2: Φ of `next`, `[(2+n)·n, n·d]`, read in its channel runs) over the streams just
     /// written (as stored), so the pre does not read the streams once more for them. With `post` = `None` only the
@@ -1120,6 +1134,7 @@ mod tests {
             ("HC_REC", HC_REC),
             ("HC_REC_POST", HC_REC_POST),
             ("HC_REC_COMB", HC_REC_COMB),
+            ("HC_REC_F32", HC_REC_F32),
             ("HCC_WARPS", HC_COEF_TOKENS),
             ("HCN_V", HC_NORM_MAX_D / HC_THREADS as usize),
         ] {
@@ -1135,10 +1150,16 @@ mod tests {
         assert!(src.contains("#define HCX_LD 36 ") && src.contains("#define HCX_WFLOATS (HCX_TT * (HC_MAXM + 1) * HCX_LD)") && src.contains("#define HCX_SMEM (HCX_WARPS * HCX_WFLOATS * 4)") && src.contains("#define HC_MAXM 24 "));
         assert_eq!(HC_MIX_SMEM, 4 * 4 * (24 + 1) * 36 * 4);
         // hc_pre_norm_f32 keeps 16 channels per thread, the wide entry HCN_V.
-        assert!(src.contains("HCN_ENTRY(hc_pre_norm_f32, 16)") && src.contains("HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V)"));
+        assert!(src.contains("HCN_ENTRY(hc_pre_norm_f32, 16, float)") && src.contains("HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V, float)"));
+        assert!(src.contains("HCN_ENTRY(hc_pre_norm_bf16, 16, u16)") && src.contains("HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)"));
         assert_eq!(HC_NORM_NARROW_D, 16 * 256);
         for e in MHC_ENTRY_POINTS {
-            assert!(src.contains(&format!("{e}(")) || src.contains(&format!("HCN_ENTRY({e},")), "{e}");
+            let entry = [format!("{e}("), format!("HCN_ENTRY({e},"), format!("HCX_ENTRY({e},"), format!("HC_POST_ENTRY({e},")];
+            assert!(entry.iter().any(|p| src.contains(p.as_str())), "{e}");
+        }
+        // Each stream kernel has both element types (HcStream::SUFFIX).
+        for base in ["hc_post", "hc_post_mix", "hc_pre_norm", "hc_pre_norm_wide"] {
+            assert!(MHC_ENTRY_POINTS.contains(&hc_entry::<f32>(base).as_str()) && MHC_ENTRY_POINTS.contains(&hc_entry::<u16>(base).as_str()), "{base}");
         }
     }
 }

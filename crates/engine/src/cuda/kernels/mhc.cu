@@ -55,22 +55,26 @@
 #define HC_WARPS 4  // warps per block of the partial pass
 #define HC_PARTIAL_THREADS (32 * HC_WARPS)
 #define HC_FULL 0xffffffffu
-#define HC_REC 24       // doubles per token of a coefficient record (hc_pre_coef_f32): pre at 0, post at
+#define HC_REC 34       // doubles per token of a coefficient record (hc_pre_coef_f32): pre at 0, post at
 #define HC_REC_POST 4   // HC_REC_POST, comb at HC_REC_COMB (C[j][k] at HC_REC_COMB + j·n + k); the f32
-#define HC_REC_COMB 8   // post and comb exactly, as doubles
+#define HC_REC_COMB 8   // post and comb exactly, as doubles; and from double HC_REC_F32 on as floats (post
+#define HC_REC_F32 24   // at 0 … n − 1, C[j][k] at HC_MAXN + j·n + k), for the bf16 streams' f32 post
 
 // Stream storage (MHC_BF16_STREAMS): the kernels that read or write the residual streams between
 // sub-blocks (hc_post, hc_post_mix, hc_pre_norm) come as _f32 (the exact path) and _bf16 entry points,
 // the latter with x as bf16 bits (u16, the high half of an f32; spec §4.1: DeepSeek's reference keeps
-// the streams in the activation dtype, bf16). A bf16 stream value is the f32 the _f32 kernel would
-// store, rounded to nearest even (hc_narrow2): so a _bf16 kernel's output is that of its _f32 twin fed
-// the same streams widened to f32 (gpu-check `… bf16 bits`), and every sum over the streams (the
-// mix partials, u) runs over the values as stored. HcS<S>: P2 a channel pair as stored, ld1 / ld2
-// widen, narrow2 rounds a pair to P2, wide2 widens one.
+// the streams in the activation dtype, bf16). The bf16 posts compute in f32 (hc_post_f32_expr, as
+// OFF-M does before its cast; the exact path's f64 post spends nine f32 ↔ f64 conversions per
+// channel) and round to nearest even (narrow2); every sum over the streams (the next pre's mix
+// partials, u) runs over the values as stored, in the f32 kernels' order: so hc_pre_norm_bf16 and
+// the partials give their f32 twins' bits on the widened streams (gpu-check `… bf16 bits`).
+// HcS<S>: F32_POST, P2 a channel pair as stored, ld1 / ld2 widen, narrow2 rounds a pair to P2,
+// wide2 widens one.
 template <class S>
 struct HcS;
 template <>
 struct HcS<float> {
+    static constexpr bool F32_POST = false;  // the post in f64 (the exact path)
     typedef float2 P2;
     static __device__ __forceinline__ float ld1(const float* p) { return *p; }
     static __device__ __forceinline__ float2 wide2(P2 v) { return v; }
@@ -79,6 +83,7 @@ struct HcS<float> {
 };
 template <>
 struct HcS<u16> {
+    static constexpr bool F32_POST = true;  // the post in f32 (hc_post_f32_expr), as OFF-M computes it
     typedef u32 P2;  // channel i in the low half, i + 1 in the high half
     static __device__ __forceinline__ float ld1(const u16* p) { return fs_bf16(*p); }
     static __device__ __forceinline__ float2 wide2(P2 v) { return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u)); }
@@ -88,6 +93,19 @@ struct HcS<u16> {
 // The pair at p (2-element aligned: i even) widened.
 template <class S>
 __device__ __forceinline__ float2 hc_ld2(const S* p) { return HcS<S>::wide2(*reinterpret_cast<const typename HcS<S>::P2*>(p)); }
+
+// The bf16 streams' post of one channel (MHC_BF16_STREAMS; spec §4.3 in f32, as OFF-M computes it
+// before casting back to the stream dtype): post_k·y, then + C[j][k]·x_j for j = 0 … n − 1 as f32
+// fmaf in that order — the CPU replays it with f32 mul_add (gpu-check `… bf16 x bits`). The f64
+// form of the exact path costs nine f32 ↔ f64 conversions per channel on a 16-per-clock pipe.
+// post_t [NN], comb_t [NN·NN] (C[j][k] at j·NN + k), x the n stream values widened.
+template <int NN>
+__device__ __forceinline__ float hc_post_f32_expr(const float* post_t, const float* comb_t, int k, float y, const float (&x)[NN]) {
+    float s = __fmul_rn(post_t[k], y);
+#pragma unroll
+    for (int j = 0; j < NN; j++) s = fmaf(comb_t[j * NN + k], x[j], s);
+    return s;
+}
 
 __device__ __forceinline__ double hc_sigmoid(double v) { return 1.0 / (1.0 + exp(-v)); }
 
@@ -257,7 +275,10 @@ __device__ __forceinline__ void hc_pre_coeffs(const float* tot, const float* __r
     } else if (lane < 2 * NN) {
         const float pv = (float)(2.0 * hc_sigmoid(hc_logit(tot, M, lane, N, eps) * (double)scale[1] + (double)base[lane]));
         post_t[lane - NN] = pv;
-        if (rec_t) rec_t[HC_REC_POST + lane - NN] = (double)pv;
+        if (rec_t) {
+            rec_t[HC_REC_POST + lane - NN] = (double)pv;
+            reinterpret_cast<float*>(rec_t + HC_REC_F32)[lane - NN] = pv;
+        }
     }
     const int q = 2 * NN + j * NN + k;
     const double v = valid ? hc_logit(tot, M, q, N, eps) * (double)scale[2] + (double)base[q] : 0.0;
@@ -280,7 +301,10 @@ __device__ __forceinline__ void hc_pre_coeffs(const float* tot, const float* __r
     if (valid) {
         const float cv = (float)c;
         comb_t[j * NN + k] = cv;
-        if (rec_t) rec_t[HC_REC_COMB + j * NN + k] = (double)cv;
+        if (rec_t) {
+            rec_t[HC_REC_COMB + j * NN + k] = (double)cv;
+            reinterpret_cast<float*>(rec_t + HC_REC_F32)[HC_MAXN + j * NN + k] = cv;
+        }
     }
 }
 
@@ -325,12 +349,22 @@ __device__ void hc_post_impl(S* __restrict__ x, const float* __restrict__ y, con
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= d) return;
     S* xt = x + (size_t)t * NN * d;
+    const float* pt = post + (size_t)t * NN;
+    const float* ct = comb + (size_t)t * NN * NN;
+    if constexpr (HcS<S>::F32_POST) {
+        // bf16 streams: hc_post_f32_expr (f32), rounded to bf16.
+        float old[NN];
+#pragma unroll
+        for (int j = 0; j < NN; j++) old[j] = HcS<S>::ld1(xt + (size_t)j * d + i);
+        const float yi = y[(size_t)t * d + i];
+#pragma unroll
+        for (int k = 0; k < NN; k++) xt[(size_t)k * d + i] = HcS<S>::narrow1(hc_post_f32_expr<NN>(pt, ct, k, yi, old));
+        return;
+    }
     double old[NN];
 #pragma unroll
     for (int j = 0; j < NN; j++) old[j] = (double)HcS<S>::ld1(xt + (size_t)j * d + i);
     const double yi = (double)y[(size_t)t * d + i];
-    const float* pt = post + (size_t)t * NN;
-    const float* ct = comb + (size_t)t * NN * NN;
 #pragma unroll
     for (int k = 0; k < NN; k++) {
         double s = (double)pt[k] * yi;
@@ -562,6 +596,28 @@ __device__ __forceinline__ void hc_post_mix_tokens(S* __restrict__ x, const floa
 #pragma unroll
         for (int q = 0; q < TT; q++) {
             const int t = t0 + (q < tn ? q : 0);
+            S* xt = x + (size_t)(t0 + q) * N + i;
+            if constexpr (HcS<S>::F32_POST) {
+                // bf16 streams: the f32 post from the record's f32 copies of post and comb.
+                const float* pf = reinterpret_cast<const float*>(rec + (size_t)t * HC_REC + HC_REC_F32);
+                float pc[HC_MAXN + NN * NN];
+#pragma unroll
+                for (int e = 0; e < HC_MAXN + NN * NN; e++) pc[e] = pf[e];
+                float o0[NN], o1[NN];
+#pragma unroll
+                for (int j = 0; j < NN; j++) {
+                    o0[j] = xv[q][j].x;
+                    o1[j] = xv[q][j].y;
+                }
+#pragma unroll
+                for (int k = 0; k < NN; k++) {
+                    const typename HcS<S>::P2 st = HcS<S>::narrow2(
+                        make_float2(hc_post_f32_expr<NN>(pc, pc + HC_MAXN, k, yv[q].x, o0), hc_post_f32_expr<NN>(pc, pc + HC_MAXN, k, yv[q].y, o1)));
+                    xv[q][k] = HcS<S>::wide2(st);
+                    if (live && q < tn) *reinterpret_cast<typename HcS<S>::P2*>(xt + (size_t)k * d) = st;
+                }
+                continue;
+            }
             double pt[NN], ct[NN * NN];
             hc_load_post_comb<NN>(rec + (size_t)t * HC_REC, pt, ct);
             // hc_post_f32's expression per channel.
@@ -572,7 +628,6 @@ __device__ __forceinline__ void hc_post_mix_tokens(S* __restrict__ x, const floa
                 o1[j] = (double)xv[q][j].y;
             }
             const double y0 = (double)yv[q].x, y1 = (double)yv[q].y;
-            S* xt = x + (size_t)(t0 + q) * N + i;
 #pragma unroll
             for (int k = 0; k < NN; k++) {
                 const double pk = pt[k];
