@@ -40,6 +40,8 @@
 set -euo pipefail
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}
+# The serving stacks' numerics (bench-serving and bench-serving-f32-streams add MHC_BF16_STREAMS on / off).
+SERVING="FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on"
 export FLASHSEEK_CACHE=${FLASHSEEK_CACHE:-/tmp/fscache}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null || true
 # cuBLASLt (>= 12.9) for the switch FP8_CUBLASLT, from the CUDA toolkit or PyTorch's nvidia-cublas
@@ -67,9 +69,9 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8_bf16att.log" ;;
   bench-fp8-bf16att-idx8) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.json" > "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.log" ;;
-  bench-serving) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on FLASHSEEK_MHC_BF16_STREAMS=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving.json" > "$OUT/gpu_bench_h200_20layers_serving.log" 2>&1
+  bench-serving) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving.json" > "$OUT/gpu_bench_h200_20layers_serving.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving.log" ;;
-  bench-serving-f32-streams) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_f32_streams.json" > "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" 2>&1
+  bench-serving-f32-streams) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_f32_streams.json" > "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" ;;
   bench-chunks)
     for c in 16384 32768; do

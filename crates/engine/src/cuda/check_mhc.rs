@@ -7,10 +7,12 @@
 //! - `hc_pre fused …`, `hc_post_mix_f32 … bits`, `hc_pre_norm bits …`, `hc_pre_norm post/comb
 //!   records …` (MHC_FUSED): the fused post + mix and pre + RMSNorm vs the CPU, bit for bit vs the
 //!   unfused kernels, and the f64 coefficient records vs the f32 post / comb, for four shapes.
-//! - `hc_pre_norm_bf16 bits …`, `hc_post_mix_bf16 x / partials bits …`, `hc_post_bf16 x bits …`,
-//!   `hc_pre fused bf16 …`, `hc_gather_bf16 bits`, `hc_widen_bf16 bits` (MHC_BF16_STREAMS): the
-//!   bf16-stream kernels bit for bit against their f32 twins on the widened streams (outputs rounded
-//!   on the host), and the fused pre on bf16 streams vs the CPU on the same values.
+//! - `hc_pre_norm_bf16 bits …`, `hc_post_mix_bf16 x / partials / T=7 bits …`, `hc_post_bf16 x bits …`,
+//!   `hc_post_mix_bf16 x vs hc_post_mix_f32 …`, `hc_pre fused bf16 …`, `hc_gather_bf16 bits`,
+//!   `hc_widen_bf16 bits` (MHC_BF16_STREAMS): the bf16 posts (f32 arithmetic) bit for bit against
+//!   their replay on the host and by NMSE against the exact f64 post, the pre's finish and the
+//!   partials bit for bit against the f32 kernels on the widened streams, batch invariance, and the
+//!   fused pre on bf16 streams vs the CPU on the same values.
 //! - `router …`: [`moe::route`] (E 256, top-6; sqrt-softplus score layer with forced ties, hash layer,
 //!   sigmoid score layer) on the same logits; expert ids compared exactly, weights γ by NMSE.
 //! - `swiglu`: the clamped SwiGLU formula of `forward::moe` elementwise.
@@ -114,6 +116,17 @@ fn random_hc(seed: u64, key: &str, n: usize, d: usize) -> HcWeights {
     }
 }
 
+/// Random streams `[t, nd]` (key `<key>.x`) with a different magnitude per token (0.25 + 0.5·t): the
+/// RMS factor must cancel in the mix logits.
+fn scaled_streams(seed: u64, key: &str, t: usize, nd: usize) -> Vec<f32> {
+    let mut x = random(seed, &format!("{key}.x"), t * nd, 1.0);
+    for (ti, row) in x.chunks_mut(nd).enumerate() {
+        let s = 0.25 + 0.5 * ti as f32;
+        row.iter_mut().for_each(|v| *v *= s);
+    }
+    x
+}
+
 /// mHC pre / post / head on Flash shapes (spec §4.2, §4.3, §4.12).
 fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
@@ -215,12 +228,7 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
         let key = format!("hcw{n}_{d}");
         let hw = random_hc(seed, &key, n, d);
         let gw = GpuHcWeights::upload(gpu, &hw, n)?;
-        // A different magnitude per token (the RMS factor must cancel in the mix logits).
-        let mut x = random(seed, &format!("{key}.x"), t * nd, 1.0);
-        for (ti, row) in x.chunks_mut(nd).enumerate() {
-            let s = 0.25 + 0.5 * ti as f32;
-            row.iter_mut().for_each(|v| *v *= s);
-        }
+        let x = scaled_streams(seed, &key, t, nd);
         let y = random(seed, &format!("{key}.y"), t * d, 1.0);
         let nw: Vec<f32> = random(seed, &format!("{key}.norm"), d, 0.25).iter().map(|v| 1.0 + v).collect();
         let (mut a_ref, mut post_ref, mut comb_ref, mut x_ref) = (Vec::new(), Vec::new(), Vec::new(), x.clone());
@@ -277,7 +285,7 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
         // The records hold post and comb exactly (as built from the f32 values on the host).
         let host_rec = HcPostCoefs::from_f32(gpu, &dpost, &dcomb, t, n)?;
         let rec_bits = coefs.differing_post_comb(gpu, &host_rec)?;
-        all &= flag_record(out, &format!("hc_pre_norm post/comb records (n {n}, d {d})"), json!({"differing_values": rec_bits, "of": t * (n + n * n), "vs": "post and comb as f32, widened on the host"}), rec_bits == 0);
+        all &= flag_record(out, &format!("hc_pre_norm post/comb records (n {n}, d {d})"), json!({"differing_values": rec_bits, "of": 2 * t * (n + n * n), "vs": "post and comb as f32, widened and as f32 copies, packed on the host (HcPostCoefs::from_f32)"}), rec_bits == 0);
         let withpost = gpu.hc_post_mix(&mut dx, Some((&dy, &coefs)), &gw, t, n, d)?;
         let got = gpu.download(&dx)?;
         all &= record(out, &format!("hc_post_mix x (n {n}, d {d})"), json!([t, n, d]), &got, &x_ref);
@@ -310,16 +318,12 @@ fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
     let (iters, eps, hc_eps, norm_eps) = (20usize, 1e-6f64, 1e-6f64, 1e-6f32);
     let widen = |b: &[u16]| -> Vec<f32> { b.iter().map(|v| quant::bf16_to_f32(*v)).collect() };
     let narrow = |f: &[f32]| -> Vec<u16> { f.iter().map(|v| quant::f32_to_bf16(*v)).collect() };
-    for (n, d, t) in [(4usize, 4096usize, 16usize), (3, 4100, 13), (2, 1000, 9)] {
+    for (n, d, t) in [(4usize, 4096usize, 16usize), (3, 4100, 13), (1, 8192, 10), (2, 1000, 9)] {
         let nd = n * d;
         let key = format!("hcb{n}_{d}");
         let hw = random_hc(seed, &key, n, d);
         let gw = GpuHcWeights::upload(gpu, &hw, n)?;
-        let mut x = random(seed, &format!("{key}.x"), t * nd, 1.0);
-        for (ti, row) in x.chunks_mut(nd).enumerate() {
-            let s = 0.25 + 0.5 * ti as f32;
-            row.iter_mut().for_each(|v| *v *= s);
-        }
+        let x = scaled_streams(seed, &key, t, nd);
         let xb = narrow(&x);
         let xw = widen(&xb);
         let y = random(seed, &format!("{key}.y"), t * d, 1.0);
@@ -365,8 +369,21 @@ fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
         let alone = gpu.hc_post_mix(&mut dref, None, &gw, t, n, d)?;
         gpu.hc_pre_norm(&gw, &withpost, &dxb, None, &mut dab, &mut dpb, &mut dcb, t, n, d, iters, eps, hc_eps, norm_eps)?;
         gpu.hc_pre_norm(&gw, &alone, &dref, None, &mut daw, &mut dpw, &mut dcw, t, n, d, iters, eps, hc_eps, norm_eps)?;
-        let pbits = differing_bits(&gpu.download(&dab)?, &gpu.download(&daw)?) + differing_bits(&gpu.download(&dcb)?, &gpu.download(&dcw)?);
-        all &= flag_record(out, &format!("hc_post_mix_bf16 partials bits (n {n}, d {d})"), json!({"differing_values": pbits, "of": t * (d + n * n), "vs": "the partials of its output widened, made by the mix alone (unweighted normed pre output and comb compared)"}), pbits == 0);
+        let pbits = differing_bits(&gpu.download(&dab)?, &gpu.download(&daw)?) + differing_bits(&gpu.download(&dpb)?, &gpu.download(&dpw)?) + differing_bits(&gpu.download(&dcb)?, &gpu.download(&dcw)?);
+        all &= flag_record(out, &format!("hc_post_mix_bf16 partials bits (n {n}, d {d})"), json!({"differing_values": pbits, "of": t * (d + n + n * n), "vs": "the partials of its output widened, made by hc_post_mix_f32's mix alone (unweighted normed pre output, post and comb compared)"}), pbits == 0);
+        // Batch invariance: the post + next pre of the last 7 tokens alone give the bits they got among t.
+        if t > 7 {
+            let (t7, skip) = (7usize, t - 7);
+            let mut dx7 = gpu.upload(&xb[skip * nd..])?;
+            let (mut da7, mut dp7, mut dc7) = (gpu.zeros::<f32>(t7 * d)?, gpu.zeros::<f32>(t7 * n)?, gpu.zeros::<f32>(t7 * n * n)?);
+            let mix7 = gpu.hc_post_mix(&mut dx7, None, &gw, t7, n, d)?;
+            let coefs7 = gpu.hc_pre_norm(&gw, &mix7, &dx7, Some(&dnw), &mut da7, &mut dp7, &mut dc7, t7, n, d, iters, eps, hc_eps, norm_eps)?;
+            let dy7 = gpu.upload(&y[skip * d..])?;
+            let next7 = gpu.hc_post_mix(&mut dx7, Some((&dy7, &coefs7)), &gw, t7, n, d)?;
+            gpu.hc_pre_norm(&gw, &next7, &dx7, None, &mut da7, &mut dp7, &mut dc7, t7, n, d, iters, eps, hc_eps, norm_eps)?;
+            let differ = differing_values(&got[skip * nd..], &gpu.download(&dx7)?) + differing_bits(&gpu.download(&dab)?[skip * d..], &gpu.download(&da7)?) + differing_bits(&gpu.download(&dcb)?[skip * n * n..], &gpu.download(&dc7)?);
+            all &= flag_record(out, &format!("hc_post_mix_bf16 T=7 bits (n {n}, d {d})"), json!({"differing_values": differ, "of": t7 * (nd + d + n * n), "vs": format!("the same tokens as the last 7 of {t} (streams after the post, the next pre's normed output and comb)")}), differ == 0);
+        }
         // The plain post (the last layer's): the same f32 post as hc_post_mix_bf16.
         let dpost_b = {
             let mut v = gpu.upload(&xb)?;
@@ -642,9 +659,15 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let mut dxb = gpu.upload(&gpu.download(&dx)?.iter().map(|v| quant::f32_to_bf16(*v)).collect::<Vec<u16>>())?;
     let ms = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dxb, Some((&dy, &coefs)), &gw, t, n, d).map(|_| ()))?;
     report(&mut rows, "hc_post_mix bf16 streams", ms, f4 * (nd as f64 + d as f64 + parts));
+    let ms1 = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dxb, Some((&dy, &coefs)), &gw, 1, n, d).map(|_| ()))?;
+    println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", "hc_post_mix bf16 streams", ms1 * 1e3);
+    rows.push(json!({"op": "hc_post_mix bf16 streams", "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
     let mixb = gpu.hc_post_mix(&mut dxb, None, &gw, t, n, d)?;
     let ms = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mixb, &dxb, Some(&dw), &mut dn, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
     report(&mut rows, "hc_pre_norm bf16 streams", ms, f4 * (nd as f64 / 2.0 + d as f64 + parts));
+    let ms1 = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mixb, &dxb, Some(&dw), &mut dn, &mut dpost, &mut dcomb, 1, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
+    println!("time {:<28} T=1 {:.1} us", "hc_pre_norm bf16 streams", ms1 * 1e3);
+    rows.push(json!({"op": "hc_pre_norm bf16 streams", "tokens": 1, "median_ms": ms1}));
     drop((dx, dxb, dn));
     // The MoE combine of a Flash layer: k 6 routed outputs and the shared expert per token.
     let k = 6usize;

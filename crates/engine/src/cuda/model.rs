@@ -743,56 +743,25 @@ pub fn forward_chunk_gpu_dev(
 }
 
 /// The residual streams of a forward, `[T, n, d]` (spec §4.1): f32 (the exact path) or bf16 bits
-/// (`MHC_BF16_STREAMS`, which acts with `MHC_FUSED`'s kernels only). Each method runs the
-/// [`Gpu`] mHC op of the same name on whichever is held.
+/// (`MHC_BF16_STREAMS`, which acts with `MHC_FUSED`'s kernels only); the mHC ops run on either
+/// through `on_streams!`.
 enum Streams {
     F32(DevBuf<f32>),
     Bf16(DevBuf<u16>),
 }
 
+/// `$body` with `$s` bound to the streams' device buffer, whichever element type they hold (the
+/// [`Gpu`] mHC ops are generic over [`super::ops_mhc::HcStream`]).
+macro_rules! on_streams {
+    ($x:expr, $s:ident => $body:expr) => {
+        match $x {
+            Streams::F32($s) => $body,
+            Streams::Bf16($s) => $body,
+        }
+    };
+}
+
 impl Streams {
-    /// [`Gpu::hc_post_mix`] on the streams.
-    fn post_mix(&mut self, gpu: &Gpu, post: Option<(&CudaSlice<f32>, &super::ops_mhc::HcPostCoefs)>, next: &super::ops_mhc::GpuHcWeights, t: usize, n: usize, d: usize) -> Result<super::ops_mhc::HcMixPartials, CudaError> {
-        match self {
-            Streams::F32(x) => gpu.hc_post_mix(x, post, next, t, n, d),
-            Streams::Bf16(x) => gpu.hc_post_mix(x, post, next, t, n, d),
-        }
-    }
-
-    /// [`Gpu::hc_pre_norm`] on the streams.
-    #[allow(clippy::too_many_arguments)]
-    fn pre_norm(
-        &self,
-        gpu: &Gpu,
-        w: &super::ops_mhc::GpuHcWeights,
-        mix: &super::ops_mhc::HcMixPartials,
-        norm: Option<&CudaSlice<f32>>,
-        out: &mut CudaSlice<f32>,
-        post: &mut CudaSlice<f32>,
-        comb: &mut CudaSlice<f32>,
-        t: usize,
-        n: usize,
-        d: usize,
-        iters: usize,
-        eps: f64,
-        hc_eps: f64,
-        norm_eps: f32,
-    ) -> Result<super::ops_mhc::HcPostCoefs, CudaError> {
-        match self {
-            Streams::F32(x) => gpu.hc_pre_norm(w, mix, x, norm, out, post, comb, t, n, d, iters, eps, hc_eps, norm_eps),
-            Streams::Bf16(x) => gpu.hc_pre_norm(w, mix, x, norm, out, post, comb, t, n, d, iters, eps, hc_eps, norm_eps),
-        }
-    }
-
-    /// [`Gpu::hc_post`] on the streams.
-    #[allow(clippy::too_many_arguments)]
-    fn post(&mut self, gpu: &Gpu, y: &CudaSlice<f32>, post: &CudaSlice<f32>, comb: &CudaSlice<f32>, t: usize, n: usize, d: usize) -> Result<(), CudaError> {
-        match self {
-            Streams::F32(x) => gpu.hc_post(x, y, post, comb, t, n, d),
-            Streams::Bf16(x) => gpu.hc_post(x, y, post, comb, t, n, d),
-        }
-    }
-
     /// The f32 streams, for the unfused pre (`MHC_FUSED=off`, under which bf16 streams are never made).
     fn f32(&self) -> Result<&CudaSlice<f32>, CudaError> {
         match self {
@@ -870,7 +839,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
     };
     let mut layer_streams = Vec::new();
     let mut mix = match (fused_mhc, m.layers.first()) {
-        (true, Some(l0)) => Some(x.post_mix(gpu, None, &l0.hc_attn, t, n, d)?),
+        (true, Some(l0)) => Some(on_streams!(&mut x, s => gpu.hc_post_mix(s, None, &l0.hc_attn, t, n, d))?),
         _ => None,
     };
     // u (the pre's output before its RMSNorm) only without MHC_FUSED.
@@ -888,7 +857,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         // op after it writes all of its T rows).
         let mut a = unsafe { gpu.scratch::<f32>(t * d) }?;
         match mix.take() {
-            Some(p) => coefs = Some(x.pre_norm(gpu, &l.hc_attn, &p, Some(&l.attn_norm), &mut a, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?),
+            Some(p) => coefs = Some(on_streams!(&x, s => gpu.hc_pre_norm(&l.hc_attn, &p, s, Some(&l.attn_norm), &mut a, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps))?),
             None => {
                 let u = u.as_mut().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED: no partials for a pre".into() })?;
                 gpu.hc_pre(&l.hc_attn, x.f32()?, u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
@@ -1047,11 +1016,11 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         if fused_mhc {
             // MoE sub-block (§4.11): its pre's partials from the attention sub-block's post.
             let ca = coefs.take().ok_or_else(no_coefs)?;
-            let p = x.post_mix(gpu, Some((&y, &ca)), &l.hc_ffn, t, n, d)?;
-            coefs = Some(x.pre_norm(gpu, &l.hc_ffn, &p, Some(&l.ffn_norm), &mut f, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps)?);
+            let p = on_streams!(&mut x, s => gpu.hc_post_mix(s, Some((&y, &ca)), &l.hc_ffn, t, n, d))?;
+            coefs = Some(on_streams!(&x, s => gpu.hc_pre_norm(&l.hc_ffn, &p, s, Some(&l.ffn_norm), &mut f, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps))?);
         } else {
             let u = u.as_mut().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED off without a u buffer".into() })?;
-            x.post(gpu, &y, &post, &comb, t, n, d)?;
+            on_streams!(&mut x, s => gpu.hc_post(s, &y, &post, &comb, t, n, d))?;
             // MoE sub-block (§4.11).
             gpu.hc_pre(&l.hc_ffn, x.f32()?, u, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps)?;
             gpu.rms_norm(u, Some(&l.ffn_norm), &mut f, t, d, eps)?;
@@ -1063,9 +1032,9 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         match m.layers.get(li + 1) {
             Some(next) if fused_mhc => {
                 let cf = coefs.take().ok_or_else(no_coefs)?;
-                mix = Some(x.post_mix(gpu, Some((&moe.out, &cf)), &next.hc_attn, t, n, d)?);
+                mix = Some(on_streams!(&mut x, s => gpu.hc_post_mix(s, Some((&moe.out, &cf)), &next.hc_attn, t, n, d))?);
             }
-            _ => x.post(gpu, &moe.out, &post, &comb, t, n, d)?,
+            _ => on_streams!(&mut x, s => gpu.hc_post(s, &moe.out, &post, &comb, t, n, d))?,
         }
         if record_streams {
             layer_streams.push(gpu.download(&*x.rows_f32(gpu, 0, t, n, d)?)?);

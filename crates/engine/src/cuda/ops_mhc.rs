@@ -40,23 +40,27 @@ pub const MHC_ENTRY_POINTS: &[&str] = &[
 /// compute in f32 (post_k·y, then fmaf over j — as OFF-M computes before its cast; the f32 path
 /// computes in f64) and round to nearest even, and every sum over the streams runs over the stored
 /// values in the f32 kernels' order (kernels/mhc.cu, `HcS`, `hc_post_f32_expr`).
-pub trait HcStream: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default + Unpin {
-    /// Suffix of the kernels' entry points for this element type (`f32` / `bf16`).
-    const SUFFIX: &'static str;
+pub trait HcStream: sealed::Sealed + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default + Unpin {
+    /// The entry points of this element type: hc_post, hc_post_mix, hc_pre_norm, hc_pre_norm_wide
+    /// (`_f32` / `_bf16`; every one in [`MHC_ENTRY_POINTS`]).
+    const ENTRIES: [&'static str; 4];
+}
+
+/// [`HcStream`] is implemented for f32 and u16 only (the kernels that exist).
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for u16 {}
 }
 
 impl HcStream for f32 {
-    const SUFFIX: &'static str = "f32";
+    const ENTRIES: [&'static str; 4] = ["hc_post_f32", "hc_post_mix_f32", "hc_pre_norm_f32", "hc_pre_norm_wide_f32"];
 }
 
 impl HcStream for u16 {
-    const SUFFIX: &'static str = "bf16";
+    const ENTRIES: [&'static str; 4] = ["hc_post_bf16", "hc_post_mix_bf16", "hc_pre_norm_bf16", "hc_pre_norm_wide_bf16"];
 }
 
-/// `name` + `_` + the element type's suffix: the entry point a stream kernel runs for `S`.
-fn hc_entry<S: HcStream>(name: &str) -> String {
-    format!("{name}_{}", S::SUFFIX)
-}
 /// Entry points of `kernels/moe.cu`.
 pub const MOE_ENTRY_POINTS: &[&str] = &[
     "router_scores_f32",
@@ -107,6 +111,10 @@ const HC_REC_COMB: usize = 8;
 /// (C[j][k] at float `HC_MAX_STREAMS` + j·n + k), two floats per double slot, low half first
 /// (`HC_REC_F32` in mhc.cu): what the bf16 streams' f32 post reads.
 const HC_REC_F32: usize = 24;
+// The record's layout (mhc.cu asserts the same): post and comb as doubles before the f32 copies,
+// room for HC_MAX_STREAMS + HC_MAX_STREAMS² floats after them, an even count of doubles (16-byte
+// records for the double2 loads).
+const _: () = assert!(HC_REC_COMB + HC_MAX_STREAMS * HC_MAX_STREAMS <= HC_REC_F32 && 2 * (HC_REC - HC_REC_F32) >= HC_MAX_STREAMS * (1 + HC_MAX_STREAMS) && HC_REC.is_multiple_of(2));
 /// Tokens (a warp each) per block of hc_pre_coef_f32 (`HCC_WARPS` in mhc.cu).
 const HC_COEF_TOKENS: usize = 8;
 /// Widest hidden size hc_pre_norm_f32 handles (16 channels per thread of `HC_THREADS`); up to
@@ -268,8 +276,9 @@ impl HcPostCoefs {
         Ok(HcPostCoefs { rec: DevBuf::plain(gpu.upload(&rec)?), t, n })
     }
 
-    /// How many post and comb entries differ in their bits from `other`'s over the tokens and streams
-    /// both hold (gpu-check: the records against [`HcPostCoefs::from_f32`] of the f32 outputs).
+    /// How many post and comb entries — the doubles and their f32 copies — differ in their bits from
+    /// `other`'s over the tokens and streams both hold (gpu-check: the records against
+    /// [`HcPostCoefs::from_f32`] of the f32 outputs, which checks that function's packing too).
     ///
     /// Errors: device copies.
     pub(crate) fn differing_post_comb(&self, gpu: &Gpu, other: &HcPostCoefs) -> Result<usize, CudaError> {
@@ -280,6 +289,10 @@ impl HcPostCoefs {
             let (ra, rb) = (&a[ti * HC_REC..(ti + 1) * HC_REC], &b[ti * HC_REC..(ti + 1) * HC_REC]);
             let idx = (HC_REC_POST..HC_REC_POST + n).chain(HC_REC_COMB..HC_REC_COMB + n * n);
             differ += idx.filter(|&i| ra[i].to_bits() != rb[i].to_bits()).count();
+            // The f32 copies (two per slot, the even float in the low half).
+            let float = |r: &[f64], e: usize| (r[HC_REC_F32 + e / 2].to_bits() >> (32 * (e % 2))) as u32;
+            let fidx = (0..n).chain(HC_MAX_STREAMS..HC_MAX_STREAMS + n * n);
+            differ += fidx.filter(|&e| float(ra, e) != float(rb, e)).count();
         }
         Ok(differ)
     }
@@ -431,11 +444,11 @@ impl Gpu {
         }
         let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (n_i, d_i) = (n as i32, d as i32);
-        let entry = hc_entry::<S>("hc_post");
-        let mut b = self.stream.launch_builder(self.f(&entry));
+        let entry = S::ENTRIES[0];
+        let mut b = self.stream.launch_builder(self.f(entry));
         b.arg(x).arg(y).arg(post).arg(comb).arg(&n_i).arg(&d_i);
         // SAFETY: matches hc_post_f32's / hc_post_bf16's signature (x of S); buffers checked above.
-        drv(&entry, unsafe { b.launch(cfg) }).map(|_| ())
+        drv(entry, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
     /// `MHC_FUSED`, first half: the mHC post of one sub-block (spec §4.3, in place on `x` `[t, n, d]`,
@@ -476,8 +489,8 @@ impl Gpu {
             let cfg = LaunchConfig { grid_dim: (blocks as u32, grid_y, 1), block_dim: (HC_MIX_THREADS, 1, 1), shared_mem_bytes: HC_MIX_SMEM as u32 };
             let (t_i, n_i, d_i, has) = (int(W, "tokens", t)?, n as i32, d as i32, i32::from(post.is_some()));
             let null = 0u64;
-            let entry = hc_entry::<S>("hc_post_mix");
-            let mut b = self.stream.launch_builder(self.f(&entry));
+            let entry = S::ENTRIES[1];
+            let mut b = self.stream.launch_builder(self.f(entry));
             b.arg(&mut *x);
             match post {
                 Some((y, c)) => b.arg(y).arg(&c.rec),
@@ -487,7 +500,7 @@ impl Gpu {
             // SAFETY: matches hc_post_mix_f32's / _bf16's signature (x of S); x holds t·n·d values, y
             // and the records (read only when has_post) their t rows, the Φ runs blocks·m·n·64, part
             // t·blocks·HC_PART.
-            drv(&entry, unsafe { b.launch(cfg) })?;
+            drv(entry, unsafe { b.launch(cfg) })?;
         }
         Ok(HcMixPartials { part, blocks, m, t, d, phi: phi_address(self, next) })
     }
@@ -555,7 +568,8 @@ impl Gpu {
             need(W, "norm", nw.len(), d)?;
         }
         // SAFETY: uninitialised device memory; hc_pre_coef_f32 writes the pre (0..n), post and comb
-        // (HC_REC_POST.., HC_REC_COMB..) entries of every token's record, the only ones read.
+        // (HC_REC_POST.., HC_REC_COMB..) entries of every token's record and their f32 copies
+        // (floats 0..n and HC_MAX_STREAMS.. from HC_REC_F32), the only ones read.
         let mut rec = unsafe { self.scratch::<f64>((t * HC_REC).max(1)) }?;
         if t > 0 {
             let (t_i, s_i, n_i, d_i, it_i, null) = (int(W, "tokens", t)?, mix.blocks as i32, n as i32, d as i32, int(W, "iters", iters)?, 0u64);
@@ -566,9 +580,9 @@ impl Gpu {
             // SAFETY: matches hc_pre_coef_f32's signature; part holds t·blocks·HC_PART (from
             // hc_post_mix), post t·n, comb t·n·n, rec t·HC_REC.
             drv("hc_pre_coef_f32", unsafe { b.launch(cfg) })?;
-            let entry = hc_entry::<S>(if d <= HC_NORM_NARROW_D { "hc_pre_norm" } else { "hc_pre_norm_wide" });
+            let entry = S::ENTRIES[if d <= HC_NORM_NARROW_D { 2 } else { 3 }];
             let cfg = LaunchConfig { grid_dim: (t_i as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
-            let mut b = self.stream.launch_builder(self.f(&entry));
+            let mut b = self.stream.launch_builder(self.f(entry));
             b.arg(&rec).arg(x);
             match norm {
                 Some(nw) => b.arg(nw),
@@ -577,7 +591,7 @@ impl Gpu {
             b.arg(out).arg(&n_i).arg(&d_i).arg(&norm_eps);
             // SAFETY: matches hc_pre_norm_{f32,bf16} / _wide_{f32,bf16}'s signature (x of S); rec
             // written above for t tokens, x holds t·n·d, out t·d, norm d values.
-            drv(&entry, unsafe { b.launch(cfg) })?;
+            drv(entry, unsafe { b.launch(cfg) })?;
         }
         Ok(HcPostCoefs { rec, t, n })
     }
@@ -693,19 +707,25 @@ impl Gpu {
     ///
     /// Errors: a buffer too short.
     pub fn gather_rows(&self, src: &CudaSlice<f32>, src_rows: usize, idx: &CudaView<'_, i32>, dst: &mut CudaSlice<f32>, d: usize) -> Result<(), CudaError> {
-        const W: &str = "gather_rows";
+        self.launch_row_gather("gather_rows_f32", src, src_rows, idx, dst, d)
+    }
+
+    /// One block per index of `idx`: `kernel(src, idx, dst, src_rows, d)` (gather_rows_f32 or
+    /// hc_gather_bf16, whose signatures these are), after checking the buffers (errors name the kernel).
+    fn launch_row_gather<T: cudarc::driver::DeviceRepr>(&self, kernel: &'static str, src: &CudaSlice<f32>, src_rows: usize, idx: &CudaView<'_, i32>, dst: &mut CudaSlice<T>, d: usize) -> Result<(), CudaError> {
         let m = idx.len();
-        need(W, "src", src.len(), src_rows * d)?;
-        need(W, "dst", dst.len(), m * d)?;
+        need(kernel, "src", src.len(), src_rows * d)?;
+        need(kernel, "dst", dst.len(), m * d)?;
         if m == 0 || d == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig { grid_dim: (int(W, "rows", m)? as u32, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let (rows_i, d_i) = (int(W, "src rows", src_rows)?, int(W, "d", d)?);
-        let mut b = self.stream.launch_builder(self.f("gather_rows_f32"));
+        let cfg = LaunchConfig { grid_dim: (int(kernel, "rows", m)? as u32, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (rows_i, d_i) = (int(kernel, "src rows", src_rows)?, int(kernel, "d", d)?);
+        let mut b = self.stream.launch_builder(self.f(kernel));
         b.arg(src).arg(idx).arg(dst).arg(&rows_i).arg(&d_i);
-        // SAFETY: matches gather_rows_f32's signature; one block per index, buffers checked above.
-        drv("gather_rows_f32", unsafe { b.launch(cfg) }).map(|_| ())
+        // SAFETY: matches gather_rows_f32's / hc_gather_bf16's signature (dst of T: f32 / u16); one
+        // block per index, buffers checked above.
+        drv(kernel, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
     /// The embedding rows of the tokens' streams as bf16 stream bits (`MHC_BF16_STREAMS`, spec §4.1):
@@ -715,19 +735,7 @@ impl Gpu {
     ///
     /// Errors: buffers too short, more rows than a grid holds.
     pub fn hc_gather_bf16(&self, src: &CudaSlice<f32>, src_rows: usize, idx: &CudaView<'_, i32>, dst: &mut CudaSlice<u16>, d: usize) -> Result<(), CudaError> {
-        const W: &str = "hc_gather_bf16";
-        let m = idx.len();
-        need(W, "src", src.len(), src_rows * d)?;
-        need(W, "dst", dst.len(), m * d)?;
-        if m == 0 || d == 0 {
-            return Ok(());
-        }
-        let cfg = LaunchConfig { grid_dim: (int(W, "rows", m)? as u32, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let (rows_i, d_i) = (int(W, "src rows", src_rows)?, int(W, "d", d)?);
-        let mut b = self.stream.launch_builder(self.f(W));
-        b.arg(src).arg(idx).arg(dst).arg(&rows_i).arg(&d_i);
-        // SAFETY: matches hc_gather_bf16's signature; one block per index, buffers checked above.
-        drv(W, unsafe { b.launch(cfg) }).map(|_| ())
+        self.launch_row_gather("hc_gather_bf16", src, src_rows, idx, dst, d)
     }
 
     /// bf16 stream bits widened to f32 (`MHC_BF16_STREAMS`): `dst[i] = f32(src[i])` for every `i <
@@ -1157,9 +1165,10 @@ mod tests {
             let entry = [format!("{e}("), format!("HCN_ENTRY({e},"), format!("HCX_ENTRY({e},"), format!("HC_POST_ENTRY({e},")];
             assert!(entry.iter().any(|p| src.contains(p.as_str())), "{e}");
         }
-        // Each stream kernel has both element types (HcStream::SUFFIX).
-        for base in ["hc_post", "hc_post_mix", "hc_pre_norm", "hc_pre_norm_wide"] {
-            assert!(MHC_ENTRY_POINTS.contains(&hc_entry::<f32>(base).as_str()) && MHC_ENTRY_POINTS.contains(&hc_entry::<u16>(base).as_str()), "{base}");
+        // Each stream kernel has both element types, in the order HcStream::ENTRIES names them.
+        for (i, base) in ["hc_post", "hc_post_mix", "hc_pre_norm", "hc_pre_norm_wide"].iter().enumerate() {
+            assert_eq!((<f32 as HcStream>::ENTRIES[i], <u16 as HcStream>::ENTRIES[i]), (format!("{base}_f32").as_str(), format!("{base}_bf16").as_str()));
+            assert!(MHC_ENTRY_POINTS.contains(&<f32 as HcStream>::ENTRIES[i]) && MHC_ENTRY_POINTS.contains(&<u16 as HcStream>::ENTRIES[i]), "{base}");
         }
     }
 }

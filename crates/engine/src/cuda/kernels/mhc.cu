@@ -59,6 +59,10 @@
 #define HC_REC_POST 4   // HC_REC_POST, comb at HC_REC_COMB (C[j][k] at HC_REC_COMB + j·n + k); the f32
 #define HC_REC_COMB 8   // post and comb exactly, as doubles; and from double HC_REC_F32 on as floats (post
 #define HC_REC_F32 24   // at 0 … n − 1, C[j][k] at HC_MAXN + j·n + k), for the bf16 streams' f32 post
+static_assert(HC_REC % 2 == 0, "16-byte records: hc_load_post_comb's double2 loads");
+static_assert(HC_REC_COMB + HC_MAXN * HC_MAXN <= HC_REC_F32, "the f32 copies after the doubles");
+static_assert(2 * (HC_REC - HC_REC_F32) >= HC_MAXN + HC_MAXN * HC_MAXN, "room for post and comb as floats");
+static_assert(HC_REC_F32 % 2 == 0, "16-byte aligned f32 copies (float4 loads)");
 
 // Stream storage (MHC_BF16_STREAMS): the kernels that read or write the residual streams between
 // sub-blocks (hc_post, hc_post_mix, hc_pre_norm) come as _f32 (the exact path) and _bf16 entry points,
@@ -359,18 +363,19 @@ __device__ void hc_post_impl(S* __restrict__ x, const float* __restrict__ y, con
         const float yi = y[(size_t)t * d + i];
 #pragma unroll
         for (int k = 0; k < NN; k++) xt[(size_t)k * d + i] = HcS<S>::narrow1(hc_post_f32_expr<NN>(pt, ct, k, yi, old));
-        return;
-    }
-    double old[NN];
+    } else {
+        // f32 streams (the exact path): in f64, rounded once.
+        double old[NN];
 #pragma unroll
-    for (int j = 0; j < NN; j++) old[j] = (double)HcS<S>::ld1(xt + (size_t)j * d + i);
-    const double yi = (double)y[(size_t)t * d + i];
+        for (int j = 0; j < NN; j++) old[j] = (double)xt[(size_t)j * d + i];
+        const double yi = (double)y[(size_t)t * d + i];
 #pragma unroll
-    for (int k = 0; k < NN; k++) {
-        double s = (double)pt[k] * yi;
+        for (int k = 0; k < NN; k++) {
+            double s = (double)pt[k] * yi;
 #pragma unroll
-        for (int j = 0; j < NN; j++) s += (double)ct[j * NN + k] * old[j];
-        xt[(size_t)k * d + i] = HcS<S>::narrow1((float)s);
+            for (int j = 0; j < NN; j++) s += (double)ct[j * NN + k] * old[j];
+            xt[(size_t)k * d + i] = (float)s;
+        }
     }
 }
 
@@ -419,7 +424,7 @@ hc_head_f32(const float* __restrict__ part, const float* __restrict__ x, const f
     }
 }
 
-// hc_post_f32 / hc_post_bf16 (x as bf16 bits: MHC_BF16_STREAMS, the f32 value rounded).
+// hc_post_f32 / hc_post_bf16 (x as bf16 bits: MHC_BF16_STREAMS; its post in f32, hc_post_f32_expr).
 #define HC_POST_ENTRY(NAME, S)                                                                                        \
     extern "C" __global__ void NAME(S* __restrict__ x, const float* __restrict__ y, const float* __restrict__ post,   \
                                     const float* __restrict__ comb, int n, int d) {                                   \
@@ -464,7 +469,8 @@ extern "C" __global__ void hc_widen_bf16(const u16* __restrict__ src, float* __r
 // previous sub-block's post), and the pre's finish followed by the sub-block's RMSNorm.
 //
 // hc_post_mix_f32: x [T, n, d] (in place when post is on), y [T, d], rec [T, HC_REC] (the sub-block
-//   pre's coefficient records: post and comb as doubles), Φ of the NEXT pre (M = (2+n)·n) in channel
+//   pre's coefficient records: post and comb as doubles, and as floats for hc_post_mix_bf16, whose
+//   x is bf16 bits and whose post is hc_post_f32_expr), Φ of the NEXT pre (M = (2+n)·n) in channel
 //   runs fr [nb][M][n][HCX_RUN] (Φ[o, k·d + HCX_RUN·b + c] at ((b·M + o)·n + k)·HCX_RUN + c, zeros
 //   past d; built on the host), part [T, nb, HC_PART] with nb = ceil(d / HCX_RUN).
 //   Per token, for its run of HCX_RUN channels (all n streams):
@@ -488,7 +494,8 @@ extern "C" __global__ void hc_widen_bf16(const u16* __restrict__ src, float* __r
 //   nb from hc_post_mix_f32), base, scale as hc_pre_f32 → post [T, n], comb [T, n, n] and rec
 //   [T, HC_REC]: a warp per token sums its S partials in order (hc_totals' order) and runs
 //   hc_pre_coeffs (hc_pre_f32's coefficients and Sinkhorn); rec gets the stream weights pre_j (f64)
-//   and post / comb as written, widened. Launch: grid ceil(T / HCC_WARPS), block 32·HCC_WARPS.
+//   and post / comb as written, widened, and from double HC_REC_F32 on the same post / comb as f32
+//   (the bf16 streams' post reads those). Launch: grid ceil(T / HCC_WARPS), block 32·HCC_WARPS.
 // hc_pre_norm_f32: rec (above), x, the RMSNorm weight w [d] (or null), out [T, d]: u = Σ_j pre_j·x[t, j]
 //   (hc_combine_one, hc_pre_f32's expression) kept in registers and out = w ⊙ u / sqrt(mean(u²) +
 //   norm_eps) with rms_norm_f32's reduction (thread i sums channels i, i + 256, …; then
@@ -532,7 +539,7 @@ __device__ __forceinline__ float hc_row_total(const float* sw, int r) {
 }
 
 // A token's post [NN] and comb [NN·NN] as doubles from its coefficient record (HC_REC doubles,
-// 192 bytes: 16-byte aligned in buffers from cuMemAlloc): double2 loads at n 4, scalar otherwise.
+// 272 bytes: 16-byte aligned in buffers from cuMemAlloc): double2 loads at n 4, scalar otherwise.
 template <int NN>
 __device__ __forceinline__ void hc_load_post_comb(const double* __restrict__ rec_t, double (&p)[NN],
                                                   double (&c)[NN * NN]) {
@@ -598,11 +605,21 @@ __device__ __forceinline__ void hc_post_mix_tokens(S* __restrict__ x, const floa
             const int t = t0 + (q < tn ? q : 0);
             S* xt = x + (size_t)(t0 + q) * N + i;
             if constexpr (HcS<S>::F32_POST) {
-                // bf16 streams: the f32 post from the record's f32 copies of post and comb.
+                // bf16 streams: the f32 post from the record's f32 copies of post (floats 0 … n − 1)
+                // and comb (from float HC_MAXN; 16-byte aligned: 272·t + 192 bytes), the floats
+                // hc_pre_coeffs wrote and no others.
                 const float* pf = reinterpret_cast<const float*>(rec + (size_t)t * HC_REC + HC_REC_F32);
                 float pc[HC_MAXN + NN * NN];
+                if constexpr (NN == HC_MAXN) {
 #pragma unroll
-                for (int e = 0; e < HC_MAXN + NN * NN; e++) pc[e] = pf[e];
+                    for (int e = 0; e < (HC_MAXN + NN * NN) / 4; e++) {
+                        const float4 v = reinterpret_cast<const float4*>(pf)[e];
+                        pc[4 * e] = v.x, pc[4 * e + 1] = v.y, pc[4 * e + 2] = v.z, pc[4 * e + 3] = v.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < HC_MAXN + NN * NN; e++) pc[e] = (e < NN || e >= HC_MAXN) ? pf[e] : 0.f;
+                }
                 float o0[NN], o1[NN];
 #pragma unroll
                 for (int j = 0; j < NN; j++) {
@@ -616,32 +633,31 @@ __device__ __forceinline__ void hc_post_mix_tokens(S* __restrict__ x, const floa
                     xv[q][k] = HcS<S>::wide2(st);
                     if (live && q < tn) *reinterpret_cast<typename HcS<S>::P2*>(xt + (size_t)k * d) = st;
                 }
-                continue;
-            }
-            double pt[NN], ct[NN * NN];
-            hc_load_post_comb<NN>(rec + (size_t)t * HC_REC, pt, ct);
-            // hc_post_f32's expression per channel.
-            double o0[NN], o1[NN];
-#pragma unroll
-            for (int j = 0; j < NN; j++) {
-                o0[j] = (double)xv[q][j].x;
-                o1[j] = (double)xv[q][j].y;
-            }
-            const double y0 = (double)yv[q].x, y1 = (double)yv[q].y;
-#pragma unroll
-            for (int k = 0; k < NN; k++) {
-                const double pk = pt[k];
-                double s0 = pk * y0, s1 = pk * y1;
+            } else {
+                double pt[NN], ct[NN * NN];
+                hc_load_post_comb<NN>(rec + (size_t)t * HC_REC, pt, ct);
+                // hc_post_f32's expression per channel.
+                double o0[NN], o1[NN];
 #pragma unroll
                 for (int j = 0; j < NN; j++) {
-                    const double c = ct[j * NN + k];
-                    s0 += c * o0[j];
-                    s1 += c * o1[j];
+                    o0[j] = (double)xv[q][j].x;
+                    o1[j] = (double)xv[q][j].y;
                 }
-                // The stored pair (bf16 streams: rounded), and the partials below over it.
-                const typename HcS<S>::P2 st = HcS<S>::narrow2(make_float2((float)s0, (float)s1));
-                xv[q][k] = HcS<S>::wide2(st);
-                if (live && q < tn) *reinterpret_cast<typename HcS<S>::P2*>(xt + (size_t)k * d) = st;
+                const double y0 = (double)yv[q].x, y1 = (double)yv[q].y;
+#pragma unroll
+                for (int k = 0; k < NN; k++) {
+                    const double pk = pt[k];
+                    double s0 = pk * y0, s1 = pk * y1;
+#pragma unroll
+                    for (int j = 0; j < NN; j++) {
+                        const double c = ct[j * NN + k];
+                        s0 += c * o0[j];
+                        s1 += c * o1[j];
+                    }
+                    // The stored pair (f32 streams only: the bf16 ones took the f32 post above).
+                    xv[q][k] = make_float2((float)s0, (float)s1);
+                    if (live && q < tn) *reinterpret_cast<float2*>(xt + (size_t)k * d) = xv[q][k];
+                }
             }
         }
     }
