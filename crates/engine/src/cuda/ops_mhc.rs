@@ -41,9 +41,15 @@ pub const MHC_ENTRY_POINTS: &[&str] = &[
 /// computes in f64) and round to nearest even, and every sum over the streams runs over the stored
 /// values in the f32 kernels' order (kernels/mhc.cu, `HcS`, `hc_post_f32_expr`).
 pub trait HcStream: sealed::Sealed + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default + Unpin {
-    /// The entry points of this element type: hc_post, hc_post_mix, hc_pre_norm, hc_pre_norm_wide
-    /// (`_f32` / `_bf16`; every one in [`MHC_ENTRY_POINTS`]).
-    const ENTRIES: [&'static str; 4];
+    /// This element type's entry points (`_f32` / `_bf16`; every one in [`MHC_ENTRY_POINTS`]):
+    /// hc_post, hc_post_mix, hc_pre_norm and hc_pre_norm_wide.
+    const POST: &'static str;
+    /// See [`HcStream::POST`].
+    const POST_MIX: &'static str;
+    /// See [`HcStream::POST`].
+    const PRE_NORM: &'static str;
+    /// See [`HcStream::POST`].
+    const PRE_NORM_WIDE: &'static str;
 }
 
 /// [`HcStream`] is implemented for f32 and u16 only (the kernels that exist).
@@ -54,11 +60,17 @@ mod sealed {
 }
 
 impl HcStream for f32 {
-    const ENTRIES: [&'static str; 4] = ["hc_post_f32", "hc_post_mix_f32", "hc_pre_norm_f32", "hc_pre_norm_wide_f32"];
+    const POST: &'static str = "hc_post_f32";
+    const POST_MIX: &'static str = "hc_post_mix_f32";
+    const PRE_NORM: &'static str = "hc_pre_norm_f32";
+    const PRE_NORM_WIDE: &'static str = "hc_pre_norm_wide_f32";
 }
 
 impl HcStream for u16 {
-    const ENTRIES: [&'static str; 4] = ["hc_post_bf16", "hc_post_mix_bf16", "hc_pre_norm_bf16", "hc_pre_norm_wide_bf16"];
+    const POST: &'static str = "hc_post_bf16";
+    const POST_MIX: &'static str = "hc_post_mix_bf16";
+    const PRE_NORM: &'static str = "hc_pre_norm_bf16";
+    const PRE_NORM_WIDE: &'static str = "hc_pre_norm_wide_bf16";
 }
 
 /// Entry points of `kernels/moe.cu`.
@@ -444,7 +456,7 @@ impl Gpu {
         }
         let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (n_i, d_i) = (n as i32, d as i32);
-        let entry = S::ENTRIES[0];
+        let entry = S::POST;
         let mut b = self.stream.launch_builder(self.f(entry));
         b.arg(x).arg(y).arg(post).arg(comb).arg(&n_i).arg(&d_i);
         // SAFETY: matches hc_post_f32's / hc_post_bf16's signature (x of S); buffers checked above.
@@ -489,7 +501,7 @@ impl Gpu {
             let cfg = LaunchConfig { grid_dim: (blocks as u32, grid_y, 1), block_dim: (HC_MIX_THREADS, 1, 1), shared_mem_bytes: HC_MIX_SMEM as u32 };
             let (t_i, n_i, d_i, has) = (int(W, "tokens", t)?, n as i32, d as i32, i32::from(post.is_some()));
             let null = 0u64;
-            let entry = S::ENTRIES[1];
+            let entry = S::POST_MIX;
             let mut b = self.stream.launch_builder(self.f(entry));
             b.arg(&mut *x);
             match post {
@@ -580,7 +592,7 @@ impl Gpu {
             // SAFETY: matches hc_pre_coef_f32's signature; part holds t·blocks·HC_PART (from
             // hc_post_mix), post t·n, comb t·n·n, rec t·HC_REC.
             drv("hc_pre_coef_f32", unsafe { b.launch(cfg) })?;
-            let entry = S::ENTRIES[if d <= HC_NORM_NARROW_D { 2 } else { 3 }];
+            let entry = if d <= HC_NORM_NARROW_D { S::PRE_NORM } else { S::PRE_NORM_WIDE };
             let cfg = LaunchConfig { grid_dim: (t_i as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
             let mut b = self.stream.launch_builder(self.f(entry));
             b.arg(&rec).arg(x);
@@ -1165,10 +1177,13 @@ mod tests {
             let entry = [format!("{e}("), format!("HCN_ENTRY({e},"), format!("HCX_ENTRY({e},"), format!("HC_POST_ENTRY({e},")];
             assert!(entry.iter().any(|p| src.contains(p.as_str())), "{e}");
         }
-        // Each stream kernel has both element types, in the order HcStream::ENTRIES names them.
-        for (i, base) in ["hc_post", "hc_post_mix", "hc_pre_norm", "hc_pre_norm_wide"].iter().enumerate() {
-            assert_eq!((<f32 as HcStream>::ENTRIES[i], <u16 as HcStream>::ENTRIES[i]), (format!("{base}_f32").as_str(), format!("{base}_bf16").as_str()));
-            assert!(MHC_ENTRY_POINTS.contains(&<f32 as HcStream>::ENTRIES[i]) && MHC_ENTRY_POINTS.contains(&<u16 as HcStream>::ENTRIES[i]), "{base}");
+        // Each stream kernel has both element types, under the names HcStream gives them.
+        fn names<S: HcStream>() -> [&'static str; 4] {
+            [S::POST, S::POST_MIX, S::PRE_NORM, S::PRE_NORM_WIDE]
+        }
+        for ((base, f), b) in ["hc_post", "hc_post_mix", "hc_pre_norm", "hc_pre_norm_wide"].iter().zip(names::<f32>()).zip(names::<u16>()) {
+            assert_eq!((f, b), (format!("{base}_f32").as_str(), format!("{base}_bf16").as_str()));
+            assert!(MHC_ENTRY_POINTS.contains(&f) && MHC_ENTRY_POINTS.contains(&b), "{base}");
         }
     }
 }
