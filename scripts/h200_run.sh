@@ -23,6 +23,7 @@
 #   bench-serving  bench-fp8-bf16att-idx8 with wq_b's output in bf16 as DeepSeek's fp8_gemm writes it and the residual streams in bf16 (WQ_B_BF16_OUT=on, MHC_BF16_STREAMS=on)
 #             ~150 s
 #   bench-serving-f32-streams  bench-serving with f32 residual streams (MHC_BF16_STREAMS off) ~150 s
+#   bench-serving-cuda-mix  bench-serving with the bf16 streams' mix on the CUDA cores (MHC_MIX_TC off) ~150 s
 #   bench-chunks  bench-fp8-bf16att-idx8 at 32K and 128K with 16,384- and 32,768-token prefill chunks
 #             (chunk size is a pure performance knob: LONG_CONTEXT_CHUNK), and the Flash MoE layer timed
 #             at those token counts                                   ~330 s
@@ -69,8 +70,10 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8_bf16att.log" ;;
   bench-fp8-bf16att-idx8) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.json" > "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.log" ;;
-  bench-serving) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving.json" > "$OUT/gpu_bench_h200_20layers_serving.log" 2>&1
+  bench-serving) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving.json" > "$OUT/gpu_bench_h200_20layers_serving.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving.log" ;;
+  bench-serving-cuda-mix) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_cuda_mix.json" > "$OUT/gpu_bench_h200_20layers_serving_cuda_mix.log" 2>&1
+         grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_cuda_mix.log" ;;
   bench-serving-f32-streams) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_f32_streams.json" > "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" ;;
   bench-chunks)
@@ -99,5 +102,5 @@ case "${1:-}" in
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_graph.log" ;;
   bench-decode-base) timeout 400 "$B" gpu-bench --layers 20 --contexts 8192,131072 --prefill-repeats 1 --decode-steps 32 --out "$OUT/gpu_bench_h200_20layers_decode_base.json" > "$OUT/gpu_bench_h200_20layers_decode_base.log" 2>&1
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_base.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-cuda-mix|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
 esac

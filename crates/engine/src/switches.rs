@@ -266,6 +266,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only mhc`) `hc_post_mix_bf16 x bits` / `hc_post_bf16 x bits` (= the f32 post replayed on the host, rounded to bf16), `hc_post_mix_bf16 x vs hc_post_mix_f32` (NMSE against the exact post), `hc_post_mix_bf16 partials bits` (= hc_post_mix_f32's mix alone over the widened stored streams, through the fused finish), `hc_post_mix_bf16 T=7 bits` (batch invariance), `hc_pre_norm_bf16 bits` (= hc_pre_norm_f32 on the widened streams), `hc_gather_bf16 bits` / `hc_widen_bf16 bits`, `hc_pre fused bf16 …` vs the CPU on bf16-rounded streams; the switch matrix and qualify (reported, not judged)",
     },
     Switch {
+        name: "MHC_MIX_TC",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "with MHC_BF16_STREAMS: the next pre's mix dot products on the CUDA cores (hc_post_mix_bf16: fmaf chains per lane, a tree over the lanes, per 64-channel run): on tensor cores (hc_post_mix_tc_bf16: mma.sync m16n8k16 over the stored bf16 streams — exact operands — and Φ split into three bf16 planes that add up to it exactly, f32 accumulation; per 128-channel run), the post's stored bits unchanged; f32-accurate sums in another order, so not the bits of the CUDA-core mix; hidden sizes that are multiples of 8",
+        parity: "gpu-check (`--only mhc`) `hc_post_mix_tc x bits` (= hc_post_mix_bf16's streams), `hc_post_mix_tc … vs the CUDA-core mix` and `hc_pre fused bf16 tc …` vs the CPU on the same streams (NMSE), `hc_post_mix_tc T=7 bits` (batch invariance); host tests `phi_planes_are_exact`, `phi_tc_fragments_multiply_as_mma`; the switch matrix (`MHC_MIX_TC=off alone` with the serving numerics)",
+    },
+    Switch {
         name: "MOE_PERSISTENT",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -514,6 +521,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
     ("WQ_B_BF16_OUT", &[("TC_LINEAR", &["fp8"]), ("MLA_STREAM_TOPK", &["on"]), ("MLA_FUSED_Q_NORM", &["on"])]),
     ("MHC_BF16_STREAMS", &[("MHC_FUSED", &["on"])]),
+    ("MHC_MIX_TC", &[("MHC_FUSED", &["on"]), ("MHC_BF16_STREAMS", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
 ];
 
@@ -725,6 +733,15 @@ pub fn configurations() -> Vec<Configuration> {
         "MHC_BF16_STREAMS=on (with TC_LINEAR=fp8, MLA_BF16=on, INDEXER_FP8=on and WQ_B_BF16_OUT=on)".into(),
         vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on")],
         Role::Fast,
+        false,
+        false,
+        false,
+    ));
+    // The bf16 streams' mix on the CUDA cores (MHC_MIX_TC, on by default, acts only with them).
+    v.push(c(
+        "MHC_MIX_TC=off alone (with TC_LINEAR=fp8, MLA_BF16=on, INDEXER_FP8=on, WQ_B_BF16_OUT=on and MHC_BF16_STREAMS=on)".into(),
+        vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on"), ("MHC_MIX_TC", "off")],
+        Role::AloneOff,
         false,
         false,
         false,

@@ -25,7 +25,7 @@
 //! ([`LayerWeights`], [`ModelWeights`]) are filled with the tensors under test and empty matrices for
 //! everything the function does not read.
 
-use super::check::{differing_bits, differing_values, flag_record, median_ms, random, record};
+use super::check::{differing_bits, differing_values, flag_record, median_ms, random, record, record_tol};
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter, HcPostCoefs};
 use super::CudaError;
@@ -343,14 +343,7 @@ fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
         let differ = differing_bits(&ab, &gpu.download(&daw)?) + differing_bits(&pb, &gpu.download(&dpw)?) + differing_bits(&cb, &gpu.download(&dcw)?);
         all &= flag_record(out, &format!("hc_pre_norm_bf16 bits (n {n}, d {d})"), json!({"differing_values": differ, "of": t * (d + n + n * n), "vs": "hc_post_mix_f32 (mix only) + hc_pre_norm_f32 on the bf16 streams widened"}), differ == 0);
         // The CPU reference on the same (rounded) streams.
-        let (mut a_ref, mut post_ref, mut comb_ref) = (Vec::new(), Vec::new(), Vec::new());
-        for xt in xw.chunks(nd) {
-            let (mut u, m) = mhc::hc_pre(&hw, xt, n, iters, eps, hc_eps);
-            ops::rms_norm(&mut u, &nw, norm_eps as f64);
-            a_ref.extend(u);
-            post_ref.extend(m.post.iter().map(|v| *v as f32));
-            comb_ref.extend(m.comb.iter().map(|v| *v as f32));
-        }
+        let (a_ref, post_ref, comb_ref) = cpu_pre_normed(&hw, &xw, &nw, n);
         all &= record(out, &format!("hc_pre fused bf16 normed u (n {n}, d {d})"), shape.clone(), &ab, &a_ref);
         all &= record(out, &format!("hc_pre fused bf16 post (n {n}, d {d})"), shape.clone(), &pb, &post_ref);
         all &= record(out, &format!("hc_pre fused bf16 comb (n {n}, d {d})"), shape.clone(), &cb, &comb_ref);
@@ -392,6 +385,13 @@ fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
         };
         let pb_bits = differing_values(&gpu.download(&dpost_b)?, &post_bf16_replay(&xb, &y, &gpu.download(&dpb)?, &gpu.download(&dcb)?, n, d));
         all &= flag_record(out, &format!("hc_post_bf16 x bits (n {n}, d {d})"), json!({"differing_values": pb_bits, "of": t * nd, "vs": "the f32 post (hc_post_f32_expr) replayed on the host, rounded to bf16"}), pb_bits == 0);
+        // MHC_MIX_TC: the same post with the next pre's mix on tensor cores (d a multiple of 8).
+        if d.is_multiple_of(8) {
+            all &= check_mix_tc(gpu, &gw, &hw, &xb, &y, &nw, &coefs, &got, t, n, d, out)?;
+        } else {
+            let refused = gpu.hc_post_mix_tc(&mut gpu.upload(&xb)?, None, &gw, t, n, d).is_err();
+            all &= flag_record(out, &format!("hc_post_mix_tc refuses d {d} (not a multiple of 8)"), json!({"refused": refused}), refused);
+        }
     }
     // The embedding rows as bf16 (values exact in bf16 and not, one index out of range: a NaN row)
     // and the widening of the streams.
@@ -409,6 +409,89 @@ fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
     gpu.hc_widen_bf16(&dg.slice(0..idx.len() * d), &mut dw)?;
     let wbits = differing_bits(&gpu.download(&dw)?, &widen(&want));
     all &= flag_record(out, "hc_widen_bf16 bits", json!({"differing_values": wbits, "of": idx.len() * d, "vs": "the host's widening"}), wbits == 0);
+    Ok(all)
+}
+
+/// The CPU reference pre of every token of `xw` (`[t, n·d]` f32) followed by the RMSNorm with weight
+/// `nw` (Flash's 20 Sinkhorn iterations, eps 1e-6): (normed u `[t, d]`, post `[t, n]`, comb `[t, n, n]`).
+fn cpu_pre_normed(hw: &HcWeights, xw: &[f32], nw: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (mut a, mut post, mut comb) = (Vec::new(), Vec::new(), Vec::new());
+    for xt in xw.chunks(n * nw.len()) {
+        let (mut u, m) = mhc::hc_pre(hw, xt, n, 20, 1e-6, 1e-6);
+        ops::rms_norm(&mut u, nw, 1e-6);
+        a.extend(u);
+        post.extend(m.post.iter().map(|v| *v as f32));
+        comb.extend(m.comb.iter().map(|v| *v as f32));
+    }
+    (a, post, comb)
+}
+
+/// NMSE bound of the pre after hc_post_mix_tc's partials (`MHC_MIX_TC`) against the CPU on the same
+/// streams and against the pre after the CUDA-core partials: both mixes are f32-accurate sums (NMSE
+/// ~1e-14 measured for the CUDA-core one), a fragment-layout error gives O(1).
+const MIX_TC_TOL: f64 = 1e-10;
+
+/// MHC_MIX_TC on one shape (d a multiple of 8; `xb` the bf16 streams `[t, n, d]`, `y` the sub-block
+/// output, `coefs` the coefficients hc_post_mix_bf16 posted `xpost` with): hc_post_mix_tc's stored
+/// streams against `xpost` bit for bit; the pre after its partials (normed u, post, comb) — the first
+/// pre (mix only) and the next one (after its own post) — against the CPU on the same streams and
+/// the first against the pre after the CUDA-core partials, by NMSE ([`MIX_TC_TOL`]); batch
+/// invariance (the last 7 tokens alone give the bits they got among t).
+#[allow(clippy::too_many_arguments)]
+fn check_mix_tc(gpu: &Gpu, gw: &GpuHcWeights, hw: &HcWeights, xb: &[u16], y: &[f32], nw: &[f32], coefs: &HcPostCoefs, xpost: &[u16], t: usize, n: usize, d: usize, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let (iters, eps, hc_eps, norm_eps) = (20usize, 1e-6f64, 1e-6f64, 1e-6f32);
+    let nd = n * d;
+    let widen = |b: &[u16]| -> Vec<f32> { b.iter().map(|v| quant::bf16_to_f32(*v)).collect() };
+    let dnw = gpu.upload(nw)?;
+    // The streams hc_post_mix_bf16 wrote, with the same coefficients.
+    let mut dxq = gpu.upload(xb)?;
+    gpu.hc_post_mix_tc(&mut dxq, Some((&gpu.upload(y)?, coefs)), gw, t, n, d)?;
+    let bits = differing_values(&gpu.download(&dxq)?, xpost);
+    all &= flag_record(out, &format!("hc_post_mix_tc x bits (n {n}, d {d})"), json!({"differing_values": bits, "of": t * nd, "vs": "hc_post_mix_bf16's streams (the same post)"}), bits == 0);
+    // A forward's first pre (mix only) and the next one after the post, on tokens `skip..t`:
+    // (first normed u, post, comb; streams after the post; next normed u, post, comb).
+    type Pre = (Vec<f32>, Vec<f32>, Vec<f32>);
+    let chain = |skip: usize| -> Result<(Pre, Vec<u16>, Pre), CudaError> {
+        let tt = t - skip;
+        let mut dx = gpu.upload(&xb[skip * nd..])?;
+        let dy = gpu.upload(&y[skip * d..])?;
+        let (mut da, mut dp, mut dc) = (gpu.zeros::<f32>(tt * d)?, gpu.zeros::<f32>(tt * n)?, gpu.zeros::<f32>(tt * n * n)?);
+        let first = gpu.hc_post_mix_tc(&mut dx, None, gw, tt, n, d)?;
+        let cf = gpu.hc_pre_norm(gw, &first, &dx, Some(&dnw), &mut da, &mut dp, &mut dc, tt, n, d, iters, eps, hc_eps, norm_eps)?;
+        let pre1 = (gpu.download(&da)?, gpu.download(&dp)?, gpu.download(&dc)?);
+        let next = gpu.hc_post_mix_tc(&mut dx, Some((&dy, &cf)), gw, tt, n, d)?;
+        gpu.hc_pre_norm(gw, &next, &dx, Some(&dnw), &mut da, &mut dp, &mut dc, tt, n, d, iters, eps, hc_eps, norm_eps)?;
+        Ok((pre1, gpu.download(&dx)?, (gpu.download(&da)?, gpu.download(&dp)?, gpu.download(&dc)?)))
+    };
+    let ((a1, p1, c1), xs, (a2, p2, c2)) = chain(0)?;
+    let shape = json!([t, n, d, iters]);
+    let (ra, rp, rc) = cpu_pre_normed(hw, &widen(xb), nw, n);
+    all &= record_tol(out, &format!("hc_pre fused bf16 tc normed u (n {n}, d {d})"), shape.clone(), &a1, &ra, MIX_TC_TOL);
+    all &= record_tol(out, &format!("hc_pre fused bf16 tc post (n {n}, d {d})"), shape.clone(), &p1, &rp, MIX_TC_TOL);
+    all &= record_tol(out, &format!("hc_pre fused bf16 tc comb (n {n}, d {d})"), shape.clone(), &c1, &rc, MIX_TC_TOL);
+    let (ra, rp, rc) = cpu_pre_normed(hw, &widen(&xs), nw, n);
+    all &= record_tol(out, &format!("hc_post_mix_tc next pre normed u (n {n}, d {d})"), shape.clone(), &a2, &ra, MIX_TC_TOL);
+    all &= record_tol(out, &format!("hc_post_mix_tc next pre post (n {n}, d {d})"), shape.clone(), &p2, &rp, MIX_TC_TOL);
+    all &= record_tol(out, &format!("hc_post_mix_tc next pre comb (n {n}, d {d})"), shape.clone(), &c2, &rc, MIX_TC_TOL);
+    // Against the CUDA-core mix's pre on the same streams.
+    let mut dxf = gpu.upload(xb)?;
+    let (mut da, mut dp, mut dc) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
+    let mixf = gpu.hc_post_mix(&mut dxf, None, gw, t, n, d)?;
+    gpu.hc_pre_norm(gw, &mixf, &dxf, Some(&dnw), &mut da, &mut dp, &mut dc, t, n, d, iters, eps, hc_eps, norm_eps)?;
+    let f = [gpu.download(&da)?, gpu.download(&dp)?, gpu.download(&dc)?].concat();
+    all &= record_tol(out, &format!("hc_post_mix_tc pre vs the CUDA-core mix (n {n}, d {d})"), shape, &[a1.as_slice(), &p1, &c1].concat(), &f, MIX_TC_TOL);
+    // Batch invariance.
+    if t > 7 {
+        let skip = t - 7;
+        let ((b1, _, e1), xs7, (b2, _, e2)) = chain(skip)?;
+        let differ = differing_values(&xs[skip * nd..], &xs7)
+            + differing_bits(&a1[skip * d..], &b1)
+            + differing_bits(&c1[skip * n * n..], &e1)
+            + differing_bits(&a2[skip * d..], &b2)
+            + differing_bits(&c2[skip * n * n..], &e2);
+        all &= flag_record(out, &format!("hc_post_mix_tc T=7 bits (n {n}, d {d})"), json!({"differing_values": differ, "of": 7 * (nd + 2 * d + 2 * n * n), "vs": format!("the same tokens as the last 7 of {t} (both pres' normed outputs and comb, the streams after the post)")}), differ == 0);
+    }
     Ok(all)
 }
 
@@ -668,6 +751,16 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let ms1 = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mixb, &dxb, Some(&dw), &mut dn, &mut dpost, &mut dcomb, 1, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
     println!("time {:<28} T=1 {:.1} us", "hc_pre_norm bf16 streams", ms1 * 1e3);
     rows.push(json!({"op": "hc_pre_norm bf16 streams", "tokens": 1, "median_ms": ms1}));
+    // MHC_MIX_TC: the bf16 post with the mix on tensor cores (partials per 128 channels).
+    let parts_tc = (d.div_ceil(128) * 25) as f64;
+    let ms = median_ms(gpu, repeats, || gpu.hc_post_mix_tc(&mut dxb, Some((&dy, &coefs)), &gw, t, n, d).map(|_| ()))?;
+    report(&mut rows, "hc_post_mix_tc bf16 streams", ms, f4 * (nd as f64 + d as f64 + parts_tc));
+    let ms1 = median_ms(gpu, repeats, || gpu.hc_post_mix_tc(&mut dxb, Some((&dy, &coefs)), &gw, 1, n, d).map(|_| ()))?;
+    println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", "hc_post_mix_tc bf16 streams", ms1 * 1e3);
+    rows.push(json!({"op": "hc_post_mix_tc bf16 streams", "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
+    let mixt = gpu.hc_post_mix_tc(&mut dxb, None, &gw, t, n, d)?;
+    let ms = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mixt, &dxb, Some(&dw), &mut dn, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
+    report(&mut rows, "hc_pre_norm bf16 after tc mix", ms, f4 * (nd as f64 / 2.0 + d as f64 + parts_tc));
     drop((dx, dxb, dn));
     // The MoE combine of a Flash layer: k 6 routed outputs and the shared expert per token.
     let k = 6usize;

@@ -762,6 +762,18 @@ macro_rules! on_streams {
 }
 
 impl Streams {
+    /// The post of a sub-block (with `post`) and the next pre's mix partials ([`Gpu::hc_post_mix`]);
+    /// bf16 streams with `mix_tc` (`MHC_MIX_TC`) take [`Gpu::hc_post_mix_tc`], the same stored bits
+    /// with the mix on tensor cores.
+    #[allow(clippy::too_many_arguments)]
+    fn post_mix(&mut self, gpu: &Gpu, post: Option<(&CudaSlice<f32>, &super::ops_mhc::HcPostCoefs)>, next: &super::ops_mhc::GpuHcWeights, t: usize, n: usize, d: usize, mix_tc: bool) -> Result<super::ops_mhc::HcMixPartials, CudaError> {
+        match self {
+            Streams::F32(x) => gpu.hc_post_mix(x, post, next, t, n, d),
+            Streams::Bf16(x) if mix_tc => gpu.hc_post_mix_tc(x, post, next, t, n, d),
+            Streams::Bf16(x) => gpu.hc_post_mix(x, post, next, t, n, d),
+        }
+    }
+
     /// The f32 streams, for the unfused pre (`MHC_FUSED=off`, under which bf16 streams are never made).
     fn f32(&self) -> Result<&CudaSlice<f32>, CudaError> {
         match self {
@@ -837,9 +849,11 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         gpu.gather_rows(&m.embed, c.vocab_size, &rows.slice(0..t * n), &mut xf, d)?;
         Streams::F32(xf)
     };
+    // MHC_MIX_TC (bf16 streams only): the next pre's mix on tensor cores.
+    let mix_tc = crate::switches::on("MHC_MIX_TC") && d.is_multiple_of(8);
     let mut layer_streams = Vec::new();
     let mut mix = match (fused_mhc, m.layers.first()) {
-        (true, Some(l0)) => Some(on_streams!(&mut x, s => gpu.hc_post_mix(s, None, &l0.hc_attn, t, n, d))?),
+        (true, Some(l0)) => Some(x.post_mix(gpu, None, &l0.hc_attn, t, n, d, mix_tc)?),
         _ => None,
     };
     // u (the pre's output before its RMSNorm) only without MHC_FUSED.
@@ -1016,7 +1030,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         if fused_mhc {
             // MoE sub-block (§4.11): its pre's partials from the attention sub-block's post.
             let ca = coefs.take().ok_or_else(no_coefs)?;
-            let p = on_streams!(&mut x, s => gpu.hc_post_mix(s, Some((&y, &ca)), &l.hc_ffn, t, n, d))?;
+            let p = x.post_mix(gpu, Some((&y, &ca)), &l.hc_ffn, t, n, d, mix_tc)?;
             coefs = Some(on_streams!(&x, s => gpu.hc_pre_norm(&l.hc_ffn, &p, s, Some(&l.ffn_norm), &mut f, &mut post, &mut comb, t, n, d, c.hc_sinkhorn_iters, c.rms_norm_eps, c.hc_eps, eps))?);
         } else {
             let u = u.as_mut().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "MHC_FUSED off without a u buffer".into() })?;
@@ -1032,7 +1046,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         match m.layers.get(li + 1) {
             Some(next) if fused_mhc => {
                 let cf = coefs.take().ok_or_else(no_coefs)?;
-                mix = Some(on_streams!(&mut x, s => gpu.hc_post_mix(s, Some((&moe.out, &cf)), &next.hc_attn, t, n, d))?);
+                mix = Some(x.post_mix(gpu, Some((&moe.out, &cf)), &next.hc_attn, t, n, d, mix_tc)?);
             }
             _ => on_streams!(&mut x, s => gpu.hc_post(s, &moe.out, &post, &comb, t, n, d))?,
         }

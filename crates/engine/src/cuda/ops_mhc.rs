@@ -31,6 +31,7 @@ pub const MHC_ENTRY_POINTS: &[&str] = &[
     "hc_pre_norm_wide_bf16",
     "hc_gather_bf16",
     "hc_widen_bf16",
+    "hc_post_mix_tc_bf16",
 ];
 
 /// Element type of the residual streams `[T, n, d]` on the device: `f32` (the exact path) or `u16`,
@@ -112,6 +113,15 @@ const HC_MIX_THREADS: u32 = 128;
 /// Dynamic shared memory of hc_post_mix_f32 in bytes (`HCX_SMEM` in mhc.cu: each of its 4 warps'
 /// lane-sum rows, 4 tokens × 25 rows of 36 floats); set as the function's limit when the kernels load.
 pub(crate) const HC_MIX_SMEM: usize = 4 * 4 * 25 * 36 * 4;
+/// Channels per run of hc_post_mix_tc_bf16 (`HCT_RUN` in mhc.cu; `MHC_MIX_TC`): a token's partials
+/// are `ceil(d / 128)` runs.
+const HC_MIX_TC_RUN: usize = 128;
+/// Channels per chunk of a run of hc_post_mix_tc_bf16 (`HCT_CHUNK` in mhc.cu: 8 per lane quad).
+const HC_MIX_TC_CHUNK: usize = 32;
+/// Tokens per block of hc_post_mix_tc_bf16 (`HCT_WARPS` warps of 16, the MMA's rows).
+const HC_MIX_TC_TOKENS: usize = 64;
+/// Block size of hc_post_mix_tc_bf16 (`HCT_THREADS` in mhc.cu, its `__launch_bounds__`).
+const HC_MIX_TC_THREADS: u32 = 128;
 /// Doubles per token of a coefficient record ([`HcPostCoefs`]; `HC_REC` in mhc.cu): pre at 0, post
 /// at [`HC_REC_POST`], comb at [`HC_REC_COMB`], their f32 copies from [`HC_REC_F32`] on.
 const HC_REC: usize = 34;
@@ -172,6 +182,9 @@ pub struct GpuHcWeights {
     /// A sub-block's Φ in channel runs ([`hc_phi_runs`]) for hc_post_mix_f32, made from `fn_` by
     /// [`GpuHcWeights::from_host`]; `None` for the head.
     fn_runs: Option<CudaSlice<f32>>,
+    /// A sub-block's Φ as three bf16 planes in MMA fragment order ([`hc_phi_tc`]) for
+    /// hc_post_mix_tc_bf16 (`MHC_MIX_TC`); `None` for the head and for d not a multiple of 8.
+    fn_tc: Option<CudaSlice<u32>>,
     /// Biases b: `[(2+n)·n]` or `[n]`.
     pub base: CudaSlice<f32>,
     /// Scales α: `[3]` (pre, post, comb) or `[1]`.
@@ -191,7 +204,8 @@ impl GpuHcWeights {
     /// The weights from host slices for `n` streams: Φ `fn_` row-major `[m, n·d]`, base b `[m]`,
     /// scale α, with m = `base.len()` either (2+n)·n (a sub-block) or n (the head). A sub-block's Φ is
     /// also stored in runs for hc_post_mix_f32 ([`hc_phi_runs`]; 1.5 MiB more per sub-block at
-    /// Flash's n 4, d 4,096).
+    /// Flash's n 4, d 4,096) and, when d is a multiple of 8, as bf16 planes in fragment order for
+    /// hc_post_mix_tc_bf16 ([`hc_phi_tc`]; 2.25 MiB more).
     ///
     /// Errors: n outside 1..=4, m neither (2+n)·n nor n, `fn_` not m rows of n·d (d > 0); device
     /// allocation or copy failures.
@@ -205,8 +219,10 @@ impl GpuHcWeights {
             return Err(bad(W, format!("Φ holds {} values, not {m} rows of n·d with n = {n}", fn_.len())));
         }
         let d = fn_.len() / (m * n);
-        let fn_runs = if m == (2 + n) * n { Some(gpu.upload(&hc_phi_runs(fn_, m, n, d))?) } else { None };
-        Ok(GpuHcWeights { fn_: gpu.upload(fn_)?, fn_runs, base: gpu.upload(base)?, scale: gpu.upload(scale)? })
+        let sub_block = m == (2 + n) * n;
+        let fn_runs = if sub_block { Some(gpu.upload(&hc_phi_runs(fn_, m, n, d))?) } else { None };
+        let fn_tc = if sub_block && d.is_multiple_of(8) { Some(gpu.upload(&hc_phi_tc(fn_, m, n, d))?) } else { None };
+        Ok(GpuHcWeights { fn_: gpu.upload(fn_)?, fn_runs, fn_tc, base: gpu.upload(base)?, scale: gpu.upload(scale)? })
     }
 }
 
@@ -229,6 +245,77 @@ pub(crate) fn hc_phi_runs(fn_: &[f32], m: usize, n: usize, d: usize) -> Vec<f32>
         }
     }
     out
+}
+
+/// The three bf16 planes of `v` (bits; nearest even each): p0 = bf16(v), p1 = bf16(v − p0), p2 =
+/// bf16(v − p0 − p1). Each difference is exact in f32 and each plane carries the next 8 of f32's 24
+/// significand bits, so p0 + p1 + p2 = v while the third plane stays normal and p0 finite (|v| within about 2^-100 … 3.3·10^38; test
+/// `phi_planes_are_exact`): with exact products and f32 accumulation, three bf16 MMAs give an f32
+/// dot product against the f32 Φ (`MHC_MIX_TC`; the split of the "3xTF32" / bf16x3 emulations).
+pub(crate) fn bf16_planes(v: f32) -> [u16; 3] {
+    use flashseek_model::quant::{bf16_to_f32, f32_to_bf16};
+    let p0 = f32_to_bf16(v);
+    let r1 = v - bf16_to_f32(p0);
+    let p1 = f32_to_bf16(r1);
+    let p2 = f32_to_bf16(r1 - bf16_to_f32(p1));
+    [p0, p1, p2]
+}
+
+/// A sub-block's Φ `[m, n·d]` (row-major, stream k's channel i at column k·d + i; d a multiple of 8)
+/// as hc_post_mix_tc_bf16's B fragments (mma.sync m16n8k16, `MHC_MIX_TC`): u32 words, uint4 (((b·4 +
+/// q)·n + k)·F4 + f)·32 + ℓ for run b (128 channels), chunk q (32), stream k and lane ℓ (g = ℓ / 4,
+/// c = ℓ % 4), F4 = 3·ceil(m / 8); word w = 4f + j of the lane's = ((s·NT + nt)·3 + p)·2 + r holds
+/// [`bf16_planes`]' plane p of Φ[8·nt + g, k·d + i] for i = 128b + 32q + 8c + 4s + 2r (low half)
+/// and i + 1 (high half), zero for rows ≥ m or channels ≥ d. That is the PTX ISA's B fragment (b0,
+/// b1 at k = 2c, 2c + 1; b2, b3 at 2c + 8, 2c + 9; column g) with k step s's logical k 2c, 2c + 1,
+/// 2c + 8, 2c + 9 standing for channels 8c + 4s + 0 … 3, the map the kernel's A fragments follow
+/// (the lane's 16 loaded bytes; test `phi_tc_fragments_multiply_as_mma`).
+pub(crate) fn hc_phi_tc(fn_: &[f32], m: usize, n: usize, d: usize) -> Vec<u32> {
+    let nt = m.div_ceil(8);
+    let f4 = 3 * nt;
+    let chunks = HC_MIX_TC_RUN / HC_MIX_TC_CHUNK;
+    let nb = d.div_ceil(HC_MIX_TC_RUN);
+    let mut out = vec![0u32; hc_phi_tc_len(m, n, d)];
+    for b in 0..nb {
+        for q in 0..chunks {
+            for k in 0..n {
+                for lane in 0..32 {
+                    let (g, c) = (lane / 4, lane % 4);
+                    for s in 0..2 {
+                        for ti in 0..nt {
+                            let o = 8 * ti + g;
+                            for p in 0..3 {
+                                for r in 0..2 {
+                                    let w = ((s * nt + ti) * 3 + p) * 2 + r;
+                                    let i = HC_MIX_TC_RUN * b + HC_MIX_TC_CHUNK * q + 8 * c + 4 * s + 2 * r;
+                                    let plane = |i: usize| if o < m && i < d { u32::from(bf16_planes(fn_[o * n * d + k * d + i])[p]) } else { 0 };
+                                    out[((((b * chunks + q) * n + k) * f4 + w / 4) * 32 + lane) * 4 + w % 4] = plane(i) | (plane(i + 1) << 16);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Words of [`hc_phi_tc`]'s layout for m mixes of n streams of width d.
+fn hc_phi_tc_len(m: usize, n: usize, d: usize) -> usize {
+    d.div_ceil(HC_MIX_TC_RUN) * (HC_MIX_TC_RUN / HC_MIX_TC_CHUNK) * n * 3 * m.div_ceil(8) * 32 * 4
+}
+
+/// What differs between the post + mix kernels' launches ([`Gpu::hc_post_mix`],
+/// [`Gpu::hc_post_mix_tc`]): the caller's name for errors, the entry point, channels per run (one
+/// partial row per token and run), tokens and threads per block, dynamic shared memory in bytes.
+struct PostMixLaunch {
+    what: &'static str,
+    entry: &'static str,
+    run: usize,
+    tokens: usize,
+    threads: u32,
+    smem: usize,
 }
 
 /// The mix partial sums of one mHC pre in channel blocks (`MHC_FUSED`), from [`Gpu::hc_post_mix`]:
@@ -481,38 +568,76 @@ impl Gpu {
         const W: &str = "hc_post_mix";
         let m = mix_shapes(W, &next.fn_, x.len(), t, n, d)?;
         let runs = next.fn_runs.as_ref().ok_or_else(|| bad(W, "Φ without channel runs (the head's weights, not a sub-block's)"))?;
-        let blocks = d.div_ceil(HC_MIX_RUN);
-        exact(W, "Φ runs", runs.len(), blocks * m * n * HC_MIX_RUN)?;
+        exact(W, "Φ runs", runs.len(), d.div_ceil(HC_MIX_RUN) * m * n * HC_MIX_RUN)?;
+        let launch = PostMixLaunch { what: W, entry: S::POST_MIX, run: HC_MIX_RUN, tokens: HC_MIX_TOKENS, threads: HC_MIX_THREADS, smem: HC_MIX_SMEM };
+        self.post_mix_launch(&launch, x, post, next, runs, m, t, n, d)
+    }
+
+    /// `MHC_MIX_TC` (with `MHC_BF16_STREAMS`): [`Gpu::hc_post_mix`] on bf16 streams with the next
+    /// pre's mix on tensor cores (hc_post_mix_tc_bf16: mma.sync m16n8k16 over the stored bf16 streams
+    /// and Φ in three bf16 planes, [`hc_phi_tc`]; a warp per 16 tokens, a block per 128 channels × 64
+    /// tokens). The streams it writes are hc_post_mix_bf16's bits; the partials (per run of 128
+    /// channels) are f32-accurate sums in another order than hc_post_mix_bf16's, so the pre after them
+    /// differs from that path in the last bits (gpu-check `hc_post_mix_tc …`). Batch invariant and
+    /// deterministic.
+    ///
+    /// Errors: as [`Gpu::hc_post_mix`], and `d` not a multiple of 8 (no fragments).
+    #[allow(clippy::too_many_arguments)]
+    pub fn hc_post_mix_tc(&self, x: &mut CudaSlice<u16>, post: Option<(&CudaSlice<f32>, &HcPostCoefs)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
+        const W: &str = "hc_post_mix_tc";
+        let m = mix_shapes(W, &next.fn_, x.len(), t, n, d)?;
+        let frags = next.fn_tc.as_ref().ok_or_else(|| bad(W, format!("Φ without MMA fragments (the head's weights, or hidden size {d} not a multiple of 8)")))?;
+        exact(W, "Φ fragments", frags.len(), hc_phi_tc_len(m, n, d))?;
+        let launch = PostMixLaunch { what: W, entry: "hc_post_mix_tc_bf16", run: HC_MIX_TC_RUN, tokens: HC_MIX_TC_TOKENS, threads: HC_MIX_TC_THREADS, smem: 0 };
+        self.post_mix_launch(&launch, x, post, next, frags, m, t, n, d)
+    }
+
+    /// The launch of a post + mix kernel (hc_post_mix_f32 / _bf16 / hc_post_mix_tc_bf16, the same
+    /// arguments): checks y and the coefficients, allocates the partials `[t, ceil(d / run),
+    /// HC_PART]` and launches a grid (runs, ceil(t / tokens)). `phi`: the kernel's layout of Φ, its
+    /// length checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    fn post_mix_launch<S: HcStream, P: cudarc::driver::DeviceRepr>(
+        &self,
+        l: &PostMixLaunch,
+        x: &mut CudaSlice<S>,
+        post: Option<(&CudaSlice<f32>, &HcPostCoefs)>,
+        next: &GpuHcWeights,
+        phi: &CudaSlice<P>,
+        m: usize,
+        t: usize,
+        n: usize,
+        d: usize,
+    ) -> Result<HcMixPartials, CudaError> {
+        let blocks = d.div_ceil(l.run);
         if let Some((y, c)) = post {
-            need(W, "y", y.len(), t * d)?;
+            need(l.what, "y", y.len(), t * d)?;
             if c.n != n || c.t < t {
-                return Err(bad(W, format!("coefficients for {} tokens of {} streams; need {t} of {n}", c.t, c.n)));
+                return Err(bad(l.what, format!("coefficients for {} tokens of {} streams; need {t} of {n}", c.t, c.n)));
             }
         }
-        // SAFETY: uninitialised device memory; hc_post_mix_f32 writes entries 0..=m of every (token,
+        // SAFETY: uninitialised device memory; the kernel writes entries 0..=m of every (token,
         // block), the only ones hc_pre_coef_f32 reads.
         let mut part = unsafe { self.scratch::<f32>((t * blocks * HC_PART).max(1)) }?;
         if t > 0 {
-            let grid_y = t.div_ceil(HC_MIX_TOKENS);
+            let grid_y = t.div_ceil(l.tokens);
             if grid_y > 65_535 {
-                return Err(bad(W, format!("{t} tokens: at most {} per call (the grid's y dimension)", 65_535 * HC_MIX_TOKENS)));
+                return Err(bad(l.what, format!("{t} tokens: at most {} per call (the grid's y dimension)", 65_535 * l.tokens)));
             }
-            let grid_y = grid_y as u32;
-            let cfg = LaunchConfig { grid_dim: (blocks as u32, grid_y, 1), block_dim: (HC_MIX_THREADS, 1, 1), shared_mem_bytes: HC_MIX_SMEM as u32 };
-            let (t_i, n_i, d_i, has) = (int(W, "tokens", t)?, n as i32, d as i32, i32::from(post.is_some()));
+            let cfg = LaunchConfig { grid_dim: (blocks as u32, grid_y as u32, 1), block_dim: (l.threads, 1, 1), shared_mem_bytes: l.smem as u32 };
+            let (t_i, n_i, d_i, has) = (int(l.what, "tokens", t)?, n as i32, d as i32, i32::from(post.is_some()));
             let null = 0u64;
-            let entry = S::POST_MIX;
-            let mut b = self.stream.launch_builder(self.f(entry));
+            let mut b = self.stream.launch_builder(self.f(l.entry));
             b.arg(&mut *x);
             match post {
                 Some((y, c)) => b.arg(y).arg(&c.rec),
                 None => b.arg(&null).arg(&null),
             };
-            b.arg(runs).arg(&mut part).arg(&t_i).arg(&n_i).arg(&d_i).arg(&has);
-            // SAFETY: matches hc_post_mix_f32's / _bf16's signature (x of S); x holds t·n·d values, y
-            // and the records (read only when has_post) their t rows, the Φ runs blocks·m·n·64, part
-            // t·blocks·HC_PART.
-            drv(entry, unsafe { b.launch(cfg) })?;
+            b.arg(phi).arg(&mut part).arg(&t_i).arg(&n_i).arg(&d_i).arg(&has);
+            // SAFETY: matches hc_post_mix_f32's / _bf16's / hc_post_mix_tc_bf16's signature (x of S);
+            // x holds t·n·d values, y and the records (read only when has_post) their t rows, Φ the
+            // kernel's layout (checked by the caller), part t·blocks·HC_PART.
+            drv(l.entry, unsafe { b.launch(cfg) })?;
         }
         Ok(HcMixPartials { part, blocks, m, t, d, phi: phi_address(self, next) })
     }
@@ -1140,6 +1265,113 @@ mod tests {
         assert_eq!(seen, fn_.len());
     }
 
+    /// Three bf16 planes add up to the f32 value exactly (the premise of `MHC_MIX_TC`'s f32-accurate
+    /// mix): random values over many binades, signs, the f32 extremes of Φ's range and ties.
+    #[test]
+    fn phi_planes_are_exact() {
+        use flashseek_model::quant::bf16_to_f32;
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut values: Vec<f32> = (0..200_000).map(|_| {
+            let r = next();
+            // Significand bits at random, exponents over 2^-60 … 2^20, both signs.
+            let mant = (r & 0x7f_ffff) as u32;
+            let exp = 67 + ((r >> 23) % 80) as u32;
+            f32::from_bits(((r >> 40) as u32 & 1) << 31 | exp << 23 | mant)
+        }).collect();
+        values.extend([0.0, -0.0, 1.0, 1.0e38, -1.0e38, 1.0 + f32::EPSILON, 3.0e-3, -0.017_320_508, f32::from_bits(0x3f80_8080)]);
+        for v in values {
+            let [p0, p1, p2] = bf16_planes(v);
+            let sum = bf16_to_f32(p0) as f64 + bf16_to_f32(p1) as f64 + bf16_to_f32(p2) as f64;
+            assert_eq!(sum, v as f64, "{v:e} = {p0:#06x} + {p1:#06x} + {p2:#06x}");
+        }
+    }
+
+    /// hc_phi_tc's fragments, multiplied as the PTX ISA defines mma.sync m16n8k16 (A: a0 = (row g,
+    /// k 2c, 2c + 1), a1 = (row g + 8, the same k), a2 = (row g, k 2c + 8, 2c + 9), a3 = (row g + 8,
+    /// those k); B: b0 = (k 2c, 2c + 1; column g), b1 = (k 2c + 8, 2c + 9; column g)) with A as
+    /// hc_post_mix_tc_bf16 builds it from each lane's 16 loaded bytes (words 2s and 2s + 1 of rows g
+    /// and g + 8 for k step s), give every run's mix dot products over the bf16 streams: n 3 (15
+    /// mixes: two n-tiles, the second with a padding column), d 136 (a last run of 8 channels).
+    #[test]
+    fn phi_tc_fragments_multiply_as_mma() {
+        use flashseek_model::quant::{bf16_to_f32, f32_to_bf16};
+        let (n, d) = (3usize, 136usize);
+        let m = (2 + n) * n;
+        let nt = m.div_ceil(8);
+        let f4 = 3 * nt;
+        let val = |i: usize, salt: u64| -> f32 {
+            let mut h = (i as u64 ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            h ^= h >> 29;
+            ((h % 20_001) as f32 - 10_000.0) * 1.37e-5
+        };
+        let fn_: Vec<f32> = (0..m * n * d).map(|i| val(i, 1)).collect();
+        // 16 tokens of bf16 streams [16, n, d].
+        let xs: Vec<u16> = (0..16 * n * d).map(|i| f32_to_bf16(val(i, 2) * 70.0)).collect();
+        let frags = hc_phi_tc(&fn_, m, n, d);
+        assert_eq!(frags.len(), hc_phi_tc_len(m, n, d));
+        let half = |w: u32, h: usize| bf16_to_f32((w >> (16 * h)) as u16) as f64;
+        let chunks = HC_MIX_TC_RUN / HC_MIX_TC_CHUNK;
+        for b in 0..d.div_ceil(HC_MIX_TC_RUN) {
+            let mut cacc = vec![[0f64; 32]; 16];
+            for q in 0..chunks {
+                for k in 0..n {
+                    for s in 0..2 {
+                        // Dense A [16][16] and B [3][16][8·nt] from the lanes' registers.
+                        let mut a = [[0f64; 16]; 16];
+                        let mut bm = vec![[[0f64; 32]; 16]; 3];
+                        for lane in 0..32 {
+                            let (g, c) = (lane / 4, lane % 4);
+                            // The lane's word j of token row `row`: channels i0 + 2j, i0 + 2j + 1.
+                            let word = |row: usize, j: usize| -> u32 {
+                                let i0 = HC_MIX_TC_RUN * b + HC_MIX_TC_CHUNK * q + 8 * c + 2 * j;
+                                let at = |i: usize| if i < d { u32::from(xs[(row * n + k) * d + i]) } else { 0 };
+                                at(i0) | (at(i0 + 1) << 16)
+                            };
+                            let regs = [word(g, 2 * s), word(g + 8, 2 * s), word(g, 2 * s + 1), word(g + 8, 2 * s + 1)];
+                            for h in 0..2 {
+                                a[g][2 * c + h] = half(regs[0], h);
+                                a[g + 8][2 * c + h] = half(regs[1], h);
+                                a[g][2 * c + 8 + h] = half(regs[2], h);
+                                a[g + 8][2 * c + 8 + h] = half(regs[3], h);
+                            }
+                            for ti in 0..nt {
+                                for (p, plane) in bm.iter_mut().enumerate() {
+                                    let w = ((s * nt + ti) * 3 + p) * 2;
+                                    let at = |w: usize| frags[((((b * chunks + q) * n + k) * f4 + w / 4) * 32 + lane) * 4 + w % 4];
+                                    for h in 0..2 {
+                                        plane[2 * c + h][8 * ti + g] = half(at(w), h);
+                                        plane[2 * c + 8 + h][8 * ti + g] = half(at(w + 1), h);
+                                    }
+                                }
+                            }
+                        }
+                        for (row, arow) in a.iter().enumerate() {
+                            for col in 0..8 * nt {
+                                cacc[row][col] += (0..3).map(|p| (0..16).map(|kk| arow[kk] * bm[p][kk][col]).sum::<f64>()).sum::<f64>();
+                            }
+                        }
+                    }
+                }
+            }
+            for (row, got) in cacc.iter().enumerate() {
+                for (o, g) in got.iter().enumerate().take(8 * nt) {
+                    let want: f64 = if o < m {
+                        (0..n).flat_map(|k| (HC_MIX_TC_RUN * b..(HC_MIX_TC_RUN * (b + 1)).min(d)).map(move |i| (k, i))).map(|(k, i)| fn_[o * n * d + k * d + i] as f64 * bf16_to_f32(xs[(row * n + k) * d + i]) as f64).sum()
+                    } else {
+                        0.0
+                    };
+                    assert!((g - want).abs() <= 1e-12 * (1.0 + want.abs()), "run {b} row {row} o {o}: {g} vs {want}");
+                }
+            }
+        }
+    }
+
     /// The launch constants here are the kernel's: a mismatch would give blocks the wrong size or
     /// partial buffers the wrong stride (the kernels index with their own defines).
     #[test]
@@ -1157,6 +1389,8 @@ mod tests {
             ("HC_REC_F32", HC_REC_F32),
             ("HCC_WARPS", HC_COEF_TOKENS),
             ("HCN_V", HC_NORM_MAX_D / HC_THREADS as usize),
+            ("HCT_RUN", HC_MIX_TC_RUN),
+            ("HCT_CHUNK", HC_MIX_TC_CHUNK),
         ] {
             assert!(src.contains(&format!("#define {define} {value} ")) || src.contains(&format!("#define {define} {value}\n")), "{define} = {value}");
         }
@@ -1167,6 +1401,9 @@ mod tests {
         assert_eq!(HC_PARTIAL_TOKENS, 4 * 4);
         assert_eq!(HC_PARTIAL_THREADS, 32 * 4);
         assert!(src.contains("__launch_bounds__(HCX_THREADS, 3)"));
+        // hc_post_mix_tc_bf16: 4 warps of 16 tokens.
+        assert!(src.contains("#define HCT_WARPS 4 ") && src.contains("#define HCT_THREADS (32 * HCT_WARPS)") && src.contains("const int t0 = (blockIdx.y * HCT_WARPS + warp) * 16;"));
+        assert_eq!((HC_MIX_TC_TOKENS, HC_MIX_TC_THREADS), (4 * 16, 32 * 4));
         assert!(src.contains("#define HCX_LD 36 ") && src.contains("#define HCX_WFLOATS (HCX_TT * (HC_MAXM + 1) * HCX_LD)") && src.contains("#define HCX_SMEM (HCX_WARPS * HCX_WFLOATS * 4)") && src.contains("#define HC_MAXM 24 "));
         assert_eq!(HC_MIX_SMEM, 4 * 4 * (24 + 1) * 36 * 4);
         // hc_pre_norm_f32 keeps 16 channels per thread, the wide entry HCN_V.

@@ -819,3 +819,180 @@ HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V, float)
 HCN_ENTRY(hc_pre_norm_bf16, 16, u16)
 HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)
 #undef HCN_ENTRY
+
+// ---------------------------------------------------------------------------------------------------
+// MHC_MIX_TC (with MHC_BF16_STREAMS): hc_post_mix_bf16 with the next pre's mix on tensor cores.
+//
+// hc_post_mix_tc_bf16(x, y, rec, fb, part, T, n, d, has_post): x [T, n, d] bf16 bits, y, rec and
+//   has_post as hc_post_mix_bf16, whose post it computes per channel with the same expression
+//   (hc_post_f32_expr, rounded to nearest even: the same stored bits, gpu-check `hc_post_mix_tc x
+//   bits`); Φ of the next pre as bf16 planes in MMA fragment order, fb (below, built on the host by
+//   ops_mhc.rs `hc_phi_tc`); part [T, nb, HC_PART], nb = ceil(d / HCT_RUN) runs of 128 channels.
+//   The mix Σ Φ[o, k·d + i]·x'[k][i] runs as mma.sync m16n8k16 (bf16 × bf16 → f32): A = the stored
+//   streams (bf16, so exact as operands), B = Φ split into three bf16 planes (Φ = p0 + p1 + p2
+//   exactly: each plane carries 8 of f32's 24 significand bits; checked on the host), every product
+//   exact and summed in the tensor cores' f32 accumulators — an f32-accurate dot product in another
+//   order than the CUDA-core mix (hc_post_mix_bf16: fmaf chains per lane, a tree over lanes), so the
+//   partials and everything after them are not those bits (gpu-check: NMSE against the CPU and the
+//   CUDA-core mix). The squared norm per token stays on the CUDA cores (fmaf over the lane's values,
+//   then the lane quad's butterfly). Each output row of an MMA depends on that row's operands only,
+//   so a token's partials do not depend on T or its place in the tile (batch invariant, checked).
+//   Mapping: a warp per 16 tokens (the MMA's rows; lane ℓ: g = ℓ / 4 owns tokens t0 + g and t0 + g
+//   + 8, c = ℓ % 4 channels 8c … 8c + 7 of each 32-channel chunk), a block of HCT_WARPS warps per
+//   run and 64 tokens; per chunk the lane loads its 8 channels of each stream and token (16 bytes),
+//   posts and stores them, and those 16 bytes are its A fragments (m16n8k16's k 2c, 2c + 1, 2c + 8,
+//   2c + 9 of a 16-wide k step stand for channels 8c + 4s + 0 … 3 of k step s ∈ {0, 1}; B follows
+//   the same map). Outputs o = 8·nt + column, nt < NT = ceil(M / 8) n-tiles. Launch: grid (nb,
+//   ceil(T / 64)), block HCT_THREADS, no shared memory. d % 8 == 0.
+// fb: uint4 (((b·HCT_CHUNKS + q)·n + k)·F4 + f)·32 + ℓ for run b, chunk q, stream k, lane ℓ, F4 =
+//   3·NT uint4s per lane; word w = 4f + j of a lane's F4 = ((s·NT + nt)·3 + p)·2 + r holds plane p of
+//   Φ[8·nt + g, k·d + i] for channels i = 128b + 32q + 8c + 4s + 2r + {0 (low half), 1 (high half)}
+//   (zero past M or d).
+#define HCT_RUN 128    // channels per run (block) of hc_post_mix_tc_bf16
+#define HCT_CHUNK 32   // channels per chunk: 8 per lane quad
+#define HCT_CHUNKS (HCT_RUN / HCT_CHUNK)
+#define HCT_WARPS 4    // warps per block, 16 tokens each
+#define HCT_THREADS (32 * HCT_WARPS)
+
+// Word j (0 … 3) of v.
+__device__ __forceinline__ u32 hct_word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+template <int NN>
+__device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const float* __restrict__ y,
+                                                    const double* __restrict__ rec, const uint4* __restrict__ fb,
+                                                    float* __restrict__ part, int T, int d, bool post_on) {
+    constexpr int M = (2 + NN) * NN, NT = (M + 7) / 8, F4 = 3 * NT, NP = HC_MAXN + NN * NN;
+    static_assert(M + 1 <= HC_PART, "the partial rows hold M sums and the squared norm");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int t0 = (blockIdx.y * HCT_WARPS + warp) * 16;
+    if (t0 >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
+    const int b = blockIdx.x, nb = gridDim.x;
+    const size_t N = (size_t)NN * d;
+    const int tr[2] = {t0 + g, t0 + g + 8};
+    const bool rv[2] = {tr[0] < T, tr[1] < T};
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    float sq[2] = {0.f, 0.f};
+#pragma unroll 1
+    for (int q = 0; q < HCT_CHUNKS; q++) {
+        const int i = b * HCT_RUN + q * HCT_CHUNK + 8 * c;  // the lane's first channel
+        const bool cv = i < d;                              // d % 8 == 0: all 8 channels or none
+        uint4 xs[2][NN];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int k = 0; k < NN; k++)
+                xs[r][k] = (cv && rv[r]) ? *reinterpret_cast<const uint4*>(x + (size_t)tr[r] * N + (size_t)k * d + i)
+                                         : make_uint4(0u, 0u, 0u, 0u);
+        if (post_on) {  // warp-uniform
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const bool ok = cv && rv[r];
+                // The record's f32 copies of post and comb (hc_post_mix_bf16's loads; a row past T
+                // reads token t0's, valid, and stores nothing).
+                const float* pf = reinterpret_cast<const float*>(rec + (size_t)(rv[r] ? tr[r] : t0) * HC_REC + HC_REC_F32);
+                float pc[NP];
+                if constexpr (NN == HC_MAXN) {
+#pragma unroll
+                    for (int e = 0; e < NP / 4; e++) {
+                        const float4 v = reinterpret_cast<const float4*>(pf)[e];
+                        pc[4 * e] = v.x, pc[4 * e + 1] = v.y, pc[4 * e + 2] = v.z, pc[4 * e + 3] = v.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < NP; e++) pc[e] = (e < NN || e >= HC_MAXN) ? pf[e] : 0.f;
+                }
+                float yv[8];
+                {
+                    const float4* yp = reinterpret_cast<const float4*>(y + (size_t)(rv[r] ? tr[r] : t0) * d + (cv ? i : 0));
+                    const float4 y0 = ok ? yp[0] : make_float4(0.f, 0.f, 0.f, 0.f);
+                    const float4 y1 = ok ? yp[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+                    yv[0] = y0.x, yv[1] = y0.y, yv[2] = y0.z, yv[3] = y0.w, yv[4] = y1.x, yv[5] = y1.y, yv[6] = y1.z, yv[7] = y1.w;
+                }
+                u32 nw[NN][4];
+#pragma unroll
+                for (int h = 0; h < 4; h++) {  // channel pair 2h, 2h + 1
+                    float o0[NN], o1[NN];
+#pragma unroll
+                    for (int j = 0; j < NN; j++) {
+                        const float2 v = HcS<u16>::wide2(hct_word(xs[r][j], h));
+                        o0[j] = v.x, o1[j] = v.y;
+                    }
+#pragma unroll
+                    for (int k = 0; k < NN; k++)
+                        nw[k][h] = HcS<u16>::narrow2(make_float2(hc_post_f32_expr<NN>(pc, pc + HC_MAXN, k, yv[2 * h], o0),
+                                                                 hc_post_f32_expr<NN>(pc, pc + HC_MAXN, k, yv[2 * h + 1], o1)));
+                }
+#pragma unroll
+                for (int k = 0; k < NN; k++) {
+                    xs[r][k] = make_uint4(nw[k][0], nw[k][1], nw[k][2], nw[k][3]);
+                    if (ok) *reinterpret_cast<uint4*>(x + (size_t)tr[r] * N + (size_t)k * d + i) = xs[r][k];
+                }
+            }
+        }
+        // The squared norm: the lane's values of each row, stream by stream, channel by channel.
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int k = 0; k < NN; k++)
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    const float2 v = HcS<u16>::wide2(hct_word(xs[r][k], h));
+                    sq[r] = fmaf(v.x, v.x, sq[r]);
+                    sq[r] = fmaf(v.y, v.y, sq[r]);
+                }
+        // The mix: per stream two k steps × NT n-tiles × three planes of Φ.
+        const uint4* fq = fb + (size_t)(b * HCT_CHUNKS + q) * NN * F4 * 32 + lane;
+#pragma unroll
+        for (int k = 0; k < NN; k++) {
+            uint4 bf[F4];
+#pragma unroll
+            for (int f = 0; f < F4; f++) bf[f] = __ldg(fq + (k * F4 + f) * 32);
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                const u32 a[4] = {hct_word(xs[0][k], 2 * s), hct_word(xs[1][k], 2 * s), hct_word(xs[0][k], 2 * s + 1),
+                                  hct_word(xs[1][k], 2 * s + 1)};
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int p = 0; p < 3; p++) {
+                        const int w = ((s * NT + nt) * 3 + p) * 2;
+                        gm_mma(acc[nt], a, hct_word(bf[w / 4], w % 4), hct_word(bf[w / 4], w % 4 + 1));
+                    }
+            }
+        }
+    }
+    // The lane quad's squared norms, a fixed butterfly (every lane of the quad ends with the same sum).
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        sq[r] += __shfl_xor_sync(HC_FULL, sq[r], 1);
+        sq[r] += __shfl_xor_sync(HC_FULL, sq[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (!rv[r]) continue;
+        float* pr = part + ((size_t)tr[r] * nb + b) * HC_PART;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int o = 8 * nt + 2 * c;
+            if (o < M) pr[o] = acc[nt][2 * r];
+            if (o + 1 < M) pr[o + 1] = acc[nt][2 * r + 1];
+        }
+        if (c == 0) pr[M] = sq[r];
+    }
+}
+
+// has_post as hc_post_mix_bf16. n ∈ 1..4.
+extern "C" __global__ void __launch_bounds__(HCT_THREADS, 4)
+hc_post_mix_tc_bf16(u16* __restrict__ x, const float* __restrict__ y, const double* __restrict__ rec,
+                    const uint4* __restrict__ fb, float* __restrict__ part, int T, int n, int d, int has_post) {
+    switch (n) {
+        case 1: hc_post_mix_tc_impl<1>(x, y, rec, fb, part, T, d, has_post != 0); break;
+        case 2: hc_post_mix_tc_impl<2>(x, y, rec, fb, part, T, d, has_post != 0); break;
+        case 3: hc_post_mix_tc_impl<3>(x, y, rec, fb, part, T, d, has_post != 0); break;
+        case 4: hc_post_mix_tc_impl<4>(x, y, rec, fb, part, T, d, has_post != 0); break;
+        default: break;
+    }
+}
