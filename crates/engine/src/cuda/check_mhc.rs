@@ -223,7 +223,7 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
 fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let (iters, eps, hc_eps, norm_eps) = (20usize, 1e-6f64, 1e-6f64, 1e-6f32);
-    for (n, d, t) in [(4usize, 4096usize, 16usize), (3, 4100, 13), (1, 8192, 10), (2, 1000, 9)] {
+    for (n, d, t) in [(4usize, 4096usize, 40usize), (3, 4100, 13), (1, 8192, 10), (2, 1000, 9)] {
         let nd = n * d;
         let key = format!("hcw{n}_{d}");
         let hw = random_hc(seed, &key, n, d);
@@ -311,8 +311,10 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
 /// pre's partials against the mix alone over the stored output (bit for bit), the fused pre on bf16
 /// streams against the CPU reference on the same values, and the embedding gather / widening against
 /// the host's rounding,
-/// on fresh random inputs: (n 4, d 4,096, T 16: Flash), (n 3, d 4,100, T 13: the wide finish and a
-/// last run of 4 channels), (n 2, d 1,000, T 9).
+/// on fresh random inputs: (n 4, d 4,096, T 40: Flash; more than one 16-token tile, so that the
+/// last 7 tokens alone take hc_post_mix_tc_bf16's split form and among 40 its tiled one), (n 3, d
+/// 4,100, T 13: the wide finish and a last run of 4 channels), (n 1, d 8,192, T 10), (n 2, d 1,000,
+/// T 9).
 fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let (iters, eps, hc_eps, norm_eps) = (20usize, 1e-6f64, 1e-6f64, 1e-6f32);

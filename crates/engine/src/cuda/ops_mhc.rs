@@ -576,7 +576,8 @@ impl Gpu {
     /// `MHC_MIX_TC` (with `MHC_BF16_STREAMS`): [`Gpu::hc_post_mix`] on bf16 streams with the next
     /// pre's mix on tensor cores (hc_post_mix_tc_bf16: mma.sync m16n8k16 over the stored bf16 streams
     /// and Φ in three bf16 planes, [`hc_phi_tc`]; a warp per 16 tokens, a block per 128 channels × 64
-    /// tokens). The streams it writes are hc_post_mix_bf16's bits; the partials (per run of 128
+    /// tokens; for t ≤ 16 the block's four warps share the 16-token tile, one 32-channel chunk each,
+    /// with the same bits). The streams it writes are hc_post_mix_bf16's bits; the partials (per run of 128
     /// channels) are f32-accurate sums in another order than hc_post_mix_bf16's, so the pre after them
     /// differs from that path in the last bits (gpu-check `hc_post_mix_tc …`). Batch invariant and
     /// deterministic.
@@ -1402,7 +1403,7 @@ mod tests {
         assert_eq!(HC_PARTIAL_THREADS, 32 * 4);
         assert!(src.contains("__launch_bounds__(HCX_THREADS, 3)"));
         // hc_post_mix_tc_bf16: 4 warps of 16 tokens.
-        assert!(src.contains("#define HCT_WARPS 4 ") && src.contains("#define HCT_THREADS (32 * HCT_WARPS)") && src.contains("const int t0 = (blockIdx.y * HCT_WARPS + warp) * 16;"));
+        assert!(src.contains("#define HCT_WARPS 4 ") && src.contains("#define HCT_THREADS (32 * HCT_WARPS)") && src.contains("const int t0 = split ? 0 : (blockIdx.y * HCT_WARPS + warp) * 16;"));
         assert_eq!((HC_MIX_TC_TOKENS, HC_MIX_TC_THREADS), (4 * 16, 32 * 4));
         assert!(src.contains("#define HCX_LD 36 ") && src.contains("#define HCX_WFLOATS (HCX_TT * (HC_MAXM + 1) * HCX_LD)") && src.contains("#define HCX_SMEM (HCX_WARPS * HCX_WFLOATS * 4)") && src.contains("#define HC_MAXM 24 "));
         assert_eq!(HC_MIX_SMEM, 4 * 4 * (24 + 1) * 36 * 4);

@@ -839,7 +839,11 @@ HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)
 //   so a token's partials do not depend on T or its place in the tile (batch invariant, checked).
 //   Mapping: a warp per 16 tokens (the MMA's rows; lane ℓ: g = ℓ / 4 owns tokens t0 + g and t0 + g
 //   + 8, c = ℓ % 4 channels 8c … 8c + 7 of each 32-channel chunk), a block of HCT_WARPS warps per
-//   run and 64 tokens; per chunk the lane loads its 8 channels of each stream and token (16 bytes),
+//   run and 64 tokens — or, for T ≤ 16 (decode), the block's four warps on the one tile, warp w
+//   taking chunk w (a run's chunks one after the other had made a one-token call 14.1 µs against
+//   hc_post_mix_bf16's 9.5, H200); either way each chunk's sums start from zero and the run's total
+//   adds them in chunk order (through shared memory in the split form), so the bits do not depend on
+//   the form; per chunk the lane loads its 8 channels of each stream and token (16 bytes),
 //   posts and stores them, and those 16 bytes are its A fragments (m16n8k16's k 2c, 2c + 1, 2c + 8,
 //   2c + 9 of a 16-wide k step stand for channels 8c + 4s + 0 … 3 of k step s ∈ {0, 1}; B follows
 //   the same map). Outputs o = 8·nt + column, nt < NT = ceil(M / 8) n-tiles. Launch: grid (nb,
@@ -853,6 +857,8 @@ HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)
 #define HCT_CHUNKS (HCT_RUN / HCT_CHUNK)
 #define HCT_WARPS 4    // warps per block, 16 tokens each
 #define HCT_THREADS (32 * HCT_WARPS)
+#define HCT_STASH 14   // floats per lane of a chunk's sums in the split form: 3 n-tiles × 4 + 2 squares
+static_assert(HCT_WARPS == HCT_CHUNKS, "the split form gives each warp one chunk of the run");
 
 // Word j (0 … 3) of v.
 __device__ __forceinline__ u32 hct_word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
@@ -860,23 +866,33 @@ __device__ __forceinline__ u32 hct_word(const uint4& v, int j) { return j == 0 ?
 template <int NN>
 __device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const float* __restrict__ y,
                                                     const double* __restrict__ rec, const uint4* __restrict__ fb,
-                                                    float* __restrict__ part, int T, int d, bool post_on) {
+                                                    float* __restrict__ part, int T, int d, bool post_on, float* stash) {
     constexpr int M = (2 + NN) * NN, NT = (M + 7) / 8, F4 = 3 * NT, NP = HC_MAXN + NN * NN;
     static_assert(M + 1 <= HC_PART, "the partial rows hold M sums and the squared norm");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
-    const int t0 = (blockIdx.y * HCT_WARPS + warp) * 16;
-    if (t0 >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
+    // T ≤ 16 (decode): the block's warps share the one 16-token tile, warp w taking chunk w of the
+    // run; otherwise each warp takes its own tile and all the run's chunks. Block-uniform.
+    const bool split = T <= 16;
+    const int t0 = split ? 0 : (blockIdx.y * HCT_WARPS + warp) * 16;
+    if (t0 >= T) return;  // warp-uniform; only the split form synchronises the block (and has t0 = 0)
     const int b = blockIdx.x, nb = gridDim.x;
     const size_t N = (size_t)NN * d;
     const int tr[2] = {t0 + g, t0 + g + 8};
     const bool rv[2] = {tr[0] < T, tr[1] < T};
-    float acc[NT][4];
+    // The run's sums: each chunk's MMAs and squares start from zero and the chunks' sums are added
+    // in chunk order (tot, sqt), the same sequence whichever warp computed a chunk.
+    float tot[NT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    float sq[2] = {0.f, 0.f};
+    for (int nt = 0; nt < NT; nt++) tot[nt][0] = tot[nt][1] = tot[nt][2] = tot[nt][3] = 0.f;
+    float sqt[2] = {0.f, 0.f};
 #pragma unroll 1
-    for (int q = 0; q < HCT_CHUNKS; q++) {
+    for (int qi = 0; qi < (split ? 1 : HCT_CHUNKS); qi++) {
+        const int q = split ? warp : qi;
+        float acc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+        float sq[2] = {0.f, 0.f};
         const int i = b * HCT_RUN + q * HCT_CHUNK + 8 * c;  // the lane's first channel
         const bool cv = i < d;                              // d % 8 == 0: all 8 channels or none
         uint4 xs[2][NN];
@@ -963,11 +979,40 @@ __device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const f
                     }
             }
         }
+        if (split) {
+            // The chunk's sums to the block's stash (lane-major rows of HCT_STASH floats).
+            float* st = stash + (warp * 32 + lane) * HCT_STASH;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[4 * nt + e] = acc[nt][e];
+            st[4 * NT] = sq[0], st[4 * NT + 1] = sq[1];
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) tot[nt][e] += acc[nt][e];
+            sqt[0] += sq[0], sqt[1] += sq[1];
+        }
+    }
+    if (split) {
+        __syncthreads();
+        if (warp != 0) return;
+#pragma unroll 1
+        for (int q = 0; q < HCT_CHUNKS; q++) {
+            const float* st = stash + (q * 32 + lane) * HCT_STASH;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) tot[nt][e] += st[4 * nt + e];
+            sqt[0] += st[4 * NT], sqt[1] += st[4 * NT + 1];
+        }
     }
     // The lane quad's squared norms, a fixed butterfly (every lane of the quad ends with the same sum).
+    float sq[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        sq[r] += __shfl_xor_sync(HC_FULL, sq[r], 1);
+        sq[r] = sqt[r] + __shfl_xor_sync(HC_FULL, sqt[r], 1);
         sq[r] += __shfl_xor_sync(HC_FULL, sq[r], 2);
     }
 #pragma unroll
@@ -977,8 +1022,8 @@ __device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const f
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int o = 8 * nt + 2 * c;
-            if (o < M) pr[o] = acc[nt][2 * r];
-            if (o + 1 < M) pr[o + 1] = acc[nt][2 * r + 1];
+            if (o < M) pr[o] = tot[nt][2 * r];
+            if (o + 1 < M) pr[o + 1] = tot[nt][2 * r + 1];
         }
         if (c == 0) pr[M] = sq[r];
     }
@@ -988,11 +1033,12 @@ __device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const f
 extern "C" __global__ void __launch_bounds__(HCT_THREADS, 4)
 hc_post_mix_tc_bf16(u16* __restrict__ x, const float* __restrict__ y, const double* __restrict__ rec,
                     const uint4* __restrict__ fb, float* __restrict__ part, int T, int n, int d, int has_post) {
+    __shared__ float stash[HCT_CHUNKS * 32 * HCT_STASH];  // the split form's chunk sums (7 KiB)
     switch (n) {
-        case 1: hc_post_mix_tc_impl<1>(x, y, rec, fb, part, T, d, has_post != 0); break;
-        case 2: hc_post_mix_tc_impl<2>(x, y, rec, fb, part, T, d, has_post != 0); break;
-        case 3: hc_post_mix_tc_impl<3>(x, y, rec, fb, part, T, d, has_post != 0); break;
-        case 4: hc_post_mix_tc_impl<4>(x, y, rec, fb, part, T, d, has_post != 0); break;
+        case 1: hc_post_mix_tc_impl<1>(x, y, rec, fb, part, T, d, has_post != 0, stash); break;
+        case 2: hc_post_mix_tc_impl<2>(x, y, rec, fb, part, T, d, has_post != 0, stash); break;
+        case 3: hc_post_mix_tc_impl<3>(x, y, rec, fb, part, T, d, has_post != 0, stash); break;
+        case 4: hc_post_mix_tc_impl<4>(x, y, rec, fb, part, T, d, has_post != 0, stash); break;
         default: break;
     }
 }
