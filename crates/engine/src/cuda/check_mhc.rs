@@ -223,7 +223,7 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
 fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let (iters, eps, hc_eps, norm_eps) = (20usize, 1e-6f64, 1e-6f64, 1e-6f32);
-    for (n, d, t) in [(4usize, 4096usize, 40usize), (3, 4100, 13), (1, 8192, 10), (2, 1000, 9)] {
+    for (n, d, t) in [(4usize, 4096usize, 16usize), (3, 4100, 13), (1, 8192, 10), (2, 1000, 9)] {
         let nd = n * d;
         let key = format!("hcw{n}_{d}");
         let hw = random_hc(seed, &key, n, d);
@@ -320,7 +320,7 @@ fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
     let (iters, eps, hc_eps, norm_eps) = (20usize, 1e-6f64, 1e-6f64, 1e-6f32);
     let widen = |b: &[u16]| -> Vec<f32> { b.iter().map(|v| quant::bf16_to_f32(*v)).collect() };
     let narrow = |f: &[f32]| -> Vec<u16> { f.iter().map(|v| quant::f32_to_bf16(*v)).collect() };
-    for (n, d, t) in [(4usize, 4096usize, 16usize), (3, 4100, 13), (1, 8192, 10), (2, 1000, 9)] {
+    for (n, d, t) in [(4usize, 4096usize, 40usize), (3, 4100, 13), (1, 8192, 10), (2, 1000, 9)] {
         let nd = n * d;
         let key = format!("hcb{n}_{d}");
         let hw = random_hc(seed, &key, n, d);

@@ -51,6 +51,9 @@ pub trait HcStream: sealed::Sealed + cudarc::driver::DeviceRepr + cudarc::driver
     const PRE_NORM: &'static str;
     /// See [`HcStream::POST`].
     const PRE_NORM_WIDE: &'static str;
+    /// hc_pre_norm stages a token's streams in shared memory (`HcS::HCN_STAGE` in mhc.cu: bf16, whose
+    /// n·d values take at most [`HC_NORM_STAGE_MAX`] bytes): its launches give it n·d·2 bytes.
+    const NORM_STAGED: bool;
 }
 
 /// [`HcStream`] is implemented for f32 and u16 only (the kernels that exist).
@@ -65,6 +68,7 @@ impl HcStream for f32 {
     const POST_MIX: &'static str = "hc_post_mix_f32";
     const PRE_NORM: &'static str = "hc_pre_norm_f32";
     const PRE_NORM_WIDE: &'static str = "hc_pre_norm_wide_f32";
+    const NORM_STAGED: bool = false;
 }
 
 impl HcStream for u16 {
@@ -72,6 +76,7 @@ impl HcStream for u16 {
     const POST_MIX: &'static str = "hc_post_mix_bf16";
     const PRE_NORM: &'static str = "hc_pre_norm_bf16";
     const PRE_NORM_WIDE: &'static str = "hc_pre_norm_wide_bf16";
+    const NORM_STAGED: bool = true;
 }
 
 /// Entry points of `kernels/moe.cu`.
@@ -145,6 +150,9 @@ const HC_NORM_NARROW_D: usize = 16 * HC_THREADS as usize;
 /// Widest hidden size the fused pre + RMSNorm (`MHC_FUSED`) handles (`HCN_V`·`HC_THREADS` in mhc.cu);
 /// wider models run [`Gpu::hc_pre`] and [`Gpu::rms_norm`].
 pub const HC_NORM_MAX_D: usize = 32 * HC_THREADS as usize;
+/// Dynamic shared memory limit of hc_pre_norm_bf16 / _wide_bf16 (set when the kernels load): a
+/// token's bf16 streams at the widest fused hidden size, 4 × [`HC_NORM_MAX_D`] × 2 bytes.
+pub(crate) const HC_NORM_STAGE_MAX: usize = HC_MAX_STREAMS * HC_NORM_MAX_D * 2;
 /// Block size of router_scores_f32 (`MOE_THREADS` in moe.cu).
 const MOE_THREADS: u32 = 256;
 /// Block size of the elementwise and row kernels.
@@ -719,7 +727,9 @@ impl Gpu {
             // hc_post_mix), post t·n, comb t·n·n, rec t·HC_REC.
             drv("hc_pre_coef_f32", unsafe { b.launch(cfg) })?;
             let entry = if d <= HC_NORM_NARROW_D { S::PRE_NORM } else { S::PRE_NORM_WIDE };
-            let cfg = LaunchConfig { grid_dim: (t_i as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: 0 };
+            // bf16 streams: a token's n·d values staged in shared memory (≤ HC_NORM_STAGE_MAX).
+            let smem = if S::NORM_STAGED { n * d * 2 } else { 0 };
+            let cfg = LaunchConfig { grid_dim: (t_i as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
             let mut b = self.stream.launch_builder(self.f(entry));
             b.arg(&rec).arg(x);
             match norm {

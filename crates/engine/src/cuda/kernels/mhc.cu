@@ -79,6 +79,7 @@ struct HcS;
 template <>
 struct HcS<float> {
     static constexpr bool F32_POST = false;  // the post in f64 (the exact path)
+    static constexpr bool HCN_STAGE = false;  // hc_pre_norm reads the streams directly
     typedef float2 P2;
     static __device__ __forceinline__ float ld1(const float* p) { return *p; }
     static __device__ __forceinline__ float2 wide2(P2 v) { return v; }
@@ -88,6 +89,7 @@ struct HcS<float> {
 template <>
 struct HcS<u16> {
     static constexpr bool F32_POST = true;  // the post in f32 (hc_post_f32_expr), as OFF-M computes it
+    static constexpr bool HCN_STAGE = true;  // hc_pre_norm stages a token's streams (n·d·2 ≤ 64 KiB) in shared memory
     typedef u32 P2;  // channel i in the low half, i + 1 in the high half
     static __device__ __forceinline__ float ld1(const u16* p) { return fs_bf16(*p); }
     static __device__ __forceinline__ float2 wide2(P2 v) { return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u)); }
@@ -501,7 +503,8 @@ extern "C" __global__ void hc_widen_bf16(const u16* __restrict__ src, float* __r
 //   norm_eps) with rms_norm_f32's reduction (thread i sums channels i, i + 256, …; then
 //   fs_block_sum): with hc_pre_coef_f32, the bits of hc_pre_f32 then rms_norm_f32 on the same
 //   partials. d ≤ 16·HC_THREADS (hc_pre_norm_wide_f32: d ≤ HCN_V·HC_THREADS). Launch: grid (T), block
-//   HC_THREADS. Both at T = 8,192 (n 4, d 4,096) 0.226 ms on the H200 (352ed7f; 0.228 at 3f7a317),
+//   HC_THREADS; the _bf16 forms with n·d·2 bytes of dynamic shared memory, into which a token's streams
+//   are copied by 16-byte cp.async before the combine reads them (d % 8 == 0; HcS::HCN_STAGE). Both at T = 8,192 (n 4, d 4,096) 0.226 ms on the H200 (352ed7f; 0.228 at 3f7a317),
 //   against 0.298 (9c99e01, `git show 3a5514f:bench/mhc_h200.log`) for
 //   the one kernel that had warp 0 of each block run the Sinkhorn while the block waited (79 % of
 //   cycles with no eligible warp, bench/ncu/mhc_T8192_d7cf570.txt); at T = 1, 21.3 µs against 17.5.
@@ -737,13 +740,34 @@ __device__ __forceinline__ void hc_pre_coef_impl(const float* __restrict__ part,
 template <int NN, int V, class S>
 __device__ void hc_pre_norm_impl(const double* __restrict__ rec, const S* __restrict__ x,
                                  const float* __restrict__ w, float* __restrict__ out, int d, float norm_eps,
-                                 float* red) {
+                                 float* red, S* stage) {
     const int t = blockIdx.x;
     const int N = NN * d;
+    const S* xt;
     double coef[NN];
+    if constexpr (HcS<S>::HCN_STAGE) {
+        // bf16 streams with d % 8 == 0: the token's n·d values copied to shared memory first with
+        // 16-byte cp.async (all of them in flight at once, while the coefficients load) and read from
+        // there below — the same values, so the same bits as the direct loads.
+        xt = x + (size_t)t * N;
+        const bool staged = stage != nullptr && d % 8 == 0;  // block-uniform
+        if (staged) {
+            const int chunks = N * (int)sizeof(S) / 16;
+            for (int c = threadIdx.x; c < chunks; c += HC_THREADS) gm_cp16(gm_smem(stage) + 16 * c, reinterpret_cast<const uint4*>(xt) + c, true);
+            gm_commit();
+        }
 #pragma unroll
-    for (int j = 0; j < NN; j++) coef[j] = rec[(size_t)t * HC_REC + j];
-    const S* xt = x + (size_t)t * N;
+        for (int j = 0; j < NN; j++) coef[j] = rec[(size_t)t * HC_REC + j];
+        if (staged) {
+            gm_wait<0>();
+            __syncthreads();
+            xt = stage;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NN; j++) coef[j] = rec[(size_t)t * HC_REC + j];
+        xt = x + (size_t)t * N;
+    }
     float uv[V];
     float s = 0.f;
 #pragma unroll
@@ -806,11 +830,13 @@ hc_pre_coef_f32(const float* __restrict__ part, int S, const float* __restrict__
     NAME(const double* __restrict__ rec, const S* __restrict__ x, const float* __restrict__ w,                       \
          float* __restrict__ out, int n, int d, float norm_eps) {                                                     \
         __shared__ float red[32];                                                                                     \
+        extern __shared__ uint4 hcn_dyn_smem[]; /* HCN_STAGE: n·d stream values (the host sizes it) */               \
+        S* stage = HcS<S>::HCN_STAGE ? reinterpret_cast<S*>(hcn_dyn_smem) : nullptr;                                  \
         switch (n) {                                                                                                  \
-            case 1: hc_pre_norm_impl<1, V, S>(rec, x, w, out, d, norm_eps, red); break;                               \
-            case 2: hc_pre_norm_impl<2, V, S>(rec, x, w, out, d, norm_eps, red); break;                               \
-            case 3: hc_pre_norm_impl<3, V, S>(rec, x, w, out, d, norm_eps, red); break;                               \
-            case 4: hc_pre_norm_impl<4, V, S>(rec, x, w, out, d, norm_eps, red); break;                               \
+            case 1: hc_pre_norm_impl<1, V, S>(rec, x, w, out, d, norm_eps, red, stage); break;                        \
+            case 2: hc_pre_norm_impl<2, V, S>(rec, x, w, out, d, norm_eps, red, stage); break;                        \
+            case 3: hc_pre_norm_impl<3, V, S>(rec, x, w, out, d, norm_eps, red, stage); break;                        \
+            case 4: hc_pre_norm_impl<4, V, S>(rec, x, w, out, d, norm_eps, red, stage); break;                        \
             default: break;                                                                                           \
         }                                                                                                             \
     }
