@@ -601,9 +601,6 @@ impl Gpu {
             for name in ["hc_post_mix_f32", "hc_post_mix_bf16"] {
                 drv(&format!("shared memory of {name}"), functions[name].set_attribute(attr, bytes))?;
             }
-            // hc_post_mix_tc_bf16: a run's Φ fragments.
-            let bytes = super::ops_mhc::HC_MIX_TC_SMEM as i32;
-            drv("shared memory of hc_post_mix_tc_bf16", functions["hc_post_mix_tc_bf16"].set_attribute(attr, bytes))?;
             // hc_pre_norm_bf16 / _wide_bf16: a token's bf16 streams.
             let bytes = super::ops_mhc::HC_NORM_STAGE_MAX as i32;
             for name in ["hc_pre_norm_bf16", "hc_pre_norm_wide_bf16"] {

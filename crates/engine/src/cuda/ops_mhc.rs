@@ -127,12 +127,6 @@ const HC_MIX_TC_CHUNK: usize = 32;
 const HC_MIX_TC_TOKENS: usize = 64;
 /// Block size of hc_post_mix_tc_bf16 (`HCT_THREADS` in mhc.cu, its `__launch_bounds__`).
 const HC_MIX_TC_THREADS: u32 = 128;
-/// Dynamic shared memory of hc_post_mix_tc_bf16 (`HCT_SMEM` in mhc.cu: a run's Φ fragments at n 4,
-/// staged once per block; set as the function's limit when the kernels load).
-pub(crate) const HC_MIX_TC_SMEM: usize = 4 * 4 * 9 * 32 * 16;
-/// Most 64-token tile groups (the grid's y) of hc_post_mix_tc_bf16 (`HCT_GROUPS` in mhc.cu): its
-/// blocks walk the rest, so each copies its run's Φ once for many tiles.
-const HC_MIX_TC_GROUPS: usize = 12;
 /// Doubles per token of a coefficient record ([`HcPostCoefs`]; `HC_REC` in mhc.cu): pre at 0, post
 /// at [`HC_REC_POST`], comb at [`HC_REC_COMB`], their f32 copies from [`HC_REC_F32`] on.
 const HC_REC: usize = 34;
@@ -322,14 +316,12 @@ fn hc_phi_tc_len(m: usize, n: usize, d: usize) -> usize {
 
 /// What differs between the post + mix kernels' launches ([`Gpu::hc_post_mix`],
 /// [`Gpu::hc_post_mix_tc`]): the caller's name for errors, the entry point, channels per run (one
-/// partial row per token and run), tokens per block and tile group, the most tile groups in the
-/// grid (the blocks walk the rest), threads per block, dynamic shared memory in bytes.
+/// partial row per token and run), tokens and threads per block, dynamic shared memory in bytes.
 struct PostMixLaunch {
     what: &'static str,
     entry: &'static str,
     run: usize,
     tokens: usize,
-    groups: usize,
     threads: u32,
     smem: usize,
 }
@@ -585,16 +577,15 @@ impl Gpu {
         let m = mix_shapes(W, &next.fn_, x.len(), t, n, d)?;
         let runs = next.fn_runs.as_ref().ok_or_else(|| bad(W, "Φ without channel runs (the head's weights, not a sub-block's)"))?;
         exact(W, "Φ runs", runs.len(), d.div_ceil(HC_MIX_RUN) * m * n * HC_MIX_RUN)?;
-        let launch = PostMixLaunch { what: W, entry: S::POST_MIX, run: HC_MIX_RUN, tokens: HC_MIX_TOKENS, groups: usize::MAX, threads: HC_MIX_THREADS, smem: HC_MIX_SMEM };
+        let launch = PostMixLaunch { what: W, entry: S::POST_MIX, run: HC_MIX_RUN, tokens: HC_MIX_TOKENS, threads: HC_MIX_THREADS, smem: HC_MIX_SMEM };
         self.post_mix_launch(&launch, x, post, next, runs, m, t, n, d)
     }
 
     /// `MHC_MIX_TC` (with `MHC_BF16_STREAMS`): [`Gpu::hc_post_mix`] on bf16 streams with the next
     /// pre's mix on tensor cores (hc_post_mix_tc_bf16: mma.sync m16n8k16 over the stored bf16 streams
     /// and Φ in three bf16 planes, [`hc_phi_tc`]; a warp per 16 tokens, a block per 128 channels × 64
-    /// tokens, at most 12 tile groups: a block copies its run's Φ into shared memory once and walks
-    /// its tiles; for t ≤ 16 the block's four warps share the 16-token tile, one 32-channel chunk
-    /// each, Φ from L2 — the same bits). The streams it writes are hc_post_mix_bf16's bits; the partials (per run of 128
+    /// tokens; for t ≤ 16 the block's four warps share the 16-token tile, one 32-channel chunk each,
+    /// with the same bits). The streams it writes are hc_post_mix_bf16's bits; the partials (per run of 128
     /// channels) are f32-accurate sums in another order than hc_post_mix_bf16's, so the pre after them
     /// differs from that path in the last bits (gpu-check `hc_post_mix_tc …`). Batch invariant and
     /// deterministic.
@@ -606,7 +597,7 @@ impl Gpu {
         let m = mix_shapes(W, &next.fn_, x.len(), t, n, d)?;
         let frags = next.fn_tc.as_ref().ok_or_else(|| bad(W, format!("Φ without MMA fragments (the head's weights, or hidden size {d} not a multiple of 8)")))?;
         exact(W, "Φ fragments", frags.len(), hc_phi_tc_len(m, n, d))?;
-        let launch = PostMixLaunch { what: W, entry: "hc_post_mix_tc_bf16", run: HC_MIX_TC_RUN, tokens: HC_MIX_TC_TOKENS, groups: HC_MIX_TC_GROUPS, threads: HC_MIX_TC_THREADS, smem: HC_MIX_TC_SMEM };
+        let launch = PostMixLaunch { what: W, entry: "hc_post_mix_tc_bf16", run: HC_MIX_TC_RUN, tokens: HC_MIX_TC_TOKENS, threads: HC_MIX_TC_THREADS, smem: 0 };
         self.post_mix_launch(&launch, x, post, next, frags, m, t, n, d)
     }
 
@@ -638,7 +629,7 @@ impl Gpu {
         // block), the only ones hc_pre_coef_f32 reads.
         let mut part = unsafe { self.scratch::<f32>((t * blocks * HC_PART).max(1)) }?;
         if t > 0 {
-            let grid_y = t.div_ceil(l.tokens).min(l.groups);
+            let grid_y = t.div_ceil(l.tokens);
             if grid_y > 65_535 {
                 return Err(bad(l.what, format!("{t} tokens: at most {} per call (the grid's y dimension)", 65_535 * l.tokens)));
             }
@@ -1422,12 +1413,8 @@ mod tests {
         assert_eq!(HC_PARTIAL_THREADS, 32 * 4);
         assert!(src.contains("__launch_bounds__(HCX_THREADS, 3)"));
         // hc_post_mix_tc_bf16: 4 warps of 16 tokens.
-        assert!(src.contains("#define HCT_WARPS 4 ") && src.contains("#define HCT_THREADS (32 * HCT_WARPS)") && src.contains("const int t0 = (tile * HCT_WARPS + warp) * 16;"));
+        assert!(src.contains("#define HCT_WARPS 4 ") && src.contains("#define HCT_THREADS (32 * HCT_WARPS)") && src.contains("const int t0 = split ? 0 : (blockIdx.y * HCT_WARPS + warp) * 16;"));
         assert_eq!((HC_MIX_TC_TOKENS, HC_MIX_TC_THREADS), (4 * 16, 32 * 4));
-        assert!(src.contains(&format!("#define HCT_SMEM {HC_MIX_TC_SMEM} ")) && src.contains(&format!("#define HCT_GROUPS {HC_MIX_TC_GROUPS} ")));
-        assert!(src.contains("__launch_bounds__(HCT_THREADS, 3)\nhc_post_mix_tc_bf16("));
-        // A run's fragments at n 4 (the largest): 4 chunks × 4 streams × 3·3 uint4s × 32 lanes.
-        assert_eq!(HC_MIX_TC_SMEM, hc_phi_tc_len(24, 4, 128) * 4);
         assert!(src.contains("#define HCX_LD 36 ") && src.contains("#define HCX_WFLOATS (HCX_TT * (HC_MAXM + 1) * HCX_LD)") && src.contains("#define HCX_SMEM (HCX_WARPS * HCX_WFLOATS * 4)") && src.contains("#define HC_MAXM 24 "));
         assert_eq!(HC_MIX_SMEM, 4 * 4 * (24 + 1) * 36 * 4);
         // hc_pre_norm_f32 keeps 16 channels per thread, the wide entry HCN_V.

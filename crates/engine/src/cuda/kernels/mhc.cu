@@ -873,10 +873,7 @@ HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)
 //   posts and stores them, and those 16 bytes are its A fragments (m16n8k16's k 2c, 2c + 1, 2c + 8,
 //   2c + 9 of a 16-wide k step stand for channels 8c + 4s + 0 … 3 of k step s ∈ {0, 1}; B follows
 //   the same map). Outputs o = 8·nt + column, nt < NT = ceil(M / 8) n-tiles. Launch: grid (nb,
-//   min(ceil(T / 64), HCT_GROUPS)), block HCT_THREADS, HCT_SMEM bytes of dynamic shared memory (for
-//   T > 16 a block copies its run's Φ fragments there once and walks its 64-token tile groups: at
-//   b82555c, with Φ read from L1/L2 by every warp and tile — 147 KB per token at n 4 — the kernel
-//   took 0.284 ms at T = 8,192, 58 % of 4.2 TB/s for its bytes). d % 8 == 0.
+//   ceil(T / 64)), block HCT_THREADS, no shared memory. d % 8 == 0.
 // fb: uint4 (((b·HCT_CHUNKS + q)·n + k)·F4 + f)·32 + ℓ for run b, chunk q, stream k, lane ℓ, F4 =
 //   3·NT uint4s per lane; word w = 4f + j of a lane's F4 = ((s·NT + nt)·3 + p)·2 + r holds plane p of
 //   Φ[8·nt + g, k·d + i] for channels i = 128b + 32q + 8c + 4s + 2r + {0 (low half), 1 (high half)}
@@ -888,25 +885,23 @@ HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)
 #define HCT_THREADS (32 * HCT_WARPS)
 #define HCT_STASH 14   // floats per lane of a chunk's sums in the split form: 3 n-tiles × 4 + 2 squares
 static_assert(HCT_WARPS == HCT_CHUNKS, "the split form gives each warp one chunk of the run");
-#define HCT_SMEM 73728 // dynamic shared memory of hc_post_mix_tc_bf16: a run's Φ fragments at n 4 (4 chunks × 4 streams × 9 × 512 bytes)
-#define HCT_GROUPS 12  // most 64-token tile groups (grid y) of hc_post_mix_tc_bf16: 32 runs × 12 ≈ 3 blocks per SM
-static_assert(HCT_CHUNKS * 32 * HCT_STASH * 4 <= HCT_SMEM, "the split form's stash fits");
 
 // Word j (0 … 3) of v.
 __device__ __forceinline__ u32 hct_word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
-// One warp's 16-token tile from t0 (split: the block's four warps on tile 0, warp w taking chunk w)
-// over run blockIdx.x; fr: the run's Φ fragments (hc_phi_tc's layout from the run's first uint4), in
-// shared memory when SH, else global.
-template <int NN, bool SH>
-__device__ __forceinline__ void hc_post_mix_tc_tile(u16* __restrict__ x, const float* __restrict__ y,
-                                                    const double* __restrict__ rec, const uint4* __restrict__ fr,
-                                                    float* __restrict__ part, int T, int d, bool post_on, int t0,
-                                                    bool split, float* stash) {
+template <int NN>
+__device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const float* __restrict__ y,
+                                                    const double* __restrict__ rec, const uint4* __restrict__ fb,
+                                                    float* __restrict__ part, int T, int d, bool post_on, float* stash) {
     constexpr int M = (2 + NN) * NN, NT = (M + 7) / 8, F4 = 3 * NT, NP = HC_MAXN + NN * NN;
     static_assert(M + 1 <= HC_PART, "the partial rows hold M sums and the squared norm");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
+    // T ≤ 16 (decode): the block's warps share the one 16-token tile, warp w taking chunk w of the
+    // run; otherwise each warp takes its own tile and all the run's chunks. Block-uniform.
+    const bool split = T <= 16;
+    const int t0 = split ? 0 : (blockIdx.y * HCT_WARPS + warp) * 16;
+    if (t0 >= T) return;  // warp-uniform; only the split form synchronises the block (and has t0 = 0)
     const int b = blockIdx.x, nb = gridDim.x;
     const size_t N = (size_t)NN * d;
     const int tr[2] = {t0 + g, t0 + g + 8};
@@ -991,12 +986,12 @@ __device__ __forceinline__ void hc_post_mix_tc_tile(u16* __restrict__ x, const f
                     sq[r] = fmaf(v.y, v.y, sq[r]);
                 }
         // The mix: per stream two k steps × NT n-tiles × three planes of Φ.
-        const uint4* fq = fr + (size_t)q * NN * F4 * 32 + lane;
+        const uint4* fq = fb + (size_t)(b * HCT_CHUNKS + q) * NN * F4 * 32 + lane;
 #pragma unroll
         for (int k = 0; k < NN; k++) {
             uint4 bf[F4];
 #pragma unroll
-            for (int f = 0; f < F4; f++) bf[f] = SH ? fq[(k * F4 + f) * 32] : __ldg(fq + (k * F4 + f) * 32);
+            for (int f = 0; f < F4; f++) bf[f] = __ldg(fq + (k * F4 + f) * 32);
 #pragma unroll
             for (int s = 0; s < 2; s++) {
                 const u32 a[4] = {hct_word(xs[0][k], 2 * s), hct_word(xs[1][k], 2 * s), hct_word(xs[0][k], 2 * s + 1),
@@ -1060,41 +1055,11 @@ __device__ __forceinline__ void hc_post_mix_tc_tile(u16* __restrict__ x, const f
     }
 }
 
-// The kernel: for T ≤ 16 (decode) the split form, Φ read from global memory (L2); otherwise the
-// block copies its run's Φ fragments (n·HCT_CHUNKS·F4 uint4s per lane row: 72 KiB at n 4) into
-// shared memory once and its warps walk the 16-token tiles (tile groups blockIdx.y, blockIdx.y +
-// gridDim.y, … of 64 tokens), so Φ leaves L2 once per block instead of once per warp and tile.
-// The same operands in the same order either way: the same bits.
-template <int NN>
-__device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const float* __restrict__ y,
-                                                    const double* __restrict__ rec, const uint4* __restrict__ fb,
-                                                    float* __restrict__ part, int T, int d, bool post_on, uint4* smem) {
-    constexpr int F4 = 3 * (((2 + NN) * NN + 7) / 8);
-    constexpr int RUN4 = HCT_CHUNKS * NN * F4 * 32;  // uint4s of a run's fragments
-    static_assert(RUN4 * 16 <= HCT_SMEM, "a run's fragments fit the dynamic shared memory");
-    const uint4* fr = fb + (size_t)blockIdx.x * RUN4;
-    if (T <= 16) {
-        hc_post_mix_tc_tile<NN, false>(x, y, rec, fr, part, T, d, post_on, 0, true, reinterpret_cast<float*>(smem));
-        return;
-    }
-    for (int e = threadIdx.x; e < RUN4; e += HCT_THREADS) gm_cp16(gm_smem(smem + e), fr + e, true);
-    gm_commit();
-    gm_wait<0>();
-    __syncthreads();
-    const int warp = threadIdx.x >> 5;
-#pragma unroll 1
-    for (int tile = blockIdx.y; tile * HCT_WARPS * 16 < T; tile += gridDim.y) {
-        const int t0 = (tile * HCT_WARPS + warp) * 16;
-        if (t0 < T) hc_post_mix_tc_tile<NN, true>(x, y, rec, smem, part, T, d, post_on, t0, false, nullptr);
-    }
-}
-
 // has_post as hc_post_mix_bf16. n ∈ 1..4.
-extern "C" __global__ void __launch_bounds__(HCT_THREADS, 3)
+extern "C" __global__ void __launch_bounds__(HCT_THREADS, 4)
 hc_post_mix_tc_bf16(u16* __restrict__ x, const float* __restrict__ y, const double* __restrict__ rec,
                     const uint4* __restrict__ fb, float* __restrict__ part, int T, int n, int d, int has_post) {
-    extern __shared__ uint4 hct_dyn_smem[];  // HCT_SMEM bytes: a run's Φ fragments, or the split form's chunk sums
-    uint4* stash = hct_dyn_smem;
+    __shared__ float stash[HCT_CHUNKS * 32 * HCT_STASH];  // the split form's chunk sums (7 KiB)
     switch (n) {
         case 1: hc_post_mix_tc_impl<1>(x, y, rec, fb, part, T, d, has_post != 0, stash); break;
         case 2: hc_post_mix_tc_impl<2>(x, y, rec, fb, part, T, d, has_post != 0, stash); break;
