@@ -884,6 +884,15 @@ HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)
 #define HCT_WARPS 4    // warps per block, 16 tokens each
 #define HCT_THREADS (32 * HCT_WARPS)
 #define HCT_STASH 14   // floats per lane of a chunk's sums in the split form: 3 n-tiles × 4 + 2 squares
+// Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES; wrong partials): HCT_PLANES=1 or 2 multiplies only
+// the first planes of Φ (the host still lays out three), HCT_NO_MMA=1 neither loads Φ nor multiplies.
+// What they measured: bench/mhc_variants_h200.log.
+#ifndef HCT_PLANES
+#define HCT_PLANES 3
+#endif
+#ifndef HCT_NO_MMA
+#define HCT_NO_MMA 0
+#endif
 static_assert(HCT_WARPS == HCT_CHUNKS, "the split form gives each warp one chunk of the run");
 
 // Word j (0 … 3) of v.
@@ -988,7 +997,7 @@ __device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const f
         // The mix: per stream two k steps × NT n-tiles × three planes of Φ.
         const uint4* fq = fb + (size_t)(b * HCT_CHUNKS + q) * NN * F4 * 32 + lane;
 #pragma unroll
-        for (int k = 0; k < NN; k++) {
+        for (int k = 0; k < (HCT_NO_MMA ? 0 : NN); k++) {
             uint4 bf[F4];
 #pragma unroll
             for (int f = 0; f < F4; f++) bf[f] = __ldg(fq + (k * F4 + f) * 32);
@@ -999,7 +1008,7 @@ __device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const f
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int p = 0; p < 3; p++) {
+                    for (int p = 0; p < HCT_PLANES; p++) {
                         const int w = ((s * NT + nt) * 3 + p) * 2;
                         gm_mma(acc[nt], a, hct_word(bf[w / 4], w % 4), hct_word(bf[w / 4], w % 4 + 1));
                     }
