@@ -314,13 +314,13 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
 /// on fresh random inputs: (n 4, d 4,096, T 40: Flash; more than one 16-token tile, so that the
 /// last 7 tokens alone take hc_post_mix_tc_bf16's split form and among 40 its tiled one), (n 3, d
 /// 4,100, T 13: the wide finish and a last run of 4 channels), (n 1, d 8,192, T 10), (n 2, d 1,000,
-/// T 9).
+/// T 40: the tiled form at n < 4, with a last run of 104 channels).
 fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let (iters, eps, hc_eps, norm_eps) = (20usize, 1e-6f64, 1e-6f64, 1e-6f32);
     let widen = |b: &[u16]| -> Vec<f32> { b.iter().map(|v| quant::bf16_to_f32(*v)).collect() };
     let narrow = |f: &[f32]| -> Vec<u16> { f.iter().map(|v| quant::f32_to_bf16(*v)).collect() };
-    for (n, d, t) in [(4usize, 4096usize, 40usize), (3, 4100, 13), (1, 8192, 10), (2, 1000, 9)] {
+    for (n, d, t) in [(4usize, 4096usize, 40usize), (3, 4100, 13), (1, 8192, 10), (2, 1000, 40)] {
         let nd = n * d;
         let key = format!("hcb{n}_{d}");
         let hw = random_hc(seed, &key, n, d);
@@ -345,7 +345,7 @@ fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
         let differ = differing_bits(&ab, &gpu.download(&daw)?) + differing_bits(&pb, &gpu.download(&dpw)?) + differing_bits(&cb, &gpu.download(&dcw)?);
         all &= flag_record(out, &format!("hc_pre_norm_bf16 bits (n {n}, d {d})"), json!({"differing_values": differ, "of": t * (d + n + n * n), "vs": "hc_post_mix_f32 (mix only) + hc_pre_norm_f32 on the bf16 streams widened"}), differ == 0);
         // The CPU reference on the same (rounded) streams.
-        let (a_ref, post_ref, comb_ref) = cpu_pre_normed(&hw, &xw, &nw, n);
+        let (a_ref, post_ref, comb_ref) = cpu_pre_normed(&hw, &xw, &nw, n, (iters, eps, hc_eps, norm_eps));
         all &= record(out, &format!("hc_pre fused bf16 normed u (n {n}, d {d})"), shape.clone(), &ab, &a_ref);
         all &= record(out, &format!("hc_pre fused bf16 post (n {n}, d {d})"), shape.clone(), &pb, &post_ref);
         all &= record(out, &format!("hc_pre fused bf16 comb (n {n}, d {d})"), shape.clone(), &cb, &comb_ref);
@@ -415,12 +415,13 @@ fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
 }
 
 /// The CPU reference pre of every token of `xw` (`[t, n·d]` f32) followed by the RMSNorm with weight
-/// `nw` (Flash's 20 Sinkhorn iterations, eps 1e-6): (normed u `[t, d]`, post `[t, n]`, comb `[t, n, n]`).
-fn cpu_pre_normed(hw: &HcWeights, xw: &[f32], nw: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+/// `nw`, given (Sinkhorn iterations, the RMS eps, hc_eps, the norm's eps): (normed u `[t, d]`, post
+/// `[t, n]`, comb `[t, n, n]`).
+fn cpu_pre_normed(hw: &HcWeights, xw: &[f32], nw: &[f32], n: usize, (iters, eps, hc_eps, norm_eps): (usize, f64, f64, f32)) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (mut a, mut post, mut comb) = (Vec::new(), Vec::new(), Vec::new());
     for xt in xw.chunks(n * nw.len()) {
-        let (mut u, m) = mhc::hc_pre(hw, xt, n, 20, 1e-6, 1e-6);
-        ops::rms_norm(&mut u, nw, 1e-6);
+        let (mut u, m) = mhc::hc_pre(hw, xt, n, iters, eps, hc_eps);
+        ops::rms_norm(&mut u, nw, norm_eps as f64);
         a.extend(u);
         post.extend(m.post.iter().map(|v| *v as f32));
         comb.extend(m.comb.iter().map(|v| *v as f32));
@@ -468,11 +469,11 @@ fn check_mix_tc(gpu: &Gpu, gw: &GpuHcWeights, hw: &HcWeights, xb: &[u16], y: &[f
     };
     let ((a1, p1, c1), xs, (a2, p2, c2)) = chain(0)?;
     let shape = json!([t, n, d, iters]);
-    let (ra, rp, rc) = cpu_pre_normed(hw, &widen(xb), nw, n);
+    let (ra, rp, rc) = cpu_pre_normed(hw, &widen(xb), nw, n, (iters, eps, hc_eps, norm_eps));
     all &= record_tol(out, &format!("hc_pre fused bf16 tc normed u (n {n}, d {d})"), shape.clone(), &a1, &ra, MIX_TC_TOL);
     all &= record_tol(out, &format!("hc_pre fused bf16 tc post (n {n}, d {d})"), shape.clone(), &p1, &rp, MIX_TC_TOL);
     all &= record_tol(out, &format!("hc_pre fused bf16 tc comb (n {n}, d {d})"), shape.clone(), &c1, &rc, MIX_TC_TOL);
-    let (ra, rp, rc) = cpu_pre_normed(hw, &widen(&xs), nw, n);
+    let (ra, rp, rc) = cpu_pre_normed(hw, &widen(&xs), nw, n, (iters, eps, hc_eps, norm_eps));
     all &= record_tol(out, &format!("hc_post_mix_tc next pre normed u (n {n}, d {d})"), shape.clone(), &a2, &ra, MIX_TC_TOL);
     all &= record_tol(out, &format!("hc_post_mix_tc next pre post (n {n}, d {d})"), shape.clone(), &p2, &rp, MIX_TC_TOL);
     all &= record_tol(out, &format!("hc_post_mix_tc next pre comb (n {n}, d {d})"), shape.clone(), &c2, &rc, MIX_TC_TOL);

@@ -764,12 +764,13 @@ macro_rules! on_streams {
 impl Streams {
     /// The post of a sub-block (with `post`) and the next pre's mix partials ([`Gpu::hc_post_mix`]);
     /// bf16 streams with `mix_tc` (`MHC_MIX_TC`) take [`Gpu::hc_post_mix_tc`], the same stored bits
-    /// with the mix on tensor cores.
+    /// with the mix on tensor cores, where `next` has its fragments (not for a Φ with values of
+    /// 3·10^38 or more, which bf16 planes cannot hold).
     #[allow(clippy::too_many_arguments)]
     fn post_mix(&mut self, gpu: &Gpu, post: Option<(&CudaSlice<f32>, &super::ops_mhc::HcPostCoefs)>, next: &super::ops_mhc::GpuHcWeights, t: usize, n: usize, d: usize, mix_tc: bool) -> Result<super::ops_mhc::HcMixPartials, CudaError> {
         match self {
             Streams::F32(x) => gpu.hc_post_mix(x, post, next, t, n, d),
-            Streams::Bf16(x) if mix_tc => gpu.hc_post_mix_tc(x, post, next, t, n, d),
+            Streams::Bf16(x) if mix_tc && next.has_mix_fragments() => gpu.hc_post_mix_tc(x, post, next, t, n, d),
             Streams::Bf16(x) => gpu.hc_post_mix(x, post, next, t, n, d),
         }
     }

@@ -229,8 +229,22 @@ impl GpuHcWeights {
         let d = fn_.len() / (m * n);
         let sub_block = m == (2 + n) * n;
         let fn_runs = if sub_block { Some(gpu.upload(&hc_phi_runs(fn_, m, n, d))?) } else { None };
-        let fn_tc = if sub_block && d.is_multiple_of(8) { Some(gpu.upload(&hc_phi_tc(fn_, m, n, d))?) } else { None };
+        // The planes must add up to Φ: every value finite and below bf16's largest (else no fragments,
+        // and the bf16 streams' post keeps the CUDA-core mix).
+        let planes_exact = fn_.iter().all(|v| v.abs() < 3.0e38);
+        let fn_tc = if sub_block && d.is_multiple_of(8) && planes_exact { Some(gpu.upload(&hc_phi_tc(fn_, m, n, d))?) } else { None };
         Ok(GpuHcWeights { fn_: gpu.upload(fn_)?, fn_runs, fn_tc, base: gpu.upload(base)?, scale: gpu.upload(scale)? })
+    }
+}
+
+impl GpuHcWeights {
+    /// Whether hc_post_mix_tc_bf16's fragments of Φ exist ([`Gpu::hc_post_mix_tc`] can take these
+    /// weights as `next`): a sub-block's Φ with d a multiple of 8 and every value finite and below
+    /// 3·10^38 (so that [`bf16_planes`] add up to it). Device memory: 2.25 MiB per sub-block at
+    /// Flash's n 4, d 4,096, built at upload whatever the switches (qualify and the switch matrix
+    /// turn `MHC_BF16_STREAMS` on and off over one uploaded model).
+    pub fn has_mix_fragments(&self) -> bool {
+        self.fn_tc.is_some()
     }
 }
 
@@ -326,9 +340,9 @@ struct PostMixLaunch {
     smem: usize,
 }
 
-/// The mix partial sums of one mHC pre in channel blocks (`MHC_FUSED`), from [`Gpu::hc_post_mix`]:
-/// `part` `[t, blocks, 32]` f32 holds, for each token and run of `HC_MIX_RUN` channels (all n
-/// streams), the `m` sums `Σ Φ[o, ·]·x̄` and the squared norm `Σ x̄²` at index `m`; [`Gpu::hc_pre_norm`]
+/// The mix partial sums of one mHC pre in channel blocks (`MHC_FUSED`), from [`Gpu::hc_post_mix`] or
+/// [`Gpu::hc_post_mix_tc`]: `part` `[t, blocks, 32]` f32 holds, for each token and run of channels
+/// (64 for hc_post_mix_f32 / _bf16, 128 for hc_post_mix_tc_bf16; all n streams), the `m` sums `Σ Φ[o, ·]·x̄` and the squared norm `Σ x̄²` at index `m`; [`Gpu::hc_pre_norm`]
 /// adds the blocks in order. (gpu-check also builds them from hc_mix_partial_f32's 64 splits.)
 pub struct HcMixPartials {
     part: DevBuf<f32>,
@@ -590,7 +604,9 @@ impl Gpu {
     /// differs from that path in the last bits (gpu-check `hc_post_mix_tc …`). Batch invariant and
     /// deterministic.
     ///
-    /// Errors: as [`Gpu::hc_post_mix`], and `d` not a multiple of 8 (no fragments).
+    /// Errors: as [`Gpu::hc_post_mix`] (with at most 65,535 × 64 tokens per call, the grid), and no
+    /// fragments in `next` (the head's weights, `d` not a multiple of 8, or a Φ value too large for
+    /// the planes: [`GpuHcWeights::has_mix_fragments`]).
     #[allow(clippy::too_many_arguments)]
     pub fn hc_post_mix_tc(&self, x: &mut CudaSlice<u16>, post: Option<(&CudaSlice<f32>, &HcPostCoefs)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
         const W: &str = "hc_post_mix_tc";
@@ -728,7 +744,7 @@ impl Gpu {
             drv("hc_pre_coef_f32", unsafe { b.launch(cfg) })?;
             let entry = if d <= HC_NORM_NARROW_D { S::PRE_NORM } else { S::PRE_NORM_WIDE };
             // bf16 streams: a token's n·d values staged in shared memory (≤ HC_NORM_STAGE_MAX).
-            let smem = if S::NORM_STAGED { n * d * 2 } else { 0 };
+            let smem = if S::NORM_STAGED && d.is_multiple_of(8) { n * d * 2 } else { 0 };
             let cfg = LaunchConfig { grid_dim: (t_i as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
             let mut b = self.stream.launch_builder(self.f(entry));
             b.arg(&rec).arg(x);
@@ -1312,6 +1328,24 @@ mod tests {
     #[test]
     fn phi_tc_fragments_multiply_as_mma() {
         use flashseek_model::quant::{bf16_to_f32, f32_to_bf16};
+        // The kernel lines this test's choices of registers and indices copy (a change there must
+        // change them here): the lane's first channel, the A registers, the B words, the
+        // fragments' address, the C write-back.
+        let src = include_str!("kernels/mhc.cu");
+        for line in [
+            "const int i = b * HCT_RUN + q * HCT_CHUNK + 8 * c;",
+            "const u32 a[4] = {hct_word(xs[0][k], 2 * s), hct_word(xs[1][k], 2 * s), hct_word(xs[0][k], 2 * s + 1),",
+            "hct_word(xs[1][k], 2 * s + 1)};",
+            "const int w = ((s * NT + nt) * 3 + p) * 2;",
+            "gm_mma(acc[nt], a, hct_word(bf[w / 4], w % 4), hct_word(bf[w / 4], w % 4 + 1));",
+            "const uint4* fq = fb + (size_t)(b * HCT_CHUNKS + q) * NN * F4 * 32 + lane;",
+            "bf[f] = __ldg(fq + (k * F4 + f) * 32);",
+            "const int o = 8 * nt + 2 * c;",
+            "if (o < M) pr[o] = tot[nt][2 * r];",
+            "if (o + 1 < M) pr[o + 1] = tot[nt][2 * r + 1];",
+        ] {
+            assert!(src.contains(line), "mhc.cu no longer has `{line}`");
+        }
         let (n, d) = (3usize, 136usize);
         let m = (2 + n) * n;
         let nt = m.div_ceil(8);

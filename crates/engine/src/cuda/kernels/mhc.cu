@@ -71,7 +71,9 @@ static_assert(HC_REC_F32 % 2 == 0, "16-byte aligned f32 copies (float4 loads)");
 // OFF-M does before its cast; the exact path's f64 post spends nine f32 ↔ f64 conversions per
 // channel) and round to nearest even (narrow2); every sum over the streams (the next pre's mix
 // partials, u) runs over the values as stored, in the f32 kernels' order: so hc_pre_norm_bf16 and
-// the partials give their f32 twins' bits on the widened streams (gpu-check `… bf16 bits`).
+// hc_post_mix_bf16's partials give their f32 twins' bits on the widened streams (gpu-check `… bf16
+// bits`) — except the tensor-core mix of hc_post_mix_tc_bf16 (MHC_MIX_TC, below), whose partials are
+// sums in another order.
 // HcS<S>: F32_POST, P2 a channel pair as stored, ld1 / ld2 widen, narrow2 rounds a pair to P2,
 // wide2 widens one.
 template <class S>
@@ -750,6 +752,8 @@ __device__ void hc_pre_norm_impl(const double* __restrict__ rec, const S* __rest
         // 16-byte cp.async (all of them in flight at once, while the coefficients load) and read from
         // there below — the same values, so the same bits as the direct loads.
         xt = x + (size_t)t * N;
+        // stage is never null for bf16: the kernel cannot see whether it was launched with the n·d·2
+        // bytes, so hc_pre_norm (ops_mhc.rs) is its only launcher and always gives them for d % 8 == 0.
         const bool staged = stage != nullptr && d % 8 == 0;  // block-uniform
         if (staged) {
             const int chunks = N * (int)sizeof(S) / 16;
@@ -873,7 +877,10 @@ HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)
 //   posts and stores them, and those 16 bytes are its A fragments (m16n8k16's k 2c, 2c + 1, 2c + 8,
 //   2c + 9 of a 16-wide k step stand for channels 8c + 4s + 0 … 3 of k step s ∈ {0, 1}; B follows
 //   the same map). Outputs o = 8·nt + column, nt < NT = ceil(M / 8) n-tiles. Launch: grid (nb,
-//   ceil(T / 64)), block HCT_THREADS, no shared memory. d % 8 == 0.
+//   ceil(T / 64)), block HCT_THREADS, no dynamic shared memory (7 KiB static: the split form's
+//   stash). d % 8 == 0. The tensor cores' f32 accumulation is not IEEE round-to-nearest per
+//   addition (the aligned products are truncated), so "the same bits" (split and tiled forms, batch
+//   invariance) holds for one GPU architecture.
 // fb: uint4 (((b·HCT_CHUNKS + q)·n + k)·F4 + f)·32 + ℓ for run b, chunk q, stream k, lane ℓ, F4 =
 //   3·NT uint4s per lane; word w = 4f + j of a lane's F4 = ((s·NT + nt)·3 + p)·2 + r holds plane p of
 //   Φ[8·nt + g, k·d + i] for channels i = 128b + 32q + 8c + 4s + 2r + {0 (low half), 1 (high half)}
@@ -904,6 +911,7 @@ __device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const f
                                                     float* __restrict__ part, int T, int d, bool post_on, float* stash) {
     constexpr int M = (2 + NN) * NN, NT = (M + 7) / 8, F4 = 3 * NT, NP = HC_MAXN + NN * NN;
     static_assert(M + 1 <= HC_PART, "the partial rows hold M sums and the squared norm");
+    static_assert(4 * NT + 2 <= HCT_STASH, "the split form's stash holds a chunk's sums and squares");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
     // T ≤ 16 (decode): the block's warps share the one 16-token tile, warp w taking chunk w of the
