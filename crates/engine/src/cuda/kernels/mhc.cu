@@ -568,6 +568,25 @@ __device__ __forceinline__ void hc_load_post_comb(const double* __restrict__ rec
     }
 }
 
+// A token's post (floats 0 … n − 1) and comb (C[j][k] at HC_MAXN + j·NN + k) as the f32 copies in its
+// coefficient record (from double HC_REC_F32: 16-byte aligned, 272·t + 192 bytes), the floats
+// hc_pre_coeffs wrote and no others (zeros between them for n < 4): the bf16 posts' coefficients
+// (hc_post_mix_bf16, hc_post_mix_tc_bf16), float4 loads at n 4.
+template <int NN>
+__device__ __forceinline__ void hc_load_post_comb_f32(const double* __restrict__ rec_t, float (&pc)[HC_MAXN + NN * NN]) {
+    const float* pf = reinterpret_cast<const float*>(rec_t + HC_REC_F32);
+    if constexpr (NN == HC_MAXN) {
+#pragma unroll
+        for (int e = 0; e < (HC_MAXN + NN * NN) / 4; e++) {
+            const float4 v = reinterpret_cast<const float4*>(pf)[e];
+            pc[4 * e] = v.x, pc[4 * e + 1] = v.y, pc[4 * e + 2] = v.z, pc[4 * e + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < HC_MAXN + NN * NN; e++) pc[e] = (e < NN || e >= HC_MAXN) ? pf[e] : 0.f;
+    }
+}
+
 // Warp w of block (b.x, b.y) serves tokens t0 … t0 + HCX_TT − 1, t0 = (b.y·HCX_WARPS + w)·HCX_TT,
 // and channels c0 … c0 + HCX_RUN − 1, c0 = b.x·HCX_RUN, of all n streams: lane ℓ owns channels
 // c0 + 2ℓ and c0 + 2ℓ + 1 (float2 loads and stores). Each Φ pair it loads (from the run-major copy:
@@ -610,21 +629,9 @@ __device__ __forceinline__ void hc_post_mix_tokens(S* __restrict__ x, const floa
             const int t = t0 + (q < tn ? q : 0);
             S* xt = x + (size_t)(t0 + q) * N + i;
             if constexpr (HcS<S>::F32_POST) {
-                // bf16 streams: the f32 post from the record's f32 copies of post (floats 0 … n − 1)
-                // and comb (from float HC_MAXN; 16-byte aligned: 272·t + 192 bytes), the floats
-                // hc_pre_coeffs wrote and no others.
-                const float* pf = reinterpret_cast<const float*>(rec + (size_t)t * HC_REC + HC_REC_F32);
+                // bf16 streams: the f32 post from the record's f32 copies of post and comb.
                 float pc[HC_MAXN + NN * NN];
-                if constexpr (NN == HC_MAXN) {
-#pragma unroll
-                    for (int e = 0; e < (HC_MAXN + NN * NN) / 4; e++) {
-                        const float4 v = reinterpret_cast<const float4*>(pf)[e];
-                        pc[4 * e] = v.x, pc[4 * e + 1] = v.y, pc[4 * e + 2] = v.z, pc[4 * e + 3] = v.w;
-                    }
-                } else {
-#pragma unroll
-                    for (int e = 0; e < HC_MAXN + NN * NN; e++) pc[e] = (e < NN || e >= HC_MAXN) ? pf[e] : 0.f;
-                }
+                hc_load_post_comb_f32<NN>(rec + (size_t)t * HC_REC, pc);
                 float o0[NN], o1[NN];
 #pragma unroll
                 for (int j = 0; j < NN; j++) {
@@ -949,20 +956,10 @@ __device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const f
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const bool ok = cv && rv[r];
-                // The record's f32 copies of post and comb (hc_post_mix_bf16's loads; a row past T
-                // reads token t0's, valid, and stores nothing).
-                const float* pf = reinterpret_cast<const float*>(rec + (size_t)(rv[r] ? tr[r] : t0) * HC_REC + HC_REC_F32);
+                // The record's f32 copies of post and comb (a row past T reads token t0's, valid, and
+                // stores nothing).
                 float pc[NP];
-                if constexpr (NN == HC_MAXN) {
-#pragma unroll
-                    for (int e = 0; e < NP / 4; e++) {
-                        const float4 v = reinterpret_cast<const float4*>(pf)[e];
-                        pc[4 * e] = v.x, pc[4 * e + 1] = v.y, pc[4 * e + 2] = v.z, pc[4 * e + 3] = v.w;
-                    }
-                } else {
-#pragma unroll
-                    for (int e = 0; e < NP; e++) pc[e] = (e < NN || e >= HC_MAXN) ? pf[e] : 0.f;
-                }
+                hc_load_post_comb_f32<NN>(rec + (size_t)(rv[r] ? tr[r] : t0) * HC_REC, pc);
                 float yv[8];
                 {
                     const float4* yp = reinterpret_cast<const float4*>(y + (size_t)(rv[r] ? tr[r] : t0) * d + (cv ? i : 0));
