@@ -298,6 +298,11 @@ pub(crate) fn hc_phi_tc(fn_: &[f32], m: usize, n: usize, d: usize) -> Vec<u32> {
     let chunks = HC_MIX_TC_RUN / HC_MIX_TC_CHUNK;
     let nb = d.div_ceil(HC_MIX_TC_RUN);
     let mut out = vec![0u32; hc_phi_tc_len(m, n, d)];
+    // Each value's three planes, computed once (the loops below take one plane at a time).
+    let mut planes: [Vec<u16>; 3] = std::array::from_fn(|_| Vec::with_capacity(fn_.len()));
+    for v in fn_ {
+        planes.iter_mut().zip(bf16_planes(*v)).for_each(|(plane, bits)| plane.push(bits));
+    }
     for b in 0..nb {
         for q in 0..chunks {
             for k in 0..n {
@@ -306,11 +311,11 @@ pub(crate) fn hc_phi_tc(fn_: &[f32], m: usize, n: usize, d: usize) -> Vec<u32> {
                     for s in 0..2 {
                         for ti in 0..nt {
                             let o = 8 * ti + g;
-                            for p in 0..3 {
+                            for (p, values) in planes.iter().enumerate() {
                                 for r in 0..2 {
                                     let w = ((s * nt + ti) * 3 + p) * 2 + r;
                                     let i = HC_MIX_TC_RUN * b + HC_MIX_TC_CHUNK * q + 8 * c + 4 * s + 2 * r;
-                                    let plane = |i: usize| if o < m && i < d { u32::from(bf16_planes(fn_[o * n * d + k * d + i])[p]) } else { 0 };
+                                    let plane = |i: usize| if o < m && i < d { u32::from(values[o * n * d + k * d + i]) } else { 0 };
                                     out[((((b * chunks + q) * n + k) * f4 + w / 4) * 32 + lane) * 4 + w % 4] = plane(i) | (plane(i + 1) << 16);
                                 }
                             }
@@ -611,7 +616,7 @@ impl Gpu {
     pub fn hc_post_mix_tc(&self, x: &mut CudaSlice<u16>, post: Option<(&CudaSlice<f32>, &HcPostCoefs)>, next: &GpuHcWeights, t: usize, n: usize, d: usize) -> Result<HcMixPartials, CudaError> {
         const W: &str = "hc_post_mix_tc";
         let m = mix_shapes(W, &next.fn_, x.len(), t, n, d)?;
-        let frags = next.fn_tc.as_ref().ok_or_else(|| bad(W, format!("Φ without MMA fragments (the head's weights, or hidden size {d} not a multiple of 8)")))?;
+        let frags = next.fn_tc.as_ref().ok_or_else(|| bad(W, format!("Φ without MMA fragments (the head's weights, hidden size {d} not a multiple of 8, or a Φ value of 3·10^38 or more, which bf16 planes cannot hold)")))?;
         exact(W, "Φ fragments", frags.len(), hc_phi_tc_len(m, n, d))?;
         let launch = PostMixLaunch { what: W, entry: "hc_post_mix_tc_bf16", run: HC_MIX_TC_RUN, tokens: HC_MIX_TC_TOKENS, threads: HC_MIX_TC_THREADS, smem: 0 };
         self.post_mix_launch(&launch, x, post, next, frags, m, t, n, d)
