@@ -24,6 +24,8 @@
 #             ~150 s
 #   bench-serving-f32-streams  bench-serving with f32 residual streams (MHC_BF16_STREAMS off) ~150 s
 #   bench-serving-cuda-mix  bench-serving with the bf16 streams' mix on the CUDA cores (MHC_MIX_TC off) ~150 s
+#   bench-serving-moe-detail  bench-serving at 8K and 32K with --moe-detail: the profiled prefill's MoE stage
+#             by sub-stage and every MoE layer's routing (pairs per expert, tile fill)   ~150 s
 #   bench-chunks  bench-fp8-bf16att-idx8 at 32K and 128K with 16,384- and 32,768-token prefill chunks
 #             (chunk size is a pure performance knob: LONG_CONTEXT_CHUNK), and the Flash MoE layer timed
 #             at those token counts                                   ~330 s
@@ -72,6 +74,8 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8.log" ;;
   bench-serving) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving.json" > "$OUT/gpu_bench_h200_20layers_serving.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving.log" ;;
+  bench-serving-moe-detail) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768 --prefill-repeats 2 --decode-steps 4 --moe-detail --out "$OUT/gpu_bench_h200_20layers_serving_moe_detail.json" > "$OUT/gpu_bench_h200_20layers_serving_moe_detail.log" 2>&1
+         grep -E "uploaded|context|prefill  |routing" "$OUT/gpu_bench_h200_20layers_serving_moe_detail.log" | head -120 ;;
   bench-serving-cuda-mix) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_cuda_mix.json" > "$OUT/gpu_bench_h200_20layers_serving_cuda_mix.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_cuda_mix.log" ;;
   bench-serving-f32-streams) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_f32_streams.json" > "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" 2>&1

@@ -31,6 +31,10 @@ pub struct Args {
     /// Stop before larger contexts once a prefill takes longer than this (seconds).
     #[arg(long, default_value_t = 120.0)]
     pub max_prefill_secs: f64,
+    /// Break the profiled prefill's MoE stage into sub-stages (route, group + gather, gate/up,
+    /// down, shared + combine) and report each MoE layer's routing (pairs per expert, tile fill).
+    #[arg(long)]
+    pub moe_detail: bool,
     /// Where to write the JSON report.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -66,6 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         decode_steps: args.decode_steps,
         prefill_repeats: args.prefill_repeats,
         max_prefill_secs: args.max_prefill_secs,
+        moe_detail: args.moe_detail,
     };
     let mut report = bench::run(&gpu, &opts)?;
     report["command"] = flashseek_engine::switches::reproducible_command(std::env::args()).into();

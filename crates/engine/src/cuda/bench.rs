@@ -46,6 +46,11 @@ pub struct BenchOptions {
     pub prefill_repeats: usize,
     /// Skip larger contexts once a prefill took longer than this many seconds.
     pub max_prefill_secs: f64,
+    /// Break the profiled prefill's MoE stage into its sub-stages (`moe:route`,
+    /// `moe:group+gather`, `moe:gate_up`, `moe:down`, `moe:shared+combine`; the grouped FP8 path's
+    /// marks) and report each MoE layer's routing ([`routing_stats`]). The "moe" row stays their
+    /// sum; the extra events and copies are outside the timed repeats but inside the profiled one.
+    pub moe_detail: bool,
 }
 
 /// Measured device ceilings of the H200 this project benchmarks on (task statement): HBM read
@@ -83,6 +88,62 @@ fn stage_table(times: &StageTimes, costs: &[(&'static str, StageCost)], calls: u
         .collect()
 }
 
+/// Moves the MoE sub-stages (`moe:…`, [`BenchOptions::moe_detail`]) out of `times`, adding their
+/// time to the "moe" row (created where missing, after the stage before the first sub-stage);
+/// returns them in order of first appearance.
+fn split_moe_detail(times: &mut StageTimes) -> StageTimes {
+    let mut detail: StageTimes = Vec::new();
+    let mut kept: StageTimes = Vec::new();
+    for (name, ms, marks) in times.drain(..) {
+        if name.starts_with("moe:") {
+            detail.push((name, ms, marks));
+            match kept.iter_mut().find(|(n, _, _)| *n == "moe") {
+                Some(m) => m.1 += ms,
+                None => kept.push(("moe", ms, 0)),
+            }
+        } else {
+            match kept.iter_mut().find(|(n, _, _)| *n == name) {
+                Some(m) => {
+                    m.1 += ms;
+                    m.2 += marks;
+                }
+                None => kept.push((name, ms, marks)),
+            }
+        }
+    }
+    *times = kept;
+    detail
+}
+
+/// One MoE layer's routing from its expert ids (`[t, k]`, values in 0..`e`; others ignored): pairs,
+/// experts used, the most and the mean pairs per expert, their coefficient of variation over the
+/// `e` experts, and for grouped tiles of 256, 128 and 64 rows the tile count Σ⌈count/rows⌉ and the
+/// share of tile rows holding a pair (pairs / (tiles · rows)).
+pub fn routing_stats(ids: &[i32], e: usize) -> Value {
+    let mut count = vec![0usize; e.max(1)];
+    let mut pairs = 0usize;
+    for &x in ids {
+        if x >= 0 && (x as usize) < e {
+            count[x as usize] += 1;
+            pairs += 1;
+        }
+    }
+    let mean = pairs as f64 / e.max(1) as f64;
+    let var = count.iter().map(|&c| (c as f64 - mean).powi(2)).sum::<f64>() / e.max(1) as f64;
+    let tiles = |rows: usize| {
+        let n: usize = count.iter().map(|c| c.div_ceil(rows)).sum();
+        json!({"rows": rows, "tiles": n, "filled": if n == 0 { 0.0 } else { pairs as f64 / (n * rows) as f64 }})
+    };
+    json!({
+        "pairs": pairs,
+        "experts_used": count.iter().filter(|&&c| c > 0).count(),
+        "max_per_expert": count.iter().copied().max().unwrap_or(0),
+        "mean_per_expert": mean,
+        "cv": if mean > 0.0 { var.sqrt() / mean } else { 0.0 },
+        "tiles": [tiles(256), tiles(128), tiles(64)],
+    })
+}
+
 fn add_costs(acc: &mut Vec<(&'static str, StageCost)>, more: Vec<(&'static str, StageCost)>) {
     for (n, c) in more {
         match acc.iter_mut().find(|(m, _)| *m == n) {
@@ -92,6 +153,27 @@ fn add_costs(acc: &mut Vec<(&'static str, StageCost)>, more: Vec<(&'static str, 
             }
             None => acc.push((n, c)),
         }
+    }
+}
+
+fn print_moe_detail(detail: &StageTimes, moe_ms: f64) {
+    for (name, ms, _) in detail {
+        println!("  prefill   {name:<20} {ms:9.2} ms {:5.1}% of moe", 100.0 * ms / moe_ms.max(1e-12));
+    }
+}
+
+fn print_routing(routing: &[Value]) {
+    for (i, r) in routing.iter().enumerate() {
+        let tiles: Vec<String> = r["tiles"].as_array().map(|a| a.iter().map(|t| format!("{}×{} ({:.0}% filled)", t["tiles"], t["rows"], 100.0 * t["filled"].as_f64().unwrap_or(0.0))).collect()).unwrap_or_default();
+        println!(
+            "  routing {i:>3}: {} pairs, {} experts, max {} mean {:.1} cv {:.2}; tiles {}",
+            r["pairs"],
+            r["experts_used"],
+            r["max_per_expert"],
+            r["mean_per_expert"].as_f64().unwrap_or(0.0),
+            r["cv"].as_f64().unwrap_or(0.0),
+            tiles.join(", ")
+        );
     }
 }
 
@@ -141,19 +223,32 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
         let mut prefill_times = Vec::new();
         let mut seq = None;
         let mut prefill_stages = Vec::new();
+        let (mut moe_detail_rows, mut routing): (Vec<Value>, Vec<Value>) = (Vec::new(), Vec::new());
         for r in 0..repeats {
             let mut s = GpuSequence::new(gpu, &model, ctx + decode_ids + 1)?;
             let profile = r + 1 == repeats;
             gpu.sync()?;
             if profile {
                 gpu.profile_start();
+                if opts.moe_detail {
+                    gpu.moe_detail_start();
+                }
             }
             let a = gpu.record_event()?;
             prefill_gpu(gpu, &model, &mut s, &ids[..ctx], chunk)?;
             let b = gpu.record_event()?;
             prefill_times.push(elapsed_s(&a, &b)?);
             if profile {
-                let times = gpu.profile_finish()?;
+                let mut times = gpu.profile_finish()?;
+                if opts.moe_detail {
+                    let detail = split_moe_detail(&mut times);
+                    let moe_ms: f64 = detail.iter().map(|(_, ms, _)| ms).sum();
+                    print_moe_detail(&detail, moe_ms);
+                    moe_detail_rows = detail.iter().map(|(n, ms, marks)| json!({"stage": n, "ms": ms, "fraction_of_moe": ms / moe_ms.max(1e-12), "marks": marks})).collect();
+                    let ids = gpu.moe_detail_finish()?;
+                    routing = ids.iter().map(|v| routing_stats(v, cfg.n_routed_experts)).collect();
+                    print_routing(&routing);
+                }
                 let mut costs = Vec::new();
                 let mut pos = 0;
                 for (i, c) in chunks.iter().enumerate() {
@@ -232,6 +327,13 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             "decode_stages_per_token": decode_stages,
             "decode_stages_note": "from PROFILED_DECODE_STEPS further steps with CUDA events between stages (launched without graphs)",
         }));
+        if opts.moe_detail {
+            if let Some(row) = rows.last_mut() {
+                row["prefill_moe_detail"] = json!(moe_detail_rows);
+                row["moe_routing"] = json!(routing);
+                row["moe_routing_note"] = json!("one entry per MoE layer call of the profiled prefill (chunk by chunk, layer by layer): routing_stats of its expert ids");
+            }
+        }
         if prefill_s > opts.max_prefill_secs {
             println!("stopping: prefill took {prefill_s:.1} s (> {} s)", opts.max_prefill_secs);
             break;
@@ -293,5 +395,40 @@ mod tests {
         add_costs(&mut acc, costs.clone());
         add_costs(&mut acc, costs);
         assert_eq!(acc[0].1.flops, 1.6e12);
+    }
+
+    /// The MoE sub-stages leave the table with their time added to "moe" (in its place, marks
+    /// unchanged), other repeated stages merge, and the sub-stages come back in order.
+    #[test]
+    fn moe_detail_folds_into_moe() {
+        let mut times: StageTimes = vec![("mhc+norms", 1.0, 2), ("moe", 0.125, 1), ("moe:route", 0.5, 1), ("moe:gate_up", 3.0, 1), ("mhc+norms", 2.0, 3), ("moe:route", 0.25, 1)];
+        let detail = split_moe_detail(&mut times);
+        assert_eq!(times, vec![("mhc+norms", 3.0, 5), ("moe", 3.875, 1)]);
+        assert_eq!(detail, vec![("moe:route", 0.5, 1), ("moe:gate_up", 3.0, 1), ("moe:route", 0.25, 1)]);
+        let mut no_moe: StageTimes = vec![("head", 1.0, 1), ("moe:down", 2.0, 1)];
+        split_moe_detail(&mut no_moe);
+        assert_eq!(no_moe, vec![("head", 1.0, 1), ("moe", 2.0, 0)]);
+    }
+
+    /// Counts, spread and tile fill of a small routing: 4 experts, 10 pairs (5, 3, 2, 0) plus an id
+    /// out of range.
+    #[test]
+    fn routing_stats_counts_tiles() {
+        let ids = [0, 0, 1, 0, 2, 1, 0, 2, 0, 1, 7];
+        let r = routing_stats(&ids, 4);
+        assert_eq!(r["pairs"], 10);
+        assert_eq!(r["experts_used"], 3);
+        assert_eq!(r["max_per_expert"], 5);
+        assert_eq!(r["mean_per_expert"].as_f64(), Some(2.5));
+        // Deviations 2.5, 0.5, -0.5, -2.5: variance 3.25.
+        assert!((r["cv"].as_f64().unwrap() - 3.25f64.sqrt() / 2.5).abs() < 1e-12);
+        // 64-row tiles: one per used expert, 10 of 192 rows filled.
+        assert_eq!(r["tiles"][2]["tiles"], 3);
+        assert!((r["tiles"][2]["filled"].as_f64().unwrap() - 10.0 / 192.0).abs() < 1e-12);
+        let many: Vec<i32> = (0..600).map(|i| i % 2).collect();
+        let r = routing_stats(&many, 2);
+        // 300 pairs each: ⌈300/256⌉ = 2 tiles of 256 per expert.
+        assert_eq!(r["tiles"][0]["tiles"], 4);
+        assert_eq!(r["cv"].as_f64(), Some(0.0));
     }
 }

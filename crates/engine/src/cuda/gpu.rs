@@ -79,6 +79,9 @@ pub struct Gpu {
     functions: HashMap<&'static str, CudaFunction>,
     /// Stage marks while profiling ([`Gpu::profile_start`]): (stage that starts here, event).
     profile: std::sync::Mutex<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
+    /// MoE detail ([`Gpu::moe_detail_start`], `gpu-bench --moe-detail`): while `Some`, `moe_forward`
+    /// marks its sub-stages (`moe:…`) and keeps a device copy of each layer's routed expert ids.
+    moe_detail: std::sync::Mutex<Option<Vec<CudaSlice<i32>>>>,
     /// cuBLASLt for `FP8_CUBLASLT`, created at first use (`Err` = why it is unavailable).
     pub(crate) lt: std::sync::Mutex<Option<Result<super::cublaslt::Lt, String>>>,
     /// Whether the warp-specialised `moe_ws_*` kernels compiled to the register count their
@@ -655,7 +658,7 @@ impl Gpu {
         let attention_wc_ok = attention_regs_ok(&super::ops_attention::ATTENTION_WC_KERNELS, "MLA_BF16_CAND_SPLIT", "MLA_BF16 keeps sparse_attention_wg")?;
         let graph = super::graph::GraphState::new(ctx.clone());
         let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as usize;
-        Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph, moe_ws_ok, moe_wt_ok, attention_wg_ok, attention_wc_ok })
+        Ok(Gpu { ctx, stream, arch, sms, functions, profile: std::sync::Mutex::new(None), moe_detail: std::sync::Mutex::new(None), lt: std::sync::Mutex::new(None), graph, moe_ws_ok, moe_wt_ok, attention_wg_ok, attention_wc_ok })
     }
 
     /// Whether the bf16 wgmma attention kernels (switch `MLA_BF16`) run on this device (sm_90a, and
@@ -689,6 +692,43 @@ impl Gpu {
     /// Whether stage marks are being recorded ([`Gpu::profile_start`]).
     pub fn profiling(&self) -> bool {
         self.profile.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// Starts MoE detail (a profiling aid for `gpu-bench --moe-detail`): until
+    /// [`Gpu::moe_detail_finish`], `moe_forward` marks its sub-stages with [`Gpu::moe_mark`] (names
+    /// `moe:…`; they show only while profiling) and keeps a copy of every layer's expert ids.
+    pub fn moe_detail_start(&self) {
+        *self.moe_detail.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
+    }
+
+    /// Marks MoE sub-stage `name` (as [`Gpu::stage`]) when MoE detail is on; otherwise nothing.
+    pub(crate) fn moe_mark(&self, name: &'static str) {
+        if self.moe_detail.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            self.stage(name);
+        }
+    }
+
+    /// Keeps a device copy of a layer's routed expert ids (`[t, k]` i32, the router's output) when
+    /// MoE detail is on (an asynchronous copy on the stream: no synchronisation).
+    ///
+    /// Errors: allocation or copy failures.
+    pub(crate) fn moe_detail_ids(&self, experts: &CudaSlice<i32>) -> Result<(), CudaError> {
+        let mut g = self.moe_detail.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(kept) = g.as_mut() {
+            let mut copy = drv("alloc", self.stream.alloc_zeros::<i32>(experts.len()))?;
+            drv("copy", self.stream.memcpy_dtod(experts, &mut copy))?;
+            kept.push(copy);
+        }
+        Ok(())
+    }
+
+    /// Stops MoE detail; returns the kept expert ids of each MoE layer call in call order (layers of
+    /// the first chunk, then of the next …), downloaded.
+    ///
+    /// Errors: a failed download.
+    pub fn moe_detail_finish(&self) -> Result<Vec<Vec<i32>>, CudaError> {
+        let kept = self.moe_detail.lock().unwrap_or_else(|e| e.into_inner()).take().unwrap_or_default();
+        kept.iter().map(|b| self.download(b)).collect()
     }
 
     /// Marks that the work queued from here on belongs to stage `name` (until the next mark). A

@@ -1208,7 +1208,9 @@ impl Gpu {
         // TC_LINEAR=fp8: DeepSeek's official numerics on every path below.
         let official = mode == super::gpu::TcMode::Fp8;
         let opts = super::ops_moe::MoeOptions::from_switches();
+        self.moe_mark("moe:route");
         let (experts, weights) = self.moe_route(cfg, layer, f, ids, t)?;
+        self.moe_detail_ids(&experts)?;
         // Below 64 tokens (decode) the per-expert path runs unless MOE_GROUPED_DECODE asks for the
         // grouped one there too (no host synchronisation).
         let min_t = if crate::switches::on("MOE_GROUPED_DECODE") { 1 } else { super::gpu::TC_LINEAR_MIN_TOKENS };

@@ -657,6 +657,7 @@ impl Gpu {
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
         let wt = self.moe_wt_runs(tables, tk, e, opts);
+        self.moe_mark("moe:group+gather");
         let g = self.moe_group(experts, tk, k, e, if wt { 256 } else { opts.tile_rows(tk, e, false, false) })?;
         let qa = self.act_quant(f, t, d)?;
         let kb = d / super::ops_q8::Q8_BLOCK;
@@ -680,6 +681,7 @@ impl Gpu {
         // unfused path writes all r_cap rows (swiglu over the zero-filled yg / yu). Rows ≥ R (and
         // moe_wt's sub-tiles of padding alone) are read by no tile and not quantized.
         let mut hf = unsafe { self.scratch::<f32>(g.r_cap * inter) }?;
+        self.moe_mark("moe:gate_up");
         if opts.fused_swiglu {
             self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
         } else {
@@ -690,12 +692,14 @@ impl Gpu {
             self.swiglu(&yg, &yu, &mut hf, g.r_cap * inter, limit)?;
             self.scale_rows_by_route(&mut hf, &g.row_dst.slice(..), weights, g.r_cap, inter)?;
         }
+        self.moe_mark("moe:down");
         let hq = self.act_quant_grouped(&hf, g.r_cap, inter, wt, g.quantized_rows(wt))?;
         // SAFETY: as in moe_experts_grouped: every routed (token, slot) row is scattered to, and the
         // combine reads no other.
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
         self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut slot_out), None, weights, d, inter, limit)?;
         // The shared expert's gate and up take the routed experts' quantisation of f.
+        self.moe_mark("moe:shared+combine");
         self.moe_shared_and_combine(layer, f, Some(&qa), t, k, d, limit, &slot_out, weights, Some((experts, e)), true)
     }
 }
