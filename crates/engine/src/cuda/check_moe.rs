@@ -658,6 +658,10 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
             ids.extend(chosen);
         }
         let dids = gpu.upload(&ids)?;
+        // The same layer under a skewed routing: expert popularity log-normal (σ = 0.42), so that
+        // pairs per expert spread as the random-weight bench's score layers do (coefficient of
+        // variation ~0.43, `gpu-bench --moe-detail`; uniform picks give ~0.07).
+        let skewed = gpu.upload(&skewed_routes(seed, t, k, e, 0.42))?;
         let dw = gpu.upload(&vec![1.0f32 / k as f32; t * k])?;
         let routed_flops = 2.0 * 3.0 * (t * k) as f64 * (inter * d) as f64;
         let shared_flops = 2.0 * 3.0 * t as f64 * (inter * d) as f64;
@@ -689,6 +693,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, opts).map(|_| ()))?;
             record_time(&format!("grouped fp8 wgmma {name}"), ms);
         }
+        let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &skewed, &dw, on).map(|_| ()))?;
+        record_time("grouped fp8 wgmma all on skewed", ms);
         let ms = switch_scope(&[("MOE_FP8_WS", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 wgmma ws off", ms);
         let ms = switch_scope(&[("MOE_FP8_WT", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
@@ -710,13 +716,17 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         // And the 256-row tiles (moe_wt, forced) against moe_ws's 128-row ones (the same forcing
         // with MOE_FP8_WT off gives 128).
         let q8_256: Run = &|| gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, t256);
+        // … and under the skewed routing (many 256-row tiles with one or two live sub-tiles).
+        let q8_256_skewed: Run = &|| gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &skewed, &dw, t256);
         // (the key saying whether the switched kernel ran, its value, and whether the record needs it
         // to have run: moe_wt's compares nothing otherwise).
         type Ran<'a> = Option<(&'a str, bool, bool)>;
-        let runs: [(&str, &str, Run, &str, Ran); 3] = [
+        let wt_ran = gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, t256));
+        let runs: [(&str, &str, Run, &str, Ran); 4] = [
             ("moe_q8", "MOE_FP8_WS", q8, "all on, both with 128-row tiles", None),
             ("moe_grouped", "MOE_BF16_WS", split, "all on, both with 128-row tiles", Some(("moe_wbs_ran", wbs_runs(gpu, d, inter, t * k, e, t128), false))),
-            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, t256)), true))),
+            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", wt_ran, true))),
+            ("moe_q8 skewed", "MOE_FP8_WT", q8_256_skewed, "all on with 256-row tiles forced (off: 128), skewed routing", Some(("moe_wt_ran", wt_ran, true))),
         ];
         for (op, switch, run, vs, ran) in runs {
             let ws = gpu.download(&*run()?)?;
@@ -733,7 +743,70 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
     Ok(rows)
 }
 
+/// `t` tokens' top-`k` expert ids (distinct per token) drawn with log-normal expert popularity
+/// (weights exp(σ·z_e), z_e standard normal per expert), deterministic in `seed`: a routing whose
+/// pairs per expert spread like a router's on real activations (σ 0.42: coefficient of variation
+/// ~0.43 over 256 experts) instead of uniformly.
+fn skewed_routes(seed: u64, t: usize, k: usize, e: usize, sigma: f64) -> Vec<i32> {
+    let mut h = crate::testing::fnv1a64(&format!("{seed}:skewed"));
+    let mut next = move || {
+        h ^= h << 13;
+        h ^= h >> 7;
+        h ^= h << 17;
+        // 53 random bits in (0, 1).
+        ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let mut cum = Vec::with_capacity(e);
+    let mut total = 0.0;
+    for _ in 0..e {
+        // Box–Muller: one standard normal per expert.
+        let z = (-2.0 * next().ln()).sqrt() * (2.0 * std::f64::consts::PI * next()).cos();
+        total += (sigma * z).exp();
+        cum.push(total);
+    }
+    let k = k.min(e);
+    let mut ids = Vec::with_capacity(t * k);
+    for _ in 0..t {
+        let start = ids.len();
+        while ids.len() - start < k {
+            let u = next() * total;
+            let x = cum.partition_point(|&c| c < u).min(e - 1) as i32;
+            if !ids[start..].contains(&x) {
+                ids.push(x);
+            }
+        }
+    }
+    ids
+}
+
 /// Whether every check among timing rows passed (rows without `"pass"` are timings).
 pub fn timing_checks_pass(rows: &[Value]) -> bool {
     rows.iter().all(|r| r.get("pass").and_then(Value::as_bool) != Some(false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The skewed routing: distinct ids per token, in range, deterministic, and spread like the
+    /// bench's score layers (coefficient of variation of pairs per expert 0.3–0.6 at 8,192 × 6 over
+    /// 256 experts; uniform picks ~0.07).
+    #[test]
+    fn skewed_routes_spread() {
+        let (t, k, e) = (8192, 6, 256);
+        let ids = skewed_routes(7, t, k, e, 0.42);
+        assert_eq!(ids, skewed_routes(7, t, k, e, 0.42));
+        assert_eq!(ids.len(), t * k);
+        let mut count = vec![0usize; e];
+        for tok in ids.chunks(k) {
+            for (i, &x) in tok.iter().enumerate() {
+                assert!((0..e as i32).contains(&x));
+                assert!(!tok[..i].contains(&x));
+                count[x as usize] += 1;
+            }
+        }
+        let mean = (t * k) as f64 / e as f64;
+        let cv = (count.iter().map(|&c| (c as f64 - mean).powi(2)).sum::<f64>() / e as f64).sqrt() / mean;
+        assert!((0.3..0.6).contains(&cv), "cv {cv}");
+    }
 }
