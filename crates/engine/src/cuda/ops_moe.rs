@@ -609,8 +609,6 @@ impl Gpu {
         let cfg = self.moe_launch_config(fname, g, n, super::ops_q8::Q8_BN, super::ops_q8::smem_of(fname), opts)?;
         let (n_i, k_i) = (n as i32, k as i32);
         let null = 0u64;
-        // moe_wt's unit counter (GWT_QUEUE), zero at the launch.
-        let queue = if family == "moe_wt" { Some(self.zeros::<i32>(1)?) } else { None };
         let mut b = self.stream.launch_builder(self.f(fname));
         b.arg(xq).arg(xsa).arg(w.0).arg(w.1).arg(w3.0).arg(w3.1).arg(&g.items).arg(&g.n_items);
         match y {
@@ -634,17 +632,13 @@ impl Gpu {
             let bs = tables.block_smax.as_ref().ok_or_else(|| bad("moe_wt without block scale tables"))?;
             b.arg(&bs[blocks.0]).arg(&bs[blocks.1]);
         }
-        if let Some(q) = &queue {
-            b.arg(q);
-        }
         // SAFETY: matches moe_q8's signature; xq/xsa hold r_cap rows of Kp = k bytes / k/128 scales
         // (moe_gather_q8, or act_quant_grouped: defined on the rows a tile reads; for moe_wt in
         // their tiled layout, r_cap a multiple of 128 and every tile's rows within one expert's,
         // dst ≥ 0 first), items come from moe_group_plan, the tables hold E addresses of
         // weights checked by GpuExpertTables::build (q8), y/hf are sized by the caller for r_cap
         // (plain, swiglu) or T·k (scatter) rows; gamma holds T·k weights indexed by row_dst; moe_wt:
-        // the two tables of GpuExpertTables::block_smax for w and w3 ([E][ceil(rows/128)][k/128])
-        // and a zeroed unit counter.
+        // the two tables of GpuExpertTables::block_smax for w and w3 ([E][ceil(rows/128)][k/128]).
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
     }
 

@@ -1121,15 +1121,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef MOE_WT_DIAG
 #define MOE_WT_DIAG 0
 #endif
-// Work distribution (GWT_QUEUE): 0 each block takes units blockIdx.x, + gridDim.x, … (grid-stride);
-// 1 its first unit is blockIdx.x and every next one is claimed from the launch's counter (queue,
-// zeroed by the host: unit gridDim.x + atomicAdd(queue, 1)), one unit ahead, by the producer's
-// thread 0, which publishes it to the block through gwt_units. Every unit computes the same values
-// wherever it runs (no unit reads another's outputs), so the outputs are the same bits either way;
-// the queue only evens out blocks whose units hold different numbers of live sub-tiles.
-#ifndef GWT_QUEUE
-#define GWT_QUEUE 0
-#endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
 
@@ -1245,7 +1236,7 @@ template <int EPI>
 __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
                                        const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, const int* n_items,
                                        float* y, float* hf, int ldh, const int* dst, const float* gamma, int N, int K, float limit,
-                                       const u8* bsg, const u8* bsu, int* queue) {
+                                       const u8* bsg, const u8* bsu) {
     typedef GwtLayout L;
     constexpr int ST = L::STAGES, RAW = L::RAW, NP = GWT_PRODUCERS, LAG = GWT_LAG;
     static_assert(LAG >= 1, "the copies run ahead of the conversion");
@@ -1268,14 +1259,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     }
     gq_fill_lut(lut, tid, GWT_THREADS);
     __syncthreads();
-    // GWT_QUEUE: the block's units in order, unit k + 1 in slot (k + 1) % 8, written by producer
-    // thread 0 when the copies of unit k are done (LAG steps before unit k's last step is
-    // converted, so before that step's full barrier, which every reader waited on first). The
-    // copy side runs at most STAGES + LAG + 1 steps (so units) past the slowest reader: 8 slots
-    // are never overwritten before they are read, even with one K step per unit.
-    __shared__ int gwt_units[8];
-    (void)gwt_units;
-    (void)queue;
 
     const int tiles_n = (N + 127) / 128;
     const int total = *n_items * tiles_n;
@@ -1300,30 +1283,10 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         // The block's steps: its units (grid-stride) × KT. The packed weights of step j + LAG are
         // copied (into raw slot (j + LAG) % RAW) before step j's stage is awaited, so the copies run
         // LAG steps ahead of the conversion whatever the ring of stages holds.
-#if GWT_QUEUE
-        // Copy side: unit cw (the block's cu-th), step ck within it, steps issued jn; copying while
-        // cw < total. Thread 0 holds the unit after cw, claimed when cw started (its latency
-        // hidden by cw's steps).
-        int cw = blockIdx.x, ck = 0, jn = 0, cu = 0;
-        bool copying = cw < total;
-        int ahead = total;
-        if (p == 0 && copying) ahead = (int)gridDim.x + atomicAdd(queue, 1);
-        // The block's next unit after cw (every producer thread, in step).
-        auto next_unit = [&]() -> int {
-            cu++;
-            if (p == 0) {
-                *reinterpret_cast<volatile int*>(gwt_units + (cu & 7)) = ahead;
-                if (ahead < total) ahead = (int)gridDim.x + atomicAdd(queue, 1);
-            }
-            GW_ASM("bar.sync 1, 128;" ::: "memory");  // the producer warpgroup: gwt_units written
-            return *reinterpret_cast<volatile int*>(gwt_units + (cu & 7));
-        };
-#else
         const int units = blockIdx.x < total ? (total - 1 - blockIdx.x) / gridDim.x + 1 : 0;
         const int steps = units * KT;
         // Copy side: unit cw (grid-stride index), step ck within it, steps issued jn.
         int cw = blockIdx.x, ck = 0, jn = 0;
-#endif
         const u8* b_src[4];
         const u8* s_src[4];
         u32 b_ok = 0;
@@ -1347,11 +1310,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 }
             }
         };
-#if GWT_QUEUE
-        if (copying) copy_unit();
-#else
         if (steps > 0) copy_unit();
-#endif
         // The scale words of the last step issued (and its block scales, gate | up << 8), loaded
         // with plain loads and stored into the thread's own words of that step's raw slot when the
         // next copy is issued (before that step is converted).
@@ -1363,11 +1322,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 for (int u = 0; u < 5; u++) *reinterpret_cast<u32*>(gbase + L::SW + pend_slot * L::SW_SLOT + (u * NP + p) * 4) = pend[u];
                 pend_slot = -1;
             }
-#if GWT_QUEUE
-            if (copying) {
-#else
             if (jn < steps) {
-#endif
                 const int slot = jn % RAW;
 #if !(MOE_WT_DIAG & 128)
 #pragma unroll
@@ -1385,14 +1340,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 jn++;
                 if (++ck == KT) {
                     ck = 0;
-#if GWT_QUEUE
-                    cw = next_unit();
-                    copying = cw < total;
-                    if (copying) copy_unit();
-#else
                     cw += gridDim.x;
                     if (jn < steps) copy_unit();
-#endif
                 }
             }
             gm_commit();  // an empty group past the last step keeps wait_group's count
@@ -1400,11 +1349,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         for (int i = 0; i < LAG; i++) issue();
         GwsRing<ST> ring;
         int j = 0;  // steps converted
-#if GWT_QUEUE
-        for (int w = blockIdx.x, uc = 0; w < total; uc++) {
-#else
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
-#endif
             const GqProb P = prob(w);
             // The live sub-tiles are a prefix: a tile's rows are one expert's (items start at its
             // bm-aligned offset), whose padding rows come last (moe_group_plan), and its first row
@@ -1471,9 +1416,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #endif
                 gws_arrive(full0 + 8 * s);
             }
-#if GWT_QUEUE
-            w = *reinterpret_cast<volatile int*>(gwt_units + ((uc + 1) & 7));  // written by this warpgroup's copy side LAG steps ago
-#endif
         }
         gm_wait<0>();
         return;
@@ -1487,12 +1429,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     GwsRing<ST> ring;
-#if GWT_QUEUE
-    for (int w = blockIdx.x, uc = 0; w < total; uc++) {
-        int wn = total;  // the next unit, read at the unit's last step (after its full barrier)
-#else
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
-#endif
         const GqProb P = prob(w);
         const bool l0 = live(P.m0, 2 * wg), l1 = live(P.m0, 2 * wg + 1);
         const int row0 = P.m0 + wg * 128 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 in sub-tile 1)
@@ -1533,9 +1470,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             const Sc next = scales(kt + 1);
             const u32 sb = base + ring.s * L::STAGE;
             gws_wait(full0 + 8 * ring.s, ring.ph);
-#if GWT_QUEUE
-            if (kt == KT - 1) wn = *reinterpret_cast<volatile int*>(gwt_units + ((uc + 1) & 7));
-#endif
             __syncwarp();  // converged for the .aligned wgmma instructions
             // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1).
             auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
@@ -1570,9 +1504,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
 #endif
         }
-#if GWT_QUEUE
-        w = wn;
-#endif
     }
 }
 
@@ -1583,8 +1514,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
              const unsigned long long* __restrict__ s3tab, const int* __restrict__ items, const int* __restrict__ n_items, \
              float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                         \
              const float* __restrict__ gamma, int N, int K, float limit, const u8* __restrict__ bsg,                      \
-             const u8* __restrict__ bsu, int* __restrict__ queue) {                                                       \
-        moe_wt<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu, queue); \
+             const u8* __restrict__ bsu) {                                                                                \
+        moe_wt<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu);      \
     }
 
 MOE_WT_ENTRY(moe_wt_fp4_256_plain, 0)
