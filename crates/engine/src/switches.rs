@@ -154,13 +154,6 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only attention`) `sparse_attention fused q norm bf16 …` records (bf16 raw queries against their exact widening fed as f32 raw queries, bit for bit, every streaming kernel, f32 and plane/bf16 output), gpu-check (`--only q8`) `linear_official_bf16 …` records (against the f32 product rounded to bf16: at most 1 bf16 ulp apart, NMSE ≤ 1e-5; vs the CPU's FP8 product rounded to bf16); the switch matrix and qualify (reported, not judged)",
     },
     Switch {
-        name: "MOE_W2_BF16_OUT",
-        values: &["off", "on"],
-        aliases: ON_OFF_ALIASES,
-        replaces: "the f32 outputs of the routed experts' down projection (W2; official numerics, TC_LINEAR=fp8) that the MoE combine adds: each rounded to bf16, as DeepSeek's fp4_gemm returns them before MoE.forward adds them in f32 (OFF-M `y[idx] += expert(…)`); the 256-row grouped kernel (moe_wt, MOE_FP8_WT) writes bf16 (moe_wt_fp4_256_scatter_bf16) and the combine widens them — half the bytes written by the down projection and read by the combine (8 fewer per routed pair and channel: ~0.8 GB per layer at 8,192 tokens × top-6 × 4,096); the other paths (per-expert, 64/128-row tiles) write f32 and the combine rounds each value as it reads it (the same values, no gain); not exact, off by default",
-        parity: "gpu-check (`--only moe`) `moe_q8 … MOE_W2_BF16_OUT …` records (the layer with moe_wt's bf16 outputs against the 128-row tiles' f32 outputs rounded in the combine, bit for bit; against the f32 layer, NMSE ≤ 1e-4), `moe_combine bits (… bf16 …)` (`--only mhc`: both forms against the f64 sums of the rounded values replayed on the host); the switch matrix and qualify (reported, not judged)",
-    },
-    Switch {
         name: "MLA_STREAM_FAST_EXP",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
@@ -527,7 +520,6 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MLA_SPLIT_OUT", &[("MLA_STREAM_TOPK", &["on"]), ("LINEAR_CUBLASLT", &["on"]), ("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
     ("WQ_B_BF16_OUT", &[("TC_LINEAR", &["fp8"]), ("MLA_STREAM_TOPK", &["on"]), ("MLA_FUSED_Q_NORM", &["on"])]),
-    ("MOE_W2_BF16_OUT", &[("TC_LINEAR", &["fp8"])]),
     ("MHC_BF16_STREAMS", &[("MHC_FUSED", &["on"])]),
     ("MHC_MIX_TC", &[("MHC_FUSED", &["on"]), ("MHC_BF16_STREAMS", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
@@ -754,16 +746,6 @@ pub fn configurations() -> Vec<Configuration> {
         false,
         false,
     ));
-    // The routed experts' W2 outputs in bf16 (off by default, not exact) with the serving stacks'
-    // numerics (bench-serving's configuration).
-    v.push(c(
-        "MOE_W2_BF16_OUT=on (with TC_LINEAR=fp8, MLA_BF16=on, INDEXER_FP8=on, WQ_B_BF16_OUT=on and MHC_BF16_STREAMS=on)".into(),
-        vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on"), ("MOE_W2_BF16_OUT", "on")],
-        Role::Fast,
-        false,
-        false,
-        false,
-    ));
     // The MLA_BF16 rows above run the candidate-split kernel (MLA_BF16_CAND_SPLIT's default); its
     // predecessor with the serving stacks' numerics.
     v.push(c(
@@ -884,7 +866,7 @@ mod tests {
         let official_all_on = cs.iter().position(|c| c.role == Role::OfficialAllOn).expect("official all-on run");
         assert_eq!(cs[official_all_on].overrides, [("TC_LINEAR", "fp8")]);
         assert!(cs.iter().enumerate().all(|(i, c)| !(c.official && c.same_bits_as_all_on) || i > official_all_on));
-        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on"), ("MOE_W2_BF16_OUT", "on")].iter().any(|o| c.overrides.contains(o));
+        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on")].iter().any(|o| c.overrides.contains(o));
         assert!(cs.iter().all(|c| c.exact != inexact(c)));
         assert!(cs.iter().filter(|c| c.official).count() >= 3);
     }

@@ -27,7 +27,7 @@
 
 use super::check::{differing_bits, differing_values, flag_record, median_ms, random, record, record_tol};
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
-use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter, HcPostCoefs, Slots};
+use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter, HcPostCoefs};
 use super::CudaError;
 use crate::cpu::ops;
 use crate::default_model::default_config;
@@ -591,39 +591,28 @@ fn check_moe_combine(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool,
                 slot[i * d..(i + 1) * d].iter_mut().for_each(|v| *v = f32::NAN);
             }
         }
-        // The host's f64 fma sum of the slots as the kernel reads them (`round`: each rounded to bf16).
-        let replay = |round: bool| -> Vec<f32> {
-            let mut want = vec![0f32; t * d];
-            for ti in 0..t {
-                for i in 0..d {
-                    let mut acc = 0f64;
-                    for s in 0..k {
-                        let ts = ti * k + s;
-                        let g = if with_w { w[ts] as f64 } else { 1.0 };
-                        let routed = experts[ts] >= 0 && experts[ts] < e as i32;
-                        let v = slot[ts * d + i];
-                        let v = if round { quant::bf16_to_f32(quant::f32_to_bf16(v)) } else { v };
-                        acc = g.mul_add(if routed { v as f64 } else { 0.0 }, acc);
-                    }
-                    if with_shared {
-                        acc += sh[ti * d + i] as f64;
-                    }
-                    want[ti * d + i] = acc as f32;
+        let mut want = vec![0f32; t * d];
+        for ti in 0..t {
+            for i in 0..d {
+                let mut acc = 0f64;
+                for s in 0..k {
+                    let ts = ti * k + s;
+                    let g = if with_w { w[ts] as f64 } else { 1.0 };
+                    let routed = experts[ts] >= 0 && experts[ts] < e as i32;
+                    acc = g.mul_add(if routed { slot[ts * d + i] as f64 } else { 0.0 }, acc);
                 }
+                if with_shared {
+                    acc += sh[ti * d + i] as f64;
+                }
+                want[ti * d + i] = acc as f32;
             }
-            want
-        };
-        let (ds, dw, dx, dsh) = (gpu.upload(&slot)?, gpu.upload(&w)?, gpu.upload(&experts)?, gpu.upload(&sh)?);
-        // The bf16 slots MOE_W2_BF16_OUT's moe_wt scatter writes (the host's round to nearest even).
-        let dsb = gpu.upload(&slot.iter().map(|&v| quant::f32_to_bf16(v)).collect::<Vec<u16>>())?;
-        let label = format!("(k {k}, d {d}{}{}{})", if with_w { ", γ" } else { "" }, if with_shared { ", shared" } else { "" }, if with_ids { ", unrouted slots" } else { "" });
-        for (form, slots, round) in [("", Slots::F32 { values: &ds, round_bf16: false }, false), (" f32 rounded to bf16", Slots::F32 { values: &ds, round_bf16: true }, true), (" bf16 slots", Slots::Bf16(&dsb), true)] {
-            let mut dout = gpu.zeros::<f32>(t * d)?;
-            gpu.moe_combine(slots, with_w.then_some(&dw), with_ids.then_some((&dx, e)), with_shared.then_some(&dsh), &mut dout, t, k, d)?;
-            let differ = differing_bits(&gpu.download(&dout)?, &replay(round));
-            let vs = if round { "the f64 fma sum of the slots rounded to bf16, replayed on the host" } else { "the f64 fma sum replayed on the host" };
-            all &= flag_record(out, &format!("moe_combine bits{form} {label}"), json!({"differing_values": differ, "of": t * d, "vs": vs}), differ == 0);
         }
+        let (ds, dw, dx, dsh) = (gpu.upload(&slot)?, gpu.upload(&w)?, gpu.upload(&experts)?, gpu.upload(&sh)?);
+        let mut dout = gpu.zeros::<f32>(t * d)?;
+        gpu.moe_combine(&ds, with_w.then_some(&dw), with_ids.then_some((&dx, e)), with_shared.then_some(&dsh), &mut dout, t, k, d)?;
+        let differ = differing_bits(&gpu.download(&dout)?, &want);
+        let label = format!("moe_combine bits (k {k}, d {d}{}{}{})", if with_w { ", γ" } else { "" }, if with_shared { ", shared" } else { "" }, if with_ids { ", unrouted slots" } else { "" });
+        all &= flag_record(out, &label, json!({"differing_values": differ, "of": t * d, "vs": "the f64 fma sum replayed on the host"}), differ == 0);
     }
     Ok(all)
 }
@@ -783,13 +772,9 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let dexp = gpu.upload(&(0..t * k).map(|i| (i % 256) as i32).collect::<Vec<_>>())?;
     let dsh = gpu.upload(&random(seed, "hct.shared", t * d, 1.0))?;
     let mut dco = gpu.zeros::<f32>(t * d)?;
-    let ms = median_ms(gpu, repeats, || gpu.moe_combine(Slots::F32 { values: &dslot, round_bf16: false }, Some(&dwk), Some((&dexp, 256)), Some(&dsh), &mut dco, t, k, d))?;
+    let ms = median_ms(gpu, repeats, || gpu.moe_combine(&dslot, Some(&dwk), Some((&dexp, 256)), Some(&dsh), &mut dco, t, k, d))?;
     report(&mut rows, "moe_combine (k 6, d 4096)", ms, f4 * ((k + 2) * d) as f64);
-    // MOE_W2_BF16_OUT's combine of bf16 slots: half the routed bytes.
-    let dslot_b = gpu.upload(&vec![0x3f80u16; t * k * d])?;
-    let ms = median_ms(gpu, repeats, || gpu.moe_combine(Slots::Bf16(&dslot_b), Some(&dwk), Some((&dexp, 256)), Some(&dsh), &mut dco, t, k, d))?;
-    report(&mut rows, "moe_combine bf16 slots (k 6, d 4096)", ms, f4 * ((k as f64) / 2.0 + 2.0) * d as f64);
-    drop((dslot, dslot_b, dsh, dco));
+    drop((dslot, dsh, dco));
     let (heads, hd) = (64usize, 512usize);
     let rope = super::check_attention::flash_compress_rope();
     let inv = gpu.upload(rope.inv_freq())?;

@@ -79,42 +79,6 @@ impl HcStream for u16 {
     const NORM_STAGED: bool = true;
 }
 
-/// The routed experts' outputs `[t, k, d]` a [`Gpu::moe_combine`] reads.
-#[derive(Clone, Copy)]
-pub enum Slots<'a> {
-    /// f32 as the down projection wrote them; `round_bf16`: each rounded to bf16 (nearest even) as
-    /// it is read — switch `MOE_W2_BF16_OUT` on the paths whose down projection writes f32.
-    F32 {
-        /// The values.
-        values: &'a CudaSlice<f32>,
-        /// Round each to bf16 first.
-        round_bf16: bool,
-    },
-    /// bf16 (u16 bits) as `moe_wt_fp4_256_scatter_bf16` writes them under `MOE_W2_BF16_OUT`.
-    Bf16(&'a CudaSlice<u16>),
-}
-
-impl Slots<'_> {
-    /// Values held.
-    pub fn len(&self) -> usize {
-        match self {
-            Slots::F32 { values, .. } => values.len(),
-            Slots::Bf16(v) => v.len(),
-        }
-    }
-
-    /// Whether no value is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// Whether the routed experts' down-projection outputs are rounded to bf16 (switch
-/// `MOE_W2_BF16_OUT`; it acts with `TC_LINEAR=fp8`, DeepSeek's numerics, whose fp4_gemm writes bf16).
-pub fn w2_bf16_out() -> bool {
-    super::gpu::tc_linear_mode() == super::gpu::TcMode::Fp8 && crate::switches::on("MOE_W2_BF16_OUT")
-}
-
 /// Entry points of `kernels/moe.cu`.
 pub const MOE_ENTRY_POINTS: &[&str] = &[
     "router_scores_f32",
@@ -122,7 +86,6 @@ pub const MOE_ENTRY_POINTS: &[&str] = &[
     "gather_rows_f32",
     "scatter_rows_f32",
     "moe_combine_f32",
-    "moe_combine_bf16",
     "moe_group_scan",
     "moe_group_plan",
     "moe_gather_bf16",
@@ -986,19 +949,18 @@ impl Gpu {
 
     /// `out[t] = Σ_slot γ[t, slot]·slot_out[t, slot] (slot order) + shared[t]` for `t` tokens of width
     /// `d`, in f64 (`acc = fma(γ, v, acc)` per slot from 0, then + shared; rounded to f32):
-    /// `slots` `[t, k, d]` holds the unscaled routed outputs `W2·h` ([`Slots`]: f32, optionally
-    /// rounded to bf16 as they are read, or bf16), `weights` `[t, k]` the γ
+    /// `slot_out` `[t, k, d]` holds the unscaled routed outputs `W2·h`, `weights` `[t, k]` the γ
     /// (applied here, after W2, as in exact mode; `None`: γ = 1, for the official order where γ came
     /// before W2), `shared` `[t, d]` the shared expert (optional). With `experts` = (`[t, k]` expert
     /// ids, E), slots whose expert lies outside 0..E count as zeros whatever their buffer holds (the
-    /// grouped paths never write them). One launch (moe_combine_f32 or moe_combine_bf16, 4 channels
-    /// per thread when `d % 4 == 0`).
+    /// grouped paths never write them). One launch (moe_combine_f32, 4 channels per thread when
+    /// `d % 4 == 0`).
     ///
     /// Errors: a buffer too short.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine(&self, slots: Slots<'_>, weights: Option<&CudaSlice<f32>>, experts: Option<(&CudaSlice<i32>, usize)>, shared: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>, t: usize, k: usize, d: usize) -> Result<(), CudaError> {
+    pub fn moe_combine(&self, slot_out: &CudaSlice<f32>, weights: Option<&CudaSlice<f32>>, experts: Option<(&CudaSlice<i32>, usize)>, shared: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>, t: usize, k: usize, d: usize) -> Result<(), CudaError> {
         const W: &str = "moe_combine";
-        need(W, "slot_out", slots.len(), t * k * d)?;
+        need(W, "slot_out", slot_out.len(), t * k * d)?;
         if let Some(w) = weights {
             need(W, "weights", w.len(), t * k)?;
         }
@@ -1012,28 +974,14 @@ impl Gpu {
         if t == 0 || d == 0 {
             return Ok(());
         }
-        // 4 channels per thread when d % 4 == 0, else 1.
+        // moe_combine_f32: 4 channels per thread when d % 4 == 0, else 1.
         let per_thread = if d.is_multiple_of(4) { 4 } else { 1 };
         let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize * per_thread) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (k_i, d_i) = (int(W, "k", k)?, int(W, "d", d)?);
         let e_i = int(W, "experts", experts.map_or(0, |(_, e)| e))?;
         let null = 0u64;
-        let name = match slots {
-            Slots::F32 { .. } => "moe_combine_f32",
-            Slots::Bf16(_) => "moe_combine_bf16",
-        };
-        let mut b = self.stream.launch_builder(self.f(name));
-        let round: i32;
-        match slots {
-            Slots::F32 { values, round_bf16 } => {
-                round = i32::from(round_bf16);
-                b.arg(values)
-            }
-            Slots::Bf16(v) => {
-                round = 0;
-                b.arg(v)
-            }
-        };
+        let mut b = self.stream.launch_builder(self.f("moe_combine_f32"));
+        b.arg(slot_out);
         match weights {
             Some(w) => b.arg(w),
             None => b.arg(&null),
@@ -1047,12 +995,8 @@ impl Gpu {
             None => b.arg(&null),
         };
         b.arg(out).arg(&k_i).arg(&d_i).arg(&e_i);
-        if matches!(slots, Slots::F32 { .. }) {
-            b.arg(&round);
-        }
-        // SAFETY: matches moe_combine_f32's (slots f32, round) or moe_combine_bf16's (slots u16)
-        // signature; buffers checked above.
-        drv(name, unsafe { b.launch(cfg) }).map(|_| ())
+        // SAFETY: matches moe_combine_f32's signature; buffers checked above.
+        drv("moe_combine_f32", unsafe { b.launch(cfg) }).map(|_| ())
     }
 
     /// One SwiGLU expert on the first `m` rows of `x` (`[m, d]`): `y = W2·(silu(min(W1 x, L)) ⊙ clamp(W3 x, ±L))`,
@@ -1207,8 +1151,7 @@ impl Gpu {
             self.expert_ffn(&layer.experts[x], &xs, None, m, limit, &mut g, &mut u, &mut h, &mut y, official, official.then_some((&dst, weights)))?;
             self.scatter_rows(&y, &dst, &mut slot_out, t * k, d)?;
         }
-        let slots = Slots::F32 { values: &slot_out, round_bf16: official && w2_bf16_out() };
-        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, slots, weights, None, official)
+        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, &slot_out, weights, None, official)
     }
 
     /// The shared expert of `layer` over the first `t` rows of `f` (`[t, d]`; SwiGLU limit `limit`),
@@ -1231,18 +1174,18 @@ impl Gpu {
     }
 
     /// The end of every MoE path: the shared expert over all `t` tokens, then [`Gpu::moe_combine`]
-    /// of the routed outputs `slots` (`[t·k, d]`) with γ = `weights` (`[t, k]`); with `official`
+    /// of the routed outputs `slot_out` (`[t·k, d]`) with γ = `weights` (`[t, k]`); with `official`
     /// (DeepSeek's numerics, γ already applied before W2) the shared expert's inputs are
     /// FP8-quantized (`fq`: [`Gpu::act_quant`] of `f` when the caller made it, see
     /// [`Gpu::shared_expert`]) and γ = 1 here. `experts` (ids `[t, k]`, E): the grouped paths' routing, whose
     /// slots of ids outside 0..E they leave unwritten (`slot_out` need not be zero-filled). Returns
     /// the MoE output `[t, d]`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, fq: Option<&super::ops_q8::QuantizedActs>, t: usize, k: usize, d: usize, limit: f32, slots: Slots<'_>, weights: &CudaSlice<f32>, experts: Option<(&CudaSlice<i32>, usize)>, official: bool) -> Result<DevBuf<f32>, CudaError> {
+    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, fq: Option<&super::ops_q8::QuantizedActs>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, experts: Option<(&CudaSlice<i32>, usize)>, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let shared = self.shared_expert(layer, f, fq, t, d, limit, official)?;
         // SAFETY: moe_combine writes all t·d values.
         let mut out = unsafe { self.scratch::<f32>(t * d) }?;
-        self.moe_combine(slots, (!official).then_some(weights), experts, Some(&shared), &mut out, t, k, d)?;
+        self.moe_combine(slot_out, (!official).then_some(weights), experts, Some(&shared), &mut out, t, k, d)?;
         Ok(out)
     }
 

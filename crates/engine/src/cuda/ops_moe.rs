@@ -591,7 +591,7 @@ impl Gpu {
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
         self.moe_gemm(&g, tables, "scatter", split, opts, &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
         // Shared expert over all tokens, then the combine.
-        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, super::ops_mhc::Slots::F32 { values: &slot_out, round_bf16: false }, weights, Some((experts, e)), false)
+        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, &slot_out, weights, Some((experts, e)), false)
     }
 
     /// Launches one grouped FP8-activation GEMM `moe_<q8|w8|ws|wt>_<fmt>_<bm>_<epi>` (gemm_q8.cu; the
@@ -599,13 +599,9 @@ impl Gpu {
     /// for 256-row tiles, whose block scale tables `blocks` indexes in
     /// [`GpuExpertTables::block_smax`]: gate (or only) and up matrix, 0 = w1, 1 = w3, 2 = w2).
     #[allow(clippy::too_many_arguments)]
-    fn moe_q8<Y: cudarc::driver::DeviceRepr>(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: Option<&mut CudaSlice<Y>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
+    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
         // 256-row tiles exist only as moe_wt (FP4; chosen by ops_q8::wt_tiles).
         let family = if g.bm == 256 { "moe_wt" } else { super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok) };
-        // Only moe_wt has the scatter with bf16 outputs (MOE_W2_BF16_OUT); f32 otherwise (u16 for it).
-        if (epi == "scatter_bf16") != (std::mem::size_of::<Y>() == 2) || (epi == "scatter_bf16" && family != "moe_wt") {
-            return Err(bad(format!("grouped FP8 GEMM epilogue {epi} with {}-byte outputs on {family}", std::mem::size_of::<Y>())));
-        }
         let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
         let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
@@ -687,7 +683,7 @@ impl Gpu {
         let mut hf = unsafe { self.scratch::<f32>(g.r_cap * inter) }?;
         self.moe_mark("moe:gate_up");
         if opts.fused_swiglu {
-            self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), None::<&mut CudaSlice<f32>>, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
+            self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
         } else {
             let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
             let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
@@ -698,27 +694,13 @@ impl Gpu {
         }
         self.moe_mark("moe:down");
         let hq = self.act_quant_grouped(&hf, g.r_cap, inter, wt, g.quantized_rows(wt))?;
-        // MOE_W2_BF16_OUT: moe_wt writes the down projection's outputs as bf16 (half the bytes
-        // written and read by the combine); the other families write f32 and the combine rounds them
-        // as it reads them (the same values).
-        let bf16_out = super::ops_mhc::w2_bf16_out();
-        // SAFETY (both): as in moe_experts_grouped: every routed (token, slot) row is scattered to,
-        // and the combine reads no other.
-        let (mut slot_f32, mut slot_bf16) = if bf16_out && wt { (None, Some(unsafe { self.scratch::<u16>(tk * d) }?)) } else { (Some(unsafe { self.scratch::<f32>(tk * d) }?), None) };
-        if let Some(y) = slot_bf16.as_mut() {
-            self.moe_q8(&g, tables, "scatter_bf16", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut **y), None, weights, d, inter, limit)?;
-        }
-        if let Some(y) = slot_f32.as_mut() {
-            self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut **y), None, weights, d, inter, limit)?;
-        }
-        let slots = match (&slot_bf16, &slot_f32) {
-            (Some(b), _) => super::ops_mhc::Slots::Bf16(b),
-            (None, Some(v)) => super::ops_mhc::Slots::F32 { values: v, round_bf16: bf16_out },
-            (None, None) => return Err(bad("grouped FP8 MoE without its down projection's outputs")),
-        };
+        // SAFETY: as in moe_experts_grouped: every routed (token, slot) row is scattered to, and the
+        // combine reads no other.
+        let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
+        self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut slot_out), None, weights, d, inter, limit)?;
         // The shared expert's gate and up take the routed experts' quantisation of f.
         self.moe_mark("moe:shared+combine");
-        self.moe_shared_and_combine(layer, f, Some(&qa), t, k, d, limit, slots, weights, Some((experts, e)), true)
+        self.moe_shared_and_combine(layer, f, Some(&qa), t, k, d, limit, &slot_out, weights, Some((experts, e)), true)
     }
 }
 

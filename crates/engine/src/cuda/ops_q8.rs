@@ -66,7 +66,6 @@ pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
     "moe_wt_fp4_256_plain",
     "moe_wt_fp4_256_swiglu",
     "moe_wt_fp4_256_scatter",
-    "moe_wt_fp4_256_scatter_bf16",
     "fp4_block_smax",
     "moe_gather_q8",
     "scale_rows_by_route",
@@ -770,7 +769,7 @@ mod tests {
         assert_eq!(WT_SMEM, 201_336);
         const { assert!(WT_SMEM <= 227 * 1024) };
         assert_eq!(smem_of("moe_wt_fp4_256_swiglu"), WT_SMEM);
-        for epi in ["plain", "swiglu", "scatter", "scatter_bf16"] {
+        for epi in ["plain", "swiglu", "scatter"] {
             assert!(GEMM_Q8_ENTRY_POINTS.contains(&format!("moe_wt_fp4_256_{epi}").as_str()));
         }
         crate::switches::scoped(&[("MOE_FP8_WT", "on")], || {

@@ -1173,12 +1173,9 @@ struct GwtLayout {
 // staged, the layer gained ~0.1 ms, bench/moe_wt_variants_h200.log).
 // The thread's rows are row_a, row_a + 8 of the warp's 16 (row_a − lane / 4 …); per chunk it stores
 // rows lane / 8 + 4 i (i < 4), columns 4 (lane % 8) … + 3. EPI 1 stores hidden units (n0 / 2 + …;
-// N / 2 of them), EPI 2 rows dst[row] ≥ 0, EPI 0 every row (moe_wt has no T bound). OB (EPI 2
-// only, switch MOE_W2_BF16_OUT): E.y holds bf16 (u16) values, each f32 output rounded to nearest
-// even (cvt.rn, gm_bf16x2), four to an 8-byte store.
-template <int EPI, bool OB>
+// N / 2 of them), EPI 2 rows dst[row] ≥ 0, EPI 0 every row (moe_wt has no T bound).
+template <int EPI>
 __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int n0, int lane, float* sc, const float (&acc)[64]) {
-    static_assert(!OB || EPI == 2, "bf16 outputs are the scatter's");
     const int g4 = lane >> 2, c2 = (lane & 3) * 2, wr = row_a - g4;
     const GqRow R[2] = {gq_row<EPI>(E, row_a), gq_row<EPI>(E, row_a + 8)};
     // Output row of each stored row (row i / 2 of R on lane 4 (ρ % 8), ρ = lane / 8 + 4 i).
@@ -1222,19 +1219,6 @@ __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int 
         for (int i = 0; i < 4; i++) {
             if (EPI == 2 && orow[i] < 0) continue;
             const float4 v = *reinterpret_cast<const float4*>(sc + ((lane >> 3) + 4 * i) * 40 + 4 * (lane & 7));
-            if constexpr (OB) {
-                u16* db = reinterpret_cast<u16*>(out) + (size_t)orow[i] * ld + col;
-                const u32 lo = gm_bf16x2(v.x, v.y), hi = gm_bf16x2(v.z, v.w);
-                if (vec && col + 3 < width) {
-                    *reinterpret_cast<uint2*>(db) = make_uint2(lo, hi);
-                } else {
-                    if (col < width) db[0] = (u16)(lo & 0xffffu);
-                    if (col + 1 < width) db[1] = (u16)(lo >> 16);
-                    if (col + 2 < width) db[2] = (u16)(hi & 0xffffu);
-                    if (col + 3 < width) db[3] = (u16)(hi >> 16);
-                }
-                continue;
-            }
             float* d = out + (size_t)orow[i] * ld + col;
             if (vec && col + 3 < width) {
                 *reinterpret_cast<float4*>(d) = v;
@@ -1248,7 +1232,7 @@ __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int 
     }
 }
 
-template <int EPI, bool OB>
+template <int EPI>
 __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
                                        const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, const int* n_items,
                                        float* y, float* hf, int ldh, const int* dst, const float* gamma, int N, int K, float limit,
@@ -1513,10 +1497,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         {
 #if GWT_EPI_STAGED
             float* sc = reinterpret_cast<float*>(gbase + L::EPS) + warp * L::EPS_WARP;
-            if (l0) gwt_store<EPI, OB>(E, N, row0, P.n0, lane, sc, acc0);
-            if (l1) gwt_store<EPI, OB>(E, N, row0 + 64, P.n0, lane, sc, acc1);
+            if (l0) gwt_store<EPI>(E, N, row0, P.n0, lane, sc, acc0);
+            if (l1) gwt_store<EPI>(E, N, row0 + 64, P.n0, lane, sc, acc1);
 #else
-            static_assert(!OB, "bf16 scatter outputs need GWT_EPI_STAGED");
             if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
             if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
 #endif
@@ -1524,7 +1507,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     }
 }
 
-#define MOE_WT_ENTRY(NAME, EPI, OB)                                                                                       \
+#define MOE_WT_ENTRY(NAME, EPI)                                                                                           \
     extern "C" __global__ void __launch_bounds__(GWT_THREADS, 1)                                                          \
         NAME(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,         \
              const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
@@ -1532,14 +1515,12 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
              float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                         \
              const float* __restrict__ gamma, int N, int K, float limit, const u8* __restrict__ bsg,                      \
              const u8* __restrict__ bsu) {                                                                                \
-        moe_wt<EPI, OB>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu);  \
+        moe_wt<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu);      \
     }
 
-MOE_WT_ENTRY(moe_wt_fp4_256_plain, 0, false)
-MOE_WT_ENTRY(moe_wt_fp4_256_swiglu, 1, false)
-MOE_WT_ENTRY(moe_wt_fp4_256_scatter, 2, false)
-// The scatter with bf16 outputs (switch MOE_W2_BF16_OUT: y is [T·k, N] u16).
-MOE_WT_ENTRY(moe_wt_fp4_256_scatter_bf16, 2, true)
+MOE_WT_ENTRY(moe_wt_fp4_256_plain, 0)
+MOE_WT_ENTRY(moe_wt_fp4_256_swiglu, 1)
+MOE_WT_ENTRY(moe_wt_fp4_256_scatter, 2)
 
 extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB, float* __restrict__ sat, const u8* __restrict__ sw,
                                      int NB, float* __restrict__ swf) {

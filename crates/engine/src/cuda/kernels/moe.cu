@@ -36,10 +36,6 @@
 //   When d % 4 == 0 a thread owns 4 channels (float4 loads, MOE_COMBINE_G slots in flight before
 //   their sums; H200, T = 8,192, k 6, d 4,096: see bench/mhc_h200.log `time moe_combine`);
 //   otherwise one. Launch: grid (T, ceil(d / (256·c))), c = 4 or 1 channels per thread, block 256.
-//   round ≠ 0: each slot value rounded to bf16 before its term (switch MOE_W2_BF16_OUT, where the
-//   down projection wrote f32). moe_combine_bf16: the same with bf16 slots [T, k, d] (u16; the
-//   moe_wt scatter's under MOE_W2_BF16_OUT), widened exactly: the same sums as round ≠ 0 on the f32
-//   values they were rounded from.
 
 // Grouping for the grouped MoE GEMM (gemm.cu moe_gemm_*; host glue ops_moe.rs), deterministic
 // (integer counts, stable order, no atomics). Pairs i = token·k + slot of experts [T·k], taken in
@@ -285,26 +281,12 @@ __device__ __forceinline__ double moe_combine_term(double acc, double w, bool ro
 
 #define MOE_COMBINE_G 8  // slots loaded at once by moe_combine_f32
 
-// A slot value as the combine adds it: f32 as stored, or (round, MOE_W2_BF16_OUT on paths whose
-// GEMMs wrote f32) rounded to bf16 (nearest even, as gm_bf16x2 and the bf16 scatter round); bf16
-// slots (moe_combine_bf16) widened exactly.
-__device__ __forceinline__ float moe_slot(float v, int round) { return round ? fs_bf16((u16)(gm_bf16x2(v, v) & 0xffffu)) : v; }
-__device__ __forceinline__ float moe_slot(u16 v, int) { return fs_bf16(v); }
-__device__ __forceinline__ float4 moe_slot4(const float* p, int round) {
-    const float4 v = *reinterpret_cast<const float4*>(p);
-    return make_float4(moe_slot(v.x, round), moe_slot(v.y, round), moe_slot(v.z, round), moe_slot(v.w, round));
-}
-__device__ __forceinline__ float4 moe_slot4(const u16* p, int) {
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    return make_float4(fs_bf16((u16)(v.x & 0xffffu)), fs_bf16((u16)(v.x >> 16)), fs_bf16((u16)(v.y & 0xffffu)), fs_bf16((u16)(v.y >> 16)));
-}
-
-template <typename S>
-__device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, const float* __restrict__ weights, const int* __restrict__ experts,
-                                            const float* __restrict__ shared, float* __restrict__ out, int k, int d, int E, int round) {
+extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, const float* __restrict__ weights,
+                                           const int* __restrict__ experts, const float* __restrict__ shared,
+                                           float* __restrict__ out, int k, int d, int E) {
     const int t = blockIdx.x;
     if ((d & 3) == 0) {
-        // Four channels per thread; up to MOE_COMBINE_G slots' values loaded before their sums.
+        // Four channels per thread; up to MOE_COMBINE_G slots' float4s loaded before their sums.
         const int i = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
         if (i >= d) return;
         double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
@@ -312,7 +294,7 @@ __device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, cons
             float4 v[MOE_COMBINE_G];
 #pragma unroll
             for (int j = 0; j < MOE_COMBINE_G; j++)
-                if (s0 + j < k) v[j] = moe_slot4(slot_out + ((size_t)t * k + s0 + j) * d + i, round);
+                if (s0 + j < k) v[j] = *reinterpret_cast<const float4*>(slot_out + ((size_t)t * k + s0 + j) * d + i);
 #pragma unroll
             for (int j = 0; j < MOE_COMBINE_G; j++) {
                 if (s0 + j < k) {
@@ -339,21 +321,9 @@ __device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, cons
             const size_t ts = (size_t)t * k + s;
             const double w = weights ? (double)weights[ts] : 1.0;
             const bool routed = experts == nullptr || (experts[ts] >= 0 && experts[ts] < E);
-            acc = moe_combine_term(acc, w, routed, moe_slot(slot_out[ts * d + i], round));
+            acc = moe_combine_term(acc, w, routed, slot_out[ts * d + i]);
         }
         if (shared) acc += (double)shared[(size_t)t * d + i];
         out[(size_t)t * d + i] = (float)acc;
     }
-}
-
-extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, const float* __restrict__ weights,
-                                           const int* __restrict__ experts, const float* __restrict__ shared,
-                                           float* __restrict__ out, int k, int d, int E, int round) {
-    moe_combine<float>(slot_out, weights, experts, shared, out, k, d, E, round);
-}
-
-extern "C" __global__ void moe_combine_bf16(const u16* __restrict__ slot_out, const float* __restrict__ weights,
-                                            const int* __restrict__ experts, const float* __restrict__ shared,
-                                            float* __restrict__ out, int k, int d, int E) {
-    moe_combine<u16>(slot_out, weights, experts, shared, out, k, d, E, 0);
 }
