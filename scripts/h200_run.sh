@@ -106,5 +106,5 @@ case "${1:-}" in
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_graph.log" ;;
   bench-decode-base) timeout 400 "$B" gpu-bench --layers 20 --contexts 8192,131072 --prefill-repeats 1 --decode-steps 32 --out "$OUT/gpu_bench_h200_20layers_decode_base.json" > "$OUT/gpu_bench_h200_20layers_decode_base.log" 2>&1
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_base.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-cuda-mix|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
+  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
 esac

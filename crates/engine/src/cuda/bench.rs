@@ -46,10 +46,12 @@ pub struct BenchOptions {
     pub prefill_repeats: usize,
     /// Skip larger contexts once a prefill took longer than this many seconds.
     pub max_prefill_secs: f64,
-    /// Break the profiled prefill's MoE stage into its sub-stages (`moe:route`,
-    /// `moe:group+gather`, `moe:gate_up`, `moe:down`, `moe:shared+combine`; the grouped FP8 path's
-    /// marks) and report each MoE layer's routing ([`routing_stats`]). The "moe" row stays their
-    /// sum; the extra events and copies are outside the timed repeats but inside the profiled one.
+    /// Break the profiled prefill's MoE stage into its sub-stages (`moe:route`, then on the grouped
+    /// FP8 path, `TC_LINEAR=fp8`: `moe:group+gather`, `moe:gate_up`, `moe:down`,
+    /// `moe:shared+combine`; on the other paths `moe:experts`) and report each MoE layer's routing
+    /// ([`routing_stats`]). The "moe" row stays their sum. The profiled repeat is one of the timed
+    /// ones: its extra events and expert-id copies (one small device copy per MoE layer) are inside
+    /// its time.
     pub moe_detail: bool,
 }
 
@@ -89,8 +91,9 @@ fn stage_table(times: &StageTimes, costs: &[(&'static str, StageCost)], calls: u
 }
 
 /// Moves the MoE sub-stages (`moe:…`, [`BenchOptions::moe_detail`]) out of `times`, adding their
-/// time to the "moe" row (created where missing, after the stage before the first sub-stage);
-/// returns them in order of first appearance.
+/// time to the "moe" row (created where the first sub-stage stood if missing); other repeated
+/// names merge. Returns the sub-stages as they came (a name repeated in `times` stays repeated;
+/// [`Gpu::profile_finish`] has merged them already).
 fn split_moe_detail(times: &mut StageTimes) -> StageTimes {
     let mut detail: StageTimes = Vec::new();
     let mut kept: StageTimes = Vec::new();
@@ -156,9 +159,10 @@ fn add_costs(acc: &mut Vec<(&'static str, StageCost)>, more: Vec<(&'static str, 
     }
 }
 
-fn print_moe_detail(detail: &StageTimes, moe_ms: f64) {
-    for (name, ms, _) in detail {
-        println!("  prefill   {name:<20} {ms:9.2} ms {:5.1}% of moe", 100.0 * ms / moe_ms.max(1e-12));
+fn print_moe_detail(rows: &[Value]) {
+    for r in rows {
+        let f = |k: &str| r.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+        println!("  prefill   {:<20} {:9.2} ms {:5.1}% of moe", r["stage"].as_str().unwrap_or(""), f("ms"), 100.0 * f("fraction_of_moe"));
     }
 }
 
@@ -235,19 +239,19 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
                 }
             }
             let a = gpu.record_event()?;
-            prefill_gpu(gpu, &model, &mut s, &ids[..ctx], chunk)?;
-            let b = gpu.record_event()?;
-            prefill_times.push(elapsed_s(&a, &b)?);
+            let done = prefill_gpu(gpu, &model, &mut s, &ids[..ctx], chunk);
+            let b = gpu.record_event();
+            // MoE detail stops with the prefill, whether or not it succeeded.
+            let kept = (profile && opts.moe_detail).then(|| gpu.moe_detail_finish());
+            done?;
+            prefill_times.push(elapsed_s(&a, &b?)?);
             if profile {
                 let mut times = gpu.profile_finish()?;
-                if opts.moe_detail {
+                if let Some(kept) = kept {
                     let detail = split_moe_detail(&mut times);
                     let moe_ms: f64 = detail.iter().map(|(_, ms, _)| ms).sum();
-                    print_moe_detail(&detail, moe_ms);
                     moe_detail_rows = detail.iter().map(|(n, ms, marks)| json!({"stage": n, "ms": ms, "fraction_of_moe": ms / moe_ms.max(1e-12), "marks": marks})).collect();
-                    let ids = gpu.moe_detail_finish()?;
-                    routing = ids.iter().map(|v| routing_stats(v, cfg.n_routed_experts)).collect();
-                    print_routing(&routing);
+                    routing = kept?.iter().map(|v| routing_stats(v, cfg.n_routed_experts)).collect();
                 }
                 let mut costs = Vec::new();
                 let mut pos = 0;
@@ -295,6 +299,10 @@ pub fn run(gpu: &Gpu, opts: &BenchOptions) -> Result<Value, CudaError> {
             1.0 / (decode_s * 43.0 / n)
         );
         print_stages("prefill", &prefill_stages);
+        if opts.moe_detail {
+            print_moe_detail(&moe_detail_rows);
+            print_routing(&routing);
+        }
         if let Some(p) = plain_s {
             println!(
                 "context {ctx:>6}: decode with CUDA graphs {:.2} ms/token ({graph_steps} of {} steps as graphs; host capture {:.2} ms each, {} instantiations), without {:.2} ms/token",

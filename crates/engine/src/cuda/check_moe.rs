@@ -667,7 +667,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         let shared_flops = 2.0 * 3.0 * t as f64 * (inter * d) as f64;
         let mut record_time = |name: &str, ms: f64| {
             let tf = (routed_flops + shared_flops) / (ms * 1e-3) / 1e12;
-            println!("time moe layer T={t:<6} {name:<28} {ms:8.2} ms  {:8.0} tok/s  {tf:6.1} TFLOP/s (routed + shared)", t as f64 / (ms * 1e-3));
+            println!("time moe layer T={t:<6} {name:<32} {ms:8.2} ms  {:8.0} tok/s  {tf:6.1} TFLOP/s (routed + shared)", t as f64 / (ms * 1e-3));
             rows.push(json!({"op": "moe_layer", "variant": name, "tokens": t, "experts": e, "top_k": k, "d": d, "inter": inter, "median_ms": ms, "tok_per_s": t as f64 / (ms * 1e-3), "tflop_per_s": tf, "repeats": repeats}));
         };
         if t <= 2048 {
@@ -746,9 +746,13 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
 /// `t` tokens' top-`k` expert ids (distinct per token) drawn with log-normal expert popularity
 /// (weights exp(σ·z_e), z_e standard normal per expert), deterministic in `seed`: a routing whose
 /// pairs per expert spread like a router's on real activations (σ 0.42: coefficient of variation
-/// ~0.43 over 256 experts) instead of uniformly.
+/// ~0.43 over 256 experts) instead of uniformly. `sigma` finite and at most 4 (every expert's weight
+/// stays within f64's reach of the total, so that every expert can be drawn and the draws for a
+/// token end); `min(k, e)` ids per token.
 fn skewed_routes(seed: u64, t: usize, k: usize, e: usize, sigma: f64) -> Vec<i32> {
-    let mut h = crate::testing::fnv1a64(&format!("{seed}:skewed"));
+    debug_assert!(sigma.is_finite() && (0.0..=4.0).contains(&sigma), "σ {sigma}");
+    // xorshift64 needs a non-zero state.
+    let mut h = crate::testing::fnv1a64(&format!("{seed}:skewed")) | 1;
     let mut next = move || {
         h ^= h << 13;
         h ^= h >> 7;

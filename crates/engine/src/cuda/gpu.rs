@@ -80,7 +80,8 @@ pub struct Gpu {
     /// Stage marks while profiling ([`Gpu::profile_start`]): (stage that starts here, event).
     profile: std::sync::Mutex<Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>>,
     /// MoE detail ([`Gpu::moe_detail_start`], `gpu-bench --moe-detail`): while `Some`, `moe_forward`
-    /// marks its sub-stages (`moe:…`) and keeps a device copy of each layer's routed expert ids.
+    /// marks its sub-stages (`moe:…`; the grouped FP8 path five, the others `moe:route` and
+    /// `moe:experts`) and keeps a device copy of each layer's routed expert ids.
     moe_detail: std::sync::Mutex<Option<Vec<CudaSlice<i32>>>>,
     /// cuBLASLt for `FP8_CUBLASLT`, created at first use (`Err` = why it is unavailable).
     pub(crate) lt: std::sync::Mutex<Option<Result<super::cublaslt::Lt, String>>>,
@@ -714,10 +715,10 @@ impl Gpu {
     /// Errors: allocation or copy failures.
     pub(crate) fn moe_detail_ids(&self, experts: &CudaSlice<i32>) -> Result<(), CudaError> {
         let mut g = self.moe_detail.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(kept) = g.as_mut() {
-            let mut copy = drv("alloc", self.stream.alloc_zeros::<i32>(experts.len()))?;
-            drv("copy", self.stream.memcpy_dtod(experts, &mut copy))?;
-            kept.push(copy);
+        // Not inside a decode graph's capture (no lasting allocation there; the bench profiles
+        // prefills only).
+        if let (Some(kept), false) = (g.as_mut(), self.graph.capturing()) {
+            kept.push(drv("copy", self.stream.clone_dtod(experts))?);
         }
         Ok(())
     }

@@ -1219,8 +1219,12 @@ impl Gpu {
             Some(tb) if official && tb.q8 => self.moe_experts_grouped_q8(cfg, layer, f, t, &experts, &weights, opts)?,
             // Split activations unless TC_LINEAR=bf16 asks for the inexact fast mode.
             // (Decode-sized chunks stay split: TC_LINEAR only concerns ≥ 64 tokens.)
-            Some(_) if !official => self.moe_experts_grouped(cfg, layer, f, t, &experts, &weights, mode != super::gpu::TcMode::Bf16 || t < super::gpu::TC_LINEAR_MIN_TOKENS, opts)?,
+            Some(_) if !official => {
+                self.moe_mark("moe:experts");
+                self.moe_experts_grouped(cfg, layer, f, t, &experts, &weights, mode != super::gpu::TcMode::Bf16 || t < super::gpu::TC_LINEAR_MIN_TOKENS, opts)?
+            }
             _ => {
+                self.moe_mark("moe:experts");
                 if tables.is_some() {
                     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
                     if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
