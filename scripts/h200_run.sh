@@ -41,6 +41,9 @@
 #             the same steps without graphs), 32 steps each
 #   bench-decode-base  the same with the default switches (per-expert MoE at decode sizes)
 set -euo pipefail
+usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
+# No step (or help): the usage line, before anything needs OUT.
+case "${1:-}" in ""|-h|--help) usage ;; esac
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}
 # The serving stacks' numerics (bench-serving and bench-serving-f32-streams add MHC_BF16_STREAMS on / off).
@@ -106,5 +109,5 @@ case "${1:-}" in
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_graph.log" ;;
   bench-decode-base) timeout 400 "$B" gpu-bench --layers 20 --contexts 8192,131072 --prefill-repeats 1 --decode-steps 32 --out "$OUT/gpu_bench_h200_20layers_decode_base.json" > "$OUT/gpu_bench_h200_20layers_decode_base.log" 2>&1
          grep -E "uploaded|context|warning" "$OUT/gpu_bench_h200_20layers_decode_base.log" ;;
-  *) echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2 ;;
+  *) usage ;;
 esac

@@ -31,9 +31,10 @@ pub struct Args {
     /// Stop before larger contexts once a prefill takes longer than this (seconds).
     #[arg(long, default_value_t = 120.0)]
     pub max_prefill_secs: f64,
-    /// Break the profiled prefill's MoE stage into sub-stages (route, then with TC_LINEAR=fp8 group +
-    /// gather, gate/up, down, shared + combine; otherwise the experts as one) and report each MoE
-    /// layer's routing (pairs per expert, tile fill).
+    /// Break the profiled prefill's MoE stage into sub-stages (route, then on the grouped FP8 path —
+    /// TC_LINEAR=fp8 with MOE_GROUPED on — group + gather, gate/up, down, shared + combine;
+    /// otherwise the experts as one) and report each MoE layer's routing (pairs per expert, tile
+    /// fill).
     #[arg(long)]
     pub moe_detail: bool,
     /// Where to write the JSON report.
