@@ -707,14 +707,23 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
         println!("time {op:<28} T={t} {ms:.3} ms  {gbps:.0} GB/s  ({:.0}% of 4.2 TB/s)", 100.0 * gbps / 4200.0);
         rows.push(json!({"op": op, "tokens": t, "median_ms": ms, "bytes": bytes, "gb_per_s": gbps, "fraction_of_4_2_tb_s": gbps / 4200.0}));
     };
+    // A decode-size (T = 1) timing row; `l2_warm`: Φ stays in L2 between the repeats (unlike a
+    // real decode step).
+    let report_t1 = |rows: &mut Vec<Value>, op: &str, ms1: f64, l2_warm: bool| {
+        println!("time {op:<28} T=1 {:.1} us{}", ms1 * 1e3, if l2_warm { " (Φ L2-warm)" } else { "" });
+        let mut row = json!({"op": op, "tokens": 1, "median_ms": ms1});
+        if l2_warm {
+            row["note"] = json!("Φ L2-warm between repeats");
+        }
+        rows.push(row);
+    };
     let f4 = 4.0 * t as f64;
     // pre: x read by the partial pass and again by the finish, u written.
     let ms = median_ms(gpu, repeats, || gpu.hc_pre(&gw, &dx, &mut du, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6))?;
     report(&mut rows, "hc_pre (n 4, d 4096)", ms, f4 * (2.0 * nd as f64 + d as f64));
     // Decode size (one token; Φ stays in L2 between the repeats, unlike a real decode step).
     let ms1 = median_ms(gpu, repeats, || gpu.hc_pre(&gw, &dx, &mut du, &mut dpost, &mut dcomb, 1, n, d, iters, eps, 1e-6))?;
-    println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", "hc_pre (n 4, d 4096)", ms1 * 1e3);
-    rows.push(json!({"op": "hc_pre (n 4, d 4096)", "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
+    report_t1(&mut rows, "hc_pre (n 4, d 4096)", ms1, true);
     // post: x read and written, y read.
     let dy = gpu.upload(&random(seed, "hct.y", t * d, 1.0))?;
     let ms = median_ms(gpu, repeats, || gpu.hc_post(&mut dx, &dy, &dpost, &dcomb, t, n, d))?;
@@ -731,36 +740,31 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let ms = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, Some((&dy, &coefs)), &gw, t, n, d).map(|_| ()))?;
     report(&mut rows, "hc_post_mix (n 4, d 4096)", ms, f4 * (2.0 * nd as f64 + d as f64 + parts));
     let ms1 = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, Some((&dy, &coefs)), &gw, 1, n, d).map(|_| ()))?;
-    println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", "hc_post_mix (n 4, d 4096)", ms1 * 1e3);
-    rows.push(json!({"op": "hc_post_mix (n 4, d 4096)", "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
+    report_t1(&mut rows, "hc_post_mix (n 4, d 4096)", ms1, true);
     let ms = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dx, None, &gw, t, n, d).map(|_| ()))?;
     report(&mut rows, "hc_post_mix, mix only", ms, f4 * (nd as f64 + parts));
     let mix = gpu.hc_post_mix(&mut dx, None, &gw, t, n, d)?;
     let ms = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dw), &mut dn, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
     report(&mut rows, "hc_pre_norm (n 4, d 4096)", ms, f4 * (nd as f64 + d as f64 + parts));
     let ms1 = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dw), &mut dn, &mut dpost, &mut dcomb, 1, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
-    println!("time {:<28} T=1 {:.1} us", "hc_pre_norm (n 4, d 4096)", ms1 * 1e3);
-    rows.push(json!({"op": "hc_pre_norm (n 4, d 4096)", "tokens": 1, "median_ms": ms1}));
+    report_t1(&mut rows, "hc_pre_norm (n 4, d 4096)", ms1, false);
     // MHC_BF16_STREAMS: the same two kernels on bf16 streams (2 bytes per stream value).
     let mut dxb = gpu.upload(&gpu.download(&dx)?.iter().map(|v| quant::f32_to_bf16(*v)).collect::<Vec<u16>>())?;
     let ms = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dxb, Some((&dy, &coefs)), &gw, t, n, d).map(|_| ()))?;
     report(&mut rows, "hc_post_mix bf16 streams", ms, f4 * (nd as f64 + d as f64 + parts));
     let ms1 = median_ms(gpu, repeats, || gpu.hc_post_mix(&mut dxb, Some((&dy, &coefs)), &gw, 1, n, d).map(|_| ()))?;
-    println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", "hc_post_mix bf16 streams", ms1 * 1e3);
-    rows.push(json!({"op": "hc_post_mix bf16 streams", "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
+    report_t1(&mut rows, "hc_post_mix bf16 streams", ms1, true);
     let mixb = gpu.hc_post_mix(&mut dxb, None, &gw, t, n, d)?;
     let ms = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mixb, &dxb, Some(&dw), &mut dn, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
     report(&mut rows, "hc_pre_norm bf16 streams", ms, f4 * (nd as f64 / 2.0 + d as f64 + parts));
     let ms1 = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mixb, &dxb, Some(&dw), &mut dn, &mut dpost, &mut dcomb, 1, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
-    println!("time {:<28} T=1 {:.1} us", "hc_pre_norm bf16 streams", ms1 * 1e3);
-    rows.push(json!({"op": "hc_pre_norm bf16 streams", "tokens": 1, "median_ms": ms1}));
+    report_t1(&mut rows, "hc_pre_norm bf16 streams", ms1, false);
     // MHC_MIX_TC: the bf16 post with the mix on tensor cores (partials per 128 channels).
     let parts_tc = (d.div_ceil(128) * 25) as f64;
     let ms = median_ms(gpu, repeats, || gpu.hc_post_mix_tc(&mut dxb, Some((&dy, &coefs)), &gw, t, n, d).map(|_| ()))?;
     report(&mut rows, "hc_post_mix_tc bf16 streams", ms, f4 * (nd as f64 + d as f64 + parts_tc));
     let ms1 = median_ms(gpu, repeats, || gpu.hc_post_mix_tc(&mut dxb, Some((&dy, &coefs)), &gw, 1, n, d).map(|_| ()))?;
-    println!("time {:<28} T=1 {:.1} us (Φ L2-warm)", "hc_post_mix_tc bf16 streams", ms1 * 1e3);
-    rows.push(json!({"op": "hc_post_mix_tc bf16 streams", "tokens": 1, "median_ms": ms1, "note": "Φ L2-warm between repeats"}));
+    report_t1(&mut rows, "hc_post_mix_tc bf16 streams", ms1, true);
     let mixt = gpu.hc_post_mix_tc(&mut dxb, None, &gw, t, n, d)?;
     let ms = median_ms(gpu, repeats, || gpu.hc_pre_norm(&gw, &mixt, &dxb, Some(&dw), &mut dn, &mut dpost, &mut dcomb, t, n, d, iters, eps, 1e-6, 1e-6).map(|_| ()))?;
     report(&mut rows, "hc_pre_norm bf16 after tc mix", ms, f4 * (nd as f64 / 2.0 + d as f64 + parts_tc));
