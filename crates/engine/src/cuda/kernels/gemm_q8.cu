@@ -1167,8 +1167,8 @@ extern "C" __global__ void fp4_block_smax(const unsigned long long* __restrict__
 // e4m3 (16 KB), both swizzled (a wide unit: A's sub-tiles 0 and 1, its first panel at BC and its
 // second at BC1, over the sub-tiles 2 and 3 it does not use); the packed-weight ring (RAW steps of
 // [256][64] bytes: a wide unit's two panels, one unit's [128][64] in the first half) and its words
-// (RAW × 9 × 128 u32: per producer thread its four units' scale words, a wide unit's four more of
-// its second panel, and the step's block scales); the epilogue's staging blocks (GWT_EPI_STAGED:
+// (RAW × 9 × 128 u32: per producer thread its four units' scale words, the step's block scales,
+// and a wide unit's four scale words of its second panel); the epilogue's staging blocks (GWT_EPI_STAGED:
 // 16 × 40 f32 per multiply warp); the full and empty barriers; the fp4 table.
 struct GwtLayout {
     static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;
@@ -1350,16 +1350,21 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             s_src = sp + (size_t)sn * sg;
         };
         if (steps > 0) copy_unit();
-        // The scale words of the last step issued (four, a wide unit's second panel four more,
-        // then its block scales: gate | up << 8, the second panel's << 16), loaded with plain
-        // loads and stored into the thread's own words of that step's raw slot when the next copy is
-        // issued (before that step is converted).
+        // The scale words of the last step issued (four, its block scales: gate | up << 8, a wide
+        // unit's second panel's << 16, then a wide unit's four of its second panel), loaded with
+        // plain loads and stored into the thread's own words of that step's raw slot when the next
+        // copy is issued (before that step is converted).
         u32 pend[9];
-        int pend_slot = -1;
+        int pend_slot = -1;  // its raw slot, + 256 for a wide unit's step
         auto issue = [&] {
             if (pend_slot >= 0) {
+                u32* wd = reinterpret_cast<u32*>(gbase + L::SW + (pend_slot & 255) * L::SW_SLOT) + p;
 #pragma unroll
-                for (int u = 0; u < 9; u++) *reinterpret_cast<u32*>(gbase + L::SW + pend_slot * L::SW_SLOT + (u * NP + p) * 4) = pend[u];
+                for (int u = 0; u < 5; u++) wd[u * NP] = pend[u];
+                if (pend_slot >= 256) {
+#pragma unroll
+                    for (int u = 5; u < 9; u++) wd[u * NP] = pend[u];
+                }
                 pend_slot = -1;
             }
             if (jn < steps) {
@@ -1377,17 +1382,18 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 // Rows past N: scale word 0; their columns are never stored.
 #if MOE_WT_DIAG & 64
 #pragma unroll
-                for (int u = 0; u < 9; u++) pend[u] = u == 8 ? 0x08080808u : 0u;  // group scales ≤ the block's: table rows in range
+                for (int u = 0; u < 9; u++) pend[u] = u == 4 ? 0x08080808u : 0u;  // group scales ≤ the block's: table rows in range
 #else
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    pend[u] = (b_ok >> u) & 1u ? __ldg(reinterpret_cast<const u32*>(s_src + (size_t)(RS * u) * sg) + ck) : 0u;
-                    pend[4 + u] = (b_ok >> (4 + u)) & 1u ? __ldg(reinterpret_cast<const u32*>(s_src + (size_t)(RS * u + PR) * sg) + ck) : 0u;
+                for (int u = 0; u < 4; u++) pend[u] = (b_ok >> u) & 1u ? __ldg(reinterpret_cast<const u32*>(s_src + (size_t)(RS * u) * sg) + ck) : 0u;
+                pend[4] = (u32)__ldg(bsg + cbrow + ck) | (EPI == 1 ? (u32)__ldg(bsu + cbrow + ck) << 8 : 0u);
+                if (wide) {
+#pragma unroll
+                    for (int u = 0; u < 4; u++) pend[5 + u] = (b_ok >> (4 + u)) & 1u ? __ldg(reinterpret_cast<const u32*>(s_src + (size_t)(RS * u + PR) * sg) + ck) : 0u;
+                    pend[4] |= (u32)__ldg(bsg + cbrow1 + ck) << 16 | (EPI == 1 ? (u32)__ldg(bsu + cbrow1 + ck) << 24 : 0u);
                 }
-                pend[8] = (u32)__ldg(bsg + cbrow + ck) | (EPI == 1 ? (u32)__ldg(bsu + cbrow + ck) << 8 : 0u);
-                if (wide) pend[8] |= (u32)__ldg(bsg + cbrow1 + ck) << 16 | (EPI == 1 ? (u32)__ldg(bsu + cbrow1 + ck) << 24 : 0u);
 #endif
-                pend_slot = slot;
+                pend_slot = slot + (wide ? 256 : 0);
                 jn++;
                 if (++ck == KT) {
                     ck = 0;
@@ -1421,7 +1427,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 const int slot = j % RAW;
                 const u8* raw = gbase + L::BR + slot * L::RAW_SLOT;
                 const u32* words = reinterpret_cast<const u32*>(gbase + L::SW + slot * L::SW_SLOT);
-                const u32 bm = words[8 * NP + p];
+                const u32 bm = words[4 * NP + p];
                 // Panel h's four units (h = 1: a wide unit's second panel): packed bytes and table
                 // rows all loaded before any is converted, so that their shared-memory latencies
                 // overlap.
@@ -1436,7 +1442,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                         // The group's e4m3 magnitudes times 2^(s_grp − s_block) (gq_fp4_table's table rows).
                         const u32 bmh = bm >> (16 * h);
                         const u32 smax = EPI == 1 && ((r >> 3) & 1) ? (bmh >> 8) & 0xffu : bmh & 0xffu;
-                        const int dd = max((int)((words[(4 * h + u) * NP + p] >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
+                        const int dd = max((int)((words[(5 * h + u) * NP + p] >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
                         tb[u] = *reinterpret_cast<const uint2*>(lut + 2 * dd);
                     }
 #if MOE_WT_DIAG & 1
