@@ -120,8 +120,9 @@ fn split_moe_detail(times: &mut StageTimes) -> StageTimes {
 
 /// One MoE layer's routing from its expert ids (`[t, k]`, values in 0..`e`; others ignored): pairs,
 /// experts used, the most and the mean pairs per expert, their coefficient of variation over the
-/// `e` experts, and for grouped tiles of 256, 128 and 64 rows the tile count Σ⌈count/rows⌉ and the
-/// share of tile rows holding a pair (pairs / (tiles · rows)).
+/// `e` experts, for grouped tiles of 256, 128 and 64 rows the tile count Σ⌈count/rows⌉ and the
+/// share of tile rows holding a pair (pairs / (tiles · rows)), and `wide_256`: how many 256-row
+/// tiles hold at most 128 pairs (an expert's last: `moe_wt`'s wide units, switch `MOE_WT_WIDE`).
 pub fn routing_stats(ids: &[i32], e: usize) -> Value {
     let mut count = vec![0usize; e.max(1)];
     let mut pairs = 0usize;
@@ -144,6 +145,7 @@ pub fn routing_stats(ids: &[i32], e: usize) -> Value {
         "mean_per_expert": mean,
         "cv": if mean > 0.0 { var.sqrt() / mean } else { 0.0 },
         "tiles": [tiles(256), tiles(128), tiles(64)],
+        "wide_256": count.iter().filter(|&&c| c > 0 && c - (c - 1) / 256 * 256 <= 128).count(),
     })
 }
 
@@ -170,13 +172,14 @@ fn print_routing(routing: &[Value]) {
     for (i, r) in routing.iter().enumerate() {
         let tiles: Vec<String> = r["tiles"].as_array().map(|a| a.iter().map(|t| format!("{}×{} ({:.0}% filled)", t["tiles"], t["rows"], 100.0 * t["filled"].as_f64().unwrap_or(0.0))).collect()).unwrap_or_default();
         println!(
-            "  routing {i:>3}: {} pairs, {} experts, max {} mean {:.1} cv {:.2}; tiles {}",
+            "  routing {i:>3}: {} pairs, {} experts, max {} mean {:.1} cv {:.2}; tiles {}; {} of the 256-row tiles ≤ 128 rows",
             r["pairs"],
             r["experts_used"],
             r["max_per_expert"],
             r["mean_per_expert"].as_f64().unwrap_or(0.0),
             r["cv"].as_f64().unwrap_or(0.0),
-            tiles.join(", ")
+            tiles.join(", "),
+            r["wide_256"]
         );
     }
 }
@@ -438,5 +441,13 @@ mod tests {
         // 300 pairs each: ⌈300/256⌉ = 2 tiles of 256 per expert.
         assert_eq!(r["tiles"][0]["tiles"], 4);
         assert_eq!(r["cv"].as_f64(), Some(0.0));
+        // Each expert's last 256-row tile holds 300 − 256 = 44 pairs: two wide tiles.
+        assert_eq!(r["wide_256"], 2);
+        // 5, 3, 2 pairs: every expert's only tile is wide.
+        assert_eq!(routing_stats(&ids, 4)["wide_256"], 3);
+        let full: Vec<i32> = vec![0; 256 + 129];
+        assert_eq!(routing_stats(&full, 1)["wide_256"], 0, "a last tile of 129 pairs is not wide");
+        let edge: Vec<i32> = vec![0; 256 + 128];
+        assert_eq!(routing_stats(&edge, 1)["wide_256"], 1, "128 pairs are");
     }
 }
