@@ -1123,6 +1123,15 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef GWT_EPI_STAGED
 #define GWT_EPI_STAGED 1
 #endif
+// Timing only: GWT_WIDE=0 compiles the wide units out (every item runs 256 × 128 units whatever the
+// grouping's order; the same bits); GWT_COMPACT=1 (with GWT_WIDE=0) the layout without their room
+// (8 KB raw slots, five words per producer thread), launched with the same WT_SMEM bytes.
+#ifndef GWT_WIDE
+#define GWT_WIDE 1
+#endif
+#ifndef GWT_COMPACT
+#define GWT_COMPACT 0
+#endif
 // Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n, n a sum of bits; wrong
 // results): 1 the producer stores its packed bytes unconverted, 2 the multiply warpgroups skip the
 // wgmma and promotion, 4 they skip the promotion, 8 the producer stores no converted tile, 16 the
@@ -1173,8 +1182,9 @@ extern "C" __global__ void fp4_block_smax(const unsigned long long* __restrict__
 struct GwtLayout {
     static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;
     static constexpr int A = 0, BC = 32768, BC1 = 16384, STAGE = 49152;
-    static constexpr int BR = STAGES * STAGE, RAW_SLOT = 16384;
-    static constexpr int SW = BR + RAW * RAW_SLOT, SW_SLOT = 9 * GWT_PRODUCERS * 4;
+    static constexpr int BR = STAGES * STAGE, RAW_SLOT = GWT_COMPACT ? 8192 : 16384;
+    static constexpr int SW = BR + RAW * RAW_SLOT, SW_SLOT = (GWT_COMPACT ? 5 : 9) * GWT_PRODUCERS * 4;
+    static_assert(!(GWT_COMPACT && GWT_WIDE), "the compact layout has no room for wide units");
     static constexpr int EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;
     static constexpr int BARS = EPS + EPS_BYTES;
     static constexpr int LUT = BARS + 2 * STAGES * 8;
@@ -1281,7 +1291,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     // The queue's units: the first n_items[0] − nw items in 256 × 128 units (tiles_n per item),
     // then the last nw (wide items, at most 128 live rows; moe_group_plan puts them last) in
     // 128 × 256 units (tiles_n / 2 per item; none when tiles_n is odd).
-    const int nw = tiles_n & 1 ? 0 : n_items[1];
+    const int nw = !GWT_WIDE || tiles_n & 1 ? 0 : n_items[1];
     const int nn = n_items[0] - nw, un = nn * tiles_n, half = tiles_n >> 1;
     const int total = un + nw * half;
     const int KT = K >> 7;
@@ -1294,7 +1304,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         bool wide;
     };
     auto unit = [&](int w) {
-        if (w < un) return Unit{w / tiles_n, (w % tiles_n) * 128, false};
+        if (!GWT_WIDE || w < un) return Unit{w / tiles_n, (w % tiles_n) * 128, false};
         const int v = w - un;
         return Unit{nn + v / half, (v % half) * 256, true};
     };
