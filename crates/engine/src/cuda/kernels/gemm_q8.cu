@@ -1132,16 +1132,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef GWT_COMPACT
 #define GWT_COMPACT 0
 #endif
-// GWT_SPLIT=1: the producer's conversion steps compiled twice, for wide and for other units (the
-// branch per unit instead of per step; the same work).
-#ifndef GWT_SPLIT
-#define GWT_SPLIT 0
-#endif
-// A unit kind fixed at compile time (0 other, 1 wide) or 2 read at run time (moe_wt's producer).
-template <int V>
-struct GwtKind {
-    static constexpr int value = V;
-};
 // Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n, n a sum of bits; wrong
 // results): 1 the producer stores its packed bytes unconverted, 2 the multiply warpgroups skip the
 // wgmma and promotion, 4 they skip the promotion, 8 the producer stores no converted tile, 16 the
@@ -1437,9 +1427,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #pragma unroll
             for (int st = 1; st < 4; st++) nlive += live(P.m0, st);
             const u8* a_src = P.q + (size_t)(P.m0 >> 6) * KT * 8192;
-            auto unit_steps = [&](auto kind) {
-            constexpr int KIND = decltype(kind)::value;
-            const bool wide = KIND == 2 ? U.wide : KIND == 1;
             for (int kt = 0; kt < KT; kt++, j++, ring.next()) {
                 issue();  // step j + LAG
                 const int s = ring.s;
@@ -1500,7 +1487,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                     for (int st = 0; st < ncopy; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + st * 8192, a_src + ((size_t)st * KT + kt) * 8192, bar);
                 }
                 store(gbase + s * L::STAGE + L::BC);
-                if (wide) {
+                if (U.wide) {
                     // The second panel into the place of sub-tiles 2 and 3 (the stage is free).
                     convert(1);
                     store(gbase + s * L::STAGE + L::BC1);
@@ -1510,13 +1497,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #endif
                 gws_arrive(full0 + 8 * s);
             }
-            };
-#if GWT_SPLIT
-            if (U.wide) unit_steps(GwtKind<1>{});
-            else unit_steps(GwtKind<0>{});
-#else
-            unit_steps(GwtKind<2>{});
-#endif
         }
         gm_wait<0>();
         return;
