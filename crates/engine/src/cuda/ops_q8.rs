@@ -763,9 +763,9 @@ mod tests {
         assert!(src.contains("setmaxnreg.dec.sync.aligned.u32 72;") && src.contains("setmaxnreg.inc.sync.aligned.u32 216;"));
         const { assert!(128 * 72 + 256 * 216 == 384 * WT_REGS) };
         assert!(src.contains("static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;") && src.contains("static constexpr int A = 0, BC = 32768, BC1 = 16384, STAGE = 49152;"));
-        assert!(src.contains("static constexpr int BR = STAGES * STAGE, RAW_SLOT = GWT_COMPACT ? 8192 : 16384;"));
-        assert!(src.contains("static constexpr int SW = BR + RAW * RAW_SLOT, SW_SLOT = (GWT_COMPACT ? 5 : 9) * GWT_PRODUCERS * 4;"));
-        assert!(src.contains("#ifndef GWT_WIDE\n#define GWT_WIDE 1\n#endif") && src.contains("#ifndef GWT_COMPACT\n#define GWT_COMPACT 0\n#endif"));
+        assert!(src.contains("static constexpr int BR = STAGES * STAGE, RAW_SLOT = 16384;"));
+        assert!(src.contains("static constexpr int SW = BR + RAW * RAW_SLOT, SW_SLOT = 9 * GWT_PRODUCERS * 4;"));
+        assert!(src.contains("#ifndef GWT_WIDE\n#define GWT_WIDE 1\n#endif"));
         assert!(src.contains("EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;"));
         assert!(src.contains("static constexpr int BARS = EPS + EPS_BYTES;") && src.contains("static constexpr int LUT = BARS + 2 * STAGES * 8;"));
         assert!(src.contains("static constexpr int TOTAL = 1024 + LUT + 72;"));

@@ -1124,13 +1124,9 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #define GWT_EPI_STAGED 1
 #endif
 // Timing only: GWT_WIDE=0 compiles the wide units out (every item runs 256 × 128 units whatever the
-// grouping's order; the same bits); GWT_COMPACT=1 (with GWT_WIDE=0) the layout without their room
-// (8 KB raw slots, five words per producer thread), launched with the same WT_SMEM bytes.
+// grouping's order; the same bits; bench/moe_wt_variants_h200.log, thirtieth session).
 #ifndef GWT_WIDE
 #define GWT_WIDE 1
-#endif
-#ifndef GWT_COMPACT
-#define GWT_COMPACT 0
 #endif
 // Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n, n a sum of bits; wrong
 // results): 1 the producer stores its packed bytes unconverted, 2 the multiply warpgroups skip the
@@ -1182,9 +1178,8 @@ extern "C" __global__ void fp4_block_smax(const unsigned long long* __restrict__
 struct GwtLayout {
     static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;
     static constexpr int A = 0, BC = 32768, BC1 = 16384, STAGE = 49152;
-    static constexpr int BR = STAGES * STAGE, RAW_SLOT = GWT_COMPACT ? 8192 : 16384;
-    static constexpr int SW = BR + RAW * RAW_SLOT, SW_SLOT = (GWT_COMPACT ? 5 : 9) * GWT_PRODUCERS * 4;
-    static_assert(!(GWT_COMPACT && GWT_WIDE), "the compact layout has no room for wide units");
+    static constexpr int BR = STAGES * STAGE, RAW_SLOT = 16384;
+    static constexpr int SW = BR + RAW * RAW_SLOT, SW_SLOT = 9 * GWT_PRODUCERS * 4;
     static constexpr int EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;
     static constexpr int BARS = EPS + EPS_BYTES;
     static constexpr int LUT = BARS + 2 * STAGES * 8;
