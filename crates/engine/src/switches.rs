@@ -98,13 +98,6 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only moe`) `moe_q8 fp4 MOE_FP8_WT=off bits` (bitwise equal to moe_ws on the parity layer; the other `moe_q8 fp4 …` records of 1,000 tokens run on it by default: against the CPU in official numerics and bit for bit against all on, which includes the forced 128-row tile) and `moe_q8 flash T=… MOE_FP8_WT=off bits` (Flash shapes with 256-row tiles forced against 128-row tiles, so that moe_wt runs at every listed token count); qualify (`MOE_FP8_WT=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8); the switch matrix row checks only the plumbing (its 200-token prefill has fewer than 128 pairs per expert)",
     },
     Switch {
-        name: "MOE_WT_WIDE",
-        values: &["on", "off"],
-        aliases: ON_OFF_ALIASES,
-        replaces: "moe_wt's 256 x 128 units for an expert's last tile when it holds at most 128 routed rows (two of its four 64-row sub-tiles or fewer live: with skewed routing about a third of the tiles at 8,192 tokens): wide units of 128 rows x 256 columns (the grouping lists those tiles last; both multiply warpgroups take the same two sub-tiles, each against its own 128-column panel converted into the stage's unused half, so a unit's K steps serve twice the columns; the same MMAs, promotion and outputs, so the same bits)",
-        parity: "gpu-check (`--only moe`) `moe_q8 skewed flash T=… MOE_WT_WIDE=off bits` and `moe_q8 flash T=… MOE_WT_WIDE=off bits` (Flash shapes with 256-row tiles forced, wide units on against off, with the count of wide items, which the skewed routing makes non-zero) and `moe_q8 … MOE_FP8_WT=off bits` (moe_wt with wide units against moe_ws); `moe grouping … wide …` (the grouping's item order against group_reference); qualify (`MOE_WT_WIDE=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8); the switch matrix row checks only the plumbing (its 200-token prefill has fewer than 128 pairs per expert)",
-    },
-    Switch {
         name: "MOE_BF16_WS",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -516,8 +509,8 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MOE_PERSISTENT", &[("MOE_GROUPED", &["on"])]),
     ("FP8_WGMMA", &[("TC_LINEAR", &["fp8"])]),
     ("MOE_FP8_WS", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
-    ("MOE_FP8_WT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"])]),
-    ("MOE_WT_WIDE", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"]), ("MOE_FP8_WT", &["on"])]),
+    // Its 256-row tiles are an adaptive choice (ops_q8::wt_tiles; only checks force them).
+    ("MOE_FP8_WT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"]), ("MOE_ADAPTIVE_TILES", &["on"])]),
     // Under TC_LINEAR=off the grouped MoE still runs split activations (ops_mhc.rs moe_forward).
     ("MOE_BF16_WS", &[("TC_LINEAR", &["split", "off"]), ("BF16_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
@@ -720,8 +713,6 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("MOE_FP8_WS=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WS", "off")], Role::AloneOff, false, true, false));
     // The 256-row tiles run moe_ws's MMAs and promotion per 64-row sub-tile: the same bits again.
     v.push(c("MOE_FP8_WT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WT", "off")], Role::AloneOff, false, true, false));
-    // Wide units run the same MMAs and promotion per 64-row sub-tile and 128-column panel: the same bits.
-    v.push(c("MOE_WT_WIDE=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_WT_WIDE", "off")], Role::AloneOff, false, true, false));
     v.push(c("MLA_BF16=on (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on")], Role::Fast, false, false, false));
     // The serving stacks' numerics: FP8 GEMMs, bf16 attention, FP8 indexer scores (spec §9).
     v.push(c("INDEXER_FP8=on (with TC_LINEAR=fp8 and MLA_BF16=on)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on")], Role::Fast, false, false, false));

@@ -122,7 +122,9 @@ fn split_moe_detail(times: &mut StageTimes) -> StageTimes {
 /// experts used, the most and the mean pairs per expert, their coefficient of variation over the
 /// `e` experts, for grouped tiles of 256, 128 and 64 rows the tile count Σ⌈count/rows⌉ and the
 /// share of tile rows holding a pair (pairs / (tiles · rows)), and `wide_256`: how many 256-row
-/// tiles hold at most 128 pairs (an expert's last: `moe_wt`'s wide units, switch `MOE_WT_WIDE`).
+/// tiles hold at most 128 pairs (an expert's last; the tiles in which `moe_wt` leaves a multiply
+/// warpgroup idle — the wide units tried for them are on branch `exp/moe-wt-wide`,
+/// `bench/moe_wt_variants_h200.log`).
 pub fn routing_stats(ids: &[i32], e: usize) -> Value {
     let mut count = vec![0usize; e.max(1)];
     let mut pairs = 0usize;

@@ -52,11 +52,8 @@
 //! warm-up, with TFLOP/s of the routed experts. With them three checks per token count,
 //! `moe_q8 flash T=… MOE_FP8_WS=off bits` (`moe_ws` against `moe_w8`) and `moe_grouped flash T=…
 //! MOE_BF16_WS=off bits` (`moe_wbs` against `moe_wb`), 128-row tiles forced, and `moe_q8 flash T=…
-//! MOE_FP8_WT=off bits` (`moe_wt` with 256-row tiles forced against `moe_ws`), and `moe_q8 [skewed]
-//! flash T=… MOE_WT_WIDE=off bits` (`moe_wt` with its wide units against without, 256-row tiles
-//! forced, with the count of wide items; the skewed routing's record requires some): rows with
-//! `"pass"`, folded into gpu-check's verdict by [`timing_checks_pass`]. Under the skewed routing
-//! the layer is also timed with `MOE_WT_WIDE=off` (`grouped fp8 wgmma wide off skewed`).
+//! MOE_FP8_WT=off bits` (`moe_wt` with 256-row tiles forced against `moe_ws`): rows with `"pass"`,
+//! folded into gpu-check's verdict by [`timing_checks_pass`].
 
 use super::check::{differing_bits, errors, flag_record, median_ms, random, record, switch_scope, weight, SPLIT_NMSE_TOL};
 use super::check_mhc::{config, moe_layer};
@@ -266,55 +263,35 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
 /// one expert for all (whole warp steps of one expert, its rows across many tiles and chunks).
 fn run_grouping(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
-    // (pairs, top-k, experts, tile, ids: 0 random with one in 50 outside, 1 all outside, 2 all one
-    // expert, 3 skewed (skewed_routes, σ 0.42); wide: the most rows of a tile listed last, 0 none)
-    let shapes = [
-        (6usize, 6usize, 256usize, 64usize, 0u8, 0usize),
-        (1000, 4, 16, 64, 0, 0),
-        (1024, 8, 16, 128, 0, 0),
-        (4097, 1, 7, 64, 0, 0),
-        (8192 * 6, 6, 256, 256, 0, 0),
-        (8192 * 6, 6, 256, 128, 0, 0),
-        (32768 * 6, 6, 256, 256, 0, 0),
-        (3000, 3, 1024, 64, 0, 0),
-        (1, 1, 256, 256, 0, 0),
-        (2000, 2, 8, 64, 1, 0),
-        (2500, 1, 4, 64, 2, 0),
-        // moe_wt's wide tiles (MOE_WT_WIDE) listed last: skewed Flash shapes, every tile wide, a
-        // random share of last tiles, one expert whose last tile is wide.
-        (8192 * 6, 6, 256, 256, 3, 128),
-        (32768 * 6, 6, 256, 256, 3, 128),
-        (6, 6, 256, 256, 0, 128),
-        (4097, 1, 7, 64, 0, 32),
-        (2500, 1, 4, 64, 2, 63),
-    ];
-    for (tk, k, e, bm, kind, wide) in shapes {
-        let mut ids: Vec<i32> = if kind == 3 { skewed_routes(seed, tk / k, k, e, 0.42) } else { (0..tk).map(|i| (crate::testing::fnv1a64(&format!("{seed}:group:{tk}:{i}")) % e as u64) as i32).collect() };
+    // (pairs, top-k, experts, tile, ids: 0 random with one in 50 outside, 1 all outside, 2 all one expert)
+    let shapes = [(6usize, 6usize, 256usize, 64usize, 0u8), (1000, 4, 16, 64, 0), (1024, 8, 16, 128, 0), (4097, 1, 7, 64, 0), (8192 * 6, 6, 256, 256, 0), (8192 * 6, 6, 256, 128, 0), (32768 * 6, 6, 256, 256, 0), (3000, 3, 1024, 64, 0), (1, 1, 256, 256, 0), (2000, 2, 8, 64, 1), (2500, 1, 4, 64, 2)];
+    for (tk, k, e, bm, kind) in shapes {
+        let mut ids: Vec<i32> = (0..tk).map(|i| (crate::testing::fnv1a64(&format!("{seed}:group:{tk}:{i}")) % e as u64) as i32).collect();
         for (i, x) in ids.iter_mut().enumerate() {
             let h = crate::testing::fnv1a64(&format!("{seed}:group-out:{tk}:{i}"));
             *x = match kind {
                 1 => if i % 2 == 0 { -1 } else { (e + i % 5) as i32 },
                 2 => (e / 2) as i32,
-                _ if kind == 0 && h.is_multiple_of(50) => if h.is_multiple_of(100) { -1 } else { (e + (h as usize % 7)) as i32 },
+                _ if h.is_multiple_of(50) => if h.is_multiple_of(100) { -1 } else { (e + (h as usize % 7)) as i32 },
                 _ => *x,
             };
         }
-        let got = gpu.moe_group_download(&ids, k, e, bm, wide)?;
-        let want = crate::cuda::ops_moe::group_reference(&ids, k, e, bm, wide);
+        let got = gpu.moe_group_download(&ids, k, e, bm)?;
+        let want = crate::cuda::ops_moe::group_reference(&ids, k, e, bm);
         let ok = got == want;
         let differ = |a: &[i32], b: &[i32]| a.len().abs_diff(b.len()) + a.iter().zip(b).filter(|(x, y)| x != y).count();
         all &= flag_record(
             out,
-            &format!("moe grouping (pairs {tk}, top-{k}, {e} experts, tile {bm}{}{})", ["", ", no id routed", ", one expert", ", skewed"][kind as usize], if wide > 0 { format!(", wide ≤ {wide}") } else { String::new() }),
-            json!({"rows": want.row_tok.len(), "items": want.items.len() / 2, "wide_items": [got.wide_items, want.wide_items], "differing": {"offsets": differ(&got.offsets, &want.offsets), "items": differ(&got.items, &want.items), "row_tok": differ(&got.row_tok, &want.row_tok), "row_dst": differ(&got.row_dst, &want.row_dst)}, "vs": "group_reference on the host"}),
+            &format!("moe grouping (pairs {tk}, top-{k}, {e} experts, tile {bm}{})", ["", ", no id routed", ", one expert"][kind as usize]),
+            json!({"rows": want.row_tok.len(), "items": want.items.len() / 2, "differing": {"offsets": differ(&got.offsets, &want.offsets), "items": differ(&got.items, &want.items), "row_tok": differ(&got.row_tok, &want.row_tok), "row_dst": differ(&got.row_dst, &want.row_dst)}, "vs": "group_reference on the host"}),
             ok,
         );
-        if tk == 8192 * 6 && bm == 256 && kind == 0 {
+        if tk == 8192 * 6 && bm == 256 {
             // The Flash shapes of an 8,192- and a 32,768-token chunk (buffers allocated as in a layer).
             for tokens in [8192usize, 32768] {
                 let ids: Vec<i32> = (0..tokens * k).map(|i| (crate::testing::fnv1a64(&format!("{seed}:group-time:{i}")) % e as u64) as i32).collect();
                 let dev = gpu.upload(&ids)?;
-                let ms = median_ms(gpu, 20, || gpu.moe_group(&dev, tokens * k, k, e, bm, 0).map(|_| ()))?;
+                let ms = median_ms(gpu, 20, || gpu.moe_group(&dev, tokens * k, k, e, bm).map(|_| ()))?;
                 println!("time moe grouping (scan, plan, scan) T={tokens} top-{k} E={e} tile {bm}: {ms:.3} ms");
                 out.push(json!({"op": "time moe grouping", "tokens": tokens, "top_k": k, "experts": e, "tile": bm, "median_ms": ms}));
             }
@@ -684,8 +661,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         // The same layer under a skewed routing: expert popularity log-normal (σ = 0.42), so that
         // pairs per expert spread as the random-weight bench's score layers do (coefficient of
         // variation ~0.43, `gpu-bench --moe-detail`; uniform picks give ~0.07).
-        let skewed_ids = skewed_routes(seed, t, k, e, 0.42);
-        let skewed = gpu.upload(&skewed_ids)?;
+        let skewed = gpu.upload(&skewed_routes(seed, t, k, e, 0.42))?;
         let dw = gpu.upload(&vec![1.0f32 / k as f32; t * k])?;
         let routed_flops = 2.0 * 3.0 * (t * k) as f64 * (inter * d) as f64;
         let shared_flops = 2.0 * 3.0 * t as f64 * (inter * d) as f64;
@@ -719,8 +695,6 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         }
         let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &skewed, &dw, on).map(|_| ()))?;
         record_time("grouped fp8 wgmma all on skewed", ms);
-        let ms = switch_scope(&[("MOE_WT_WIDE", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &skewed, &dw, on).map(|_| ())))?;
-        record_time("grouped fp8 wgmma wide off skewed", ms);
         let ms = switch_scope(&[("MOE_FP8_WS", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 wgmma ws off", ms);
         let ms = switch_scope(&[("MOE_FP8_WT", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
@@ -764,20 +738,6 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
             }
             let ran_needed = ran.is_none_or(|(_, r, required)| r || !required);
             flag_record(&mut rows, &format!("{op} flash T={t} {switch}=off bits"), detail, differ == 0 && ran_needed);
-        }
-        // moe_wt's wide units (MOE_WT_WIDE) against its 256 × 128 units alone: the same MMAs per
-        // sub-tile and panel, so the same bits; with the count of wide items (tiles of at most 128
-        // routed rows: every tile at T ≤ 2,048 with 256-row tiles forced, about a third of them
-        // under the skewed routing at 8,192 tokens, none under the uniform one there). The skewed
-        // record must have run wide units wherever moe_wt ran.
-        let wide_of = |ids: &[i32]| super::ops_moe::group_reference(ids, k, e, 256, 128).wide_items;
-        for (op, run, host, required) in [("moe_q8", q8_256, &ids, false), ("moe_q8 skewed", q8_256_skewed, &skewed_ids, true)] {
-            let wide = switch_scope(&[("MOE_WT_WIDE", "on")], || gpu.download(&*run()?))?;
-            let narrow = switch_scope(&[("MOE_WT_WIDE", "off")], || gpu.download(&*run()?))?;
-            let differ = differing_bits(&wide, &narrow);
-            let items = if wt_ran { wide_of(host) } else { 0 };
-            let detail = json!({"differing_values": differ, "of": wide.len(), "vs": "MOE_WT_WIDE=on, both with 256-row tiles forced", "wide_items": items, "moe_wt_ran": wt_ran, "finite": wide.iter().all(|v| v.is_finite())});
-            flag_record(&mut rows, &format!("{op} flash T={t} MOE_WT_WIDE=off bits"), detail, differ == 0 && wt_ran && (items > 0 || !required));
         }
     }
     Ok(rows)

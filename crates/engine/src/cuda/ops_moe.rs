@@ -253,23 +253,19 @@ pub const MOE_GROUP_CHUNK: usize = 1024;
 /// A grouping of routed pairs by expert as host arrays (moe.cu's grouping kernels, or
 /// [`group_reference`]): offsets `[E + 1]` (row of each expert's first tile; `[E]` = rows R), items
 /// `[n][2]` (expert, first row of the tile), row_tok / row_dst `[R]` (token and pair index of each
-/// grouped row, −1 for padding rows), wide_items (how many of the items, the last ones, are wide:
-/// `moe_wt`'s wide units, switch `MOE_WT_WIDE`).
+/// grouped row, −1 for padding rows).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupArrays {
     pub offsets: Vec<i32>,
     pub items: Vec<i32>,
     pub row_tok: Vec<i32>,
     pub row_dst: Vec<i32>,
-    pub wide_items: usize,
 }
 
 /// The grouping moe.cu computes, on the host: the `experts.len()` pairs (i = token·k + slot) of
 /// experts `0 … e − 1` in tiles of `bm` rows, each expert's pairs in pair order, its rows padded to a
-/// multiple of `bm`; ids outside `0 … e − 1` belong to no expert. Items list each expert's tiles in
-/// order, experts in order, except that with `wide` > 0 an expert's last tile holding at most `wide`
-/// routed rows goes after every other tile (the wide items, experts in order).
-pub fn group_reference(experts: &[i32], k: usize, e: usize, bm: usize, wide: usize) -> GroupArrays {
+/// multiple of `bm`; ids outside `0 … e − 1` belong to no expert.
+pub fn group_reference(experts: &[i32], k: usize, e: usize, bm: usize) -> GroupArrays {
     let mut members: Vec<Vec<usize>> = vec![Vec::new(); e];
     for (i, &x) in experts.iter().enumerate() {
         if x >= 0 && (x as usize) < e {
@@ -277,19 +273,12 @@ pub fn group_reference(experts: &[i32], k: usize, e: usize, bm: usize, wide: usi
         }
     }
     let (mut offsets, mut items, mut row_tok, mut row_dst) = (Vec::with_capacity(e + 1), Vec::new(), Vec::new(), Vec::new());
-    let mut wide_items = Vec::new();
     for (ex, m) in members.iter().enumerate() {
         let row0 = row_tok.len();
         offsets.push(row0 as i32);
-        let tiles = m.len().div_ceil(bm);
-        let padded = tiles * bm;
-        for j in 0..tiles {
-            let item = [ex as i32, (row0 + j * bm) as i32];
-            if j + 1 == tiles && m.len() - j * bm <= wide {
-                wide_items.extend(item);
-            } else {
-                items.extend(item);
-            }
+        let padded = m.len().div_ceil(bm) * bm;
+        for j in 0..m.len().div_ceil(bm) {
+            items.extend([ex as i32, (row0 + j * bm) as i32]);
         }
         for r in 0..padded {
             let (tok, dst) = m.get(r).map_or((-1, -1), |&i| ((i / k) as i32, i as i32));
@@ -298,9 +287,7 @@ pub fn group_reference(experts: &[i32], k: usize, e: usize, bm: usize, wide: usi
         }
     }
     offsets.push(row_tok.len() as i32);
-    let n_wide = wide_items.len() / 2;
-    items.extend(wide_items);
-    GroupArrays { offsets, items, row_tok, row_dst, wide_items: n_wide }
+    GroupArrays { offsets, items, row_tok, row_dst }
 }
 
 /// What [`Gpu::act_quant_grouped_pair`] downloads: e4m3 bytes and scales of both quantisations.
@@ -316,17 +303,6 @@ pub(crate) struct GroupedQuantPair {
     /// [`Gpu::act_quant_grouped_into`] over 0xFF bytes and NaN scales: (q, sa), defined on the
     /// rows a tile reads, the fill elsewhere.
     pub grouped: (Vec<u8>, Vec<f32>),
-}
-
-/// The routed rows at most of a tile that `moe_wt` takes as a wide unit (two 64-row sub-tiles
-/// against two 128-column panels), 0 for none: 128 with the 256-row tiles (`wt`) and the switch
-/// `MOE_WT_WIDE` on, which the grouping then lists last ([`group_reference`]).
-pub(crate) fn wide_rows(wt: bool) -> usize {
-    if wt && crate::switches::on("MOE_WT_WIDE") {
-        128
-    } else {
-        0
-    }
 }
 
 /// The device buffers of one grouped MoE call (sized from upper bounds known on the host).
@@ -370,15 +346,13 @@ impl Gpu {
     }
 
     /// Scan, plan and fill (moe.cu `moe_group_scan` / `moe_group_plan`): groups the `tk` pairs of
-    /// `experts` (device, `[tk]`) by expert in tiles of `bm` rows; with `wide` > 0 the tiles of at
-    /// most `wide` routed rows are listed last and counted in the second `n_items` word
-    /// ([`group_reference`]'s order; `moe_wt`'s wide units).
+    /// `experts` (device, `[tk]`) by expert in tiles of `bm` rows.
     ///
-    /// Errors: no pairs, no experts or more than [`MOE_GROUP_MAX_EXPERTS`], top-k or tile 0, `wide`
-    /// not below the tile, fewer than `tk` ids, sizes past 32 bits, launch failures.
-    pub(crate) fn moe_group(&self, experts: &CudaSlice<i32>, tk: usize, k: usize, e: usize, bm: usize, wide: usize) -> Result<Grouping, CudaError> {
-        if tk == 0 || e == 0 || e > MOE_GROUP_MAX_EXPERTS || k == 0 || bm == 0 || wide >= bm || experts.len() < tk {
-            return Err(bad(format!("grouping {tk} pairs ({} ids) of top-{k} over {e} experts (at most {MOE_GROUP_MAX_EXPERTS}) in tiles of {bm} (wide tiles of at most {wide} rows)", experts.len())));
+    /// Errors: no pairs, no experts or more than [`MOE_GROUP_MAX_EXPERTS`], top-k or tile 0, fewer
+    /// than `tk` ids, sizes past 32 bits, launch failures.
+    pub(crate) fn moe_group(&self, experts: &CudaSlice<i32>, tk: usize, k: usize, e: usize, bm: usize) -> Result<Grouping, CudaError> {
+        if tk == 0 || e == 0 || e > MOE_GROUP_MAX_EXPERTS || k == 0 || bm == 0 || experts.len() < tk {
+            return Err(bad(format!("grouping {tk} pairs ({} ids) of top-{k} over {e} experts (at most {MOE_GROUP_MAX_EXPERTS}) in tiles of {bm}", experts.len())));
         }
         let active = e.min(tk);
         let r_cap = (tk + active * (bm - 1)).div_ceil(128) * 128;
@@ -387,12 +361,12 @@ impl Gpu {
         let i32_of = |v: usize, what: &str| i32::try_from(v).map_err(|_| bad(format!("{what} = {v} exceeds 32 bits")));
         i32_of(r_cap * 2, "grouped rows")?;
         i32_of(nch * e, "chunk counts")?;
-        let (tk_i, k_i, e_i, bm_i, nch_i, wide_i) = (i32_of(tk, "pairs")?, i32_of(k, "top-k")?, i32_of(e, "experts")?, i32_of(bm, "tile")?, i32_of(nch, "chunks")?, i32_of(wide, "wide rows")?);
+        let (tk_i, k_i, e_i, bm_i, nch_i) = (i32_of(tk, "pairs")?, i32_of(k, "top-k")?, i32_of(e, "experts")?, i32_of(bm, "tile")?, i32_of(nch, "chunks")?);
         // SAFETY: every element is written by the first scan (fill 0) before the plan reads it.
         let mut cc = unsafe { self.scratch::<i32>((nch * e).max(1)) }?;
         let mut offsets = self.zeros::<i32>(e + 1)?;
         let mut items = self.zeros::<i32>(2 * max_items)?;
-        let mut n_items = self.zeros::<i32>(2)?;
+        let mut n_items = self.zeros::<i32>(1)?;
         let mut row_tok = self.zeros::<i32>(r_cap)?;
         let mut row_dst = self.zeros::<i32>(r_cap)?;
         let s = &self.stream;
@@ -406,8 +380,8 @@ impl Gpu {
             drv("moe_group_scan", unsafe { b.launch(scan_cfg) })?;
             if fill == 0 {
                 let mut b = s.launch_builder(self.f("moe_group_plan"));
-                b.arg(&mut cc).arg(&nch_i).arg(&e_i).arg(&bm_i).arg(&wide_i).arg(&mut offsets).arg(&mut items).arg(&mut n_items).arg(&mut row_tok).arg(&mut row_dst);
-                // SAFETY: moe_group_plan(cc [nch·E], nch, E, bm, wide, offsets [E+1], items [2·max_items], n_items [2],
+                b.arg(&mut cc).arg(&nch_i).arg(&e_i).arg(&bm_i).arg(&mut offsets).arg(&mut items).arg(&mut n_items).arg(&mut row_tok).arg(&mut row_dst);
+                // SAFETY: moe_group_plan(cc [nch·E], nch, E, bm, offsets [E+1], items [2·max_items], n_items [1],
                 // row_tok, row_dst [r_cap]); Σ ceil(count/bm) ≤ max_items and Σ ceil(count/bm)·bm ≤ r_cap;
                 // one block of MOE_PLAN_THREADS ≥ E.
                 drv("moe_group_plan", unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (MOE_GROUP_MAX_EXPERTS as u32, 1, 1), shared_mem_bytes: 0 }) })?;
@@ -417,18 +391,15 @@ impl Gpu {
     }
 
     /// [`Gpu::moe_group`] of host expert ids `experts` (`[tk]`, top-`k` pairs, `e` experts, tiles of
-    /// `bm` rows, wide tiles of at most `wide` rows), downloaded for gpu-check's comparison with
-    /// [`group_reference`]: (offsets `[E + 1]`, items `[n_items][2]`, row_tok `[R]`, row_dst `[R]`,
-    /// wide items).
+    /// `bm` rows), downloaded for gpu-check's comparison with [`group_reference`]: (offsets `[E + 1]`,
+    /// items `[n_items][2]`, row_tok `[R]`, row_dst `[R]`).
     ///
     /// Errors: as `moe_group`, or a download.
-    pub(crate) fn moe_group_download(&self, experts: &[i32], k: usize, e: usize, bm: usize, wide: usize) -> Result<GroupArrays, CudaError> {
+    pub(crate) fn moe_group_download(&self, experts: &[i32], k: usize, e: usize, bm: usize) -> Result<GroupArrays, CudaError> {
         let dev = self.upload(experts)?;
-        let g = self.moe_group(&dev, experts.len(), k, e, bm, wide)?;
+        let g = self.moe_group(&dev, experts.len(), k, e, bm)?;
         let offsets = self.download(&g.offsets)?;
-        let counts = self.download(&g.n_items)?;
-        let n = counts.first().copied().unwrap_or(0).max(0) as usize;
-        let wide_items = counts.get(1).copied().unwrap_or(0).max(0) as usize;
+        let n = self.download(&g.n_items)?.first().copied().unwrap_or(0).max(0) as usize;
         let rows = offsets.last().copied().unwrap_or(0).max(0) as usize;
         let mut items = self.download(&g.items)?;
         items.truncate(2 * n);
@@ -436,7 +407,7 @@ impl Gpu {
         row_tok.truncate(rows);
         let mut row_dst = self.download(&g.row_dst)?;
         row_dst.truncate(rows);
-        Ok(GroupArrays { offsets, items, row_tok, row_dst, wide_items })
+        Ok(GroupArrays { offsets, items, row_tok, row_dst })
     }
 
     /// gpu-check support for [`Gpu::act_quant_grouped`]: groups the host ids `experts` (top-`k`,
@@ -450,7 +421,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn act_quant_grouped_pair(&self, experts: &[i32], k: usize, e: usize, bm: usize, width: usize, tiled: bool, h: impl FnOnce(usize) -> Vec<f32>) -> Result<GroupedQuantPair, CudaError> {
         let dev = self.upload(experts)?;
-        let g = self.moe_group(&dev, experts.len(), k, e, bm, 0)?;
+        let g = self.moe_group(&dev, experts.len(), k, e, bm)?;
         let dh = self.upload(&h(g.r_cap))?;
         let full = self.act_quant_layout(&dh, g.r_cap, width, tiled)?;
         let mut gq = self.upload(&vec![0xFFu8; full.q.len()])?;
@@ -584,7 +555,7 @@ impl Gpu {
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
         let wgmma = self.bf16_wgmma(tables.format, d) && self.bf16_wgmma(tables.format, inter);
-        let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, split, wgmma), 0)?;
+        let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, split, wgmma))?;
         let planes = if split { 2 } else { 1 };
         // Grouped activations [r_cap, d] (bf16, + low plane).
         // SAFETY: rows < R are written by moe_gather_bf16 below; rows ≥ R are never read (no item covers them).
@@ -687,7 +658,7 @@ impl Gpu {
         let limit = cfg.swiglu_limit as f32;
         let wt = self.moe_wt_runs(tables, tk, e, opts);
         self.moe_mark("moe:group+gather");
-        let g = self.moe_group(experts, tk, k, e, if wt { 256 } else { opts.tile_rows(tk, e, false, false) }, wide_rows(wt))?;
+        let g = self.moe_group(experts, tk, k, e, if wt { 256 } else { opts.tile_rows(tk, e, false, false) })?;
         let qa = self.act_quant(f, t, d)?;
         let kb = d / super::ops_q8::Q8_BLOCK;
         // SAFETY: rows < R are written by moe_gather_q8; rows ≥ R are never read (no item covers them).
@@ -742,33 +713,16 @@ mod tests {
     #[test]
     fn group_reference_orders_and_pads() {
         // 3 tokens × top-2 over 3 experts; pair 3 names expert 5 (none), pair 4 expert −1 (none).
-        let g = group_reference(&[2, 0, 0, 5, -1, 2], 2, 3, 2, 0);
+        let g = group_reference(&[2, 0, 0, 5, -1, 2], 2, 3, 2);
         assert_eq!(g.offsets, vec![0, 2, 2, 4]);
         assert_eq!(g.items, vec![0, 0, 2, 2]);
         assert_eq!(g.row_tok, vec![0, 1, 0, 2]);
         assert_eq!(g.row_dst, vec![1, 2, 0, 5]);
-        let g = group_reference(&[1, 1, 1], 1, 2, 2, 0);
+        let g = group_reference(&[1, 1, 1], 1, 2, 2);
         assert_eq!(g.offsets, vec![0, 0, 4]);
         assert_eq!(g.items, vec![1, 0, 1, 2]);
         assert_eq!(g.row_tok, vec![0, 1, 2, -1]);
         assert_eq!(g.row_dst, vec![0, 1, 2, -1]);
-        assert_eq!(g.wide_items, 0);
-    }
-
-    /// With `wide`, each expert's last tile of at most `wide` routed rows moves behind every other
-    /// tile (experts still in order); the rows do not move.
-    #[test]
-    fn group_reference_lists_wide_tiles_last() {
-        // Tiles of 4, wide ≤ 2: expert 0 has 5 pairs (tiles 0 full, 4 with 1 row: wide), expert 1
-        // 3 (tile 8, 3 rows: not wide), expert 2 2 (tile 12: wide), expert 3 4 (tile 16, full).
-        let ids = [0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 3];
-        let g = group_reference(&ids, 1, 4, 4, 2);
-        assert_eq!(g.offsets, vec![0, 8, 12, 16, 20]);
-        assert_eq!(g.items, vec![0, 0, 1, 8, 3, 16, 0, 4, 2, 12]);
-        assert_eq!(g.wide_items, 2);
-        let plain = group_reference(&ids, 1, 4, 4, 0);
-        assert_eq!(plain.items, vec![0, 0, 0, 4, 1, 8, 2, 12, 3, 16]);
-        assert_eq!((plain.row_tok, plain.row_dst, plain.offsets), (g.row_tok, g.row_dst, g.offsets));
     }
 
     #[test]

@@ -183,13 +183,12 @@ pub fn ws_smem(format: &str) -> usize {
 }
 
 /// Dynamic shared memory of a `moe_wt` block (`GwtLayout` in gemm_q8.cu): 1 KB of alignment slack,
-/// 3 stages of 49,152 bytes (A 256 × 128, converted B 128 × 128; a wide unit's A 128 × 128 and two
-/// converted panels), a packed-weight ring of 3 steps (16,384 bytes each: a wide unit's two panels)
-/// and its words (3 × 4,608: eight scale words and the block scales per producer thread), the
-/// epilogue's staging blocks (8 multiply warps × 16 × 40 f32), the full and empty barriers (8 bytes
-/// each per stage) and the 72-byte table: 392 bytes short of 227 KB. 4 stages and the staging
-/// blocks would not fit; 3 stages timed as 4 did (`bench/moe_wt_variants_h200.log`, 6492799).
-pub const WT_SMEM: usize = 1024 + 3 * 49152 + 3 * 16384 + 3 * 4608 + 8 * 16 * 40 * 4 + 2 * 3 * 8 + 72;
+/// 3 stages of 49,152 bytes (A 256 × 128, converted B 128 × 128), a packed-weight ring of 3 steps
+/// (8,192 bytes each) and its words (3 × 2,560: four scale words and the block scales per producer
+/// thread), the epilogue's staging blocks (8 multiply warps × 16 × 40 f32), the full and empty
+/// barriers (8 bytes each per stage) and the 72-byte table. 4 stages and the staging blocks would
+/// not fit in 227 KB; 3 stages timed as 4 did (`bench/moe_wt_variants_h200.log`, 6492799).
+pub const WT_SMEM: usize = 1024 + 3 * 49152 + 3 * 8192 + 3 * 2560 + 8 * 16 * 40 * 4 + 2 * 3 * 8 + 72;
 
 /// The shape rules of [`Gpu::act_quant_grouped`] (x of `x_len` values for `r_cap` rows of `k`,
 /// r_cap a multiple of 128, a row-count word, `rows.live` only tiled and covering r_cap), checked
@@ -762,14 +761,12 @@ mod tests {
         // launch gave (an 80 / 216 split, 1,024 over, left a multiply warpgroup waiting forever).
         assert!(src.contains("setmaxnreg.dec.sync.aligned.u32 72;") && src.contains("setmaxnreg.inc.sync.aligned.u32 216;"));
         const { assert!(128 * 72 + 256 * 216 == 384 * WT_REGS) };
-        assert!(src.contains("static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;") && src.contains("static constexpr int A = 0, BC = 32768, BC1 = 16384, STAGE = 49152;"));
-        assert!(src.contains("static constexpr int BR = STAGES * STAGE, RAW_SLOT = 16384;"));
-        assert!(src.contains("static constexpr int SW = BR + RAW * RAW_SLOT, SW_SLOT = 9 * GWT_PRODUCERS * 4;"));
-        assert!(src.contains("#ifndef GWT_WIDE\n#define GWT_WIDE 1\n#endif"));
+        assert!(src.contains("static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;") && src.contains("static constexpr int A = 0, BC = 32768, STAGE = 49152;"));
+        assert!(src.contains("static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;"));
         assert!(src.contains("EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;"));
         assert!(src.contains("static constexpr int BARS = EPS + EPS_BYTES;") && src.contains("static constexpr int LUT = BARS + 2 * STAGES * 8;"));
         assert!(src.contains("static constexpr int TOTAL = 1024 + LUT + 72;"));
-        assert_eq!(WT_SMEM, 232_056);
+        assert_eq!(WT_SMEM, 201_336);
         const { assert!(WT_SMEM <= 227 * 1024) };
         assert_eq!(smem_of("moe_wt_fp4_256_swiglu"), WT_SMEM);
         for epi in ["plain", "swiglu", "scatter"] {

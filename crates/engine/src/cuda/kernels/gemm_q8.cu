@@ -754,13 +754,13 @@ FP8_GEMM_ENTRY(gemm_q8_fp4, false, 3)
 FP8_GEMM_ENTRY(gemm_w8_fp8, true, 2)
 FP8_GEMM_ENTRY(gemm_w8_fp4, true, 3)
 
-// Item `it` of the grouped MoE's queue (an expert and its 256-, 128- or 64-row tile of grouped
-// rows) with output columns from n0 as a GEMM problem over that expert's weights.
+// Unit w of the grouped MoE's queue (item w / tiles_n: an expert and its 128- or 64-row tile of
+// grouped rows; column tile w % tiles_n) as a GEMM problem over that expert's weights.
 template <int EPI>
-__device__ __forceinline__ GqProb gq_moe_item(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
-                                              const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, int N,
-                                              int K, int it, int n0) {
-    const int ex = items[2 * it];
+__device__ __forceinline__ GqProb gq_moe_unit(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
+                                              const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, int tiles_n,
+                                              int N, int K, int w) {
+    const int it = w / tiles_n, ex = items[2 * it];
     GqProb p;
     p.q = q;
     p.sa = sa;
@@ -769,19 +769,11 @@ __device__ __forceinline__ GqProb gq_moe_item(const u8* q, const float* sa, cons
     p.W3 = EPI == 1 ? reinterpret_cast<const u8*>(w3tab[ex]) : nullptr;
     p.S3 = EPI == 1 ? reinterpret_cast<const u8*>(s3tab[ex]) : nullptr;
     p.m0 = items[2 * it + 1];
-    p.n0 = n0;
+    p.n0 = (w % tiles_n) * 128;
     p.T = 0x7fffffff;
     p.N = N;
     p.K = K;
     return p;
-}
-
-// Unit w of the grouped MoE's queue: item w / tiles_n, column tile w % tiles_n.
-template <int EPI>
-__device__ __forceinline__ GqProb gq_moe_unit(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
-                                              const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, int tiles_n,
-                                              int N, int K, int w) {
-    return gq_moe_item<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, N, K, w / tiles_n, (w % tiles_n) * 128);
 }
 
 // The grouped MoE over the on-device queue of (expert, row tile) items (gemm.cu moe_gemm).
@@ -1100,18 +1092,11 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // packed weights stay four 16-byte cp.async per producer thread and step: one 64-byte
 // cp.async.bulk per tile row instead made the layer 30 % slower at 8K (20 % at 32K; the same log,
 // 9588e06), two 2-D tensor copies per step by one thread 8 % at 8K (~2 % at 32K; 4af605a).
-// Wide units (switch MOE_WT_WIDE; the grouping lists an expert's last tile last when it holds at
-// most 128 routed rows, n_items[1] of them): such a tile would leave one multiply warpgroup idle
-// (or both half busy) for a whole unit, so it runs as units of 128 rows × 256 columns instead —
-// both warpgroups take sub-tiles 0 and 1, warpgroup wg against the unit's panel wg (columns
-// n0 + 128 wg), the producer copies and converts both panels per step (eight 16-byte copies per
-// thread into a 16 KB raw slot, the second panel converted into the stage's place of sub-tiles 2
-// and 3). Per 128-column panel the same MMAs, promotion and stores as a 256 × 128 unit: the
-// same bits, in half the units for those tiles.
 
 // The copy lag and the ring depth, overridable for timing (FLASHSEEK_KERNEL_DEFINES; nvrtc.rs) as
-// long as GwtLayout fits the WT_SMEM bytes the host launches with (3 stages: lag ≤ 2, with
-// GWT_EPI_STAGED=0 too; 2 stages: lag ≤ 4; 4 stages do not fit; more traps in gw_smem_base).
+// long as GwtLayout fits the WT_SMEM bytes the host launches with (3 stages: lag ≤ 2, ≤ 3 with
+// GWT_EPI_STAGED=0; 2 stages: lag ≤ 6; 4 stages do not fit; more traps
+// in gw_smem_base).
 #ifndef GWT_LAG
 #define GWT_LAG 2
 #endif
@@ -1122,11 +1107,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // 8-byte stores (0; timing only: the same values at the same places).
 #ifndef GWT_EPI_STAGED
 #define GWT_EPI_STAGED 1
-#endif
-// Timing only: GWT_WIDE=0 compiles the wide units out (every item runs 256 × 128 units whatever the
-// grouping's order; the same bits; bench/moe_wt_variants_h200.log, thirtieth session).
-#ifndef GWT_WIDE
-#define GWT_WIDE 1
 #endif
 // Timing diagnostics only (FLASHSEEK_KERNEL_DEFINES=MOE_WT_DIAG=n, n a sum of bits; wrong
 // results): 1 the producer stores its packed bytes unconverted, 2 the multiply warpgroups skip the
@@ -1169,17 +1149,15 @@ extern "C" __global__ void fp4_block_smax(const unsigned long long* __restrict__
 }
 
 // Shared memory: STAGES stages of A (four 64-row sub-tiles, 32 KB) and the converted B [128][128]
-// e4m3 (16 KB), both swizzled (a wide unit: A's sub-tiles 0 and 1, its first panel at BC and its
-// second at BC1, over the sub-tiles 2 and 3 it does not use); the packed-weight ring (RAW steps of
-// [256][64] bytes: a wide unit's two panels, one unit's [128][64] in the first half) and its words
-// (RAW × 9 × 128 u32: per producer thread its four units' scale words, the step's block scales,
-// and a wide unit's four scale words of its second panel); the epilogue's staging blocks (GWT_EPI_STAGED:
-// 16 × 40 f32 per multiply warp); the full and empty barriers; the fp4 table.
+// e4m3 (16 KB), both swizzled; the packed-weight ring (RAW steps of [128][64] bytes) and its words
+// (RAW × 5 × 128 u32: per producer thread its four units' scale words and the step's block
+// scales); the epilogue's staging blocks (GWT_EPI_STAGED: 16 × 40 f32 per multiply warp); the full
+// and empty barriers; the fp4 table.
 struct GwtLayout {
     static constexpr int STAGES = GWT_STAGES, RAW = GWT_LAG + 1;
-    static constexpr int A = 0, BC = 32768, BC1 = 16384, STAGE = 49152;
-    static constexpr int BR = STAGES * STAGE, RAW_SLOT = 16384;
-    static constexpr int SW = BR + RAW * RAW_SLOT, SW_SLOT = 9 * GWT_PRODUCERS * 4;
+    static constexpr int A = 0, BC = 32768, STAGE = 49152;
+    static constexpr int BR = STAGES * STAGE;
+    static constexpr int SW = BR + RAW * 8192, SW_SLOT = 5 * GWT_PRODUCERS * 4;
     static constexpr int EPS = SW + RAW * SW_SLOT, EPS_WARP = 16 * 40, EPS_BYTES = GWT_EPI_STAGED ? 8 * EPS_WARP * 4 : 0;
     static constexpr int BARS = EPS + EPS_BYTES;
     static constexpr int LUT = BARS + 2 * STAGES * 8;
@@ -1283,34 +1261,18 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     __syncthreads();
 
     const int tiles_n = (N + 127) / 128;
-    // The queue's units: the first n_items[0] − nw items in 256 × 128 units (tiles_n per item),
-    // then the last nw (wide items, at most 128 live rows; moe_group_plan puts them last) in
-    // 128 × 256 units (tiles_n / 2 per item; none when tiles_n is odd).
-    const int nw = !GWT_WIDE || tiles_n & 1 ? 0 : n_items[1];
-    const int nn = n_items[0] - nw, un = nn * tiles_n, half = tiles_n >> 1;
-    const int total = un + nw * half;
+    const int total = *n_items * tiles_n;
     const int KT = K >> 7;
     // Weight rows of the tile's matrices (EPI 1: W1 and W3 of N / 2 rows each) in 128-row blocks.
     const int NBW = ((EPI == 1 ? N / 2 : N) + 127) >> 7;
     GqEpi E = {y, hf, ldh, limit, dst, gamma};
-    // Unit w: its item, first output column and whether it is wide (two 128-column panels).
-    struct Unit {
-        int it, n0;
-        bool wide;
-    };
-    auto unit = [&](int w) {
-        if (!GWT_WIDE || w < un) return Unit{w / tiles_n, (w % tiles_n) * 128, false};
-        const int v = w - un;
-        return Unit{nn + v / half, (v % half) * 256, true};
-    };
-    auto prob = [&](const Unit& U) { return gq_moe_item<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, N, K, U.it, U.n0); };
+    auto prob = [&](int w) { return gq_moe_unit<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, tiles_n, N, K, w); };
     auto live = [&](int m0, int st) { return __ldg(dst + m0 + 64 * st) >= 0; };
-    // Offset of the block scales (step 0) of item it's columns n0 … n0 + 127 in bsg / bsu: its
-    // expert, the 128-row block of their weight rows (EPI 1: 128 columns are 64 rows of W1 and of
-    // W3, in one block of each).
-    auto block_row = [&](int it, int n0) {
+    // Offset of unit w's block scales (step 0) in bsg / bsu: its expert, the 128-row block of its
+    // weight rows (EPI 1: the tile's 128 columns are 64 rows of W1 and of W3, in one block of each).
+    auto block_row = [&](int w, int n0) {
         const int nb = (EPI == 1 ? n0 >> 1 : n0) >> 7;
-        return ((size_t)items[2 * it] * NBW + nb) * KT;
+        return ((size_t)items[2 * (w / tiles_n)] * NBW + nb) * KT;
     };
 
     if (tid >= 256) {
@@ -1325,80 +1287,56 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const int steps = units * KT;
         // Copy side: unit cw (grid-stride index), step ck within it, steps issued jn.
         int cw = blockIdx.x, ck = 0, jn = 0;
-        // Weight row p / 4 of the (first) panel, 16-byte group p % 4, and its scale words; unit u's
-        // row RS·u rows further in the same matrix (EPI 1: columns n + 32 u are rows of the same
-        // matrix 16 further, fused_wrow).
-        constexpr int RS = EPI == 1 ? 16 : 32;
-        const u8* b_src = nullptr;
-        const u8* s_src = nullptr;
-        u32 b_ok = 0;  // bit u: row u of the (first) panel in range; bit 4 + u: of a wide unit's second; bit 8: wide
-        size_t cbrow = 0, cbrow1 = 0;
-        // A wide unit's second panel: the weight rows PR past the first's (EPI 1: columns n + 128
-        // are rows of the same matrix 64 further, fused_wrow), block scales at cbrow1.
-        constexpr int PR = EPI == 1 ? 64 : 128;
+        const u8* b_src[4];
+        const u8* s_src[4];
+        u32 b_ok = 0;
+        size_t cbrow = 0;
         auto copy_unit = [&] {
-            const Unit U = unit(cw);
-            const GqProb P = prob(U);
-            cbrow = block_row(U.it, P.n0);
-            cbrow1 = U.wide ? block_row(U.it, P.n0 + 128) : cbrow;
-            b_ok = (u32)U.wide << 8;
+            const GqProb P = prob(cw);
+            cbrow = block_row(cw, P.n0);
+            b_ok = 0;
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 const int n = P.n0 + (p >> 2) + 32 * u;
-                b_ok |= (u32)(n < N) << u | (u32)(U.wide && n + 128 < N) << (4 + u);
+                const bool ok = n < N;
+                b_ok |= (u32)ok << u;
+                // Weight row p / 4 + 32 u, 16-byte group p % 4 (+ that row's scale words). Rows past N copy zeros.
+                b_src[u] = ok ? fused_wrow<EPI>(P, n, wrow) + g * 16 : P.W;
+                s_src[u] = P.S;
+                if (ok) {
+                    const u8* sp;
+                    const int sn = fused_srow<EPI>(P, n, sp);
+                    s_src[u] = sp + (size_t)sn * sg;
+                }
             }
-            // Rows past N copy zeros (src-size 0: nothing is read) and load no scale words.
-            const int n = P.n0 + (p >> 2);
-            b_src = fused_wrow<EPI>(P, n, wrow) + g * 16;
-            const u8* sp;
-            const int sn = fused_srow<EPI>(P, n, sp);
-            s_src = sp + (size_t)sn * sg;
         };
         if (steps > 0) copy_unit();
-        // The scale words of the last step issued (four, its block scales: gate | up << 8, a wide
-        // unit's second panel's << 16, then a wide unit's four of its second panel), loaded with
-        // plain loads and stored into the thread's own words of that step's raw slot when the next
-        // copy is issued (before that step is converted).
-        u32 pend[9];
-        int pend_slot = -1;  // its raw slot, + 256 for a wide unit's step
+        // The scale words of the last step issued (and its block scales, gate | up << 8), loaded
+        // with plain loads and stored into the thread's own words of that step's raw slot when the
+        // next copy is issued (before that step is converted).
+        u32 pend[5];
+        int pend_slot = -1;
         auto issue = [&] {
             if (pend_slot >= 0) {
-                u32* wd = reinterpret_cast<u32*>(gbase + L::SW + (pend_slot & 255) * L::SW_SLOT) + p;
 #pragma unroll
-                for (int u = 0; u < 5; u++) wd[u * NP] = pend[u];
-                if (pend_slot >= 256) {
-#pragma unroll
-                    for (int u = 5; u < 9; u++) wd[u * NP] = pend[u];
-                }
+                for (int u = 0; u < 5; u++) *reinterpret_cast<u32*>(gbase + L::SW + pend_slot * L::SW_SLOT + (u * NP + p) * 4) = pend[u];
                 pend_slot = -1;
             }
             if (jn < steps) {
                 const int slot = jn % RAW;
-                const bool wide = (b_ok >> 8) & 1u;
 #if !(MOE_WT_DIAG & 128)
 #pragma unroll
-                for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * L::RAW_SLOT + ((p >> 2) + 32 * u) * 64 + g * 16, b_src + (size_t)(RS * u) * wrow + (size_t)ck * 64, (b_ok >> u) & 1u);
-                if (wide) {
-#pragma unroll
-                    for (int u = 0; u < 4; u++)
-                        gm_cp16(base + L::BR + slot * L::RAW_SLOT + 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src + (size_t)(RS * u + PR) * wrow + (size_t)ck * 64, (b_ok >> (4 + u)) & 1u);
-                }
+                for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)ck * 64, (b_ok >> u) & 1u);
 #endif
                 // Rows past N: scale word 0; their columns are never stored.
+#pragma unroll
 #if MOE_WT_DIAG & 64
-#pragma unroll
-                for (int u = 0; u < 9; u++) pend[u] = u == 4 ? 0x08080808u : 0u;  // group scales ≤ the block's: table rows in range
+                for (int u = 0; u < 5; u++) pend[u] = u == 4 ? 0x0808u : 0u;  // group scales ≤ the block's: table rows in range
 #else
-#pragma unroll
-                for (int u = 0; u < 4; u++) pend[u] = (b_ok >> u) & 1u ? __ldg(reinterpret_cast<const u32*>(s_src + (size_t)(RS * u) * sg) + ck) : 0u;
+                for (int u = 0; u < 4; u++) pend[u] = (b_ok >> u) & 1u ? __ldg(reinterpret_cast<const u32*>(s_src[u]) + ck) : 0u;
                 pend[4] = (u32)__ldg(bsg + cbrow + ck) | (EPI == 1 ? (u32)__ldg(bsu + cbrow + ck) << 8 : 0u);
-                if (wide) {
-#pragma unroll
-                    for (int u = 0; u < 4; u++) pend[5 + u] = (b_ok >> (4 + u)) & 1u ? __ldg(reinterpret_cast<const u32*>(s_src + (size_t)(RS * u + PR) * sg) + ck) : 0u;
-                    pend[4] |= (u32)__ldg(bsg + cbrow1 + ck) << 16 | (EPI == 1 ? (u32)__ldg(bsu + cbrow1 + ck) << 24 : 0u);
-                }
 #endif
-                pend_slot = slot + (wide ? 256 : 0);
+                pend_slot = slot;
                 jn++;
                 if (++ck == KT) {
                     ck = 0;
@@ -1412,12 +1350,10 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         GwsRing<ST> ring;
         int j = 0;  // steps converted
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
-            const Unit U = unit(w);
-            const GqProb P = prob(U);
+            const GqProb P = prob(w);
             // The live sub-tiles are a prefix: a tile's rows are one expert's (items start at its
             // bm-aligned offset), whose padding rows come last (moe_group_plan), and its first row
-            // is routed (no item covers padding alone). The multiply warpgroups test each one. A
-            // wide item's sub-tiles 2 and 3 are padding (at most 128 live rows).
+            // is routed (no item covers padding alone). The multiply warpgroups test each one.
             int nlive = 1;
 #pragma unroll
             for (int st = 1; st < 4; st++) nlive += live(P.m0, st);
@@ -1430,46 +1366,30 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 // separate), so only the stores wait for the multiply warpgroups.
                 gm_wait<LAG>();
                 const int slot = j % RAW;
-                const u8* raw = gbase + L::BR + slot * L::RAW_SLOT;
+                const u8* raw = gbase + L::BR + slot * 8192;
                 const u32* words = reinterpret_cast<const u32*>(gbase + L::SW + slot * L::SW_SLOT);
                 const u32 bm = words[4 * NP + p];
-                // Panel h's four units (h = 1: a wide unit's second panel): packed bytes and table
-                // rows all loaded before any is converted, so that their shared-memory latencies
-                // overlap.
-                uint4 o[4][2];
-                auto convert = [&](int h) {
-                    uint4 v[4];
-                    uint2 tb[4];
+                // All four units' packed bytes and table rows are loaded before any is converted, so
+                // that their shared-memory latencies overlap.
+                uint4 v[4];
+                uint2 tb[4];
 #pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        const int r = (p >> 2) + 32 * u;
-                        v[u] = *reinterpret_cast<const uint4*>(raw + 8192 * h + r * 64 + g * 16);
-                        // The group's e4m3 magnitudes times 2^(s_grp − s_block) (gq_fp4_table's table rows).
-                        const u32 bmh = bm >> (16 * h);
-                        const u32 smax = EPI == 1 && ((r >> 3) & 1) ? (bmh >> 8) & 0xffu : bmh & 0xffu;
-                        const int dd = max((int)((words[(5 * h + u) * NP + p] >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
-                        tb[u] = *reinterpret_cast<const uint2*>(lut + 2 * dd);
-                    }
+                for (int u = 0; u < 4; u++) {
+                    const int r = (p >> 2) + 32 * u;
+                    v[u] = *reinterpret_cast<const uint4*>(raw + r * 64 + g * 16);
+                    // The group's e4m3 magnitudes times 2^(s_grp − s_block) (gq_fp4_table's table rows).
+                    const u32 smax = EPI == 1 && ((r >> 3) & 1) ? bm >> 8 : bm & 0xffu;
+                    const int dd = max((int)((words[u * NP + p] >> (8 * g)) & 0xffu) - (int)smax, -8) + 8;
+                    tb[u] = *reinterpret_cast<const uint2*>(lut + 2 * dd);
+                }
+                uint4 o[4][2];
 #if MOE_WT_DIAG & 1
 #pragma unroll
-                    for (int u = 0; u < 4; u++) o[u][0] = o[u][1] = make_uint4(v[u].x ^ tb[u].x, v[u].y, v[u].z, v[u].w ^ tb[u].y);
+                for (int u = 0; u < 4; u++) o[u][0] = o[u][1] = make_uint4(v[u].x ^ tb[u].x, v[u].y, v[u].z, v[u].w ^ tb[u].y);
 #else
 #pragma unroll
-                    for (int u = 0; u < 4; u++) gq_fp4x32(v[u], tb[u], o[u][0], o[u][1]);
+                for (int u = 0; u < 4; u++) gq_fp4x32(v[u], tb[u], o[u][0], o[u][1]);
 #endif
-                };
-                auto store = [&](u8* bc) {
-#if MOE_WT_DIAG & 8
-                    if ((o[0][0].x & o[1][0].y & o[2][1].z & o[3][1].w) == 0x12345678u)
-#endif
-#pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        const int r = (p >> 2) + 32 * u;
-                        *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o[u][0];
-                        *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o[u][1];
-                    }
-                };
-                convert(0);
                 gws_wait(empty0 + 8 * s, ring.ph ^ 1);
                 if (p == 0) {
 #if MOE_WT_DIAG & 256
@@ -1481,11 +1401,15 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                     GW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
                     for (int st = 0; st < ncopy; st++) gws_bulk_copy<8192>(base + s * L::STAGE + L::A + st * 8192, a_src + ((size_t)st * KT + kt) * 8192, bar);
                 }
-                store(gbase + s * L::STAGE + L::BC);
-                if (U.wide) {
-                    // The second panel into the place of sub-tiles 2 and 3 (the stage is free).
-                    convert(1);
-                    store(gbase + s * L::STAGE + L::BC1);
+                u8* bc = gbase + s * L::STAGE + L::BC;
+#if MOE_WT_DIAG & 8
+                if ((o[0][0].x & o[1][0].y & o[2][1].z & o[3][1].w) == 0x12345678u)
+#endif
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int r = (p >> 2) + 32 * u;
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g)) = o[u][0];
+                    *reinterpret_cast<uint4*>(bc + gw_swz(r, 2 * g + 1)) = o[u][1];
                 }
 #if !(MOE_WT_DIAG & 32)
                 gw_fence_proxy();
@@ -1497,9 +1421,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         return;
     }
 
-    // Multiply warpgroups 0 and 1: rows m0 + 128 wg … + 127 as sub-tiles 2 wg and 2 wg + 1 against
-    // the unit's panel; of a wide unit, rows m0 … m0 + 127 (sub-tiles 0 and 1) against panel wg
-    // (columns n0 + 128 wg …, converted at BC for wg 0 and BC1 for wg 1).
+    // Multiply warpgroups 0 and 1: rows m0 + 128 wg … + 127 as sub-tiles 2 wg and 2 wg + 1.
     GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
     const int lane = tid & 31, warp = tid >> 5, wq = warp & 3;
     // The warpgroup index, broadcast from lane 0 so that the compiler sees a warp-uniform value and
@@ -1508,18 +1430,11 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     GwsRing<ST> ring;
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
-        const Unit U = unit(w);
-        const GqProb P = prob(U);
-        // Broadcast from lane 0 (warp-uniform for the compiler, as wg): the warpgroup's first
-        // sub-tile and its panel's offset in the stage.
-        const int wide = __shfl_sync(0xffffffffu, (int)U.wide, 0);
-        const int st0 = wide ? 0 : 2 * wg;
-        const int boff = wide && wg ? L::BC1 : L::BC;
-        const int n0 = P.n0 + (wide ? 128 * wg : 0);
-        const bool l0 = live(P.m0, st0), l1 = live(P.m0, st0 + 1);
-        const int row0 = P.m0 + st0 * 64 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 in sub-tile 1)
+        const GqProb P = prob(w);
+        const bool l0 = live(P.m0, 2 * wg), l1 = live(P.m0, 2 * wg + 1);
+        const int row0 = P.m0 + wg * 128 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 in sub-tile 1)
         const float* sa0 = P.sa + (size_t)row0 * KT;
-        const size_t brow = block_row(U.it, n0);
+        const size_t brow = block_row(w, P.n0);
         const u8* swg = bsg + brow;
         const u8* swu = bsu + brow;
         float acc0[64], acc1[64], tmp[64];
@@ -1561,7 +1476,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #if MOE_WT_DIAG & 2
                 acc[st] += sa0 * sa1;
 #else
-                gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (st0 + st) * 8192), gw_desc_lo(sb + boff));
+                gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (2 * wg + st) * 8192), gw_desc_lo(sb + L::BC));
                 gw_wait_partial(tmp);
 #if MOE_WT_DIAG & 4
                 acc[st] += tmp[st] * sa0;
@@ -1582,11 +1497,11 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         {
 #if GWT_EPI_STAGED
             float* sc = reinterpret_cast<float*>(gbase + L::EPS) + warp * L::EPS_WARP;
-            if (l0) gwt_store<EPI>(E, N, row0, n0, lane, sc, acc0);
-            if (l1) gwt_store<EPI>(E, N, row0 + 64, n0, lane, sc, acc1);
+            if (l0) gwt_store<EPI>(E, N, row0, P.n0, lane, sc, acc0);
+            if (l1) gwt_store<EPI>(E, N, row0 + 64, P.n0, lane, sc, acc1);
 #else
-            if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, n0, c2, acc0);
-            if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, n0, c2, acc1);
+            if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
+            if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
 #endif
         }
     }

@@ -47,14 +47,11 @@
 //     shared memory). fill 0: cc[c·E + e] = #{i in chunk c : experts[i] = e}. fill 1 (cc now the
 //     chunk's first row of each expert, from moe_group_plan): expert e's grouped rows in pair order
 //     (token, then slot: the CPU reference's member order): row_tok[r] = token, row_dst[r] = i.
-//   moe_group_plan(cc, nch, E, bm, wide, offsets, items, n_items, row_tok, row_dst): counts = Σ_c
-//     cc[c·E + e]; offsets [E + 1] = exclusive prefix of the counts rounded up to bm (offsets[E] =
-//     grouped rows R); items [·][2] = (e, offsets[e] + j·bm) for each of expert e's ceil(count_e / bm)
-//     tiles, experts in order, except that with wide > 0 the tiles holding at most `wide` routed rows
-//     (an expert's last) come after all others, experts in order (moe_wt's wide units, switch
-//     MOE_WT_WIDE); n_items [2] = (items, of them such wide items; 0 with wide = 0); cc[c·E + e] ←
-//     offsets[e] + Σ_{c' < c} cc[c'·E + e]; expert e's padding rows get −1 in row_tok and row_dst.
-//     One block of MOE_PLAN_THREADS (E ≤ that).
+//   moe_group_plan(cc, nch, E, bm, offsets, items, n_items, row_tok, row_dst): counts = Σ_c cc[c·E + e];
+//     offsets [E + 1] = exclusive prefix of the counts rounded up to bm (offsets[E] = grouped rows R);
+//     items [·][2] = (e, offsets[e] + j·bm) for each of expert e's ceil(count_e / bm) tiles, experts in
+//     order; n_items [1]; cc[c·E + e] ← offsets[e] + Σ_{c' < c} cc[c'·E + e]; expert e's padding rows
+//     get −1 in row_tok and row_dst. One block of MOE_PLAN_THREADS (E ≤ that).
 //   The scan replaced a count and a fill of one block per expert over all T·k pairs (2026-12-01; the
 //   same arrays, checked by gpu-check `moe grouping`): O(E·T·k) reads, 0.18 ms per Flash layer at
 //   8,192 tokens.
@@ -102,9 +99,9 @@ moe_group_scan(const int* __restrict__ experts, int tk, int k, int E, int* __res
 }
 
 extern "C" __global__ void __launch_bounds__(MOE_PLAN_THREADS)
-moe_group_plan(int* __restrict__ cc, int nch, int E, int bm, int wide, int* __restrict__ offsets, int* __restrict__ items,
+moe_group_plan(int* __restrict__ cc, int nch, int E, int bm, int* __restrict__ offsets, int* __restrict__ items,
                int* __restrict__ n_items, int* __restrict__ row_tok, int* __restrict__ row_dst) {
-    __shared__ int rows[MOE_PLAN_THREADS], tiles[MOE_PLAN_THREADS], wides[MOE_PLAN_THREADS];
+    __shared__ int rows[MOE_PLAN_THREADS], tiles[MOE_PLAN_THREADS];
     const int e = threadIdx.x;
     int c = 0;
     if (e < E) {
@@ -112,29 +109,23 @@ moe_group_plan(int* __restrict__ cc, int nch, int E, int bm, int wide, int* __re
         for (int ch = 0; ch < nch; ch++) c += cc[(size_t)ch * E + e];
     }
     const int nt = (c + bm - 1) / bm;
-    // Whether the expert's last tile is wide (at most `wide` routed rows).
-    const int nw = nt > 0 && c - (nt - 1) * bm <= wide ? 1 : 0;
     rows[e] = nt * bm;
-    tiles[e] = nt - nw;
-    wides[e] = nw;
+    tiles[e] = nt;
     __syncthreads();
-    // Inclusive Hillis–Steele scans of padded rows, tiles and wide tiles.
+    // Inclusive Hillis–Steele scans of padded rows and tiles.
     for (int o = 1; o < MOE_PLAN_THREADS; o <<= 1) {
-        const int r = e >= o ? rows[e - o] : 0, t = e >= o ? tiles[e - o] : 0, v = e >= o ? wides[e - o] : 0;
+        const int r = e >= o ? rows[e - o] : 0, t = e >= o ? tiles[e - o] : 0;
         __syncthreads();
         rows[e] += r;
         tiles[e] += t;
-        wides[e] += v;
         __syncthreads();
     }
     if (e < E) {
-        const int row0 = rows[e] - nt * bm, item0 = tiles[e] - (nt - nw);
+        const int row0 = rows[e] - nt * bm, item0 = tiles[e] - nt;
         offsets[e] = row0;
         for (int j = 0; j < nt; j++) {
-            // The wide tile after every expert's other tiles (tiles[MOE_PLAN_THREADS − 1] of them).
-            const int it = j < nt - nw ? item0 + j : tiles[MOE_PLAN_THREADS - 1] + wides[e] - 1;
-            items[2 * it] = e;
-            items[2 * it + 1] = row0 + j * bm;
+            items[2 * (item0 + j)] = e;
+            items[2 * (item0 + j) + 1] = row0 + j * bm;
         }
         int first = row0;
 #pragma unroll 8
@@ -150,8 +141,7 @@ moe_group_plan(int* __restrict__ cc, int nch, int E, int bm, int wide, int* __re
     }
     if (e == E - 1) {
         offsets[E] = rows[e];
-        n_items[0] = tiles[e] + wides[e];
-        n_items[1] = wides[e];
+        *n_items = tiles[e];
     }
 }
 
