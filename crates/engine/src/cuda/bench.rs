@@ -147,7 +147,8 @@ pub fn routing_stats(ids: &[i32], e: usize) -> Value {
         "mean_per_expert": mean,
         "cv": if mean > 0.0 { var.sqrt() / mean } else { 0.0 },
         "tiles": [tiles(256), tiles(128), tiles(64)],
-        "wide_256": count.iter().filter(|&&c| c > 0 && c - (c - 1) / 256 * 256 <= 128).count(),
+        // An expert's last 256-row tile holds (c − 1) % 256 + 1 of its c pairs: at most 128.
+        "wide_256": count.iter().filter(|&&c| c > 0 && (c - 1) % 256 < 128).count(),
     })
 }
 
