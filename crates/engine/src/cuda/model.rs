@@ -679,17 +679,33 @@ enum WqBOut {
 }
 
 /// Projects a chunk through a compressor into the state's rows and emits the completed entries.
-fn compress_chunk(gpu: &Gpu, m: &GpuModel, cw: &GpuCompressor, cs: &mut GpuCompState, a: &CudaSlice<f32>, t: usize, pos0: usize) -> Result<(), CudaError> {
+/// One compressor's projections of a chunk (spec §4.8 / §4.9 step 1): `kv` and `lg` (the gate
+/// logits), `[t, rows of wkv]` f32 each.
+struct CompProjections {
+    kv: DevBuf<f32>,
+    lg: DevBuf<f32>,
+}
+
+impl CompProjections {
+    /// Buffers for `t` tokens of `cw`'s projections, written by the linear that follows.
+    fn alloc(gpu: &Gpu, cw: &GpuCompressor, t: usize) -> Result<Self, CudaError> {
+        let out = cw.wkv.rows;
+        // SAFETY (both): every value is written by the linear the caller runs next, before anything reads it.
+        Ok(CompProjections { kv: unsafe { gpu.scratch::<f32>(t * out) }?, lg: unsafe { gpu.scratch::<f32>(t * out) }? })
+    }
+}
+
+/// The rest of a compressor's chunk (spec §4.8 / §4.9 steps 2–4) from its projections `p`: the
+/// position bias added to the logits, both appended to the state `cs` at pos0, and the entries
+/// completed by the chunk pooled, normed and rotated into `cs.entries`.
+///
+/// Errors: any op error.
+fn compress_pool(gpu: &Gpu, m: &GpuModel, cw: &GpuCompressor, cs: &mut GpuCompState, mut p: CompProjections, t: usize, pos0: usize) -> Result<(), CudaError> {
     let c = &m.config;
     let out = cw.wkv.rows;
-    // SAFETY (both): every value is written by the linear below before anything reads it.
-    let mut kv = unsafe { gpu.scratch::<f32>(t * out) }?;
-    let mut lg = unsafe { gpu.scratch::<f32>(t * out) }?;
-    // One conversion of `a` for both (Gpu::linear_multi).
-    gpu.linear_multi(a, t, &mut [(&cw.wkv, &mut kv), (&cw.wgate, &mut lg)])?;
-    gpu.add_position_bias(&mut lg, &cw.ape, t, cw.ratio, pos0)?;
-    copy_into(gpu, &kv, t * out, &mut cs.kv, pos0 * out)?;
-    copy_into(gpu, &lg, t * out, &mut cs.logit, pos0 * out)?;
+    gpu.add_position_bias(&mut p.lg, &cw.ape, t, cw.ratio, pos0)?;
+    copy_into(gpu, &p.kv, t * out, &mut cs.kv, pos0 * out)?;
+    copy_into(gpu, &p.lg, t * out, &mut cs.logit, pos0 * out)?;
     let complete = (pos0 + t) / cw.ratio;
     if complete > cs.n_entries {
         let n = complete - cs.n_entries;
@@ -922,9 +938,28 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         let mut kv = unsafe { gpu.scratch::<f32>(t * hd) }?;
         gpu.rms_norm_rope(&kv0, Some(&l.kv_norm), &mut kv, t, 1, hd, eps, inv, rope, pos0)?;
         copy_into(gpu, &kv, t * hd, &mut s.kv, pos0 * hd)?;
+        // The CSA indexer's compressor projections and weights_proj output, computed with the main
+        // compressor's from one conversion of `a` (Gpu::linear_multi: the same bits as one linear
+        // each; three conversions of the [t, d] input were two too many).
+        let mut idx_pre: Option<(CompProjections, DevBuf<f32>)> = None;
         if let (Some(cw), Some(cs)) = (&l.compressor, &mut s.comp) {
             gpu.stage("compressors");
-            compress_chunk(gpu, m, cw, cs, &a, t, pos0)?;
+            let mut p = CompProjections::alloc(gpu, cw, t)?;
+            match (&l.indexer, l.kind) {
+                (Some(iw), LayerKind::Csa { .. }) => {
+                    let mut ip = CompProjections::alloc(gpu, &iw.compressor, t)?;
+                    // SAFETY: written by the linear below.
+                    let mut wts = unsafe { gpu.scratch::<f32>(t * iw.heads) }?;
+                    gpu.linear_multi(
+                        &a,
+                        t,
+                        &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg), (&iw.compressor.wkv, &mut ip.kv), (&iw.compressor.wgate, &mut ip.lg), (&iw.weights_proj, &mut wts)],
+                    )?;
+                    idx_pre = Some((ip, wts));
+                }
+                _ => gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg)])?,
+            }
+            compress_pool(gpu, m, cw, cs, p, t, pos0)?;
         }
         gpu.stage("attention");
         let shape = AttentionShape { tokens: t, heads: h, head_dim: hd, pos0, window: c.sliding_window, kv_base: 0 };
@@ -939,15 +974,13 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
                     _ => return Err(CudaError::Unsupported { what: "forward", detail: "CSA layer without an indexer".into() }),
                 };
                 gpu.stage("compressors");
-                compress_chunk(gpu, m, &iw.compressor, is, &a, t, pos0)?;
+                let (ip, wts) = idx_pre.take().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "CSA layer: no indexer projections".into() })?;
+                compress_pool(gpu, m, &iw.compressor, is, ip, t, pos0)?;
                 gpu.stage("indexer");
                 // SAFETY: written by the linear below.
                 let mut iq = unsafe { gpu.scratch::<f32>(t * iw.heads * iw.head_dim) }?;
                 gpu.linear_q(&qr, &iw.wq_b, &mut iq, t)?;
                 gpu.rope(&mut iq, &m.inv_compress, &m.rope_compress, t, iw.heads, iw.head_dim, pos0, false)?;
-                // SAFETY: written by the linear below.
-                let mut wts = unsafe { gpu.scratch::<f32>(t * iw.heads) }?;
-                gpu.linear(&a, &iw.weights_proj, &mut wts, t)?;
                 let ishape = IndexerShape { tokens: t, heads: iw.heads, head_dim: iw.head_dim, n_entries: is.n_entries, ratio, pos0 };
                 let offs = topk_offsets(pos0, t, ratio, is.n_entries, c.index_topk)?;
                 let total = *offs.last().unwrap_or(&0) as usize;
@@ -1184,7 +1217,8 @@ impl GpuModel {
                 lin(&mut comp, &iw.compressor.wkv, tf);
                 lin(&mut comp, &iw.compressor.wgate, tf);
                 lin(&mut idx, &iw.wq_b, tf);
-                lin(&mut idx, &iw.weights_proj, tf);
+                // Computed with the compressors' projections (one conversion of the input), so timed there.
+                lin(&mut comp, &iw.weights_proj, tf);
                 let entries = (mid / iw.compressor.ratio as f64).floor();
                 idx.flops += 2.0 * tf * entries * (iw.heads * iw.head_dim) as f64;
                 idx.bytes += ((pos0 + t) / iw.compressor.ratio * iw.head_dim * 4) as f64;

@@ -1072,7 +1072,7 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // block lies within 8 binades of its largest (exact e4m3; DeepSeek's converter re-expresses FP4
 // experts with 128 × 128 block scales, spec §6).
 // Block of GWT_THREADS = 384: warpgroups 0 and 1 multiply 128 token rows each as two 64-row
-// sub-tiles (per K step and sub-tile moe_ws's four wgmma m64n128k32 and its promotion, into one
+// sub-tiles (wg and wg + 2, GWT_SUB_INTERLEAVE; per K step and sub-tile moe_ws's four wgmma m64n128k32 and its promotion, into one
 // accumulator set per sub-tile), warpgroup 2 produces with 72 registers per thread so that the
 // multiply warpgroups get 216 (setmaxnreg: the split must sum to the 384 × 168 the launch gives,
 // since the multiply warpgroups' raise draws on what the producer released). Per K step the producer's thread 0 announces the
@@ -1120,6 +1120,12 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // twenty-third).
 #ifndef MOE_WT_DIAG
 #define MOE_WT_DIAG 0
+#endif
+// The multiply warpgroups' sub-tiles: wg and wg + 2 (1, the default: the live sub-tiles are a
+// prefix, so a tile of two gives each warpgroup one) or 2 wg and 2 wg + 1 (0: the form before
+// 2026-12-02, where warpgroup 1 sat idle on tiles of at most 128 routed rows). The same bits.
+#ifndef GWT_SUB_INTERLEAVE
+#define GWT_SUB_INTERLEAVE 1
 #endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
@@ -1421,8 +1427,10 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         return;
     }
 
-    // Multiply warpgroups 0 and 1: rows m0 + 128 wg … + 127 as sub-tiles 2 wg and 2 wg + 1.
+    // Multiply warpgroups 0 and 1: sub-tiles S0 = wg and S0 + SS = wg + 2 (GWT_SUB_INTERLEAVE, the
+    // default: a tile of two live sub-tiles gives each warpgroup one) or 2 wg and 2 wg + 1 (0).
     GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
+    constexpr int SS = GWT_SUB_INTERLEAVE ? 2 : 1;
     const int lane = tid & 31, warp = tid >> 5, wq = warp & 3;
     // The warpgroup index, broadcast from lane 0 so that the compiler sees a warp-uniform value and
     // builds the wgmma descriptors in uniform registers.
@@ -1431,8 +1439,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     GwsRing<ST> ring;
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
         const GqProb P = prob(w);
-        const bool l0 = live(P.m0, 2 * wg), l1 = live(P.m0, 2 * wg + 1);
-        const int row0 = P.m0 + wg * 128 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 in sub-tile 1)
+        const int s0 = GWT_SUB_INTERLEAVE ? wg : 2 * wg;
+        const bool l0 = live(P.m0, s0), l1 = live(P.m0, s0 + SS);
+        const int row0 = P.m0 + s0 * 64 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 SS in the second sub-tile)
         const float* sa0 = P.sa + (size_t)row0 * KT;
         const size_t brow = block_row(w, P.n0);
         const u8* swg = bsg + brow;
@@ -1443,7 +1452,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             acc0[i] = 0.f;
             acc1[i] = 0.f;
         }
-        // Step kt's scales: activation rows row0, row0 + 8, row0 + 64, row0 + 72, the tile's block
+        // Step kt's scales: activation rows row0, row0 + 8, row0 + 64 SS, row0 + 64 SS + 8, the tile's block
         // scale bytes (gate or only, up); loaded a step ahead, the bytes decoded where they are used
         // (so that nothing waits on the loads before the step's MMAs).
         struct Sc {
@@ -1455,8 +1464,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const float* safe = P.sa + (size_t)(P.m0 + wq * 16 + g4) * KT;
         const float* pa0 = l0 ? sa0 : safe;
         const float* pa1 = l0 ? sa0 + 8 * KT : safe;
-        const float* pb0 = l1 ? sa0 + 64 * KT : safe;
-        const float* pb1 = l1 ? sa0 + 72 * KT : safe;
+        const float* pb0 = l1 ? sa0 + 64 * SS * KT : safe;
+        const float* pb1 = l1 ? sa0 + (64 * SS + 8) * KT : safe;
         auto scales = [&](int kt) {
             const int k = min(kt, KT - 1);
 #if MOE_WT_DIAG & 512
@@ -1476,7 +1485,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #if MOE_WT_DIAG & 2
                 acc[st] += sa0 * sa1;
 #else
-                gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (2 * wg + st) * 8192), gw_desc_lo(sb + L::BC));
+                gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (s0 + SS * st) * 8192), gw_desc_lo(sb + L::BC));
                 gw_wait_partial(tmp);
 #if MOE_WT_DIAG & 4
                 acc[st] += tmp[st] * sa0;
@@ -1498,10 +1507,10 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #if GWT_EPI_STAGED
             float* sc = reinterpret_cast<float*>(gbase + L::EPS) + warp * L::EPS_WARP;
             if (l0) gwt_store<EPI>(E, N, row0, P.n0, lane, sc, acc0);
-            if (l1) gwt_store<EPI>(E, N, row0 + 64, P.n0, lane, sc, acc1);
+            if (l1) gwt_store<EPI>(E, N, row0 + 64 * SS, P.n0, lane, sc, acc1);
 #else
             if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
-            if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64, P.n0, c2, acc1);
+            if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64 * SS, P.n0, c2, acc1);
 #endif
         }
     }
