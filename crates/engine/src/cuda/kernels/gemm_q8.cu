@@ -510,24 +510,6 @@ __device__ __forceinline__ void gw_issue_k128_lo(float (&d)[64], u32 alo, u32 bl
     gw_commit();
 }
 
-// gw_mma_lo / gw_issue_k128_lo on the tile's 64-column half at blo (m64n64k32 into d[0 .. 31],
-// the accumulator layout of the n128 form's first 32 values; d[32 .. 63] untouched): moe_wt's
-// split sub-tile (GWT_HALF_SPLIT). wgmma sums each output over k alone, so a column's value does
-// not depend on the instruction's width (checked: MOE_FP8_WT=off bits at T = 8,192).
-__device__ __forceinline__ void gw_mma_lo_n64(float (&d)[64], u32 alo, u32 blo, int scale_d) {
-    GW_ASM(
-        "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %34, 0;\nmov.b64 da, {%32, 0x40000040};\nmov.b64 db, {%33, 0x40000040};\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, da, db, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(alo), "r"(blo), "r"(scale_d));
-}
-__device__ __forceinline__ void gw_issue_k128_lo_n64(float (&d)[64], u32 alo, u32 blo) {
-    gw_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) gw_mma_lo_n64(d, alo + 2 * kk, blo + 2 * kk, kk);
-    gw_commit();
-}
-
 // Waits for the warpgroup's wgmma groups and makes the partial d readable.
 __device__ __forceinline__ void gw_wait_partial(float (&d)[64]) {
     gw_wait0();
@@ -1122,7 +1104,7 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #define GWT_STAGES 3
 #endif
 // The epilogue through per-warp staging blocks (gwt_store; 1, the default) or gw_store's direct
-// 8-byte stores (0; timing only: the same values at the same places; with GWT_HALF_SPLIT=0).
+// 8-byte stores (0; timing only: the same values at the same places).
 #ifndef GWT_EPI_STAGED
 #define GWT_EPI_STAGED 1
 #endif
@@ -1144,11 +1126,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // 2026-12-02, where warpgroup 1 sat idle on tiles of at most 128 routed rows). The same bits.
 #ifndef GWT_SUB_INTERLEAVE
 #define GWT_SUB_INTERLEAVE 1
-#endif
-// A tile of three live sub-tiles: both multiply warpgroups take half of the third's columns (1, the
-// default) or warpgroup 0 takes it whole (0). The same bits. Needs GWT_EPI_STAGED.
-#ifndef GWT_HALF_SPLIT
-#define GWT_HALF_SPLIT 1
 #endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
@@ -1202,11 +1179,9 @@ struct GwtLayout {
 // staged, the layer gained ~0.1 ms, bench/moe_wt_variants_h200.log).
 // The thread's rows are row_a, row_a + 8 of the warp's 16 (row_a − lane / 4 …); per chunk it stores
 // rows lane / 8 + 4 i (i < 4), columns 4 (lane % 8) … + 3. EPI 1 stores hidden units (n0 / 2 + …;
-// N / 2 of them), EPI 2 rows dst[row] ≥ 0, EPI 0 every row (moe_wt has no T bound). NJ: the
-// tile's 8-column groups (16; 8 for GWT_HALF_SPLIT's 64-column half at n0, acc[0 .. 31]).
-template <int EPI, int NJ = 16>
+// N / 2 of them), EPI 2 rows dst[row] ≥ 0, EPI 0 every row (moe_wt has no T bound).
+template <int EPI>
 __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int n0, int lane, float* sc, const float (&acc)[64]) {
-    static_assert(NJ == 16 || NJ == 8, "a full tile or its half");
     const int g4 = lane >> 2, c2 = (lane & 3) * 2, wr = row_a - g4;
     const GqRow R[2] = {gq_row<EPI>(E, row_a), gq_row<EPI>(E, row_a + 8)};
     // Output row of each stored row (row i / 2 of R on lane 4 (ρ % 8), ρ = lane / 8 + 4 i).
@@ -1220,7 +1195,7 @@ __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int 
             orow[i] = wr + rho;
         }
     }
-    constexpr int NC = EPI == 1 ? NJ / 8 : NJ / 4;
+    constexpr int NC = EPI == 1 ? 2 : 4;
     const int width = EPI == 1 ? N / 2 : N, c0 = EPI == 1 ? n0 >> 1 : n0;
     float* out = EPI == 1 ? E.hf : E.y;
     const size_t ld = EPI == 1 ? (size_t)E.ldh : (size_t)N;
@@ -1261,18 +1236,6 @@ __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int 
             }
         }
     }
-}
-
-// gw_promote's FP8 form (DIRECT) on the first NJ 8-column groups of acc and tmp (moe_wt: 16, or 8
-// for GWT_HALF_SPLIT's half, whose groups keep their gate / up parity: the half starts at column
-// 0 or 64).
-template <int NJ, int EPI>
-__device__ __forceinline__ void gwt_promote(float (&acc)[64], const float (&tmp)[64], float sa0, float sa1, float swg, float swu) {
-    const float f[4] = {sa0 * swg, sa0 * swu, sa1 * swg, sa1 * swu};
-#pragma unroll
-    for (int j = 0; j < NJ; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[4 * j + e] = fmaf(tmp[4 * j + e], f[(e >> 1) * 2 + (EPI == 1 && (j & 1))], acc[4 * j + e]);
 }
 
 template <int EPI>
@@ -1464,11 +1427,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         return;
     }
 
-    // Multiply warpgroups 0 and 1: sub-tiles s0 = wg and s1 = wg + 2 (GWT_SUB_INTERLEAVE, the
-    // default: a tile of two live sub-tiles gives each warpgroup one) or 2 wg and 2 wg + 1 (0). A
-    // tile of three live sub-tiles (GWT_HALF_SPLIT): s1 = 2 for both, warpgroup wg taking its
-    // 64-column half 64 wg … 64 wg + 63 (m64n64k32, acc1[0 .. 31]), so that each multiplies one and
-    // a half sub-tiles instead of two and one.
+    // Multiply warpgroups 0 and 1: sub-tiles S0 = wg and S0 + SS = wg + 2 (GWT_SUB_INTERLEAVE, the
+    // default: a tile of two live sub-tiles gives each warpgroup one) or 2 wg and 2 wg + 1 (0).
     GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
     constexpr int SS = GWT_SUB_INTERLEAVE ? 2 : 1;
     const int lane = tid & 31, warp = tid >> 5, wq = warp & 3;
@@ -1480,14 +1440,9 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
         const GqProb P = prob(w);
         const int s0 = GWT_SUB_INTERLEAVE ? wg : 2 * wg;
-        // Warp-uniform: three live sub-tiles (live ones are a prefix, the first always live).
-        const bool half = GWT_HALF_SPLIT && live(P.m0, 2) && !live(P.m0, 3);
-        const int s1 = half ? 2 : s0 + SS;
-        const bool l0 = live(P.m0, s0), l1 = half || live(P.m0, s1);
-        const int row0 = P.m0 + s0 * 64 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 of the first sub-tile
-        const int row1 = P.m0 + s1 * 64 + wq * 16 + g4;  // and row1, row1 + 8 of the second
+        const bool l0 = live(P.m0, s0), l1 = live(P.m0, s0 + SS);
+        const int row0 = P.m0 + s0 * 64 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 SS in the second sub-tile)
         const float* sa0 = P.sa + (size_t)row0 * KT;
-        const float* sa1 = P.sa + (size_t)row1 * KT;
         const size_t brow = block_row(w, P.n0);
         const u8* swg = bsg + brow;
         const u8* swu = bsu + brow;
@@ -1497,7 +1452,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             acc0[i] = 0.f;
             acc1[i] = 0.f;
         }
-        // Step kt's scales: activation rows row0, row0 + 8, row1, row1 + 8, the tile's block
+        // Step kt's scales: activation rows row0, row0 + 8, row0 + 64 SS, row0 + 64 SS + 8, the tile's block
         // scale bytes (gate or only, up); loaded a step ahead, the bytes decoded where they are used
         // (so that nothing waits on the loads before the step's MMAs).
         struct Sc {
@@ -1509,8 +1464,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const float* safe = P.sa + (size_t)(P.m0 + wq * 16 + g4) * KT;
         const float* pa0 = l0 ? sa0 : safe;
         const float* pa1 = l0 ? sa0 + 8 * KT : safe;
-        const float* pb0 = l1 ? sa1 : safe;
-        const float* pb1 = l1 ? sa1 + 8 * KT : safe;
+        const float* pb0 = l1 ? sa0 + 64 * SS * KT : safe;
+        const float* pb1 = l1 ? sa0 + (64 * SS + 8) * KT : safe;
         auto scales = [&](int kt) {
             const int k = min(kt, KT - 1);
 #if MOE_WT_DIAG & 512
@@ -1525,29 +1480,22 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             const u32 sb = base + ring.s * L::STAGE;
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-            // Sub-tile st (s0 or s1) of this warpgroup into acc (its rows' activation scales sa0, sa1).
+            // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1).
             auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
 #if MOE_WT_DIAG & 2
-                acc[st != s0] += sa0 * sa1;
+                acc[st] += sa0 * sa1;
 #else
-                gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + st * 8192), gw_desc_lo(sb + L::BC));
+                gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (s0 + SS * st) * 8192), gw_desc_lo(sb + L::BC));
                 gw_wait_partial(tmp);
 #if MOE_WT_DIAG & 4
-                acc[st != s0] += tmp[0] * sa0;
+                acc[st] += tmp[st] * sa0;
 #else
                 gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu), nullptr, c2);
 #endif
 #endif
             };
-            if (l0) multiply(acc0, s0, cur.a0, cur.a1);
-            if (half) {
-                // Sub-tile 2's columns 64 wg … 64 wg + 63: weight rows 64 wg … of the converted tile.
-                gw_issue_k128_lo_n64(tmp, gw_desc_lo(sb + L::A + 2 * 8192), gw_desc_lo(sb + L::BC + wg * 8192));
-                gw_wait_partial(tmp);
-                gwt_promote<8, EPI>(acc1, tmp, cur.b0, cur.b1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu));
-            } else if (l1) {
-                multiply(acc1, s1, cur.b0, cur.b1);
-            }
+            if (l0) multiply(acc0, 0, cur.a0, cur.a1);
+            if (l1) multiply(acc1, 1, cur.b0, cur.b1);
             __syncwarp();
             if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
             cur = next;
@@ -1559,15 +1507,10 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #if GWT_EPI_STAGED
             float* sc = reinterpret_cast<float*>(gbase + L::EPS) + warp * L::EPS_WARP;
             if (l0) gwt_store<EPI>(E, N, row0, P.n0, lane, sc, acc0);
-            if (half) {
-                gwt_store<EPI, 8>(E, N, row1, P.n0 + 64 * wg, lane, sc, acc1);
-            } else if (l1) {
-                gwt_store<EPI>(E, N, row1, P.n0, lane, sc, acc1);
-            }
+            if (l1) gwt_store<EPI>(E, N, row0 + 64 * SS, P.n0, lane, sc, acc1);
 #else
-            static_assert(!GWT_HALF_SPLIT, "GWT_HALF_SPLIT stores through gwt_store (GWT_EPI_STAGED)");
             if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
-            if (l1) gw_store<EPI>(E, 0x7fffffff, N, row1, P.n0, c2, acc1);
+            if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64 * SS, P.n0, c2, acc1);
 #endif
         }
     }
