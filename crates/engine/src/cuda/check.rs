@@ -619,15 +619,18 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
     Ok(all)
 }
 
-/// `Gpu::linear_multi` (one activation conversion for several weights, the compressors' `wkv` and
-/// `wgate`) against one `Gpu::linear` per weight, bit for bit: bf16 weights of 512 and 384 rows on
-/// 300 tokens of 1,024 inputs with split activations (`LINEAR_CUBLASLT` on and off) and with
-/// `TC_LINEAR=bf16`, and a bf16 with an FP8 weight; each record says that the shared conversion
-/// ran (`gpu::linear_multi_shares`), which a record that passes needs.
+/// `Gpu::linear_multi` (one activation conversion for several weights: the compressors' `wkv` and
+/// `wgate`, in a CSA layer with the indexer compressor's and `weights_proj`) against one
+/// `Gpu::linear` per weight, bit for bit: bf16 weights of 512, 384 and 64 rows (the last as narrow
+/// as `weights_proj`, below cuBLASLt's `LT_MIN_ROWS`) on 300 tokens of 1,024 inputs with split
+/// activations (`LINEAR_CUBLASLT` on and off) and with `TC_LINEAR=bf16`, and the 384-row one as
+/// FP8; each record says that the shared conversion ran (`gpu::linear_multi_shares`), which a
+/// record that passes needs.
 fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
-    let (k, r1, r2, t) = (1024usize, 512usize, 384usize, 300usize);
+    let (k, r1, r2, r3, t) = (1024usize, 512usize, 384usize, 64usize, 300usize);
     let (w1, _) = weight(gpu, "bf16", &random(seed, "multi.w1", r1 * k, 0.05), r1, k)?;
     let (w2, _) = weight(gpu, "bf16", &random(seed, "multi.w2", r2 * k, 0.05), r2, k)?;
+    let (w3, _) = weight(gpu, "bf16", &random(seed, "multi.w3", r3 * k, 0.05), r3, k)?;
     let (w8, _) = weight(gpu, "fp8", &random(seed, "multi.w8", r2 * k, 0.05), r2, k)?;
     let dx = gpu.upload(&random(seed, "multi.x", t * k, 1.0))?;
     let mut all = true;
@@ -638,19 +641,22 @@ fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<boo
         ("split, bf16 and fp8 weights", [("TC_LINEAR", "split"), ("LINEAR_CUBLASLT", "on")], &w8),
     ] {
         let (a, b, shared) = switch_scope(&overrides, || {
-            let shared = super::gpu::linear_multi_shares(t, [&w1, second]).is_some();
+            let shared = super::gpu::linear_multi_shares(t, [&w1, second, &w3]).is_some();
             let mut a1 = gpu.upload(&vec![f32::NAN; t * r1])?;
             let mut a2 = gpu.upload(&vec![f32::NAN; t * r2])?;
-            gpu.linear_multi(&dx, t, &mut [(&w1, &mut a1), (second, &mut a2)])?;
+            let mut a3 = gpu.upload(&vec![f32::NAN; t * r3])?;
+            gpu.linear_multi(&dx, t, &mut [(&w1, &mut a1), (second, &mut a2), (&w3, &mut a3)])?;
             let mut b1 = gpu.upload(&vec![f32::NAN; t * r1])?;
             let mut b2 = gpu.upload(&vec![f32::NAN; t * r2])?;
+            let mut b3 = gpu.upload(&vec![f32::NAN; t * r3])?;
             gpu.linear(&dx, &w1, &mut b1, t)?;
             gpu.linear(&dx, second, &mut b2, t)?;
-            Ok(([gpu.download(&a1)?, gpu.download(&a2)?].concat(), [gpu.download(&b1)?, gpu.download(&b2)?].concat(), shared))
+            gpu.linear(&dx, &w3, &mut b3, t)?;
+            Ok(([gpu.download(&a1)?, gpu.download(&a2)?, gpu.download(&a3)?].concat(), [gpu.download(&b1)?, gpu.download(&b2)?, gpu.download(&b3)?].concat(), shared))
         })?;
         let differ = differing_bits(&a, &b);
         let finite = a.iter().all(|v| v.is_finite());
-        all &= flag_record(out, &format!("linear_multi {label} bits"), json!({"shape": [t, [r1, r2], k], "differing_values": differ, "of": a.len(), "vs": "one linear per weight", "finite": finite, "shared_conversion": shared}), differ == 0 && finite && shared);
+        all &= flag_record(out, &format!("linear_multi {label} bits"), json!({"shape": [t, [r1, r2, r3], k], "differing_values": differ, "of": a.len(), "vs": "one linear per weight", "finite": finite, "shared_conversion": shared}), differ == 0 && finite && shared);
     }
     Ok(all)
 }
