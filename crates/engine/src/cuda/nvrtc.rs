@@ -32,7 +32,8 @@ pub fn options(arch: &str) -> Vec<String> {
 /// VALUE` lines (part of the cache key), so that a kernel's compile-time variants — constants a
 /// kernel file declares under `#ifndef NAME` — can be timed against each other with one binary
 /// (`bench/moe_wt_variants_h200.log`). gemm_q8.cu's `moe_wt` declares `GWT_LAG`, `GWT_STAGES`,
-/// `GWT_EPI_STAGED` (0: the direct output stores) and the timing diagnostics `MOE_WT_DIAG` (wrong
+/// `GWT_EPI_STAGED` (0: the direct output stores), `GWT_SUB_INTERLEAVE` (0: the multiply
+/// warpgroups' sub-tiles as before 2026-12-02) and the timing diagnostics `MOE_WT_DIAG` (wrong
 /// results; see the kernel). Entries
 /// that are not `NAME=VALUE` with NAME an identifier, or whose value holds a line break or a
 /// backslash, are ignored; [`kernel_defines_in_effect`] says what applies (`Gpu::open` prints it and
