@@ -998,8 +998,10 @@ impl Gpu {
 
     /// [`Gpu::linear`] on several weights of the same input `x` (`[t, k]`): where every one takes
     /// [`Gpu::linear_tc`] with the same activation planes (one input width, all split or none), `x`
-    /// is converted once for all of them (the compressors' `wkv` and `wgate`); the same GEMMs on the
-    /// same planes, so the same bits as one [`Gpu::linear`] per weight, which runs otherwise.
+    /// is converted once for all of them (the compressors' `wkv` and `wgate`; in a CSA layer with the
+    /// indexer compressor's and `weights_proj`); the same GEMMs on the same planes, so the same bits
+    /// as one [`Gpu::linear`] per weight, which runs otherwise — for every weight of the call when
+    /// one of them does not share the planes ([`linear_multi_shares`] says whether they all do).
     ///
     /// Errors: as [`Gpu::linear`].
     pub fn linear_multi(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {

@@ -678,7 +678,6 @@ enum WqBOut {
     Bf16(DevBuf<u16>),
 }
 
-/// Projects a chunk through a compressor into the state's rows and emits the completed entries.
 /// One compressor's projections of a chunk (spec §4.8 / §4.9 step 1): `kv` and `lg` (the gate
 /// logits), `[t, rows of wkv]` f32 each.
 struct CompProjections {
@@ -687,10 +686,16 @@ struct CompProjections {
 }
 
 impl CompProjections {
-    /// Buffers for `t` tokens of `cw`'s projections, written by the linear that follows.
-    fn alloc(gpu: &Gpu, cw: &GpuCompressor, t: usize) -> Result<Self, CudaError> {
+    /// Uninitialised buffers for `t` tokens of `cw`'s projections.
+    ///
+    /// # Safety
+    /// The caller writes every value (the linear of `cw.wkv` into `kv`, of `cw.wgate` into `lg`)
+    /// before anything reads them.
+    ///
+    /// Errors: allocation failures.
+    unsafe fn alloc(gpu: &Gpu, cw: &GpuCompressor, t: usize) -> Result<Self, CudaError> {
         let out = cw.wkv.rows;
-        // SAFETY (both): every value is written by the linear the caller runs next, before anything reads it.
+        // SAFETY (both): forwarded to the caller.
         Ok(CompProjections { kv: unsafe { gpu.scratch::<f32>(t * out) }?, lg: unsafe { gpu.scratch::<f32>(t * out) }? })
     }
 }
@@ -940,21 +945,26 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         copy_into(gpu, &kv, t * hd, &mut s.kv, pos0 * hd)?;
         // The CSA indexer's compressor projections and weights_proj output, computed with the main
         // compressor's from one conversion of `a` (Gpu::linear_multi: the same bits as one linear
-        // each; three conversions of the [t, d] input were two too many).
+        // each; three conversions of the [t, d] input were two too many). weights_proj joins only
+        // where it takes the same planes (bf16, as Flash's; an f32 one would make linear_multi run
+        // every weight on its own).
         let mut idx_pre: Option<(CompProjections, DevBuf<f32>)> = None;
         if let (Some(cw), Some(cs)) = (&l.compressor, &mut s.comp) {
             gpu.stage("compressors");
-            let mut p = CompProjections::alloc(gpu, cw, t)?;
+            // SAFETY: both written by the linear below.
+            let mut p = unsafe { CompProjections::alloc(gpu, cw, t) }?;
             match (&l.indexer, l.kind) {
                 (Some(iw), LayerKind::Csa { .. }) => {
-                    let mut ip = CompProjections::alloc(gpu, &iw.compressor, t)?;
-                    // SAFETY: written by the linear below.
+                    // SAFETY (ip, wts): written by the linears below.
+                    let mut ip = unsafe { CompProjections::alloc(gpu, &iw.compressor, t) }?;
                     let mut wts = unsafe { gpu.scratch::<f32>(t * iw.heads) }?;
-                    gpu.linear_multi(
-                        &a,
-                        t,
-                        &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg), (&iw.compressor.wkv, &mut ip.kv), (&iw.compressor.wgate, &mut ip.lg), (&iw.weights_proj, &mut wts)],
-                    )?;
+                    let ic = &iw.compressor;
+                    if super::gpu::linear_multi_shares(t, [&cw.wkv, &cw.wgate, &ic.wkv, &ic.wgate, &iw.weights_proj]).is_some() {
+                        gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg), (&ic.wkv, &mut ip.kv), (&ic.wgate, &mut ip.lg), (&iw.weights_proj, &mut wts)])?;
+                    } else {
+                        gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg), (&ic.wkv, &mut ip.kv), (&ic.wgate, &mut ip.lg)])?;
+                        gpu.linear(&a, &iw.weights_proj, &mut wts, t)?;
+                    }
                     idx_pre = Some((ip, wts));
                 }
                 _ => gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg)])?,

@@ -1072,8 +1072,8 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // block lies within 8 binades of its largest (exact e4m3; DeepSeek's converter re-expresses FP4
 // experts with 128 × 128 block scales, spec §6).
 // Block of GWT_THREADS = 384: warpgroups 0 and 1 multiply 128 token rows each as two 64-row
-// sub-tiles (wg and wg + 2, GWT_SUB_INTERLEAVE; per K step and sub-tile moe_ws's four wgmma m64n128k32 and its promotion, into one
-// accumulator set per sub-tile), warpgroup 2 produces with 72 registers per thread so that the
+// sub-tiles (wg and wg + 2, GWT_SUB_INTERLEAVE; per K step and sub-tile moe_ws's four wgmma
+// m64n128k32 and its promotion, into one accumulator set per sub-tile), warpgroup 2 produces with 72 registers per thread so that the
 // multiply warpgroups get 216 (setmaxnreg: the split must sum to the 384 × 168 the launch gives,
 // since the multiply warpgroups' raise draws on what the producer released). Per K step the producer's thread 0 announces the
 // stage's activation bytes on its full barrier and copies each live sub-tile (one whose first row
@@ -1123,7 +1123,7 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #endif
 // The multiply warpgroups' sub-tiles: wg and wg + 2 (1, the default: the live sub-tiles are a
 // prefix, so a tile of two gives each warpgroup one) or 2 wg and 2 wg + 1 (0: the form before
-// 2026-12-02, where warpgroup 1 sat idle on tiles of at most 128 routed rows). The same bits.
+// 800d456, where warpgroup 1 sat idle on tiles of at most 128 routed rows). The same bits.
 #ifndef GWT_SUB_INTERLEAVE
 #define GWT_SUB_INTERLEAVE 1
 #endif
