@@ -996,30 +996,40 @@ impl Gpu {
         self.linear_tc_planes(&xb, tp, kp, w, y, t, tile, chosen, split)
     }
 
-    /// [`Gpu::linear`] on several weights of the same input `x` (`[t, k]`): where every one takes
-    /// [`Gpu::linear_tc`] with the same activation planes (one input width, all split or none), `x`
-    /// is converted once for all of them (the compressors' `wkv` and `wgate`; in a CSA layer with the
-    /// indexer compressor's and `weights_proj`); the same GEMMs on the same planes, so the same bits
-    /// as one [`Gpu::linear`] per weight, which runs otherwise — for every weight of the call when
-    /// one of them does not share the planes ([`linear_multi_shares`] says whether they all do).
+    /// [`Gpu::linear`] on several weights of the same input `x` (`[t, k]`): the weights that take
+    /// [`Gpu::linear_tc`] with the same activation planes as the first one that takes it (one input
+    /// width, all split or none) get `x` converted once for all of them (the compressors' `wkv` and
+    /// `wgate`; in a CSA layer with the indexer compressor's and `weights_proj`) when there are two or
+    /// more; the same GEMMs on the same planes, so the same bits as one [`Gpu::linear`] per weight,
+    /// which every other weight runs ([`linear_multi_shares`] says whether all of them share).
     ///
     /// Errors: as [`Gpu::linear`].
     pub fn linear_multi(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {
-        let Some(split) = linear_multi_shares(t, outs.iter().map(|(w, _)| &**w)) else {
-            for (w, y) in outs.iter_mut() {
-                self.linear(x, w, y, t)?;
+        // The sharing group: the route (split or not) and input width of the first tensor-core weight.
+        let key = outs.iter().find_map(|(w, _)| linear_route(t, w).map(|split| (split, w.cols)));
+        let joins = |w: &GpuWeight| key.is_some_and(|(split, k)| linear_route(t, w) == Some(split) && w.cols == k);
+        let members = outs.iter().filter(|(w, _)| joins(w)).count();
+        let (split, cols) = match key {
+            Some(key) if members > 1 => key,
+            _ => {
+                for (w, y) in outs.iter_mut() {
+                    self.linear(x, w, y, t)?;
+                }
+                return Ok(());
             }
-            return Ok(());
         };
-        let mut tiles = Vec::with_capacity(outs.len());
-        for (w, y) in outs.iter() {
+        for (w, y) in outs.iter_mut().filter(|(w, _)| !joins(w)) {
+            self.linear(x, w, y, t)?;
+        }
+        let mut tiles = Vec::with_capacity(members);
+        for (w, y) in outs.iter().filter(|(w, _)| joins(w)) {
             tiles.push(self.linear_tc_tile(x.len(), w, y.len(), t, None, split)?);
         }
         if tiles.iter().all(Option::is_none) {
             return Ok(());
         }
-        let (xb, tp, kp) = self.bf16_planes(x, t, outs[0].0.cols, split)?;
-        for ((w, y), chosen) in outs.iter_mut().zip(tiles) {
+        let (xb, tp, kp) = self.bf16_planes(x, t, cols, split)?;
+        for ((w, y), chosen) in outs.iter_mut().filter(|(w, _)| joins(w)).zip(tiles) {
             if let Some(chosen) = chosen {
                 self.linear_tc_planes(&xb, tp, kp, w, y, t, None, chosen, split)?;
             }

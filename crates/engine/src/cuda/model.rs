@@ -945,9 +945,8 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         copy_into(gpu, &kv, t * hd, &mut s.kv, pos0 * hd)?;
         // The CSA indexer's compressor projections and weights_proj output, computed with the main
         // compressor's from one conversion of `a` (Gpu::linear_multi: the same bits as one linear
-        // each; three conversions of the [t, d] input were two too many). weights_proj joins only
-        // where it takes the same planes (bf16, as Flash's; an f32 one would make linear_multi run
-        // every weight on its own).
+        // each; three conversions of the [t, d] input were two too many; a weights_proj stored as
+        // f32 runs on its own).
         let mut idx_pre: Option<(CompProjections, DevBuf<f32>)> = None;
         if let (Some(cw), Some(cs)) = (&l.compressor, &mut s.comp) {
             gpu.stage("compressors");
@@ -959,12 +958,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
                     let mut ip = unsafe { CompProjections::alloc(gpu, &iw.compressor, t) }?;
                     let mut wts = unsafe { gpu.scratch::<f32>(t * iw.heads) }?;
                     let ic = &iw.compressor;
-                    if super::gpu::linear_multi_shares(t, [&cw.wkv, &cw.wgate, &ic.wkv, &ic.wgate, &iw.weights_proj]).is_some() {
-                        gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg), (&ic.wkv, &mut ip.kv), (&ic.wgate, &mut ip.lg), (&iw.weights_proj, &mut wts)])?;
-                    } else {
-                        gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg), (&ic.wkv, &mut ip.kv), (&ic.wgate, &mut ip.lg)])?;
-                        gpu.linear(&a, &iw.weights_proj, &mut wts, t)?;
-                    }
+                    gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg), (&ic.wkv, &mut ip.kv), (&ic.wgate, &mut ip.lg), (&iw.weights_proj, &mut wts)])?;
                     idx_pre = Some((ip, wts));
                 }
                 _ => gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg)])?,
