@@ -1127,6 +1127,19 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef GWT_SUB_INTERLEAVE
 #define GWT_SUB_INTERLEAVE 1
 #endif
+// The producer's arrival on a stage's full barrier: one per warp after __syncwarp (1: the barrier
+// counts 4 warps and thread 0's byte count; each thread still fences its own stores into the async
+// proxy first, and __syncwarp orders its lanes' stores before lane 0's release) or one per thread
+// (0: 128 arrivals on one shared word per step). The same bits.
+#ifndef GWT_WARP_ARRIVE
+#define GWT_WARP_ARRIVE 0
+#endif
+// When the producer loads the scale words and block scales of the step it copies: after its
+// arrival on the full barrier (1), so that the proxy fence before it never waits for those global
+// loads, or with the step's copies at the top of the step (0). The same values to the same words.
+#ifndef GWT_PEND_LATE
+#define GWT_PEND_LATE 0
+#endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
 
@@ -1258,7 +1271,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            gws_bar_init(full0 + 8 * s, NP + 1);  // each producer thread after converting, and thread 0's byte count
+            gws_bar_init(full0 + 8 * s, (GWT_WARP_ARRIVE ? NP / 32 : NP) + 1);  // each producer thread (warp) after converting, and thread 0's byte count
             gws_bar_init(empty0 + 8 * s, 8);
         }
         gws_bar_init_fence();
@@ -1322,18 +1335,17 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         // next copy is issued (before that step is converted).
         u32 pend[5];
         int pend_slot = -1;
-        auto issue = [&] {
+        // Stores the loaded words into their step's slot.
+        auto store_pend = [&] {
             if (pend_slot >= 0) {
 #pragma unroll
                 for (int u = 0; u < 5; u++) *reinterpret_cast<u32*>(gbase + L::SW + pend_slot * L::SW_SLOT + (u * NP + p) * 4) = pend[u];
                 pend_slot = -1;
             }
+        };
+        // Loads the words of step jn, the next to be copied (ck, s_src and cbrow name it).
+        auto load_pend = [&] {
             if (jn < steps) {
-                const int slot = jn % RAW;
-#if !(MOE_WT_DIAG & 128)
-#pragma unroll
-                for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)ck * 64, (b_ok >> u) & 1u);
-#endif
                 // Rows past N: scale word 0; their columns are never stored.
 #pragma unroll
 #if MOE_WT_DIAG & 64
@@ -1342,7 +1354,22 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 for (int u = 0; u < 4; u++) pend[u] = (b_ok >> u) & 1u ? __ldg(reinterpret_cast<const u32*>(s_src[u]) + ck) : 0u;
                 pend[4] = (u32)__ldg(bsg + cbrow + ck) | (EPI == 1 ? (u32)__ldg(bsu + cbrow + ck) << 8 : 0u);
 #endif
-                pend_slot = slot;
+                pend_slot = jn % RAW;
+            }
+        };
+        // Copies step jn's packed bytes. Without GWT_PEND_LATE its words are loaded here and
+        // stored by the next issue (a step later); with it they are loaded after the arrival of the
+        // step before and stored after the arrival of the step after (still before step jn is
+        // converted, LAG ≥ 1 steps on), so the proxy fence never follows them closely.
+        auto issue = [&] {
+            if (!GWT_PEND_LATE) store_pend();
+            if (jn < steps) {
+                const int slot = jn % RAW;
+#if !(MOE_WT_DIAG & 128)
+#pragma unroll
+                for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)ck * 64, (b_ok >> u) & 1u);
+#endif
+                if (!GWT_PEND_LATE) load_pend();
                 jn++;
                 if (++ck == KT) {
                     ck = 0;
@@ -1352,7 +1379,14 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             }
             gm_commit();  // an empty group past the last step keeps wait_group's count
         };
-        for (int i = 0; i < LAG; i++) issue();
+        for (int i = 0; i < LAG; i++) {
+            if (GWT_PEND_LATE) {
+                load_pend();
+                store_pend();
+            }
+            issue();
+        }
+        if (GWT_PEND_LATE) load_pend();
         GwsRing<ST> ring;
         int j = 0;  // steps converted
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
@@ -1420,7 +1454,16 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #if !(MOE_WT_DIAG & 32)
                 gw_fence_proxy();
 #endif
+#if GWT_WARP_ARRIVE
+                __syncwarp();
+                if ((p & 31) == 0) gws_arrive(full0 + 8 * s);
+#else
                 gws_arrive(full0 + 8 * s);
+#endif
+                if (GWT_PEND_LATE) {
+                    store_pend();
+                    load_pend();
+                }
             }
         }
         gm_wait<0>();
