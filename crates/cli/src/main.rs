@@ -84,7 +84,10 @@ fn apply_switches(flags: &[String]) -> Result<(), flashseek_engine::switches::Sw
         flashseek_engine::switches::set_override(f)?;
     }
     for v in flashseek_engine::switches::unknown_variables(std::env::vars_os().map(|(k, _)| k)) {
-        eprintln!("warning: {v} is not a flashseek switch or setting (ignored); `flashseek switches` lists the switches");
+        match flashseek_engine::switches::variable_suggestion(&v) {
+            Some(k) => eprintln!("warning: {v} is not a flashseek switch or setting (ignored); did you mean {k}? `flashseek switches` lists the switches"),
+            None => eprintln!("warning: {v} is not a flashseek switch or setting (ignored); `flashseek switches` lists the switches"),
+        }
     }
     flashseek_engine::switches::check_environment()
 }

@@ -373,6 +373,44 @@ pub fn unknown_variables(vars: impl Iterator<Item = std::ffi::OsString>) -> Vec<
     v
 }
 
+/// The known variable an [`unknown_variables`] name was probably meant to be: the same name in
+/// upper case, or the switch or setting variable within two edits of its upper-case spelling
+/// (the closest; `None` when there is none or two are equally close).
+pub fn variable_suggestion(name: &str) -> Option<String> {
+    let upper = name.to_ascii_uppercase();
+    let known: Vec<String> = OTHER_VARIABLES.iter().map(|k| k.to_string()).chain(SWITCHES.iter().map(|s| s.env_var())).collect();
+    if let Some(k) = known.iter().find(|k| **k == upper) {
+        return Some(k.clone());
+    }
+    let mut best: Option<(usize, &String, bool)> = None;
+    for k in &known {
+        let d = edit_distance(&upper, k);
+        match best {
+            Some((bd, _, _)) if d > bd => {}
+            Some((bd, bk, _)) if d == bd => best = Some((bd, bk, true)),
+            _ => best = Some((d, k, false)),
+        }
+    }
+    match best {
+        Some((d, k, false)) if d <= 2 => Some(k.clone()),
+        _ => None,
+    }
+}
+
+/// Levenshtein distance over bytes (the names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 /// Checks every `FLASHSEEK_<NAME>` variable that is set (and not empty), except those of switches a
 /// `--switch` flag already set ([`set_override`]; the flag wins, so a stale variable does not
 /// matter).
@@ -924,6 +962,12 @@ mod tests {
     fn misspelt_variables_are_found() {
         let vars = ["FLASHSEEK_LINEAR_CUBLAST", "FLASHSEEK_LINEAR_CUBLASLT", "FLASHSEEK_CACHE", "PATH", "FLASHSEEK_TC_LINEAR", "flashseek_tc_linear"].map(std::ffi::OsString::from);
         assert_eq!(unknown_variables(vars.into_iter()), ["FLASHSEEK_LINEAR_CUBLAST", "flashseek_tc_linear"]);
+        // What each was probably meant to be: the upper-case name, or a switch two edits away.
+        assert_eq!(variable_suggestion("flashseek_tc_linear").as_deref(), Some("FLASHSEEK_TC_LINEAR"));
+        assert_eq!(variable_suggestion("FLASHSEEK_LINEAR_CUBLAST").as_deref(), Some("FLASHSEEK_LINEAR_CUBLASLT"));
+        assert_eq!(variable_suggestion("flashseek_cache").as_deref(), Some("FLASHSEEK_CACHE"));
+        assert_eq!(variable_suggestion("FLASHSEEK_SOMETHING_ELSE_ENTIRELY"), None);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 
     #[test]

@@ -168,7 +168,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         Err(e) => {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            let text = json_terms(&inner.to_string());
+            let text = integer_out_of_range(&inner.to_string()).unwrap_or_else(|| json_terms(&inner.to_string()));
             if inner.is_data() && path != "." {
                 Err(ApiError::field(&path, format!("Invalid value for `{path}`: {text}")))
             } else if inner.is_data() {
@@ -178,6 +178,32 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             }
         }
     }
+}
+
+/// An integer field given a whole number beyond its type's range: serde_json parses an integer
+/// literal too large for 64 bits as a float, so serde reports `invalid type: floating point
+/// \`100000000000000000000.0\`, expected i64` for the `100000000000000000000` a client sent; this
+/// says the number is out of range and what the field takes instead. `None` for other messages
+/// (fractional values keep serde's "floating point" message).
+fn integer_out_of_range(msg: &str) -> Option<String> {
+    const RANGES: [(&str, &str); 7] = [
+        ("i64", "from -9223372036854775808 to 9223372036854775807"),
+        ("i32", "from -2147483648 to 2147483647"),
+        ("u64", "from 0 to 18446744073709551615"),
+        ("u32", "from 0 to 4294967295"),
+        ("u16", "from 0 to 65535"),
+        ("u8", "from 0 to 255"),
+        ("usize", "from 0 to 18446744073709551615"),
+    ];
+    let rest = msg.strip_prefix("invalid type: floating point `")?;
+    let (number, expected) = rest.split_once("`, expected ")?;
+    let range = RANGES.iter().find(|(ty, _)| expected.starts_with(ty))?.1;
+    let v: f64 = number.parse().ok()?;
+    if !v.is_finite() || v.fract() != 0.0 || v.abs() < 9.2e18 {
+        return None;
+    }
+    // serde writes the float's shortest digits with ".0" appended.
+    Some(format!("{} is out of range; expected an integer {range}", number.strip_suffix(".0").unwrap_or(number)))
 }
 
 /// serde's messages name the Rust type a field decodes to (`expected i64`, `expected f64`); a client

@@ -355,6 +355,11 @@ fn bad_input_gets_shaped_4xx() {
         assert!(message(&v).contains("a string or an array of strings") && !message(&v).contains("OneOrMany"), "{v}");
         let v = expect_error(&c, &u, ok(json!({"max_tokens": 1.5})), 400, false).await;
         assert_eq!(v["error"]["param"], "max_tokens");
+        // An integer beyond 64 bits (serde_json reads it as a float) is called out of range, not a float.
+        let body = format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], "max_tokens": {}}}"#, "1".repeat(25));
+        let v = expect_error(&c, &u, body.into_bytes(), 400, false).await;
+        assert_eq!(v["error"]["param"], "max_tokens");
+        assert!(message(&v).contains("out of range") && message(&v).contains("9223372036854775807") && !message(&v).contains("floating point"), "{v}");
         expect_error(&c, &u, br#"{"messages": "hi"}"#.to_vec(), 400, false).await;
         expect_error(&c, &u, br#"{"max_tokens": 3}"#.to_vec(), 400, false).await;
         // Unknown model.

@@ -625,13 +625,16 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
 /// as `weights_proj`, below cuBLASLt's `LT_MIN_ROWS`) on 300 tokens of 1,024 inputs with split
 /// activations (`LINEAR_CUBLASLT` on and off) and with `TC_LINEAR=bf16`, and the 384-row one as
 /// FP8; each record says that the shared conversion ran (`gpu::linear_multi_shares`), which a
-/// record that passes needs.
+/// record that passes needs. The last record puts a 384-row f32 weight (the f32 kernel's, as an
+/// f32 `weights_proj` would be) between the two bf16 ones: those two still share one conversion
+/// (its `shared_conversion` names them) and the f32 one runs alone.
 fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let (k, r1, r2, r3, t) = (1024usize, 512usize, 384usize, 64usize, 300usize);
     let (w1, _) = weight(gpu, "bf16", &random(seed, "multi.w1", r1 * k, 0.05), r1, k)?;
     let (w2, _) = weight(gpu, "bf16", &random(seed, "multi.w2", r2 * k, 0.05), r2, k)?;
     let (w3, _) = weight(gpu, "bf16", &random(seed, "multi.w3", r3 * k, 0.05), r3, k)?;
     let (w8, _) = weight(gpu, "fp8", &random(seed, "multi.w8", r2 * k, 0.05), r2, k)?;
+    let (wf, _) = weight(gpu, "f32", &random(seed, "multi.wf", r2 * k, 0.05), r2, k)?;
     let dx = gpu.upload(&random(seed, "multi.x", t * k, 1.0))?;
     let mut all = true;
     for (label, overrides, second) in [
@@ -639,9 +642,15 @@ fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<boo
         ("split, LINEAR_CUBLASLT=off", [("TC_LINEAR", "split"), ("LINEAR_CUBLASLT", "off")], &w2),
         ("TC_LINEAR=bf16", [("TC_LINEAR", "bf16"), ("LINEAR_CUBLASLT", "on")], &w2),
         ("split, bf16 and fp8 weights", [("TC_LINEAR", "split"), ("LINEAR_CUBLASLT", "on")], &w8),
+        ("split, an f32 weight between bf16 ones", [("TC_LINEAR", "split"), ("LINEAR_CUBLASLT", "on")], &wf),
     ] {
         let (a, b, shared) = switch_scope(&overrides, || {
-            let shared = super::gpu::linear_multi_shares(t, [&w1, second, &w3]).is_some();
+            // With an f32 weight, only the two bf16 ones share (the f32 one is not for linear_tc).
+            let shared = if std::ptr::eq(second, &wf) {
+                super::gpu::linear_multi_shares(t, [&w1, second]).is_none() && super::gpu::linear_multi_shares(t, [&w1, &w3]).is_some()
+            } else {
+                super::gpu::linear_multi_shares(t, [&w1, second, &w3]).is_some()
+            };
             let mut a1 = gpu.upload(&vec![f32::NAN; t * r1])?;
             let mut a2 = gpu.upload(&vec![f32::NAN; t * r2])?;
             let mut a3 = gpu.upload(&vec![f32::NAN; t * r3])?;
@@ -656,7 +665,7 @@ fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<boo
         })?;
         let differ = differing_bits(&a, &b);
         let finite = a.iter().all(|v| v.is_finite());
-        all &= flag_record(out, &format!("linear_multi {label} bits"), json!({"shape": [t, [r1, r2, r3], k], "differing_values": differ, "of": a.len(), "vs": "one linear per weight", "finite": finite, "shared_conversion": shared}), differ == 0 && finite && shared);
+        all &= flag_record(out, &format!("linear_multi {label} bits"), json!({"shape": [t, [r1, r2, r3], k], "differing_values": differ, "of": a.len(), "vs": "one linear per weight", "finite": finite, "shared_conversion": shared, "sharing": if std::ptr::eq(second, &wf) { "the first and third weights" } else { "all three weights" }}), differ == 0 && finite && shared);
     }
     Ok(all)
 }

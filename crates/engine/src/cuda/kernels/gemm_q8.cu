@@ -1081,8 +1081,8 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // every producer thread copies its 4 × 16 packed weight bytes into its own place in a separate
 // ring of GWT_LAG + 1 steps (cp.async) and loads its scale words and the step's block scales, and
 // GWT_LAG steps later converts those 128 values (into registers, all four units' loads first,
-// before it awaits the stage; then stores them into the stage) and arrives. Sub-tiles of padding
-// rows alone are neither copied, multiplied nor stored. So each weight tile is converted once per
+// before it awaits the stage; then stores them into the stage) and arrives (a warp at a time,
+// GWT_WARP_ARRIVE). Sub-tiles of padding rows alone are neither copied, multiplied nor stored. So each weight tile is converted once per
 // 256 token rows instead of once per 128, the activations cost the producer one instruction per
 // sub-tile, and a tile multiplies only the 64-row sub-tiles that hold routed rows. Learned from the
 // PTX ISA (cp.async.bulk, mbarrier transaction counts) and DeepGEMM's producer/consumer design;
@@ -1127,18 +1127,13 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef GWT_SUB_INTERLEAVE
 #define GWT_SUB_INTERLEAVE 1
 #endif
-// The producer's arrival on a stage's full barrier: one per warp after __syncwarp (1: the barrier
-// counts 4 warps and thread 0's byte count; each thread still fences its own stores into the async
-// proxy first, and __syncwarp orders its lanes' stores before lane 0's release) or one per thread
-// (0: 128 arrivals on one shared word per step). The same bits.
+// The producer's arrival on a stage's full barrier: one per warp after __syncwarp (1, the default:
+// the barrier counts 4 warps and thread 0's byte count; each thread still fences its own stores
+// into the async proxy first, and __syncwarp orders its lanes' stores before lane 0's release) or
+// one per thread (0: 128 arrivals on one shared word per step, the form before the thirty-second
+// session). The same bits.
 #ifndef GWT_WARP_ARRIVE
-#define GWT_WARP_ARRIVE 0
-#endif
-// When the producer loads the scale words and block scales of the step it copies: after its
-// arrival on the full barrier (1), so that the proxy fence before it never waits for those global
-// loads, or with the step's copies at the top of the step (0). The same values to the same words.
-#ifndef GWT_PEND_LATE
-#define GWT_PEND_LATE 0
+#define GWT_WARP_ARRIVE 1
 #endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
@@ -1335,17 +1330,18 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         // next copy is issued (before that step is converted).
         u32 pend[5];
         int pend_slot = -1;
-        // Stores the loaded words into their step's slot.
-        auto store_pend = [&] {
+        auto issue = [&] {
             if (pend_slot >= 0) {
 #pragma unroll
                 for (int u = 0; u < 5; u++) *reinterpret_cast<u32*>(gbase + L::SW + pend_slot * L::SW_SLOT + (u * NP + p) * 4) = pend[u];
                 pend_slot = -1;
             }
-        };
-        // Loads the words of step jn, the next to be copied (ck, s_src and cbrow name it).
-        auto load_pend = [&] {
             if (jn < steps) {
+                const int slot = jn % RAW;
+#if !(MOE_WT_DIAG & 128)
+#pragma unroll
+                for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)ck * 64, (b_ok >> u) & 1u);
+#endif
                 // Rows past N: scale word 0; their columns are never stored.
 #pragma unroll
 #if MOE_WT_DIAG & 64
@@ -1354,22 +1350,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
                 for (int u = 0; u < 4; u++) pend[u] = (b_ok >> u) & 1u ? __ldg(reinterpret_cast<const u32*>(s_src[u]) + ck) : 0u;
                 pend[4] = (u32)__ldg(bsg + cbrow + ck) | (EPI == 1 ? (u32)__ldg(bsu + cbrow + ck) << 8 : 0u);
 #endif
-                pend_slot = jn % RAW;
-            }
-        };
-        // Copies step jn's packed bytes. Without GWT_PEND_LATE its words are loaded here and
-        // stored by the next issue (a step later); with it they are loaded after the arrival of the
-        // step before and stored after the arrival of the step after (still before step jn is
-        // converted, LAG ≥ 1 steps on), so the proxy fence never follows them closely.
-        auto issue = [&] {
-            if (!GWT_PEND_LATE) store_pend();
-            if (jn < steps) {
-                const int slot = jn % RAW;
-#if !(MOE_WT_DIAG & 128)
-#pragma unroll
-                for (int u = 0; u < 4; u++) gm_cp16(base + L::BR + slot * 8192 + ((p >> 2) + 32 * u) * 64 + g * 16, b_src[u] + (size_t)ck * 64, (b_ok >> u) & 1u);
-#endif
-                if (!GWT_PEND_LATE) load_pend();
+                pend_slot = slot;
                 jn++;
                 if (++ck == KT) {
                     ck = 0;
@@ -1379,14 +1360,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             }
             gm_commit();  // an empty group past the last step keeps wait_group's count
         };
-        for (int i = 0; i < LAG; i++) {
-            if (GWT_PEND_LATE) {
-                load_pend();
-                store_pend();
-            }
-            issue();
-        }
-        if (GWT_PEND_LATE) load_pend();
+        for (int i = 0; i < LAG; i++) issue();
         GwsRing<ST> ring;
         int j = 0;  // steps converted
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
@@ -1460,10 +1434,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #else
                 gws_arrive(full0 + 8 * s);
 #endif
-                if (GWT_PEND_LATE) {
-                    store_pend();
-                    load_pend();
-                }
             }
         }
         gm_wait<0>();
