@@ -1081,8 +1081,8 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // every producer thread copies its 4 × 16 packed weight bytes into its own place in a separate
 // ring of GWT_LAG + 1 steps (cp.async) and loads its scale words and the step's block scales, and
 // GWT_LAG steps later converts those 128 values (into registers, all four units' loads first,
-// before it awaits the stage; then stores them into the stage) and arrives (a warp at a time,
-// GWT_WARP_ARRIVE). Sub-tiles of padding rows alone are neither copied, multiplied nor stored. So each weight tile is converted once per
+// before it awaits the stage; then stores them into the stage) and arrives. Sub-tiles of padding
+// rows alone are neither copied, multiplied nor stored. So each weight tile is converted once per
 // 256 token rows instead of once per 128, the activations cost the producer one instruction per
 // sub-tile, and a tile multiplies only the 64-row sub-tiles that hold routed rows. Learned from the
 // PTX ISA (cp.async.bulk, mbarrier transaction counts) and DeepGEMM's producer/consumer design;
@@ -1126,14 +1126,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 // 800d456, where warpgroup 1 sat idle on tiles of at most 128 routed rows). The same bits.
 #ifndef GWT_SUB_INTERLEAVE
 #define GWT_SUB_INTERLEAVE 1
-#endif
-// The producer's arrival on a stage's full barrier: one per warp after __syncwarp (1, the default:
-// the barrier counts 4 warps and thread 0's byte count; each thread still fences its own stores
-// into the async proxy first, and __syncwarp orders its lanes' stores before lane 0's release) or
-// one per thread (0: 128 arrivals on one shared word per step, the form before the thirty-second
-// session). The same bits.
-#ifndef GWT_WARP_ARRIVE
-#define GWT_WARP_ARRIVE 1
 #endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
@@ -1266,7 +1258,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            gws_bar_init(full0 + 8 * s, (GWT_WARP_ARRIVE ? NP / 32 : NP) + 1);  // each producer thread (warp) after converting, and thread 0's byte count
+            gws_bar_init(full0 + 8 * s, NP + 1);  // each producer thread after converting, and thread 0's byte count
             gws_bar_init(empty0 + 8 * s, 8);
         }
         gws_bar_init_fence();
@@ -1428,12 +1420,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #if !(MOE_WT_DIAG & 32)
                 gw_fence_proxy();
 #endif
-#if GWT_WARP_ARRIVE
-                __syncwarp();
-                if ((p & 31) == 0) gws_arrive(full0 + 8 * s);
-#else
                 gws_arrive(full0 + 8 * s);
-#endif
             }
         }
         gm_wait<0>();

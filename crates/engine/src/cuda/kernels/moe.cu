@@ -127,19 +127,12 @@ moe_group_plan(int* __restrict__ cc, int nch, int E, int bm, int* __restrict__ o
             items[2 * (item0 + j)] = e;
             items[2 * (item0 + j) + 1] = row0 + j * bm;
         }
-        // The chunks' counts read 16 at a time before any is overwritten: the compiler cannot move
-        // a load of cc past a store to it, so one load and store per chunk waited one memory latency
-        // per chunk (40 us of a Flash layer's grouping at 8,192 tokens, 48 chunks).
         int first = row0;
-        for (int ch0 = 0; ch0 < nch; ch0 += 16) {
-            int v[16];
-#pragma unroll
-            for (int j = 0; j < 16; j++) v[j] = ch0 + j < nch ? cc[(size_t)(ch0 + j) * E + e] : 0;
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                if (ch0 + j < nch) cc[(size_t)(ch0 + j) * E + e] = first;
-                first += v[j];
-            }
+#pragma unroll 8
+        for (int ch = 0; ch < nch; ch++) {
+            const int v = cc[(size_t)ch * E + e];
+            cc[(size_t)ch * E + e] = first;
+            first += v;
         }
         for (int r = row0 + c; r < row0 + nt * bm; r++) {
             row_tok[r] = -1;
