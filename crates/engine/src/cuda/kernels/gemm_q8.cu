@@ -510,22 +510,6 @@ __device__ __forceinline__ void gw_issue_k128_lo(float (&d)[64], u32 alo, u32 bl
     gw_commit();
 }
 
-// gw_mma_lo's m64n64k32 form (32 accumulators: columns 8 j + c2 + (e & 1) of d[4 j + e], j < 8)
-// and one K step of it (four MMAs, one group) for moe_wt's split multiply (GWT_SPLIT_N).
-__device__ __forceinline__ void gw_mma64_lo(float (&d)[32], u32 alo, u32 blo, int scale_d) {
-    GW_ASM(
-        "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %34, 0;\nmov.b64 da, {%32, 0x40000040};\nmov.b64 db, {%33, 0x40000040};\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, da, db, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(alo), "r"(blo), "r"(scale_d));
-}
-__device__ __forceinline__ void gw_issue_k128_n64_lo(float (&d)[32], u32 alo, u32 blo) {
-    gw_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) gw_mma64_lo(d, alo + 2 * kk, blo + 2 * kk, kk);
-    gw_commit();
-}
-
 // Waits for the warpgroup's wgmma groups and makes the partial d readable.
 __device__ __forceinline__ void gw_wait_partial(float (&d)[64]) {
     gw_wait0();
@@ -570,18 +554,6 @@ __device__ __forceinline__ void gw_promote(float (&acc)[64], const float (&tmp)[
             acc[4 * j + 3] = fmaf(tmp[4 * j + 3], sa1 * w.y, acc[4 * j + 3]);
         }
     }
-}
-
-// gw_promote's DIRECT form for half H of the tile's columns (64 H … 64 H + 63) from an m64n64
-// partial t (moe_wt's split multiply, GWT_SPLIT_N): the same fmaf per accumulator, so the same bits
-// wherever t equals the m64n128 partial's columns.
-template <int H, int EPI>
-__device__ __forceinline__ void gw_promote_half(float (&acc)[64], const float (&t)[32], float sa0, float sa1, float swg, float swu) {
-    const float f[4] = {sa0 * swg, sa0 * swu, sa1 * swg, sa1 * swu};
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[4 * (j + 8 * H) + e] = fmaf(t[4 * j + e], f[(e >> 1) * 2 + (EPI == 1 && (j & 1))], acc[4 * (j + 8 * H) + e]);
 }
 
 // fp8 weights: the rows of 128-block scales (one byte per K step) of a tile's gate (or only)
@@ -1155,14 +1127,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef GWT_SUB_INTERLEAVE
 #define GWT_SUB_INTERLEAVE 1
 #endif
-// The multiply warpgroups' MMAs per sub-tile and step: four m64n128k32 into one partial, awaited
-// and then promoted (0, the default), or two halves of four m64n64k32 each into two partials, the
-// next half's MMAs issued before the previous half's promotion (1: the tensor cores need not idle
-// while a warpgroup promotes; the same accumulator registers, 192). The same bits if the n64
-// partials equal the n128 partial's columns (gpu-check's moe records compare them with moe_ws).
-#ifndef GWT_SPLIT_N
-#define GWT_SPLIT_N 0
-#endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
 
@@ -1482,14 +1446,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const size_t brow = block_row(w, P.n0);
         const u8* swg = bsg + brow;
         const u8* swu = bsu + brow;
-#if GWT_SPLIT_N && (MOE_WT_DIAG & 6)
-#error "MOE_WT_DIAG 2 and 4 time the unsplit multiply (GWT_SPLIT_N=0)"
-#endif
-#if GWT_SPLIT_N
-        float acc0[64], acc1[64], tA[32], tB[32];
-#else
         float acc0[64], acc1[64], tmp[64];
-#endif
 #pragma unroll
         for (int i = 0; i < 64; i++) {
             acc0[i] = 0.f;
@@ -1523,39 +1480,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             const u32 sb = base + ring.s * L::STAGE;
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-#if GWT_SPLIT_N
-            // Each live sub-tile as two 64-column halves (B rows 0-63 and 64-127: 512 descriptor
-            // units apart) in the partials tA and tB, one half's MMAs in flight while the other's
-            // promotion runs; the sub-tiles are a prefix of the tile (l1 implies l0).
-            const u32 bA = gw_desc_lo(sb + L::BC), bB = bA + 512;
-            const u32 a0 = gw_desc_lo(sb + L::A + s0 * 8192), a1 = gw_desc_lo(sb + L::A + (s0 + SS) * 8192);
-            const float fwg = fs_e8m0_sel(cur.wg), fwu = fs_e8m0_sel(cur.wu);
-            (void)c2;  // gw_promote's; the halves index their columns by j
-            if (l0) {
-                gw_issue_k128_n64_lo(tA, a0, bA);
-                gw_issue_k128_n64_lo(tB, a0, bB);
-                gw_wait1();
-                gw_fence_regs(tA);
-                gw_promote_half<0, EPI>(acc0, tA, cur.a0, cur.a1, fwg, fwu);
-                if (l1) {
-                    gw_issue_k128_n64_lo(tA, a1, bA);
-                    gw_wait1();
-                    gw_fence_regs(tB);
-                    gw_promote_half<1, EPI>(acc0, tB, cur.a0, cur.a1, fwg, fwu);
-                    gw_issue_k128_n64_lo(tB, a1, bB);
-                    gw_wait1();
-                    gw_fence_regs(tA);
-                    gw_promote_half<0, EPI>(acc1, tA, cur.b0, cur.b1, fwg, fwu);
-                    gw_wait0();
-                    gw_fence_regs(tB);
-                    gw_promote_half<1, EPI>(acc1, tB, cur.b0, cur.b1, fwg, fwu);
-                } else {
-                    gw_wait0();
-                    gw_fence_regs(tB);
-                    gw_promote_half<1, EPI>(acc0, tB, cur.a0, cur.a1, fwg, fwu);
-                }
-            }
-#else
             // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1).
             auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
 #if MOE_WT_DIAG & 2
@@ -1572,7 +1496,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             };
             if (l0) multiply(acc0, 0, cur.a0, cur.a1);
             if (l1) multiply(acc1, 1, cur.b0, cur.b1);
-#endif
             __syncwarp();
             if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
             cur = next;
