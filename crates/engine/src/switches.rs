@@ -384,6 +384,10 @@ pub fn variable_suggestion(name: &str) -> Option<String> {
     }
     let mut best: Option<(usize, &String, bool)> = None;
     for k in &known {
+        // Names whose lengths differ by more than two are more than two edits apart.
+        if upper.len().abs_diff(k.len()) > 2 {
+            continue;
+        }
         let d = edit_distance(&upper, k);
         match best {
             Some((bd, _, _)) if d > bd => {}
@@ -967,6 +971,9 @@ mod tests {
         assert_eq!(variable_suggestion("FLASHSEEK_LINEAR_CUBLAST").as_deref(), Some("FLASHSEEK_LINEAR_CUBLASLT"));
         assert_eq!(variable_suggestion("flashseek_cache").as_deref(), Some("FLASHSEEK_CACHE"));
         assert_eq!(variable_suggestion("FLASHSEEK_SOMETHING_ELSE_ENTIRELY"), None);
+        // Equally close to two variables (MOE_FP8_WS, MOE_FP8_WT): no guess.
+        assert_eq!(variable_suggestion("FLASHSEEK_MOE_FP8_W"), None);
+        assert_eq!(variable_suggestion(&format!("FLASHSEEK_{}", "X".repeat(10_000))), None);
         assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 

@@ -368,7 +368,9 @@ async fn whole(ctx: Ctx, mut sub: Submitted) -> Result<Response, ApiError> {
     if ctx.mode == ThinkingMode::Thinking && !msg.reasoning.is_empty() {
         content.push(json!({"type": "thinking", "thinking": msg.reasoning, "signature": ""}));
     }
-    if !msg.content.is_empty() || msg.tool_calls.is_empty() {
+    // An empty text block only when there is no other block (as the stream, which opens a text
+    // block only for text, has none after thinking cut short by max_tokens).
+    if !msg.content.is_empty() || (msg.tool_calls.is_empty() && content.is_empty()) {
         content.push(json!({"type": "text", "text": msg.content}));
     }
     for (name, _, input) in &msg.tool_calls {

@@ -153,7 +153,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                 None,
                 match serde_json::from_slice::<serde_json::Value>(bytes) {
                     Ok(v) => format!("The request body must be a JSON object ({{...}}), not {}.", json_kind(&v)),
-                    Err(e) => format!("Malformed JSON in the request body ({e})."),
+                    Err(e) => format!("Malformed JSON in the request body: {e}."),
                 },
             ))
         }
@@ -180,30 +180,44 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     }
 }
 
-/// An integer field given a whole number beyond its type's range: serde_json parses an integer
-/// literal too large for 64 bits as a float, so serde reports `invalid type: floating point
-/// \`100000000000000000000.0\`, expected i64` for the `100000000000000000000` a client sent; this
-/// says the number is out of range and what the field takes instead. `None` for other messages
-/// (fractional values keep serde's "floating point" message).
+/// An integer field given a whole number beyond its type's range, which serde reports in Rust's
+/// terms: a literal beyond 64 bits is parsed by serde_json as a float (``invalid type: floating
+/// point `100000000000000000000.0`, expected i64``), one between 2^63 and 2^64 as a `u64` (``invalid
+/// value: integer `9223372036854775808`, expected i64``). This says the number is out of range and
+/// what the field takes instead: with the number when serde kept it exactly (the integer band), and
+/// without it when serde holds only a float's rounding of it (so a literal within a float's
+/// spacing of a bound, such as `-9223372036854775809`, which rounds to −2^63, keeps serde's
+/// message). `None` for every other message, so
+/// that a fractional value or a whole float within range (`1.5`, `2e3`) keeps serde's "floating
+/// point" message.
 fn integer_out_of_range(msg: &str) -> Option<String> {
-    const RANGES: [(&str, &str); 7] = [
-        ("i64", "from -9223372036854775808 to 9223372036854775807"),
-        ("i32", "from -2147483648 to 2147483647"),
-        ("u64", "from 0 to 18446744073709551615"),
-        ("u32", "from 0 to 4294967295"),
-        ("u16", "from 0 to 65535"),
-        ("u8", "from 0 to 255"),
-        ("usize", "from 0 to 18446744073709551615"),
+    // (type, smallest, largest) of the integer types the request structures use.
+    const RANGES: [(&str, i128, i128); 7] = [
+        ("i64", i64::MIN as i128, i64::MAX as i128),
+        ("i32", i32::MIN as i128, i32::MAX as i128),
+        ("u64", 0, u64::MAX as i128),
+        ("u32", 0, u32::MAX as i128),
+        ("u16", 0, u16::MAX as i128),
+        ("u8", 0, u8::MAX as i128),
+        ("usize", 0, u64::MAX as i128),
     ];
-    let rest = msg.strip_prefix("invalid type: floating point `")?;
-    let (number, expected) = rest.split_once("`, expected ")?;
-    let range = RANGES.iter().find(|(ty, _)| expected.starts_with(ty))?.1;
-    let v: f64 = number.parse().ok()?;
-    if !v.is_finite() || v.fract() != 0.0 || v.abs() < 9.2e18 {
-        return None;
+    let range = |expected: &str| RANGES.iter().find(|(ty, _, _)| expected.split_whitespace().next() == Some(ty)).map(|&(_, lo, hi)| (lo, hi));
+    let says = |lo: i128, hi: i128| format!("expected an integer from {lo} to {hi}");
+    if let Some(rest) = msg.strip_prefix("invalid type: floating point `") {
+        let (number, expected) = rest.split_once("`, expected ")?;
+        let (lo, hi) = range(expected)?;
+        let v: f64 = number.parse().ok()?;
+        // Every bound + 1 is a power of two, exact as f64.
+        if !v.is_finite() || v.fract() != 0.0 || (v >= lo as f64 && v < (hi + 1) as f64) {
+            return None;
+        }
+        return Some(format!("the integer is out of range; {}", says(lo, hi)));
     }
-    // serde writes the float's shortest digits with ".0" appended.
-    Some(format!("{} is out of range; expected an integer {range}", number.strip_suffix(".0").unwrap_or(number)))
+    let rest = msg.strip_prefix("invalid value: integer `")?;
+    let (number, expected) = rest.split_once("`, expected ")?;
+    let (lo, hi) = range(expected)?;
+    let n: i128 = number.parse().ok()?;
+    (n < lo || n > hi).then(|| format!("`{n}` is out of range; {}", says(lo, hi)))
 }
 
 /// serde's messages name the Rust type a field decodes to (`expected i64`, `expected f64`); a client
@@ -226,7 +240,7 @@ fn json_terms(msg: &str) -> String {
 
 /// A field that is a string or a list of strings (`stop`).
 #[derive(Debug, Clone, serde::Deserialize)]
-#[serde(untagged, expecting = "a string or an array of strings")]
+#[serde(untagged, expecting = "expected a string or an array of strings")]
 pub enum OneOrMany {
     /// One string.
     One(String),
@@ -556,4 +570,37 @@ pub fn content_text(v: Option<&Value>, at: &str) -> Result<Option<String>, ApiEr
 /// Milliseconds, rounded to 0.001.
 pub fn ms(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// serde_json's own message for `json` decoded as `T`.
+    fn serde_message<T: serde::de::DeserializeOwned + std::fmt::Debug>(json: &str) -> String {
+        serde_json::from_str::<T>(json).expect_err(json).to_string()
+    }
+
+    #[test]
+    fn integers_beyond_their_range_are_called_out_of_range() {
+        let i64_range = "expected an integer from -9223372036854775808 to 9223372036854775807";
+        // Beyond 64 bits, either sign: serde holds a float, so the number is not echoed.
+        for json in ["1111111111111111111111111", "-99999999999999999999", "9.223372036854775808e18", "1e300"] {
+            assert_eq!(integer_out_of_range(&serde_message::<i64>(json)), Some(format!("the integer is out of range; {i64_range}")), "{json}");
+        }
+        // Between 2^63 and 2^64: serde holds the integer, which the message repeats exactly.
+        assert_eq!(integer_out_of_range(&serde_message::<i64>("9223372036854775808")), Some(format!("`9223372036854775808` is out of range; {i64_range}")));
+        assert_eq!(integer_out_of_range(&serde_message::<u32>("4294967296")), Some("`4294967296` is out of range; expected an integer from 0 to 4294967295".into()));
+        assert_eq!(integer_out_of_range(&serde_message::<u32>("-1")), Some("`-1` is out of range; expected an integer from 0 to 4294967295".into()));
+        assert_eq!(integer_out_of_range(&serde_message::<u64>("1e20")), Some("the integer is out of range; expected an integer from 0 to 18446744073709551615".into()));
+        // Fractions, and whole floats within the range, keep serde's "floating point" message.
+        for json in ["1.5", "2e3", "9.21e18", "-9.2e18"] {
+            let m = serde_message::<i64>(json);
+            assert!(m.contains("floating point"), "{m}");
+            assert_eq!(integer_out_of_range(&m), None, "{json}");
+        }
+        // Other messages are left alone.
+        assert_eq!(integer_out_of_range(&serde_message::<i64>("\"ten\"")), None);
+        assert_eq!(integer_out_of_range(&serde_message::<f64>("true")), None);
+    }
 }

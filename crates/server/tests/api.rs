@@ -247,6 +247,14 @@ fn anthropic_messages() {
         assert!(ev.iter().any(|(_, d)| d.contains("thinking_delta")));
         let delta: Value = serde_json::from_str(&ev.iter().find(|(n, _)| n.as_deref() == Some("message_delta")).unwrap().1).unwrap();
         assert_eq!(delta["usage"]["output_tokens"], 6);
+        // The same request unstreamed (seeded: the same tokens) has the stream's blocks, in order:
+        // no empty text block after thinking that max_tokens cut short.
+        let mut nb = sb.clone();
+        nb["stream"] = json!(false);
+        let whole = post(&c, &url, &nb).await.json();
+        let kinds: Vec<Value> = whole["content"].as_array().unwrap().iter().map(|b| b["type"].clone()).collect();
+        let streamed_kinds: Vec<Value> = starts.iter().map(|b| b["content_block"]["type"].clone()).collect();
+        assert_eq!(kinds, streamed_kinds, "{whole}");
         // message_start splits the prompt into new and cached input tokens as message_delta does.
         let start: Value = serde_json::from_str(&ev[0].1).unwrap();
         for k in ["input_tokens", "cache_read_input_tokens"] {
@@ -360,6 +368,16 @@ fn bad_input_gets_shaped_4xx() {
         let v = expect_error(&c, &u, body.into_bytes(), 400, false).await;
         assert_eq!(v["error"]["param"], "max_tokens");
         assert!(message(&v).contains("out of range") && message(&v).contains("9223372036854775807") && !message(&v).contains("floating point"), "{v}");
+        // … and so is one between 2^63 and 2^64 (serde_json reads it as a u64), repeated exactly,
+        // or a negative one beyond 64 bits; a fraction is still a floating-point value.
+        for (number, shown) in [("9223372036854775808", "`9223372036854775808` is out of range"), ("-99999999999999999999", "the integer is out of range")] {
+            let body = format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], "seed": {number}}}"#);
+            let v = expect_error(&c, &u, body.into_bytes(), 400, false).await;
+            assert_eq!(v["error"]["param"], "seed");
+            assert!(message(&v).contains(shown) && message(&v).contains("from -9223372036854775808 to 9223372036854775807"), "{v}");
+        }
+        let v = expect_error(&c, &u, ok(json!({"max_tokens": 1.5})), 400, false).await;
+        assert!(message(&v).contains("floating point") && message(&v).contains("an integer"), "{v}");
         expect_error(&c, &u, br#"{"messages": "hi"}"#.to_vec(), 400, false).await;
         expect_error(&c, &u, br#"{"max_tokens": 3}"#.to_vec(), 400, false).await;
         // Unknown model.

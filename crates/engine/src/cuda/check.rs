@@ -627,7 +627,9 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
 /// FP8; each record says that the shared conversion ran (`gpu::linear_multi_shares`), which a
 /// record that passes needs. The last record puts a 384-row f32 weight (the f32 kernel's, as an
 /// f32 `weights_proj` would be) between the two bf16 ones: those two still share one conversion
-/// (its `shared_conversion` names them) and the f32 one runs alone.
+/// and the f32 one runs alone (its `sharing` field names the sharing weights; `shared_conversion`
+/// comes from `linear_multi_shares` on the pairs, the route-and-width rule `linear_multi` applies
+/// to each weight against the first tensor-core one).
 fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let (k, r1, r2, r3, t) = (1024usize, 512usize, 384usize, 64usize, 300usize);
     let (w1, _) = weight(gpu, "bf16", &random(seed, "multi.w1", r1 * k, 0.05), r1, k)?;
