@@ -187,9 +187,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 /// what the field takes instead: with the number when serde kept it exactly (the integer band), and
 /// without it when serde holds only a float's rounding of it (so a literal within a float's
 /// spacing of a bound, such as `-9223372036854775809`, which rounds to −2^63, keeps serde's
-/// message). `None` for every other message, so
-/// that a fractional value or a whole float within range (`1.5`, `2e3`) keeps serde's "floating
-/// point" message.
+/// message). `None` for every other message, so that a fractional value or a whole float within
+/// range (`1.5`, `2e3`) keeps serde's "floating point" message.
 fn integer_out_of_range(msg: &str) -> Option<String> {
     // (type, smallest, largest) of the integer types the request structures use.
     const RANGES: [(&str, i128, i128); 7] = [
