@@ -124,7 +124,9 @@ fn split_moe_detail(times: &mut StageTimes) -> StageTimes {
 /// share of tile rows holding a pair (pairs / (tiles · rows)), and `wide_256`: how many 256-row
 /// tiles hold at most 128 pairs (an expert's last; the tiles in which `moe_wt` leaves a multiply
 /// warpgroup idle — the wide units tried for them are on branch `exp/moe-wt-wide`,
-/// `bench/moe_wt_variants_h200.log`).
+/// `bench/moe_wt_variants_h200.log`), and `odd_256`: how many experts' last 256-row tile has an odd
+/// number (1 or 3) of 64-row sub-tiles holding pairs (the tiles whose last sub-tile `moe_wt`'s
+/// `GWT_ODD_SPLIT` splits by columns between its multiply warpgroups).
 pub fn routing_stats(ids: &[i32], e: usize) -> Value {
     let mut count = vec![0usize; e.max(1)];
     let mut pairs = 0usize;
@@ -149,6 +151,7 @@ pub fn routing_stats(ids: &[i32], e: usize) -> Value {
         "tiles": [tiles(256), tiles(128), tiles(64)],
         // An expert's last 256-row tile holds (c − 1) % 256 + 1 of its c pairs: at most 128.
         "wide_256": count.iter().filter(|&&c| c > 0 && (c - 1) % 256 < 128).count(),
+        "odd_256": count.iter().filter(|&&c| c > 0 && ((c - 1) % 256 + 1).div_ceil(64) % 2 == 1).count(),
     })
 }
 
@@ -175,14 +178,15 @@ fn print_routing(routing: &[Value]) {
     for (i, r) in routing.iter().enumerate() {
         let tiles: Vec<String> = r["tiles"].as_array().map(|a| a.iter().map(|t| format!("{}×{} ({:.0}% filled)", t["tiles"], t["rows"], 100.0 * t["filled"].as_f64().unwrap_or(0.0))).collect()).unwrap_or_default();
         println!(
-            "  routing {i:>3}: {} pairs, {} experts, max {} mean {:.1} cv {:.2}; tiles {}; {} of the 256-row tiles ≤ 128 rows",
+            "  routing {i:>3}: {} pairs, {} experts, max {} mean {:.1} cv {:.2}; tiles {}; {} of the 256-row tiles ≤ 128 rows, {} of an odd number of 64-row sub-tiles",
             r["pairs"],
             r["experts_used"],
             r["max_per_expert"],
             r["mean_per_expert"].as_f64().unwrap_or(0.0),
             r["cv"].as_f64().unwrap_or(0.0),
             tiles.join(", "),
-            r["wide_256"]
+            r["wide_256"],
+            r["odd_256"]
         );
     }
 }
@@ -452,5 +456,13 @@ mod tests {
         assert_eq!(routing_stats(&full, 1)["wide_256"], 0, "a last tile of 129 pairs is not wide");
         let edge: Vec<i32> = vec![0; 256 + 128];
         assert_eq!(routing_stats(&edge, 1)["wide_256"], 1, "128 pairs are");
+        // Odd live sub-tiles in the last 256-row tile: 5, 3, 2 pairs are one sub-tile each; 300
+        // pairs leave 44 (one); 385 leave 129 (three); 384 leave 128 (two); 256 fill four.
+        assert_eq!(routing_stats(&ids, 4)["odd_256"], 3);
+        assert_eq!(routing_stats(&many, 2)["odd_256"], 2);
+        assert_eq!(routing_stats(&full, 1)["odd_256"], 1);
+        assert_eq!(routing_stats(&edge, 1)["odd_256"], 0);
+        assert_eq!(routing_stats(&vec![0; 256], 1)["odd_256"], 0);
+        assert_eq!(routing_stats(&vec![0; 192], 1)["odd_256"], 1);
     }
 }

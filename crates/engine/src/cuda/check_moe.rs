@@ -661,7 +661,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         // The same layer under a skewed routing: expert popularity log-normal (σ = 0.42), so that
         // pairs per expert spread as the random-weight bench's score layers do (coefficient of
         // variation ~0.43, `gpu-bench --moe-detail`; uniform picks give ~0.07).
-        let skewed = gpu.upload(&skewed_routes(seed, t, k, e, 0.42))?;
+        let skewed_ids = skewed_routes(seed, t, k, e, 0.42);
+        let skewed = gpu.upload(&skewed_ids)?;
         let dw = gpu.upload(&vec![1.0f32 / k as f32; t * k])?;
         let routed_flops = 2.0 * 3.0 * (t * k) as f64 * (inter * d) as f64;
         let shared_flops = 2.0 * 3.0 * t as f64 * (inter * d) as f64;
@@ -722,13 +723,17 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         // to have run: moe_wt's compares nothing otherwise).
         type Ran<'a> = Option<(&'a str, bool, bool)>;
         let wt_ran = gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, t256));
-        let runs: [(&str, &str, Run, &str, Ran); 4] = [
-            ("moe_q8", "MOE_FP8_WS", q8, "all on, both with 128-row tiles", None),
-            ("moe_grouped", "MOE_BF16_WS", split, "all on, both with 128-row tiles", Some(("moe_wbs_ran", wbs_runs(gpu, d, inter, t * k, e, t128), false))),
-            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", wt_ran, true))),
-            ("moe_q8 skewed", "MOE_FP8_WT", q8_256_skewed, "all on with 256-row tiles forced (off: 128), skewed routing", Some(("moe_wt_ran", wt_ran, true))),
+        // The moe_wt records need experts whose last 256-row tile has an odd number of live 64-row
+        // sub-tiles (GWT_ODD_SPLIT's column split) as well as the others.
+        let odd = |ids: &[i32]| super::bench::routing_stats(ids, e)["odd_256"].as_u64().unwrap_or(0);
+        let (odd_uniform, odd_skewed) = (odd(&ids), odd(&skewed_ids));
+        let runs: [(&str, &str, Run, &str, Ran, Option<u64>); 4] = [
+            ("moe_q8", "MOE_FP8_WS", q8, "all on, both with 128-row tiles", None, None),
+            ("moe_grouped", "MOE_BF16_WS", split, "all on, both with 128-row tiles", Some(("moe_wbs_ran", wbs_runs(gpu, d, inter, t * k, e, t128), false)), None),
+            ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", wt_ran, true)), Some(odd_uniform)),
+            ("moe_q8 skewed", "MOE_FP8_WT", q8_256_skewed, "all on with 256-row tiles forced (off: 128), skewed routing", Some(("moe_wt_ran", wt_ran, true)), Some(odd_skewed)),
         ];
-        for (op, switch, run, vs, ran) in runs {
+        for (op, switch, run, vs, ran, odd) in runs {
             let ws = gpu.download(&*run()?)?;
             let plain = switch_scope(&[(switch, "off")], run)?;
             let differ = differing_bits(&ws, &gpu.download(&*plain)?);
@@ -737,7 +742,10 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
                 detail[key] = json!(r);
             }
             let ran_needed = ran.is_none_or(|(_, r, required)| r || !required);
-            flag_record(&mut rows, &format!("{op} flash T={t} {switch}=off bits"), detail, differ == 0 && ran_needed);
+            if let Some(n) = odd {
+                detail["experts_odd_last_tile"] = json!(n);
+            }
+            flag_record(&mut rows, &format!("{op} flash T={t} {switch}=off bits"), detail, differ == 0 && ran_needed && odd.is_none_or(|n| n > 0));
         }
     }
     Ok(rows)
