@@ -366,18 +366,8 @@ async fn chat_whole(ctx: ChatCtx, mut sub: Submitted) -> Result<Response, ApiErr
             None => return Err(engine_gone()),
         }
     };
-    let tool_calls: Vec<Value> = msg
-        .tool_calls
-        .iter()
-        .map(|(name, args, _)| json!({"id": new_id("call_"), "type": "function", "function": {"name": name, "arguments": args}}))
-        .collect();
-    let mut message = json!({"role": "assistant", "content": msg.content});
-    if ctx.mode == ThinkingMode::Thinking {
-        message["reasoning_content"] = Value::String(msg.reasoning);
-    }
-    if !tool_calls.is_empty() {
-        message["tool_calls"] = Value::Array(tool_calls);
-    }
+    let finish = finish_reason(&reason, !msg.tool_calls.is_empty());
+    let message = message_json(msg, ctx.mode);
     let body = json!({
         "id": ctx.id,
         "object": "chat.completion",
@@ -387,11 +377,31 @@ async fn chat_whole(ctx: ChatCtx, mut sub: Submitted) -> Result<Response, ApiErr
             "index": 0,
             "message": message,
             "logprobs": if ctx.want_logprobs { json!({"content": lps}) } else { Value::Null },
-            "finish_reason": finish_reason(&reason, !msg.tool_calls.is_empty()),
+            "finish_reason": finish,
         }],
         "usage": usage_json(&usage),
     });
     Ok(Json(body).into_response())
+}
+
+/// The non-streamed reply's `message`: role, `content` (null when the reply is tool calls alone, as
+/// OpenAI's API answers), `reasoning_content` in thinking mode, and `tool_calls` (each with a fresh
+/// `call_` id and its arguments as JSON text) when there are any.
+fn message_json(msg: Message, mode: ThinkingMode) -> Value {
+    let tool_calls: Vec<Value> = msg
+        .tool_calls
+        .iter()
+        .map(|(name, args, _)| json!({"id": new_id("call_"), "type": "function", "function": {"name": name, "arguments": args}}))
+        .collect();
+    let content = if msg.content.is_empty() && !tool_calls.is_empty() { Value::Null } else { Value::String(msg.content) };
+    let mut message = json!({"role": "assistant", "content": content});
+    if mode == ThinkingMode::Thinking {
+        message["reasoning_content"] = Value::String(msg.reasoning);
+    }
+    if !tool_calls.is_empty() {
+        message["tool_calls"] = Value::Array(tool_calls);
+    }
+    message
 }
 
 fn chunk(ctx: &ChatCtx, delta: Value, finish: Option<&str>, logprobs: Option<Value>) -> SseEvent {
@@ -766,5 +776,23 @@ mod tests {
         assert_eq!(args, json!({"q": "rust \"sse\"", "k": 5}));
         assert!(js.iter().all(|v| v.get("content").is_none_or(|t| t.as_str().is_some_and(|t| !t.contains("DSML")))));
         assert_eq!(finish_reason(&FinishReason::Stop, true), "tool_calls");
+    }
+
+    /// The non-streamed message: `content` is null only for a reply of tool calls alone; text with
+    /// tool calls, and an empty reply without them, keep a string.
+    #[test]
+    fn message_content_null_only_for_tool_calls_alone() {
+        let call = ("search".to_string(), "{\"q\":\"x\"}".to_string(), json!({"q": "x"}));
+        let only_calls = Message { reasoning: "plan".into(), content: String::new(), tool_calls: vec![call.clone()] };
+        let m = message_json(only_calls, ThinkingMode::Thinking);
+        assert_eq!(m["content"], Value::Null);
+        assert_eq!(m["reasoning_content"], "plan");
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "search");
+        assert_eq!(m["tool_calls"][0]["function"]["arguments"], "{\"q\":\"x\"}");
+        let with_text = Message { reasoning: String::new(), content: "Let me look.".into(), tool_calls: vec![call] };
+        assert_eq!(message_json(with_text, ThinkingMode::Chat)["content"], "Let me look.");
+        let empty = message_json(Message::default(), ThinkingMode::Chat);
+        assert_eq!(empty["content"], "");
+        assert!(empty.get("tool_calls").is_none() && empty.get("reasoning_content").is_none());
     }
 }

@@ -125,8 +125,9 @@ fn split_moe_detail(times: &mut StageTimes) -> StageTimes {
 /// tiles hold at most 128 pairs (an expert's last; the tiles in which `moe_wt` leaves a multiply
 /// warpgroup idle — the wide units tried for them are on branch `exp/moe-wt-wide`,
 /// `bench/moe_wt_variants_h200.log`), and `odd_256`: how many experts' last 256-row tile has an odd
-/// number (1 or 3) of 64-row sub-tiles holding pairs (the tiles whose last sub-tile `moe_wt`'s
-/// `GWT_ODD_SPLIT` splits by columns between its multiply warpgroups).
+/// number (1 or 3) of 64-row sub-tiles holding pairs (tiles in which one of `moe_wt`'s multiply
+/// warpgroups multiplies a sub-tile fewer than the other; the column split tried for them, 490e607's
+/// `GWT_ODD_SPLIT`, was slower: the same log).
 pub fn routing_stats(ids: &[i32], e: usize) -> Value {
     let mut count = vec![0usize; e.max(1)];
     let mut pairs = 0usize;

@@ -52,7 +52,9 @@
 //! warm-up, with TFLOP/s of the routed experts. With them three checks per token count,
 //! `moe_q8 flash T=… MOE_FP8_WS=off bits` (`moe_ws` against `moe_w8`) and `moe_grouped flash T=…
 //! MOE_BF16_WS=off bits` (`moe_wbs` against `moe_wb`), 128-row tiles forced, and `moe_q8 flash T=…
-//! MOE_FP8_WT=off bits` (`moe_wt` with 256-row tiles forced against `moe_ws`): rows with `"pass"`,
+//! MOE_FP8_WT=off bits` (`moe_wt` with 256-row tiles forced against `moe_ws`, which also needs
+//! experts whose last 256-row tile has an odd number of live 64-row sub-tiles, `experts_odd_last_tile`
+//! > 0, so that tiles with a warpgroup idle for a sub-tile are covered): rows with `"pass"`,
 //! folded into gpu-check's verdict by [`timing_checks_pass`].
 
 use super::check::{differing_bits, errors, flag_record, median_ms, random, record, switch_scope, weight, SPLIT_NMSE_TOL};
@@ -724,7 +726,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         type Ran<'a> = Option<(&'a str, bool, bool)>;
         let wt_ran = gpu.moe_tables(&layer)?.is_some_and(|tb| gpu.moe_wt_runs(tb, t * k, e, t256));
         // The moe_wt records need experts whose last 256-row tile has an odd number of live 64-row
-        // sub-tiles (GWT_ODD_SPLIT's column split) as well as the others.
+        // sub-tiles (one multiply warpgroup a sub-tile short) as well as the others.
         let odd = |ids: &[i32]| super::bench::routing_stats(ids, e)["odd_256"].as_u64().unwrap_or(0);
         let (odd_uniform, odd_skewed) = (odd(&ids), odd(&skewed_ids));
         let runs: [(&str, &str, Run, &str, Ran, Option<u64>); 4] = [

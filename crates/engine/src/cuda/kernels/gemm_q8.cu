@@ -516,23 +516,6 @@ __device__ __forceinline__ void gw_wait_partial(float (&d)[64]) {
     gw_fence_regs(d);
 }
 
-// gw_mma_lo / gw_issue_k128_lo for the 64 columns of a 128-column weight tile that start at blo
-// (wgmma m64n64k32: d holds what d[0 .. 31] of the 128-column form holds for those columns; each
-// output is the same k32 dot product, moe_wt's GWT_ODD_SPLIT).
-__device__ __forceinline__ void gw_mma_lo_n64(float (&d)[32], u32 alo, u32 blo, int scale_d) {
-    GW_ASM(
-        "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %34, 0;\nmov.b64 da, {%32, 0x40000040};\nmov.b64 db, {%33, 0x40000040};\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, da, db, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(alo), "r"(blo), "r"(scale_d));
-}
-__device__ __forceinline__ void gw_issue_k128_lo_n64(float (&d)[32], u32 alo, u32 blo) {
-    gw_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) gw_mma_lo_n64(d, alo + 2 * kk, blo + 2 * kk, kk);
-    gw_commit();
-}
-
 // Shared memory of a block: STAGES copy stages (activations BM × 128 e4m3, weights 128 rows × 128
 // e4m3 or 64 packed fp4 bytes), for fp4 two converted e4m3 tiles, their row scales and the table.
 // Five stages for 128-row blocks (one per SM); four for 64-row blocks, so that two fit an SM.
@@ -552,21 +535,15 @@ struct GwLayout {
 // moe_ws (the thread's rows row_a, row_a + 8: sa0, sa1). DIRECT (fp8 weights): the block scales swg
 // (the tile's gate or only rows) and swu (EPI 1's up rows, odd 8-column groups); fp4: the step's
 // per-column scales wsc[0 .. 127].
-// gw_promote's DIRECT form over NR accumulators (64: 128 columns; 32: the 64 of
-// gw_issue_k128_lo_n64, whose 8-column groups alternate gate and up as the first 64 columns' do).
-template <int EPI, int NR>
-__device__ __forceinline__ void gw_promote_direct(float (&acc)[NR], const float (&tmp)[NR], float sa0, float sa1, float swg, float swu) {
-    const float f[4] = {sa0 * swg, sa0 * swu, sa1 * swg, sa1 * swu};
-#pragma unroll
-    for (int j = 0; j < NR / 4; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[4 * j + e] = fmaf(tmp[4 * j + e], f[(e >> 1) * 2 + (EPI == 1 && (j & 1))], acc[4 * j + e]);
-}
 template <bool DIRECT, int EPI>
 __device__ __forceinline__ void gw_promote(float (&acc)[64], const float (&tmp)[64], float sa0, float sa1, float swg, float swu, const float* wsc,
                                            int c2) {
     if (DIRECT) {
-        gw_promote_direct<EPI>(acc, tmp, sa0, sa1, swg, swu);
+        const float f[4] = {sa0 * swg, sa0 * swu, sa1 * swg, sa1 * swu};
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[4 * j + e] = fmaf(tmp[4 * j + e], f[(e >> 1) * 2 + (EPI == 1 && (j & 1))], acc[4 * j + e]);
     } else {
 #pragma unroll
         for (int j = 0; j < 16; j++) {
@@ -1150,17 +1127,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef GWT_SUB_INTERLEAVE
 #define GWT_SUB_INTERLEAVE 1
 #endif
-// A tile of an odd number of live sub-tiles (1 or 3) splits its last one by columns: each multiply
-// warpgroup takes 64 of its 128 columns (wgmma m64n64k32, the same k32 products as m64n128k32's
-// columns, the same promotion, each half stored as its own columns), so that neither warpgroup
-// multiplies two sub-tiles while the other multiplies one (3) or none (1). 1: on (the default),
-// 0: off. Needs GWT_SUB_INTERLEAVE and GWT_EPI_STAGED (off by default without them).
-#ifndef GWT_ODD_SPLIT
-#define GWT_ODD_SPLIT (GWT_SUB_INTERLEAVE && GWT_EPI_STAGED)
-#endif
-#if GWT_ODD_SPLIT && !(GWT_SUB_INTERLEAVE && GWT_EPI_STAGED)
-#error "GWT_ODD_SPLIT needs GWT_SUB_INTERLEAVE=1 and GWT_EPI_STAGED=1"
-#endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
 
@@ -1214,9 +1180,7 @@ struct GwtLayout {
 // The thread's rows are row_a, row_a + 8 of the warp's 16 (row_a − lane / 4 …); per chunk it stores
 // rows lane / 8 + 4 i (i < 4), columns 4 (lane % 8) … + 3. EPI 1 stores hidden units (n0 / 2 + …;
 // N / 2 of them), EPI 2 rows dst[row] ≥ 0, EPI 0 every row (moe_wt has no T bound).
-// HALF (GWT_ODD_SPLIT): acc[0 .. 31] hold the 64 columns from n0 (gw_issue_k128_lo_n64), the
-// first half of the chunks.
-template <int EPI, bool HALF = false>
+template <int EPI>
 __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int n0, int lane, float* sc, const float (&acc)[64]) {
     const int g4 = lane >> 2, c2 = (lane & 3) * 2, wr = row_a - g4;
     const GqRow R[2] = {gq_row<EPI>(E, row_a), gq_row<EPI>(E, row_a + 8)};
@@ -1231,7 +1195,7 @@ __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int 
             orow[i] = wr + rho;
         }
     }
-    constexpr int NC = (EPI == 1 ? 2 : 4) / (HALF ? 2 : 1);
+    constexpr int NC = EPI == 1 ? 2 : 4;
     const int width = EPI == 1 ? N / 2 : N, c0 = EPI == 1 ? n0 >> 1 : n0;
     float* out = EPI == 1 ? E.hf : E.y;
     const size_t ld = EPI == 1 ? (size_t)E.ldh : (size_t)N;
@@ -1466,6 +1430,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     // Multiply warpgroups 0 and 1: sub-tiles S0 = wg and S0 + SS = wg + 2 (GWT_SUB_INTERLEAVE, the
     // default: a tile of two live sub-tiles gives each warpgroup one) or 2 wg and 2 wg + 1 (0).
     GW_ASM("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
+    constexpr int SS = GWT_SUB_INTERLEAVE ? 2 : 1;
     const int lane = tid & 31, warp = tid >> 5, wq = warp & 3;
     // The warpgroup index, broadcast from lane 0 so that the compiler sees a warp-uniform value and
     // builds the wgmma descriptors in uniform registers.
@@ -1474,22 +1439,10 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     GwsRing<ST> ring;
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
         const GqProb P = prob(w);
-        // This warpgroup's two slots: sub-tiles sub0 and sub1, live l0 and l1, the whole 128
-        // columns or (GWT_ODD_SPLIT, h0 / h1) the wg-th 64 of them.
-#if GWT_ODD_SPLIT
-        // Live sub-tiles (a prefix): 1 → both take half of sub-tile 0; 2 → one each; 3 → one
-        // each and half of sub-tile 2; 4 → two each.
-        const int lc = live(P.m0, 0) ? (live(P.m0, 1) ? (live(P.m0, 2) ? (live(P.m0, 3) ? 4 : 3) : 2) : 1) : 0;
-        const bool l0 = lc >= 1, l1 = lc >= 3, h0 = lc == 1, h1 = lc == 3;
-        const int sub0 = h0 ? 0 : wg, sub1 = h1 ? 2 : wg + 2;
-#else
-        const int sub0 = GWT_SUB_INTERLEAVE ? wg : 2 * wg, sub1 = sub0 + (GWT_SUB_INTERLEAVE ? 2 : 1);
-        const bool l0 = live(P.m0, sub0), l1 = live(P.m0, sub1), h0 = false, h1 = false;
-#endif
-        // This thread's rows row0, row0 + 8 of sub-tile sub0 and row1, row1 + 8 of sub1.
-        const int row0 = P.m0 + sub0 * 64 + wq * 16 + g4, row1 = P.m0 + sub1 * 64 + wq * 16 + g4;
+        const int s0 = GWT_SUB_INTERLEAVE ? wg : 2 * wg;
+        const bool l0 = live(P.m0, s0), l1 = live(P.m0, s0 + SS);
+        const int row0 = P.m0 + s0 * 64 + wq * 16 + g4;  // this thread's rows row0, row0 + 8 (+ 64 SS in the second sub-tile)
         const float* sa0 = P.sa + (size_t)row0 * KT;
-        const float* sa1 = P.sa + (size_t)row1 * KT;
         const size_t brow = block_row(w, P.n0);
         const u8* swg = bsg + brow;
         const u8* swu = bsu + brow;
@@ -1499,7 +1452,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             acc0[i] = 0.f;
             acc1[i] = 0.f;
         }
-        // Step kt's scales: activation rows row0, row0 + 8, row1, row1 + 8, the tile's block
+        // Step kt's scales: activation rows row0, row0 + 8, row0 + 64 SS, row0 + 64 SS + 8, the tile's block
         // scale bytes (gate or only, up); loaded a step ahead, the bytes decoded where they are used
         // (so that nothing waits on the loads before the step's MMAs).
         struct Sc {
@@ -1511,8 +1464,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         const float* safe = P.sa + (size_t)(P.m0 + wq * 16 + g4) * KT;
         const float* pa0 = l0 ? sa0 : safe;
         const float* pa1 = l0 ? sa0 + 8 * KT : safe;
-        const float* pb0 = l1 ? sa1 : safe;
-        const float* pb1 = l1 ? sa1 + 8 * KT : safe;
+        const float* pb0 = l1 ? sa0 + 64 * SS * KT : safe;
+        const float* pb1 = l1 ? sa0 + (64 * SS + 8) * KT : safe;
         auto scales = [&](int kt) {
             const int k = min(kt, KT - 1);
 #if MOE_WT_DIAG & 512
@@ -1527,35 +1480,22 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             const u32 sb = base + ring.s * L::STAGE;
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-            // Sub-tile sub of the tile into acc (its rows' activation scales a0, a1): all 128
-            // columns, or (half) this warpgroup's 64 into acc[0 .. 31].
-            auto multiply = [&](float (&acc)[64], int sub, bool half, float a0, float a1) {
+            // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1).
+            auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
 #if MOE_WT_DIAG & 2
-                acc[sub] += a0 * a1;
+                acc[st] += sa0 * sa1;
 #else
-                if (half) {
-                    float t[32];
-                    gw_issue_k128_lo_n64(t, gw_desc_lo(sb + L::A + sub * 8192), gw_desc_lo(sb + L::BC + wg * 8192));
-                    gw_wait0();
-                    gw_fence_regs(t);
+                gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (s0 + SS * st) * 8192), gw_desc_lo(sb + L::BC));
+                gw_wait_partial(tmp);
 #if MOE_WT_DIAG & 4
-                    acc[sub] += t[sub] * a0;
+                acc[st] += tmp[st] * sa0;
 #else
-                    gw_promote_direct<EPI>(reinterpret_cast<float(&)[32]>(acc), t, a0, a1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu));
+                gw_promote<true, EPI>(acc, tmp, sa0, sa1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu), nullptr, c2);
 #endif
-                } else {
-                    gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + sub * 8192), gw_desc_lo(sb + L::BC));
-                    gw_wait_partial(tmp);
-#if MOE_WT_DIAG & 4
-                    acc[sub] += tmp[sub] * a0;
-#else
-                    gw_promote<true, EPI>(acc, tmp, a0, a1, fs_e8m0_sel(cur.wg), fs_e8m0_sel(cur.wu), nullptr, c2);
-#endif
-                }
 #endif
             };
-            if (l0) multiply(acc0, sub0, h0, cur.a0, cur.a1);
-            if (l1) multiply(acc1, sub1, h1, cur.b0, cur.b1);
+            if (l0) multiply(acc0, 0, cur.a0, cur.a1);
+            if (l1) multiply(acc1, 1, cur.b0, cur.b1);
             __syncwarp();
             if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
             cur = next;
@@ -1566,23 +1506,11 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         {
 #if GWT_EPI_STAGED
             float* sc = reinterpret_cast<float*>(gbase + L::EPS) + warp * L::EPS_WARP;
-            if (l0) {
-                if (h0) {
-                    gwt_store<EPI, true>(E, N, row0, P.n0 + 64 * wg, lane, sc, acc0);
-                } else {
-                    gwt_store<EPI>(E, N, row0, P.n0, lane, sc, acc0);
-                }
-            }
-            if (l1) {
-                if (h1) {
-                    gwt_store<EPI, true>(E, N, row1, P.n0 + 64 * wg, lane, sc, acc1);
-                } else {
-                    gwt_store<EPI>(E, N, row1, P.n0, lane, sc, acc1);
-                }
-            }
+            if (l0) gwt_store<EPI>(E, N, row0, P.n0, lane, sc, acc0);
+            if (l1) gwt_store<EPI>(E, N, row0 + 64 * SS, P.n0, lane, sc, acc1);
 #else
             if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
-            if (l1) gw_store<EPI>(E, 0x7fffffff, N, row1, P.n0, c2, acc1);
+            if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64 * SS, P.n0, c2, acc1);
 #endif
         }
     }
