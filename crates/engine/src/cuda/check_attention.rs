@@ -136,6 +136,42 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
         println!("time sparse_attention {kernel:?} ({path}) T={tokens} pos0={pos0} (window 128 + 512 selected) {ms:.2} ms  {tf:.1} TFLOP/s");
         rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "path": path, "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
     }
+    // The other layer kinds' shapes for the bf16 kernels (bf16 output, as the serving
+    // configuration runs them), for the chunk before this one (queries at p0 = pos0 − tokens: an
+    // 8K prompt's last chunk by default): an HCA layer's (window 128 + every entry of ratio 128
+    // below the position: at most 64 below 8,192, so that the candidate-split kernel's last step
+    // has an empty block) and a sliding-window layer's (window 128 alone, one step).
+    {
+        let n = tokens * H * C;
+        // SAFETY: the kernel writes all n values; nothing reads them.
+        let mut out16 = unsafe { gpu.scratch::<u16>(n) }?;
+        let p0 = pos0.saturating_sub(tokens);
+        let kv_base = (p0 + 1).saturating_sub(WINDOW);
+        let kv_rows = p0 + tokens - kv_base;
+        let dkv = gpu.upload(&random(seed, "attn_time.kv_prev", kv_rows * C, 1.0))?;
+        let shape = AttentionShape { tokens, heads: H, head_dim: C, pos0: p0, window: WINDOW, kv_base };
+        let hca_entries = (p0 + tokens) / 128;
+        let dhca = gpu.upload(&random(seed, "attn_time.hca", hca_entries.max(1) * C, 1.0))?;
+        let dhoff = gpu.upload(&hca_offsets(p0, tokens, 128, hca_entries)?)?;
+        let hk = CompressedKeys { entries: &dhca, offsets: &dhoff, indices: None, mask: None };
+        let hca_cands: usize = (0..tokens).map(|t| visible_entries(p0 + t, 128, hca_entries) + WINDOW.min(p0 + t + 1)).sum();
+        let win_cands: usize = (0..tokens).map(|t| WINDOW.min(p0 + t + 1)).sum();
+        let mut bf16_kernels = Vec::new();
+        if gpu.attention_bf16_ok() {
+            bf16_kernels.push(AttentionKernel::StreamBf16);
+        }
+        if gpu.attention_cand_split_ok() {
+            bf16_kernels.push(AttentionKernel::StreamBf16Cand);
+        }
+        for kernel in bf16_kernels {
+            for (layer, keys, c) in [("hca", Some(&hk), hca_cands), ("sliding", None, win_cands)] {
+                let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || gpu.sparse_attention_into(AttentionQuery::Normed(&dq), &dkv, keys, &dsinks, &inv, &rope, &mut AttentionOut::Bf16(&mut out16), &shape, kernel))?;
+                let tf = 4.0 * (H * C) as f64 * c as f64 / (ms * 1e-3) / 1e12;
+                println!("time sparse_attention {kernel:?} ({layer}, bf16 out) T={tokens} pos0={p0} ({:.1} candidates per query) {ms:.3} ms  {tf:.1} TFLOP/s", c as f64 / tokens as f64);
+                rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "layer": layer, "output": "bf16", "tokens": tokens, "pos0": p0, "heads": H, "head_dim": C, "candidates": c, "median_ms": ms, "tflop_per_s": tf}));
+            }
+        }
+    }
     // MLA_SPLIT_OUT: the streaming kernel writing the split bf16 planes instead of f32.
     {
         let n = tokens * H * C;

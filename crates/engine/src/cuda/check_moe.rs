@@ -53,8 +53,8 @@
 //! `moe_q8 flash T=… MOE_FP8_WS=off bits` (`moe_ws` against `moe_w8`) and `moe_grouped flash T=…
 //! MOE_BF16_WS=off bits` (`moe_wbs` against `moe_wb`), 128-row tiles forced, and `moe_q8 flash T=…
 //! MOE_FP8_WT=off bits` (`moe_wt` with 256-row tiles forced against `moe_ws`, which also needs
-//! experts whose last 256-row tile has an odd number of live 64-row sub-tiles, `experts_odd_last_tile`
-//! > 0, so that tiles with a warpgroup idle for a sub-tile are covered): rows with `"pass"`,
+//! some expert whose last 256-row tile has an odd number of live 64-row sub-tiles,
+//! `experts_odd_last_tile`, so that tiles with a warpgroup idle for a sub-tile are covered): rows with `"pass"`,
 //! folded into gpu-check's verdict by [`timing_checks_pass`].
 
 use super::check::{differing_bits, errors, flag_record, median_ms, random, record, switch_scope, weight, SPLIT_NMSE_TOL};
@@ -729,7 +729,9 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         // sub-tiles (one multiply warpgroup a sub-tile short) as well as the others.
         let odd = |ids: &[i32]| super::bench::routing_stats(ids, e)["odd_256"].as_u64().unwrap_or(0);
         let (odd_uniform, odd_skewed) = (odd(&ids), odd(&skewed_ids));
-        let runs: [(&str, &str, Run, &str, Ran, Option<u64>); 4] = [
+        // (… and, for moe_wt's records, how many experts' last tile has odd live sub-tiles.)
+        type Row<'a> = (&'a str, &'a str, Run<'a>, &'a str, Ran<'a>, Option<u64>);
+        let runs: [Row; 4] = [
             ("moe_q8", "MOE_FP8_WS", q8, "all on, both with 128-row tiles", None, None),
             ("moe_grouped", "MOE_BF16_WS", split, "all on, both with 128-row tiles", Some(("moe_wbs_ran", wbs_runs(gpu, d, inter, t * k, e, t128), false)), None),
             ("moe_q8", "MOE_FP8_WT", q8_256, "all on with 256-row tiles forced (off: 128)", Some(("moe_wt_ran", wt_ran, true)), Some(odd_uniform)),

@@ -950,6 +950,13 @@ extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg
 // Launch: grid (T), block 384, dynamic shared memory AwcLayout::TOTAL. sm_90a only (wgmma).
 // Deterministic: fixed MMA and reduction order.
 
+// Skipping the empty block of the last step (awc_body's tail_empty): 1 (the default); 0 computes
+// it as any other (timing only, FLASHSEEK_KERNEL_DEFINES: the same values but for the sign of an
+// exact zero).
+#ifndef AWC_TAIL_SKIP
+#define AWC_TAIL_SKIP 1
+#endif
+
 struct AwcLayout {
     static constexpr int Q = 0;                  // 8 column blocks × 64 rows × 128 B
     static constexpr int HALF = 32768;           // 4 column blocks × 64 rows × 128 B
@@ -1032,6 +1039,11 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
     const int pos = ac.pos, lo = ac.lo, n_win = ac.n_win, n_cand = ac.n_cand;
     const AttComp cc = ac.cc;
     const int n_steps = (n_cand + 127) / 128;
+    // Block 1 of the last step holds no candidate (n_cand ≤ 128 (n_steps − 1) + 64: e.g. an HCA
+    // layer below position 8,192, window 128 + ≤ 64 entries): its rows are not copied, warpgroup 1
+    // multiplies nothing for its S or own P · V and warpgroup 0 skips the other block's P · V — the
+    // products of P = 0 that those MMAs would add (every barrier still runs as in any step).
+    const bool tail_empty = AWC_TAIL_SKIP && n_cand <= 128 * (n_steps - 1) + 64;
 
     if (tid >= 256) {
         GW_ASM("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
@@ -1108,14 +1120,16 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
                 const int b = h >> 1, sd = h & 1;
                 if (i >= 1) gws_wait(empty0 + 8 * h, (i - 1) & 1);
                 const u32 dst = base + L::KV + h * L::HALF;
+                if (!(b == 1 && tail_empty && i == n_steps - 1)) {  // else read by no MMA
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int r = grp + 16 * u;
-                    const u32 rid = rows[4 * b + u];
-                    const bool ok = rid != ~0u;
-                    const u16* src = ok ? row_src(rid) + 256 * sd + 8 * gi : kv;
+                    for (int u = 0; u < 4; u++) {
+                        const int r = grp + 16 * u;
+                        const u32 rid = rows[4 * b + u];
+                        const bool ok = rid != ~0u;
+                        const u16* src = ok ? row_src(rid) + 256 * sd + 8 * gi : kv;
 #pragma unroll
-                    for (int tt = 0; tt < 4; tt++) gm_cp16(dst + tt * 8192 + gw_swz(r, gi), src + (ok ? 64 * tt : 0), ok);
+                        for (int tt = 0; tt < 4; tt++) gm_cp16(dst + tt * 8192 + gw_swz(r, gi), src + (ok ? 64 * tt : 0), ok);
+                    }
                 }
                 awc_cp_arrive(full0 + 8 * h);
                 if (lane == 0) gws_arrive(full0 + 8 * h);
@@ -1176,6 +1190,8 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
 
     // S_b = Q · K_bᵀ, one half of the block's channels (x = 0: the half the copy warpgroup fills
     // first, whose 16 wgmma also start from zero), committed as one group.
+    // (An empty block — tail_empty, block 1 — awaits its halves and leaves S at zero: its logits
+    // are all masked.)
     auto issue_qk_half = [&](int i, int x) {
         if (x == 0) {
 #pragma unroll
@@ -1185,6 +1201,7 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
         }
         const int sd = b == 0 ? x : 1 - x;
         gws_wait(full0 + 8 * (hq + sd), i & 1);
+        if (b == 1 && tail_empty && i == n_steps - 1) return;
         gw_fence_proxy();
         const u32 ob = awc_opaque(base);
         gw_fence();
@@ -1305,7 +1322,7 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
             atc_rescale(o, f);
             awc_sync<AWC_P1>();
             gw_fence_proxy();  // 1L was awaited by warpgroup 1: its copies, seen through the barrier, for this warpgroup's wgmma
-            issue_pv_other();
+            if (!(tail_empty && i == n_steps - 1)) issue_pv_other();
             if (i + 1 < n_steps) {
                 // The next step's first half (0L, freed earliest) while P · V runs; 1L is freed
                 // before awaiting 0R, whose copy follows 1R's in the copy warpgroup's order.
@@ -1343,7 +1360,7 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
             }
             awc_arrive<AWC_M1>();
             exponentiate(m1, corr);
-            issue_pv_own();
+            if (!(tail_empty && i == n_steps - 1)) issue_pv_own();
             const float one[2] = {1.f, 1.f};
             store_p(one);
             awc_arrive<AWC_P1>();
