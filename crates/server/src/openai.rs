@@ -385,8 +385,9 @@ async fn chat_whole(ctx: ChatCtx, mut sub: Submitted) -> Result<Response, ApiErr
 }
 
 /// The non-streamed reply's `message`: role, `content` (null when the reply is tool calls alone, as
-/// OpenAI's API answers), `reasoning_content` in thinking mode, and `tool_calls` (each with a fresh
-/// `call_` id and its arguments as JSON text) when there are any.
+/// OpenAI's API answers; text of whitespace alone stays a string), `reasoning_content` in thinking
+/// mode, and `tool_calls` (each with a fresh `call_` id and its arguments as JSON text) when there
+/// are any. The streamed reply cannot know in advance: its first delta carries `content: ""`.
 fn message_json(msg: Message, mode: ThinkingMode) -> Value {
     let tool_calls: Vec<Value> = msg
         .tool_calls

@@ -84,9 +84,11 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     Ok(all)
 }
 
-/// Times both attention kernels on a Flash prefill chunk: `tokens` queries at position `pos0`, 64
-/// heads of 512, window 128 plus 512 compressed entries per query (CSA shape), CUDA events, median
-/// of `repeats` after a warm-up.
+/// Times the attention kernels on a Flash prefill chunk: `tokens` queries at position `pos0`, 64
+/// heads of 512, window 128 plus 512 compressed entries per query (CSA shape); the bf16 kernels
+/// also on an HCA and a sliding-window layer's shapes at `pos0 − tokens`; then the indexer. CUDA
+/// events, median of `repeats` after a warm-up; each timed call includes what the kernel's entry
+/// point does per call (for the bf16 kernels, the bf16 copies of the f32 K=V rows).
 pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize) -> Result<Vec<Value>, CudaError> {
     const H: usize = 64;
     const C: usize = 512;
@@ -137,10 +139,11 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
         rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "path": path, "tokens": tokens, "pos0": pos0, "heads": H, "head_dim": C, "candidates": cands, "median_ms": ms, "tflop_per_s": tf}));
     }
     // The other layer kinds' shapes for the bf16 kernels (bf16 output, as the serving
-    // configuration runs them), for the chunk before this one (queries at p0 = pos0 − tokens: an
-    // 8K prompt's last chunk by default): an HCA layer's (window 128 + every entry of ratio 128
-    // below the position: at most 64 below 8,192, so that the candidate-split kernel's last step
-    // has an empty block) and a sliding-window layer's (window 128 alone, one step).
+    // configuration runs them), for the `tokens` queries before this chunk's (at p0 = pos0 −
+    // tokens: by default the last quarter of an 8K prompt): an HCA layer's (window 128 + every
+    // entry of ratio 128 below the position: at most 64 below 8,192, so that the candidate-split
+    // kernel's last step has an empty block) and a sliding-window layer's (window 128 alone, one
+    // step).
     {
         let n = tokens * H * C;
         // SAFETY: the kernel writes all n values; nothing reads them.

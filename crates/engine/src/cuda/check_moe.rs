@@ -748,6 +748,10 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
             let ran_needed = ran.is_none_or(|(_, r, required)| r || !required);
             if let Some(n) = odd {
                 detail["experts_odd_last_tile"] = json!(n);
+                if n == 0 {
+                    // A coverage failure, not a numerics one.
+                    detail["coverage"] = json!("no expert with an odd last tile: this routing does not cover moe_wt's idle-warpgroup tiles");
+                }
             }
             flag_record(&mut rows, &format!("{op} flash T={t} {switch}=off bits"), detail, differ == 0 && ran_needed && odd.is_none_or(|n| n > 0));
         }
