@@ -957,14 +957,6 @@ extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wg
 #define AWC_TAIL_SKIP 1
 #endif
 
-// The queries of the block one wave later (token t + the SM count; one block per SM) prefetched
-// into L2 at the block's start (cp.async.bulk.prefetch.L2), so that its Q staging reads L2
-// instead of waiting on DRAM with every other block of its wave: 1 (the default), 0 off (timing).
-// A hint only: no value changes.
-#ifndef AWC_Q_PREFETCH
-#define AWC_Q_PREFETCH 1
-#endif
-
 struct AwcLayout {
     static constexpr int Q = 0;                  // 8 column blocks × 64 rows × 128 B
     static constexpr int HALF = 32768;           // 4 column blocks × 64 rows × 128 B
@@ -1043,18 +1035,6 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
         gws_bar_init_fence();
     }
     const int t = blockIdx.x;
-    if (AWC_Q_PREFETCH && tid == 256) {
-        u32 nsm;
-        asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-        const long long next = (long long)t + nsm;
-        if (next < (long long)gridDim.x) {
-            // The next token's H·c queries: f32, or bf16 bits (q_bf16), contiguous; 32 KB a prefetch.
-            const u32 bytes = (u32)(ATC_H * ATC_C) * (q_bf16 ? 2u : 4u);
-            const u8* src = reinterpret_cast<const u8*>(q) + (size_t)next * bytes;
-            for (u32 o = 0; o < bytes; o += 32768u)
-                GW_ASM("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + o), "r"(min(32768u, bytes - o)) : "memory");
-        }
-    }
     const AttCands ac = att_cands(t, pos0, window, comp_off, comp_mask, n_entries, &att_cursor);  // synchronises: barriers ready
     const int pos = ac.pos, lo = ac.lo, n_win = ac.n_win, n_cand = ac.n_cand;
     const AttComp cc = ac.cc;
