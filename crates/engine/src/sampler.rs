@@ -48,6 +48,16 @@
 //! randomly keyed `RandomState` hasher mixed with the system time) and is reported by
 //! [`Sampler::seed`] so the run can be replayed.
 //!
+//! # Forced tokens
+//!
+//! [`SamplingParams::forced`] makes the sampler emit a fixed token sequence instead of sampling —
+//! from the first step, or once a trigger token has been emitted (at most once per sampler). A
+//! forced step reads no logits for its choice (a [`Sampler::sample`] row still gives the forced
+//! token's logprob), draws nothing from the RNG and is recorded like a sampled token (penalties,
+//! [`Sampler::output_len`]). This is how the server enforces a forced tool call: it writes the
+//! start of the DSML block (OpenAI `tool_choice` `required` / a named function, Anthropic `any` /
+//! `tool`), as vLLM enforces them with guided decoding.
+//!
 //! # Stop conditions
 //!
 //! [`SamplingParams::stop_token_ids`] is checked with [`Sampler::is_stop_token`]; stop strings
@@ -193,6 +203,18 @@ pub struct SamplingParams {
     /// Generation stops when the text contains any of these (non-empty) strings; the stop string
     /// itself is not emitted (see [`StopMatcher`]).
     pub stop_strings: Vec<String>,
+    /// Tokens emitted instead of sampled ones (see the [module docs](self)); `None` = off.
+    pub forced: Option<ForcedTokens>,
+}
+
+/// A token sequence the sampler emits instead of sampling: from the first step (`after: None`) or
+/// right after the first time it emits the token `after` (sampled or forced); once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForcedTokens {
+    /// The trigger token id; `None` = force from the first step.
+    pub after: Option<u32>,
+    /// The ids to emit, in order (non-empty).
+    pub tokens: Vec<u32>,
 }
 
 impl Default for SamplingParams {
@@ -209,6 +231,7 @@ impl Default for SamplingParams {
             logprobs: None,
             stop_token_ids: Vec::new(),
             stop_strings: Vec::new(),
+            forced: None,
         }
     }
 }
@@ -258,6 +281,9 @@ impl SamplingParams {
         if let Some(s) = self.stop_strings.iter().find(|s| s.is_empty()) {
             return Err(invalid("stop_strings", s, "a list of non-empty strings"));
         }
+        if self.forced.as_ref().is_some_and(|f| f.tokens.is_empty()) {
+            return Err(invalid("forced", &self.forced, "None or a non-empty token list"));
+        }
         Ok(())
     }
 
@@ -299,6 +325,9 @@ pub struct Sampler {
     rng: Rng,
     seen: HashMap<u32, Seen>,
     output_len: usize,
+    /// Index into [`ForcedTokens::tokens`] of the next forced token once forcing has started
+    /// (`None` before; past the end when done).
+    forced_at: Option<usize>,
     /// Scratch: penalised logits of the current row.
     logits: Vec<f64>,
     /// Scratch: candidate token ids.
@@ -317,12 +346,14 @@ impl Sampler {
         for &id in prompt_ids {
             seen.entry(id).or_default().in_prompt = true;
         }
+        let forced_at = params.forced.as_ref().and_then(|f| if f.after.is_none() { Some(0) } else { None });
         Ok(Sampler {
             params,
             seed,
             rng: Rng::from_seed(seed),
             seen,
             output_len: 0,
+            forced_at,
             logits: Vec::new(),
             cand: Vec::new(),
             weights: Vec::new(),
@@ -363,7 +394,9 @@ impl Sampler {
         }
         let best = argmax(&self.logits).ok_or(SamplerError::AllMasked)?;
 
-        let token = if self.params.temperature == 0.0 {
+        let token = if let Some(t) = self.pending_forced() {
+            t
+        } else if self.params.temperature == 0.0 {
             best
         } else {
             truncate(&self.logits, &self.params, best, &mut self.cand, &mut self.weights);
@@ -411,6 +444,11 @@ impl Sampler {
     /// Errors: as [`Sampler::sample`] (a NaN or `+inf` the device found, every token masked), and
     /// [`SamplerError::TopMismatch`] for a [`TopLogits`] that does not answer [`Sampler::need`].
     pub fn sample_step(&mut self, logits: &StepLogits) -> Result<Sampled, SamplerError> {
+        if let (Some(t), StepLogits::Top(_)) = (self.pending_forced(), logits) {
+            // need() asked for a top row, so no logprobs are wanted: the row plays no part.
+            self.record(t);
+            return Ok(Sampled { token: t, logprob: None, top_logprobs: Vec::new() });
+        }
         let top = match logits {
             StepLogits::Full(row) => return self.sample(row),
             StepLogits::Top(t) => t,
@@ -457,11 +495,25 @@ impl Sampler {
         Ok(Sampled { token, logprob: None, top_logprobs: Vec::new() })
     }
 
-    /// Adds `token` to the output history.
+    /// The forced token the next step emits, if forcing has started and is not done.
+    fn pending_forced(&self) -> Option<u32> {
+        let f = self.params.forced.as_ref()?;
+        f.tokens.get(self.forced_at?).copied()
+    }
+
+    /// Adds `token` to the output history and moves the forced sequence on: past a forced token,
+    /// or to its start when `token` is the trigger and forcing has not started.
     fn record(&mut self, token: u32) {
         let e = self.seen.entry(token).or_default();
         e.output_count = e.output_count.saturating_add(1);
         self.output_len += 1;
+        if let Some(f) = &self.params.forced {
+            match self.forced_at {
+                Some(i) if i < f.tokens.len() => self.forced_at = Some(i + 1),
+                None if f.after == Some(token) => self.forced_at = Some(0),
+                _ => {}
+            }
+        }
     }
 }
 
@@ -1579,5 +1631,86 @@ mod tests {
         t.cand.reverse();
         t.sort();
         assert_eq!(t.cand, [(2, 3.0), (3, 3.0), (0, 0.0), (1, -0.0)]);
+    }
+
+    // ---- forced tokens ----
+
+    fn forced(after: Option<u32>, tokens: &[u32]) -> Option<ForcedTokens> {
+        Some(ForcedTokens { after, tokens: tokens.to_vec() })
+    }
+
+    #[test]
+    fn forced_tokens_from_the_first_step_then_sampling_resumes() {
+        // Greedy on a row whose argmax is 0: the forced ids come first, whatever the row says,
+        // through both entry points; then the argmax again.
+        let row = [3.0f32, 1.0, 2.0, 0.5, -1.0];
+        let p = SamplingParams { forced: forced(None, &[4, 1, 4]), ..SamplingParams::greedy() };
+        let mut a = Sampler::new(p.clone(), &[]).unwrap();
+        let got: Vec<u32> = (0..5).map(|_| a.sample(&row).unwrap().token).collect();
+        assert_eq!(got, [4, 1, 4, 0, 0]);
+        assert_eq!(a.output_len(), 5);
+        let mut b = Sampler::new(p, &[]).unwrap();
+        assert_eq!(b.need(), LogitsNeed::Top(1));
+        let got: Vec<u32> = (0..5).map(|_| b.sample_step(&StepLogits::Top(TopLogits::from_row(&row, 1))).unwrap().token).collect();
+        assert_eq!(got, [4, 1, 4, 0, 0]);
+    }
+
+    #[test]
+    fn forced_tokens_after_the_trigger_once() {
+        // The rows make the sampler emit 2 (the trigger) at the second step; the forced ids follow
+        // it; a later 2 does not force them again.
+        let p = SamplingParams { forced: forced(Some(2), &[3, 4]), ..SamplingParams::greedy() };
+        let mut s = Sampler::new(p, &[]).unwrap();
+        let rows: [[f32; 5]; 6] = [
+            [1.0, 0.0, 0.0, 0.0, 0.0],
+            [0.0, 0.0, 1.0, 0.0, 0.0],
+            [1.0, 0.0, 0.0, 0.0, 0.0],
+            [1.0, 0.0, 0.0, 0.0, 0.0],
+            [0.0, 0.0, 1.0, 0.0, 0.0],
+            [1.0, 0.0, 0.0, 0.0, 0.0],
+        ];
+        let got: Vec<u32> = rows.iter().map(|r| s.sample(r).unwrap().token).collect();
+        assert_eq!(got, [0, 2, 3, 4, 2, 0]);
+        // A forced token may itself be the trigger of nothing further: forcing ran once.
+        let p = SamplingParams { forced: forced(Some(1), &[1, 1]), ..SamplingParams::greedy() };
+        let mut s = Sampler::new(p, &[]).unwrap();
+        let got: Vec<u32> = (0..5).map(|i| s.sample(&[0.0, if i == 0 { 1.0 } else { -1.0 }]).unwrap().token).collect();
+        assert_eq!(got, [1, 1, 1, 0, 0]);
+    }
+
+    #[test]
+    fn forced_steps_draw_nothing_and_count_for_penalties() {
+        // Seeded sampling: after two forced steps the sampler picks what an unforced one with the
+        // same seed picks from its first step (the RNG is untouched by forced steps).
+        let row = [0.1f32, 0.4, -0.3, 0.9, 0.2, 0.0];
+        let base = params(|p| {
+            p.temperature = 1.0;
+            p.seed = Some(7);
+        });
+        let mut plain = Sampler::new(base.clone(), &[]).unwrap();
+        let mut f = Sampler::new(SamplingParams { forced: forced(None, &[5, 5]), ..base }, &[]).unwrap();
+        let want: Vec<u32> = (0..12).map(|_| plain.sample(&row).unwrap().token).collect();
+        let got: Vec<u32> = (0..14).map(|_| f.sample(&row).unwrap().token).collect();
+        assert_eq!(&got[..2], [5, 5]);
+        assert_eq!(&got[2..], &want[..]);
+        // The forced tokens enter the output history: a presence penalty then steers greedy away.
+        let p = SamplingParams { presence_penalty: 2.0, forced: forced(None, &[0]), ..SamplingParams::greedy() };
+        let mut s = Sampler::new(p, &[]).unwrap();
+        assert_eq!(s.sample(&[1.0, 0.0]).unwrap().token, 0);
+        assert_eq!(s.sample(&[1.0, 0.0]).unwrap().token, 1, "1 - 2 < 0");
+    }
+
+    #[test]
+    fn forced_token_logprob_is_its_entry_of_the_row() {
+        let row = [1.0f32, 2.0, 3.0];
+        let p = SamplingParams { logprobs: Some(2), forced: forced(None, &[0]), ..SamplingParams::greedy() };
+        let mut s = Sampler::new(p, &[]).unwrap();
+        let r = s.sample(&row).unwrap();
+        assert_eq!(r.token, 0);
+        assert!((f64::from(r.logprob.unwrap()) - (-2.407_605_964_4)).abs() < 1e-6);
+        assert_eq!(r.top_logprobs.iter().map(|x| x.0).collect::<Vec<_>>(), [2, 1]);
+        // Invalid: an empty forced list.
+        let bad = SamplingParams { forced: forced(Some(1), &[]), ..SamplingParams::greedy() };
+        assert!(matches!(Sampler::new(bad, &[]).unwrap_err(), SamplerError::InvalidParam { field: "forced", .. }));
     }
 }

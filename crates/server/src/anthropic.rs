@@ -52,6 +52,17 @@ fn fail(e: ApiError) -> Response {
     Failure(e, Flavor::Anthropic).into_response()
 }
 
+/// The call an (already checked) Anthropic `tool_choice` forces: type `any` any tool, type `tool`
+/// the named one; `auto`, `none` and no choice force nothing.
+fn forced_call(choice: Option<&Value>) -> Option<ForcedCall<'_>> {
+    let c = choice?;
+    match c.get("type").and_then(Value::as_str)? {
+        "any" => Some(ForcedCall::Any),
+        "tool" => c.get("name").and_then(Value::as_str).map(ForcedCall::Named),
+        _ => None,
+    }
+}
+
 /// Anthropic tools → OpenAI function declarations.
 fn tools_to_openai(tools: Vec<Value>, choice: Option<&Value>) -> Result<Option<Vec<Value>>, ApiError> {
     match choice {
@@ -290,6 +301,7 @@ async fn prepare(st: &AppState, req: MessagesRequest, arrived: Instant) -> Resul
     };
     let st2 = st.clone();
     let (thinking, tools, tool_choice, output_config) = (req.thinking, req.tools, req.tool_choice, req.output_config);
+    let tool_choice_kept = tool_choice.clone();
     let (system, msgs) = (req.system, req.messages);
     let (prompt, mode) = tokio::task::spawn_blocking(move || {
         prompt_of(&st2, system, msgs, thinking.as_ref(), tools, tool_choice.as_ref(), output_config.as_ref())
@@ -313,6 +325,10 @@ async fn prepare(st: &AppState, req: MessagesRequest, arrived: Instant) -> Resul
         }
         e
     })?;
+    let mut params = params;
+    if let Some(call) = forced_call(tool_choice_kept.as_ref()) {
+        params.forced = Some(forced_tool_call(&st.tokenizer, mode, call)?);
+    }
     let sub = submit(st, prompt, params, max_tokens, false, arrived)?;
     let ctx = Ctx { st: st.clone(), id: new_id("msg_"), mode };
     if req.stream.unwrap_or(false) {

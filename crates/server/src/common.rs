@@ -6,8 +6,8 @@ use crate::metrics::Metrics;
 use crate::scheduler::{Event, GenRequest, SchedulerHandle, SubmitError};
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
-use flashseek_engine::sampler::{SamplingParams, MAX_LOGPROBS};
-use flashseek_model::chat::{encode_messages, EncodeOptions, ReasoningEffort, ThinkingMode};
+use flashseek_engine::sampler::{ForcedTokens, SamplingParams, MAX_LOGPROBS};
+use flashseek_model::chat::{encode_messages, EncodeOptions, ReasoningEffort, ThinkingMode, DSML, THINK_END};
 use flashseek_model::tokenizer::Ds4Tokenizer;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
@@ -292,21 +292,24 @@ fn finite_in(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Resu
     }
 }
 
+/// As [`finite_in`] over the half-open range (0, hi]: one message for every value outside it.
+fn positive_up_to(name: &str, v: Option<f64>, hi: f64, default: f64) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(default as f32),
+        Some(x) if x.is_finite() && x > 0.0 && x <= hi => Ok(x as f32),
+        Some(x) => Err(ApiError::field(name, format!("`{name}` must be a number in (0, {hi}], got {x}."))),
+    }
+}
+
 impl SamplingFields {
     /// Checks every field and builds the sampler parameters (EOS stops unless `ignore_eos`).
     pub fn params(&self, eos: u32) -> Result<SamplingParams, ApiError> {
         let temperature = finite_in("temperature", self.temperature, 0.0, 2.0, 1.0)?;
-        let top_p = finite_in("top_p", self.top_p, 0.0, 1.0, 1.0)?;
-        if top_p <= 0.0 {
-            return Err(ApiError::field("top_p", "`top_p` must be in (0, 1]."));
-        }
+        let top_p = positive_up_to("top_p", self.top_p, 1.0, 1.0)?;
         let min_p = finite_in("min_p", self.min_p, 0.0, 1.0, 0.0)?;
         let presence_penalty = finite_in("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?;
         let frequency_penalty = finite_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?;
-        let repetition_penalty = finite_in("repetition_penalty", self.repetition_penalty, 0.0, 100.0, 1.0)?;
-        if repetition_penalty <= 0.0 {
-            return Err(ApiError::field("repetition_penalty", "`repetition_penalty` must be > 0."));
-        }
+        let repetition_penalty = positive_up_to("repetition_penalty", self.repetition_penalty, 100.0, 1.0)?;
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => k as usize,
@@ -335,6 +338,7 @@ impl SamplingFields {
             logprobs: self.logprobs,
             stop_token_ids: if self.ignore_eos { Vec::new() } else { vec![eos] },
             stop_strings: self.stop.clone(),
+            forced: None,
         };
         p.validate().map_err(|e| ApiError::bad(None, e.to_string()))?;
         Ok(p)
@@ -429,6 +433,42 @@ pub fn render(
     };
     let prompt = encode_messages(messages, &opts).map_err(|e| ApiError::field("messages", format!("Invalid messages: {e}")))?;
     tokenizer.encode_with_special(&prompt).map_err(|e| ApiError::bad(None, format!("Could not tokenize the prompt: {e}")))
+}
+
+/// A `tool_choice` that forces a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForcedCall<'a> {
+    /// A call of any declared tool: OpenAI `"required"`, Anthropic `{"type": "any"}`.
+    Any,
+    /// A call of this tool: OpenAI `{"type": "function", "function": {"name": N}}`, Anthropic
+    /// `{"type": "tool", "name": N}`.
+    Named(&'a str),
+}
+
+/// The sampler's forced tokens for a `tool_choice` that forces a call: the opening of a DSML
+/// tool-call block (chat_encoding_v4.md §7: `"\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\""`),
+/// and with a named tool its name and `">\n`, so that the model writes the arguments (and any
+/// further calls) itself. Chat mode forces them from the first generated token (the prompt ends
+/// with `</think>`); thinking mode right after the model's `</think>` (a reply that never closes
+/// its reasoning makes no call). The fixed part is tokenized as the prompt is (added tokens
+/// recognised), the name as plain text: with the V4 tokenizer this is the prompt format's own
+/// tokenization of the block's start (`="` and `">\n` are tokens of their own).
+///
+/// Errors: a tokenizer failure (500), or a tokenizer without `</think>` in thinking mode.
+pub fn forced_tool_call(tokenizer: &Ds4Tokenizer, mode: ThinkingMode, call: ForcedCall<'_>) -> Result<ForcedTokens, ApiError> {
+    let internal = |e: String| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, format!("Could not tokenize the forced tool call: {e}"));
+    let mut tokens = tokenizer
+        .encode_with_special(&format!("\n\n<{DSML}tool_calls>\n<{DSML}invoke name=\""))
+        .map_err(|e| internal(e.to_string()))?;
+    if let ForcedCall::Named(name) = call {
+        tokens.extend(tokenizer.encode_text(name).map_err(|e| internal(e.to_string()))?);
+        tokens.extend(tokenizer.encode_text("\">\n").map_err(|e| internal(e.to_string()))?);
+    }
+    let after = match mode {
+        ThinkingMode::Chat => None,
+        ThinkingMode::Thinking => Some(tokenizer.token_to_id(THINK_END).ok_or_else(|| internal(format!("no {THINK_END} token")))?),
+    };
+    Ok(ForcedTokens { after, tokens })
 }
 
 /// Attaches tool declarations (OpenAI shape) and a response format to the first system message,
@@ -574,6 +614,43 @@ pub fn ms(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each range names its own bounds for every value outside it (0 and 1.5 alike for top_p).
+    #[test]
+    fn sampling_ranges_have_one_message_each() {
+        let msg = |f: SamplingFields| f.params(1).unwrap_err();
+        for x in [0.0, -0.5, 1.5] {
+            let e = msg(SamplingFields { top_p: Some(x), ..Default::default() });
+            assert_eq!((e.param.as_deref(), e.message), (Some("top_p"), format!("`top_p` must be a number in (0, 1], got {x}.")));
+        }
+        for x in [0.0, 101.0] {
+            let e = msg(SamplingFields { repetition_penalty: Some(x), ..Default::default() });
+            assert_eq!(e.message, format!("`repetition_penalty` must be a number in (0, 100], got {x}."));
+        }
+        let p = SamplingFields { top_p: Some(1.0), repetition_penalty: Some(100.0), ..Default::default() }.params(1).unwrap();
+        assert_eq!((p.top_p, p.repetition_penalty), (1.0, 100.0));
+    }
+
+    /// The forced tokens are the V4 tokenizer's own tokenization of a whole DSML block's start
+    /// (the prompt format's tokens, as a finished assistant turn in a prompt is encoded), with and
+    /// without a name; chat mode forces from the first token, thinking mode after `</think>`.
+    #[test]
+    fn forced_tool_call_is_the_blocks_own_tokenization() {
+        let tok = Ds4Tokenizer::shared().unwrap();
+        let block = |name: &str| format!("</think>\n\n<{DSML}tool_calls>\n<{DSML}invoke name=\"{name}\">\n<{DSML}parameter name=\"city\" string=\"true\">Paris</{DSML}parameter>\n</{DSML}invoke>\n</{DSML}tool_calls>");
+        for name in ["get_weather", "lookup2", "search-web"] {
+            let whole = tok.encode_with_special(&block(name)).unwrap();
+            assert_eq!(whole[0], tok.token_to_id(THINK_END).unwrap());
+            let named = forced_tool_call(tok, ThinkingMode::Chat, ForcedCall::Named(name)).unwrap();
+            assert_eq!(named.after, None);
+            assert_eq!(named.tokens[..], whole[1..1 + named.tokens.len()], "{name}");
+            assert_eq!(tok.decode(&named.tokens, false).unwrap(), format!("\n\n<{DSML}tool_calls>\n<{DSML}invoke name=\"{name}\">\n"));
+            let any = forced_tool_call(tok, ThinkingMode::Thinking, ForcedCall::Any).unwrap();
+            assert_eq!(any.after, tok.token_to_id(THINK_END));
+            assert_eq!(any.tokens[..], whole[1..1 + any.tokens.len()], "{name}");
+            assert!(named.tokens.starts_with(&any.tokens));
+        }
+    }
 
     /// serde_json's own message for `json` decoded as `T`.
     fn serde_message<T: serde::de::DeserializeOwned + std::fmt::Debug>(json: &str) -> String {

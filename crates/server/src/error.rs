@@ -52,11 +52,12 @@ impl ApiError {
         self
     }
 
+    /// OpenAI's error types: a 404 (an unknown model, `code` model_not_found) is an
+    /// `invalid_request_error` there, as every other 4xx but 401, 403 and 429.
     fn openai_type(&self) -> &'static str {
         match self.status.as_u16() {
             401 => "authentication_error",
             403 => "permission_error",
-            404 => "not_found_error",
             429 => "rate_limit_error",
             500..=599 => "server_error",
             _ => "invalid_request_error",

@@ -114,6 +114,15 @@ fn openai_tools(tools: Option<Vec<Value>>, choice: Option<&Value>) -> Result<Opt
     }
 }
 
+/// The call an (already checked) OpenAI `tool_choice` forces: `"required"` any function, a named
+/// function that one; `"none"`, `"auto"` and no choice force nothing.
+fn forced_call(choice: Option<&Value>) -> Option<ForcedCall<'_>> {
+    match choice? {
+        Value::String(s) if s == "required" => Some(ForcedCall::Any),
+        v => v.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).map(ForcedCall::Named),
+    }
+}
+
 /// `logit_bias` is not applied by the sampler: a non-empty map is refused rather than ignored
 /// (null and `{}` change nothing and pass).
 fn check_logit_bias(b: Option<&Value>) -> Result<(), ApiError> {
@@ -294,7 +303,10 @@ async fn prepare_chat(st: &AppState, req: ChatRequest, arrived: Instant) -> Resu
         logprobs,
         ignore_eos: req.ignore_eos.unwrap_or(false),
     };
-    let params = fields.params(st.tokenizer.eos_id())?;
+    let mut params = fields.params(st.tokenizer.eos_id())?;
+    if let Some(call) = forced_call(req.tool_choice.as_ref()) {
+        params.forced = Some(forced_tool_call(&st.tokenizer, mode, call)?);
+    }
     let sub = submit(st, prompt, params, max_tokens, false, arrived)?;
     let ctx = ChatCtx {
         st: st.clone(),

@@ -157,6 +157,60 @@ fn chat_stream_equals_plain() {
     });
 }
 
+/// A forced `tool_choice` (OpenAI `required` / named function, Anthropic `any` / `tool`) makes the
+/// reply open a DSML tool-call block (with a named tool: its invoke tag complete), written by the
+/// sampler; `auto` leaves the tiny random model to its own tokens; thinking mode waits for the
+/// model's `</think>` (which the tiny model does not write within a few tokens).
+#[test]
+fn forced_tool_choice_opens_the_call() {
+    let s = shared();
+    rt().block_on(async {
+        let c = client();
+        let f = |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
+        let opening = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"";
+        let text_of = |v: &Value| -> String {
+            v["choices"][0]["logprobs"]["content"].as_array().expect("logprobs").iter().map(|e| e["token"].as_str().unwrap().to_string()).collect()
+        };
+        let body = |choice: Value, thinking: bool| {
+            json!({"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                "tools": [f("get_weather"), f("get_time")], "tool_choice": choice, "max_tokens": 24, "temperature": 0,
+                "logprobs": true, "ignore_eos": true, "thinking": {"type": if thinking { "enabled" } else { "disabled" }}})
+        };
+        for (choice, want) in [
+            (json!({"type": "function", "function": {"name": "get_time"}}), format!("{opening}get_time\">\n")),
+            (json!("required"), opening.to_string()),
+        ] {
+            let r = post(&c, &chat(&s.url()), &body(choice.clone(), false)).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            let text = text_of(&r.json());
+            assert!(text.starts_with(&want), "{choice}: {text:?}");
+            // Streamed: the same tokens.
+            let mut sb = body(choice.clone(), false);
+            sb["stream"] = json!(true);
+            let ev = parse_sse(&post(&c, &chat(&s.url()), &sb).await.body);
+            let chunks: Vec<Value> = ev.iter().filter_map(|(_, d)| serde_json::from_str(d).ok()).collect();
+            let streamed: String = chunks.iter().filter_map(|e| e["choices"][0]["logprobs"]["content"].as_array()).flatten().map(|e| e["token"].as_str().unwrap().to_string()).collect();
+            assert_eq!(streamed, text, "{choice}");
+        }
+        let auto = text_of(&post(&c, &chat(&s.url()), &body(json!("auto"), false)).await.json());
+        assert!(!auto.contains("｜DSML｜"), "{auto:?}");
+        let thinking = text_of(&post(&c, &chat(&s.url()), &body(json!("required"), true)).await.json());
+        assert!(!thinking.contains("</think>") && !thinking.contains("｜DSML｜"), "{thinking:?}");
+        // Anthropic: type tool; the reply is a tool_use of that tool or text holding its opening.
+        let ab = json!({"model": "flashseek-default", "max_tokens": 24, "temperature": 0, "ignore_eos": true,
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}, {"name": "get_time", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "tool", "name": "get_time"}});
+        let r = post(&c, &format!("{}/v1/messages", s.url()), &ab).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        let blocks = v["content"].as_array().unwrap();
+        let ok = blocks.iter().any(|b| b["type"] == "tool_use" && b["name"] == "get_time")
+            || blocks.iter().any(|b| b["text"].as_str().is_some_and(|t| t.starts_with(&format!("{opening}get_time\">\n"))));
+        assert!(ok, "{v}");
+    });
+}
+
 #[test]
 fn logprobs_and_stop_strings() {
     let s = shared();
@@ -383,6 +437,7 @@ fn bad_input_gets_shaped_4xx() {
         // Unknown model.
         let v = expect_error(&c, &u, ok(json!({"model": "gpt-4o"})), 404, false).await;
         assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "OpenAI's type for an unknown model");
         // Empty messages, unknown roles, bad content.
         expect_error(&c, &u, br#"{"messages": []}"#.to_vec(), 400, false).await;
         let v = expect_error(&c, &u, br#"{"messages": [{"role": "wizard", "content": "x"}]}"#.to_vec(), 400, false).await;

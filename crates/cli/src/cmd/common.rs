@@ -128,6 +128,7 @@ impl SamplingArgs {
             logprobs: None,
             stop_token_ids: vec![eos],
             stop_strings: self.stop.clone(),
+            forced: None,
         };
         p.validate().map_err(|e| UsageError(e.to_string()))?;
         Ok(p)
