@@ -224,6 +224,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `moe_grouped <fmt> split T=1 / T=3 vs cpu` (the grouped path on 1 and 3 tokens) and the `moe_grouped …` matrix (1, 2 and 9 tokens per expert), `time moe layer T=1`; the switch matrix (`MOE_GROUPED_DECODE=off alone`, 16 greedy decode steps); `gpu-bench` decode with and without it",
     },
     Switch {
+        name: "WO_A_STRIDED",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the grouped output projection wo_a below 64 tokens (decode steps, short chunks) as a gather of each group's columns of the attention output, a gemv and a scatter into z, with a row-index upload and two zero fills per group: each group's gemv (linear.cu with row strides) reads its columns and writes its columns of z in place, one launch per group",
+        parity: "gpu-check `wo_a strided vs gather bits` (bitwise equal at 1, 3, 17 and 63 tokens) and `wo_a strided vs cpu`, `time wo_a grouped T=1` (`--only wo_a`); the switch matrix (`WO_A_STRIDED=off alone`: same bits); `gpu-bench` decode",
+    },
+    Switch {
         name: "DECODE_CUDA_GRAPH",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -734,6 +741,8 @@ pub fn configurations() -> Vec<Configuration> {
     // same kernels as the graphs: the same bits).
     v.push(c("MOE_GROUPED_DECODE=off alone".into(), vec![("MOE_GROUPED_DECODE", "off")], Role::AloneOff, true, false, false));
     v.push(c("DECODE_CUDA_GRAPH=off alone".into(), vec![("DECODE_CUDA_GRAPH", "off")], Role::AloneOff, true, true, false));
+    // The grouped wo_a below 64 tokens gathered per group: the same gemv on the same values.
+    v.push(c("WO_A_STRIDED=off alone".into(), vec![("WO_A_STRIDED", "off")], Role::AloneOff, true, true, false));
     // The bf16 wgmma kernels give the mma.sync kernels' bits (measured per GEMM and MoE layer on
     // H200, asserted by gpu-check): the same bits end to end.
     v.push(c("BF16_WGMMA=off alone".into(), vec![("BF16_WGMMA", "off")], Role::AloneOff, true, true, false));

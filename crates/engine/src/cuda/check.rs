@@ -119,6 +119,12 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         }
         return Ok((report(gpu, seed, all, out, Vec::new()), all));
     }
+    // `--only wo_a`: the grouped output projection below 64 tokens, strided against gathered.
+    if opts.only.as_deref() == Some("wo_a") {
+        let (ok, timings) = grouped_wo_a(gpu, seed, repeats, &mut out)?;
+        all &= ok;
+        return Ok((report(gpu, seed, all, out, timings), all));
+    }
     // `--only q8`: the FP8-activation linear layers (official numerics, TC_LINEAR=fp8).
     if opts.only.as_deref().is_some_and(|o| o.starts_with("q8")) {
         if !opts.skip_checks {
@@ -191,6 +197,13 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
             all &= record(&mut out, &format!("linear_{fmt} {name}"), json!([t, rows, cols]), &gpu.download(&dy)?, &cpu);
         }
     }
+
+    let (ok, wo_a_timings) = grouped_wo_a(gpu, seed, repeats, &mut out)?;
+    all &= ok;
+    out.extend(wo_a_timings.into_iter().map(|mut v| {
+        v["informational"] = json!(true);
+        v
+    }));
 
     all &= super::check_attention::run(gpu, seed, &mut out)?;
     all &= super::check_mhc::run(gpu, seed, &mut out)?;
@@ -487,6 +500,57 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
         all &= flag_record(out, "grouped_linear_lt fp8 [8 × 256, 512]", json!({"shape": [t, groups, r, gin], "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}), ok);
     }
     Ok(all)
+}
+
+/// The grouped output projection `wo_a` (spec §4.7; Flash: 8 groups of FP8 [1024, 4096]) below 64
+/// tokens: [`Gpu::grouped_linear_gemv`] (switch `WO_A_STRIDED`: each group's gemv reads its
+/// columns of the attention output and writes its columns of z in place) against
+/// [`Gpu::grouped_linear_gather`] (gather, gemv, scatter per group) bit for bit at T = 1, 3, 17 and
+/// 63, and both against the CPU (`ops::linear` per group on the dequantized weights, NMSE within
+/// [`NMSE_TOL`]); then both timed at T = 1 (median of `repeats` after a warm-up, CUDA events).
+/// Returns whether every check passed and the timings.
+///
+/// Errors: launch and transfer failures.
+fn grouped_wo_a(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> Result<(bool, Vec<Value>), CudaError> {
+    let (groups, r, gin) = (8usize, 1024usize, 4096usize);
+    let mut ws = Vec::new();
+    let mut cpu_ws = Vec::new();
+    for g in 0..groups {
+        let vals = random(seed, &format!("wo_a.{g}"), r * gin, (3.0 / gin as f64).sqrt());
+        let (w, c) = weight(gpu, "fp8", &vals, r, gin)?;
+        ws.push(w);
+        cpu_ws.push(c);
+    }
+    let mut all = true;
+    for t in [1usize, 3, 17, 63] {
+        let o = random(seed, &format!("wo_a.o.{t}"), t * groups * gin, 1.0);
+        let d_o = gpu.upload(&o)?;
+        let mut zg = gpu.zeros::<f32>(t * groups * r)?;
+        gpu.grouped_linear_gather(&d_o, &ws, 0, &mut zg, t, gin)?;
+        let mut zs = gpu.zeros::<f32>(t * groups * r)?;
+        let ran = gpu.grouped_linear_gemv(&d_o, &ws, 0, &mut zs, t, gin)?;
+        let (a, b) = (gpu.download(&zg)?, gpu.download(&zs)?);
+        let differing = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        all &= flag_record(out, "wo_a strided vs gather bits", json!({"tokens": t, "ran": ran, "differing": differing, "compared": a.len()}), ran && differing == 0);
+        let mut cpu = vec![0f32; t * groups * r];
+        for (g, w) in cpu_ws.iter().enumerate() {
+            for ti in 0..t {
+                let x = &o[(ti * groups + g) * gin..(ti * groups + g + 1) * gin];
+                let y = ops::linear(x, w);
+                cpu[(ti * groups + g) * r..(ti * groups + g + 1) * r].copy_from_slice(&y);
+            }
+        }
+        all &= record(out, "wo_a strided vs cpu", json!([t, groups * r, groups * gin]), &b, &cpu);
+    }
+    // T = 1, each path timed alone (the weights, 32 MB, stay in L2 between repeats: launch and
+    // fixed costs are what differ).
+    let o = gpu.upload(&random(seed, "wo_a.time", groups * gin, 1.0))?;
+    let mut z = gpu.zeros::<f32>(groups * r)?;
+    let gather = median_ms(gpu, repeats, || gpu.grouped_linear_gather(&o, &ws, 0, &mut z, 1, gin))?;
+    let strided = median_ms(gpu, repeats, || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin).map(|_| ()))?;
+    println!("time wo_a grouped T=1 [8 x {r}x{gin}]  gather/gemv/scatter {:.1} us | strided gemv {:.1} us", gather * 1e3, strided * 1e3);
+    let timings = vec![json!({"op": "wo_a grouped", "tokens": 1, "groups": groups, "rows": r, "cols": gin, "gather_us": gather * 1e3, "strided_us": strided * 1e3, "repeats": repeats})];
+    Ok((all, timings))
 }
 
 /// Prints and appends a pass/fail record without an NMSE.

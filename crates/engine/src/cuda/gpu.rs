@@ -5,7 +5,7 @@ use super::drv;
 use super::graph::DevBuf;
 use super::{guard, nvrtc, CudaError, KERNEL_SOURCES};
 use crate::cpu::rope::Rope;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -1215,6 +1215,32 @@ impl Gpu {
         Ok(groups)
     }
 
+    /// The grouped output projection group by group on [`Gpu::linear_gemv_strided`] when every
+    /// group takes the gemv route at `t` tokens (fewer than [`TC_LINEAR_MIN_TOKENS`]: decode steps
+    /// and short chunks): group g's inputs are read in place from `o` (`[t, G·gin]`, columns
+    /// g·gin..) and its outputs written in place into `z` (`[t, G·r]`, columns g·r..), one launch
+    /// per group — the same kernels on the same values as [`Gpu::grouped_linear_gather`], so the
+    /// same bits, without its per-group index upload, zero fills, gather and scatter. Returns
+    /// false (nothing done) when some group would take the tensor cores.
+    ///
+    /// Errors: buffers shorter than the shapes, launch failures.
+    pub fn grouped_linear_gemv(&self, o: &CudaSlice<f32>, ws: &[GpuWeight], first: usize, z: &mut CudaSlice<f32>, t: usize, gin: usize) -> Result<bool, CudaError> {
+        let Some(w0) = ws.first() else { return Ok(true) };
+        if ws.iter().any(|w| linear_route(t, w).is_some()) {
+            return Ok(false);
+        }
+        let r = w0.rows;
+        let groups = z.len().checked_div(t * r).unwrap_or(0);
+        if first + ws.len() > groups || o.len() < t * groups * gin || ws.iter().any(|w| w.rows != r || w.cols != gin) {
+            return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("groups {first}..{} of {groups} of [{r}, {gin}] for {} inputs of {t} tokens", first + ws.len(), o.len()) });
+        }
+        for (i, wg) in ws.iter().enumerate() {
+            let g = first + i;
+            self.linear_gemv_strided(&o.slice(g * gin..), groups * gin, wg, &mut z.slice_mut(g * r..), groups * r, t)?;
+        }
+        Ok(true)
+    }
+
     /// The grouped output projection group by group with [`Gpu::linear`]: for the groups
     /// `first .. first + ws.len()` of `o` (`[t, G·gin]`, G = `z`'s width / r), gather the group's
     /// columns, multiply, scatter into `z` (`[t, G·r]`).
@@ -1244,7 +1270,30 @@ impl Gpu {
     ///
     /// Errors: `cols` not a multiple of the format's vector width (4 f32, 8 bf16, 16 FP8, 32 FP4).
     pub fn linear_gemv(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
+        self.linear_gemv_strided(&x.slice(..), w.cols, w, &mut y.slice_mut(..), w.rows, t)
+    }
+
+    /// [`Gpu::linear_gemv`] on rows `ldx` floats apart in `x` and `ldy` floats apart in `y`: token
+    /// j's input is `x[j·ldx .. j·ldx + cols]`, its output `y[j·ldy .. j·ldy + rows]` (a column block
+    /// of wider matrices; the same arithmetic, so the same bits, as on contiguous copies).
+    ///
+    /// Errors: as [`Gpu::linear_gemv`], `ldx` < cols or not a multiple of 4 (16-byte row loads),
+    /// `ldy` < rows, views shorter than the shapes, strides past 32-bit indexing.
+    pub fn linear_gemv_strided(&self, x: &CudaView<'_, f32>, ldx: usize, w: &GpuWeight, y: &mut CudaViewMut<'_, f32>, ldy: usize, t: usize) -> Result<(), CudaError> {
+        if t == 0 {
+            return Ok(());
+        }
+        let bad = |detail: String| CudaError::Unsupported { what: "linear", detail };
+        if ldx < w.cols || !ldx.is_multiple_of(4) || ldy < w.rows {
+            return Err(bad(format!("row strides {ldx} (input, ≥ {} and a multiple of 4) and {ldy} (output, ≥ {})", w.cols, w.rows)));
+        }
+        if x.len() < (t - 1) * ldx + w.cols || y.len() < (t - 1) * ldy + w.rows {
+            return Err(bad(format!("{} inputs and {} outputs for {t} tokens of [{}, {}] with row strides {ldx} and {ldy}", x.len(), y.len(), w.rows, w.cols)));
+        }
         let (n, k) = (w.rows as i32, w.cols as i32);
+        let (Ok(ldx_i), Ok(ldy_i)) = (i32::try_from(ldx), i32::try_from(ldy)) else {
+            return Err(bad(format!("row strides {ldx} and {ldy} do not fit the kernel's 32-bit index")));
+        };
         let tt = t as i32;
         let need = match w.data {
             GpuMatrix::F32(_) => 4,
@@ -1281,8 +1330,10 @@ impl Gpu {
             Some(s) => b.arg(s),
             None => b.arg(&null),
         };
-        b.arg(y).arg(&tt).arg(&n).arg(&k);
-        // SAFETY: matches the (x, W, S, y, T, N, K) signature of every linear entry point.
+        b.arg(y).arg(&tt).arg(&n).arg(&k).arg(&ldx_i).arg(&ldy_i);
+        // SAFETY: matches the (x, W, S, y, T, N, K, ldx, ldy) signature of every linear entry
+        // point; x holds t rows of ldx floats (the last one cols), y t rows of ldy (the last one
+        // rows), checked above.
         let r = unsafe { b.launch(cfg) };
         drv(&name, r).map(|_| ())
     }

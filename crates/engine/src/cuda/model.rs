@@ -1057,7 +1057,11 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
                     o
                 }
             };
-            gpu.grouped_linear_gather(&o, &l.wo_a[done..], done, &mut z, t, gin)?;
+            // WO_A_STRIDED: below 64 tokens each group's gemv reads and writes its columns in place.
+            let strided = crate::switches::on("WO_A_STRIDED") && gpu.grouped_linear_gemv(&o, &l.wo_a[done..], done, &mut z, t, gin)?;
+            if !strided {
+                gpu.grouped_linear_gather(&o, &l.wo_a[done..], done, &mut z, t, gin)?;
+            }
         }
         // SAFETY: written by the linear below.
         let mut y = unsafe { gpu.scratch::<f32>(t * d) }?;

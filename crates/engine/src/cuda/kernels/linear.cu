@@ -2,7 +2,10 @@
 // with the weight dequantized in-kernel (spec §6). Implements the linear layers of spec §4.5–§4.11
 // for one small batch of tokens.
 //
-// Inputs: x [T, K] f32 row-major; y [T, N] f32. Weight layouts (row-major, rows = outputs):
+// Inputs: x [T, K] f32 with rows ldx floats apart (ldx ≥ K, a multiple of 4); y [T, N] f32 with
+// rows ldy floats apart (ldy ≥ N): a column block of a wider matrix, e.g. one group of the grouped
+// output projection wo_a (spec §4.7) read from and written into the full [T, G·K] / [T, G·N]
+// buffers, no gather or scatter. Weight layouts (row-major, rows = outputs):
 //   linear_f32:  W f32 [N, K]                                                   (K % 4 == 0)
 //   linear_bf16: W bf16 bits [N, K]                                             (K % 8 == 0)
 //   linear_fp8:  W e4m3 [N, K] + ue8m0 scales [ceil(N/128), ceil(K/128)]        (K % 16 == 0)
@@ -33,7 +36,8 @@ __device__ __forceinline__ float2 fs_e4m3x2(u32 two_bytes) {
 // FMT: 0 f32, 1 bf16, 2 fp8, 3 fp4. PER = values per 16-byte chunk.
 template <int FMT, int PER, int TT_>
 __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const void* __restrict__ Wv,
-                                          const u8* __restrict__ S, float* __restrict__ y, int T, int N, int K) {
+                                          const u8* __restrict__ S, float* __restrict__ y, int T, int N, int K,
+                                          int ldx, int ldy) {
     __shared__ float xs[XS_FLOATS];
     __shared__ float2 lut4[256];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -49,14 +53,15 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
     // conflict-free shared-memory reads (a plain layout would put every lane in the same bank pair).
     const int chunks = K / PER;
     if (staged) {
-        const float4* src = reinterpret_cast<const float4*>(x + (size_t)t0 * K);
-        int n4 = tn * K / 4;
+        const int k4 = K / 4;  // float4s per row (K % 4 == 0 for every format)
+        int n4 = tn * k4;
         for (int i0 = threadIdx.x; i0 < n4; i0 += 4 * blockDim.x) {
             float4 v[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 int i = i0 + u * blockDim.x;
-                v[u] = i < n4 ? __ldg(src + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+                v[u] = i < n4 ? __ldg(reinterpret_cast<const float4*>(x + (size_t)(t0 + i / k4) * ldx) + i % k4)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
             }
 #pragma unroll
             for (int u = 0; u < 4; u++) {
@@ -73,7 +78,7 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
         }
     }
     __syncthreads();
-    const float* xb = staged ? xs : x + (size_t)t0 * K;
+    const float* xb = staged ? xs : x + (size_t)t0 * ldx;
     // Bytes per weight row and per chunk.
     const size_t row_bytes = FMT == 0 ? (size_t)K * 4 : FMT == 1 ? (size_t)K * 2 : FMT == 2 ? (size_t)K : (size_t)K / 2;
     const int sk = (K + 127) / 128;
@@ -130,7 +135,7 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
 #pragma unroll
                         for (int q = 0; q < PER; q++) s += w[q] * xr[q * chunks];
                     } else {
-                        const float* xr = xb + (size_t)j * K + k0;
+                        const float* xr = xb + (size_t)j * ldx + k0;
 #pragma unroll
                         for (int q = 0; q < PER; q++) s += w[q] * xr[q];
                     }
@@ -142,18 +147,18 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
 #pragma unroll
     for (int j = 0; j < TT_; j++) {
         float v = fs_warp_sum(acc[j]);
-        if (lane == 0 && j < tn) y[(size_t)(t0 + j) * N + n] = v;
+        if (lane == 0 && j < tn) y[(size_t)(t0 + j) * ldy + n] = v;
     }
     }
 }
 
 #define FS_LINEAR_ENTRY(NAME, WT, FMT, PER, TTV)                                                         \
     extern "C" __global__ void NAME(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
-                                    float* __restrict__ y, int T, int N, int K) {                             \
-        fs_linear<FMT, PER, TTV>(x, W, S, y, T, N, K);                                                        \
+                                    float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {           \
+        fs_linear<FMT, PER, TTV>(x, W, S, y, T, N, K, ldx, ldy);                                              \
     }
 
-// Every entry point takes (x, W, S, y, T, N, K); S is ignored (pass 0) for f32 and bf16.
+// Every entry point takes (x, W, S, y, T, N, K, ldx, ldy); S is ignored (pass 0) for f32 and bf16.
 FS_LINEAR_ENTRY(linear_f32, float, 0, 4, TT)
 FS_LINEAR_ENTRY(linear_bf16, u16, 1, 8, TT)
 FS_LINEAR_ENTRY(linear_fp8, u8, 2, 16, TT)
