@@ -227,8 +227,8 @@ pub const SWITCHES: &[Switch] = &[
         name: "WO_A_STRIDED",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "the grouped output projection wo_a below 64 tokens (decode steps, short chunks) as a gather of each group's columns of the attention output, a gemv and a scatter into z, with a row-index upload and two zero fills per group: each group's gemv (linear.cu with row strides) reads its columns and writes its columns of z in place, one launch per group",
-        parity: "gpu-check `wo_a strided vs gather bits` (bitwise equal at 1, 3, 17 and 63 tokens) and `wo_a strided vs cpu`, `time wo_a grouped T=1` (`--only wo_a`); the switch matrix (`WO_A_STRIDED=off alone`: same bits); `gpu-bench` decode",
+        replaces: "the grouped output projection wo_a below 64 tokens (decode steps, short chunks) as a gather of each group's columns of the attention output, a gemv and a scatter into z, with a row-index upload and two zero fills per group: each group's gemv (linear.cu with row strides) reads its columns and writes its columns of z in place, all groups in one launch (linear_<fmt>[_t1]_grouped over the layer's table of group addresses)",
+        parity: "gpu-check `wo_a strided vs gather bits` / `wo_a one launch vs gather bits` (bitwise equal at 1, 3, 17 and 63 tokens) and `wo_a strided vs cpu`, `time wo_a grouped T=1` (`--only wo_a`); the switch matrix (`WO_A_STRIDED=off alone`: same bits); `gpu-bench` decode",
     },
     Switch {
         name: "DECODE_CUDA_GRAPH",

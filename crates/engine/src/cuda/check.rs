@@ -521,17 +521,22 @@ fn grouped_wo_a(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> R
         ws.push(w);
         cpu_ws.push(c);
     }
-    let mut all = true;
+    let table = super::gpu::GpuGroupTable::build(gpu, &ws)?;
+    let mut all = flag_record(out, "wo_a group table", json!({"built": table.is_some()}), table.is_some());
     for t in [1usize, 3, 17, 63] {
         let o = random(seed, &format!("wo_a.o.{t}"), t * groups * gin, 1.0);
         let d_o = gpu.upload(&o)?;
         let mut zg = gpu.zeros::<f32>(t * groups * r)?;
         gpu.grouped_linear_gather(&d_o, &ws, 0, &mut zg, t, gin)?;
         let mut zs = gpu.zeros::<f32>(t * groups * r)?;
-        let ran = gpu.grouped_linear_gemv(&d_o, &ws, 0, &mut zs, t, gin)?;
-        let (a, b) = (gpu.download(&zg)?, gpu.download(&zs)?);
-        let differing = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-        all &= flag_record(out, "wo_a strided vs gather bits", json!({"tokens": t, "ran": ran, "differing": differing, "compared": a.len()}), ran && differing == 0);
+        let ran = gpu.grouped_linear_gemv(&d_o, &ws, 0, &mut zs, t, gin, None)?;
+        let mut z1 = gpu.zeros::<f32>(t * groups * r)?;
+        let ran1 = gpu.grouped_linear_gemv(&d_o, &ws, 0, &mut z1, t, gin, table.as_ref())?;
+        let (a, b, c) = (gpu.download(&zg)?, gpu.download(&zs)?, gpu.download(&z1)?);
+        let differing = |u: &[f32], v: &[f32]| u.iter().zip(v).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        let (d_s, d_1) = (differing(&a, &b), differing(&a, &c));
+        all &= flag_record(out, "wo_a strided vs gather bits", json!({"tokens": t, "ran": ran, "differing": d_s, "compared": a.len()}), ran && d_s == 0);
+        all &= flag_record(out, "wo_a one launch vs gather bits", json!({"tokens": t, "ran": ran1, "differing": d_1, "compared": a.len()}), ran1 && d_1 == 0);
         let mut cpu = vec![0f32; t * groups * r];
         for (g, w) in cpu_ws.iter().enumerate() {
             for ti in 0..t {
@@ -547,9 +552,10 @@ fn grouped_wo_a(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> R
     let o = gpu.upload(&random(seed, "wo_a.time", groups * gin, 1.0))?;
     let mut z = gpu.zeros::<f32>(groups * r)?;
     let gather = median_ms(gpu, repeats, || gpu.grouped_linear_gather(&o, &ws, 0, &mut z, 1, gin))?;
-    let strided = median_ms(gpu, repeats, || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin).map(|_| ()))?;
-    println!("time wo_a grouped T=1 [8 x {r}x{gin}]  gather/gemv/scatter {:.1} us | strided gemv {:.1} us", gather * 1e3, strided * 1e3);
-    let timings = vec![json!({"op": "wo_a grouped", "tokens": 1, "groups": groups, "rows": r, "cols": gin, "gather_us": gather * 1e3, "strided_us": strided * 1e3, "repeats": repeats})];
+    let strided = median_ms(gpu, repeats, || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin, None).map(|_| ()))?;
+    let one = median_ms(gpu, repeats, || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin, table.as_ref()).map(|_| ()))?;
+    println!("time wo_a grouped T=1 [8 x {r}x{gin}]  gather/gemv/scatter {:.1} us | strided gemv per group {:.1} us | one launch {:.1} us", gather * 1e3, strided * 1e3, one * 1e3);
+    let timings = vec![json!({"op": "wo_a grouped", "tokens": 1, "groups": groups, "rows": r, "cols": gin, "gather_us": gather * 1e3, "strided_us": strided * 1e3, "one_launch_us": one * 1e3, "weight_bytes": groups * r * gin, "repeats": repeats})];
     Ok((all, timings))
 }
 

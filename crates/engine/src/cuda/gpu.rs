@@ -5,7 +5,7 @@ use super::drv;
 use super::graph::DevBuf;
 use super::{guard, nvrtc, CudaError, KERNEL_SOURCES};
 use crate::cpu::rope::Rope;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -56,6 +56,47 @@ pub struct GpuWeight {
     pub cols: usize,
     /// Storage.
     pub data: GpuMatrix,
+}
+
+/// Device address tables of G weights of one format and shape (the groups of a grouped linear,
+/// e.g. `wo_a`'s 8 groups, spec §4.7): what `linear_<fmt>[_t1]_grouped` (linear.cu) reads to run
+/// every group in one launch ([`Gpu::grouped_linear_gemv`]). The addresses stay valid while the
+/// weights live: the caller keeps both together (e.g. in one layer).
+pub struct GpuGroupTable {
+    fmt: &'static str,
+    rows: usize,
+    cols: usize,
+    groups: usize,
+    /// Each group's weight values (`[groups]` device addresses).
+    w: CudaSlice<u64>,
+    /// Each group's scales (0 for f32 and bf16).
+    s: CudaSlice<u64>,
+}
+
+impl GpuGroupTable {
+    /// The tables of `ws`, or `None` when they are empty or differ in format or shape.
+    ///
+    /// Errors: the upload.
+    pub fn build(gpu: &Gpu, ws: &[GpuWeight]) -> Result<Option<Self>, CudaError> {
+        let Some(w0) = ws.first() else { return Ok(None) };
+        let st = &gpu.stream;
+        let entry = |w: &GpuWeight| -> (&'static str, u64, u64) {
+            match &w.data {
+                GpuMatrix::F32(m) => ("f32", m.device_ptr(st).0, 0),
+                GpuMatrix::Bf16(m) => ("bf16", m.device_ptr(st).0, 0),
+                GpuMatrix::Fp8 { w, scales } => ("fp8", w.device_ptr(st).0, scales.device_ptr(st).0),
+                GpuMatrix::Fp4 { w, scales, .. } => ("fp4", w.device_ptr(st).0, scales.device_ptr(st).0),
+            }
+        };
+        let entries: Vec<_> = ws.iter().map(entry).collect();
+        let fmt = entries[0].0;
+        if ws.iter().zip(&entries).any(|(w, e)| e.0 != fmt || w.rows != w0.rows || w.cols != w0.cols) {
+            return Ok(None);
+        }
+        let w: Vec<u64> = entries.iter().map(|e| e.1).collect();
+        let s: Vec<u64> = entries.iter().map(|e| e.2).collect();
+        Ok(Some(GpuGroupTable { fmt, rows: w0.rows, cols: w0.cols, groups: ws.len(), w: gpu.upload(&w)?, s: gpu.upload(&s)? }))
+    }
 }
 
 /// One CUDA device with the flashseek kernels loaded.
@@ -155,6 +196,14 @@ pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
             "linear_bf16_t1",
             "linear_fp8_t1",
             "linear_fp4_t1",
+            "linear_f32_grouped",
+            "linear_bf16_grouped",
+            "linear_fp8_grouped",
+            "linear_fp4_grouped",
+            "linear_f32_t1_grouped",
+            "linear_bf16_t1_grouped",
+            "linear_fp8_t1_grouped",
+            "linear_fp4_t1_grouped",
         ],
     ),
     ("attention.cu", super::ops_attention::ATTENTION_ENTRY_POINTS),
@@ -1218,13 +1267,15 @@ impl Gpu {
     /// The grouped output projection group by group on [`Gpu::linear_gemv_strided`] when every
     /// group takes the gemv route at `t` tokens (fewer than [`TC_LINEAR_MIN_TOKENS`]: decode steps
     /// and short chunks): group g's inputs are read in place from `o` (`[t, G·gin]`, columns
-    /// g·gin..) and its outputs written in place into `z` (`[t, G·r]`, columns g·r..), one launch
-    /// per group — the same kernels on the same values as [`Gpu::grouped_linear_gather`], so the
-    /// same bits, without its per-group index upload, zero fills, gather and scatter. Returns
+    /// g·gin..) and its outputs written in place into `z` (`[t, G·r]`, columns g·r..): all groups
+    /// in one launch when `table` holds exactly `ws` (`first` 0, every group), else one launch
+    /// per group — the same kernel code on the same values as [`Gpu::grouped_linear_gather`], so
+    /// the same bits, without its per-group index upload, zero fills, gather and scatter. Returns
     /// false (nothing done) when some group would take the tensor cores.
     ///
     /// Errors: buffers shorter than the shapes, launch failures.
-    pub fn grouped_linear_gemv(&self, o: &CudaSlice<f32>, ws: &[GpuWeight], first: usize, z: &mut CudaSlice<f32>, t: usize, gin: usize) -> Result<bool, CudaError> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn grouped_linear_gemv(&self, o: &CudaSlice<f32>, ws: &[GpuWeight], first: usize, z: &mut CudaSlice<f32>, t: usize, gin: usize, table: Option<&GpuGroupTable>) -> Result<bool, CudaError> {
         let Some(w0) = ws.first() else { return Ok(true) };
         if ws.iter().any(|w| linear_route(t, w).is_some()) {
             return Ok(false);
@@ -1234,11 +1285,46 @@ impl Gpu {
         if first + ws.len() > groups || o.len() < t * groups * gin || ws.iter().any(|w| w.rows != r || w.cols != gin) {
             return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("groups {first}..{} of {groups} of [{r}, {gin}] for {} inputs of {t} tokens", first + ws.len(), o.len()) });
         }
+        // All groups in one launch when `table` describes exactly these weights.
+        if let Some(tb) = table.filter(|tb| first == 0 && tb.groups == ws.len() && tb.groups == groups && tb.rows == r && tb.cols == gin) {
+            return self.grouped_gemv_launch(o, tb, z, t).map(|_| true);
+        }
         for (i, wg) in ws.iter().enumerate() {
             let g = first + i;
             self.linear_gemv_strided(&o.slice(g * gin..), groups * gin, wg, &mut z.slice_mut(g * r..), groups * r, t)?;
         }
         Ok(true)
+    }
+
+    /// `linear_<fmt>[_t1]_grouped`: every group of `tb` in one launch, group g reading columns
+    /// g·cols.. of `o`'s rows (`[t, G·cols]`) and writing columns g·rows.. of `z`'s (`[t, G·rows]`).
+    ///
+    /// Errors: widths the format's loads do not divide, buffers shorter than the shapes (checked
+    /// by the caller too), launch failures.
+    fn grouped_gemv_launch(&self, o: &CudaSlice<f32>, tb: &GpuGroupTable, z: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
+        let need = match tb.fmt {
+            "f32" => 4,
+            "bf16" => 8,
+            "fp8" => 16,
+            _ => 32,
+        };
+        let (ldx, ldy) = (tb.groups * tb.cols, tb.groups * tb.rows);
+        if t == 0 || !tb.cols.is_multiple_of(need) || o.len() < t * ldx || z.len() < t * ldy {
+            return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("{} groups of {} [{}, {}] for {} inputs and {} outputs of {t} tokens", tb.groups, tb.fmt, tb.rows, tb.cols, o.len(), z.len()) });
+        }
+        let (Ok(ldx_i), Ok(ldy_i), Ok(g_i)) = (i32::try_from(ldx), i32::try_from(ldy), u32::try_from(tb.groups)) else {
+            return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("row strides {ldx} and {ldy} do not fit the kernel's 32-bit index") });
+        };
+        const MAX_ROW_BLOCKS: usize = 132 * 8;
+        let cfg = LaunchConfig { grid_dim: (tb.rows.div_ceil(8).min(MAX_ROW_BLOCKS) as u32, t.div_ceil(8) as u32, g_i), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let name = format!("linear_{}{}_grouped", tb.fmt, if t == 1 { "_t1" } else { "" });
+        let (tt, n, k) = (t as i32, tb.rows as i32, tb.cols as i32);
+        let mut b = self.stream.launch_builder(self.f(&name));
+        b.arg(o).arg(&tb.w).arg(&tb.s).arg(z).arg(&tt).arg(&n).arg(&k).arg(&ldx_i).arg(&ldy_i);
+        // SAFETY: matches (x, wtab, stab, y, T, N, K, ldx, ldy); the tables hold `groups` addresses
+        // of live weights of this format and shape (GpuGroupTable::build; the caller keeps them
+        // together), o holds t rows of ldx floats and z t rows of ldy (checked above).
+        drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
     /// The grouped output projection group by group with [`Gpu::linear`]: for the groups

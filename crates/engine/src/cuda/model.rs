@@ -11,7 +11,7 @@
 
 use super::drv;
 use super::graph::DevBuf;
-use super::gpu::{Gpu, GpuMatrix, GpuWeight};
+use super::gpu::{Gpu, GpuGroupTable, GpuMatrix, GpuWeight};
 use super::ops_attention::{hca_offsets, topk_offsets, AttentionKernel, AttentionOut, AttentionQuery, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter};
 use super::upload::GpuSource;
@@ -86,6 +86,8 @@ struct GpuLayer {
     kv_norm: CudaSlice<f32>,
     /// `wo_a` per output group: `[o_lora_rank, H·c/g]` each (rows g·r.. of the stored matrix).
     wo_a: Vec<GpuWeight>,
+    /// Device addresses of `wo_a`'s groups (one launch for all of them below 64 tokens).
+    wo_a_table: Option<GpuGroupTable>,
     wo_b: GpuWeight,
     sinks: CudaSlice<f32>,
     compressor: Option<GpuCompressor>,
@@ -203,7 +205,7 @@ impl GpuModel {
                     w3: src.matrix(gpu, &format!("{q}.w3.weight"), inter, d)?,
                 })
             };
-            let wo_a = src.matrix(gpu, &format!("{p}.attn.wo_a.weight"), c.o_groups * c.o_lora_rank, hcd / c.o_groups)?;
+            let wo_a = split_rows(gpu, src.matrix(gpu, &format!("{p}.attn.wo_a.weight"), c.o_groups * c.o_lora_rank, hcd / c.o_groups)?, c.o_groups)?;
             layers.push(GpuLayer {
                 kind: *kind,
                 attn_norm: gpu.upload(&src.host(&format!("{p}.attn_norm.weight"), &[d])?)?,
@@ -212,7 +214,8 @@ impl GpuModel {
                 wq_b: src.matrix(gpu, &format!("{p}.attn.wq_b.weight"), hcd, c.q_lora_rank)?,
                 wkv: src.matrix(gpu, &format!("{p}.attn.wkv.weight"), c.head_dim, d)?,
                 kv_norm: gpu.upload(&src.host(&format!("{p}.attn.kv_norm.weight"), &[c.head_dim])?)?,
-                wo_a: split_rows(gpu, wo_a, c.o_groups)?,
+                wo_a_table: GpuGroupTable::build(gpu, &wo_a)?,
+                wo_a,
                 wo_b: src.matrix(gpu, &format!("{p}.attn.wo_b.weight"), d, c.o_groups * c.o_lora_rank)?,
                 sinks: gpu.upload(&src.host(&format!("{p}.attn.attn_sink"), &[c.num_attention_heads])?)?,
                 compressor,
@@ -1058,7 +1061,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
                 }
             };
             // WO_A_STRIDED: below 64 tokens each group's gemv reads and writes its columns in place.
-            let strided = crate::switches::on("WO_A_STRIDED") && gpu.grouped_linear_gemv(&o, &l.wo_a[done..], done, &mut z, t, gin)?;
+            let strided = crate::switches::on("WO_A_STRIDED") && gpu.grouped_linear_gemv(&o, &l.wo_a[done..], done, &mut z, t, gin, l.wo_a_table.as_ref())?;
             if !strided {
                 gpu.grouped_linear_gather(&o, &l.wo_a[done..], done, &mut z, t, gin)?;
             }
