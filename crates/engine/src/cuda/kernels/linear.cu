@@ -152,29 +152,28 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
     }
 }
 
+// Each FS_LINEAR_ENTRY defines two entry points:
+//   NAME (x, W, S, y, T, N, K, ldx, ldy): one weight; S is ignored (pass 0) for f32 and bf16.
+//   NAME_grouped (x, wtab, stab, y, T, N, K, ldx, ldy): G weights of one format and shape [N, K] in
+//     one launch, group g = blockIdx.z with its weight and scales at wtab[g] / stab[g] (device
+//     addresses; stab ignored for f32 and bf16); its inputs are columns g·K.. of x's rows and its
+//     outputs columns g·N.. of y's rows (the block-diagonal grouped output projection wo_a, spec
+//     §4.7: ldx = G·K, ldy = G·N). Each group runs NAME's code on the same values: the same bits as
+//     one strided NAME launch per group. Launch: grid (min(ceil(N / 8), G'), ceil(T / TT), G).
 #define FS_LINEAR_ENTRY(NAME, WT, FMT, PER, TTV)                                                         \
     extern "C" __global__ void NAME(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
                                     float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {           \
         fs_linear<FMT, PER, TTV>(x, W, S, y, T, N, K, ldx, ldy);                                              \
-    }
-
-// Grouped entry points (linear_<fmt>[_t1]_grouped): G weights of one format and shape [N, K] in
-// one launch, group g = blockIdx.z with its weight and scales at wtab[g] / stab[g] (device
-// addresses; stab ignored for f32 and bf16); its inputs are columns g·K.. of x's rows and its
-// outputs columns g·N.. of y's rows (the block-diagonal grouped output projection wo_a, spec §4.7:
-// ldx = G·K, ldy = G·N). Each group runs the code of the plain entry point on the same values: the
-// same bits as one strided launch per group. Launch: grid (min(ceil(N / 8), G'), ceil(T / TT), G).
-#define FS_LINEAR_GROUPED_ENTRY(NAME, WT, FMT, PER, TTV)                                                   \
-    extern "C" __global__ void NAME(const float* __restrict__ x, const unsigned long long* __restrict__ wtab,  \
-                                    const unsigned long long* __restrict__ stab, float* __restrict__ y, int T,  \
-                                    int N, int K, int ldx, int ldy) {                                         \
+    }                                                                                                         \
+    extern "C" __global__ void NAME##_grouped(const float* __restrict__ x, const unsigned long long* __restrict__ wtab, \
+                                              const unsigned long long* __restrict__ stab, float* __restrict__ y, \
+                                              int T, int N, int K, int ldx, int ldy) {                        \
         const int g = blockIdx.z;                                                                             \
         const u8* S = (FMT >= 2) ? reinterpret_cast<const u8*>(stab[g]) : nullptr;                            \
         fs_linear<FMT, PER, TTV>(x + (size_t)g * K, reinterpret_cast<const WT*>(wtab[g]), S,                  \
                                  y + (size_t)g * N, T, N, K, ldx, ldy);                                       \
     }
 
-// Every entry point takes (x, W, S, y, T, N, K, ldx, ldy); S is ignored (pass 0) for f32 and bf16.
 FS_LINEAR_ENTRY(linear_f32, float, 0, 4, TT)
 FS_LINEAR_ENTRY(linear_bf16, u16, 1, 8, TT)
 FS_LINEAR_ENTRY(linear_fp8, u8, 2, 16, TT)
@@ -183,11 +182,3 @@ FS_LINEAR_ENTRY(linear_f32_t1, float, 0, 4, 1)
 FS_LINEAR_ENTRY(linear_bf16_t1, u16, 1, 8, 1)
 FS_LINEAR_ENTRY(linear_fp8_t1, u8, 2, 16, 1)
 FS_LINEAR_ENTRY(linear_fp4_t1, u8, 3, 32, 1)
-FS_LINEAR_GROUPED_ENTRY(linear_f32_grouped, float, 0, 4, TT)
-FS_LINEAR_GROUPED_ENTRY(linear_bf16_grouped, u16, 1, 8, TT)
-FS_LINEAR_GROUPED_ENTRY(linear_fp8_grouped, u8, 2, 16, TT)
-FS_LINEAR_GROUPED_ENTRY(linear_fp4_grouped, u8, 3, 32, TT)
-FS_LINEAR_GROUPED_ENTRY(linear_f32_t1_grouped, float, 0, 4, 1)
-FS_LINEAR_GROUPED_ENTRY(linear_bf16_t1_grouped, u16, 1, 8, 1)
-FS_LINEAR_GROUPED_ENTRY(linear_fp8_t1_grouped, u8, 2, 16, 1)
-FS_LINEAR_GROUPED_ENTRY(linear_fp4_t1_grouped, u8, 3, 32, 1)
