@@ -231,6 +231,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `wo_a strided vs gather bits` / `wo_a one launch vs gather bits` (bitwise equal at 1, 3, 17 and 63 tokens) and `wo_a strided vs cpu`, `time wo_a grouped T=1` (`--only wo_a`); the switch matrix (`WO_A_STRIDED=off alone`: same bits); `gpu-bench` decode",
     },
     Switch {
+        name: "MOE_DECODE_GEMV",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "under TC_LINEAR=fp8, the grouped FP8 MoE GEMMs for calls of at most 48 routed pairs (decode steps of up to 8 tokens) over FP4 experts — grouping (scan, plan, scan), gather into 64-row tiles of one or two live rows, each expert's weights converted to e4m3 and multiplied on tensor cores for the whole tile: one gemv per (pair, output row) on CUDA cores (moe_gemv_fp4_swiglu with the SwiGLU and γ, act_quant of h, moe_gemv_fp4_down into the pair's slot), each FP4 weight read once per pair; the same official numerics definition (activation scale per 128 columns, weight scale per 32), its products exact in f32, not the tensor cores' bits",
+        parity: "gpu-check `moe_q8 fp4 gemv … vs cpu` (`--only moe`: the designed routing forced through the gemv, T = 1 and 3, NMSE ≤ 1e-4 against the CPU in official numerics), `moe_q8 fp4 gemv vs grouped` (reported), `moe_q8 fp4 gemv masked` (γ = 0: the shared expert's bits), `time moe layer T=… gemv` (gemv and grouped on the Flash layer at 1 … 64 tokens); the switch matrix and qualify (`MOE_DECODE_GEMV=off alone (with TC_LINEAR=fp8)`, reported: other bits by design); `gpu-bench` decode",
+    },
+    Switch {
         name: "DECODE_CUDA_GRAPH",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -743,6 +750,8 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("DECODE_CUDA_GRAPH=off alone".into(), vec![("DECODE_CUDA_GRAPH", "off")], Role::AloneOff, true, true, false));
     // The grouped wo_a below 64 tokens gathered per group: the same gemv on the same values.
     v.push(c("WO_A_STRIDED=off alone".into(), vec![("WO_A_STRIDED", "off")], Role::AloneOff, true, true, false));
+    // The decode MoE's gemvs (official numerics only): the grouped GEMMs' definition, other bits.
+    v.push(c("MOE_DECODE_GEMV=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_DECODE_GEMV", "off")], Role::AloneOff, false, false, false));
     // The bf16 wgmma kernels give the mma.sync kernels' bits (measured per GEMM and MoE layer on
     // H200, asserted by gpu-check): the same bits end to end.
     v.push(c("BF16_WGMMA=off alone".into(), vec![("BF16_WGMMA", "off")], Role::AloneOff, true, true, false));

@@ -536,14 +536,22 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
                 }
             }
         }
-        // Decode sizes (MOE_GROUPED_DECODE under TC_LINEAR=fp8): the first 1 and 3 tokens alone.
+        // Decode sizes (MOE_GROUPED_DECODE under TC_LINEAR=fp8): the first 1 and 3 tokens alone, with
+        // the defaults (FP4: the gemvs of MOE_DECODE_GEMV) and on the grouped GEMMs.
+        let grouped_only = MoeOptions { decode_gemv: None, ..MoeOptions::ALL_ON };
         for ts in [1usize, 3] {
             let (fs, is, ws) = (gpu.upload(&f[..ts * d])?, gpu.upload(&ids[..ts * k])?, gpu.upload(&gpu.download(dw)?[..ts * k])?);
-            let got = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &fs, ts, &is, &ws, MoeOptions::ALL_ON)?)?;
             let want = moe::moe(cfg, &lw, &f[..ts * d], &routes[..ts], &official);
-            let (nmse, max_abs, _) = errors(&got, &want);
-            let ok = nmse <= Q8_MOE_NMSE_TOL && got.iter().all(|v| v.is_finite());
-            all &= flag_record(out, &format!("moe_q8 {fmt} T={ts} vs cpu"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL}), ok);
+            for (label, opts) in [("", MoeOptions::ALL_ON), (" MOE_DECODE_GEMV=off", grouped_only)] {
+                let gemv = gpu.moe_tables(&layer)?.is_some_and(|tb| super::ops_moe::gemv_runs(tb, ts * k, opts));
+                let got = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &fs, ts, &is, &ws, opts)?)?;
+                let (nmse, max_abs, _) = errors(&got, &want);
+                let ok = nmse <= Q8_MOE_NMSE_TOL && got.iter().all(|v| v.is_finite());
+                all &= flag_record(out, &format!("moe_q8 {fmt} T={ts}{label} vs cpu"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "gemv_ran": gemv}), ok && (gemv == (fmt == "fp4" && label.is_empty())));
+            }
+        }
+        if fmt == "fp4" {
+            all &= run_gemv(gpu, cfg, &layer, &lw, f, routes, &df, dids, dw, ids, out)?;
         }
         // The mma.sync kernels (FP8_WGMMA=off) against the same reference.
         let sync = switch_scope(&[("FP8_WGMMA", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
@@ -581,6 +589,42 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
         let differ = differing_bits(&masked, &shared);
         all &= flag_record(out, &format!("moe_q8 {fmt} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "official shared expert alone"}), differ == 0);
     }
+    Ok(all)
+}
+
+/// `MOE_DECODE_GEMV`'s kernels forced on the designed routing (1,000 tokens: every pair one gemv)
+/// against the CPU in official numerics, against the grouped GEMMs (reported), with γ = 0 (the
+/// shared expert's bits: unrouted weight gives exact zeros) and with some ids outside the experts
+/// (skipped like the grouped path skips them: NMSE against it within the MoE tolerance).
+#[allow(clippy::too_many_arguments)]
+fn run_gemv(gpu: &Gpu, cfg: &flashseek_model::config::Ds4Config, layer: &GpuMoeLayer, lw: &crate::weights::LayerWeights, f: &[f32], routes: &[Route], df: &cudarc::driver::CudaSlice<f32>, dids: &cudarc::driver::CudaSlice<i32>, dw: &cudarc::driver::CudaSlice<f32>, ids: &[i32], out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let (t, d, k) = (routes.len(), cfg.hidden_size, cfg.num_experts_per_tok);
+    let forced = MoeOptions { decode_gemv: Some(usize::MAX), ..MoeOptions::ALL_ON };
+    let grouped_only = MoeOptions { decode_gemv: None, ..MoeOptions::ALL_ON };
+    let shape = json!({"tokens": t, "d": d, "inter": lw.experts[0].w2.cols, "experts": cfg.n_routed_experts, "top_k": k});
+    let mut all = true;
+    let official = Numerics { act_quant_fp8: true, ..Default::default() };
+    let y_ref = moe::moe(cfg, lw, f, routes, &official);
+    let got = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, layer, df, t, dids, dw, forced)?)?;
+    all &= vs_cpu(out, "moe_q8 fp4 gemv vs cpu", &shape, &got, &y_ref, Q8_MOE_NMSE_TOL);
+    let grouped = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, layer, df, t, dids, dw, grouped_only)?)?;
+    let (nmse, max_abs, _) = errors(&got, &grouped);
+    println!("moe_q8 fp4 gemv vs grouped (informational): nmse {nmse:.3e} max_abs {max_abs:.3e}");
+    out.push(json!({"op": "moe_q8 fp4 gemv vs grouped", "shape": shape, "nmse": nmse, "max_abs": max_abs, "informational": true}));
+    let dzero = gpu.zeros::<f32>(t * k)?;
+    let masked = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, layer, df, t, dids, &dzero, forced)?)?;
+    let shared = gpu.download(&*gpu.shared_expert(layer, df, None, t, d, cfg.swiglu_limit as f32, true)?)?;
+    let differ = differing_bits(&masked, &shared);
+    all &= flag_record(out, "moe_q8 fp4 gemv masked", json!({"differing_values": differ, "of": shared.len(), "vs": "official shared expert alone"}), differ == 0);
+    // Every 7th pair's id outside the experts (−1 or E): no expert's output for it on either path.
+    let e = cfg.n_routed_experts as i32;
+    let holes: Vec<i32> = ids.iter().enumerate().map(|(i, &x)| if i % 7 == 3 { if i % 2 == 0 { -1 } else { e } } else { x }).collect();
+    let dholes = gpu.upload(&holes)?;
+    let a = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, layer, df, t, &dholes, dw, forced)?)?;
+    let b = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, layer, df, t, &dholes, dw, grouped_only)?)?;
+    let (nmse, max_abs, _) = errors(&a, &b);
+    let ok = nmse <= Q8_MOE_NMSE_TOL && a.iter().all(|v| v.is_finite());
+    all &= flag_record(out, "moe_q8 fp4 gemv unrouted ids vs grouped", json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "unrouted_pairs": holes.iter().filter(|&&x| x < 0 || x >= e).count()}), ok);
     Ok(all)
 }
 
@@ -707,6 +751,21 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         record_time("grouped fp8 wgmma tile 256", ms);
         let ms = switch_scope(&[("FP8_WGMMA", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 mma.sync all on", ms);
+        // MOE_DECODE_GEMV: the gemvs forced and switched off at every size up to 64 tokens (where
+        // `all on` takes them below MOE_GEMV_MAX_PAIRS), and their outputs against the grouped GEMMs'.
+        if t <= 64 {
+            let forced = MoeOptions { decode_gemv: Some(usize::MAX), ..on };
+            let off = MoeOptions { decode_gemv: None, ..on };
+            let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, forced).map(|_| ()))?;
+            record_time("gemv (MOE_DECODE_GEMV forced)", ms);
+            let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, off).map(|_| ()))?;
+            record_time("gemv off (grouped GEMMs)", ms);
+            let a = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, forced)?)?;
+            let b = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, off)?)?;
+            let (nmse, max_abs, _) = super::check::errors(&a, &b);
+            let ok = nmse <= Q8_MOE_NMSE_TOL && a.iter().all(|v| v.is_finite());
+            flag_record(&mut rows, &format!("moe_q8 flash T={t} gemv vs grouped"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "vs": "MOE_DECODE_GEMV=off (the grouped FP8 GEMMs)"}), ok);
+        }
         // Flash shapes (K = 4,096: 32 K steps per unit, many units per block) bit for bit: the
         // warp-specialised kernels against moe_w8, with 128-row tiles forced (the adaptive rule
         // takes 64-row tiles, which moe_ws leaves to moe_w8, below 4,096 tokens).

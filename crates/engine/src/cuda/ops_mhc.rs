@@ -89,6 +89,8 @@ pub const MOE_ENTRY_POINTS: &[&str] = &[
     "moe_group_scan",
     "moe_group_plan",
     "moe_gather_bf16",
+    "moe_gemv_fp4_swiglu",
+    "moe_gemv_fp4_down",
 ];
 
 /// Most residual streams `n` (`hc_mult`) the mHC kernels handle (`HC_MAXN` in mhc.cu).

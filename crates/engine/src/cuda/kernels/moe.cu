@@ -59,6 +59,29 @@
 //     f [T, d] (zero for padding rows and columns ≥ d), with split also the low halves
 //     bf16(x − hi) at lo_plane. Rows ≥ R (unused capacity) are not touched. Grid-stride over
 //     (row, 4-column group); any grid, block 256.
+//
+// moe_gemv_fp4_swiglu / moe_gemv_fp4_down (switch MOE_DECODE_GEMV; host glue ops_moe.rs
+// `Gpu::moe_experts_gemv_q8`): the official-numerics MoE of a few routed pairs (decode steps) as one
+// gemv per (pair, output row) over FP4 experts, without grouping: each block takes one pair p
+// (blockIdx.y; pair p = token·k + slot, expert experts[p]) and MGV_WARPS·MGV_RPW output rows, each warp
+// MGV_RPW rows in turn, each lane the 32-value groups g ≡ lane (mod 32) of a row (the row's packed bytes
+// read 16 per lane, consecutive lanes on consecutive bytes). The pair's e4m3 input row q [·, ldq] is
+// widened into shared memory once per block (float4 chunks XOR-swizzled by group so that 8 lanes on 8
+// consecutive groups hit distinct banks). Numerics: y[p, n] = Σ_g sa[b(g)]·2^(s[n,g]−127)·Σ_{i<32}
+// q[32g+i]·e2m1[n, 32g+i] — the same definition as gemm_q8.cu's FP4 GEMMs (activation scale per 128
+// columns, ue8m0 weight scale per 32), the products exact in f32 (an e2m1 value is decoded as its f32
+// bits (nibble & 7) << 22, i.e. value·2^-126, a subnormal for 0.5; compiled without flush-to-zero), each
+// group's sum in f32 in column order, then scaled by 2^(s − 1)·sa (exact powers of two), the lanes' sums
+// added in a fixed butterfly. Not the tensor-core kernels' bits (their FP8 products accumulate in the
+// MMA unit); checked against the CPU's official numerics at the MoE tolerance (gpu-check `moe_q8 … gemv`).
+//   swiglu (W = w1 table, W3 = w3 table; N = inter, K = d; q = act_quant_fp8 of the tokens, row p / k):
+//     h[p, n] = fs_swiglu(gate, up, limit)·gamma[p] (γ before W2, the official order); a pair whose
+//     expert is outside 0 … E − 1 gets h = 0.
+//   down (W = w2 table; N = d, K = inter; q = act_quant_fp8 of h, row p): y[p, n]; a pair outside the
+//     experts is not written (moe_combine_f32 skips it by its id).
+//   Tables: per expert the device address of the packed weights [N, K/2] (low nibble first) and of the
+//   ue8m0 scales [N, K/32]. K a multiple of 128, K·4 bytes of dynamic shared memory (K ≤ 12,288).
+//   Launch: grid (ceil(N / (MGV_WARPS·MGV_RPW)), pairs), block 32·MGV_WARPS.
 
 #define MOE_PLAN_THREADS 1024
 #define MOE_GROUP_CHUNK 1024
@@ -326,4 +349,115 @@ extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, c
         if (shared) acc += (double)shared[(size_t)t * d + i];
         out[(size_t)t * d + i] = (float)acc;
     }
+}
+
+#define MGV_WARPS 8
+#define MGV_RPW 4
+#define MGV_LOOK 4  // groups of a row each lane loads before it multiplies (K ≤ 32·32·MGV_LOOK per pass)
+
+// Nibble i (0 … 7) of v as the f32 whose bits are (nibble & 7) << 22 with the nibble's sign: the e2m1
+// value times 2^-126 (0.5 → 2^-127, a subnormal; 6 → 1.5·2^-124).
+__device__ __forceinline__ float mgv_e2m1(u32 v, int i) {
+    return __uint_as_float((((v >> (4 * i)) & 7u) << 22) | (((v >> (4 * i + 3)) & 1u) << 31));
+}
+
+// Σ_{i<32} x[i]·e2m1(w nibble i)·2^-126 for one 32-value group: xg the group's 8 float4 chunks
+// (chunk c stored at c ^ sw), in column order.
+__device__ __forceinline__ float mgv_group(uint4 w, const float4* __restrict__ xg, int sw) {
+    const u32 words[4] = {w.x, w.y, w.z, w.w};
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        const float4 x = xg[c ^ sw];
+        const u32 v = words[c >> 1] >> (16 * (c & 1));
+        acc = fmaf(x.x, mgv_e2m1(v, 0), acc);
+        acc = fmaf(x.y, mgv_e2m1(v, 1), acc);
+        acc = fmaf(x.z, mgv_e2m1(v, 2), acc);
+        acc = fmaf(x.w, mgv_e2m1(v, 3), acc);
+    }
+    return acc;
+}
+
+template <bool SWIGLU>
+__device__ __forceinline__ void moe_gemv_fp4(const u8* __restrict__ q, const float* __restrict__ sa, int ldq,
+                                             const int* __restrict__ experts, int k, int E,
+                                             const unsigned long long* __restrict__ wtab, const unsigned long long* __restrict__ stab,
+                                             const unsigned long long* __restrict__ w3tab, const unsigned long long* __restrict__ s3tab,
+                                             const float* __restrict__ gamma, float* __restrict__ y, int N, int K, float limit) {
+    extern __shared__ float4 xs[];  // [K / 4] chunks, swizzled per 32-value group
+    const int p = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = experts[p];
+    const int n0 = (blockIdx.x * MGV_WARPS + warp) * MGV_RPW;
+    if (e < 0 || e >= E) {
+        if (SWIGLU && lane < MGV_RPW && n0 + lane < N) y[(size_t)p * N + n0 + lane] = 0.f;
+        return;
+    }
+    const int row = SWIGLU ? p / k : p;
+    const u8* qr = q + (size_t)row * ldq;
+    for (int c = threadIdx.x; c < K / 4; c += blockDim.x) {
+        const u32 v = *reinterpret_cast<const u32*>(qr + 4 * c);
+        const int g = c >> 3;
+        xs[(g << 3) | ((c & 7) ^ (g & 7))] = make_float4(fs_e4m3(v & 0xffu), fs_e4m3((v >> 8) & 0xffu), fs_e4m3((v >> 16) & 0xffu), fs_e4m3(v >> 24));
+    }
+    __syncthreads();
+    const float* sar = sa + (size_t)row * (ldq >> 7);
+    const u8* W = reinterpret_cast<const u8*>(wtab[e]);
+    const u8* S = reinterpret_cast<const u8*>(stab[e]);
+    const u8* W3 = SWIGLU ? reinterpret_cast<const u8*>(w3tab[e]) : nullptr;
+    const u8* S3 = SWIGLU ? reinterpret_cast<const u8*>(s3tab[e]) : nullptr;
+    const int G = K >> 5;
+    for (int r = 0; r < MGV_RPW; r++) {
+        const int n = n0 + r;
+        if (n >= N) break;
+        const size_t wrow = (size_t)n * (K >> 1), srow = (size_t)n * G;
+        float a1 = 0.f, a3 = 0.f;
+        for (int g0 = lane; g0 < G; g0 += 32 * MGV_LOOK) {
+            uint4 w1v[MGV_LOOK], w3v[MGV_LOOK];
+            u32 s1v[MGV_LOOK], s3v[MGV_LOOK];
+#pragma unroll
+            for (int j = 0; j < MGV_LOOK; j++) {
+                const int g = g0 + 32 * j;
+                if (g < G) {
+                    w1v[j] = __ldg(reinterpret_cast<const uint4*>(W + wrow + 16 * (size_t)g));
+                    s1v[j] = __ldg(S + srow + g);
+                    if (SWIGLU) {
+                        w3v[j] = __ldg(reinterpret_cast<const uint4*>(W3 + wrow + 16 * (size_t)g));
+                        s3v[j] = __ldg(S3 + srow + g);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < MGV_LOOK; j++) {
+                const int g = g0 + 32 * j;
+                if (g < G) {
+                    const float4* xg = xs + (g << 3);
+                    const float s_a = sar[g >> 2];
+                    // 2^(s − 127) · 2^126 = 2^(s − 1): exact while the result stays normal.
+                    a1 = fmaf(ldexpf(mgv_group(w1v[j], xg, g & 7), (int)s1v[j] - 1), s_a, a1);
+                    if (SWIGLU) a3 = fmaf(ldexpf(mgv_group(w3v[j], xg, g & 7), (int)s3v[j] - 1), s_a, a3);
+                }
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            a1 += __shfl_xor_sync(0xffffffffu, a1, o);
+            if (SWIGLU) a3 += __shfl_xor_sync(0xffffffffu, a3, o);
+        }
+        if (lane == 0) y[(size_t)p * N + n] = SWIGLU ? fs_swiglu(a1, a3, limit) * gamma[p] : a1;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MGV_WARPS)
+moe_gemv_fp4_swiglu(const u8* __restrict__ q, const float* __restrict__ sa, int ldq, const int* __restrict__ experts, int k, int E,
+                    const unsigned long long* __restrict__ w1tab, const unsigned long long* __restrict__ s1tab,
+                    const unsigned long long* __restrict__ w3tab, const unsigned long long* __restrict__ s3tab,
+                    const float* __restrict__ gamma, float* __restrict__ h, int N, int K, float limit) {
+    moe_gemv_fp4<true>(q, sa, ldq, experts, k, E, w1tab, s1tab, w3tab, s3tab, gamma, h, N, K, limit);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MGV_WARPS)
+moe_gemv_fp4_down(const u8* __restrict__ q, const float* __restrict__ sa, int ldq, const int* __restrict__ experts, int E,
+                  const unsigned long long* __restrict__ w2tab, const unsigned long long* __restrict__ s2tab,
+                  float* __restrict__ y, int N, int K) {
+    moe_gemv_fp4<false>(q, sa, ldq, experts, 1, E, w2tab, s2tab, nullptr, nullptr, nullptr, y, N, K, 0.f);
 }
