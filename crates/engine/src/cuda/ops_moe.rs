@@ -121,10 +121,12 @@ pub struct MoeOptions {
 }
 
 /// Most routed pairs (tokens × top-k) [`Gpu::moe_experts_gemv_q8`] takes under `MOE_DECODE_GEMV`:
-/// up to 8 tokens of top-6 (decode steps of up to 8 sequences). Each pair reads its expert's
-/// weights on its own, so the grouped GEMMs (each expert's weights once) win once experts repeat
-/// across many pairs; gpu-check `time moe layer T=… gemv` measures both sides.
-pub const MOE_GEMV_MAX_PAIRS: usize = 48;
+/// 32 tokens of top-6. Each pair reads its expert's weights on its own, so the grouped GEMMs (each
+/// expert's weights once) win once experts repeat across many pairs. Measured on the H200 (one Flash
+/// MoE layer, official numerics, gpu-check `time moe layer T=… gemv …` at a56dd29,
+/// `bench/moe_decode_gemv_h200.log`): gemv against grouped 0.12 / 0.21 ms at T = 1, 0.83 / 1.07 at 8,
+/// 1.59 / 1.82 at 16, 3.12 / 3.29 at 32, 2.90 / 2.30 at 64.
+pub const MOE_GEMV_MAX_PAIRS: usize = 192;
 
 impl MoeOptions {
     /// The options the switches give for this process.
