@@ -234,8 +234,8 @@ pub const SWITCHES: &[Switch] = &[
         name: "MOE_DECODE_GEMV",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "under TC_LINEAR=fp8, the grouped FP8 MoE GEMMs for calls of at most 192 routed pairs (decode steps of up to 32 tokens) over FP4 experts — grouping (scan, plan, scan), gather into 64-row tiles of one or two live rows, each expert's weights converted to e4m3 and multiplied on tensor cores for the whole tile: one gemv per (pair, output row) on CUDA cores (moe_gemv_fp4_swiglu with the SwiGLU and γ, act_quant of h, moe_gemv_fp4_down into the pair's slot), each FP4 weight read once per pair; the same official numerics definition (activation scale per 128 columns, weight scale per 32), its products exact in f32, not the tensor cores' bits",
-        parity: "gpu-check `moe_q8 fp4 gemv … vs cpu` (`--only moe`: the designed routing forced through the gemv, T = 1 and 3, NMSE ≤ 1e-4 against the CPU in official numerics), `moe_q8 fp4 gemv vs grouped` (reported), `moe_q8 fp4 gemv masked` (γ = 0: the shared expert's bits), `time moe layer T=… gemv` (gemv and grouped on the Flash layer at 1 … 64 tokens); the switch matrix and qualify (`MOE_DECODE_GEMV=off alone (with TC_LINEAR=fp8)`, reported: other bits by design); `gpu-bench` decode",
+        replaces: "the grouped MoE GEMMs for calls of at most 192 routed pairs (decode steps of up to 32 tokens) over FP4 experts — grouping (scan, plan, scan), gather into 64-row tiles of one or two live rows, each expert's weights converted for the whole tile (to e4m3 under TC_LINEAR=fp8, to bf16 for the exact split activations): one gemv per (pair, output row) on CUDA cores, each FP4 weight read once per pair (moe.cu moe_gemv_fp4_swiglu / moe_gemv_fp4_down on e4m3 inputs with γ before W2 under TC_LINEAR=fp8; moe_gemv_fp4_swiglu_f32 / moe_gemv_fp4_down_f32 on f32 inputs, γ in the combine, in the exact modes); products exact in f32, not the tensor cores' bits",
+        parity: "gpu-check (`--only moe`): `moe_q8 fp4 gemv vs cpu`, `moe_q8 fp4 T=1 / T=3 vs cpu` (NMSE ≤ 1e-4 against the CPU in official numerics), `moe_grouped fp4 gemv f32 vs cpu`, `moe_grouped fp4 split T=1 / T=3 vs cpu` (NMSE ≤ 1e-8 against the exact CPU), `… gemv masked` / `… gemv f32 masked` (γ = 0: the shared expert's bits), `moe_q8 fp4 gemv unrouted ids vs grouped`, `moe_q8 flash T=… gemv vs grouped` and `moe_grouped flash T=… gemv f32 vs grouped split`, `time moe layer T=… gemv …` (1 … 64 tokens); the switch matrix and qualify (`MOE_DECODE_GEMV=off alone`: exact, other bits; `… (with TC_LINEAR=fp8)`: reported); `gpu-bench` decode",
     },
     Switch {
         name: "DECODE_CUDA_GRAPH",
@@ -750,7 +750,8 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("DECODE_CUDA_GRAPH=off alone".into(), vec![("DECODE_CUDA_GRAPH", "off")], Role::AloneOff, true, true, false));
     // The grouped wo_a below 64 tokens gathered per group: the same gemv on the same values.
     v.push(c("WO_A_STRIDED=off alone".into(), vec![("WO_A_STRIDED", "off")], Role::AloneOff, true, true, false));
-    // The decode MoE's gemvs (official numerics only): the grouped GEMMs' definition, other bits.
+    // The decode MoE's gemvs: the grouped GEMMs' definition (exact, or the official numerics), other bits.
+    v.push(c("MOE_DECODE_GEMV=off alone".into(), vec![("MOE_DECODE_GEMV", "off")], Role::AloneOff, true, false, false));
     v.push(c("MOE_DECODE_GEMV=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_DECODE_GEMV", "off")], Role::AloneOff, false, false, false));
     // The bf16 wgmma kernels give the mma.sync kernels' bits (measured per GEMM and MoE layer on
     // H200, asserted by gpu-check): the same bits end to end.

@@ -231,15 +231,30 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
             if split {
                 all &= record(out, &format!("moe_grouped {fmt} per-expert vs cpu"), shape.clone(), &per_expert, &y_ref);
             }
-            // Decode sizes (MOE_GROUPED_DECODE): the grouped path on the first 1 and 3 tokens alone.
+            // Decode sizes (MOE_GROUPED_DECODE): the first 1 and 3 tokens alone, with the defaults
+            // (FP4: the f32 gemvs of MOE_DECODE_GEMV) and on the grouped GEMMs.
             if split {
+                let grouped_only = MoeOptions { decode_gemv: None, ..MoeOptions::ALL_ON };
                 for ts in [1usize, 3] {
                     let (fs, is, ws) = (gpu.upload(&f[..ts * d])?, gpu.upload(&ids[..ts * k])?, gpu.upload(&gammas[..ts * k])?);
-                    let got = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &fs, ts, &is, &ws, true, MoeOptions::ALL_ON)?)?;
                     let want = moe::moe(&cfg, &lw, &f[..ts * d], &routes32[..ts], &Numerics::default());
-                    let (nmse, max_abs, _) = errors(&got, &want);
-                    let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
-                    all &= flag_record(out, &format!("moe_grouped {fmt} split T={ts} vs cpu"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL}), ok);
+                    for (label, opts) in [("", MoeOptions::ALL_ON), (" MOE_DECODE_GEMV=off", grouped_only)] {
+                        let gemv = gpu.moe_tables(&layer)?.is_some_and(|tb| super::ops_moe::gemv_runs(tb, ts * k, opts));
+                        let got = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &fs, ts, &is, &ws, true, opts)?)?;
+                        let (nmse, max_abs, _) = errors(&got, &want);
+                        let ok = nmse <= SPLIT_NMSE_TOL && got.iter().all(|v| v.is_finite());
+                        all &= flag_record(out, &format!("moe_grouped {fmt} split T={ts}{label} vs cpu"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL, "gemv_ran": gemv}), ok && (gemv == (fmt == "fp4" && label.is_empty())));
+                    }
+                }
+                if fmt == "fp4" {
+                    // The f32 gemvs forced on all 6,000 pairs, against the CPU; γ = 0 gives the shared expert's bits.
+                    let forced = MoeOptions { decode_gemv: Some(usize::MAX), ..MoeOptions::ALL_ON };
+                    let got = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, true, forced)?)?;
+                    all &= vs_cpu(out, "moe_grouped fp4 gemv f32 vs cpu", &shape, &got, &y_ref, SPLIT_NMSE_TOL);
+                    let masked = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dzero, true, forced)?)?;
+                    let shared = gpu.download(&*gpu.shared_expert(&layer, &df, None, t, d, cfg.swiglu_limit as f32, false)?)?;
+                    let differ = differing_bits(&masked, &shared);
+                    all &= flag_record(out, "moe_grouped fp4 gemv f32 masked", json!({"differing_values": differ, "of": shared.len(), "vs": "shared expert alone"}), differ == 0);
                 }
             }
             // Masked routes: γ = 0 everywhere → exactly the shared expert.
@@ -760,11 +775,20 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
             record_time("gemv (MOE_DECODE_GEMV forced)", ms);
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, off).map(|_| ()))?;
             record_time("gemv off (grouped GEMMs)", ms);
+            let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, forced).map(|_| ()))?;
+            record_time("gemv f32 (exact, MOE_DECODE_GEMV forced)", ms);
+            let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, off).map(|_| ()))?;
+            record_time("gemv f32 off (grouped split GEMMs)", ms);
             let a = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, forced)?)?;
             let b = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, off)?)?;
             let (nmse, max_abs, _) = super::check::errors(&a, &b);
             let ok = nmse <= Q8_MOE_NMSE_TOL && a.iter().all(|v| v.is_finite());
             flag_record(&mut rows, &format!("moe_q8 flash T={t} gemv vs grouped"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "vs": "MOE_DECODE_GEMV=off (the grouped FP8 GEMMs)"}), ok);
+            let a = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, forced)?)?;
+            let b = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, off)?)?;
+            let (nmse, max_abs, _) = super::check::errors(&a, &b);
+            let ok = nmse <= SPLIT_NMSE_TOL && a.iter().all(|v| v.is_finite());
+            flag_record(&mut rows, &format!("moe_grouped flash T={t} gemv f32 vs grouped split"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": SPLIT_NMSE_TOL, "vs": "MOE_DECODE_GEMV=off (the grouped split-bf16 GEMMs)"}), ok);
         }
         // Flash shapes (K = 4,096: 32 K steps per unit, many units per block) bit for bit: the
         // warp-specialised kernels against moe_w8, with 128-row tiles forced (the adaptive rule

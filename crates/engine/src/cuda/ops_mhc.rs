@@ -91,6 +91,8 @@ pub const MOE_ENTRY_POINTS: &[&str] = &[
     "moe_gather_bf16",
     "moe_gemv_fp4_swiglu",
     "moe_gemv_fp4_down",
+    "moe_gemv_fp4_swiglu_f32",
+    "moe_gemv_fp4_down_f32",
 ];
 
 /// Most residual streams `n` (`hc_mult`) the mHC kernels handle (`HC_MAXN` in mhc.cu).

@@ -114,13 +114,13 @@ pub struct MoeOptions {
     /// Caps the grid at this many blocks (checks use it so that every block walks several work
     /// units; the result is the same bits for any grid).
     pub max_blocks: Option<usize>,
-    /// `MOE_DECODE_GEMV`: official-numerics calls of at most this many routed pairs (token × top-k)
-    /// over FP4 experts run [`Gpu::moe_experts_gemv_q8`] (one gemv per pair, no grouping) instead of
+    /// `MOE_DECODE_GEMV`: calls of at most this many routed pairs (token × top-k) over FP4 experts
+    /// (official numerics, or the exact split ones) run [`Gpu::moe_experts_gemv`] (one gemv per pair, no grouping) instead of
     /// the grouped GEMMs; `None` = never. [`MOE_GEMV_MAX_PAIRS`] with the switch on.
     pub decode_gemv: Option<usize>,
 }
 
-/// Most routed pairs (tokens × top-k) [`Gpu::moe_experts_gemv_q8`] takes under `MOE_DECODE_GEMV`:
+/// Most routed pairs (tokens × top-k) [`Gpu::moe_experts_gemv`] takes under `MOE_DECODE_GEMV`:
 /// 32 tokens of top-6. Each pair reads its expert's weights on its own, so the grouped GEMMs (each
 /// expert's weights once) win once experts repeat across many pairs. Measured on the H200 (one Flash
 /// MoE layer, official numerics, gpu-check `time moe layer T=… gemv …` at a56dd29,
@@ -567,6 +567,10 @@ impl Gpu {
         let tk = t * k;
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
+        // MOE_DECODE_GEMV: a few pairs in the exact numerics (split activations) as f32 gemvs.
+        if split && gemv_runs(tables, tk, opts) {
+            return self.moe_experts_gemv(layer, tables, f, t, experts, weights, (d, e, k), limit, false);
+        }
         let wgmma = self.bf16_wgmma(tables.format, d) && self.bf16_wgmma(tables.format, inter);
         let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, split, wgmma))?;
         let planes = if split { 2 } else { 1 };
@@ -670,7 +674,7 @@ impl Gpu {
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
         if gemv_runs(tables, tk, opts) {
-            return self.moe_experts_gemv_q8(layer, tables, f, t, experts, weights, (d, e, k), limit);
+            return self.moe_experts_gemv(layer, tables, f, t, experts, weights, (d, e, k), limit, true);
         }
         let wt = self.moe_wt_runs(tables, tk, e, opts);
         self.moe_mark("moe:group+gather");
@@ -720,8 +724,8 @@ impl Gpu {
     }
 }
 
-/// Whether [`Gpu::moe_experts_grouped_q8`] hands `tk` routed pairs over `tables` to
-/// [`Gpu::moe_experts_gemv_q8`] under `opts` (`MOE_DECODE_GEMV`): FP4 experts, at most
+/// Whether [`Gpu::moe_experts_grouped_q8`] (or, split, [`Gpu::moe_experts_grouped`]) hands `tk` routed pairs over `tables` to
+/// [`Gpu::moe_experts_gemv`] under `opts` (`MOE_DECODE_GEMV`): FP4 experts, at most
 /// `opts.decode_gemv` pairs, widths multiples of 128 (the activation blocks) and at most
 /// [`MOE_GEMV_MAX_WIDTH`] (one input row in shared memory).
 pub(crate) fn gemv_runs(tables: &GpuExpertTables, tk: usize, opts: MoeOptions) -> bool {
@@ -736,17 +740,19 @@ pub const MOE_GEMV_MAX_WIDTH: usize = 12_288;
 const MGV_ROWS_PER_BLOCK: usize = 32;
 
 impl Gpu {
-    /// The official-numerics MoE of `t` tokens (`f` `[t, d]`, routing `experts` / `weights`
-    /// `[t·k]` on the device) over FP4 experts as gemvs (switch `MOE_DECODE_GEMV`, moe.cu
-    /// `moe_gemv_fp4_swiglu` / `moe_gemv_fp4_down`): act_quant of f, one launch for every pair's
-    /// gate/up with the SwiGLU and γ (h `[t·k, inter]`), act_quant of h, one launch for every pair's
-    /// down projection into its slot, then the shared expert and the combine as on the grouped path.
-    /// No grouping, no padding rows: each pair reads its expert's weights once. The same numerics
-    /// definition as the grouped FP8 GEMMs, not their bits (gpu-check `moe_q8 … gemv`).
+    /// The MoE of `t` tokens (`f` `[t, d]`, routing `experts` / `weights` `[t·k]` on the device)
+    /// over FP4 experts as gemvs (switch `MOE_DECODE_GEMV`, moe.cu `moe_gemv_fp4_*`): one launch for
+    /// every pair's gate/up with the SwiGLU (h `[t·k, inter]`), one for every pair's down projection
+    /// into its slot, then the shared expert and the combine as on the grouped paths. `official`
+    /// (`TC_LINEAR=fp8`, DeepSeek's numerics): f and h quantized to e4m3 (act_quant) before their
+    /// gemvs and γ applied to h before W2; otherwise (the exact modes) f32 inputs and γ in the
+    /// combine, as [`Gpu::moe_experts_grouped`]. No grouping, no padding rows: each pair reads its
+    /// expert's weights once. The grouped GEMMs' numerics definition, not their bits (gpu-check
+    /// `moe_q8 … gemv`, `moe_grouped … gemv`).
     ///
     /// Errors: widths the kernels do not take ([`gemv_runs`]), sizes past 32 bits, launch failures.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_experts_gemv_q8(&self, layer: &GpuMoeLayer, tables: &GpuExpertTables, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, (d, e, k): (usize, usize, usize), limit: f32) -> Result<DevBuf<f32>, CudaError> {
+    pub(crate) fn moe_experts_gemv(&self, layer: &GpuMoeLayer, tables: &GpuExpertTables, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, (d, e, k): (usize, usize, usize), limit: f32, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let (tk, inter) = (t * k, tables.inter);
         if !gemv_runs(tables, tk, MoeOptions { decode_gemv: Some(usize::MAX), ..MoeOptions::ALL_ON }) || tk == 0 {
             return Err(bad(format!("moe gemv over {} experts of [{inter}, {d}], {tk} pairs", tables.format)));
@@ -755,37 +761,50 @@ impl Gpu {
         let (k_i, e_i, d_i, inter_i) = (i32_of(k, "top-k")?, i32_of(e, "experts")?, i32_of(d, "width")?, i32_of(inter, "hidden units")?);
         i32_of(tk * inter.max(d), "outputs")?;
         u32::try_from(tk).map_err(|_| bad(format!("{tk} pairs exceed the grid")))?;
-        let grid = |n: usize| (n.div_ceil(MGV_ROWS_PER_BLOCK) as u32, tk as u32, 1);
+        let lc = |n: usize, width: usize| LaunchConfig { grid_dim: (n.div_ceil(MGV_ROWS_PER_BLOCK) as u32, tk as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: (4 * width) as u32 };
         self.moe_mark("moe:gate_up");
-        let qa = self.act_quant(f, t, d)?;
-        // SAFETY: moe_gemv_fp4_swiglu writes every value of its tk rows (zeros for unrouted pairs).
+        let qa = if official { Some(self.act_quant(f, t, d)?) } else { None };
+        // SAFETY: the gate/up gemv writes every value of its tk rows (zeros for unrouted pairs).
         let mut h = unsafe { self.scratch::<f32>(tk * inter) }?;
-        {
-            let ldq = i32_of(qa.kp, "row bytes")?;
-            let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_swiglu"));
-            b.arg(&qa.q).arg(&qa.sa).arg(&ldq).arg(experts).arg(&k_i).arg(&e_i).arg(&tables.w1).arg(&tables.s1).arg(&tables.w3).arg(&tables.s3).arg(weights).arg(&mut h).arg(&inter_i).arg(&d_i).arg(&limit);
-            let lc = LaunchConfig { grid_dim: grid(inter), block_dim: (256, 1, 1), shared_mem_bytes: (4 * d) as u32 };
-            // SAFETY: moe_gemv_fp4_swiglu(q [≥ t rows, kp], sa [·, kp/128], ldq = kp, experts [tk], k, E,
-            // w1/s1/w3/s3 tables [E], gamma [tk], h [tk, inter], N = inter, K = d, limit); grid (N/32, tk),
-            // block 256, 4·d bytes of shared memory (d ≤ MOE_GEMV_MAX_WIDTH, a multiple of 128).
-            drv("moe_gemv_fp4_swiglu", unsafe { b.launch(lc) })?;
+        match &qa {
+            Some(qa) => {
+                let ldq = i32_of(qa.kp, "row bytes")?;
+                let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_swiglu"));
+                b.arg(&qa.q).arg(&qa.sa).arg(&ldq).arg(experts).arg(&k_i).arg(&e_i).arg(&tables.w1).arg(&tables.s1).arg(&tables.w3).arg(&tables.s3).arg(weights).arg(&mut h).arg(&inter_i).arg(&d_i).arg(&limit);
+                // SAFETY: moe_gemv_fp4_swiglu(q [≥ t rows, kp], sa [·, kp/128], ldq = kp, experts [tk], k, E,
+                // w1/s1/w3/s3 tables [E], gamma [tk], h [tk, inter], N = inter, K = d, limit); grid (N/32, tk),
+                // block 256, 4·d bytes of shared memory (d ≤ MOE_GEMV_MAX_WIDTH, a multiple of 128).
+                drv("moe_gemv_fp4_swiglu", unsafe { b.launch(lc(inter, d)) })?;
+            }
+            None => {
+                let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_swiglu_f32"));
+                b.arg(f).arg(&d_i).arg(experts).arg(&k_i).arg(&e_i).arg(&tables.w1).arg(&tables.s1).arg(&tables.w3).arg(&tables.s3).arg(&mut h).arg(&inter_i).arg(&d_i).arg(&limit);
+                // SAFETY: moe_gemv_fp4_swiglu_f32(x = f [t, d], ldx = d, experts [tk], k, E, tables [E],
+                // h [tk, inter], N = inter, K = d, limit); grid (N/32, tk), block 256, 4·d bytes of shared memory.
+                drv("moe_gemv_fp4_swiglu_f32", unsafe { b.launch(lc(inter, d)) })?;
+            }
         }
         self.moe_mark("moe:down");
-        let hq = self.act_quant(&h, tk, inter)?;
-        // SAFETY: moe_gemv_fp4_down writes every routed pair's row; moe_combine_f32 reads no other
-        // (it skips the slots of ids outside 0..E).
+        // SAFETY: the down gemv writes every routed pair's row; moe_combine_f32 reads no other (it
+        // skips the slots of ids outside 0..E).
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
-        {
+        if official {
+            let hq = self.act_quant(&h, tk, inter)?;
             let ldq = i32_of(hq.kp, "row bytes")?;
             let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_down"));
             b.arg(&hq.q).arg(&hq.sa).arg(&ldq).arg(experts).arg(&e_i).arg(&tables.w2).arg(&tables.s2).arg(&mut slot_out).arg(&d_i).arg(&inter_i);
-            let lc = LaunchConfig { grid_dim: grid(d), block_dim: (256, 1, 1), shared_mem_bytes: (4 * inter) as u32 };
             // SAFETY: moe_gemv_fp4_down(q [≥ tk rows, kp], sa, ldq = kp, experts [tk], E, w2/s2 tables [E],
             // y [tk, d], N = d, K = inter); grid (d/32, tk), block 256, 4·inter bytes of shared memory.
-            drv("moe_gemv_fp4_down", unsafe { b.launch(lc) })?;
+            drv("moe_gemv_fp4_down", unsafe { b.launch(lc(d, inter)) })?;
+        } else {
+            let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_down_f32"));
+            b.arg(&h).arg(&inter_i).arg(experts).arg(&e_i).arg(&tables.w2).arg(&tables.s2).arg(&mut slot_out).arg(&d_i).arg(&inter_i);
+            // SAFETY: moe_gemv_fp4_down_f32(x = h [tk, inter], ldx = inter, experts [tk], E, w2/s2 tables [E],
+            // y [tk, d], N = d, K = inter); grid (d/32, tk), block 256, 4·inter bytes of shared memory.
+            drv("moe_gemv_fp4_down_f32", unsafe { b.launch(lc(d, inter)) })?;
         }
         self.moe_mark("moe:shared+combine");
-        self.moe_shared_and_combine(layer, f, Some(&qa), t, k, d, limit, &slot_out, weights, Some((experts, e)), true)
+        self.moe_shared_and_combine(layer, f, qa.as_ref(), t, k, d, limit, &slot_out, weights, Some((experts, e)), official)
     }
 }
 

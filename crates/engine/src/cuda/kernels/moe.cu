@@ -79,6 +79,11 @@
 //     expert is outside 0 … E − 1 gets h = 0.
 //   down (W = w2 table; N = d, K = inter; q = act_quant_fp8 of h, row p): y[p, n]; a pair outside the
 //     experts is not written (moe_combine_f32 skips it by its id).
+//   _f32 forms (the exact modes: HF numerics, γ applied by moe_combine_f32 after W2): the same with f32
+//     inputs x [·, ldx] (the tokens f, then h) instead of e4m3 q and scales, h = fs_swiglu(gate, up) without γ;
+//     the inputs are staged times 2^64 (exact for |x| < 2^63) so that each product x·2^64·e2m1·2^-126 is
+//     a normal f32 (exact: 24 × 2 significant bits round once, as x·w in f32 would) for |x| ≥ 2^-62, and
+//     the group sums are scaled by 2^(s − 65).
 //   Tables: per expert the device address of the packed weights [N, K/2] (low nibble first) and of the
 //   ue8m0 scales [N, K/32]. K a multiple of 128, K·4 bytes of dynamic shared memory (K ≤ 12,288).
 //   Launch: grid (ceil(N / (MGV_WARPS·MGV_RPW)), pairs), block 32·MGV_WARPS.
@@ -353,6 +358,7 @@ extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, c
 
 #define MGV_WARPS 8
 #define MGV_RPW 4
+#define MGV_F32_BIAS 64  // the _f32 forms' inputs are staged times 2^64
 #define MGV_LOOK 4  // groups of a row each lane loads before it multiplies (K ≤ 32·32·MGV_LOOK per pass)
 
 // Nibble i (0 … 7) of v as the f32 whose bits are (nibble & 7) << 22 with the nibble's sign: the e2m1
@@ -378,8 +384,8 @@ __device__ __forceinline__ float mgv_group(uint4 w, const float4* __restrict__ x
     return acc;
 }
 
-template <bool SWIGLU>
-__device__ __forceinline__ void moe_gemv_fp4(const u8* __restrict__ q, const float* __restrict__ sa, int ldq,
+template <bool Q8, bool SWIGLU>
+__device__ __forceinline__ void moe_gemv_fp4(const u8* __restrict__ q, const float* __restrict__ sa, const float* __restrict__ x, int ldq,
                                              const int* __restrict__ experts, int k, int E,
                                              const unsigned long long* __restrict__ wtab, const unsigned long long* __restrict__ stab,
                                              const unsigned long long* __restrict__ w3tab, const unsigned long long* __restrict__ s3tab,
@@ -393,21 +399,28 @@ __device__ __forceinline__ void moe_gemv_fp4(const u8* __restrict__ q, const flo
         return;
     }
     const int row = SWIGLU ? p / k : p;
-    const u8* qr = q + (size_t)row * ldq;
     for (int c = threadIdx.x; c < K / 4; c += blockDim.x) {
-        const u32 v = *reinterpret_cast<const u32*>(qr + 4 * c);
         const int g = c >> 3;
-        xs[(g << 3) | ((c & 7) ^ (g & 7))] = make_float4(fs_e4m3(v & 0xffu), fs_e4m3((v >> 8) & 0xffu), fs_e4m3((v >> 16) & 0xffu), fs_e4m3(v >> 24));
+        float4 v;
+        if (Q8) {
+            const u32 b = *reinterpret_cast<const u32*>(q + (size_t)row * ldq + 4 * c);
+            v = make_float4(fs_e4m3(b & 0xffu), fs_e4m3((b >> 8) & 0xffu), fs_e4m3((b >> 16) & 0xffu), fs_e4m3(b >> 24));
+        } else {
+            // × 2^MGV_F32_BIAS (exact): the products with the decoded weights (2^-126 scale) stay normal.
+            v = *reinterpret_cast<const float4*>(x + (size_t)row * ldq + 4 * c);
+            v = make_float4(ldexpf(v.x, MGV_F32_BIAS), ldexpf(v.y, MGV_F32_BIAS), ldexpf(v.z, MGV_F32_BIAS), ldexpf(v.w, MGV_F32_BIAS));
+        }
+        xs[(g << 3) | ((c & 7) ^ (g & 7))] = v;
     }
     __syncthreads();
-    const float* sar = sa + (size_t)row * (ldq >> 7);
+    const float* sar = Q8 ? sa + (size_t)row * (ldq >> 7) : nullptr;
     const u8* W = reinterpret_cast<const u8*>(wtab[e]);
     const u8* S = reinterpret_cast<const u8*>(stab[e]);
     const u8* W3 = SWIGLU ? reinterpret_cast<const u8*>(w3tab[e]) : nullptr;
     const u8* S3 = SWIGLU ? reinterpret_cast<const u8*>(s3tab[e]) : nullptr;
     const int G = K >> 5;
     for (int r = 0; r < MGV_RPW; r++) {
-        const int n = n0 + r;
+        const int n = n0 + r;  // warp-uniform: the whole warp leaves together
         if (n >= N) break;
         const size_t wrow = (size_t)n * (K >> 1), srow = (size_t)n * G;
         float a1 = 0.f, a3 = 0.f;
@@ -431,10 +444,12 @@ __device__ __forceinline__ void moe_gemv_fp4(const u8* __restrict__ q, const flo
                 const int g = g0 + 32 * j;
                 if (g < G) {
                     const float4* xg = xs + (g << 3);
-                    const float s_a = sar[g >> 2];
-                    // 2^(s − 127) · 2^126 = 2^(s − 1): exact while the result stays normal.
-                    a1 = fmaf(ldexpf(mgv_group(w1v[j], xg, g & 7), (int)s1v[j] - 1), s_a, a1);
-                    if (SWIGLU) a3 = fmaf(ldexpf(mgv_group(w3v[j], xg, g & 7), (int)s3v[j] - 1), s_a, a3);
+                    // 2^(s − 127) · 2^126 = 2^(s − 1), then the activation scale: exact while the
+                    // results stay normal.
+                    const float s_a = Q8 ? sar[g >> 2] : 1.f;
+                    const int bias = Q8 ? 1 : 1 + MGV_F32_BIAS;
+                    a1 = fmaf(ldexpf(mgv_group(w1v[j], xg, g & 7), (int)s1v[j] - bias), s_a, a1);
+                    if (SWIGLU) a3 = fmaf(ldexpf(mgv_group(w3v[j], xg, g & 7), (int)s3v[j] - bias), s_a, a3);
                 }
             }
         }
@@ -443,7 +458,7 @@ __device__ __forceinline__ void moe_gemv_fp4(const u8* __restrict__ q, const flo
             a1 += __shfl_xor_sync(0xffffffffu, a1, o);
             if (SWIGLU) a3 += __shfl_xor_sync(0xffffffffu, a3, o);
         }
-        if (lane == 0) y[(size_t)p * N + n] = SWIGLU ? fs_swiglu(a1, a3, limit) * gamma[p] : a1;
+        if (lane == 0) y[(size_t)p * N + n] = SWIGLU ? fs_swiglu(a1, a3, limit) * (gamma ? gamma[p] : 1.f) : a1;
     }
 }
 
@@ -452,12 +467,27 @@ moe_gemv_fp4_swiglu(const u8* __restrict__ q, const float* __restrict__ sa, int 
                     const unsigned long long* __restrict__ w1tab, const unsigned long long* __restrict__ s1tab,
                     const unsigned long long* __restrict__ w3tab, const unsigned long long* __restrict__ s3tab,
                     const float* __restrict__ gamma, float* __restrict__ h, int N, int K, float limit) {
-    moe_gemv_fp4<true>(q, sa, ldq, experts, k, E, w1tab, s1tab, w3tab, s3tab, gamma, h, N, K, limit);
+    moe_gemv_fp4<true, true>(q, sa, nullptr, ldq, experts, k, E, w1tab, s1tab, w3tab, s3tab, gamma, h, N, K, limit);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * MGV_WARPS)
 moe_gemv_fp4_down(const u8* __restrict__ q, const float* __restrict__ sa, int ldq, const int* __restrict__ experts, int E,
                   const unsigned long long* __restrict__ w2tab, const unsigned long long* __restrict__ s2tab,
                   float* __restrict__ y, int N, int K) {
-    moe_gemv_fp4<false>(q, sa, ldq, experts, 1, E, w2tab, s2tab, nullptr, nullptr, nullptr, y, N, K, 0.f);
+    moe_gemv_fp4<true, false>(q, sa, nullptr, ldq, experts, 1, E, w2tab, s2tab, nullptr, nullptr, nullptr, y, N, K, 0.f);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MGV_WARPS)
+moe_gemv_fp4_swiglu_f32(const float* __restrict__ x, int ldx, const int* __restrict__ experts, int k, int E,
+                        const unsigned long long* __restrict__ w1tab, const unsigned long long* __restrict__ s1tab,
+                        const unsigned long long* __restrict__ w3tab, const unsigned long long* __restrict__ s3tab,
+                        float* __restrict__ h, int N, int K, float limit) {
+    moe_gemv_fp4<false, true>(nullptr, nullptr, x, ldx, experts, k, E, w1tab, s1tab, w3tab, s3tab, nullptr, h, N, K, limit);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MGV_WARPS)
+moe_gemv_fp4_down_f32(const float* __restrict__ x, int ldx, const int* __restrict__ experts, int E,
+                      const unsigned long long* __restrict__ w2tab, const unsigned long long* __restrict__ s2tab,
+                      float* __restrict__ y, int N, int K) {
+    moe_gemv_fp4<false, false>(nullptr, nullptr, x, ldx, experts, 1, E, w2tab, s2tab, nullptr, nullptr, nullptr, y, N, K, 0.f);
 }
