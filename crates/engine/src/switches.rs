@@ -560,6 +560,8 @@ pub type Requirement = (&'static str, &'static [&'static str]);
 pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("DECODE_CUDA_GRAPH", &[("MOE_GROUPED", &["on"]), ("MOE_GROUPED_DECODE", &["on"])]),
     ("MOE_GROUPED_DECODE", &[("MOE_GROUPED", &["on"])]),
+    // Below 64 tokens only the grouped decode path reaches it (64 tokens of top-6 are past its 192 pairs).
+    ("MOE_DECODE_GEMV", &[("MOE_GROUPED", &["on"]), ("MOE_GROUPED_DECODE", &["on"])]),
     ("MOE_FUSED_SWIGLU", &[("MOE_GROUPED", &["on"])]),
     ("MOE_ADAPTIVE_TILES", &[("MOE_GROUPED", &["on"])]),
     ("MOE_PERSISTENT", &[("MOE_GROUPED", &["on"])]),

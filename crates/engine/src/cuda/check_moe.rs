@@ -269,6 +269,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     all &= run_large_scales(gpu, seed, &cfg, &f, &routes32, &dids, &dw, out)?;
     all &= run_ragged(gpu, seed, &cfg, &f, &routes32, &dids, &dw, out)?;
     all &= run_q8(gpu, seed, &cfg, &f, &routes32, &dids, &dw, &ids, out)?;
+    all &= run_gemv_flash_widths(gpu, seed, out)?;
     Ok(all)
 }
 
@@ -643,6 +644,37 @@ fn run_gemv(gpu: &Gpu, cfg: &flashseek_model::config::Ds4Config, layer: &GpuMoeL
     Ok(all)
 }
 
+/// The gemvs at the Flash widths (d 4,096, inter 2,048: 128 and 64 groups per row, several per
+/// lane) against the CPU, on 8 FP4 experts and 2 tokens of top-6 (12 pairs, forced): official
+/// numerics (tolerance [`Q8_MOE_NMSE_TOL`]) and exact (`SPLIT_NMSE_TOL`).
+pub fn run_gemv_flash_widths(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let (t, d, inter, e, k) = (2usize, 4096usize, 2048usize, 8usize, 6usize);
+    let mut cfg = config(d, e, k, ScoringFunc::SqrtSoftplus, 1.0);
+    cfg.moe_intermediate_size = inter;
+    // Token 0 on experts 0…5, token 1 on 7, 5, 3, 1, 6, 2 (experts shared and not, slots in other orders).
+    let w = random(seed, "moe_gemv_flash.gamma", t * k, 1.0);
+    let routes: Vec<Route> = [[0usize, 1, 2, 3, 4, 5], [7, 5, 3, 1, 6, 2]]
+        .iter()
+        .enumerate()
+        .map(|(ti, ex)| Route { experts: ex.to_vec(), weights: (0..k).map(|s| (0.25 + w[ti * k + s].abs()) as f64).collect() })
+        .collect();
+    let ids: Vec<i32> = routes.iter().flat_map(|r| r.experts.iter().map(|x| *x as i32)).collect();
+    let gammas: Vec<f32> = routes.iter().flat_map(|r| r.weights.iter().map(|v| *v as f32)).collect();
+    let f = random(seed, "moe_gemv_flash.f", t * d, 2.0);
+    let (df, dids, dw) = (gpu.upload(&f)?, gpu.upload(&ids)?, gpu.upload(&gammas)?);
+    let (layer, lw) = test_layer(gpu, seed, "moe_gemv_flash.fp4", "fp4", e, d, inter, &|_| 1.0)?;
+    let forced = MoeOptions { decode_gemv: Some(usize::MAX), ..MoeOptions::ALL_ON };
+    let shape = json!({"tokens": t, "d": d, "inter": inter, "experts": e, "top_k": k});
+    let ran = gpu.moe_tables(&layer)?.is_some_and(|tb| super::ops_moe::gemv_runs(tb, t * k, forced));
+    let mut all = flag_record(out, "moe gemv flash widths ran", json!({"gemv_runs": ran}), ran);
+    let official = Numerics { act_quant_fp8: true, ..Default::default() };
+    let got = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &df, t, &dids, &dw, forced)?)?;
+    all &= vs_cpu(out, "moe_q8 fp4 gemv flash widths vs cpu", &shape, &got, &moe::moe(&cfg, &lw, &f, &routes, &official), Q8_MOE_NMSE_TOL);
+    let got = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, true, forced)?)?;
+    all &= vs_cpu(out, "moe_grouped fp4 gemv f32 flash widths vs cpu", &shape, &got, &moe::moe(&cfg, &lw, &f, &routes, &Numerics::default()), SPLIT_NMSE_TOL);
+    Ok(all)
+}
+
 /// `fp4_block_smax` (the `moe_wt` kernels' block scales, [`super::ops_moe::GpuExpertTables`])
 /// against the same rule on the host: every 128 × 128 block's largest group scale byte of w1, w3 and
 /// w2 from the uploaded FP4 scales, and the verdict (tables only when every group scale lies within
@@ -737,7 +769,9 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
             let ms = median_ms(gpu, repeats.min(3), || gpu.moe_experts(&cfg, &layer, &f, t, &host_ids, &dw, false).map(|_| ()))?;
             record_time("per-expert (grouped off)", ms);
         }
-        let on = MoeOptions::ALL_ON;
+        // The grouped kernels these rows and records name (MOE_DECODE_GEMV would take every call of up
+        // to 32 tokens; its own rows force it on and off below).
+        let on = MoeOptions { decode_gemv: None, ..MoeOptions::ALL_ON };
         for split in [true, false] {
             let act = if split { "split" } else { "bf16" };
             for (name, opts) in [("all on", on), ("fused off", MoeOptions { fused_swiglu: false, ..on }), ("adaptive off (128)", MoeOptions { adaptive_tiles: false, ..on }), ("tile 64", MoeOptions { force_tile_rows: Some(64), ..on }), ("persistent off", MoeOptions { persistent: false, ..on })] {

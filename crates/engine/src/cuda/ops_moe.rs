@@ -760,7 +760,9 @@ impl Gpu {
         let i32_of = |v: usize, what: &str| i32::try_from(v).map_err(|_| bad(format!("{what} = {v} exceeds 32 bits")));
         let (k_i, e_i, d_i, inter_i) = (i32_of(k, "top-k")?, i32_of(e, "experts")?, i32_of(d, "width")?, i32_of(inter, "hidden units")?);
         i32_of(tk * inter.max(d), "outputs")?;
-        u32::try_from(tk).map_err(|_| bad(format!("{tk} pairs exceed the grid")))?;
+        if tk > 65_535 {
+            return Err(bad(format!("{tk} pairs exceed the grid's 65,535 rows of blocks")));
+        }
         let lc = |n: usize, width: usize| LaunchConfig { grid_dim: (n.div_ceil(MGV_ROWS_PER_BLOCK) as u32, tk as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: (4 * width) as u32 };
         self.moe_mark("moe:gate_up");
         let qa = if official { Some(self.act_quant(f, t, d)?) } else { None };
