@@ -238,6 +238,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only moe`): `moe_q8 fp4 gemv vs cpu`, `moe_q8 fp4 T=1 / T=3 vs cpu` (NMSE ≤ 1e-4 against the CPU in official numerics), `moe_grouped fp4 gemv f32 vs cpu`, `moe_grouped fp4 split T=1 / T=3 vs cpu` (NMSE ≤ 1e-8 against the exact CPU), `… gemv masked` / `… gemv f32 masked` (γ = 0: the shared expert's bits), `moe_q8 fp4 gemv unrouted ids vs grouped`, `moe_q8 flash T=… gemv vs grouped` and `moe_grouped flash T=… gemv f32 vs grouped split`, `time moe layer T=… gemv …` (1 … 64 tokens); the switch matrix and qualify (`MOE_DECODE_GEMV=off alone`: exact, other bits; `… (with TC_LINEAR=fp8)`: reported); `gpu-bench` decode",
     },
     Switch {
+        name: "LINEAR_FUSED_QUANT",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "under TC_LINEAR=fp8, a linear of fewer than 64 tokens (decode steps, short chunks) as three launches — a copy of the input, act_quant_fp8's quantize-dequantize of the copy per 128 values, the exact gemv (linear.cu) on it: one launch of linear_<fmt>[_t1]_q, which quantize-dequantizes the input (the same rule, common.cuh fs_q8_quant4) while it stages it in shared memory; inputs a multiple of 128 wide with min(T, 8)·width ≤ 8,192 (every Flash decode linear); the same bits",
+        parity: "gpu-check `--only q8`: `linear_official fused quant T=… bits` (bitwise equal to the copy, roundtrip and gemv at 1, 3, 8 and 63 tokens, FP8 / FP4 / bf16 / f32 weights, spread block magnitudes and a NaN block) and `… vs cpu` (NMSE ≤ 1e-4 against linear(act_in(x), W) in f64), `time q8 official T=1 …` (both forms); the switch matrix (`LINEAR_FUSED_QUANT=off alone (with TC_LINEAR=fp8)`: the same bits as the official all-on run); `gpu-bench` decode",
+    },
+    Switch {
         name: "DECODE_CUDA_GRAPH",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -566,6 +573,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MOE_ADAPTIVE_TILES", &[("MOE_GROUPED", &["on"])]),
     ("MOE_PERSISTENT", &[("MOE_GROUPED", &["on"])]),
     ("FP8_WGMMA", &[("TC_LINEAR", &["fp8"])]),
+    ("LINEAR_FUSED_QUANT", &[("TC_LINEAR", &["fp8"])]),
     ("MOE_FP8_WS", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     // Its 256-row tiles are an adaptive choice (ops_q8::wt_tiles; only checks force them).
     ("MOE_FP8_WT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"]), ("MOE_ADAPTIVE_TILES", &["on"])]),
@@ -776,6 +784,9 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("MOE_FP8_WS=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WS", "off")], Role::AloneOff, false, true, false));
     // The 256-row tiles run moe_ws's MMAs and promotion per 64-row sub-tile: the same bits again.
     v.push(c("MOE_FP8_WT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_FP8_WT", "off")], Role::AloneOff, false, true, false));
+    // The official small-batch linears with the input's copy and quantize-dequantize launched
+    // apart: the same gemv on the same values, the same bits as the official all-on run.
+    v.push(c("LINEAR_FUSED_QUANT=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("LINEAR_FUSED_QUANT", "off")], Role::AloneOff, false, true, false));
     v.push(c("MLA_BF16=on (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on")], Role::Fast, false, false, false));
     // The serving stacks' numerics: FP8 GEMMs, bf16 attention, FP8 indexer scores (spec §9).
     v.push(c("INDEXER_FP8=on (with TC_LINEAR=fp8 and MLA_BF16=on)".into(), vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on")], Role::Fast, false, false, false));

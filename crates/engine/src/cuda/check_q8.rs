@@ -15,6 +15,8 @@
 //!   reference and tolerance, and (informational) against gemm_q8.cu.
 //! - `linear_official_bf16 <weight>` (switch `WQ_B_BF16_OUT`): the bf16-output product against the
 //!   CPU's rounded to bf16 and against the f32 output rounded (≤ 1 ulp; bit for bit off cuBLASLt).
+//! - `linear_official fused quant …` (switch `LINEAR_FUSED_QUANT`): the small-batch official linear
+//!   in one launch against the copy + roundtrip + gemv, bit for bit, and against the CPU.
 //!
 //! Timings ([`timings`]): the FP8 GEMM (activation quantisation included) next to cuBLASLt's, the bf16 and
 //! split tensor-core GEMMs at prefill shapes, TFLOP/s against the machine's ~1,450 FP8 dense.
@@ -156,6 +158,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     }
     all &= lt_checks(gpu, seed, out)?;
     all &= official_bf16_checks(gpu, seed, out)?;
+    all &= fused_quant_checks(gpu, seed, out)?;
     // Fallbacks at prefill token counts: bf16 weights, and FP4 whose group scales span 9+ binades.
     let (rows, cols, t) = (256usize, 512usize, 130usize);
     let x = spread_activations(seed, "q8.fb.x", t, cols);
@@ -178,6 +181,60 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
         gpu.linear_official(&dx, &gw, &mut dy, t)?;
         all &= flag_record(out, "fp4 scales spanning 26 binades are not folded", json!({"fold": fold}), !fold);
         all &= record_q8(out, "linear_official fp4 unfoldable fallback", json!([t, rows, cols]), &gpu.download(&dy)?, &ops::linear(&xq, &Matrix { rows, cols, data: deq }), None);
+    }
+    Ok(all)
+}
+
+/// `LINEAR_FUSED_QUANT`: [`Gpu::linear_official`] below 64 tokens with the gemv quantizing its
+/// input as it stages it ([`Gpu::linear_gemv_q`]) against the same call with the switch off (a
+/// copy, [`Gpu::act_roundtrip`], the gemv), bit for bit — every weight format, 1 / 3 / 8 / 63
+/// tokens, Flash's decode widths (1,024 … 8,192, the staged tile's limit), block magnitudes from
+/// 2^-20 to 2^12 and one block holding a NaN — and against the CPU's `linear(act_in(x), W)` (NMSE
+/// ≤ [`Q8_NMSE_TOL`]). A shape past the staged tile is declined (the three launches run).
+fn fused_quant_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut all = true;
+    let cases: &[(&str, &str, usize, usize, usize, bool)] = &[
+        ("fp8", "attn.wq_b rows", 4096, 1024, 1, false),
+        ("fp8", "attn.wo_b", 4096, 8192, 1, false),
+        ("fp8", "attn.wq_a", 1024, 4096, 1, true),
+        ("fp4", "expert.w1", 2048, 4096, 1, false),
+        ("fp8", "shared.w2", 4096, 2048, 3, false),
+        ("bf16", "bf16 [512, 1024]", 512, 1024, 8, false),
+        ("f32", "f32 [256, 1024]", 256, 1024, 8, true),
+        ("fp8", "odd [300, 128]", 300, 128, 63, false),
+        ("fp8", "declined [256, 4096]", 256, 4096, 3, false),
+    ];
+    for (fmt, name, rows, cols, t, nan) in cases {
+        let (rows, cols, t) = (*rows, *cols, *t);
+        let vals = random(seed, &format!("q8.fq.w.{name}"), rows * cols, (3.0 / cols as f64).sqrt());
+        let (gw, cpu_w) = weight(gpu, fmt, &vals, rows, cols)?;
+        let mut x = spread_activations(seed, &format!("q8.fq.x.{name}"), t, cols);
+        if *nan {
+            // One block of the last token holds a NaN: its outputs are NaN on both paths.
+            x[(t - 1) * cols + 130] = f32::NAN;
+        }
+        let dx = gpu.upload(&x)?;
+        let takes = Gpu::linear_gemv_q_takes(t, &gw);
+        let run = |sw: &'static str| -> Result<Vec<f32>, CudaError> {
+            switch_scope(&[("LINEAR_FUSED_QUANT", sw)], || {
+                let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
+                gpu.linear_official(&dx, &gw, &mut dy, t)?;
+                gpu.download(&dy)
+            })
+        };
+        let (fused, apart) = (run("on")?, run("off")?);
+        let differ = differing_bits(&fused, &apart);
+        let expect_takes = t.min(8) * cols <= 8192;
+        all &= flag_record(
+            out,
+            &format!("linear_official fused quant {fmt} {name} T={t} bits"),
+            json!({"shape": [t, rows, cols], "differing_values": differ, "of": apart.len(), "vs": "copy + act_roundtrip + gemv (LINEAR_FUSED_QUANT=off)", "fused": takes, "nan_block": nan}),
+            differ == 0 && takes == expect_takes,
+        );
+        if !nan {
+            let reference = ops::linear(&OFFICIAL.act_in(&x, cols), &cpu_w);
+            all &= record_q8(out, &format!("linear_official fused quant {fmt} {name} T={t} vs cpu"), json!([t, rows, cols]), &fused, &reference, None);
+        }
     }
     Ok(all)
 }
@@ -333,6 +390,21 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
         let fused = median_ms(gpu, repeats, || gpu.act_quant_swiglu(&dg, &du, 7.0, t, k).map(|_| ()))?;
         println!("time q8 swiglu+act_quant T={t} [{k}]  swiglu then act_quant {sep:.3} ms | act_quant_swiglu {fused:.3} ms");
         rows_out.push(json!({"op": "act_quant_swiglu", "tokens": t, "cols": k, "separate_ms": sep, "fused_ms": fused, "repeats": repeats}));
+    }
+    // LINEAR_FUSED_QUANT at decode (T = 1) on Flash's official linears: one launch against the
+    // copy, roundtrip and gemv (GB/s of weight bytes against the machine's ~4.2 TB/s).
+    for (fmt, name, rows, cols) in [("fp8", "attn.wq_a", 1024usize, 4096usize), ("fp8", "attn.wq_b", 32768, 1024), ("fp8", "attn.wo_b", 4096, 8192), ("fp8", "shared.w2", 4096, 2048)] {
+        let vals = random(seed, &format!("q8time.t1.{name}"), rows * cols, (3.0 / cols as f64).sqrt());
+        let (gw, _) = weight(gpu, fmt, &vals, rows, cols)?;
+        let dx = gpu.upload(&random(seed, "q8time.t1.x", cols, 1.0))?;
+        let mut dy = gpu.zeros::<f32>(rows)?;
+        let fused = switch_scope(&[("LINEAR_FUSED_QUANT", "on")], || median_ms(gpu, repeats, || gpu.linear_official(&dx, &gw, &mut dy, 1)))?;
+        let apart = switch_scope(&[("LINEAR_FUSED_QUANT", "off")], || median_ms(gpu, repeats, || gpu.linear_official(&dx, &gw, &mut dy, 1)))?;
+        let bytes = (rows * cols) as f64 + (rows.div_ceil(128) * cols.div_ceil(128)) as f64;
+        let gbs = |ms: f64| bytes / (ms * 1e-3) / 1e9;
+        println!("time q8 official T=1 {fmt} {name:<10} [{rows}x{cols}]  fused quant {fused:.4} ms {:.0} GB/s | copy + roundtrip + gemv {apart:.4} ms {:.0} GB/s", gbs(fused), gbs(apart));
+        rows_out.push(json!({"op": "linear_official_t1", "weight": name, "format": fmt, "tokens": 1, "rows": rows, "cols": cols, "weight_bytes": bytes,
+            "fused_quant_ms": fused, "fused_quant_gb_per_s": gbs(fused), "apart_ms": apart, "apart_gb_per_s": gbs(apart), "repeats": repeats}));
     }
     for (fmt, name, rows, cols, t) in timed {
         let vals = random(seed, &format!("q8time.{name}"), rows * cols, (3.0 / *cols as f64).sqrt());

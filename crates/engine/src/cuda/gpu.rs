@@ -204,6 +204,14 @@ pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
             "linear_bf16_t1_grouped",
             "linear_fp8_t1_grouped",
             "linear_fp4_t1_grouped",
+            "linear_f32_q",
+            "linear_bf16_q",
+            "linear_fp8_q",
+            "linear_fp4_q",
+            "linear_f32_t1_q",
+            "linear_bf16_t1_q",
+            "linear_fp8_t1_q",
+            "linear_fp4_t1_q",
         ],
     ),
     ("attention.cu", super::ops_attention::ATTENTION_ENTRY_POINTS),
@@ -337,6 +345,17 @@ pub(crate) const GEMM_WB_ENTRY_POINTS: &[&str] = &[
 
 /// Token count from which [`Gpu::linear`] uses the tensor-core GEMM (gemm.cu).
 pub const TC_LINEAR_MIN_TOKENS: usize = 64;
+
+/// Tokens per block of linear.cu's multi-token gemvs (`TT`).
+const GEMV_TOKENS_PER_BLOCK: usize = 8;
+
+/// Floats of linear.cu's staged input tile (`XS_FLOATS`, 32 KB of shared memory).
+const GEMV_STAGED_FLOATS: usize = 8192;
+
+/// [`Gpu::linear_gemv_q_takes`] on the token count and input width alone.
+fn gemv_q_takes_shape(t: usize, cols: usize) -> bool {
+    (1..TC_LINEAR_MIN_TOKENS).contains(&t) && cols.is_multiple_of(128) && t.min(GEMV_TOKENS_PER_BLOCK) * cols <= GEMV_STAGED_FLOATS
+}
 
 /// How [`Gpu::linear`] runs `T ≥` [`TC_LINEAR_MIN_TOKENS`] tokens (the switch
 /// `FLASHSEEK_TC_LINEAR`, read once per process by [`tc_linear_mode`]).
@@ -1366,6 +1385,37 @@ impl Gpu {
     /// Errors: as [`Gpu::linear_gemv`], `ldx` < cols or not a multiple of 4 (16-byte row loads),
     /// `ldy` < rows, views shorter than the shapes, strides past 32-bit indexing.
     pub fn linear_gemv_strided(&self, x: &CudaView<'_, f32>, ldx: usize, w: &GpuWeight, y: &mut CudaViewMut<'_, f32>, ldy: usize, t: usize) -> Result<(), CudaError> {
+        self.gemv_launch(x, ldx, w, y, ldy, t, false)
+    }
+
+    /// Whether [`Gpu::linear_gemv_q`] takes `t` tokens of `w`: fewer than
+    /// [`TC_LINEAR_MIN_TOKENS`] (the official path's FP8 GEMM starts there), an input width that
+    /// is a multiple of 128 (the quantisation blocks), and the block's tokens' inputs fitting the
+    /// kernel's staged tile (min(t, 8) · cols ≤ 8,192 floats: every decode step of Flash, whose
+    /// widest official input is `wo_b`'s 8,192).
+    pub fn linear_gemv_q_takes(t: usize, w: &GpuWeight) -> bool {
+        gemv_q_takes_shape(t, w.cols)
+    }
+
+    /// The official numerics' small-batch linear in one launch (switch `LINEAR_FUSED_QUANT`;
+    /// linear.cu `linear_<fmt>[_t1]_q`): `y = linear(act_in(x), W)` for `t` tokens of `x`
+    /// (`[t, cols]` f32) into `y` (`[t, rows]` f32), the input quantize-dequantized per 128 values
+    /// (spec §6, §10.1) as the kernel stages it — the bits of [`Gpu::act_roundtrip`] on a copy of
+    /// `x` followed by [`Gpu::linear_gemv`], without the copy and the roundtrip launch.
+    ///
+    /// Errors: shapes [`Gpu::linear_gemv_q_takes`] rejects (the caller checks first), buffers
+    /// shorter than the shapes, launch failures.
+    pub fn linear_gemv_q(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
+        if !Self::linear_gemv_q_takes(t, w) {
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("the fused-quantisation gemv takes 1..{TC_LINEAR_MIN_TOKENS} tokens of inputs a multiple of 128 wide with min(t, 8)·width ≤ {GEMV_STAGED_FLOATS}: {t} tokens of [{}, {}]", w.rows, w.cols) });
+        }
+        self.gemv_launch(&x.slice(..), w.cols, w, &mut y.slice_mut(..), w.rows, t, true)
+    }
+
+    /// The launch behind [`Gpu::linear_gemv_strided`] (`quant` false: `linear_<fmt>[_t1]`) and
+    /// [`Gpu::linear_gemv_q`] (`quant` true: `linear_<fmt>[_t1]_q`).
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_launch(&self, x: &CudaView<'_, f32>, ldx: usize, w: &GpuWeight, y: &mut CudaViewMut<'_, f32>, ldy: usize, t: usize, quant: bool) -> Result<(), CudaError> {
         if t == 0 {
             return Ok(());
         }
@@ -1403,7 +1453,7 @@ impl Gpu {
             GpuMatrix::Fp8 { scales, .. } => ("fp8", Some(scales)),
             GpuMatrix::Fp4 { scales, .. } => ("fp4", Some(scales)),
         };
-        let name = format!("linear_{fmt}{}", if t == 1 { "_t1" } else { "" });
+        let name = format!("linear_{fmt}{}{}", if t == 1 { "_t1" } else { "" }, if quant { "_q" } else { "" });
         let null = 0u64;
         let mut b = self.stream.launch_builder(self.f(&name));
         b.arg(x);
@@ -1428,6 +1478,31 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fused-quantisation gemv's host rule matches linear.cu: its tile constants, and the shapes
+    /// it takes (Flash's decode linears) and declines (past the staged tile, widths not a multiple
+    /// of 128, 64 tokens and more: the FP8 GEMM's).
+    #[test]
+    fn fused_quant_gemv_rule_matches_the_kernel() {
+        let src = include_str!("kernels/linear.cu");
+        assert!(src.contains(&format!("#define TT {GEMV_TOKENS_PER_BLOCK}\n")) && src.contains(&format!("#define XS_FLOATS {GEMV_STAGED_FLOATS} ")));
+        assert!(src.contains("if (!staged || (K & 127) != 0) __trap();"));
+        for fmt in ["f32", "bf16", "fp8", "fp4"] {
+            for t1 in ["", "_t1"] {
+                let name = format!("linear_{fmt}{t1}_q");
+                assert!(src.contains(&format!("FS_LINEAR_Q_ENTRY({name},")), "{name}");
+                assert!(ENTRY_POINTS.iter().any(|(f, names)| *f == "linear.cu" && names.contains(&name.as_str())), "{name}");
+            }
+        }
+        // Flash's decode linears (wq_a / wkv 4,096 wide, wq_b 1,024, wo_b 8,192, the shared
+        // expert's 4,096 and 2,048) at one token, and short chunks within the tile.
+        for cols in [1024, 2048, 4096, 8192] {
+            assert!(gemv_q_takes_shape(1, cols), "{cols}");
+        }
+        assert!(gemv_q_takes_shape(8, 1024) && gemv_q_takes_shape(63, 128) && gemv_q_takes_shape(2, 4096));
+        assert!(!gemv_q_takes_shape(3, 4096) && !gemv_q_takes_shape(1, 8320) && !gemv_q_takes_shape(9, 1152));
+        assert!(!gemv_q_takes_shape(1, 200) && !gemv_q_takes_shape(64, 128) && !gemv_q_takes_shape(0, 128));
+    }
 
     /// Every tile's entry point for every format it serves is a listed kernel (the loader looks
     /// each up by name: a missing one would fail `Gpu::open`), and its shared memory fits a block

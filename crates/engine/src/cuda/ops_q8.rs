@@ -668,7 +668,8 @@ impl Gpu {
     }
 
     /// [`Gpu::linear_q`]'s official-numerics path whatever the switch says: FP8-quantized inputs
-    /// (spec §6), the FP8 kernel where it applies, else quantize-dequantize and the exact kernels.
+    /// (spec §6), the FP8 kernel where it applies, else quantize-dequantize and the exact kernels
+    /// (below 64 tokens, with `LINEAR_FUSED_QUANT`, both in one launch: [`Gpu::linear_gemv_q`]).
     ///
     /// Errors: as [`Gpu::linear`].
     pub fn linear_official(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
@@ -678,6 +679,11 @@ impl Gpu {
         if official_runs_q8(t, w) {
             let qa = self.act_quant(x, t, w.cols)?;
             return self.linear_q8(&qa, w, y, t);
+        }
+        // LINEAR_FUSED_QUANT: below 64 tokens the gemv quantize-dequantizes x itself as it stages
+        // it (the same bits as the copy, roundtrip and gemv below, in one launch).
+        if crate::switches::on("LINEAR_FUSED_QUANT") && Gpu::linear_gemv_q_takes(t, w) {
+            return self.linear_gemv_q(x, w, y, t);
         }
         // SAFETY: fully written by the copy below.
         let mut xr = unsafe { self.scratch::<f32>((t * w.cols).max(1)) }?;

@@ -41,6 +41,33 @@ __device__ __forceinline__ float fs_e2m1(u32 nib) {
     return (nib & 8u) ? -r : r;
 }
 
+// Two f32 values to e4m3 bytes (lo in the low byte), round to nearest even, saturating at ±448.
+__device__ __forceinline__ u32 gq_e4m3x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return (u32)r;
+}
+
+// 2^e as f32 for e in [-126, 127].
+__device__ __forceinline__ float gq_pow2(int e) { return __uint_as_float((u32)(e + 127) << 23); }
+
+// DeepSeek's activation quantisation of one 128-value block (spec §6, §10.1; OFF-K act_quant),
+// warp-collective: lane l holds values 4 l … 4 l + 3 in v. amax = max(max|x|, 1e-4), s =
+// 2^ceil(log2(amax / 448)) by the official bit trick on the f32 quotient (exponent clamped to
+// [-126, 127]); returns the four e4m3 bytes of e4m3(v / s) (v[0] in the low byte) and s. The one
+// definition act_quant_fp8 (gemm_q8.cu) and the fused gemvs (linear.cu linear_*_q) share.
+__device__ __forceinline__ u32 fs_q8_quant4(const float (&v)[4], float& s) {
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    amax = fmaxf(amax, 1e-4f);
+    const u32 qb = __float_as_uint(__fdiv_rn(amax, 448.f));
+    int e = (int)((qb >> 23) & 0xffu) - 127 + ((qb & 0x7fffffu) != 0u);
+    e = min(max(e, -126), 127);
+    s = gq_pow2(e);
+    const float inv = gq_pow2(-e);
+    return gq_e4m3x2(v[0] * inv, v[1] * inv) | (gq_e4m3x2(v[2] * inv, v[3] * inv) << 16);
+}
+
 // SwiGLU with the clamps of spec §4.11: silu(min(g, L)) · clamp(u, ±L), a NaN u kept (the CPU's
 // order of operations; every MoE path uses this one).
 __device__ __forceinline__ float fs_swiglu(float g, float u, float limit) {

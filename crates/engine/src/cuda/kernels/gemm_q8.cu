@@ -60,14 +60,7 @@
 #define GQ_STAGES 4
 #define GQ_GROUP 8  // token tiles per raster group
 
-__device__ __forceinline__ u32 gq_e4m3x2(float lo, float hi) {
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return (u32)r;
-}
-
-// 2^e as f32 for e in [-126, 127].
-__device__ __forceinline__ float gq_pow2(int e) { return __uint_as_float((u32)(e + 127) << 23); }
+// gq_e4m3x2, gq_pow2 and the official scale rule (fs_q8_quant4): common.cuh.
 
 // Byte offset of element (row r, column k) of the tiled activation layout with KT 128-column
 // blocks per row: block (r / 64, k / 128) at ((r / 64)·KT + k / 128)·8192, inside it gw_swz's
@@ -104,22 +97,15 @@ extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__
                     if (c0 + j < K) v[j] = up ? fs_swiglu(x[(size_t)t * K + c0 + j], up[(size_t)t * K + c0 + j], limit) : x[(size_t)t * K + c0 + j];
             }
         }
-        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        amax = fmaxf(amax, 1e-4f);
-        const u32 qb = __float_as_uint(__fdiv_rn(amax, 448.f));
-        int e = (int)((qb >> 23) & 0xffu) - 127 + ((qb & 0x7fffffu) != 0u);
-        e = min(max(e, -126), 127);
-        const float s = gq_pow2(e), inv = gq_pow2(-e);
-        const u32 lo = gq_e4m3x2(v[0] * inv, v[1] * inv), hi = gq_e4m3x2(v[2] * inv, v[3] * inv);
+        float s;
+        const u32 pk = fs_q8_quant4(v, s);
         if (roundtrip) {
             if (t < T) {
-                const u32 pk = lo | (hi << 16);
                 for (int j = 0; j < 4; j++)
                     if (c0 + j < K) x[(size_t)t * K + c0 + j] = fs_e4m3((u8)(pk >> (8 * j))) * s;
             }
         } else {
-            *reinterpret_cast<u32*>(q + (mode == 2 ? gq_tiled(t, c0, KB) : (size_t)t * Kp + c0)) = (t < T) ? (lo | (hi << 16)) : 0u;
+            *reinterpret_cast<u32*>(q + (mode == 2 ? gq_tiled(t, c0, KB) : (size_t)t * Kp + c0)) = (t < T) ? pk : 0u;
             if (lane == 0) sa[(size_t)t * KB + b] = t < T ? s : 1.f;
         }
     }

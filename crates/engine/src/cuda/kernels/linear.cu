@@ -20,6 +20,12 @@
 // Decoders: FP8 through the hardware e4m3x2 → f16x2 conversion (sm_89+); FP4 through a 256-entry
 // byte → (lo, hi) table in shared memory. f32 accumulation per lane, then a fixed butterfly sum:
 // deterministic.
+// `linear_<fmt>_q` / `linear_<fmt>_t1_q` (switch LINEAR_FUSED_QUANT): DeepSeek's official numerics
+// below the FP8 GEMM's 64 tokens — the input quantize-dequantized per 128-value block (common.cuh
+// fs_q8_quant4, act_quant_fp8's roundtrip: e4m3(x / s)·s) while it is staged, then the same
+// product. The same values as act_quant_fp8 (mode 1) on a copy of x followed by `linear_<fmt>[_t1]`
+// on it, so the same bits, in one launch instead of three (copy, roundtrip, gemv). Needs the staged
+// tile: min(T, TT)·K ≤ XS_FLOATS and K % 128 == 0 (the host checks; anything else traps).
 
 #define TT 8
 #define UNROLL 4
@@ -33,8 +39,9 @@ __device__ __forceinline__ float2 fs_e4m3x2(u32 two_bytes) {
     return make_float2(lo, hi);
 }
 
-// FMT: 0 f32, 1 bf16, 2 fp8, 3 fp4. PER = values per 16-byte chunk.
-template <int FMT, int PER, int TT_>
+// FMT: 0 f32, 1 bf16, 2 fp8, 3 fp4. PER = values per 16-byte chunk. QRT: the input
+// quantize-dequantized per 128 values as it is staged (linear_*_q).
+template <int FMT, int PER, int TT_, bool QRT = false>
 __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const void* __restrict__ Wv,
                                           const u8* __restrict__ S, float* __restrict__ y, int T, int N, int K,
                                           int ldx, int ldy) {
@@ -52,7 +59,24 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
     // lanes of a warp (lane ↔ chunk c = k / PER) read consecutive words for each q = k % PER:
     // conflict-free shared-memory reads (a plain layout would put every lane in the same bank pair).
     const int chunks = K / PER;
-    if (staged) {
+    if (QRT) {
+        if (!staged || (K & 127) != 0) __trap();  // the host takes linear_*_q only for staged tiles of 128-blocks
+        // One warp per (token, 128-block): lane l quantizes values 4 l … 4 l + 3 of the block
+        // (act_quant_fp8's assignment, so fs_q8_quant4 sees the same values in the same lanes).
+        const int KB = K >> 7, warps = blockDim.x >> 5;
+        for (int u = threadIdx.x >> 5; u < tn * KB; u += warps) {
+            const int j = u / KB, c0 = (u - j * KB) * 128 + (threadIdx.x & 31) * 4;
+            const float4 f = __ldg(reinterpret_cast<const float4*>(x + (size_t)(t0 + j) * ldx + c0));
+            const float v[4] = {f.x, f.y, f.z, f.w};
+            float sc;
+            const u32 pk = fs_q8_quant4(v, sc);
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int k = c0 + r;
+                xs[j * K + (k % PER) * chunks + k / PER] = fs_e4m3((u8)(pk >> (8 * r))) * sc;
+            }
+        }
+    } else if (staged) {
         const int k4 = K / 4;  // float4s per row (K % 4 == 0 for every format)
         int n4 = tn * k4;
         for (int i0 = threadIdx.x; i0 < n4; i0 += 4 * blockDim.x) {
@@ -174,6 +198,14 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
                                  y + (size_t)g * N, T, N, K, ldx, ldy);                                       \
     }
 
+// NAME_q (x, W, S, y, T, N, K, ldx, ldy): NAME with the input quantize-dequantized as it is staged
+// (QRT above; no grouped form).
+#define FS_LINEAR_Q_ENTRY(NAME, WT, FMT, PER, TTV)                                                       \
+    extern "C" __global__ void NAME(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
+                                    float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {           \
+        fs_linear<FMT, PER, TTV, true>(x, W, S, y, T, N, K, ldx, ldy);                                        \
+    }
+
 FS_LINEAR_ENTRY(linear_f32, float, 0, 4, TT)
 FS_LINEAR_ENTRY(linear_bf16, u16, 1, 8, TT)
 FS_LINEAR_ENTRY(linear_fp8, u8, 2, 16, TT)
@@ -182,3 +214,11 @@ FS_LINEAR_ENTRY(linear_f32_t1, float, 0, 4, 1)
 FS_LINEAR_ENTRY(linear_bf16_t1, u16, 1, 8, 1)
 FS_LINEAR_ENTRY(linear_fp8_t1, u8, 2, 16, 1)
 FS_LINEAR_ENTRY(linear_fp4_t1, u8, 3, 32, 1)
+FS_LINEAR_Q_ENTRY(linear_f32_q, float, 0, 4, TT)
+FS_LINEAR_Q_ENTRY(linear_bf16_q, u16, 1, 8, TT)
+FS_LINEAR_Q_ENTRY(linear_fp8_q, u8, 2, 16, TT)
+FS_LINEAR_Q_ENTRY(linear_fp4_q, u8, 3, 32, TT)
+FS_LINEAR_Q_ENTRY(linear_f32_t1_q, float, 0, 4, 1)
+FS_LINEAR_Q_ENTRY(linear_bf16_t1_q, u16, 1, 8, 1)
+FS_LINEAR_Q_ENTRY(linear_fp8_t1_q, u8, 2, 16, 1)
+FS_LINEAR_Q_ENTRY(linear_fp4_t1_q, u8, 3, 32, 1)
