@@ -1177,7 +1177,7 @@ pub struct StageCost {
 }
 
 /// Stored bytes of a weight (values + scales).
-fn weight_bytes(w: &GpuWeight) -> f64 {
+pub(crate) fn weight_bytes(w: &GpuWeight) -> f64 {
     (match &w.data {
         GpuMatrix::F32(m) => m.len() * 4,
         GpuMatrix::Bf16(m) => m.len() * 2,

@@ -39,9 +39,69 @@ __device__ __forceinline__ float2 fs_e4m3x2(u32 two_bytes) {
     return make_float2(lo, hi);
 }
 
+// The scale byte of row n's chunk c (FP8: its 128 × 128 block; FP4: its 32-value group; 127
+// = 1.0 past the row's chunks and for f32 / bf16, which have none).
+template <int FMT, int PER>
+__device__ __forceinline__ u8 fs_chunk_scale(const u8* __restrict__ S, int n, int c, int chunks, int sk, int K) {
+    if (FMT == 2) return c < chunks ? __ldg(S + (size_t)(n >> 7) * sk + ((c * PER) >> 7)) : (u8)127;
+    if (FMT == 3) return c < chunks ? __ldg(S + (size_t)n * (K / 32) + ((c * PER) >> 5)) : (u8)127;
+    return (u8)127;
+}
+
+// One 16-byte chunk c of a weight row (raw, scale byte sc) decoded and dotted with each of the
+// block's tn tokens' inputs (staged in xb's permuted layout, or rows ldx apart): acc[j] += (Σ_q
+// w_q · x_j,q) · scale, the sum over the chunk's PER values in order, from 0.
+template <int FMT, int PER, int TT_>
+__device__ __forceinline__ void fs_chunk_dot(const uint4 raw, u8 sc, int c, int chunks, int tn, bool staged, const float* xb, int K, int ldx,
+                                             const float2* lut4, float (&acc)[TT_]) {
+    const int k0 = c * PER;
+    float w[PER];
+    u32 p[4] = {raw.x, raw.y, raw.z, raw.w};
+    float scale = 1.f;
+    if (FMT == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = __uint_as_float(p[i]);
+    } else if (FMT == 1) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) { w[2 * i] = fs_bf16((u16)(p[i] & 0xffffu)); w[2 * i + 1] = fs_bf16((u16)(p[i] >> 16)); }
+    } else if (FMT == 2) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 a = fs_e4m3x2(p[i] & 0xffffu), b = fs_e4m3x2(p[i] >> 16);
+            w[4 * i] = a.x; w[4 * i + 1] = a.y; w[4 * i + 2] = b.x; w[4 * i + 3] = b.y;
+        }
+        scale = fs_e8m0(sc);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float2 v = lut4[(p[i >> 2] >> (8 * (i & 3))) & 0xffu];
+            w[2 * i] = v.x; w[2 * i + 1] = v.y;
+        }
+        scale = fs_e8m0(sc);
+    }
+#pragma unroll
+    for (int j = 0; j < TT_; j++) {
+        if (j < tn) {
+            float s = 0.f;
+            if (staged) {
+                const float* xr = xb + (size_t)j * K + c;
+#pragma unroll
+                for (int q = 0; q < PER; q++) s += w[q] * xr[q * chunks];
+            } else {
+                const float* xr = xb + (size_t)j * ldx + k0;
+#pragma unroll
+                for (int q = 0; q < PER; q++) s += w[q] * xr[q];
+            }
+            acc[j] += s * scale;
+        }
+    }
+}
+
 // FMT: 0 f32, 1 bf16, 2 fp8, 3 fp4. PER = values per 16-byte chunk. QRT: the input
-// quantize-dequantized per 128 values as it is staged (linear_*_q).
-template <int FMT, int PER, int TT_, bool QRT = false>
+// quantize-dequantized per 128 values as it is staged (linear_*_q). R, U: rows in flight per warp
+// and chunks per lane and row loaded together (1, UNROLL: the form every entry had before
+// LINEAR_T1_WIDE_LOADS; the _t1n / _t1w entries 4, 4 and 1, 16).
+template <int FMT, int PER, int TT_, bool QRT = false, int R = 1, int U = UNROLL>
 __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const void* __restrict__ Wv,
                                           const u8* __restrict__ S, float* __restrict__ y, int T, int N, int K,
                                           int ldx, int ldy) {
@@ -106,6 +166,7 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
     // Bytes per weight row and per chunk.
     const size_t row_bytes = FMT == 0 ? (size_t)K * 4 : FMT == 1 ? (size_t)K * 2 : FMT == 2 ? (size_t)K : (size_t)K / 2;
     const int sk = (K + 127) / 128;
+    if constexpr (R == 1 && U == UNROLL) {
     for (int n = blockIdx.x * 8 + warp; n < N; n += gridDim.x * 8) {
     const uint4* wrow = reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(Wv) + (size_t)n * row_bytes);
     float acc[TT_];
@@ -118,60 +179,66 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
         for (int u = 0; u < UNROLL; u++) {
             int c = c0 + 32 * u;
             raw[u] = c < chunks ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
-            if (FMT == 2) sc[u] = c < chunks ? __ldg(S + (size_t)(n >> 7) * sk + ((c * PER) >> 7)) : (u8)127;
-            if (FMT == 3) sc[u] = c < chunks ? __ldg(S + (size_t)n * (K / 32) + ((c * PER) >> 5)) : (u8)127;
+            sc[u] = fs_chunk_scale<FMT, PER>(S, n, c, chunks, sk, K);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int c = c0 + 32 * u;
             if (c >= chunks) break;
-            int k0 = c * PER;
-            float w[PER];
-            u32 p[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
-            float scale = 1.f;
-            if (FMT == 0) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) w[i] = __uint_as_float(p[i]);
-            } else if (FMT == 1) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) { w[2 * i] = fs_bf16((u16)(p[i] & 0xffffu)); w[2 * i + 1] = fs_bf16((u16)(p[i] >> 16)); }
-            } else if (FMT == 2) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float2 a = fs_e4m3x2(p[i] & 0xffffu), b = fs_e4m3x2(p[i] >> 16);
-                    w[4 * i] = a.x; w[4 * i + 1] = a.y; w[4 * i + 2] = b.x; w[4 * i + 3] = b.y;
-                }
-                scale = fs_e8m0(sc[u]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 16; i++) {
-                    float2 v = lut4[(p[i >> 2] >> (8 * (i & 3))) & 0xffu];
-                    w[2 * i] = v.x; w[2 * i + 1] = v.y;
-                }
-                scale = fs_e8m0(sc[u]);
-            }
-#pragma unroll
-            for (int j = 0; j < TT_; j++) {
-                if (j < tn) {
-                    float s = 0.f;
-                    if (staged) {
-                        const float* xr = xb + (size_t)j * K + c;
-#pragma unroll
-                        for (int q = 0; q < PER; q++) s += w[q] * xr[q * chunks];
-                    } else {
-                        const float* xr = xb + (size_t)j * ldx + k0;
-#pragma unroll
-                        for (int q = 0; q < PER; q++) s += w[q] * xr[q];
-                    }
-                    acc[j] += s * scale;
-                }
-            }
+            fs_chunk_dot<FMT, PER, TT_>(raw[u], sc[u], c, chunks, tn, staged, xb, K, ldx, lut4, acc);
         }
     }
 #pragma unroll
     for (int j = 0; j < TT_; j++) {
         float v = fs_warp_sum(acc[j]);
         if (lane == 0 && j < tn) y[(size_t)(t0 + j) * ldy + n] = v;
+    }
+    }
+    } else {
+    // LINEAR_T1_WIDE_LOADS: the warp's rows n, n + G, … (G = gridDim.x · 8, the same rows as above)
+    // R at a time, and U chunks per lane and row loaded before any is used (R·U 16-byte loads in
+    // flight per lane instead of UNROLL). Each row's sum is formed as above — the lane's chunks
+    // c = lane, lane + 32, … in order, then the warp's butterfly — so the same bits.
+    const int G = gridDim.x * 8;
+    for (int n0 = blockIdx.x * 8 + warp; n0 < N; n0 += G * R) {
+    float acc[R][TT_];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < TT_; j++) acc[r][j] = 0.f;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+        uint4 raw[R][U];
+        u8 sc[R][U];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int n = n0 + r * G;
+            const uint4* wrow = reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(Wv) + (size_t)min(n, N - 1) * row_bytes);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + 32 * u;
+                raw[r][u] = c < chunks && n < N ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
+                sc[r][u] = fs_chunk_scale<FMT, PER>(S, min(n, N - 1), c, chunks, sk, K);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = c0 + 32 * u;
+                if (c >= chunks) break;
+                fs_chunk_dot<FMT, PER, TT_>(raw[r][u], sc[r][u], c, chunks, tn, staged, xb, K, ldx, lut4, acc[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int n = n0 + r * G;
+#pragma unroll
+        for (int j = 0; j < TT_; j++) {
+            float v = fs_warp_sum(acc[r][j]);
+            if (lane == 0 && j < tn && n < N) y[(size_t)(t0 + j) * ldy + n] = v;
+        }
+    }
     }
     }
 }
@@ -206,6 +273,27 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
         fs_linear<FMT, PER, TTV, true>(x, W, S, y, T, N, K, ldx, ldy);                                        \
     }
 
+// The one-token entries with wider loads (LINEAR_T1_WIDE_LOADS): NAME_t1n (4 rows × 4 chunks in
+// flight per lane: widths of at most 128 chunks, e.g. FP8 1,024 / 2,048) and NAME_t1w (one row's
+// 16 chunks: wider rows), each with its _grouped and _q forms; the same bits as NAME_t1.
+#define FS_LINEAR_WIDE_ENTRY(NAME, WT, FMT, PER, R, U)                                                   \
+    extern "C" __global__ void NAME(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
+                                    float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {           \
+        fs_linear<FMT, PER, 1, false, R, U>(x, W, S, y, T, N, K, ldx, ldy);                                   \
+    }                                                                                                         \
+    extern "C" __global__ void NAME##_q(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
+                                        float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {       \
+        fs_linear<FMT, PER, 1, true, R, U>(x, W, S, y, T, N, K, ldx, ldy);                                    \
+    }                                                                                                         \
+    extern "C" __global__ void NAME##_grouped(const float* __restrict__ x, const unsigned long long* __restrict__ wtab, \
+                                              const unsigned long long* __restrict__ stab, float* __restrict__ y, \
+                                              int T, int N, int K, int ldx, int ldy) {                        \
+        const int g = blockIdx.z;                                                                             \
+        const u8* S = (FMT >= 2) ? reinterpret_cast<const u8*>(stab[g]) : nullptr;                            \
+        fs_linear<FMT, PER, 1, false, R, U>(x + (size_t)g * K, reinterpret_cast<const WT*>(wtab[g]), S,       \
+                                            y + (size_t)g * N, T, N, K, ldx, ldy);                            \
+    }
+
 FS_LINEAR_ENTRY(linear_f32, float, 0, 4, TT)
 FS_LINEAR_ENTRY(linear_bf16, u16, 1, 8, TT)
 FS_LINEAR_ENTRY(linear_fp8, u8, 2, 16, TT)
@@ -222,3 +310,11 @@ FS_LINEAR_Q_ENTRY(linear_f32_t1_q, float, 0, 4, 1)
 FS_LINEAR_Q_ENTRY(linear_bf16_t1_q, u16, 1, 8, 1)
 FS_LINEAR_Q_ENTRY(linear_fp8_t1_q, u8, 2, 16, 1)
 FS_LINEAR_Q_ENTRY(linear_fp4_t1_q, u8, 3, 32, 1)
+FS_LINEAR_WIDE_ENTRY(linear_f32_t1n, float, 0, 4, 4, 4)
+FS_LINEAR_WIDE_ENTRY(linear_bf16_t1n, u16, 1, 8, 4, 4)
+FS_LINEAR_WIDE_ENTRY(linear_fp8_t1n, u8, 2, 16, 4, 4)
+FS_LINEAR_WIDE_ENTRY(linear_fp4_t1n, u8, 3, 32, 4, 4)
+FS_LINEAR_WIDE_ENTRY(linear_f32_t1w, float, 0, 4, 1, 16)
+FS_LINEAR_WIDE_ENTRY(linear_bf16_t1w, u16, 1, 8, 1, 16)
+FS_LINEAR_WIDE_ENTRY(linear_fp8_t1w, u8, 2, 16, 1, 16)
+FS_LINEAR_WIDE_ENTRY(linear_fp4_t1w, u8, 3, 32, 1, 16)
