@@ -238,11 +238,11 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only moe`): `moe_q8 fp4 gemv vs cpu`, `moe_q8 fp4 T=1 / T=3 vs cpu` (NMSE ≤ 1e-4 against the CPU in official numerics), `moe_grouped fp4 gemv f32 vs cpu`, `moe_grouped fp4 split T=1 / T=3 vs cpu` (NMSE ≤ 1e-8 against the exact CPU), `… gemv masked` / `… gemv f32 masked` (γ = 0: the shared expert's bits), `moe_q8 fp4 gemv unrouted ids vs grouped`, `moe_q8 flash T=… gemv vs grouped` and `moe_grouped flash T=… gemv f32 vs grouped split`, `time moe layer T=… gemv …` (1 … 64 tokens); the switch matrix and qualify (`MOE_DECODE_GEMV=off alone`: exact, other bits; `… (with TC_LINEAR=fp8)`: reported); `gpu-bench` decode",
     },
     Switch {
-        name: "LINEAR_T1_WIDE_LOADS",
+        name: "LINEAR_T1_PREFETCH",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
-        replaces: "the one-token gemvs (linear.cu linear_<fmt>_t1[_q|_grouped]: decode steps' linears in every numerics, wo_a's groups, the official path's fused quantisation) loading 4 chunks of 16 bytes per lane of one row before using them: up to 16 loads in flight per lane — 4 rows × 4 chunks (linear_<fmt>_t1n: rows of at most 128 chunks, e.g. FP8 inputs of 1,024 or 2,048) or 16 chunks of one row (linear_<fmt>_t1w: wider rows) — each row's sum formed in the same order, so the same bits",
-        parity: "gpu-check `--only gemv` (or `wo_a`): `linear exact / official T=1 wide loads <fmt> … bits` (bitwise equal to LINEAR_T1_WIDE_LOADS=off on Flash's decode shapes and odd row counts, every weight format, both entries), `… vs cpu`, `wo_a one launch T=1 wide loads bits`, `time linear T=1 …` and `time wo_a grouped T=1 one launch …`; the switch matrix (`LINEAR_T1_WIDE_LOADS=off alone`: same bits); `gpu-bench` decode",
+        replaces: "the one-token gemvs (linear.cu linear_<fmt>_t1[_q|_grouped]: decode steps' linears in every numerics, wo_a's groups, the official path's fused quantisation) taking each of a warp's rows in turn — its loads, its dot products, its reduction and store, then the next row's loads: linear_<fmt>_t1p[_q|_grouped], which issues the next row's (or batch's) loads before it uses the current ones, in a grid of the blocks every SM holds at once (no second wave); each row summed in the same order, so the same bits",
+        parity: "gpu-check `--only gemv` (or `wo_a`): `linear exact / official T=1 prefetch <fmt> … bits` (bitwise equal to LINEAR_T1_PREFETCH=off on Flash's decode shapes and odd row counts, every weight format), `… vs cpu`, `wo_a one launch T=1 prefetch bits`, `time linear T=1 …` and `time wo_a grouped T=1 one launch …`; the switch matrix (`LINEAR_T1_PREFETCH=off alone`: same bits); `gpu-bench` decode",
     },
     Switch {
         name: "LINEAR_FUSED_QUANT",
@@ -767,8 +767,8 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("DECODE_CUDA_GRAPH=off alone".into(), vec![("DECODE_CUDA_GRAPH", "off")], Role::AloneOff, true, true, false));
     // The grouped wo_a below 64 tokens gathered per group: the same gemv on the same values.
     v.push(c("WO_A_STRIDED=off alone".into(), vec![("WO_A_STRIDED", "off")], Role::AloneOff, true, true, false));
-    // The one-token gemvs with one row's 4 chunks in flight per lane: the same sums, the same bits.
-    v.push(c("LINEAR_T1_WIDE_LOADS=off alone".into(), vec![("LINEAR_T1_WIDE_LOADS", "off")], Role::AloneOff, true, true, false));
+    // The one-token gemvs taking their rows one after another: the same sums, the same bits.
+    v.push(c("LINEAR_T1_PREFETCH=off alone".into(), vec![("LINEAR_T1_PREFETCH", "off")], Role::AloneOff, true, true, false));
     // The decode MoE's gemvs: the grouped GEMMs' definition (exact, or the official numerics), other bits.
     v.push(c("MOE_DECODE_GEMV=off alone".into(), vec![("MOE_DECODE_GEMV", "off")], Role::AloneOff, true, false, false));
     v.push(c("MOE_DECODE_GEMV=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_DECODE_GEMV", "off")], Role::AloneOff, false, false, false));

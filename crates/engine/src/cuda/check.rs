@@ -120,7 +120,7 @@ pub fn run(gpu: &Gpu, seed: u64, opts: &CheckOptions) -> Result<(Value, bool), C
         return Ok((report(gpu, seed, all, out, Vec::new()), all));
     }
     // `--only wo_a` (or `gemv`): the grouped output projection below 64 tokens, strided against
-    // gathered, and the one-token gemvs' wide loads (LINEAR_T1_WIDE_LOADS).
+    // gathered, and the one-token gemvs' row prefetch (LINEAR_T1_PREFETCH).
     if matches!(opts.only.as_deref(), Some("wo_a" | "gemv")) {
         let (ok, timings) = grouped_wo_a(gpu, seed, repeats, &mut out)?;
         all &= ok;
@@ -557,35 +557,34 @@ fn grouped_wo_a(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> R
     let one = median_ms(gpu, repeats, || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin, table.as_ref()).map(|_| ()))?;
     println!("time wo_a grouped T=1 [8 x {r}x{gin}]  gather/gemv/scatter {:.1} us | strided gemv per group {:.1} us | one launch {:.1} us", gather * 1e3, strided * 1e3, one * 1e3);
     let mut timings = vec![json!({"op": "wo_a grouped", "tokens": 1, "groups": groups, "rows": r, "cols": gin, "gather_us": gather * 1e3, "strided_us": strided * 1e3, "one_launch_us": one * 1e3, "weight_bytes": groups * r * gin, "repeats": repeats})];
-    // LINEAR_T1_WIDE_LOADS on the one-launch grouped gemv: the same bits, and its time.
+    // LINEAR_T1_PREFETCH on the one-launch grouped gemv: the same bits, and its time.
     let run1 = |sw: &'static str| -> Result<Vec<f32>, CudaError> {
-        switch_scope(&[("LINEAR_T1_WIDE_LOADS", sw)], || {
+        switch_scope(&[("LINEAR_T1_PREFETCH", sw)], || {
             let mut z = gpu.upload(&vec![f32::NAN; groups * r])?;
             gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin, table.as_ref())?;
             gpu.download(&z)
         })
     };
     let differ = differing_bits(&run1("on")?, &run1("off")?);
-    all &= flag_record(out, "wo_a one launch T=1 wide loads bits", json!({"differing": differ, "compared": groups * r, "vs": "LINEAR_T1_WIDE_LOADS=off"}), differ == 0);
-    let wide = switch_scope(&[("LINEAR_T1_WIDE_LOADS", "on")], || median_ms(gpu, repeats, || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin, table.as_ref()).map(|_| ())))?;
-    let narrow = switch_scope(&[("LINEAR_T1_WIDE_LOADS", "off")], || median_ms(gpu, repeats, || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin, table.as_ref()).map(|_| ())))?;
+    all &= flag_record(out, "wo_a one launch T=1 prefetch bits", json!({"differing": differ, "compared": groups * r, "vs": "LINEAR_T1_PREFETCH=off"}), differ == 0);
+    let pf = switch_scope(&[("LINEAR_T1_PREFETCH", "on")], || median_ms(gpu, repeats, || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin, table.as_ref()).map(|_| ())))?;
+    let plain = switch_scope(&[("LINEAR_T1_PREFETCH", "off")], || median_ms(gpu, repeats, || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin, table.as_ref()).map(|_| ())))?;
     let wbytes = (groups * r * gin) as f64;
-    println!("time wo_a grouped T=1 one launch  wide loads {:.1} us {:.0} GB/s | off {:.1} us {:.0} GB/s", wide * 1e3, wbytes / (wide * 1e-3) / 1e9, narrow * 1e3, wbytes / (narrow * 1e-3) / 1e9);
-    timings.push(json!({"op": "wo_a grouped one launch, LINEAR_T1_WIDE_LOADS", "tokens": 1, "wide_us": wide * 1e3, "off_us": narrow * 1e3, "weight_bytes": wbytes, "repeats": repeats}));
-    let (ok, t1) = t1_wide_loads(gpu, seed, repeats, out)?;
+    println!("time wo_a grouped T=1 one launch  prefetch {:.1} us {:.0} GB/s | off {:.1} us {:.0} GB/s", pf * 1e3, wbytes / (pf * 1e-3) / 1e9, plain * 1e3, wbytes / (plain * 1e-3) / 1e9);
+    timings.push(json!({"op": "wo_a grouped one launch, LINEAR_T1_PREFETCH", "tokens": 1, "prefetch_us": pf * 1e3, "off_us": plain * 1e3, "weight_bytes": wbytes, "repeats": repeats}));
+    let (ok, t1) = t1_prefetch(gpu, seed, repeats, out)?;
     all &= ok;
     timings.extend(t1);
     Ok((all, timings))
 }
 
-/// `LINEAR_T1_WIDE_LOADS`: the one-token gemvs with 16 weight loads in flight per lane (`_t1n`: 4
-/// rows × 4 chunks for rows of ≤ 128 chunks; `_t1w`: 16 chunks of one row) against `_t1` (4 chunks
-/// of one row), bit for bit — every weight format, both entries, row counts that are not multiples
+/// `LINEAR_T1_PREFETCH`: the one-token gemvs with the next row's loads issued before the current
+/// row is reduced (`_t1p`) against `_t1`, bit for bit — every weight format, both entries, row counts that are not multiples
 /// of the warps' rows (the last rows of a warp's group past N), the exact gemv ([`Gpu::linear_gemv`])
 /// and the official one ([`Gpu::linear_official`]: `_q` with `LINEAR_FUSED_QUANT`) — and against the
 /// CPU. Timings at T = 1 on Flash's decode linears (the weights re-read from L2 between repeats when
 /// they fit its 50 MB: what differs is how much of each row is in flight).
-fn t1_wide_loads(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> Result<(bool, Vec<Value>), CudaError> {
+fn t1_prefetch(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> Result<(bool, Vec<Value>), CudaError> {
     let mut all = true;
     let cases: &[(&str, &str, usize, usize)] = &[
         ("fp8", "attn.wq_b", 32768, 1024),
@@ -603,13 +602,13 @@ fn t1_wide_loads(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> 
     let mut timings = Vec::new();
     for (fmt, name, rows, cols) in cases {
         let (rows, cols) = (*rows, *cols);
-        let vals = random(seed, &format!("t1wide.w.{name}"), rows * cols, (3.0 / cols as f64).sqrt());
+        let vals = random(seed, &format!("t1pf.w.{name}"), rows * cols, (3.0 / cols as f64).sqrt());
         let (gw, cpu_w) = weight(gpu, fmt, &vals, rows, cols)?;
-        let x = random(seed, &format!("t1wide.x.{name}"), cols, 1.0);
+        let x = random(seed, &format!("t1pf.x.{name}"), cols, 1.0);
         let dx = gpu.upload(&x)?;
         for official in [false, true] {
             let run = |sw: &'static str| -> Result<Vec<f32>, CudaError> {
-                switch_scope(&[("LINEAR_T1_WIDE_LOADS", sw)], || {
+                switch_scope(&[("LINEAR_T1_PREFETCH", sw)], || {
                     let mut dy = gpu.upload(&vec![f32::NAN; rows])?;
                     if official {
                         gpu.linear_official(&dx, &gw, &mut dy, 1)?;
@@ -619,42 +618,30 @@ fn t1_wide_loads(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> 
                     gpu.download(&dy)
                 })
             };
-            let (wide, off) = (run("on")?, run("off")?);
-            let differ = differing_bits(&wide, &off);
-            let per = 32 / fmt_bytes_x2(fmt);
-            let entry = if cols.div_ceil(per) <= 128 { "t1n" } else { "t1w" };
+            let (pf, off) = (run("on")?, run("off")?);
+            let differ = differing_bits(&pf, &off);
             let path = if official { "official" } else { "exact" };
             all &= flag_record(
                 out,
-                &format!("linear {path} T=1 wide loads {fmt} {name} bits"),
-                json!({"shape": [1, rows, cols], "entry": entry, "differing_values": differ, "of": rows, "vs": "LINEAR_T1_WIDE_LOADS=off (_t1)", "finite": wide.iter().all(|v| v.is_finite())}),
-                differ == 0 && wide.iter().all(|v| v.is_finite()),
+                &format!("linear {path} T=1 prefetch {fmt} {name} bits"),
+                json!({"shape": [1, rows, cols], "differing_values": differ, "of": rows, "vs": "LINEAR_T1_PREFETCH=off (_t1)", "finite": pf.iter().all(|v| v.is_finite())}),
+                differ == 0 && pf.iter().all(|v| v.is_finite()),
             );
             if !official {
-                all &= record(out, &format!("linear T=1 wide loads {fmt} {name} vs cpu"), json!([1, rows, cols]), &wide, &ops::linear(&x, &cpu_w));
+                all &= record(out, &format!("linear T=1 prefetch {fmt} {name} vs cpu"), json!([1, rows, cols]), &pf, &ops::linear(&x, &cpu_w));
             }
         }
         if !name.starts_with("odd") {
             let mut dy = gpu.zeros::<f32>(rows)?;
-            let on = switch_scope(&[("LINEAR_T1_WIDE_LOADS", "on")], || median_ms(gpu, repeats, || gpu.linear_gemv(&dx, &gw, &mut dy, 1)))?;
-            let off = switch_scope(&[("LINEAR_T1_WIDE_LOADS", "off")], || median_ms(gpu, repeats, || gpu.linear_gemv(&dx, &gw, &mut dy, 1)))?;
+            let on = switch_scope(&[("LINEAR_T1_PREFETCH", "on")], || median_ms(gpu, repeats, || gpu.linear_gemv(&dx, &gw, &mut dy, 1)))?;
+            let off = switch_scope(&[("LINEAR_T1_PREFETCH", "off")], || median_ms(gpu, repeats, || gpu.linear_gemv(&dx, &gw, &mut dy, 1)))?;
             let bytes = super::model::weight_bytes(&gw);
             let gbs = |ms: f64| bytes / (ms * 1e-3) / 1e9;
-            println!("time linear T=1 {fmt} {name:<16} [{rows}x{cols}]  wide loads {:.1} us {:.0} GB/s | off {:.1} us {:.0} GB/s", on * 1e3, gbs(on), off * 1e3, gbs(off));
-            timings.push(json!({"op": "linear T=1, LINEAR_T1_WIDE_LOADS", "format": fmt, "weight": name, "rows": rows, "cols": cols, "weight_bytes": bytes, "wide_us": on * 1e3, "wide_gb_per_s": gbs(on), "off_us": off * 1e3, "off_gb_per_s": gbs(off), "repeats": repeats}));
+            println!("time linear T=1 {fmt} {name:<16} [{rows}x{cols}]  prefetch {:.1} us {:.0} GB/s | off {:.1} us {:.0} GB/s", on * 1e3, gbs(on), off * 1e3, gbs(off));
+            timings.push(json!({"op": "linear T=1, LINEAR_T1_PREFETCH", "format": fmt, "weight": name, "rows": rows, "cols": cols, "weight_bytes": bytes, "prefetch_us": on * 1e3, "prefetch_gb_per_s": gbs(on), "off_us": off * 1e3, "off_gb_per_s": gbs(off), "repeats": repeats}));
         }
     }
     Ok((all, timings))
-}
-
-/// Twice the bytes per value of a weight format's storage (f32 8, bf16 4, FP8 2, FP4 1).
-fn fmt_bytes_x2(fmt: &str) -> usize {
-    match fmt {
-        "f32" => 8,
-        "bf16" => 4,
-        "fp8" => 2,
-        _ => 1,
-    }
 }
 
 /// Prints and appends a pass/fail record without an NMSE.

@@ -212,30 +212,18 @@ pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
             "linear_bf16_t1_q",
             "linear_fp8_t1_q",
             "linear_fp4_t1_q",
-            "linear_f32_t1n",
-            "linear_f32_t1n_q",
-            "linear_f32_t1n_grouped",
-            "linear_bf16_t1n",
-            "linear_bf16_t1n_q",
-            "linear_bf16_t1n_grouped",
-            "linear_fp8_t1n",
-            "linear_fp8_t1n_q",
-            "linear_fp8_t1n_grouped",
-            "linear_fp4_t1n",
-            "linear_fp4_t1n_q",
-            "linear_fp4_t1n_grouped",
-            "linear_f32_t1w",
-            "linear_f32_t1w_q",
-            "linear_f32_t1w_grouped",
-            "linear_bf16_t1w",
-            "linear_bf16_t1w_q",
-            "linear_bf16_t1w_grouped",
-            "linear_fp8_t1w",
-            "linear_fp8_t1w_q",
-            "linear_fp8_t1w_grouped",
-            "linear_fp4_t1w",
-            "linear_fp4_t1w_q",
-            "linear_fp4_t1w_grouped",
+            "linear_f32_t1p",
+            "linear_f32_t1p_q",
+            "linear_f32_t1p_grouped",
+            "linear_bf16_t1p",
+            "linear_bf16_t1p_q",
+            "linear_bf16_t1p_grouped",
+            "linear_fp8_t1p",
+            "linear_fp8_t1p_q",
+            "linear_fp8_t1p_grouped",
+            "linear_fp4_t1p",
+            "linear_fp4_t1p_q",
+            "linear_fp4_t1p_grouped",
         ],
     ),
     ("attention.cu", super::ops_attention::ATTENTION_ENTRY_POINTS),
@@ -376,17 +364,17 @@ const GEMV_TOKENS_PER_BLOCK: usize = 8;
 /// Floats of linear.cu's staged input tile (`XS_FLOATS`, 32 KB of shared memory).
 const GEMV_STAGED_FLOATS: usize = 8192;
 
-/// The token-count suffix of linear.cu's gemv entry for `t` tokens of inputs `cols` wide in
-/// 16-byte chunks of `per` values, and its row-block cap: `""` (8 tokens per block) for `t > 1`;
-/// at one token `_t1`, or with `LINEAR_T1_WIDE_LOADS` `_t1n` (4 rows × 4 chunks in flight per lane)
-/// for rows of at most 128 chunks and `_t1w` (one row's 16 chunks) for wider ones. Row blocks are
-/// capped (each block loops over rows, x staged once per block): 1,056 (8 per SM) for the first
-/// two, 528 for the wide-load entries (their registers fit fewer blocks per SM).
-fn t1_variant(t: usize, cols: usize, per: usize) -> (&'static str, usize) {
+/// The token-count suffix of linear.cu's gemv entry for `t` tokens of weights holding `per`
+/// values per 16-byte chunk, and its row-block cap: `""` (8 tokens per block) for `t > 1`; at one
+/// token `_t1`, or with `LINEAR_T1_PREFETCH` `_t1p` (the next row's loads issued before the
+/// current row is reduced). Row blocks are capped (each block loops over rows, x staged once per
+/// block): 1,056 (8 per SM) for the first two; for `_t1p` the blocks its registers let every SM
+/// hold at once (3 of 256 threads at its 72 registers, 2 at FP4's 96: `ptxas -v` on NVRTC 13.0),
+/// so that no SM starts a second wave while others idle.
+fn t1_variant(t: usize, per: usize) -> (&'static str, usize) {
     const MAX_ROW_BLOCKS: usize = 132 * 8;
-    const MAX_ROW_BLOCKS_WIDE: usize = 132 * 4;
     match t {
-        1 if crate::switches::on("LINEAR_T1_WIDE_LOADS") => (if cols.div_ceil(per) <= 128 { "_t1n" } else { "_t1w" }, MAX_ROW_BLOCKS_WIDE),
+        1 if crate::switches::on("LINEAR_T1_PREFETCH") => ("_t1p", if per == 32 { 132 * 2 } else { 132 * 3 }),
         1 => ("_t1", MAX_ROW_BLOCKS),
         _ => ("", MAX_ROW_BLOCKS),
     }
@@ -1374,7 +1362,7 @@ impl Gpu {
         let (Ok(ldx_i), Ok(ldy_i), Ok(g_i)) = (i32::try_from(ldx), i32::try_from(ldy), u32::try_from(tb.groups)) else {
             return Err(CudaError::Unsupported { what: "grouped linear", detail: format!("row strides {ldx} and {ldy} do not fit the kernel's 32-bit index") });
         };
-        let (t1, cap) = t1_variant(t, tb.cols, need);
+        let (t1, cap) = t1_variant(t, need);
         let cfg = LaunchConfig { grid_dim: (tb.rows.div_ceil(8).min(cap) as u32, t.div_ceil(8) as u32, g_i), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let name = format!("linear_{}{t1}_grouped", tb.fmt);
         let (tt, n, k) = (t as i32, tb.rows as i32, tb.cols as i32);
@@ -1481,7 +1469,7 @@ impl Gpu {
             return Err(CudaError::Unsupported { what: "linear", detail: format!("input width {} is not a multiple of {need}", w.cols) });
         }
         // Row blocks are capped (each block loops over rows) so x is staged once per block.
-        let (t1, cap) = t1_variant(t, w.cols, need);
+        let (t1, cap) = t1_variant(t, need);
         let cfg = LaunchConfig {
             grid_dim: (w.rows.div_ceil(8).min(cap) as u32, t.div_ceil(8) as u32, 1),
             block_dim: (256, 1, 1),
@@ -1544,25 +1532,21 @@ mod tests {
         assert!(!gemv_q_takes_shape(1, 200) && !gemv_q_takes_shape(64, 128) && !gemv_q_takes_shape(0, 128));
     }
 
-    /// LINEAR_T1_WIDE_LOADS picks `_t1n` for rows of at most 128 chunks and `_t1w` past that, only
-    /// at one token; every entry it can name exists in linear.cu and the loader's list.
+    /// LINEAR_T1_PREFETCH picks `_t1p` at one token only; every entry it can name exists in
+    /// linear.cu and the loader's list.
     #[test]
-    fn t1_wide_load_entries_exist_and_split_at_128_chunks() {
-        assert_eq!(t1_variant(1, 2048, 16), ("_t1n", 528));
-        assert_eq!(t1_variant(1, 2064, 16), ("_t1w", 528));
-        assert_eq!(t1_variant(1, 4096, 32), ("_t1n", 528));
-        assert_eq!(t1_variant(1, 8192, 16).0, "_t1w");
-        assert_eq!(t1_variant(2, 1024, 16), ("", 1056));
-        let off = crate::switches::scoped(&[("LINEAR_T1_WIDE_LOADS", "off")], || t1_variant(1, 1024, 16)).unwrap();
+    fn t1_prefetch_entries_exist() {
+        assert_eq!(t1_variant(1, 16), ("_t1p", 396));
+        assert_eq!(t1_variant(1, 32), ("_t1p", 264));
+        assert_eq!(t1_variant(2, 16), ("", 1056));
+        let off = crate::switches::scoped(&[("LINEAR_T1_PREFETCH", "off")], || t1_variant(1, 16)).unwrap();
         assert_eq!(off, ("_t1", 1056));
         let src = include_str!("kernels/linear.cu");
         for fmt in ["f32", "bf16", "fp8", "fp4"] {
-            for v in ["n", "w"] {
-                assert!(src.contains(&format!("FS_LINEAR_WIDE_ENTRY(linear_{fmt}_t1{v},")), "{fmt} {v}");
-                for k in ["", "_q", "_grouped"] {
-                    let name = format!("linear_{fmt}_t1{v}{k}");
-                    assert!(ENTRY_POINTS.iter().any(|(f, names)| *f == "linear.cu" && names.contains(&name.as_str())), "{name}");
-                }
+            assert!(src.contains(&format!("FS_LINEAR_PF_ENTRY(linear_{fmt}_t1p,")), "{fmt}");
+            for k in ["", "_q", "_grouped"] {
+                let name = format!("linear_{fmt}_t1p{k}");
+                assert!(ENTRY_POINTS.iter().any(|(f, names)| *f == "linear.cu" && names.contains(&name.as_str())), "{name}");
             }
         }
     }

@@ -98,10 +98,9 @@ __device__ __forceinline__ void fs_chunk_dot(const uint4 raw, u8 sc, int c, int 
 }
 
 // FMT: 0 f32, 1 bf16, 2 fp8, 3 fp4. PER = values per 16-byte chunk. QRT: the input
-// quantize-dequantized per 128 values as it is staged (linear_*_q). R, U: rows in flight per warp
-// and chunks per lane and row loaded together (1, UNROLL: the form every entry had before
-// LINEAR_T1_WIDE_LOADS; the _t1n / _t1w entries 4, 4 and 1, 16).
-template <int FMT, int PER, int TT_, bool QRT = false, int R = 1, int U = UNROLL>
+// quantize-dequantized per 128 values as it is staged (linear_*_q). PF: the one-token kernel with
+// the next row's loads issued before the current row is reduced (linear_*_t1p*).
+template <int FMT, int PER, int TT_, bool QRT = false, bool PF = false>
 __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const void* __restrict__ Wv,
                                           const u8* __restrict__ S, float* __restrict__ y, int T, int N, int K,
                                           int ldx, int ldy) {
@@ -166,7 +165,7 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
     // Bytes per weight row and per chunk.
     const size_t row_bytes = FMT == 0 ? (size_t)K * 4 : FMT == 1 ? (size_t)K * 2 : FMT == 2 ? (size_t)K : (size_t)K / 2;
     const int sk = (K + 127) / 128;
-    if constexpr (R == 1 && U == UNROLL) {
+    if constexpr (!PF) {
     for (int n = blockIdx.x * 8 + warp; n < N; n += gridDim.x * 8) {
     const uint4* wrow = reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(Wv) + (size_t)n * row_bytes);
     float acc[TT_];
@@ -195,50 +194,49 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
     }
     }
     } else {
-    // LINEAR_T1_WIDE_LOADS: the warp's rows n, n + G, … (G = gridDim.x · 8, the same rows as above)
-    // R at a time, and U chunks per lane and row loaded before any is used (R·U 16-byte loads in
-    // flight per lane instead of UNROLL). Each row's sum is formed as above — the lane's chunks
-    // c = lane, lane + 32, … in order, then the warp's butterfly — so the same bits.
-    const int G = gridDim.x * 8;
-    for (int n0 = blockIdx.x * 8 + warp; n0 < N; n0 += G * R) {
-    float acc[R][TT_];
+    // LINEAR_T1_PREFETCH (one token): the warp's work is the sequence of (row, batch) items — its
+    // rows n, n + G, … (G = gridDim.x · 8, the same rows as above), each in batches of UNROLL
+    // chunks per lane — and the next item's loads are issued before the current one is used, so
+    // that a row's reduction and the next row's first loads overlap instead of following each
+    // other. Each row's sum is formed as above (chunks c = lane, lane + 32, … in order, then the
+    // warp's butterfly): the same bits.
+    static_assert(TT_ == 1, "the prefetching form is the one-token kernel's");
+    const int G = gridDim.x * 8, per_row = (chunks + 32 * UNROLL - 1) / (32 * UNROLL);
+    int n = blockIdx.x * 8 + warp, b = 0;  // the current item: row n, batch b
+    uint4 raw[UNROLL], nraw[UNROLL];
+    u8 sc[UNROLL], nsc[UNROLL];
+    auto load = [&](int row, int batch, uint4 (&r)[UNROLL], u8 (&s)[UNROLL]) {
+        const uint4* wrow = reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(Wv) + (size_t)min(row, N - 1) * row_bytes);
 #pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int j = 0; j < TT_; j++) acc[r][j] = 0.f;
-    for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
-        uint4 raw[R][U];
-        u8 sc[R][U];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int n = n0 + r * G;
-            const uint4* wrow = reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(Wv) + (size_t)min(n, N - 1) * row_bytes);
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int c = c0 + 32 * u;
-                raw[r][u] = c < chunks && n < N ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
-                sc[r][u] = fs_chunk_scale<FMT, PER>(S, min(n, N - 1), c, chunks, sk, K);
-            }
+        for (int u = 0; u < UNROLL; u++) {
+            const int c = lane + 32 * (batch * UNROLL + u);
+            r[u] = c < chunks && row < N ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
+            s[u] = fs_chunk_scale<FMT, PER>(S, min(row, N - 1), c, chunks, sk, K);
         }
+    };
+    if (n < N) load(n, 0, raw, sc);
+    float acc[1] = {0.f};
+    while (n < N) {
+        const int nb = b + 1 == per_row ? 0 : b + 1, nn = b + 1 == per_row ? n + G : n;
+        if (nn < N) load(nn, nb, nraw, nsc);
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int c = c0 + 32 * u;
-                if (c >= chunks) break;
-                fs_chunk_dot<FMT, PER, TT_>(raw[r][u], sc[r][u], c, chunks, tn, staged, xb, K, ldx, lut4, acc[r]);
-            }
+        for (int u = 0; u < UNROLL; u++) {
+            const int c = lane + 32 * (b * UNROLL + u);
+            if (c >= chunks) break;
+            fs_chunk_dot<FMT, PER, 1>(raw[u], sc[u], c, chunks, tn, staged, xb, K, ldx, lut4, acc);
         }
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int n = n0 + r * G;
-#pragma unroll
-        for (int j = 0; j < TT_; j++) {
-            float v = fs_warp_sum(acc[r][j]);
-            if (lane == 0 && j < tn && n < N) y[(size_t)(t0 + j) * ldy + n] = v;
+        if (nb == 0) {
+            const float v = fs_warp_sum(acc[0]);
+            if (lane == 0) y[(size_t)t0 * ldy + n] = v;
+            acc[0] = 0.f;
         }
-    }
+        n = nn;
+        b = nb;
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            raw[u] = nraw[u];
+            sc[u] = nsc[u];
+        }
     }
     }
 }
@@ -273,24 +271,23 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
         fs_linear<FMT, PER, TTV, true>(x, W, S, y, T, N, K, ldx, ldy);                                        \
     }
 
-// The one-token entries with wider loads (LINEAR_T1_WIDE_LOADS): NAME_t1n (4 rows × 4 chunks in
-// flight per lane: widths of at most 128 chunks, e.g. FP8 1,024 / 2,048) and NAME_t1w (one row's
-// 16 chunks: wider rows), each with its _grouped and _q forms; the same bits as NAME_t1.
-#define FS_LINEAR_WIDE_ENTRY(NAME, WT, FMT, PER, R, U)                                                   \
+// The one-token entries with the next row's loads in flight (LINEAR_T1_PREFETCH): NAME (plain),
+// NAME_q (quantize-dequantized input) and NAME_grouped; the same bits as the _t1 entries.
+#define FS_LINEAR_PF_ENTRY(NAME, WT, FMT, PER)                                                           \
     extern "C" __global__ void NAME(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
                                     float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {           \
-        fs_linear<FMT, PER, 1, false, R, U>(x, W, S, y, T, N, K, ldx, ldy);                                   \
+        fs_linear<FMT, PER, 1, false, true>(x, W, S, y, T, N, K, ldx, ldy);                                   \
     }                                                                                                         \
     extern "C" __global__ void NAME##_q(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
                                         float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {       \
-        fs_linear<FMT, PER, 1, true, R, U>(x, W, S, y, T, N, K, ldx, ldy);                                    \
+        fs_linear<FMT, PER, 1, true, true>(x, W, S, y, T, N, K, ldx, ldy);                                    \
     }                                                                                                         \
     extern "C" __global__ void NAME##_grouped(const float* __restrict__ x, const unsigned long long* __restrict__ wtab, \
                                               const unsigned long long* __restrict__ stab, float* __restrict__ y, \
                                               int T, int N, int K, int ldx, int ldy) {                        \
         const int g = blockIdx.z;                                                                             \
         const u8* S = (FMT >= 2) ? reinterpret_cast<const u8*>(stab[g]) : nullptr;                            \
-        fs_linear<FMT, PER, 1, false, R, U>(x + (size_t)g * K, reinterpret_cast<const WT*>(wtab[g]), S,       \
+        fs_linear<FMT, PER, 1, false, true>(x + (size_t)g * K, reinterpret_cast<const WT*>(wtab[g]), S,       \
                                             y + (size_t)g * N, T, N, K, ldx, ldy);                            \
     }
 
@@ -310,11 +307,7 @@ FS_LINEAR_Q_ENTRY(linear_f32_t1_q, float, 0, 4, 1)
 FS_LINEAR_Q_ENTRY(linear_bf16_t1_q, u16, 1, 8, 1)
 FS_LINEAR_Q_ENTRY(linear_fp8_t1_q, u8, 2, 16, 1)
 FS_LINEAR_Q_ENTRY(linear_fp4_t1_q, u8, 3, 32, 1)
-FS_LINEAR_WIDE_ENTRY(linear_f32_t1n, float, 0, 4, 4, 4)
-FS_LINEAR_WIDE_ENTRY(linear_bf16_t1n, u16, 1, 8, 4, 4)
-FS_LINEAR_WIDE_ENTRY(linear_fp8_t1n, u8, 2, 16, 4, 4)
-FS_LINEAR_WIDE_ENTRY(linear_fp4_t1n, u8, 3, 32, 4, 4)
-FS_LINEAR_WIDE_ENTRY(linear_f32_t1w, float, 0, 4, 1, 16)
-FS_LINEAR_WIDE_ENTRY(linear_bf16_t1w, u16, 1, 8, 1, 16)
-FS_LINEAR_WIDE_ENTRY(linear_fp8_t1w, u8, 2, 16, 1, 16)
-FS_LINEAR_WIDE_ENTRY(linear_fp4_t1w, u8, 3, 32, 1, 16)
+FS_LINEAR_PF_ENTRY(linear_f32_t1p, float, 0, 4)
+FS_LINEAR_PF_ENTRY(linear_bf16_t1p, u16, 1, 8)
+FS_LINEAR_PF_ENTRY(linear_fp8_t1p, u8, 2, 16)
+FS_LINEAR_PF_ENTRY(linear_fp4_t1p, u8, 3, 32)
