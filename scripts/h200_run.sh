@@ -33,6 +33,8 @@
 #   bench-fp8-lt  bench-fp8 with FP8_CUBLASLT=on and LINEAR_CUBLASLT=on                ~100 s
 #   attention the attention/compressor/indexer checks + timings     ~40 s
 #   mhc       the mHC / norm / RoPE checks + timings (gpu-check --only mhc)  ~30 s
+#   gemv      the small-batch gemvs: wo_a strided / one launch, LINEAR_T1_PREFETCH bits and T = 1 timings
+#             (gpu-check --only gemv)  ~20 s
 #   moe-defines  one Flash MoE layer timed (official numerics, 8K and 32K) once per compile-time
 #             variant in MOE_DEFINES (space-separated FLASHSEEK_KERNEL_DEFINES values, e.g.
 #             "MOE_WT_DIAG=0 MOE_WT_DIAG=64"; each recompiles the kernels, ~40 s a variant on a fresh machine)
@@ -41,7 +43,7 @@
 #             the same steps without graphs), 32 steps each
 #   bench-decode-base  the same with the default switches (per-expert MoE at decode sizes)
 set -euo pipefail
-usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
+usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
 # No step (or help): the usage line, before anything needs OUT.
 case "${1:-}" in ""|-h|--help) usage ;; esac
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
@@ -67,6 +69,8 @@ case "${1:-}" in
          grep -E "time moe|FAIL" "$OUT/moe_grouped_h200.log" ;;
   tc) timeout 300 "$B" gpu-check --only tc --repeats 10 --out "$OUT/tc_h200.json" > "$OUT/tc_h200.log" 2>&1
          grep -E "^time tc|FAIL" "$OUT/tc_h200.log" ;;
+  gemv) timeout 200 "$B" gpu-check --only gemv --repeats 20 --out "$OUT/gemv_t1_h200.json" > "$OUT/gemv_t1_h200.log" 2>&1
+         grep -E "^time|FAIL" "$OUT/gemv_t1_h200.log" ;;
   q8) timeout 300 "$B" gpu-check --only q8 --repeats 10 --out "$OUT/q8_h200.json" > "$OUT/q8_h200.log" 2>&1
          grep -E "^time q8|FAIL" "$OUT/q8_h200.log" ;;
   bench-fp8) FLASHSEEK_TC_LINEAR=fp8 timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8.json" > "$OUT/gpu_bench_h200_20layers_fp8.log" 2>&1
