@@ -401,6 +401,11 @@ pub fn thinking_mode(
         None | Some(Value::Null) => None,
         Some(Value::Bool(b)) => Some(*b),
         Some(Value::Object(o)) => match o.get("type").and_then(Value::as_str) {
+            // Anthropic's budget_tokens: checked (a whole number of tokens), not enforced — the
+            // reasoning runs until the model's `</think>` or max_tokens (README, server).
+            Some("enabled") | Some("adaptive") if o.get("budget_tokens").is_some_and(|b| !b.is_null() && b.as_u64().is_none_or(|n| n == 0)) => {
+                return Err(ApiError::field("thinking.budget_tokens", "`thinking.budget_tokens` must be a positive integer (a number of tokens)."));
+            }
             Some("enabled") | Some("adaptive") => Some(true),
             Some("disabled") => Some(false),
             _ => return Err(ApiError::field("thinking.type", "`thinking.type` must be \"enabled\" or \"disabled\".")),
@@ -614,6 +619,21 @@ pub fn ms(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Anthropic's `thinking.budget_tokens` must be a positive integer when given (it is not
+    /// enforced: the reasoning runs to `</think>` or max_tokens); absent or null it is not needed.
+    #[test]
+    fn thinking_budget_tokens_is_checked() {
+        let mode = |v: Value| thinking_mode(Some(&v), None, None);
+        for bad in [json!("x"), json!(-1), json!(0), json!(1.5), json!([1])] {
+            let e = mode(json!({"type": "enabled", "budget_tokens": bad})).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("thinking.budget_tokens"), "{bad}");
+        }
+        for ok in [json!({"type": "enabled", "budget_tokens": 1024}), json!({"type": "enabled"}), json!({"type": "enabled", "budget_tokens": null})] {
+            assert!(matches!(mode(ok).unwrap().0, ThinkingMode::Thinking));
+        }
+        assert!(matches!(mode(json!({"type": "disabled", "budget_tokens": "x"})).unwrap().0, ThinkingMode::Chat));
+    }
 
     /// Each range names its own bounds for every value outside it (0 and 1.5 alike for top_p).
     #[test]
