@@ -58,6 +58,11 @@
 //! start of the DSML block (OpenAI `tool_choice` `required` / a named function, Anthropic `any` /
 //! `tool`), as vLLM enforces them with guided decoding.
 //!
+//! [`SamplingParams::reasoning_budget`] forces one token, the model's `</think>`, once a
+//! thinking-mode reply has emitted that many tokens without it (Anthropic's
+//! `thinking.budget_tokens`); forced the same way, so a forced tool call waiting for `</think>`
+//! follows it.
+//!
 //! # Stop conditions
 //!
 //! [`SamplingParams::stop_token_ids`] is checked with [`Sampler::is_stop_token`]; stop strings
@@ -205,6 +210,19 @@ pub struct SamplingParams {
     pub stop_strings: Vec<String>,
     /// Tokens emitted instead of sampled ones (see the [module docs](self)); `None` = off.
     pub forced: Option<ForcedTokens>,
+    /// A cap on the reasoning (see the [module docs](self)); `None` = off.
+    pub reasoning_budget: Option<ReasoningBudget>,
+}
+
+/// A cap on a thinking-mode reply's reasoning (Anthropic's `thinking.budget_tokens`): once
+/// `tokens` tokens have been emitted without `end` (the model's `</think>`), the next token is
+/// `end` instead of a sampled one — once; a reply that ends its reasoning earlier is untouched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReasoningBudget {
+    /// Tokens of reasoning allowed before `end` is forced.
+    pub tokens: usize,
+    /// The token that ends the reasoning (`</think>`).
+    pub end: u32,
 }
 
 /// A token sequence the sampler emits instead of sampling: from the first step (`after: None`) or
@@ -232,6 +250,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             stop_strings: Vec::new(),
             forced: None,
+            reasoning_budget: None,
         }
     }
 }
@@ -328,6 +347,8 @@ pub struct Sampler {
     /// Index into [`ForcedTokens::tokens`] of the next forced token once forcing has started
     /// (`None` before; past the end when done).
     forced_at: Option<usize>,
+    /// Whether the reasoning budget's `end` token has been emitted (sampled or forced).
+    reasoning_ended: bool,
     /// Scratch: penalised logits of the current row.
     logits: Vec<f64>,
     /// Scratch: candidate token ids.
@@ -354,6 +375,7 @@ impl Sampler {
             seen,
             output_len: 0,
             forced_at,
+            reasoning_ended: false,
             logits: Vec::new(),
             cand: Vec::new(),
             weights: Vec::new(),
@@ -495,10 +517,15 @@ impl Sampler {
         Ok(Sampled { token, logprob: None, top_logprobs: Vec::new() })
     }
 
-    /// The forced token the next step emits, if forcing has started and is not done.
+    /// The forced token the next step emits: the forced sequence's next token if forcing has
+    /// started and is not done, else the reasoning budget's `end` once the budget is spent.
     fn pending_forced(&self) -> Option<u32> {
-        let f = self.params.forced.as_ref()?;
-        f.tokens.get(self.forced_at?).copied()
+        let seq = self.params.forced.as_ref().zip(self.forced_at).and_then(|(f, i)| f.tokens.get(i).copied());
+        let budget = match &self.params.reasoning_budget {
+            Some(b) if !self.reasoning_ended && self.output_len >= b.tokens => Some(b.end),
+            _ => None,
+        };
+        seq.or(budget)
     }
 
     /// Adds `token` to the output history and moves the forced sequence on: past a forced token,
@@ -507,6 +534,9 @@ impl Sampler {
         let e = self.seen.entry(token).or_default();
         e.output_count = e.output_count.saturating_add(1);
         self.output_len += 1;
+        if self.params.reasoning_budget.as_ref().is_some_and(|b| b.end == token) {
+            self.reasoning_ended = true;
+        }
         if let Some(f) = &self.params.forced {
             match self.forced_at {
                 Some(i) if i < f.tokens.len() => self.forced_at = Some(i + 1),
@@ -1698,6 +1728,31 @@ mod tests {
         let mut s = Sampler::new(p, &[]).unwrap();
         assert_eq!(s.sample(&[1.0, 0.0]).unwrap().token, 0);
         assert_eq!(s.sample(&[1.0, 0.0]).unwrap().token, 1, "1 - 2 < 0");
+    }
+
+    #[test]
+    fn reasoning_budget_forces_the_end_once() {
+        // Greedy on rows whose argmax is 0: after 3 tokens the end token (2) is forced, then
+        // sampling resumes; the forced end triggers a forced sequence waiting for it.
+        let row = [3.0f32, 1.0, 2.0, 0.5, -1.0];
+        let budget = Some(ReasoningBudget { tokens: 3, end: 2 });
+        let p = SamplingParams { reasoning_budget: budget.clone(), forced: forced(Some(2), &[4, 1]), ..SamplingParams::greedy() };
+        let mut a = Sampler::new(p.clone(), &[]).unwrap();
+        let got: Vec<u32> = (0..8).map(|_| a.sample(&row).unwrap().token).collect();
+        assert_eq!(got, [0, 0, 0, 2, 4, 1, 0, 0]);
+        // The same through the device's top-k rows.
+        let mut b = Sampler::new(p, &[]).unwrap();
+        let got: Vec<u32> = (0..8).map(|_| b.sample_step(&StepLogits::Top(TopLogits::from_row(&row, 1))).unwrap().token).collect();
+        assert_eq!(got, [0, 0, 0, 2, 4, 1, 0, 0]);
+        // A reply that ends its reasoning itself (2 sampled at the second step) is not forced later.
+        let mut c = Sampler::new(SamplingParams { reasoning_budget: budget.clone(), ..SamplingParams::greedy() }, &[]).unwrap();
+        let rows = [[1.0f32, 0.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]];
+        let got: Vec<u32> = rows.iter().map(|r| c.sample(r).unwrap().token).collect();
+        assert_eq!(got, [0, 2, 0, 0, 0, 0]);
+        // A budget of 0: the end comes first.
+        let mut d = Sampler::new(SamplingParams { reasoning_budget: Some(ReasoningBudget { tokens: 0, end: 1 }), ..SamplingParams::greedy() }, &[]).unwrap();
+        assert_eq!(d.sample(&row).unwrap().token, 1);
+        assert_eq!(d.sample(&row).unwrap().token, 0);
     }
 
     #[test]

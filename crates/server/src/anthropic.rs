@@ -302,6 +302,7 @@ async fn prepare(st: &AppState, req: MessagesRequest, arrived: Instant) -> Resul
     let st2 = st.clone();
     let (thinking, tools, tool_choice, output_config) = (req.thinking, req.tools, req.tool_choice, req.output_config);
     let tool_choice_kept = tool_choice.clone();
+    let thinking_kept = thinking.clone();
     let (system, msgs) = (req.system, req.messages);
     let (prompt, mode) = tokio::task::spawn_blocking(move || {
         prompt_of(&st2, system, msgs, thinking.as_ref(), tools, tool_choice.as_ref(), output_config.as_ref())
@@ -329,6 +330,7 @@ async fn prepare(st: &AppState, req: MessagesRequest, arrived: Instant) -> Resul
     if let Some(call) = forced_call(tool_choice_kept.as_ref()) {
         params.forced = Some(forced_tool_call(&st.tokenizer, mode, call)?);
     }
+    params.reasoning_budget = reasoning_budget(&st.tokenizer, mode, thinking_kept.as_ref())?;
     let sub = submit(st, prompt, params, max_tokens, false, arrived)?;
     let ctx = Ctx { st: st.clone(), id: new_id("msg_"), mode };
     if req.stream.unwrap_or(false) {

@@ -6,7 +6,7 @@ use crate::metrics::Metrics;
 use crate::scheduler::{Event, GenRequest, SchedulerHandle, SubmitError};
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
-use flashseek_engine::sampler::{ForcedTokens, SamplingParams, MAX_LOGPROBS};
+use flashseek_engine::sampler::{ForcedTokens, ReasoningBudget, SamplingParams, MAX_LOGPROBS};
 use flashseek_model::chat::{encode_messages, EncodeOptions, ReasoningEffort, ThinkingMode, DSML, THINK_END};
 use flashseek_model::tokenizer::Ds4Tokenizer;
 use serde::de::DeserializeOwned;
@@ -339,6 +339,7 @@ impl SamplingFields {
             stop_token_ids: if self.ignore_eos { Vec::new() } else { vec![eos] },
             stop_strings: self.stop.clone(),
             forced: None,
+            reasoning_budget: None,
         };
         p.validate().map_err(|e| ApiError::bad(None, e.to_string()))?;
         Ok(p)
@@ -401,8 +402,8 @@ pub fn thinking_mode(
         None | Some(Value::Null) => None,
         Some(Value::Bool(b)) => Some(*b),
         Some(Value::Object(o)) => match o.get("type").and_then(Value::as_str) {
-            // Anthropic's budget_tokens: checked (a whole number of tokens), not enforced — the
-            // reasoning runs until the model's `</think>` or max_tokens (README, server).
+            // Anthropic's budget_tokens: a positive whole number of tokens (enforced by
+            // reasoning_budget below).
             Some("enabled") | Some("adaptive") if o.get("budget_tokens").is_some_and(|b| !b.is_null() && b.as_u64().is_none_or(|n| n == 0)) => {
                 return Err(ApiError::field("thinking.budget_tokens", "`thinking.budget_tokens` must be a positive integer (a number of tokens)."));
             }
@@ -474,6 +475,21 @@ pub fn forced_tool_call(tokenizer: &Ds4Tokenizer, mode: ThinkingMode, call: Forc
         ThinkingMode::Thinking => Some(tokenizer.token_to_id(THINK_END).ok_or_else(|| internal(format!("no {THINK_END} token")))?),
     };
     Ok(ForcedTokens { after, tokens })
+}
+
+/// The sampler's reasoning budget for a request in `mode` whose `thinking` object gives
+/// `budget_tokens` (Anthropic's field, also read on the OpenAI endpoint's `thinking` extension;
+/// checked by [`thinking_mode`]): in thinking mode the model's `</think>` is forced once that many
+/// tokens were generated without it ([`ReasoningBudget`]); `None` in chat mode or without a budget.
+///
+/// Errors: a tokenizer without `</think>` (500).
+pub fn reasoning_budget(tokenizer: &Ds4Tokenizer, mode: ThinkingMode, thinking: Option<&Value>) -> Result<Option<ReasoningBudget>, ApiError> {
+    let Some(n) = thinking.and_then(|t| t.get("budget_tokens")).and_then(Value::as_u64) else { return Ok(None) };
+    if mode != ThinkingMode::Thinking {
+        return Ok(None);
+    }
+    let end = tokenizer.token_to_id(THINK_END).ok_or_else(|| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, format!("The tokenizer has no {THINK_END} token.")))?;
+    Ok(Some(ReasoningBudget { tokens: usize::try_from(n).unwrap_or(usize::MAX), end }))
 }
 
 /// Attaches tool declarations (OpenAI shape) and a response format to the first system message,
@@ -620,8 +636,8 @@ pub fn ms(x: f64) -> f64 {
 mod tests {
     use super::*;
 
-    /// Anthropic's `thinking.budget_tokens` must be a positive integer when given (it is not
-    /// enforced: the reasoning runs to `</think>` or max_tokens); absent or null it is not needed.
+    /// Anthropic's `thinking.budget_tokens` must be a positive integer when given; absent or null
+    /// it is not needed. In thinking mode it becomes the sampler's budget on `</think>`.
     #[test]
     fn thinking_budget_tokens_is_checked() {
         let mode = |v: Value| thinking_mode(Some(&v), None, None);
@@ -633,6 +649,13 @@ mod tests {
             assert!(matches!(mode(ok).unwrap().0, ThinkingMode::Thinking));
         }
         assert!(matches!(mode(json!({"type": "disabled", "budget_tokens": "x"})).unwrap().0, ThinkingMode::Chat));
+        let tok = Ds4Tokenizer::shared().unwrap();
+        let t = json!({"type": "enabled", "budget_tokens": 2048});
+        let b = reasoning_budget(tok, ThinkingMode::Thinking, Some(&t)).unwrap().unwrap();
+        assert_eq!((b.tokens, Some(b.end)), (2048, tok.token_to_id(THINK_END)));
+        assert_eq!(reasoning_budget(tok, ThinkingMode::Chat, Some(&t)).unwrap(), None);
+        assert_eq!(reasoning_budget(tok, ThinkingMode::Thinking, Some(&json!({"type": "enabled"}))).unwrap(), None);
+        assert_eq!(reasoning_budget(tok, ThinkingMode::Thinking, None).unwrap(), None);
     }
 
     /// Each range names its own bounds for every value outside it (0 and 1.5 alike for top_p).

@@ -307,6 +307,7 @@ async fn prepare_chat(st: &AppState, req: ChatRequest, arrived: Instant) -> Resu
     if let Some(call) = forced_call(req.tool_choice.as_ref()) {
         params.forced = Some(forced_tool_call(&st.tokenizer, mode, call)?);
     }
+    params.reasoning_budget = reasoning_budget(&st.tokenizer, mode, req.thinking.as_ref())?;
     let sub = submit(st, prompt, params, max_tokens, false, arrived)?;
     let ctx = ChatCtx {
         st: st.clone(),

@@ -309,6 +309,15 @@ fn anthropic_messages() {
         let kinds: Vec<Value> = whole["content"].as_array().unwrap().iter().map(|b| b["type"].clone()).collect();
         let streamed_kinds: Vec<Value> = starts.iter().map(|b| b["content_block"]["type"].clone()).collect();
         assert_eq!(kinds, streamed_kinds, "{whole}");
+        // A budget of 2 reasoning tokens: `</think>` is forced after them, so a text block follows
+        // the thinking block within the 10 tokens.
+        let mut bb = nb.clone();
+        bb["thinking"] = json!({"type": "enabled", "budget_tokens": 2});
+        bb["max_tokens"] = json!(10);
+        let w = post(&c, &url, &bb).await.json();
+        let kinds: Vec<&str> = w["content"].as_array().unwrap().iter().map(|b| b["type"].as_str().unwrap_or("")).collect();
+        assert_eq!(kinds, ["thinking", "text"], "{w}");
+        assert_eq!(w["usage"]["output_tokens"], 10);
         // message_start splits the prompt into new and cached input tokens as message_delta does.
         let start: Value = serde_json::from_str(&ev[0].1).unwrap();
         for k in ["input_tokens", "cache_read_input_tokens"] {

@@ -129,6 +129,7 @@ impl SamplingArgs {
             stop_token_ids: vec![eos],
             stop_strings: self.stop.clone(),
             forced: None,
+            reasoning_budget: None,
         };
         p.validate().map_err(|e| UsageError(e.to_string()))?;
         Ok(p)
