@@ -56,7 +56,8 @@
 //! token's logprob), draws nothing from the RNG and is recorded like a sampled token (penalties,
 //! [`Sampler::output_len`]). This is how the server enforces a forced tool call: it writes the
 //! start of the DSML block (OpenAI `tool_choice` `required` / a named function, Anthropic `any` /
-//! `tool`), as vLLM enforces them with guided decoding.
+//! `tool`), as vLLM enforces them with guided decoding; [`ForcedTokens::choices`] then restricts
+//! the tool's name to the declared ones (each step masked to the tokens that continue one).
 //!
 //! [`SamplingParams::reasoning_budget`] forces one token, the model's `</think>`, once a
 //! thinking-mode reply has emitted that many tokens without it (Anthropic's
@@ -226,13 +227,20 @@ pub struct ReasoningBudget {
 }
 
 /// A token sequence the sampler emits instead of sampling: from the first step (`after: None`) or
-/// right after the first time it emits the token `after` (sampled or forced); once.
+/// right after the first time it emits the token `after` (sampled or forced); once. Then, when
+/// `choices` is not empty, one of those sequences, chosen token by token: each step may only emit a
+/// token that continues some sequence consistent with what the choice has emitted so far — forced
+/// when only one does, else sampled as usual from the logits row with every other token masked
+/// (a constrained step needs the full row, [`Sampler::need`]) — until one sequence is complete.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForcedTokens {
     /// The trigger token id; `None` = force from the first step.
     pub after: Option<u32>,
     /// The ids to emit, in order (non-empty).
     pub tokens: Vec<u32>,
+    /// Sequences one of which follows `tokens` (each non-empty; empty list = none). The first to
+    /// be completed ends the choice.
+    pub choices: Vec<Vec<u32>>,
 }
 
 impl Default for SamplingParams {
@@ -300,8 +308,8 @@ impl SamplingParams {
         if let Some(s) = self.stop_strings.iter().find(|s| s.is_empty()) {
             return Err(invalid("stop_strings", s, "a list of non-empty strings"));
         }
-        if self.forced.as_ref().is_some_and(|f| f.tokens.is_empty()) {
-            return Err(invalid("forced", &self.forced, "None or a non-empty token list"));
+        if self.forced.as_ref().is_some_and(|f| f.tokens.is_empty() || f.choices.iter().any(Vec::is_empty)) {
+            return Err(invalid("forced", &self.forced, "None or a non-empty token list with non-empty choices"));
         }
         Ok(())
     }
@@ -349,6 +357,10 @@ pub struct Sampler {
     forced_at: Option<usize>,
     /// Whether the reasoning budget's `end` token has been emitted (sampled or forced).
     reasoning_ended: bool,
+    /// The tokens emitted so far in the forced sequence's choice ([`ForcedTokens::choices`]), and
+    /// whether a choice is complete.
+    chosen: Vec<u32>,
+    choice_done: bool,
     /// Scratch: penalised logits of the current row.
     logits: Vec<f64>,
     /// Scratch: candidate token ids.
@@ -376,6 +388,8 @@ impl Sampler {
             output_len: 0,
             forced_at,
             reasoning_ended: false,
+            chosen: Vec::new(),
+            choice_done: false,
             logits: Vec::new(),
             cand: Vec::new(),
             weights: Vec::new(),
@@ -414,6 +428,14 @@ impl Sampler {
         if self.params.has_penalties() {
             apply_penalties(&mut self.logits, &self.seen, &self.params);
         }
+        if let Some(allowed) = self.choice_allowed().filter(|a| a.len() > 1) {
+            // A constrained step of a forced choice: every other token masked.
+            for (id, x) in self.logits.iter_mut().enumerate() {
+                if allowed.binary_search(&(id as u32)).is_err() {
+                    *x = f64::NEG_INFINITY;
+                }
+            }
+        }
         let best = argmax(&self.logits).ok_or(SamplerError::AllMasked)?;
 
         let token = if let Some(t) = self.pending_forced() {
@@ -447,7 +469,7 @@ impl Sampler {
     /// device can hand over just them ([`TopLogits`]); else [`LogitsNeed::Full`].
     pub fn need(&self) -> LogitsNeed {
         let p = &self.params;
-        if p.has_penalties() || p.logprobs.is_some() {
+        if p.has_penalties() || p.logprobs.is_some() || self.choice_allowed().is_some_and(|a| a.len() > 1) {
             return LogitsNeed::Full;
         }
         if p.temperature == 0.0 {
@@ -517,10 +539,26 @@ impl Sampler {
         Ok(Sampled { token, logprob: None, top_logprobs: Vec::new() })
     }
 
+    /// The tokens the next step may choose among while a forced sequence's choice is under way
+    /// (sorted, distinct), else `None`.
+    fn choice_allowed(&self) -> Option<Vec<u32>> {
+        let f = self.params.forced.as_ref()?;
+        if self.choice_done || f.choices.is_empty() || self.forced_at? < f.tokens.len() {
+            return None;
+        }
+        let n = self.chosen.len();
+        let mut next: Vec<u32> = f.choices.iter().filter(|c| c.len() > n && c.starts_with(&self.chosen)).map(|c| c[n]).collect();
+        next.sort_unstable();
+        next.dedup();
+        Some(next)
+    }
+
     /// The forced token the next step emits: the forced sequence's next token if forcing has
-    /// started and is not done, else the reasoning budget's `end` once the budget is spent.
+    /// started and is not done, or the only token its choice allows, else the reasoning budget's
+    /// `end` once the budget is spent.
     fn pending_forced(&self) -> Option<u32> {
         let seq = self.params.forced.as_ref().zip(self.forced_at).and_then(|(f, i)| f.tokens.get(i).copied());
+        let seq = seq.or_else(|| self.choice_allowed().filter(|a| a.len() == 1).map(|a| a[0]));
         let budget = match &self.params.reasoning_budget {
             Some(b) if !self.reasoning_ended && self.output_len >= b.tokens => Some(b.end),
             _ => None,
@@ -537,10 +575,15 @@ impl Sampler {
         if self.params.reasoning_budget.as_ref().is_some_and(|b| b.end == token) {
             self.reasoning_ended = true;
         }
+        let in_choice = self.choice_allowed().is_some();
         if let Some(f) = &self.params.forced {
             match self.forced_at {
                 Some(i) if i < f.tokens.len() => self.forced_at = Some(i + 1),
                 None if f.after == Some(token) => self.forced_at = Some(0),
+                _ if in_choice => {
+                    self.chosen.push(token);
+                    self.choice_done = f.choices.contains(&self.chosen);
+                }
                 _ => {}
             }
         }
@@ -1666,7 +1709,48 @@ mod tests {
     // ---- forced tokens ----
 
     fn forced(after: Option<u32>, tokens: &[u32]) -> Option<ForcedTokens> {
-        Some(ForcedTokens { after, tokens: tokens.to_vec() })
+        Some(ForcedTokens { after, tokens: tokens.to_vec(), choices: Vec::new() })
+    }
+
+    #[test]
+    fn forced_choice_constrains_each_step_to_the_sequences() {
+        // After the fixed [9], one of [1, 2, 7], [1, 3, 7], [4, 7]: the rows' argmax is 0 (never
+        // allowed). Step 1 chooses among {1, 4} (the row prefers 4 over 1 here: 4), then 7 is the
+        // only continuation (forced), then sampling is free again.
+        let choices = vec![vec![1, 2, 7], vec![1, 3, 7], vec![4, 7]];
+        let p = SamplingParams { forced: Some(ForcedTokens { after: None, tokens: vec![9], choices: choices.clone() }), ..SamplingParams::greedy() };
+        let row = [5.0f32, 1.0, 3.0, 2.0, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let mut s = Sampler::new(p.clone(), &[]).unwrap();
+        assert_eq!(s.need(), LogitsNeed::Top(1), "the fixed token needs no row");
+        assert_eq!(s.sample(&row).unwrap().token, 9);
+        assert_eq!(s.need(), LogitsNeed::Full, "two tokens allowed: the full row");
+        assert_eq!(s.sample(&row).unwrap().token, 4);
+        assert_eq!(s.need(), LogitsNeed::Top(1), "one token allowed: forced");
+        assert_eq!(s.sample(&row).unwrap().token, 7);
+        assert_eq!(s.sample(&row).unwrap().token, 0, "the choice is complete");
+        // Through the device's rows: Top rows while forced, the full row where it chooses; the
+        // other branch (1, then {2, 3}: 2 by the row, then 7).
+        let row2 = [5.0f32, 2.0, 3.0, 2.5, 1.5, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let mut d = Sampler::new(p, &[]).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..6 {
+            let step = match d.need() {
+                LogitsNeed::Top(k) => StepLogits::Top(TopLogits::from_row(&row2, k)),
+                LogitsNeed::Full => StepLogits::Full(row2.to_vec()),
+            };
+            got.push(d.sample_step(&step).unwrap().token);
+        }
+        assert_eq!(got, [9, 1, 2, 7, 0, 0]);
+        // Sampling under the mask stays inside it.
+        let p = SamplingParams { forced: Some(ForcedTokens { after: None, tokens: vec![9], choices }), temperature: 1.0, seed: Some(3), ..SamplingParams::default() };
+        for seed in 0..20u64 {
+            let mut s = Sampler::new(SamplingParams { seed: Some(seed), ..p.clone() }, &[]).unwrap();
+            let got: Vec<u32> = (0..4).map(|_| s.sample(&row).unwrap().token).collect();
+            assert!([[9, 1, 2, 7], [9, 1, 3, 7]].contains(&[got[0], got[1], got[2], got[3]]) || got[..3] == [9, 4, 7], "{got:?}");
+        }
+        // An empty choice is invalid.
+        let bad = SamplingParams { forced: Some(ForcedTokens { after: None, tokens: vec![9], choices: vec![vec![]] }), ..SamplingParams::greedy() };
+        assert!(matches!(Sampler::new(bad, &[]).unwrap_err(), SamplerError::InvalidParam { field: "forced", .. }));
     }
 
     #[test]

@@ -54,10 +54,10 @@ fn fail(e: ApiError) -> Response {
 
 /// The call an (already checked) Anthropic `tool_choice` forces: type `any` any tool, type `tool`
 /// the named one; `auto`, `none` and no choice force nothing.
-fn forced_call(choice: Option<&Value>) -> Option<ForcedCall<'_>> {
+fn forced_call<'a>(choice: Option<&'a Value>, names: &'a [String]) -> Option<ForcedCall<'a>> {
     let c = choice?;
     match c.get("type").and_then(Value::as_str)? {
-        "any" => Some(ForcedCall::Any),
+        "any" => Some(ForcedCall::Any(names)),
         "tool" => c.get("name").and_then(Value::as_str).map(ForcedCall::Named),
         _ => None,
     }
@@ -303,6 +303,7 @@ async fn prepare(st: &AppState, req: MessagesRequest, arrived: Instant) -> Resul
     let (thinking, tools, tool_choice, output_config) = (req.thinking, req.tools, req.tool_choice, req.output_config);
     let tool_choice_kept = tool_choice.clone();
     let thinking_kept = thinking.clone();
+    let tool_names: Vec<String> = tools.iter().flatten().filter_map(|t| t.get("name")?.as_str().map(str::to_string)).collect();
     let (system, msgs) = (req.system, req.messages);
     let (prompt, mode) = tokio::task::spawn_blocking(move || {
         prompt_of(&st2, system, msgs, thinking.as_ref(), tools, tool_choice.as_ref(), output_config.as_ref())
@@ -327,7 +328,7 @@ async fn prepare(st: &AppState, req: MessagesRequest, arrived: Instant) -> Resul
         e
     })?;
     let mut params = params;
-    if let Some(call) = forced_call(tool_choice_kept.as_ref()) {
+    if let Some(call) = forced_call(tool_choice_kept.as_ref(), &tool_names) {
         params.forced = Some(forced_tool_call(&st.tokenizer, mode, call)?);
     }
     params.reasoning_budget = reasoning_budget(&st.tokenizer, mode, thinking_kept.as_ref())?;

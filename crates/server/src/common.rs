@@ -444,8 +444,8 @@ pub fn render(
 /// A `tool_choice` that forces a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForcedCall<'a> {
-    /// A call of any declared tool: OpenAI `"required"`, Anthropic `{"type": "any"}`.
-    Any,
+    /// A call of any declared tool (their names): OpenAI `"required"`, Anthropic `{"type": "any"}`.
+    Any(&'a [String]),
     /// A call of this tool: OpenAI `{"type": "function", "function": {"name": N}}`, Anthropic
     /// `{"type": "tool", "name": N}`.
     Named(&'a str),
@@ -453,8 +453,9 @@ pub enum ForcedCall<'a> {
 
 /// The sampler's forced tokens for a `tool_choice` that forces a call: the opening of a DSML
 /// tool-call block (chat_encoding_v4.md §7: `"\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\""`),
-/// and with a named tool its name and `">\n`, so that the model writes the arguments (and any
-/// further calls) itself. Chat mode forces them from the first generated token (the prompt ends
+/// and with a named tool its name and `">\n` — with any tool, one of the declared names and `">\n`,
+/// chosen by the model among them token by token ([`ForcedTokens::choices`]) — so that the model
+/// writes the arguments (and any further calls) itself. Chat mode forces them from the first generated token (the prompt ends
 /// with `</think>`); thinking mode right after the model's `</think>` (a reply that never closes
 /// its reasoning makes no call). The fixed part is tokenized as the prompt is (added tokens
 /// recognised), the name as plain text: with the V4 tokenizer this is the prompt format's own
@@ -466,15 +467,29 @@ pub fn forced_tool_call(tokenizer: &Ds4Tokenizer, mode: ThinkingMode, call: Forc
     let mut tokens = tokenizer
         .encode_with_special(&format!("\n\n<{DSML}tool_calls>\n<{DSML}invoke name=\""))
         .map_err(|e| internal(e.to_string()))?;
-    if let ForcedCall::Named(name) = call {
-        tokens.extend(tokenizer.encode_text(name).map_err(|e| internal(e.to_string()))?);
-        tokens.extend(tokenizer.encode_text("\">\n").map_err(|e| internal(e.to_string()))?);
+    let close = tokenizer.encode_text("\">\n").map_err(|e| internal(e.to_string()))?;
+    let name_tokens = |name: &str| -> Result<Vec<u32>, ApiError> {
+        let mut t = tokenizer.encode_text(name).map_err(|e| internal(e.to_string()))?;
+        t.extend(&close);
+        Ok(t)
+    };
+    let mut choices = Vec::new();
+    match call {
+        ForcedCall::Named(name) => tokens.extend(name_tokens(name)?),
+        ForcedCall::Any(names) => {
+            for name in names {
+                let c = name_tokens(name)?;
+                if !choices.contains(&c) {
+                    choices.push(c);
+                }
+            }
+        }
     }
     let after = match mode {
         ThinkingMode::Chat => None,
         ThinkingMode::Thinking => Some(tokenizer.token_to_id(THINK_END).ok_or_else(|| internal(format!("no {THINK_END} token")))?),
     };
-    Ok(ForcedTokens { after, tokens })
+    Ok(ForcedTokens { after, tokens, choices })
 }
 
 /// The sampler's reasoning budget for a request in `mode` whose `thinking` object gives
@@ -688,10 +703,15 @@ mod tests {
             assert_eq!(named.after, None);
             assert_eq!(named.tokens[..], whole[1..1 + named.tokens.len()], "{name}");
             assert_eq!(tok.decode(&named.tokens, false).unwrap(), format!("\n\n<{DSML}tool_calls>\n<{DSML}invoke name=\"{name}\">\n"));
-            let any = forced_tool_call(tok, ThinkingMode::Thinking, ForcedCall::Any).unwrap();
+            let names = vec!["other".to_string(), name.to_string()];
+            let any = forced_tool_call(tok, ThinkingMode::Thinking, ForcedCall::Any(&names)).unwrap();
             assert_eq!(any.after, tok.token_to_id(THINK_END));
             assert_eq!(any.tokens[..], whole[1..1 + any.tokens.len()], "{name}");
             assert!(named.tokens.starts_with(&any.tokens));
+            // Its choices: each name's tokens and `">\n`, the named call's own continuation among them.
+            assert_eq!(any.choices.len(), 2);
+            assert_eq!(any.choices[1][..], named.tokens[any.tokens.len()..], "{name}");
+            assert!(named.choices.is_empty());
         }
     }
 

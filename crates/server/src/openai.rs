@@ -116,9 +116,9 @@ fn openai_tools(tools: Option<Vec<Value>>, choice: Option<&Value>) -> Result<Opt
 
 /// The call an (already checked) OpenAI `tool_choice` forces: `"required"` any function, a named
 /// function that one; `"none"`, `"auto"` and no choice force nothing.
-fn forced_call(choice: Option<&Value>) -> Option<ForcedCall<'_>> {
+fn forced_call<'a>(choice: Option<&'a Value>, names: &'a [String]) -> Option<ForcedCall<'a>> {
     match choice? {
-        Value::String(s) if s == "required" => Some(ForcedCall::Any),
+        Value::String(s) if s == "required" => Some(ForcedCall::Any(names)),
         v => v.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).map(ForcedCall::Named),
     }
 }
@@ -258,6 +258,7 @@ async fn prepare_chat(st: &AppState, req: ChatRequest, arrived: Instant) -> Resu
     let (mode, effort) = thinking_mode(req.thinking.as_ref(), req.chat_template_kwargs.as_ref(), req.reasoning_effort.as_deref())?;
     let mut messages = chat_messages(req.messages)?;
     let tools = openai_tools(req.tools, req.tool_choice.as_ref())?;
+    let tool_names: Vec<String> = tools.iter().flatten().filter_map(|t| t.get("function")?.get("name")?.as_str().map(str::to_string)).collect();
     let response_format = match req.response_format {
         None | Some(Value::Null) => None,
         Some(r) => match r.get("type").and_then(Value::as_str) {
@@ -304,7 +305,7 @@ async fn prepare_chat(st: &AppState, req: ChatRequest, arrived: Instant) -> Resu
         ignore_eos: req.ignore_eos.unwrap_or(false),
     };
     let mut params = fields.params(st.tokenizer.eos_id())?;
-    if let Some(call) = forced_call(req.tool_choice.as_ref()) {
+    if let Some(call) = forced_call(req.tool_choice.as_ref(), &tool_names) {
         params.forced = Some(forced_tool_call(&st.tokenizer, mode, call)?);
     }
     params.reasoning_budget = reasoning_budget(&st.tokenizer, mode, req.thinking.as_ref())?;

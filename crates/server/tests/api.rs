@@ -176,14 +176,15 @@ fn forced_tool_choice_opens_the_call() {
                 "tools": [f("get_weather"), f("get_time")], "tool_choice": choice, "max_tokens": 24, "temperature": 0,
                 "logprobs": true, "ignore_eos": true, "thinking": {"type": if thinking { "enabled" } else { "disabled" }}})
         };
-        for (choice, want) in [
-            (json!({"type": "function", "function": {"name": "get_time"}}), format!("{opening}get_time\">\n")),
-            (json!("required"), opening.to_string()),
+        // A named function: its name; `required`: one of the declared names (chosen under the mask).
+        for (choice, wants) in [
+            (json!({"type": "function", "function": {"name": "get_time"}}), vec![format!("{opening}get_time\">\n")]),
+            (json!("required"), vec![format!("{opening}get_weather\">\n"), format!("{opening}get_time\">\n")]),
         ] {
             let r = post(&c, &chat(&s.url()), &body(choice.clone(), false)).await;
             assert_eq!(r.status, 200, "{}", r.body);
             let text = text_of(&r.json());
-            assert!(text.starts_with(&want), "{choice}: {text:?}");
+            assert!(wants.iter().any(|w| text.starts_with(w.as_str())), "{choice}: {text:?}");
             // Streamed: the same tokens.
             let mut sb = body(choice.clone(), false);
             sb["stream"] = json!(true);
@@ -207,6 +208,14 @@ fn forced_tool_choice_opens_the_call() {
         let blocks = v["content"].as_array().unwrap();
         let ok = blocks.iter().any(|b| b["type"] == "tool_use" && b["name"] == "get_time")
             || blocks.iter().any(|b| b["text"].as_str().is_some_and(|t| t.starts_with(&format!("{opening}get_time\">\n"))));
+        assert!(ok, "{v}");
+        // Type any: one of the declared tools, by name.
+        let mut any = ab.clone();
+        any["tool_choice"] = json!({"type": "any"});
+        let v = post(&c, &format!("{}/v1/messages", s.url()), &any).await.json();
+        let blocks = v["content"].as_array().unwrap();
+        let ok = blocks.iter().any(|b| b["type"] == "tool_use" && (b["name"] == "get_time" || b["name"] == "get_weather"))
+            || blocks.iter().any(|b| b["text"].as_str().is_some_and(|t| ["get_weather", "get_time"].iter().any(|n| t.starts_with(&format!("{opening}{n}\">\n")))));
         assert!(ok, "{v}");
     });
 }
