@@ -428,8 +428,13 @@ impl Sampler {
         if self.params.has_penalties() {
             apply_penalties(&mut self.logits, &self.seen, &self.params);
         }
+        // A constrained step of a forced choice: every other token masked for the choice; the
+        // logprobs stay those of the whole (penalised) row, as on forced steps.
+        let mut unmasked: Option<Vec<f64>> = None;
         if let Some(allowed) = self.choice_allowed().filter(|a| a.len() > 1) {
-            // A constrained step of a forced choice: every other token masked.
+            if self.params.logprobs.is_some() {
+                unmasked = Some(self.logits.clone());
+            }
             for (id, x) in self.logits.iter_mut().enumerate() {
                 if allowed.binary_search(&(id as u32)).is_err() {
                     *x = f64::NEG_INFINITY;
@@ -452,9 +457,11 @@ impl Sampler {
         let (logprob, top_logprobs) = match self.params.logprobs {
             None => (None, Vec::new()),
             Some(n) => {
-                let lse = log_sum_exp(&self.logits, self.logits[best as usize]);
-                let lp = |id: u32| (self.logits[id as usize] - lse) as f32;
-                let top = top_n(&self.logits, n, &mut self.cand);
+                let row: &[f64] = unmasked.as_deref().unwrap_or(&self.logits);
+                let top_id = if unmasked.is_some() { argmax(row).unwrap_or(best) } else { best };
+                let lse = log_sum_exp(row, row[top_id as usize]);
+                let lp = |id: u32| (row[id as usize] - lse) as f32;
+                let top = top_n(row, n, &mut self.cand);
                 (Some(lp(token)), top.iter().map(|&id| (id, lp(id))).collect())
             }
         };
@@ -1748,6 +1755,18 @@ mod tests {
             let got: Vec<u32> = (0..4).map(|_| s.sample(&row).unwrap().token).collect();
             assert!([[9, 1, 2, 7], [9, 1, 3, 7]].contains(&[got[0], got[1], got[2], got[3]]) || got[..3] == [9, 4, 7], "{got:?}");
         }
+        // With logprobs, a constrained step reports the whole row's (as forced steps do): the
+        // chosen 4's logprob is its log-softmax over all ten tokens, and the top entries are the
+        // row's own.
+        let lp = SamplingParams { logprobs: Some(3), ..p.clone() };
+        let lp = SamplingParams { temperature: 0.0, seed: None, ..lp };
+        let mut s = Sampler::new(lp, &[]).unwrap();
+        s.sample(&row).unwrap();
+        let r = s.sample(&row).unwrap();
+        let lse = row.iter().map(|&x| f64::from(x).exp()).sum::<f64>().ln();
+        assert_eq!(r.token, 4);
+        assert!((f64::from(r.logprob.unwrap()) - (1.5 - lse)).abs() < 1e-5, "{r:?}");
+        assert_eq!(r.top_logprobs.iter().map(|x| x.0).collect::<Vec<_>>(), [0, 2, 3]);
         // An empty choice is invalid.
         let bad = SamplingParams { forced: Some(ForcedTokens { after: None, tokens: vec![9], choices: vec![vec![]] }), ..SamplingParams::greedy() };
         assert!(matches!(Sampler::new(bad, &[]).unwrap_err(), SamplerError::InvalidParam { field: "forced", .. }));

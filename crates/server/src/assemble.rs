@@ -138,6 +138,13 @@ impl Assembler {
                 && !rest.is_empty()
                 && "\n</｜DSML｜tool_calls>".starts_with(rest.trim_start_matches(['\n', '>']).trim_start_matches('\n'));
             if !complete && !rest.is_empty() && !closing_only {
+                // Text after a `</think>` the parser had not yet released (the reply cut short
+                // right after it, or inside a tool-call block that follows it) is content.
+                let rest = match self.end_reasoning_if_closed() {
+                    true => self.parser.text()[self.covered.min(self.parser.text().len())..].to_string(),
+                    false => rest,
+                };
+                let rest = rest.strip_suffix(EOS).unwrap_or(&rest).to_string();
                 self.raw_reasoning = self.in_reasoning();
                 out.extend(self.raw_text(rest));
             }
@@ -223,16 +230,25 @@ impl Assembler {
         }
     }
 
+    /// Still in the reasoning with `</think>` already in the text right after it: the reasoning
+    /// ends there (content starts past it, and the marker itself is covered). Returns whether it
+    /// did.
+    fn end_reasoning_if_closed(&mut self) -> bool {
+        if self.content_start.is_some() || self.mode != ThinkingMode::Thinking {
+            return false;
+        }
+        let closed = self.parser.text().get(self.reasoning_len..).is_some_and(|after| after.starts_with(THINK_END));
+        if closed {
+            self.content_start = Some(self.reasoning_len + THINK_END.len());
+            self.covered = self.covered.max(self.reasoning_len + THINK_END.len());
+        }
+        closed
+    }
+
     /// The text can no longer parse: return what no delta covered as text and switch to raw mode.
     fn fail(&mut self, out: &mut Vec<Delta>) {
-        if self.content_start.is_none() && self.mode == ThinkingMode::Thinking {
-            // Still in the reasoning: if `</think>` has arrived, the rest is content.
-            let after = &self.parser.text()[self.reasoning_len..];
-            if after.starts_with(THINK_END) {
-                self.content_start = Some(self.reasoning_len + THINK_END.len());
-                self.covered = self.reasoning_len + THINK_END.len();
-            }
-        }
+        // Still in the reasoning: if `</think>` has arrived, the rest is content.
+        self.end_reasoning_if_closed();
         self.raw_reasoning = self.in_reasoning();
         let text = self.parser.text();
         self.held = text[self.covered.min(text.len())..].to_string();
@@ -296,6 +312,26 @@ mod tests {
         assert_eq!(m.reasoning, "Let me think.");
         assert_eq!(m.content, "The answer is 4.");
         assert!(m.tool_calls.is_empty());
+    }
+
+    /// A reply cut short right after `</think>`, or inside a tool-call block that follows it (a
+    /// thinking budget's forced `</think>`, then a forced call): the reasoning ends at the marker,
+    /// which appears in neither channel, and the rest is content.
+    #[test]
+    fn cut_after_think_end_is_content() {
+        for step in [1, 2, 5, 1000] {
+            let (m, _) = run(ThinkingMode::Thinking, "abc</think>", step);
+            assert_eq!((m.reasoning.as_str(), m.content.as_str()), ("abc", ""), "step {step}");
+            let call = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get\">\n xyz";
+            let (m, _) = run(ThinkingMode::Thinking, &format!("abc</think>{call}"), step);
+            assert_eq!((m.reasoning.as_str(), m.content.as_str()), ("abc", call), "step {step}");
+            assert!(m.tool_calls.is_empty());
+            let (m, _) = run(ThinkingMode::Thinking, "abc</think>\n\n<｜DSML｜tool_calls>\n", step);
+            assert_eq!((m.reasoning.as_str(), m.content.as_str()), ("abc", "\n\n<｜DSML｜tool_calls>\n"), "step {step}");
+            // Still in the reasoning when cut: it all stays reasoning.
+            let (m, _) = run(ThinkingMode::Thinking, "abc</thi", step);
+            assert_eq!((m.reasoning.as_str(), m.content.as_str()), ("abc</thi", ""), "step {step}");
+        }
     }
 
     #[test]

@@ -409,7 +409,7 @@ pub fn thinking_mode(
             }
             Some("enabled") | Some("adaptive") => Some(true),
             Some("disabled") => Some(false),
-            _ => return Err(ApiError::field("thinking.type", "`thinking.type` must be \"enabled\" or \"disabled\".")),
+            _ => return Err(ApiError::field("thinking.type", "`thinking.type` must be \"enabled\", \"adaptive\" or \"disabled\".")),
         },
         Some(_) => return Err(ApiError::field("thinking", "`thinking` must be an object like {\"type\": \"enabled\"}.")),
     };
