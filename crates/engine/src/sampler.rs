@@ -355,12 +355,8 @@ pub struct Sampler {
     /// Index into [`ForcedTokens::tokens`] of the next forced token once forcing has started
     /// (`None` before; past the end when done).
     forced_at: Option<usize>,
-    /// Whether the reasoning budget's `end` token has been emitted (sampled or forced).
-    reasoning_ended: bool,
-    /// The tokens emitted so far in the forced sequence's choice ([`ForcedTokens::choices`]), and
-    /// whether a choice is complete.
+    /// The tokens emitted so far in the forced sequence's choice ([`ForcedTokens::choices`]).
     chosen: Vec<u32>,
-    choice_done: bool,
     /// Scratch: penalised logits of the current row.
     logits: Vec<f64>,
     /// Scratch: candidate token ids.
@@ -387,9 +383,7 @@ impl Sampler {
             seen,
             output_len: 0,
             forced_at,
-            reasoning_ended: false,
             chosen: Vec::new(),
-            choice_done: false,
             logits: Vec::new(),
             cand: Vec::new(),
             weights: Vec::new(),
@@ -550,7 +544,7 @@ impl Sampler {
     /// (sorted, distinct), else `None`.
     fn choice_allowed(&self) -> Option<Vec<u32>> {
         let f = self.params.forced.as_ref()?;
-        if self.choice_done || f.choices.is_empty() || self.forced_at? < f.tokens.len() {
+        if f.choices.is_empty() || self.forced_at? < f.tokens.len() || f.choices.contains(&self.chosen) {
             return None;
         }
         let n = self.chosen.len();
@@ -567,7 +561,8 @@ impl Sampler {
         let seq = self.params.forced.as_ref().zip(self.forced_at).and_then(|(f, i)| f.tokens.get(i).copied());
         let seq = seq.or_else(|| self.choice_allowed().filter(|a| a.len() == 1).map(|a| a[0]));
         let budget = match &self.params.reasoning_budget {
-            Some(b) if !self.reasoning_ended && self.output_len >= b.tokens => Some(b.end),
+            // Not yet emitted (the output history counts it once it is).
+            Some(b) if self.output_len >= b.tokens && self.seen.get(&b.end).is_none_or(|e| e.output_count == 0) => Some(b.end),
             _ => None,
         };
         seq.or(budget)
@@ -579,18 +574,12 @@ impl Sampler {
         let e = self.seen.entry(token).or_default();
         e.output_count = e.output_count.saturating_add(1);
         self.output_len += 1;
-        if self.params.reasoning_budget.as_ref().is_some_and(|b| b.end == token) {
-            self.reasoning_ended = true;
-        }
         let in_choice = self.choice_allowed().is_some();
         if let Some(f) = &self.params.forced {
             match self.forced_at {
                 Some(i) if i < f.tokens.len() => self.forced_at = Some(i + 1),
                 None if f.after == Some(token) => self.forced_at = Some(0),
-                _ if in_choice => {
-                    self.chosen.push(token);
-                    self.choice_done = f.choices.contains(&self.chosen);
-                }
+                _ if in_choice => self.chosen.push(token),
                 _ => {}
             }
         }

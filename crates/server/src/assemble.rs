@@ -131,6 +131,11 @@ impl Assembler {
         // Everything not covered by a delta comes back as text, except a final EOS and, after
         // complete tool calls, the closing markup that only ends the block.
         if !complete || self.covered < self.parser.text().len() {
+            if !complete {
+                // Text after a `</think>` the parser had not yet released (the reply cut short
+                // right after it, or inside a tool-call block that follows it) is content.
+                self.end_reasoning_if_closed();
+            }
             let rest = self.parser.text()[self.covered.min(self.parser.text().len())..].to_string();
             let rest = rest.strip_suffix(EOS).unwrap_or(&rest).to_string();
             let closing_only = self.calls > 0
@@ -138,13 +143,6 @@ impl Assembler {
                 && !rest.is_empty()
                 && "\n</｜DSML｜tool_calls>".starts_with(rest.trim_start_matches(['\n', '>']).trim_start_matches('\n'));
             if !complete && !rest.is_empty() && !closing_only {
-                // Text after a `</think>` the parser had not yet released (the reply cut short
-                // right after it, or inside a tool-call block that follows it) is content.
-                let rest = match self.end_reasoning_if_closed() {
-                    true => self.parser.text()[self.covered.min(self.parser.text().len())..].to_string(),
-                    false => rest,
-                };
-                let rest = rest.strip_suffix(EOS).unwrap_or(&rest).to_string();
                 self.raw_reasoning = self.in_reasoning();
                 out.extend(self.raw_text(rest));
             }
@@ -231,18 +229,15 @@ impl Assembler {
     }
 
     /// Still in the reasoning with `</think>` already in the text right after it: the reasoning
-    /// ends there (content starts past it, and the marker itself is covered). Returns whether it
-    /// did.
-    fn end_reasoning_if_closed(&mut self) -> bool {
+    /// ends there (content starts past it, and the marker itself is covered).
+    fn end_reasoning_if_closed(&mut self) {
         if self.content_start.is_some() || self.mode != ThinkingMode::Thinking {
-            return false;
+            return;
         }
-        let closed = self.parser.text().get(self.reasoning_len..).is_some_and(|after| after.starts_with(THINK_END));
-        if closed {
+        if self.parser.text().get(self.reasoning_len..).is_some_and(|after| after.starts_with(THINK_END)) {
             self.content_start = Some(self.reasoning_len + THINK_END.len());
             self.covered = self.covered.max(self.reasoning_len + THINK_END.len());
         }
-        closed
     }
 
     /// The text can no longer parse: return what no delta covered as text and switch to raw mode.

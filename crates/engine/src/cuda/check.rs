@@ -337,6 +337,13 @@ pub(crate) fn median_ms(gpu: &Gpu, repeats: usize, mut f: impl FnMut() -> Result
     Ok(median(&mut times))
 }
 
+/// [`median_ms`] of `f` with the on/off switch `name` on, then off: `(on_ms, off_ms)`.
+pub(crate) fn switch_on_off_ms(gpu: &Gpu, repeats: usize, name: &str, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<(f64, f64), CudaError> {
+    let on = switch_scope(&[(name, "on")], || median_ms(gpu, repeats, &mut f))?;
+    let off = switch_scope(&[(name, "off")], || median_ms(gpu, repeats, &mut f))?;
+    Ok((on, off))
+}
+
 /// How many values of `a` and `b` differ in their bits (a length difference counts each missing
 /// value): 0 is the "same bits" the checks promise.
 pub(crate) fn differing_bits(a: &[f32], b: &[f32]) -> usize {
@@ -567,8 +574,7 @@ fn grouped_wo_a(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> R
     };
     let differ = differing_bits(&run1("on")?, &run1("off")?);
     all &= flag_record(out, "wo_a one launch T=1 prefetch bits", json!({"differing": differ, "compared": groups * r, "vs": "LINEAR_T1_PREFETCH=off"}), differ == 0);
-    let pf = switch_scope(&[("LINEAR_T1_PREFETCH", "on")], || median_ms(gpu, repeats, || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin, table.as_ref()).map(|_| ())))?;
-    let plain = switch_scope(&[("LINEAR_T1_PREFETCH", "off")], || median_ms(gpu, repeats, || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin, table.as_ref()).map(|_| ())))?;
+    let (pf, plain) = switch_on_off_ms(gpu, repeats, "LINEAR_T1_PREFETCH", || gpu.grouped_linear_gemv(&o, &ws, 0, &mut z, 1, gin, table.as_ref()).map(|_| ()))?;
     let wbytes = (groups * r * gin) as f64;
     println!("time wo_a grouped T=1 one launch  prefetch {:.1} us {:.0} GB/s | off {:.1} us {:.0} GB/s", pf * 1e3, wbytes / (pf * 1e-3) / 1e9, plain * 1e3, wbytes / (plain * 1e-3) / 1e9);
     timings.push(json!({"op": "wo_a grouped one launch, LINEAR_T1_PREFETCH", "tokens": 1, "prefetch_us": pf * 1e3, "off_us": plain * 1e3, "weight_bytes": wbytes, "repeats": repeats}));
@@ -633,8 +639,7 @@ fn t1_prefetch(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> Re
         }
         if !name.starts_with("odd") {
             let mut dy = gpu.zeros::<f32>(rows)?;
-            let on = switch_scope(&[("LINEAR_T1_PREFETCH", "on")], || median_ms(gpu, repeats, || gpu.linear_gemv(&dx, &gw, &mut dy, 1)))?;
-            let off = switch_scope(&[("LINEAR_T1_PREFETCH", "off")], || median_ms(gpu, repeats, || gpu.linear_gemv(&dx, &gw, &mut dy, 1)))?;
+            let (on, off) = switch_on_off_ms(gpu, repeats, "LINEAR_T1_PREFETCH", || gpu.linear_gemv(&dx, &gw, &mut dy, 1))?;
             let bytes = super::model::weight_bytes(&gw);
             let gbs = |ms: f64| bytes / (ms * 1e-3) / 1e9;
             println!("time linear T=1 {fmt} {name:<16} [{rows}x{cols}]  prefetch {:.1} us {:.0} GB/s | off {:.1} us {:.0} GB/s", on * 1e3, gbs(on), off * 1e3, gbs(off));

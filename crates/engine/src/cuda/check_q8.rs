@@ -21,7 +21,7 @@
 //! Timings ([`timings`]): the FP8 GEMM (activation quantisation included) next to cuBLASLt's, the bf16 and
 //! split tensor-core GEMMs at prefill shapes, TFLOP/s against the machine's ~1,450 FP8 dense.
 
-use super::check::{differing_bits, differing_values, errors, flag_record, median_ms, random, switch_scope, weight};
+use super::check::{differing_bits, differing_values, errors, flag_record, median_ms, random, switch_on_off_ms, switch_scope, weight};
 use super::check_moe::Q8_NMSE_TOL;
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
 use super::CudaError;
@@ -398,9 +398,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
         let (gw, _) = weight(gpu, fmt, &vals, rows, cols)?;
         let dx = gpu.upload(&random(seed, "q8time.t1.x", cols, 1.0))?;
         let mut dy = gpu.zeros::<f32>(rows)?;
-        let fused = switch_scope(&[("LINEAR_FUSED_QUANT", "on")], || median_ms(gpu, repeats, || gpu.linear_official(&dx, &gw, &mut dy, 1)))?;
-        let apart = switch_scope(&[("LINEAR_FUSED_QUANT", "off")], || median_ms(gpu, repeats, || gpu.linear_official(&dx, &gw, &mut dy, 1)))?;
-        let bytes = (rows * cols) as f64 + (rows.div_ceil(128) * cols.div_ceil(128)) as f64;
+        let (fused, apart) = switch_on_off_ms(gpu, repeats, "LINEAR_FUSED_QUANT", || gpu.linear_official(&dx, &gw, &mut dy, 1))?;
+        let bytes = super::model::weight_bytes(&gw);
         let gbs = |ms: f64| bytes / (ms * 1e-3) / 1e9;
         println!("time q8 official T=1 {fmt} {name:<10} [{rows}x{cols}]  fused quant {fused:.4} ms {:.0} GB/s | copy + roundtrip + gemv {apart:.4} ms {:.0} GB/s", gbs(fused), gbs(apart));
         rows_out.push(json!({"op": "linear_official_t1", "weight": name, "format": fmt, "tokens": 1, "rows": rows, "cols": cols, "weight_bytes": bytes,

@@ -205,13 +205,14 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
     int n = blockIdx.x * 8 + warp, b = 0;  // the current item: row n, batch b
     uint4 raw[UNROLL], nraw[UNROLL];
     u8 sc[UNROLL], nsc[UNROLL];
+    // Loads item (row, batch); called for rows < N only.
     auto load = [&](int row, int batch, uint4 (&r)[UNROLL], u8 (&s)[UNROLL]) {
-        const uint4* wrow = reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(Wv) + (size_t)min(row, N - 1) * row_bytes);
+        const uint4* wrow = reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(Wv) + (size_t)row * row_bytes);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const int c = lane + 32 * (batch * UNROLL + u);
-            r[u] = c < chunks && row < N ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
-            s[u] = fs_chunk_scale<FMT, PER>(S, min(row, N - 1), c, chunks, sk, K);
+            r[u] = c < chunks ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
+            s[u] = fs_chunk_scale<FMT, PER>(S, row, c, chunks, sk, K);
         }
     };
     if (n < N) load(n, 0, raw, sc);
@@ -249,47 +250,36 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
 //     outputs columns g·N.. of y's rows (the block-diagonal grouped output projection wo_a, spec
 //     §4.7: ldx = G·K, ldy = G·N). Each group runs NAME's code on the same values: the same bits as
 //     one strided NAME launch per group. Launch: grid (min(ceil(N / 8), G'), ceil(T / TT), G).
-#define FS_LINEAR_ENTRY(NAME, WT, FMT, PER, TTV)                                                         \
+// FS_LINEAR_ONE / FS_LINEAR_GROUPED: one entry point of each form running the fs_linear
+// instantiation given last (variadic: its template arguments hold commas).
+#define FS_LINEAR_ONE(NAME, WT, ...)                                                                    \
     extern "C" __global__ void NAME(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
                                     float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {           \
-        fs_linear<FMT, PER, TTV>(x, W, S, y, T, N, K, ldx, ldy);                                              \
-    }                                                                                                         \
-    extern "C" __global__ void NAME##_grouped(const float* __restrict__ x, const unsigned long long* __restrict__ wtab, \
-                                              const unsigned long long* __restrict__ stab, float* __restrict__ y, \
-                                              int T, int N, int K, int ldx, int ldy) {                        \
+        __VA_ARGS__(x, W, S, y, T, N, K, ldx, ldy);                                                           \
+    }
+#define FS_LINEAR_GROUPED(NAME, WT, FMT, ...)                                                           \
+    extern "C" __global__ void NAME(const float* __restrict__ x, const unsigned long long* __restrict__ wtab, \
+                                    const unsigned long long* __restrict__ stab, float* __restrict__ y,       \
+                                    int T, int N, int K, int ldx, int ldy) {                                  \
         const int g = blockIdx.z;                                                                             \
         const u8* S = (FMT >= 2) ? reinterpret_cast<const u8*>(stab[g]) : nullptr;                            \
-        fs_linear<FMT, PER, TTV>(x + (size_t)g * K, reinterpret_cast<const WT*>(wtab[g]), S,                  \
-                                 y + (size_t)g * N, T, N, K, ldx, ldy);                                       \
+        __VA_ARGS__(x + (size_t)g * K, reinterpret_cast<const WT*>(wtab[g]), S, y + (size_t)g * N, T, N, K, ldx, ldy); \
     }
+
+#define FS_LINEAR_ENTRY(NAME, WT, FMT, PER, TTV)          \
+    FS_LINEAR_ONE(NAME, WT, fs_linear<FMT, PER, TTV>)     \
+    FS_LINEAR_GROUPED(NAME##_grouped, WT, FMT, fs_linear<FMT, PER, TTV>)
 
 // NAME_q (x, W, S, y, T, N, K, ldx, ldy): NAME with the input quantize-dequantized as it is staged
 // (QRT above; no grouped form).
-#define FS_LINEAR_Q_ENTRY(NAME, WT, FMT, PER, TTV)                                                       \
-    extern "C" __global__ void NAME(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
-                                    float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {           \
-        fs_linear<FMT, PER, TTV, true>(x, W, S, y, T, N, K, ldx, ldy);                                        \
-    }
+#define FS_LINEAR_Q_ENTRY(NAME, WT, FMT, PER, TTV) FS_LINEAR_ONE(NAME, WT, fs_linear<FMT, PER, TTV, true>)
 
 // The one-token entries with the next row's loads in flight (LINEAR_T1_PREFETCH): NAME (plain),
 // NAME_q (quantize-dequantized input) and NAME_grouped; the same bits as the _t1 entries.
-#define FS_LINEAR_PF_ENTRY(NAME, WT, FMT, PER)                                                           \
-    extern "C" __global__ void NAME(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
-                                    float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {           \
-        fs_linear<FMT, PER, 1, false, true>(x, W, S, y, T, N, K, ldx, ldy);                                   \
-    }                                                                                                         \
-    extern "C" __global__ void NAME##_q(const float* __restrict__ x, const WT* __restrict__ W, const u8* __restrict__ S, \
-                                        float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {       \
-        fs_linear<FMT, PER, 1, true, true>(x, W, S, y, T, N, K, ldx, ldy);                                    \
-    }                                                                                                         \
-    extern "C" __global__ void NAME##_grouped(const float* __restrict__ x, const unsigned long long* __restrict__ wtab, \
-                                              const unsigned long long* __restrict__ stab, float* __restrict__ y, \
-                                              int T, int N, int K, int ldx, int ldy) {                        \
-        const int g = blockIdx.z;                                                                             \
-        const u8* S = (FMT >= 2) ? reinterpret_cast<const u8*>(stab[g]) : nullptr;                            \
-        fs_linear<FMT, PER, 1, false, true>(x + (size_t)g * K, reinterpret_cast<const WT*>(wtab[g]), S,       \
-                                            y + (size_t)g * N, T, N, K, ldx, ldy);                            \
-    }
+#define FS_LINEAR_PF_ENTRY(NAME, WT, FMT, PER)                          \
+    FS_LINEAR_ONE(NAME, WT, fs_linear<FMT, PER, 1, false, true>)        \
+    FS_LINEAR_ONE(NAME##_q, WT, fs_linear<FMT, PER, 1, true, true>)     \
+    FS_LINEAR_GROUPED(NAME##_grouped, WT, FMT, fs_linear<FMT, PER, 1, false, true>)
 
 FS_LINEAR_ENTRY(linear_f32, float, 0, 4, TT)
 FS_LINEAR_ENTRY(linear_bf16, u16, 1, 8, TT)
