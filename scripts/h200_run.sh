@@ -35,6 +35,10 @@
 #   mhc       the mHC / norm / RoPE checks + timings (gpu-check --only mhc)  ~30 s
 #   gemv      the small-batch gemvs: wo_a strided / one launch, LINEAR_T1_PREFETCH bits and T = 1 timings
 #             (gpu-check --only gemv)  ~20 s
+#   moe-gemv  the MoE checks (gpu-check --only moe) with the decode sizes' timings (1, 16, 32 tokens): MOE_DECODE_GEMV
+#             and MOE_GEMV_MMA on / off  ~200 s
+#   decode-ab-gemv-mma  MOE_GEMV_MMA on / off alternated twice: 10 layers, serving numerics, 32 decode steps after an
+#             8,192-token prefill  ~200 s
 #   moe-defines  one Flash MoE layer timed (official numerics, 8K and 32K) once per compile-time
 #             variant in MOE_DEFINES (space-separated FLASHSEEK_KERNEL_DEFINES values, e.g.
 #             "MOE_WT_DIAG=0 MOE_WT_DIAG=64"; each recompiles the kernels, ~40 s a variant on a fresh machine)
@@ -43,7 +47,7 @@
 #             the same steps without graphs), 32 steps each
 #   bench-decode-base  the same with the default switches (per-expert MoE at decode sizes)
 set -euo pipefail
-usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
+usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
 # No step (or help): the usage line, before anything needs OUT.
 case "${1:-}" in ""|-h|--help) usage ;; esac
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
@@ -67,6 +71,14 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers.log" ;;
   moe) timeout 300 "$B" gpu-check --only moe --repeats 5 --moe-tokens 1,64,2048,8192 --out "$OUT/moe_grouped_h200.json" > "$OUT/moe_grouped_h200.log" 2>&1
          grep -E "time moe|FAIL" "$OUT/moe_grouped_h200.log" ;;
+  moe-gemv) timeout 300 "$B" gpu-check --only moe --repeats 10 --moe-tokens 1,16,32 --out "$OUT/moe_gemv_mma_h200.json" > "$OUT/moe_gemv_mma_h200.log" 2>&1
+         grep -E "time moe|gemv|FAIL" "$OUT/moe_gemv_mma_h200.log" ;;
+  decode-ab-gemv-mma)
+         for i in 1 2; do for v in on off; do
+           env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on FLASHSEEK_MOE_GEMV_MMA=$v timeout 150 "$B" gpu-bench --layers 10 --contexts 8192 --prefill-repeats 1 --decode-steps 32 --out "$OUT/decode_ab_gemv_mma_${v}_$i.json" > "$OUT/decode_ab_gemv_mma_${v}_$i.log" 2>&1
+           echo "MOE_GEMV_MMA=$v run $i: $(grep -E 'decode with CUDA graphs' "$OUT/decode_ab_gemv_mma_${v}_$i.log" | head -1) | $(grep -E 'decode  moe' "$OUT/decode_ab_gemv_mma_${v}_$i.log" | head -1)"
+           rm -f "$OUT/decode_ab_gemv_mma_${v}_$i.log"
+         done; done ;;
   tc) timeout 300 "$B" gpu-check --only tc --repeats 10 --out "$OUT/tc_h200.json" > "$OUT/tc_h200.log" 2>&1
          grep -E "^time tc|FAIL" "$OUT/tc_h200.log" ;;
   gemv) timeout 200 "$B" gpu-check --only gemv --repeats 20 --out "$OUT/gemv_t1_h200.json" > "$OUT/gemv_t1_h200.log" 2>&1

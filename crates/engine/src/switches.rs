@@ -238,6 +238,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only moe`): `moe_q8 fp4 gemv vs cpu`, `moe_q8 fp4 T=1 / T=3 vs cpu` (NMSE ≤ 1e-4 against the CPU in official numerics), `moe_grouped fp4 gemv f32 vs cpu`, `moe_grouped fp4 split T=1 / T=3 vs cpu` (NMSE ≤ 1e-8 against the exact CPU), `… gemv masked` / `… gemv f32 masked` (γ = 0: the shared expert's bits), `moe_q8 fp4 gemv unrouted ids vs grouped`, `moe_q8 flash T=… gemv vs grouped` and `moe_grouped flash T=… gemv f32 vs grouped split`, `time moe layer T=… gemv …` (1 … 64 tokens); the switch matrix and qualify (`MOE_DECODE_GEMV=off alone`: exact, other bits; `… (with TC_LINEAR=fp8)`: reported); `gpu-bench` decode",
     },
     Switch {
+        name: "MOE_GEMV_MMA",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "MOE_DECODE_GEMV's official-numerics gemvs (moe.cu moe_gemv_fp4_swiglu / moe_gemv_fp4_down: each 32-value group's dot product as 32 f32 products of decoded nibbles on CUDA cores): moe_gemv_fp4_mma_swiglu / moe_gemv_fp4_mma_down, each group's sum on the tensor cores (mma.sync m16n8k32 e4m3, the FP4 nibbles spread into e4m3 bytes of value e2m1·2^-6, 16 rows per warp), then the same scaling, γ and SwiGLU in f32; widths multiples of 256 (Flash's 4,096 and 2,048), other widths keep the CUDA-core gemvs; the MMA unit's group sums, so not the CUDA-core gemv's bits",
+        parity: "gpu-check (`--only moe`): `moe_q8 fp4 gemv vs cpu` and `moe_q8 fp4 T=1 / T=3 vs cpu` (on by default; NMSE ≤ 1e-4 against the CPU in official numerics), `moe_q8 fp4 gemv MOE_GEMV_MMA=off vs cpu`, `moe_q8 fp4 gemv mma vs cuda-core gemv` and `moe_q8 flash T=… gemv mma vs cuda-core gemv` (NMSE ≤ 1e-4 against MOE_GEMV_MMA=off), `… gemv masked` (γ = 0: the shared expert's bits), `time moe layer T=… gemv … MOE_GEMV_MMA=off`; the switch matrix and qualify (`MOE_GEMV_MMA=off alone (with TC_LINEAR=fp8)`: reported); `gpu-bench` decode",
+    },
+    Switch {
         name: "LINEAR_T1_PREFETCH",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -576,6 +583,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MOE_GROUPED_DECODE", &[("MOE_GROUPED", &["on"])]),
     // Below 64 tokens only the grouped decode path reaches it (64 tokens of top-6 are past its 192 pairs).
     ("MOE_DECODE_GEMV", &[("MOE_GROUPED", &["on"]), ("MOE_GROUPED_DECODE", &["on"])]),
+    ("MOE_GEMV_MMA", &[("TC_LINEAR", &["fp8"]), ("MOE_GROUPED", &["on"]), ("MOE_GROUPED_DECODE", &["on"]), ("MOE_DECODE_GEMV", &["on"])]),
     ("MOE_FUSED_SWIGLU", &[("MOE_GROUPED", &["on"])]),
     ("MOE_ADAPTIVE_TILES", &[("MOE_GROUPED", &["on"])]),
     ("MOE_PERSISTENT", &[("MOE_GROUPED", &["on"])]),
@@ -772,6 +780,8 @@ pub fn configurations() -> Vec<Configuration> {
     // The decode MoE's gemvs: the grouped GEMMs' definition (exact, or the official numerics), other bits.
     v.push(c("MOE_DECODE_GEMV=off alone".into(), vec![("MOE_DECODE_GEMV", "off")], Role::AloneOff, true, false, false));
     v.push(c("MOE_DECODE_GEMV=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_DECODE_GEMV", "off")], Role::AloneOff, false, false, false));
+    // … and its official gemvs' group sums on CUDA cores instead of the tensor cores: other bits.
+    v.push(c("MOE_GEMV_MMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_GEMV_MMA", "off")], Role::AloneOff, false, false, false));
     // The bf16 wgmma kernels give the mma.sync kernels' bits (measured per GEMM and MoE layer on
     // H200, asserted by gpu-check): the same bits end to end.
     v.push(c("BF16_WGMMA=off alone".into(), vec![("BF16_WGMMA", "off")], Role::AloneOff, true, true, false));

@@ -623,6 +623,7 @@ fn run_gemv(gpu: &Gpu, cfg: &flashseek_model::config::Ds4Config, layer: &GpuMoeL
     let y_ref = moe::moe(cfg, lw, f, routes, &official);
     let got = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, layer, df, t, dids, dw, forced)?)?;
     all &= vs_cpu(out, "moe_q8 fp4 gemv vs cpu", &shape, &got, &y_ref, Q8_MOE_NMSE_TOL);
+    all &= gemv_mma_records(gpu, cfg, layer, df, dids, dw, &got, &y_ref, &shape, "moe_q8 fp4 gemv", out)?;
     let grouped = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, layer, df, t, dids, dw, grouped_only)?)?;
     let (nmse, max_abs, _) = errors(&got, &grouped);
     println!("moe_q8 fp4 gemv vs grouped (informational): nmse {nmse:.3e} max_abs {max_abs:.3e}");
@@ -641,6 +642,24 @@ fn run_gemv(gpu: &Gpu, cfg: &flashseek_model::config::Ds4Config, layer: &GpuMoeL
     let (nmse, max_abs, _) = errors(&a, &b);
     let ok = nmse <= Q8_MOE_NMSE_TOL && a.iter().all(|v| v.is_finite());
     all &= flag_record(out, "moe_q8 fp4 gemv unrouted ids vs grouped", json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "unrouted_pairs": holes.iter().filter(|&&x| x < 0 || x >= e).count()}), ok);
+    Ok(all)
+}
+
+/// `MOE_GEMV_MMA`'s records for one forced-gemv call whose default result is `got` (the tensor-core
+/// gemvs, which must have run) and whose CPU reference in official numerics is `want`: the CUDA-core
+/// gemvs (`MOE_GEMV_MMA=off`) against the CPU, and the two against each other (NMSE ≤
+/// [`Q8_MOE_NMSE_TOL`]; the MMA unit's group sums, not the same bits).
+#[allow(clippy::too_many_arguments)]
+fn gemv_mma_records(gpu: &Gpu, cfg: &flashseek_model::config::Ds4Config, layer: &GpuMoeLayer, df: &cudarc::driver::CudaSlice<f32>, dids: &cudarc::driver::CudaSlice<i32>, dw: &cudarc::driver::CudaSlice<f32>, got: &[f32], want: &[f32], shape: &Value, label: &str, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let t = df.len() / cfg.hidden_size;
+    let forced = MoeOptions { decode_gemv: Some(usize::MAX), ..MoeOptions::ALL_ON };
+    let ran = gpu.moe_tables(layer)?.is_some_and(super::ops_moe::gemv_mma_runs);
+    let off = switch_scope(&[("MOE_GEMV_MMA", "off")], || gpu.moe_experts_grouped_q8(cfg, layer, df, t, dids, dw, forced))?;
+    let off = gpu.download(&*off)?;
+    let mut all = vs_cpu(out, &format!("{label} MOE_GEMV_MMA=off vs cpu"), shape, &off, want, Q8_MOE_NMSE_TOL);
+    let (nmse, max_abs, _) = errors(got, &off);
+    let ok = ran && nmse <= Q8_MOE_NMSE_TOL && got.iter().all(|v| v.is_finite());
+    all &= flag_record(out, &format!("{label} mma vs cuda-core gemv"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "mma_ran": ran, "vs": "MOE_GEMV_MMA=off"}), ok);
     Ok(all)
 }
 
@@ -669,7 +688,9 @@ pub fn run_gemv_flash_widths(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Resu
     let mut all = flag_record(out, "moe gemv flash widths ran", json!({"gemv_runs": ran}), ran);
     let official = Numerics { act_quant_fp8: true, ..Default::default() };
     let got = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &df, t, &dids, &dw, forced)?)?;
-    all &= vs_cpu(out, "moe_q8 fp4 gemv flash widths vs cpu", &shape, &got, &moe::moe(&cfg, &lw, &f, &routes, &official), Q8_MOE_NMSE_TOL);
+    let want = moe::moe(&cfg, &lw, &f, &routes, &official);
+    all &= vs_cpu(out, "moe_q8 fp4 gemv flash widths vs cpu", &shape, &got, &want, Q8_MOE_NMSE_TOL);
+    all &= gemv_mma_records(gpu, &cfg, &layer, &df, &dids, &dw, &got, &want, &shape, "moe_q8 fp4 gemv flash widths", out)?;
     let got = gpu.download(&*gpu.moe_experts_grouped(&cfg, &layer, &df, t, &dids, &dw, true, forced)?)?;
     all &= vs_cpu(out, "moe_grouped fp4 gemv f32 flash widths vs cpu", &shape, &got, &moe::moe(&cfg, &lw, &f, &routes, &Numerics::default()), SPLIT_NMSE_TOL);
     Ok(all)
@@ -809,10 +830,19 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
             record_time("gemv (MOE_DECODE_GEMV forced)", ms);
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, off).map(|_| ()))?;
             record_time("gemv off (grouped GEMMs)", ms);
+            let mma_off = || switch_scope(&[("MOE_GEMV_MMA", "off")], || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, forced));
+            let ms = median_ms(gpu, repeats, || mma_off().map(|_| ()))?;
+            record_time("gemv MOE_GEMV_MMA=off (CUDA cores)", ms);
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, forced).map(|_| ()))?;
             record_time("gemv f32 (exact, MOE_DECODE_GEMV forced)", ms);
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, off).map(|_| ()))?;
             record_time("gemv f32 off (grouped split GEMMs)", ms);
+            let a = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, forced)?)?;
+            let b = gpu.download(&*mma_off()?)?;
+            let (nmse, max_abs, _) = super::check::errors(&a, &b);
+            let ran = gpu.moe_tables(&layer)?.is_some_and(super::ops_moe::gemv_mma_runs);
+            let ok = ran && nmse <= Q8_MOE_NMSE_TOL && a.iter().all(|v| v.is_finite());
+            flag_record(&mut rows, &format!("moe_q8 flash T={t} gemv mma vs cuda-core gemv"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "mma_ran": ran, "vs": "MOE_GEMV_MMA=off"}), ok);
             let a = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, forced)?)?;
             let b = gpu.download(&*gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, off)?)?;
             let (nmse, max_abs, _) = super::check::errors(&a, &b);

@@ -182,6 +182,9 @@ pub struct GpuExpertTables {
     /// group scale of every block lies within 8 binades of it (the `moe_wt` kernels' exactness
     /// condition), else `None`.
     pub(crate) block_smax: Option<[CudaSlice<u8>; 3]>,
+    /// Whether every FP4 weight address is a multiple of 16 bytes and every scale address of 8
+    /// (the 32- and 64-bit loads of moe.cu `moe_gemv_fp4_mma_*`, switch `MOE_GEMV_MMA`).
+    pub(crate) gemv_mma_aligned: bool,
     w1: CudaSlice<u64>,
     s1: CudaSlice<u64>,
     w3: CudaSlice<u64>,
@@ -227,11 +230,12 @@ impl GpuExpertTables {
             }
         }
         let [w1, s1, w3, s3, w2, s2] = t;
+        let gemv_mma_aligned = [&w1, &w3, &w2].iter().all(|v| v.iter().all(|a| a % 16 == 0)) && [&s1, &s3, &s2].iter().all(|v| v.iter().all(|a| a % 8 == 0));
         let q8 = experts.iter().all(|ex| [&ex.w1, &ex.w3, &ex.w2].into_iter().all(super::ops_q8::q8_capable));
         let format = fmt.unwrap_or("bf16");
         let (s1, s3, s2) = (gpu.upload(&s1)?, gpu.upload(&s3)?, gpu.upload(&s2)?);
         let block_smax = if format == "fp4" && q8 { Self::build_block_smax(gpu, experts.len(), [(&s1, inter, d), (&s3, inter, d), (&s2, d, inter)])? } else { None };
-        Ok(Some(GpuExpertTables { format, inter, d, q8, block_smax, w1: gpu.upload(&w1)?, s1, w3: gpu.upload(&w3)?, s3, w2: gpu.upload(&w2)?, s2 }))
+        Ok(Some(GpuExpertTables { format, inter, d, q8, block_smax, gemv_mma_aligned, w1: gpu.upload(&w1)?, s1, w3: gpu.upload(&w3)?, s3, w2: gpu.upload(&w2)?, s2 }))
     }
 
     /// The block scale tables of [`Self::block_smax`] for FP4 matrices given as (scale address
@@ -733,6 +737,21 @@ pub(crate) fn gemv_runs(tables: &GpuExpertTables, tk: usize, opts: MoeOptions) -
     tables.format == "fp4" && opts.decode_gemv.is_some_and(|m| tk <= m) && width_ok(tables.d) && width_ok(tables.inter)
 }
 
+/// Whether [`Gpu::moe_experts_gemv`] in official numerics takes the tensor-core gemvs
+/// `moe_gemv_fp4_mma_*` (switch `MOE_GEMV_MMA`): FP4 tables with aligned addresses
+/// ([`GpuExpertTables::gemv_mma_aligned`]) and both widths multiples of [`MGM_K_MULTIPLE`].
+pub(crate) fn gemv_mma_runs(tables: &GpuExpertTables) -> bool {
+    crate::switches::on("MOE_GEMV_MMA") && tables.format == "fp4" && tables.gemv_mma_aligned && tables.d.is_multiple_of(MGM_K_MULTIPLE) && tables.inter.is_multiple_of(MGM_K_MULTIPLE)
+}
+
+/// Output rows per block of `moe_gemv_fp4_mma_*` (16 per warp, `MGM_WARPS` = 4 warps in moe.cu).
+const MGM_ROWS_PER_BLOCK: usize = 64;
+/// Threads per block of `moe_gemv_fp4_mma_*` (`32 · MGM_WARPS`).
+const MGM_THREADS: u32 = 128;
+/// The input widths `moe_gemv_fp4_mma_*` take are multiples of this (`32 · MGM_U`: whole batches of
+/// 8 groups of 32, and whole 64-bit words of scale bytes).
+pub const MGM_K_MULTIPLE: usize = 256;
+
 /// Widest input row `moe_gemv_fp4_*` takes (its f32 copy in 48 KB of shared memory).
 pub const MOE_GEMV_MAX_WIDTH: usize = 12_288;
 
@@ -768,7 +787,18 @@ impl Gpu {
         let qa = if official { Some(self.act_quant(f, t, d)?) } else { None };
         // SAFETY: the gate/up gemv writes every value of its tk rows (zeros for unrouted pairs).
         let mut h = unsafe { self.scratch::<f32>(tk * inter) }?;
+        let mma = official && gemv_mma_runs(tables);
+        let lc_mma = |n: usize, width: usize| LaunchConfig { grid_dim: (n.div_ceil(MGM_ROWS_PER_BLOCK) as u32, tk as u32, 1), block_dim: (MGM_THREADS, 1, 1), shared_mem_bytes: (width + 4 * (width / 128)) as u32 };
         match &qa {
+            Some(qa) if mma => {
+                let ldq = i32_of(qa.kp, "row bytes")?;
+                let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_mma_swiglu"));
+                b.arg(&qa.q).arg(&qa.sa).arg(&ldq).arg(experts).arg(&k_i).arg(&e_i).arg(&tables.w1).arg(&tables.s1).arg(&tables.w3).arg(&tables.s3).arg(weights).arg(&mut h).arg(&inter_i).arg(&d_i).arg(&limit);
+                // SAFETY: moe_gemv_fp4_mma_swiglu: moe_gemv_fp4_swiglu's arguments; d a multiple of
+                // 32·MGM_U (gemv_mma_runs), weight / scale addresses 16- / 8-byte aligned
+                // (gemv_mma_aligned); grid (N / 64, tk), block 128, d + d/32 bytes of shared memory.
+                drv("moe_gemv_fp4_mma_swiglu", unsafe { b.launch(lc_mma(inter, d)) })?;
+            }
             Some(qa) => {
                 let ldq = i32_of(qa.kp, "row bytes")?;
                 let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_swiglu"));
@@ -790,7 +820,15 @@ impl Gpu {
         // SAFETY: the down gemv writes every routed pair's row; moe_combine_f32 reads no other (it
         // skips the slots of ids outside 0..E).
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
-        if official {
+        if official && mma {
+            let hq = self.act_quant(&h, tk, inter)?;
+            let ldq = i32_of(hq.kp, "row bytes")?;
+            let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_mma_down"));
+            b.arg(&hq.q).arg(&hq.sa).arg(&ldq).arg(experts).arg(&e_i).arg(&tables.w2).arg(&tables.s2).arg(&mut slot_out).arg(&d_i).arg(&inter_i);
+            // SAFETY: moe_gemv_fp4_mma_down: moe_gemv_fp4_down's arguments; inter a multiple of
+            // 32·MGM_U, aligned tables as above; grid (d / 64, tk), block 128, inter + inter/32 bytes.
+            drv("moe_gemv_fp4_mma_down", unsafe { b.launch(lc_mma(d, inter)) })?;
+        } else if official {
             let hq = self.act_quant(&h, tk, inter)?;
             let ldq = i32_of(hq.kp, "row bytes")?;
             let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_down"));
@@ -929,5 +967,57 @@ mod tests {
         })
         .unwrap();
         crate::switches::scoped(&[("MOE_BF16_WS", "off")], || assert_eq!(moe_gemm_family(true, "fp4", 128, true), "moe_wb")).unwrap();
+    }
+
+    /// `MOE_GEMV_MMA`'s decode (moe.cu `mgm_lo` / `mgm_hi`): for every 32-bit word, each of its
+    /// eight nibbles lands as an e4m3 byte whose value is the nibble's e2m1 value times 2^-6 — the
+    /// low nibbles of bytes 0…3 in the bytes of `mgm_lo`, the high ones in `mgm_hi` — and the B
+    /// fragment's byte permutation (`__byte_perm` 0x6420 / 0x7531) takes the same values of the
+    /// input row (value 2i to byte i of the first register, 2i + 1 of the second); `mgm_scaled`'s
+    /// multiplier 2^(s − 121) is a normal f32 for s ≤ 248 (else ldexpf). A mirror in Rust, with
+    /// the kernel source checked to hold the mirrored expressions, and the host constants tied to
+    /// the kernel's.
+    #[test]
+    fn gemv_mma_decode_matches_e2m1() {
+        use flashseek_model::quant::{e2m1_to_f32, e4m3_to_f32};
+        let src = include_str!("kernels/moe.cu");
+        assert!(src.contains("mgm_lo(u32 w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }"));
+        assert!(src.contains("mgm_hi(u32 w) { return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u); }"));
+        assert!(src.contains("make_uint2(__byte_perm(v.x, v.y, 0x6420), __byte_perm(v.x, v.y, 0x7531))"));
+        assert!(src.contains("return e <= 127 ? d * __int_as_float((e + 127) << 23) : ldexpf(d, e);") && src.contains("const int e = (int)s - 121;"));
+        assert!(src.contains("#define MGM_WARPS 4") && src.contains("#define MGM_U 8"));
+        assert_eq!((MGM_ROWS_PER_BLOCK, MGM_THREADS as usize, MGM_K_MULTIPLE), (16 * 4, 32 * 4, 32 * 8));
+        let lo = |w: u32| ((w << 2) & 0x1C1C_1C1C) | ((w << 4) & 0x8080_8080);
+        let hi = |w: u32| ((w >> 2) & 0x1C1C_1C1C) | (w & 0x8080_8080);
+        // Every nibble value in every position (each byte's two nibbles over all 256 bytes, the
+        // other bytes of the word varied so that neighbours' bits cannot leak in).
+        for byte in 0u32..256 {
+            for pos in 0..4 {
+                for fill in [0u32, 0xFFFF_FFFF, 0x5A5A_5A5A, 0xA5A5_A5A5] {
+                    let w = (fill & !(0xFF << (8 * pos))) | (byte << (8 * pos));
+                    let (l, h) = ((lo(w) >> (8 * pos)) as u8, (hi(w) >> (8 * pos)) as u8);
+                    for (e4, nib) in [(l, byte & 15), (h, byte >> 4)] {
+                        let want = e2m1_to_f32(nib as u8) / 64.0;
+                        let got = e4m3_to_f32(e4);
+                        assert!(got == want && got.is_sign_negative() == want.is_sign_negative(), "byte {byte:#04x} at {pos}, fill {fill:#x}: {e4:#04x} = {got} vs {want}");
+                    }
+                }
+            }
+        }
+        // The B fragment: bytes 8c … 8c + 7 of the row; value 2i + j of the eight goes to byte i of
+        // register j (the A fragment's low / high nibble of byte i of the same word).
+        let perm = |x: u32, y: u32, sel: u32| -> u32 {
+            let b = |n: u32| if n < 4 { (x >> (8 * n)) & 0xFF } else { (y >> (8 * (n - 4))) & 0xFF };
+            (0..4).map(|i| b((sel >> (4 * i)) & 7) << (8 * i)).sum()
+        };
+        let (x, y) = (0x0302_0100u32, 0x0706_0504u32);
+        for i in 0..4 {
+            assert_eq!((perm(x, y, 0x6420) >> (8 * i)) & 0xFF, 2 * i);
+            assert_eq!((perm(x, y, 0x7531) >> (8 * i)) & 0xFF, 2 * i + 1);
+        }
+        for s in 0u32..=248 {
+            let e = s as i32 - 121;
+            assert_eq!(f32::from_bits(((e + 127) << 23) as u32), 2f32.powi(e), "scale {s}");
+        }
     }
 }

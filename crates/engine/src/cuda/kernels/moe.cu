@@ -491,3 +491,150 @@ moe_gemv_fp4_down_f32(const float* __restrict__ x, int ldx, const int* __restric
                       float* __restrict__ y, int N, int K) {
     moe_gemv_fp4<false, false>(nullptr, nullptr, x, ldx, experts, 1, E, w2tab, s2tab, nullptr, nullptr, nullptr, y, N, K, 0.f);
 }
+
+// ---------------------------------------------------------------------------------------------
+// moe_gemv_fp4_mma_swiglu / moe_gemv_fp4_mma_down (switch MOE_GEMV_MMA, under MOE_DECODE_GEMV in
+// official numerics; host glue ops_moe.rs `Gpu::moe_experts_gemv`): moe_gemv_fp4_swiglu /
+// moe_gemv_fp4_down with each 32-value group's dot product on the tensor cores (mma.sync m16n8k32
+// e4m3 × e4m3 → f32) instead of 32 CUDA-core products. Each warp takes 16 output rows of one pair
+// (blockIdx.y) over all of K; per group j the FP4 weights become the A fragment directly: lane
+// (g, t) loads 32-bit word t of the group's 16 bytes for rows g and g + 8 and spreads its eight
+// nibbles into e4m3 bytes — the low nibbles (values 8t + 2i) as the fragment's columns 4t + i, the
+// high ones (8t + 2i + 1) as 16 + 4t + i — with the bits s·2^7 | (nibble & 7)·2^2: an e4m3 whose
+// value is the e2m1 value times 2^-6 for all sixteen codes (the e2m1 subnormal 0.5 becomes the e4m3
+// subnormal 2^-7), so the decode is three integer instructions per four nibbles. The B fragment is the
+// pair's e4m3 input row staged in shared memory in the same permuted order (every column the same
+// row: each lane of a quad ends with the same sums, no reduction). Then per row and group
+// y += (d·2^(s − 121))·sa[g/4] with the group's ue8m0 weight scale s and the activation scale of its
+// 128-column block, groups in order — the CUDA-core gemv's definition (products exact: e4m3 × e2m1
+// fits f32; group sums, scales, γ, SwiGLU as there) but each group's sum is the MMA unit's, so not
+// that kernel's bits (the tensor-core GEMMs' numerics; gpu-check `moe_q8 … gemv mma …` against the
+// CPU and against MOE_GEMV_MMA=off). Loads: each warp keeps the next MGM_U groups' words and scales
+// in flight while it multiplies the current ones. K a multiple of 32·MGM_U (the host checks), N any
+// (rows past N are clamped on load and not stored). Shared memory: K + 4·K/128 bytes.
+// Launch: grid (ceil(N / (16·MGM_WARPS)), pairs), block 32·MGM_WARPS. sm_89+ (e4m3 mma.sync).
+// Learned from the PTX ISA's m16n8k32 fragment layout (as gm_mma_e4m3 in common.cuh); the code is ours.
+#define MGM_WARPS 4  // ops_moe.rs MGM_ROWS_PER_BLOCK / MGM_THREADS
+// Groups per batch of loads (a multiple of 8: whole 64-bit words of scale bytes; the host takes
+// widths that are multiples of 256, ops_moe.rs MGM_K_MULTIPLE), overridable for timing
+// (FLASHSEEK_KERNEL_DEFINES=MGM_U=16 where the widths are multiples of 512, as Flash's).
+#ifndef MGM_U
+#define MGM_U 8
+#endif
+static_assert(MGM_U % 8 == 0, "scale bytes are loaded 8 at a time");
+
+// The low / high nibbles of w's four bytes as four e4m3 bytes of value e2m1·2^-6 (see above).
+__device__ __forceinline__ u32 mgm_lo(u32 w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }
+__device__ __forceinline__ u32 mgm_hi(u32 w) { return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u); }
+
+// d·2^(s − 121), rounded once as ldexpf (a power-of-two multiplier wherever it is a normal f32).
+__device__ __forceinline__ float mgm_scaled(float d, u32 s) {
+    const int e = (int)s - 121;
+    return e <= 127 ? d * __int_as_float((e + 127) << 23) : ldexpf(d, e);
+}
+
+template <bool SWIGLU>
+__device__ __forceinline__ void moe_gemv_fp4_mma(const u8* __restrict__ q, const float* __restrict__ sa, int ldq,
+                                                 const int* __restrict__ experts, int k, int E,
+                                                 const unsigned long long* __restrict__ wtab, const unsigned long long* __restrict__ stab,
+                                                 const unsigned long long* __restrict__ w3tab, const unsigned long long* __restrict__ s3tab,
+                                                 const float* __restrict__ gamma, float* __restrict__ y, int N, int K, float limit) {
+    extern __shared__ uint2 mgm_x[];  // [K / 32][4] B fragments, then K / 128 activation scales
+    const int p = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int e = experts[p];
+    const int n0 = (blockIdx.x * MGM_WARPS + warp) * 16;
+    if (e < 0 || e >= E) {  // the whole block: one pair
+        if (SWIGLU && lane < 16 && n0 + lane < N) y[(size_t)p * N + n0 + lane] = 0.f;
+        return;
+    }
+    const int row = SWIGLU ? p / k : p;
+    const int G = K >> 5;
+    {
+        const u8* qr = q + (size_t)row * ldq;
+        for (int c = threadIdx.x; c < G * 4; c += blockDim.x) {  // c = 4j + t: the row's bytes 8c … 8c + 7
+            const uint2 v = *reinterpret_cast<const uint2*>(qr + 8 * c);
+            mgm_x[c] = make_uint2(__byte_perm(v.x, v.y, 0x6420), __byte_perm(v.x, v.y, 0x7531));
+        }
+        float* sas = reinterpret_cast<float*>(mgm_x + G * 4);
+        for (int c = threadIdx.x; c < (K >> 7); c += blockDim.x) sas[c] = sa[(size_t)row * (ldq >> 7) + c];
+    }
+    __syncthreads();
+    const float* sas = reinterpret_cast<const float*>(mgm_x + G * 4);
+    constexpr int NM = SWIGLU ? 2 : 1;  // matrices: W (or W1), W3
+    const int ra = min(n0 + g, N - 1), rb = min(n0 + g + 8, N - 1);
+    const u32* wp[NM][2];
+    const unsigned long long* sp[NM][2];
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        const u8* W = reinterpret_cast<const u8*>(m == 0 ? wtab[e] : w3tab[e]);
+        const u8* S = reinterpret_cast<const u8*>(m == 0 ? stab[e] : s3tab[e]);
+        wp[m][0] = reinterpret_cast<const u32*>(W + (size_t)ra * (K >> 1)) + t;
+        wp[m][1] = reinterpret_cast<const u32*>(W + (size_t)rb * (K >> 1)) + t;
+        sp[m][0] = reinterpret_cast<const unsigned long long*>(S + (size_t)ra * G);
+        sp[m][1] = reinterpret_cast<const unsigned long long*>(S + (size_t)rb * G);
+    }
+    // One batch: MGM_U groups' weight words and scale bytes of both rows of every matrix.
+    struct Batch {
+        u32 w[NM][2][MGM_U];
+        unsigned long long s[NM][2][MGM_U / 8];
+    };
+    auto load = [&](Batch& b, int j0) {
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+#pragma unroll
+                for (int u = 0; u < MGM_U; u++) b.w[m][r][u] = __ldg(wp[m][r] + 4 * (j0 + u));
+#pragma unroll
+                for (int u = 0; u < MGM_U / 8; u++) b.s[m][r][u] = __ldg(sp[m][r] + (j0 >> 3) + u);
+            }
+    };
+    float acc[NM][2];
+#pragma unroll
+    for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.f;
+    Batch cur, nxt;
+    load(cur, 0);
+    for (int j0 = 0; j0 < G; j0 += MGM_U) {
+        if (j0 + MGM_U < G) load(nxt, j0 + MGM_U);
+#pragma unroll
+        for (int u = 0; u < MGM_U; u++) {
+            const int j = j0 + u;
+            const uint2 bx = mgm_x[4 * j + t];
+            const float s_a = sas[j >> 2];
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                const u32 a[4] = {mgm_lo(cur.w[m][0][u]), mgm_lo(cur.w[m][1][u]), mgm_hi(cur.w[m][0][u]), mgm_hi(cur.w[m][1][u])};
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+                gm_mma_e4m3(d, a, bx.x, bx.y);
+                const u32 s0 = (u32)(cur.s[m][0][u >> 3] >> (8 * (u & 7))) & 0xffu;
+                const u32 s1 = (u32)(cur.s[m][1][u >> 3] >> (8 * (u & 7))) & 0xffu;
+                acc[m][0] = fmaf(mgm_scaled(d[0], s0), s_a, acc[m][0]);
+                acc[m][1] = fmaf(mgm_scaled(d[2], s1), s_a, acc[m][1]);
+            }
+        }
+        cur = nxt;
+    }
+    if (t == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int n = n0 + g + 8 * r;
+            if (n < N) y[(size_t)p * N + n] = SWIGLU ? fs_swiglu(acc[0][r], acc[NM - 1][r], limit) * (gamma ? gamma[p] : 1.f) : acc[0][r];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MGM_WARPS)
+moe_gemv_fp4_mma_swiglu(const u8* __restrict__ q, const float* __restrict__ sa, int ldq, const int* __restrict__ experts, int k, int E,
+                        const unsigned long long* __restrict__ w1tab, const unsigned long long* __restrict__ s1tab,
+                        const unsigned long long* __restrict__ w3tab, const unsigned long long* __restrict__ s3tab,
+                        const float* __restrict__ gamma, float* __restrict__ h, int N, int K, float limit) {
+    moe_gemv_fp4_mma<true>(q, sa, ldq, experts, k, E, w1tab, s1tab, w3tab, s3tab, gamma, h, N, K, limit);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MGM_WARPS)
+moe_gemv_fp4_mma_down(const u8* __restrict__ q, const float* __restrict__ sa, int ldq, const int* __restrict__ experts, int E,
+                      const unsigned long long* __restrict__ w2tab, const unsigned long long* __restrict__ s2tab,
+                      float* __restrict__ y, int N, int K) {
+    moe_gemv_fp4_mma<false>(q, sa, ldq, experts, 1, E, w2tab, s2tab, w2tab, s2tab, nullptr, y, N, K, 0.f);
+}
