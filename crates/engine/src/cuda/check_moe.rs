@@ -660,6 +660,16 @@ fn gemv_mma_records(gpu: &Gpu, cfg: &flashseek_model::config::Ds4Config, layer: 
     let (nmse, max_abs, _) = errors(got, &off);
     let ok = ran && nmse <= Q8_MOE_NMSE_TOL && got.iter().all(|v| v.is_finite());
     all &= flag_record(out, &format!("{label} mma vs cuda-core gemv"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_MOE_NMSE_TOL, "mma_ran": ran, "vs": "MOE_GEMV_MMA=off"}), ok);
+    // Both warp splits of each tile's groups forced (4: where both widths are multiples of 1,024).
+    let tables = gpu.moe_tables(layer)?;
+    for ks in [1usize, 4] {
+        let ran_ks = tables.map_or(0, |tb| super::ops_moe::gemv_mma_ksplit(tb, t * cfg.num_experts_per_tok, Some(ks)));
+        if ran_ks != ks {
+            continue;
+        }
+        let y = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, layer, df, t, dids, dw, MoeOptions { gemv_ksplit: Some(ks), ..forced })?)?;
+        all &= vs_cpu(out, &format!("{label} mma k-split {ks} vs cpu"), shape, &y, want, Q8_MOE_NMSE_TOL);
+    }
     Ok(all)
 }
 
@@ -833,6 +843,11 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
             let mma_off = || switch_scope(&[("MOE_GEMV_MMA", "off")], || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, forced));
             let ms = median_ms(gpu, repeats, || mma_off().map(|_| ()))?;
             record_time("gemv MOE_GEMV_MMA=off (CUDA cores)", ms);
+            for ks in [1usize, 4] {
+                let o = MoeOptions { gemv_ksplit: Some(ks), ..forced };
+                let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, o).map(|_| ()))?;
+                record_time(&format!("gemv mma k-split {ks} (forced)"), ms);
+            }
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, forced).map(|_| ()))?;
             record_time("gemv f32 (exact, MOE_DECODE_GEMV forced)", ms);
             let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped(&cfg, &layer, &f, t, &dids, &dw, true, off).map(|_| ()))?;

@@ -95,6 +95,8 @@ pub const MOE_ENTRY_POINTS: &[&str] = &[
     "moe_gemv_fp4_down_f32",
     "moe_gemv_fp4_mma_swiglu",
     "moe_gemv_fp4_mma_down",
+    "moe_gemv_fp4_mma_swiglu_ks4",
+    "moe_gemv_fp4_mma_down_ks4",
 ];
 
 /// Most residual streams `n` (`hc_mult`) the mHC kernels handle (`HC_MAXN` in mhc.cu).

@@ -118,6 +118,9 @@ pub struct MoeOptions {
     /// (official numerics, or the exact split ones) run [`Gpu::moe_experts_gemv`] (one gemv per pair, no grouping) instead of
     /// the grouped GEMMs; `None` = never. [`MOE_GEMV_MAX_PAIRS`] with the switch on.
     pub decode_gemv: Option<usize>,
+    /// Forces how many warps split each 16-row tile's groups in `MOE_GEMV_MMA`'s gemvs (1 or 4;
+    /// checks use it to cover and time both); `None` = [`gemv_mma_ksplit`]'s rule.
+    pub gemv_ksplit: Option<usize>,
 }
 
 /// Most routed pairs (tokens × top-k) [`Gpu::moe_experts_gemv`] takes under `MOE_DECODE_GEMV`:
@@ -140,11 +143,12 @@ impl MoeOptions {
             force_tile_rows: None,
             max_blocks: None,
             decode_gemv: on("MOE_DECODE_GEMV").then_some(MOE_GEMV_MAX_PAIRS),
+            gemv_ksplit: None,
         }
     }
 
     /// Every optimisation on (the defaults).
-    pub const ALL_ON: MoeOptions = MoeOptions { grouped: true, fused_swiglu: true, adaptive_tiles: true, persistent: true, force_tile_rows: None, max_blocks: None, decode_gemv: Some(MOE_GEMV_MAX_PAIRS) };
+    pub const ALL_ON: MoeOptions = MoeOptions { grouped: true, fused_swiglu: true, adaptive_tiles: true, persistent: true, force_tile_rows: None, max_blocks: None, decode_gemv: Some(MOE_GEMV_MAX_PAIRS), gemv_ksplit: None };
 
     /// Tile height for `tk` routed pairs over `e` experts with split (`split`) or bf16 activations,
     /// on the wgmma kernels (`wgmma`) or mma.sync ones. Adaptive: 64-row tiles when the average
@@ -573,7 +577,7 @@ impl Gpu {
         let limit = cfg.swiglu_limit as f32;
         // MOE_DECODE_GEMV: a few pairs in the exact numerics (split activations) as f32 gemvs.
         if split && gemv_runs(tables, tk, opts) {
-            return self.moe_experts_gemv(layer, tables, f, t, experts, weights, (d, e, k), limit, false);
+            return self.moe_experts_gemv(layer, tables, f, t, experts, weights, (d, e, k), limit, false, None);
         }
         let wgmma = self.bf16_wgmma(tables.format, d) && self.bf16_wgmma(tables.format, inter);
         let g = self.moe_group(experts, tk, k, e, opts.tile_rows(tk, e, split, wgmma))?;
@@ -678,7 +682,7 @@ impl Gpu {
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
         if gemv_runs(tables, tk, opts) {
-            return self.moe_experts_gemv(layer, tables, f, t, experts, weights, (d, e, k), limit, true);
+            return self.moe_experts_gemv(layer, tables, f, t, experts, weights, (d, e, k), limit, true, opts.gemv_ksplit);
         }
         let wt = self.moe_wt_runs(tables, tk, e, opts);
         self.moe_mark("moe:group+gather");
@@ -744,6 +748,24 @@ pub(crate) fn gemv_mma_runs(tables: &GpuExpertTables) -> bool {
     crate::switches::on("MOE_GEMV_MMA") && tables.format == "fp4" && tables.gemv_mma_aligned && tables.d.is_multiple_of(MGM_K_MULTIPLE) && tables.inter.is_multiple_of(MGM_K_MULTIPLE)
 }
 
+/// How many warps split each 16-row tile's groups in `moe_gemv_fp4_mma_*` for `tk` pairs: 4 (the
+/// `_ks4` entries) for at most [`MGM_KS4_MAX_PAIRS`] pairs when both widths are multiples of
+/// 4·[`MGM_K_MULTIPLE`], else 1; `force` (checks) overrides the count (4 only where the widths allow
+/// it).
+pub(crate) fn gemv_mma_ksplit(tables: &GpuExpertTables, tk: usize, force: Option<usize>) -> usize {
+    let ks4_ok = tables.d.is_multiple_of(4 * MGM_K_MULTIPLE) && tables.inter.is_multiple_of(4 * MGM_K_MULTIPLE);
+    match force {
+        Some(4) if ks4_ok => 4,
+        Some(_) => 1,
+        None if ks4_ok && tk <= MGM_KS4_MAX_PAIRS => 4,
+        None => 1,
+    }
+}
+
+/// Most routed pairs for which `moe_gemv_fp4_mma_*` split each tile's groups four ways (decode steps
+/// of up to 2 tokens of top-6); not yet measured against the 1-way form at every size.
+pub const MGM_KS4_MAX_PAIRS: usize = 12;
+
 /// Output rows per block of `moe_gemv_fp4_mma_*` (16 per warp, `MGM_WARPS` = 4 warps in moe.cu).
 const MGM_ROWS_PER_BLOCK: usize = 64;
 /// Threads per block of `moe_gemv_fp4_mma_*` (`32 · MGM_WARPS`).
@@ -771,7 +793,7 @@ impl Gpu {
     ///
     /// Errors: widths the kernels do not take ([`gemv_runs`]), sizes past 32 bits, launch failures.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_experts_gemv(&self, layer: &GpuMoeLayer, tables: &GpuExpertTables, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, (d, e, k): (usize, usize, usize), limit: f32, official: bool) -> Result<DevBuf<f32>, CudaError> {
+    pub(crate) fn moe_experts_gemv(&self, layer: &GpuMoeLayer, tables: &GpuExpertTables, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, (d, e, k): (usize, usize, usize), limit: f32, official: bool, ksplit: Option<usize>) -> Result<DevBuf<f32>, CudaError> {
         let (tk, inter) = (t * k, tables.inter);
         if !gemv_runs(tables, tk, MoeOptions { decode_gemv: Some(usize::MAX), ..MoeOptions::ALL_ON }) || tk == 0 {
             return Err(bad(format!("moe gemv over {} experts of [{inter}, {d}], {tk} pairs", tables.format)));
@@ -788,16 +810,20 @@ impl Gpu {
         // SAFETY: the gate/up gemv writes every value of its tk rows (zeros for unrouted pairs).
         let mut h = unsafe { self.scratch::<f32>(tk * inter) }?;
         let mma = official && gemv_mma_runs(tables);
-        let lc_mma = |n: usize, width: usize| LaunchConfig { grid_dim: (n.div_ceil(MGM_ROWS_PER_BLOCK) as u32, tk as u32, 1), block_dim: (MGM_THREADS, 1, 1), shared_mem_bytes: (width + 4 * (width / 128)) as u32 };
+        let ks = gemv_mma_ksplit(tables, tk, ksplit);
+        let sfx = if ks == 4 { "_ks4" } else { "" };
+        let (swiglu_name, down_name) = (format!("moe_gemv_fp4_mma_swiglu{sfx}"), format!("moe_gemv_fp4_mma_down{sfx}"));
+        let lc_mma = |n: usize, width: usize| LaunchConfig { grid_dim: (n.div_ceil(MGM_ROWS_PER_BLOCK / ks) as u32, tk as u32, 1), block_dim: (MGM_THREADS, 1, 1), shared_mem_bytes: (width + 4 * (width / 128)) as u32 };
         match &qa {
             Some(qa) if mma => {
                 let ldq = i32_of(qa.kp, "row bytes")?;
-                let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_mma_swiglu"));
+                let mut b = self.stream.launch_builder(self.f(&swiglu_name));
                 b.arg(&qa.q).arg(&qa.sa).arg(&ldq).arg(experts).arg(&k_i).arg(&e_i).arg(&tables.w1).arg(&tables.s1).arg(&tables.w3).arg(&tables.s3).arg(weights).arg(&mut h).arg(&inter_i).arg(&d_i).arg(&limit);
                 // SAFETY: moe_gemv_fp4_mma_swiglu: moe_gemv_fp4_swiglu's arguments; d a multiple of
                 // 32·MGM_U (gemv_mma_runs), weight / scale addresses 16- / 8-byte aligned
-                // (gemv_mma_aligned); grid (N / 64, tk), block 128, d + d/32 bytes of shared memory.
-                drv("moe_gemv_fp4_mma_swiglu", unsafe { b.launch(lc_mma(inter, d)) })?;
+                // (gemv_mma_aligned), d a multiple of 4·256 for _ks4 (gemv_mma_ksplit); grid (N / (64 / ks),
+                // tk), block 128, d + d/32 bytes of shared memory.
+                drv(&swiglu_name, unsafe { b.launch(lc_mma(inter, d)) })?;
             }
             Some(qa) => {
                 let ldq = i32_of(qa.kp, "row bytes")?;
@@ -823,11 +849,12 @@ impl Gpu {
         if official && mma {
             let hq = self.act_quant(&h, tk, inter)?;
             let ldq = i32_of(hq.kp, "row bytes")?;
-            let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_mma_down"));
+            let mut b = self.stream.launch_builder(self.f(&down_name));
             b.arg(&hq.q).arg(&hq.sa).arg(&ldq).arg(experts).arg(&e_i).arg(&tables.w2).arg(&tables.s2).arg(&mut slot_out).arg(&d_i).arg(&inter_i);
             // SAFETY: moe_gemv_fp4_mma_down: moe_gemv_fp4_down's arguments; inter a multiple of
-            // 32·MGM_U, aligned tables as above; grid (d / 64, tk), block 128, inter + inter/32 bytes.
-            drv("moe_gemv_fp4_mma_down", unsafe { b.launch(lc_mma(d, inter)) })?;
+            // 32·MGM_U (4·32·MGM_U for _ks4), aligned tables as above; grid (d / (64 / ks), tk), block
+            // 128, inter + inter/32 bytes.
+            drv(&down_name, unsafe { b.launch(lc_mma(d, inter)) })?;
         } else if official {
             let hq = self.act_quant(&h, tk, inter)?;
             let ldq = i32_of(hq.kp, "row bytes")?;
@@ -986,6 +1013,7 @@ mod tests {
         assert!(src.contains("make_uint2(__byte_perm(v.x, v.y, 0x6420), __byte_perm(v.x, v.y, 0x7531))"));
         assert!(src.contains("return e <= 127 ? d * __int_as_float((e + 127) << 23) : ldexpf(d, e);") && src.contains("const int e = (int)s - 121;"));
         assert!(src.contains("#define MGM_WARPS 4") && src.contains("#define MGM_U 8"));
+        assert!(src.contains("MGM_ENTRIES(, 1)") && src.contains("MGM_ENTRIES(_ks4, 4)"));
         assert_eq!((MGM_ROWS_PER_BLOCK, MGM_THREADS as usize, MGM_K_MULTIPLE), (16 * 4, 32 * 4, 32 * 8));
         let lo = |w: u32| ((w << 2) & 0x1C1C_1C1C) | ((w << 4) & 0x8080_8080);
         let hi = |w: u32| ((w >> 2) & 0x1C1C_1C1C) | (w & 0x8080_8080);

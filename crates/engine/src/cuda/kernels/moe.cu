@@ -533,19 +533,23 @@ __device__ __forceinline__ float mgm_scaled(float d, u32 s) {
     return e <= 127 ? d * __int_as_float((e + 127) << 23) : ldexpf(d, e);
 }
 
-template <bool SWIGLU>
+template <bool SWIGLU, int KS>
 __device__ __forceinline__ void moe_gemv_fp4_mma(const u8* __restrict__ q, const float* __restrict__ sa, int ldq,
                                                  const int* __restrict__ experts, int k, int E,
                                                  const unsigned long long* __restrict__ wtab, const unsigned long long* __restrict__ stab,
                                                  const unsigned long long* __restrict__ w3tab, const unsigned long long* __restrict__ s3tab,
                                                  const float* __restrict__ gamma, float* __restrict__ y, int N, int K, float limit) {
+    static_assert(KS >= 1 && MGM_WARPS % KS == 0, "the warps split each 16-row tile's groups KS ways");
     extern __shared__ uint2 mgm_x[];  // [K / 32][4] B fragments, then K / 128 activation scales
+    constexpr int NM = SWIGLU ? 2 : 1;  // matrices: W (or W1), W3
+    __shared__ float mgm_part[KS > 1 ? MGM_WARPS * NM * 16 : 1];  // the K parts' row sums
     const int p = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
+    const int rt = warp / KS, kp = warp % KS;  // this warp's 16-row tile of the block and K part
     const int e = experts[p];
-    const int n0 = (blockIdx.x * MGM_WARPS + warp) * 16;
+    const int n0 = (blockIdx.x * (MGM_WARPS / KS) + rt) * 16;
     if (e < 0 || e >= E) {  // the whole block: one pair
-        if (SWIGLU && lane < 16 && n0 + lane < N) y[(size_t)p * N + n0 + lane] = 0.f;
+        if (SWIGLU && kp == 0 && lane < 16 && n0 + lane < N) y[(size_t)p * N + n0 + lane] = 0.f;
         return;
     }
     const int row = SWIGLU ? p / k : p;
@@ -561,7 +565,6 @@ __device__ __forceinline__ void moe_gemv_fp4_mma(const u8* __restrict__ q, const
     }
     __syncthreads();
     const float* sas = reinterpret_cast<const float*>(mgm_x + G * 4);
-    constexpr int NM = SWIGLU ? 2 : 1;  // matrices: W (or W1), W3
     const int ra = min(n0 + g, N - 1), rb = min(n0 + g + 8, N - 1);
     const u32* wp[NM][2];
     const unsigned long long* sp[NM][2];
@@ -593,10 +596,12 @@ __device__ __forceinline__ void moe_gemv_fp4_mma(const u8* __restrict__ q, const
     float acc[NM][2];
 #pragma unroll
     for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = 0.f;
+    // This warp's groups: part kp of KS (each a whole number of batches; the host checks K).
+    const int jb = kp * (G / KS), je = jb + G / KS;
     Batch cur, nxt;
-    load(cur, 0);
-    for (int j0 = 0; j0 < G; j0 += MGM_U) {
-        if (j0 + MGM_U < G) load(nxt, j0 + MGM_U);
+    load(cur, jb);
+    for (int j0 = jb; j0 < je; j0 += MGM_U) {
+        if (j0 + MGM_U < je) load(nxt, j0 + MGM_U);
 #pragma unroll
         for (int u = 0; u < MGM_U; u++) {
             const int j = j0 + u;
@@ -615,6 +620,22 @@ __device__ __forceinline__ void moe_gemv_fp4_mma(const u8* __restrict__ q, const
         }
         cur = nxt;
     }
+    if (KS > 1) {
+        // The parts' sums added in part order by the tile's first warp.
+        if (t == 0)
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) mgm_part[((rt * KS + kp) * NM + m) * 16 + g + 8 * r] = acc[m][r];
+        __syncthreads();
+        if (kp != 0) return;
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int i = 1; i < KS; i++) acc[m][r] += mgm_part[((rt * KS + i) * NM + m) * 16 + g + 8 * r];
+    }
     if (t == 0) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -624,17 +645,23 @@ __device__ __forceinline__ void moe_gemv_fp4_mma(const u8* __restrict__ q, const
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * MGM_WARPS)
-moe_gemv_fp4_mma_swiglu(const u8* __restrict__ q, const float* __restrict__ sa, int ldq, const int* __restrict__ experts, int k, int E,
-                        const unsigned long long* __restrict__ w1tab, const unsigned long long* __restrict__ s1tab,
-                        const unsigned long long* __restrict__ w3tab, const unsigned long long* __restrict__ s3tab,
-                        const float* __restrict__ gamma, float* __restrict__ h, int N, int K, float limit) {
-    moe_gemv_fp4_mma<true>(q, sa, ldq, experts, k, E, w1tab, s1tab, w3tab, s3tab, gamma, h, N, K, limit);
-}
-
-extern "C" __global__ void __launch_bounds__(32 * MGM_WARPS)
-moe_gemv_fp4_mma_down(const u8* __restrict__ q, const float* __restrict__ sa, int ldq, const int* __restrict__ experts, int E,
-                      const unsigned long long* __restrict__ w2tab, const unsigned long long* __restrict__ s2tab,
-                      float* __restrict__ y, int N, int K) {
-    moe_gemv_fp4_mma<false>(q, sa, ldq, experts, 1, E, w2tab, s2tab, w2tab, s2tab, nullptr, y, N, K, 0.f);
-}
+// KS = 1 (16 rows per warp, 64 per block) and KS = 4 (_ks4: the block's four warps split one 16-row
+// tile's groups in quarters, 16 rows per block: four times the blocks and loads in flight for the
+// few pairs of a decode step; K a multiple of 4·32·MGM_U).
+#define MGM_ENTRIES(SUFFIX, KS)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * MGM_WARPS)                                                          \
+    moe_gemv_fp4_mma_swiglu##SUFFIX(const u8* __restrict__ q, const float* __restrict__ sa, int ldq, const int* __restrict__ experts, \
+                                    int k, int E, const unsigned long long* __restrict__ w1tab,                           \
+                                    const unsigned long long* __restrict__ s1tab, const unsigned long long* __restrict__ w3tab, \
+                                    const unsigned long long* __restrict__ s3tab, const float* __restrict__ gamma,        \
+                                    float* __restrict__ h, int N, int K, float limit) {                                   \
+        moe_gemv_fp4_mma<true, KS>(q, sa, ldq, experts, k, E, w1tab, s1tab, w3tab, s3tab, gamma, h, N, K, limit);        \
+    }                                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * MGM_WARPS)                                                          \
+    moe_gemv_fp4_mma_down##SUFFIX(const u8* __restrict__ q, const float* __restrict__ sa, int ldq, const int* __restrict__ experts, \
+                                  int E, const unsigned long long* __restrict__ w2tab, const unsigned long long* __restrict__ s2tab, \
+                                  float* __restrict__ y, int N, int K) {                                                  \
+        moe_gemv_fp4_mma<false, KS>(q, sa, ldq, experts, 1, E, w2tab, s2tab, w2tab, s2tab, nullptr, y, N, K, 0.f);     \
+    }
+MGM_ENTRIES(, 1)
+MGM_ENTRIES(_ks4, 4)
