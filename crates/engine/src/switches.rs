@@ -245,6 +245,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only moe`): `moe_q8 fp4 gemv vs cpu` and `moe_q8 fp4 T=1 / T=3 vs cpu` (on by default; NMSE ≤ 1e-4 against the CPU in official numerics), `moe_q8 fp4 gemv MOE_GEMV_MMA=off vs cpu`, `moe_q8 fp4 gemv mma vs cuda-core gemv` and `moe_q8 flash T=… gemv mma vs cuda-core gemv` (NMSE ≤ 1e-4 against MOE_GEMV_MMA=off), `… gemv masked` (γ = 0: the shared expert's bits), `time moe layer T=… gemv … MOE_GEMV_MMA=off`; the switch matrix and qualify (`MOE_GEMV_MMA=off alone (with TC_LINEAR=fp8)`: reported); `gpu-bench` decode",
     },
     Switch {
+        name: "LINEAR_GEMV_MMA",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the official numerics' small-batch linears over FP8 weights at 1 to 8 tokens (decode steps: wq_a, wkv, wq_b, wo_b, the indexer's wq_b, the shared expert; linear.cu linear_fp8[_t1[p]]_q with LINEAR_FUSED_QUANT: the input quantize-dequantized as staged, each 16-value chunk decoded to f32 and summed on CUDA cores): linear_fp8_mma_q_ks<1|2|4|8>, the inputs quantized to e4m3 bytes as staged and each 128-value block's products on the tensor cores (mma.sync m16n8k32 e4m3 with the weight bytes as loaded as the A fragment and up to 8 tokens as its columns), scaled by the block's two power-of-two scales; widths multiples of 256 up to 8,192 with tokens·(width + 16) ≤ 32,768 bytes, other shapes keep the CUDA-core gemv; the MMA unit's sums, so not that gemv's bits",
+        parity: "gpu-check `--only gemv`: `linear_official mma fp8 <weight> T=1 / 3 / 8 vs cpu` (NMSE ≤ 1e-4 against the CPU's linear(act_in(x), W)), `… vs LINEAR_GEMV_MMA=off` (NMSE ≤ 1e-4, the shapes taken and declined as the host rule says), `… nan block` (NaN only in the token whose input holds one), `time linear official T=1 fp8 …` on and off; the switch matrix and qualify (`LINEAR_GEMV_MMA=off alone (with TC_LINEAR=fp8)`: reported); `gpu-bench` decode",
+    },
+    Switch {
         name: "LINEAR_T1_PREFETCH",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -589,6 +596,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MOE_PERSISTENT", &[("MOE_GROUPED", &["on"])]),
     ("FP8_WGMMA", &[("TC_LINEAR", &["fp8"])]),
     ("LINEAR_FUSED_QUANT", &[("TC_LINEAR", &["fp8"])]),
+    ("LINEAR_GEMV_MMA", &[("TC_LINEAR", &["fp8"])]),
     ("MOE_FP8_WS", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     // Its 256-row tiles are an adaptive choice (ops_q8::wt_tiles; only checks force them).
     ("MOE_FP8_WT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"]), ("MOE_ADAPTIVE_TILES", &["on"])]),
@@ -782,6 +790,8 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("MOE_DECODE_GEMV=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_DECODE_GEMV", "off")], Role::AloneOff, false, false, false));
     // … and its official gemvs' group sums on CUDA cores instead of the tensor cores: other bits.
     v.push(c("MOE_GEMV_MMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("MOE_GEMV_MMA", "off")], Role::AloneOff, false, false, false));
+    // The official small-batch FP8 linears' block sums on CUDA cores instead of the tensor cores.
+    v.push(c("LINEAR_GEMV_MMA=off alone (with TC_LINEAR=fp8)".into(), vec![("TC_LINEAR", "fp8"), ("LINEAR_GEMV_MMA", "off")], Role::AloneOff, false, false, false));
     // The bf16 wgmma kernels give the mma.sync kernels' bits (measured per GEMM and MoE layer on
     // H200, asserted by gpu-check): the same bits end to end.
     v.push(c("BF16_WGMMA=off alone".into(), vec![("BF16_WGMMA", "off")], Role::AloneOff, true, true, false));

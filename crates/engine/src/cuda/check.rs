@@ -581,6 +581,9 @@ fn grouped_wo_a(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> R
     let (ok, t1) = t1_prefetch(gpu, seed, repeats, out)?;
     all &= ok;
     timings.extend(t1);
+    let (ok, mma) = super::check_q8::gemv_mma_checks(gpu, seed, repeats, out)?;
+    all &= ok;
+    timings.extend(mma);
     Ok((all, timings))
 }
 
@@ -614,7 +617,8 @@ fn t1_prefetch(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> Re
         let dx = gpu.upload(&x)?;
         for official in [false, true] {
             let run = |sw: &'static str| -> Result<Vec<f32>, CudaError> {
-                switch_scope(&[("LINEAR_T1_PREFETCH", sw)], || {
+                // (LINEAR_GEMV_MMA off: the official FP8 gemv is the prefetching one compared here.)
+                switch_scope(&[("LINEAR_T1_PREFETCH", sw), ("LINEAR_GEMV_MMA", "off")], || {
                     let mut dy = gpu.upload(&vec![f32::NAN; rows])?;
                     if official {
                         gpu.linear_official(&dx, &gw, &mut dy, 1)?;

@@ -216,7 +216,8 @@ fn fused_quant_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool
         let dx = gpu.upload(&x)?;
         let takes = Gpu::linear_gemv_q_takes(t, &gw);
         let run = |sw: &'static str| -> Result<Vec<f32>, CudaError> {
-            switch_scope(&[("LINEAR_FUSED_QUANT", sw)], || {
+            // (LINEAR_GEMV_MMA off: its FP8 shapes would take the tensor-core gemv either way.)
+            switch_scope(&[("LINEAR_FUSED_QUANT", sw), ("LINEAR_GEMV_MMA", "off")], || {
                 let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
                 gpu.linear_official(&dx, &gw, &mut dy, t)?;
                 gpu.download(&dy)
@@ -237,6 +238,78 @@ fn fused_quant_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool
         }
     }
     Ok(all)
+}
+
+/// `LINEAR_GEMV_MMA`: [`Gpu::linear_official`] on FP8 weights at 1, 3 and 8 tokens with each
+/// 128-value block's products on the tensor cores ([`Gpu::linear_gemv_mma`], every split of the
+/// blocks over warps that Flash's decode linears take, rows past the last tile, block magnitudes
+/// from 2^-20 to 2^12, one block holding a NaN) against the CPU's `linear(act_in(x), W)` (NMSE ≤
+/// [`Q8_NMSE_TOL`]) and against the switch off (the CUDA-core gemv of `LINEAR_FUSED_QUANT`: NMSE ≤
+/// [`Q8_NMSE_TOL`], NaN where it is NaN); a width not a multiple of 256 declined. Timings at one
+/// token on Flash's FP8 decode linears, on and off.
+pub(crate) fn gemv_mma_checks(gpu: &Gpu, seed: u64, repeats: usize, out: &mut Vec<Value>) -> Result<(bool, Vec<Value>), CudaError> {
+    let mut all = true;
+    let mut timings = Vec::new();
+    // (weight, rows, cols, timed at T = 1)
+    let cases: &[(&str, usize, usize, bool)] = &[
+        ("attn.wq_a", 1024, 4096, true),
+        ("attn.wkv", 512, 4096, true),
+        ("attn.wq_b", 32768, 1024, true),
+        ("attn.wo_b", 4096, 8192, true),
+        ("indexer.wq_b", 8192, 1024, true),
+        ("shared.w1", 2048, 4096, true),
+        ("shared.w2", 4096, 2048, true),
+        ("odd [1001, 512]", 1001, 512, false),
+        ("odd [40, 768]", 40, 768, false),
+        ("declined [256, 384]", 256, 384, false),
+    ];
+    for (name, rows, cols, timed) in cases {
+        let (rows, cols) = (*rows, *cols);
+        let vals = random(seed, &format!("q8.mma.w.{name}"), rows * cols, (3.0 / cols as f64).sqrt());
+        let (gw, cpu_w) = weight(gpu, "fp8", &vals, rows, cols)?;
+        for t in [1usize, 3, 8] {
+            let mut x = spread_activations(seed, &format!("q8.mma.x.{name}.{t}"), t, cols);
+            let nan = t == 3 && rows == 1001;
+            if nan {
+                x[cols + 130] = f32::NAN;  // token 1's second block
+            }
+            let dx = gpu.upload(&x)?;
+            let takes = Gpu::linear_gemv_mma_takes(t, &gw);
+            let expect = cols.is_multiple_of(256) && t * (cols + 16) <= 32_768;
+            let run = |sw: &'static str| -> Result<Vec<f32>, CudaError> {
+                switch_scope(&[("LINEAR_GEMV_MMA", sw)], || {
+                    let mut dy = gpu.upload(&vec![f32::NAN; t * rows])?;
+                    gpu.linear_official(&dx, &gw, &mut dy, t)?;
+                    gpu.download(&dy)
+                })
+            };
+            let (mma, off) = (run("on")?, run("off")?);
+            let label = format!("linear_official mma fp8 {name} T={t}");
+            let ks = super::gpu::gemv_mma_ksplit(rows, cols);
+            if nan {
+                // NaN exactly where the CUDA-core gemv has NaN (token 1's rows), finite elsewhere.
+                let same = mma.iter().zip(&off).all(|(a, b)| a.is_nan() == b.is_nan());
+                let rows_nan = (0..t).all(|j| mma[j * rows..(j + 1) * rows].iter().all(|v| v.is_nan() == (j == 1)));
+                all &= flag_record(out, &format!("{label} nan block"), json!({"nan_where_off_nan": same, "only_token_1": rows_nan, "mma": takes}), same && rows_nan && takes);
+                continue;
+            }
+            let reference = ops::linear(&OFFICIAL.act_in(&x, cols), &cpu_w);
+            all &= record_q8(out, &format!("{label} vs cpu"), json!([t, rows, cols]), &mma, &reference, None);
+            let (nmse, max_abs, _) = errors(&mma, &off);
+            let ok = takes == expect && nmse <= Q8_NMSE_TOL && mma.iter().all(|v| v.is_finite());
+            all &= flag_record(out, &format!("{label} vs LINEAR_GEMV_MMA=off"), json!({"nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_NMSE_TOL, "mma": takes, "k_split": ks}), ok);
+        }
+        if *timed {
+            let dx = gpu.upload(&spread_activations(seed, &format!("q8.mma.tx.{name}"), 1, cols))?;
+            let mut dy = gpu.zeros::<f32>(rows)?;
+            let (on, off) = switch_on_off_ms(gpu, repeats, "LINEAR_GEMV_MMA", || gpu.linear_official(&dx, &gw, &mut dy, 1))?;
+            let bytes = super::model::weight_bytes(&gw);
+            let gbs = |ms: f64| bytes / (ms * 1e-3) / 1e9;
+            println!("time linear official T=1 fp8 {name:<14} [{rows}x{cols}]  mma (k-split {}) {:.1} us {:.0} GB/s | off {:.1} us {:.0} GB/s", super::gpu::gemv_mma_ksplit(rows, cols), on * 1e3, gbs(on), off * 1e3, gbs(off));
+            timings.push(json!({"op": "linear official T=1, LINEAR_GEMV_MMA", "format": "fp8", "weight": name, "rows": rows, "cols": cols, "weight_bytes": bytes, "k_split": super::gpu::gemv_mma_ksplit(rows, cols), "mma_us": on * 1e3, "mma_gb_per_s": gbs(on), "off_us": off * 1e3, "off_gb_per_s": gbs(off), "repeats": repeats}));
+        }
+    }
+    Ok((all, timings))
 }
 
 /// A bf16 value's place on a number line of bf16 bit patterns (±0 both 0), for ulp distances.

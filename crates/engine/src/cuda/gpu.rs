@@ -224,6 +224,10 @@ pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
             "linear_fp4_t1p",
             "linear_fp4_t1p_q",
             "linear_fp4_t1p_grouped",
+            "linear_fp8_mma_q_ks1",
+            "linear_fp8_mma_q_ks2",
+            "linear_fp8_mma_q_ks4",
+            "linear_fp8_mma_q_ks8",
         ],
     ),
     ("attention.cu", super::ops_attention::ATTENTION_ENTRY_POINTS),
@@ -383,6 +387,26 @@ fn t1_variant(t: usize, per: usize) -> (&'static str, usize) {
 /// [`Gpu::linear_gemv_q_takes`] on the token count and input width alone.
 fn gemv_q_takes_shape(t: usize, cols: usize) -> bool {
     (1..TC_LINEAR_MIN_TOKENS).contains(&t) && cols.is_multiple_of(128) && t.min(GEMV_TOKENS_PER_BLOCK) * cols <= GEMV_STAGED_FLOATS
+}
+
+/// Staged e4m3 input bytes of linear.cu's `linear_fp8_mma_q_ks*` (`LGM_XBYTES`): `t · (cols + 16)`
+/// at most.
+const LGM_XBYTES: usize = 32_768;
+/// 128-value blocks per batch of loads in `linear_fp8_mma_q_ks*` (`LGM_U`).
+const LGM_U: usize = 2;
+
+/// [`Gpu::linear_gemv_mma_takes`] on the token count and input width alone.
+fn gemv_mma_takes_shape(t: usize, cols: usize) -> bool {
+    (1..=8).contains(&t) && cols.is_multiple_of(256) && cols <= 8192 && t * (cols + 16) <= LGM_XBYTES
+}
+
+/// How many of `linear_fp8_mma_q_ks*`'s 8 warps split each 16-row tile's 128-value blocks for a
+/// weight of `rows × cols`: the fewest (1, 2, 4 or 8) that give at least 1,024 warps (8 per SM)
+/// among those that divide the row's blocks into whole batches of [`LGM_U`].
+pub(crate) fn gemv_mma_ksplit(rows: usize, cols: usize) -> usize {
+    let (tiles, kb) = (rows.div_ceil(16), cols / 128);
+    let fits = |ks: usize| kb.is_multiple_of(ks * LGM_U);
+    [1usize, 2, 4, 8].into_iter().filter(|&ks| fits(ks)).find(|&ks| tiles * ks >= 1024).unwrap_or_else(|| [8usize, 4, 2, 1].into_iter().find(|&ks| fits(ks)).unwrap_or(1))
 }
 
 /// How [`Gpu::linear`] runs `T ≥` [`TC_LINEAR_MIN_TOKENS`] tokens (the switch
@@ -1440,6 +1464,44 @@ impl Gpu {
         self.gemv_launch(&x.slice(..), w.cols, w, &mut y.slice_mut(..), w.rows, t, true)
     }
 
+    /// Whether [`Gpu::linear_gemv_mma`] takes `t` tokens of `w` (switch `LINEAR_GEMV_MMA`): FP8
+    /// weights, 1..=8 tokens, widths a multiple of 256 up to 8,192 whose staged e4m3 rows fit
+    /// linear.cu's tile (`t · (cols + 16) ≤ LGM_XBYTES`).
+    pub fn linear_gemv_mma_takes(t: usize, w: &GpuWeight) -> bool {
+        matches!(w.data, GpuMatrix::Fp8 { .. }) && gemv_mma_takes_shape(t, w.cols)
+    }
+
+    /// The official numerics' small-batch linear over FP8 weights with each 128-value block's
+    /// products on the tensor cores (switch `LINEAR_GEMV_MMA`; linear.cu `linear_fp8_mma_q_ks<KS>`):
+    /// `y = linear(act_in(x), W)` for `t` ≤ 8 tokens of `x` (`[t, cols]` f32) into `y` (`[t, rows]`
+    /// f32) — [`Gpu::linear_gemv_q`]'s definition (the inputs quantized per 128 values as staged,
+    /// spec §6, §10.1), the MMA unit's sums, so not its bits. Each 16-row tile's blocks are split
+    /// over [`gemv_mma_ksplit`] warps.
+    ///
+    /// Errors: shapes [`Gpu::linear_gemv_mma_takes`] rejects, buffers shorter than the shapes,
+    /// launch failures.
+    pub fn linear_gemv_mma(&self, x: &CudaSlice<f32>, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize) -> Result<(), CudaError> {
+        let GpuMatrix::Fp8 { w: wv, scales } = &w.data else {
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("the tensor-core gemv takes FP8 weights: [{}, {}]", w.rows, w.cols) });
+        };
+        if !gemv_mma_takes_shape(t, w.cols) {
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("the tensor-core gemv takes 1..=8 tokens of inputs a multiple of 256 wide, at most 8,192, with t·(width + 16) ≤ {LGM_XBYTES}: {t} tokens of [{}, {}]", w.rows, w.cols) });
+        }
+        if x.len() < t * w.cols || y.len() < t * w.rows {
+            return Err(CudaError::Unsupported { what: "linear", detail: format!("{} inputs and {} outputs for {t} tokens of [{}, {}]", x.len(), y.len(), w.rows, w.cols) });
+        }
+        let ks = gemv_mma_ksplit(w.rows, w.cols);
+        let name = format!("linear_fp8_mma_q_ks{ks}");
+        let cfg = LaunchConfig { grid_dim: (w.rows.div_ceil(16 * 8 / ks) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (tt, n, k) = (t as i32, w.rows as i32, w.cols as i32);
+        let mut b = self.stream.launch_builder(self.f(&name));
+        b.arg(x).arg(wv).arg(scales).arg(y).arg(&tt).arg(&n).arg(&k).arg(&k).arg(&n);
+        // SAFETY: linear_fp8_mma_q_ks<KS>(x [t, K], W e4m3 [N, K], S [ceil(N/128), K/128], y [t, N], T,
+        // N, K, ldx = K, ldy = N); the shape rule above is the kernel's trap condition with KS from
+        // gemv_mma_ksplit (K/128 a multiple of KS·LGM_U); lengths checked above.
+        drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
     /// The launch behind [`Gpu::linear_gemv_strided`] (`quant` false: `linear_<fmt>[_t1]`) and
     /// [`Gpu::linear_gemv_q`] (`quant` true: `linear_<fmt>[_t1]_q`).
     #[allow(clippy::too_many_arguments)]
@@ -1506,6 +1568,31 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `LINEAR_GEMV_MMA`'s host rule matches linear.cu: its constants and trap condition, the
+    /// entries, the warp split Flash's FP8 decode linears take (every one a whole number of
+    /// batches per warp) and the shapes taken and declined.
+    #[test]
+    fn gemv_mma_rule_matches_the_kernel() {
+        let src = include_str!("kernels/linear.cu");
+        assert!(src.contains(&format!("#define LGM_U {LGM_U} ")) && src.contains(&format!("#define LGM_XBYTES {LGM_XBYTES} ")));
+        assert!(src.contains("if (T < 1 || T > 8 || (K & 127) != 0 || KB > 64 || T * xl > LGM_XBYTES || KB % (KS * LGM_U) != 0) __trap();"));
+        assert!(src.contains("const int KB = K >> 7, xl = K + 16;"));
+        for ks in [1, 2, 4, 8] {
+            let name = format!("linear_fp8_mma_q_ks{ks}");
+            assert!(src.contains(&format!("LGM_ENTRY({ks})")), "{name}");
+            assert!(ENTRY_POINTS.iter().any(|(f, names)| *f == "linear.cu" && names.contains(&name.as_str())), "{name}");
+        }
+        // (rows, cols, split): wq_a, wkv, wq_b, wo_b, the indexer's wq_b, shared w1 / w3, shared w2.
+        for (rows, cols, ks) in [(1024, 4096, 8), (512, 4096, 8), (32768, 1024, 1), (4096, 8192, 4), (8192, 1024, 2), (2048, 4096, 8), (4096, 2048, 4)] {
+            let got = gemv_mma_ksplit(rows, cols);
+            assert_eq!(got, ks, "[{rows}, {cols}]");
+            assert!((cols / 128).is_multiple_of(got * LGM_U) && gemv_mma_takes_shape(1, cols));
+        }
+        assert!(gemv_mma_takes_shape(8, 2048) && gemv_mma_takes_shape(3, 8192) && gemv_mma_takes_shape(1, 256));
+        assert!(!gemv_mma_takes_shape(8, 4096) && !gemv_mma_takes_shape(9, 256) && !gemv_mma_takes_shape(1, 384) && !gemv_mma_takes_shape(0, 1024) && !gemv_mma_takes_shape(1, 8448));
+        assert_eq!(gemv_mma_ksplit(40, 768), 1);
+    }
 
     /// The fused-quantisation gemv's host rule matches linear.cu: its tile constants, and the shapes
     /// it takes (Flash's decode linears) and declines (past the staged tile, widths not a multiple

@@ -680,6 +680,11 @@ impl Gpu {
             let qa = self.act_quant(x, t, w.cols)?;
             return self.linear_q8(&qa, w, y, t);
         }
+        // LINEAR_GEMV_MMA: up to 8 tokens of FP8 weights, each 128-value block's products on the
+        // tensor cores (the same definition, the MMA unit's sums).
+        if crate::switches::on("LINEAR_GEMV_MMA") && Gpu::linear_gemv_mma_takes(t, w) {
+            return self.linear_gemv_mma(x, w, y, t);
+        }
         // LINEAR_FUSED_QUANT: below 64 tokens the gemv quantize-dequantizes x itself as it stages
         // it (the same bits as the copy, roundtrip and gemv below, in one launch).
         if crate::switches::on("LINEAR_FUSED_QUANT") && Gpu::linear_gemv_q_takes(t, w) {

@@ -301,3 +301,132 @@ FS_LINEAR_PF_ENTRY(linear_f32_t1p, float, 0, 4)
 FS_LINEAR_PF_ENTRY(linear_bf16_t1p, u16, 1, 8)
 FS_LINEAR_PF_ENTRY(linear_fp8_t1p, u8, 2, 16)
 FS_LINEAR_PF_ENTRY(linear_fp4_t1p, u8, 3, 32)
+
+// ---------------------------------------------------------------------------------------------
+// linear_fp8_mma_q_ks<KS> (switch LINEAR_GEMV_MMA; host glue gpu.rs `Gpu::linear_gemv_mma`): the
+// official numerics' small-batch linear over FP8 weights — `linear_fp8[_t1]_q`'s values — with each
+// 128-value block's products on the tensor cores. The T ≤ 8 tokens' inputs are quantized per 128
+// values while staged (fs_q8_quant4: act_quant_fp8's e4m3 bytes and power-of-two scale s_a, one
+// block per warp) and kept as e4m3 bytes; the weight bytes are the mma.sync m16n8k32 A fragment as
+// loaded, with no decode: lane (g, t) loads bytes 32t … 32t + 31 of a block for rows g and g + 8
+// (two 16-byte loads each), and MMA m of the block takes their words 2m (columns 4t + i) and
+// 2m + 1 (columns 16 + 4t + i) with the same bytes of the inputs as B (column g = token g, tokens
+// past T repeating the last), four MMAs summed in the accumulator. So each (row, token) gets
+// y += (Σ_{k∈block} w·q)·s_w·s_a per block in block order (s_w the weight block's ue8m0 scale; both
+// scales powers of two, as the product of the staged x_dq = q·s_a with w is) — the definition of
+// linear_fp8_q, whose per-16-value f32 sums differ in rounding only (the MMA unit's sums: NMSE
+// against it and the CPU in gpu-check `--only gemv`). Each 16-row tile's blocks are split over KS
+// warps (partial sums added in part order through shared memory) so that narrow weights (wq_a's
+// 1,024 rows) still keep every SM's loads in flight; each warp keeps the next LGM_U blocks' loads in
+// flight while it multiplies the current ones. K a multiple of 128·KS·LGM_U, T·(K + 16) bytes of
+// staged inputs ≤ LGM_XBYTES (the host checks; anything else traps), N any (rows past N clamped on
+// load, not stored). Launch: grid (ceil(N / (16·8 / KS))), block 256. sm_89+ (e4m3 mma.sync).
+// Learned from the PTX ISA's m16n8k32 fragment layout (as gm_mma_e4m3); the code is ours.
+#define LGM_U 2            // blocks per batch of loads
+#define LGM_XBYTES 32768   // staged e4m3 inputs (tokens × (K + 16) bytes)
+template <int KS>
+__device__ __forceinline__ void linear_fp8_mma_q(const float* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S,
+                                                 float* __restrict__ y, int T, int N, int K, int ldx, int ldy) {
+    static_assert(KS >= 1 && 8 % KS == 0, "the block's 8 warps split each 16-row tile's blocks KS ways");
+    __shared__ __align__(16) u8 xq[LGM_XBYTES];
+    __shared__ float xsa[8 * 64];             // per token and 128-block: s_a (K ≤ 8,192)
+    __shared__ __align__(16) float part[KS > 1 ? 8 * 128 : 1];  // per warp and lane: its four sums (the K parts')
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int KB = K >> 7, xl = K + 16;  // blocks per row; staged bytes per token (padded)
+    if (T < 1 || T > 8 || (K & 127) != 0 || KB > 64 || T * xl > LGM_XBYTES || KB % (KS * LGM_U) != 0) __trap();
+    // Stage: warp w quantizes blocks w, w + 8, … of every token (4 values per lane).
+    for (int i = warp; i < T * KB; i += 8) {
+        const int j = i / KB, kb = i - j * KB;
+        const float4 v4 = *reinterpret_cast<const float4*>(x + (size_t)j * ldx + kb * 128 + 4 * lane);
+        const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+        float s;
+        const u32 q = fs_q8_quant4(v, s);
+        *reinterpret_cast<u32*>(xq + j * xl + kb * 128 + 4 * lane) = q;
+        if (lane == 0) xsa[j * 64 + kb] = s;
+    }
+    __syncthreads();
+    const int rt = warp / KS, kp = warp % KS;
+    const int n0 = (blockIdx.x * (8 / KS) + rt) * 16;
+    const int ra = min(n0 + g, N - 1), rb = min(n0 + g + 8, N - 1);
+    const uint4* wa = reinterpret_cast<const uint4*>(W + (size_t)ra * K) + 2 * t;  // block kb: wa[8 kb], wa[8 kb + 1]
+    const uint4* wb = reinterpret_cast<const uint4*>(W + (size_t)rb * K) + 2 * t;
+    const u8* srow = S + (size_t)(min(n0, N - 1) >> 7) * KB;  // the tile's 16 rows share one 128-row block
+    const int tok = min(g, T - 1);  // this lane's B column (token g; past T the last token again)
+    const u8* xb = xq + tok * xl + 32 * t;
+    const int tc0 = min(2 * t, T - 1), tc1 = min(2 * t + 1, T - 1);  // the tokens of this lane's accumulator columns
+    struct Batch {
+        uint4 a[LGM_U][2], b[LGM_U][2];
+        u8 s[LGM_U];
+    };
+    auto load = [&](Batch& bt, int kb0) {
+#pragma unroll
+        for (int u = 0; u < LGM_U; u++) {
+            const int kb = kb0 + u;
+            bt.a[u][0] = __ldg(wa + 8 * kb);
+            bt.a[u][1] = __ldg(wa + 8 * kb + 1);
+            bt.b[u][0] = __ldg(wb + 8 * kb);
+            bt.b[u][1] = __ldg(wb + 8 * kb + 1);
+            bt.s[u] = __ldg(srow + kb);
+        }
+    };
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};  // rows g (tokens 2t, 2t + 1), g + 8 (the same)
+    const int kbb = kp * (KB / KS), kbe = kbb + KB / KS;
+    Batch cur, nxt;
+    load(cur, kbb);
+    for (int kb0 = kbb; kb0 < kbe; kb0 += LGM_U) {
+        if (kb0 + LGM_U < kbe) load(nxt, kb0 + LGM_U);
+#pragma unroll
+        for (int u = 0; u < LGM_U; u++) {
+            const int kb = kb0 + u;
+            const u32 aw[8] = {cur.a[u][0].x, cur.a[u][0].y, cur.a[u][0].z, cur.a[u][0].w, cur.a[u][1].x, cur.a[u][1].y, cur.a[u][1].z, cur.a[u][1].w};
+            const u32 bw[8] = {cur.b[u][0].x, cur.b[u][0].y, cur.b[u][0].z, cur.b[u][0].w, cur.b[u][1].x, cur.b[u][1].y, cur.b[u][1].z, cur.b[u][1].w};
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                const uint2 xv = *reinterpret_cast<const uint2*>(xb + kb * 128 + 8 * m);
+                const u32 a[4] = {aw[2 * m], bw[2 * m], aw[2 * m + 1], bw[2 * m + 1]};
+                gm_mma_e4m3(d, a, xv.x, xv.y);
+            }
+            const float sw = fs_e8m0(cur.s[u]);
+            const float s0 = sw * xsa[tc0 * 64 + kb], s1 = sw * xsa[tc1 * 64 + kb];
+            acc[0] = fmaf(d[0], s0, acc[0]);
+            acc[1] = fmaf(d[1], s1, acc[1]);
+            acc[2] = fmaf(d[2], s0, acc[2]);
+            acc[3] = fmaf(d[3], s1, acc[3]);
+        }
+        cur = nxt;
+    }
+    if (KS > 1) {
+        // Each lane's four sums to part[warp], then the tile's first warp adds the other parts' in
+        // part order.
+        *reinterpret_cast<float4*>(part + warp * 128 + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __syncthreads();
+        if (kp != 0) return;
+#pragma unroll
+        for (int i = 1; i < KS; i++) {
+            const float4 o = *reinterpret_cast<const float4*>(part + (warp + i) * 128 + lane * 4);
+            acc[0] += o.x;
+            acc[1] += o.y;
+            acc[2] += o.z;
+            acc[3] += o.w;
+        }
+    }
+    const int rows[2] = {n0 + g, n0 + g + 8};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= N) continue;
+        if (2 * t < T) y[(size_t)(2 * t) * ldy + rows[r]] = acc[2 * r];
+        if (2 * t + 1 < T) y[(size_t)(2 * t + 1) * ldy + rows[r]] = acc[2 * r + 1];
+    }
+}
+
+#define LGM_ENTRY(KS)                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) linear_fp8_mma_q_ks##KS(                                           \
+        const float* __restrict__ x, const u8* __restrict__ W, const u8* __restrict__ S, float* __restrict__ y, int T, int N, \
+        int K, int ldx, int ldy) {                                                                                       \
+        linear_fp8_mma_q<KS>(x, W, S, y, T, N, K, ldx, ldy);                                                            \
+    }
+LGM_ENTRY(1)
+LGM_ENTRY(2)
+LGM_ENTRY(4)
+LGM_ENTRY(8)
