@@ -90,6 +90,7 @@ fn tools_to_openai(tools: Vec<Value>, choice: Option<&Value>) -> Result<Option<V
         return Ok(None);
     }
     let mut out = Vec::with_capacity(tools.len());
+    let mut seen = std::collections::HashSet::new();
     for (i, t) in tools.into_iter().enumerate() {
         if let Some(ty) = t.get("type").and_then(Value::as_str) {
             if ty != "custom" {
@@ -99,6 +100,10 @@ fn tools_to_openai(tools: Vec<Value>, choice: Option<&Value>) -> Result<Option<V
         let Some(name) = t.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()) else {
             return Err(ApiError::field(&format!("tools[{i}].name"), "Each tool needs a non-empty `name`."));
         };
+        // As Anthropic's API ("tools: Tool names must be unique.").
+        if !seen.insert(name.to_string()) {
+            return Err(ApiError::field(&format!("tools[{i}].name"), format!("Tool names must be unique: `{name}` is declared more than once.")));
+        }
         let mut f = serde_json::Map::new();
         f.insert("name".into(), Value::String(name.to_string()));
         if let Some(d) = t.get("description") {

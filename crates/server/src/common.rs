@@ -532,13 +532,18 @@ pub fn attach_to_system(messages: &mut Vec<Value>, tools: Option<Vec<Value>>, re
 
 /// Checks OpenAI tool declarations: `[{"type": "function", "function": {"name": ..}}]`.
 pub fn check_openai_tools(tools: &[Value]) -> Result<(), ApiError> {
+    let mut seen = std::collections::HashSet::new();
     for (i, t) in tools.iter().enumerate() {
         let name = t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
         if t.get("type").and_then(Value::as_str).is_some_and(|ty| ty != "function") {
             return Err(ApiError::field(&format!("tools[{i}].type"), "Only tools of type `function` are supported."));
         }
-        if name.is_none_or(str::is_empty) {
+        let Some(name) = name.filter(|n| !n.is_empty()) else {
             return Err(ApiError::field(&format!("tools[{i}].function.name"), "Each tool needs a `function` with a non-empty `name`."));
+        };
+        // A call names its function: two declarations of one name would leave it ambiguous.
+        if !seen.insert(name) {
+            return Err(ApiError::field(&format!("tools[{i}].function.name"), format!("Function names must be unique: `{name}` is declared more than once.")));
         }
         // As OpenAI's API: `parameters`, when given, is a JSON Schema object.
         if let Some(p) = t.get("function").and_then(|f| f.get("parameters")) {

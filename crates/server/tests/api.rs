@@ -505,6 +505,8 @@ fn bad_input_gets_shaped_4xx() {
         for (body, param) in [
             (ok(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "bad"}}]})), "tools[0].function.parameters"),
             (ok(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1, 2]}}]})), "tools[0].function.parameters"),
+            // Two declarations of one function name (a call could not say which it means).
+            (ok(json!({"tools": [f("get_weather"), f("get_time"), f("get_weather")]})), "tools[2].function.name"),
             (ok(json!({"tool_choice": "required"})), "tool_choice"),
             (ok(json!({"tools": [], "tool_choice": "required"})), "tool_choice"),
             (json!({"max_tokens": 2, "messages": [{"role": "user", "content": []}]}).to_string().into_bytes(), "messages[0].content"),
@@ -560,6 +562,7 @@ fn bad_input_gets_shaped_4xx() {
         for (body, needle) in [
             (m(r#", "tools": [{"name": "f"}]"#), "input_schema"),
             (m(r#", "tools": [{"name": "f", "input_schema": "notaschema"}]"#), "input_schema"),
+            (m(r#", "tools": [{"name": "f", "input_schema": {"type": "object"}}, {"name": "g", "input_schema": {"type": "object"}}, {"name": "f", "input_schema": {}}]"#), "`f` is declared more than once"),
             (m(r#", "tool_choice": {"type": "any"}"#), "needs `tools`"),
             (m(r#", "system": 42"#), "`system`"),
             (m(r#", "system": {"a": 1}"#), "`system`"),
