@@ -65,10 +65,12 @@ fn forced_call<'a>(choice: Option<&'a Value>, names: &'a [String]) -> Option<For
 
 /// Anthropic tools → OpenAI function declarations.
 fn tools_to_openai(tools: Vec<Value>, choice: Option<&Value>) -> Result<Option<Vec<Value>>, ApiError> {
+    let mut none = false;
     match choice {
         None | Some(Value::Null) => {}
         Some(c) => match c.get("type").and_then(Value::as_str) {
-            Some("none") => return Ok(None),
+            // The tools are still checked (as Anthropic's API does), then left out of the prompt.
+            Some("none") => none = true,
             Some("auto") | Some("any") => {}
             Some("tool") => {
                 let Some(name) = c.get("name").and_then(Value::as_str) else {
@@ -92,17 +94,22 @@ fn tools_to_openai(tools: Vec<Value>, choice: Option<&Value>) -> Result<Option<V
     let mut out = Vec::with_capacity(tools.len());
     let mut seen = std::collections::HashSet::new();
     for (i, t) in tools.into_iter().enumerate() {
+        if !t.is_object() {
+            return Err(ApiError::field(&format!("tools[{i}]"), format!("Each tool must be an object; got {}.", json_kind(&t))));
+        }
         if let Some(ty) = t.get("type").and_then(Value::as_str) {
             if ty != "custom" {
                 return Err(ApiError::field(&format!("tools[{i}].type"), format!("Tools of type `{ty}` are not supported (custom tools only).")));
             }
         }
-        let Some(name) = t.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()) else {
-            return Err(ApiError::field(&format!("tools[{i}].name"), "Each tool needs a non-empty `name`."));
+        let name = match t.get("name") {
+            Some(Value::String(n)) if !n.is_empty() => n.as_str(),
+            Some(Value::String(_)) | None | Some(Value::Null) => return Err(ApiError::field(&format!("tools[{i}].name"), "Each tool needs a non-empty `name`.")),
+            Some(other) => return Err(ApiError::field(&format!("tools[{i}].name"), format!("`name` must be a string; got {}.", json_kind(other)))),
         };
         // As Anthropic's API ("tools: Tool names must be unique.").
         if !seen.insert(name.to_string()) {
-            return Err(ApiError::field(&format!("tools[{i}].name"), format!("Tool names must be unique: `{name}` is declared more than once.")));
+            return Err(ApiError::field(&format!("tools[{i}].name"), format!("Tool names must be unique: `{}` is declared more than once.", crate::common::shorten(name))));
         }
         let mut f = serde_json::Map::new();
         f.insert("name".into(), Value::String(name.to_string()));
@@ -119,7 +126,7 @@ fn tools_to_openai(tools: Vec<Value>, choice: Option<&Value>) -> Result<Option<V
         }
         out.push(json!({"type": "function", "function": Value::Object(f)}));
     }
-    Ok(Some(out))
+    Ok((!none).then_some(out))
 }
 
 /// Anthropic messages (+ system) → the encoder's OpenAI-style messages.

@@ -534,16 +534,23 @@ pub fn attach_to_system(messages: &mut Vec<Value>, tools: Option<Vec<Value>>, re
 pub fn check_openai_tools(tools: &[Value]) -> Result<(), ApiError> {
     let mut seen = std::collections::HashSet::new();
     for (i, t) in tools.iter().enumerate() {
-        let name = t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+        if !t.is_object() {
+            return Err(ApiError::field(&format!("tools[{i}]"), format!("Each tool must be an object; got {}.", json_kind(t))));
+        }
         if t.get("type").and_then(Value::as_str).is_some_and(|ty| ty != "function") {
             return Err(ApiError::field(&format!("tools[{i}].type"), "Only tools of type `function` are supported."));
         }
-        let Some(name) = name.filter(|n| !n.is_empty()) else {
-            return Err(ApiError::field(&format!("tools[{i}].function.name"), "Each tool needs a `function` with a non-empty `name`."));
+        let Some(f) = t.get("function").filter(|f| f.is_object()) else {
+            return Err(ApiError::field(&format!("tools[{i}].function"), "Each tool needs a `function` object (with its `name`)."));
+        };
+        let name = match f.get("name") {
+            Some(Value::String(n)) if !n.is_empty() => n.as_str(),
+            Some(Value::String(_)) | None | Some(Value::Null) => return Err(ApiError::field(&format!("tools[{i}].function.name"), "Each function needs a non-empty `name`.")),
+            Some(other) => return Err(ApiError::field(&format!("tools[{i}].function.name"), format!("`name` must be a string; got {}.", json_kind(other)))),
         };
         // A call names its function: two declarations of one name would leave it ambiguous.
         if !seen.insert(name) {
-            return Err(ApiError::field(&format!("tools[{i}].function.name"), format!("Function names must be unique: `{name}` is declared more than once.")));
+            return Err(ApiError::field(&format!("tools[{i}].function.name"), format!("Function names must be unique: `{}` is declared more than once.", shorten(name))));
         }
         // As OpenAI's API: `parameters`, when given, is a JSON Schema object.
         if let Some(p) = t.get("function").and_then(|f| f.get("parameters")) {
@@ -553,6 +560,14 @@ pub fn check_openai_tools(tools: &[Value]) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// `s` for an error message: as is up to 64 characters, else its first 64 and `…`.
+pub fn shorten(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
+    }
 }
 
 /// A submitted request's event stream.

@@ -86,7 +86,15 @@ impl ApiError {
                 "param": self.param,
                 "code": self.code,
             }}),
-            Flavor::Anthropic => json!({"type": "error", "error": {"type": self.anthropic_type(), "message": self.message}}),
+            // Anthropic's error object has no `param`: the field leads the message, as its own
+            // API writes it ("tools.0.name: …").
+            Flavor::Anthropic => {
+                let message = match &self.param {
+                    Some(p) => format!("{p}: {}", self.message),
+                    None => self.message.clone(),
+                };
+                json!({"type": "error", "error": {"type": self.anthropic_type(), "message": message}})
+            }
         }
     }
 

@@ -82,8 +82,8 @@ struct CompletionRequest {
 
 /// A chat request's `tools` and `tool_choice` checked as OpenAI's API checks them (the choice's
 /// shape; a forced call — `required` or a named function — needs declared tools; a named function
-/// must be one of them); returns the tools to write into the prompt (none with `tool_choice`
-/// "none", whose tools are not checked further).
+/// must be one of them) and the tools themselves (whatever the choice); returns the tools to write
+/// into the prompt (none with `tool_choice` "none").
 fn openai_tools(tools: Option<Vec<Value>>, choice: Option<&Value>) -> Result<Option<Vec<Value>>, ApiError> {
     if let Some(tc) = choice {
         let ok = matches!(tc, Value::Null)
@@ -104,12 +104,14 @@ fn openai_tools(tools: Option<Vec<Value>>, choice: Option<&Value>) -> Result<Opt
             return Err(ApiError::field("tool_choice", format!("`tool_choice` names the function `{name}`, which is not among `tools`.")));
         }
     }
+    // The tools are checked whatever the choice (as OpenAI's API does); with "none" they are not
+    // written into the prompt.
+    if let Some(t) = &tools {
+        check_openai_tools(t)?;
+    }
     let choice_none = matches!(choice, Some(Value::String(s)) if s == "none");
     match tools {
-        Some(t) if !t.is_empty() && !choice_none => {
-            check_openai_tools(&t)?;
-            Ok(Some(t))
-        }
+        Some(t) if !t.is_empty() && !choice_none => Ok(Some(t)),
         _ => Ok(None),
     }
 }

@@ -505,8 +505,15 @@ fn bad_input_gets_shaped_4xx() {
         for (body, param) in [
             (ok(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "bad"}}]})), "tools[0].function.parameters"),
             (ok(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1, 2]}}]})), "tools[0].function.parameters"),
-            // Two declarations of one function name (a call could not say which it means).
+            // Two declarations of one function name (a call could not say which it means), also
+            // with tool_choice "none" (the tools are checked whatever the choice; adversarial trial),
+            // a tool that is no object, a function without a name object, a name that is no string.
             (ok(json!({"tools": [f("get_weather"), f("get_time"), f("get_weather")]})), "tools[2].function.name"),
+            (ok(json!({"tools": [f("a"), f("a")], "tool_choice": "none"})), "tools[1].function.name"),
+            (ok(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}], "tool_choice": "none"})), "tools[0].function.parameters"),
+            (ok(json!({"tools": [1]})), "tools[0]"),
+            (ok(json!({"tools": [{"type": "function", "function": "a"}]})), "tools[0].function"),
+            (ok(json!({"tools": [{"type": "function", "function": {"name": 7}}]})), "tools[0].function.name"),
             (ok(json!({"tool_choice": "required"})), "tool_choice"),
             (ok(json!({"tools": [], "tool_choice": "required"})), "tool_choice"),
             (json!({"max_tokens": 2, "messages": [{"role": "user", "content": []}]}).to_string().into_bytes(), "messages[0].content"),
@@ -516,6 +523,10 @@ fn bad_input_gets_shaped_4xx() {
             let v = expect_error(&c, &u, body, 400, false).await;
             assert_eq!(v["error"]["param"], param, "{v}");
         }
+        // A long duplicated name is shortened in the message (not echoed whole).
+        let long = "n".repeat(10_000);
+        let v = expect_error(&c, &u, ok(json!({"tools": [f(&long), f(&long)]})), 400, false).await;
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.len() < 300 && m.contains('…')), "{v}");
         for extra in [json!({"logit_bias": {}}), json!({"logit_bias": null}), json!({"tool_choice": "auto"}), json!({"tools": [f("g")], "tool_choice": "required"})] {
             assert_eq!(send(&c, "POST", &u, ok(extra.clone()), &[]).await.status, 200, "{extra}");
         }
@@ -562,7 +573,12 @@ fn bad_input_gets_shaped_4xx() {
         for (body, needle) in [
             (m(r#", "tools": [{"name": "f"}]"#), "input_schema"),
             (m(r#", "tools": [{"name": "f", "input_schema": "notaschema"}]"#), "input_schema"),
-            (m(r#", "tools": [{"name": "f", "input_schema": {"type": "object"}}, {"name": "g", "input_schema": {"type": "object"}}, {"name": "f", "input_schema": {}}]"#), "`f` is declared more than once"),
+            (m(r#", "tools": [{"name": "f", "input_schema": {"type": "object"}}, {"name": "g", "input_schema": {"type": "object"}}, {"name": "f", "input_schema": {}}]"#), "tools[2].name: Tool names must be unique: `f` is declared more than once"),
+            // Checked with tool_choice none too (adversarial trial), and malformed entries named.
+            (m(r#", "tools": [{"name": "f", "input_schema": {}}, {"name": "f", "input_schema": {}}], "tool_choice": {"type": "none"}"#), "tools[1].name"),
+            (m(r#", "tools": [{"name": "f"}], "tool_choice": {"type": "none"}"#), "input_schema"),
+            (m(r#", "tools": [null]"#), "must be an object"),
+            (m(r#", "tools": [{"name": 1, "input_schema": {}}]"#), "must be a string"),
             (m(r#", "tool_choice": {"type": "any"}"#), "needs `tools`"),
             (m(r#", "system": 42"#), "`system`"),
             (m(r#", "system": {"a": 1}"#), "`system`"),
