@@ -809,30 +809,35 @@ impl Gpu {
         let qa = if official { Some(self.act_quant(f, t, d)?) } else { None };
         // SAFETY: the gate/up gemv writes every value of its tk rows (zeros for unrouted pairs).
         let mut h = unsafe { self.scratch::<f32>(tk * inter) }?;
+        // The official gemvs: with MOE_GEMV_MMA the tensor-core forms (`_ks4`: the four-way split of
+        // each tile's groups), else the CUDA-core ones; the same arguments, other launch shapes.
         let mma = official && gemv_mma_runs(tables);
         let ks = gemv_mma_ksplit(tables, tk, ksplit);
-        let sfx = if ks == 4 { "_ks4" } else { "" };
-        let (swiglu_name, down_name) = (format!("moe_gemv_fp4_mma_swiglu{sfx}"), format!("moe_gemv_fp4_mma_down{sfx}"));
-        let lc_mma = |n: usize, width: usize| LaunchConfig { grid_dim: (n.div_ceil(MGM_ROWS_PER_BLOCK / ks) as u32, tk as u32, 1), block_dim: (MGM_THREADS, 1, 1), shared_mem_bytes: (width + 4 * (width / 128)) as u32 };
-        match &qa {
-            Some(qa) if mma => {
-                let ldq = i32_of(qa.kp, "row bytes")?;
-                let mut b = self.stream.launch_builder(self.f(&swiglu_name));
-                b.arg(&qa.q).arg(&qa.sa).arg(&ldq).arg(experts).arg(&k_i).arg(&e_i).arg(&tables.w1).arg(&tables.s1).arg(&tables.w3).arg(&tables.s3).arg(weights).arg(&mut h).arg(&inter_i).arg(&d_i).arg(&limit);
-                // SAFETY: moe_gemv_fp4_mma_swiglu: moe_gemv_fp4_swiglu's arguments; d a multiple of
-                // 32·MGM_U (gemv_mma_runs), weight / scale addresses 16- / 8-byte aligned
-                // (gemv_mma_aligned), d a multiple of 4·256 for _ks4 (gemv_mma_ksplit); grid (N / (64 / ks),
-                // tk), block 128, d + d/32 bytes of shared memory.
-                drv(&swiglu_name, unsafe { b.launch(lc_mma(inter, d)) })?;
+        let (swiglu_q, down_q) = if mma {
+            let sfx = if ks == 4 { "_ks4" } else { "" };
+            (format!("moe_gemv_fp4_mma_swiglu{sfx}"), format!("moe_gemv_fp4_mma_down{sfx}"))
+        } else {
+            ("moe_gemv_fp4_swiglu".to_string(), "moe_gemv_fp4_down".to_string())
+        };
+        let lc_q = |n: usize, width: usize| {
+            if mma {
+                LaunchConfig { grid_dim: (n.div_ceil(MGM_ROWS_PER_BLOCK / ks) as u32, tk as u32, 1), block_dim: (MGM_THREADS, 1, 1), shared_mem_bytes: (width + 4 * (width / 128)) as u32 }
+            } else {
+                lc(n, width)
             }
+        };
+        match &qa {
             Some(qa) => {
                 let ldq = i32_of(qa.kp, "row bytes")?;
-                let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_swiglu"));
+                let mut b = self.stream.launch_builder(self.f(&swiglu_q));
                 b.arg(&qa.q).arg(&qa.sa).arg(&ldq).arg(experts).arg(&k_i).arg(&e_i).arg(&tables.w1).arg(&tables.s1).arg(&tables.w3).arg(&tables.s3).arg(weights).arg(&mut h).arg(&inter_i).arg(&d_i).arg(&limit);
-                // SAFETY: moe_gemv_fp4_swiglu(q [≥ t rows, kp], sa [·, kp/128], ldq = kp, experts [tk], k, E,
-                // w1/s1/w3/s3 tables [E], gamma [tk], h [tk, inter], N = inter, K = d, limit); grid (N/32, tk),
-                // block 256, 4·d bytes of shared memory (d ≤ MOE_GEMV_MAX_WIDTH, a multiple of 128).
-                drv("moe_gemv_fp4_swiglu", unsafe { b.launch(lc(inter, d)) })?;
+                // SAFETY: moe_gemv_fp4[_mma]_swiglu(q [≥ t rows, kp], sa [·, kp/128], ldq = kp, experts [tk], k,
+                // E, w1/s1/w3/s3 tables [E], gamma [tk], h [tk, inter], N = inter, K = d, limit). CUDA cores:
+                // grid (N/32, tk), block 256, 4·d bytes of shared memory (d ≤ MOE_GEMV_MAX_WIDTH, a
+                // multiple of 128). MMA: d a multiple of 32·MGM_U (gemv_mma_runs; 4·256 for _ks4,
+                // gemv_mma_ksplit), weight / scale addresses 16- / 8-byte aligned (gemv_mma_aligned);
+                // grid (N / (64 / ks), tk), block 128, d + d/32 bytes of shared memory.
+                drv(&swiglu_q, unsafe { b.launch(lc_q(inter, d)) })?;
             }
             None => {
                 let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_swiglu_f32"));
@@ -846,23 +851,16 @@ impl Gpu {
         // SAFETY: the down gemv writes every routed pair's row; moe_combine_f32 reads no other (it
         // skips the slots of ids outside 0..E).
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
-        if official && mma {
+        if official {
             let hq = self.act_quant(&h, tk, inter)?;
             let ldq = i32_of(hq.kp, "row bytes")?;
-            let mut b = self.stream.launch_builder(self.f(&down_name));
+            let mut b = self.stream.launch_builder(self.f(&down_q));
             b.arg(&hq.q).arg(&hq.sa).arg(&ldq).arg(experts).arg(&e_i).arg(&tables.w2).arg(&tables.s2).arg(&mut slot_out).arg(&d_i).arg(&inter_i);
-            // SAFETY: moe_gemv_fp4_mma_down: moe_gemv_fp4_down's arguments; inter a multiple of
-            // 32·MGM_U (4·32·MGM_U for _ks4), aligned tables as above; grid (d / (64 / ks), tk), block
-            // 128, inter + inter/32 bytes.
-            drv(&down_name, unsafe { b.launch(lc_mma(d, inter)) })?;
-        } else if official {
-            let hq = self.act_quant(&h, tk, inter)?;
-            let ldq = i32_of(hq.kp, "row bytes")?;
-            let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_down"));
-            b.arg(&hq.q).arg(&hq.sa).arg(&ldq).arg(experts).arg(&e_i).arg(&tables.w2).arg(&tables.s2).arg(&mut slot_out).arg(&d_i).arg(&inter_i);
-            // SAFETY: moe_gemv_fp4_down(q [≥ tk rows, kp], sa, ldq = kp, experts [tk], E, w2/s2 tables [E],
-            // y [tk, d], N = d, K = inter); grid (d/32, tk), block 256, 4·inter bytes of shared memory.
-            drv("moe_gemv_fp4_down", unsafe { b.launch(lc(d, inter)) })?;
+            // SAFETY: moe_gemv_fp4[_mma]_down(q [≥ tk rows, kp], sa, ldq = kp, experts [tk], E, w2/s2 tables
+            // [E], y [tk, d], N = d, K = inter). CUDA cores: grid (d/32, tk), block 256, 4·inter bytes of
+            // shared memory. MMA: inter a multiple of 32·MGM_U (4·32·MGM_U for _ks4), aligned tables
+            // as above; grid (d / (64 / ks), tk), block 128, inter + inter/32 bytes.
+            drv(&down_q, unsafe { b.launch(lc_q(d, inter)) })?;
         } else {
             let mut b = self.stream.launch_builder(self.f("moe_gemv_fp4_down_f32"));
             b.arg(&h).arg(&inter_i).arg(experts).arg(&e_i).arg(&tables.w2).arg(&tables.s2).arg(&mut slot_out).arg(&d_i).arg(&inter_i);
