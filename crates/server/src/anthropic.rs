@@ -93,24 +93,17 @@ fn tools_to_openai(tools: Vec<Value>, choice: Option<&Value>) -> Result<Option<V
     }
     let mut out = Vec::with_capacity(tools.len());
     let mut seen = std::collections::HashSet::new();
-    for (i, t) in tools.into_iter().enumerate() {
+    for (i, t) in tools.iter().enumerate() {
         if !t.is_object() {
-            return Err(ApiError::field(&format!("tools[{i}]"), format!("Each tool must be an object; got {}.", json_kind(&t))));
+            return Err(ApiError::field(&format!("tools[{i}]"), format!("Each tool must be an object; got {}.", json_kind(t))));
         }
         if let Some(ty) = t.get("type").and_then(Value::as_str) {
             if ty != "custom" {
                 return Err(ApiError::field(&format!("tools[{i}].type"), format!("Tools of type `{ty}` are not supported (custom tools only).")));
             }
         }
-        let name = match t.get("name") {
-            Some(Value::String(n)) if !n.is_empty() => n.as_str(),
-            Some(Value::String(_)) | None | Some(Value::Null) => return Err(ApiError::field(&format!("tools[{i}].name"), "Each tool needs a non-empty `name`.")),
-            Some(other) => return Err(ApiError::field(&format!("tools[{i}].name"), format!("`name` must be a string; got {}.", json_kind(other)))),
-        };
-        // As Anthropic's API ("tools: Tool names must be unique.").
-        if !seen.insert(name.to_string()) {
-            return Err(ApiError::field(&format!("tools[{i}].name"), format!("Tool names must be unique: `{}` is declared more than once.", crate::common::shorten(name))));
-        }
+        // Unique, as Anthropic's API wants ("tools: Tool names must be unique.").
+        let name = tool_name(t.get("name"), &mut seen, &format!("tools[{i}].name"), "tool")?;
         let mut f = serde_json::Map::new();
         f.insert("name".into(), Value::String(name.to_string()));
         if let Some(d) = t.get("description") {

@@ -543,23 +543,35 @@ pub fn check_openai_tools(tools: &[Value]) -> Result<(), ApiError> {
         let Some(f) = t.get("function").filter(|f| f.is_object()) else {
             return Err(ApiError::field(&format!("tools[{i}].function"), "Each tool needs a `function` object (with its `name`)."));
         };
-        let name = match f.get("name") {
-            Some(Value::String(n)) if !n.is_empty() => n.as_str(),
-            Some(Value::String(_)) | None | Some(Value::Null) => return Err(ApiError::field(&format!("tools[{i}].function.name"), "Each function needs a non-empty `name`.")),
-            Some(other) => return Err(ApiError::field(&format!("tools[{i}].function.name"), format!("`name` must be a string; got {}.", json_kind(other)))),
-        };
         // A call names its function: two declarations of one name would leave it ambiguous.
-        if !seen.insert(name) {
-            return Err(ApiError::field(&format!("tools[{i}].function.name"), format!("Function names must be unique: `{}` is declared more than once.", shorten(name))));
-        }
+        tool_name(f.get("name"), &mut seen, &format!("tools[{i}].function.name"), "function")?;
         // As OpenAI's API: `parameters`, when given, is a JSON Schema object.
-        if let Some(p) = t.get("function").and_then(|f| f.get("parameters")) {
+        if let Some(p) = f.get("parameters") {
             if !p.is_object() && !p.is_null() {
                 return Err(ApiError::field(&format!("tools[{i}].function.parameters"), format!("`parameters` must be a JSON Schema object; got {}.", json_kind(p))));
             }
         }
     }
     Ok(())
+}
+
+/// A tool declaration's `name` field `v` checked (both APIs): a non-empty string not declared
+/// before (`seen`, the names so far). `param` names the field in the error, `noun` the declaration
+/// (`function` or `tool`).
+///
+/// Errors (400): a missing, null, empty or non-string name; a name already in `seen`.
+pub fn tool_name<'a>(v: Option<&'a Value>, seen: &mut std::collections::HashSet<&'a str>, param: &str, noun: &str) -> Result<&'a str, ApiError> {
+    let name = match v {
+        Some(Value::String(n)) if !n.is_empty() => n.as_str(),
+        Some(Value::String(_)) | None | Some(Value::Null) => return Err(ApiError::field(param, format!("Each {noun} needs a non-empty `name`."))),
+        Some(other) => return Err(ApiError::field(param, format!("`name` must be a string; got {}.", json_kind(other)))),
+    };
+    if !seen.insert(name) {
+        let mut noun_cap = noun.to_string();
+        noun_cap[..1].make_ascii_uppercase();
+        return Err(ApiError::field(param, format!("{noun_cap} names must be unique: `{}` is declared more than once.", shorten(name))));
+    }
+    Ok(name)
 }
 
 /// `s` for an error message: as is up to 64 characters, else its first 64 and `…`.
