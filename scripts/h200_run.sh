@@ -41,6 +41,8 @@
 #             8,192-token prefill  ~200 s
 #   gemv-mma  the small-batch gemv checks and timings (gpu-check --only gemv, LINEAR_GEMV_MMA's records included)  ~60 s
 #   decode-ab-linear-gemv-mma  LINEAR_GEMV_MMA on / off alternated twice, as decode-ab-gemv-mma  ~200 s
+#   decode-ab SWITCH  SWITCH on / off alternated twice, as decode-ab-gemv-mma (the line of stage
+#             DECODE_AB_STAGE, default 'decode  compressors', quoted with each)  ~200 s
 #   moe-defines  one Flash MoE layer timed (official numerics, 8K and 32K) once per compile-time
 #             variant in MOE_DEFINES (space-separated FLASHSEEK_KERNEL_DEFINES values, e.g.
 #             "MOE_WT_DIAG=0 MOE_WT_DIAG=64"; each recompiles the kernels, ~40 s a variant on a fresh machine)
@@ -49,7 +51,7 @@
 #             the same steps without graphs), 32 steps each
 #   bench-decode-base  the same with the default switches (per-expert MoE at decode sizes)
 set -euo pipefail
-usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
+usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|decode-ab SWITCH|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
 # No step (or help): the usage line, before anything needs OUT.
 case "${1:-}" in ""|-h|--help) usage ;; esac
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
@@ -80,6 +82,12 @@ case "${1:-}" in
            env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on FLASHSEEK_MOE_GEMV_MMA=$v timeout 150 "$B" gpu-bench --layers 10 --contexts 8192 --prefill-repeats 1 --decode-steps 32 --out "$OUT/decode_ab_gemv_mma_${v}_$i.json" > "$OUT/decode_ab_gemv_mma_${v}_$i.log" 2>&1
            echo "MOE_GEMV_MMA=$v run $i: $(grep -E 'decode with CUDA graphs' "$OUT/decode_ab_gemv_mma_${v}_$i.log" | head -1) | $(grep -E 'decode  moe' "$OUT/decode_ab_gemv_mma_${v}_$i.log" | head -1)"
            rm -f "$OUT/decode_ab_gemv_mma_${v}_$i.log"
+         done; done ;;
+  decode-ab) sw=${2:?decode-ab needs a switch name}; tag=$(echo "$sw" | tr 'A-Z' 'a-z')
+         for i in 1 2; do for v in on off; do
+           env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on "FLASHSEEK_$sw=$v" timeout 150 "$B" gpu-bench --layers 10 --contexts 8192 --prefill-repeats 1 --decode-steps 32 --out "$OUT/decode_ab_${tag}_${v}_$i.json" > "$OUT/decode_ab_${tag}_${v}_$i.log" 2>&1
+           echo "$sw=$v run $i: $(grep -E 'decode with CUDA graphs' "$OUT/decode_ab_${tag}_${v}_$i.log" | head -1) | $(grep -E "${DECODE_AB_STAGE:-decode  compressors}" "$OUT/decode_ab_${tag}_${v}_$i.log" | head -1)"
+           rm -f "$OUT/decode_ab_${tag}_${v}_$i.log"
          done; done ;;
   gemv-mma) timeout 200 "$B" gpu-check --only gemv --repeats 20 --out "$OUT/gemv_mma_h200.json" > "$OUT/gemv_mma_h200.log" 2>&1
          grep -E "mma|FAIL" "$OUT/gemv_mma_h200.log" ;;

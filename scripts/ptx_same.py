@@ -4,8 +4,8 @@
 For a refactor of a .cu file that must not change what the kernels compute: compiles both versions
 with the NVRTC of `.venv-nvrtc` (installed by scripts/test.sh) for compute_90a with the engine's
 options, then reports per `extern "C"` entry whether the PTX is identical, the same multiset of
-instructions once register numbers and labels are normalised (a reordering), or different (with the
-instructions only one side has).
+instructions once register numbers, labels and function-local statics' mangled prefixes are
+normalised (a reordering), or different (with the instructions only one side has).
 
 Usage: python3 scripts/ptx_same.py [--define NAME] OLD.cu NEW.cu [OLD_COMMON.cuh]
   e.g. OLD from `git show REV:path > old.cu`. Both versions are prefixed with the current
@@ -51,6 +51,9 @@ def entries(text):
     out = {}
     for m in re.finditer(r"\.visible \.entry (\w+)\((.*?)\n\}\n", text, re.S):
         body = re.sub(r"_param_\d+", "_param_N", m.group(0))
+        # A function-local static (e.g. a __shared__ array) is named after its function's mangled
+        # signature, which a new template parameter changes: keep the variable's own name.
+        body = re.sub(r"_ZZ\w*E\d+(\w+)", r"_ZZlocal_\1", body)
         out[m.group(1)] = re.sub(r"\$L__BB\d+_\d+", "LBL", body)
     return out
 

@@ -231,6 +231,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `wo_a strided vs gather bits` / `wo_a one launch vs gather bits` (bitwise equal at 1, 3, 17 and 63 tokens) and `wo_a strided vs cpu`, `time wo_a grouped T=1` (`--only wo_a`); the switch matrix (`WO_A_STRIDED=off alone`: same bits); `gpu-bench` decode",
     },
     Switch {
+        name: "COMPRESSOR_FUSED_DECODE",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "below 64 tokens (decode steps, short chunks), a compressor's projections as one gemv launch per weight (wkv and wgate; in a CSA layer also the indexer compressor's two and weights_proj: five), a position-bias pass over the gate logits and two copies appending kv and logits to the compressor state, and two zero-filled temporaries and a copy per completed-entry batch: one launch of all the layer's compressor gemvs (linear.cu linear_<fmt>[_t1|_t1p]_multi, f32 or bf16 weights) writing straight into the states with the bias added as it stores, and the entries pooled into scratch and normed into place; each value from the same row code, so the same bits",
+        parity: "gpu-check `--only attention`: `linear_multi_into <fmt> T=… bits` (bitwise equal to one gemv per weight, then add_position_bias, at 1, 3 and 9 tokens, with LINEAR_T1_PREFETCH on and off); the switch matrix (`COMPRESSOR_FUSED_DECODE=off alone`: same bits) and qualify; `gpu-bench` decode",
+    },
+    Switch {
         name: "MOE_DECODE_GEMV",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -783,6 +790,8 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("DECODE_CUDA_GRAPH=off alone".into(), vec![("DECODE_CUDA_GRAPH", "off")], Role::AloneOff, true, true, false));
     // The grouped wo_a below 64 tokens gathered per group: the same gemv on the same values.
     v.push(c("WO_A_STRIDED=off alone".into(), vec![("WO_A_STRIDED", "off")], Role::AloneOff, true, true, false));
+    // The decode compressors' gemvs in one launch straight into the states: the same row code.
+    v.push(c("COMPRESSOR_FUSED_DECODE=off alone".into(), vec![("COMPRESSOR_FUSED_DECODE", "off")], Role::AloneOff, true, true, false));
     // The one-token gemvs taking their rows one after another: the same sums, the same bits.
     v.push(c("LINEAR_T1_PREFETCH=off alone".into(), vec![("LINEAR_T1_PREFETCH", "off")], Role::AloneOff, true, true, false));
     // The decode MoE's gemvs: the grouped GEMMs' definition (exact, or the official numerics), other bits.

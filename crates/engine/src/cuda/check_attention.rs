@@ -46,7 +46,7 @@ const BF16_ATT_NMSE_TOL: f64 = 1e-4;
 /// relative): NMSE of order 1e-9. A kernel that skipped a rounding (of Q, K=V or P) or mishandled
 /// the tiles' running max would sit near the 1e-5 of the exact comparison.
 const BF16_EMU_NMSE_TOL: f64 = 1e-7;
-use super::gpu::Gpu;
+use super::gpu::{Gpu, MultiOut};
 use super::ops_attention::{hca_candidates, AttentionKernel, AttentionOut, AttentionQuery, hca_offsets, topk_offsets, visible_entries, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::CudaError;
 use crate::cpu::rope::Rope;
@@ -79,6 +79,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     let mut all = true;
     all &= check_attention(gpu, seed, out, &rope, &inv)?;
     all &= check_compressor(gpu, seed, out, &rope, &inv)?;
+    all &= check_linear_multi(gpu, seed, out)?;
     all &= check_indexer(gpu, seed, out)?;
     all &= check_indexer_stream(gpu, seed, out)?;
     Ok(all)
@@ -630,6 +631,103 @@ fn check_compressor(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv
                 &cpu,
             );
         }
+    }
+    Ok(all)
+}
+
+/// `COMPRESSOR_FUSED_DECODE`: [`Gpu::linear_multi_into`] on a CSA layer's five compressor weights
+/// (wkv and wgate [1,024, 4,096] with a ratio-4 position bias, the indexer compressor's [256, 4,096]
+/// pair likewise, weights_proj [64, 4,096] without) against one [`Gpu::linear`] per weight, then
+/// [`Gpu::add_position_bias`], copied into place: bitwise equal at 1, 3 and 9 tokens (the one-token,
+/// prefetching and eight-token forms), f32 and bf16 weights, LINEAR_T1_PREFETCH on and off, at a
+/// position past the start of the outputs (the values before it untouched); plus the times of both
+/// at one token.
+fn check_linear_multi(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    const K: usize = 4096;
+    const RATIO: usize = 4;
+    let rows = [1024usize, 1024, 256, 256, 64];
+    let biased = [false, true, false, true, false];
+    let mut all = true;
+    for fmt in ["bf16", "f32"] {
+        let mut ws = Vec::new();
+        let mut apes = Vec::new();
+        for (i, (&r, &b)) in rows.iter().zip(&biased).enumerate() {
+            let vals = random(seed, &format!("multi.{fmt}.w{i}"), r * K, 0.05);
+            ws.push(super::check::weight(gpu, fmt, &vals, r, K)?.0);
+            apes.push(if b { Some(gpu.upload(&random(seed, &format!("multi.ape{i}"), RATIO * r, 1.0))?) } else { None });
+        }
+        for prefetch in ["on", "off"] {
+            for t in [1usize, 3, 9] {
+                let pos0 = 4 * 7 + 2;
+                let x = gpu.upload(&random(seed, &format!("multi.x.{t}"), t * K, 1.0))?;
+                // Reference: one linear per weight, the bias pass, a copy into place.
+                let mut want = Vec::new();
+                let r = crate::switches::scoped(&[("LINEAR_T1_PREFETCH", prefetch)], || -> Result<(), CudaError> {
+                    for (w, ape) in ws.iter().zip(&apes) {
+                        let mut y = gpu.zeros::<f32>(t * w.rows)?;
+                        gpu.linear(&x, w, &mut y, t)?;
+                        if let Some(ape) = ape {
+                            gpu.add_position_bias(&mut y, ape, t, RATIO, pos0)?;
+                        }
+                        want.push(gpu.download(&y)?);
+                    }
+                    Ok(())
+                });
+                r.map_err(|e| CudaError::Unsupported { what: "check", detail: e.to_string() })??;
+                // Fused: each output at pos0 of a buffer whose earlier values are a sentinel.
+                let mut bufs: Vec<CudaSlice<f32>> = Vec::new();
+                for w in &ws {
+                    bufs.push(gpu.upload(&vec![-7.0f32; (pos0 + t) * w.rows])?);
+                }
+                let r = crate::switches::scoped(&[("LINEAR_T1_PREFETCH", prefetch)], || -> Result<(), CudaError> {
+                    let mut outs: Vec<MultiOut<'_>> = ws
+                        .iter()
+                        .zip(bufs.iter_mut())
+                        .zip(&apes)
+                        .map(|((w, y), ape)| MultiOut { w, y, at: pos0 * w.rows, bias: ape.as_ref().map(|a| (a, RATIO)) })
+                        .collect();
+                    gpu.linear_multi_into(&x, t, &mut outs, pos0)
+                });
+                r.map_err(|e| CudaError::Unsupported { what: "check", detail: e.to_string() })??;
+                let (mut differing, mut compared, mut touched) = (0usize, 0usize, 0usize);
+                for ((w, buf), want) in ws.iter().zip(&bufs).zip(&want) {
+                    let got = gpu.download(buf)?;
+                    let (before, rows_out) = got.split_at(pos0 * w.rows);
+                    differing += differing_bits(rows_out, want);
+                    compared += want.len();
+                    touched += before.iter().filter(|v| **v != -7.0).count();
+                }
+                all &= record_exact(
+                    out,
+                    &format!("linear_multi_into {fmt} T={t} bits"),
+                    json!({"rows": rows, "cols": K, "ratio": RATIO, "pos0": pos0, "linear_t1_prefetch": prefetch}),
+                    differing + touched,
+                    compared,
+                    json!({"vs": "one linear per weight, add_position_bias on the gates, copied into place", "values_before_pos0_changed": touched}),
+                );
+            }
+        }
+        // One token, the default switches: five linears + two bias passes (copies not counted)
+        // against the one launch.
+        let t = 1usize;
+        let x = gpu.upload(&random(seed, "multi.x.time", K, 1.0))?;
+        let mut ys: Vec<CudaSlice<f32>> = ws.iter().map(|w| gpu.zeros_owned::<f32>(w.rows)).collect::<Result<_, _>>()?;
+        let unfused = super::check::median_ms(gpu, 50, || {
+            for ((w, ape), y) in ws.iter().zip(&apes).zip(ys.iter_mut()) {
+                gpu.linear(&x, w, y, t)?;
+                if let Some(ape) = ape {
+                    gpu.add_position_bias(y, ape, t, RATIO, 5)?;
+                }
+            }
+            Ok(())
+        })?;
+        let fused = super::check::median_ms(gpu, 50, || {
+            let mut outs: Vec<MultiOut<'_>> = ws.iter().zip(ys.iter_mut()).zip(&apes).map(|((w, y), ape)| MultiOut { w, y, at: 0, bias: ape.as_ref().map(|a| (a, RATIO)) }).collect();
+            gpu.linear_multi_into(&x, t, &mut outs, 5)
+        })?;
+        let bytes: usize = ws.iter().map(|w| w.rows * K * if fmt == "bf16" { 2 } else { 4 }).sum();
+        println!("time linear_multi_into {fmt} T=1 (CSA compressors) one launch {:.1} us ({:.0} GB/s) | five linears + two bias passes {:.1} us", fused * 1e3, bytes as f64 / (fused * 1e-3) / 1e9, unfused * 1e3);
+        out.push(json!({"op": format!("time linear_multi_into {fmt} T=1"), "fused_ms": fused, "unfused_ms": unfused, "weight_bytes": bytes}));
     }
     Ok(all)
 }

@@ -5,7 +5,7 @@ use super::drv;
 use super::graph::DevBuf;
 use super::{guard, nvrtc, CudaError, KERNEL_SOURCES};
 use crate::cpu::rope::Rope;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -224,6 +224,12 @@ pub(crate) const ENTRY_POINTS: &[(&str, &[&str])] = &[
             "linear_fp4_t1p",
             "linear_fp4_t1p_q",
             "linear_fp4_t1p_grouped",
+            "linear_f32_multi",
+            "linear_bf16_multi",
+            "linear_f32_t1_multi",
+            "linear_bf16_t1_multi",
+            "linear_f32_t1p_multi",
+            "linear_bf16_t1p_multi",
             "linear_fp8_mma_q_ks1",
             "linear_fp8_mma_q_ks2",
             "linear_fp8_mma_q_ks4",
@@ -383,6 +389,49 @@ fn t1_variant(t: usize, per: usize) -> (&'static str, usize) {
         _ => ("", MAX_ROW_BLOCKS),
     }
 }
+
+/// Most weights one [`Gpu::linear_multi_into`] launch takes (linear.cu `FS_MULTI_MAX`).
+pub const LINEAR_MULTI_MAX: usize = 6;
+
+/// One output of [`Gpu::linear_multi_into`]: weight `w`'s values for token j go to
+/// `y[at + j·w.rows ..][.. w.rows]`, with `bias = Some((b, ratio))` (`b`: `[ratio, w.rows]` f32)
+/// adding row `(pos0 + j) mod ratio` of `b`.
+pub struct MultiOut<'a> {
+    /// The weight `[rows, cols]` (f32 or bf16).
+    pub w: &'a GpuWeight,
+    /// The buffer the outputs go into (f32).
+    pub y: &'a mut CudaSlice<f32>,
+    /// Offset of token 0's outputs in `y` (values).
+    pub at: usize,
+    /// The position bias and its period, if any.
+    pub bias: Option<(&'a CudaSlice<f32>, usize)>,
+}
+
+/// linear.cu's `FsMultiOut` (one weight of a `linear_*_multi` launch), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct FsMultiOut {
+    w: u64,
+    y: u64,
+    bias: u64,
+    n: i32,
+    ldy: i32,
+    ratio: i32,
+    blocks: i32,
+}
+
+/// linear.cu's `FsMulti`: the outputs, their count and the chunk's first position.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FsMulti {
+    o: [FsMultiOut; LINEAR_MULTI_MAX],
+    count: i32,
+    pos0: i32,
+}
+
+// SAFETY: plain integers in linear.cu's `FsMulti` layout (repr(C), 8-byte aligned, no padding
+// between fields: 6 × 40 + 8 bytes).
+unsafe impl cudarc::driver::DeviceRepr for FsMulti {}
 
 /// [`Gpu::linear_gemv_q_takes`] on the token count and input width alone.
 fn gemv_q_takes_shape(t: usize, cols: usize) -> bool {
@@ -1505,6 +1554,98 @@ impl Gpu {
     /// The launch behind [`Gpu::linear_gemv_strided`] (`quant` false: `linear_<fmt>[_t1]`) and
     /// [`Gpu::linear_gemv_q`] (`quant` true: `linear_<fmt>[_t1]_q`).
     #[allow(clippy::too_many_arguments)]
+    /// Whether [`Gpu::linear_multi_into`] takes `t` tokens of the weights `ws` (switch
+    /// `COMPRESSOR_FUSED_DECODE`): 1 to [`LINEAR_MULTI_MAX`] weights, all f32 or all bf16 of one
+    /// input width (a multiple of 8), and `t` below [`TC_LINEAR_MIN_TOKENS`] (where
+    /// [`Gpu::linear`] takes the gemv).
+    pub fn linear_multi_into_takes<'a>(t: usize, ws: impl IntoIterator<Item = &'a GpuWeight>) -> bool {
+        let ws: Vec<&GpuWeight> = ws.into_iter().collect();
+        let Some(first) = ws.first() else { return false };
+        let fmt = |w: &GpuWeight| match w.data {
+            GpuMatrix::F32(_) => Some(0),
+            GpuMatrix::Bf16(_) => Some(1),
+            _ => None,
+        };
+        (1..TC_LINEAR_MIN_TOKENS).contains(&t)
+            && ws.len() <= LINEAR_MULTI_MAX
+            && fmt(first).is_some()
+            && first.cols.is_multiple_of(8)
+            && ws.iter().all(|w| fmt(w) == fmt(first) && w.cols == first.cols && w.rows > 0)
+    }
+
+    /// Several gemvs of one input in one launch, each written into a larger buffer with an
+    /// optional per-position bias (switch `COMPRESSOR_FUSED_DECODE`; linear.cu
+    /// `linear_<fmt>[_t1|_t1p]_multi`): for every output `o`, token j of `t` (`x`: `[t, cols]`
+    /// f32), `o.y[o.at + j·rows + n] = Σ_k x[j, k]·W[n, k]` (+ `bias[((pos0 + j) mod ratio)·rows +
+    /// n]` with `o.bias = Some((bias [ratio, rows], ratio))`). Each value is the one
+    /// [`Gpu::linear_gemv`] gives for that weight under the current switches (the same kernel
+    /// form, `LINEAR_T1_PREFETCH` included, and row code), and the bias is added as
+    /// [`Gpu::add_position_bias`] adds it, so the bits of those launches followed by copies into
+    /// place — a compressor's projections appended to its state (spec §4.8 / §4.9 step 1) in one
+    /// launch instead of one per weight, a bias pass and two copies.
+    ///
+    /// Errors: weights [`Gpu::linear_multi_into_takes`] rejects, outputs or biases shorter than
+    /// the shapes, positions past 32-bit indexing, launch failures.
+    pub fn linear_multi_into(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [MultiOut<'_>], pos0: usize) -> Result<(), CudaError> {
+        let bad = |detail: String| CudaError::Unsupported { what: "linear_multi_into", detail };
+        if !Self::linear_multi_into_takes(t, outs.iter().map(|o| o.w)) {
+            let shapes: Vec<String> = outs.iter().map(|o| format!("[{}, {}] {}", o.w.rows, o.w.cols, format_of(o.w).0)).collect();
+            return Err(bad(format!("takes 1..{TC_LINEAR_MIN_TOKENS} tokens of 1..={LINEAR_MULTI_MAX} f32 or bf16 weights of one format and input width (a multiple of 8): {t} tokens of {}", shapes.join(", "))));
+        }
+        let cols = outs[0].w.cols;
+        if x.len() < t * cols {
+            return Err(bad(format!("{} inputs for {t} tokens of width {cols}", x.len())));
+        }
+        let bf16 = matches!(outs[0].w.data, GpuMatrix::Bf16(_));
+        let (form, cap) = t1_variant(t, if bf16 { 8 } else { 4 });
+        let st = &self.stream;
+        let mut m = FsMulti { o: [FsMultiOut::default(); LINEAR_MULTI_MAX], count: outs.len() as i32, pos0: 0 };
+        m.pos0 = i32::try_from(pos0 + t).map(|_| pos0 as i32).map_err(|_| bad(format!("position {pos0} + {t} does not fit the kernel's 32-bit index")))?;
+        let mut blocks = 0usize;
+        for (slot, o) in m.o.iter_mut().zip(outs.iter_mut()) {
+            let rows = o.w.rows;
+            let end = o.at + t * rows;
+            if o.y.len() < end || i32::try_from(end).is_err() {
+                return Err(bad(format!("an output of {} values for {t} tokens of {rows} rows from {}", o.y.len(), o.at)));
+            }
+            let (bias, ratio) = match o.bias {
+                Some((b, ratio)) => {
+                    if ratio == 0 || b.len() != ratio * rows {
+                        return Err(bad(format!("a bias of {} values for ratio {ratio} and {rows} rows", b.len())));
+                    }
+                    (b.device_ptr(st).0, ratio)
+                }
+                None => (0, 1),
+            };
+            let n_blocks = rows.div_ceil(8).min(cap);
+            blocks += n_blocks;
+            *slot = FsMultiOut {
+                w: match &o.w.data {
+                    GpuMatrix::F32(w) => w.device_ptr(st).0,
+                    GpuMatrix::Bf16(w) => w.device_ptr(st).0,
+                    _ => return Err(bad(format!("an {} weight", format_of(o.w).0))),
+                },
+                y: o.y.device_ptr_mut(st).0 + 4 * o.at as u64,
+                bias,
+                n: rows as i32,
+                ldy: rows as i32,
+                ratio: ratio as i32,
+                blocks: n_blocks as i32,
+            };
+        }
+        let name = format!("linear_{}{form}_multi", if bf16 { "bf16" } else { "f32" });
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, t.div_ceil(8) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (tt, k, ldx) = (t as i32, cols as i32, cols as i32);
+        let mut b = self.stream.launch_builder(self.f(&name));
+        b.arg(x).arg(&m).arg(&tt).arg(&k).arg(&ldx);
+        // SAFETY: matches linear_<fmt>*_multi (x, FsMulti by value, T, K, ldx); every address in
+        // `m` is a live buffer of this device checked above to hold its t rows from its offset
+        // (and its bias ratio·rows values), the weights are [rows, cols] of the entry's format,
+        // and x holds t rows of cols floats.
+        let r = unsafe { b.launch(cfg) };
+        drv(&name, r).map(|_| ())
+    }
+
     fn gemv_launch(&self, x: &CudaView<'_, f32>, ldx: usize, w: &GpuWeight, y: &mut CudaViewMut<'_, f32>, ldy: usize, t: usize, quant: bool) -> Result<(), CudaError> {
         if t == 0 {
             return Ok(());
@@ -1568,6 +1709,27 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `COMPRESSOR_FUSED_DECODE`'s launch argument has linear.cu's `FsMulti` layout (the same
+    /// fields in the same order, 40 bytes per output, the same maximum) and every form's entry is
+    /// defined and loaded; the forms are the ones [`t1_variant`] names.
+    #[test]
+    fn linear_multi_layout_matches_the_kernel() {
+        let src = include_str!("kernels/linear.cu");
+        assert!(src.contains(&format!("#define FS_MULTI_MAX {LINEAR_MULTI_MAX}\n")));
+        assert!(src.contains("struct FsMultiOut {\n    const void* W;\n    float* y;\n    const float* bias;\n    int N, ldy, ratio, blocks;\n};"));
+        assert!(src.contains("struct FsMulti {\n    FsMultiOut o[FS_MULTI_MAX];\n    int count, pos0;\n};"));
+        assert_eq!(std::mem::size_of::<FsMultiOut>(), 40);
+        assert_eq!(std::mem::align_of::<FsMulti>(), 8);
+        assert_eq!(std::mem::size_of::<FsMulti>(), LINEAR_MULTI_MAX * 40 + 8);
+        for (fmt, ty, code, per) in [("f32", "float", 0, 4), ("bf16", "u16", 1, 8)] {
+            for (form, tt, pf) in [("", "TT", "false"), ("_t1", "1", "false"), ("_t1p", "1", "true")] {
+                let name = format!("linear_{fmt}{form}_multi");
+                assert!(src.contains(&format!("FS_LINEAR_MULTI({name}, {ty}, {code}, {per}, {tt}, {pf})")), "{name}");
+                assert!(ENTRY_POINTS.iter().any(|(f, names)| *f == "linear.cu" && names.contains(&name.as_str())), "{name}");
+            }
+        }
+    }
 
     /// `LINEAR_GEMV_MMA`'s host rule matches linear.cu: its constants and trap condition, the
     /// entries, the warp split Flash's FP8 decode linears take (every one a whole number of

@@ -11,7 +11,7 @@
 
 use super::drv;
 use super::graph::DevBuf;
-use super::gpu::{Gpu, GpuGroupTable, GpuMatrix, GpuWeight};
+use super::gpu::{Gpu, GpuGroupTable, GpuMatrix, GpuWeight, MultiOut};
 use super::ops_attention::{hca_offsets, topk_offsets, AttentionKernel, AttentionOut, AttentionQuery, AttentionShape, CompressedKeys, IndexerShape, PoolShape};
 use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter};
 use super::upload::GpuSource;
@@ -709,17 +709,25 @@ impl CompProjections {
 ///
 /// Errors: any op error.
 fn compress_pool(gpu: &Gpu, m: &GpuModel, cw: &GpuCompressor, cs: &mut GpuCompState, mut p: CompProjections, t: usize, pos0: usize) -> Result<(), CudaError> {
-    let c = &m.config;
     let out = cw.wkv.rows;
     gpu.add_position_bias(&mut p.lg, &cw.ape, t, cw.ratio, pos0)?;
     copy_into(gpu, &p.kv, t * out, &mut cs.kv, pos0 * out)?;
     copy_into(gpu, &p.lg, t * out, &mut cs.logit, pos0 * out)?;
-    let complete = (pos0 + t) / cw.ratio;
+    complete_entries(gpu, m, cw, cs, pos0 + t)
+}
+
+/// Spec §4.8 / §4.9 steps 2–4 for the entries the state `cs` completes once it holds the
+/// projections of positions before `end`: pooled, normed and rotated into `cs.entries`.
+///
+/// Errors: any op error.
+fn complete_entries(gpu: &Gpu, m: &GpuModel, cw: &GpuCompressor, cs: &mut GpuCompState, end: usize) -> Result<(), CudaError> {
+    let complete = end / cw.ratio;
     if complete > cs.n_entries {
         let n = complete - cs.n_entries;
-        let mut tmp = gpu.zeros::<f32>(n * cw.width)?;
+        // SAFETY: compress_entries writes all n·width values (its RMSNorm writes every row).
+        let mut tmp = unsafe { gpu.scratch::<f32>(n * cw.width) }?;
         let shape = PoolShape { ratio: cw.ratio, width: cw.width, overlap: cw.overlap, row_base: 0, e0: cs.n_entries, n_entries: n };
-        gpu.compress_entries(&cs.kv, &cs.logit, &cw.norm, c.rms_norm_eps as f32, &m.inv_compress, &m.rope_compress, &shape, &mut tmp)?;
+        gpu.compress_entries(&cs.kv, &cs.logit, &cw.norm, m.config.rms_norm_eps as f32, &m.inv_compress, &m.rope_compress, &shape, &mut tmp)?;
         copy_into(gpu, &tmp, n * cw.width, &mut cs.entries, cs.n_entries * cw.width)?;
         cs.n_entries = complete;
     }
@@ -950,23 +958,56 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
         // compressor's from one conversion of `a` (Gpu::linear_multi: the same bits as one linear
         // each; three conversions of the [t, d] input were two too many; a weights_proj stored as
         // f32 runs on its own).
-        let mut idx_pre: Option<(CompProjections, DevBuf<f32>)> = None;
+        // With COMPRESSOR_FUSED_DECODE below 64 tokens all of them in one launch that appends the
+        // projections to the compressor states (biased logits included): `None` projections below.
+        let mut idx_pre: Option<(Option<CompProjections>, DevBuf<f32>)> = None;
         if let (Some(cw), Some(cs)) = (&l.compressor, &mut s.comp) {
             gpu.stage("compressors");
-            // SAFETY: both written by the linear below.
-            let mut p = unsafe { CompProjections::alloc(gpu, cw, t) }?;
-            match (&l.indexer, l.kind) {
-                (Some(iw), LayerKind::Csa { .. }) => {
-                    // SAFETY (ip, wts): written by the linears below.
-                    let mut ip = unsafe { CompProjections::alloc(gpu, &iw.compressor, t) }?;
-                    let mut wts = unsafe { gpu.scratch::<f32>(t * iw.heads) }?;
-                    let ic = &iw.compressor;
-                    gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg), (&ic.wkv, &mut ip.kv), (&ic.wgate, &mut ip.lg), (&iw.weights_proj, &mut wts)])?;
-                    idx_pre = Some((ip, wts));
-                }
-                _ => gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg)])?,
+            let csa = match (&l.indexer, l.kind, &mut s.idx) {
+                (Some(iw), LayerKind::Csa { .. }, Some(is)) => Some((iw, is)),
+                _ => None,
+            };
+            let mut ws = vec![&cw.wkv, &cw.wgate];
+            if let Some((iw, _)) = &csa {
+                ws.extend([&iw.compressor.wkv, &iw.compressor.wgate, &iw.weights_proj]);
             }
-            compress_pool(gpu, m, cw, cs, p, t, pos0)?;
+            if crate::switches::on("COMPRESSOR_FUSED_DECODE") && Gpu::linear_multi_into_takes(t, ws) {
+                let at = pos0 * cw.wkv.rows;
+                let mut outs = vec![
+                    MultiOut { w: &cw.wkv, y: &mut cs.kv, at, bias: None },
+                    MultiOut { w: &cw.wgate, y: &mut cs.logit, at, bias: Some((&cw.ape, cw.ratio)) },
+                ];
+                // SAFETY: written by the launch below (weights_proj's output).
+                let mut wts = match &csa {
+                    Some((iw, _)) => Some(unsafe { gpu.scratch::<f32>(t * iw.heads) }?),
+                    None => None,
+                };
+                if let (Some((iw, is)), Some(wts)) = (csa, wts.as_mut()) {
+                    let (ic, iat) = (&iw.compressor, pos0 * iw.compressor.wkv.rows);
+                    outs.push(MultiOut { w: &ic.wkv, y: &mut is.kv, at: iat, bias: None });
+                    outs.push(MultiOut { w: &ic.wgate, y: &mut is.logit, at: iat, bias: Some((&ic.ape, ic.ratio)) });
+                    outs.push(MultiOut { w: &iw.weights_proj, y: wts, at: 0, bias: None });
+                }
+                gpu.linear_multi_into(&a, t, &mut outs, pos0)?;
+                drop(outs);
+                idx_pre = wts.map(|w| (None, w));
+                complete_entries(gpu, m, cw, cs, pos0 + t)?;
+            } else {
+                // SAFETY: both written by the linear below.
+                let mut p = unsafe { CompProjections::alloc(gpu, cw, t) }?;
+                match csa {
+                    Some((iw, _)) => {
+                        // SAFETY (ip, wts): written by the linears below.
+                        let mut ip = unsafe { CompProjections::alloc(gpu, &iw.compressor, t) }?;
+                        let mut wts = unsafe { gpu.scratch::<f32>(t * iw.heads) }?;
+                        let ic = &iw.compressor;
+                        gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg), (&ic.wkv, &mut ip.kv), (&ic.wgate, &mut ip.lg), (&iw.weights_proj, &mut wts)])?;
+                        idx_pre = Some((Some(ip), wts));
+                    }
+                    None => gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg)])?,
+                }
+                compress_pool(gpu, m, cw, cs, p, t, pos0)?;
+            }
         }
         gpu.stage("attention");
         let shape = AttentionShape { tokens: t, heads: h, head_dim: hd, pos0, window: c.sliding_window, kv_base: 0 };
@@ -982,7 +1023,11 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
                 };
                 gpu.stage("compressors");
                 let (ip, wts) = idx_pre.take().ok_or_else(|| CudaError::Unsupported { what: "forward", detail: "CSA layer: no indexer projections".into() })?;
-                compress_pool(gpu, m, &iw.compressor, is, ip, t, pos0)?;
+                match ip {
+                    Some(ip) => compress_pool(gpu, m, &iw.compressor, is, ip, t, pos0)?,
+                    // COMPRESSOR_FUSED_DECODE appended them already.
+                    None => complete_entries(gpu, m, &iw.compressor, is, pos0 + t)?,
+                }
                 gpu.stage("indexer");
                 // SAFETY: written by the linear below.
                 let mut iq = unsafe { gpu.scratch::<f32>(t * iw.heads * iw.head_dim) }?;

@@ -97,13 +97,31 @@ __device__ __forceinline__ void fs_chunk_dot(const uint4 raw, u8 sc, int c, int 
     }
 }
 
+// The row blocks and output epilogue of fs_linear's MULTI form (linear_*_multi): its block bx of gx
+// (instead of blockIdx.x of gridDim.x) and, with bias, y = v + bias[((pos0 + t) mod ratio)·N + n] for
+// token t (the compressors' position bias, spec §4.8 step 1: add_position_bias_f32's one f32 add).
+struct FsEpi {
+    int bx, gx;
+    const float* bias;
+    int ratio, pos0;
+};
+
+// Output value v of row n, token t: v, or with MULTI and a bias the biased value.
+template <bool MULTI>
+__device__ __forceinline__ float fs_epi(float v, const FsEpi& ep, int t, int N, int n) {
+    if (MULTI && ep.bias != nullptr) v += ep.bias[(size_t)((ep.pos0 + t) % ep.ratio) * N + n];
+    return v;
+}
+
 // FMT: 0 f32, 1 bf16, 2 fp8, 3 fp4. PER = values per 16-byte chunk. QRT: the input
 // quantize-dequantized per 128 values as it is staged (linear_*_q). PF: the one-token kernel with
-// the next row's loads issued before the current row is reduced (linear_*_t1p*).
-template <int FMT, int PER, int TT_, bool QRT = false, bool PF = false>
+// the next row's loads issued before the current row is reduced (linear_*_t1p*). MULTI: row blocks
+// and epilogue from ep (linear_*_multi); otherwise ep is unused and the code is the plain form's.
+template <int FMT, int PER, int TT_, bool QRT = false, bool PF = false, bool MULTI = false>
 __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const void* __restrict__ Wv,
                                           const u8* __restrict__ S, float* __restrict__ y, int T, int N, int K,
-                                          int ldx, int ldy) {
+                                          int ldx, int ldy, FsEpi ep = FsEpi{0, 0, nullptr, 1, 0}) {
+    const unsigned BX = MULTI ? (unsigned)ep.bx : blockIdx.x, GX = MULTI ? (unsigned)ep.gx : gridDim.x;
     __shared__ float xs[XS_FLOATS];
     __shared__ float2 lut4[256];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -166,7 +184,7 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
     const size_t row_bytes = FMT == 0 ? (size_t)K * 4 : FMT == 1 ? (size_t)K * 2 : FMT == 2 ? (size_t)K : (size_t)K / 2;
     const int sk = (K + 127) / 128;
     if constexpr (!PF) {
-    for (int n = blockIdx.x * 8 + warp; n < N; n += gridDim.x * 8) {
+    for (int n = BX * 8 + warp; n < N; n += GX * 8) {
     const uint4* wrow = reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(Wv) + (size_t)n * row_bytes);
     float acc[TT_];
 #pragma unroll
@@ -190,7 +208,7 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
 #pragma unroll
     for (int j = 0; j < TT_; j++) {
         float v = fs_warp_sum(acc[j]);
-        if (lane == 0 && j < tn) y[(size_t)(t0 + j) * ldy + n] = v;
+        if (lane == 0 && j < tn) y[(size_t)(t0 + j) * ldy + n] = fs_epi<MULTI>(v, ep, t0 + j, N, n);
     }
     }
     } else {
@@ -201,8 +219,8 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
     // other. Each row's sum is formed as above (chunks c = lane, lane + 32, … in order, then the
     // warp's butterfly): the same bits.
     static_assert(TT_ == 1, "the prefetching form is the one-token kernel's");
-    const int G = gridDim.x * 8, per_row = (chunks + 32 * UNROLL - 1) / (32 * UNROLL);
-    int n = blockIdx.x * 8 + warp, b = 0;  // the current item: row n, batch b
+    const int G = GX * 8, per_row = (chunks + 32 * UNROLL - 1) / (32 * UNROLL);
+    int n = BX * 8 + warp, b = 0;  // the current item: row n, batch b
     uint4 raw[UNROLL], nraw[UNROLL];
     u8 sc[UNROLL], nsc[UNROLL];
     // Loads item (row, batch); called for rows < N only.
@@ -228,7 +246,7 @@ __device__ __forceinline__ void fs_linear(const float* __restrict__ x, const voi
         }
         if (nb == 0) {
             const float v = fs_warp_sum(acc[0]);
-            if (lane == 0) y[(size_t)t0 * ldy + n] = v;
+            if (lane == 0) y[(size_t)t0 * ldy + n] = fs_epi<MULTI>(v, ep, t0, N, n);
             acc[0] = 0.f;
         }
         n = nn;
@@ -301,6 +319,48 @@ FS_LINEAR_PF_ENTRY(linear_f32_t1p, float, 0, 4)
 FS_LINEAR_PF_ENTRY(linear_bf16_t1p, u16, 1, 8)
 FS_LINEAR_PF_ENTRY(linear_fp8_t1p, u8, 2, 16)
 FS_LINEAR_PF_ENTRY(linear_fp4_t1p, u8, 3, 32)
+
+// linear_<fmt>[_t1|_t1p]_multi (x, m, T, K, ldx), fmt f32 or bf16 (switch COMPRESSOR_FUSED_DECODE;
+// host glue gpu.rs `Gpu::linear_multi_into`): m.count ≤ FS_MULTI_MAX weights [N_i, K] of one format
+// on the same input x (T tokens, rows ldx apart) in one launch — a compressor's wkv and wgate (in a
+// CSA layer also the indexer compressor's and weights_proj), spec §4.8 / §4.9 step 1 / §4.10. The
+// grid's blocks are the weights' row blocks one after the other (weight i: m.o[i].blocks of them,
+// the grid x of its own launch); each runs NAME without _multi's code on its weight (fs_linear's
+// MULTI form: its block index within the weight, that weight's block count), so every output is
+// that launch's value, stored at y_i[t·ldy_i + n] — a compressor's state rows at the chunk's
+// position — with bias_i (a gate's position bias [ratio_i, N_i]; null: none) added as
+// add_position_bias_f32 adds it. Launch: grid (Σ blocks_i, ceil(T / TT)), block 256 (T = 1 for the
+// _t1 / _t1p forms).
+#define FS_MULTI_MAX 6
+struct FsMultiOut {
+    const void* W;
+    float* y;
+    const float* bias;
+    int N, ldy, ratio, blocks;
+};
+struct FsMulti {
+    FsMultiOut o[FS_MULTI_MAX];
+    int count, pos0;
+};
+#define FS_LINEAR_MULTI(NAME, WT, FMT, PER, TTV, PF)                                                              \
+    extern "C" __global__ void NAME(const float* __restrict__ x, const FsMulti m, int T, int K, int ldx) {       \
+        int b = blockIdx.x, z = 0;                                                                                \
+        _Pragma("unroll") for (int i = 0; i + 1 < FS_MULTI_MAX; i++) {                                           \
+            if (i + 1 < m.count && z == i && b >= m.o[i].blocks) {                                                \
+                b -= m.o[i].blocks;                                                                               \
+                z = i + 1;                                                                                        \
+            }                                                                                                     \
+        }                                                                                                         \
+        const FsMultiOut o = m.o[z];                                                                              \
+        fs_linear<FMT, PER, TTV, false, PF, true>(x, o.W, nullptr, o.y, T, o.N, K, ldx, o.ldy,                    \
+                                                  FsEpi{b, o.blocks, o.bias, o.ratio, m.pos0});                   \
+    }
+FS_LINEAR_MULTI(linear_f32_multi, float, 0, 4, TT, false)
+FS_LINEAR_MULTI(linear_bf16_multi, u16, 1, 8, TT, false)
+FS_LINEAR_MULTI(linear_f32_t1_multi, float, 0, 4, 1, false)
+FS_LINEAR_MULTI(linear_bf16_t1_multi, u16, 1, 8, 1, false)
+FS_LINEAR_MULTI(linear_f32_t1p_multi, float, 0, 4, 1, true)
+FS_LINEAR_MULTI(linear_bf16_t1p_multi, u16, 1, 8, 1, true)
 
 // ---------------------------------------------------------------------------------------------
 // linear_fp8_mma_q_ks<KS> (switch LINEAR_GEMV_MMA; host glue gpu.rs `Gpu::linear_gemv_mma`): the
