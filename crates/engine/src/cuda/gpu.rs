@@ -1551,9 +1551,6 @@ impl Gpu {
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
-    /// The launch behind [`Gpu::linear_gemv_strided`] (`quant` false: `linear_<fmt>[_t1]`) and
-    /// [`Gpu::linear_gemv_q`] (`quant` true: `linear_<fmt>[_t1]_q`).
-    #[allow(clippy::too_many_arguments)]
     /// Whether [`Gpu::linear_multi_into`] takes `t` tokens of the weights `ws` (switch
     /// `COMPRESSOR_FUSED_DECODE`): 1 to [`LINEAR_MULTI_MAX`] weights, all f32 or all bf16 of one
     /// input width (a multiple of 8), and `t` below [`TC_LINEAR_MIN_TOKENS`] (where
@@ -1646,6 +1643,9 @@ impl Gpu {
         drv(&name, r).map(|_| ())
     }
 
+    /// The launch behind [`Gpu::linear_gemv_strided`] (`quant` false: `linear_<fmt>[_t1]`) and
+    /// [`Gpu::linear_gemv_q`] (`quant` true: `linear_<fmt>[_t1]_q`).
+    #[allow(clippy::too_many_arguments)]
     fn gemv_launch(&self, x: &CudaView<'_, f32>, ldx: usize, w: &GpuWeight, y: &mut CudaViewMut<'_, f32>, ldy: usize, t: usize, quant: bool) -> Result<(), CudaError> {
         if t == 0 {
             return Ok(());
