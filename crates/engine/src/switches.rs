@@ -231,6 +231,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `wo_a strided vs gather bits` / `wo_a one launch vs gather bits` (bitwise equal at 1, 3, 17 and 63 tokens) and `wo_a strided vs cpu`, `time wo_a grouped T=1` (`--only wo_a`); the switch matrix (`WO_A_STRIDED=off alone`: same bits); `gpu-bench` decode",
     },
     Switch {
+        name: "INDEXER_TC_DECODE_TILES",
+        values: &["on", "off"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "indexer_scores_tc's 512 keys per block whatever the call (a decode step's 2,048 entries at 8K context in 4 blocks of 132 SMs): for calls whose grid would have fewer than 264 blocks, the fewest keys per block (a multiple of 64) that give about that many; each key's score from the same 64-key tile code, so the same bits",
+        parity: "gpu-check `--only attention`: `indexer_scores_tc kb 64 / 128 vs 512 bits` (bitwise equal, masked tiles included); the switch matrix (`INDEXER_TC_DECODE_TILES=off alone`: same bits) and qualify; `gpu-bench` decode",
+    },
+    Switch {
         name: "COMPRESSOR_FUSED_DECODE",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -620,6 +627,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MHC_BF16_STREAMS", &[("MHC_FUSED", &["on"])]),
     ("MHC_MIX_TC", &[("MHC_FUSED", &["on"]), ("MHC_BF16_STREAMS", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
+    ("INDEXER_TC_DECODE_TILES", &[("INDEXER_TC", &["on"])]),
 ];
 
 /// Switches that act when *any* of the listed values holds (alternatives [`REQUIRES`] cannot
@@ -790,6 +798,8 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("DECODE_CUDA_GRAPH=off alone".into(), vec![("DECODE_CUDA_GRAPH", "off")], Role::AloneOff, true, true, false));
     // The grouped wo_a below 64 tokens gathered per group: the same gemv on the same values.
     v.push(c("WO_A_STRIDED=off alone".into(), vec![("WO_A_STRIDED", "off")], Role::AloneOff, true, true, false));
+    // indexer_scores_tc with fewer keys per block at decode: the same tile code per key.
+    v.push(c("INDEXER_TC_DECODE_TILES=off alone".into(), vec![("INDEXER_TC_DECODE_TILES", "off")], Role::AloneOff, true, true, false));
     // The decode compressors' gemvs in one launch straight into the states: the same row code.
     v.push(c("COMPRESSOR_FUSED_DECODE=off alone".into(), vec![("COMPRESSOR_FUSED_DECODE", "off")], Role::AloneOff, true, true, false));
     // The one-token gemvs taking their rows one after another: the same sums, the same bits.

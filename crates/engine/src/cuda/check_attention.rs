@@ -1108,6 +1108,18 @@ fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cud
             gpu.indexer_scores_with(&dq, &dkeys, &dw, &mut dscores, &shape, kernel == "tc")?;
         }
         let got = gpu.download(&dscores)?;
+        if kernel == "tc" {
+            // INDEXER_TC_DECODE_TILES: fewer keys per block, the same tile code per key.
+            let mut base = gpu.zeros::<f32>(tokens * N)?;
+            gpu.indexer_scores_tc_kb(&dq, &dkeys, &dw, &mut base, &shape, 512)?;
+            let base = gpu.download(&base)?;
+            for kb in [64usize, 128] {
+                let mut d = gpu.zeros::<f32>(tokens * N)?;
+                gpu.indexer_scores_tc_kb(&dq, &dkeys, &dw, &mut d, &shape, kb)?;
+                let differing = differing_bits(&gpu.download(&d)?, &base);
+                all &= record_exact(out, &format!("indexer_scores_tc kb {kb} vs 512 bits"), json!({"T": tokens, "N": N, "pos0": pos0}), differing, base.len(), json!("bitwise equal, masked entries included"));
+            }
+        }
         // Visible scores vs the reference; the rest must be −inf.
         let (mut g, mut r) = (Vec::new(), Vec::new());
         let mut ref_scores = vec![f64::NEG_INFINITY; tokens * N];

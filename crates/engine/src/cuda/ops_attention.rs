@@ -130,6 +130,27 @@ impl AttentionKernel {
 }
 /// Entry points of `kernels/compressor.cu`.
 pub const COMPRESSOR_ENTRY_POINTS: &[&str] = &["add_position_bias_f32", "compressor_pool_f32", "rope_positions_f32"];
+/// Keys per block of `indexer_scores_tc` (indexer.cu `ITC_KB`): its block count for prefill chunks.
+pub const ITC_KEYS_PER_BLOCK: usize = 512;
+
+/// Blocks `indexer_scores_tc` aims for at least with `INDEXER_TC_DECODE_TILES` (two per SM of an
+/// H200's 132).
+const ITC_MIN_BLOCKS: usize = 264;
+
+/// Keys per block of `indexer_scores_tc` for `tokens` queries over `n` entries with
+/// `INDEXER_TC_DECODE_TILES` on: [`ITC_KEYS_PER_BLOCK`] when that grid has at least
+/// [`ITC_MIN_BLOCKS`] blocks (prefill chunks), else the fewest keys per block (a multiple of 64,
+/// at least 64) that give it about that many — a decode step's 2,048 entries at 8K context in 32
+/// blocks of 64 instead of 4 of 512.
+pub fn indexer_tc_keys_per_block(tokens: usize, n: usize) -> usize {
+    let pairs = tokens.div_ceil(2).max(1);
+    if n.div_ceil(ITC_KEYS_PER_BLOCK) * pairs >= ITC_MIN_BLOCKS {
+        return ITC_KEYS_PER_BLOCK;
+    }
+    let per_block = n.div_ceil(ITC_MIN_BLOCKS.div_ceil(pairs));
+    per_block.div_ceil(64).clamp(1, ITC_KEYS_PER_BLOCK / 64) * 64
+}
+
 /// Entry points of `kernels/indexer.cu`.
 pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32", "indexer_topk_stream", "indexer_topk_stream_fp8", "indexer_keys_split", "indexer_topk_wgmma", "indexer_scores_wgmma", "indexer_topk_wgmma_fp8", "indexer_scores_wgmma_fp8", "indexer_topk_mask_u8", "logits_topk_f32"];
 
@@ -915,18 +936,36 @@ impl Gpu {
         let (tokens, n) = (shape.tokens, shape.n_entries);
         ensure(W, tokens <= MAX_GRID_Y, || format!("{tokens} tokens in one launch (max {MAX_GRID_Y})"))?;
         if tc {
-            let t_i = int(W, "tokens", tokens)?;
-            let cfg = LaunchConfig { grid_dim: (n.div_ceil(512) as u32, tokens.div_ceil(2) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let mut b = self.stream.launch_builder(self.f("indexer_scores_tc"));
-            b.arg(q).arg(keys).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i);
-            // SAFETY: matches indexer_scores_tc (indexer_scores_f32's arguments plus T); sizes checked above.
-            return launched("indexer_scores_tc", unsafe { b.launch(cfg) }.map(|_| ()));
+            let kb = if crate::switches::on("INDEXER_TC_DECODE_TILES") { indexer_tc_keys_per_block(tokens, n) } else { ITC_KEYS_PER_BLOCK };
+            return self.indexer_scores_tc_kb(q, keys, weights, scores, shape, kb);
         }
         let cfg = LaunchConfig { grid_dim: (n.div_ceil(16) as u32, tokens as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("indexer_scores_f32"));
         b.arg(q).arg(keys).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale);
         // SAFETY: matches indexer_scores_f32; sizes checked above.
         launched("indexer_scores_f32", unsafe { b.launch(cfg) }.map(|_| ()))
+    }
+
+    /// [`Gpu::indexer_scores_with`]'s tensor-core kernel (`indexer_scores_tc`, 64 heads of 128) with
+    /// `kb` keys per block (a multiple of 64 up to [`ITC_KEYS_PER_BLOCK`]; grid `(ceil(N / kb),
+    /// ceil(T / 2))`): every key's score comes from the same 64-key tile code whatever `kb` is, so
+    /// the same bits (gpu-check `indexer_scores_tc kb 64 vs 512 bits`).
+    ///
+    /// Errors: as [`Gpu::indexer_scores_with`], and `kb` outside that set.
+    pub fn indexer_scores_tc_kb(&self, q: &CudaSlice<f32>, keys: &CudaSlice<f32>, weights: &CudaSlice<f32>, scores: &mut CudaSlice<f32>, shape: &IndexerShape, kb: usize) -> Result<(), CudaError> {
+        const W: &str = "indexer_scores";
+        ensure(W, shape.heads == 64 && shape.head_dim == 128, || format!("the tensor-core scores need 64 heads of 128, got {} of {}", shape.heads, shape.head_dim))?;
+        ensure(W, (64..=ITC_KEYS_PER_BLOCK).contains(&kb) && kb.is_multiple_of(64), || format!("{kb} keys per block (a multiple of 64 up to {ITC_KEYS_PER_BLOCK})"))?;
+        let Some(ScoresArgs { ints: [h_i, hd_i, n_i, r_i, p_i], scale }) = scores_args(W, q, keys, weights, scores, shape)? else { return Ok(()) };
+        let (tokens, n) = (shape.tokens, shape.n_entries);
+        ensure(W, tokens <= MAX_GRID_Y, || format!("{tokens} tokens in one launch (max {MAX_GRID_Y})"))?;
+        let (t_i, kb_i) = (int(W, "tokens", tokens)?, kb as i32);
+        let cfg = LaunchConfig { grid_dim: (n.div_ceil(kb) as u32, tokens.div_ceil(2) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("indexer_scores_tc"));
+        b.arg(q).arg(keys).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale).arg(&t_i).arg(&kb_i);
+        // SAFETY: matches indexer_scores_tc (indexer_scores_f32's arguments plus T and kb, which
+        // is checked above against the kernel's trap condition); sizes checked above.
+        launched("indexer_scores_tc", unsafe { b.launch(cfg) }.map(|_| ()))
     }
 
     /// Top-k selection of the indexer (spec §4.10 step 6): for query t, the indices of the `k` best
@@ -1337,6 +1376,27 @@ mod tests {
         assert_eq!(topk_offsets(10, 2, 4, 3, 2).unwrap(), vec![0, 2, 4]);
         assert_eq!(visible_entries(127, 128, 10), 1);
         assert_eq!(visible_entries(126, 128, 10), 0);
+    }
+
+    /// `INDEXER_TC_DECODE_TILES`' rule: prefill chunks keep 512 keys per block; decode steps get a
+    /// multiple of 64 (at least 64) giving about 264 blocks; indexer.cu's constants and trap match.
+    #[test]
+    fn indexer_tc_keys_per_block_rule() {
+        let src = include_str!("kernels/indexer.cu");
+        assert!(src.contains(&format!("#define ITC_KB {ITC_KEYS_PER_BLOCK} ")));
+        assert!(src.contains("#define ITC_KT 64 "));
+        assert!(src.contains("if (heads != 64 || hd != 128 || kb < ITC_KT || kb > ITC_KB || kb % ITC_KT != 0) __trap();"));
+        // Prefill: 2,048 tokens over 512 entries (1,024 pairs) or 8,192 over 2,048.
+        assert_eq!(indexer_tc_keys_per_block(2048, 512), 512);
+        assert_eq!(indexer_tc_keys_per_block(8192, 2048), 512);
+        // Decode at 8K (2,048 entries): 64 keys, 32 blocks; at 128K (32,768): 128 keys, 256 blocks.
+        assert_eq!(indexer_tc_keys_per_block(1, 2048), 64);
+        assert_eq!(indexer_tc_keys_per_block(1, 32768), 128);
+        assert_eq!(indexer_tc_keys_per_block(1, 200_000), 512);
+        for (t, n) in [(1usize, 1usize), (1, 0), (3, 5000), (63, 2048), (2, 135_168)] {
+            let kb = indexer_tc_keys_per_block(t, n);
+            assert!((64..=ITC_KEYS_PER_BLOCK).contains(&kb) && kb % 64 == 0, "{t} {n}: {kb}");
+        }
     }
 }
 

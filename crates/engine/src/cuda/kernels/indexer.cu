@@ -92,8 +92,11 @@ indexer_scores_f32(const float* __restrict__ q, const float* __restrict__ k, con
 //   fixed butterfly over the 8 row groups) and over the 4 head groups in group order through shared
 //   memory, times scale. Deterministic (fixed orders, no atomics); differs from indexer_scores_f32
 //   by f32 rounding only. Tiles past both tokens' visible ranges are skipped.
-//   Extra last argument T (tokens; the second token of the last pair may not exist).
-//   Launch: grid (ceil(N / 512), ceil(T / 2)), block 256, static shared memory
+//   Extra last arguments T (tokens; the second token of the last pair may not exist) and kb (keys
+//   per block, a multiple of 64 up to 512: ITC_KB, or fewer for decode-sized calls to spread a
+//   step's keys over more blocks, switch INDEXER_TC_DECODE_TILES; each key's score is the same
+//   tile code's whatever kb is, so the same bits).
+//   Launch: grid (ceil(N / kb), ceil(T / 2)), block 256, static shared memory
 //   2·64·136·2 + 2·4·64·4 = 36,864 bytes.
 
 #define ITC_KT 64          // keys per tile
@@ -288,10 +291,10 @@ __device__ __forceinline__ float itc_total(float (*part)[4][ITC_KT], int ti, int
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 indexer_scores_tc(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ w,
-                  float* __restrict__ scores, int heads, int hd, int n, int ratio, int pos0, float scale, int T) {
+                  float* __restrict__ scores, int heads, int hd, int n, int ratio, int pos0, float scale, int T, int kb) {
     __shared__ __align__(16) u16 ks[2 * ITC_KT * ITC_PITCH];
     __shared__ float part[2][4][ITC_KT];
-    if (heads != 64 || hd != 128) __trap();
+    if (heads != 64 || hd != 128 || kb < ITC_KT || kb > ITC_KB || kb % ITC_KT != 0) __trap();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tt = warp >> 2, hg = warp & 3;
     const int g = lane >> 2, c2 = (lane & 3) * 2;
@@ -299,14 +302,14 @@ indexer_scores_tc(const float* __restrict__ q, const float* __restrict__ k, cons
     const int t = t0 + tt;
     const bool tvalid = t < T;              // warp-uniform
     const bool second = t0 + 1 < T;         // the block's second token exists
-    const int key0 = blockIdx.x * ITC_KB;
+    const int key0 = blockIdx.x * kb;
     // Visible ranges of the block's tokens (they grow with the position).
     const int vis0 = min((pos0 + t0 + 1) / ratio, n);
     const int vis1 = second ? min((pos0 + t0 + 2) / ratio, n) : vis0;
     const int vis_max = vis1;
     ItcQuery Q;
     itc_load_query(Q, q, w, tvalid ? t : t0, hg, g, c2);
-    for (int j0 = key0; j0 < min(key0 + ITC_KB, n); j0 += ITC_KT) {  // block-uniform
+    for (int j0 = key0; j0 < min(key0 + kb, n); j0 += ITC_KT) {  // block-uniform
         if (j0 >= vis_max) {
             // Masked tile for both tokens.
             for (int i = tid; i < 2 * ITC_KT; i += 256) {
