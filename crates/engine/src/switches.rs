@@ -231,13 +231,6 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `wo_a strided vs gather bits` / `wo_a one launch vs gather bits` (bitwise equal at 1, 3, 17 and 63 tokens) and `wo_a strided vs cpu`, `time wo_a grouped T=1` (`--only wo_a`); the switch matrix (`WO_A_STRIDED=off alone`: same bits); `gpu-bench` decode",
     },
     Switch {
-        name: "MHC_PRE_FUSED_DECODE",
-        values: &["on", "off"],
-        aliases: ON_OFF_ALIASES,
-        replaces: "below 64 tokens (decode steps), MHC_FUSED's pre finish as two launches, the coefficients and Sinkhorn (hc_pre_coef_f32, a warp per token) then the combine and RMSNorm (hc_pre_norm_<form>): one launch (hc_pre_coef_norm_<form>) whose block per token has warp 0 compute the token's coefficients with the same code while the block's stream copies are in flight, then the norm's code; the same values",
-        parity: "gpu-check `--only mhc`: `hc_pre_norm fused decode <streams> T=… bits` (out, post, comb and the coefficient records bitwise equal to MHC_PRE_FUSED_DECODE=off at 1, 3 and 17 tokens, f32 and bf16 streams) and `time hc_pre_norm … T=1 fused`; the switch matrix (`MHC_PRE_FUSED_DECODE=off alone`: same bits) and qualify; `gpu-bench` decode",
-    },
-    Switch {
         name: "INDEXER_TC_DECODE_TILES",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -632,7 +625,6 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
     ("WQ_B_BF16_OUT", &[("TC_LINEAR", &["fp8"]), ("MLA_STREAM_TOPK", &["on"]), ("MLA_FUSED_Q_NORM", &["on"])]),
     ("MHC_BF16_STREAMS", &[("MHC_FUSED", &["on"])]),
-    ("MHC_PRE_FUSED_DECODE", &[("MHC_FUSED", &["on"])]),
     ("MHC_MIX_TC", &[("MHC_FUSED", &["on"]), ("MHC_BF16_STREAMS", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
     ("INDEXER_TC_DECODE_TILES", &[("INDEXER_TC", &["on"])]),
@@ -806,8 +798,6 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("DECODE_CUDA_GRAPH=off alone".into(), vec![("DECODE_CUDA_GRAPH", "off")], Role::AloneOff, true, true, false));
     // The grouped wo_a below 64 tokens gathered per group: the same gemv on the same values.
     v.push(c("WO_A_STRIDED=off alone".into(), vec![("WO_A_STRIDED", "off")], Role::AloneOff, true, true, false));
-    // The decode pre's coefficients and norm in one launch: the same code.
-    v.push(c("MHC_PRE_FUSED_DECODE=off alone".into(), vec![("MHC_PRE_FUSED_DECODE", "off")], Role::AloneOff, true, true, false));
     // indexer_scores_tc with fewer keys per block at decode: the same tile code per key.
     v.push(c("INDEXER_TC_DECODE_TILES=off alone".into(), vec![("INDEXER_TC_DECODE_TILES", "off")], Role::AloneOff, true, true, false));
     // The decode compressors' gemvs in one launch straight into the states: the same row code.

@@ -27,7 +27,7 @@
 
 use super::check::{differing_bits, differing_values, flag_record, median_ms, random, record, record_tol};
 use super::gpu::{Gpu, GpuMatrix, GpuWeight};
-use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter, HcPostCoefs, HC_REC, HC_REC_COMB, HC_REC_POST};
+use super::ops_mhc::{GpuExpert, GpuHcWeights, GpuMoeLayer, GpuRouter, HcPostCoefs};
 use super::CudaError;
 use crate::cpu::ops;
 use crate::default_model::default_config;
@@ -186,7 +186,6 @@ fn check_hc(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErro
 
     all &= check_hc_fused(gpu, seed, out)?;
     all &= check_hc_bf16(gpu, seed, out)?;
-    all &= check_pre_fused_decode(gpu, seed, out)?;
 
     // Head collapse + final RMSNorm (the reference does both).
     let mut cfg = config(d, 16, 4, ScoringFunc::SqrtSoftplus, 10.0);
@@ -316,80 +315,6 @@ fn check_hc_fused(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
 /// last 7 tokens alone take hc_post_mix_tc_bf16's split form and among 40 its tiled one), (n 3, d
 /// 4,100, T 13: the wide finish and a last run of 4 channels), (n 1, d 8,192, T 10), (n 2, d 1,000,
 /// T 40: the tiled form at n < 4, with a last run of 104 channels).
-/// MHC_PRE_FUSED_DECODE: [`Gpu::hc_pre_norm`] below 64 tokens in one launch against the two
-/// launches (the switch off) on the same partials and streams — normed output, post, comb and the
-/// coefficient records bitwise equal — at 1, 3 and 17 tokens, f32 and bf16 streams, Flash's n 4 ×
-/// d 4,096 and the wide finish (n 2, d 8,192); then both timed at one token.
-/// One pre finish's results on the host: normed output, post, comb and the coefficient records.
-type PreFinish = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f64>);
-
-fn check_pre_fused_decode(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
-    let mut all = true;
-    let (iters, eps, hc_eps, norm_eps) = (20usize, 1e-6f64, 1e-6f64, 1e-6f32);
-    let scoped_err = |e: crate::switches::SwitchError| CudaError::Unsupported { what: "check", detail: e.to_string() };
-    for (n, d) in [(4usize, 4096usize), (2, 8192)] {
-        let nd = n * d;
-        let key = format!("hcfd{n}_{d}");
-        let hw = random_hc(seed, &key, n, d);
-        let gw = GpuHcWeights::upload(gpu, &hw, n)?;
-        let nw: Vec<f32> = random(seed, &format!("{key}.norm"), d, 0.25).iter().map(|v| 1.0 + v).collect();
-        let dnw = gpu.upload(&nw)?;
-        for t in [1usize, 3, 17] {
-            let x = scaled_streams(seed, &format!("{key}.{t}"), t, nd);
-            let xb: Vec<u16> = x.iter().map(|v| quant::f32_to_bf16(*v)).collect();
-            for streams in ["f32", "bf16"] {
-                // One run of the pre finish with the switch at `v`: (out, post, comb, records).
-                let run = |v: &str| -> Result<PreFinish, CudaError> {
-                    crate::switches::scoped(&[("MHC_PRE_FUSED_DECODE", v)], || -> Result<_, CudaError> {
-                        let (mut da, mut dp, mut dc) = (gpu.zeros::<f32>(t * d)?, gpu.zeros::<f32>(t * n)?, gpu.zeros::<f32>(t * n * n)?);
-                        let coefs = if streams == "f32" {
-                            let mut dx = gpu.upload(&x)?;
-                            let mix = gpu.hc_post_mix(&mut dx, None, &gw, t, n, d)?;
-                            gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dnw), &mut da, &mut dp, &mut dc, t, n, d, iters, eps, hc_eps, norm_eps)?
-                        } else {
-                            let mut dx = gpu.upload(&xb)?;
-                            let mix = gpu.hc_post_mix(&mut dx, None, &gw, t, n, d)?;
-                            gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dnw), &mut da, &mut dp, &mut dc, t, n, d, iters, eps, hc_eps, norm_eps)?
-                        };
-                        Ok((gpu.download(&da)?, gpu.download(&dp)?, gpu.download(&dc)?, coefs.download_records(gpu)?))
-                    })
-                    .map_err(scoped_err)?
-                };
-                let (on, off) = (run("on")?, run("off")?);
-                // Record entries the kernels write as doubles: pre (0..n), post and comb.
-                let differ = differing_bits(&on.0, &off.0) + differing_bits(&on.1, &off.1) + differing_bits(&on.2, &off.2);
-                let rec_written = (0..t)
-                    .flat_map(|ti| {
-                        let base = ti * HC_REC;
-                        (0..n).chain(HC_REC_POST..HC_REC_POST + n).chain(HC_REC_COMB..HC_REC_COMB + n * n).map(move |i| base + i)
-                    })
-                    .filter(|&i| on.3[i].to_bits() != off.3[i].to_bits())
-                    .count();
-                all &= flag_record(
-                    out,
-                    &format!("hc_pre_norm fused decode {streams} T={t} bits (n {n}, d {d})"),
-                    json!({"differing_values": differ + rec_written, "of": t * (d + n + n * n) + t * (2 * n + n * n), "vs": "MHC_PRE_FUSED_DECODE=off (hc_pre_coef_f32 then hc_pre_norm): out, post, comb and the records' pre, post and comb"}),
-                    differ + rec_written == 0,
-                );
-            }
-        }
-        // One token, host-launched, both forms.
-        let x = scaled_streams(seed, &format!("{key}.time"), 1, nd);
-        let xb: Vec<u16> = x.iter().map(|v| quant::f32_to_bf16(*v)).collect();
-        let mut dx = gpu.upload(&xb)?;
-        let mix = gpu.hc_post_mix(&mut dx, None, &gw, 1, n, d)?;
-        let (mut da, mut dp, mut dc) = (gpu.zeros::<f32>(d)?, gpu.zeros::<f32>(n)?, gpu.zeros::<f32>(n * n)?);
-        let mut times = Vec::new();
-        for v in ["on", "off"] {
-            let ms = crate::switches::scoped(&[("MHC_PRE_FUSED_DECODE", v)], || median_ms(gpu, 50, || gpu.hc_pre_norm(&gw, &mix, &dx, Some(&dnw), &mut da, &mut dp, &mut dc, 1, n, d, iters, eps, hc_eps, norm_eps).map(|_| ()))).map_err(scoped_err)??;
-            times.push(ms);
-        }
-        println!("time hc_pre_norm bf16 streams T=1 (n {n}, d {d}) fused {:.1} us | two launches {:.1} us", times[0] * 1e3, times[1] * 1e3);
-        out.push(json!({"op": format!("time hc_pre_norm fused decode T=1 (n {n}, d {d})"), "fused_ms": times[0], "two_launches_ms": times[1]}));
-    }
-    Ok(all)
-}
-
 fn check_hc_bf16(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let (iters, eps, hc_eps, norm_eps) = (20usize, 1e-6f64, 1e-6f64, 1e-6f32);

@@ -32,10 +32,6 @@ pub const MHC_ENTRY_POINTS: &[&str] = &[
     "hc_gather_bf16",
     "hc_widen_bf16",
     "hc_post_mix_tc_bf16",
-    "hc_pre_coef_norm_f32",
-    "hc_pre_coef_norm_wide_f32",
-    "hc_pre_coef_norm_bf16",
-    "hc_pre_coef_norm_wide_bf16",
 ];
 
 /// Element type of the residual streams `[T, n, d]` on the device: `f32` (the exact path) or `u16`,
@@ -55,10 +51,6 @@ pub trait HcStream: sealed::Sealed + cudarc::driver::DeviceRepr + cudarc::driver
     const PRE_NORM: &'static str;
     /// See [`HcStream::POST`].
     const PRE_NORM_WIDE: &'static str;
-    /// hc_pre_coef_f32 and hc_pre_norm in one launch (`MHC_PRE_FUSED_DECODE`), and its wide form.
-    const PRE_COEF_NORM: &'static str;
-    /// See [`HcStream::PRE_COEF_NORM`].
-    const PRE_COEF_NORM_WIDE: &'static str;
     /// hc_pre_norm stages a token's streams in shared memory (`HcS::HCN_STAGE` in mhc.cu: bf16, whose
     /// n·d values take at most [`HC_NORM_STAGE_MAX`] bytes): its launches give it n·d·2 bytes.
     const NORM_STAGED: bool;
@@ -76,8 +68,6 @@ impl HcStream for f32 {
     const POST_MIX: &'static str = "hc_post_mix_f32";
     const PRE_NORM: &'static str = "hc_pre_norm_f32";
     const PRE_NORM_WIDE: &'static str = "hc_pre_norm_wide_f32";
-    const PRE_COEF_NORM: &'static str = "hc_pre_coef_norm_f32";
-    const PRE_COEF_NORM_WIDE: &'static str = "hc_pre_coef_norm_wide_f32";
     const NORM_STAGED: bool = false;
 }
 
@@ -86,8 +76,6 @@ impl HcStream for u16 {
     const POST_MIX: &'static str = "hc_post_mix_bf16";
     const PRE_NORM: &'static str = "hc_pre_norm_bf16";
     const PRE_NORM_WIDE: &'static str = "hc_pre_norm_wide_bf16";
-    const PRE_COEF_NORM: &'static str = "hc_pre_coef_norm_bf16";
-    const PRE_COEF_NORM_WIDE: &'static str = "hc_pre_coef_norm_wide_bf16";
     const NORM_STAGED: bool = true;
 }
 
@@ -149,11 +137,11 @@ const HC_MIX_TC_TOKENS: usize = 64;
 const HC_MIX_TC_THREADS: u32 = 128;
 /// Doubles per token of a coefficient record ([`HcPostCoefs`]; `HC_REC` in mhc.cu): pre at 0, post
 /// at [`HC_REC_POST`], comb at [`HC_REC_COMB`], their f32 copies from [`HC_REC_F32`] on.
-pub(crate) const HC_REC: usize = 34;
+const HC_REC: usize = 34;
 /// Offset of post in a coefficient record (`HC_REC_POST` in mhc.cu).
-pub(crate) const HC_REC_POST: usize = 4;
+const HC_REC_POST: usize = 4;
 /// Offset of comb in a coefficient record (`HC_REC_COMB` in mhc.cu).
-pub(crate) const HC_REC_COMB: usize = 8;
+const HC_REC_COMB: usize = 8;
 /// Offset (in doubles) of a coefficient record's f32 copies of post (floats 0 … n − 1) and comb
 /// (C[j][k] at float `HC_MAX_STREAMS` + j·n + k), two floats per double slot, low half first
 /// (`HC_REC_F32` in mhc.cu): what the bf16 streams' f32 post reads.
@@ -394,13 +382,6 @@ pub struct HcPostCoefs {
 }
 
 impl HcPostCoefs {
-    /// The records `[t, HC_REC]` f64 (host copy), for the checks.
-    ///
-    /// Errors: the download.
-    pub fn download_records(&self, gpu: &Gpu) -> Result<Vec<f64>, CudaError> {
-        gpu.download(&self.rec)
-    }
-
     /// A record from post `[t, n]` and comb `[t, n, n]` (f32, on the device) through the host, with
     /// zero pre weights: what gpu-check gives [`Gpu::hc_post_mix`] for coefficients made elsewhere.
     ///
@@ -765,25 +746,6 @@ impl Gpu {
         // (HC_REC_POST.., HC_REC_COMB..) entries of every token's record and their f32 copies
         // (floats 0..n and HC_MAX_STREAMS.. from HC_REC_F32), the only ones read.
         let mut rec = unsafe { self.scratch::<f64>((t * HC_REC).max(1)) }?;
-        if t > 0 && t < super::gpu::TC_LINEAR_MIN_TOKENS && crate::switches::on("MHC_PRE_FUSED_DECODE") {
-            // Both kernels in one launch: the same code, so the same values.
-            let (t_i, s_i, n_i, d_i, it_i, null) = (int(W, "tokens", t)?, mix.blocks as i32, n as i32, d as i32, int(W, "iters", iters)?, 0u64);
-            let entry = if d <= HC_NORM_NARROW_D { S::PRE_COEF_NORM } else { S::PRE_COEF_NORM_WIDE };
-            let smem = if S::NORM_STAGED && d.is_multiple_of(8) { n * d * 2 } else { 0 };
-            let cfg = LaunchConfig { grid_dim: (t_i as u32, 1, 1), block_dim: (HC_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
-            let mut b = self.stream.launch_builder(self.f(entry));
-            b.arg(&mix.part).arg(&s_i).arg(&w.base).arg(&w.scale).arg(&mut *post).arg(&mut *comb).arg(&mut rec);
-            b.arg(&t_i).arg(&n_i).arg(&d_i).arg(&it_i).arg(&eps).arg(&hc_eps).arg(x);
-            match norm {
-                Some(nw) => b.arg(nw),
-                None => b.arg(&null),
-            };
-            b.arg(out).arg(&norm_eps);
-            // SAFETY: matches hc_pre_coef_norm_{f32,bf16} / _wide_* (hc_pre_coef_f32's arguments,
-            // then x of S, w, out, norm_eps); buffers as for the two launches below.
-            drv(entry, unsafe { b.launch(cfg) })?;
-            return Ok(HcPostCoefs { rec, t, n });
-        }
         if t > 0 {
             let (t_i, s_i, n_i, d_i, it_i, null) = (int(W, "tokens", t)?, mix.blocks as i32, n as i32, d as i32, int(W, "iters", iters)?, 0u64);
             let cfg = LaunchConfig { grid_dim: (t.div_ceil(HC_COEF_TOKENS) as u32, 1, 1), block_dim: (32 * HC_COEF_TOKENS as u32, 1, 1), shared_mem_bytes: 0 };
@@ -1513,17 +1475,14 @@ mod tests {
         assert!(src.contains("HCN_ENTRY(hc_pre_norm_bf16, 16, u16)") && src.contains("HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)"));
         assert_eq!(HC_NORM_NARROW_D, 16 * 256);
         for e in MHC_ENTRY_POINTS {
-            let entry = [format!("{e}("), format!("HCN_ENTRY({e},"), format!("HCF_ENTRY({e},"), format!("HCX_ENTRY({e},"), format!("HC_POST_ENTRY({e},")];
+            let entry = [format!("{e}("), format!("HCN_ENTRY({e},"), format!("HCX_ENTRY({e},"), format!("HC_POST_ENTRY({e},")];
             assert!(entry.iter().any(|p| src.contains(p.as_str())), "{e}");
         }
         // Each stream kernel has both element types, under the names HcStream gives them.
-        fn names<S: HcStream>() -> [&'static str; 6] {
-            [S::POST, S::POST_MIX, S::PRE_NORM, S::PRE_NORM_WIDE, S::PRE_COEF_NORM, S::PRE_COEF_NORM_WIDE]
+        fn names<S: HcStream>() -> [&'static str; 4] {
+            [S::POST, S::POST_MIX, S::PRE_NORM, S::PRE_NORM_WIDE]
         }
-        // The one-launch decode finish takes the norm's channels per thread.
-        assert!(src.contains("HCF_ENTRY(hc_pre_coef_norm_f32, 16, float)") && src.contains("HCF_ENTRY(hc_pre_coef_norm_wide_f32, HCN_V, float)"));
-        assert!(src.contains("HCF_ENTRY(hc_pre_coef_norm_bf16, 16, u16)") && src.contains("HCF_ENTRY(hc_pre_coef_norm_wide_bf16, HCN_V, u16)"));
-        for ((base, f), b) in ["hc_post", "hc_post_mix", "hc_pre_norm", "hc_pre_norm_wide", "hc_pre_coef_norm", "hc_pre_coef_norm_wide"].iter().zip(names::<f32>()).zip(names::<u16>()) {
+        for ((base, f), b) in ["hc_post", "hc_post_mix", "hc_pre_norm", "hc_pre_norm_wide"].iter().zip(names::<f32>()).zip(names::<u16>()) {
             assert_eq!((f, b), (format!("{base}_f32").as_str(), format!("{base}_bf16").as_str()));
             assert!(MHC_ENTRY_POINTS.contains(&f) && MHC_ENTRY_POINTS.contains(&b), "{base}");
         }

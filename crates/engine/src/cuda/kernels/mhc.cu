@@ -728,16 +728,17 @@ __device__ __forceinline__ void hc_post_mix_impl(S* __restrict__ x, const float*
                                    sw + warp * HCX_WFLOATS);
 }
 
-// Token t's coefficients, by the 32 lanes of one warp: the totals of its S partials (hc_totals'
-// order), then hc_pre_coeffs — the coefficients of hc_pre_f32 — into post, comb and the token's
-// record (pre, post, comb as doubles). tot: the warp's 32 floats of shared memory.
+// One warp per token: the totals of its S partials (hc_totals' order), then hc_pre_coeffs — the
+// coefficients of hc_pre_f32 — into post, comb and the token's record (pre, post, comb as doubles).
 template <int NN>
-__device__ __forceinline__ void hc_pre_coef_token(const float* __restrict__ part, int S, const float* __restrict__ base,
-                                                  const float* __restrict__ scale, float* __restrict__ post,
-                                                  float* __restrict__ comb, double* __restrict__ rec, int t, int d,
-                                                  int iters, double eps, double hc_eps, float* tot) {
+__device__ __forceinline__ void hc_pre_coef_impl(const float* __restrict__ part, int S, const float* __restrict__ base,
+                                                 const float* __restrict__ scale, float* __restrict__ post,
+                                                 float* __restrict__ comb, double* __restrict__ rec, int T, int d,
+                                                 int iters, double eps, double hc_eps, float* tot) {
     constexpr int M = (2 + NN) * NN;
     const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * HCC_WARPS + (threadIdx.x >> 5);
+    if (t >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
     if (lane <= M) tot[lane] = hc_total_of<16>(part + (size_t)t * S * HC_PART + lane, S);
     __syncwarp();
     double* rec_t = rec + (size_t)t * HC_REC;
@@ -745,67 +746,15 @@ __device__ __forceinline__ void hc_pre_coef_token(const float* __restrict__ part
                       hc_eps, rec_t);
 }
 
-// One warp per token: hc_pre_coef_token for token blockIdx.x · HCC_WARPS + warp.
-template <int NN>
-__device__ __forceinline__ void hc_pre_coef_impl(const float* __restrict__ part, int S, const float* __restrict__ base,
-                                                 const float* __restrict__ scale, float* __restrict__ post,
-                                                 float* __restrict__ comb, double* __restrict__ rec, int T, int d,
-                                                 int iters, double eps, double hc_eps, float* tot) {
-    const int t = blockIdx.x * HCC_WARPS + (threadIdx.x >> 5);
-    if (t >= T) return;  // warp-uniform; the kernel has no block-wide synchronisation
-    hc_pre_coef_token<NN>(part, S, base, scale, post, comb, rec, t, d, iters, eps, hc_eps, tot);
-}
-
-// The arguments of hc_pre_coef_f32 that hc_pre_coef_norm_* (MHC_PRE_FUSED_DECODE) also takes.
-// rec: the records, written by warp 0 and read back by the block through this plain pointer (not
-// the restrict-qualified read-only one of hc_pre_norm's form).
-struct HcCoefArgs {
-    const float* part;
-    int S;
-    const float* base;
-    const float* scale;
-    float* post;
-    float* comb;
-    double* rec;
-    int iters;
-    double eps, hc_eps;
-};
-
-// COEF (hc_pre_coef_norm_*): warp 0 first runs hc_pre_coef_f32's step for token t = blockIdx.x
-// (ca; tot: 32 floats of shared memory) while the block's stream copies are in flight, and the
-// block synchronises before reading the record it wrote; otherwise ca and tot are unused and the
-// code is hc_pre_norm_*'s.
-template <int NN, int V, class S, bool COEF = false>
+template <int NN, int V, class S>
 __device__ void hc_pre_norm_impl(const double* __restrict__ rec, const S* __restrict__ x,
                                  const float* __restrict__ w, float* __restrict__ out, int d, float norm_eps,
-                                 float* red, S* stage, const HcCoefArgs* ca = nullptr, float* tot = nullptr) {
+                                 float* red, S* stage) {
     const int t = blockIdx.x;
     const int N = NN * d;
     const S* xt;
     double coef[NN];
-    if constexpr (COEF) {
-        // Issue the stream copies (bf16, staged) before the coefficients; the record is visible to
-        // the block after the barrier.
-        const bool staged = HcS<S>::HCN_STAGE && stage != nullptr && d % 8 == 0;  // block-uniform
-        if (staged) {
-            const int chunks = N * (int)sizeof(S) / 16;
-            for (int c = threadIdx.x; c < chunks; c += HC_THREADS) gm_cp16(gm_smem(stage) + 16 * c, reinterpret_cast<const uint4*>(x + (size_t)t * N) + c, true);
-            gm_commit();
-        }
-        if (threadIdx.x < 32)
-            hc_pre_coef_token<NN>(ca->part, ca->S, ca->base, ca->scale, ca->post, ca->comb, ca->rec, t, d, ca->iters,
-                                  ca->eps, ca->hc_eps, tot);
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < NN; j++) coef[j] = ca->rec[(size_t)t * HC_REC + j];
-        if (staged) {
-            gm_wait<0>();
-            __syncthreads();
-            xt = stage;
-        } else {
-            xt = x + (size_t)t * N;
-        }
-    } else if constexpr (HcS<S>::HCN_STAGE) {
+    if constexpr (HcS<S>::HCN_STAGE) {
         // bf16 streams with d % 8 == 0: the token's n·d values copied to shared memory first with
         // 16-byte cp.async (all of them in flight at once, while the coefficients load) and read from
         // there below — the same values, so the same bits as the direct loads.
@@ -907,39 +856,6 @@ HCN_ENTRY(hc_pre_norm_wide_f32, HCN_V, float)
 HCN_ENTRY(hc_pre_norm_bf16, 16, u16)
 HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)
 #undef HCN_ENTRY
-
-// hc_pre_coef_norm_f32 / _wide_f32 / _bf16 / _wide_bf16 (switch MHC_PRE_FUSED_DECODE, below 64
-// tokens): hc_pre_coef_f32 then hc_pre_norm_<form> in one launch — block t's warp 0 computes token
-// t's coefficients and record with hc_pre_coef_f32's code (hc_pre_coef_token) while the block's
-// stream copies are in flight, the block synchronises, and the rest is hc_pre_norm_<form>'s code:
-// the same values in post, comb, rec and out. Arguments: hc_pre_coef_f32's (part … hc_eps), then
-// hc_pre_norm's (x, w, out, norm_eps). Launch as hc_pre_norm_<form>: grid (T), block HC_THREADS,
-// the same dynamic shared memory.
-#define HCF_ENTRY(NAME, V, S)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(HC_THREADS)                                                          \
-    NAME(const float* __restrict__ part, int S_, const float* __restrict__ base, const float* __restrict__ scale,      \
-         float* __restrict__ post, float* __restrict__ comb, double* rec, int T, int n, int d, int iters,              \
-         double eps, double hc_eps, const S* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,    \
-         float norm_eps) {                                                                                            \
-        __shared__ float red[32];                                                                                     \
-        __shared__ float tot[32];                                                                                     \
-        extern __shared__ uint4 hcn_dyn_smem[];                                                                       \
-        S* stage = HcS<S>::HCN_STAGE ? reinterpret_cast<S*>(hcn_dyn_smem) : nullptr;                                  \
-        if ((int)blockIdx.x >= T) return;                                                                             \
-        const HcCoefArgs ca = {part, S_, base, scale, post, comb, rec, iters, eps, hc_eps};                          \
-        switch (n) {                                                                                                  \
-            case 1: hc_pre_norm_impl<1, V, S, true>(nullptr, x, w, out, d, norm_eps, red, stage, &ca, tot); break;    \
-            case 2: hc_pre_norm_impl<2, V, S, true>(nullptr, x, w, out, d, norm_eps, red, stage, &ca, tot); break;    \
-            case 3: hc_pre_norm_impl<3, V, S, true>(nullptr, x, w, out, d, norm_eps, red, stage, &ca, tot); break;    \
-            case 4: hc_pre_norm_impl<4, V, S, true>(nullptr, x, w, out, d, norm_eps, red, stage, &ca, tot); break;    \
-            default: break;                                                                                           \
-        }                                                                                                             \
-    }
-HCF_ENTRY(hc_pre_coef_norm_f32, 16, float)
-HCF_ENTRY(hc_pre_coef_norm_wide_f32, HCN_V, float)
-HCF_ENTRY(hc_pre_coef_norm_bf16, 16, u16)
-HCF_ENTRY(hc_pre_coef_norm_wide_bf16, HCN_V, u16)
-#undef HCF_ENTRY
 
 // ---------------------------------------------------------------------------------------------------
 // MHC_MIX_TC (with MHC_BF16_STREAMS): hc_post_mix_bf16 with the next pre's mix on tensor cores.
