@@ -28,10 +28,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return quiet_on_closed_pipe(writeln!(std::io::stdout().lock(), "{}", serde_json::to_string_pretty(&rows)?));
     }
     let mut out = std::io::stdout().lock();
+    // The name column fits the longest name (at least the 20 the verbose lines indent by).
+    let w = SWITCHES.iter().map(|s| s.name.len()).max().unwrap_or(0).max(20);
     let mut table = || -> std::io::Result<()> {
         if !args.verbose {
             // One line per switch: name, value in this process, default, where the value came from.
-            writeln!(out, "{:<22} {:<8} {:<8} {:<9} note", "switch", "value", "default", "set by")?;
+            writeln!(out, "{:<w$} {:<8} {:<8} {:<9} note", "switch", "value", "default", "set by")?;
         }
         for s in SWITCHES {
             let (v, o) = value_of(s.name);
@@ -42,14 +44,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             };
             let inactive = flashseek_engine::switches::inactive_because(s.name).map(|w| format!("no effect now: {w}"));
             if !args.verbose {
-                let line = format!("{:<22} {v:<8} {:<8} {origin:<9} {}", s.name, s.default_value(), inactive.unwrap_or_default());
+                let line = format!("{:<w$} {v:<8} {:<8} {origin:<9} {}", s.name, s.default_value(), inactive.unwrap_or_default());
                 writeln!(out, "{}", line.trim_end())?;
                 continue;
             }
             let inactive = inactive.map(|w| format!("; {w}")).unwrap_or_default();
-            writeln!(out, "{:<20} {} = {v} (set by {origin}{inactive}); accepted: {}; default {}", s.name, s.env_var(), s.accepted(), s.default_value())?;
-            writeln!(out, "{:<20} replaces: {}", "", s.replaces)?;
-            writeln!(out, "{:<20} parity:   {}", "", s.parity)?;
+            writeln!(out, "{:<w$} {} = {v} (set by {origin}{inactive}); accepted: {}; default {}", s.name, s.env_var(), s.accepted(), s.default_value())?;
+            writeln!(out, "{:<w$} replaces: {}", "", s.replaces)?;
+            writeln!(out, "{:<w$} parity:   {}", "", s.parity)?;
         }
         if args.verbose {
             writeln!(out, "\nSet one with the env var or the global flag `--switch NAME=VALUE` (before the subcommand or after it).")

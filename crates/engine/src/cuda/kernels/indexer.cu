@@ -539,6 +539,96 @@ indexer_topk_f32(const float* __restrict__ scores, const int* __restrict__ offse
     fs_compact_top(key_of, [](int j) { return j; }, visible, K, want, wsum, [dst](int at, u32, int j) { dst[at] = j; });
 }
 
+// indexer_topk_part_f32 + indexer_topk_merge_f32 (switch INDEXER_TOPK_SPLIT; ops_attention.rs
+//   `Gpu::indexer_topk`): indexer_topk_f32's lists for a few queries over many entries in two steps.
+//   Part: block (p, t) of grid (P, T) takes query t's visible entries [p·chunk, min((p + 1)·chunk,
+//   visible)) and writes their top min(count, k) under indexer_topk_f32's order (the same radix
+//   select and compaction, so in ascending index order) to cand_key / cand_idx [(t·P + p)·k ..] as
+//   (order key, entry index), and the count to cand_cnt[t·P + p]. Merge: block t reads the P parts in
+//   part order — ascending entry index throughout, so position order is index order — and selects
+//   their top k with the same rule into idx[offsets[t] ..] (every visible entry when visible ≤ k).
+//   Every entry of the top k of all is in its part's top k (fewer than k entries of the part rank
+//   above it), so the lists are indexer_topk_f32's exactly. P ≤ IDX_SPLIT_MAX_P. Launch: grid (P,
+//   T) then (T), block IDX_TOPK_THREADS; cand_* hold T·P·k values, cand_cnt T·P.
+#define IDX_SPLIT_MAX_P 64
+
+extern "C" __global__ void __launch_bounds__(IDX_TOPK_THREADS)
+indexer_topk_part_f32(const float* __restrict__ scores, int n, int k, int ratio, int pos0, int chunk,
+                      u32* __restrict__ cand_key, int* __restrict__ cand_idx, int* __restrict__ cand_cnt) {
+    __shared__ int hist[256];
+    __shared__ int wsum[32];
+    __shared__ u32 s_prefix;
+    __shared__ int s_want;
+    const int p = blockIdx.x, P = gridDim.x, t = blockIdx.y, tid = threadIdx.x;
+    const int visible = min((pos0 + t + 1) / ratio, n);
+    const int start = p * chunk, count = max(0, min(start + chunk, visible) - start);
+    const float* row = scores + (size_t)t * n + start;
+    u32* ck = cand_key + ((size_t)t * P + p) * k;
+    int* ci = cand_idx + ((size_t)t * P + p) * k;
+    if (tid == 0) cand_cnt[t * P + p] = min(count, k);
+    if (count <= k) {  // block-uniform: the whole part, in order
+        for (int j = tid; j < count; j += blockDim.x) {
+            ck[j] = fs_order_key(row[j]);
+            ci[j] = start + j;
+        }
+        return;
+    }
+    auto key_of = [row](int j) { return fs_order_key(row[j]); };
+    int want;
+    const u32 K = fs_radix_kth(key_of, count, k, hist, &s_prefix, &s_want, &want);
+    fs_compact_top(key_of, [start](int j) { return start + j; }, count, K, want, wsum, [ck, ci](int at, u32 key, int j) {
+        ck[at] = key;
+        ci[at] = j;
+    });
+}
+
+extern "C" __global__ void __launch_bounds__(IDX_TOPK_THREADS)
+indexer_topk_merge_f32(const int* __restrict__ offsets, int* __restrict__ idx, int n, int k, int ratio, int pos0, int P,
+                       const u32* __restrict__ cand_key, const int* __restrict__ cand_idx, const int* __restrict__ cand_cnt) {
+    __shared__ int hist[256];
+    __shared__ int wsum[32];
+    __shared__ u32 s_prefix;
+    __shared__ int s_want;
+    __shared__ int pre[IDX_SPLIT_MAX_P + 1];
+    if (P < 1 || P > IDX_SPLIT_MAX_P) __trap();
+    const int t = blockIdx.x, tid = threadIdx.x;
+    const int visible = min((pos0 + t + 1) / ratio, n);
+    int* dst = idx + offsets[t];
+    if (visible <= k) {  // block-uniform: every visible entry, ascending
+        for (int j = tid; j < visible; j += blockDim.x) dst[j] = j;
+        return;
+    }
+    if (tid == 0) {
+        int acc = 0;
+        for (int q = 0; q < P; q++) {
+            pre[q] = acc;
+            acc += cand_cnt[t * P + q];
+        }
+        pre[P] = acc;
+    }
+    __syncthreads();
+    const int m = pre[P];
+    const u32* ck = cand_key + (size_t)t * P * k;
+    const int* ci = cand_idx + (size_t)t * P * k;
+    // Position i of the parts' concatenation: part q with pre[q] ≤ i < pre[q + 1], slot i − pre[q].
+    auto part_of = [P](int i) {
+        int q = 0;
+        while (q + 1 < P && pre[q + 1] <= i) q++;
+        return q;
+    };
+    auto key_of = [=](int i) {
+        const int q = part_of(i);
+        return ck[(size_t)q * k + (i - pre[q])];
+    };
+    auto val_of = [=](int i) {
+        const int q = part_of(i);
+        return ci[(size_t)q * k + (i - pre[q])];
+    };
+    int want;
+    const u32 K = fs_radix_kth(key_of, m, k, hist, &s_prefix, &s_want, &want);
+    fs_compact_top(key_of, val_of, m, K, want, wsum, [dst](int a, u32, int j) { dst[a] = j; });
+}
+
 // logits_topk_f32: sampling on the device (issue 5 §3; sampler.rs `TopLogits`, `Gpu::logits_top`):
 //   per row r of logits [R, V] f32: info[2r] = entries ≠ −inf, info[2r + 1] = the lowest index holding
 //   NaN or +inf (V if none); when there is none and some entry is unmasked, the kk = min(k, info[2r])
