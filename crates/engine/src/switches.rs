@@ -238,13 +238,6 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check `--only attention`: `indexer_scores_tc kb 64 / 128 vs 512 bits` (bitwise equal, masked tiles included); the switch matrix (`INDEXER_TC_DECODE_TILES=off alone`: same bits) and qualify; `gpu-bench` decode",
     },
     Switch {
-        name: "INDEXER_TOPK_SPLIT",
-        values: &["on", "off"],
-        aliases: ON_OFF_ALIASES,
-        replaces: "the indexer's exact top-k over the score matrix (indexer_topk_f32) as one block per query, which at decode is one block over every visible entry (32,768 at 128K context): for at most 8 queries over more than 4,096 entries, parts of about 2,048 entries each select their top k with the same radix select (indexer_topk_part_f32, a block per part), then one block per query selects the top k of the parts' candidates in index order (indexer_topk_merge_f32); every entry of the top k is in its part's top k, so the same lists",
-        parity: "gpu-check `--only attention`: `indexer_topk split vs one block lists` (identical lists on 20,000 random scores with ties, ±0, −inf and NaN, 1 and 3 queries, k 512 and 16) and `indexer_topk split vs rule`; qualify (`INDEXER_TOPK_SPLIT=off alone`: same bits at 32K and 128K; the switch matrix's prompts are too short to reach it); `gpu-bench` decode at 32K and 128K",
-    },
-    Switch {
         name: "COMPRESSOR_FUSED_DECODE",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -807,8 +800,6 @@ pub fn configurations() -> Vec<Configuration> {
     v.push(c("WO_A_STRIDED=off alone".into(), vec![("WO_A_STRIDED", "off")], Role::AloneOff, true, true, false));
     // indexer_scores_tc with fewer keys per block at decode: the same tile code per key.
     v.push(c("INDEXER_TC_DECODE_TILES=off alone".into(), vec![("INDEXER_TC_DECODE_TILES", "off")], Role::AloneOff, true, true, false));
-    // The indexer's top-k in parts at decode: the same lists.
-    v.push(c("INDEXER_TOPK_SPLIT=off alone".into(), vec![("INDEXER_TOPK_SPLIT", "off")], Role::AloneOff, true, true, false));
     // The decode compressors' gemvs in one launch straight into the states: the same row code.
     v.push(c("COMPRESSOR_FUSED_DECODE=off alone".into(), vec![("COMPRESSOR_FUSED_DECODE", "off")], Role::AloneOff, true, true, false));
     // The one-token gemvs taking their rows one after another: the same sums, the same bits.

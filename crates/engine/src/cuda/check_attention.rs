@@ -81,7 +81,6 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     all &= check_compressor(gpu, seed, out, &rope, &inv)?;
     all &= check_linear_multi(gpu, seed, out)?;
     all &= check_indexer(gpu, seed, out)?;
-    all &= check_topk_split(gpu, seed, out)?;
     all &= check_indexer_stream(gpu, seed, out)?;
     Ok(all)
 }
@@ -1072,49 +1071,6 @@ const INDEXER_FP8_SCORES_NMSE_TOL: f64 = 1e-7;
 /// Largest error of [`Gpu::indexer_scores_wgmma_fp8`]'s scores allowed, relative to the largest
 /// score (measured 1.3e-4 … 1.4e-4 on H200 at 15c1d3c).
 const INDEXER_FP8_SCORES_MAX_ABS_REL: f64 = 5e-4;
-
-/// `INDEXER_TOPK_SPLIT`: [`Gpu::indexer_topk_split`] against the one-block select
-/// ([`Gpu::indexer_topk`] with the switch off) and the reference rule, on 20,000 scores per query
-/// drawn from few values (many ties), with ±0, −inf and both NaNs among them; 1 and 3 queries, k
-/// 512 and 16, 2, 10 and 64 parts (64: parts smaller than k, kept whole).
-fn check_topk_split(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
-    const N: usize = 20_000;
-    let mut all = true;
-    for tokens in [1usize, 3] {
-        let mut scores: Vec<f32> = random(seed, &format!("topk_split.{tokens}"), tokens * N, 8.0).iter().map(|v| (v * 4.0).round() / 4.0).collect();
-        for (i, s) in scores.iter_mut().enumerate() {
-            match i % 997 {
-                0 => *s = f32::NEG_INFINITY,
-                1 => *s = f32::NAN,
-                2 => *s = -f32::NAN,
-                3 => *s = -0.0,
-                4 => *s = 0.0,
-                _ => {}
-            }
-        }
-        let dscores = gpu.upload(&scores)?;
-        // Positions N − 9 …: queries see N − 8, N − 7, N − 6 entries (ratio 1).
-        let shape = IndexerShape { tokens, heads: 64, head_dim: 128, n_entries: N, ratio: 1, pos0: N - 9 };
-        for k in [512usize, 16] {
-            let one = crate::switches::scoped(&[("INDEXER_TOPK_SPLIT", "off")], || gpu_topk(gpu, &dscores, &shape, k)).map_err(|e| CudaError::Unsupported { what: "check", detail: e.to_string() })??;
-            for parts in [2usize, 10, 64] {
-                let split = gpu_lists(gpu, &shape, k, |off, idx| gpu.indexer_topk_split(&dscores, off, idx, &shape, k, parts))?;
-                let (mut vs_one, mut vs_rule, mut compared) = (0usize, 0usize, 0usize);
-                for t in 0..tokens {
-                    let vis = visible_entries(shape.pos0 + t, 1, N);
-                    let want = select_rule(&scores[t * N..(t + 1) * N], vis, k);
-                    vs_one += differing(&split[t], &one[t]).len() + usize::from(split[t] != one[t]);
-                    vs_rule += differing(&split[t], &want).len() + usize::from(split[t] != want);
-                    compared += want.len();
-                }
-                let shape_json = json!({"T": tokens, "N": N, "k": k, "parts": parts});
-                all &= record_exact(out, "indexer_topk split vs one block lists", shape_json.clone(), vs_one, compared, json!("identical lists, ascending"));
-                all &= record_exact(out, "indexer_topk split vs rule", shape_json, vs_rule, compared, json!("higher score first by total order, ties to the lower index"));
-            }
-        }
-    }
-    Ok(all)
-}
 
 fn check_indexer(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     const HEADS: usize = 64;

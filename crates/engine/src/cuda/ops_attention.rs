@@ -151,25 +151,8 @@ pub fn indexer_tc_keys_per_block(tokens: usize, n: usize) -> usize {
     per_block.div_ceil(64).clamp(1, ITC_KEYS_PER_BLOCK / 64) * 64
 }
 
-/// Most parts [`Gpu::indexer_topk_split`] takes (indexer.cu `IDX_SPLIT_MAX_P`).
-pub const INDEXER_TOPK_MAX_PARTS: usize = 64;
-
-/// Entries per part [`indexer_topk_parts`] aims for.
-const INDEXER_TOPK_PART_ENTRIES: usize = 2048;
-
-/// Parts of each query's entries [`Gpu::indexer_topk`] selects in with `INDEXER_TOPK_SPLIT` on: 1
-/// (the one-block select) for more than 8 queries (the grid has a block per query already) or at
-/// most 4,096 entries; otherwise one per 2,048 entries, at most [`INDEXER_TOPK_MAX_PARTS`] — a
-/// decode step at 128K context (32,768 entries) in 16 parts.
-pub fn indexer_topk_parts(tokens: usize, n: usize, k: usize) -> usize {
-    if tokens > 8 || n <= 4096 || n <= 2 * k {
-        return 1;
-    }
-    n.div_ceil(INDEXER_TOPK_PART_ENTRIES).clamp(1, INDEXER_TOPK_MAX_PARTS)
-}
-
 /// Entry points of `kernels/indexer.cu`.
-pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32", "indexer_topk_part_f32", "indexer_topk_merge_f32", "indexer_topk_stream", "indexer_topk_stream_fp8", "indexer_keys_split", "indexer_topk_wgmma", "indexer_scores_wgmma", "indexer_topk_wgmma_fp8", "indexer_scores_wgmma_fp8", "indexer_topk_mask_u8", "logits_topk_f32"];
+pub const INDEXER_ENTRY_POINTS: &[&str] = &["indexer_scores_f32", "indexer_scores_tc", "indexer_topk_f32", "indexer_topk_stream", "indexer_topk_stream_fp8", "indexer_keys_split", "indexer_topk_wgmma", "indexer_scores_wgmma", "indexer_topk_wgmma_fp8", "indexer_scores_wgmma_fp8", "indexer_topk_mask_u8", "logits_topk_f32"];
 
 /// Largest head dim `sparse_attention_f32` supports (`ATT_MAXC`).
 pub const ATTENTION_MAX_HEAD_DIM: usize = 1024;
@@ -1011,54 +994,12 @@ impl Gpu {
         ensure(W, idx.len() >= total, || format!("idx holds {} values, the lists need {total}", idx.len()))?;
         let (n_i, k_i, r_i, p_i) = (int(W, "N", n)?, int(W, "k", k)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?);
         int(W, "total list length", total)?;
-        let parts = if crate::switches::on("INDEXER_TOPK_SPLIT") { indexer_topk_parts(tokens, n, k) } else { 1 };
-        if parts > 1 {
-            return self.indexer_topk_split(scores, offsets, idx, shape, k, parts);
-        }
         let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("indexer_topk_f32"));
         b.arg(scores).arg(offsets).arg(idx).arg(&n_i).arg(&k_i).arg(&r_i).arg(&p_i);
         // SAFETY: matches indexer_topk_f32; buffer sizes checked above (offsets are the caller's
         // topk_offsets, documented).
         launched("indexer_topk_f32", unsafe { b.launch(cfg) }.map(|_| ()))
-    }
-
-    /// [`Gpu::indexer_topk`] in two steps over `parts` parts of each query's entries (switch
-    /// `INDEXER_TOPK_SPLIT`; indexer.cu `indexer_topk_part_f32` then `indexer_topk_merge_f32`): each
-    /// part's top k by the same rule, then the top k of the parts' candidates in index order — the
-    /// same lists as the one-block select (every entry of the top k is in its part's top k), with
-    /// `parts` blocks per query instead of one. Arguments as [`Gpu::indexer_topk`] (checked by it).
-    ///
-    /// Errors: `parts` outside 2..=[`INDEXER_TOPK_MAX_PARTS`], sizes beyond i32, allocation or launch
-    /// failures.
-    pub fn indexer_topk_split(&self, scores: &CudaSlice<f32>, offsets: &CudaSlice<i32>, idx: &mut CudaSlice<i32>, shape: &IndexerShape, k: usize, parts: usize) -> Result<(), CudaError> {
-        const W: &str = "indexer_topk";
-        let IndexerShape { tokens, n_entries: n, ratio, pos0, .. } = *shape;
-        ensure(W, (2..=INDEXER_TOPK_MAX_PARTS).contains(&parts), || format!("{parts} parts (2..={INDEXER_TOPK_MAX_PARTS})"))?;
-        if tokens == 0 {
-            return Ok(());
-        }
-        let chunk = n.div_ceil(parts);
-        let (n_i, k_i, r_i, p_i, c_i, parts_i) = (int(W, "N", n)?, int(W, "k", k)?, int(W, "ratio", ratio)?, int(W, "pos0 + T", pos0 + tokens).map(|_| pos0 as i32)?, int(W, "chunk", chunk)?, parts as i32);
-        let cands = tokens * parts * k;
-        int(W, "candidates", cands)?;
-        // SAFETY (all three): the part kernel writes every count and, per part, the candidates
-        // below its count — the only ones the merge reads.
-        let mut ckey = unsafe { self.scratch::<u32>(cands) }?;
-        let mut cidx = unsafe { self.scratch::<i32>(cands) }?;
-        let mut ccnt = unsafe { self.scratch::<i32>(tokens * parts) }?;
-        let cfg = LaunchConfig { grid_dim: (parts as u32, tokens as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.stream.launch_builder(self.f("indexer_topk_part_f32"));
-        b.arg(scores).arg(&n_i).arg(&k_i).arg(&r_i).arg(&p_i).arg(&c_i).arg(&mut ckey).arg(&mut cidx).arg(&mut ccnt);
-        // SAFETY: matches indexer_topk_part_f32; scores hold T·N (checked by indexer_topk), the
-        // candidates T·parts·k and the counts T·parts.
-        launched("indexer_topk_part_f32", unsafe { b.launch(cfg) }.map(|_| ()))?;
-        let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.stream.launch_builder(self.f("indexer_topk_merge_f32"));
-        b.arg(offsets).arg(idx).arg(&n_i).arg(&k_i).arg(&r_i).arg(&p_i).arg(&parts_i).arg(&ckey).arg(&cidx).arg(&ccnt);
-        // SAFETY: matches indexer_topk_merge_f32 (parts within its IDX_SPLIT_MAX_P, checked above);
-        // offsets and idx as indexer_topk checked them.
-        launched("indexer_topk_merge_f32", unsafe { b.launch(cfg) }.map(|_| ()))
     }
 
     /// Sampling on the device (issue 5 §3): for each of the `rows` rows of `logits` (`[rows, vocab]`
@@ -1435,23 +1376,6 @@ mod tests {
         assert_eq!(topk_offsets(10, 2, 4, 3, 2).unwrap(), vec![0, 2, 4]);
         assert_eq!(visible_entries(127, 128, 10), 1);
         assert_eq!(visible_entries(126, 128, 10), 0);
-    }
-
-    /// `INDEXER_TOPK_SPLIT`'s rule and indexer.cu's part limit: decode steps over more than 4,096
-    /// entries split into parts of about 2,048, batches of more than 8 queries do not.
-    #[test]
-    fn indexer_topk_parts_rule() {
-        let src = include_str!("kernels/indexer.cu");
-        assert!(src.contains(&format!("#define IDX_SPLIT_MAX_P {INDEXER_TOPK_MAX_PARTS}\n")));
-        assert!(src.contains("if (P < 1 || P > IDX_SPLIT_MAX_P) __trap();"));
-        assert_eq!(indexer_topk_parts(1, 2048, 512), 1);
-        assert_eq!(indexer_topk_parts(1, 4096, 512), 1);
-        assert_eq!(indexer_topk_parts(1, 8192, 512), 4);
-        assert_eq!(indexer_topk_parts(1, 32768, 512), 16);
-        assert_eq!(indexer_topk_parts(8, 32768, 512), 16);
-        assert_eq!(indexer_topk_parts(9, 32768, 512), 1);
-        assert_eq!(indexer_topk_parts(1, 1 << 24, 512), INDEXER_TOPK_MAX_PARTS);
-        assert_eq!(indexer_topk_parts(1, 5000, 4000), 1);
     }
 
     /// `INDEXER_TC_DECODE_TILES`' rule: prefill chunks keep 512 keys per block; decode steps get a
