@@ -1558,16 +1558,12 @@ impl Gpu {
     pub fn linear_multi_into_takes<'a>(t: usize, ws: impl IntoIterator<Item = &'a GpuWeight>) -> bool {
         let ws: Vec<&GpuWeight> = ws.into_iter().collect();
         let Some(first) = ws.first() else { return false };
-        let fmt = |w: &GpuWeight| match w.data {
-            GpuMatrix::F32(_) => Some(0),
-            GpuMatrix::Bf16(_) => Some(1),
-            _ => None,
-        };
+        let fmt = format_of(first).0;
         (1..TC_LINEAR_MIN_TOKENS).contains(&t)
             && ws.len() <= LINEAR_MULTI_MAX
-            && fmt(first).is_some()
+            && matches!(fmt, "f32" | "bf16")
             && first.cols.is_multiple_of(8)
-            && ws.iter().all(|w| fmt(w) == fmt(first) && w.cols == first.cols && w.rows > 0)
+            && ws.iter().all(|w| format_of(w).0 == fmt && w.cols == first.cols && w.rows > 0)
     }
 
     /// Several gemvs of one input in one launch, each written into a larger buffer with an
@@ -1593,11 +1589,11 @@ impl Gpu {
         if x.len() < t * cols {
             return Err(bad(format!("{} inputs for {t} tokens of width {cols}", x.len())));
         }
-        let bf16 = matches!(outs[0].w.data, GpuMatrix::Bf16(_));
-        let (form, cap) = t1_variant(t, if bf16 { 8 } else { 4 });
+        let (fmt, per) = format_of(outs[0].w);
+        let (form, cap) = t1_variant(t, per);
         let st = &self.stream;
-        let mut m = FsMulti { o: [FsMultiOut::default(); LINEAR_MULTI_MAX], count: outs.len() as i32, pos0: 0 };
-        m.pos0 = i32::try_from(pos0 + t).map(|_| pos0 as i32).map_err(|_| bad(format!("position {pos0} + {t} does not fit the kernel's 32-bit index")))?;
+        let pos0_i = i32::try_from(pos0 + t).map(|_| pos0 as i32).map_err(|_| bad(format!("position {pos0} + {t} does not fit the kernel's 32-bit index")))?;
+        let mut m = FsMulti { o: [FsMultiOut::default(); LINEAR_MULTI_MAX], count: outs.len() as i32, pos0: pos0_i };
         let mut blocks = 0usize;
         for (slot, o) in m.o.iter_mut().zip(outs.iter_mut()) {
             let rows = o.w.rows;
@@ -1630,7 +1626,7 @@ impl Gpu {
                 blocks: n_blocks as i32,
             };
         }
-        let name = format!("linear_{}{form}_multi", if bf16 { "bf16" } else { "f32" });
+        let name = format!("linear_{fmt}{form}_multi");
         let cfg = LaunchConfig { grid_dim: (blocks as u32, t.div_ceil(8) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let (tt, k, ldx) = (t as i32, cols as i32, cols as i32);
         let mut b = self.stream.launch_builder(self.f(&name));

@@ -931,14 +931,14 @@ impl Gpu {
         tc: bool,
     ) -> Result<(), CudaError> {
         const W: &str = "indexer_scores";
-        ensure(W, !tc || (shape.heads == 64 && shape.head_dim == 128), || format!("the tensor-core scores need 64 heads of 128, got {} of {}", shape.heads, shape.head_dim))?;
+        if tc {
+            // Its checks (the tensor-core shape, the buffers, the grid) are indexer_scores_tc_kb's.
+            let kb = if crate::switches::on("INDEXER_TC_DECODE_TILES") { indexer_tc_keys_per_block(shape.tokens, shape.n_entries) } else { ITC_KEYS_PER_BLOCK };
+            return self.indexer_scores_tc_kb(q, keys, weights, scores, shape, kb);
+        }
         let Some(ScoresArgs { ints: [h_i, hd_i, n_i, r_i, p_i], scale }) = scores_args(W, q, keys, weights, scores, shape)? else { return Ok(()) };
         let (tokens, n) = (shape.tokens, shape.n_entries);
         ensure(W, tokens <= MAX_GRID_Y, || format!("{tokens} tokens in one launch (max {MAX_GRID_Y})"))?;
-        if tc {
-            let kb = if crate::switches::on("INDEXER_TC_DECODE_TILES") { indexer_tc_keys_per_block(tokens, n) } else { ITC_KEYS_PER_BLOCK };
-            return self.indexer_scores_tc_kb(q, keys, weights, scores, shape, kb);
-        }
         let cfg = LaunchConfig { grid_dim: (n.div_ceil(16) as u32, tokens as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("indexer_scores_f32"));
         b.arg(q).arg(keys).arg(weights).arg(scores).arg(&h_i).arg(&hd_i).arg(&n_i).arg(&r_i).arg(&p_i).arg(&scale);
