@@ -154,6 +154,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only attention`) `sparse_attention fused q norm bf16 …` records (bf16 raw queries against their exact widening fed as f32 raw queries, bit for bit, every streaming kernel, f32 and plane/bf16 output), gpu-check (`--only q8`) `linear_official_bf16 …` records (against the f32 product rounded to bf16: at most 1 bf16 ulp apart, NMSE ≤ 1e-5; vs the CPU's FP8 product rounded to bf16); the switch matrix and qualify (reported, not judged)",
     },
     Switch {
+        name: "WO_A_FP8",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the grouped output projection wo_a (spec §4.7) at >= 256 tokens as one bf16 product on cuBLASLt over the attention output rounded to bf16 (MLA_BF16's OFF-M numerics; OFF-CV dequantises wo_a to bf16): vLLM's numerics for it on sm_90 (fp8_einsum; spec §4.7 \"vLLM keeps it FP8\") — the candidate-split attention kernel writes its output quantized to e4m3 with one power-of-two scale per 128 channels of a head (DeepSeek's activation rule, after the inverse RoPE; half the bytes of the bf16 output) and each group is cuBLASLt's block-scaled FP8 GEMM on it with wo_a's FP8 weights and 128 x 128 scales, f32 out (twice bf16's tensor-core rate); should cuBLASLt decline a group, the forward recomputes the f32 output for the gather path, as with MLA_SPLIT_OUT; not exact, off by default",
+        parity: "gpu-check (`--only attention`) `sparse_attention_wc fp8 out bits` (the kernel's e4m3 bytes and scales against act_quant_fp8 on the same kernel's f32 output, bit for bit, sliding / HCA / CSA cases) and `wo_a fp8 …` (the grouped FP8 product against the CPU's f64 sums of the same e4m3 values and scales, NMSE tolerance 1e-10, and against the bf16 product of the bf16 output, NMSE reported); the switch matrix (plumbing only: its 200-token prompts are below cuBLASLt's 256-token minimum) and qualify (reported, not judged)",
+    },
+    Switch {
         name: "MLA_STREAM_FAST_EXP",
         values: &["off", "on"],
         aliases: ON_OFF_ALIASES,
@@ -624,6 +631,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MLA_SPLIT_OUT", &[("MLA_STREAM_TOPK", &["on"]), ("LINEAR_CUBLASLT", &["on"]), ("TC_LINEAR", &["split", "fp8"])]),
     ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
     ("WQ_B_BF16_OUT", &[("TC_LINEAR", &["fp8"]), ("MLA_STREAM_TOPK", &["on"]), ("MLA_FUSED_Q_NORM", &["on"])]),
+    ("WO_A_FP8", &[("TC_LINEAR", &["fp8"]), ("FP8_CUBLASLT", &["on"]), ("MLA_STREAM_TOPK", &["on"]), ("MLA_BF16", &["on"]), ("MLA_BF16_CAND_SPLIT", &["on"])]),
     ("MHC_BF16_STREAMS", &[("MHC_FUSED", &["on"])]),
     ("MHC_MIX_TC", &[("MHC_FUSED", &["on"]), ("MHC_BF16_STREAMS", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
@@ -869,6 +877,17 @@ pub fn configurations() -> Vec<Configuration> {
         false,
         false,
     ));
+    // wo_a in FP8 (off by default, not exact) with the serving configuration (bench-serving's
+    // switches): the matrix's 200-token prompts stay below cuBLASLt's 256 tokens (plumbing only),
+    // qualify's reach it.
+    v.push(c(
+        "WO_A_FP8=on (with TC_LINEAR=fp8, MLA_BF16=on, INDEXER_FP8=on, WQ_B_BF16_OUT=on and MHC_BF16_STREAMS=on)".into(),
+        vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on"), ("WO_A_FP8", "on")],
+        Role::Fast,
+        false,
+        false,
+        false,
+    ));
     // The MLA_BF16 rows above run the candidate-split kernel (MLA_BF16_CAND_SPLIT's default); its
     // predecessor with the serving stacks' numerics.
     v.push(c(
@@ -989,7 +1008,7 @@ mod tests {
         let official_all_on = cs.iter().position(|c| c.role == Role::OfficialAllOn).expect("official all-on run");
         assert_eq!(cs[official_all_on].overrides, [("TC_LINEAR", "fp8")]);
         assert!(cs.iter().enumerate().all(|(i, c)| !(c.official && c.same_bits_as_all_on) || i > official_all_on));
-        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on")].iter().any(|o| c.overrides.contains(o));
+        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on"), ("WO_A_FP8", "on")].iter().any(|o| c.overrides.contains(o));
         assert!(cs.iter().all(|c| c.exact != inexact(c)));
         assert!(cs.iter().filter(|c| c.official).count() >= 3);
     }

@@ -82,6 +82,76 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
     all &= check_linear_multi(gpu, seed, out)?;
     all &= check_indexer(gpu, seed, out)?;
     all &= check_indexer_stream(gpu, seed, out)?;
+    all &= check_wo_a_fp8(gpu, seed, out)?;
+    Ok(all)
+}
+
+/// `WO_A_FP8`: [`Gpu::grouped_linear_lt_fp8`] on act_quant_fp8's bytes and scales of a random
+/// attention output `[t, G·gin]`, 8 groups of FP8 `[256, 512]` at 300 tokens, against the CPU in
+/// the same numerics (the output quantize-dequantized per 128 values by
+/// `act_quant_fp8_roundtrip`, then f64 sums with the dequantized weights per group): NMSE within
+/// `Q8_NMSE_TOL`, as the FP8 linears' records; it must run on cuBLASLt (every group) and repeat
+/// bit for bit. Then on the Flash shape (8 groups of `[1024, 4096]`, 8,192 tokens) against the
+/// bf16 product of the output rounded to bf16 (`MLA_BF16`'s path: NMSE reported), both GEMMs
+/// timed (CUDA events, median of 5 after a warm-up; the conversions to planes and to e4m3 not
+/// included: the attention kernel writes either).
+fn check_wo_a_fp8(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    use super::check::{errors, weight};
+    use super::check_moe::Q8_NMSE_TOL;
+    if !gpu.lt_available() {
+        out.push(json!({"op": "wo_a fp8", "skipped": "cuBLASLt unavailable", "informational": true}));
+        return Ok(true);
+    }
+    let mut all = true;
+    let (groups, r, gin, t) = (8usize, 256usize, 512usize, 300usize);
+    let o = random(seed, "wo_a8.o", t * groups * gin, 1.0);
+    let mut ws = Vec::new();
+    let mut want = vec![0f32; t * groups * r];
+    let mut xr = o.clone();
+    flashseek_model::quant::act_quant_fp8_roundtrip(&mut xr, 128).map_err(|e| CudaError::Unsupported { what: "wo_a fp8 check", detail: e.to_string() })?;
+    for g in 0..groups {
+        let (gw, cpu_w) = weight(gpu, "fp8", &random(seed, &format!("wo_a8.w.{g}"), r * gin, 0.08), r, gin)?;
+        let xg: Vec<f32> = (0..t).flat_map(|ti| xr[(ti * groups + g) * gin..(ti * groups + g + 1) * gin].to_vec()).collect();
+        for (ti, row) in crate::cpu::ops::linear(&xg, &cpu_w).chunks(r).enumerate() {
+            want[(ti * groups + g) * r..(ti * groups + g + 1) * r].copy_from_slice(row);
+        }
+        ws.push(gw);
+    }
+    let qa = gpu.act_quant(&gpu.upload(&o)?, t, groups * gin)?;
+    let mut dz = gpu.upload(&vec![f32::NAN; t * groups * r])?;
+    let done = gpu.grouped_linear_lt_fp8(&qa.q, &qa.sa, &ws, &mut dz, t)?;
+    let got = gpu.download(&dz)?;
+    let (nmse, max_abs, _) = errors(&got, &want);
+    let ok = done == groups && nmse <= Q8_NMSE_TOL && got.iter().all(|v| v.is_finite());
+    println!("wo_a fp8 [8 × {r}, {gin}] T={t}: {done} of {groups} groups on cuBLASLt, nmse {nmse:.3e} max_abs {max_abs:.3e} vs the CPU (tol {Q8_NMSE_TOL:.0e})  {}", if ok { "ok" } else { "FAIL" });
+    all &= flag_record(out, &format!("wo_a fp8 [8 × {r}, {gin}] vs cpu"), json!({"shape": [t, groups, r, gin], "groups_run": done, "nmse": nmse, "max_abs": max_abs, "tolerance_nmse": Q8_NMSE_TOL}), ok);
+    let mut again = gpu.upload(&vec![f32::NAN; t * groups * r])?;
+    gpu.grouped_linear_lt_fp8(&qa.q, &qa.sa, &ws, &mut again, t)?;
+    let same = differing_bits(&gpu.download(&again)?, &got) == 0;
+    all &= flag_record(out, &format!("wo_a fp8 [8 × {r}, {gin}] repeatable"), json!({"bitwise_equal": same}), same);
+
+    // The Flash shape: against the bf16 product (MLA_BF16's wo_a) and timed.
+    let (r, gin, t) = (1024usize, 4096usize, 8192usize);
+    let mut ws = Vec::new();
+    for g in 0..groups {
+        ws.push(weight(gpu, "fp8", &random(seed, &format!("wo_a8.flash.w.{g}"), r * gin, (3.0 / gin as f64).sqrt()), r, gin)?.0);
+    }
+    let d_o = gpu.upload(&random(seed, "wo_a8.flash.o", t * groups * gin, 1.0))?;
+    let qa = gpu.act_quant(&d_o, t, groups * gin)?;
+    let (xb, _, kp) = gpu.bf16_planes(&d_o, t, groups * gin, false)?;
+    let mut z8 = gpu.zeros::<f32>(t * groups * r)?;
+    let mut zb = gpu.zeros::<f32>(t * groups * r)?;
+    let done8 = gpu.grouped_linear_lt_fp8(&qa.q, &qa.sa, &ws, &mut z8, t)?;
+    let doneb = gpu.grouped_linear_lt_planes(&xb, None, kp, &ws, &mut zb, t)?;
+    let (a, b) = (gpu.download(&z8)?, gpu.download(&zb)?);
+    let (nmse, max_abs, _) = errors(&a, &b);
+    let ms8 = super::check::median_ms(gpu, 5, || gpu.grouped_linear_lt_fp8(&qa.q, &qa.sa, &ws, &mut z8, t).map(|_| ()))?;
+    let msb = super::check::median_ms(gpu, 5, || gpu.grouped_linear_lt_planes(&xb, None, kp, &ws, &mut zb, t).map(|_| ()))?;
+    let tf = |ms: f64| 2.0 * (t * groups * r * gin) as f64 / (ms * 1e-3) / 1e12;
+    println!("time wo_a grouped [8 × {r}, {gin}] T={t}: fp8 (WO_A_FP8) {ms8:.3} ms {:.0} TFLOP/s | bf16 {msb:.3} ms {:.0} TFLOP/s; fp8 vs bf16 nmse {nmse:.3e} max_abs {max_abs:.3e}", tf(ms8), tf(msb));
+    let ran = done8 == groups && doneb == groups;
+    all &= flag_record(out, &format!("wo_a fp8 [8 × {r}, {gin}] ran"), json!({"tokens": t, "fp8_groups_run": done8, "bf16_groups_run": doneb}), ran);
+    out.push(json!({"op": "wo_a fp8 vs bf16 (Flash shape)", "tokens": t, "nmse": nmse, "max_abs": max_abs, "fp8_ms": ms8, "bf16_ms": msb, "fp8_tflop_per_s": tf(ms8), "bf16_tflop_per_s": tf(msb), "informational": true}));
     Ok(all)
 }
 
@@ -531,6 +601,22 @@ fn check_attention(gpu: &Gpu, seed: u64, out: &mut Vec<Value>, rope: &Rope, inv:
                         "bits vs gemm_x_bf16's split of the f32 output (hi and lo planes), sentinels in the 64-value gaps around the lo plane"
                     };
                     all &= record_exact(out, &format!("sparse_attention split planes {kernel:?} {keys_kind:?}"), detail.clone(), differing, 2 * n + 2 * gap, json!(what));
+                    if kernel == AttentionKernel::StreamBf16Cand {
+                        // WO_A_FP8: the kernel's e4m3 output and scales against act_quant_fp8 on its
+                        // own f32 output (`got`), bit for bit; sentinels after both buffers' ends.
+                        let kb = n / 128;
+                        let mut dq8 = gpu.upload(&vec![0xa5u8; n + gap])?;
+                        let mut dsc = gpu.upload(&vec![f32::NAN; kb + gap])?;
+                        run_to(kernel, false, &mut AttentionOut::Fp8 { q: &mut dq8, scales: &mut dsc })?;
+                        let (q8, sc) = (gpu.download(&dq8)?, gpu.download(&dsc)?);
+                        let qa = gpu.act_quant(&gpu.upload(&got)?, tokens, H * C)?;
+                        let (wq8, wsc) = (gpu.download(&qa.q)?, gpu.download(&qa.sa)?);
+                        let differing = (0..n).filter(|&i| q8[i] != wq8[i]).count()
+                            + (0..kb).filter(|&i| sc[i].to_bits() != wsc[i].to_bits()).count()
+                            + q8[n..].iter().filter(|&&v| v != 0xa5).count()
+                            + sc[kb..].iter().filter(|v| !v.is_nan()).count();
+                        all &= record_exact(out, &format!("sparse_attention_wc fp8 out bits {keys_kind:?}"), detail.clone(), differing, n + kb + 2 * gap, json!("e4m3 bytes and 1 × 128 scales vs act_quant_fp8 on the kernel's f32 output, sentinels after both"));
+                    }
 
                     // MLA_FUSED_Q_NORM: the kernel normalising and rotating raw queries itself must
                     // give the bits of rms_norm_rope's output fed to it, f32 and split-plane output.

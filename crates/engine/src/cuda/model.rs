@@ -1066,13 +1066,32 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             && matches!(super::gpu::tc_linear_mode(), super::gpu::TcMode::Split | super::gpu::TcMode::Fp8)
             && crate::switches::on("LINEAR_CUBLASLT");
         let planes_out = lt && crate::switches::on("MLA_SPLIT_OUT") && kernel != AttentionKernel::Exact && gpu.lt_available();
+        // WO_A_FP8 (vLLM's numerics): the attention output quantized to e4m3 by the kernel, wo_a
+        // as cuBLASLt's block-scaled FP8 GEMM per group.
+        let fp8_out = t >= super::cublaslt::LT_MIN_TOKENS
+            && kernel == AttentionKernel::StreamBf16Cand
+            && super::gpu::tc_linear_mode() == super::gpu::TcMode::Fp8
+            && crate::switches::on("FP8_CUBLASLT")
+            && crate::switches::on("WO_A_FP8")
+            && l.wo_a.iter().all(|w| matches!(w.data, GpuMatrix::Fp8 { .. }))
+            && gpu.lt_available();
         // MLA_BF16 (OFF-M's numerics): the attention output is bf16, so wo_a multiplies it once (no
         // lo plane).
         let split = !kernel.is_bf16();
         // SAFETY: every group's columns of all T rows are written by cuBLASLt or, for the groups it
         // declines, by grouped_linear_gather below.
         let mut z = unsafe { gpu.scratch::<f32>(t * groups * r) }?;
-        let (mut o, done) = if planes_out {
+        let (mut o, done) = if fp8_out {
+            let n = t * h * hd;
+            // SAFETY: the kernel writes all T·H·c bytes and T·H·c/128 scales (the only ones read).
+            let mut q8 = unsafe { gpu.scratch::<u8>(n) }?;
+            // SAFETY: as above.
+            let mut sc = unsafe { gpu.scratch::<f32>(n / 128) }?;
+            attend(&mut AttentionOut::Fp8 { q: &mut q8, scales: &mut sc })?;
+            gpu.stage("projections");
+            let done = gpu.grouped_linear_lt_fp8(&q8, &sc, &l.wo_a, &mut z, t)?;
+            (None, done)
+        } else if planes_out {
             let n = t * h * hd;
             // SAFETY: the streaming kernel writes the T·H·c values of each plane it has (the only
             // ones read).

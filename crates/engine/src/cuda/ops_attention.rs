@@ -28,6 +28,7 @@ pub const ATTENTION_ENTRY_POINTS: &[&str] = &[
     "sparse_attention_wg_fast_exp_bf16_out",
     "sparse_attention_wc",
     "sparse_attention_wc_bf16_out",
+    "sparse_attention_wc_fp8_out",
 ];
 
 /// The streaming attention kernels (dynamic shared memory [`ATTENTION_TC_SMEM`]): f32 output, and
@@ -46,8 +47,8 @@ pub const ATTENTION_WG_SMEM: usize = 65536 + 3 * 32768 + 2 * 2 * 128 * 16 * 4 + 
 
 /// The candidate-split bf16 wgmma streaming kernels (switch `MLA_BF16_CAND_SPLIT` with `MLA_BF16`;
 /// dynamic shared memory [`ATTENTION_WC_SMEM`], 384 threads at [`ATTENTION_WG_REGS`]): f32 output,
-/// then the one that writes [`AttentionOut::Bf16`].
-pub const ATTENTION_WC_KERNELS: [&str; 2] = ["sparse_attention_wc", "sparse_attention_wc_bf16_out"];
+/// then the one that writes [`AttentionOut::Bf16`], then the one that writes [`AttentionOut::Fp8`].
+pub const ATTENTION_WC_KERNELS: [&str; 3] = ["sparse_attention_wc", "sparse_attention_wc_bf16_out", "sparse_attention_wc_fp8_out"];
 
 /// Dynamic shared memory of `sparse_attention_wc` (`AwcLayout::TOTAL` in attention.cu): Q (64 KB),
 /// four 32 KB halves of two 64-candidate K=V blocks, two 8 KB P tiles, the row maxima and
@@ -331,6 +332,18 @@ pub enum AttentionOut<'a> {
     /// ([`Gpu::grouped_linear_lt_planes`] without a lo plane). The bf16 kernels only
     /// ([`AttentionKernel::StreamBf16`]: OFF-K's attention writes its output in bf16).
     Bf16(&'a mut CudaSlice<u16>),
+    /// The output quantized as [`Gpu::act_quant`] quantizes the f32 output `[T, H·c]` (switch
+    /// `WO_A_FP8`: DeepSeek's rule per 128 channels of a head, spec §6), for the FP8 grouped output
+    /// projection ([`Gpu::grouped_linear_lt_fp8`]): e4m3 bytes `[T, H, c]` in `q` and f32 scales
+    /// `[T, H·c/128]` in `scales` — bit for bit act_quant_fp8 on the f32 output (gpu-check
+    /// `sparse_attention_wc fp8 out bits`). The candidate-split bf16 kernel only
+    /// ([`AttentionKernel::StreamBf16Cand`]).
+    Fp8 {
+        /// e4m3 bytes, at least T·H·c.
+        q: &'a mut CudaSlice<u8>,
+        /// f32 scales, at least T·H·c/128.
+        scales: &'a mut CudaSlice<f32>,
+    },
 }
 
 /// The compressed candidates of a [`Gpu::sparse_attention`] call.
@@ -605,6 +618,11 @@ impl Gpu {
                 ensure(W, plane.is_multiple_of(8), || format!("the lo plane's offset {plane} must be a multiple of 8 (16-byte row stores)"))?;
                 n
             }
+            AttentionOut::Fp8 { q, scales } => {
+                ensure(W, kernel == AttentionKernel::StreamBf16Cand, || "FP8 output needs the candidate-split bf16 kernel (MLA_BF16=on, MLA_BF16_CAND_SPLIT=on, 64 heads of 512)".into())?;
+                ensure(W, scales.len() >= n / 128, || format!("{} scales for T·H·c/128 = {} blocks", scales.len(), n / 128))?;
+                q.len()
+            }
         };
         ensure(W, q_len >= n && out_len >= n, || format!("q ({q_len}) and out ({out_len}) must hold T·H·c = {n} values"))?;
         ensure(W, kv.len().is_multiple_of(c), || format!("kv length {} is not a multiple of head_dim {c}", kv.len()))?;
@@ -638,6 +656,7 @@ impl Gpu {
             }
         }
         let plane_out = matches!(out, AttentionOut::SplitPlanes { .. } | AttentionOut::Bf16(_));
+        let fp8_out = matches!(out, AttentionOut::Fp8 { .. });
         let (name, cfg) = match kernel {
             AttentionKernel::Exact => ("sparse_attention_f32", LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 }),
             AttentionKernel::Stream | AttentionKernel::StreamFastExp => {
@@ -651,7 +670,7 @@ impl Gpu {
             }
             AttentionKernel::StreamBf16Cand => {
                 ensure(W, self.attention_cand_split_ok(), || format!("the candidate-split bf16 attention kernels (MLA_BF16_CAND_SPLIT) need sm_90a and {ATTENTION_WG_REGS} registers per thread; this device is {}", self.arch))?;
-                let name = ATTENTION_WC_KERNELS[usize::from(plane_out)];
+                let name = ATTENTION_WC_KERNELS[if fp8_out { 2 } else { usize::from(plane_out) }];
                 (name, LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes: ATTENTION_WC_SMEM as u32 })
             }
         };
@@ -704,27 +723,38 @@ impl Gpu {
             }
         }
         b.arg(sinks).arg(inv_freq);
-        let (o32, planes, plane_i) = match out {
-            AttentionOut::F32(o) => (Some(&mut **o), None, 0i64),
-            AttentionOut::SplitPlanes { planes, plane } => (None, Some(&mut **planes), *plane as i64),
-            AttentionOut::Bf16(o) => (None, Some(&mut **o), 0i64),
+        let plane_i = match out {
+            AttentionOut::SplitPlanes { plane, .. } => *plane as i64,
+            _ => 0i64,
         };
-        match o32 {
-            Some(o) => b.arg(o),
-            None => b.arg(&null), // out: unused
+        // out (f32; the scales for FP8 output), then after the scalars planes (u16; the e4m3 bytes
+        // for FP8 output).
+        let (o32, planes, q8, scales8) = match out {
+            AttentionOut::F32(o) => (Some(&mut **o), None, None, None),
+            AttentionOut::SplitPlanes { planes, .. } => (None, Some(&mut **planes), None, None),
+            AttentionOut::Bf16(o) => (None, Some(&mut **o), None, None),
+            AttentionOut::Fp8 { q, scales } => (None, None, Some(&mut **q), Some(&mut **scales)),
+        };
+        match (o32, scales8) {
+            (Some(o), _) => b.arg(o),
+            (None, Some(sc)) => b.arg(sc),
+            (None, None) => b.arg(&null), // out: unused
         };
         b.arg(&h_i).arg(&c_i).arg(&rd_i).arg(&p0_i).arg(&w_i).arg(&kb_i).arg(&kr_i).arg(&n_entries).arg(&scale);
         if kernel != AttentionKernel::Exact {
-            match planes {
-                Some(p) => b.arg(p),
-                None => b.arg(&null),
+            match (planes, q8) {
+                (Some(p), _) => b.arg(p),
+                (None, Some(q)) => b.arg(q),
+                (None, None) => b.arg(&null),
             };
             b.arg(&plane_i).arg(&q_eps).arg(&q_bf16);
         }
         // SAFETY: the argument list matches the signature the attention kernels share (pointers incl.
         // the optional mask, then nine i32 and one f32; the streaming kernels then the planes pointer,
         // null for f32 output, the lo plane's offset as i64, the q-norm epsilon as f32, negative
-        // for normed queries, and q_bf16 as i32: 1 when q holds bf16 bits (raw queries only); the
+        // for normed queries, and q_bf16 as i32: 1 when q holds bf16 bits (raw queries only);
+        // sparse_attention_wc_fp8_out reads out as its T·H·c/128 f32 scales and planes as its
+        // T·H·c e4m3 bytes (both checked above); the
         // bf16 kernels' kv and entries are the bf16 copies of the same rows, kv from the chunk's
         // first window row, with that base and row count); buffer sizes and the
         // window coverage were checked above; the streaming kernels get their full dynamic shared

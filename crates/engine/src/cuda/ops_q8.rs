@@ -560,6 +560,81 @@ impl Gpu {
         unsafe { self.lt_matmul(&ops, shape) }
     }
 
+    /// The grouped output projection (spec §4.7) in FP8, as vLLM runs DeepSeek-V4's `wo_a` on sm_90
+    /// (switch `WO_A_FP8`; `fp8_einsum` with 1 × 128 activation and 128 × 128 weight scales): for
+    /// each group g, `z[:, g·r .. (g+1)·r] = Σ_b sa[t, b]·sw_g[n/128, b]·Σ_{k∈b} q[t, k]·w_g[n, k]`
+    /// over the group's input columns `g·gin ..` on cuBLASLt's block-scaled FP8 GEMM
+    /// ([`super::cublaslt`]), f32 out, rows read and written in place (strides G·gin and G·r).
+    /// `q` `[t, G·gin]` e4m3 bytes and `sa` `[t, G·gin/128]` f32 scales in act_quant_fp8's layout
+    /// (e.g. the attention kernel's [`super::ops_attention::AttentionOut::Fp8`]); `wo_a` G weights
+    /// `[r, gin]`. Returns how many leading groups it computed: 0 when a weight is not FP8 with r
+    /// and gin multiples of 128 or cuBLASLt is unavailable, fewer than G when cuBLASLt declines a
+    /// group (said once on stderr) — the caller computes the rest.
+    ///
+    /// Errors: buffers shorter than the shapes, groups of different shapes, launch failures.
+    pub fn grouped_linear_lt_fp8(&self, q: &CudaSlice<u8>, sa: &CudaSlice<f32>, wo_a: &[GpuWeight], z: &mut CudaSlice<f32>, t: usize) -> Result<usize, CudaError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let Some(w0) = wo_a.first() else { return Ok(0) };
+        let (gin, r, groups) = (w0.cols, w0.rows, wo_a.len());
+        let (kin, kout) = (groups * gin, groups * r);
+        if wo_a.iter().any(|w| w.cols != gin || w.rows != r) || q.len() < t * kin || sa.len() < t * kin / Q8_BLOCK || z.len() < t * kout {
+            return Err(bad(format!("{groups} group weights of [{r}, {gin}] for {} e4m3 inputs, {} scales and {} outputs of {t} tokens", q.len(), sa.len(), z.len())));
+        }
+        let fp8 = |w: &GpuWeight| matches!(w.data, GpuMatrix::Fp8 { .. });
+        if t == 0 || !gin.is_multiple_of(Q8_BLOCK) || !r.is_multiple_of(Q8_BLOCK) || !wo_a.iter().all(fp8) || !self.lt_available() {
+            return Ok(0);
+        }
+        let (kb, gkb, nb) = (kin / Q8_BLOCK, gin / Q8_BLOCK, r / Q8_BLOCK);
+        let gkbp = gkb.div_ceil(4) * 4;
+        // The activation scales token-fastest for every group at once ([G·gin/128, t]: group g's
+        // rows are g·gin/128 ..), each group's weight scales widened to f32 (rows padded to 4 blocks).
+        // SAFETY: fully written by the lt_scales launches below.
+        let mut sat = unsafe { self.scratch::<f32>(kb * t) }?;
+        // SAFETY: as above, nb·gkbp per group.
+        let mut swf = unsafe { self.scratch::<f32>(groups * nb * gkbp) }?;
+        let s = &self.stream;
+        let launch = |sa: &CudaView<'_, f32>, tt: usize, kbs: usize, sat: &mut cudarc::driver::CudaViewMut<'_, f32>, sw: &CudaSlice<u8>, nbs: usize, swf: &mut cudarc::driver::CudaViewMut<'_, f32>| -> Result<(), CudaError> {
+            let (t_i, kb_i, nb_i) = (i32_of(tt, "tokens")?, i32_of(kbs, "blocks")?, i32_of(nbs, "blocks")?);
+            let kbsp = kbs.div_ceil(4) * 4;
+            let work = i32_of(tt * kbs + nbs * kbsp, "scales")? as usize;
+            let cfg = LaunchConfig { grid_dim: (work.div_ceil(256).clamp(1, 132 * 8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let mut b = s.launch_builder(self.f("lt_scales"));
+            b.arg(sa).arg(&t_i).arg(&kb_i).arg(sat).arg(sw).arg(&nb_i).arg(swf);
+            // SAFETY: matches lt_scales(sa, T, KB, sat, sw, NB, swf): sa holds ≥ T·KB floats, sat
+            // T·KB, sw NB·KB scale bytes, swf NB·KBp floats (each checked or sized by the caller).
+            drv("lt_scales", unsafe { b.launch(cfg) }).map(|_| ())
+        };
+        // lt_scales reads one block count for both parts: the activations' (kb per token, no
+        // weight rows) in one launch, then each group's weight scales (gkb per row, no tokens).
+        let GpuMatrix::Fp8 { scales: s0, .. } = &w0.data else { return Ok(0) };
+        launch(&sa.slice(..t * kb), t, kb, &mut sat.slice_mut(..), s0, 0, &mut swf.slice_mut(..1))?;
+        for (g, w) in wo_a.iter().enumerate() {
+            let GpuMatrix::Fp8 { scales, .. } = &w.data else { return Ok(0) };
+            launch(&sa.slice(..1), 0, gkb, &mut sat.slice_mut(..1), scales, nb, &mut swf.slice_mut(g * nb * gkbp..(g + 1) * nb * gkbp))?;
+        }
+        let (qp, sap, swp, zp) = (q.device_ptr(s).0, sat.device_ptr(s).0, swf.device_ptr(s).0, z.device_ptr_mut(s).0);
+        for (g, w) in wo_a.iter().enumerate() {
+            let GpuMatrix::Fp8 { w: wv, .. } = &w.data else { return Ok(g) };
+            let ops = super::cublaslt::LtOperands {
+                w: wv.device_ptr(s).0,
+                w_scales: swp + (4 * g * nb * gkbp) as u64,
+                x: qp + (g * gin) as u64,
+                x_scales: sap + (4 * g * gkb * t) as u64,
+                y: zp + (4 * g * r) as u64,
+                beta: 0.0,
+            };
+            let shape = super::cublaslt::LtShape { kind: super::cublaslt::LtKind::Fp8BlockScaled, m: t, n: r, k: gin, ldb: kin, ldd: kout };
+            // SAFETY: group g's weight [r, gin] e4m3 and its widened scales [r/128, gkbp]; q rows of
+            // kin bytes from column g·gin (t rows, checked); sat rows g·gkb .. of [kb, t]; z rows of
+            // kout floats from column g·r (checked); all on this stream, the scale buffers freed
+            // stream-ordered after the products.
+            if !unsafe { self.lt_matmul(&ops, shape) }? {
+                return Ok(g);
+            }
+        }
+        Ok(groups)
+    }
+
     /// [`Gpu::linear_official`] with the output rounded to bf16 (`y` `[t, N]` bf16 bits), as
     /// DeepSeek's `fp8_gemm` writes it (spec §6 "Output is bf16"; switch `WQ_B_BF16_OUT`): on
     /// cuBLASLt's bf16-output FP8 GEMM where `FP8_CUBLASLT` takes the shape (`t ≥`

@@ -527,6 +527,86 @@ __device__ __forceinline__ void atc_epilogue(float (&o)[32][4], const float (&de
     }
 }
 
+// Bytes per staged row of atc_epilogue_fp8 (256 e4m3 values + 16: the warp's 2-byte stores of
+// one column group land in distinct banks, and each 16-byte read stays aligned).
+#define ATC_FP8_PITCH 272
+static_assert(16 * ATC_FP8_PITCH <= 2 * ATC_STAGE_WARP, "the FP8 staging must fit a warp's staging block");
+
+// WO_A_FP8: atc_epilogue's values (o / den, the inverse RoPE on the trailing rope_dim channels, the
+// same expressions) quantized for the FP8 grouped output projection as act_quant_fp8 quantizes an
+// f32 row (DeepSeek's rule, fs_q8_exp; spec §6): per head and 128 channels amax, s = 2^e, e4m3(x·2^−e)
+// round to nearest even, saturating. qo [T, H, c] e4m3 bytes, sa [T, H·c/128] f32 scales (block
+// 4h + col/128 of row t: act_quant_fp8's layout for a row of H·c values) — so the bytes and scales
+// are those of act_quant_fp8 run on atc_epilogue's f32 output (gpu-check `sparse_attention_wc fp8
+// out bits`). This thread holds 32 values of each of four (head, 128-block) pairs: heads h0, h0 + 8,
+// blocks 2·wd (j < 16) and 2·wd + 1; the quad (lanes 4g … 4g + 3) holds a pair's 128. The bytes are
+// staged per warp (16 rows × ATC_FP8_PITCH in stage, freed shared memory; the caller synchronises
+// before) and stored as 256-byte row pieces, 16 bytes per lane. vLLM's DeepSeek-V4 path on sm_90
+// quantizes the attention output the same way (1 × 128 ue8m0 groups, fused with the inverse RoPE)
+// from its bf16 copy; here from the f32 values.
+__device__ __forceinline__ void atc_epilogue_fp8(float (&o)[32][4], const float (&den)[2], int wh, int wd, int lane, int t, int pos, int rope_dim,
+                                                 const float* __restrict__ inv_freq, float* __restrict__ sa, u8* __restrict__ qo, u8* stage,
+                                                 const float2* cs_table) {
+    const int g = lane >> 2, c2 = (lane & 3) * 2;
+    const int h0 = 16 * wh + g;
+    const float inv[2] = {1.f / den[0], 1.f / den[1]};
+    const int r0 = ATC_C - rope_dim;
+    const float fpos = (float)pos;
+    float amax[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        const int col = 256 * wd + 8 * j + c2;
+        float cs = 1.f, sn = 0.f;
+        const bool rot = col >= r0;
+        if (rot) {
+            if (cs_table != nullptr) {
+                const float2 v = cs_table[(col - r0) >> 1];
+                cs = v.x;
+                sn = -v.y;
+            } else {
+                const float ang = fpos * inv_freq[(col - r0) >> 1];
+                cs = cosf(ang);
+                sn = -sinf(ang);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float a = o[j][2 * r] * inv[r], b = o[j][2 * r + 1] * inv[r];
+            if (rot) fs_rope_rot(a, b, cs, sn);
+            o[j][2 * r] = a;
+            o[j][2 * r + 1] = b;
+            amax[r][j >> 4] = fmaxf(amax[r][j >> 4], fmaxf(fabsf(a), fabsf(b)));
+        }
+    }
+    float mul[2][2];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int hb = 0; hb < 2; hb++) {
+            float m = amax[r][hb];
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            const int e = fs_q8_exp(m);
+            mul[r][hb] = gq_pow2(-e);
+            if ((lane & 3) == 0) sa[((size_t)t * ATC_H + h0 + 8 * r) * (ATC_C / 128) + 2 * wd + hb] = gq_pow2(e);
+        }
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float m = mul[r][j >> 4];
+            *reinterpret_cast<u16*>(stage + (g + 8 * r) * ATC_FP8_PITCH + 8 * j + c2) = (u16)gq_e4m3x2(o[j][2 * r] * m, o[j][2 * r + 1] * m);
+        }
+    __syncwarp();
+    // Two of the warp's 16 rows per instruction: 16 lanes × 16 bytes = a row's 256 bytes.
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int lr = 2 * i + (lane >> 4), ch = lane & 15;
+        const uint4 v = *reinterpret_cast<const uint4*>(stage + lr * ATC_FP8_PITCH + 16 * ch);
+        *reinterpret_cast<uint4*>(qo + ((size_t)t * ATC_H + 16 * wh + lr) * ATC_C + 256 * wd + 16 * ch) = v;
+    }
+}
+
 template <bool FAST_EXP, bool SPLIT_OUT>
 __device__ __forceinline__ void atc_body(const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ entries,
                                          const int* __restrict__ comp_off, const int* __restrict__ comp_idx, const u8* __restrict__ comp_mask,
@@ -1017,7 +1097,7 @@ __device__ __forceinline__ void awc_mma_o_ss(float (&o)[32][4], unsigned long lo
 }
 
 // The arguments of sparse_attention_wg (AWG_ARGS).
-template <bool BF16_OUT>
+template <bool BF16_OUT, bool FP8_OUT = false>
 __device__ __forceinline__ void awc_body(AWG_ARGS) {
     typedef AwcLayout L;
     extern __shared__ __align__(16) u8 awc_sh[];
@@ -1387,8 +1467,15 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
     }
     awg_bar_multiply();  // also: both warpgroups past their last MMA (BF16_OUT stages over Q and K=V)
     const float dsum[2] = {sL[r0] + sL[64 + r0], sL[r0 + 8] + sL[64 + r0 + 8]};
-    atc_epilogue<BF16_OUT, false>(o, dsum, wq, wg, lane, t, pos, rope_dim, inv_freq, out, planes, plane, reinterpret_cast<u16*>(gbase) + warp * ATC_STAGE_WARP, cs_tab);
+    if constexpr (FP8_OUT) {
+        atc_epilogue_fp8(o, dsum, wq, wg, lane, t, pos, rope_dim, inv_freq, out, reinterpret_cast<u8*>(planes), gbase + warp * (2 * ATC_STAGE_WARP), cs_tab);
+    } else {
+        atc_epilogue<BF16_OUT, false>(o, dsum, wq, wg, lane, t, pos, rope_dim, inv_freq, out, planes, plane, reinterpret_cast<u16*>(gbase) + warp * ATC_STAGE_WARP, cs_tab);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wc(AWG_ARGS) { awc_body<false>(ATC_PASS); }
 extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wc_bf16_out(AWG_ARGS) { awc_body<true>(ATC_PASS); }
+// WO_A_FP8: the output quantized for the FP8 grouped output projection (atc_epilogue_fp8): e4m3
+// bytes [T, H, c] into planes (as u8) and their 1 × 128 scales [T, H·c/128] into out (f32).
+extern "C" __global__ void __launch_bounds__(AWG_THREADS, 1) sparse_attention_wc_fp8_out(AWG_ARGS) { awc_body<true, true>(ATC_PASS); }

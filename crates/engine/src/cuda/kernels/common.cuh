@@ -55,14 +55,21 @@ __device__ __forceinline__ float gq_pow2(int e) { return __uint_as_float((u32)(e
 // warp-collective: lane l holds values 4 l … 4 l + 3 in v. amax = max(max|x|, 1e-4), s =
 // 2^ceil(log2(amax / 448)) by the official bit trick on the f32 quotient (exponent clamped to
 // [-126, 127]); returns the four e4m3 bytes of e4m3(v / s) (v[0] in the low byte) and s. The one
-// definition act_quant_fp8 (gemm_q8.cu) and the fused gemvs (linear.cu linear_*_q) share.
+// definition act_quant_fp8 (gemm_q8.cu), the fused gemvs (linear.cu linear_*_q) and the FP8
+// attention output (attention.cu atc_epilogue_fp8, switch WO_A_FP8) share, through fs_q8_exp.
+// fs_q8_exp: the exponent e of that scale s = 2^e from a block's largest magnitude (before the
+// 1e-4 floor).
+__device__ __forceinline__ int fs_q8_exp(float amax) {
+    amax = fmaxf(amax, 1e-4f);
+    const u32 qb = __float_as_uint(__fdiv_rn(amax, 448.f));
+    const int e = (int)((qb >> 23) & 0xffu) - 127 + ((qb & 0x7fffffu) != 0u);
+    return min(max(e, -126), 127);
+}
+
 __device__ __forceinline__ u32 fs_q8_quant4(const float (&v)[4], float& s) {
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    amax = fmaxf(amax, 1e-4f);
-    const u32 qb = __float_as_uint(__fdiv_rn(amax, 448.f));
-    int e = (int)((qb >> 23) & 0xffu) - 127 + ((qb & 0x7fffffu) != 0u);
-    e = min(max(e, -126), 127);
+    const int e = fs_q8_exp(amax);
     s = gq_pow2(e);
     const float inv = gq_pow2(-e);
     return gq_e4m3x2(v[0] * inv, v[1] * inv) | (gq_e4m3x2(v[2] * inv, v[3] * inv) << 16);
