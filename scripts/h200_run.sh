@@ -20,10 +20,10 @@
 #   bench-fp8-bf16att  the bench step with TC_LINEAR=fp8 and MLA_BF16=on                ~110 s
 #   bench-fp8-bf16att-idx8  bench-fp8-bf16att with INDEXER_FP8=on (FP8 indexer scores, as the
 #             serving stacks' FP8 indexer cache)                        ~110 s
-#   bench-serving  bench-fp8-bf16att-idx8 with wq_b's output in bf16 as DeepSeek's fp8_gemm writes it and the residual streams in bf16 (WQ_B_BF16_OUT=on, MHC_BF16_STREAMS=on, MHC_MIX_TC=on)
+#   bench-serving  bench-fp8-bf16att-idx8 with wq_b's output in bf16 as DeepSeek's fp8_gemm writes it, the residual streams in bf16 and wo_a in FP8 as vLLM runs it (WQ_B_BF16_OUT=on, MHC_BF16_STREAMS=on, MHC_MIX_TC=on, WO_A_FP8=on)
 #             ~150 s
-#   bench-serving-wo-a-fp8  bench-serving with wo_a in FP8 as vLLM runs it (WO_A_FP8=on: the attention
-#             output quantized by the kernel, cuBLASLt's block-scaled FP8 GEMM per group)  ~150 s
+#   bench-serving-bf16-wo-a  bench-serving with wo_a as one bf16 product (WO_A_FP8=off: the serving
+#             configuration before 1307a82)  ~150 s
 #   bench-serving-f32-streams  bench-serving with f32 residual streams (MHC_BF16_STREAMS off) ~150 s
 #   bench-serving-cuda-mix  bench-serving with the bf16 streams' mix on the CUDA cores (MHC_MIX_TC off) ~150 s
 #   bench-serving-moe-detail  bench-serving at 8K and 32K with --moe-detail: the profiled prefill's MoE stage
@@ -53,13 +53,15 @@
 #             the same steps without graphs), 32 steps each
 #   bench-decode-base  the same with the default switches (per-expert MoE at decode sizes)
 set -euo pipefail
-usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|decode-ab SWITCH|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-serving-wo-a-fp8|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
+usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|decode-ab SWITCH|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-serving-bf16-wo-a|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
 # No step (or help): the usage line, before anything needs OUT.
 case "${1:-}" in ""|-h|--help) usage ;; esac
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}
 # The serving stacks' numerics (bench-serving and bench-serving-f32-streams add MHC_BF16_STREAMS on / off).
-SERVING="FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on"
+# The serving configuration (the stacks' numerics); WO_A_FP8 from 1307a82 (the bench-serving runs
+# before it ran wo_a in bf16: bench-serving-bf16-wo-a).
+SERVING="FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on FLASHSEEK_WO_A_FP8=on"
 export FLASHSEEK_CACHE=${FLASHSEEK_CACHE:-/tmp/fscache}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null || true
 # cuBLASLt (>= 12.9) for the switch FP8_CUBLASLT, from the CUDA toolkit or PyTorch's nvidia-cublas
@@ -117,8 +119,8 @@ case "${1:-}" in
          grep -E "uploaded|context|prefill  |routing" "$OUT/gpu_bench_h200_20layers_serving_moe_detail.log" | head -120 ;;
   bench-serving-cuda-mix) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_cuda_mix.json" > "$OUT/gpu_bench_h200_20layers_serving_cuda_mix.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_cuda_mix.log" ;;
-  bench-serving-wo-a-fp8) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on FLASHSEEK_WO_A_FP8=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_wo_a_fp8.json" > "$OUT/gpu_bench_h200_20layers_serving_wo_a_fp8.log" 2>&1
-         grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_wo_a_fp8.log" ;;
+  bench-serving-bf16-wo-a) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on FLASHSEEK_WO_A_FP8=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_bf16_wo_a.json" > "$OUT/gpu_bench_h200_20layers_serving_bf16_wo_a.log" 2>&1
+         grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_bf16_wo_a.log" ;;
   bench-serving-f32-streams) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_f32_streams.json" > "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" ;;
   bench-chunks)
