@@ -465,6 +465,33 @@ __device__ __forceinline__ void atc_rescale(float (&o)[32][4], const float (&cor
     }
 }
 
+// This thread's output pair at column col of both its head rows (r = 0, 1: o[j][2r], o[j][2r + 1]):
+// o / den (inv = 1 / den) and, from channel r0 = c − rope_dim on, the inverse RoPE at fpos — from
+// the table cs (as atc_epilogue documents) or inv_freq. The one expression both epilogues store.
+__device__ __forceinline__ void atc_out_pair(const float (&o)[32][4], int j, int col, int r0, float fpos, const float (&inv)[2],
+                                             const float* __restrict__ inv_freq, const float2* cs_table, float (&ab)[2][2]) {
+    float cs = 1.f, sn = 0.f;
+    const bool rot = col >= r0;
+    if (rot) {
+        if (cs_table != nullptr) {
+            const float2 v = cs_table[(col - r0) >> 1];
+            cs = v.x;
+            sn = -v.y;
+        } else {
+            const float ang = fpos * inv_freq[(col - r0) >> 1];
+            cs = cosf(ang);
+            sn = -sinf(ang);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float a = o[j][2 * r] * inv[r], b = o[j][2 * r + 1] * inv[r];
+        if (rot) fs_rope_rot(a, b, cs, sn);
+        ab[r][0] = a;
+        ab[r][1] = b;
+    }
+}
+
 // o / den, inverse RoPE on the trailing rope_dim channels, f32 stores into out (both streaming
 // kernels) — or, SPLIT_OUT, the split planes staged per warp in stage (ATC_STAGE_WARP u16 of freed
 // shared memory; the caller synchronises before), then stored as whole rows; with LO false the hi
@@ -485,23 +512,11 @@ __device__ __forceinline__ void atc_epilogue(float (&o)[32][4], const float (&de
 #pragma unroll
     for (int j = 0; j < 32; j++) {
         const int col = 256 * wd + 8 * j + c2;
-        float cs = 1.f, sn = 0.f;
-        const bool rot = col >= r0;
-        if (rot) {
-            if (cs_table != nullptr) {
-                const float2 v = cs_table[(col - r0) >> 1];
-                cs = v.x;
-                sn = -v.y;
-            } else {
-                const float ang = fpos * inv_freq[(col - r0) >> 1];
-                cs = cosf(ang);
-                sn = -sinf(ang);
-            }
-        }
+        float ab[2][2];
+        atc_out_pair(o, j, col, r0, fpos, inv, inv_freq, cs_table, ab);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float a = o[j][2 * r] * inv[r], b = o[j][2 * r + 1] * inv[r];
-            if (rot) fs_rope_rot(a, b, cs, sn);
+            const float a = ab[r][0], b = ab[r][1];
             if (!SPLIT_OUT) {
                 *reinterpret_cast<float2*>(out + ((size_t)t * ATC_H + h0 + 8 * r) * ATC_C + col) = make_float2(a, b);
             } else {
@@ -555,27 +570,13 @@ __device__ __forceinline__ void atc_epilogue_fp8(float (&o)[32][4], const float 
     float amax[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
     for (int j = 0; j < 32; j++) {
-        const int col = 256 * wd + 8 * j + c2;
-        float cs = 1.f, sn = 0.f;
-        const bool rot = col >= r0;
-        if (rot) {
-            if (cs_table != nullptr) {
-                const float2 v = cs_table[(col - r0) >> 1];
-                cs = v.x;
-                sn = -v.y;
-            } else {
-                const float ang = fpos * inv_freq[(col - r0) >> 1];
-                cs = cosf(ang);
-                sn = -sinf(ang);
-            }
-        }
+        float ab[2][2];
+        atc_out_pair(o, j, 256 * wd + 8 * j + c2, r0, fpos, inv, inv_freq, cs_table, ab);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float a = o[j][2 * r] * inv[r], b = o[j][2 * r + 1] * inv[r];
-            if (rot) fs_rope_rot(a, b, cs, sn);
-            o[j][2 * r] = a;
-            o[j][2 * r + 1] = b;
-            amax[r][j >> 4] = fmaxf(amax[r][j >> 4], fmaxf(fabsf(a), fabsf(b)));
+            o[j][2 * r] = ab[r][0];
+            o[j][2 * r + 1] = ab[r][1];
+            amax[r][j >> 4] = fmaxf(amax[r][j >> 4], fmaxf(fabsf(ab[r][0]), fabsf(ab[r][1])));
         }
     }
     float mul[2][2];
