@@ -59,8 +59,9 @@ case "${1:-}" in ""|-h|--help) usage ;; esac
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}
 # The serving stacks' numerics (bench-serving and bench-serving-f32-streams add MHC_BF16_STREAMS on / off).
-# The serving configuration (the stacks' numerics); WO_A_FP8 from 1307a82 (the bench-serving runs
-# before it ran wo_a in bf16: bench-serving-bf16-wo-a).
+# The serving stacks' numerics (bench-serving and bench-serving-f32-streams add MHC_BF16_STREAMS on / off);
+# WO_A_FP8 from 1307a82 (bench-serving runs before it ran wo_a in bf16: bench-serving-bf16-wo-a). It acts on
+# prefill chunks of >= 256 tokens only, so the decode steps (decode-ab …) run as before.
 SERVING="FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on FLASHSEEK_WO_A_FP8=on"
 export FLASHSEEK_CACHE=${FLASHSEEK_CACHE:-/tmp/fscache}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null || true

@@ -1074,6 +1074,7 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
             && crate::switches::on("FP8_CUBLASLT")
             && crate::switches::on("WO_A_FP8")
             && l.wo_a.iter().all(|w| matches!(w.data, GpuMatrix::Fp8 { .. }))
+            && super::ops_q8::lt_fp8_group_scales_aligned(h * hd / c.o_groups, t)
             && gpu.lt_available();
         // MLA_BF16 (OFF-M's numerics): the attention output is bf16, so wo_a multiplies it once (no
         // lo plane).

@@ -620,7 +620,7 @@ impl Gpu {
             }
             AttentionOut::Fp8 { q, scales } => {
                 ensure(W, kernel == AttentionKernel::StreamBf16Cand, || "FP8 output needs the candidate-split bf16 kernel (MLA_BF16=on, MLA_BF16_CAND_SPLIT=on, 64 heads of 512)".into())?;
-                ensure(W, scales.len() >= n / 128, || format!("{} scales for T·H·c/128 = {} blocks", scales.len(), n / 128))?;
+                ensure(W, scales.len() >= n / 128 && q.len() >= n, || format!("FP8 output of T·H·c = {n} values needs at least {n} e4m3 bytes and {} scales; got {} and {}", n / 128, q.len(), scales.len()))?;
                 q.len()
             }
         };

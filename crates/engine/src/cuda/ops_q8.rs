@@ -144,6 +144,14 @@ pub const Q8_BN: usize = 128;
 /// Activation quantisation block (features per scale), spec §6.
 pub const Q8_BLOCK: usize = 128;
 
+/// Whether [`Gpu::grouped_linear_lt_fp8`] takes `t` tokens of groups `gin` inputs wide: group g's
+/// activation scales start g·(gin/128)·t floats into their token-fastest copy, 16-byte aligned
+/// only when (gin/128)·t is a multiple of 4 (always at Flash's gin = 4,096); other shapes stay on
+/// the caller's path rather than handing cuBLASLt a less aligned scale pointer.
+pub(crate) fn lt_fp8_group_scales_aligned(gin: usize, t: usize) -> bool {
+    (gin / Q8_BLOCK * t).is_multiple_of(4)
+}
+
 fn bad(detail: impl Into<String>) -> CudaError {
     CudaError::Unsupported { what: "fp8 linear", detail: detail.into() }
 }
@@ -577,15 +585,33 @@ impl Gpu {
         let Some(w0) = wo_a.first() else { return Ok(0) };
         let (gin, r, groups) = (w0.cols, w0.rows, wo_a.len());
         let (kin, kout) = (groups * gin, groups * r);
-        if wo_a.iter().any(|w| w.cols != gin || w.rows != r) || q.len() < t * kin || sa.len() < t * kin / Q8_BLOCK || z.len() < t * kout {
-            return Err(bad(format!("{groups} group weights of [{r}, {gin}] for {} e4m3 inputs, {} scales and {} outputs of {t} tokens", q.len(), sa.len(), z.len())));
+        if let Some((g, w)) = wo_a.iter().enumerate().find(|(_, w)| w.cols != gin || w.rows != r) {
+            return Err(bad(format!("group {g}'s weight is [{}, {}]; every group must be group 0's [{r}, {gin}]", w.rows, w.cols)));
         }
-        let fp8 = |w: &GpuWeight| matches!(w.data, GpuMatrix::Fp8 { .. });
-        if t == 0 || !gin.is_multiple_of(Q8_BLOCK) || !r.is_multiple_of(Q8_BLOCK) || !wo_a.iter().all(fp8) || !self.lt_available() {
-            return Ok(0);
+        if q.len() < t * kin || sa.len() < t * kin / Q8_BLOCK || z.len() < t * kout {
+            return Err(bad(format!(
+                "{t} tokens of {groups} groups [{r}, {gin}] need at least {} e4m3 inputs, {} scales and {} outputs; got {}, {} and {}",
+                t * kin,
+                t * kin / Q8_BLOCK,
+                t * kout,
+                q.len(),
+                sa.len(),
+                z.len()
+            )));
         }
         let (kb, gkb, nb) = (kin / Q8_BLOCK, gin / Q8_BLOCK, r / Q8_BLOCK);
         let gkbp = gkb.div_ceil(4) * 4;
+        for (g, w) in wo_a.iter().enumerate() {
+            if let GpuMatrix::Fp8 { w: wv, scales } = &w.data {
+                if wv.len() < r * gin || scales.len() < nb * gkb {
+                    return Err(bad(format!("group {g}'s FP8 weight holds {} values and {} block scales; [{r}, {gin}] needs {} and {}", wv.len(), scales.len(), r * gin, nb * gkb)));
+                }
+            }
+        }
+        let fp8 = |w: &GpuWeight| matches!(w.data, GpuMatrix::Fp8 { .. });
+        if t == 0 || !gin.is_multiple_of(Q8_BLOCK) || !r.is_multiple_of(Q8_BLOCK) || !lt_fp8_group_scales_aligned(gin, t) || !wo_a.iter().all(fp8) || !self.lt_available() {
+            return Ok(0);
+        }
         // The activation scales token-fastest for every group at once ([G·gin/128, t]: group g's
         // rows are g·gin/128 ..), each group's weight scales widened to f32 (rows padded to 4 blocks).
         // SAFETY: fully written by the lt_scales launches below.
@@ -601,7 +627,8 @@ impl Gpu {
             let mut b = s.launch_builder(self.f("lt_scales"));
             b.arg(sa).arg(&t_i).arg(&kb_i).arg(sat).arg(sw).arg(&nb_i).arg(swf);
             // SAFETY: matches lt_scales(sa, T, KB, sat, sw, NB, swf): sa holds ≥ T·KB floats, sat
-            // T·KB, sw NB·KB scale bytes, swf NB·KBp floats (each checked or sized by the caller).
+            // T·KB, sw NB·KB scale bytes, swf NB·KBp floats (the calls below pass sa and sw as
+            // checked above and sat / swf slices of their sizes).
             drv("lt_scales", unsafe { b.launch(cfg) }).map(|_| ())
         };
         // lt_scales reads one block count for both parts: the activations' (kb per token, no
@@ -1004,6 +1031,19 @@ mod tests {
         for fmt in ["fp8", "fp4"] {
             assert!(2 * (w8_smem(fmt, 64) + 1024) <= 228 * 1024, "{fmt}");
         }
+    }
+
+    /// WO_A_FP8's scale alignment rule: Flash's groups (4,096 inputs, 32 blocks) at any token count;
+    /// a 3-block group only at token counts that make the group's scale rows a multiple of 4 floats.
+    #[test]
+    fn grouped_fp8_scale_alignment_rule() {
+        for t in [1usize, 255, 256, 257, 8191] {
+            assert!(lt_fp8_group_scales_aligned(4096, t), "{t}");
+        }
+        assert!(!lt_fp8_group_scales_aligned(384, 257));
+        assert!(!lt_fp8_group_scales_aligned(384, 258));
+        assert!(lt_fp8_group_scales_aligned(384, 260));
+        assert!(lt_fp8_group_scales_aligned(512, 257));
     }
 
     /// Every entry point listed here is one the kernel file defines (and the reverse for the
