@@ -577,9 +577,12 @@ impl Gpu {
     /// (e.g. the attention kernel's [`super::ops_attention::AttentionOut::Fp8`]); `wo_a` G weights
     /// `[r, gin]`. Returns how many leading groups it computed: 0 when a weight is not FP8 with r
     /// and gin multiples of 128 or cuBLASLt is unavailable, fewer than G when cuBLASLt declines a
-    /// group (said once on stderr) — the caller computes the rest.
+    /// group (said once on stderr) — the caller computes the rest — and 0 for shapes that fail
+    /// [`lt_fp8_group_scales_aligned`].
     ///
-    /// Errors: buffers shorter than the shapes, groups of different shapes, launch failures.
+    /// Errors: activations, scales or outputs shorter than `t` tokens of the groups need, a group's
+    /// FP8 weight or block scales shorter than `[r, gin]` needs, groups of different shapes, launch
+    /// failures.
     pub fn grouped_linear_lt_fp8(&self, q: &CudaSlice<u8>, sa: &CudaSlice<f32>, wo_a: &[GpuWeight], z: &mut CudaSlice<f32>, t: usize) -> Result<usize, CudaError> {
         use cudarc::driver::{DevicePtr, DevicePtrMut};
         let Some(w0) = wo_a.first() else { return Ok(0) };
