@@ -56,6 +56,24 @@ pub fn record_tol(ops_out: &mut Vec<Value>, op: &str, shape: Value, got: &[f32],
     pass
 }
 
+/// The CPU's grouped output projection (spec §4.7) for the checks: for each group g, columns
+/// g·gin .. of the `t` rows of `x` (`[t, G·gin]`, gin = `ws[g].cols`) through `ws[g]`
+/// (`ops::linear`) into columns g·r .. of the result `[t, G·r]` (r = `ws[g].rows`; every group
+/// one shape).
+pub(crate) fn grouped_linear_cpu(x: &[f32], t: usize, ws: &[Matrix]) -> Vec<f32> {
+    let groups = ws.len();
+    let (Some(w0), true) = (ws.first(), t > 0) else { return Vec::new() };
+    let (r, gin) = (w0.rows, w0.cols);
+    let mut out = vec![0f32; t * groups * r];
+    for (g, w) in ws.iter().enumerate() {
+        let xg: Vec<f32> = (0..t).flat_map(|ti| x[(ti * groups + g) * gin..(ti * groups + g + 1) * gin].to_vec()).collect();
+        for (ti, row) in ops::linear(&xg, w).chunks(r).enumerate() {
+            out[(ti * groups + g) * r..(ti * groups + g + 1) * r].copy_from_slice(row);
+        }
+    }
+    out
+}
+
 /// Builds a weight in `format` from f32 values; returns it and the CPU-side dequantized matrix.
 pub(crate) fn weight(gpu: &Gpu, format: &str, vals: &[f32], rows: usize, cols: usize) -> Result<(GpuWeight, Matrix), CudaError> {
     let q = |e: quant::QuantError| CudaError::Unsupported { what: "quantize", detail: e.to_string() };
@@ -491,15 +509,13 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
     let (groups, gin, r, t) = (8usize, 512usize, 256usize, 300usize);
     let o = random(seed, "lt2.o", t * groups * gin, 1.0);
     let mut ws = Vec::new();
-    let mut want = vec![0f32; t * groups * r];
+    let mut cpu_ws = Vec::new();
     for g in 0..groups {
         let (gw, cpu_w) = weight(gpu, "fp8", &random(seed, &format!("lt2.woa.{g}"), r * gin, 0.08), r, gin)?;
-        let xg: Vec<f32> = (0..t).flat_map(|ti| o[(ti * groups + g) * gin..(ti * groups + g + 1) * gin].to_vec()).collect();
-        for (ti, row) in ops::linear(&xg, &cpu_w).chunks(r).enumerate() {
-            want[(ti * groups + g) * r..(ti * groups + g + 1) * r].copy_from_slice(row);
-        }
         ws.push(gw);
+        cpu_ws.push(cpu_w);
     }
+    let want = grouped_linear_cpu(&o, t, &cpu_ws);
     let mut dz = gpu.upload(&vec![f32::NAN; t * groups * r])?;
     if gpu.grouped_linear_lt(&gpu.upload(&o)?, &ws, &mut dz, t, true)? == groups {
         let got = gpu.download(&dz)?;

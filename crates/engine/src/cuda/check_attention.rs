@@ -96,7 +96,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
 /// timed (CUDA events, median of 5 after a warm-up; the conversions to planes and to e4m3 not
 /// included: the attention kernel writes either).
 fn check_wo_a_fp8(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
-    use super::check::{errors, weight};
+    use super::check::{errors, grouped_linear_cpu, weight};
     use super::check_moe::Q8_NMSE_TOL;
     if !gpu.lt_available() {
         out.push(json!({"op": "wo_a fp8", "skipped": "cuBLASLt unavailable", "informational": true}));
@@ -106,17 +106,15 @@ fn check_wo_a_fp8(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
     let (groups, r, gin, t) = (8usize, 256usize, 512usize, 300usize);
     let o = random(seed, "wo_a8.o", t * groups * gin, 1.0);
     let mut ws = Vec::new();
-    let mut want = vec![0f32; t * groups * r];
     let mut xr = o.clone();
     flashseek_model::quant::act_quant_fp8_roundtrip(&mut xr, 128).map_err(|e| CudaError::Unsupported { what: "wo_a fp8 check", detail: e.to_string() })?;
+    let mut cpu_ws = Vec::new();
     for g in 0..groups {
         let (gw, cpu_w) = weight(gpu, "fp8", &random(seed, &format!("wo_a8.w.{g}"), r * gin, 0.08), r, gin)?;
-        let xg: Vec<f32> = (0..t).flat_map(|ti| xr[(ti * groups + g) * gin..(ti * groups + g + 1) * gin].to_vec()).collect();
-        for (ti, row) in crate::cpu::ops::linear(&xg, &cpu_w).chunks(r).enumerate() {
-            want[(ti * groups + g) * r..(ti * groups + g + 1) * r].copy_from_slice(row);
-        }
         ws.push(gw);
+        cpu_ws.push(cpu_w);
     }
+    let want = grouped_linear_cpu(&xr, t, &cpu_ws);
     let qa = gpu.act_quant(&gpu.upload(&o)?, t, groups * gin)?;
     let mut dz = gpu.upload(&vec![f32::NAN; t * groups * r])?;
     let done = gpu.grouped_linear_lt_fp8(&qa.q, &qa.sa, &ws, &mut dz, t)?;

@@ -24,7 +24,7 @@ use super::graph::DevBuf;
 use super::cublaslt::LT_MIN_TOKENS;
 use super::gpu::{tc_linear_mode, Gpu, GpuMatrix, GpuWeight, TcMode, TC_LINEAR_MIN_TOKENS};
 use super::CudaError;
-use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 /// The entry points of gemm_q8.cu.
 pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
@@ -486,6 +486,38 @@ impl Gpu {
         drv(&name, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
+    /// One `lt_scales` launch (gemm_q8.cu): `t` tokens' activation scales `sa` (`[t, kb]`, as
+    /// act_quant_fp8 writes them) into `sat` token-fastest (`[kb, t]`), and `nb` rows of ue8m0
+    /// weight block scales `sw` (`[nb, kb]`) widened into `swf` (`[nb, kbp]`, kbp = kb rounded up
+    /// to 4, padding 1.0): the layouts cuBLASLt's block-scaled FP8 GEMM reads. `t` or `nb` may be 0
+    /// (that part is skipped).
+    ///
+    /// Errors: buffers shorter than those sizes, counts past 32-bit indexing, launch failures.
+    #[allow(clippy::too_many_arguments)]
+    fn lt_scales(&self, sa: &CudaView<'_, f32>, t: usize, kb: usize, sat: &mut CudaViewMut<'_, f32>, sw: &CudaSlice<u8>, nb: usize, swf: &mut CudaViewMut<'_, f32>) -> Result<(), CudaError> {
+        let kbp = kb.div_ceil(4) * 4;
+        if sa.len() < t * kb || sat.len() < t * kb || sw.len() < nb * kb || swf.len() < nb * kbp {
+            return Err(bad(format!(
+                "lt_scales: {t} tokens of {kb} blocks and {nb} weight rows need {} + {} activation and {} + {} weight scales; got {} + {} and {} + {}",
+                t * kb,
+                t * kb,
+                nb * kb,
+                nb * kbp,
+                sa.len(),
+                sat.len(),
+                sw.len(),
+                swf.len()
+            )));
+        }
+        let (t_i, kb_i, nb_i) = (i32_of(t, "tokens")?, i32_of(kb, "blocks")?, i32_of(nb, "blocks")?);
+        let work = i32_of(t * kb + nb * kbp, "scales")? as usize;
+        let cfg = LaunchConfig { grid_dim: (work.div_ceil(256).clamp(1, 132 * 8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(self.f("lt_scales"));
+        b.arg(sa).arg(&t_i).arg(&kb_i).arg(sat).arg(sw).arg(&nb_i).arg(swf);
+        // SAFETY: matches lt_scales(sa, T, KB, sat, sw, NB, swf) with the sizes checked above.
+        drv("lt_scales", unsafe { b.launch(cfg) }).map(|_| ())
+    }
+
     /// [`Gpu::linear_q8`] through cuBLASLt's block-scaled FP8 GEMM ([`super::cublaslt`], switch
     /// `FP8_CUBLASLT`): FP8 weights with `rows` a multiple of 128 only. Returns whether it ran;
     /// `false` (`y` not written) when the weight is not FP8, cuBLASLt is unavailable (said once on
@@ -544,14 +576,8 @@ impl Gpu {
         let mut sat = unsafe { self.scratch::<f32>(kb * t) }?;
         // SAFETY: as above.
         let mut swf = unsafe { self.scratch::<f32>(nb * kbp) }?;
-        let (t_i, kb_i, nb_i) = (i32_of(t, "tokens")?, i32_of(kb, "blocks")?, i32_of(nb, "blocks")?);
-        i32_of(kb * t + nb * kbp, "scales")?;
-        let cfg = LaunchConfig { grid_dim: ((kb * t + nb * kbp).div_ceil(256).min(132 * 8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.stream.launch_builder(self.f("lt_scales"));
-        b.arg(&qa.sa).arg(&t_i).arg(&kb_i).arg(&mut sat).arg(scales).arg(&nb_i).arg(&mut swf);
-        // SAFETY: matches lt_scales(sa, T, KB, sat, sw, NB, swf): sa holds ≥ T·KB floats (qa.rows ≥ T,
-        // kp = cols), sat T·KB, sw NB·KB (the stored [N/128, K/128] scales), swf NB·KBp.
-        drv("lt_scales", unsafe { b.launch(cfg) })?;
+        // qa.sa holds ≥ t·kb floats (qa.rows ≥ t, kp = cols); scales are the stored [N/128, K/128].
+        self.lt_scales(&qa.sa.slice(..), t, kb, &mut sat.slice_mut(..), scales, nb, &mut swf.slice_mut(..))?;
         let s = &self.stream;
         let ops = super::cublaslt::LtOperands {
             w: wv.device_ptr(s).0,
@@ -604,15 +630,17 @@ impl Gpu {
         }
         let (kb, gkb, nb) = (kin / Q8_BLOCK, gin / Q8_BLOCK, r / Q8_BLOCK);
         let gkbp = gkb.div_ceil(4) * 4;
+        // Each FP8 group's (block scales, e4m3 weight), their lengths checked.
+        let mut fp8: Vec<(&CudaSlice<u8>, &CudaSlice<u8>)> = Vec::with_capacity(groups);
         for (g, w) in wo_a.iter().enumerate() {
             if let GpuMatrix::Fp8 { w: wv, scales } = &w.data {
                 if wv.len() < r * gin || scales.len() < nb * gkb {
                     return Err(bad(format!("group {g}'s FP8 weight holds {} values and {} block scales; [{r}, {gin}] needs {} and {}", wv.len(), scales.len(), r * gin, nb * gkb)));
                 }
+                fp8.push((scales, wv));
             }
         }
-        let fp8 = |w: &GpuWeight| matches!(w.data, GpuMatrix::Fp8 { .. });
-        if t == 0 || !gin.is_multiple_of(Q8_BLOCK) || !r.is_multiple_of(Q8_BLOCK) || !lt_fp8_group_scales_aligned(gin, t) || !wo_a.iter().all(fp8) || !self.lt_available() {
+        if fp8.len() < groups || t == 0 || !gin.is_multiple_of(Q8_BLOCK) || !r.is_multiple_of(Q8_BLOCK) || !lt_fp8_group_scales_aligned(gin, t) || !self.lt_available() {
             return Ok(0);
         }
         // The activation scales token-fastest for every group at once ([G·gin/128, t]: group g's
@@ -622,29 +650,15 @@ impl Gpu {
         // SAFETY: as above, nb·gkbp per group.
         let mut swf = unsafe { self.scratch::<f32>(groups * nb * gkbp) }?;
         let s = &self.stream;
-        let launch = |sa: &CudaView<'_, f32>, tt: usize, kbs: usize, sat: &mut cudarc::driver::CudaViewMut<'_, f32>, sw: &CudaSlice<u8>, nbs: usize, swf: &mut cudarc::driver::CudaViewMut<'_, f32>| -> Result<(), CudaError> {
-            let (t_i, kb_i, nb_i) = (i32_of(tt, "tokens")?, i32_of(kbs, "blocks")?, i32_of(nbs, "blocks")?);
-            let kbsp = kbs.div_ceil(4) * 4;
-            let work = i32_of(tt * kbs + nbs * kbsp, "scales")? as usize;
-            let cfg = LaunchConfig { grid_dim: (work.div_ceil(256).clamp(1, 132 * 8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            let mut b = s.launch_builder(self.f("lt_scales"));
-            b.arg(sa).arg(&t_i).arg(&kb_i).arg(sat).arg(sw).arg(&nb_i).arg(swf);
-            // SAFETY: matches lt_scales(sa, T, KB, sat, sw, NB, swf): sa holds ≥ T·KB floats, sat
-            // T·KB, sw NB·KB scale bytes, swf NB·KBp floats (the calls below pass sa and sw as
-            // checked above and sat / swf slices of their sizes).
-            drv("lt_scales", unsafe { b.launch(cfg) }).map(|_| ())
-        };
         // lt_scales reads one block count for both parts: the activations' (kb per token, no
         // weight rows) in one launch, then each group's weight scales (gkb per row, no tokens).
-        let GpuMatrix::Fp8 { scales: s0, .. } = &w0.data else { return Ok(0) };
-        launch(&sa.slice(..t * kb), t, kb, &mut sat.slice_mut(..), s0, 0, &mut swf.slice_mut(..1))?;
-        for (g, w) in wo_a.iter().enumerate() {
-            let GpuMatrix::Fp8 { scales, .. } = &w.data else { return Ok(0) };
-            launch(&sa.slice(..1), 0, gkb, &mut sat.slice_mut(..1), scales, nb, &mut swf.slice_mut(g * nb * gkbp..(g + 1) * nb * gkbp))?;
+        let (w0s, _) = fp8[0];
+        self.lt_scales(&sa.slice(..t * kb), t, kb, &mut sat.slice_mut(..), w0s, 0, &mut swf.slice_mut(..1))?;
+        for (g, (scales, _)) in fp8.iter().enumerate() {
+            self.lt_scales(&sa.slice(..1), 0, gkb, &mut sat.slice_mut(..1), scales, nb, &mut swf.slice_mut(g * nb * gkbp..(g + 1) * nb * gkbp))?;
         }
         let (qp, sap, swp, zp) = (q.device_ptr(s).0, sat.device_ptr(s).0, swf.device_ptr(s).0, z.device_ptr_mut(s).0);
-        for (g, w) in wo_a.iter().enumerate() {
-            let GpuMatrix::Fp8 { w: wv, .. } = &w.data else { return Ok(g) };
+        for (g, (_, wv)) in fp8.iter().enumerate() {
             let ops = super::cublaslt::LtOperands {
                 w: wv.device_ptr(s).0,
                 w_scales: swp + (4 * g * nb * gkbp) as u64,
