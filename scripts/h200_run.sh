@@ -48,12 +48,15 @@
 #   moe-defines  one Flash MoE layer timed (official numerics, 8K and 32K) once per compile-time
 #             variant in MOE_DEFINES (space-separated FLASHSEEK_KERNEL_DEFINES values, e.g.
 #             "MOE_WT_DIAG=0 MOE_WT_DIAG=64"; each recompiles the kernels, ~40 s a variant on a fresh machine)
+#   prefill-ab  gpu-bench of AB_LAYERS (10) layers at 8K and 32K once per configuration in PREFILL_AB
+#             ("label:NAME=V,NAME=V …", in the order given; "base" alone: the serving configuration) on top of
+#             the serving configuration, each a fresh process (~40 s each at 10 layers)
 #   serve     serve --device cuda vs serve --device cpu over HTTP (scripts/serve_parity.py) ~60 s
 #   bench-decode  20 layers at 8K/128K: decode with MOE_GROUPED_DECODE and DECODE_CUDA_GRAPH on (and
 #             the same steps without graphs), 32 steps each
 #   bench-decode-base  the same with the default switches (per-expert MoE at decode sizes)
 set -euo pipefail
-usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|decode-ab SWITCH|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-serving-bf16-wo-a|bench-chunks|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
+usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|decode-ab SWITCH|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-serving-bf16-wo-a|bench-chunks|prefill-ab|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
 # No step (or help): the usage line, before anything needs OUT.
 case "${1:-}" in ""|-h|--help) usage ;; esac
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
@@ -124,6 +127,16 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_bf16_wo_a.log" ;;
   bench-serving-f32-streams) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_f32_streams.json" > "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" ;;
+  prefill-ab)
+    # PREFILL_AB="label:NAME=V,NAME=V label2:…" (label "base": the serving configuration alone), each a
+    # gpu-bench of AB_LAYERS (10) layers at 8K and 32K on top of the serving configuration, in the order given.
+    for cfg in ${PREFILL_AB:?set PREFILL_AB}; do
+      label=${cfg%%:*}; envs=""
+      if [ "$cfg" != "$label" ]; then for kv in $(echo "${cfg#*:}" | tr ',' ' '); do envs="$envs FLASHSEEK_$kv"; done; fi
+      env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on $envs timeout 200 "$B" gpu-bench --layers "${AB_LAYERS:-10}" --contexts 8192,32768 --prefill-repeats 2 --decode-steps 2 --out "$OUT/prefill_ab_$label.json" > "$OUT/prefill_ab_$label.log" 2>&1
+      echo "$label ($envs): $(grep -E 'context .*prefill' "$OUT/prefill_ab_$label.log" | sed 's/, decode.*//' | tr '\n' ' ')"
+      grep -E "prefill (moe|compressors) " "$OUT/prefill_ab_$label.log" | sed "s/^/  /"
+    done ;;
   bench-chunks)
     for c in 16384 32768; do
       FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on timeout 280 "$B" gpu-bench --layers 20 --contexts 32768,131072 --chunk $c --prefill-repeats 2 --decode-steps 4 --out "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8_chunk$c.json" > "$OUT/gpu_bench_h200_20layers_fp8_bf16att_idx8_chunk$c.log" 2>&1

@@ -98,6 +98,13 @@ pub const SWITCHES: &[Switch] = &[
         parity: "gpu-check (`--only moe`) `moe_q8 fp4 MOE_FP8_WT=off bits` (bitwise equal to moe_ws on the parity layer; the other `moe_q8 fp4 …` records of 1,000 tokens run on it by default: against the CPU in official numerics and bit for bit against all on, which includes the forced 128-row tile) and `moe_q8 flash T=… MOE_FP8_WT=off bits` (Flash shapes with 256-row tiles forced against 128-row tiles, so that moe_wt runs at every listed token count); qualify (`MOE_FP8_WT=off alone (with TC_LINEAR=fp8)`: the same logits bits as all on with TC_LINEAR=fp8); the switch matrix row checks only the plumbing (its 200-token prefill has fewer than 128 pairs per expert)",
     },
     Switch {
+        name: "MOE_DOWN_BF16_OUT",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "the f32 rows of the routed experts' down projection (one per (token, slot), [T·k, d]) that the 256-row-tile grouped FP8 MoE (MOE_FP8_WT) scatters and the combine reads: the scatter rounds each row to bf16 as it stores it, as DeepSeek's FP8/FP4 GEMMs write their outputs (spec §6 \"Output is bf16\"; OFF-M then accumulates the routed outputs in fp32, spec §10.4), and the combine widens them (moe_combine_bf16) — half the bytes written and read (48 KiB per token and layer at top-6 of 4,096); not exact, off by default",
+        parity: "gpu-check (`--only moe`) `moe_q8 fp4 MOE_DOWN_BF16_OUT bits` (every routed row's bf16 values against the f32 scatter's rounded to nearest even, bit for bit, on the parity layer with the 256-row tiles ran) and `moe_q8 fp4 MOE_DOWN_BF16_OUT=on vs cpu` (the MoE output against the CPU in official numerics, the FP8 MoE's tolerance; against the f32 rows' output, NMSE reported); gpu-check (`--only mhc`) `moe_combine_bf16 bits` (against moe_combine_f32 on the widened values); the switch matrix (plumbing only: its 200-token prompts do not reach the 256-row tiles) and qualify (reported, not judged)",
+    },
+    Switch {
         name: "MOE_BF16_WS",
         values: &["on", "off"],
         aliases: ON_OFF_ALIASES,
@@ -250,6 +257,13 @@ pub const SWITCHES: &[Switch] = &[
         aliases: ON_OFF_ALIASES,
         replaces: "below 64 tokens (decode steps, short chunks), a compressor's projections as one gemv launch per weight (wkv and wgate; in a CSA layer also the indexer compressor's two and weights_proj: five), a position-bias pass over the gate logits and two copies appending kv and logits to the compressor state, and two zero-filled temporaries and a copy per completed-entry batch: one launch of all the layer's compressor gemvs (linear.cu linear_<fmt>[_t1|_t1p]_multi, f32 or bf16 weights) writing straight into the states with the bias added as it stores, and the entries pooled into scratch and normed into place; each value from the same row code, so the same bits",
         parity: "gpu-check `--only attention`: `linear_multi_into <fmt> T=… bits` (bitwise equal to one gemv per weight, then add_position_bias, at 1, 3 and 9 tokens, with LINEAR_T1_PREFETCH on and off); the switch matrix (`COMPRESSOR_FUSED_DECODE=off alone`: same bits) and qualify; `gpu-bench` decode",
+    },
+    Switch {
+        name: "COMPRESSOR_BF16",
+        values: &["off", "on"],
+        aliases: ON_OFF_ALIASES,
+        replaces: "at >= 64 tokens (prefill), the compressors' projections (wkv and wgate; in a CSA layer also the indexer compressor's two and weights_proj) on split activations (the attn-normed input as bf16 hi and lo planes, two bf16 GEMMs per weight: OFF-M's fp32 arithmetic to ~16 bits of the input) under TC_LINEAR=split or fp8: the input rounded to bf16 once, one bf16 GEMM per weight with f32 accumulation (cuBLASLt where it takes the shape) — HF's model-dtype compressor in bf16 and vLLM's (spec §9), half the tensor-core work and half the conversion's writes; not exact, off by default",
+        parity: "gpu-check `linear_multi COMPRESSOR_BF16 …` records (`--only tc`: the single-plane products against the CPU's f64 products of the bf16-rounded input, NMSE tolerance 1e-8 as the split linears' records, with LINEAR_CUBLASLT on and off, and against the split products, NMSE reported); the switch matrix and qualify (reported, not judged)",
     },
     Switch {
         name: "MOE_DECODE_GEMV",
@@ -621,6 +635,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MOE_FP8_WS", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     // Its 256-row tiles are an adaptive choice (ops_q8::wt_tiles; only checks force them).
     ("MOE_FP8_WT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"]), ("MOE_ADAPTIVE_TILES", &["on"])]),
+    ("MOE_DOWN_BF16_OUT", &[("TC_LINEAR", &["fp8"]), ("FP8_WGMMA", &["on"]), ("MOE_GROUPED", &["on"]), ("MOE_FP8_WS", &["on"]), ("MOE_ADAPTIVE_TILES", &["on"]), ("MOE_FP8_WT", &["on"])]),
     // Under TC_LINEAR=off the grouped MoE still runs split activations (ops_mhc.rs moe_forward).
     ("MOE_BF16_WS", &[("TC_LINEAR", &["split", "off"]), ("BF16_WGMMA", &["on"]), ("MOE_GROUPED", &["on"])]),
     ("FP8_CUBLASLT", &[("TC_LINEAR", &["fp8"])]),
@@ -632,6 +647,7 @@ pub const REQUIRES: &[(&str, &[Requirement])] = &[
     ("MLA_FUSED_Q_NORM", &[("MLA_STREAM_TOPK", &["on"])]),
     ("WQ_B_BF16_OUT", &[("TC_LINEAR", &["fp8"]), ("MLA_STREAM_TOPK", &["on"]), ("MLA_FUSED_Q_NORM", &["on"])]),
     ("WO_A_FP8", &[("TC_LINEAR", &["fp8"]), ("FP8_CUBLASLT", &["on"]), ("MLA_STREAM_TOPK", &["on"]), ("MLA_BF16", &["on"]), ("MLA_BF16_CAND_SPLIT", &["on"])]),
+    ("COMPRESSOR_BF16", &[("TC_LINEAR", &["split", "fp8"])]),
     ("MHC_BF16_STREAMS", &[("MHC_FUSED", &["on"])]),
     ("MHC_MIX_TC", &[("MHC_FUSED", &["on"]), ("MHC_BF16_STREAMS", &["on"])]),
     ("INDEXER_STREAM_TOPK", &[("INDEXER_TC", &["on"]), ("INDEXER_FP8", &["off"])]),
@@ -888,6 +904,27 @@ pub fn configurations() -> Vec<Configuration> {
         false,
         false,
     ));
+    // The compressors' projections on the bf16-rounded input (off by default, not exact), with the
+    // serving configuration (bench-serving's switches).
+    v.push(c(
+        "COMPRESSOR_BF16=on (with TC_LINEAR=fp8, MLA_BF16=on, INDEXER_FP8=on, WQ_B_BF16_OUT=on, MHC_BF16_STREAMS=on and WO_A_FP8=on)".into(),
+        vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on"), ("WO_A_FP8", "on"), ("COMPRESSOR_BF16", "on")],
+        Role::Fast,
+        false,
+        false,
+        false,
+    ));
+    // The routed down projection's rows in bf16 (off by default, not exact), with the serving
+    // configuration (plumbing only in the matrix: its 200-token prompts do not reach the 256-row
+    // tiles; qualify's do).
+    v.push(c(
+        "MOE_DOWN_BF16_OUT=on (with TC_LINEAR=fp8, MLA_BF16=on, INDEXER_FP8=on, WQ_B_BF16_OUT=on, MHC_BF16_STREAMS=on and WO_A_FP8=on)".into(),
+        vec![("TC_LINEAR", "fp8"), ("MLA_BF16", "on"), ("INDEXER_FP8", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on"), ("WO_A_FP8", "on"), ("MOE_DOWN_BF16_OUT", "on")],
+        Role::Fast,
+        false,
+        false,
+        false,
+    ));
     // The MLA_BF16 rows above run the candidate-split kernel (MLA_BF16_CAND_SPLIT's default); its
     // predecessor with the serving stacks' numerics.
     v.push(c(
@@ -1008,7 +1045,7 @@ mod tests {
         let official_all_on = cs.iter().position(|c| c.role == Role::OfficialAllOn).expect("official all-on run");
         assert_eq!(cs[official_all_on].overrides, [("TC_LINEAR", "fp8")]);
         assert!(cs.iter().enumerate().all(|(i, c)| !(c.official && c.same_bits_as_all_on) || i > official_all_on));
-        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on"), ("WO_A_FP8", "on")].iter().any(|o| c.overrides.contains(o));
+        let inexact = |c: &Configuration| c.official || [("TC_LINEAR", "bf16"), ("MLA_STREAM_FAST_EXP", "on"), ("INDEXER_FP8", "on"), ("MLA_BF16", "on"), ("WQ_B_BF16_OUT", "on"), ("MHC_BF16_STREAMS", "on"), ("WO_A_FP8", "on"), ("COMPRESSOR_BF16", "on"), ("MOE_DOWN_BF16_OUT", "on")].iter().any(|o| c.overrides.contains(o));
         assert!(cs.iter().all(|c| c.exact != inexact(c)));
         assert!(cs.iter().filter(|c| c.official).count() >= 3);
     }

@@ -812,12 +812,13 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
 /// to each weight against the first tensor-core one).
 fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let (k, r1, r2, r3, t) = (1024usize, 512usize, 384usize, 64usize, 300usize);
-    let (w1, _) = weight(gpu, "bf16", &random(seed, "multi.w1", r1 * k, 0.05), r1, k)?;
-    let (w2, _) = weight(gpu, "bf16", &random(seed, "multi.w2", r2 * k, 0.05), r2, k)?;
-    let (w3, _) = weight(gpu, "bf16", &random(seed, "multi.w3", r3 * k, 0.05), r3, k)?;
+    let (w1, m1) = weight(gpu, "bf16", &random(seed, "multi.w1", r1 * k, 0.05), r1, k)?;
+    let (w2, m2) = weight(gpu, "bf16", &random(seed, "multi.w2", r2 * k, 0.05), r2, k)?;
+    let (w3, m3) = weight(gpu, "bf16", &random(seed, "multi.w3", r3 * k, 0.05), r3, k)?;
     let (w8, _) = weight(gpu, "fp8", &random(seed, "multi.w8", r2 * k, 0.05), r2, k)?;
     let (wf, _) = weight(gpu, "f32", &random(seed, "multi.wf", r2 * k, 0.05), r2, k)?;
-    let dx = gpu.upload(&random(seed, "multi.x", t * k, 1.0))?;
+    let hx = random(seed, "multi.x", t * k, 1.0);
+    let dx = gpu.upload(&hx)?;
     let mut all = true;
     for (label, overrides, second) in [
         ("split, LINEAR_CUBLASLT=on", [("TC_LINEAR", "split"), ("LINEAR_CUBLASLT", "on")], &w2),
@@ -848,6 +849,30 @@ fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<boo
         let differ = differing_bits(&a, &b);
         let finite = a.iter().all(|v| v.is_finite());
         all &= flag_record(out, &format!("linear_multi {label} bits"), json!({"shape": [t, [r1, r2, r3], k], "differing_values": differ, "of": a.len(), "vs": "one linear per weight", "finite": finite, "shared_conversion": shared, "sharing": if std::ptr::eq(second, &wf) { "the first and third weights" } else { "all three weights" }}), differ == 0 && finite && shared);
+    }
+    // COMPRESSOR_BF16 (Gpu::linear_multi_planes with hi_only): the products of the bf16-rounded
+    // input against the CPU's (ops::linear of the same bf16 values: what the GEMMs multiply, so the
+    // split linears' tolerance), cuBLASLt's GEMMs (LINEAR_CUBLASLT on; the 64-row weight below its
+    // LT_MIN_ROWS on gemm.cu's kernel) and gemm.cu's alone; and against the split products (the
+    // switch's error, reported).
+    let xh: Vec<f32> = hx.iter().map(|v| quant::bf16_to_f32(quant::f32_to_bf16(*v))).collect();
+    let want: Vec<f32> = [&m1, &m2, &m3].iter().flat_map(|m| ops::linear(&xh, m)).collect();
+    for lt in ["on", "off"] {
+        let (got, split) = switch_scope(&[("TC_LINEAR", "split"), ("LINEAR_CUBLASLT", lt)], || {
+            let mut ys = Vec::new();
+            for hi_only in [true, false] {
+                let mut a1 = gpu.upload(&vec![f32::NAN; t * r1])?;
+                let mut a2 = gpu.upload(&vec![f32::NAN; t * r2])?;
+                let mut a3 = gpu.upload(&vec![f32::NAN; t * r3])?;
+                gpu.linear_multi_planes(&dx, t, &mut [(&w1, &mut a1), (&w2, &mut a2), (&w3, &mut a3)], hi_only)?;
+                ys.push([gpu.download(&a1)?, gpu.download(&a2)?, gpu.download(&a3)?].concat());
+            }
+            let split = ys.pop().unwrap_or_default();
+            Ok((ys.pop().unwrap_or_default(), split))
+        })?;
+        let (nmse_split, max_abs_split, _) = errors(&got, &split);
+        all &= record_tol(out, &format!("linear_multi COMPRESSOR_BF16 LINEAR_CUBLASLT={lt} vs cpu"), json!({"shape": [t, [r1, r2, r3], k], "vs": "ops::linear of the bf16-rounded input", "vs_split_nmse": nmse_split, "vs_split_max_abs": max_abs_split}), &got, &want, SPLIT_NMSE_TOL);
+        println!("linear_multi COMPRESSOR_BF16 LINEAR_CUBLASLT={lt}: vs the split products nmse {nmse_split:.3e} max_abs {max_abs_split:.3e}");
     }
     Ok(all)
 }

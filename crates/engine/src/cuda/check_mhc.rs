@@ -16,7 +16,8 @@
 //! - `router …`: [`moe::route`] (E 256, top-6; sqrt-softplus score layer with forced ties, hash layer,
 //!   sigmoid score layer) on the same logits; expert ids compared exactly, weights γ by NMSE.
 //! - `swiglu`: the clamped SwiGLU formula of `forward::moe` elementwise.
-//! - `moe_combine bits …`: moe_combine_f32 against its f64 fma sum replayed on the host, bit for bit.
+//! - `moe_combine bits …`: moe_combine_f32 against its f64 fma sum replayed on the host, bit for bit;
+//!   `moe_combine_bf16 bits …` the same on bf16 slots (against the replay over their widening).
 //! - `moe_forward …`: a whole MoE layer for 9 tokens, E 16 FP4 experts (top-6) and an FP8 shared
 //!   expert, vs [`moe::route`] + [`moe::moe`] (exact numerics) on the dequantized weights, for a score
 //!   and a hash layer: ids exact, γ and the output by NMSE.
@@ -575,7 +576,8 @@ fn check_swiglu(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cuda
 /// counted instead of zeroed would show) at d 4,096 (four channels per thread) with γ and the shared
 /// expert and without either; k 10 (more slots than the kernel loads at once) at d 4,100 (a last
 /// block of one thread's four channels) without expert ids (every slot counts); d 1,030 (one channel
-/// per thread).
+/// per thread). And moe_combine_bf16 (`MOE_DOWN_BF16_OUT`) on the same slots rounded to bf16 against
+/// the same replay over their exact widening.
 fn check_moe_combine(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let (t, e) = (9usize, 16usize);
@@ -591,28 +593,41 @@ fn check_moe_combine(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool,
                 slot[i * d..(i + 1) * d].iter_mut().for_each(|v| *v = f32::NAN);
             }
         }
-        let mut want = vec![0f32; t * d];
-        for ti in 0..t {
-            for i in 0..d {
-                let mut acc = 0f64;
-                for s in 0..k {
-                    let ts = ti * k + s;
-                    let g = if with_w { w[ts] as f64 } else { 1.0 };
-                    let routed = experts[ts] >= 0 && experts[ts] < e as i32;
-                    acc = g.mul_add(if routed { slot[ts * d + i] as f64 } else { 0.0 }, acc);
+        // The f64 fma sum replayed on the host over slot values `sv`.
+        let replay = |sv: &[f32]| {
+            let mut want = vec![0f32; t * d];
+            for ti in 0..t {
+                for i in 0..d {
+                    let mut acc = 0f64;
+                    for s in 0..k {
+                        let ts = ti * k + s;
+                        let g = if with_w { w[ts] as f64 } else { 1.0 };
+                        let routed = experts[ts] >= 0 && experts[ts] < e as i32;
+                        acc = g.mul_add(if routed { sv[ts * d + i] as f64 } else { 0.0 }, acc);
+                    }
+                    if with_shared {
+                        acc += sh[ti * d + i] as f64;
+                    }
+                    want[ti * d + i] = acc as f32;
                 }
-                if with_shared {
-                    acc += sh[ti * d + i] as f64;
-                }
-                want[ti * d + i] = acc as f32;
             }
-        }
+            want
+        };
         let (ds, dw, dx, dsh) = (gpu.upload(&slot)?, gpu.upload(&w)?, gpu.upload(&experts)?, gpu.upload(&sh)?);
         let mut dout = gpu.zeros::<f32>(t * d)?;
         gpu.moe_combine(&ds, with_w.then_some(&dw), with_ids.then_some((&dx, e)), with_shared.then_some(&dsh), &mut dout, t, k, d)?;
-        let differ = differing_bits(&gpu.download(&dout)?, &want);
-        let label = format!("moe_combine bits (k {k}, d {d}{}{}{})", if with_w { ", γ" } else { "" }, if with_shared { ", shared" } else { "" }, if with_ids { ", unrouted slots" } else { "" });
-        all &= flag_record(out, &label, json!({"differing_values": differ, "of": t * d, "vs": "the f64 fma sum replayed on the host"}), differ == 0);
+        let differ = differing_bits(&gpu.download(&dout)?, &replay(&slot));
+        let what = format!("k {k}, d {d}{}{}{}", if with_w { ", γ" } else { "" }, if with_shared { ", shared" } else { "" }, if with_ids { ", unrouted slots" } else { "" });
+        all &= flag_record(out, &format!("moe_combine bits ({what})"), json!({"differing_values": differ, "of": t * d, "vs": "the f64 fma sum replayed on the host"}), differ == 0);
+        // moe_combine_bf16 (MOE_DOWN_BF16_OUT): the slots rounded to bf16, against the replay over
+        // their exact widening.
+        let bits: Vec<u16> = slot.iter().map(|v| quant::f32_to_bf16(*v)).collect();
+        let widened: Vec<f32> = bits.iter().map(|b| quant::bf16_to_f32(*b)).collect();
+        let db = gpu.upload(&bits)?;
+        let mut dout = gpu.zeros::<f32>(t * d)?;
+        gpu.moe_combine_bf16(&db, with_w.then_some(&dw), with_ids.then_some((&dx, e)), with_shared.then_some(&dsh), &mut dout, t, k, d)?;
+        let differ = differing_bits(&gpu.download(&dout)?, &replay(&widened));
+        all &= flag_record(out, &format!("moe_combine_bf16 bits ({what})"), json!({"differing_values": differ, "of": t * d, "vs": "the f64 fma sum replayed on the host over the widened bf16 slots"}), differ == 0);
     }
     Ok(all)
 }

@@ -68,6 +68,7 @@ use crate::forward::Numerics;
 use crate::weights::{ExpertWeights, Matrix, RouterWeights};
 use flashseek_model::config::ScoringFunc;
 use serde_json::{json, Value};
+use flashseek_model::quant;
 
 /// NMSE bound for the grouped MoE with bf16 activations (issue 6 §5).
 pub const GROUPED_BF16_NMSE_TOL: f64 = 5e-4;
@@ -598,6 +599,7 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
                 let wt_off = switch_scope(&[("MOE_FP8_WT", "off")], || gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, dw, MoeOptions::ALL_ON))?;
                 let differ = differing_bits(f0, &gpu.download(&wt_off)?);
                 all &= flag_record(out, &format!("moe_q8 {fmt} MOE_FP8_WT=off bits"), json!({"differing_values": differ, "of": f0.len(), "vs": "all on", "moe_wt_ran": ran}), differ == 0 && ran);
+                all &= down_bf16_records(gpu, cfg, &layer, &df, dids, dw, ids, &y_ref, f0, ran, out)?;
             }
         }
         let masked = gpu.download(&*gpu.moe_experts_grouped_q8(cfg, &layer, &df, t, dids, &dzero, MoeOptions::ALL_ON)?)?;
@@ -605,6 +607,42 @@ fn run_q8(gpu: &Gpu, seed: u64, cfg: &flashseek_model::config::Ds4Config, f: &[f
         let differ = differing_bits(&masked, &shared);
         all &= flag_record(out, &format!("moe_q8 {fmt} masked"), json!({"differing_values": differ, "of": shared.len(), "vs": "official shared expert alone"}), differ == 0);
     }
+    Ok(all)
+}
+
+/// `MOE_DOWN_BF16_OUT` on the parity layer (FP4, the 256-row tiles: `wt_ran`): every routed
+/// (token, slot) row of the bf16 scatter against the f32 scatter's row rounded to nearest even, bit
+/// for bit (`bits`: the same accumulations, rounded as they are stored); the MoE output against the
+/// CPU in official numerics (`y_ref`, the FP8 MoE's tolerance) and against the f32 rows' output
+/// (`f32_out`, NMSE reported: the switch's own error).
+#[allow(clippy::too_many_arguments)]
+fn down_bf16_records(gpu: &Gpu, cfg: &flashseek_model::config::Ds4Config, layer: &GpuMoeLayer, df: &cudarc::driver::CudaSlice<f32>, dids: &cudarc::driver::CudaSlice<i32>, dw: &cudarc::driver::CudaSlice<f32>, ids: &[i32], y_ref: &[f32], f32_out: &[f32], wt_ran: bool, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    use super::ops_moe::OwnedSlots;
+    let (t, d, e) = (ids.len() / cfg.num_experts_per_tok, cfg.hidden_size, cfg.n_routed_experts);
+    let (_, plain) = gpu.moe_grouped_q8_slots(cfg, layer, df, t, dids, dw, MoeOptions::ALL_ON)?;
+    let (got, rounded) = switch_scope(&[("MOE_DOWN_BF16_OUT", "on")], || gpu.moe_grouped_q8_slots(cfg, layer, df, t, dids, dw, MoeOptions::ALL_ON))?;
+    let got = gpu.download(&got)?;
+    let (mut differ, mut compared) = (0usize, 0usize);
+    let ran = match (plain, rounded) {
+        (Some(OwnedSlots::F32(a)), Some(OwnedSlots::Bf16(b))) => {
+            let (a, b) = (gpu.download(&a)?, gpu.download(&b)?);
+            for (ts, id) in ids.iter().enumerate() {
+                if *id < 0 || *id as usize >= e {
+                    continue;
+                }
+                for j in ts * d..(ts + 1) * d {
+                    compared += 1;
+                    differ += usize::from(quant::f32_to_bf16(a[j]) != b[j]);
+                }
+            }
+            true
+        }
+        _ => false,
+    };
+    let mut all = flag_record(out, "moe_q8 fp4 MOE_DOWN_BF16_OUT bits", json!({"differing_values": differ, "of": compared, "vs": "the f32 scatter's rows rounded to nearest-even bf16", "bf16_rows_ran": ran, "moe_wt_ran": wt_ran}), differ == 0 && compared > 0 && ran && wt_ran);
+    let (nmse_f32, max_abs_f32, _) = errors(&got, f32_out);
+    println!("moe_q8 fp4 MOE_DOWN_BF16_OUT=on vs the f32 rows' output: nmse {nmse_f32:.3e} max_abs {max_abs_f32:.3e}");
+    all &= vs_cpu(out, "moe_q8 fp4 MOE_DOWN_BF16_OUT=on vs cpu", &json!({"tokens": t, "vs_f32_rows_nmse": nmse_f32, "vs_f32_rows_max_abs": max_abs_f32}), &got, y_ref, Q8_MOE_NMSE_TOL);
     Ok(all)
 }
 

@@ -1162,7 +1162,7 @@ impl Gpu {
             return Ok(());
         };
         let (xb, tp, kp) = self.bf16_planes(x, t, w.cols, split)?;
-        self.linear_tc_planes(&xb, tp, kp, w, y, t, tile, chosen, split)
+        self.linear_tc_planes(&xb, tp, kp, w, y, t, tile, chosen, split, false)
     }
 
     /// [`Gpu::linear`] on several weights of the same input `x` (`[t, k]`): the weights that take
@@ -1174,12 +1174,30 @@ impl Gpu {
     ///
     /// Errors: as [`Gpu::linear`].
     pub fn linear_multi(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)]) -> Result<(), CudaError> {
+        self.linear_multi_planes(x, t, outs, false)
+    }
+
+    /// [`Gpu::linear_multi`], or with `hi_only` (switch `COMPRESSOR_BF16`, the compressors'
+    /// projections) every weight that would take split activations takes the hi plane alone: `x`
+    /// rounded to nearest-even bf16 once (one plane, half the conversion's writes), each GEMM on it
+    /// with f32 accumulation — cuBLASLt's bf16 GEMM where [`Gpu::linear_split_lt`] takes the shape
+    /// (`LINEAR_CUBLASLT`, ≥ [`super::cublaslt::LT_MIN_TOKENS`] tokens, ≥ `LT_MIN_ROWS` outputs),
+    /// gemm.cu's bf16 kernels otherwise (`weights_proj`'s 64 rows). Half the tensor-core work of
+    /// the split product; not exact: the product of `bf16(x)` (HF's model-dtype compressor in bf16
+    /// and vLLM's, spec §9, where OFF-M computes in fp32). Weights outside the tensor-core route
+    /// (fewer than 64 tokens, `TC_LINEAR=off`, f32 weights) run as [`Gpu::linear`] either way.
+    ///
+    /// Errors: as [`Gpu::linear`].
+    pub fn linear_multi_planes(&self, x: &CudaSlice<f32>, t: usize, outs: &mut [(&GpuWeight, &mut CudaSlice<f32>)], hi_only: bool) -> Result<(), CudaError> {
+        // Acts only where the weights would take split activations (TC_LINEAR split or fp8).
+        let hi_only = hi_only && matches!(tc_linear_mode(), TcMode::Split | TcMode::Fp8);
+        let route = |w: &GpuWeight| linear_route(t, w).map(|split| split && !hi_only);
         // The sharing group: the route (split or not) and input width of the first tensor-core weight.
-        let key = outs.iter().find_map(|(w, _)| linear_route(t, w).map(|split| (split, w.cols)));
-        let joins = |w: &GpuWeight| key.is_some_and(|(split, k)| linear_route(t, w) == Some(split) && w.cols == k);
+        let key = outs.iter().find_map(|(w, _)| route(w).map(|split| (split, w.cols)));
+        let joins = |w: &GpuWeight| key.is_some_and(|(split, k)| route(w) == Some(split) && w.cols == k);
         let members = outs.iter().filter(|(w, _)| joins(w)).count();
         let (split, cols) = match key {
-            Some(key) if members > 1 => key,
+            Some(key) if members > 1 || hi_only => key,
             _ => {
                 for (w, y) in outs.iter_mut() {
                     self.linear(x, w, y, t)?;
@@ -1200,7 +1218,7 @@ impl Gpu {
         let (xb, tp, kp) = self.bf16_planes(x, t, cols, split)?;
         for ((w, y), chosen) in outs.iter_mut().filter(|(w, _)| joins(w)).zip(tiles) {
             if let Some(chosen) = chosen {
-                self.linear_tc_planes(&xb, tp, kp, w, y, t, None, chosen, split)?;
+                self.linear_tc_planes(&xb, tp, kp, w, y, t, None, chosen, split, hi_only)?;
             }
         }
         Ok(())
@@ -1236,15 +1254,16 @@ impl Gpu {
 
     /// The GEMM of [`Gpu::linear_tc`] on activations already converted by [`Gpu::bf16_planes`]
     /// (`xb`: `tp` rows of `kp`, with `split` the lo plane after the hi one), the block tile
-    /// `chosen` (`tile`: the caller's forcing, if any; cuBLASLt only takes unforced split GEMMs).
+    /// `chosen` (`tile`: the caller's forcing, if any; cuBLASLt only takes unforced split GEMMs, and
+    /// with `lt_hi_only` unforced GEMMs on the hi plane alone: [`Gpu::linear_multi_planes`]).
     ///
     /// Errors: sizes beyond 32-bit indexing, launch failures.
     #[allow(clippy::too_many_arguments)]
-    fn linear_tc_planes(&self, xb: &DevBuf<u16>, tp: usize, kp: usize, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize, tile: Option<GemmTile>, chosen: GemmTile, split: bool) -> Result<(), CudaError> {
+    fn linear_tc_planes(&self, xb: &DevBuf<u16>, tp: usize, kp: usize, w: &GpuWeight, y: &mut CudaSlice<f32>, t: usize, tile: Option<GemmTile>, chosen: GemmTile, split: bool, lt_hi_only: bool) -> Result<(), CudaError> {
         let (fmt, _) = format_of(w);
         let too_big = |v: usize| i32::try_from(v).map_err(|_| CudaError::Unsupported { what: "linear", detail: format!("{v} does not fit the kernel's 32-bit index") });
         let (tt, n, k) = (too_big(t)?, too_big(w.rows)?, too_big(w.cols)?);
-        if split && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(xb, Some(tp * kp), kp, 0, w, y, w.rows, 0, t)? {
+        if (split || lt_hi_only) && tile.is_none() && t >= super::cublaslt::LT_MIN_TOKENS && crate::switches::on("LINEAR_CUBLASLT") && self.linear_split_lt(xb, split.then_some(tp * kp), kp, 0, w, y, w.rows, 0, t)? {
             return Ok(());
         }
         let (bm, bn, threads, _) = chosen.shape();

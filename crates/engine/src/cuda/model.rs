@@ -993,6 +993,9 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
                 idx_pre = wts.map(|w| (None, w));
                 complete_entries(gpu, m, cw, cs, pos0 + t)?;
             } else {
+                // COMPRESSOR_BF16: the projections on the input rounded to bf16 alone (HF's and
+                // vLLM's model-dtype compressor) instead of its split planes (OFF-M's fp32).
+                let hi_only = crate::switches::on("COMPRESSOR_BF16");
                 // SAFETY: both written by the linear below.
                 let mut p = unsafe { CompProjections::alloc(gpu, cw, t) }?;
                 match csa {
@@ -1001,10 +1004,10 @@ fn forward_tokens(gpu: &Gpu, m: &GpuModel, seq: &mut GpuSequence, tokens: Tokens
                         let mut ip = unsafe { CompProjections::alloc(gpu, &iw.compressor, t) }?;
                         let mut wts = unsafe { gpu.scratch::<f32>(t * iw.heads) }?;
                         let ic = &iw.compressor;
-                        gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg), (&ic.wkv, &mut ip.kv), (&ic.wgate, &mut ip.lg), (&iw.weights_proj, &mut wts)])?;
+                        gpu.linear_multi_planes(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg), (&ic.wkv, &mut ip.kv), (&ic.wgate, &mut ip.lg), (&iw.weights_proj, &mut wts)], hi_only)?;
                         idx_pre = Some((Some(ip), wts));
                     }
-                    None => gpu.linear_multi(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg)])?,
+                    None => gpu.linear_multi_planes(&a, t, &mut [(&cw.wkv, &mut p.kv), (&cw.wgate, &mut p.lg)], hi_only)?,
                 }
                 compress_pool(gpu, m, cw, cs, p, t, pos0)?;
             }

@@ -79,6 +79,16 @@ impl HcStream for u16 {
     const NORM_STAGED: bool = true;
 }
 
+/// The routed experts' outputs `[t·k, d]` (one row per (token, slot)) that a MoE path hands to
+/// [`Gpu::moe_combine`]: f32, or bf16 bits (`MOE_DOWN_BF16_OUT`, [`Gpu::moe_combine_bf16`]).
+#[derive(Clone, Copy)]
+pub(crate) enum SlotOut<'a> {
+    /// f32 values.
+    F32(&'a CudaSlice<f32>),
+    /// bf16 bits.
+    Bf16(&'a CudaSlice<u16>),
+}
+
 /// Entry points of `kernels/moe.cu`.
 pub const MOE_ENTRY_POINTS: &[&str] = &[
     "router_scores_f32",
@@ -86,6 +96,7 @@ pub const MOE_ENTRY_POINTS: &[&str] = &[
     "gather_rows_f32",
     "scatter_rows_f32",
     "moe_combine_f32",
+    "moe_combine_bf16",
     "moe_group_scan",
     "moe_group_plan",
     "moe_gather_bf16",
@@ -967,6 +978,23 @@ impl Gpu {
     /// Errors: a buffer too short.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_combine(&self, slot_out: &CudaSlice<f32>, weights: Option<&CudaSlice<f32>>, experts: Option<(&CudaSlice<i32>, usize)>, shared: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>, t: usize, k: usize, d: usize) -> Result<(), CudaError> {
+        self.moe_combine_slots("moe_combine_f32", slot_out, weights, experts, shared, out, t, k, d)
+    }
+
+    /// [`Gpu::moe_combine`] on bf16 routed outputs (`slot_out` `[t, k, d]` bf16 bits; switch
+    /// `MOE_DOWN_BF16_OUT`): each value widened exactly, then the same f64 sums — the bits of
+    /// [`Gpu::moe_combine`] on the widened values. Half the slot bytes read (moe_combine_bf16).
+    ///
+    /// Errors: a buffer too short.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_combine_bf16(&self, slot_out: &CudaSlice<u16>, weights: Option<&CudaSlice<f32>>, experts: Option<(&CudaSlice<i32>, usize)>, shared: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>, t: usize, k: usize, d: usize) -> Result<(), CudaError> {
+        self.moe_combine_slots("moe_combine_bf16", slot_out, weights, experts, shared, out, t, k, d)
+    }
+
+    /// The one launcher of moe.cu's `moe_combine_f32` / `moe_combine_bf16` (`name`; `T` the slot type
+    /// it reads: f32 or bf16 bits).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_combine_slots<T: cudarc::driver::DeviceRepr>(&self, name: &'static str, slot_out: &CudaSlice<T>, weights: Option<&CudaSlice<f32>>, experts: Option<(&CudaSlice<i32>, usize)>, shared: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>, t: usize, k: usize, d: usize) -> Result<(), CudaError> {
         const W: &str = "moe_combine";
         need(W, "slot_out", slot_out.len(), t * k * d)?;
         if let Some(w) = weights {
@@ -982,13 +1010,13 @@ impl Gpu {
         if t == 0 || d == 0 {
             return Ok(());
         }
-        // moe_combine_f32: 4 channels per thread when d % 4 == 0, else 1.
+        // 4 channels per thread when d % 4 == 0, else 1.
         let per_thread = if d.is_multiple_of(4) { 4 } else { 1 };
         let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize * per_thread) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (k_i, d_i) = (int(W, "k", k)?, int(W, "d", d)?);
         let e_i = int(W, "experts", experts.map_or(0, |(_, e)| e))?;
         let null = 0u64;
-        let mut b = self.stream.launch_builder(self.f("moe_combine_f32"));
+        let mut b = self.stream.launch_builder(self.f(name));
         b.arg(slot_out);
         match weights {
             Some(w) => b.arg(w),
@@ -1003,8 +1031,9 @@ impl Gpu {
             None => b.arg(&null),
         };
         b.arg(out).arg(&k_i).arg(&d_i).arg(&e_i);
-        // SAFETY: matches moe_combine_f32's signature; buffers checked above.
-        drv("moe_combine_f32", unsafe { b.launch(cfg) }).map(|_| ())
+        // SAFETY: matches the signature of moe_combine_f32 (T = f32) and moe_combine_bf16 (T = u16);
+        // buffers checked above.
+        drv(name, unsafe { b.launch(cfg) }).map(|_| ())
     }
 
     /// One SwiGLU expert on the first `m` rows of `x` (`[m, d]`): `y = W2·(silu(min(W1 x, L)) ⊙ clamp(W3 x, ±L))`,
@@ -1159,7 +1188,7 @@ impl Gpu {
             self.expert_ffn(&layer.experts[x], &xs, None, m, limit, &mut g, &mut u, &mut h, &mut y, official, official.then_some((&dst, weights)))?;
             self.scatter_rows(&y, &dst, &mut slot_out, t * k, d)?;
         }
-        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, &slot_out, weights, None, official)
+        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, SlotOut::F32(&slot_out), weights, None, official)
     }
 
     /// The shared expert of `layer` over the first `t` rows of `f` (`[t, d]`; SwiGLU limit `limit`),
@@ -1189,11 +1218,15 @@ impl Gpu {
     /// slots of ids outside 0..E they leave unwritten (`slot_out` need not be zero-filled). Returns
     /// the MoE output `[t, d]`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, fq: Option<&super::ops_q8::QuantizedActs>, t: usize, k: usize, d: usize, limit: f32, slot_out: &CudaSlice<f32>, weights: &CudaSlice<f32>, experts: Option<(&CudaSlice<i32>, usize)>, official: bool) -> Result<DevBuf<f32>, CudaError> {
+    pub(crate) fn moe_shared_and_combine(&self, layer: &GpuMoeLayer, f: &CudaSlice<f32>, fq: Option<&super::ops_q8::QuantizedActs>, t: usize, k: usize, d: usize, limit: f32, slot_out: SlotOut<'_>, weights: &CudaSlice<f32>, experts: Option<(&CudaSlice<i32>, usize)>, official: bool) -> Result<DevBuf<f32>, CudaError> {
         let shared = self.shared_expert(layer, f, fq, t, d, limit, official)?;
         // SAFETY: moe_combine writes all t·d values.
         let mut out = unsafe { self.scratch::<f32>(t * d) }?;
-        self.moe_combine(slot_out, (!official).then_some(weights), experts, Some(&shared), &mut out, t, k, d)?;
+        let w = (!official).then_some(weights);
+        match slot_out {
+            SlotOut::F32(s) => self.moe_combine(s, w, experts, Some(&shared), &mut out, t, k, d)?,
+            SlotOut::Bf16(s) => self.moe_combine_bf16(s, w, experts, Some(&shared), &mut out, t, k, d)?,
+        }
         Ok(out)
     }
 

@@ -20,7 +20,7 @@
 use super::drv;
 use super::graph::DevBuf;
 use super::gpu::{gemm_smem_for, wb_smem, Gpu, GpuMatrix, GpuWeight, GEMM_ENTRY_POINTS, GEMM_WB_ENTRY_POINTS};
-use super::ops_mhc::{GpuExpert, GpuMoeLayer};
+use super::ops_mhc::{GpuExpert, GpuMoeLayer, SlotOut};
 use super::CudaError;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use flashseek_model::config::Ds4Config;
@@ -616,7 +616,7 @@ impl Gpu {
         let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
         self.moe_gemm(&g, tables, "scatter", split, opts, &hb, h_lo, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), Some(&mut slot_out), None, d, inter, limit)?;
         // Shared expert over all tokens, then the combine.
-        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, &slot_out, weights, Some((experts, e)), false)
+        self.moe_shared_and_combine(layer, f, None, t, k, d, limit, SlotOut::F32(&slot_out), weights, Some((experts, e)), false)
     }
 
     /// Launches one grouped FP8-activation GEMM `moe_<q8|w8|ws|wt>_<fmt>_<bm>_<epi>` (gemm_q8.cu; the
@@ -624,7 +624,7 @@ impl Gpu {
     /// for 256-row tiles, whose block scale tables `blocks` indexes in
     /// [`GpuExpertTables::block_smax`]: gate (or only) and up matrix, 0 = w1, 1 = w3, 2 = w2).
     #[allow(clippy::too_many_arguments)]
-    fn moe_q8(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: Option<&mut CudaSlice<f32>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
+    fn moe_q8<Y: cudarc::driver::DeviceRepr>(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: Option<&mut CudaSlice<Y>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
         // 256-row tiles exist only as moe_wt (FP4; chosen by ops_q8::wt_tiles).
         let family = if g.bm == 256 { "moe_wt" } else { super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok) };
         let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
@@ -677,12 +677,23 @@ impl Gpu {
     /// failures.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_experts_grouped_q8(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, opts: MoeOptions) -> Result<DevBuf<f32>, CudaError> {
+        Ok(self.moe_grouped_q8_slots(cfg, layer, f, t, experts, weights, opts)?.0)
+    }
+
+    /// [`Gpu::moe_experts_grouped_q8`] that also returns the routed outputs it combined (`[t·k, d]`,
+    /// one row per (token, slot); rows of slots whose expert lies outside 0..E unwritten; `None`
+    /// where the decode gemvs ran): f32, or with `MOE_DOWN_BF16_OUT` on the 256-row tiles bf16
+    /// (the gpu-check of that switch compares the two).
+    ///
+    /// Errors: as [`Gpu::moe_experts_grouped_q8`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_grouped_q8_slots(&self, cfg: &Ds4Config, layer: &GpuMoeLayer, f: &CudaSlice<f32>, t: usize, experts: &CudaSlice<i32>, weights: &CudaSlice<f32>, opts: MoeOptions) -> Result<(DevBuf<f32>, Option<OwnedSlots>), CudaError> {
         let (tables, d, e, k) = self.grouped_inputs(cfg, layer, f, t, experts, weights, true)?;
         let tk = t * k;
         let inter = tables.inter;
         let limit = cfg.swiglu_limit as f32;
         if gemv_runs(tables, tk, opts) {
-            return self.moe_experts_gemv(layer, tables, f, t, experts, weights, (d, e, k), limit, true, opts.gemv_ksplit);
+            return Ok((self.moe_experts_gemv(layer, tables, f, t, experts, weights, (d, e, k), limit, true, opts.gemv_ksplit)?, None));
         }
         let wt = self.moe_wt_runs(tables, tk, e, opts);
         self.moe_mark("moe:group+gather");
@@ -711,7 +722,7 @@ impl Gpu {
         let mut hf = unsafe { self.scratch::<f32>(g.r_cap * inter) }?;
         self.moe_mark("moe:gate_up");
         if opts.fused_swiglu {
-            self.moe_q8(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
+            self.moe_q8::<f32>(&g, tables, "swiglu", opts, &xq, &xsa, (&tables.w1, &tables.s1), (&tables.w3, &tables.s3), (0, 1), None, Some((&mut hf, inter)), weights, 2 * inter, d, limit)?;
         } else {
             let mut yg = self.zeros::<f32>(g.r_cap * inter)?;
             let mut yu = self.zeros::<f32>(g.r_cap * inter)?;
@@ -724,11 +735,40 @@ impl Gpu {
         let hq = self.act_quant_grouped(&hf, g.r_cap, inter, wt, g.quantized_rows(wt))?;
         // SAFETY: as in moe_experts_grouped: every routed (token, slot) row is scattered to, and the
         // combine reads no other.
-        let mut slot_out = unsafe { self.scratch::<f32>(tk * d) }?;
-        self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut slot_out), None, weights, d, inter, limit)?;
+        // MOE_DOWN_BF16_OUT (the 256-row tiles' scatter): the rows in bf16, as DeepSeek's GEMMs
+        // write them (spec §6), half the bytes written here and read by the combine.
+        let slots = if wt && crate::switches::on("MOE_DOWN_BF16_OUT") {
+            let mut s = unsafe { self.scratch::<u16>(tk * d) }?;
+            self.moe_q8(&g, tables, "scatter_bf16", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut s), None, weights, d, inter, limit)?;
+            OwnedSlots::Bf16(s)
+        } else {
+            let mut s = unsafe { self.scratch::<f32>(tk * d) }?;
+            self.moe_q8(&g, tables, "scatter", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut s), None, weights, d, inter, limit)?;
+            OwnedSlots::F32(s)
+        };
         // The shared expert's gate and up take the routed experts' quantisation of f.
         self.moe_mark("moe:shared+combine");
-        self.moe_shared_and_combine(layer, f, Some(&qa), t, k, d, limit, &slot_out, weights, Some((experts, e)), true)
+        let out = self.moe_shared_and_combine(layer, f, Some(&qa), t, k, d, limit, slots.view(), weights, Some((experts, e)), true)?;
+        Ok((out, Some(slots)))
+    }
+}
+
+/// The routed outputs [`Gpu::moe_grouped_q8_slots`] combined, owned: f32, or bf16 bits
+/// (`MOE_DOWN_BF16_OUT`).
+pub(crate) enum OwnedSlots {
+    /// f32 values.
+    F32(DevBuf<f32>),
+    /// bf16 bits.
+    Bf16(DevBuf<u16>),
+}
+
+impl OwnedSlots {
+    /// The borrowed form the combine takes.
+    pub(crate) fn view(&self) -> SlotOut<'_> {
+        match self {
+            OwnedSlots::F32(s) => SlotOut::F32(s),
+            OwnedSlots::Bf16(s) => SlotOut::Bf16(s),
+        }
     }
 }
 
@@ -869,7 +909,7 @@ impl Gpu {
             drv("moe_gemv_fp4_down_f32", unsafe { b.launch(lc(d, inter)) })?;
         }
         self.moe_mark("moe:shared+combine");
-        self.moe_shared_and_combine(layer, f, qa.as_ref(), t, k, d, limit, &slot_out, weights, Some((experts, e)), official)
+        self.moe_shared_and_combine(layer, f, qa.as_ref(), t, k, d, limit, SlotOut::F32(&slot_out), weights, Some((experts, e)), official)
     }
 }
 

@@ -66,6 +66,7 @@ pub const GEMM_Q8_ENTRY_POINTS: &[&str] = &[
     "moe_wt_fp4_256_plain",
     "moe_wt_fp4_256_swiglu",
     "moe_wt_fp4_256_scatter",
+    "moe_wt_fp4_256_scatter_bf16",
     "fp4_block_smax",
     "moe_gather_q8",
     "scale_rows_by_route",

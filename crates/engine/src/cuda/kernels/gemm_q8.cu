@@ -1165,9 +1165,12 @@ struct GwtLayout {
 // staged, the layer gained ~0.1 ms, bench/moe_wt_variants_h200.log).
 // The thread's rows are row_a, row_a + 8 of the warp's 16 (row_a − lane / 4 …); per chunk it stores
 // rows lane / 8 + 4 i (i < 4), columns 4 (lane % 8) … + 3. EPI 1 stores hidden units (n0 / 2 + …;
-// N / 2 of them), EPI 2 rows dst[row] ≥ 0, EPI 0 every row (moe_wt has no T bound).
-template <int EPI>
+// N / 2 of them), EPI 2 rows dst[row] ≥ 0, EPI 0 every row (moe_wt has no T bound). YB (EPI 2
+// only; switch MOE_DOWN_BF16_OUT): E.y holds bf16, each value rounded to nearest even as it is
+// stored (64-byte row segments, an 8-byte store per lane).
+template <int EPI, bool YB = false>
 __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int n0, int lane, float* sc, const float (&acc)[64]) {
+    static_assert(!YB || EPI == 2, "bf16 outputs are the scatter's");
     const int g4 = lane >> 2, c2 = (lane & 3) * 2, wr = row_a - g4;
     const GqRow R[2] = {gq_row<EPI>(E, row_a), gq_row<EPI>(E, row_a + 8)};
     // Output row of each stored row (row i / 2 of R on lane 4 (ρ % 8), ρ = lane / 8 + 4 i).
@@ -1185,7 +1188,7 @@ __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int 
     const int width = EPI == 1 ? N / 2 : N, c0 = EPI == 1 ? n0 >> 1 : n0;
     float* out = EPI == 1 ? E.hf : E.y;
     const size_t ld = EPI == 1 ? (size_t)E.ldh : (size_t)N;
-    const bool vec = (ld & 3) == 0 && (reinterpret_cast<size_t>(out) & 15) == 0;
+    const bool vec = (ld & 3) == 0 && (reinterpret_cast<size_t>(out) & (YB ? 7 : 15)) == 0;
 #pragma unroll
     for (int q = 0; q < NC; q++) {
         __syncwarp();  // the previous chunk's reads are done
@@ -1211,6 +1214,19 @@ __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int 
         for (int i = 0; i < 4; i++) {
             if (EPI == 2 && orow[i] < 0) continue;
             const float4 v = *reinterpret_cast<const float4*>(sc + ((lane >> 3) + 4 * i) * 40 + 4 * (lane & 7));
+            if constexpr (YB) {
+                u16* d = reinterpret_cast<u16*>(out) + (size_t)orow[i] * ld + col;
+                const uint2 b = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
+                if (vec && col + 3 < width) {
+                    *reinterpret_cast<uint2*>(d) = b;
+                } else {
+                    if (col < width) d[0] = (u16)(b.x & 0xffffu);
+                    if (col + 1 < width) d[1] = (u16)(b.x >> 16);
+                    if (col + 2 < width) d[2] = (u16)(b.y & 0xffffu);
+                    if (col + 3 < width) d[3] = (u16)(b.y >> 16);
+                }
+                continue;
+            }
             float* d = out + (size_t)orow[i] * ld + col;
             if (vec && col + 3 < width) {
                 *reinterpret_cast<float4*>(d) = v;
@@ -1224,7 +1240,7 @@ __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int 
     }
 }
 
-template <int EPI>
+template <int EPI, bool YB = false>
 __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsigned long long* wtab, const unsigned long long* stab,
                                        const unsigned long long* w3tab, const unsigned long long* s3tab, const int* items, const int* n_items,
                                        float* y, float* hf, int ldh, const int* dst, const float* gamma, int N, int K, float limit,
@@ -1492,9 +1508,10 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
         {
 #if GWT_EPI_STAGED
             float* sc = reinterpret_cast<float*>(gbase + L::EPS) + warp * L::EPS_WARP;
-            if (l0) gwt_store<EPI>(E, N, row0, P.n0, lane, sc, acc0);
-            if (l1) gwt_store<EPI>(E, N, row0 + 64 * SS, P.n0, lane, sc, acc1);
+            if (l0) gwt_store<EPI, YB>(E, N, row0, P.n0, lane, sc, acc0);
+            if (l1) gwt_store<EPI, YB>(E, N, row0 + 64 * SS, P.n0, lane, sc, acc1);
 #else
+            if (YB) __trap();  // the bf16 scatter stores only through the staging blocks
             if (l0) gw_store<EPI>(E, 0x7fffffff, N, row0, P.n0, c2, acc0);
             if (l1) gw_store<EPI>(E, 0x7fffffff, N, row0 + 64 * SS, P.n0, c2, acc1);
 #endif
@@ -1502,7 +1519,7 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     }
 }
 
-#define MOE_WT_ENTRY(NAME, EPI)                                                                                           \
+#define MOE_WT_ENTRY(NAME, EPI, YB)                                                                                       \
     extern "C" __global__ void __launch_bounds__(GWT_THREADS, 1)                                                          \
         NAME(const u8* __restrict__ q, const float* __restrict__ sa, const unsigned long long* __restrict__ wtab,         \
              const unsigned long long* __restrict__ stab, const unsigned long long* __restrict__ w3tab,                   \
@@ -1510,12 +1527,15 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
              float* __restrict__ y, float* __restrict__ hf, int ldh, const int* __restrict__ dst,                         \
              const float* __restrict__ gamma, int N, int K, float limit, const u8* __restrict__ bsg,                      \
              const u8* __restrict__ bsu) {                                                                                \
-        moe_wt<EPI>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu);      \
+        moe_wt<EPI, YB>(q, sa, wtab, stab, w3tab, s3tab, items, n_items, y, hf, ldh, dst, gamma, N, K, limit, bsg, bsu);  \
     }
 
-MOE_WT_ENTRY(moe_wt_fp4_256_plain, 0)
-MOE_WT_ENTRY(moe_wt_fp4_256_swiglu, 1)
-MOE_WT_ENTRY(moe_wt_fp4_256_scatter, 2)
+MOE_WT_ENTRY(moe_wt_fp4_256_plain, 0, false)
+MOE_WT_ENTRY(moe_wt_fp4_256_swiglu, 1, false)
+MOE_WT_ENTRY(moe_wt_fp4_256_scatter, 2, false)
+// MOE_DOWN_BF16_OUT: the scatter's rows in bf16 (y a u16 buffer; the f32 scatter's values rounded to
+// nearest even, as DeepSeek's FP8/FP4 GEMMs write their outputs, spec §6 "Output is bf16").
+MOE_WT_ENTRY(moe_wt_fp4_256_scatter_bf16, 2, true)
 
 extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB, float* __restrict__ sat, const u8* __restrict__ sw,
                                      int NB, float* __restrict__ swf) {

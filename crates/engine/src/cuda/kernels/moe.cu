@@ -307,14 +307,24 @@ __device__ __forceinline__ double moe_combine_term(double acc, double w, bool ro
     return fma(w, routed ? (double)v : 0.0, acc);
 }
 
-#define MOE_COMBINE_G 8  // slots loaded at once by moe_combine_f32
+#define MOE_COMBINE_G 8  // slots loaded at once by moe_combine_*
 
-extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, const float* __restrict__ weights,
-                                           const int* __restrict__ experts, const float* __restrict__ shared,
-                                           float* __restrict__ out, int k, int d, int E) {
+// A slot value as f32: itself, or (MOE_DOWN_BF16_OUT) a bf16 widened exactly.
+__device__ __forceinline__ float moe_slot_f32(float v) { return v; }
+__device__ __forceinline__ float moe_slot_f32(u16 v) { return __uint_as_float((u32)v << 16); }
+// Four consecutive slot values (16-byte aligned f32 / 8-byte aligned bf16).
+__device__ __forceinline__ float4 moe_slot4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 moe_slot4(const u16* p) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+}
+
+template <class S>
+__device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, const float* __restrict__ weights, const int* __restrict__ experts,
+                                            const float* __restrict__ shared, float* __restrict__ out, int k, int d, int E) {
     const int t = blockIdx.x;
     if ((d & 3) == 0) {
-        // Four channels per thread; up to MOE_COMBINE_G slots' float4s loaded before their sums.
+        // Four channels per thread; up to MOE_COMBINE_G slots' four values loaded before their sums.
         const int i = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
         if (i >= d) return;
         double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
@@ -322,7 +332,7 @@ extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, c
             float4 v[MOE_COMBINE_G];
 #pragma unroll
             for (int j = 0; j < MOE_COMBINE_G; j++)
-                if (s0 + j < k) v[j] = *reinterpret_cast<const float4*>(slot_out + ((size_t)t * k + s0 + j) * d + i);
+                if (s0 + j < k) v[j] = moe_slot4(slot_out + ((size_t)t * k + s0 + j) * d + i);
 #pragma unroll
             for (int j = 0; j < MOE_COMBINE_G; j++) {
                 if (s0 + j < k) {
@@ -349,11 +359,28 @@ extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, c
             const size_t ts = (size_t)t * k + s;
             const double w = weights ? (double)weights[ts] : 1.0;
             const bool routed = experts == nullptr || (experts[ts] >= 0 && experts[ts] < E);
-            acc = moe_combine_term(acc, w, routed, slot_out[ts * d + i]);
+            acc = moe_combine_term(acc, w, routed, moe_slot_f32(slot_out[ts * d + i]));
         }
         if (shared) acc += (double)shared[(size_t)t * d + i];
         out[(size_t)t * d + i] = (float)acc;
     }
+}
+
+// out[t] = Σ_slot γ·slot_out[t, slot] (slot order, f64 fma from 0) + shared[t], rounded to f32;
+// slots of ids outside 0..E count as 0 (Gpu::moe_combine). Grid (T, ceil(d / (256·4))), block 256.
+extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, const float* __restrict__ weights,
+                                           const int* __restrict__ experts, const float* __restrict__ shared,
+                                           float* __restrict__ out, int k, int d, int E) {
+    moe_combine(slot_out, weights, experts, shared, out, k, d, E);
+}
+
+// moe_combine_f32 on bf16 slot values (switch MOE_DOWN_BF16_OUT: the routed experts' down
+// projections written in bf16, as DeepSeek's FP8/FP4 GEMMs write them, spec §6), each widened
+// exactly: the same sums as moe_combine_f32 on the widened values, bit for bit.
+extern "C" __global__ void moe_combine_bf16(const u16* __restrict__ slot_out, const float* __restrict__ weights,
+                                            const int* __restrict__ experts, const float* __restrict__ shared,
+                                            float* __restrict__ out, int k, int d, int E) {
+    moe_combine(slot_out, weights, experts, shared, out, k, d, E);
 }
 
 #define MGV_WARPS 8
