@@ -860,6 +860,12 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: &[usize]) -> Result
         }
         let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &skewed, &dw, on).map(|_| ()))?;
         record_time("grouped fp8 wgmma all on skewed", ms);
+        // MOE_DOWN_BF16_OUT (the 256-row tiles' scatter in bf16, the combine widening it), next to
+        // all on again (the pair timed back to back).
+        let ms = switch_scope(&[("MOE_DOWN_BF16_OUT", "on")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
+        record_time("grouped fp8 wgmma down bf16 out", ms);
+        let ms = median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ()))?;
+        record_time("grouped fp8 wgmma all on (again)", ms);
         let ms = switch_scope(&[("MOE_FP8_WS", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;
         record_time("grouped fp8 wgmma ws off", ms);
         let ms = switch_scope(&[("MOE_FP8_WT", "off")], || median_ms(gpu, repeats, || gpu.moe_experts_grouped_q8(&cfg, &layer, &f, t, &dids, &dw, on).map(|_| ())))?;

@@ -336,6 +336,13 @@ __device__ __forceinline__ void atc_rope_pairs(float2* cs, int pos, const float*
     }
 }
 
+// Q staging's loads of normed-on-the-fly queries (atc_stage_q, q_eps ≥ 0): each warp's next pair of
+// head rows loaded while it norms and stores the current one (1), or each pair loaded when its turn
+// comes (0: before 41st-session). Timing only: the same values either way (FLASHSEEK_KERNEL_DEFINES).
+#ifndef ATC_Q_AHEAD
+#define ATC_Q_AHEAD 1
+#endif
+
 template <class Store, class Sync>
 __device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, int c, float q_eps, int q_bf16, int rope_dim, int pos, const float* __restrict__ inv_freq,
                                             float2* cs, int tid, Store store, Sync sync) {
@@ -351,15 +358,47 @@ __device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, 
     };
     if (q_eps >= 0.f) {
         const int rs = ATC_C - rope_dim;
+#if ATC_Q_AHEAD
+        // The first pair of rows' loads before the table and its barrier, and each next pair's
+        // before this one's norm (ATC_Q_AHEAD): four dependent round trips to memory become one
+        // plus what the compute does not hide. The same values, the same bits.
+        uint2 nb[2][4];
+        float4 nf[2][4];
+        auto issue = [&](int hb) {
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int i = (hb + 8 * u) * (ATC_C / 4) + lane + 32 * k;
+                    if (q_bf16) {
+                        nb[u][k] = qb[i];
+                    } else {
+                        nf[u][k] = q4[i];
+                    }
+                }
+        };
+        issue(warp);
+#endif
         atc_rope_pairs(cs, pos, inv_freq, rope_dim, tid);
         sync();
 #pragma unroll 1
         for (int hb = warp; hb < ATC_H; hb += 16) {
             float4 v[2][4];
+#if ATC_Q_AHEAD
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const uint2 w = nb[u][k];
+                    v[u][k] = q_bf16 ? make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u)) : nf[u][k];
+                }
+            if (hb + 16 < ATC_H) issue(hb + 16);
+#else
 #pragma unroll
             for (int u = 0; u < 2; u++)
 #pragma unroll
                 for (int k = 0; k < 4; k++) v[u][k] = raw4((hb + 8 * u) * (ATC_C / 4) + lane + 32 * k);
+#endif
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 float ss = 0.f;

@@ -1167,7 +1167,7 @@ struct GwtLayout {
 // rows lane / 8 + 4 i (i < 4), columns 4 (lane % 8) … + 3. EPI 1 stores hidden units (n0 / 2 + …;
 // N / 2 of them), EPI 2 rows dst[row] ≥ 0, EPI 0 every row (moe_wt has no T bound). YB (EPI 2
 // only; switch MOE_DOWN_BF16_OUT): E.y holds bf16, each value rounded to nearest even as it is
-// stored (64-byte row segments, an 8-byte store per lane).
+// staged, 64 columns a chunk, stored as 128-byte row segments as the f32 ones are.
 template <int EPI, bool YB = false>
 __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int n0, int lane, float* sc, const float (&acc)[64]) {
     static_assert(!YB || EPI == 2, "bf16 outputs are the scatter's");
@@ -1188,7 +1188,42 @@ __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int 
     const int width = EPI == 1 ? N / 2 : N, c0 = EPI == 1 ? n0 >> 1 : n0;
     float* out = EPI == 1 ? E.hf : E.y;
     const size_t ld = EPI == 1 ? (size_t)E.ldh : (size_t)N;
-    const bool vec = (ld & 3) == 0 && (reinterpret_cast<size_t>(out) & (YB ? 7 : 15)) == 0;
+    if constexpr (YB) {
+        // bf16 rows: two chunks of 64 columns, staged as bf16 pairs (16 rows × 72 values, the
+        // block's first 2,304 bytes; conflict-free for a warp's 4-byte writes and a quarter warp's
+        // 16-byte reads), stored as 128-byte row segments (a 16-byte store per lane).
+        u32* sb = reinterpret_cast<u32*>(sc);
+        u16* outb = reinterpret_cast<u16*>(E.y);
+        const bool vec8 = (ld & 7) == 0 && (reinterpret_cast<size_t>(outb) & 15) == 0;
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            __syncwarp();  // the previous chunk's reads are done
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++) {
+                const int j = 8 * q + jj;
+#pragma unroll
+                for (int h = 0; h < 2; h++) sb[(g4 + 8 * h) * 36 + 4 * jj + (c2 >> 1)] = gm_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+            __syncwarp();
+            const int col = c0 + 64 * q + 8 * (lane & 7);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if (orow[i] < 0) continue;
+                const uint4 v = *reinterpret_cast<const uint4*>(sb + ((lane >> 3) + 4 * i) * 36 + 4 * (lane & 7));
+                u16* d = outb + (size_t)orow[i] * ld + col;
+                if (vec8 && col + 7 < width) {
+                    *reinterpret_cast<uint4*>(d) = v;
+                } else {
+                    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int x = 0; x < 8; x++)
+                        if (col + x < width) d[x] = (u16)(w[x >> 1] >> (16 * (x & 1)));
+                }
+            }
+        }
+        return;
+    }
+    const bool vec = (ld & 3) == 0 && (reinterpret_cast<size_t>(out) & 15) == 0;
 #pragma unroll
     for (int q = 0; q < NC; q++) {
         __syncwarp();  // the previous chunk's reads are done
@@ -1214,19 +1249,6 @@ __device__ __forceinline__ void gwt_store(const GqEpi& E, int N, int row_a, int 
         for (int i = 0; i < 4; i++) {
             if (EPI == 2 && orow[i] < 0) continue;
             const float4 v = *reinterpret_cast<const float4*>(sc + ((lane >> 3) + 4 * i) * 40 + 4 * (lane & 7));
-            if constexpr (YB) {
-                u16* d = reinterpret_cast<u16*>(out) + (size_t)orow[i] * ld + col;
-                const uint2 b = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
-                if (vec && col + 3 < width) {
-                    *reinterpret_cast<uint2*>(d) = b;
-                } else {
-                    if (col < width) d[0] = (u16)(b.x & 0xffffu);
-                    if (col + 1 < width) d[1] = (u16)(b.x >> 16);
-                    if (col + 2 < width) d[2] = (u16)(b.y & 0xffffu);
-                    if (col + 3 < width) d[3] = (u16)(b.y >> 16);
-                }
-                continue;
-            }
             float* d = out + (size_t)orow[i] * ld + col;
             if (vec && col + 3 < width) {
                 *reinterpret_cast<float4*>(d) = v;
