@@ -20,10 +20,12 @@
 #   bench-fp8-bf16att  the bench step with TC_LINEAR=fp8 and MLA_BF16=on                ~110 s
 #   bench-fp8-bf16att-idx8  bench-fp8-bf16att with INDEXER_FP8=on (FP8 indexer scores, as the
 #             serving stacks' FP8 indexer cache)                        ~110 s
-#   bench-serving  bench-fp8-bf16att-idx8 with wq_b's output in bf16 as DeepSeek's fp8_gemm writes it, the residual streams in bf16 and wo_a in FP8 as vLLM runs it (WQ_B_BF16_OUT=on, MHC_BF16_STREAMS=on, MHC_MIX_TC=on, WO_A_FP8=on)
+#   bench-serving  bench-fp8-bf16att-idx8 with wq_b's output in bf16 as DeepSeek's fp8_gemm writes it, the residual streams in bf16, wo_a in FP8 as vLLM runs it and the compressors on the bf16-rounded input as HF and vLLM compute them (WQ_B_BF16_OUT=on, MHC_BF16_STREAMS=on, MHC_MIX_TC=on, WO_A_FP8=on, COMPRESSOR_BF16=on)
 #             ~150 s
-#   bench-serving-bf16-wo-a  bench-serving with wo_a as one bf16 product (WO_A_FP8=off: the serving
+#   bench-serving-bf16-wo-a  bench-serving with wo_a as one bf16 product (WO_A_FP8=off; before 1307a82 the serving
 #             configuration before 1307a82)  ~150 s
+#   bench-serving-f32-compressors  bench-serving with the compressors on split activations (COMPRESSOR_BF16 off: the
+#             serving configuration before the forty-first session)  ~150 s
 #   bench-serving-f32-streams  bench-serving with f32 residual streams (MHC_BF16_STREAMS off) ~150 s
 #   bench-serving-cuda-mix  bench-serving with the bf16 streams' mix on the CUDA cores (MHC_MIX_TC off) ~150 s
 #   bench-serving-moe-detail  bench-serving at 8K and 32K with --moe-detail: the profiled prefill's MoE stage
@@ -56,7 +58,7 @@
 #             the same steps without graphs), 32 steps each
 #   bench-decode-base  the same with the default switches (per-expert MoE at decode sizes)
 set -euo pipefail
-usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|decode-ab SWITCH|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-serving-bf16-wo-a|bench-chunks|prefill-ab|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
+usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|decode-ab SWITCH|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-serving-bf16-wo-a|bench-serving-f32-compressors|bench-chunks|prefill-ab|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
 # No step (or help): the usage line, before anything needs OUT.
 case "${1:-}" in ""|-h|--help) usage ;; esac
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
@@ -65,7 +67,8 @@ OUT=${OUT:?set OUT to the output folder}
 # The serving stacks' numerics (bench-serving and bench-serving-f32-streams add MHC_BF16_STREAMS on / off);
 # WO_A_FP8 from 1307a82 (bench-serving runs before it ran wo_a in bf16: bench-serving-bf16-wo-a). It acts on
 # prefill chunks of >= 256 tokens only, so the decode steps (decode-ab …) run as before.
-SERVING="FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on FLASHSEEK_WO_A_FP8=on"
+# COMPRESSOR_BF16 from the forty-first session (bench-serving-f32-compressors: the configuration before it).
+SERVING="FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on FLASHSEEK_WO_A_FP8=on FLASHSEEK_COMPRESSOR_BF16=on"
 export FLASHSEEK_CACHE=${FLASHSEEK_CACHE:-/tmp/fscache}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null || true
 # cuBLASLt (>= 12.9) for the switch FP8_CUBLASLT, from the CUDA toolkit or PyTorch's nvidia-cublas
@@ -125,6 +128,8 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_cuda_mix.log" ;;
   bench-serving-bf16-wo-a) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on FLASHSEEK_WO_A_FP8=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_bf16_wo_a.json" > "$OUT/gpu_bench_h200_20layers_serving_bf16_wo_a.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_bf16_wo_a.log" ;;
+  bench-serving-f32-compressors) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on FLASHSEEK_COMPRESSOR_BF16=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_f32_compressors.json" > "$OUT/gpu_bench_h200_20layers_serving_f32_compressors.log" 2>&1
+         grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_f32_compressors.log" ;;
   bench-serving-f32-streams) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_f32_streams.json" > "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" ;;
   prefill-ab)

@@ -1010,8 +1010,9 @@ impl Gpu {
         if t == 0 || d == 0 {
             return Ok(());
         }
-        // 4 channels per thread when d % 4 == 0, else 1.
-        let per_thread = if d.is_multiple_of(4) { 4 } else { 1 };
+        // 16 bytes of each slot's row per thread (4 f32 or 8 bf16 channels) when d allows it, else 1.
+        let vec = 16 / std::mem::size_of::<T>();
+        let per_thread = if d.is_multiple_of(vec) { vec } else { 1 };
         let cfg = LaunchConfig { grid_dim: (int(W, "tokens", t)? as u32, d.div_ceil(ROW_THREADS as usize * per_thread) as u32, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
         let (k_i, d_i) = (int(W, "k", k)?, int(W, "d", d)?);
         let e_i = int(W, "experts", experts.map_or(0, |(_, e)| e))?;

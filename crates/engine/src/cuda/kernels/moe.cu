@@ -312,45 +312,59 @@ __device__ __forceinline__ double moe_combine_term(double acc, double w, bool ro
 // A slot value as f32: itself, or (MOE_DOWN_BF16_OUT) a bf16 widened exactly.
 __device__ __forceinline__ float moe_slot_f32(float v) { return v; }
 __device__ __forceinline__ float moe_slot_f32(u16 v) { return __uint_as_float((u32)v << 16); }
-// Four consecutive slot values (16-byte aligned f32 / 8-byte aligned bf16).
-__device__ __forceinline__ float4 moe_slot4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 moe_slot4(const u16* p) {
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+// V consecutive slot values as f32: 4 f32 (one 16-byte load) or 8 bf16 (one 16-byte load, widened).
+__device__ __forceinline__ void moe_slot_vec(const float* p, float (&v)[4]) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+}
+__device__ __forceinline__ void moe_slot_vec(const u16* p, float (&v)[8]) {
+    const uint4 x = *reinterpret_cast<const uint4*>(p);
+    const u32 w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[2 * i] = __uint_as_float(w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
 }
 
-template <class S>
+// The combine over slot values of type S, V channels per thread (16 bytes of each slot's row) when
+// d % V == 0, else one.
+template <class S, int V>
 __device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, const float* __restrict__ weights, const int* __restrict__ experts,
                                             const float* __restrict__ shared, float* __restrict__ out, int k, int d, int E) {
     const int t = blockIdx.x;
-    if ((d & 3) == 0) {
-        // Four channels per thread; up to MOE_COMBINE_G slots' four values loaded before their sums.
-        const int i = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
+    if (d % V == 0) {
+        // V channels per thread; up to MOE_COMBINE_G slots' values loaded before their sums.
+        const int i = (blockIdx.y * blockDim.x + threadIdx.x) * V;
         if (i >= d) return;
-        double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+        double a[V];
+#pragma unroll
+        for (int c = 0; c < V; c++) a[c] = 0.0;
         for (int s0 = 0; s0 < k; s0 += MOE_COMBINE_G) {
-            float4 v[MOE_COMBINE_G];
+            float v[MOE_COMBINE_G][V];
 #pragma unroll
             for (int j = 0; j < MOE_COMBINE_G; j++)
-                if (s0 + j < k) v[j] = moe_slot4(slot_out + ((size_t)t * k + s0 + j) * d + i);
+                if (s0 + j < k) moe_slot_vec(slot_out + ((size_t)t * k + s0 + j) * d + i, v[j]);
 #pragma unroll
             for (int j = 0; j < MOE_COMBINE_G; j++) {
                 if (s0 + j < k) {
                     const size_t ts = (size_t)t * k + s0 + j;
                     const double w = weights ? (double)weights[ts] : 1.0;
                     const bool routed = experts == nullptr || (experts[ts] >= 0 && experts[ts] < E);
-                    a0 = moe_combine_term(a0, w, routed, v[j].x);
-                    a1 = moe_combine_term(a1, w, routed, v[j].y);
-                    a2 = moe_combine_term(a2, w, routed, v[j].z);
-                    a3 = moe_combine_term(a3, w, routed, v[j].w);
+#pragma unroll
+                    for (int c = 0; c < V; c++) a[c] = moe_combine_term(a[c], w, routed, v[j][c]);
                 }
             }
         }
-        if (shared) {
-            const float4 h = *reinterpret_cast<const float4*>(shared + (size_t)t * d + i);
-            a0 += (double)h.x, a1 += (double)h.y, a2 += (double)h.z, a3 += (double)h.w;
+#pragma unroll
+        for (int c = 0; c < V; c += 4) {
+            float4 o = make_float4((float)a[c], (float)a[c + 1], (float)a[c + 2], (float)a[c + 3]);
+            if (shared) {
+                const float4 h = *reinterpret_cast<const float4*>(shared + (size_t)t * d + i + c);
+                o = make_float4((float)(a[c] + (double)h.x), (float)(a[c + 1] + (double)h.y), (float)(a[c + 2] + (double)h.z), (float)(a[c + 3] + (double)h.w));
+            }
+            *reinterpret_cast<float4*>(out + (size_t)t * d + i + c) = o;
         }
-        *reinterpret_cast<float4*>(out + (size_t)t * d + i) = make_float4((float)a0, (float)a1, (float)a2, (float)a3);
     } else {
         const int i = blockIdx.y * blockDim.x + threadIdx.x;
         if (i >= d) return;
@@ -367,20 +381,23 @@ __device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, cons
 }
 
 // out[t] = Σ_slot γ·slot_out[t, slot] (slot order, f64 fma from 0) + shared[t], rounded to f32;
-// slots of ids outside 0..E count as 0 (Gpu::moe_combine). Grid (T, ceil(d / (256·4))), block 256.
+// slots of ids outside 0..E count as 0 (Gpu::moe_combine). Grid (T, ceil(d / (256·4))), block 256
+// (four channels per thread; one when d % 4 ≠ 0).
 extern "C" __global__ void moe_combine_f32(const float* __restrict__ slot_out, const float* __restrict__ weights,
                                            const int* __restrict__ experts, const float* __restrict__ shared,
                                            float* __restrict__ out, int k, int d, int E) {
-    moe_combine(slot_out, weights, experts, shared, out, k, d, E);
+    moe_combine<float, 4>(slot_out, weights, experts, shared, out, k, d, E);
 }
 
 // moe_combine_f32 on bf16 slot values (switch MOE_DOWN_BF16_OUT: the routed experts' down
 // projections written in bf16, as DeepSeek's FP8/FP4 GEMMs write them, spec §6), each widened
-// exactly: the same sums as moe_combine_f32 on the widened values, bit for bit.
+// exactly: the same sums as moe_combine_f32 on the widened values, bit for bit. Eight channels per
+// thread (16 bytes of each slot's row, as moe_combine_f32's four) when d % 8 == 0: grid (T, ceil(d
+// / (256·8))).
 extern "C" __global__ void moe_combine_bf16(const u16* __restrict__ slot_out, const float* __restrict__ weights,
                                             const int* __restrict__ experts, const float* __restrict__ shared,
                                             float* __restrict__ out, int k, int d, int E) {
-    moe_combine(slot_out, weights, experts, shared, out, k, d, E);
+    moe_combine<u16, 8>(slot_out, weights, experts, shared, out, k, d, E);
 }
 
 #define MGV_WARPS 8
