@@ -20,10 +20,9 @@
 #   bench-fp8-bf16att  the bench step with TC_LINEAR=fp8 and MLA_BF16=on                ~110 s
 #   bench-fp8-bf16att-idx8  bench-fp8-bf16att with INDEXER_FP8=on (FP8 indexer scores, as the
 #             serving stacks' FP8 indexer cache)                        ~110 s
-#   bench-serving  bench-fp8-bf16att-idx8 with wq_b's output in bf16 as DeepSeek's fp8_gemm writes it, the residual streams in bf16, wo_a in FP8 as vLLM runs it and the compressors on the bf16-rounded input as HF and vLLM compute them (WQ_B_BF16_OUT=on, MHC_BF16_STREAMS=on, MHC_MIX_TC=on, WO_A_FP8=on, COMPRESSOR_BF16=on)
+#   bench-serving  bench-fp8-bf16att-idx8 with wq_b's output in bf16 as DeepSeek's fp8_gemm writes it, the residual streams in bf16, wo_a in FP8 as vLLM runs it, the compressors on the bf16-rounded input as HF and vLLM compute them and the routed experts' outputs in bf16 as DeepSeek's GEMMs write them (WQ_B_BF16_OUT=on, MHC_BF16_STREAMS=on, MHC_MIX_TC=on, WO_A_FP8=on, COMPRESSOR_BF16=on, MOE_DOWN_BF16_OUT=on)
 #             ~150 s
-#   bench-serving-bf16-wo-a  bench-serving with wo_a as one bf16 product (WO_A_FP8=off; before 1307a82 the serving
-#             configuration before 1307a82)  ~150 s
+#   bench-serving-bf16-wo-a  bench-serving with wo_a as one bf16 product (WO_A_FP8=off)  ~150 s
 #   bench-serving-f32-compressors  bench-serving with the compressors on split activations (COMPRESSOR_BF16 off: the
 #             serving configuration before the forty-first session)  ~150 s
 #   bench-serving-f32-streams  bench-serving with f32 residual streams (MHC_BF16_STREAMS off) ~150 s
@@ -63,12 +62,12 @@ usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|b
 case "${1:-}" in ""|-h|--help) usage ;; esac
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
 OUT=${OUT:?set OUT to the output folder}
-# The serving stacks' numerics (bench-serving and bench-serving-f32-streams add MHC_BF16_STREAMS on / off).
 # The serving stacks' numerics (bench-serving and bench-serving-f32-streams add MHC_BF16_STREAMS on / off);
 # WO_A_FP8 from 1307a82 (bench-serving runs before it ran wo_a in bf16: bench-serving-bf16-wo-a). It acts on
-# prefill chunks of >= 256 tokens only, so the decode steps (decode-ab …) run as before.
-# COMPRESSOR_BF16 from the forty-first session (bench-serving-f32-compressors: the configuration before it).
-SERVING="FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on FLASHSEEK_WO_A_FP8=on FLASHSEEK_COMPRESSOR_BF16=on"
+# prefill chunks of >= 256 tokens only, so the decode steps (decode-ab …) run as before. COMPRESSOR_BF16 and
+# MOE_DOWN_BF16_OUT from the forty-first session (bench-serving-f32-compressors: COMPRESSOR_BF16 off); they act on
+# prefill chunks too (>= 64 tokens; the 256-row MoE tiles).
+SERVING="FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on FLASHSEEK_WO_A_FP8=on FLASHSEEK_COMPRESSOR_BF16=on FLASHSEEK_MOE_DOWN_BF16_OUT=on"
 export FLASHSEEK_CACHE=${FLASHSEEK_CACHE:-/tmp/fscache}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null || true
 # cuBLASLt (>= 12.9) for the switch FP8_CUBLASLT, from the CUDA toolkit or PyTorch's nvidia-cublas

@@ -793,7 +793,12 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     let mut dco = gpu.zeros::<f32>(t * d)?;
     let ms = median_ms(gpu, repeats, || gpu.moe_combine(&dslot, Some(&dwk), Some((&dexp, 256)), Some(&dsh), &mut dco, t, k, d))?;
     report(&mut rows, "moe_combine (k 6, d 4096)", ms, f4 * ((k + 2) * d) as f64);
-    drop((dslot, dsh, dco));
+    // MOE_DOWN_BF16_OUT's combine on the same slots as bf16 (2 bytes a slot value).
+    drop(dslot);
+    let dslot_b = gpu.upload(&random(seed, "hct.slot", t * k * d, 1.0).iter().map(|v| flashseek_model::quant::f32_to_bf16(*v)).collect::<Vec<u16>>())?;
+    let ms = median_ms(gpu, repeats, || gpu.moe_combine_bf16(&dslot_b, Some(&dwk), Some((&dexp, 256)), Some(&dsh), &mut dco, t, k, d))?;
+    report(&mut rows, "moe_combine_bf16 (k 6, d 4096)", ms, (t * d) as f64 * (2.0 * k as f64 + 8.0));
+    drop((dslot_b, dsh, dco));
     let (heads, hd) = (64usize, 512usize);
     let rope = super::check_attention::flash_compress_rope();
     let inv = gpu.upload(rope.inv_freq())?;
