@@ -312,19 +312,15 @@ __device__ __forceinline__ double moe_combine_term(double acc, double w, bool ro
 // A slot value as f32: itself, or (MOE_DOWN_BF16_OUT) a bf16 widened exactly.
 __device__ __forceinline__ float moe_slot_f32(float v) { return v; }
 __device__ __forceinline__ float moe_slot_f32(u16 v) { return __uint_as_float((u32)v << 16); }
-// V consecutive slot values as f32: 4 f32 (one 16-byte load) or 8 bf16 (one 16-byte load, widened).
-__device__ __forceinline__ void moe_slot_vec(const float* p, float (&v)[4]) {
-    const float4 x = *reinterpret_cast<const float4*>(p);
-    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-}
-__device__ __forceinline__ void moe_slot_vec(const u16* p, float (&v)[8]) {
-    const uint4 x = *reinterpret_cast<const uint4*>(p);
-    const u32 w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        v[2 * i] = __uint_as_float(w[i] << 16);
-        v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
+// 16 bytes of a slot row as loaded (4 f32 or 8 bf16, kept packed until used: an unpacked bf16 load
+// would hold 8 registers instead of 4, and the loads in flight are what the combine's bandwidth needs),
+// and value c of them as f32 (bf16 widened exactly).
+__device__ __forceinline__ float4 moe_slot_raw(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ uint4 moe_slot_raw(const u16* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ float moe_slot_at(const float4& x, int c) { return c == 0 ? x.x : c == 1 ? x.y : c == 2 ? x.z : x.w; }
+__device__ __forceinline__ float moe_slot_at(const uint4& x, int c) {
+    const u32 w = c < 2 ? x.x : c < 4 ? x.y : c < 6 ? x.z : x.w;
+    return __uint_as_float((c & 1) ? (w & 0xffff0000u) : (w << 16));
 }
 
 // The combine over slot values of type S, V channels per thread (16 bytes of each slot's row) when
@@ -341,10 +337,10 @@ __device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, cons
 #pragma unroll
         for (int c = 0; c < V; c++) a[c] = 0.0;
         for (int s0 = 0; s0 < k; s0 += MOE_COMBINE_G) {
-            float v[MOE_COMBINE_G][V];
+            decltype(moe_slot_raw(slot_out)) v[MOE_COMBINE_G];
 #pragma unroll
             for (int j = 0; j < MOE_COMBINE_G; j++)
-                if (s0 + j < k) moe_slot_vec(slot_out + ((size_t)t * k + s0 + j) * d + i, v[j]);
+                if (s0 + j < k) v[j] = moe_slot_raw(slot_out + ((size_t)t * k + s0 + j) * d + i);
 #pragma unroll
             for (int j = 0; j < MOE_COMBINE_G; j++) {
                 if (s0 + j < k) {
@@ -352,7 +348,7 @@ __device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, cons
                     const double w = weights ? (double)weights[ts] : 1.0;
                     const bool routed = experts == nullptr || (experts[ts] >= 0 && experts[ts] < E);
 #pragma unroll
-                    for (int c = 0; c < V; c++) a[c] = moe_combine_term(a[c], w, routed, v[j][c]);
+                    for (int c = 0; c < V; c++) a[c] = moe_combine_term(a[c], w, routed, moe_slot_at(v[j], c));
                 }
             }
         }
