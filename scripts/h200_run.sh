@@ -23,8 +23,8 @@
 #   bench-serving  bench-fp8-bf16att-idx8 with wq_b's output in bf16 as DeepSeek's fp8_gemm writes it, the residual streams in bf16, wo_a in FP8 as vLLM runs it, the compressors on the bf16-rounded input as HF and vLLM compute them and the routed experts' outputs in bf16 as DeepSeek's GEMMs write them (WQ_B_BF16_OUT=on, MHC_BF16_STREAMS=on, MHC_MIX_TC=on, WO_A_FP8=on, COMPRESSOR_BF16=on, MOE_DOWN_BF16_OUT=on)
 #             ~150 s
 #   bench-serving-bf16-wo-a  bench-serving with wo_a as one bf16 product (WO_A_FP8=off)  ~150 s
-#   bench-serving-f32-compressors  bench-serving with the compressors on split activations (COMPRESSOR_BF16 off: the
-#             serving configuration before the forty-first session)  ~150 s
+#   bench-serving-f32-compressors  bench-serving with the compressors on split activations (COMPRESSOR_BF16 off)  ~150 s
+#   bench-serving-f32-down  bench-serving with the routed down projection's rows in f32 (MOE_DOWN_BF16_OUT off)  ~150 s
 #   bench-serving-f32-streams  bench-serving with f32 residual streams (MHC_BF16_STREAMS off) ~150 s
 #   bench-serving-cuda-mix  bench-serving with the bf16 streams' mix on the CUDA cores (MHC_MIX_TC off) ~150 s
 #   bench-serving-moe-detail  bench-serving at 8K and 32K with --moe-detail: the profiled prefill's MoE stage
@@ -57,7 +57,7 @@
 #             the same steps without graphs), 32 steps each
 #   bench-decode-base  the same with the default switches (per-expert MoE at decode sizes)
 set -euo pipefail
-usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|decode-ab SWITCH|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-serving-bf16-wo-a|bench-serving-f32-compressors|bench-chunks|prefill-ab|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
+usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|decode-ab SWITCH|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-serving-bf16-wo-a|bench-serving-f32-compressors|bench-serving-f32-down|bench-chunks|prefill-ab|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
 # No step (or help): the usage line, before anything needs OUT.
 case "${1:-}" in ""|-h|--help) usage ;; esac
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
@@ -65,7 +65,7 @@ OUT=${OUT:?set OUT to the output folder}
 # The serving stacks' numerics (bench-serving and bench-serving-f32-streams add MHC_BF16_STREAMS on / off);
 # WO_A_FP8 from 1307a82 (bench-serving runs before it ran wo_a in bf16: bench-serving-bf16-wo-a). It acts on
 # prefill chunks of >= 256 tokens only, so the decode steps (decode-ab …) run as before. COMPRESSOR_BF16 and
-# MOE_DOWN_BF16_OUT from the forty-first session (bench-serving-f32-compressors: COMPRESSOR_BF16 off); they act on
+# MOE_DOWN_BF16_OUT from the forty-first session (bench-serving-f32-compressors, bench-serving-f32-down: each off); they act on
 # prefill chunks too (>= 64 tokens; the 256-row MoE tiles).
 SERVING="FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on FLASHSEEK_WO_A_FP8=on FLASHSEEK_COMPRESSOR_BF16=on FLASHSEEK_MOE_DOWN_BF16_OUT=on"
 export FLASHSEEK_CACHE=${FLASHSEEK_CACHE:-/tmp/fscache}
@@ -129,17 +129,21 @@ case "${1:-}" in
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_bf16_wo_a.log" ;;
   bench-serving-f32-compressors) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on FLASHSEEK_COMPRESSOR_BF16=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_f32_compressors.json" > "$OUT/gpu_bench_h200_20layers_serving_f32_compressors.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_f32_compressors.log" ;;
+  bench-serving-f32-down) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on FLASHSEEK_MOE_DOWN_BF16_OUT=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_down_f32.json" > "$OUT/gpu_bench_h200_20layers_serving_down_f32.log" 2>&1
+         grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_down_f32.log" ;;
   bench-serving-f32-streams) env $SERVING FLASHSEEK_MHC_BF16_STREAMS=off timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_serving_f32_streams.json" > "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_serving_f32_streams.log" ;;
   prefill-ab)
     # PREFILL_AB="label:NAME=V,NAME=V label2:…" (label "base": the serving configuration alone), each a
     # gpu-bench of AB_LAYERS (10) layers at 8K and 32K on top of the serving configuration, in the order given.
-    for cfg in ${PREFILL_AB:?set PREFILL_AB}; do
+    for cfg in ${PREFILL_AB:?set PREFILL_AB to space-separated label:NAME=V,NAME=V configurations, e.g. PREFILL_AB="base comp:COMPRESSOR_BF16=on"}; do
       label=${cfg%%:*}; envs=""
       if [ "$cfg" != "$label" ]; then for kv in $(echo "${cfg#*:}" | tr ',' ' '); do envs="$envs FLASHSEEK_$kv"; done; fi
-      env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on $envs timeout 200 "$B" gpu-bench --layers "${AB_LAYERS:-10}" --contexts 8192,32768 --prefill-repeats 2 --decode-steps 2 --out "$OUT/prefill_ab_$label.json" > "$OUT/prefill_ab_$label.log" 2>&1
-      echo "$label ($envs): $(grep -E 'context .*prefill' "$OUT/prefill_ab_$label.log" | sed 's/, decode.*//' | tr '\n' ' ')"
-      grep -E "prefill (moe|compressors) " "$OUT/prefill_ab_$label.log" | sed "s/^/  /"
+      # A failed or timed-out run is reported and the next configuration still runs.
+      rc=0; env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on $envs timeout 200 "$B" gpu-bench --layers "${AB_LAYERS:-10}" --contexts 8192,32768 --prefill-repeats 2 --decode-steps 2 --out "$OUT/prefill_ab_$label.json" > "$OUT/prefill_ab_$label.log" 2>&1 || rc=$?
+      if [ "$rc" != 0 ]; then echo "$label ($envs): gpu-bench failed (exit $rc), see $OUT/prefill_ab_$label.log"; continue; fi
+      echo "$label ($envs): $(grep -E 'context .*prefill' "$OUT/prefill_ab_$label.log" | sed 's/, decode.*//' | tr '\n' ' ' || true)"
+      grep -E "prefill (moe|compressors) " "$OUT/prefill_ab_$label.log" | sed "s/^/  /" || true
     done ;;
   bench-chunks)
     for c in 16384 32768; do

@@ -809,7 +809,10 @@ fn tc_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaErr
 /// f32 `weights_proj` would be) between the two bf16 ones: those two still share one conversion
 /// and the f32 one runs alone (its `sharing` field names the sharing weights; `shared_conversion`
 /// comes from `linear_multi_shares` on the pairs, the route-and-width rule `linear_multi` applies
-/// to each weight against the first tensor-core one).
+/// to each weight against the first tensor-core one). Then `COMPRESSOR_BF16`'s
+/// `Gpu::linear_multi_planes` (the hi plane alone) against the CPU's product of the bf16-rounded
+/// input ([`SPLIT_NMSE_TOL`]) with `LINEAR_CUBLASLT` on and off, and against the split products
+/// (reported).
 fn linear_multi_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let (k, r1, r2, r3, t) = (1024usize, 512usize, 384usize, 64usize, 300usize);
     let (w1, m1) = weight(gpu, "bf16", &random(seed, "multi.w1", r1 * k, 0.05), r1, k)?;

@@ -575,13 +575,14 @@ fn check_swiglu(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cuda
 /// the rounding of the sum): k 6 with unrouted slots (experts −1 and E, their values NaN, so a slot
 /// counted instead of zeroed would show) at d 4,096 (four channels per thread) with γ and the shared
 /// expert and without either; k 10 (more slots than the kernel loads at once) at d 4,100 (a last
-/// block of one thread's four channels) without expert ids (every slot counts); d 1,030 (one channel
-/// per thread). And moe_combine_bf16 (`MOE_DOWN_BF16_OUT`) on the same slots rounded to bf16 against
+/// block of one thread's four channels) without expert ids (every slot counts); k 10 at d 4,104 with
+/// them (the bf16 form's eight channels per thread over two slot batches, a last block of one
+/// thread); d 1,030 (one channel per thread). And moe_combine_bf16 (`MOE_DOWN_BF16_OUT`) on the same slots rounded to bf16 against
 /// the same replay over their exact widening.
 fn check_moe_combine(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
     let mut all = true;
     let (t, e) = (9usize, 16usize);
-    for (k, d, with_w, with_shared, with_ids) in [(6usize, 4096usize, true, true, true), (6, 4096, false, false, true), (10, 4100, true, true, false), (6, 1030, true, true, true)] {
+    for (k, d, with_w, with_shared, with_ids) in [(6usize, 4096usize, true, true, true), (6, 4096, false, false, true), (10, 4100, true, true, false), (10, 4104, true, true, true), (6, 1030, true, true, true)] {
         let key = format!("combine.{k}.{d}.{with_w}");
         let mut slot = random(seed, &format!("{key}.slot"), t * k * d, 2.0);
         let w = random(seed, &format!("{key}.w"), t * k, 0.5);

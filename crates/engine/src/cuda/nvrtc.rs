@@ -34,7 +34,8 @@ pub fn options(arch: &str) -> Vec<String> {
 /// (`bench/moe_wt_variants_h200.log`). gemm_q8.cu's `moe_wt` declares `GWT_LAG`, `GWT_STAGES`,
 /// `GWT_EPI_STAGED` (0: the direct output stores), `GWT_SUB_INTERLEAVE` (0: the multiply
 /// warpgroups' sub-tiles as before 800d456) and the timing diagnostics `MOE_WT_DIAG` (wrong
-/// results; see the kernel). Entries
+/// results; see the kernel); attention.cu declares `AWC_TAIL_SKIP` and `ATC_Q_AHEAD` (0: the Q
+/// staging's loads one pair of head rows at a time). Entries
 /// that are not `NAME=VALUE` with NAME an identifier, or whose value holds a line break or a
 /// backslash, are ignored; [`kernel_defines_in_effect`] says what applies (`Gpu::open` prints it and
 /// gpu-check records it).
@@ -47,6 +48,18 @@ pub fn full_source(file: &str, src: &str) -> String {
 /// `None` when it adds none.
 pub fn kernel_defines_in_effect() -> Option<String> {
     std::env::var(crate::switches::KERNEL_DEFINES_VAR).ok().map(|v| kernel_defines(&v)).filter(|d| !d.is_empty())
+}
+
+/// Whether gemm_q8.cu's `moe_wt` stores its outputs through the staging blocks (`GWT_EPI_STAGED`, 1 by
+/// default): false when `FLASHSEEK_KERNEL_DEFINES` sets it to 0, the direct stores of a timing
+/// variant, which have no bf16 form (`MOE_DOWN_BF16_OUT` then keeps the f32 scatter).
+pub fn gwt_epi_staged() -> bool {
+    kernel_defines_in_effect().is_none_or(|d| gwt_epi_staged_in(&d))
+}
+
+/// [`gwt_epi_staged`] for the `#define` lines `defines` ([`kernel_defines`]' output).
+fn gwt_epi_staged_in(defines: &str) -> bool {
+    !defines.lines().any(|l| l.trim() == "#define GWT_EPI_STAGED 0")
 }
 
 /// `#define` lines of a `FLASHSEEK_KERNEL_DEFINES` value (see [`full_source`]).
@@ -140,6 +153,15 @@ mod tests {
         assert_eq!(kernel_defines("bad name=1,1X=2,NOEQ,=3"), "");
         // A trailing backslash would join the next line onto the macro; a line break would start one.
         assert_eq!(kernel_defines("A=1\\,B=2\r,C=3\n#define D 4,E=5"), "#define E 5\n");
+    }
+
+    /// MOE_DOWN_BF16_OUT's guard: only GWT_EPI_STAGED set to 0 turns the staged stores off.
+    #[test]
+    fn gwt_epi_staged_reads_the_define() {
+        assert!(gwt_epi_staged_in(""));
+        assert!(gwt_epi_staged_in(&kernel_defines("GWT_EPI_STAGED=1,GWT_LAG=2")));
+        assert!(gwt_epi_staged_in(&kernel_defines("GWT_EPI_STAGED_X=0")));
+        assert!(!gwt_epi_staged_in(&kernel_defines("GWT_LAG=2, GWT_EPI_STAGED = 0")));
     }
 
     /// Compiles every kernel for sm_90a when NVRTC is present. CI sets FLASHSEEK_REQUIRE_NVRTC=1

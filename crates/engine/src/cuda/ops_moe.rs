@@ -627,6 +627,10 @@ impl Gpu {
     fn moe_q8<Y: cudarc::driver::DeviceRepr>(&self, g: &Grouping, tables: &GpuExpertTables, epi: &str, opts: MoeOptions, xq: &CudaSlice<u8>, xsa: &CudaSlice<f32>, w: (&CudaSlice<u64>, &CudaSlice<u64>), w3: (&CudaSlice<u64>, &CudaSlice<u64>), blocks: (usize, usize), y: Option<&mut CudaSlice<Y>>, hf: Option<(&mut CudaSlice<f32>, usize)>, gamma: &CudaSlice<f32>, n: usize, k: usize, limit: f32) -> Result<(), CudaError> {
         // 256-row tiles exist only as moe_wt (FP4; chosen by ops_q8::wt_tiles).
         let family = if g.bm == 256 { "moe_wt" } else { super::ops_q8::moe_family_for(super::ops_q8::families_for(&self.arch).1, g.bm, self.moe_ws_ok) };
+        // The output type must be the entry's: bf16 bits for the `_bf16` scatter, f32 otherwise.
+        if epi.ends_with("_bf16") != (std::mem::size_of::<Y>() == 2) {
+            return Err(bad(format!("moe_q8 epilogue {epi} with {}-byte outputs (expected 2 for a _bf16 epilogue, 4 otherwise)", std::mem::size_of::<Y>())));
+        }
         let name = format!("{family}_{}_{}_{epi}", tables.format, g.bm);
         let Some(&fname) = super::ops_q8::GEMM_Q8_ENTRY_POINTS.iter().find(|x| **x == name) else {
             return Err(bad(format!("no kernel {name}")));
@@ -657,7 +661,8 @@ impl Gpu {
             let bs = tables.block_smax.as_ref().ok_or_else(|| bad("moe_wt without block scale tables"))?;
             b.arg(&bs[blocks.0]).arg(&bs[blocks.1]);
         }
-        // SAFETY: matches moe_q8's signature; xq/xsa hold r_cap rows of Kp = k bytes / k/128 scales
+        // SAFETY: matches moe_q8's signature (y f32, or bf16 bits for the _bf16 scatter: checked
+        // above); xq/xsa hold r_cap rows of Kp = k bytes / k/128 scales
         // (moe_gather_q8, or act_quant_grouped: defined on the rows a tile reads; for moe_wt in
         // their tiled layout, r_cap a multiple of 128 and every tile's rows within one expert's,
         // dst ≥ 0 first), items come from moe_group_plan, the tables hold E addresses of
@@ -737,7 +742,9 @@ impl Gpu {
         // combine reads no other.
         // MOE_DOWN_BF16_OUT (the 256-row tiles' scatter): the rows in bf16, as DeepSeek's GEMMs
         // write them (spec §6), half the bytes written here and read by the combine.
-        let slots = if wt && crate::switches::on("MOE_DOWN_BF16_OUT") {
+        // (Not with FLASHSEEK_KERNEL_DEFINES' timing form GWT_EPI_STAGED=0, whose direct stores
+        // have no bf16 form: the kernel would trap.)
+        let slots = if wt && crate::switches::on("MOE_DOWN_BF16_OUT") && super::nvrtc::gwt_epi_staged() {
             let mut s = unsafe { self.scratch::<u16>(tk * d) }?;
             self.moe_q8(&g, tables, "scatter_bf16", opts, &hq.q, &hq.sa, (&tables.w2, &tables.s2), (&tables.w2, &tables.s2), (2, 2), Some(&mut s), None, weights, d, inter, limit)?;
             OwnedSlots::Bf16(s)

@@ -389,8 +389,12 @@ __device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, 
             for (int u = 0; u < 2; u++)
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const uint2 w = nb[u][k];
-                    v[u][k] = q_bf16 ? make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u)) : nf[u][k];
+                    if (q_bf16) {
+                        const uint2 w = nb[u][k];
+                        v[u][k] = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+                    } else {
+                        v[u][k] = nf[u][k];
+                    }
                 }
             if (hb + 16 < ATC_H) issue(hb + 16);
 #else
