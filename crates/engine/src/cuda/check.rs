@@ -56,6 +56,22 @@ pub fn record_tol(ops_out: &mut Vec<Value>, op: &str, shape: Value, got: &[f32],
     pass
 }
 
+/// `groups` FP8 weights of `[r, gin]` for the grouped output projection's checks, group g's values
+/// [`random`]`(seed, "{key}.{g}", …, 0.08)`: the device weights and their CPU-side dequantized
+/// matrices (for [`grouped_linear_cpu`]).
+///
+/// Errors: as [`weight`].
+pub(crate) fn fp8_group_weights(gpu: &Gpu, seed: u64, key: &str, groups: usize, r: usize, gin: usize) -> Result<(Vec<GpuWeight>, Vec<Matrix>), CudaError> {
+    let mut ws = Vec::with_capacity(groups);
+    let mut cpu_ws = Vec::with_capacity(groups);
+    for g in 0..groups {
+        let (gw, cpu_w) = weight(gpu, "fp8", &random(seed, &format!("{key}.{g}"), r * gin, 0.08), r, gin)?;
+        ws.push(gw);
+        cpu_ws.push(cpu_w);
+    }
+    Ok((ws, cpu_ws))
+}
+
 /// The CPU's grouped output projection (spec §4.7) for the checks: for each group g, columns
 /// g·gin .. of the `t` rows of `x` (`[t, G·gin]`, gin = `ws[g].cols`) through `ws[g]`
 /// (`ops::linear`) into columns g·r .. of the result `[t, G·r]` (r = `ws[g].rows`; every group
@@ -508,13 +524,7 @@ fn lt_split_checks(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, C
     // The grouped output projection: G groups of [r, gin] over o [t, G·gin].
     let (groups, gin, r, t) = (8usize, 512usize, 256usize, 300usize);
     let o = random(seed, "lt2.o", t * groups * gin, 1.0);
-    let mut ws = Vec::new();
-    let mut cpu_ws = Vec::new();
-    for g in 0..groups {
-        let (gw, cpu_w) = weight(gpu, "fp8", &random(seed, &format!("lt2.woa.{g}"), r * gin, 0.08), r, gin)?;
-        ws.push(gw);
-        cpu_ws.push(cpu_w);
-    }
+    let (ws, cpu_ws) = fp8_group_weights(gpu, seed, "lt2.woa", groups, r, gin)?;
     let want = grouped_linear_cpu(&o, t, &cpu_ws);
     let mut dz = gpu.upload(&vec![f32::NAN; t * groups * r])?;
     if gpu.grouped_linear_lt(&gpu.upload(&o)?, &ws, &mut dz, t, true)? == groups {

@@ -96,7 +96,7 @@ pub fn run(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError
 /// timed (CUDA events, median of 5 after a warm-up; the conversions to planes and to e4m3 not
 /// included: the attention kernel writes either).
 fn check_wo_a_fp8(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, CudaError> {
-    use super::check::{errors, grouped_linear_cpu, weight};
+    use super::check::{errors, fp8_group_weights, grouped_linear_cpu, weight};
     use super::check_moe::Q8_NMSE_TOL;
     if !gpu.lt_available() {
         out.push(json!({"op": "wo_a fp8", "skipped": "cuBLASLt unavailable", "informational": true}));
@@ -105,15 +105,9 @@ fn check_wo_a_fp8(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
     let mut all = true;
     let (groups, r, gin, t) = (8usize, 256usize, 512usize, 300usize);
     let o = random(seed, "wo_a8.o", t * groups * gin, 1.0);
-    let mut ws = Vec::new();
     let mut xr = o.clone();
     flashseek_model::quant::act_quant_fp8_roundtrip(&mut xr, 128).map_err(|e| CudaError::Unsupported { what: "wo_a fp8 check", detail: e.to_string() })?;
-    let mut cpu_ws = Vec::new();
-    for g in 0..groups {
-        let (gw, cpu_w) = weight(gpu, "fp8", &random(seed, &format!("wo_a8.w.{g}"), r * gin, 0.08), r, gin)?;
-        ws.push(gw);
-        cpu_ws.push(cpu_w);
-    }
+    let (ws, cpu_ws) = fp8_group_weights(gpu, seed, "wo_a8.w", groups, r, gin)?;
     let want = grouped_linear_cpu(&xr, t, &cpu_ws);
     let qa = gpu.act_quant(&gpu.upload(&o)?, t, groups * gin)?;
     let mut dz = gpu.upload(&vec![f32::NAN; t * groups * r])?;

@@ -787,7 +787,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     drop((dx, dxb, dn));
     // The MoE combine of a Flash layer: k 6 routed outputs and the shared expert per token.
     let k = 6usize;
-    let dslot = gpu.upload(&random(seed, "hct.slot", t * k * d, 1.0))?;
+    let slot = random(seed, "hct.slot", t * k * d, 1.0);
+    let dslot = gpu.upload(&slot)?;
     let dwk = gpu.upload(&random(seed, "hct.gamma", t * k, 0.5))?;
     let dexp = gpu.upload(&(0..t * k).map(|i| (i % 256) as i32).collect::<Vec<_>>())?;
     let dsh = gpu.upload(&random(seed, "hct.shared", t * d, 1.0))?;
@@ -796,7 +797,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, t: usize) -> Result<Vec<Val
     report(&mut rows, "moe_combine (k 6, d 4096)", ms, f4 * ((k + 2) * d) as f64);
     // MOE_DOWN_BF16_OUT's combine on the same slots as bf16 (2 bytes a slot value).
     drop(dslot);
-    let dslot_b = gpu.upload(&random(seed, "hct.slot", t * k * d, 1.0).iter().map(|v| flashseek_model::quant::f32_to_bf16(*v)).collect::<Vec<u16>>())?;
+    let dslot_b = gpu.upload(&slot.iter().map(|v| flashseek_model::quant::f32_to_bf16(*v)).collect::<Vec<u16>>())?;
+    drop(slot);
     let ms = median_ms(gpu, repeats, || gpu.moe_combine_bf16(&dslot_b, Some(&dwk), Some((&dexp, 256)), Some(&dsh), &mut dco, t, k, d))?;
     report(&mut rows, "moe_combine_bf16 (k 6, d 4096)", ms, (t * d) as f64 * (2.0 * k as f64 + 8.0));
     drop((dslot_b, dsh, dco));
