@@ -33,8 +33,7 @@ pub fn options(arch: &str) -> Vec<String> {
 /// kernel file declares under `#ifndef NAME` — can be timed against each other with one binary
 /// (`bench/moe_wt_variants_h200.log`). gemm_q8.cu's `moe_wt` declares `GWT_LAG`, `GWT_STAGES`,
 /// `GWT_EPI_STAGED` (0: the direct output stores), `GWT_SUB_INTERLEAVE` (0: the multiply
-/// warpgroups' sub-tiles as before 800d456), `GWT_PINGPONG` (1: the multiply warpgroups' MMA
-/// issues in strict alternation) and the timing diagnostics `MOE_WT_DIAG` (wrong
+/// warpgroups' sub-tiles as before 800d456) and the timing diagnostics `MOE_WT_DIAG` (wrong
 /// results; see the kernel); attention.cu declares `AWC_TAIL_SKIP` and `ATC_Q_AHEAD` (0: the Q
 /// staging's loads one pair of head rows at a time). Entries
 /// that are not `NAME=VALUE` with NAME an identifier, or whose value holds a line break or a

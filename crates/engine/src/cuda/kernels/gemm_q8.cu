@@ -1113,15 +1113,6 @@ MOE_WS_ENTRY(moe_ws_fp4_128_scatter, 3, 2)
 #ifndef GWT_SUB_INTERLEAVE
 #define GWT_SUB_INTERLEAVE 1
 #endif
-// The multiply warpgroups' MMA issue order (timing form; the same bits either way): 1, each K step's
-// sub-tile slots issued in strict alternation, warpgroup 0 then 1 (named barriers 1 and 2: a
-// warpgroup issues its slot's MMAs only after the other issued its previous one), so that one
-// warpgroup's wait and promotion overlap the other's MMAs in the tensor pipe instead of both
-// promoting at once (CUTLASS's ping-pong schedule, at the granularity of a sub-tile); 0, each
-// warpgroup issues as soon as its stage is full (both in step, the form before).
-#ifndef GWT_PINGPONG
-#define GWT_PINGPONG 0
-#endif
 #define GWT_PRODUCERS 128
 #define GWT_THREADS (256 + GWT_PRODUCERS)
 
@@ -1470,7 +1461,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     const int g4 = lane >> 2, c2 = (lane & 3) * 2;
     GwsRing<ST> ring;
-    bool pp_turn = false;  // GWT_PINGPONG: warpgroup 0 has issued once (its later issues wait for warpgroup 1's)
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
         const GqProb P = prob(w);
         const int s0 = GWT_SUB_INTERLEAVE ? wg : 2 * wg;
@@ -1514,33 +1504,12 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
             const u32 sb = base + ring.s * L::STAGE;
             gws_wait(full0 + 8 * ring.s, ring.ph);
             __syncwarp();  // converged for the .aligned wgmma instructions
-            // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1); with
-            // GWT_PINGPONG its issue ordered after the other warpgroup's previous one (every slot
-            // takes its turn, live or not, so both warpgroups pass the same barriers).
-            auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1, bool on) {
-#if GWT_PINGPONG
-                if (wg == 1) {
-                    GW_ASM("bar.sync 1, 256;" ::: "memory");
-                } else if (pp_turn) {
-                    GW_ASM("bar.sync 2, 256;" ::: "memory");
-                }
-                pp_turn = true;
-                if (on) gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (s0 + SS * st) * 8192), gw_desc_lo(sb + L::BC));
-                if (wg == 1) {
-                    GW_ASM("bar.arrive 2, 256;" ::: "memory");
-                } else {
-                    GW_ASM("bar.arrive 1, 256;" ::: "memory");
-                }
-                if (!on) return;
-#else
-                if (!on) return;
-#endif
+            // Sub-tile st of this warpgroup into acc (its rows' activation scales sa0, sa1).
+            auto multiply = [&](float (&acc)[64], int st, float sa0, float sa1) {
 #if MOE_WT_DIAG & 2
                 acc[st] += sa0 * sa1;
 #else
-#if !GWT_PINGPONG
                 gw_issue_k128_lo(tmp, gw_desc_lo(sb + L::A + (s0 + SS * st) * 8192), gw_desc_lo(sb + L::BC));
-#endif
                 gw_wait_partial(tmp);
 #if MOE_WT_DIAG & 4
                 acc[st] += tmp[st] * sa0;
@@ -1549,8 +1518,8 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #endif
 #endif
             };
-            multiply(acc0, 0, cur.a0, cur.a1, l0);
-            multiply(acc1, 1, cur.b0, cur.b1, l1);
+            if (l0) multiply(acc0, 0, cur.a0, cur.a1);
+            if (l1) multiply(acc1, 1, cur.b0, cur.b1);
             __syncwarp();
             if (lane == 0) gws_arrive(empty0 + 8 * ring.s);  // the stage is free again
             cur = next;
@@ -1570,10 +1539,6 @@ __device__ __forceinline__ void moe_wt(const u8* q, const float* sa, const unsig
 #endif
         }
     }
-#if GWT_PINGPONG
-    // Warpgroup 1's last arrival on barrier 2 (warpgroup 0 waited on every one before it).
-    if (wg == 0 && pp_turn) GW_ASM("bar.sync 2, 256;" ::: "memory");
-#endif
 }
 
 #define MOE_WT_ENTRY(NAME, EPI, YB)                                                                                       \
