@@ -49,6 +49,8 @@
 #   moe-defines  one Flash MoE layer timed (official numerics, 8K and 32K) once per compile-time
 #             variant in MOE_DEFINES (space-separated FLASHSEEK_KERNEL_DEFINES values, e.g.
 #             "MOE_WT_DIAG=0 MOE_WT_DIAG=64"; each recompiles the kernels, ~40 s a variant on a fresh machine)
+#   prefill-defines  gpu-bench of AB_LAYERS (10) layers at 8K and 32K in the serving configuration once per kernel-define
+#             set in PREFILL_DEFINES (space-separated FLASHSEEK_KERNEL_DEFINES values, "-" for none), each a fresh process
 #   prefill-ab  gpu-bench of AB_LAYERS (10) layers at 8K and 32K once per configuration in PREFILL_AB
 #             ("label:NAME=V,NAME=V …", in the order given; "base" alone: the serving configuration) on top of
 #             the serving configuration, each a fresh process (~40 s each at 10 layers)
@@ -57,7 +59,7 @@
 #             the same steps without graphs), 32 steps each
 #   bench-decode-base  the same with the default switches (per-expert MoE at decode sizes)
 set -euo pipefail
-usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|decode-ab SWITCH|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-serving-bf16-wo-a|bench-serving-f32-compressors|bench-serving-f32-down|bench-chunks|prefill-ab|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
+usage() { echo "usage: OUT=DIR bash scripts/h200_run.sh check|switches|qualify|bench|moe|moe-gemv|decode-ab-gemv-mma|gemv-mma|decode-ab-linear-gemv-mma|decode-ab SWITCH|tc|gemv|q8|bench-fp8|bench-fp8-bf16att|bench-fp8-bf16att-idx8|bench-serving|bench-serving-moe-detail|bench-serving-cuda-mix|bench-serving-f32-streams|bench-serving-bf16-wo-a|bench-serving-f32-compressors|bench-serving-f32-down|bench-chunks|prefill-ab|prefill-defines|bench-lt|bench-fp8-lt|moe-defines|attention|mhc|serve|bench-decode|bench-decode-base" >&2; exit 2; }
 # No step (or help): the usage line, before anything needs OUT.
 case "${1:-}" in ""|-h|--help) usage ;; esac
 B=${FLASHSEEK_BIN:-.devbin/flashseek}
@@ -112,7 +114,7 @@ case "${1:-}" in
   gemv) timeout 200 "$B" gpu-check --only gemv --repeats 20 --out "$OUT/gemv_t1_h200.json" > "$OUT/gemv_t1_h200.log" 2>&1
          grep -E "^time|FAIL" "$OUT/gemv_t1_h200.log" ;;
   q8) timeout 300 "$B" gpu-check --only q8 --repeats 10 --out "$OUT/q8_h200.json" > "$OUT/q8_h200.log" 2>&1
-         grep -E "^time q8|FAIL" "$OUT/q8_h200.log" ;;
+         grep -E "^time (q8|act_quant)|FAIL" "$OUT/q8_h200.log" ;;
   bench-fp8) FLASHSEEK_TC_LINEAR=fp8 timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8.json" > "$OUT/gpu_bench_h200_20layers_fp8.log" 2>&1
          grep -E "uploaded|context" "$OUT/gpu_bench_h200_20layers_fp8.log" ;;
   bench-fp8-bf16att) FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on timeout 560 "$B" gpu-bench --layers 20 --contexts 8192,32768,131072 --prefill-repeats 2 --decode-steps 16 --out "$OUT/gpu_bench_h200_20layers_fp8_bf16att.json" > "$OUT/gpu_bench_h200_20layers_fp8_bf16att.log" 2>&1
@@ -144,6 +146,18 @@ case "${1:-}" in
       if [ "$rc" != 0 ]; then echo "$label ($envs): gpu-bench failed (exit $rc), see $OUT/prefill_ab_$label.log"; continue; fi
       echo "$label ($envs): $(grep -E 'context .*prefill' "$OUT/prefill_ab_$label.log" | sed 's/, decode.*//' | tr '\n' ' ' || true)"
       grep -E "prefill (moe|compressors) " "$OUT/prefill_ab_$label.log" | sed "s/^/  /" || true
+    done ;;
+  prefill-defines)
+    # PREFILL_DEFINES="A=1,B=2 - …" (space-separated FLASHSEEK_KERNEL_DEFINES values; "-" none: the kernels'
+    # defaults), each a gpu-bench of AB_LAYERS (10) layers at 8K and 32K in the serving configuration, in the
+    # order given, each a fresh process (the kernels recompile per value unless cached).
+    i=0
+    for v in ${PREFILL_DEFINES:?set PREFILL_DEFINES to space-separated kernel-define sets, e.g. PREFILL_DEFINES="- AQ_UNROLL=1 -"}; do
+      i=$((i + 1)); dv=""; [ "$v" != "-" ] && dv="$v"
+      rc=0; env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on FLASHSEEK_KERNEL_DEFINES="$dv" timeout 200 "$B" gpu-bench --layers "${AB_LAYERS:-10}" --contexts 8192,32768 --prefill-repeats 2 --decode-steps 2 --out "$OUT/prefill_defines_$i.json" > "$OUT/prefill_defines_$i.log" 2>&1 || rc=$?
+      if [ "$rc" != 0 ]; then echo "$i [$v]: gpu-bench failed (exit $rc), see $OUT/prefill_defines_$i.log"; continue; fi
+      echo "$i [$v]: $(grep -E 'context .*prefill' "$OUT/prefill_defines_$i.log" | sed 's/, decode.*//' | tr '\n' ' ' || true)"
+      grep -E "prefill (moe|mhc|projections) " "$OUT/prefill_defines_$i.log" | sed "s/^/  /" || true
     done ;;
   bench-chunks)
     for c in 16384 32768; do

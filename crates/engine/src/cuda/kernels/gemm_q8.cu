@@ -69,44 +69,77 @@ __device__ __forceinline__ size_t gq_tiled(long long r, int k, int KT) {
     return ((size_t)(r >> 6) * KT + (k >> 7)) * 8192 + gw_swz((int)(r & 63), (k & 127) >> 4) + (k & 15);
 }
 
+// Warp tasks (row, block) per warp and loop turn, their loads issued together (AQ_UNROLL, a kernel
+// define for timing: 1 is the form before the forty-second session, one task's 512 bytes in flight
+// per warp; each task's values, scale and bytes are the same either way).
+#ifndef AQ_UNROLL
+#define AQ_UNROLL 4
+#endif
+
 extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__ q, float* __restrict__ sa, int T, int K, int Tp,
                                          int mode, const int* __restrict__ rows, const int* __restrict__ live,
                                          const float* __restrict__ up, float limit) {
+    constexpr int U = AQ_UNROLL;
+    static_assert(U >= 1 && U <= 8, "AQ_UNROLL: 1 to 8 tasks per warp and turn");
     const int Kp = (K + 127) & ~127, KB = Kp >> 7;
     const bool roundtrip = mode == 1;
     const int lane = threadIdx.x & 31;
     const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
     const int tq = roundtrip ? T : rows ? min(Tp, max(__ldg(rows), 0)) : Tp;
     const long long total = (long long)tq * KB;
-    for (long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < total; w += warps) {
-        const int t = (int)(w / KB), b = (int)(w % KB);
-        if (mode == 2 && live && __ldg(live + (t & ~63)) < 0) continue;  // warp-uniform: the whole warp skips
-        const int c0 = b * 128 + lane * 4;
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        if (t < T) {
-            if (c0 + 3 < K && (K & 3) == 0) {
-                const float4 f = *reinterpret_cast<const float4*>(x + (size_t)t * K + c0);
-                v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
-                if (up) {
-                    const float4 g = *reinterpret_cast<const float4*>(up + (size_t)t * K + c0);
-                    v[0] = fs_swiglu(v[0], g.x, limit); v[1] = fs_swiglu(v[1], g.y, limit);
-                    v[2] = fs_swiglu(v[2], g.z, limit); v[3] = fs_swiglu(v[3], g.w, limit);
+    for (long long w0 = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w0 < total; w0 += warps * U) {
+        // The turn's tasks w0 + u·warps (warp-uniform): which ones run (mode 2: not a padding sub-tile)…
+        int tt[U], bb[U];
+        bool on[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const long long w = w0 + u * warps;
+            on[u] = w < total;
+            tt[u] = on[u] ? (int)(w / KB) : 0;
+            bb[u] = on[u] ? (int)(w % KB) : 0;
+        }
+        if (mode == 2 && live) {
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (on[u] && __ldg(live + (tt[u] & ~63)) < 0) on[u] = false;  // the whole warp skips
+        }
+        // … their values (all loads before any reduction) …
+        float v[U][4];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int t = tt[u], c0 = bb[u] * 128 + lane * 4;
+            v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0.f;
+            if (on[u] && t < T) {
+                if (c0 + 3 < K && (K & 3) == 0) {
+                    const float4 f = *reinterpret_cast<const float4*>(x + (size_t)t * K + c0);
+                    v[u][0] = f.x; v[u][1] = f.y; v[u][2] = f.z; v[u][3] = f.w;
+                    if (up) {
+                        const float4 g = *reinterpret_cast<const float4*>(up + (size_t)t * K + c0);
+                        v[u][0] = fs_swiglu(v[u][0], g.x, limit); v[u][1] = fs_swiglu(v[u][1], g.y, limit);
+                        v[u][2] = fs_swiglu(v[u][2], g.z, limit); v[u][3] = fs_swiglu(v[u][3], g.w, limit);
+                    }
+                } else {
+                    for (int j = 0; j < 4; j++)
+                        if (c0 + j < K) v[u][j] = up ? fs_swiglu(x[(size_t)t * K + c0 + j], up[(size_t)t * K + c0 + j], limit) : x[(size_t)t * K + c0 + j];
                 }
-            } else {
-                for (int j = 0; j < 4; j++)
-                    if (c0 + j < K) v[j] = up ? fs_swiglu(x[(size_t)t * K + c0 + j], up[(size_t)t * K + c0 + j], limit) : x[(size_t)t * K + c0 + j];
             }
         }
-        float s;
-        const u32 pk = fs_q8_quant4(v, s);
-        if (roundtrip) {
-            if (t < T) {
-                for (int j = 0; j < 4; j++)
-                    if (c0 + j < K) x[(size_t)t * K + c0 + j] = fs_e4m3((u8)(pk >> (8 * j))) * s;
+        // … and each task's scale and bytes.
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (!on[u]) continue;  // warp-uniform
+            const int t = tt[u], b = bb[u], c0 = b * 128 + lane * 4;
+            float s;
+            const u32 pk = fs_q8_quant4(v[u], s);
+            if (roundtrip) {
+                if (t < T) {
+                    for (int j = 0; j < 4; j++)
+                        if (c0 + j < K) x[(size_t)t * K + c0 + j] = fs_e4m3((u8)(pk >> (8 * j))) * s;
+                }
+            } else {
+                *reinterpret_cast<u32*>(q + (mode == 2 ? gq_tiled(t, c0, KB) : (size_t)t * Kp + c0)) = (t < T) ? pk : 0u;
+                if (lane == 0) sa[(size_t)t * KB + b] = t < T ? s : 1.f;
             }
-        } else {
-            *reinterpret_cast<u32*>(q + (mode == 2 ? gq_tiled(t, c0, KB) : (size_t)t * Kp + c0)) = (t < T) ? pk : 0u;
-            if (lane == 0) sa[(size_t)t * KB + b] = t < T ? s : 1.f;
         }
     }
 }
@@ -1574,6 +1607,12 @@ extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB
     }
 }
 
+// 16-byte groups per thread and loop turn of moe_gather_q8, their loads issued together (GATHER_UNROLL,
+// a kernel define for timing: 1 is the form before the forty-second session; the same bytes either way).
+#ifndef GATHER_UNROLL
+#define GATHER_UNROLL 4
+#endif
+
 // moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E, tiled): grouped rows of per-token quantized
 // activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows; tiled ≠ 0: in gq_tiled's layout,
 // R a multiple of 64), xsa [R, Kp/128] (1 for padding). Grid-stride over (row, 16-byte column
@@ -1581,17 +1620,34 @@ extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB
 extern "C" __global__ void moe_gather_q8(const u8* __restrict__ q, const float* __restrict__ sa, const int* __restrict__ row_tok,
                                          const int* __restrict__ offsets, u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int E,
                                          int tiled) {
+    constexpr int U = GATHER_UNROLL;
+    static_assert(U >= 1 && U <= 8, "GATHER_UNROLL: 1 to 8 groups per thread and turn");
     const long long R = offsets[E];
     const int q16 = Kp / 16, KB = Kp >> 7;
-    const long long total = R * q16;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
-        const long long r = i / q16;
-        const int c = (int)(i % q16);
-        const int tok = row_tok[r];
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (tok >= 0) v = *reinterpret_cast<const uint4*>(q + (size_t)tok * Kp + c * 16);
-        *reinterpret_cast<uint4*>(xq + (tiled ? gq_tiled(r, c * 16, KB) : r * Kp + c * 16)) = v;
-        if ((c & 7) == 0) xsa[r * KB + (c >> 3)] = tok >= 0 ? sa[(size_t)tok * KB + (c >> 3)] : 1.f;
+    const long long total = R * q16, threads = (long long)gridDim.x * blockDim.x;
+    for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < total; i0 += threads * U) {
+        // The turn's groups i0 + u·threads: their rows' tokens, then their loads, then the stores.
+        long long r[U];
+        int c[U], tok[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const long long i = i0 + u * threads;
+            r[u] = i < total ? i / q16 : -1;
+            c[u] = i < total ? (int)(i % q16) : 0;
+            tok[u] = r[u] >= 0 ? row_tok[r[u]] : -1;
+        }
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            v[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (tok[u] >= 0) v[u] = *reinterpret_cast<const uint4*>(q + (size_t)tok[u] * Kp + c[u] * 16);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (r[u] < 0) continue;
+            *reinterpret_cast<uint4*>(xq + (tiled ? gq_tiled(r[u], c[u] * 16, KB) : r[u] * Kp + c[u] * 16)) = v[u];
+            if ((c[u] & 7) == 0) xsa[r[u] * KB + (c[u] >> 3)] = tok[u] >= 0 ? sa[(size_t)tok[u] * KB + (c[u] >> 3)] : 1.f;
+        }
     }
 }
 
