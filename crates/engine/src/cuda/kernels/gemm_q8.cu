@@ -70,10 +70,12 @@ __device__ __forceinline__ size_t gq_tiled(long long r, int k, int KT) {
 }
 
 // Warp tasks (row, block) per warp and loop turn, their loads issued together (AQ_UNROLL, a kernel
-// define for timing: 1 is the form before the forty-second session, one task's 512 bytes in flight
-// per warp; each task's values, scale and bytes are the same either way).
+// define for timing; each task's values, scale and bytes are the same either way): U adjacent tasks
+// (U·512 contiguous bytes of a row). 1, the default: one task's 512 bytes in flight per warp. The
+// forty-second session measured 4 and 8 tasks spaced a grid apart slower (32,768 × 4,096: 0.228 ms
+// with 1 against 0.30 with 4 and 0.40 with 8; bench/act_quant_unroll_h200.log).
 #ifndef AQ_UNROLL
-#define AQ_UNROLL 4
+#define AQ_UNROLL 1
 #endif
 
 extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__ q, float* __restrict__ sa, int T, int K, int Tp,
@@ -87,13 +89,13 @@ extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__
     const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
     const int tq = roundtrip ? T : rows ? min(Tp, max(__ldg(rows), 0)) : Tp;
     const long long total = (long long)tq * KB;
-    for (long long w0 = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w0 < total; w0 += warps * U) {
-        // The turn's tasks w0 + u·warps (warp-uniform): which ones run (mode 2: not a padding sub-tile)…
+    for (long long w0 = ((long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * U; w0 < total; w0 += warps * U) {
+        // The turn's tasks w0 + u (warp-uniform): which ones run (mode 2: not a padding sub-tile)…
         int tt[U], bb[U];
         bool on[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const long long w = w0 + u * warps;
+            const long long w = w0 + u;
             on[u] = w < total;
             tt[u] = on[u] ? (int)(w / KB) : 0;
             bb[u] = on[u] ? (int)(w % KB) : 0;
@@ -1608,9 +1610,10 @@ extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB
 }
 
 // 16-byte groups per thread and loop turn of moe_gather_q8, their loads issued together (GATHER_UNROLL,
-// a kernel define for timing: 1 is the form before the forty-second session; the same bytes either way).
+// a kernel define for timing; the same bytes either way): groups a grid apart. 1, the default: one
+// group per thread and turn (4 measured no faster in the MoE layer, the forty-second session).
 #ifndef GATHER_UNROLL
-#define GATHER_UNROLL 4
+#define GATHER_UNROLL 1
 #endif
 
 // moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E, tiled): grouped rows of per-token quantized
