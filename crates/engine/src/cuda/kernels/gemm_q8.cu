@@ -77,6 +77,11 @@ __device__ __forceinline__ size_t gq_tiled(long long r, int k, int KT) {
 #ifndef AQ_UNROLL
 #define AQ_UNROLL 1
 #endif
+// act_quant_fp8's task indices and moe_gather_q8's group indices in 64 bits (1: the form before the
+// forty-second session; timing only; the same bytes).
+#ifndef AQ_WIDE_INDEX
+#define AQ_WIDE_INDEX 0
+#endif
 
 extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__ q, float* __restrict__ sa, int T, int K, int Tp,
                                          int mode, const int* __restrict__ rows, const int* __restrict__ live,
@@ -86,19 +91,27 @@ extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__
     const int Kp = (K + 127) & ~127, KB = Kp >> 7;
     const bool roundtrip = mode == 1;
     const int lane = threadIdx.x & 31;
-    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    // Task indices in 32 bits (AQ_WIDE_INDEX 0, the default; the host bounds Tp·Kp below 2^31, so
+    // the task count Tp·KB below 2^24): a 32-bit division per task instead of a 64-bit one.
+#if AQ_WIDE_INDEX
+    typedef long long Ix;
+#else
+    typedef unsigned Ix;
+#endif
+    const Ix warps = (Ix)gridDim.x * (blockDim.x >> 5);
     const int tq = roundtrip ? T : rows ? min(Tp, max(__ldg(rows), 0)) : Tp;
-    const long long total = (long long)tq * KB;
-    for (long long w0 = ((long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * U; w0 < total; w0 += warps * U) {
+    const Ix total = (Ix)tq * (Ix)KB;
+    for (Ix w0 = ((Ix)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * U; w0 < total; w0 += warps * U) {
         // The turn's tasks w0 + u (warp-uniform): which ones run (mode 2: not a padding sub-tile)…
         int tt[U], bb[U];
         bool on[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const long long w = w0 + u;
+            const Ix w = w0 + u;
             on[u] = w < total;
-            tt[u] = on[u] ? (int)(w / KB) : 0;
-            bb[u] = on[u] ? (int)(w % KB) : 0;
+            const Ix tw = on[u] ? w / (Ix)KB : 0;
+            tt[u] = (int)tw;
+            bb[u] = on[u] ? (int)(w - tw * (Ix)KB) : 0;
         }
         if (mode == 2 && live) {
 #pragma unroll
@@ -1620,23 +1633,25 @@ extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB
 // activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows; tiled ≠ 0: in gq_tiled's layout,
 // R a multiple of 64), xsa [R, Kp/128] (1 for padding). Grid-stride over (row, 16-byte column
 // group); any grid, block 256.
-extern "C" __global__ void moe_gather_q8(const u8* __restrict__ q, const float* __restrict__ sa, const int* __restrict__ row_tok,
-                                         const int* __restrict__ offsets, u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int E,
-                                         int tiled) {
+// One turn of moe_gather_q8's loop in index type Ix (u32 where the group count fits, so that each
+// group's row and column cost a 32-bit division instead of a 64-bit one; the same bytes).
+template <class Ix>
+__device__ __forceinline__ void moe_gather_groups(const u8* __restrict__ q, const float* __restrict__ sa, const int* __restrict__ row_tok,
+                                                  u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int tiled, Ix total) {
     constexpr int U = GATHER_UNROLL;
     static_assert(U >= 1 && U <= 8, "GATHER_UNROLL: 1 to 8 groups per thread and turn");
-    const long long R = offsets[E];
-    const int q16 = Kp / 16, KB = Kp >> 7;
-    const long long total = R * q16, threads = (long long)gridDim.x * blockDim.x;
-    for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < total; i0 += threads * U) {
+    const Ix q16 = (Ix)(Kp / 16), threads = (Ix)gridDim.x * blockDim.x;
+    const int KB = Kp >> 7;
+    for (Ix i0 = (Ix)blockIdx.x * blockDim.x + threadIdx.x; i0 < total; i0 += threads * U) {
         // The turn's groups i0 + u·threads: their rows' tokens, then their loads, then the stores.
         long long r[U];
         int c[U], tok[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const long long i = i0 + u * threads;
-            r[u] = i < total ? i / q16 : -1;
-            c[u] = i < total ? (int)(i % q16) : 0;
+            const Ix i = i0 + u * threads;
+            const Ix ri = i < total ? i / q16 : 0;
+            r[u] = i < total ? (long long)ri : -1;
+            c[u] = i < total ? (int)(i - ri * q16) : 0;
             tok[u] = r[u] >= 0 ? row_tok[r[u]] : -1;
         }
         uint4 v[U];
@@ -1651,6 +1666,17 @@ extern "C" __global__ void moe_gather_q8(const u8* __restrict__ q, const float* 
             *reinterpret_cast<uint4*>(xq + (tiled ? gq_tiled(r[u], c[u] * 16, KB) : r[u] * Kp + c[u] * 16)) = v[u];
             if ((c[u] & 7) == 0) xsa[r[u] * KB + (c[u] >> 3)] = tok[u] >= 0 ? sa[(size_t)tok[u] * KB + (c[u] >> 3)] : 1.f;
         }
+    }
+}
+
+extern "C" __global__ void moe_gather_q8(const u8* __restrict__ q, const float* __restrict__ sa, const int* __restrict__ row_tok,
+                                         const int* __restrict__ offsets, u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int E,
+                                         int tiled) {
+    const long long total = (long long)offsets[E] * (Kp / 16);
+    if (!AQ_WIDE_INDEX && total < (1ll << 31)) {
+        moe_gather_groups<unsigned>(q, sa, row_tok, xq, xsa, Kp, tiled, (unsigned)total);
+    } else {
+        moe_gather_groups<long long>(q, sa, row_tok, xq, xsa, Kp, tiled, total);
     }
 }
 
