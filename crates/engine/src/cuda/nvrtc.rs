@@ -35,7 +35,8 @@ pub fn options(arch: &str) -> Vec<String> {
 /// `GWT_EPI_STAGED` (0: the direct output stores), `GWT_SUB_INTERLEAVE` (0: the multiply
 /// warpgroups' sub-tiles as before 800d456) and the timing diagnostics `MOE_WT_DIAG` (wrong
 /// results; see the kernel); attention.cu declares `AWC_TAIL_SKIP` and `ATC_Q_AHEAD` (0: the Q
-/// staging's loads one pair of head rows at a time). Entries
+/// staging's loads one pair of head rows at a time); gemm_q8.cu also `AQ_WIDE_INDEX` (1:
+/// `act_quant_fp8`'s and `moe_gather_q8`'s 64-bit indices). Entries
 /// that are not `NAME=VALUE` with NAME an identifier, or whose value holds a line break or a
 /// backslash, are ignored; [`kernel_defines_in_effect`] says what applies (`Gpu::open` prints it and
 /// gpu-check records it).

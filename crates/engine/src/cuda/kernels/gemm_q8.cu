@@ -69,16 +69,10 @@ __device__ __forceinline__ size_t gq_tiled(long long r, int k, int KT) {
     return ((size_t)(r >> 6) * KT + (k >> 7)) * 8192 + gw_swz((int)(r & 63), (k & 127) >> 4) + (k & 15);
 }
 
-// Warp tasks (row, block) per warp and loop turn, their loads issued together (AQ_UNROLL, a kernel
-// define for timing; each task's values, scale and bytes are the same either way): U adjacent tasks
-// (U·512 contiguous bytes of a row). 1, the default: one task's 512 bytes in flight per warp. The
-// forty-second session measured 4 and 8 tasks spaced a grid apart slower (32,768 × 4,096: 0.228 ms
-// with 1 against 0.30 with 4 and 0.40 with 8; bench/act_quant_unroll_h200.log).
-#ifndef AQ_UNROLL
-#define AQ_UNROLL 1
-#endif
 // act_quant_fp8's task indices and moe_gather_q8's group indices in 64 bits (1: the form before the
-// forty-second session; timing only; the same bytes).
+// forty-second session, timing only; the same bytes). 0, the default: 32-bit indices, one 32-bit
+// division per task or group instead of a 64-bit one (act_quant_fp8 2-3 % faster at a 32,768-token
+// chunk's shapes; bench/act_quant_h200.log).
 #ifndef AQ_WIDE_INDEX
 #define AQ_WIDE_INDEX 0
 #endif
@@ -86,75 +80,49 @@ __device__ __forceinline__ size_t gq_tiled(long long r, int k, int KT) {
 extern "C" __global__ void act_quant_fp8(float* __restrict__ x, u8* __restrict__ q, float* __restrict__ sa, int T, int K, int Tp,
                                          int mode, const int* __restrict__ rows, const int* __restrict__ live,
                                          const float* __restrict__ up, float limit) {
-    constexpr int U = AQ_UNROLL;
-    static_assert(U >= 1 && U <= 8, "AQ_UNROLL: 1 to 8 tasks per warp and turn");
-    const int Kp = (K + 127) & ~127, KB = Kp >> 7;
-    const bool roundtrip = mode == 1;
-    const int lane = threadIdx.x & 31;
-    // Task indices in 32 bits (AQ_WIDE_INDEX 0, the default; the host bounds Tp·Kp below 2^31, so
-    // the task count Tp·KB below 2^24): a 32-bit division per task instead of a 64-bit one.
+    // Task indices in 32 bits unless AQ_WIDE_INDEX: the host bounds Tp·Kp below 2^31, so the task
+    // count Tp·KB below 2^24.
 #if AQ_WIDE_INDEX
     typedef long long Ix;
 #else
     typedef unsigned Ix;
 #endif
+    const int Kp = (K + 127) & ~127, KB = Kp >> 7;
+    const bool roundtrip = mode == 1;
+    const int lane = threadIdx.x & 31;
     const Ix warps = (Ix)gridDim.x * (blockDim.x >> 5);
     const int tq = roundtrip ? T : rows ? min(Tp, max(__ldg(rows), 0)) : Tp;
     const Ix total = (Ix)tq * (Ix)KB;
-    for (Ix w0 = ((Ix)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * U; w0 < total; w0 += warps * U) {
-        // The turn's tasks w0 + u (warp-uniform): which ones run (mode 2: not a padding sub-tile)…
-        int tt[U], bb[U];
-        bool on[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const Ix w = w0 + u;
-            on[u] = w < total;
-            const Ix tw = on[u] ? w / (Ix)KB : 0;
-            tt[u] = (int)tw;
-            bb[u] = on[u] ? (int)(w - tw * (Ix)KB) : 0;
-        }
-        if (mode == 2 && live) {
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (on[u] && __ldg(live + (tt[u] & ~63)) < 0) on[u] = false;  // the whole warp skips
-        }
-        // … their values (all loads before any reduction) …
-        float v[U][4];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int t = tt[u], c0 = bb[u] * 128 + lane * 4;
-            v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0.f;
-            if (on[u] && t < T) {
-                if (c0 + 3 < K && (K & 3) == 0) {
-                    const float4 f = *reinterpret_cast<const float4*>(x + (size_t)t * K + c0);
-                    v[u][0] = f.x; v[u][1] = f.y; v[u][2] = f.z; v[u][3] = f.w;
-                    if (up) {
-                        const float4 g = *reinterpret_cast<const float4*>(up + (size_t)t * K + c0);
-                        v[u][0] = fs_swiglu(v[u][0], g.x, limit); v[u][1] = fs_swiglu(v[u][1], g.y, limit);
-                        v[u][2] = fs_swiglu(v[u][2], g.z, limit); v[u][3] = fs_swiglu(v[u][3], g.w, limit);
-                    }
-                } else {
-                    for (int j = 0; j < 4; j++)
-                        if (c0 + j < K) v[u][j] = up ? fs_swiglu(x[(size_t)t * K + c0 + j], up[(size_t)t * K + c0 + j], limit) : x[(size_t)t * K + c0 + j];
-                }
-            }
-        }
-        // … and each task's scale and bytes.
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (!on[u]) continue;  // warp-uniform
-            const int t = tt[u], b = bb[u], c0 = b * 128 + lane * 4;
-            float s;
-            const u32 pk = fs_q8_quant4(v[u], s);
-            if (roundtrip) {
-                if (t < T) {
-                    for (int j = 0; j < 4; j++)
-                        if (c0 + j < K) x[(size_t)t * K + c0 + j] = fs_e4m3((u8)(pk >> (8 * j))) * s;
+    for (Ix w = (Ix)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < total; w += warps) {
+        const Ix tw = w / (Ix)KB;
+        const int t = (int)tw, b = (int)(w - tw * (Ix)KB);
+        if (mode == 2 && live && __ldg(live + (t & ~63)) < 0) continue;  // warp-uniform: the whole warp skips
+        const int c0 = b * 128 + lane * 4;
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        if (t < T) {
+            if (c0 + 3 < K && (K & 3) == 0) {
+                const float4 f = *reinterpret_cast<const float4*>(x + (size_t)t * K + c0);
+                v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+                if (up) {
+                    const float4 g = *reinterpret_cast<const float4*>(up + (size_t)t * K + c0);
+                    v[0] = fs_swiglu(v[0], g.x, limit); v[1] = fs_swiglu(v[1], g.y, limit);
+                    v[2] = fs_swiglu(v[2], g.z, limit); v[3] = fs_swiglu(v[3], g.w, limit);
                 }
             } else {
-                *reinterpret_cast<u32*>(q + (mode == 2 ? gq_tiled(t, c0, KB) : (size_t)t * Kp + c0)) = (t < T) ? pk : 0u;
-                if (lane == 0) sa[(size_t)t * KB + b] = t < T ? s : 1.f;
+                for (int j = 0; j < 4; j++)
+                    if (c0 + j < K) v[j] = up ? fs_swiglu(x[(size_t)t * K + c0 + j], up[(size_t)t * K + c0 + j], limit) : x[(size_t)t * K + c0 + j];
             }
+        }
+        float s;
+        const u32 pk = fs_q8_quant4(v, s);
+        if (roundtrip) {
+            if (t < T) {
+                for (int j = 0; j < 4; j++)
+                    if (c0 + j < K) x[(size_t)t * K + c0 + j] = fs_e4m3((u8)(pk >> (8 * j))) * s;
+            }
+        } else {
+            *reinterpret_cast<u32*>(q + (mode == 2 ? gq_tiled(t, c0, KB) : (size_t)t * Kp + c0)) = (t < T) ? pk : 0u;
+            if (lane == 0) sa[(size_t)t * KB + b] = t < T ? s : 1.f;
         }
     }
 }
@@ -1622,53 +1590,29 @@ extern "C" __global__ void lt_scales(const float* __restrict__ sa, int T, int KB
     }
 }
 
-// 16-byte groups per thread and loop turn of moe_gather_q8, their loads issued together (GATHER_UNROLL,
-// a kernel define for timing; the same bytes either way): groups a grid apart. 1, the default: one
-// group per thread and turn (4 measured no faster in the MoE layer, the forty-second session).
-#ifndef GATHER_UNROLL
-#define GATHER_UNROLL 1
-#endif
+// moe_gather_q8's loop in index type Ix (u32 where the group count fits: a 32-bit division per
+// group instead of a 64-bit one; the same bytes).
+template <class Ix>
+__device__ __forceinline__ void moe_gather_groups(const u8* __restrict__ q, const float* __restrict__ sa, const int* __restrict__ row_tok,
+                                                  u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int tiled, Ix total) {
+    const Ix q16 = (Ix)(Kp / 16), threads = (Ix)gridDim.x * blockDim.x;
+    const int KB = Kp >> 7;
+    for (Ix i = (Ix)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += threads) {
+        const Ix ri = i / q16;
+        const long long r = (long long)ri;
+        const int c = (int)(i - ri * q16);
+        const int tok = row_tok[r];
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (tok >= 0) v = *reinterpret_cast<const uint4*>(q + (size_t)tok * Kp + c * 16);
+        *reinterpret_cast<uint4*>(xq + (tiled ? gq_tiled(r, c * 16, KB) : r * Kp + c * 16)) = v;
+        if ((c & 7) == 0) xsa[r * KB + (c >> 3)] = tok >= 0 ? sa[(size_t)tok * KB + (c >> 3)] : 1.f;
+    }
+}
 
 // moe_gather_q8(q, sa, row_tok, offsets, xq, xsa, Kp, E, tiled): grouped rows of per-token quantized
 // activations: xq [R, Kp] = q[row_tok[r]] (zero for padding rows; tiled ≠ 0: in gq_tiled's layout,
 // R a multiple of 64), xsa [R, Kp/128] (1 for padding). Grid-stride over (row, 16-byte column
 // group); any grid, block 256.
-// One turn of moe_gather_q8's loop in index type Ix (u32 where the group count fits, so that each
-// group's row and column cost a 32-bit division instead of a 64-bit one; the same bytes).
-template <class Ix>
-__device__ __forceinline__ void moe_gather_groups(const u8* __restrict__ q, const float* __restrict__ sa, const int* __restrict__ row_tok,
-                                                  u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int tiled, Ix total) {
-    constexpr int U = GATHER_UNROLL;
-    static_assert(U >= 1 && U <= 8, "GATHER_UNROLL: 1 to 8 groups per thread and turn");
-    const Ix q16 = (Ix)(Kp / 16), threads = (Ix)gridDim.x * blockDim.x;
-    const int KB = Kp >> 7;
-    for (Ix i0 = (Ix)blockIdx.x * blockDim.x + threadIdx.x; i0 < total; i0 += threads * U) {
-        // The turn's groups i0 + u·threads: their rows' tokens, then their loads, then the stores.
-        long long r[U];
-        int c[U], tok[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const Ix i = i0 + u * threads;
-            const Ix ri = i < total ? i / q16 : 0;
-            r[u] = i < total ? (long long)ri : -1;
-            c[u] = i < total ? (int)(i - ri * q16) : 0;
-            tok[u] = r[u] >= 0 ? row_tok[r[u]] : -1;
-        }
-        uint4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            v[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (tok[u] >= 0) v[u] = *reinterpret_cast<const uint4*>(q + (size_t)tok[u] * Kp + c[u] * 16);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (r[u] < 0) continue;
-            *reinterpret_cast<uint4*>(xq + (tiled ? gq_tiled(r[u], c[u] * 16, KB) : r[u] * Kp + c[u] * 16)) = v[u];
-            if ((c[u] & 7) == 0) xsa[r[u] * KB + (c[u] >> 3)] = tok[u] >= 0 ? sa[(size_t)tok[u] * KB + (c[u] >> 3)] : 1.f;
-        }
-    }
-}
-
 extern "C" __global__ void moe_gather_q8(const u8* __restrict__ q, const float* __restrict__ sa, const int* __restrict__ row_tok,
                                          const int* __restrict__ offsets, u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int E,
                                          int tiled) {
