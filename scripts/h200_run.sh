@@ -51,6 +51,7 @@
 #             "MOE_WT_DIAG=0 MOE_WT_DIAG=64"; each recompiles the kernels, ~40 s a variant on a fresh machine)
 #   prefill-defines  gpu-bench of AB_LAYERS (10) layers at 8K and 32K in the serving configuration once per kernel-define
 #             set in PREFILL_DEFINES (space-separated FLASHSEEK_KERNEL_DEFINES values, "-" for none), each a fresh process
+#             (~40 s each at 10 layers)
 #   prefill-ab  gpu-bench of AB_LAYERS (10) layers at 8K and 32K once per configuration in PREFILL_AB
 #             ("label:NAME=V,NAME=V …", in the order given; "base" alone: the serving configuration) on top of
 #             the serving configuration, each a fresh process (~40 s each at 10 layers)
@@ -152,12 +153,12 @@ case "${1:-}" in
     # defaults), each a gpu-bench of AB_LAYERS (10) layers at 8K and 32K in the serving configuration, in the
     # order given, each a fresh process (the kernels recompile per value unless cached).
     i=0
-    for v in ${PREFILL_DEFINES:?set PREFILL_DEFINES to space-separated kernel-define sets, e.g. PREFILL_DEFINES="- AQ_UNROLL=1 -"}; do
+    for v in ${PREFILL_DEFINES:?set PREFILL_DEFINES to space-separated kernel-define sets, e.g. PREFILL_DEFINES='- AQ_WIDE_INDEX=1 -'}; do
       i=$((i + 1)); dv=""; [ "$v" != "-" ] && dv="$v"
       rc=0; env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on FLASHSEEK_KERNEL_DEFINES="$dv" timeout 200 "$B" gpu-bench --layers "${AB_LAYERS:-10}" --contexts 8192,32768 --prefill-repeats 2 --decode-steps 2 --out "$OUT/prefill_defines_$i.json" > "$OUT/prefill_defines_$i.log" 2>&1 || rc=$?
       if [ "$rc" != 0 ]; then echo "$i [$v]: gpu-bench failed (exit $rc), see $OUT/prefill_defines_$i.log"; continue; fi
       echo "$i [$v]: $(grep -E 'context .*prefill' "$OUT/prefill_defines_$i.log" | sed 's/, decode.*//' | tr '\n' ' ' || true)"
-      grep -E "prefill (moe|mhc|projections) " "$OUT/prefill_defines_$i.log" | sed "s/^/  /" || true
+      grep -E "prefill (moe|mhc\+norms|projections) " "$OUT/prefill_defines_$i.log" | sed "s/^/  /" || true
     done ;;
   bench-chunks)
     for c in 16384 32768; do

@@ -452,7 +452,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
     // act_quant_fp8 alone at a 32,768-token chunk's shapes: the attention / FFN input (4,096),
     // wo_b's input (8,192), and the routed experts' down input in the tiled layout (6 rows per
     // token, 2,048). GB/s of the bytes read and written (x f32, q e4m3, one f32 scale per 128)
-    // against the machine's ~4.2 TB/s; the kernel define AQ_UNROLL (tasks in flight per warp) is
+    // against the machine's ~4.2 TB/s; the kernel define AQ_WIDE_INDEX (1: 64-bit task indices) is
     // what kernel_defines records.
     for (t, k, tiled) in [(32768usize, 4096usize, false), (32768, 8192, false), (6 * 32768, 2048, true)] {
         let dx = gpu.upload(&random(seed, "q8time.aq.x", t * k, 1.0))?;
@@ -460,7 +460,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize) -> Result<Vec<Value>, CudaE
         let bytes = (t * k * 4 + t * k + t * k.div_ceil(128) * 4) as f64;
         let gbs = bytes / (ms * 1e-3) / 1e9;
         println!("time act_quant T={t} [{k}]{}  {ms:.3} ms  {gbs:.0} GB/s", if tiled { " tiled" } else { "" });
-        rows_out.push(json!({"op": "act_quant", "tokens": t, "cols": k, "tiled": tiled, "ms": ms, "gb_per_s": gbs, "repeats": repeats}));
+        rows_out.push(json!({"op": "act_quant", "rows": t, "tokens": if tiled { t / 6 } else { t }, "cols": k, "tiled": tiled, "ms": ms, "gb_per_s": gbs, "repeats": repeats}));
     }
     // The shared expert's down input at a Flash prefill chunk (8,192 × 2,048): swiglu then
     // act_quant against act_quant_swiglu (bytes moved: g and u read, h written and read back).

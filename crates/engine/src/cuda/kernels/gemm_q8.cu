@@ -1617,7 +1617,9 @@ extern "C" __global__ void moe_gather_q8(const u8* __restrict__ q, const float* 
                                          const int* __restrict__ offsets, u8* __restrict__ xq, float* __restrict__ xsa, int Kp, int E,
                                          int tiled) {
     const long long total = (long long)offsets[E] * (Kp / 16);
-    if (!AQ_WIDE_INDEX && total < (1ll << 31)) {
+    // (The 32-bit loop cannot wrap: the host's grid holds at most 540,672 threads.) A negative count
+    // (no valid grouping writes one) runs no turn, as before.
+    if (!AQ_WIDE_INDEX && total >= 0 && total < (1ll << 31)) {
         moe_gather_groups<unsigned>(q, sa, row_tok, xq, xsa, Kp, tiled, (unsigned)total);
     } else {
         moe_gather_groups<long long>(q, sa, row_tok, xq, xsa, Kp, tiled, total);
