@@ -71,7 +71,7 @@ __device__ __forceinline__ size_t gq_tiled(long long r, int k, int KT) {
 
 // act_quant_fp8's task indices and moe_gather_q8's group indices in 64 bits (1: the form before the
 // forty-second session, timing only; the same bytes). 0, the default: 32-bit indices, one 32-bit
-// division per task or group instead of a 64-bit one (act_quant_fp8 2-3 % faster at a 32,768-token
+// division per task or group instead of a 64-bit one (act_quant_fp8 1-3 % faster at a 32,768-token
 // chunk's shapes; bench/act_quant_h200.log).
 #ifndef AQ_WIDE_INDEX
 #define AQ_WIDE_INDEX 0

@@ -311,7 +311,7 @@ __device__ __forceinline__ double moe_combine_term(double acc, double w, bool ro
 
 // A slot value as f32: itself, or (MOE_DOWN_BF16_OUT) a bf16 widened exactly.
 __device__ __forceinline__ float moe_slot_f32(float v) { return v; }
-__device__ __forceinline__ float moe_slot_f32(u16 v) { return __uint_as_float((u32)v << 16); }
+__device__ __forceinline__ float moe_slot_f32(u16 v) { return fs_bf16(v); }
 // 16 bytes of a slot row as loaded (4 f32 or 8 bf16, kept packed until used: an unpacked bf16 load
 // would hold 8 registers instead of 4, and the loads in flight are what the combine's bandwidth needs),
 // and value c of them as f32 (bf16 widened exactly).
@@ -320,7 +320,7 @@ __device__ __forceinline__ uint4 moe_slot_raw(const u16* p) { return *reinterpre
 __device__ __forceinline__ float moe_slot_at(const float4& x, int c) { return c == 0 ? x.x : c == 1 ? x.y : c == 2 ? x.z : x.w; }
 __device__ __forceinline__ float moe_slot_at(const uint4& x, int c) {
     const u32 w = c < 2 ? x.x : c < 4 ? x.y : c < 6 ? x.z : x.w;
-    return __uint_as_float((c & 1) ? (w & 0xffff0000u) : (w << 16));
+    return fs_bf16((u16)((c & 1) ? w >> 16 : w));
 }
 
 // The combine over slot values of type S, V channels per thread (16 bytes of each slot's row) when
