@@ -211,6 +211,8 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
         let n = tokens * H * C;
         // SAFETY: the kernel writes all n values; nothing reads them.
         let mut out16 = unsafe { gpu.scratch::<u16>(n) }?;
+        // The CSA chunk's rows, keys and shape (shadowed below by the previous chunk's).
+        let (csa_kv, csa_shape) = (&dkv, &shape);
         let p0 = pos0.saturating_sub(tokens);
         let kv_base = (p0 + 1).saturating_sub(WINDOW);
         let kv_rows = p0 + tokens - kv_base;
@@ -235,6 +237,30 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
                 let tf = 4.0 * (H * C) as f64 * c as f64 / (ms * 1e-3) / 1e12;
                 println!("time sparse_attention {kernel:?} ({layer}, bf16 out) T={tokens} pos0={p0} ({:.1} candidates per query) {ms:.3} ms  {tf:.1} TFLOP/s", c as f64 / tokens as f64);
                 rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "layer": layer, "output": "bf16", "tokens": tokens, "pos0": p0, "heads": H, "head_dim": C, "candidates": c, "median_ms": ms, "tflop_per_s": tf}));
+            }
+        }
+        // The serving configuration's form of the candidate-split kernel (MLA_BF16_CAND_SPLIT with
+        // MLA_FUSED_Q_NORM, WQ_B_BF16_OUT and WO_A_FP8): raw queries as bf16 bits normed and rotated
+        // while staged, the output as e4m3 bytes with 1 × 128 scales; the three layer kinds' shapes.
+        if gpu.attention_cand_split_ok() {
+            let kernel = AttentionKernel::StreamBf16Cand;
+            let qb: Vec<u16> = random(seed, "attn_time.q_raw_bf16", n, 1.0).iter().map(|&v| flashseek_model::quant::f32_to_bf16(v)).collect();
+            let dqb = gpu.upload(&qb)?;
+            // SAFETY: the kernel writes all n bytes and n / 128 scales; nothing reads them.
+            let mut q8 = unsafe { gpu.scratch::<u8>(n) }?;
+            let mut s8 = unsafe { gpu.scratch::<f32>(n / 128) }?;
+            let csa_cands = cands;
+            for (layer, kv, keys, sh, c) in [("csa lists", csa_kv, Some(&ck), csa_shape, csa_cands), ("hca", &dkv, Some(&hk), &shape, hca_cands), ("sliding", &dkv, None, &shape, win_cands)] {
+                let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || {
+                    gpu.sparse_attention_into(AttentionQuery::RawBf16 { q: &dqb, eps: 1e-6 }, kv, keys, &dsinks, &inv, &rope, &mut AttentionOut::Fp8 { q: &mut q8, scales: &mut s8 }, sh, kernel)
+                })?;
+                let tf = 4.0 * (H * C) as f64 * c as f64 / (ms * 1e-3) / 1e12;
+                println!(
+                    "time sparse_attention {kernel:?} ({layer}, serving: bf16 raw q, fp8 out) T={tokens} pos0={} ({:.1} candidates per query) {ms:.3} ms  {tf:.1} TFLOP/s",
+                    sh.pos0,
+                    c as f64 / tokens as f64
+                );
+                rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "layer": layer, "query": "raw bf16 (fused q norm)", "output": "fp8", "tokens": tokens, "pos0": sh.pos0, "heads": H, "head_dim": C, "candidates": c, "median_ms": ms, "tflop_per_s": tf}));
             }
         }
     }
