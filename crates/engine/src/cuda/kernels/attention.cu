@@ -338,35 +338,14 @@ __device__ __forceinline__ void atc_rope_pairs(float2* cs, int pos, const float*
 
 // Q staging's loads of normed-on-the-fly queries (atc_stage_q, q_eps ≥ 0): each warp's next pair of
 // head rows loaded while it norms and stores the current one (1), or each pair loaded when its turn
-// comes (0: before 41st-session); 2 (the default): as 1, except that sparse_attention_wc loads all
-// four pairs of a warp's bf16 rows (WQ_B_BF16_OUT) at its start, before the candidate lists' loads
-// and barrier (atc_q_load_all: 32 × 8 bytes per lane in flight at once, one round trip to memory
-// instead of four partly hidden ones). Timing only: the same values either way
-// (FLASHSEEK_KERNEL_DEFINES).
+// comes (0: before 41st-session). Timing only: the same values either way (FLASHSEEK_KERNEL_DEFINES).
 #ifndef ATC_Q_AHEAD
-#define ATC_Q_AHEAD 2
+#define ATC_Q_AHEAD 1
 #endif
 
-// A warp's four pairs of bf16 raw head rows (atc_stage_q's order: pair it = heads warp + 16·it and
-// + 8), lane ℓ's 8-byte words ℓ + 32k of each row, as loaded by atc_q_load_all.
-struct AtcQRegs {
-    uint2 w[4][2][4];
-};
-__device__ __forceinline__ void atc_q_load_all(const float* __restrict__ q, int t, int warp, int lane, AtcQRegs& r) {
-    const uint2* qb = reinterpret_cast<const uint2*>(reinterpret_cast<const u16*>(q) + (size_t)t * ATC_H * ATC_C);
-#pragma unroll
-    for (int it = 0; it < 4; it++)
-#pragma unroll
-        for (int u = 0; u < 2; u++)
-#pragma unroll
-            for (int k = 0; k < 4; k++) r.w[it][u][k] = qb[(warp + 16 * it + 8 * u) * (ATC_C / 4) + lane + 32 * k];
-}
-
-// PRE (sparse_attention_wc, ATC_Q_AHEAD 2, bf16 raw queries): pre holds the warp's rows, loaded by
-// atc_q_load_all; the same norm, RoPE and stores.
-template <bool PRE = false, class Store, class Sync>
+template <class Store, class Sync>
 __device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, int c, float q_eps, int q_bf16, int rope_dim, int pos, const float* __restrict__ inv_freq,
-                                            float2* cs, int tid, Store store, Sync sync, const AtcQRegs* pre = nullptr) {
+                                            float2* cs, int tid, Store store, Sync sync) {
     constexpr int NT = 256;
     const int lane = tid & 31, warp = tid >> 5;
     const float4* q4 = reinterpret_cast<const float4*>(q + (size_t)t * ATC_H * ATC_C);
@@ -377,51 +356,8 @@ __device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, 
         const uint2 w = qb[i];
         return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
     };
-    // One pair of head rows (hb, hb + 8) of v normed, rotated and stored.
-    auto norm_pair = [&](int hb, const float4 (&v)[2][4]) {
-        const int rs = ATC_C - rope_dim;
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            float ss = 0.f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) ss += fs_sq4(v[u][k]);
-            ss = fs_warp_sum(ss);
-            const float r = rsqrtf(ss / (float)c + q_eps);
-            const int row = hb + 8 * u;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int e = 4 * (lane + 32 * k);
-                float4 o = make_float4(v[u][k].x * r, v[u][k].y * r, v[u][k].z * r, v[u][k].w * r);
-                if (e >= rs) {
-                    const float2 r0 = cs[(e - rs) >> 1];
-                    fs_rope_rot(o.x, o.y, r0.x, r0.y);
-                }
-                if (e + 2 >= rs) {
-                    const float2 r1 = cs[(e + 2 - rs) >> 1];
-                    fs_rope_rot(o.z, o.w, r1.x, r1.y);
-                }
-                store(row, e, o);
-            }
-        }
-    };
-    if constexpr (PRE) {
-        atc_rope_pairs(cs, pos, inv_freq, rope_dim, tid);
-        sync();
-#pragma unroll
-        for (int it = 0; it < 4; it++) {
-            float4 v[2][4];
-#pragma unroll
-            for (int u = 0; u < 2; u++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const uint2 w = pre->w[it][u][k];
-                    v[u][k] = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
-                }
-            norm_pair(warp + 16 * it, v);
-        }
-        return;
-    }
     if (q_eps >= 0.f) {
+        const int rs = ATC_C - rope_dim;
 #if ATC_Q_AHEAD
         // The first pair of rows' loads before the table and its barrier, and each next pair's
         // before this one's norm (ATC_Q_AHEAD): four dependent round trips to memory become one
@@ -467,7 +403,29 @@ __device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, 
 #pragma unroll
                 for (int k = 0; k < 4; k++) v[u][k] = raw4((hb + 8 * u) * (ATC_C / 4) + lane + 32 * k);
 #endif
-            norm_pair(hb, v);
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                float ss = 0.f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) ss += fs_sq4(v[u][k]);
+                ss = fs_warp_sum(ss);
+                const float r = rsqrtf(ss / (float)c + q_eps);
+                const int row = hb + 8 * u;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int e = 4 * (lane + 32 * k);
+                    float4 o = make_float4(v[u][k].x * r, v[u][k].y * r, v[u][k].z * r, v[u][k].w * r);
+                    if (e >= rs) {
+                        const float2 r0 = cs[(e - rs) >> 1];
+                        fs_rope_rot(o.x, o.y, r0.x, r0.y);
+                    }
+                    if (e + 2 >= rs) {
+                        const float2 r1 = cs[(e + 2 - rs) >> 1];
+                        fs_rope_rot(o.z, o.w, r1.x, r1.y);
+                    }
+                    store(row, e, o);
+                }
+            }
         }
     } else {
 #pragma unroll 1
@@ -1201,11 +1159,6 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
         gws_bar_init_fence();
     }
     const int t = blockIdx.x;
-    // ATC_Q_AHEAD 2 with bf16 raw queries: the multiply warps' query rows in flight before the
-    // candidate lists' loads and barrier (atc_stage_q stages them after its barrier).
-    const bool q_pre = ATC_Q_AHEAD == 2 && q_bf16 != 0 && q_eps >= 0.f;  // block-uniform
-    AtcQRegs qpre;
-    if (q_pre && tid < 256) atc_q_load_all(q, t, tid >> 5, tid & 31, qpre);
     const AttCands ac = att_cands(t, pos0, window, comp_off, comp_mask, n_entries, &att_cursor);  // synchronises: barriers ready
     const int pos = ac.pos, lo = ac.lo, n_win = ac.n_win, n_cand = ac.n_cand;
     const AttComp cc = ac.cc;
@@ -1327,14 +1280,12 @@ __device__ __forceinline__ void awc_body(AWG_ARGS) {
     const int r0 = 16 * wq + g;  // this thread's head rows r0, r0 + 8
     u8* qg = gbase + L::Q;
     float2* cs_tab = reinterpret_cast<float2*>(gbase + L::CS);
-    auto q_store = [&](int row, int e, float4 v) {
-        *reinterpret_cast<uint2*>(qg + (e >> 6) * 8192 + gw_swz(row, (e & 63) >> 3) + (e & 7) * 2) = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
-    };
-    if (q_pre) {
-        atc_stage_q<true>(q, t, c, q_eps, q_bf16, rope_dim, pos, inv_freq, cs_tab, tid, q_store, [] { awg_bar_multiply(); }, &qpre);
-    } else {
-        atc_stage_q(q, t, c, q_eps, q_bf16, rope_dim, pos, inv_freq, cs_tab, tid, q_store, [] { awg_bar_multiply(); });
-    }
+    atc_stage_q(
+        q, t, c, q_eps, q_bf16, rope_dim, pos, inv_freq, cs_tab, tid,
+        [&](int row, int e, float4 v) {
+            *reinterpret_cast<uint2*>(qg + (e >> 6) * 8192 + gw_swz(row, (e & 63) >> 3) + (e & 7) * 2) = make_uint2(gm_bf16x2(v.x, v.y), gm_bf16x2(v.z, v.w));
+        },
+        [] { awg_bar_multiply(); });
     // The epilogue's (cos, sin) pairs at this token's position (atc_epilogue's values; with raw
     // queries atc_stage_q has made the same table for their RoPE).
     if (q_eps < 0.f) atc_rope_pairs(cs_tab, pos, inv_freq, rope_dim, tid);

@@ -909,28 +909,6 @@ HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)
 #endif
 static_assert(HCT_WARPS == HCT_CHUNKS, "the split form gives each warp one chunk of the run");
 
-// Which run b and token tile ty a block of hc_post_mix_tc_bf16's grid (runs, token tiles) takes.
-// HCT_TOKEN_MAJOR 1 (the default): blocks in launch order (x fastest) take the token tiles of one
-// run before the next run's, so the blocks resident on an SM at a time mostly share a run and its
-// slice of fb (4 chunks × n streams × F4 × 32 lanes × 16 B: 72 KiB at n = 4) stays in L1; 0 (the
-// form before the forty-third session): block (x, y) takes run x and tile y, so the resident blocks
-// hold different runs and every chunk's fragments come from L2 again (~4.5× the bytes of the
-// streams it multiplies). Timing only (FLASHSEEK_KERNEL_DEFINES): every block computes the same
-// values either way.
-#ifndef HCT_TOKEN_MAJOR
-#define HCT_TOKEN_MAJOR 1
-#endif
-__device__ __forceinline__ void hct_block(int& b, int& ty) {
-#if HCT_TOKEN_MAJOR
-    const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x;
-    b = (int)(lin / gridDim.y);
-    ty = (int)(lin - (unsigned)b * gridDim.y);
-#else
-    b = blockIdx.x;
-    ty = blockIdx.y;
-#endif
-}
-
 // Word j (0 … 3) of v.
 __device__ __forceinline__ u32 hct_word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
@@ -946,12 +924,9 @@ __device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const f
     // T ≤ 16 (decode): the block's warps share the one 16-token tile, warp w taking chunk w of the
     // run; otherwise each warp takes its own tile and all the run's chunks. Block-uniform.
     const bool split = T <= 16;
-    // The block's run b and token tile ty (hct_block: consecutive blocks share b).
-    int b, ty;
-    hct_block(b, ty);
-    const int nb = gridDim.x;
-    const int t0 = split ? 0 : (ty * HCT_WARPS + warp) * 16;
+    const int t0 = split ? 0 : (blockIdx.y * HCT_WARPS + warp) * 16;
     if (t0 >= T) return;  // warp-uniform; only the split form synchronises the block (and has t0 = 0)
+    const int b = blockIdx.x, nb = gridDim.x;
     const size_t N = (size_t)NN * d;
     const int tr[2] = {t0 + g, t0 + g + 8};
     const bool rv[2] = {tr[0] < T, tr[1] < T};
