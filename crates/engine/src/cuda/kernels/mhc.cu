@@ -907,12 +907,6 @@ HCN_ENTRY(hc_pre_norm_wide_bf16, HCN_V, u16)
 #ifndef HCT_NO_MMA
 #define HCT_NO_MMA 0
 #endif
-// Timing only (the same values): 1 loads the first stream's Φ fragments of a chunk before its streams'
-// loads, so that their L2 round trip overlaps the streams' instead of following the post; 0 (the
-// default) loads each stream's fragments where its MMAs begin.
-#ifndef HCT_FB_EARLY
-#define HCT_FB_EARLY 0
-#endif
 static_assert(HCT_WARPS == HCT_CHUNKS, "the split form gives each warp one chunk of the run");
 
 // Word j (0 … 3) of v.
@@ -951,12 +945,6 @@ __device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const f
         float sq[2] = {0.f, 0.f};
         const int i = b * HCT_RUN + q * HCT_CHUNK + 8 * c;  // the lane's first channel
         const bool cv = i < d;                              // d % 8 == 0: all 8 channels or none
-#if HCT_FB_EARLY
-        // Stream 0's Φ fragments in flight with the streams' loads (HCT_FB_EARLY).
-        uint4 bf0[F4];
-#pragma unroll
-        for (int f = 0; f < F4; f++) bf0[f] = __ldg(fb + (size_t)(b * HCT_CHUNKS + q) * NN * F4 * 32 + lane + f * 32);
-#endif
         uint4 xs[2][NN];
 #pragma unroll
         for (int r = 0; r < 2; r++)
@@ -1017,11 +1005,7 @@ __device__ __forceinline__ void hc_post_mix_tc_impl(u16* __restrict__ x, const f
         for (int k = 0; k < (HCT_NO_MMA ? 0 : NN); k++) {
             uint4 bf[F4];
 #pragma unroll
-#if HCT_FB_EARLY
-            for (int f = 0; f < F4; f++) bf[f] = k == 0 ? bf0[f] : __ldg(fq + (k * F4 + f) * 32);
-#else
             for (int f = 0; f < F4; f++) bf[f] = __ldg(fq + (k * F4 + f) * 32);
-#endif
 #pragma unroll
             for (int s = 0; s < 2; s++) {
                 const u32 a[4] = {hct_word(xs[0][k], 2 * s), hct_word(xs[1][k], 2 * s), hct_word(xs[0][k], 2 * s + 1),
