@@ -1040,6 +1040,10 @@ mod tests {
         }
         assert_eq!(cs.iter().filter(|c| c.role == Role::Baseline).count(), 1);
         assert_eq!(cs.iter().filter(|c| c.role == Role::AllOn).count(), 1);
+        // qualify: past --full-matrix-max the defaults' run is the reference of the promised tokens,
+        // so every configuration before it must be one of the skipped (slow) ones.
+        let all_on = cs.iter().position(|c| c.role == Role::AllOn).expect("all-on run");
+        assert!(cs[..all_on].iter().all(|c| c.slow), "a configuration before the defaults' run that is not slow");
         // Official configurations promising bits come after the official all-on run they are compared with.
         assert_eq!(cs.iter().filter(|c| c.role == Role::OfficialAllOn).count(), 1);
         let official_all_on = cs.iter().position(|c| c.role == Role::OfficialAllOn).expect("official all-on run");

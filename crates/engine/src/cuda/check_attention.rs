@@ -149,7 +149,9 @@ fn check_wo_a_fp8(gpu: &Gpu, seed: u64, out: &mut Vec<Value>) -> Result<bool, Cu
 
 /// Times the attention kernels on a Flash prefill chunk: `tokens` queries at position `pos0`, 64
 /// heads of 512, window 128 plus 512 compressed entries per query (CSA shape); the bf16 kernels
-/// also on an HCA and a sliding-window layer's shapes at `pos0 − tokens`; then the indexer. CUDA
+/// also on an HCA and a sliding-window layer's shapes at `pos0 − tokens`; the candidate-split
+/// kernel in the serving configuration's form (bf16 raw queries, e4m3 output) on all three; then
+/// the indexer. CUDA
 /// events, median of `repeats` after a warm-up; each timed call includes what the kernel's entry
 /// point does per call (for the bf16 kernels, the bf16 copies of the f32 K=V rows).
 pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize) -> Result<Vec<Value>, CudaError> {
@@ -250,7 +252,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
             let mut q8 = unsafe { gpu.scratch::<u8>(n) }?;
             let mut s8 = unsafe { gpu.scratch::<f32>(n / 128) }?;
             let csa_cands = cands;
-            for (layer, kv, keys, sh, c) in [("csa lists", csa_kv, Some(&ck), csa_shape, csa_cands), ("hca", &dkv, Some(&hk), &shape, hca_cands), ("sliding", &dkv, None, &shape, win_cands)] {
+            for (layer, kv, keys, sh, c) in [("csa", csa_kv, Some(&ck), csa_shape, csa_cands), ("hca", &dkv, Some(&hk), &shape, hca_cands), ("sliding", &dkv, None, &shape, win_cands)] {
                 let ms = super::check::median_ms(gpu, repeats.clamp(1, 10), || {
                     gpu.sparse_attention_into(AttentionQuery::RawBf16 { q: &dqb, eps: 1e-6 }, kv, keys, &dsinks, &inv, &rope, &mut AttentionOut::Fp8 { q: &mut q8, scales: &mut s8 }, sh, kernel)
                 })?;
@@ -260,7 +262,7 @@ pub fn timings(gpu: &Gpu, seed: u64, repeats: usize, tokens: usize, pos0: usize)
                     sh.pos0,
                     c as f64 / tokens as f64
                 );
-                rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "layer": layer, "query": "raw bf16 (fused q norm)", "output": "fp8", "tokens": tokens, "pos0": sh.pos0, "heads": H, "head_dim": C, "candidates": c, "median_ms": ms, "tflop_per_s": tf}));
+                rows.push(json!({"op": "sparse_attention", "kernel": format!("{kernel:?}"), "layer": layer, "path": match keys { Some(k) if k.indices.is_some() => "lists", Some(_) => "identity", None => "window only" }, "query": "raw bf16 (fused q norm)", "output": "fp8", "tokens": tokens, "pos0": sh.pos0, "heads": H, "head_dim": C, "candidates": c, "median_ms": ms, "tflop_per_s": tf}));
             }
         }
     }

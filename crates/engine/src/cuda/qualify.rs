@@ -7,12 +7,15 @@
 //! token (host clock: prefill + logits to the host + argmax), decode tok/s, SHA-256 of the generated
 //! ids, and the last prompt position's logits NMSE against the exact path: the baseline (the exact
 //! kernels) where the baseline ran at that length, else the run with every switch at its default
-//! (the exact fast path, which the shorter lengths compare with the baseline); each row names its
-//! reference (`nmse_reference`).
+//! (the exact fast path, which the shorter lengths compare with the baseline). Each compared row
+//! names its reference in `nmse_reference` (the JSON keys `logits_nmse_vs_baseline` and
+//! `ids_equal_baseline` keep their names whichever it is); the reference runs themselves have none.
 //!
 //! Refusals (the run fails): a prompt whose token count differs from the target, a configuration
-//! that promises exactness (all but `TC_LINEAR=bf16`) whose generated ids differ from the
-//! reference's, and a run with all switches on and a quarter of the prefill chunk
+//! that promises exactness (`exactness_promised`: neither a fast-numerics one such as
+//! `TC_LINEAR=bf16` or `MLA_BF16=on` nor an official-numerics one) whose generated ids differ from
+//! the reference's or that runs before any reference (its tokens unchecked), and a run with all
+//! switches on and a quarter of the prefill chunk
 //! ([`invariance_chunk`]) whose logits differ in any bit (or whose ids differ) from the default
 //! chunk's (chunk size is a performance knob only). The slow configurations (the baseline, "alone on", `MOE_GROUPED` off, `TC_LINEAR` off) run only up
 //! to `full_matrix_max` tokens; the report says which were skipped.
@@ -142,11 +145,12 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
         // The exact path's logits and ids for the NMSE and the promised tokens: the baseline's, or
         // where the baseline is skipped at this length, the defaults' (Role::AllOn, exact).
         let mut baseline: Option<(Vec<f32>, Vec<u32>, &'static str)> = None;
-        let baseline_runs = !(configurations().iter().any(|c| c.role == Role::Baseline && c.slow) && target > opts.full_matrix_max);
+        let skipped = |c: &crate::switches::Configuration| c.slow && target > opts.full_matrix_max;
+        let baseline_runs = configurations().iter().any(|c| c.role == Role::Baseline && !skipped(c));
         let mut all_on: Option<(Vec<f32>, Vec<u32>)> = None;
         let mut official_all_on: Option<Vec<f32>> = None;
         for c in configurations() {
-            if c.slow && target > opts.full_matrix_max {
+            if skipped(&c) {
                 rows.push(json!({"context": target, "config": c.label, "skipped": format!("slow configuration: runs only up to {} tokens", opts.full_matrix_max)}));
                 continue;
             }
@@ -166,8 +170,10 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 (Some(al), true) => Some(differing_bits(&logits, al)),
                 _ => None,
             };
-            // A promise of bits with no reference run before it cannot be checked: refused.
-            let unchecked = c.same_bits_as_all_on && reference.is_none();
+            // A promise of bits, or of tokens, with no reference run before it cannot be checked:
+            // refused (the runs that become the tokens' reference excepted).
+            let is_token_reference = c.role == Role::Baseline || (c.role == Role::AllOn && !baseline_runs);
+            let unchecked = (c.same_bits_as_all_on && reference.is_none()) || (promised && same.is_none() && !is_token_reference);
             let refused = (promised && same == Some(false)) || bits_differ.is_some_and(|n| n > 0) || unchecked;
             ok &= !refused;
             let prefill_tok_s = target as f64 / prefill;
@@ -179,7 +185,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 ttft,
                 &sha[..12],
                 nmse.map(|v| format!("{v:.2e}{}", if baseline_runs { "" } else { " (vs defaults)" })).unwrap_or_else(|| "-".into()),
-                if unchecked { "  REFUSED: no reference run for its promised bits" } else if refused { "  REFUSED: tokens (or promised bits) differ" } else { "" }
+                if unchecked { "  REFUSED: no reference run for its promised bits or tokens" } else if refused { "  REFUSED: tokens (or promised bits) differ" } else { "" }
             );
             rows.push(json!({
                 "context": target, "prompt_tokens": ids.len(), "config": c.label,
