@@ -353,8 +353,7 @@ __device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, 
     const uint2* qb = reinterpret_cast<const uint2*>(reinterpret_cast<const u16*>(q) + (size_t)t * ATC_H * ATC_C);
     auto raw4 = [&](int i) {
         if (!q_bf16) return q4[i];
-        const uint2 w = qb[i];
-        return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+        return fs_bf16x4(qb[i]);
     };
     if (q_eps >= 0.f) {
         const int rs = ATC_C - rope_dim;
@@ -390,8 +389,7 @@ __device__ __forceinline__ void atc_stage_q(const float* __restrict__ q, int t, 
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
                     if (q_bf16) {
-                        const uint2 w = nb[u][k];
-                        v[u][k] = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+                        v[u][k] = fs_bf16x4(nb[u][k]);
                     } else {
                         v[u][k] = nf[u][k];
                     }

@@ -11,6 +11,10 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 
 __device__ __forceinline__ float fs_bf16(u16 b) { return __uint_as_float(((u32)b) << 16); }
+// Four bf16 values packed low half first (an 8-byte load of bf16 bits) widened exactly to f32.
+__device__ __forceinline__ float4 fs_bf16x4(uint2 w) {
+    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+}
 
 __device__ __forceinline__ float fs_e8m0(u8 e) {
     if (e == 0) return __uint_as_float(0x00400000u);  // 2^-127 (subnormal)
