@@ -144,7 +144,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
         }
         // The exact path's logits and ids for the NMSE and the promised tokens: the baseline's, or
         // where the baseline is skipped at this length, the defaults' (Role::AllOn, exact).
-        let mut baseline: Option<(Vec<f32>, Vec<u32>, &'static str)> = None;
+        let mut exact_ref: Option<(Vec<f32>, Vec<u32>, &'static str)> = None;
         let skipped = |c: &crate::switches::Configuration| c.slow && target > opts.full_matrix_max;
         let baseline_runs = configurations().iter().any(|c| c.role == Role::Baseline && !skipped(c));
         let mut all_on: Option<(Vec<f32>, Vec<u32>)> = None;
@@ -157,7 +157,7 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
             let RunResult { prefill, ttft, decode, logits, ids: gen } = scoped(&c.overrides, || one_run(gpu, &model, &ids, opts.chunk, opts.decode_tokens)).map_err(tok_err)??;
             let sha = Sha256::digest(gen.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
             let sha: String = sha.iter().map(|b| format!("{b:02x}")).collect();
-            let (nmse, same, nmse_reference) = match &baseline {
+            let (nmse, same, nmse_reference) = match &exact_ref {
                 Some((bl, bg, name)) => (Some(super::check::errors(&logits, bl).0), Some(*bg == gen), Some(*name)),
                 None => (None, None, None),
             };
@@ -170,10 +170,15 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 (Some(al), true) => Some(differing_bits(&logits, al)),
                 _ => None,
             };
+            // This run as the exact path's reference for the runs after it (its name), if it is one.
+            let becomes_ref = match c.role {
+                Role::Baseline => Some("baseline (exact kernels)"),
+                Role::AllOn if !baseline_runs => Some("all on (defaults): the exact fast path, the baseline being skipped at this length"),
+                _ => None,
+            };
             // A promise of bits, or of tokens, with no reference run before it cannot be checked:
             // refused (the runs that become the tokens' reference excepted).
-            let is_token_reference = c.role == Role::Baseline || (c.role == Role::AllOn && !baseline_runs);
-            let unchecked = (c.same_bits_as_all_on && reference.is_none()) || (promised && same.is_none() && !is_token_reference);
+            let unchecked = (c.same_bits_as_all_on && reference.is_none()) || (promised && same.is_none() && becomes_ref.is_none());
             let refused = (promised && same == Some(false)) || bits_differ.is_some_and(|n| n > 0) || unchecked;
             ok &= !refused;
             let prefill_tok_s = target as f64 / prefill;
@@ -197,11 +202,8 @@ pub fn run(gpu: &Gpu, opts: &QualifyOptions) -> Result<(Value, bool), CudaError>
                 "exactness_promised": promised, "official_numerics": c.official, "logits_bits_differing_vs_all_on": bits_differ,
                 "bits_reference": crate::switches::bits_reference(c.same_bits_as_all_on, c.official), "refused": refused,
             }));
-            if c.role == Role::Baseline {
-                baseline = Some((logits.clone(), gen.clone(), "baseline (exact kernels)"));
-            }
-            if c.role == Role::AllOn && !baseline_runs {
-                baseline = Some((logits.clone(), gen.clone(), "all on (defaults): the exact fast path, the baseline being skipped at this length"));
+            if let Some(name) = becomes_ref {
+                exact_ref = Some((logits.clone(), gen.clone(), name));
             }
             if c.role == Role::OfficialAllOn {
                 official_all_on = Some(logits.clone());
