@@ -72,6 +72,18 @@ OUT=${OUT:?set OUT to the output folder}
 # prefill chunks too (>= 64 tokens; the 256-row MoE tiles).
 SERVING="FLASHSEEK_TC_LINEAR=fp8 FLASHSEEK_MLA_BF16=on FLASHSEEK_INDEXER_FP8=on FLASHSEEK_WQ_B_BF16_OUT=on FLASHSEEK_WO_A_FP8=on FLASHSEEK_COMPRESSOR_BF16=on FLASHSEEK_MOE_DOWN_BF16_OUT=on"
 export FLASHSEEK_CACHE=${FLASHSEEK_CACHE:-/tmp/fscache}
+# One prefill A/B run (prefill-ab, prefill-defines): gpu-bench of AB_LAYERS (10) layers at 8K and 32K in the
+# serving configuration plus the NAME=V words after the first three arguments, into $OUT/NAME.{json,log}
+# ($1); prints LABEL ($2) with the prefill lines and the stages matching STAGES ($3, an ERE). A failed or
+# timed-out run is reported and the caller's next configuration still runs.
+prefill_run() {
+  local name=$1 label=$2 stages=$3 rc=0
+  shift 3
+  env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on "$@" timeout 200 "$B" gpu-bench --layers "${AB_LAYERS:-10}" --contexts 8192,32768 --prefill-repeats 2 --decode-steps 2 --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1 || rc=$?
+  if [ "$rc" != 0 ]; then echo "$label: gpu-bench failed (exit $rc), see $OUT/$name.log"; return 0; fi
+  echo "$label: $(grep -E 'context .*prefill' "$OUT/$name.log" | sed 's/, decode.*//' | tr '\n' ' ' || true)"
+  grep -E "prefill ($stages) " "$OUT/$name.log" | sed "s/^/  /" || true
+}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null || true
 # cuBLASLt (>= 12.9) for the switch FP8_CUBLASLT, from the CUDA toolkit or PyTorch's nvidia-cublas
 # wheel; without it that switch falls back to gemm_q8.cu and says so.
@@ -142,11 +154,8 @@ case "${1:-}" in
     for cfg in ${PREFILL_AB:?set PREFILL_AB to space-separated label:NAME=V,NAME=V configurations, e.g. PREFILL_AB="base comp:COMPRESSOR_BF16=on"}; do
       label=${cfg%%:*}; envs=""
       if [ "$cfg" != "$label" ]; then for kv in $(echo "${cfg#*:}" | tr ',' ' '); do envs="$envs FLASHSEEK_$kv"; done; fi
-      # A failed or timed-out run is reported and the next configuration still runs.
-      rc=0; env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on $envs timeout 200 "$B" gpu-bench --layers "${AB_LAYERS:-10}" --contexts 8192,32768 --prefill-repeats 2 --decode-steps 2 --out "$OUT/prefill_ab_$label.json" > "$OUT/prefill_ab_$label.log" 2>&1 || rc=$?
-      if [ "$rc" != 0 ]; then echo "$label ($envs): gpu-bench failed (exit $rc), see $OUT/prefill_ab_$label.log"; continue; fi
-      echo "$label ($envs): $(grep -E 'context .*prefill' "$OUT/prefill_ab_$label.log" | sed 's/, decode.*//' | tr '\n' ' ' || true)"
-      grep -E "prefill (moe|compressors) " "$OUT/prefill_ab_$label.log" | sed "s/^/  /" || true
+      # shellcheck disable=SC2086  # $envs: NAME=V words
+      prefill_run "prefill_ab_$label" "$label ($envs)" "moe|compressors" $envs
     done ;;
   prefill-defines)
     # PREFILL_DEFINES="A=1,B=2 - …" (space-separated FLASHSEEK_KERNEL_DEFINES values; "-" none: the kernels'
@@ -155,10 +164,7 @@ case "${1:-}" in
     i=0
     for v in ${PREFILL_DEFINES:?set PREFILL_DEFINES to space-separated kernel-define sets, e.g. PREFILL_DEFINES='- AQ_WIDE_INDEX=1 -'}; do
       i=$((i + 1)); dv=""; [ "$v" != "-" ] && dv="$v"
-      rc=0; env $SERVING FLASHSEEK_MHC_BF16_STREAMS=on FLASHSEEK_MHC_MIX_TC=on FLASHSEEK_KERNEL_DEFINES="$dv" timeout 200 "$B" gpu-bench --layers "${AB_LAYERS:-10}" --contexts 8192,32768 --prefill-repeats 2 --decode-steps 2 --out "$OUT/prefill_defines_$i.json" > "$OUT/prefill_defines_$i.log" 2>&1 || rc=$?
-      if [ "$rc" != 0 ]; then echo "$i [$v]: gpu-bench failed (exit $rc), see $OUT/prefill_defines_$i.log"; continue; fi
-      echo "$i [$v]: $(grep -E 'context .*prefill' "$OUT/prefill_defines_$i.log" | sed 's/, decode.*//' | tr '\n' ' ' || true)"
-      grep -E "prefill (moe|mhc\+norms|projections) " "$OUT/prefill_defines_$i.log" | sed "s/^/  /" || true
+      prefill_run "prefill_defines_$i" "$i [$v]" "moe|mhc\+norms|projections" FLASHSEEK_KERNEL_DEFINES="$dv"
     done ;;
   bench-chunks)
     for c in 16384 32768; do
