@@ -354,12 +354,11 @@ __device__ __forceinline__ void moe_combine(const S* __restrict__ slot_out, cons
         }
 #pragma unroll
         for (int c = 0; c < V; c += 4) {
-            float4 o = make_float4((float)a[c], (float)a[c + 1], (float)a[c + 2], (float)a[c + 3]);
             if (shared) {
                 const float4 h = *reinterpret_cast<const float4*>(shared + (size_t)t * d + i + c);
-                o = make_float4((float)(a[c] + (double)h.x), (float)(a[c + 1] + (double)h.y), (float)(a[c + 2] + (double)h.z), (float)(a[c + 3] + (double)h.w));
+                a[c] += (double)h.x, a[c + 1] += (double)h.y, a[c + 2] += (double)h.z, a[c + 3] += (double)h.w;
             }
-            *reinterpret_cast<float4*>(out + (size_t)t * d + i + c) = o;
+            *reinterpret_cast<float4*>(out + (size_t)t * d + i + c) = make_float4((float)a[c], (float)a[c + 1], (float)a[c + 2], (float)a[c + 3]);
         }
     } else {
         const int i = blockIdx.y * blockDim.x + threadIdx.x;
